@@ -1,0 +1,446 @@
+"""Markov sources: the data a model is trained and probed on.
+
+Three sources, one interface (`.sample(batch, seq_len, generator=...)` -> `Int[Tensor, "batch pos"]`):
+
+- `BinaryChain(p, q)`: the two-state chain of Makkuva et al. with P(0 -> 1) = p and P(1 -> 0) = q.
+- `MarkovChain(kernel, order=k)`: any number of states; for order k the kernel is indexed by the last k states.
+- `RandomMarkov(vocab, order, alpha)`: a fresh kernel per sequence, rows ~ Dirichlet(alpha): the in-context
+  learning task of the induction-head literature (Edelman et al. 2024).
+
+Sampling is vectorised over positions as well as sequences. A chain step is a map from states to states,
+`x_t = F_t(x_{t-1})`, where `F_t` is drawn up front for every possible current state from one uniform per
+position. The states along the sequence are then prefix compositions `F_t o ... o F_1` applied to the first
+state, computed with a Hillis-Steele scan in log2(seq_len) batched gathers instead of seq_len Python steps.
+"""
+
+import dataclasses
+import json
+import math
+from typing import Any, Literal, Union
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+Tokens = Int[Tensor, "batch pos"]
+InitialLaw = Union[str, Tensor, list, tuple]  # "stationary", "uniform" or a law over the first contexts
+
+_ROW_SUM_TOL = 1e-6
+
+
+# --------------------------------------------------------------------------------------------- validation
+def validate_kernel(kernel: Any, *, order: int = 1, name: str = "kernel") -> Tensor:
+    """Return `kernel` as a float64 tensor of shape [V]*order + [V] after checking it is a transition law.
+
+    Raises ValueError naming the problem: wrong shape, negative or non-finite entries, or a row that does not
+    sum to 1 (tolerance 1e-6). An order-k kernel given flat as [V**k, V] is accepted and reshaped.
+    """
+    if isinstance(order, bool) or not isinstance(order, int) or order < 1:
+        raise ValueError(f"order must be an integer >= 1, got {order!r}")
+    try:
+        k = torch.as_tensor(kernel, dtype=torch.float64).detach().cpu().clone()
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{name} must be a numeric array, got {type(kernel).__name__}: {err}") from None
+    if k.ndim == 2 and order > 1:
+        vocab = k.shape[-1]
+        if vocab < 2 or k.shape[0] != vocab**order:
+            raise ValueError(
+                f"{name} of order {order} given flat must have shape [V**{order}, V], got {tuple(k.shape)}"
+            )
+        k = k.reshape([vocab] * (order + 1))
+    if k.ndim != order + 1 or len(set(k.shape)) != 1:
+        raise ValueError(
+            f"{name} of order {order} must have shape [V]*{order + 1} (square in every axis), "
+            f"got {tuple(k.shape)}"
+        )
+    vocab = k.shape[0]
+    if vocab < 2:
+        raise ValueError(f"{name} needs at least 2 states, got {vocab}")
+    if not torch.isfinite(k).all():
+        raise ValueError(f"{name} has NaN or infinite entries")
+    if (k < 0).any():
+        raise ValueError(f"{name} has negative entries (min {k.min().item():.3g})")
+    sums = k.sum(-1)
+    bad = (sums - 1).abs() > _ROW_SUM_TOL
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name} rows must sum to 1; row {idx} sums to {sums[idx].item():.6g}")
+    return k
+
+
+def _check_probability(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    value = float(value)
+    if not (0.0 <= value <= 1.0):  # also refuses NaN
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+    return value
+
+
+def _check_sizes(batch: int, seq_len: int) -> None:
+    for name, value in (("batch", batch), ("seq_len", seq_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _resolve_device(generator: torch.Generator | None, device: Any) -> torch.device:
+    if generator is not None:
+        if device is not None and torch.device(device) != generator.device:
+            raise ValueError(f"device {device} differs from the generator's device {generator.device}")
+        return generator.device
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------------ the sampler
+def _scan(maps: Int[Tensor, "*lead pos state"]) -> Int[Tensor, "*lead pos state"]:
+    """Inclusive prefix composition along `pos` (Hillis-Steele): out[t] = maps[t] o ... o maps[0]."""
+    shift = 1
+    while shift < maps.shape[-2]:
+        composed = torch.gather(maps[..., shift:, :], -1, maps[..., :-shift, :])  # later o earlier
+        maps = torch.cat([maps[..., :shift, :], composed], dim=-2)
+        shift *= 2
+    return maps
+
+
+def _compose_prefix(step_maps: Int[Tensor, "batch pos state"], block: int = 32) -> Int[Tensor, "batch pos state"]:
+    """Inclusive prefix composition of state maps, out[t] = F_t o F_{t-1} o ... o F_0, in two levels.
+
+    Scanning blocks of `block` positions and then the block totals does about log2(block) + 1 passes over the
+    data instead of log2(seq_len), which halves the cost at seq_len 1024.
+    """
+    batch, steps, n_states = step_maps.shape
+    if steps <= block:
+        return _scan(step_maps)
+    pad = -steps % block
+    if pad:  # identity maps at the end change nothing before them
+        identity = torch.arange(n_states, device=step_maps.device).expand(batch, pad, n_states)
+        step_maps = torch.cat([step_maps, identity], dim=1)
+    within = _scan(step_maps.reshape(batch, -1, block, n_states))  # [batch, blocks, block, state]
+    totals = _scan(within[:, :, -1, :])  # prefix over whole blocks
+    earlier = totals[:, :-1, None, :].expand(-1, -1, block, -1)  # everything before block j
+    later = torch.gather(within[:, 1:], -1, earlier)
+    out = torch.cat([within[:, :1], later], dim=1).reshape(batch, -1, n_states)
+    return out[:, :steps]
+
+
+def _sample_chain(
+    cdf: Float[Tensor, "batch context vocab"],
+    first: Int[Tensor, " batch"],
+    *,
+    vocab: int,
+    order: int,
+    seq_len: int,
+    generator: torch.Generator | None,
+    device: torch.device,
+) -> Tokens:
+    """Sample order-k chains given per-sequence cumulative kernels and the first context index.
+
+    The chain state is the context c = base-V number of the last k tokens (oldest first); the next context is
+    (c * V + x) mod V**k. `first` is the context made of the first k tokens.
+    """
+    batch, n_ctx, _ = cdf.shape
+    steps = max(seq_len - order, 0)
+    context_ids = torch.arange(n_ctx, device=device)
+    if steps:
+        u = torch.rand(batch, steps, 1, 1, generator=generator, device=device, dtype=torch.float64)
+        # Next token for every possible context, inverse-CDF with one shared uniform per position.
+        nxt = (cdf[:, None, :, :] <= u).sum(-1).clamp_(max=vocab - 1)  # [batch, steps, context]
+        # order 1: the context is the state itself, so the step map is `nxt` (skip two costly remainders)
+        step_maps = nxt if order == 1 else (context_ids * vocab + nxt) % n_ctx
+        contexts = torch.gather(_compose_prefix(step_maps), -1, first[:, None, None].expand(batch, steps, 1))
+        later = contexts[..., 0] if order == 1 else contexts[..., 0] % vocab
+    else:
+        later = torch.empty(batch, 0, dtype=torch.long, device=device)
+    digits = vocab ** torch.arange(order - 1, -1, -1, device=device)
+    head = (first[:, None] // digits) % vocab
+    return torch.cat([head, later], dim=1)[:, :seq_len].contiguous()
+
+
+def _context_kernel(kernel: Tensor) -> Float[Tensor, "context vocab"]:
+    return kernel.reshape(-1, kernel.shape[-1])
+
+
+def _context_transition_matrix(flat: Float[Tensor, "*batch context vocab"]) -> Float[Tensor, "*batch context context"]:
+    """The chain on contexts (last k states) as an ordinary V**k x V**k transition matrix (batched)."""
+    n_ctx, vocab = flat.shape[-2:]
+    rows = torch.arange(n_ctx, device=flat.device)[:, None]
+    targets = (rows * vocab + torch.arange(vocab, device=flat.device)) % n_ctx
+    matrix = torch.zeros(*flat.shape[:-1], n_ctx, dtype=flat.dtype, device=flat.device)
+    return matrix.scatter_add_(-1, targets.expand(flat.shape), flat)
+
+
+def _stationary_contexts(kernel: Tensor) -> Float[Tensor, " context"]:
+    """Stationary law of the context chain (import-free twin of theory.stationary_distribution)."""
+    from markov_interp.theory import stationary_context_distribution
+
+    return stationary_context_distribution(kernel)
+
+
+def _initial_context_law(initial: InitialLaw, kernel: Tensor | None, vocab: int, order: int) -> Tensor | str:
+    """Resolve the law of the first `order` tokens, as a law over contexts, or the keyword for per-row laws."""
+    n_ctx = vocab**order
+    if isinstance(initial, str):
+        if initial not in ("stationary", "uniform"):
+            raise ValueError(f"initial must be 'stationary', 'uniform' or a probability vector, got {initial!r}")
+        if initial == "uniform":
+            return torch.full((n_ctx,), 1.0 / n_ctx, dtype=torch.float64)
+        return _stationary_contexts(kernel) if kernel is not None else "stationary"
+    law = torch.as_tensor(initial, dtype=torch.float64).flatten()
+    if law.numel() == vocab and order > 1:
+        raise ValueError(f"an initial law for an order-{order} chain must be over the {n_ctx} contexts (V**k)")
+    if law.numel() != n_ctx:
+        raise ValueError(f"initial law must have {n_ctx} entries, got {law.numel()}")
+    if not torch.isfinite(law).all() or (law < 0).any() or abs(law.sum().item() - 1) > _ROW_SUM_TOL:
+        raise ValueError(f"initial law must be non-negative and sum to 1, got {law.tolist()}")
+    return law
+
+
+def _draw(law: Tensor, batch: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    cdf = law.to(device).cumsum(-1)
+    u = torch.rand(batch, 1, generator=generator, device=device, dtype=torch.float64)
+    return (cdf <= u).sum(-1).clamp_(max=law.shape[-1] - 1)
+
+
+# ---------------------------------------------------------------------------------------------- sources
+class MarkovChain:
+    """A Markov chain of order k on V states with a fixed kernel.
+
+    `kernel[s_1, ..., s_k, x]` = P(next = x | last k states = s_1..s_k, oldest first); order 1 is the usual
+    V x V transition matrix. The first k states are drawn from the stationary law of the chain (default),
+    uniformly, or from a given law over the V**k contexts, so that every position is a prediction target whose
+    optimal loss is the entropy rate.
+
+    >>> chain = MarkovChain([[0.9, 0.1], [0.5, 0.5]])
+    >>> chain.sample(2, 5, generator=torch.Generator().manual_seed(0)).shape
+    torch.Size([2, 5])
+    """
+
+    def __init__(self, kernel: Any, order: int = 1, *, initial: InitialLaw = "stationary"):
+        self.kernel: Tensor = validate_kernel(kernel, order=order)
+        self.order = order
+        self.vocab = int(self.kernel.shape[-1])
+        self._initial = _initial_context_law(initial, self.kernel, self.vocab, order)
+        self._cdf = _context_kernel(self.kernel).cumsum(-1)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab={self.vocab}, order={self.order})"
+
+    def sample(
+        self, batch: int, seq_len: int, generator: torch.Generator | None = None, *, device: Any = None
+    ) -> Tokens:
+        """Draw `batch` independent sequences of `seq_len` states (int64) on the generator's device."""
+        _check_sizes(batch, seq_len)
+        dev = _resolve_device(generator, device)
+        first = _draw(self._initial, batch, generator, dev)
+        cdf = self._cdf.to(dev).expand(batch, -1, -1)
+        return _sample_chain(
+            cdf, first, vocab=self.vocab, order=self.order, seq_len=seq_len, generator=generator, device=dev
+        )
+
+
+class BinaryChain(MarkovChain):
+    """The binary first-order chain of Makkuva et al.: P(0 -> 1) = p, P(1 -> 0) = q.
+
+    Its kernel is [[1-p, p], [q, 1-q]], its stationary law (q, p) / (p + q), and the sum p + q decides the
+    single-layer loss landscape (p + q > 1: bad local minima at the unigram loss with weight tying).
+
+    >>> BinaryChain(0.2, 0.3).kernel
+    tensor([[0.8000, 0.2000],
+            [0.3000, 0.7000]], dtype=torch.float64)
+    """
+
+    def __init__(self, p: float | int, q: float | int, *, initial: InitialLaw = "stationary"):
+        self.p = _check_probability(p, "p")
+        self.q = _check_probability(q, "q")
+        if initial == "stationary" and self.p + self.q == 0:
+            raise ValueError("p = q = 0: the chain never moves and has no unique stationary law")
+        super().__init__([[1 - self.p, self.p], [self.q, 1 - self.q]], initial=initial)
+
+    def __repr__(self) -> str:
+        return f"BinaryChain(p={self.p}, q={self.q})"
+
+
+class RandomMarkov:
+    """The in-context task: every sequence has its own kernel, each row drawn from Dirichlet(alpha).
+
+    A model cannot learn this kernel in its weights; it must estimate it from the sequence, which an
+    induction-head circuit does. The Bayes-optimal predictor is the add-alpha count estimator
+    (`theory.add_beta_predictions` with beta = alpha) when the first states are uniform; with the default
+    stationary first state the first token carries a little extra information, a negligible effect after the
+    first few positions.
+
+    >>> tokens, kernels = RandomMarkov(3).sample(4, 10, generator=torch.Generator().manual_seed(0),
+    ...                                          return_kernels=True)
+    >>> tokens.shape, kernels.shape
+    (torch.Size([4, 10]), torch.Size([4, 3, 3]))
+    """
+
+    def __init__(self, vocab: int, order: int = 1, alpha: float | int = 1.0, *, initial: InitialLaw = "stationary"):
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 2:
+            raise ValueError(f"vocab must be an integer >= 2, got {vocab!r}")
+        if isinstance(order, bool) or not isinstance(order, int) or order < 1:
+            raise ValueError(f"order must be an integer >= 1, got {order!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (alpha > 0 and math.isfinite(alpha)):
+            raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+        self.vocab, self.order, self.alpha = vocab, order, float(alpha)
+        self._initial = _initial_context_law(initial, None, vocab, order)
+
+    def __repr__(self) -> str:
+        return f"RandomMarkov(vocab={self.vocab}, order={self.order}, alpha={self.alpha})"
+
+    def sample_kernels(
+        self, batch: int, generator: torch.Generator | None = None, *, device: Any = None
+    ) -> Float[Tensor, "batch context vocab"]:
+        """Draw `batch` kernels (rows ~ Dirichlet(alpha)) as [batch, V**order, V] float64."""
+        dev = _resolve_device(generator, device)
+        # Dirichlet via normalised Gamma draws; torch's Gamma sampler has no generator argument, so use
+        # Marsaglia-Tsang on generator-driven normals and uniforms (exact for shape >= 1; boost for < 1).
+        shape = (batch, self.vocab**self.order, self.vocab)
+        gamma = _gamma(self.alpha, shape, generator, dev)
+        return gamma / gamma.sum(-1, keepdim=True)
+
+    def sample(
+        self,
+        batch: int,
+        seq_len: int,
+        generator: torch.Generator | None = None,
+        *,
+        device: Any = None,
+        return_kernels: bool = False,
+    ) -> Tokens | tuple[Tokens, Float[Tensor, "batch context vocab"]]:
+        """Draw sequences, each from its own random kernel; with `return_kernels` also those kernels."""
+        _check_sizes(batch, seq_len)
+        dev = _resolve_device(generator, device)
+        kernels = self.sample_kernels(batch, generator, device=dev)
+        if isinstance(self._initial, str):  # stationary law of each sequence's own kernel
+            first = _draw(_batched_stationary(kernels), batch, generator, dev)
+        else:
+            first = _draw(self._initial, batch, generator, dev)
+        tokens = _sample_chain(
+            kernels.cumsum(-1), first, vocab=self.vocab, order=self.order, seq_len=seq_len,
+            generator=generator, device=dev,
+        )
+        return (tokens, kernels) if return_kernels else tokens
+
+
+def _batched_stationary(kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch context"]:
+    """Stationary laws of many context chains at once: solve pi (P - I) = 0 with one equation swapped for
+    sum(pi) = 1. Dirichlet rows are strictly positive almost surely, so each chain is irreducible and the
+    system has a unique solution."""
+    n = kernels.shape[1]
+    system = _context_transition_matrix(kernels).transpose(1, 2) - torch.eye(n, dtype=kernels.dtype, device=kernels.device)
+    system[:, -1, :] = 1.0
+    rhs = torch.zeros(kernels.shape[0], n, 1, dtype=kernels.dtype, device=kernels.device)
+    rhs[:, -1] = 1.0
+    pi = torch.linalg.solve(system, rhs)[..., 0].clamp_min(0)
+    return pi / pi.sum(-1, keepdim=True)
+
+
+def _gamma(alpha: float, shape: tuple, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """Gamma(alpha, 1) draws from an explicit generator (Marsaglia & Tsang 2000, with rejection)."""
+    boost = alpha < 1
+    a = alpha + 1 if boost else alpha
+    d = a - 1.0 / 3
+    c = 1.0 / math.sqrt(9 * d)
+    out = torch.empty(shape, dtype=torch.float64, device=device)
+    todo = torch.ones(shape, dtype=torch.bool, device=device)
+    while todo.any():
+        n = int(todo.sum())
+        z = torch.randn(n, generator=generator, device=device, dtype=torch.float64)
+        u = torch.rand(n, generator=generator, device=device, dtype=torch.float64)
+        v = (1 + c * z) ** 3
+        ok = (v > 0) & (torch.log(u.clamp_min(1e-300)) < 0.5 * z**2 + d - d * v + d * torch.log(v.clamp_min(1e-300)))
+        idx = todo.nonzero(as_tuple=True)
+        accepted = tuple(i[ok] for i in idx)
+        out[accepted] = (d * v)[ok]
+        todo[accepted] = False
+    if boost:
+        u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+        out = out * u.clamp_min(1e-300) ** (1.0 / alpha)
+    return out.clamp_min(1e-300)
+
+
+Source = Union[MarkovChain, RandomMarkov]
+
+
+# ---------------------------------------------------------------------------------------------- config
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SourceConfig:
+    """A serialisable description of a source: what a run folder records and `build()` turns into a source.
+
+    kind "binary" uses p, q; "markov" uses kernel (nested lists) and order; "random" uses vocab, order, alpha.
+    """
+
+    kind: str = "binary"  # "binary", "markov" or "random"
+    p: float | int | None = None  # binary: P(0 -> 1)
+    q: float | int | None = None  # binary: P(1 -> 0)
+    kernel: tuple | list | None = None  # markov: nested tuples, shape [V]*order + [V]
+    order: int = 1
+    vocab: int | None = None  # random: number of states
+    alpha: float | int = 1.0  # random: Dirichlet concentration of each kernel row
+    initial: str | tuple | list = "stationary"  # "stationary", "uniform" or a law over the V**order first contexts
+
+    def __post_init__(self) -> None:
+        if self.kernel is not None and not isinstance(self.kernel, tuple):
+            object.__setattr__(self, "kernel", _to_tuple(self.kernel))
+        if isinstance(self.initial, (list, Tensor)):
+            object.__setattr__(self, "initial", _to_tuple(self.initial))
+        if self.kind == "binary":
+            if self.p is None or self.q is None:
+                raise ValueError("a binary source needs p and q")
+            if self.order != 1:
+                raise ValueError(f"a binary chain has order 1, got order={self.order}")
+        elif self.kind == "markov":
+            if self.kernel is None:
+                raise ValueError("a markov source needs a kernel")
+        elif self.kind == "random":
+            if self.vocab is None:
+                raise ValueError("a random source needs vocab")
+        else:
+            raise ValueError(f"source kind must be 'binary', 'markov' or 'random', got {self.kind!r}")
+        self.build()  # validates every value once, with the sources' own messages
+
+    def build(self) -> Source:
+        """The source object this config describes."""
+        initial = self.initial if isinstance(self.initial, str) else list(self.initial)
+        if self.kind == "binary":
+            return BinaryChain(self.p, self.q, initial=initial)
+        if self.kind == "markov":
+            return MarkovChain(self.kernel, self.order, initial=initial)
+        return RandomMarkov(self.vocab, self.order, self.alpha, initial=initial)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of states the source emits."""
+        if self.kind == "binary":
+            return 2
+        if self.kind == "random":
+            return int(self.vocab)
+        return self.build().vocab
+
+    def to_dict(self) -> dict:
+        return {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SourceConfig":
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown SourceConfig keys: {sorted(unknown)}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _to_tuple(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return tuple(_to_tuple(v) for v in value)
+    return value
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_to_json(v) for v in value]
+    return value

@@ -1,0 +1,204 @@
+"""Shared pieces of the probes: axis names, hook names, the device, one probe batch, total variation.
+
+Every probe works on any TransformerLens hooked model (a `TransformerBridge` from `markov_interp.models`, a
+hand-built bridge, or a `HookedTransformer`): it only uses `model.cfg` (n_layers, n_heads, d_vocab),
+`run_with_cache(names_filter=...)`, `run_with_hooks(fwd_hooks=...)` and the standard hook names below, which
+both TransformerLens model families share. States are integer tokens 0..V-1; there is no tokenizer and no BOS.
+"""
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from markov_interp import theory
+from markov_interp.data import MarkovChain, RandomMarkov
+
+Tokens = Int[Tensor, "batch pos"]
+Probs = Float[Tensor, "batch pos vocab"]
+HeadScores = Float[Tensor, "layer head"]
+Model = Any  # a TransformerLens hooked model (TransformerBridge or HookedTransformer)
+
+
+# ------------------------------------------------------------------------------------------- hook names
+def pattern_hook(layer: int) -> str:
+    """Attention pattern of a layer, [batch head query_pos key_pos]."""
+    return f"blocks.{layer}.attn.hook_pattern"
+
+
+def z_hook(layer: int) -> str:
+    """Per-head attention output before W_O (the attended values), [batch pos head d_head]."""
+    return f"blocks.{layer}.attn.hook_z"
+
+
+def attn_out_hook(layer: int) -> str:
+    """A whole attention layer's contribution to the residual stream, [batch pos d_model]."""
+    return f"blocks.{layer}.hook_attn_out"
+
+
+def mlp_out_hook(layer: int) -> str:
+    """An MLP's contribution to the residual stream, [batch pos d_model]."""
+    return f"blocks.{layer}.hook_mlp_out"
+
+
+def has_mlp(model: Model, layer: int) -> bool:
+    """Whether block `layer` has an MLP (attention-only models have none)."""
+    return not getattr(model.cfg, "attn_only", False) and mlp_out_hook(layer) in model.hook_dict
+
+
+def model_device(model: Model) -> torch.device:
+    """The device the model's weights live on (tokens are moved there before a forward pass)."""
+    for param in model.parameters():
+        return param.device
+    return torch.device("cpu")
+
+
+def check_tokens(model: Model, tokens: Tensor) -> Tensor:
+    """Validate a token batch against the model (2-D integer states in 0..V-1, at most n_ctx long)."""
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"tokens must be an integer tensor [batch, pos], got {_describe(tokens)}")
+    vocab, n_ctx = int(model.cfg.d_vocab), int(model.cfg.n_ctx)
+    if tokens.shape[1] > n_ctx:
+        raise ValueError(f"sequences of length {tokens.shape[1]} exceed the model's n_ctx={n_ctx}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values {int(tokens.min())}..{int(tokens.max())}")
+    return tokens.to(model_device(model), torch.long)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
+# ------------------------------------------------------------------------------------------ predictions
+@torch.no_grad()
+def next_state_probs(model: Model, tokens: Tokens, *, fwd_hooks: Optional[list] = None) -> Probs:
+    """The model's predicted law of x_{t+1} after x_0..x_t at every position t (float64, rows sum to 1).
+
+    `fwd_hooks` (TransformerLens `(hook_name, fn)` pairs) run during the forward pass, e.g. ablations.
+
+    >>> # probs = next_state_probs(model, BinaryChain(0.2, 0.3).sample(8, 64)); probs.shape == (8, 64, 2)
+    """
+    tokens = check_tokens(model, tokens)
+    if fwd_hooks:
+        logits = model.run_with_hooks(tokens, fwd_hooks=fwd_hooks)
+    else:
+        logits = model(tokens)
+    return torch.softmax(logits.double(), dim=-1)
+
+
+def total_variation(p: Float[Tensor, "*batch vocab"], q: Float[Tensor, "*batch vocab"]) -> Float[Tensor, "*batch"]:
+    """Total-variation distance 1/2 sum |p - q| between two laws over the last axis (0: equal, 1: disjoint)."""
+    return 0.5 * (p - q).abs().sum(-1)
+
+
+# ------------------------------------------------------------------------------------------- probe batch
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class ProbeBatch:
+    """Sequences a probe runs on, with the kernel each sequence was drawn from.
+
+    `kernels[b]` is sequence b's kernel as [V**order, V] (rows indexed by the base-V number of the last
+    `order` states, oldest first): the same fixed kernel for every row of a `MarkovChain`, a fresh Dirichlet
+    draw per row of a `RandomMarkov`.
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    kernels: Float[Tensor, "batch context vocab"]
+    vocab: int
+    order: int
+    random_kernel: bool  # True for RandomMarkov sources (no fixed kernel to learn in weights)
+    beta: float  # add-beta smoothing of the in-context references: alpha for RandomMarkov, 1/2 otherwise
+
+
+def sample_batch(source: Any, *, n_sequences: int, seq_len: int, seed: int) -> ProbeBatch:
+    """Draw `n_sequences` sequences of `seq_len` states from `source` with a CPU generator seeded by `seed`."""
+    for name, value, minimum in (("n_sequences", n_sequences, 2), ("seq_len", seq_len, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    gen = torch.Generator().manual_seed(seed)
+    if isinstance(source, RandomMarkov):
+        tokens, kernels = source.sample(n_sequences, seq_len, gen, return_kernels=True)
+        return ProbeBatch(
+            tokens=tokens, kernels=kernels, vocab=source.vocab, order=source.order, random_kernel=True,
+            beta=default_beta(source),
+        )
+    if isinstance(source, MarkovChain):
+        tokens = source.sample(n_sequences, seq_len, gen)
+        flat = source.kernel.reshape(-1, source.vocab)
+        kernels = flat.expand(n_sequences, -1, -1).contiguous()
+        return ProbeBatch(
+            tokens=tokens, kernels=kernels, vocab=source.vocab, order=source.order, random_kernel=False,
+            beta=default_beta(source),
+        )
+    raise ValueError(f"source must be a MarkovChain, BinaryChain or RandomMarkov, got {type(source).__name__}")
+
+
+def check_source_matches(model: Model, source: Any) -> None:
+    """Refuse a source whose number of states differs from the model's vocabulary."""
+    if int(source.vocab) != int(model.cfg.d_vocab):
+        raise ValueError(f"source has {source.vocab} states but the model's d_vocab is {model.cfg.d_vocab}")
+
+
+def contexts(tokens: Tokens, *, vocab: int, order: int) -> Int[Tensor, "batch pos"]:
+    """Base-V index of the last `order` states at every position (-1 where fewer than `order` states)."""
+    return theory.context_index(tokens, vocab, order)
+
+
+def kernel_probs(batch: ProbeBatch) -> Probs:
+    """The true next-state law at every position: each sequence's kernel row for its current context.
+
+    Positions with fewer than `order` states (order > 1 only) get the stationary law of the last state.
+    """
+    ctx = contexts(batch.tokens, vocab=batch.vocab, order=batch.order)
+    rows = torch.gather(
+        batch.kernels, 1, ctx.clamp_min(0)[..., None].expand(-1, -1, batch.vocab)
+    )  # [batch, pos, vocab]
+    if batch.order > 1 and (ctx < 0).any():
+        pis = stationary_probs(batch)
+        rows = torch.where((ctx < 0)[..., None], pis, rows)
+    return rows.to(torch.float64)
+
+
+def stationary_laws(batch: ProbeBatch) -> Float[Tensor, "batch vocab"]:
+    """The stationary law pi of each sequence's kernel (one law for a fixed chain, one per row otherwise)."""
+    shape = [batch.vocab] * (batch.order + 1)
+    if not batch.random_kernel:
+        pi = theory.stationary_distribution(batch.kernels[0].reshape(shape).cpu())
+        return pi.to(batch.kernels.device).expand(batch.kernels.shape[0], -1)
+    laws = []
+    for kernel in batch.kernels.cpu():
+        ctx_law = theory.stationary_context_distribution(kernel.reshape(shape), check=False)
+        laws.append(ctx_law.reshape(-1, batch.vocab).sum(0))
+    return torch.stack(laws).to(batch.kernels.device)
+
+
+def stationary_probs(batch: ProbeBatch) -> Probs:
+    """The stationary law pi broadcast to every position: the best predictor that ignores the context."""
+    pis = stationary_laws(batch)
+    return pis[:, None, :].expand(-1, batch.tokens.shape[1], -1).contiguous()
+
+
+def in_context_unigram_probs(tokens: Tokens, vocab: int, *, beta: float) -> Probs:
+    """In-context add-beta estimate of the next state from state counts x_0..x_t (ignores the current state).
+
+    The best predictor that uses the context but not the current state (Edelman et al.'s unigram phase).
+    """
+    onehot = torch.nn.functional.one_hot(tokens, vocab).to(torch.float64)
+    counts = onehot.cumsum(1)
+    return (counts + beta) / (counts.sum(-1, keepdim=True) + vocab * beta)
+
+
+def target_losses(probs: Probs, tokens: Tokens) -> Float[Tensor, "batch target"]:
+    """-log probs[b, t, x_{t+1}] for t = 0..T-2: the log-loss of every next-state prediction."""
+    nxt = tokens[:, 1:, None].to(probs.device)
+    return -torch.log(torch.gather(probs[:, :-1], 2, nxt)[..., 0].clamp_min(1e-300))
+
+
+def default_beta(source: Any) -> float:
+    """The add-beta smoothing used for in-context references: the source's alpha for RandomMarkov, else 1/2."""
+    return float(source.alpha) if isinstance(source, RandomMarkov) else 0.5

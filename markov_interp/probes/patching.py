@@ -1,0 +1,172 @@
+"""Activation patching between two sequences, and Q/K/V composition scores between heads.
+
+Patching (the ROME / Wang et al. recipe): run the model on a *corrupted* sequence, put back one component's
+activation from the *clean* run, and see how much of the clean prediction returns. For Markov data the
+natural pair is two sequences that end in the same state but come from different contexts (different
+kernels, `patching_pair`): a model that learned the kernel predicts the same for both, so nothing needs
+restoring; for an induction circuit, patching the induction head (or the previous-token head feeding it)
+restores the clean context's prediction.
+
+The generic loop below is a few lines on `run_with_hooks`; TransformerLens's `patching` module gives the same
+numbers but insists on `model.eval()` and a progress bar, which a probe should not impose.
+
+Composition scores (Elhage et al. 2021, as `model.all_composition_scores`): how much a later head's Q, K or V
+input reads what an earlier head's OV circuit writes. The induction circuit shows as K-composition from the
+previous-token head to the induction head.
+"""
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from markov_interp import theory
+from markov_interp.probes._common import Model, Probs, Tokens, check_tokens, next_state_probs
+from markov_interp.probes.ablation import Component, _as_components, model_components
+
+
+def patching_pair(tokens: Tokens, *, seed: int = 0) -> tuple[Tokens, Tokens]:
+    """(clean, corrupted): corrupted[b] is another sequence of the batch whose last state is set to clean[b]'s.
+
+    The pair shares the final state and position but not the context, so a model that ignores the context
+    predicts the same law at the last position for both.
+    """
+    from markov_interp.probes.ablation import derangement
+
+    corrupted = tokens[derangement(tokens.shape[0], seed=seed)].clone()
+    corrupted[:, -1] = tokens[:, -1]
+    return tokens, corrupted
+
+
+def _patch_hook(component: Component, clean: Tensor, positions: Optional[Sequence[int]]):
+    def hook(activation: Tensor, hook: Any = None) -> Tensor:
+        out = activation.clone()
+        pos = slice(None) if positions is None else list(positions)
+        if component.kind == "head":
+            out[:, pos, component.head] = clean[:, pos, component.head].to(out.dtype)
+        else:
+            out[:, pos] = clean[:, pos].to(out.dtype)
+        return out
+
+    return hook
+
+
+@torch.no_grad()
+def patched_probs(
+    model: Model,
+    clean_tokens: Tokens,
+    corrupted_tokens: Tokens,
+    components: Sequence[Any],
+    *,
+    positions: Optional[Sequence[int]] = None,
+    clean_cache: Optional[Any] = None,
+) -> Probs:
+    """Next-state laws of the corrupted run with `components`' activations taken from the clean run.
+
+    `positions` restricts the patch to those sequence positions (default: all). `clean_cache` may hold the
+    clean activations already (only read).
+    """
+    comps = _as_components(model, components)
+    if clean_tokens.shape != corrupted_tokens.shape:
+        raise ValueError(
+            f"clean and corrupted tokens must have the same shape, got {tuple(clean_tokens.shape)} and "
+            f"{tuple(corrupted_tokens.shape)}"
+        )
+    names = sorted({c.hook_name for c in comps})
+    if clean_cache is None:
+        _, clean_cache = model.run_with_cache(check_tokens(model, clean_tokens), names_filter=names)
+    hooks = [(c.hook_name, _patch_hook(c, clean_cache[c.hook_name], positions)) for c in comps]
+    return next_state_probs(model, corrupted_tokens, fwd_hooks=hooks)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class PatchingResult:
+    """How much of the clean prediction each patched component restores in the corrupted run.
+
+    `recovery[i]` = 1 - KL(clean || patched) / KL(clean || corrupted) at the measured position, averaged over
+    the batch as a ratio of means: 1 when patching component i alone gives back the clean prediction, 0 when
+    it changes nothing. `baseline_kl` = KL(clean || corrupted) (near 0 means the context did not matter and
+    the recoveries are meaningless).
+    """
+
+    components: tuple[str, ...]
+    recovery: tuple[float, ...]
+    baseline_kl: float
+    position: int
+    n_layers: int
+    n_heads: int
+
+    def head_grid(self) -> Float[Tensor, "layer head"]:
+        """Recovery of every head as a [layer, head] grid (NaN for heads not patched)."""
+        grid = torch.full((self.n_layers, self.n_heads), float("nan"))
+        for name, value in zip(self.components, self.recovery):
+            comp = Component.parse(name)
+            if comp.kind == "head":
+                grid[comp.layer, comp.head] = value
+        return grid
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "baseline_kl": self.baseline_kl,
+            "recovery": dict(zip(self.components, self.recovery)),
+        }
+
+
+@torch.no_grad()
+def activation_patching(
+    model: Model,
+    clean_tokens: Tokens,
+    corrupted_tokens: Tokens,
+    *,
+    components: Optional[Sequence[Any]] = None,
+    position: int = -1,
+) -> PatchingResult:
+    """Patch each component (default: every head, attention layer and MLP) from clean into corrupted.
+
+    The effect is read at `position` (default the last), where the two sequences of a `patching_pair` share
+    their state; every position is patched. See `PatchingResult`.
+
+    >>> # clean, corrupted = patching_pair(tokens); activation_patching(model, clean, corrupted).head_grid()
+    """
+    comps = _as_components(model, model_components(model) if components is None else components)
+    names = sorted({c.hook_name for c in comps})
+    _, cache = model.run_with_cache(check_tokens(model, clean_tokens), names_filter=names)
+    clean = next_state_probs(model, clean_tokens)[:, position]
+    corrupted = next_state_probs(model, corrupted_tokens)[:, position]
+    baseline = float(theory.kl_divergence(clean, corrupted).mean())
+    recovery = []
+    for comp in comps:
+        patched = patched_probs(model, clean_tokens, corrupted_tokens, [comp], clean_cache=cache)[:, position]
+        kl = float(theory.kl_divergence(clean, patched).mean())
+        recovery.append(1.0 - kl / baseline if baseline > 0 else float("nan"))
+    return PatchingResult(
+        components=tuple(c.name for c in comps),
+        recovery=tuple(recovery),
+        baseline_kl=baseline,
+        position=position,
+        n_layers=int(model.cfg.n_layers),
+        n_heads=int(model.cfg.n_heads),
+    )
+
+
+def composition_scores(model: Model, mode: str) -> Float[Tensor, "src_layer src_head dst_layer dst_head"]:
+    """Q-, K- or V-composition score from every head (src) to every later head (dst) (Elhage et al. 2021).
+
+    ||W_OV^src W_QK^dst|| / (||W_OV^src|| ||W_QK^dst||) with Frobenius norms (for "K" the key side of the
+    destination, for "V" its OV circuit); 0 for pairs that are not src-before-dst. Random matrices score
+    about 1/sqrt(d_model); a previous-token head feeding an induction head scores high on "K".
+    """
+    if mode not in ("Q", "K", "V"):
+        raise ValueError(f"composition mode must be 'Q', 'K' or 'V', got {mode!r}")
+    scores = model.all_composition_scores(mode)
+    return torch.as_tensor(getattr(scores, "scores", scores)).detach().float().cpu()
+
+
+def head_composition(model: Model, src: tuple[int, int], dst: tuple[int, int]) -> dict[str, float]:
+    """{"Q", "K", "V"} composition scores from head src = (layer, head) to a later head dst."""
+    if src[0] >= dst[0]:
+        raise ValueError(f"composition needs the source head in an earlier layer than the destination, got {src} -> {dst}")
+    return {mode: float(composition_scores(model, mode)[src[0], src[1], dst[0], dst[1]]) for mode in "QKV"}
