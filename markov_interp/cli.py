@@ -11,7 +11,97 @@ import sys
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
     # Owned by the models/training work (issue 3).
-    pass
+    p = sub.add_parser(
+        "train",
+        help="train a transformer on a Markov source into a run folder (resumes / skips when possible)",
+        description="Train a transformer on fresh Markov batches. With no flags: the paper's one-layer model "
+        "on the binary chain p=0.2, q=0.3, 300 steps of 16 x 256 states (about 10 s on a CPU core). "
+        "Re-running on the same --out resumes from the newest checkpoint; a finished run is not retrained; "
+        "a folder holding a different config is refused.",
+    )
+    p.add_argument("--out", required=True, help="run folder (config.json, metrics.jsonl, model.safetensors)")
+    g = p.add_argument_group("data")
+    g.add_argument("--source", choices=["binary", "random"], default="binary",
+                   help="binary: fixed two-state chain (--p, --q); random: a fresh Dirichlet kernel per sequence")
+    g.add_argument("--p", type=float, default=0.2, help="binary: P(0 -> 1) (default 0.2)")
+    g.add_argument("--q", type=float, default=0.3, help="binary: P(1 -> 0) (default 0.3)")
+    g.add_argument("--vocab", type=int, default=2, help="random: number of states (default 2)")
+    g.add_argument("--alpha", type=float, default=1.0, help="random: Dirichlet concentration (default 1)")
+    g.add_argument("--order", type=int, default=1, help="random: chain order k (default 1)")
+    g = p.add_argument_group("model (a preset, then overrides; d_vocab follows the source)")
+    g.add_argument("--preset", default=None,
+                   help="paper-1layer (default for binary), paper-2layer, attn-only-2layer (default for random)")
+    g.add_argument("--layers", type=int, help="number of blocks")
+    g.add_argument("--heads", type=int, help="attention heads per block")
+    g.add_argument("--d-model", type=int, help="residual width (d_head, d_mlp follow unless set)")
+    g.add_argument("--d-mlp", type=int, help="MLP hidden width")
+    g.add_argument("--attn-only", action="store_true", help="no MLPs")
+    g.add_argument("--no-tie", action="store_true", help="untie the unembedding from the embedding")
+    g.add_argument("--init", choices=["standard", "canonical"], help="initialisation (see models.ModelConfig)")
+    g.add_argument("--n-ctx", type=int, help="context length of the model (default 1024)")
+    g = p.add_argument_group("training")
+    g.add_argument("--seq-len", type=int, default=256, help="input length (default 256; the paper: 1024)")
+    g.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
+    g.add_argument("--steps", type=int, default=300, help="optimiser steps (default 300)")
+    g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    g.add_argument("--schedule", choices=["one-cycle", "constant"], default="one-cycle")
+    g.add_argument("--seed", type=int, default=0, help="model init and data seed (default 0)")
+    g.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
+                   help="fp32 (default) or autocast fp16 / bf16; precision changes the paper's outcome")
+    g.add_argument("--loss-scaling", action="store_true", help="fp16 with dynamic loss scaling")
+    g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    g.add_argument("--eval-every", type=int, default=100, help="evaluate every N steps (0: only at the end)")
+    g.add_argument("--checkpoints", type=int, default=8, help="log-spaced checkpoints to keep (default 8)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's choice; 1 is often fastest for tiny models)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def handler(args: argparse.Namespace) -> int:
+        import torch
+
+        from markov_interp.data import SourceConfig
+        from markov_interp.models import preset
+        from markov_interp.training import RunConfig, TrainConfig, train
+
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"--threads must be >= 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
+        if args.source == "binary":
+            source = SourceConfig(kind="binary", p=args.p, q=args.q)
+        else:
+            source = SourceConfig(kind="random", vocab=args.vocab, alpha=args.alpha, order=args.order)
+        name = args.preset or ("paper-1layer" if args.source == "binary" else "attn-only-2layer")
+        overrides = {"d_vocab": source.vocab_size}
+        for flag, field in (("layers", "n_layers"), ("heads", "n_heads"), ("d_model", "d_model"),
+                            ("d_mlp", "d_mlp"), ("init", "init"), ("n_ctx", "n_ctx")):
+            if getattr(args, flag) is not None:
+                overrides[field] = getattr(args, flag)
+        if args.attn_only:
+            overrides["attn_only"] = True
+        if args.no_tie:
+            overrides["tie_weights"] = False
+        model = preset(name, **overrides)
+        train_cfg = TrainConfig(
+            steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+            optimizer=args.optimizer, schedule=args.schedule, seed=args.seed, precision=args.precision,
+            loss_scaling=args.loss_scaling, device=args.device, eval_every=args.eval_every,
+            n_checkpoints=args.checkpoints,
+        )
+        result = train(RunConfig(source=source, model=model, train=train_cfg), args.out,
+                       progress=not args.no_progress)
+        f = result.final
+        parts = [f"final eval loss {f['eval_loss']:.4f} nats", f"entropy rate {f['entropy_rate']:.4f}",
+                 f"unigram loss {f['unigram_loss']:.4f}"]
+        if "bayes_loss" in f:
+            parts.append(f"in-context Bayes loss {f['bayes_loss']:.4f}")
+        status = "already trained" if result.already_done else (
+            f"resumed from step {result.resumed_from}" if result.resumed_from else "trained")
+        print(f"{status} ({f['step']} steps): " + ", ".join(parts) + f" -> {args.out}")
+        return 0
+
+    p.set_defaults(handler=handler)
 
 
 def _add_probe(sub: argparse._SubParsersAction) -> None:
@@ -21,12 +111,109 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
     # Owned by the report work (issue 6).
-    pass
+    p = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report of a trained run (opens with no network)",
+        description="Probe a run folder written by `markov-interp train` and write one HTML file holding its "
+        "config, loss curves beside the theory's reference losses, the mechanism verdict with its evidence, "
+        "per-head scores against chance, attention patterns (circuitsvis, inlined), ablations, the learned "
+        "kernel against the true one, the canonical landscape (single-layer binary runs) and probe scores "
+        "over training (runs with checkpoints).",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run folder (config.json, metrics.jsonl, model.safetensors)")
+    p.add_argument("--out", default=None, help="HTML file to write (default RUN_DIR/report.html)")
+    p.add_argument("--n-sequences", type=int, default=64, help="sequences in the probe batch (default 64)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="length of the probe sequences (default min(training length, n_ctx, 128))")
+    p.add_argument("--seed", type=int, default=0, help="seed of the probe batch (default 0)")
+    p.add_argument("--max-checkpoints", type=int, default=8, help="checkpoints re-probed for the dynamics (default 8)")
+    p.add_argument("--device", default="cpu", help="device to probe on (default cpu)")
+
+    def handler(args: argparse.Namespace) -> int:
+        from markov_interp.report import build
+
+        report = build(args.run_dir, n_sequences=args.n_sequences, seq_len=args.seq_len, seed=args.seed,
+                       max_checkpoints=args.max_checkpoints, device=args.device)
+        path = report.save(args.out)
+        size = path.stat().st_size / 1e6
+        print(f"mechanism: {report.mechanism.mechanism} "
+              f"({'confident' if report.mechanism.confident else 'not confident'}) -> {path} ({size:.1f} MB)")
+        return 0
+
+    p.set_defaults(handler=handler)
 
 
 def _add_sweep(sub: argparse._SubParsersAction) -> None:
     # Owned by the sweep work (issue 7): `sweep SPEC` and `reproduce [--quick]`.
-    pass
+    p = sub.add_parser(
+        "sweep",
+        help="train every cell of a grid spec (TOML) in parallel into one results table (restartable)",
+        description="Run the grid of training runs a spec file names (TOML: base config, [grid] of "
+        "'section.field' = [values], seeds; see markov_interp.sweep). Cells already finished are skipped, so "
+        "the same command resumes a stopped sweep; a failing cell is recorded with its error and the others go "
+        "on. Writes OUT/results.csv (and results.parquet with pyarrow). Exit code 1 if any cell failed.",
+    )
+    def _params(row: dict) -> str:
+        return " ".join(f"{k[len('param.'):]}={v}" for k, v in row.items() if k.startswith("param."))
+
+    p.add_argument("spec", help="sweep spec file (.toml, or .json)")
+    p.add_argument("--out", default=None, help="sweep folder (default runs/sweep-<spec file name>)")
+    p.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local process pool (default) or Ray tasks on the cluster ray.init() finds")
+    p.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
+    p.add_argument("--no-retry", action="store_true", help="do not retry cells that failed in an earlier call")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def handler(args: argparse.Namespace) -> int:
+        from pathlib import Path
+
+        from markov_interp import sweep
+
+        spec = sweep.load_spec(args.spec)
+        out = args.out or str(Path("runs") / f"sweep-{Path(args.spec).stem}")
+        result = sweep.run(spec, out, backend=args.backend, workers=args.workers, progress=not args.no_progress,
+                           retry_failed=not args.no_retry)
+        n_ok = len(result.rows) - result.n_failed
+        print(f"{len(result.rows)} cells: {n_ok} ok ({result.n_run} run now, {result.n_skipped} already done), "
+              f"{result.n_failed} failed -> {result.table}")
+        for row in result.failed:
+            print(f"  failed {row['cell_id']} {_params(row)}: {row.get('error')}", file=sys.stderr)
+        return 1 if result.n_failed else 0
+
+    p.set_defaults(handler=handler)
+
+    r = sub.add_parser(
+        "reproduce",
+        help="reproduce the paper's headline findings: results table, summary and phase-diagram figures",
+        description="Run the five experiments of the reproduction (tied / untied (p, q) grids, depth, random "
+        "kernels, init and precision), then write results.csv, summary.csv, summary.md and PNG figures to "
+        "--out. --quick runs in about 15 minutes on 2 CPU cores with fewer seeds and steps (summary.md says "
+        "what it cut). Training runs go to --work and are reused by a rerun.",
+    )
+    r.add_argument("--quick", action="store_true", help="the reduced budget (short sequences, few seeds and steps)")
+    r.add_argument("--out", default=None, help="folder for tables and figures (default runs/reproduce[-quick]/report)")
+    r.add_argument("--work", default=None, help="sweep folder for the training runs (default runs/reproduce[-quick])")
+    r.add_argument("--backend", choices=["local", "ray"], default="local")
+    r.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def reproduce_handler(args: argparse.Namespace) -> int:
+        from pathlib import Path
+
+        from markov_interp.reproduce import QUICK, FULL, reproduce
+
+        budget = QUICK if args.quick else FULL
+        work = args.work or str(Path("runs") / ("reproduce-quick" if args.quick else "reproduce"))
+        out = args.out or str(Path(work) / "report")
+        print(f"reproduce ({budget.name}): {budget.cuts}", file=sys.stderr)
+        command = "markov-interp " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
+        result = reproduce(out, quick=args.quick, work_dir=work, backend=args.backend, workers=args.workers,
+                           progress=not args.no_progress, command=command)
+        print(f"reproduction ({budget.name}) in {result['seconds'] / 60:.1f} min, {result['failed']} failed cells "
+              f"-> {out}/summary.md")
+        return 1 if result["failed"] else 0
+
+    r.set_defaults(handler=reproduce_handler)
 
 
 def build_parser() -> argparse.ArgumentParser:

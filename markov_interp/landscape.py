@@ -43,7 +43,8 @@ through); the other functions work in numpy. This module must not depend on Tran
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -101,12 +102,12 @@ def reference_losses(p: Real, q: Real) -> dict[str, float]:
     return {"entropy_rate": theory.entropy_rate(k), "unigram_loss": theory.unigram_loss(k)}
 
 
-def _entropy2(x: np.ndarray) -> np.ndarray:
+def _entropy2(x):
     """Binary entropy in nats, vectorized (0 < x < 1)."""
     return -(x * np.log(x) + (1.0 - x) * np.log1p(-x))
 
 
-def _losses_closed_form(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _losses_closed_form(p, q):
     """(entropy rate, unigram loss) in closed form, vectorized; agrees with `theory` (tested)."""
     rate = (q * _entropy2(p) + p * _entropy2(q)) / (p + q)
     return rate, _entropy2(p / (p + q))
@@ -155,7 +156,7 @@ def delta(w: ArrayLike) -> ArrayLike:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _loss_from_logits_torch(f1: Tensor, f0: Tensor, p: float, q: float) -> Tensor:
+def _loss_from_logits_torch(f1, f0, p, q):
     pi1, pi0 = p / (p + q), q / (p + q)
     ls = F.logsigmoid
     return -pi1 * (q * ls(-f1) + (1 - q) * ls(f1)) - pi0 * (p * ls(f0) + (1 - p) * ls(-f0))
@@ -199,8 +200,9 @@ def untied_loss(e: ArrayLike, a: ArrayLike, w: ArrayLike, b: ArrayLike, *, p: Re
     e u (tying: the embedding direction u times e) and the residual stream along u equal to
     (1/2 + 2w|w|) e after state 1 and -e/2 after state 0 (the embedding (x - 1/2) e u plus the MLP, which only
     fires after state 1). Untying replaces the output vector by a u with a free scalar a, everything else equal:
-    f1 = a e (1/2 + 2w|w|) + b, f0 = b - a e / 2. With a = e it is `canonical_loss`, and the flow keeps a = e
-    when it starts there (the loss is symmetric in e <-> a): untying matters only through a0 != e0.
+    f1 = a e (1/2 + 2w|w|) + b, f0 = b - a e / 2. With a = e it is `canonical_loss`. The loss is symmetric in
+    e <-> a, so the flow keeps a = e (and a = -e) when it starts there, but it is then the tied flow with e
+    trained at half speed (dL/de = a (...) instead of 2e (...)), so its basins differ from the tied ones.
     """
     p, q = _check_pq(p, q)
     (e, a, w, b), is_torch = _as_float64((e, a, w, b))
@@ -209,14 +211,14 @@ def untied_loss(e: ArrayLike, a: ArrayLike, w: ArrayLike, b: ArrayLike, *, p: Re
     return _finish(_loss_from_logits_torch(f1, f0, p, q), is_torch)
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def _sigmoid(x):
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
-def _loss_np(f1: np.ndarray, f0: np.ndarray, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+def _loss_np(f1, f0, p, q):
     pi1, pi0 = p / (p + q), q / (p + q)
 
-    def logsig(x: np.ndarray) -> np.ndarray:
+    def logsig(x):
         return -np.logaddexp(0.0, -x)
 
     return -pi1 * (q * logsig(-f1) + (1 - q) * logsig(f1)) - pi0 * (p * logsig(f0) + (1 - p) * logsig(-f0))
@@ -229,12 +231,12 @@ def _logit_derivatives(f1, f0, p, q):
     return pi1 * (s1 - (1 - q)), pi0 * (s0 - p), pi1 * s1 * (1 - s1), pi0 * s0 * (1 - s0)
 
 
-def _tied_logits(x: np.ndarray, sign: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def _tied_logits(x, sign=1.0):
     e, w, b = x[..., 0], x[..., 1], x[..., 2]
     return sign * (0.5 + 2 * w * np.abs(w)) * e**2 + b, b - sign * 0.5 * e**2
 
 
-def _tied_grad_np(x: np.ndarray, p, q, sign: float = 1.0) -> np.ndarray:
+def _tied_grad_np(x, p, q, sign=1.0):
     """Closed-form gradient [dL/de, dL/dw, dL/db] of the tied model (sign=-1: the 'anti-tied' a = -e model)."""
     e, w = x[..., 0], x[..., 1]
     f1, f0 = _tied_logits(x, sign)
@@ -243,7 +245,7 @@ def _tied_grad_np(x: np.ndarray, p, q, sign: float = 1.0) -> np.ndarray:
     return np.stack([sign * (2 * e * big_a * g1 - e * g0), sign * 4 * np.abs(w) * e**2 * g1, g1 + g0], axis=-1)
 
 
-def _untied_grad_np(x: np.ndarray, p, q) -> np.ndarray:
+def _untied_grad_np(x, p, q):
     e, a, w, b = x[..., 0], x[..., 1], x[..., 2], x[..., 3]
     big_a = 0.5 + 2 * w * np.abs(w)
     f1, f0 = big_a * a * e + b, b - 0.5 * a * e
@@ -252,11 +254,11 @@ def _untied_grad_np(x: np.ndarray, p, q) -> np.ndarray:
                     axis=-1)
 
 
-def _tied_loss_np(x: np.ndarray, p, q, sign: float = 1.0) -> np.ndarray:
+def _tied_loss_np(x, p, q, sign=1.0):
     return _loss_np(*_tied_logits(x, sign), p, q)
 
 
-def _untied_loss_np(x: np.ndarray, p, q) -> np.ndarray:
+def _untied_loss_np(x, p, q):
     e, a, w, b = x[..., 0], x[..., 1], x[..., 2], x[..., 3]
     big_a = 0.5 + 2 * w * np.abs(w)
     return _loss_np(big_a * a * e + b, b - 0.5 * a * e, p, q)
@@ -281,7 +283,7 @@ def untied_gradient(e: ArrayLike, a: ArrayLike, w: ArrayLike, b: ArrayLike, *, p
     return _untied_grad_np(x, p, q)
 
 
-def _hessian(grad1: np.ndarray, grad0: np.ndarray, hess1: np.ndarray, hess0: np.ndarray, f1, f0, p, q) -> np.ndarray:
+def _hessian(grad1, grad0, hess1, hess0, f1, f0, p, q):
     """Chain rule: H = g11 grad1 grad1^T + g00 grad0 grad0^T + g1 hess1 + g0 hess0 (the logits' derivatives)."""
     g1, g0, g11, g00 = _logit_derivatives(f1, f0, p, q)
     return g11 * np.outer(grad1, grad1) + g00 * np.outer(grad0, grad0) + g1 * hess1 + g0 * hess0
@@ -333,7 +335,7 @@ def untied_hessian(e: Real, a: Real, w: Real, b: Real, *, p: Real, q: Real) -> F
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _optimal_bias_np(s1: np.ndarray, s0: np.ndarray, p, q) -> np.ndarray:
+def _optimal_bias_np(s1, s0, p, q):
     """The b solving dL/db = 0 for logits f1 = s1 + b, f0 = s0 + b: pi1 s(f1) + pi0 s(f0) = pi1 (bisection)."""
     pi1 = p / (p + q)
     target = np.log(pi1 / (1 - pi1))
@@ -512,7 +514,7 @@ def conserved_quantity(e: ArrayLike, w: ArrayLike) -> Any:
     return float(out) if out.ndim == 0 else out
 
 
-def _conserved_rule(e0: np.ndarray, w0: np.ndarray, switching: np.ndarray) -> np.ndarray:
+def _conserved_rule(e0, w0, switching):
     """Bigram (True) / unigram (False) for the b-profiled tied flow; `switching` = kappa > 0 (p + q > 1).
 
     p + q > 1: bigram iff e0 != 0, w0 < 0 and (w0 < -1/sqrt(2) or E + h* > 0): the level set of E must carry
@@ -562,8 +564,7 @@ class _FlowResult:
     t: np.ndarray  # final times [n]
 
 
-def _integrate_tied(x0: np.ndarray, p: np.ndarray, q: np.ndarray, sign: np.ndarray, *, t_max: float,
-                    max_iter: int, rtol: float = 1e-8, atol: float = 1e-11) -> _FlowResult:
+def _integrate_tied(x0, p, q, sign, e_rate, *, t_max, max_iter, rtol=1e-8, atol=1e-11):
     """Integrate the full (e, w, b) gradient flow of many inits at once (adaptive Dormand-Prince, float64).
 
     A point is decided "bigram" once its loss falls below H(pi) - gap/1000 (the flow's loss decreases and the
@@ -571,6 +572,7 @@ def _integrate_tied(x0: np.ndarray, p: np.ndarray, q: np.ndarray, sign: np.ndarr
     to the unigram line: w >= 0 with kappa sign > 0 (the bigram set is then out of reach: w keeps its sign), or
     it is close to the line where the line is attracting (kappa delta(w) sign > 0, e small against delta and
     b near its optimum). Points undecided at t_max fall back to the conserved-quantity rule at their state.
+    `sign` = -1 is the anti-tied model (a = -e), `e_rate` scales e's speed (1/2 for the untied a = +-e flows).
     """
     n = x0.shape[0]
     x = x0.copy()
@@ -584,7 +586,7 @@ def _integrate_tied(x0: np.ndarray, p: np.ndarray, q: np.ndarray, sign: np.ndarr
     decided = np.zeros(n, bool)
     active = np.ones(n, bool)
 
-    def check(idx: np.ndarray) -> None:
+    def check(idx):
         xs = x[idx]
         e, w, b = xs[:, 0], xs[:, 1], xs[:, 2]
         pi_, qi, si, ki = p[idx], q[idx], sign[idx], k_eff[idx]
@@ -596,7 +598,8 @@ def _integrate_tied(x0: np.ndarray, p: np.ndarray, q: np.ndarray, sign: np.ndarr
         db = np.abs(g1 + g0) / (g11 + g00)  # distance of b from its optimum (Newton step)
         big_a = si * (0.5 + 2 * w * np.abs(w))
         attracting = ki * d > 0
-        small_e = (e**2 * (w**2 + 1e-300) < 1e-2 * d**2) & (e**2 < 1e-4) & (e**2 * np.abs(d) < 0.1 * np.abs(ki))
+        small_e = ((e**2 * (w**2 + 1e-300) < 1e-2 * d**2 * e_rate[idx]) & (e**2 < 1e-4)
+                   & (e**2 * np.abs(d) < 0.1 * np.abs(ki)))
         b_ok = db * np.abs(big_a * g11 - 0.5 * si * g00) * 4 < np.abs(ki * d)
         is_unigram = ((ki > 0) & (w >= 0) & (np.abs(p[idx] + q[idx] - 1) >= _IID_TOL)) | (e == 0) | (
             attracting & small_e & b_ok)
@@ -614,9 +617,10 @@ def _integrate_tied(x0: np.ndarray, p: np.ndarray, q: np.ndarray, sign: np.ndarr
             break
         xs, h = x[idx], np.minimum(dt[idx], t_max - t[idx])[:, None]
         pi_, qi, si = p[idx], q[idx], sign[idx]
+        speed = np.stack([e_rate[idx], np.ones(idx.size), np.ones(idx.size)], axis=1)
 
-        def field_(y: np.ndarray) -> np.ndarray:
-            return -_tied_grad_np(y, pi_, qi, si)
+        def field_(y):
+            return -speed * _tied_grad_np(y, pi_, qi, si)
 
         ks = [field_(xs)]
         for row in _DP_A[1:]:
@@ -638,14 +642,14 @@ def _integrate_tied(x0: np.ndarray, p: np.ndarray, q: np.ndarray, sign: np.ndarr
     rest = ~decided
     if rest.any():
         switching = k_eff[rest] > 0
-        bigram[rest] = _conserved_rule(x[rest, 0], x[rest, 1], switching)
+        bigram[rest] = _conserved_rule(x[rest, 0] / np.sqrt(e_rate[rest]), x[rest, 1], switching)
     return _FlowResult(bigram=bigram, decided=decided, x=x, t=t)
 
 
 _METHODS = ("auto", "conserved", "flow")
 
 
-def _predict_many(e0, w0, b0, p, q, *, tied: bool, a0, method: str, t_max: float, max_iter: int) -> np.ndarray:
+def _predict_many(e0, w0, b0, p, q, *, tied, a0, method, t_max, max_iter):
     """Vectorized core of `predict_outcome`: bool array, True = bigram."""
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
@@ -658,6 +662,7 @@ def _predict_many(e0, w0, b0, p, q, *, tied: bool, a0, method: str, t_max: float
     p, q = _check_pq_arrays(p, q)
     iid = np.abs(p + q - 1) < _IID_TOL
     sign = np.ones_like(e0)
+    e_rate = np.ones_like(e0)
     out = np.zeros(e0.shape, bool)
     todo = np.ones(e0.shape, bool)
     if not tied:
@@ -665,17 +670,19 @@ def _predict_many(e0, w0, b0, p, q, *, tied: bool, a0, method: str, t_max: float
         balanced = np.isclose(np.abs(a0_), np.abs(e0), rtol=1e-12, atol=0.0)
         out[~balanced] = True
         todo &= balanced
-        # a = e stays a = e (the tied model); a = -e stays a = -e (the tied model with f1 - f0 -> -(f1 - f0)).
+        # a = e stays a = e (the tied model), a = -e stays a = -e (the tied model with f1 - f0 -> -(f1 - f0)),
+        # both with e trained at half speed.
         sign = np.where((a0_ * e0 < 0), -1.0, 1.0)
+        e_rate[:] = 0.5
     out[iid & todo] = True
     todo &= ~iid
     if b0 is None or method == "conserved":
         switching = sign * (p + q - 1) > 0
-        out[todo] = _conserved_rule(e0[todo], w0[todo], switching[todo])
+        out[todo] = _conserved_rule(e0[todo] / np.sqrt(e_rate[todo]), w0[todo], switching[todo])
     elif todo.any():
         idx = np.nonzero(todo)[0]
         x0 = np.stack([e0[idx], w0[idx], b0_[idx]], axis=1)
-        res = _integrate_tied(x0, p[idx], q[idx], sign[idx], t_max=t_max, max_iter=max_iter)
+        res = _integrate_tied(x0, p[idx], q[idx], sign[idx], e_rate[idx], t_max=t_max, max_iter=max_iter)
         out[idx] = res.bigram
     return out.reshape(shape)
 
@@ -692,7 +699,8 @@ def predict_outcome(e0: Real, w0: Real, b0: Real | None = 0.0, *, p: Real, q: Re
     (e, w, b) gradient flow in float64 until the outcome is certified, since training b moves E
     (dE/dt = 2 e^2 dL/db). p + q = 1 (i.i.d. chain): "bigram" (both solutions are the global minimum).
     Untied (`tied=False`, output scalar a0, see `untied_loss`): e^2 - a^2 is conserved, so every init with
-    |a0| != |e0| ends "bigram"; a0 = e0 is exactly the tied flow. Small inits with p + q > 1 go "unigram".
+    |a0| != |e0| ends "bigram"; a0 = +-e0 stays on a = +-e, a tied (anti-tied for -) flow with e at half speed,
+    conserving 2e^2 - w^2 - sign(w) log|w|. Tied, small inits with p + q > 1 go "unigram".
 
     >>> predict_outcome(0.1, 0.1, p=0.5, q=0.8), predict_outcome(0.1, -1.0, p=0.5, q=0.8)
     ('unigram', 'bigram')
@@ -717,7 +725,7 @@ class Trajectory:
     points: np.ndarray
     loss: np.ndarray
 
-    def __getattr__(self, name: str) -> np.ndarray:
+    def __getattr__(self, name):
         names = object.__getattribute__(self, "names")
         if name in names:
             return object.__getattribute__(self, "points")[:, names.index(name)]
@@ -774,3 +782,301 @@ def gradient_descent_outcomes(e0: ArrayLike, w0: ArrayLike, b0: ArrayLike = 0.0,
         x = x - lr * grad_fn(x, p, q)
     rate, h_pi = _losses_closed_form(p, q)
     return loss_fn(x, p, q) < h_pi - 1e-3 * (h_pi - rate)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# regime maps
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegimeMap:
+    """Predicted outcomes over a grid: `bigram[i, j]` is True where training from the setting (y[i], x[j]) ends
+    at the global minimum, False where it sticks at the unigram solution.
+
+    kind "pq": x = p, y = q (a fixed init in `settings`); kind "init": x = w0, y = e0 (a fixed chain).
+    """
+
+    kind: str
+    x: np.ndarray
+    y: np.ndarray
+    x_label: str
+    y_label: str
+    bigram: np.ndarray
+    tied: bool
+    settings: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """Plain lists and numbers (JSON-ready)."""
+        return {"kind": self.kind, "x": self.x.tolist(), "y": self.y.tolist(), "x_label": self.x_label,
+                "y_label": self.y_label, "bigram": self.bigram.astype(bool).tolist(), "tied": self.tied,
+                "settings": dict(self.settings)}
+
+
+def _check_grid(n: Any, name: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"{name} must be an integer >= 2, got {n!r}")
+    return n
+
+
+def regime_map_pq(*, e0: Real = 0.1, w0: Real = 0.1, b0: Real | None = 0.0, tied: bool = True, a0: Real = 0.0,
+                  n: int = 41, method: str = "auto") -> RegimeMap:
+    """Predicted outcome over the (p, q) square (cell centres (i + 1/2) / n) from one init (e0, w0, b0).
+
+    The theory's boundary is p + q = 1: with tying and a small init with w0 > -1/sqrt(2) the canonical model
+    learns the kernel below the diagonal and sticks at the unigram solution above it; untied (a0 != e0) it
+    learns everywhere. Cells on the diagonal itself (an i.i.d. chain) count as "bigram".
+    """
+    n = _check_grid(n, "n")
+    axis = (np.arange(n) + 0.5) / n
+    pp, qq = np.meshgrid(axis, axis)
+    big = _predict_many(float(e0), float(w0), b0, pp, qq, tied=tied, a0=float(a0), method=method, t_max=1e6,
+                        max_iter=200_000)
+    settings = {"e0": float(e0), "w0": float(w0), "b0": None if b0 is None else float(b0), "method": method}
+    if not tied:
+        settings["a0"] = float(a0)
+    return RegimeMap(kind="pq", x=axis, y=axis, x_label="p = P(1 | 0)", y_label="q = P(0 | 1)", bigram=big,
+                     tied=tied, settings=settings)
+
+
+def regime_map_init(*, p: Real, q: Real, w_range: tuple[Real, Real] = (-2.5, 1.5),
+                    e_range: tuple[Real, Real] = (0.02, 2.5), n_w: int = 81, n_e: int = 50,
+                    b0: Real | None = 0.0, tied: bool = True, a0: Real | None = 0.0,
+                    method: str = "auto") -> RegimeMap:
+    """Predicted outcome over the initialisation plane (w0, e0) for the (p, q) chain, from bias b0.
+
+    Tied, the b-profiled theory draws the boundary: the separatrix e0^2 = h(w0) - h* (see `separatrix`) and
+    the line w0 = -1/sqrt(2); with b trained from b0 the boundary moves a little (E drifts while b relaxes).
+    Untied, the output scalar starts at a0 (default 0, independent of e0; None: a0 = e0, which keeps a = e):
+    e^2 - a^2 is conserved and every init with |a0| != |e0| ends "bigram".
+    """
+    p, q = _check_pq(p, q)
+    n_w, n_e = _check_grid(n_w, "n_w"), _check_grid(n_e, "n_e")
+    for name, rng in (("w_range", w_range), ("e_range", e_range)):
+        if len(rng) != 2 or not float(rng[0]) < float(rng[1]):
+            raise ValueError(f"{name} must be (low, high) with low < high, got {rng!r}")
+    ws = np.linspace(float(w_range[0]), float(w_range[1]), n_w)
+    es = np.linspace(float(e_range[0]), float(e_range[1]), n_e)
+    ww, ee = np.meshgrid(ws, es)
+    big = _predict_many(ee, ww, b0, p, q, tied=tied, a0=None if a0 is None else float(a0), method=method,
+                        t_max=1e6, max_iter=200_000)
+    settings = {"p": p, "q": q, "b0": None if b0 is None else float(b0), "method": method}
+    if not tied:
+        settings["a0"] = None if a0 is None else float(a0)
+    return RegimeMap(kind="init", x=ws, y=es, x_label="w0 (MLP scale)", y_label="e0 (embedding scale)",
+                     bigram=big, tied=tied, settings=settings)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# figures (returned, never saved)
+# ---------------------------------------------------------------------------------------------------------------
+
+_COLORS = ("#d9a441", "#3b7dbf")  # unigram, bigram
+
+
+def _new_axes(ax: Any, figsize: tuple[float, float]) -> tuple[Any, Any]:
+    from matplotlib.figure import Figure
+
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _draw_outcomes(ax: Any, rmap: RegimeMap) -> None:
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    ax.pcolormesh(rmap.x, rmap.y, rmap.bigram.astype(float), cmap=ListedColormap(_COLORS), vmin=0, vmax=1,
+                  shading="nearest")
+    ax.set_xlabel(rmap.x_label)
+    ax.set_ylabel(rmap.y_label)
+    handles = [Patch(color=_COLORS[1], label="bigram (learns the kernel)"),
+               Patch(color=_COLORS[0], label="unigram (stuck at H(pi))")]
+    ax.legend(handles=handles, loc="upper right", fontsize="small", framealpha=0.9)
+
+
+def plot_regime_map_pq(rmap: RegimeMap, *, ax: Any = None) -> Any:
+    """Figure of a (p, q) regime map with the theory's boundary p + q = 1 drawn dashed."""
+    if rmap.kind != "pq":
+        raise ValueError(f"expected a regime map of kind 'pq', got kind {rmap.kind!r}")
+    fig, ax = _new_axes(ax, (5.2, 4.6))
+    _draw_outcomes(ax, rmap)
+    ax.plot([0, 1], [1, 0], "k--", lw=1.2, label="p + q = 1")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_aspect("equal")
+    s = rmap.settings
+    ax.set_title(f"{'tied' if rmap.tied else 'untied'}: init e0={s['e0']:g}, w0={s['w0']:g}", fontsize="medium")
+    return fig
+
+
+def plot_regime_map_init(rmap: RegimeMap, *, ax: Any = None) -> Any:
+    """Figure of an init-plane regime map with the b-profiled theory's separatrix and w0 = -1/sqrt(2) (tied)."""
+    if rmap.kind != "init":
+        raise ValueError(f"expected a regime map of kind 'init', got kind {rmap.kind!r}")
+    fig, ax = _new_axes(ax, (6.0, 4.2))
+    _draw_outcomes(ax, rmap)
+    if rmap.tied:
+        ws = np.linspace(rmap.x.min(), min(rmap.x.max(), -1e-3), 400)
+        ax.plot(ws, separatrix(ws), "k--", lw=1.2, label="separatrix E = -h*")
+        ax.axvline(W_SADDLE, color="k", lw=0.8, ls=":")
+        ax.set_ylim(rmap.y.min(), rmap.y.max())
+    s = rmap.settings
+    ax.set_title(f"{'tied' if rmap.tied else 'untied'}: p={s['p']:g}, q={s['q']:g}, b0={s['b0']}",
+                 fontsize="medium")
+    return fig
+
+
+def plot_landscape(*, p: Real, q: Real, w_range: tuple[Real, Real] = (-2.5, 1.5),
+                   e_range: tuple[Real, Real] = (0.0, 2.5), n: int = 161, trajectory: Trajectory | None = None,
+                   ax: Any = None) -> Any:
+    """Figure of the b-profiled loss minus the entropy rate over (w, e), with the global-minimum curve, the
+    unigram line, the saddle at w = -1/sqrt(2) and optionally a trajectory (e.g. a real run's
+    `canonical_coordinates` over checkpoints, or `gradient_flow`) drawn on it."""
+    p, q = _check_pq(p, q)
+    n = _check_grid(n, "n")
+    ws = np.linspace(float(w_range[0]), float(w_range[1]), n)
+    es = np.linspace(float(e_range[0]), float(e_range[1]), n)
+    ww, ee = np.meshgrid(ws, es)
+    refs = reference_losses(p, q)
+    excess = np.maximum(profile_loss(ee, ww, p=p, q=q) - refs["entropy_rate"], 1e-12)
+    fig, ax = _new_axes(ax, (6.0, 4.2))
+    mesh = ax.pcolormesh(ws, es, np.log10(excess), shading="nearest", cmap="viridis")
+    fig.colorbar(mesh, ax=ax, label="log10(loss - entropy rate), b optimal")
+    unigram_excess = refs["unigram_loss"] - refs["entropy_rate"]
+    if unigram_excess > 0:
+        ax.contour(ws, es, excess, levels=[unigram_excess], colors="w", linewidths=0.8, linestyles=":")
+    minima = bigram_minima(ws, p=p, q=q)
+    ax.plot(ws, minima.e, color="r", lw=1.5, label="global minima")
+    ax.axhline(0.0, color="orange", lw=2, label="unigram line")
+    ax.plot([W_SADDLE], [0.0], "kx", ms=8, label="saddle w = -1/sqrt(2)")
+    if trajectory is not None:
+        ax.plot(trajectory.w, np.abs(trajectory.e), "w-", lw=1.2, label="trajectory")
+        ax.plot(trajectory.w[:1], np.abs(trajectory.e[:1]), "wo", ms=4)
+    ax.set_xlim(ws[0], ws[-1])
+    ax.set_ylim(es[0], es[-1])
+    ax.set_xlabel("w (MLP scale)")
+    ax.set_ylabel("|e| (embedding scale)")
+    ax.set_title(f"canonical landscape, p={p:g}, q={q:g}", fontsize="medium")
+    ax.legend(loc="upper right", fontsize="small")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the bridge to real models
+# ---------------------------------------------------------------------------------------------------------------
+
+# TransformerLens names of the tensors read, as (bridge / nn.Linear layout name, HookedTransformer name).
+_NAMES = {
+    "embed": ("embed.weight", "embed.W_E"),  # [vocab, d_model] in both
+    "unembed": ("unembed.weight", "unembed.W_U"),  # [vocab, d_model] / [d_model, vocab]
+    "unembed_bias": ("unembed.bias", "unembed.b_U"),
+    "mlp_in": ("blocks.0.mlp.in.weight", "blocks.0.mlp.W_in"),  # [d_mlp, d_model] / [d_model, d_mlp]
+    "mlp_out": ("blocks.0.mlp.out.weight", "blocks.0.mlp.W_out"),  # [d_model, d_mlp] / [d_mlp, d_model]
+}
+
+
+def _read_tensor(state: Mapping[str, Any], key: str) -> tuple[np.ndarray, bool] | None:
+    """The tensor under either name of `key` as float64 numpy in the bridge's layout, or None if absent."""
+    bridge_name, hooked_name = _NAMES[key]
+    for name, transpose in ((bridge_name, False), (hooked_name, key in ("unembed", "mlp_in", "mlp_out"))):
+        if name in state:
+            value = state[name]
+            arr = value.detach().to("cpu", torch.float64).numpy() if isinstance(value, Tensor) else np.asarray(
+                value, dtype=np.float64)
+            return (arr.T if transpose else arr), True
+    return None
+
+
+@dataclass(frozen=True)
+class CanonicalProjection:
+    """A model's weights projected onto the canonical (e, w, b) coordinates along the unit direction u.
+
+    e = (W_E[1] - W_E[0]) . u (embedding scale), a = (W_U[1] - W_U[0]) . u (output scale; a = e when tied),
+    coupling = u^T W_out W_in u (the MLP's linear coupling along u, 4 w|w| at the canonical init), w the signed
+    root of w|w| = coupling / 4, b = b_U[1] - b_U[0]. embedding_alignment = |e| / |W_E[1] - W_E[0]| (1 when the
+    embedding difference lies along u).
+    """
+
+    e: float
+    w: float
+    b: float
+    a: float
+    coupling: float
+    tied: bool
+    direction: np.ndarray
+    embedding_alignment: float
+
+
+def canonical_projection(model_or_state: Any, *, direction: ArrayLike | None = None) -> CanonicalProjection:
+    """Project a single-layer binary-chain model of the package onto the canonical coordinates (see
+    `CanonicalProjection` for the formulas); exact for the canonical init of `models.build`.
+
+    Reads tensors by TransformerLens state-dict names (the bridge's `embed.weight`, `blocks.0.mlp.in.weight`,
+    ..., or HookedTransformer's `embed.W_E`, `blocks.0.mlp.W_in`, ...) from a state dict or anything with a
+    `state_dict()` method. `direction` is the unit vector u to project on; by default the embedding difference
+    W_E[1] - W_E[0], normalised (pass the init's direction to follow a run's checkpoints consistently).
+
+    Why these formulas: without LayerNorm and attention, with a residual stream +-(e/2) u after the embedding,
+    the model's logit gap between the two states is e a (1 + coupling / 2) for ReLU and GELU alike
+    (phi(x) - phi(-x) = x for both), which is the canonical delta(w) e^2 with coupling = 4 w|w|. For trained
+    models with LayerNorm the projection is a best-effort summary, not a reduction.
+    """
+    state = model_or_state.state_dict() if callable(getattr(model_or_state, "state_dict", None)) else model_or_state
+    if not isinstance(state, Mapping):
+        raise ValueError(f"expected a model or a state dict, got {type(model_or_state).__name__}")
+    if any(str(k).startswith("blocks.1.") for k in state):
+        raise ValueError("canonical coordinates are defined for single-layer models; this state has blocks.1.*")
+    found = {key: _read_tensor(state, key) for key in _NAMES}
+    for key in ("embed", "mlp_in", "mlp_out"):
+        if found[key] is None:
+            raise ValueError(f"the state has no {_NAMES[key][0]!r} (or {_NAMES[key][1]!r}) tensor")
+    w_e = found["embed"][0]
+    if w_e.shape[0] != 2:
+        raise ValueError(f"canonical coordinates are defined for binary chains (d_vocab=2), got d_vocab={w_e.shape[0]}")
+    diff = w_e[1] - w_e[0]
+    if direction is None:
+        norm = np.linalg.norm(diff)
+        if norm == 0:
+            raise ValueError("the embedding rows are equal (e = 0): pass the direction to project on")
+        u = diff / norm
+    else:
+        u = np.asarray(direction, dtype=np.float64).ravel()
+        if u.shape != diff.shape or not np.linalg.norm(u) > 0:
+            raise ValueError(f"direction must be a nonzero vector of length d_model={diff.size}, got shape {u.shape}")
+        u = u / np.linalg.norm(u)
+    e = float(diff @ u)
+    w_in, w_out = found["mlp_in"][0], found["mlp_out"][0]
+    coupling = float(u @ w_out @ w_in @ u)
+    w = math.copysign(math.sqrt(abs(coupling) / 4.0), coupling)
+    tied = found["unembed"] is None or np.array_equal(found["unembed"][0], w_e)
+    a = e if tied else float((found["unembed"][0][1] - found["unembed"][0][0]) @ u)
+    bias = found["unembed_bias"]
+    b = 0.0 if bias is None else float(bias[0][1] - bias[0][0])
+    alignment = abs(e) / float(np.linalg.norm(diff)) if np.linalg.norm(diff) > 0 else 0.0
+    return CanonicalProjection(e=e, w=w, b=b, a=a, coupling=coupling, tied=tied, direction=u,
+                               embedding_alignment=alignment)
+
+
+def canonical_coordinates(model_or_state: Any, *, direction: ArrayLike | None = None) -> tuple[float, float, float]:
+    """(e, w, b) of a single-layer tied binary-chain model: where it sits on the canonical landscape.
+
+    Exact for the low-rank canonical init of `models.build` (`ModelConfig(init="canonical")` gives back its
+    canonical_e, canonical_w, canonical_b); a best-effort projection along the embedding direction for trained
+    models (see `canonical_projection`, which also gives the untied output scale a).
+    """
+    proj = canonical_projection(model_or_state, direction=direction)
+    return proj.e, proj.w, proj.b
+
+
+def coordinates_trajectory(states: list, *, p: Real, q: Real, direction: ArrayLike | None = None) -> Trajectory:
+    """Project a run's checkpoints (state dicts or models, in order) onto (e, w, b) along one direction (the
+    first checkpoint's embedding direction unless given), with the canonical loss at each: a `Trajectory` to
+    draw with `plot_landscape(trajectory=...)` next to `gradient_flow`."""
+    if not states:
+        raise ValueError("states is empty: pass at least one checkpoint")
+    first = canonical_projection(states[0], direction=direction)
+    points = np.array([canonical_coordinates(s, direction=first.direction) for s in states])
+    loss = np.asarray(canonical_loss(points[:, 0], points[:, 1], points[:, 2], p=p, q=q))
+    return Trajectory(names=("e", "w", "b"), points=points, loss=loss)

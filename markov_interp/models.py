@@ -10,9 +10,11 @@ token embedding matrix).
 (`TransformerBridge.boot_native`'s architecture), so every TransformerLens tool works on it:
 `run_with_cache`, `cache["pattern", 0]`, `run_with_hooks` with `blocks.0.attn.hook_pattern`, ... The native
 model has biases everywhere and an untied, bias-free head, so `build` swaps those modules for the paper's
-before wrapping. Tying is one shared `nn.Parameter` (`model.embed.W_E` and `model.unembed.W_U.T` are the
-same storage); it survives training, `.to(device)` and `save`/`load` (safetensors refuses shared tensors, so
-`save` writes one copy and `load` re-ties).
+before wrapping (LayerNorm without bias is `nn.LayerNorm(bias=False)`, which TransformerLens's
+NormalizationBridge supports: it adds a bias only when the module has one). Tying is one shared
+`nn.Parameter` (`model.embed.W_E` and `model.unembed.W_U.T` are the same storage); it survives training,
+`.to(device)` and `save`/`load` (safetensors refuses shared tensors, so `save` writes one copy and `load`
+re-ties). Move models with `model.to(device, print_details=False)` to keep TransformerLens quiet.
 
 Training does not pay for hooks: `fast_forward(model, tokens)` computes the same logits from the same
 parameter tensors (no copy) with `torch.nn.functional.scaled_dot_product_attention(is_causal=True)`.
@@ -48,6 +50,7 @@ __all__ = [
     "fast_params",
     "save",
     "load",
+    "read_weights",
     "state_dict_for_save",
     "load_weights_into",
     "check_tied",
@@ -90,7 +93,7 @@ class ModelConfig:
     act_fn: str = "gelu"  # MLP nonlinearity: "gelu" (exact, as torch.nn.GELU), "gelu_new" (tanh), "relu"
     normalization: Optional[str] = "LN"  # "LN" (pre-LN with scale), "LNPre" (no parameters), None
     layernorm_bias: bool = False  # the paper's LayerNorm has no bias
-    eps: float = 1e-5  # LayerNorm epsilon
+    eps: float | int = 1e-5  # LayerNorm epsilon
     positional: str = "standard"  # "standard" learned absolute positions, or "rotary"
     d_vocab: int = 2  # number of Markov states
     n_ctx: int = 1024  # longest sequence the model accepts
@@ -99,11 +102,11 @@ class ModelConfig:
     attn_bias: bool = False  # biases on Q, K, V, O
     mlp_bias: bool = False  # biases on MLP in / out
     init: str = "standard"  # "standard" or "canonical" (see class docstring)
-    init_std: float = 0.02  # std of the standard init (and of the random parts of the canonical one)
-    canonical_e: float = 0.1  # canonical init: embedding scale e
-    canonical_w: float = 0.1  # canonical init: signed MLP scale w
-    canonical_b: float = 0.0  # canonical init: output bias b (logit of state 1 minus logit of state 0)
-    canonical_v_std: float = 0.0  # canonical init: std of v in the rank-one value matrix u v^T (0: no attn)
+    init_std: float | int = 0.02  # std of the standard init (and of the random parts of the canonical one)
+    canonical_e: float | int = 0.1  # canonical init: embedding scale e
+    canonical_w: float | int = 0.1  # canonical init: signed MLP scale w
+    canonical_b: float | int = 0.0  # canonical init: output bias b (logit of state 1 minus logit of state 0)
+    canonical_v_std: float | int = 0.0  # canonical init: std of v in the rank-one value matrix u v^T (0: no attn)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_heads", "d_model", "d_vocab", "n_ctx"):
@@ -140,7 +143,9 @@ class ModelConfig:
             raise ValueError(f"canonical_v_std must be >= 0, got {self.canonical_v_std}")
         if self.init == "canonical":
             if self.d_vocab != 2:
-                raise ValueError(f"init='canonical' is defined for binary chains (d_vocab=2), got d_vocab={self.d_vocab}")
+                raise ValueError(
+                    f"init='canonical' is defined for binary chains (d_vocab=2), got d_vocab={self.d_vocab}"
+                )
             if self.positional != "standard":
                 raise ValueError("init='canonical' needs learned positions (positional='standard')")
             if self.canonical_v_std > 0 and self.n_heads * self.d_head != self.d_model:
@@ -359,7 +364,7 @@ def _canonical_init(native: NativeModel, cfg: ModelConfig, gen: torch.Generator)
     ones = torch.ones(cfg.d_mlp)
     scale = 2.0 / math.sqrt(cfg.d_mlp)
     for block in native.layers:
-        block.attn.v.weight.copy_(torch.outer(u, v) if cfg.canonical_v_std > 0 else torch.zeros_like(block.attn.v.weight))
+        block.attn.v.weight.copy_(torch.outer(u, v))  # zero when canonical_v_std == 0
         if not cfg.attn_only:
             block.mlp.fc_in.weight.copy_(torch.outer(ones, u) * (scale * abs(w)))
             block.mlp.fc_out.weight.copy_(torch.outer(u, ones) * (scale * w))
@@ -439,7 +444,7 @@ def fast_params(model: TransformerBridge) -> FastParams:
             entry += [None, None, None, None]
         else:
             mlp = _raw(block.mlp)
-            entry += [_raw(block.ln2), _raw(block.mlp.__getattr__("in")), _raw(block.mlp.out), mlp.act]
+            entry += [_raw(block.ln2), _raw(getattr(block.mlp, "in")), _raw(block.mlp.out), mlp.act]
         blocks.append(tuple(entry))
     return FastParams(
         cfg=cfg,

@@ -90,8 +90,11 @@ def next_state_probs(model: Model, tokens: Tokens, *, fwd_hooks: Optional[list] 
     return torch.softmax(logits.double(), dim=-1)
 
 
-def total_variation(p: Float[Tensor, "*batch vocab"], q: Float[Tensor, "*batch vocab"]) -> Float[Tensor, "*batch"]:
-    """Total-variation distance 1/2 sum |p - q| between two laws over the last axis (0: equal, 1: disjoint)."""
+def total_variation(p: Float[Tensor, "*#batch vocab"], q: Float[Tensor, "*#batch vocab"]) -> Float[Tensor, "..."]:
+    """Total-variation distance 1/2 sum |p - q| between two laws over the last axis (0: equal, 1: disjoint).
+
+    Leading axes broadcast against each other.
+    """
     return 0.5 * (p - q).abs().sum(-1)
 
 

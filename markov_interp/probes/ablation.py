@@ -13,7 +13,8 @@ induction head of a two-layer model wipes out its in-context gain, the circuit i
 
 import dataclasses
 import re
-from typing import Any, Callable, Literal, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Optional
 
 import torch
 from jaxtyping import Float
@@ -146,7 +147,7 @@ def _replacement_hook(component: Component, method: str, reference: Optional[Ten
 
 
 @torch.no_grad()
-def ablation_hooks(
+def reference_activations(
     model: Model,
     components: Sequence[Any],
     *,
@@ -154,27 +155,54 @@ def ablation_hooks(
     tokens: Optional[Tokens] = None,
     reference_tokens: Optional[Tokens] = None,
     seed: int = 0,
-) -> list[tuple[str, Callable]]:
-    """Forward hooks that ablate `components` together (pass them to `run_with_hooks(fwd_hooks=...)`).
+    cache: Optional[Any] = None,
+) -> dict[str, Tensor]:
+    """What each ablated hook is replaced by: {} for "zero"; the per-position batch mean for "mean"; the
+    activations of other sequences for "resample".
 
-    "mean" averages each activation over `reference_tokens` (default `tokens`) per position; "resample" takes
-    each sequence's activation from `reference_tokens` (default: `tokens` deranged with `seed`), so the run
-    must have that many sequences; "zero" needs neither.
+    "mean" averages over `reference_tokens` (default `tokens`); "resample" takes `reference_tokens` (default:
+    `tokens` deranged with `seed`). `cache` may already hold the hooks of a run on `tokens` (only read; used
+    when no `reference_tokens` are given).
     """
     if method not in METHODS:
         raise ValueError(f"ablation method must be one of {METHODS}, got {method!r}")
     comps = _as_components(model, components)
-    reference: dict[str, Tensor] = {}
-    if method != "zero":
-        if reference_tokens is None:
-            if tokens is None:
-                raise ValueError(f"{method} ablation needs tokens or reference_tokens")
-            reference_tokens = tokens if method == "mean" else tokens[derangement(tokens.shape[0], seed=seed)]
-        names = sorted({c.hook_name for c in comps})
+    if method == "zero":
+        return {}
+    names = sorted({c.hook_name for c in comps})
+    perm = None
+    if reference_tokens is None:
+        if tokens is None:
+            raise ValueError(f"{method} ablation needs tokens or reference_tokens")
+        if method == "resample":
+            perm = derangement(tokens.shape[0], seed=seed)
+        if cache is None or any(name not in cache for name in names):
+            _, cache = model.run_with_cache(check_tokens(model, tokens), names_filter=names)
+    else:
         _, cache = model.run_with_cache(check_tokens(model, reference_tokens), names_filter=names)
-        for name in names:
-            act = cache[name].detach()
-            reference[name] = act.mean(0) if method == "mean" else act
+    out = {}
+    for name in names:
+        act = cache[name].detach()
+        if method == "mean":
+            out[name] = act.mean(0)
+        else:
+            out[name] = act if perm is None else act[perm.to(act.device)]
+    return out
+
+
+def ablation_hooks(
+    model: Model, components: Sequence[Any], *, method: Method = "mean", reference: dict[str, Tensor]
+) -> list[tuple[str, Callable]]:
+    """Forward hooks that ablate `components` together (for `run_with_hooks(fwd_hooks=...)`).
+
+    `reference` comes from `reference_activations` with the same method.
+    """
+    if method not in METHODS:
+        raise ValueError(f"ablation method must be one of {METHODS}, got {method!r}")
+    comps = _as_components(model, components)
+    missing = [c.hook_name for c in comps if method != "zero" and c.hook_name not in reference]
+    if missing:
+        raise ValueError(f"reference activations lack {sorted(set(missing))}")
     return [(c.hook_name, _replacement_hook(c, method, reference.get(c.hook_name))) for c in comps]
 
 
@@ -186,12 +214,16 @@ def ablated_probs(
     method: Method = "mean",
     reference_tokens: Optional[Tokens] = None,
     seed: int = 0,
+    cache: Optional[Any] = None,
 ) -> Probs:
-    """The model's next-state laws on `tokens` with `components` ablated together (see `ablation_hooks`)."""
-    hooks = ablation_hooks(
-        model, components, method=method, tokens=tokens, reference_tokens=reference_tokens, seed=seed
+    """The model's next-state laws on `tokens` with `components` ablated together (see `reference_activations`).
+
+    >>> # ablated_probs(model, tokens, ["L0H0"], method="mean")
+    """
+    reference = reference_activations(
+        model, components, method=method, tokens=tokens, reference_tokens=reference_tokens, seed=seed, cache=cache
     )
-    return next_state_probs(model, tokens, fwd_hooks=hooks)
+    return next_state_probs(model, tokens, fwd_hooks=ablation_hooks(model, components, method=method, reference=reference))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -264,17 +296,27 @@ def ablation_table(
     components: Optional[Sequence[Any]] = None,
     reference_tokens: Optional[Tensor] = None,
     seed: int = 0,
+    cache: Optional[Any] = None,
+    clean_probs: Optional[Probs] = None,
 ) -> AblationTable:
     """Ablate every component (default: all heads, attention layers and MLPs) one at a time; see `AblationTable`.
+
+    `cache` (a run on `tokens` holding the needed hooks) and `clean_probs` (the model's laws on `tokens`)
+    save forward passes when given; both are only read.
 
     >>> # ablation_table(model, tokens).head_grid()  # large at the heads the prediction relies on
     """
     comps = _as_components(model, model_components(model) if components is None else components)
-    clean = _mean_loss(next_state_probs(model, tokens), tokens)
+    if clean_probs is None:
+        clean_probs = next_state_probs(model, tokens)
+    clean = _mean_loss(clean_probs, tokens)
+    reference = reference_activations(
+        model, comps, method=method, tokens=tokens, reference_tokens=reference_tokens, seed=seed, cache=cache
+    )
     losses = []
     for comp in comps:
-        probs = ablated_probs(model, tokens, [comp], method=method, reference_tokens=reference_tokens, seed=seed)
-        losses.append(_mean_loss(probs, tokens))
+        hooks = ablation_hooks(model, [comp], method=method, reference=reference)
+        losses.append(_mean_loss(next_state_probs(model, tokens, fwd_hooks=hooks), tokens))
     return AblationTable(
         method=method,
         clean_loss=clean,

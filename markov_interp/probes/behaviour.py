@@ -9,7 +9,8 @@ measure exactly these differences.
 """
 
 import dataclasses
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 import torch
 from jaxtyping import Float
@@ -96,13 +97,16 @@ def flip_positions(seq_len: int, *, n_positions: int = 8, order: int = 1) -> tup
 
 
 @torch.no_grad()
-def state_dependence(predict: Predictor, tokens: Tokens, *, vocab: int, positions: Sequence[int]) -> float:
+def state_dependence(
+    predict: Predictor, tokens: Tokens, *, vocab: int, positions: Sequence[int], base: Optional[Probs] = None
+) -> float:
     """How much the prediction at t changes when only the current state x_t is changed (mean total variation).
 
     For every position t in `positions`, every sequence and every other state s != x_t, compare the prediction
     after x_0..x_{t-1}, x_t with the one after x_0..x_{t-1}, s. Zero for a unigram model (it ignores x_t); the
     distance between kernel rows for a model that learned the kernel; the distance between in-context rows for
-    an induction circuit. `predict` maps a token batch to next-state laws (the model, or a reference).
+    an induction circuit. `predict` maps a token batch to next-state laws (the model, or a reference);
+    `base` may hold its laws on `tokens` already (saves a forward pass).
     """
     tokens = tokens.cpu()
     batch = tokens.shape[0]
@@ -112,9 +116,9 @@ def state_dependence(predict: Predictor, tokens: Tokens, *, vocab: int, position
         prefix = tokens[:, : t + 1]
         flipped = prefix.repeat(vocab - 1, 1)  # [(V-1) * batch, t+1], block k shifts x_t by k+1
         flipped[:, t] = (flipped[:, t] + shifts.repeat_interleave(batch)) % vocab
-        base = predict(prefix)[:, t]
-        alt = predict(flipped)[:, t]
-        tv = total_variation(base.repeat(vocab - 1, 1), alt.to(base.device))
+        here = (predict(prefix) if base is None else base)[:, t].cpu()
+        alt = predict(flipped)[:, t].cpu()
+        tv = total_variation(here.repeat(vocab - 1, 1), alt)
         total += float(tv.sum())
         count += tv.numel()
     return total / count
@@ -238,7 +242,9 @@ def behaviour(
         kl_stationary=float(kl_pi.mean()),
         icl_score=in_context_learning_score(curve),
         add_beta_icl_score=in_context_learning_score(ab_curve),
-        state_dependence=state_dependence(model_predictor(model), tokens, vocab=batch.vocab, positions=positions),
+        state_dependence=state_dependence(
+            model_predictor(model), tokens, vocab=batch.vocab, positions=positions, base=probs
+        ),
         reference_state_dependence=state_dependence(reference, tokens, vocab=batch.vocab, positions=positions),
         context_dependence=context_dependence(probs, tokens, vocab=batch.vocab, order=batch.order),
         reference_context_dependence=context_dependence(add_beta, tokens, vocab=batch.vocab, order=batch.order),

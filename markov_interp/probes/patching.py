@@ -16,7 +16,8 @@ previous-token head to the induction head.
 """
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import torch
 from jaxtyping import Float

@@ -1,0 +1,154 @@
+"""Training speed: the whole `markov-interp train` process against a plain PyTorch loop and the hooked model.
+
+Three measurements in one process, on the same shapes (the paper's one-layer block at d_model 16, 1 head,
+sequence length 1024, batch 16):
+
+  (a) `markov-interp train` as a subprocess, start to finish: interpreter start-up, imports, building the
+      hooked model, fresh batches sampled every step, evaluation, checkpoints and the final save;
+  (b) the reference: a minimal plain-PyTorch GPT block (tied embedding, fused `scaled_dot_product_attention`,
+      AdamW) trained on ONE batch reused every step -- the fastest honest loop on these shapes;
+  (c) training the hooked TransformerLens model directly (`model(tokens)` with its hook points and explicit
+      attention pattern), timed over fewer steps and reported per step.
+
+Prints seconds per step and the ratios: the issue asks (a) to reach at least 0.8x the speed of (b), and
+reports the speed-up of the fast path over (c).
+
+    python benchmarks/bench_train.py [--steps 600] [--hooked-steps 60] [--threads N] [--device cpu]
+"""
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from markov_interp import models
+from markov_interp.data import BinaryChain
+
+
+class PlainBlockModel(nn.Module):
+    """The reference loop's model: GPT-2 pre-LN block, tied embedding, fused causal attention, no hooks."""
+
+    def __init__(self, d_model: int, n_ctx: int, vocab: int = 2):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d_model)
+        self.wpe = nn.Embedding(n_ctx, d_model)
+        self.ln1 = nn.LayerNorm(d_model, bias=False)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+        self.ln2 = nn.LayerNorm(d_model, bias=False)
+        self.fc = nn.Linear(d_model, 4 * d_model, bias=False)
+        self.fc_out = nn.Linear(4 * d_model, d_model, bias=False)
+        self.ln_f = nn.LayerNorm(d_model, bias=False)
+        self.head = nn.Linear(d_model, vocab, bias=True)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        b, t = idx.shape
+        x = self.wte(idx) + self.wpe.weight[:t]
+        q, k, v = self.qkv(self.ln1(x)).split(x.shape[-1], dim=-1)
+        z = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], is_causal=True)[:, 0]
+        x = x + self.proj(z)
+        x = x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
+        return self.head(self.ln_f(x))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def plain_loop(steps: int, d_model: int, seq_len: int, batch: int, device: torch.device) -> float:
+    """Seconds for `steps` AdamW steps of the plain model on one fixed batch."""
+    torch.manual_seed(0)
+    model = PlainBlockModel(d_model, seq_len).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=1e-3)
+    data = BinaryChain(0.2, 0.3).sample(batch, seq_len + 1, generator=torch.Generator(device=device).manual_seed(0))
+    x, y = data[:, :-1], data[:, 1:]
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = F.cross_entropy(model(x).reshape(-1, 2), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def hooked_loop(steps: int, d_model: int, seq_len: int, batch: int, device: torch.device) -> float:
+    """Seconds for `steps` AdamW steps of the hooked TransformerBridge forward (fresh batch each step)."""
+    cfg = models.preset("paper-1layer", d_model=d_model, n_ctx=seq_len)
+    model = models.build(cfg, seed=0, device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=1e-3)
+    gen = torch.Generator(device=device).manual_seed(0)
+    source = BinaryChain(0.2, 0.3)
+    model(source.sample(batch, seq_len, generator=gen))  # warm-up
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        data = source.sample(batch, seq_len + 1, generator=gen)
+        logits = model(data[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, 2), data[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def cli_process(steps: int, d_model: int, seq_len: int, batch: int, device: torch.device, threads: int | None) -> float:
+    """Wall seconds of the whole `markov-interp train` process (default evaluation and checkpoints)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "markov_interp.cli", "train", "--out", os.path.join(tmp, "run"),
+               "--steps", str(steps), "--d-model", str(d_model), "--heads", "1", "--seq-len", str(seq_len),
+               "--batch-size", str(batch), "--device", str(device), "--no-progress"]
+        if threads is not None:
+            cmd += ["--threads", str(threads)]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        elapsed = time.perf_counter() - start
+        if done.returncode != 0:
+            raise SystemExit(f"markov-interp train failed:\n{done.stderr}")
+        print(f"  cli: {done.stdout.strip()}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--hooked-steps", type=int, default=60, help="steps timed for (c)")
+    parser.add_argument("--d-model", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads for all three (default torch's)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    shape = (args.d_model, args.seq_len, args.batch_size)
+    print(f"device {device}, threads {torch.get_num_threads()}, d_model {args.d_model}, seq_len {args.seq_len}, "
+          f"batch {args.batch_size}, {args.steps} steps")
+    a = cli_process(args.steps, *shape, device, args.threads)
+    b = plain_loop(args.steps, *shape, device)
+    c = hooked_loop(args.hooked_steps, *shape, device)
+    per_a, per_b, per_c = a / args.steps, b / args.steps, c / args.hooked_steps
+    print(f"  (a) markov-interp train, whole process : {a:8.2f} s  = {per_a * 1e3:7.2f} ms/step")
+    print(f"  (b) plain PyTorch loop, one batch      : {b:8.2f} s  = {per_b * 1e3:7.2f} ms/step")
+    print(f"  (c) hooked model trained directly      : {c:8.2f} s for {args.hooked_steps} steps "
+          f"= {per_c * 1e3:7.2f} ms/step")
+    print(f"  speed of (a) relative to (b): {per_b / per_a:.2f}x  (required >= 0.80x)")
+    print(f"  speed-up of (a) over (c):     {per_c / per_a:.2f}x  (fast path vs hooks, incl. process overhead)")
+    if not math.isfinite(per_b / per_a) or per_b / per_a < 0.8:
+        print("  WARNING: below the 0.8x target")
+
+
+if __name__ == "__main__":
+    main()

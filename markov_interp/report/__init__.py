@@ -1,0 +1,43 @@
+"""Reports: a run's probes drawn as figures, in one self-contained HTML file that opens with no network.
+
+`build(run_dir)` loads a run folder (config, metrics, final weights, checkpoints), runs
+`markov_interp.probes` on it and returns a `Report`; `Report.save()` writes `<run_dir>/report.html`
+atomically. The file holds the run's config, loss curves beside `theory`'s reference losses, the mechanism
+verdict with its evidence, per-head scores against chance, attention patterns (circuitsvis, its JavaScript
+inlined once per file), the ablation table, the learned kernel against the true one, the canonical
+landscape (single-layer binary runs) and probe scores over training (runs with checkpoints).
+
+The figure functions in `markov_interp.report.figures` return matplotlib figures (or a circuitsvis figure)
+from probe results, for use in notebooks; nothing in this package computes a probe number itself.
+
+>>> # from markov_interp import report
+>>> # report.build("runs/binary").save()   # -> runs/binary/report.html
+"""
+
+from markov_interp.report._build import REPORT_FILE, SECTION_IDS, Report, build, checkpoint_files
+from markov_interp.report._html import (
+    CircuitsFigure,
+    Section,
+    atomic_write_text,
+    circuits_figure,
+    circuitsvis_bundle,
+    document,
+    figure_svg,
+)
+from markov_interp.report.figures import (
+    ablation_figure,
+    attention_patterns_figure,
+    head_scores_figure,
+    in_context_tracking_figure,
+    kernel_figure,
+    loss_curves_figure,
+    position_loss_figure,
+    training_probes_figure,
+)
+
+__all__ = [
+    "REPORT_FILE", "SECTION_IDS", "CircuitsFigure", "Report", "Section", "ablation_figure", "atomic_write_text",
+    "attention_patterns_figure", "build", "checkpoint_files", "circuits_figure", "circuitsvis_bundle", "document",
+    "figure_svg", "head_scores_figure", "in_context_tracking_figure", "kernel_figure", "loss_curves_figure",
+    "position_loss_figure", "training_probes_figure",
+]

@@ -1,0 +1,345 @@
+"""`build(run_dir)`: probe a trained run and lay the results out as report sections; `Report.save` writes them.
+
+Every number in the report comes from `markov_interp.probes` (the mechanism verdict, head scores, ablations,
+kernel readout, behaviour along the sequence, probe scores per checkpoint), from the run's `metrics.jsonl`
+(losses during training, with the `theory` reference losses logged beside them) or from
+`markov_interp.landscape` (the canonical coordinates of single-layer binary runs). This module only chooses
+what to show and how.
+"""
+
+import dataclasses
+import functools
+import html
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from markov_interp import models, probes, theory, training
+from markov_interp.report import figures
+from markov_interp.report._html import Section, atomic_write_text, document, iframe, paragraph, table
+
+REPORT_FILE = "report.html"
+SECTION_IDS = ("config", "loss", "mechanism", "heads", "attention", "ablation", "kernel", "landscape", "training")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Report:
+    """A run's report: titled `sections` (HTML, figures) plus the probe results they were drawn from.
+
+    `html` is the whole self-contained document (no network needed to open it); `save(path)` writes it
+    atomically (default `<run_dir>/report.html`). In Jupyter the report displays inline in an iframe.
+    """
+
+    title: str
+    sections: tuple[Section, ...]
+    mechanism: Any  # probes.MechanismReport
+    run_dir: Optional[Path] = None
+    intro: str = ""
+
+    @functools.cached_property
+    def html(self) -> str:
+        return document(self.title, self.sections, intro=self.intro)
+
+    def section(self, section_id: str) -> Section:
+        """The section called `section_id` (one of `SECTION_IDS`)."""
+        for s in self.sections:
+            if s.id == section_id:
+                return s
+        raise ValueError(f"no section {section_id!r}; have {[s.id for s in self.sections]}")
+
+    def save(self, path: "str | os.PathLike | None" = None) -> Path:
+        """Write the HTML file atomically to `path` (default `<run_dir>/report.html`); returns the path."""
+        if path is None:
+            if self.run_dir is None:
+                raise ValueError("this report has no run folder; pass the path to save it to")
+            path = self.run_dir / REPORT_FILE
+        return atomic_write_text(path, self.html)
+
+    def _repr_html_(self) -> str:
+        return iframe(self.html)
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def _load_run(run_dir: Path) -> "training.RunConfig":
+    config = run_dir / training.CONFIG_FILE
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run folder at {run_dir}")
+    if not config.exists():
+        raise FileNotFoundError(f"{run_dir} is not a run folder: it has no {training.CONFIG_FILE}")
+    return training.RunConfig.from_json(config.read_text())
+
+
+def checkpoint_files(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
+    """(step, weights file) of every checkpoint saved in a run folder, by step."""
+    folder = Path(run_dir) / training.CHECKPOINT_DIR
+    found = []
+    for path in folder.glob("step_*.safetensors") if folder.is_dir() else ():
+        match = re.fullmatch(r"step_(\d+)", path.stem)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def _spread(items: list, n: int) -> list:
+    """At most `n` items, evenly spread, always keeping the first and last."""
+    if len(items) <= n:
+        return items
+    idx = sorted({round(i * (len(items) - 1) / (n - 1)) for i in range(n)})
+    return [items[i] for i in idx]
+
+
+def _logged_references(metrics: list[dict]) -> dict[str, float]:
+    """The reference losses logged beside the last evaluation (training gets them from `theory`)."""
+    for row in reversed(metrics):
+        if "eval_loss" in row:
+            return {k: float(row[k]) for k in figures.REFERENCE_STYLE if row.get(k) is not None}
+    return {}
+
+
+# ----------------------------------------------------------------------------------------------- sections
+def _config_section(run: Any, run_dir: Optional[Path], model: Any) -> Section:
+    src, mc, tc = run.source, run.model, run.train
+    rows = [
+        ("run folder", str(run_dir) if run_dir else "(in memory)"),
+        ("source", repr(src.build())),
+        ("model", f"{mc.n_layers} layer(s) x {mc.n_heads} head(s), d_model {mc.d_model}, "
+                  f"{'attention-only' if mc.attn_only else f'MLP {mc.d_mlp}'}, "
+                  f"{'tied' if mc.tie_weights else 'untied'} unembedding, init {mc.init}"),
+        ("parameters", f"{sum(p.numel() for p in model.parameters()):,}"),
+        ("training", f"{tc.steps} steps of {tc.batch_size} x {tc.seq_len} states, {tc.optimizer} lr {tc.lr:g} "
+                     f"({tc.schedule}), {tc.precision}{' + loss scaling' if tc.loss_scaling else ''}, seed {tc.seed}"),
+    ]
+    pretty = json.dumps(run.to_dict(), indent=2, sort_keys=True)
+    return Section("config", "Run configuration", (table(rows), f"<pre>{html.escape(pretty)}</pre>"))
+
+
+def _loss_section(metrics: list[dict], logged: dict, mech: Any, steps: list[int]) -> Section:
+    refs = logged or mech.references
+    text = paragraph(
+        "Loss in nats. Reference lines come from markov_interp.theory: the entropy rate is the loss of the true "
+        "kernel (global optimum), the unigram loss H(pi) the plateau of a model that ignores the context"
+        + (", the in-context Bayes loss the best possible on random kernels." if "bayes_loss" in refs else ".")
+    )
+    parts = [text, figures.loss_curves_figure(metrics, refs, checkpoint_steps=steps)]
+    parts.append(figures.position_loss_figure(mech.behaviour, mech.references))
+    return Section("loss", "Loss curves", tuple(parts))
+
+
+def _mechanism_section(mech: Any) -> Section:
+    b = mech.behaviour
+    verdict = (
+        f'<div class="verdict{"" if mech.confident else " unsure"}">Mechanism: <b>{html.escape(mech.mechanism)}</b>'
+        f' ({"confident" if mech.confident else "not confident"})</div>'
+    )
+    reasons = "<ol>" + "".join(f"<li>{html.escape(r)}</li>" for r in mech.reasons) + "</ol>"
+
+    def head(h: Any) -> str:
+        return "none" if h is None else f"L{h[0]}H{h[1]}"
+
+    readout = mech.readout
+    rows = [
+        ("eval loss on the probe batch (nats)", b.eval_loss),
+        *[(f"reference: {figures.REFERENCE_STYLE[k][0]}", v) for k, v in mech.references.items()
+          if k in figures.REFERENCE_STYLE],
+        ("state dependence / optimal predictor's", f"{b.state_dependence:.4f} / {b.reference_state_dependence:.4f} "
+                                                   f"= {mech.state_ratio:.3f}"),
+        ("context dependence / add-beta's", f"{b.context_dependence:.4f} / {b.reference_context_dependence:.4f} "
+                                            f"= {mech.context_ratio:.3f}"),
+        ("bigram gain over in-context unigram (nats)", mech.bigram_gain),
+        ("in-context learning score (late - early loss, nats)", b.icl_score),
+        ("previous-token head (ablation loss change)", f"{head(mech.previous_token_head)} "
+                                                      f"({_num(mech.previous_token_ablation)})"),
+        ("induction head (ablation loss change)", f"{head(mech.induction_head)} ({_num(mech.induction_ablation)})"),
+        ("circuit confirmed by ablation", "yes" if mech.circuit_confirmed else "no"),
+        ("kernel readout max |error|", readout.max_abs_error),
+        ("probe batch", f"{mech.n_sequences} sequences x {mech.seq_len} states, seed {mech.seed}"),
+    ]
+    return Section("mechanism", "Mechanism verdict", (verdict, reasons, table(rows, header=("evidence", "value"))))
+
+
+def _device(model: Any) -> torch.device:
+    return next(iter(model.parameters())).device
+
+
+def _num(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:+.4f}"
+
+
+def _heads_section(mech: Any) -> Section:
+    text = paragraph(
+        "Attention scores per head (Olsson et al.), each beside chance: the same score for uniform causal "
+        "attention on the same tokens. Colour: excess over chance; numbers: raw scores."
+    )
+    return Section("heads", "Head scores against chance", (text, figures.head_scores_figure(mech.attention)))
+
+
+@torch.no_grad()
+def _attention_section(model: Any, tokens: torch.Tensor) -> Section:
+    from markov_interp.probes.attention import attention_hook_names
+
+    names = attention_hook_names(model)
+    _, cache = model.run_with_cache(tokens[None].to(_device(model)), names_filter=names)
+    patterns = torch.stack([cache[name][0] for name in names]).float().cpu()
+    text = paragraph(
+        f"Attention of every head on one sampled sequence of {tokens.shape[0]} states (labels are the states). "
+        "Hover a head to enlarge it; rows are queries, columns keys."
+    )
+    return Section("attention", "Attention patterns on a sample sequence",
+                   (text, figures.attention_patterns_figure(patterns, tokens.cpu())))
+
+
+def _ablation_section(table_: Any, mech: Any) -> Section:
+    text = paragraph(
+        "Each component mean-ablated on its own (its output replaced by its mean over the probe batch at the "
+        "same position); bars are the resulting increase of the loss."
+    )
+    return Section("ablation", "Ablations", (text, figures.ablation_figure(table_, bigram_gain=mech.bigram_gain)))
+
+
+@torch.no_grad()
+def _kernel_section(model: Any, mech: Any, batch: Any) -> Section:
+    parts: list = [figures.kernel_figure(mech.readout)]
+    if batch.random_kernel and batch.order == 1:
+        tokens = batch.tokens[:1]
+        model_probs = probes.next_state_probs(model, tokens)[0].cpu()
+        add_beta = theory.add_beta_predictions(tokens.cpu(), batch.vocab, order=1, beta=batch.beta)[0]
+        parts.append(figures.in_context_tracking_figure(model_probs, add_beta, batch.kernels[0].cpu(), tokens[0]))
+    return Section("kernel", "Learned kernel against the true one", tuple(parts))
+
+
+def _landscape_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]]) -> Section:
+    from markov_interp import landscape
+
+    src, mc = run.source, run.model
+    why = None
+    if mc.n_layers != 1:
+        why = "multi-layer model"
+    elif src.kind != "binary":
+        why = f"{src.kind} source, not a binary chain"
+    elif mc.attn_only:
+        why = "attention-only model: the canonical coordinates need the MLP"
+    elif not mc.tie_weights:
+        why = "untied model: the drawn landscape is the tied one, whose bad minima untied models do not have"
+    if why is not None:
+        return Section("landscape", "Canonical landscape",
+                       (paragraph(f"Not applicable ({why}). The canonical (e, w, b) landscape of the follow-up paper "
+                                  "describes tied single-layer models on binary chains.", cls="note"),))
+    states = [models.read_weights(path)[1] for _, path in checkpoints] + [model]
+    try:
+        traj = landscape.coordinates_trajectory(states, p=src.p, q=src.q)
+    except ValueError as err:
+        return Section("landscape", "Canonical landscape",
+                       (paragraph(f"Could not project the run onto the canonical coordinates: {err}", cls="note"),))
+    e, w, b = (float(v) for v in traj.points[-1])
+    ws, es = traj.points[:, 1], abs(traj.points[:, 0])
+    fig = landscape.plot_landscape(
+        p=src.p, q=src.q, trajectory=traj,
+        w_range=(min(-2.5, float(ws.min()) - 0.3), max(1.5, float(ws.max()) + 0.3)),
+        e_range=(0.0, max(2.5, 1.1 * float(es.max()))),
+    )
+    text = paragraph(
+        f"The run's checkpoints projected onto the canonical coordinates (markov_interp.landscape; a best-effort "
+        f"projection for trained models with LayerNorm). Final point: e = {e:.3f}, w = {w:.3f}, b = {b:.3f}. "
+        "Unigram line e = 0: a local minimum for p + q > 1 where w > -1/sqrt(2)."
+    )
+    return Section("landscape", "Canonical landscape", (text, fig))
+
+
+def _training_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]], batch: Any, mech: Any,
+                      metrics: list[dict], logged: dict, max_checkpoints: int) -> Section:
+    if not checkpoints:
+        return Section("training", "Probe scores over training",
+                       (paragraph("Not available: the run folder has no checkpoints.", cls="note"),))
+    chosen = _spread(checkpoints, max_checkpoints)
+    n_layers = run.model.n_layers
+    prev = mech.previous_token_head or mech.attention.top_head("previous_token",
+                                                               layers=range(max(1, n_layers - 1)))
+    ind = mech.induction_head or (mech.attention.top_head("induction", layers=range(1, n_layers))
+                                  if n_layers > 1 else None)
+    series: dict[str, list[float]] = {f"previous-token excess L{prev[0]}H{prev[1]}": []}
+    if ind is not None:
+        series[f"induction excess L{ind[0]}H{ind[1]}"] = []
+    series["KL(true kernel || model), nats"] = []
+    series["in-context learning score, nats"] = []
+    device = _device(model)
+    true = probes.kernel_probs(batch)
+    for _, path in chosen:
+        ckpt = models.load(path, device=device)
+        scores = probes.attention_scores(ckpt, batch.tokens)
+        probs = probes.next_state_probs(ckpt, batch.tokens).cpu()
+        values = [float(scores.excess("previous_token")[prev])]
+        if ind is not None:
+            values.append(float(scores.excess("induction")[ind]))
+        values.append(float(probes.kl_curve(true, probs).mean()))
+        values.append(probes.in_context_learning_score(probes.loss_curve(probs, batch.tokens.cpu())))
+        for key, value in zip(series, values):
+            series[key].append(value)
+    fig = figures.training_probes_figure(
+        [s for s, _ in chosen], series, metrics=metrics, references=logged or mech.references,
+        head_threshold=mech.thresholds.head_excess,
+    )
+    text = paragraph(
+        f"Probes re-run on {len(chosen)} saved checkpoints (same probe batch as above). The heads followed are the "
+        "final model's previous-token and induction heads."
+    )
+    return Section("training", "Probe scores over training", (text, fig))
+
+
+# --------------------------------------------------------------------------------------------------- build
+def build(
+    run_dir: "str | os.PathLike",
+    *,
+    n_sequences: int = 64,
+    seq_len: Optional[int] = None,
+    seed: int = 0,
+    sample_len: int = 40,
+    max_checkpoints: int = 8,
+    device: Any = "cpu",
+) -> Report:
+    """Probe the run saved in `run_dir` and lay out its report (nothing is written; call `.save()`).
+
+    The probes run on one seeded batch of `n_sequences` x `seq_len` states from the run's source (`seq_len`
+    defaults to min(training length, n_ctx, 128)); attention patterns are shown on the first `sample_len`
+    states of its first sequence; at most `max_checkpoints` checkpoints are re-probed for the training
+    dynamics. Sections: see `SECTION_IDS`.
+
+    >>> # report = build("runs/binary"); report.mechanism.mechanism; report.save()  # runs/binary/report.html
+    """
+    for name, value, minimum in (("n_sequences", n_sequences, 2), ("sample_len", sample_len, 2),
+                                 ("max_checkpoints", max_checkpoints, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    run_dir = Path(run_dir)
+    run = _load_run(run_dir)
+    model = models.load(run_dir, device=device, expect=run.model)
+    metrics = training.load_metrics(run_dir)
+    source = run.source.build()
+    if seq_len is None:
+        seq_len = min(run.train.seq_len, int(model.cfg.n_ctx), 128)
+    mech = probes.classify_mechanism(model, source, seq_len=seq_len, n_sequences=n_sequences, seed=seed)
+    batch = probes.sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
+    ablations = probes.ablation_table(model, batch.tokens, method="mean")
+    checkpoints = checkpoint_files(run_dir)
+    logged = _logged_references(metrics)
+    sections = (
+        _config_section(run, run_dir, model),
+        _loss_section(metrics, logged, mech, [s for s, _ in checkpoints]),
+        _mechanism_section(mech),
+        _heads_section(mech),
+        _attention_section(model, batch.tokens[0, : min(sample_len, seq_len)]),
+        _ablation_section(ablations, mech),
+        _kernel_section(model, mech, batch),
+        _landscape_section(run, model, checkpoints),
+        _training_section(run, model, checkpoints, batch, mech, metrics, logged, max_checkpoints),
+    )
+    assert tuple(s.id for s in sections) == SECTION_IDS
+    intro = paragraph(
+        f"Mechanism: {mech.mechanism} ({'confident' if mech.confident else 'not confident'}); eval loss "
+        f"{mech.eval_loss:.4f} nats on the probe batch. Generated by markov-interp; opens without a network."
+    )
+    return Report(title=f"markov-interp report: {run_dir.resolve().name}", sections=sections, mechanism=mech,
+                  run_dir=run_dir, intro=intro)

@@ -1,0 +1,344 @@
+"""Figures of a run, from probe results: each function returns a matplotlib `Figure` (or a `CircuitsFigure`).
+
+Nothing here computes a probe number: the numbers come from `markov_interp.probes` (and the reference losses
+from `markov_interp.theory` via the run's metrics); these functions only draw them. Figures are made with
+`matplotlib.figure.Figure` (no pyplot state, any backend); in Jupyter they display inline as usual, and
+`markov_interp.report` inlines them into the HTML report as SVG.
+"""
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from markov_interp.report._html import CircuitsFigure, circuits_figure
+
+# Colours and labels of the reference losses (one place, so every figure says the same thing).
+REFERENCE_STYLE = {
+    "entropy_rate": ("entropy rate (bigram optimum)", "#2a7", "--"),
+    "unigram_loss": ("unigram loss H(pi) (plateau)", "#c33", ":"),
+    "bayes_loss": ("in-context Bayes (add-alpha)", "#36c", "-."),
+}
+
+
+def _reference_lines(ax: Any, references: Mapping[str, float]) -> None:
+    for key, (label, colour, style) in REFERENCE_STYLE.items():
+        value = references.get(key)
+        if value is not None and math.isfinite(value):
+            ax.axhline(value, color=colour, linestyle=style, linewidth=1.2, label=f"{label} {value:.4f}")
+
+
+def loss_curves_figure(
+    metrics: Sequence[Mapping[str, Any]],
+    references: Mapping[str, float],
+    *,
+    checkpoint_steps: Sequence[int] = (),
+) -> Figure:
+    """Training and evaluation loss (nats) over optimiser steps beside the reference losses.
+
+    The unigram line is the plateau of a model that predicts pi whatever the context (the tied one-layer
+    model's bad minimum); the entropy rate is the loss of the true kernel (the global optimum); for random
+    kernels the in-context Bayes line is the best any model can do. Leaving the unigram plateau shows as the
+    eval curve dropping off the red line.
+    """
+    fig = Figure(figsize=(8, 4.2))
+    ax = fig.add_subplot()
+    train = [(r["step"], r["train_loss"]) for r in metrics if "train_loss" in r]
+    evals = [(r["step"], r["eval_loss"]) for r in metrics if "eval_loss" in r]
+    if train:
+        ax.plot(*zip(*train), color="#888", linewidth=1, label="train loss")
+    if evals:
+        ax.plot(*zip(*evals), "o-", color="#222", markersize=3.5, linewidth=1.4, label="eval loss (fresh batches)")
+    _reference_lines(ax, references)
+    for i, step in enumerate(checkpoint_steps):
+        ax.axvline(step, color="#bbb", linewidth=0.6, zorder=0, label="checkpoints" if i == 0 else None)
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("loss (nats)")
+    ax.set_title("Loss during training")
+    if not train and not evals:
+        ax.text(0.5, 0.5, "no metrics logged", transform=ax.transAxes, ha="center")
+    _zoom_losses(ax, [v for _, v in train + evals], references)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(alpha=0.25)
+    return fig
+
+
+def _zoom_losses(ax: Any, values: Sequence[float], references: Mapping[str, float]) -> None:
+    """y-limits around the reference lines and the late losses (the first steps are often far above)."""
+    refs = [v for k, v in references.items() if k in REFERENCE_STYLE and v is not None and math.isfinite(v)]
+    finite = [v for v in values if math.isfinite(v)]
+    if not refs or not finite:
+        return
+    tail = finite[len(finite) // 5:] or finite
+    low = min(min(refs), min(tail))
+    high = max(max(refs), float(np.percentile(tail, 95)))
+    pad = 0.15 * (high - low) + 0.01
+    ax.set_ylim(low - pad, high + 2 * pad)
+
+
+def position_loss_figure(behaviour: Any, references: Mapping[str, float]) -> Figure:
+    """Loss (nats) of the prediction made at each position, averaged over the probe batch.
+
+    `behaviour` is a `probes.BehaviourReport`. A model that learned the kernel in its weights is flat from
+    the first position (as the true-kernel curve is); an in-context learner starts high and falls with the
+    add-beta estimator as it sees more of the sequence (Olsson et al.'s in-context learning score).
+    """
+    fig = Figure(figsize=(8, 3.8))
+    ax = fig.add_subplot()
+    curves = (
+        ("model", behaviour.loss_curve, "#222", "-"),
+        ("true kernel (oracle)", behaviour.kernel_loss_curve, "#2a7", "-"),
+        (f"in-context add-beta (beta={behaviour.beta:g})", behaviour.add_beta_loss_curve, "#36c", "-"),
+    )
+    for label, curve, colour, style in curves:
+        values = _smooth(np.asarray(curve.detach().cpu(), dtype=float))
+        ax.plot(np.arange(len(values)), values, style, color=colour, linewidth=1.3, label=label)
+    unigram = references.get("unigram_loss")
+    if unigram is not None:
+        ax.axhline(unigram, color="#c33", linestyle=":", linewidth=1.2, label=f"unigram loss {unigram:.4f}")
+    ax.set_xlabel("position t (predicting x_{t+1})")
+    ax.set_ylabel("loss (nats)")
+    ax.set_title(f"Loss along the sequence (in-context learning score {behaviour.icl_score:+.4f} nats)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.25)
+    return fig
+
+
+def _smooth(values: np.ndarray, *, width: int = 5) -> np.ndarray:
+    """A centred running mean (edges use what is there): per-position losses are noisy over a small batch."""
+    if len(values) <= width:
+        return values
+    kernel = np.ones(width)
+    sums = np.convolve(values, kernel, mode="same")
+    counts = np.convolve(np.ones_like(values), kernel, mode="same")
+    return sums / counts
+
+
+def head_scores_figure(scores: Any) -> Figure:
+    """Per-head previous-token, induction and same-token scores as [layer x head] heatmaps, against chance.
+
+    `scores` is a `probes.AttentionScores`. Colour is the excess over chance, (score - chance) / (1 - chance):
+    0 (white) is what uniform causal attention gets on the same tokens, 1 a head that attends only where the
+    score looks. Each cell is annotated with the raw score. A two-layer in-context model shows a
+    previous-token head in layer 0 and an induction head in layer 1.
+    """
+    names = (("previous_token", "previous-token"), ("induction", "induction"), ("same_token", "same-token"))
+    n_layers, n_heads = scores.previous_token.shape
+    fig = Figure(figsize=(3.2 * len(names) + 1.0, 0.55 * n_layers + 2.0))
+    axes = fig.subplots(1, len(names))
+    image = None
+    for ax, (name, title) in zip(np.atleast_1d(axes), names):
+        excess = scores.excess(name).detach().cpu().numpy()
+        raw = getattr(scores, name).detach().cpu().numpy()
+        chance = getattr(scores, f"{name}_chance")
+        image = ax.imshow(excess, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                ax.text(head, layer, f"{raw[layer, head]:.2f}", ha="center", va="center", fontsize=8,
+                        color="white" if abs(excess[layer, head]) > 0.6 else "black")
+        ax.set_title(f"{title}\n(chance {chance:.3f})", fontsize=10)
+        ax.set_xticks(range(n_heads), [f"H{h}" for h in range(n_heads)])
+        ax.set_yticks(range(n_layers), [f"L{layer}" for layer in range(n_layers)])
+        ax.set_xlabel("head")
+    np.atleast_1d(axes)[0].set_ylabel("layer")
+    fig.colorbar(image, ax=list(np.atleast_1d(axes)), label="(score - chance) / (1 - chance)", shrink=0.9)
+    return fig
+
+
+def attention_patterns_figure(
+    patterns: Float[Tensor, "layer head query_pos key_pos"],
+    tokens: Int[Tensor, " pos"],
+) -> CircuitsFigure:
+    """Every head's attention pattern on one sequence, drawn by circuitsvis ("AttentionHeads"), states as labels.
+
+    `patterns` from `run_with_cache` (`blocks.L.attn.hook_pattern` of one sequence, stacked over layers).
+    A previous-token head is a bright line just below the diagonal; an induction head lights the keys that
+    followed earlier visits to the current state.
+    """
+    n_layers, n_heads, n_query, n_key = patterns.shape
+    if tokens.shape[0] != n_query or n_query != n_key:
+        raise ValueError(f"patterns of shape {tuple(patterns.shape)} do not match {tokens.shape[0]} tokens")
+    names = [f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
+    flat = patterns.detach().float().cpu().reshape(n_layers * n_heads, n_query, n_key)
+    return circuits_figure(
+        "AttentionHeads",
+        {
+            "attention": flat,
+            "tokens": [str(int(t)) for t in tokens],
+            "attentionHeadNames": names,
+            "maskUpperTri": True,
+            "maxValue": 1.0,
+            "minValue": 0.0,
+        },
+        digits=3,
+    )
+
+
+def ablation_figure(table: Any, *, bigram_gain: Optional[float] = None) -> Figure:
+    """Loss change (nats) when each head, attention layer or MLP is ablated alone, as horizontal bars.
+
+    `table` is a `probes.AblationTable`. Large bars mark the components the prediction relies on; for an
+    induction circuit, ablating either head of the circuit should cost a large part of the bigram gain
+    (dashed line: what the model gains over the in-context unigram estimator by looking at x_t).
+    """
+    names = list(table.components)
+    changes = [float(c) for c in table.loss_change]
+    fig = Figure(figsize=(7.5, 0.38 * len(names) + 1.6))
+    ax = fig.add_subplot()
+    colours = ["#36c" if n[-1].isdigit() else ("#c73" if n.endswith("mlp") else "#7a4") for n in names]
+    y = np.arange(len(names))
+    ax.barh(y, changes, color=colours)
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    ax.axvline(0, color="#444", linewidth=0.8)
+    if bigram_gain is not None and math.isfinite(bigram_gain) and bigram_gain > 0:
+        ax.axvline(bigram_gain, color="#c33", linestyle="--", linewidth=1, label=f"bigram gain {bigram_gain:.4f}")
+        ax.legend(fontsize=8)
+    for yi, change in zip(y, changes):
+        ax.text(change, yi, f" {change:+.4f}", va="center", ha="left" if change >= 0 else "right", fontsize=8)
+    ax.set_xlabel(f"loss change when ablated ({table.method} ablation; clean loss {table.clean_loss:.4f} nats)")
+    ax.set_title("Ablations: heads (blue), attention layers (green), MLPs (orange)")
+    ax.margins(x=0.25)
+    ax.grid(alpha=0.25, axis="x")
+    return fig
+
+
+def _context_labels(n_contexts: int, vocab: int) -> list[str]:
+    order = max(1, round(math.log(n_contexts, vocab))) if vocab > 1 else 1
+    labels = []
+    for c in range(n_contexts):
+        digits = []
+        for _ in range(order):
+            digits.append(str(c % vocab))
+            c //= vocab
+        labels.append("".join(reversed(digits)))
+    return labels
+
+
+def kernel_figure(readout: Any) -> Figure:
+    """The transition matrix implied by the model's predictions beside the true kernel (a `probes.KernelReadout`).
+
+    Rows are the current context (last `order` states), columns the next state. A model that learned the
+    kernel reproduces the true matrix; one stuck at the unigram solution has every row equal to pi. For a
+    random-kernel source there is no single true kernel; the implied matrix is then the model's average
+    prediction per context (near the mean kernel for an in-context learner).
+    """
+    implied = readout.implied.detach().cpu().numpy()
+    mats = [("model (implied)", implied)]
+    if readout.true is not None:
+        mats.append(("true kernel", readout.true.detach().cpu().numpy()))
+        mats.append(("model - true", implied - mats[1][1]))
+    n_ctx, vocab = implied.shape
+    labels = _context_labels(n_ctx, vocab)
+    fig = Figure(figsize=(3.3 * len(mats) + 0.5, 0.45 * n_ctx + 2.2), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(mats)))
+    for ax, (title, mat) in zip(axes, mats):
+        diff = title.startswith("model -")
+        lim = max(float(np.nanmax(np.abs(mat))), 1e-3) if diff else 1.0
+        ax.imshow(mat, cmap="RdBu_r" if diff else "Blues", vmin=-lim if diff else 0, vmax=lim, aspect="auto")
+        for i in range(n_ctx):
+            for j in range(vocab):
+                value = mat[i, j]
+                text = "n/a" if not math.isfinite(value) else (f"{value:+.3f}" if diff else f"{value:.3f}")
+                dark = not diff and math.isfinite(value) and value > 0.6
+                ax.text(j, i, text, ha="center", va="center", fontsize=9, color="white" if dark else "black")
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks(range(vocab), [str(v) for v in range(vocab)])
+        ax.set_yticks(range(n_ctx), labels)
+        ax.set_xlabel("next state")
+    axes[0].set_ylabel("current context")
+    if readout.max_abs_error is not None:
+        fig.suptitle(f"Kernel readout: max |error| {readout.max_abs_error:.4f}, pi-weighted KL "
+                     f"{readout.weighted_kl:.5f} nats", fontsize=10)
+    else:
+        fig.suptitle("Kernel readout (random kernels: model's mean prediction per context)", fontsize=10)
+    return fig
+
+
+def in_context_tracking_figure(
+    model_probs: Float[Tensor, "pos vocab"],
+    add_beta_probs: Float[Tensor, "pos vocab"],
+    kernel: Float[Tensor, "state next_state"],
+    tokens: Int[Tensor, " pos"],
+) -> Figure:
+    """On one sequence of a random-kernel source: the model's P(next = (i+1) mod V | current = i) at the
+    positions where the current state is i, beside that sequence's true kernel entry and the in-context
+    add-beta estimate. An induction circuit follows the add-beta curve towards the true value; a model that
+    stored one kernel in its weights stays flat.
+    """
+    vocab = kernel.shape[1]
+    fig = Figure(figsize=(8, 3.8))
+    ax = fig.add_subplot()
+    colours = ["#36c", "#c33", "#2a7", "#a5c", "#c73", "#555"]
+    tok = tokens.detach().cpu()
+    for i in range(min(vocab, len(colours))):
+        j = (i + 1) % vocab
+        where = torch.nonzero(tok == i).flatten().numpy()
+        if len(where) == 0:
+            continue
+        colour = colours[i]
+        ax.plot(where, model_probs[where, j].detach().cpu().numpy(), "o-", color=colour, markersize=2.5,
+                linewidth=1.2, label=f"model P({j}|{i})")
+        ax.plot(where, add_beta_probs[where, j].detach().cpu().numpy(), ":", color=colour, linewidth=1.2,
+                label=f"add-beta P({j}|{i})")
+        ax.axhline(float(kernel[i, j]), color=colour, linestyle="--", linewidth=0.9, alpha=0.7,
+                   label=f"true P({j}|{i}) = {float(kernel[i, j]):.3f}")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("position t")
+    ax.set_ylabel("predicted probability")
+    ax.set_title("In-context estimation on one sequence")
+    ax.legend(fontsize=7, ncol=3)
+    ax.grid(alpha=0.25)
+    return fig
+
+
+def training_probes_figure(
+    steps: Sequence[int],
+    series: Mapping[str, Sequence[float]],
+    *,
+    metrics: Sequence[Mapping[str, Any]] = (),
+    references: Optional[Mapping[str, float]] = None,
+    head_threshold: Optional[float] = None,
+) -> Figure:
+    """Probe scores at each saved checkpoint (top) and the eval loss with its references (bottom).
+
+    `series` maps a label (e.g. "previous-token excess, L0H0") to one value per checkpoint step, as computed
+    by `markov_interp.probes` on each checkpoint. Shows when the induction head forms and when the loss leaves
+    the unigram plateau, on a shared step axis.
+    """
+    fig = Figure(figsize=(8, 6))
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    for label, values in series.items():
+        top.plot(list(steps), [float(v) for v in values], "o-", markersize=3.5, linewidth=1.3, label=label)
+    if head_threshold is not None:
+        top.axhline(head_threshold, color="#999", linestyle="--", linewidth=0.9,
+                    label=f"head threshold {head_threshold:g}")
+    top.axhline(0, color="#444", linewidth=0.6)
+    top.set_ylabel("score")
+    top.set_title("Probe scores over training (checkpoints)")
+    top.legend(fontsize=8)
+    top.grid(alpha=0.25)
+    evals = [(r["step"], r["eval_loss"]) for r in metrics if "eval_loss" in r]
+    train = [(r["step"], r["train_loss"]) for r in metrics if "train_loss" in r]
+    if train:
+        bottom.plot(*zip(*train), color="#888", linewidth=1, label="train loss")
+    if evals:
+        bottom.plot(*zip(*evals), "o-", color="#222", markersize=3, linewidth=1.3, label="eval loss")
+    references = references or {}
+    _reference_lines(bottom, references)
+    _zoom_losses(bottom, [v for _, v in train + evals], references)
+    for step in steps:
+        bottom.axvline(step, color="#ccc", linewidth=0.6, zorder=0)
+    if len(steps) and min(steps) > 0:
+        bottom.set_xscale("log")
+        bottom.set_xlim(left=min(steps) / 1.3)
+    bottom.set_xlabel("optimiser step (log scale)")
+    bottom.set_ylabel("loss (nats)")
+    bottom.legend(fontsize=8)
+    bottom.grid(alpha=0.25)
+    return fig

@@ -1,0 +1,498 @@
+"""The paper's headline findings, reproduced: five sweeps, one results table, a summary and phase diagrams.
+
+Makkuva et al. ("Attention with Markov", arXiv 2402.04161) and the follow-up ("Local to Global", arXiv
+2406.03072) claim, for transformers trained on first-order Markov chains:
+
+1. one layer, **tied** embeddings, binary chain (p, q): for p + q > 1 training gets stuck at the unigram loss
+   H(pi) (a bad local minimum of the landscape), for p + q < 1 it reaches the entropy rate;
+2. the same **untied**: no bad local minimum, every cell reaches the entropy rate;
+3. **depth** at p = 0.5, q = 0.8: one layer stays on the unigram plateau, two and four layers leave it;
+4. the **random-kernel** (in-context) task: two layers form a previous-token + induction-head circuit, one
+   layer cannot;
+5. **initialisation and precision** decide the plateau: a canonical init with w0 < -1/sqrt(2) starts in the
+   global basin, small inits with p + q > 1 in the unigram one, and fp16 autocast without loss scaling
+   (what the reference code ran) keeps runs stuck that fp32 lets escape.
+
+`reproduce(out_dir, quick=...)` runs these as `sweep` specs (restartable: a rerun only trains what is
+missing), then writes `results.csv` (every cell), `summary.csv` / `summary.md` (per experiment: fraction of
+seeds stuck, losses, the landscape's prediction, mechanism counts) and the figures `phase_pq.png`,
+`depth.png`, `mechanisms.png` and `init_precision.png` into `out_dir`. The theory column is
+`landscape.predict_outcome` for the canonical reduced model: "unigram" or "bigram" (= reaches the entropy
+rate); for the standard (small Gaussian) init it is evaluated at a small init e0 = w0 = 0.05, where the
+prediction does not depend on the sign of w0.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Optional
+
+from markov_interp import sweep
+from markov_interp.sweep import SweepSpec
+
+__all__ = ["Budget", "QUICK", "FULL", "experiment_specs", "reproduce", "summarise", "THEORY_SMALL_INIT"]
+
+THEORY_SMALL_INIT = 0.05  # (e0, w0) at which the landscape's prediction stands for the standard init
+_PQ = 0.5, 0.8  # the paper's depth / precision chain
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Budget:
+    """How much compute the reproduction spends; `cuts` says what differs from the paper's setup."""
+
+    name: str
+    seq_len: int  # training sequence length (the paper: 1024 for the (p, q) grid, 512 for depth)
+    grid_values: tuple  # values of p and of q (cells with p + q = 1 are left out: both solutions coincide)
+    grid_seeds: int
+    grid_steps: int
+    depth_layers: tuple
+    depth_seeds: int
+    depth_steps: int
+    random_seeds: int
+    random_steps: int
+    random_lr: float  # the random-kernel task's peak learning rate (the paper's 2e-3 forms the circuit slowly)
+    init_seeds: int
+    init_steps: int
+    eval_batches: int = 8
+    cuts: str = ""
+
+
+QUICK = Budget(
+    name="quick",
+    seq_len=128,
+    grid_values=(0.1, 0.3, 0.5, 0.7, 0.9),
+    grid_seeds=2,
+    grid_steps=250,
+    depth_layers=(1, 2, 4),
+    depth_seeds=3,
+    depth_steps=300,
+    random_seeds=2,
+    random_steps=1500,
+    random_lr=1e-2,
+    init_seeds=3,
+    init_steps=250,
+    cuts="sequences of 128 states instead of 512-1024; 250-300 optimiser steps instead of 400-1000; 2-3 seeds "
+    "per cell instead of 5-8; a 5 x 5 (p, q) grid (0.1 ... 0.9); depths 1, 2, 4 (no 8); the random-kernel task "
+    "on two states only, 1500 steps at lr 1e-2; evaluation on 8 fresh batches of 16",
+)
+
+FULL = Budget(
+    name="full",
+    seq_len=512,
+    grid_values=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+    grid_seeds=4,
+    grid_steps=500,
+    depth_layers=(1, 2, 4, 8),
+    depth_seeds=8,
+    depth_steps=500,
+    random_seeds=4,
+    random_steps=3000,
+    random_lr=1e-2,
+    init_seeds=8,
+    init_steps=500,
+    cuts="sequences of 512 states instead of 1024 for the (p, q) grid; 4 seeds per (p, q) cell; the "
+    "random-kernel task at lr 1e-2",
+)
+
+
+def _train_base(budget: Budget, steps: int) -> dict:
+    return {"steps": steps, "seq_len": budget.seq_len, "eval_every": 0, "eval_batches": budget.eval_batches,
+            "n_checkpoints": 0, "log_every": 10}
+
+
+def experiment_specs(budget: Budget) -> list[SweepSpec]:
+    """The five sweeps of the reproduction at `budget` (names: pq-tied, pq-untied, depth, random, init-precision)."""
+    values = list(budget.grid_values)
+    iid = [{"source.p": p, "source.q": q} for p in values for q in values if abs(p + q - 1) < 1e-9]
+    model = {"preset": "paper-1layer", "n_ctx": budget.seq_len}
+    binary = {"kind": "binary", "p": _PQ[0], "q": _PQ[1]}
+    grid_train = _train_base(budget, budget.grid_steps)
+    return [
+        SweepSpec(name="pq-tied", base={"source": {"kind": "binary", "p": 0.5, "q": 0.5}, "model": model,
+                                        "train": grid_train},
+                  grid={"source.p": values, "source.q": values}, exclude=iid, seeds=range_(budget.grid_seeds)),
+        SweepSpec(name="pq-untied", base={"source": {"kind": "binary", "p": 0.5, "q": 0.5},
+                                          "model": {**model, "tie_weights": False}, "train": grid_train},
+                  grid={"source.p": values, "source.q": values}, exclude=iid, seeds=range_(budget.grid_seeds)),
+        SweepSpec(name="depth", base={"source": binary, "model": model,
+                                      "train": _train_base(budget, budget.depth_steps)},
+                  grid={"model.n_layers": list(budget.depth_layers)}, seeds=range_(budget.depth_seeds)),
+        SweepSpec(name="random", base={"source": {"kind": "random", "vocab": 2, "alpha": 1.0},
+                                       "model": {"preset": "attn-only-2layer", "n_ctx": budget.seq_len},
+                                       "train": {**_train_base(budget, budget.random_steps),
+                                                 "lr": budget.random_lr}},
+                  grid={"model.n_layers": [1, 2]}, seeds=range_(budget.random_seeds)),
+        SweepSpec(name="init-precision", base={"source": binary, "model": model,
+                                               "train": _train_base(budget, budget.init_steps)},
+                  grid={"model.init": ["standard", "canonical"], "model.canonical_w": [0.1, -1.0],
+                        "train.precision": ["fp32", "fp16"]},
+                  exclude=[{"model.init": "standard", "model.canonical_w": -1.0}], seeds=range_(budget.init_seeds)),
+    ]
+
+
+def range_(n: int) -> list[int]:
+    return list(range(n))
+
+
+# ----------------------------------------------------------------------------------------------- theory
+def _theory(row: dict) -> Optional[str]:
+    """The canonical model's predicted outcome for a one-layer binary-chain cell, or None where the theory is
+    silent (deeper models, random kernels)."""
+    from markov_interp import landscape
+
+    if row.get("source.kind") != "binary" or row.get("model.n_layers") != 1:
+        return None
+    p, q, tied = row["source.p"], row["source.q"], bool(row["model.tie_weights"])
+    if row.get("model.init") == "canonical":
+        return landscape.predict_outcome(row["model.canonical_e"], row["model.canonical_w"], row["model.canonical_b"],
+                                         p=p, q=q, tied=tied)
+    return landscape.predict_outcome(THEORY_SMALL_INIT, THEORY_SMALL_INIT, None, p=p, q=q, tied=tied)
+
+
+# ---------------------------------------------------------------------------------------------- summary
+def _mean(values: list) -> Optional[float]:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return sum(values) / len(values) if values else None
+
+
+def _group(rows: list[dict], sweep_name: str, keys: tuple) -> dict:
+    groups: dict = defaultdict(list)
+    for row in rows:
+        if row["sweep"] == sweep_name:
+            groups[tuple(row.get(k) for k in keys)].append(row)
+    return dict(sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])))
+
+
+def _summary_row(experiment: str, setting: dict, cells: list[dict]) -> dict:
+    ok = [r for r in cells if r["status"] == "ok"]
+    stuck = [r["stuck_at_unigram"] for r in ok if r.get("stuck_at_unigram") is not None]
+    mechanisms = Counter(r.get("mechanism") or "?" for r in ok)
+    first = cells[0]
+    return {
+        "experiment": experiment,
+        **setting,
+        "seeds": len(cells),
+        "failed": len(cells) - len(ok),
+        "stuck_fraction": (sum(stuck) / len(stuck)) if stuck else None,
+        "above_unigram": sum(r.get("outcome") == "above" for r in ok),
+        "final_loss": _mean([r.get("final_eval_loss") for r in ok]),
+        "entropy_rate": first.get("entropy_rate"),
+        "unigram_loss": first.get("unigram_loss"),
+        "bayes_loss": _mean([r.get("bayes_loss") for r in ok]),
+        "escape_step": _mean([r.get("escape_step") for r in ok]),
+        "theory": _theory(first),
+        "p_hat": _mean([r.get("probe.p_hat") for r in ok]),
+        "mechanisms": ", ".join(f"{m} {n}" for m, n in sorted(mechanisms.items())),
+        "previous_token_excess": _mean([r.get("probe.previous_token_excess") for r in ok]),
+        "induction_excess": _mean([r.get("probe.induction_excess") for r in ok]),
+        "circuit_confirmed": sum(bool(r.get("probe.circuit_confirmed")) for r in ok),
+    }
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """One summary row per setting of each experiment (over seeds): fraction stuck at the unigram loss (see
+    `sweep.stuck_at_unigram`), mean final loss beside the references, mean plateau-escape step, the landscape's
+    prediction, the mean learned P(1|0) ("p_hat"), mechanism counts and mean head scores."""
+    out = []
+    for name in ("pq-tied", "pq-untied"):
+        for (p, q), cells in _group(rows, name, ("source.p", "source.q")).items():
+            out.append(_summary_row(name, {"p": p, "q": q, "tied": name == "pq-tied"}, cells))
+    for (layers,), cells in _group(rows, "depth", ("model.n_layers",)).items():
+        out.append(_summary_row("depth", {"p": _PQ[0], "q": _PQ[1], "n_layers": layers}, cells))
+    for (layers,), cells in _group(rows, "random", ("model.n_layers",)).items():
+        out.append(_summary_row("random", {"n_layers": layers}, cells))
+    for (init, w, precision), cells in _group(rows, "init-precision",
+                                               ("model.init", "model.canonical_w", "train.precision")).items():
+        label = "standard N(0, 0.02)" if init == "standard" else f"canonical w0={w}"
+        out.append(_summary_row("init-precision", {"p": _PQ[0], "q": _PQ[1], "init": label, "precision": precision},
+                                cells))
+    return out
+
+
+_SUMMARY_COLUMNS = ("experiment", "p", "q", "tied", "n_layers", "init", "precision", "seeds", "failed",
+                    "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "bayes_loss", "escape_step",
+                    "theory", "p_hat", "mechanisms", "previous_token_excess", "induction_excess",
+                    "circuit_confirmed")
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _markdown(summary: list[dict], experiment: str, columns: tuple) -> str:
+    rows = [r for r in summary if r["experiment"] == experiment]
+    if not rows:
+        return "(no cells)\n"
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c), 2 if c in ("stuck_fraction", "p", "q") else 4)
+                                        for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- figures
+def _save(fig: Any, path: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def phase_figure(summary: list[dict], values: tuple) -> Any:
+    """The (p, q) square for tied and untied one-layer models, each cell coloured by the fraction of seeds
+    stuck at the unigram loss, with the theory's boundary p + q = 1 and its predicted unigram cells (x)."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    fig = Figure(figsize=(10.5, 4.6))
+    axes = fig.subplots(1, 2)
+    step = min((b - a for a, b in zip(values, values[1:])), default=0.2)
+    cmap, norm = colormaps["coolwarm"], Normalize(0, 1)
+    for ax, name, title in zip(axes, ("pq-tied", "pq-untied"), ("one layer, tied", "one layer, untied")):
+        ax.set_facecolor("#f4f4f4")
+        for r in (r for r in summary if r["experiment"] == name):
+            frac, x, y = r["stuck_fraction"], r["p"], r["q"]
+            colour = "#bbbbbb" if frac is None else cmap(norm(frac))
+            ax.add_patch(Rectangle((x - step / 2, y - step / 2), step, step, facecolor=colour, edgecolor="white"))
+            ax.annotate("n/a" if frac is None else f"{frac:.2f}", (x, y), ha="center", va="center", fontsize=8)
+            if r["theory"] == "unigram":
+                ax.plot([x], [y - step * 0.3], marker="x", color="black", markersize=5, ls="none")
+        ax.plot([0, 1], [1, 0], color="black", lw=1.5, ls="--", label="theory boundary p + q = 1")
+        ax.plot([], [], marker="x", color="black", ls="none", label="landscape predicts unigram")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_aspect("equal")
+        ax.set_xlabel("p = P(1 | 0)")
+        ax.set_ylabel("q = P(0 | 1)")
+        ax.set_title(f"{title}: fraction of seeds stuck at H(pi)", fontsize=9)
+        ax.text(0.98, 0.98, "p + q > 1", ha="right", va="top", transform=ax.transAxes, fontsize=8)
+        ax.text(0.02, 0.02, "p + q < 1", ha="left", va="bottom", transform=ax.transAxes, fontsize=8)
+    axes[0].legend(loc="upper left", fontsize=7, framealpha=0.9)
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=list(axes), shrink=0.8, label="fraction stuck")
+    return fig
+
+
+def depth_figure(rows: list[dict], work_dir: Path) -> Any:
+    """Training loss against step at p = 0.5, q = 0.8 for each depth (each seed a thin line), with the unigram
+    loss and the entropy rate."""
+    from matplotlib.figure import Figure
+
+    from markov_interp.training import load_metrics
+
+    fig = Figure(figsize=(6.5, 4.2))
+    ax = fig.subplots()
+    colours = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange"]
+    refs = None
+    layers = sorted({r["model.n_layers"] for r in rows if r["sweep"] == "depth"})
+    for colour, n in zip(colours, layers):
+        for i, r in enumerate(r for r in rows if r["sweep"] == "depth" and r["model.n_layers"] == n):
+            if r["status"] != "ok":
+                continue
+            metrics = [m for m in load_metrics(work_dir / r["run_dir"]) if "train_loss" in m]
+            ax.plot([m["step"] for m in metrics], [m["train_loss"] for m in metrics], color=colour, lw=0.9,
+                    alpha=0.8, label=f"{n} layer{'s' if n > 1 else ''}" if i == 0 else None)
+            refs = (r["entropy_rate"], r["unigram_loss"])
+    if refs:
+        ax.axhline(refs[1], color="grey", ls="--", lw=1, label=f"unigram loss H(pi) = {refs[1]:.4f}")
+        ax.axhline(refs[0], color="black", ls=":", lw=1, label=f"entropy rate = {refs[0]:.4f}")
+        ax.set_ylim(refs[0] - 0.02, refs[1] + 0.04)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats, mean of 10 steps)")
+    ax.set_title(f"depth at p = {_PQ[0]}, q = {_PQ[1]} (tied)")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def mechanism_figure(summary: list[dict]) -> Any:
+    """Counts of the classified mechanism by depth: the binary chain (p = 0.5, q = 0.8) and random kernels."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 3.8))
+    axes = fig.subplots(1, 2)
+    colours = {"unigram": "tab:red", "kernel": "tab:blue", "induction": "tab:green", "?": "grey"}
+    for ax, name, title in zip(axes, ("depth", "random"),
+                               (f"binary chain p={_PQ[0]}, q={_PQ[1]}", "random kernels (in-context task)")):
+        rows = [r for r in summary if r["experiment"] == name]
+        labels = [str(r["n_layers"]) for r in rows]
+        bottom = [0] * len(rows)
+        for mech, colour in colours.items():
+            counts = []
+            for r in rows:
+                parts = dict(p.rsplit(" ", 1) for p in r["mechanisms"].split(", ") if p)
+                counts.append(int(parts.get(mech, 0)))
+            if any(counts):
+                ax.bar(labels, counts, bottom=bottom, color=colour, label=mech)
+                bottom = [b + c for b, c in zip(bottom, counts)]
+        ax.set_xlabel("layers")
+        ax.set_ylabel("seeds")
+        ax.set_title(f"mechanism by depth: {title}", fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def init_precision_figure(summary: list[dict]) -> Any:
+    """Fraction of seeds stuck at the unigram loss by initialisation and precision (p = 0.5, q = 0.8, tied)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.8))
+    ax = fig.subplots()
+    rows = [r for r in summary if r["experiment"] == "init-precision"]
+    inits = sorted({r["init"] for r in rows})
+    for k, precision in enumerate(("fp32", "fp16")):
+        xs, ys = [], []
+        for i, init in enumerate(inits):
+            match = [r for r in rows if r["init"] == init and r["precision"] == precision]
+            if match and match[0]["stuck_fraction"] is not None:
+                xs.append(i + (k - 0.5) * 0.38)
+                ys.append(match[0]["stuck_fraction"])
+        ax.bar(xs, ys, width=0.36, label=precision + (" autocast, no loss scaling" if precision == "fp16" else ""))
+    for i, init in enumerate(inits):
+        match = [r for r in rows if r["init"] == init]
+        if match and match[0]["theory"]:
+            ax.annotate(f"theory: {match[0]['theory']}", (i, 1.04), ha="center", fontsize=8)
+    ax.set_xticks(range(len(inits)), inits, fontsize=8)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("fraction of seeds stuck at H(pi)")
+    ax.set_title(f"initialisation and precision, p = {_PQ[0]}, q = {_PQ[1]}, one layer, tied", fontsize=9)
+    ax.legend(fontsize=7, loc="center right")
+    return fig
+
+
+# -------------------------------------------------------------------------------------------- reproduce
+def reproduce(
+    out_dir: "str | os.PathLike",
+    *,
+    quick: bool = False,
+    work_dir: "str | os.PathLike | None" = None,
+    backend: str = "local",
+    workers: Optional[int] = None,
+    progress: bool = True,
+    command: Optional[str] = None,
+) -> dict:
+    """Run the five experiments and write the reproduction's tables and figures into `out_dir`.
+
+    Training runs live in `work_dir` (default runs/reproduce-quick or runs/reproduce; a rerun skips finished
+    cells). Writes results.csv (every cell: config, losses, references, stuck flag, mechanism, probe scores),
+    summary.csv and summary.md (per setting over seeds, beside the landscape's prediction; the command and the
+    budget's cuts stated at the top) and phase_pq.png, depth.png, mechanisms.png, init_precision.png.
+    Returns {"summary": rows, "files": paths, "seconds": wall time, "failed": n}.
+    """
+    budget = QUICK if quick else FULL
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(work_dir) if work_dir is not None else Path("runs") / ("reproduce-quick" if quick else "reproduce")
+    start = time.perf_counter()
+    result = sweep.run(experiment_specs(budget), work, backend=backend, workers=workers, progress=progress)
+    seconds = time.perf_counter() - start
+    rows = result.rows
+    summary = summarise(rows)
+    files = [_copy_table(work, out)]
+    files.append(_write_csv(out / "summary.csv", summary, _SUMMARY_COLUMNS))
+    figures = {
+        "phase_pq.png": phase_figure(summary, budget.grid_values),
+        "depth.png": depth_figure(rows, work),
+        "mechanisms.png": mechanism_figure(summary),
+        "init_precision.png": init_precision_figure(summary),
+    }
+    files += [_save(fig, out / name) for name, fig in figures.items()]
+    command = command or "markov-interp reproduce" + (" --quick" if quick else "") + f" --out {out_dir}"
+    text = _summary_markdown(summary, budget, command, seconds, result)
+    sweep._atomic_write_text(out / "summary.md", text)
+    files.append(out / "summary.md")
+    return {"summary": summary, "files": files, "seconds": seconds, "failed": result.n_failed}
+
+
+def _copy_table(work: Path, out: Path) -> Path:
+    text = (work / "results.csv").read_text()
+    sweep._atomic_write_text(out / "results.csv", text)
+    return out / "results.csv"
+
+
+def _write_csv(path: Path, rows: list[dict], columns: tuple) -> Path:
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: "" if row.get(c) is None else row.get(c) for c in columns})
+    sweep._atomic_write_text(path, buffer.getvalue())
+    return path
+
+
+def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds: float, result: Any) -> str:
+    import platform
+
+    import torch
+
+    cell_minutes = sum(r.get("seconds") or 0 for r in result.rows) / 60
+    grid_cols = ("p", "q", "seeds", "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "theory",
+                 "p_hat", "mechanisms")
+    return "\n".join([
+        f"# Reproduction ({budget.name})",
+        "",
+        f"Made by `{command}` in {seconds / 60:.1f} minutes ({result.n_run} cells trained, {result.n_skipped} "
+        f"reused, {result.n_failed} failed; the cells' own training and probing took {cell_minutes:.1f} "
+        f"process-minutes in all) on {platform.machine()} with {os.cpu_count()} CPU cores, torch "
+        f"{torch.__version__}, Python {sys.version.split()[0]}.",
+        "",
+        f"Budget: {budget.cuts}." if budget.cuts else "",
+        "",
+        f"\"Stuck\" = final evaluation loss closer to the unigram loss H(pi) than to the entropy rate and at most "
+        f"half the gap above H(pi) (`sweep.stuck_at_unigram`; fraction over seeds whose gap exceeds {sweep.MIN_GAP} "
+        "nats); \"above_unigram\" = seeds still above that band (not trained even to pi); \"theory\" = `landscape.predict_outcome` "
+        f"for the canonical one-layer model (standard init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); "
+        "\"p_hat\" = the learned P(1|0) read from the model's predictions (`probes.kernel_readout`); "
+        "mechanisms = `probes.classify_mechanism` counts over seeds; losses in nats.",
+        "",
+        "## 1. One layer, tied: fraction of seeds stuck at the unigram loss over (p, q)",
+        "",
+        _markdown(summary, "pq-tied", grid_cols),
+        "## 2. One layer, untied",
+        "",
+        _markdown(summary, "pq-untied", grid_cols),
+        "![phase diagram](phase_pq.png)",
+        "",
+        f"## 3. Depth at p = {_PQ[0]}, q = {_PQ[1]} (tied)",
+        "",
+        _markdown(summary, "depth", ("n_layers", "seeds", "stuck_fraction", "above_unigram", "final_loss", "entropy_rate",
+                                     "unigram_loss", "escape_step", "mechanisms", "previous_token_excess",
+                                     "induction_excess")),
+        "![depth](depth.png)",
+        "",
+        "## 4. Random kernels (in-context task, 2 states, Dirichlet(1) rows): one vs two attention-only layers",
+        "",
+        _markdown(summary, "random", ("n_layers", "seeds", "final_loss", "bayes_loss", "unigram_loss",
+                                      "mechanisms", "previous_token_excess", "induction_excess",
+                                      "circuit_confirmed")),
+        "![mechanisms](mechanisms.png)",
+        "",
+        f"## 5. Initialisation and precision at p = {_PQ[0]}, q = {_PQ[1]} (one layer, tied)",
+        "",
+        _markdown(summary, "init-precision", ("init", "precision", "seeds", "stuck_fraction", "above_unigram", "final_loss",
+                                              "escape_step", "theory", "p_hat", "mechanisms")),
+        "![init and precision](init_precision.png)",
+        "",
+    ])

@@ -1,0 +1,263 @@
+"""Tests for markov_interp.models: configs, presets, the hooked build, tying, the fast path, save / load."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+
+from markov_interp import models
+from markov_interp.models import ModelConfig, build, fast_forward, load, preset, save
+
+SMALL_CTX = 64  # keeps positional tables small in tests
+
+
+def tokens(batch=3, seq=40, vocab=2, seed=0):
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run ~10x faster on one thread than on busy shared cores (OpenMP spin-waits)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+# ------------------------------------------------------------------------------------------- configs
+def test_paper_preset_matches_the_paper():
+    cfg = preset("paper-1layer")
+    assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_mlp) == (1, 1, 8, 8, 32)
+    assert cfg.tie_weights and cfg.unembed_bias and not cfg.attn_bias and not cfg.mlp_bias
+    assert cfg.normalization == "LN" and not cfg.layernorm_bias and cfg.act_fn == "gelu"
+    assert (cfg.n_ctx, cfg.d_vocab, cfg.positional) == (1024, 2, "standard")
+    # ~9k parameters, most of them positions (8 * 1024)
+    assert cfg.n_params == sum(p.numel() for p in build(cfg, seed=0).parameters())
+    assert 9000 < cfg.n_params < 10000
+    assert preset("paper-2layer").n_layers == 2
+    attn = preset("attn-only-2layer")
+    assert attn.attn_only and attn.n_layers == 2
+
+
+def test_unknown_preset_lists_valid_names():
+    with pytest.raises(ValueError, match="paper-1layer"):
+        preset("gpt-5")
+
+
+def test_preset_overrides_rederive_sizes():
+    cfg = preset("paper-1layer", d_model=16, n_heads=2)
+    assert (cfg.d_head, cfg.d_mlp) == (8, 64)
+    assert preset("paper-1layer", d_model=16, d_mlp=20).d_mlp == 20
+    assert cfg.replace(d_model=32).d_mlp == 128
+    assert cfg.replace(d_model=32).d_head == 16
+    with pytest.raises(ValueError, match="unknown ModelConfig fields"):
+        preset("paper-1layer", d_modle=3)
+
+
+def test_config_json_round_trip_and_unknown_keys():
+    cfg = preset("paper-2layer", init="canonical", canonical_w=-1.0)
+    again = ModelConfig.from_dict(json.loads(cfg.to_json()))
+    assert again == cfg
+    with pytest.raises(ValueError, match="unknown ModelConfig keys"):
+        ModelConfig.from_dict({**cfg.to_dict(), "dropout": 0.1})
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n_layers=0), "n_layers"),
+        (dict(d_model=10, n_heads=3), "divisible"),
+        (dict(normalization="RMS"), "normalization"),
+        (dict(positional="alibi"), "positional"),
+        (dict(init="xavier"), "init"),
+        (dict(act_fn="tanh"), "act_fn"),
+        (dict(d_vocab=1), "d_vocab"),
+        (dict(normalization="LNPre", layernorm_bias=True), "layernorm_bias"),
+        (dict(init="canonical", d_vocab=3), "d_vocab"),
+        (dict(init_std=0.0), "init_std"),
+        (dict(positional="rotary", d_model=6, n_heads=2), "even d_head"),
+    ],
+)
+def test_bad_model_configs_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------- build
+def test_build_is_seeded_and_leaves_global_rng_alone():
+    cfg = preset("paper-1layer", n_ctx=SMALL_CTX)
+    state = torch.random.get_rng_state()
+    a, b, c = build(cfg, seed=1), build(cfg, seed=1), build(cfg, seed=2)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    for (name, x), (_, y), (_, z) in zip(a.state_dict().items(), b.state_dict().items(), c.state_dict().items()):
+        assert torch.equal(x, y), name
+    assert not torch.equal(a.embed.W_E, c.embed.W_E)
+    assert a.markov_config == cfg
+
+
+def test_paper_model_has_the_papers_biases():
+    model = build(preset("paper-1layer", n_ctx=SMALL_CTX), seed=0)
+    names = set(models.state_dict_for_save(model))
+    assert names == {
+        "embed.weight", "pos_embed.weight", "blocks.0.ln1.weight", "blocks.0.attn.q.weight",
+        "blocks.0.attn.k.weight", "blocks.0.attn.v.weight", "blocks.0.attn.o.weight", "blocks.0.ln2.weight",
+        "blocks.0.mlp.in.weight", "blocks.0.mlp.out.weight", "ln_final.weight", "unembed.bias",
+    }
+
+
+def test_standard_init_scales():
+    cfg = preset("paper-1layer", d_model=64, n_ctx=SMALL_CTX, n_layers=2)
+    model = build(cfg, seed=0)
+    sd = model.state_dict()
+    assert abs(sd["blocks.0.attn.q.weight"].std().item() - 0.02) < 0.002
+    assert abs(sd["blocks.1.mlp.out.weight"].std().item() - 0.02 / 2) < 0.001  # 0.02 / sqrt(2 * 2)
+    assert abs(sd["blocks.0.attn.o.weight"].std().item() - 0.01) < 0.001
+    assert torch.all(sd["unembed.bias"] == 0) and torch.all(sd["ln_final.weight"] == 1)
+
+
+def test_hooks_work():
+    model = build(preset("paper-2layer", n_ctx=SMALL_CTX), seed=0)
+    toks = tokens()
+    logits, cache = model.run_with_cache(toks)
+    pattern = cache["pattern", 0]
+    assert pattern.shape == (3, 1, 40, 40)
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(3, 1, 40))
+    assert torch.all(pattern.triu(1) == 0)  # causal
+    seen = []
+
+    def uniform_pattern(pattern, hook):
+        seen.append(hook.name)
+        causal = torch.tril(torch.ones_like(pattern))
+        return causal / causal.sum(-1, keepdim=True)
+
+    patched = model.run_with_hooks(toks, fwd_hooks=[("blocks.0.attn.hook_pattern", uniform_pattern)])
+    assert seen == ["blocks.0.attn.hook_pattern"]
+    assert not torch.allclose(patched, logits)
+    torch.testing.assert_close(model(toks), logits)  # hooks removed afterwards
+
+
+OPTIONS = [
+    {},
+    dict(positional="rotary"),
+    dict(normalization=None),
+    dict(normalization="LNPre", n_heads=2),
+    dict(layernorm_bias=True, attn_bias=True, mlp_bias=True, tie_weights=False, unembed_bias=False),
+    dict(act_fn="relu", d_vocab=3),
+    dict(init="canonical", canonical_v_std=0.5),
+]
+
+
+@pytest.mark.parametrize("name", sorted(models.PRESETS))
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o) or "default")
+def test_fast_forward_equals_hooked_forward(name, options):
+    if options.get("init") == "canonical" and name == "attn-only-2layer":
+        options = dict(options, d_head=None)
+    cfg = preset(name, n_ctx=SMALL_CTX, **options)
+    model = build(cfg, seed=3)
+    # move the weights away from init so every parameter matters (biases, LN scales)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(9)
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen))
+    toks = tokens(seq=SMALL_CTX, vocab=cfg.d_vocab)
+    hooked = model(toks)
+    fast = fast_forward(model, toks)
+    torch.testing.assert_close(fast, hooked, atol=1e-5, rtol=0)
+
+
+def test_fast_forward_gradients_reach_the_hooked_parameters():
+    model = build(preset("paper-2layer", n_ctx=SMALL_CTX), seed=0)
+    toks = tokens()
+    fast_forward(model, toks).logsumexp(-1).mean().backward()
+    fast_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model(toks).logsumexp(-1).mean().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(fast_grads[name], p.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_fast_forward_refuses_long_input():
+    model = build(preset("paper-1layer", n_ctx=16), seed=0)
+    with pytest.raises(ValueError, match="n_ctx=16"):
+        fast_forward(model, tokens(seq=17))
+
+
+# ---------------------------------------------------------------------------------------------- tying
+def test_tying_is_one_parameter_and_survives_an_update_and_to():
+    model = build(preset("paper-1layer", n_ctx=SMALL_CTX), seed=0)
+    assert model.embed.W_E.data_ptr() == model.unembed.W_U.data_ptr()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    fast_forward(model, tokens()).sum().backward()
+    opt.step()
+    torch.testing.assert_close(model.embed.W_E, model.unembed.W_U.T, rtol=0, atol=0)
+    model.to("cpu", print_details=False)
+    models.check_tied(model)
+    untied = build(preset("paper-1layer", n_ctx=SMALL_CTX, tie_weights=False), seed=0)
+    assert untied.embed.W_E.data_ptr() != untied.unembed.W_U.data_ptr()
+    models.check_tied(untied)
+
+
+def test_canonical_init_is_the_reduced_model():
+    e, w, b = 0.8, -0.9, 0.25
+    cfg = preset("paper-1layer", n_ctx=SMALL_CTX, init="canonical", normalization=None, act_fn="relu",
+                 canonical_e=e, canonical_w=w, canonical_b=b)
+    model = build(cfg, seed=5)
+    toks = tokens(seq=SMALL_CTX)
+    logits = model(toks)
+    diff = logits[..., 1] - logits[..., 0]
+    f1 = (0.5 + 2 * w * abs(w)) * e**2 + b
+    f0 = b - e**2 / 2
+    expected = torch.where(toks == 1, torch.tensor(f1), torch.tensor(f0))
+    torch.testing.assert_close(diff, expected, atol=1e-5, rtol=0)
+    # the weights are rank one along u = alpha / sqrt(d): W_E[1] = e u, positions -(e/2) u
+    W_E = model.embed.W_E
+    u = W_E[1] / e
+    assert torch.allclose(u.abs(), torch.full((8,), 8**-0.5)) and torch.all(W_E[0] == 0)
+    torch.testing.assert_close(model.pos_embed.W_pos, (-e / 2) * u.expand(SMALL_CTX, 8))
+
+
+# ------------------------------------------------------------------------------------------ save/load
+def test_save_load_round_trip_keeps_tying(tmp_path):
+    cfg = preset("paper-2layer", n_ctx=SMALL_CTX)
+    model = build(cfg, seed=4)
+    path = save(model, tmp_path)
+    assert path.name == "model.safetensors"
+    with safe_open(str(path), framework="pt") as handle:
+        assert "unembed.weight" not in handle.keys()  # stored once
+        assert ModelConfig.from_dict(json.loads(handle.metadata()["markov_interp.model_config"])) == cfg
+    again = load(tmp_path)
+    models.check_tied(again)
+    assert again.markov_config == cfg
+    toks = tokens()
+    torch.testing.assert_close(again(toks), model(toks), rtol=0, atol=0)
+    assert load(path).markov_config == cfg  # the file itself also works
+
+
+def test_load_errors_are_clear(tmp_path):
+    model = build(preset("paper-1layer", n_ctx=SMALL_CTX), seed=0)
+    path = save(model, tmp_path / "m.safetensors")
+    metadata = safe_open(str(path), framework="pt").metadata()
+    state = load_file(str(path))
+
+    with pytest.raises(FileNotFoundError):
+        load(tmp_path / "absent.safetensors")
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ValueError, match="not a readable safetensors"):
+        load(corrupt)
+    missing = tmp_path / "missing.safetensors"
+    save_file({k: v for k, v in state.items() if k != "blocks.0.attn.q.weight"}, str(missing), metadata=metadata)
+    with pytest.raises(ValueError, match=r"missing tensors \['blocks.0.attn.q.weight'\]"):
+        load(missing)
+    wrong = tmp_path / "wrong.safetensors"
+    save_file({**state, "blocks.0.attn.q.weight": torch.zeros(4, 8)}, str(wrong), metadata=metadata)
+    with pytest.raises(ValueError, match="blocks.0.attn.q.weight has shape"):
+        load(wrong)
+    nometa = tmp_path / "nometa.safetensors"
+    save_file(state, str(nometa))
+    with pytest.raises(ValueError, match="no markov-interp model config"):
+        load(nometa)
+    with pytest.raises(ValueError, match="d_model"):
+        load(path, expect=preset("paper-1layer", n_ctx=SMALL_CTX, d_model=16))

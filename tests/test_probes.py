@@ -1,0 +1,309 @@
+"""Probes on models whose mechanism is known by construction (tests/handbuilt.py), then on trained models.
+
+Reference numbers are computed independently here (explicit loops, closed forms), never by the probe code.
+"""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from handbuilt import induction_model, kernel_model, unigram_model  # noqa: E402
+
+from markov_interp import theory  # noqa: E402
+from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov  # noqa: E402
+from markov_interp.probes import (  # noqa: E402
+    Component,
+    Thresholds,
+    ablated_probs,
+    ablation_table,
+    activation_patching,
+    attention_scores,
+    classify_mechanism,
+    composition_scores,
+    context_dependence,
+    head_composition,
+    implied_kernel,
+    in_context_learning_score,
+    induction_score,
+    kernel_predictor,
+    kernel_readout,
+    model_components,
+    next_state_probs,
+    patching_pair,
+    previous_token_score,
+    same_token_score,
+    sample_batch,
+    state_dependence,
+    uniform_causal_pattern,
+)
+from markov_interp.probes.ablation import derangement  # noqa: E402
+
+BINARY = BinaryChain(0.2, 0.3)
+TERNARY = MarkovChain([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.3, 0.3, 0.4]])
+CHAINS = {"binary": BINARY, "ternary": TERNARY}
+PREV, IND = (0, 1), (1, 0)  # where induction_model puts its previous-token and induction heads
+
+
+@pytest.fixture(scope="module")
+def induction3():
+    return induction_model(3)
+
+
+@pytest.fixture(scope="module")
+def tokens3():
+    return TERNARY.sample(16, 48, torch.Generator().manual_seed(1))
+
+
+# ------------------------------------------------------------------------------------------ attention
+def _loop_scores(pattern, tokens):
+    """Independent per-query loops: previous-token, induction and same-token mass for head 0."""
+    prev, ind, same = [], [], []
+    for b in range(tokens.shape[0]):
+        for i in range(tokens.shape[1]):
+            row = pattern[b, 0, i]
+            if i >= 1:
+                prev.append(float(row[i - 1]))
+                same.append(sum(float(row[j]) for j in range(i + 1) if tokens[b, j] == tokens[b, i]))
+            keys = [j for j in range(1, i + 1) if tokens[b, j - 1] == tokens[b, i]]
+            if keys:
+                ind.append(sum(float(row[j]) for j in keys))
+    return sum(prev) / len(prev), sum(ind) / len(ind), sum(same) / len(same)
+
+
+def test_scores_of_uniform_attention_match_loops():
+    tokens = BINARY.sample(3, 12, torch.Generator().manual_seed(0))
+    pattern = uniform_causal_pattern(tokens)
+    want = _loop_scores(pattern, tokens)
+    got = (previous_token_score(pattern, tokens), induction_score(pattern, tokens), same_token_score(pattern, tokens))
+    for g, w in zip(got, want):
+        assert float(g[0]) == pytest.approx(w, rel=1e-5)
+    # chance of the previous-token score is the mean of 1/(i+1) over i >= 1
+    assert want[0] == pytest.approx(sum(1 / (i + 1) for i in range(1, 12)) / 11, rel=1e-6)
+
+
+def test_random_pattern_scores_match_loops():
+    gen = torch.Generator().manual_seed(3)
+    tokens = TERNARY.sample(2, 10, gen)
+    pattern = torch.rand(2, 1, 10, 10, generator=gen).tril()
+    pattern = pattern / pattern.sum(-1, keepdim=True)
+    want = _loop_scores(pattern, tokens)
+    got = (previous_token_score(pattern, tokens), induction_score(pattern, tokens), same_token_score(pattern, tokens))
+    for g, w in zip(got, want):
+        assert float(g[0]) == pytest.approx(w, rel=1e-5)
+
+
+@pytest.mark.parametrize("vocab", [2, 3])
+def test_handbuilt_induction_heads_are_singled_out(vocab):
+    model = induction_model(vocab)
+    tokens = (BINARY if vocab == 2 else TERNARY).sample(16, 48, torch.Generator().manual_seed(0))
+    scores = attention_scores(model, tokens)
+    assert scores.previous_token[PREV] > 0.99
+    assert scores.top_head("previous_token") == PREV
+    assert scores.top_head("induction", layers=range(1, 2)) == IND
+    assert scores.induction[IND] > 0.97
+    # decoys: layer-0 head 0 attends to itself (same-token 1, previous-token 0); layer-1 head 1 is uniform
+    assert scores.previous_token[0, 0] < 0.01 and scores.same_token[0, 0] > 0.99
+    assert scores.excess("induction")[1, 1].abs() < 0.05
+    assert 0 < scores.previous_token_chance < scores.same_token_chance < 1
+
+
+# ------------------------------------------------------------------------------------------ behaviour
+def test_context_dependence_matches_pair_loop():
+    gen = torch.Generator().manual_seed(0)
+    tokens = BINARY.sample(5, 7, gen)
+    probs = theory.add_beta_predictions(tokens, 2, beta=0.5)
+    total, n = 0.0, 0
+    for t in range(7):
+        for a in range(5):
+            for b in range(5):
+                if a != b and tokens[a, t] == tokens[b, t]:
+                    total += 0.5 * float((probs[a, t] - probs[b, t]).abs().sum())
+                    n += 1
+    assert context_dependence(probs, tokens, vocab=2) == pytest.approx(total / n, rel=1e-9)
+
+
+def test_context_and_state_dependence_of_a_kernel():
+    tokens = BINARY.sample(32, 20, torch.Generator().manual_seed(0))
+    predict = kernel_predictor(BINARY.kernel, order=1)
+    assert context_dependence(predict(tokens), tokens, vocab=2) == 0.0
+    # flipping the current state moves the prediction from one row to the other: TV = |0.8 - 0.3| = 0.5
+    assert state_dependence(predict, tokens, vocab=2, positions=[1, 5, 19]) == pytest.approx(0.5)
+
+
+def test_in_context_learning_score_of_synthetic_curves():
+    assert in_context_learning_score(torch.full((100,), 0.6, dtype=torch.float64)) == 0.0
+    falling = torch.linspace(1.0, 0.5, 100, dtype=torch.float64)
+    assert in_context_learning_score(falling) == pytest.approx(float(falling[-10:].mean() - falling[:10].mean()))
+    with pytest.raises(ValueError, match="fractions"):
+        in_context_learning_score(falling, early=0.0)
+
+
+def test_implied_kernel_recovers_kernel_and_marks_unseen_rows():
+    tokens = TERNARY.sample(8, 30, torch.Generator().manual_seed(0))
+    rows, counts = implied_kernel(kernel_predictor(TERNARY.kernel, order=1)(tokens), tokens, vocab=3)
+    assert torch.allclose(rows, TERNARY.kernel)
+    assert int(counts.sum()) == tokens.numel()
+    only_zero = torch.zeros(2, 5, dtype=torch.long)
+    rows, counts = implied_kernel(torch.full((2, 5, 3), 1 / 3, dtype=torch.float64), only_zero, vocab=3)
+    assert counts.tolist() == [10, 0, 0] and torch.isnan(rows[1:]).all()
+
+
+@pytest.mark.parametrize("name", ["binary", "ternary"])
+def test_kernel_readout_of_handbuilt_models(name):
+    source = CHAINS[name]
+    batch = sample_batch(source, n_sequences=16, seq_len=40, seed=0)
+    readout = kernel_readout(kernel_model(source.kernel), batch)
+    assert readout.max_abs_error < 1e-5 and readout.weighted_kl < 1e-8
+    pi = theory.stationary_distribution(source.kernel)
+    flat = kernel_readout(unigram_model(pi), batch)
+    assert torch.allclose(flat.implied, pi.expand_as(flat.implied), atol=1e-6)
+    assert flat.weighted_kl == pytest.approx(theory.unigram_loss(source.kernel) - theory.entropy_rate(source.kernel), rel=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ ablation
+def test_component_names_round_trip_and_errors(induction3):
+    names = [c.name for c in model_components(induction3)]
+    assert names == ["L0H0", "L0H1", "L0.attn", "L1H0", "L1H1", "L1.attn"]  # attention-only: no MLP
+    assert all(Component.parse(n).name == n for n in names)
+    with pytest.raises(ValueError, match="L0H1"):
+        Component.parse("layer0")
+    with pytest.raises(ValueError, match="no MLP"):
+        Component.parse("L0.mlp").check(induction3)
+    with pytest.raises(ValueError, match="heads per layer"):
+        Component.parse("L0H2").check(induction3)
+    mlp_model = kernel_model(BINARY.kernel, with_mlp=True)
+    assert [c.name for c in model_components(mlp_model)] == ["L0H0", "L0.attn", "L0.mlp"]
+
+
+def test_zero_ablating_a_head_equals_zeroing_its_output_weights(induction3, tokens3):
+    ablated = ablated_probs(induction3, tokens3, ["L1H0"], method="zero")
+    # independent: the induction head is the only writer of the output slot, so its removal leaves logits 0
+    assert torch.allclose(ablated, torch.full_like(ablated, 1 / 3), atol=1e-6)
+    untouched = ablated_probs(induction3, tokens3, ["L1H1"], method="zero")  # decoy writes nothing
+    assert torch.allclose(untouched, next_state_probs(induction3, tokens3), atol=1e-6)
+
+
+def test_mean_ablation_of_a_constant_component_changes_nothing(induction3, tokens3):
+    # the decoy heads write nothing: mean = zero = resample = clean
+    clean = next_state_probs(induction3, tokens3)
+    for method in ("zero", "mean", "resample"):
+        probs = ablated_probs(induction3, tokens3, ["L0H0", "L1H1"], method=method, seed=2)
+        assert torch.allclose(probs, clean, atol=1e-6), method
+
+
+def test_derangement_has_no_fixed_point():
+    for seed in range(5):
+        perm = derangement(7, seed=seed)
+        assert sorted(perm.tolist()) == list(range(7)) and (perm != torch.arange(7)).all()
+    with pytest.raises(ValueError, match="at least 2"):
+        derangement(1, seed=0)
+
+
+def test_ablation_table_singles_out_the_circuit(induction3, tokens3):
+    for method in ("mean", "resample", "zero"):
+        table = ablation_table(induction3, tokens3, method=method)
+        assert table["L0H0"] == pytest.approx(0, abs=1e-6) and table["L1H1"] == pytest.approx(0, abs=1e-6)
+        assert table["L0H1"] > 0.05 and table["L1H0"] > 0.05, (method, table.to_dict())
+        grid = table.head_grid()
+        assert grid.shape == (2, 2) and grid[PREV] > 0.05
+    json.dumps(table.to_dict())
+
+
+# ------------------------------------------------------------------------------------------ patching
+def test_patching_induction_head_restores_clean_prediction(induction3):
+    tokens = RandomMarkov(3).sample(16, 48, torch.Generator().manual_seed(0))
+    clean, corrupted = patching_pair(tokens, seed=0)
+    assert (clean[:, -1] == corrupted[:, -1]).all() and not torch.equal(clean, corrupted)
+    result = activation_patching(induction3, clean, corrupted)
+    recovery = dict(zip(result.components, result.recovery))
+    assert result.baseline_kl > 0.05
+    # the induction head alone writes the logits: patching it (or its layer) restores the clean law exactly
+    assert recovery["L1H0"] == pytest.approx(1.0, abs=1e-4) and recovery["L1.attn"] == pytest.approx(1.0, abs=1e-4)
+    assert abs(recovery["L1H1"]) < 1e-4 and abs(recovery["L0H0"]) < 1e-4
+    assert recovery["L0H1"] > 0.2  # the previous-token head feeds the keys of the induction head
+
+
+def test_patching_a_kernel_model_has_nothing_to_restore():
+    tokens = BINARY.sample(8, 30, torch.Generator().manual_seed(0))
+    result = activation_patching(kernel_model(BINARY.kernel), *patching_pair(tokens))
+    assert result.baseline_kl < 1e-10
+
+
+def test_k_composition_links_previous_token_head_to_induction_head(induction3):
+    k = composition_scores(induction3, "K")
+    assert k.shape == (2, 2, 2, 2)
+    assert k[PREV[0], PREV[1], IND[0], IND[1]] == k.max() and k.max() > 0.5
+    scores = head_composition(induction3, PREV, IND)
+    assert scores["K"] > 0.5 and scores["K"] > scores["Q"] and scores["K"] > scores["V"]
+    with pytest.raises(ValueError, match="earlier layer"):
+        head_composition(induction3, IND, PREV)
+
+
+# ------------------------------------------------------------------------------------------ classify
+def _handbuilt(kind, source):
+    if kind == "induction":
+        return induction_model(source.vocab)
+    if kind == "kernel":
+        return kernel_model(source.kernel)
+    return unigram_model(theory.stationary_distribution(source.kernel))
+
+
+@pytest.mark.parametrize("kind", ["induction", "kernel", "unigram"])
+@pytest.mark.parametrize("chain", ["binary", "ternary"])
+def test_classify_handbuilt_models(kind, chain):
+    source = CHAINS[chain]
+    report = classify_mechanism(_handbuilt(kind, source), source, seq_len=64, n_sequences=32, seed=0)
+    assert report.mechanism == kind, report.reasons
+    assert report.confident, report.reasons
+    if kind == "induction":
+        assert report.previous_token_head == PREV and report.induction_head == IND
+        assert report.circuit_confirmed and report.behaviour.icl_score < -0.1
+    else:
+        assert report.context_ratio < 1e-6 and abs(report.behaviour.icl_score) < 0.05
+    if kind == "kernel":
+        assert report.eval_loss == pytest.approx(report.references["entropy_rate"], abs=0.05)
+    if kind == "unigram":
+        assert report.eval_loss == pytest.approx(report.references["unigram_loss"], abs=0.05)
+
+
+@pytest.mark.parametrize("vocab", [2, 3])
+def test_classify_handbuilt_induction_on_random_kernels(vocab):
+    report = classify_mechanism(induction_model(vocab), RandomMarkov(vocab), seq_len=64, n_sequences=32, seed=1)
+    assert report.mechanism == "induction" and report.circuit_confirmed, report.reasons
+    assert report.behaviour.kl_add_beta < report.behaviour.kl_stationary
+    d = report.to_dict()
+    text = json.dumps(d)
+    assert {"mechanism", "eval_loss", "entropy_rate", "unigram_loss", "heads"} <= set(json.loads(text))
+    assert d["heads"]["previous_token"][0][1] > 0.99
+
+
+def test_classify_names_kernel_model_with_mlp_and_two_heads():
+    model = kernel_model(TERNARY.kernel, n_heads=2, with_mlp=True)
+    report = classify_mechanism(model, TERNARY, seq_len=32, n_sequences=16, seed=0)
+    assert report.mechanism == "kernel" and report.previous_token_head is None
+
+
+def test_classify_is_deterministic_and_checks_inputs(induction3):
+    a = classify_mechanism(induction3, TERNARY, seq_len=32, n_sequences=16, seed=5).to_dict()
+    b = classify_mechanism(induction3, TERNARY, seq_len=32, n_sequences=16, seed=5).to_dict()
+    assert a == b
+    with pytest.raises(ValueError, match="d_vocab"):
+        classify_mechanism(induction3, BINARY)
+    with pytest.raises(ValueError, match="n_ctx"):
+        classify_mechanism(induction3, TERNARY, seq_len=1000)
+    with pytest.raises(ValueError, match="n_sequences"):
+        classify_mechanism(induction3, TERNARY, n_sequences=1)
+    with pytest.raises(ValueError, match="threshold"):
+        Thresholds(kernel_context_ratio=-1)
+
+
+def test_probes_refuse_bad_tokens(induction3):
+    with pytest.raises(ValueError, match="0..2"):
+        next_state_probs(induction3, torch.tensor([[0, 1, 3]]))
+    with pytest.raises(ValueError, match="integer tensor"):
+        next_state_probs(induction3, torch.zeros(2, 3))

@@ -1,0 +1,330 @@
+"""Sweeps: spec parsing and errors, restart without rerunning finished cells, failure isolation, local vs Ray,
+the results table, the CLI, and the reproduction's summary and figures on a tiny budget."""
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from markov_interp import sweep
+from markov_interp.cli import main
+from markov_interp.sweep import SweepSpec
+
+TINY_TRAIN = {"steps": 6, "seq_len": 32, "batch_size": 4, "eval_every": 0, "eval_batches": 1, "n_checkpoints": 0,
+              "log_every": 2}
+TINY_MODEL = {"preset": "paper-1layer", "n_ctx": 32}
+
+
+def tiny_spec(**changes) -> SweepSpec:
+    data = dict(name="tiny", base={"source": {"kind": "binary", "p": 0.5, "q": 0.8}, "model": TINY_MODEL,
+                                   "train": TINY_TRAIN},
+                grid={"model.tie_weights": [True, False]}, seeds=(0, 1), probe=False)
+    data.update(changes)
+    return SweepSpec(**data)
+
+
+# ---------------------------------------------------------------------------------------- cell functions
+# Module-level so the process pool's workers (forked) can run them; they log each call to a file.
+def logging_cell(cell, runs_dir, *, probe):
+    with open(Path(runs_dir).parent / "calls.log", "a") as handle:
+        handle.write(cell.cell_id + "\n")
+    return sweep.run_cell(cell, runs_dir, probe=probe)
+
+
+def failing_cell(cell, runs_dir, *, probe):
+    if cell.params["model.tie_weights"] is False and cell.params["seed"] == 1:
+        raise RuntimeError("planted failure in this cell")
+    return logging_cell(cell, runs_dir, probe=probe)
+
+
+class Interrupt(BaseException):
+    pass
+
+
+def interrupting_cell(cell, runs_dir, *, probe):
+    calls = Path(runs_dir).parent / "calls.log"
+    if calls.exists() and len(calls.read_text().split()) >= 2:
+        raise Interrupt()  # like Ctrl-C: not an Exception, the sweep stops here
+    return logging_cell(cell, runs_dir, probe=probe)
+
+
+def calls(out: Path) -> list[str]:
+    path = out / "calls.log"
+    return path.read_text().split() if path.exists() else []
+
+
+# ------------------------------------------------------------------------------------------------ specs
+def test_cells_grid_seeds_and_exclude():
+    spec = SweepSpec(base={"source": {"kind": "binary", "p": 0.5, "q": 0.5}, "train": TINY_TRAIN, "model": TINY_MODEL},
+                     grid={"source.p": [0.2, 0.5], "source.q": [0.5, 0.8]}, seeds=[0, 3],
+                     exclude=[{"source.p": 0.5, "source.q": 0.5}])
+    cells = spec.cells()
+    assert len(cells) == 3 * 2
+    assert {(c.config.source.p, c.config.source.q) for c in cells} == {(0.2, 0.5), (0.2, 0.8), (0.5, 0.8)}
+    assert {c.config.train.seed for c in cells} == {0, 3}
+    assert len({c.cell_id for c in cells}) == len(cells)
+    # ids are a function of the config only: the same cell in another spec has the same id
+    again = SweepSpec(base={"source": {"kind": "binary", "p": 0.2, "q": 0.8}, "train": TINY_TRAIN, "model": TINY_MODEL},
+                      seeds=[3]).cells()
+    assert again[0].cell_id in {c.cell_id for c in cells}
+
+
+def test_model_preset_follows_source_vocab():
+    spec = SweepSpec(base={"source": {"kind": "random", "vocab": 3}, "model": {"preset": "attn-only-2layer", "n_ctx": 32},
+                           "train": TINY_TRAIN})
+    (cell,) = spec.cells()
+    assert cell.config.model.d_vocab == 3 and cell.config.model.attn_only
+
+
+def test_load_spec_toml(tmp_path):
+    path = tmp_path / "grid.toml"
+    path.write_text(
+        'seeds = [0, 1]\n[base.source]\nkind = "binary"\np = 0.5\nq = 0.8\n[base.model]\npreset = "paper-1layer"\n'
+        'n_ctx = 32\n[base.train]\nsteps = 6\nseq_len = 32\n[grid]\n"model.n_layers" = [1, 2]\n"train.lr" = [1e-3, 2e-3]\n'
+    )
+    spec = sweep.load_spec(path)
+    assert spec.name == "grid"
+    cells = spec.cells()
+    assert len(cells) == 8
+    assert {c.config.model.n_layers for c in cells} == {1, 2}
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"grids": {}}, "unknown keys ['grids']"),
+        ({"grid": {"model.n_layer": [1]}}, "'model.n_layer' names no model option"),
+        ({"grid": {"optim.lr": [1]}}, "unknown section 'optim'"),
+        ({"grid": {"lr": [1]}}, "must be 'section.field'"),
+        ({"grid": {"train.lr": 0.1}}, "must be a non-empty list"),
+        ({"grid": {"train.seed": [1, 2]}}, "seeds"),
+        ({"base": {"train": {"stepz": 3}}}, "'train.stepz' names no train option"),
+        ({"base": {"data": {}}}, "unknown sections ['data']"),
+        ({"seeds": []}, "seeds must be a non-empty list"),
+        ({"seeds": [0, 0]}, "duplicates"),
+        ({"exclude": [{"source.pp": 0.1}]}, "'source.pp' names no source option"),
+    ],
+)
+def test_spec_errors_are_clear(data, message):
+    with pytest.raises(ValueError) as err:
+        SweepSpec.from_dict(data)
+    assert message in str(err.value)
+
+
+def test_invalid_cell_names_the_cell():
+    spec = SweepSpec(base={"source": {"kind": "binary", "p": 0.5, "q": 0.8}, "model": TINY_MODEL, "train": TINY_TRAIN},
+                     grid={"train.seq_len": [16, 64]})
+    with pytest.raises(ValueError, match=r"cell \{'train.seq_len': 64, 'seed': 0\}.*n_ctx"):
+        spec.cells()
+
+
+def test_toml_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[grid\n")
+    with pytest.raises(ValueError, match="bad.toml is not valid TOML"):
+        sweep.load_spec(bad)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('[grid]\n"model.layers" = [1]\n')
+    with pytest.raises(ValueError, match=r"unknown.toml: grid: key 'model.layers'"):
+        sweep.load_spec(unknown)
+    with pytest.raises(FileNotFoundError):
+        sweep.load_spec(tmp_path / "missing.toml")
+
+
+def test_duplicate_cells_rejected(tmp_path):
+    spec = tiny_spec(grid={"train.device": ["cpu", "auto"]})
+    with pytest.raises(ValueError, match="same run"):
+        sweep.run(spec, tmp_path, workers=1, progress=False)
+
+
+def test_run_argument_errors(tmp_path):
+    with pytest.raises(ValueError, match="backend must be one of"):
+        sweep.run(tiny_spec(), tmp_path, backend="slurm")
+    with pytest.raises(ValueError, match="workers must be"):
+        sweep.run(tiny_spec(), tmp_path, workers=0)
+
+
+# ---------------------------------------------------------------------------------------------- outcomes
+def test_stuck_at_unigram_threshold():
+    er, ul = 0.6190, 0.6663
+    assert sweep.stuck_at_unigram(ul, er, ul) is True
+    assert sweep.stuck_at_unigram(er + 0.6 * (ul - er), er, ul) is True
+    assert sweep.stuck_at_unigram(er + 0.4 * (ul - er), er, ul) is False
+    assert sweep.stuck_at_unigram(0.69, 0.69, 0.692) is None  # nearly i.i.d.: undecidable
+
+
+def test_outcome_labels():
+    er, ul = 0.6190, 0.6663
+    assert sweep.outcome(er + 0.01, er, ul) == "optimum"
+    assert sweep.outcome(ul + 0.01, er, ul) == "unigram"
+    assert sweep.outcome(0.6931, er, ul) == "above"  # an untrained model (log 2) is not "stuck"
+    assert sweep.stuck_at_unigram(0.6931, er, ul) is False
+
+
+def test_escape_step():
+    er, ul = 0.6, 0.7
+    rows = [{"step": s, "train_loss": v} for s, v in [(10, 0.7), (20, 0.64), (30, 0.66), (40, 0.63), (50, 0.61)]]
+    assert sweep.escape_step(rows, er, ul) == 40
+    assert sweep.escape_step(rows[:1], er, ul) is None
+
+
+# ---------------------------------------------------------------------------------------------- engine
+@pytest.mark.slow
+def test_restart_does_not_rerun_finished_cells(tmp_path):
+    spec = tiny_spec()
+    with pytest.raises(Interrupt):
+        sweep.run(spec, tmp_path, workers=1, progress=False, _cell_fn=interrupting_cell)
+    first = calls(tmp_path)
+    assert len(first) == 2
+    records = sorted((tmp_path / "results").glob("*.json"))
+    assert [p.stem for p in records] == sorted(first)
+    stamps = {p: p.stat().st_mtime_ns for p in records}
+    weights = {cid: (tmp_path / "runs" / cid / "model.safetensors").stat().st_mtime_ns for cid in first}
+
+    result = sweep.run(spec, tmp_path, workers=2, progress=False, _cell_fn=logging_cell)
+    assert (result.n_run, result.n_skipped, result.n_failed) == (2, 2, 0)
+    second = calls(tmp_path)[2:]
+    assert len(second) == 2 and not set(second) & set(first)
+    assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
+    assert all((tmp_path / "runs" / cid / "model.safetensors").stat().st_mtime_ns == t for cid, t in weights.items())
+    assert [r["status"] for r in result.rows] == ["ok"] * 4
+
+    again = sweep.run(spec, tmp_path, workers=2, progress=False, _cell_fn=logging_cell)
+    assert (again.n_run, again.n_skipped) == (0, 4)
+    assert len(calls(tmp_path)) == 4
+
+
+@pytest.mark.slow
+def test_failed_cell_is_recorded_and_others_finish(tmp_path):
+    spec = tiny_spec()
+    result = sweep.run(spec, tmp_path, workers=2, progress=False, _cell_fn=failing_cell)
+    assert result.n_failed == 1
+    (bad,) = result.failed
+    assert bad["param.model.tie_weights"] is False and bad["param.seed"] == 1
+    assert bad["error"] == "RuntimeError: planted failure in this cell"
+    record = json.loads((tmp_path / "results" / f"{bad['cell_id']}.json").read_text())
+    assert record["status"] == "failed" and "planted failure" in record["traceback"]
+    assert "Traceback" in record["traceback"]
+    ok = [r for r in result.rows if r["status"] == "ok"]
+    assert len(ok) == 3 and all(r["final_eval_loss"] > 0 for r in ok)
+
+    table = sweep.read_table(tmp_path)
+    assert [r["status"] for r in table] == [r["status"] for r in result.rows]
+    assert table[[r["cell_id"] for r in table].index(bad["cell_id"])]["error"].startswith("RuntimeError")
+
+    skip = sweep.run(spec, tmp_path, workers=1, progress=False, retry_failed=False, _cell_fn=logging_cell)
+    assert (skip.n_run, skip.n_failed) == (0, 1)
+    retried = sweep.run(spec, tmp_path, workers=1, progress=False, _cell_fn=logging_cell)
+    assert (retried.n_run, retried.n_failed) == (1, 0)
+    assert calls(tmp_path)[-1] == bad["cell_id"]
+
+
+@pytest.mark.slow
+def test_results_table_columns_and_probes(tmp_path):
+    spec = tiny_spec(grid={}, seeds=(0,), probe=True)
+    result = sweep.run(spec, tmp_path, workers=1, progress=False)
+    (row,) = sweep.read_table(tmp_path / "results.csv")
+    assert row["status"] == "ok" and row["sweep"] == "tiny" and row["param.seed"] == 0
+    assert row["source.p"] == 0.5 and row["model.n_layers"] == 1 and row["train.steps"] == 6
+    assert row["entropy_rate"] == pytest.approx(0.6190, abs=1e-4)
+    assert row["unigram_loss"] == pytest.approx(0.6663, abs=1e-4)
+    assert row["final_step"] == 6 and row["final_eval_loss"] > 0.5
+    assert row["stuck_at_unigram"] in (True, False)
+    assert row["mechanism"] in ("unigram", "kernel", "induction")
+    assert 0 <= row["probe.p_hat"] <= 1
+    assert (tmp_path / "results" / f"{row['cell_id']}.probe.json").exists()
+    assert result.rows[0]["mechanism"] == row["mechanism"]
+
+
+@pytest.mark.slow
+def test_local_and_ray_give_the_same_table(tmp_path):
+    ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray' package")
+    spec = tiny_spec(probe=True, seeds=(0,))
+    local = sweep.run(spec, tmp_path / "local", workers=2, progress=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = sweep.run(spec, tmp_path / "ray", backend="ray", progress=False)
+    finally:
+        ray.shutdown()
+    assert local.n_failed == 0 and remote.n_failed == 0, remote.failed
+    drop = {"seconds"}
+    a = [{k: v for k, v in r.items() if k not in drop} for r in local.rows]
+    b = [{k: v for k, v in r.items() if k not in drop} for r in remote.rows]
+    assert a == b
+
+
+# --------------------------------------------------------------------------------------------------- cli
+@pytest.mark.slow
+def test_cli_sweep(tmp_path, capsys):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        'probe = false\nseeds = [0]\n[base.source]\nkind = "binary"\np = 0.2\nq = 0.3\n[base.model]\n'
+        'preset = "paper-1layer"\nn_ctx = 32\n[base.train]\nsteps = 4\nseq_len = 32\nbatch_size = 4\n'
+        'eval_batches = 1\nn_checkpoints = 0\n[grid]\n"model.tie_weights" = [true, false]\n'
+    )
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out), "--workers", "1", "--no-progress"]) == 0
+    assert "2 cells: 2 ok (2 run now, 0 already done), 0 failed" in capsys.readouterr().out
+    assert main(["sweep", str(spec), "--out", str(out), "--workers", "1", "--no-progress"]) == 0
+    assert "(0 run now, 2 already done)" in capsys.readouterr().out
+
+
+def test_cli_sweep_bad_spec(tmp_path, capsys):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[grid]\n"model.heads" = [1, 2]\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "markov-interp sweep: error:" in err and "'model.heads' names no model option" in err
+
+
+# -------------------------------------------------------------------------------------------- reproduce
+def test_reproduce_specs_cover_the_five_experiments():
+    from markov_interp.reproduce import FULL, QUICK, experiment_specs
+
+    for budget in (QUICK, FULL):
+        specs = {s.name: s for s in experiment_specs(budget)}
+        assert set(specs) == {"pq-tied", "pq-untied", "depth", "random", "init-precision"}
+        tied = specs["pq-tied"].cells()
+        assert all(abs(c.config.source.p + c.config.source.q - 1) > 1e-9 for c in tied)
+        assert all(c.config.model.tie_weights for c in tied)
+        assert not any(c.config.model.tie_weights for c in specs["pq-untied"].cells())
+        inits = {(c.config.model.init, c.config.model.canonical_w, c.config.train.precision)
+                 for c in specs["init-precision"].cells()}
+        assert ("standard", 0.1, "fp16") in inits and ("canonical", -1.0, "fp32") in inits
+        assert ("standard", -1.0, "fp32") not in inits
+    assert QUICK.cuts
+
+
+@pytest.mark.slow
+def test_reproduce_tiny_budget(tmp_path, monkeypatch):
+    from markov_interp import reproduce as rep
+
+    tiny = dataclasses.replace(rep.QUICK, seq_len=32, grid_values=(0.2, 0.9), grid_seeds=1, grid_steps=4,
+                               depth_layers=(1, 2), depth_seeds=1, depth_steps=4, random_seeds=1, random_steps=4,
+                               init_seeds=1, init_steps=4, eval_batches=1)
+    monkeypatch.setattr(rep, "QUICK", tiny)
+    out = tmp_path / "report"
+    result = rep.reproduce(out, quick=True, work_dir=tmp_path / "work", workers=2, progress=False)
+    assert result["failed"] == 0
+    for name in ("results.csv", "summary.csv", "summary.md", "phase_pq.png", "depth.png", "mechanisms.png",
+                 "init_precision.png"):
+        assert (out / name).stat().st_size > 0, name
+    summary = {(r["experiment"], r.get("p"), r.get("q"), r.get("n_layers"), r.get("init"), r.get("precision")): r
+               for r in result["summary"]}
+    # (0.2, 0.9): p + q > 1, tied, small init -> the landscape predicts the unigram minimum; untied -> bigram
+    assert summary[("pq-tied", 0.2, 0.9, None, None, None)]["theory"] == "unigram"
+    assert summary[("pq-tied", 0.2, 0.2, None, None, None)]["theory"] == "bigram"
+    assert summary[("pq-untied", 0.2, 0.9, None, None, None)]["theory"] == "bigram"
+    assert summary[("init-precision", 0.5, 0.8, None, "canonical w0=-1.0", "fp32")]["theory"] == "bigram"
+    assert summary[("depth", 0.5, 0.8, 2, None, None)]["theory"] is None
+    text = (out / "summary.md").read_text()
+    assert "markov-interp reproduce --quick" in text and tiny.cuts in text
+
+
+def test_example_spec_in_docs_loads():
+    spec = sweep.load_spec(Path(__file__).parent.parent / "docs" / "examples" / "pq-tying.toml")
+    cells = spec.cells()
+    assert len(cells) == (9 - 3) * 2 * 3
+    assert all(abs(c.config.source.p + c.config.source.q - 1) > 1e-9 for c in cells)

@@ -1,0 +1,240 @@
+"""Tests for markov_interp.training: schedule, configs, run folders, resume, reproducibility, the CLI."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from markov_interp import models, training
+from markov_interp.cli import main
+from markov_interp.data import SourceConfig
+from markov_interp.models import preset
+from markov_interp.training import RunConfig, TrainConfig, checkpoint_steps, one_cycle_lr, train
+
+BINARY = SourceConfig(kind="binary", p=0.2, q=0.3)
+
+
+def tiny_run(**train_kwargs) -> RunConfig:
+    """A run small enough for unit tests (a few hundred ms)."""
+    kwargs = dict(steps=12, batch_size=4, seq_len=32, log_every=2, eval_every=6, eval_batches=1,
+                  n_checkpoints=4, device="cpu")
+    kwargs.update(train_kwargs)
+    return RunConfig(source=BINARY, model=preset("paper-1layer", n_ctx=32), train=TrainConfig(**kwargs))
+
+
+def weights(model) -> dict:
+    return {k: v.clone() for k, v in models.state_dict_for_save(model).items()}
+
+
+def assert_same_weights(a, b):
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run ~10x faster on one thread than on busy shared cores (OpenMP spin-waits)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+# -------------------------------------------------------------------------------------------- schedule
+@pytest.mark.parametrize("total", [10, 100, 401])
+def test_one_cycle_matches_torch(total):
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.AdamW([param], lr=2e-3)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=total, pct_start=0.02,
+                                                div_factor=100, final_div_factor=0.05, cycle_momentum=False)
+    for step in range(total):
+        assert math.isclose(one_cycle_lr(step, total=total, lr=2e-3), opt.param_groups[0]["lr"], rel_tol=1e-9)
+        opt.step()
+        sched.step()
+    assert math.isclose(one_cycle_lr(total - 1, total=total, lr=2e-3), 4e-4, rel_tol=1e-9)
+
+
+def test_checkpoint_steps_are_log_spaced():
+    assert checkpoint_steps(1000, 4) == [1, 10, 100, 1000]
+    assert checkpoint_steps(5, 10) == [1, 2, 3, 4, 5]
+    assert checkpoint_steps(7, 0) == []
+    assert checkpoint_steps(7, 1) == [7]
+
+
+# --------------------------------------------------------------------------------------------- configs
+def test_run_config_round_trip():
+    run = tiny_run(precision="bf16", optimizer="sgd", momentum=0.9)
+    assert RunConfig.from_json(run.to_json()) == run
+    with pytest.raises(ValueError, match="unknown TrainConfig keys"):
+        RunConfig.from_dict({**run.to_dict(), "train": {**run.train.to_dict(), "dropout": 0.0}})
+    with pytest.raises(ValueError, match="unknown RunConfig keys"):
+        RunConfig.from_dict({**run.to_dict(), "notes": "x"})
+
+
+def test_seq_len_longer_than_context_is_refused():
+    with pytest.raises(ValueError, match=r"seq_len=64 exceeds the model's n_ctx=32"):
+        RunConfig(source=BINARY, model=preset("paper-1layer", n_ctx=32), train=TrainConfig(seq_len=64))
+
+
+def test_vocab_mismatch_is_refused():
+    source = SourceConfig(kind="random", vocab=3)
+    with pytest.raises(ValueError, match="source emits 3 states but the model has d_vocab=2"):
+        RunConfig(source=source, model=preset("attn-only-2layer"), train=TrainConfig())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(steps=0), "steps"),
+        (dict(precision="fp8"), "precision"),
+        (dict(optimizer="lion"), "optimizer"),
+        (dict(schedule="linear"), "schedule"),
+        (dict(loss_scaling=True), "loss_scaling"),
+        (dict(betas=(0.9,)), "betas"),
+        (dict(lr=0.0), "lr"),
+        (dict(warmup_frac=1.0), "warmup_frac"),
+    ],
+)
+def test_bad_train_configs_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_weight_decay_only_on_linear_weights():
+    model = models.build(preset("paper-1layer", n_ctx=32), seed=0)
+    decay, no_decay = training._decay_groups(model, 1e-3)
+    decayed = {id(p) for p in decay["params"]}
+    assert id(model.embed.W_E) not in decayed  # tied embedding = unembedding: no decay
+    assert id(models._raw(model.pos_embed).weight) not in decayed
+    assert id(models._raw(model.blocks[0].attn.q).weight) in decayed
+    assert id(models._raw(model.blocks[0].mlp.out).weight) in decayed
+    assert len(decay["params"]) == 6 and no_decay["weight_decay"] == 0.0
+    untied = models.build(preset("paper-1layer", n_ctx=32, tie_weights=False), seed=0)
+    assert len(training._decay_groups(untied, 1e-3)[0]["params"]) == 7  # untied head is a linear layer
+
+
+# ------------------------------------------------------------------------------------- training runs
+@pytest.mark.slow
+def test_same_seed_same_metrics_and_weights():
+    a, b = train(tiny_run(), progress=False), train(tiny_run(), progress=False)
+    assert a.metrics == b.metrics
+    assert_same_weights(a.model, b.model)
+    c = train(tiny_run(seed=1), progress=False)
+    assert c.metrics != a.metrics
+
+
+@pytest.mark.slow
+def test_run_folder_tying_and_reload(tmp_path):
+    result = train(tiny_run(), tmp_path, progress=False)
+    assert {p.name for p in tmp_path.iterdir()} == {"config.json", "metrics.jsonl", "model.safetensors", "checkpoints"}
+    assert RunConfig.from_json((tmp_path / "config.json").read_text()) == tiny_run()
+    rows = training.load_metrics(tmp_path)
+    assert rows == json.loads(json.dumps(result.metrics))
+    assert [r["step"] for r in rows] == [2, 4, 6, 8, 10, 12]
+    assert {"eval_loss", "entropy_rate", "unigram_loss"} <= set(rows[2]) and "eval_loss" not in rows[0]
+    assert math.isclose(rows[-1]["entropy_rate"], 0.5445871749, rel_tol=1e-6)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == [
+        f"step_{s:07d}.pt" for s in checkpoint_steps(12, 4)
+    ]
+    models.check_tied(result.model)  # tying survives training
+    assert result.model.embed.W_E.data_ptr() == result.model.unembed.W_U.data_ptr()
+    reloaded = models.load(tmp_path)
+    models.check_tied(reloaded)
+    toks = BINARY.build().sample(2, 32, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(reloaded(toks), result.model(toks), rtol=0, atol=0)
+
+    mtime = (tmp_path / "model.safetensors").stat().st_mtime_ns
+    again = train(tiny_run(), tmp_path, progress=False)  # finished: loaded, not retrained
+    assert again.already_done and again.metrics == rows
+    assert (tmp_path / "model.safetensors").stat().st_mtime_ns == mtime
+    assert_same_weights(again.model, result.model)
+
+    with pytest.raises(ValueError, match=r"different config.*train.steps: 12 in folder vs 13 requested"):
+        train(tiny_run(steps=13), tmp_path, progress=False)
+
+
+def test_foreign_folder_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty"):
+        train(tiny_run(), tmp_path, progress=False)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_resume_is_bit_identical(tmp_path, monkeypatch):
+    reference = train(tiny_run(), tmp_path / "a", progress=False)
+
+    original = training._lr_at
+
+    def crash_at_step_10(cfg, step):
+        if step == 9:  # 0-based: the 10th update
+            raise _Interrupt
+        return original(cfg, step)
+
+    monkeypatch.setattr(training, "_lr_at", crash_at_step_10)
+    with pytest.raises(_Interrupt):
+        train(tiny_run(), tmp_path / "b", progress=False)
+    assert not (tmp_path / "b" / "model.safetensors").exists()
+    assert max(r["step"] for r in training.load_metrics(tmp_path / "b")) == 8  # rows past the checkpoint
+    monkeypatch.setattr(training, "_lr_at", original)
+
+    resumed = train(tiny_run(), tmp_path / "b", progress=False)
+    assert resumed.resumed_from == max(s for s in checkpoint_steps(12, 4) if s < 10)
+    assert resumed.metrics == reference.metrics
+    assert training.load_metrics(tmp_path / "b") == training.load_metrics(tmp_path / "a")
+    assert_same_weights(resumed.model, reference.model)
+    models.check_tied(resumed.model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision, scaling", [("bf16", False), ("fp16", False), ("fp16", True)])
+def test_reduced_precision_runs(precision, scaling):
+    result = train(tiny_run(steps=4, eval_every=0, precision=precision, loss_scaling=scaling), progress=False)
+    assert math.isfinite(result.final["eval_loss"])
+    assert next(result.model.parameters()).dtype == torch.float32  # autocast, fp32 master weights
+
+
+@pytest.mark.slow
+def test_random_source_logs_the_bayes_loss():
+    source = SourceConfig(kind="random", vocab=3, alpha=1.0)
+    run = RunConfig(source=source, model=preset("attn-only-2layer", d_vocab=3, n_ctx=32),
+                    train=TrainConfig(steps=4, batch_size=4, seq_len=32, eval_batches=1, n_checkpoints=0,
+                                      device="cpu"))
+    result = train(run, progress=False)
+    assert {"bayes_loss", "entropy_rate", "unigram_loss"} <= set(result.final)
+
+
+@pytest.mark.slow
+def test_one_layer_reaches_the_entropy_rate():
+    """The paper's one-layer model on p=0.2, q=0.3 (p + q < 1: no bad minima) learns the kernel."""
+    run = RunConfig(source=BINARY, model=preset("paper-1layer", n_ctx=128),
+                    train=TrainConfig(steps=120, seq_len=128, eval_every=0, eval_batches=16, n_checkpoints=0,
+                                      device="cpu"))
+    final = train(run, progress=False).final
+    assert math.isclose(final["entropy_rate"], 0.5446, abs_tol=1e-4)
+    assert abs(final["eval_loss"] - final["entropy_rate"]) < 0.01, final
+    assert final["unigram_loss"] - final["eval_loss"] > 0.1
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+@pytest.mark.slow
+def test_cli_train(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--out", str(out), "--steps", "4", "--seq-len", "16", "--batch-size", "2", "--no-progress",
+            "--device", "cpu", "--d-model", "16"]
+    assert main(args) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("trained (4 steps): final eval loss") and "entropy rate 0.5446" in line
+    assert "unigram loss 0.6730" in line
+    assert models.load(out).markov_config.d_model == 16
+    assert main(args) == 0 and capsys.readouterr().out.startswith("already trained")
+    assert main(["train", "--out", str(tmp_path / "r2"), "--seq-len", "2000", "--no-progress"]) == 2
+    assert "seq_len=2000 exceeds the model's n_ctx=1024" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path / "r3"), "--preset", "gpt", "--no-progress"]) == 2
+    assert "unknown preset 'gpt'" in capsys.readouterr().err
