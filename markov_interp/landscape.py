@@ -34,7 +34,12 @@ What this module computes, and what it found (all derived below and checked in t
 - Untied model (separate output scalar a, see `untied_loss`): f1 - f0 = delta(w) a e. Its only unigram critical
   points are e = a = 0 (any w), all saddles for p + q != 1 (Hessian block [[0, kd], [kd, 0]] with
   kd = kappa delta(w), eigenvalues +-kd, and a cubic saddle at w = -1/sqrt(2)); gradient flow conserves
-  e^2 - a^2, so from any init with |a0| != |e0| it can never reach them: no bad local minimum.
+  e^2 - a^2, so from any init with |a0| != |e0| it can never reach them: no bad local minimum. But a = e
+  (and a = -e) is invariant: from a0 = e0 (what an untied head copied from W_E starts at) the flow is the tied
+  one with e at half speed, conserves 2e^2 - w^2 - sign(w) log|w|, and gets stuck like the tied model.
+- In this reduced model the unigram points with p + q < 1 and w < -1/sqrt(2) are genuine (non-strict) local
+  minima, reached from inits below the separatrix (see `regime_map_init`); "saddles for p + q < 1" is a
+  statement about the full model, not about this reduction.
 
 All numerics are float64. `canonical_loss` accepts floats, numpy arrays or torch tensors (autograd flows
 through); the other functions work in numpy. This module must not depend on TransformerLens:
@@ -42,8 +47,8 @@ through); the other functions work in numpy. This module must not depend on Tran
 """
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -53,6 +58,17 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp import theory
+
+__all__ = [
+    "W_SADDLE", "H_STAR", "kernel", "reference_losses", "bigram_log_odds", "unigram_bias",
+    "unigram_curvature_scale", "delta", "canonical_loss", "canonical_gradient", "canonical_hessian",
+    "untied_loss", "untied_gradient", "untied_hessian", "optimal_bias", "profile_loss", "BigramMinima",
+    "bigram_minima", "unigram_e_curvature", "UnigramPointAnalysis", "unigram_point_analysis",
+    "classify_unigram_point", "conserved_quantity", "separatrix", "predict_outcome", "Trajectory",
+    "gradient_flow", "gradient_descent_outcomes", "RegimeMap", "regime_map_pq", "regime_map_init",
+    "plot_regime_map_pq", "plot_regime_map_init", "plot_landscape", "CanonicalProjection",
+    "canonical_projection", "canonical_coordinates", "coordinates_trajectory",
+]
 
 W_SADDLE = -1.0 / math.sqrt(2.0)  # the unigram saddle: delta(w) = 1 + 2 w|w| = 0
 # h(w) = w^2 + sign(w) log|w| at its minimum over w < 0 (w = -1/sqrt(2)): the separatrix level of E.

@@ -532,9 +532,7 @@ def load_weights_into(model: TransformerBridge, state: dict[str, Tensor], *, sou
         detail = ", ".join(f"{k} has shape {got}, expected {want}" for k, (got, want) in sorted(bad.items()))
         raise ValueError(f"{source}: wrong shapes: {detail}")
     targets = model.state_dict(keep_vars=True)
-    for name, tensor in state.items():
-        if not torch.isfinite(tensor).all():
-            raise ValueError(f"{source}: tensor {name} has NaN or infinite entries")
+    for name, tensor in state.items():  # non-finite values are loaded as they are (a diverged run is data)
         targets[name].copy_(tensor.to(device=targets[name].device, dtype=targets[name].dtype))
     check_tied(model)
 

@@ -169,10 +169,19 @@ def _group(rows: list[dict], sweep_name: str, keys: tuple) -> dict:
     return dict(sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])))
 
 
+def _mechanism_label(row: dict) -> str:
+    """The classified mechanism; "induction?" when the model is in-context by behaviour but ablating its
+    previous-token / induction heads did not confirm the circuit (`classify_mechanism`'s confident=False)."""
+    mechanism = row.get("mechanism") or "?"
+    if mechanism == "induction" and not row.get("probe.circuit_confirmed"):
+        return "induction?"
+    return mechanism
+
+
 def _summary_row(experiment: str, setting: dict, cells: list[dict]) -> dict:
     ok = [r for r in cells if r["status"] == "ok"]
     stuck = [r["stuck_at_unigram"] for r in ok if r.get("stuck_at_unigram") is not None]
-    mechanisms = Counter(r.get("mechanism") or "?" for r in ok)
+    mechanisms = Counter(_mechanism_label(r) for r in ok)
     first = cells[0]
     return {
         "experiment": experiment,
@@ -231,14 +240,16 @@ def _fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+_DIGITS = {"stuck_fraction": 2, "p": 2, "q": 2, "escape_step": 0, "p_hat": 3}
+
+
 def _markdown(summary: list[dict], experiment: str, columns: tuple) -> str:
     rows = [r for r in summary if r["experiment"] == experiment]
     if not rows:
         return "(no cells)\n"
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
-        lines.append("| " + " | ".join(_fmt(r.get(c), 2 if c in ("stuck_fraction", "p", "q") else 4)
-                                        for c in columns) + " |")
+        lines.append("| " + " | ".join(_fmt(r.get(c), _DIGITS.get(c, 4)) for c in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -247,6 +258,7 @@ def _save(fig: Any, path: Path) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
+        sweep._default_mode(tmp)
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
         os.replace(tmp, path)
     except BaseException:
@@ -330,7 +342,8 @@ def mechanism_figure(summary: list[dict]) -> Any:
 
     fig = Figure(figsize=(9, 3.8))
     axes = fig.subplots(1, 2)
-    colours = {"unigram": "tab:red", "kernel": "tab:blue", "induction": "tab:green", "?": "grey"}
+    colours = {"unigram": "tab:red", "kernel": "tab:blue", "induction": "tab:green",
+               "induction?": "yellowgreen", "?": "grey"}
     for ax, name, title in zip(axes, ("depth", "random"),
                                (f"binary chain p={_PQ[0]}, q={_PQ[1]}", "random kernels (in-context task)")):
         rows = [r for r in summary if r["experiment"] == name]
@@ -342,10 +355,12 @@ def mechanism_figure(summary: list[dict]) -> Any:
                 parts = dict(p.rsplit(" ", 1) for p in r["mechanisms"].split(", ") if p)
                 counts.append(int(parts.get(mech, 0)))
             if any(counts):
-                ax.bar(labels, counts, bottom=bottom, color=colour, label=mech)
+                label = "in-context, circuit not confirmed" if mech == "induction?" else mech
+                ax.bar(labels, counts, bottom=bottom, color=colour, label=label)
                 bottom = [b + c for b, c in zip(bottom, counts)]
         ax.set_xlabel("layers")
         ax.set_ylabel("seeds")
+        ax.yaxis.get_major_locator().set_params(integer=True)
         ax.set_title(f"mechanism by depth: {title}", fontsize=9)
         ax.legend(fontsize=7)
     return fig
@@ -366,7 +381,8 @@ def init_precision_figure(summary: list[dict]) -> Any:
             if match and match[0]["stuck_fraction"] is not None:
                 xs.append(i + (k - 0.5) * 0.38)
                 ys.append(match[0]["stuck_fraction"])
-        ax.bar(xs, ys, width=0.36, label=precision + (" autocast, no loss scaling" if precision == "fp16" else ""))
+        bars = ax.bar(xs, ys, width=0.36, label=precision + (" autocast, no loss scaling" if precision == "fp16" else ""))
+        ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=7)
     for i, init in enumerate(inits):
         match = [r for r in rows if r["init"] == init]
         if match and match[0]["theory"]:
@@ -417,7 +433,7 @@ def reproduce(
     }
     files += [_save(fig, out / name) for name, fig in figures.items()]
     command = command or "markov-interp reproduce" + (" --quick" if quick else "") + f" --out {out_dir}"
-    text = _summary_markdown(summary, budget, command, seconds, result)
+    text = _summary_markdown(summary, budget, command, seconds, result, work)
     sweep._atomic_write_text(out / "summary.md", text)
     files.append(out / "summary.md")
     return {"summary": summary, "files": files, "seconds": seconds, "failed": result.n_failed}
@@ -442,21 +458,41 @@ def _write_csv(path: Path, rows: list[dict], columns: tuple) -> Path:
     return path
 
 
-def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds: float, result: Any) -> str:
+def _training_span(work: Path, rows: list[dict]) -> tuple[Optional[float], float]:
+    """(wall-clock minutes from the first cell's start to the last cell's end of training, summed minutes of
+    the cells' trainings), read from the run folders (config.json written at the start, model.safetensors at
+    the end): the time the training took, also when this call reused or only re-probed the cells."""
+    starts, ends = [], []
+    for row in rows:
+        config = work / row["run_dir"] / "config.json"
+        weights = work / row["run_dir"] / "model.safetensors"
+        if config.exists() and weights.exists():
+            starts.append(config.stat().st_mtime)
+            ends.append(weights.stat().st_mtime)
+    if not starts:
+        return None, 0.0
+    return (max(ends) - min(starts)) / 60, sum(e - s for s, e in zip(starts, ends)) / 60
+
+
+def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds: float, result: Any,
+                      work: Path) -> str:
     import platform
 
     import torch
 
-    cell_minutes = sum(r.get("seconds") or 0 for r in result.rows) / 60
+    span, train_minutes = _training_span(work, result.rows)
     grid_cols = ("p", "q", "seeds", "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "theory",
                  "p_hat", "mechanisms")
     return "\n".join([
         f"# Reproduction ({budget.name})",
         "",
-        f"Made by `{command}` in {seconds / 60:.1f} minutes ({result.n_run} cells trained, {result.n_skipped} "
-        f"reused, {result.n_failed} failed; the cells' own training and probing took {cell_minutes:.1f} "
-        f"process-minutes in all) on {platform.machine()} with {os.cpu_count()} CPU cores, torch "
-        f"{torch.__version__}, Python {sys.version.split()[0]}.",
+        f"Made by `{command}` on {platform.machine()} with {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+        f"Python {sys.version.split()[0]}: {len(result.rows)} cells ({result.n_failed} failed)"
+        + (f", trained within {span:.1f} minutes of wall-clock time ({train_minutes:.1f} process-minutes of "
+           "training; probing comes on top)" if span is not None else "")
+        + f". This call took {seconds / 60:.1f} minutes, executed {result.n_run} cells (a finished training run "
+        f"is loaded, not retrained; probes re-run when their code changed) and reused {result.n_skipped} results "
+        f"from {work}.",
         "",
         f"Budget: {budget.cuts}." if budget.cuts else "",
         "",
@@ -465,7 +501,9 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
         "nats); \"above_unigram\" = seeds still above that band (not trained even to pi); \"theory\" = `landscape.predict_outcome` "
         f"for the canonical one-layer model (standard init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); "
         "\"p_hat\" = the learned P(1|0) read from the model's predictions (`probes.kernel_readout`); "
-        "mechanisms = `probes.classify_mechanism` counts over seeds; losses in nats.",
+        "mechanisms = `probes.classify_mechanism` counts over seeds (\"induction?\": in-context by behaviour, "
+        "circuit not confirmed by ablation); escape_step = mean first step after which the training loss stays "
+        "below the midpoint (over the seeds that escaped); losses in nats.",
         "",
         "## 1. One layer, tied: fraction of seeds stuck at the unigram loss over (p, q)",
         "",

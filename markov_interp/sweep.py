@@ -349,7 +349,14 @@ def escape_step(rows: Sequence[dict], optimum: float, unigram: float) -> Optiona
 
 # ------------------------------------------------------------------------------------------------ a cell
 def _probe_settings() -> dict:
-    return {"version": 1}
+    """What a cell's probe columns depend on besides the trained model: the probes' source code. A finished
+    cell whose record carries other settings is probed again (its training is reused) on the next run."""
+    import markov_interp.probes as probes_pkg
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(probes_pkg.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return {"version": 1, "probes_source": digest.hexdigest()[:16]}
 
 
 def _flat(prefix: str, data: Any, out: dict) -> None:
@@ -472,10 +479,19 @@ def _execute_in_worker(cell: Cell, runs_dir: str, probe: bool, cell_fn: Optional
 
 
 # ------------------------------------------------------------------------------------------------ files
+def _default_mode(path: "str | os.PathLike") -> None:
+    """Give a mkstemp file (created 0600) the permissions an ordinary new file would have (0666 & ~umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically (a temp file in the same folder, then os.replace)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        _default_mode(tmp)
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
@@ -500,10 +516,10 @@ def _read_record(path: Path) -> Optional[dict]:
         return None  # a damaged record is treated as absent: the cell runs again
 
 
-def _is_done(record: Optional[dict], probe: bool) -> bool:
+def _is_done(record: Optional[dict], probe: bool, settings: dict) -> bool:
     if record is None or record.get("status") != "ok":
         return False
-    return (not probe) or record.get("probe_settings") == _probe_settings()
+    return (not probe) or record.get("probe_settings") == settings
 
 
 def _config_columns(cell: Cell) -> dict:
@@ -549,6 +565,7 @@ def _write_table(out: Path, rows: list[dict]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".results.parquet.", suffix=".tmp")
     os.close(fd)
     try:
+        _default_mode(tmp)
         pq.write_table(table, tmp)
         os.replace(tmp, out / "results.parquet")
     except BaseException:
@@ -670,13 +687,14 @@ def run(
     probe_for: dict[str, bool] = {}
     for c in cells:
         probe_for[c.cell_id] = probe_for.get(c.cell_id, False) or probe_of[c.sweep]
+    settings = _probe_settings()
     todo: dict[str, Cell] = {}
     n_skipped = 0
     for c in cells:
         if c.cell_id in todo:
             continue
         record = _read_record(_record_path(out, c))
-        if _is_done(record, probe_for[c.cell_id]) or (
+        if _is_done(record, probe_for[c.cell_id], settings) or (
             record is not None and record.get("status") == "failed" and not retry_failed
         ):
             n_skipped += 1
@@ -684,7 +702,7 @@ def run(
         todo[c.cell_id] = c
 
     def save(c: Cell, record: dict) -> None:
-        record = {**record, "cell_id": c.cell_id, "probe_settings": _probe_settings() if probe_for[c.cell_id] else None}
+        record = {**record, "cell_id": c.cell_id, "probe_settings": settings if probe_for[c.cell_id] else None}
         _atomic_write_text(_record_path(out, c), json.dumps(record, indent=1, sort_keys=True, default=str))
 
     pending = list(todo.values())

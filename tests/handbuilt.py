@@ -37,9 +37,10 @@ def _set(model, values: dict) -> None:
 
 
 @torch.no_grad()
-def induction_model(vocab: int, *, n_ctx: int = 64, n_heads: int = 2, prev_head: int = 1, induction_head: int = 0,
-                    sharpness: float = 25.0, logit_scale: float = 3.0):
-    """Two-layer attention-only induction circuit; previous-token head L0H{prev_head}, induction head L1H{induction_head}."""
+def induction_model(vocab: int, *, n_ctx: int = 48, n_heads: int = 2, prev_head: int = 1, induction_head: int = 0,
+                    sharpness: float = 25.0, logit_scale: float = 2.0):
+    """Two-layer attention-only induction circuit: previous-token head L0H{prev_head}, induction head
+    L1H{induction_head}."""
     assert n_ctx > vocab and prev_head < n_heads and induction_head < n_heads
     V, N, dh = vocab, n_ctx, n_ctx
     T, P, O, POS = 0, V, 2 * V, 3 * V

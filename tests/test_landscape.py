@@ -114,7 +114,8 @@ def test_reference_losses_come_from_theory_and_match_the_closed_forms():
     for p, q in CHAINS:
         refs = L.reference_losses(p, q)
         kernel = BinaryChain(p, q).kernel
-        assert refs == {"entropy_rate": theory.entropy_rate(kernel), "unigram_loss": theory.unigram_loss(kernel)}
+        assert refs["entropy_rate"] == pytest.approx(theory.entropy_rate(kernel), rel=1e-14)
+        assert refs["unigram_loss"] == pytest.approx(theory.unigram_loss(kernel), rel=1e-14)
         rate, h_pi = L._losses_closed_form(np.float64(p), np.float64(q))
         assert rate == pytest.approx(refs["entropy_rate"], rel=1e-12)
         assert h_pi == pytest.approx(refs["unigram_loss"], rel=1e-12)
@@ -219,7 +220,7 @@ def _borderline(e, w, b0, p, q, step=0.03):
 
 
 def test_predicted_outcome_agrees_with_gradient_descent_on_a_grid():
-    ee, ww = np.meshgrid(np.linspace(0.1, 2.0, 8), np.linspace(-2.3, 0.9, 11))
+    ee, ww = np.meshgrid(np.linspace(0.1, 2.0, 7), np.linspace(-2.3, 0.9, 10))
     cases = [(0.5, 0.8, 0.0), (0.2, 0.3, 0.0), (0.9, 0.7, -1.0), (0.1, 0.6, 1.0)]
     e = np.concatenate([ee.ravel()] * len(cases))
     w = np.concatenate([ww.ravel()] * len(cases))
@@ -227,10 +228,11 @@ def test_predicted_outcome_agrees_with_gradient_descent_on_a_grid():
     predicted = np.concatenate([L._predict_many(ee.ravel(), ww.ravel(), c[2], c[0], c[1], tied=True, a0=None,
                                                 method="auto", t_max=1e6, max_iter=200_000) for c in cases])
     descended = L.gradient_descent_outcomes(e, w, b0, p=p, q=q, steps=12_000, lr=0.05)
-    borderline = np.concatenate([_borderline(ee.ravel(), ww.ravel(), c[2], c[0], c[1]) for c in cases])
     assert 0.3 < predicted.mean() < 0.9  # both outcomes occur
-    assert not np.any((predicted != descended) & ~borderline), np.argwhere((predicted != descended) & ~borderline)
-    assert borderline.mean() < 0.15
+    differ = np.nonzero(predicted != descended)[0]
+    assert differ.size <= 0.05 * e.size
+    for i in differ:  # finite-lr descent may only differ where the outcome flips within +-0.03 of the init
+        assert _borderline(e[i:i + 1], w[i:i + 1], b0[i], p[i], q[i])[0], (e[i], w[i], b0[i], p[i], q[i])
     # the public scalar function says the same
     i = 5
     assert L.predict_outcome(e[i], w[i], b0[i], p=p[i], q=q[i]) == ("bigram" if predicted[i] else "unigram")

@@ -162,7 +162,8 @@ def test_kernel_readout_of_handbuilt_models(name):
     pi = theory.stationary_distribution(source.kernel)
     flat = kernel_readout(unigram_model(pi), batch)
     assert torch.allclose(flat.implied, pi.expand_as(flat.implied), atol=1e-6)
-    assert flat.weighted_kl == pytest.approx(theory.unigram_loss(source.kernel) - theory.entropy_rate(source.kernel), rel=1e-4)
+    excess = theory.unigram_loss(source.kernel) - theory.entropy_rate(source.kernel)  # KL(P || pi) under pi
+    assert flat.weighted_kl == pytest.approx(excess, rel=1e-4)
 
 
 # ------------------------------------------------------------------------------------------ ablation
@@ -204,9 +205,11 @@ def test_derangement_has_no_fixed_point():
         derangement(1, seed=0)
 
 
-def test_ablation_table_singles_out_the_circuit(induction3, tokens3):
+def test_ablation_table_singles_out_the_circuit(induction3):
+    # random kernels: no context-free predictor is any good, so every way of removing the circuit hurts
+    tokens = RandomMarkov(3).sample(16, 48, torch.Generator().manual_seed(4))
     for method in ("mean", "resample", "zero"):
-        table = ablation_table(induction3, tokens3, method=method)
+        table = ablation_table(induction3, tokens, method=method)
         assert table["L0H0"] == pytest.approx(0, abs=1e-6) and table["L1H1"] == pytest.approx(0, abs=1e-6)
         assert table["L0H1"] > 0.05 and table["L1H0"] > 0.05, (method, table.to_dict())
         grid = table.head_grid()
@@ -237,9 +240,10 @@ def test_patching_a_kernel_model_has_nothing_to_restore():
 def test_k_composition_links_previous_token_head_to_induction_head(induction3):
     k = composition_scores(induction3, "K")
     assert k.shape == (2, 2, 2, 2)
-    assert k[PREV[0], PREV[1], IND[0], IND[1]] == k.max() and k.max() > 0.5
+    assert not torch.isnan(k).any()  # the decoys have zero weights: 0/0 is reported as 0
+    assert k[PREV[0], PREV[1], IND[0], IND[1]] == k.max() and k.max() > 0.3
     scores = head_composition(induction3, PREV, IND)
-    assert scores["K"] > 0.5 and scores["K"] > scores["Q"] and scores["K"] > scores["V"]
+    assert scores["K"] > 0.3 and scores["K"] > 3 * scores["Q"] and scores["K"] > 3 * scores["V"]
     with pytest.raises(ValueError, match="earlier layer"):
         head_composition(induction3, IND, PREV)
 
@@ -257,25 +261,29 @@ def _handbuilt(kind, source):
 @pytest.mark.parametrize("chain", ["binary", "ternary"])
 def test_classify_handbuilt_models(kind, chain):
     source = CHAINS[chain]
-    report = classify_mechanism(_handbuilt(kind, source), source, seq_len=64, n_sequences=32, seed=0)
+    report = classify_mechanism(_handbuilt(kind, source), source, seq_len=48, n_sequences=32, seed=0)
     assert report.mechanism == kind, report.reasons
     assert report.confident, report.reasons
     if kind == "induction":
         assert report.previous_token_head == PREV and report.induction_head == IND
-        assert report.circuit_confirmed and report.behaviour.icl_score < -0.1
+        assert report.circuit_confirmed
     else:
-        assert report.context_ratio < 1e-6 and abs(report.behaviour.icl_score) < 0.05
-    if kind == "kernel":
+        assert report.context_ratio < 1e-6
+    b = report.behaviour
+    if kind == "kernel":  # predicts with the kernel: same loss curve as the kernel itself, ICL score included
+        assert torch.allclose(b.loss_curve, b.kernel_loss_curve, atol=1e-4) and b.kl_kernel < 1e-6
         assert report.eval_loss == pytest.approx(report.references["entropy_rate"], abs=0.05)
     if kind == "unigram":
+        assert b.kl_stationary < 1e-6
         assert report.eval_loss == pytest.approx(report.references["unigram_loss"], abs=0.05)
 
 
 @pytest.mark.parametrize("vocab", [2, 3])
 def test_classify_handbuilt_induction_on_random_kernels(vocab):
-    report = classify_mechanism(induction_model(vocab), RandomMarkov(vocab), seq_len=64, n_sequences=32, seed=1)
+    report = classify_mechanism(induction_model(vocab), RandomMarkov(vocab), seq_len=48, n_sequences=32, seed=1)
     assert report.mechanism == "induction" and report.circuit_confirmed, report.reasons
     assert report.behaviour.kl_add_beta < report.behaviour.kl_stationary
+    assert report.behaviour.icl_score < -0.05  # the loss falls along the sequence, as add-beta's does
     d = report.to_dict()
     text = json.dumps(d)
     assert {"mechanism", "eval_loss", "entropy_rate", "unigram_loss", "heads"} <= set(json.loads(text))
@@ -288,10 +296,19 @@ def test_classify_names_kernel_model_with_mlp_and_two_heads():
     assert report.mechanism == "kernel" and report.previous_token_head is None
 
 
+def _numbers(value):
+    if isinstance(value, dict):
+        return [x for k in sorted(value) for x in _numbers(value[k])]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _numbers(v)]
+    return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
 def test_classify_is_deterministic_and_checks_inputs(induction3):
     a = classify_mechanism(induction3, TERNARY, seq_len=32, n_sequences=16, seed=5).to_dict()
     b = classify_mechanism(induction3, TERNARY, seq_len=32, n_sequences=16, seed=5).to_dict()
-    assert a == b
+    assert a["mechanism"] == b["mechanism"] and a["reasons"] == b["reasons"]
+    assert _numbers(a) == pytest.approx(_numbers(b), rel=1e-9, abs=1e-12, nan_ok=True)  # float ties only
     with pytest.raises(ValueError, match="d_vocab"):
         classify_mechanism(induction3, BINARY)
     with pytest.raises(ValueError, match="n_ctx"):
@@ -299,11 +316,80 @@ def test_classify_is_deterministic_and_checks_inputs(induction3):
     with pytest.raises(ValueError, match="n_sequences"):
         classify_mechanism(induction3, TERNARY, n_sequences=1)
     with pytest.raises(ValueError, match="threshold"):
-        Thresholds(kernel_context_ratio=-1)
+        Thresholds(kernel_context_ratio=-1.0)
 
 
 def test_probes_refuse_bad_tokens(induction3):
     with pytest.raises(ValueError, match="0..2"):
         next_state_probs(induction3, torch.tensor([[0, 1, 3]]))
-    with pytest.raises(ValueError, match="integer tensor"):
+    with pytest.raises((ValueError, TypeError)):  # jaxtyping's TypeCheckError in tests, ValueError otherwise
         next_state_probs(induction3, torch.zeros(2, 3))
+
+
+# ------------------------------------------------------------------------------------------ trained models
+def _run(source, model, *, steps, lr, seq_len, batch_size):
+    from markov_interp.training import RunConfig, TrainConfig
+
+    train_cfg = TrainConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, schedule="constant", seed=0,
+                            eval_every=0, n_checkpoints=0, device="cpu")
+    return RunConfig(source=source, model=model, train=train_cfg)
+
+
+@pytest.fixture(scope="module")
+def kernel_run_dir(tmp_path_factory):
+    """A one-layer model (the paper's block, untied) trained briefly on the binary chain p=0.2, q=0.3."""
+    from markov_interp.data import SourceConfig
+    from markov_interp.models import preset
+    from markov_interp.training import train
+
+    run = _run(SourceConfig(kind="binary", p=0.2, q=0.3), preset("paper-1layer", n_ctx=64, tie_weights=False),
+               steps=100, lr=1e-2, seq_len=64, batch_size=16)
+    out = tmp_path_factory.mktemp("kernel-run")
+    train(run, out, progress=False)
+    return out
+
+
+@pytest.mark.slow
+def test_trained_one_layer_model_is_named_kernel(kernel_run_dir):
+    from markov_interp import models
+
+    model = models.load(kernel_run_dir)
+    report = classify_mechanism(model, BINARY, seq_len=64, n_sequences=64, seed=1)
+    assert report.mechanism == "kernel" and report.confident, report.reasons
+    assert report.context_ratio < 0.1
+    assert report.eval_loss < report.references["entropy_rate"] + 0.02
+    assert report.readout.max_abs_error < 0.1  # the implied kernel is the chain's
+
+
+@pytest.mark.slow
+def test_trained_two_layer_attention_only_model_is_named_induction():
+    from markov_interp.data import SourceConfig
+    from markov_interp.models import preset
+    from markov_interp.training import train
+
+    source = SourceConfig(kind="random", vocab=3, alpha=1.0)
+    run = _run(source, preset("attn-only-2layer", d_vocab=3, n_ctx=32), steps=300, lr=1e-2, seq_len=32,
+               batch_size=64)
+    model = train(run, progress=False).model
+    report = classify_mechanism(model, source.build(), seq_len=32, n_sequences=64, seed=1)
+    assert report.mechanism == "induction" and report.confident, report.reasons
+    assert report.previous_token_head == (0, 0) and report.induction_head == (1, 0)
+    assert report.circuit_confirmed and report.behaviour.icl_score < -0.03
+
+
+@pytest.mark.slow
+def test_cli_probe_prints_json_and_summary(kernel_run_dir, capsys):
+    from markov_interp.cli import main
+
+    assert main(["probe", str(kernel_run_dir), "--json", "--n-sequences", "16", "--seq-len", "32"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mechanism"] == "kernel"
+    for key in ("eval_loss", "entropy_rate", "unigram_loss"):
+        assert math.isfinite(data[key])
+    assert data["entropy_rate"] == pytest.approx(theory.entropy_rate(BINARY.kernel))
+    assert len(data["heads"]["previous_token"]) == 1 and len(data["heads"]["induction"][0]) == 1
+    assert main(["probe", str(kernel_run_dir), "--n-sequences", "16", "--seq-len", "32"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("mechanism: kernel") and "L0H0" in text
+    assert main(["probe", str(kernel_run_dir / "missing")]) == 2
+    assert "config.json" in capsys.readouterr().err

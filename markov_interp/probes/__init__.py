@@ -73,7 +73,8 @@ __all__ = [
     "behaviour", "classify_mechanism", "composition_scores", "context_dependence", "head_composition",
     "implied_kernel", "in_context_learning_score", "in_context_unigram_probs", "induction_score",
     "kernel_predictor", "kernel_probs", "kernel_readout", "kl_curve", "loss_curve", "model_components",
-    "model_predictor", "reference_activations", "next_state_probs", "patched_probs", "patching_pair", "previous_token_score",
+    "model_predictor", "reference_activations", "next_state_probs", "patched_probs", "patching_pair",
+    "previous_token_score",
     "same_token_score", "sample_batch", "state_dependence", "stationary_probs", "total_variation",
     "uniform_causal_pattern",
 ]

@@ -94,6 +94,9 @@ def total_variation(p: Float[Tensor, "*#batch vocab"], q: Float[Tensor, "*#batch
     """Total-variation distance 1/2 sum |p - q| between two laws over the last axis (0: equal, 1: disjoint).
 
     Leading axes broadcast against each other.
+
+    >>> float(total_variation(torch.tensor([0.8, 0.2]), torch.tensor([0.3, 0.7])))
+    0.5
     """
     return 0.5 * (p - q).abs().sum(-1)
 

@@ -43,6 +43,11 @@ class Component:
     """One part of the model that writes to the residual stream: a head, a whole attention layer or an MLP.
 
     Named "L{layer}H{head}", "L{layer}.attn" or "L{layer}.mlp" (`Component.parse` reads those names back).
+
+    >>> Component.parse("L1H0")
+    Component(kind='head', layer=1, head=0)
+    >>> Component(kind="mlp", layer=0).hook_name
+    'blocks.0.hook_mlp_out'
     """
 
     kind: Literal["head", "attn", "mlp"]
@@ -223,7 +228,8 @@ def ablated_probs(
     reference = reference_activations(
         model, components, method=method, tokens=tokens, reference_tokens=reference_tokens, seed=seed, cache=cache
     )
-    return next_state_probs(model, tokens, fwd_hooks=ablation_hooks(model, components, method=method, reference=reference))
+    hooks = ablation_hooks(model, components, method=method, reference=reference)
+    return next_state_probs(model, tokens, fwd_hooks=hooks)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)

@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from markov_interp.probes._common import HeadScores, Model, Tokens, check_tokens, pattern_hook
+from markov_interp.probes._common import Model, Tokens, check_tokens, pattern_hook
 
 Pattern = Float[Tensor, "batch head query_pos key_pos"]
 
@@ -49,7 +49,12 @@ def _masked_mass(
 
 
 def previous_token_score(pattern: Pattern, tokens: Tokens) -> Float[Tensor, " head"]:
-    """Mean attention from each query i >= 1 to key i - 1, per head (1: a perfect previous-token head)."""
+    """Mean attention from each query i >= 1 to key i - 1, per head (1: a perfect previous-token head).
+
+    >>> tokens = torch.tensor([[0, 1, 1, 0]])
+    >>> previous_token_score(uniform_causal_pattern(tokens), tokens)  # chance: mean of 1/2, 1/3, 1/4
+    tensor([0.3611])
+    """
     batch, seq = tokens.shape
     keys = torch.zeros(seq, seq, dtype=torch.bool, device=pattern.device)
     keys[torch.arange(1, seq), torch.arange(0, seq - 1)] = True

@@ -23,7 +23,6 @@ from markov_interp.probes._common import (
     Probs,
     Tokens,
     contexts,
-    default_beta,
     in_context_unigram_probs,
     kernel_probs,
     next_state_probs,
@@ -61,6 +60,9 @@ def in_context_learning_score(curve: Float[Tensor, " target"], *, early: float =
     Early is the first `early` fraction of the prediction positions, late the last `late` fraction (each at
     least one position), after Olsson et al.'s "loss at token 500 minus loss at token 50". About 0 for a model
     that learned the kernel; clearly negative for an induction circuit.
+
+    >>> round(in_context_learning_score(torch.linspace(0.7, 0.5, 10, dtype=torch.float64)), 6)
+    -0.2
     """
     if not (0 < early <= 1 and 0 < late <= 1):
         raise ValueError(f"early and late must be fractions in (0, 1], got early={early}, late={late}")
@@ -76,6 +78,12 @@ def context_dependence(probs: Probs, tokens: Tokens, *, vocab: int, order: int =
     the kernel (or pi) predicts the same law for all of them (0, up to float noise); an in-context estimator
     gives each context its own estimate. Grouping by position as well removes any dependence on position
     alone. The mean is over all such pairs (a != b) at all positions.
+
+    >>> tokens = torch.tensor([[0, 1, 1], [1, 0, 1]])
+    >>> context_dependence(kernel_predictor(torch.tensor([[0.8, 0.2], [0.3, 0.7]]), order=1)(tokens), tokens, vocab=2)
+    0.0
+    >>> round(context_dependence(theory.add_beta_predictions(tokens, 2), tokens, vocab=2), 4)  # (1/3,2/3) vs (2/3,1/3)
+    0.3333
     """
     ctx = contexts(tokens, vocab=vocab, order=order).to(probs.device)
     per_pos = probs.transpose(0, 1)  # [pos, batch, vocab]
@@ -107,6 +115,10 @@ def state_dependence(
     distance between kernel rows for a model that learned the kernel; the distance between in-context rows for
     an induction circuit. `predict` maps a token batch to next-state laws (the model, or a reference);
     `base` may hold its laws on `tokens` already (saves a forward pass).
+
+    >>> kernel = kernel_predictor(torch.tensor([[0.8, 0.2], [0.3, 0.7]]), order=1)
+    >>> round(state_dependence(kernel, torch.tensor([[0, 1, 1, 0]]), vocab=2, positions=[1, 3]), 6)
+    0.5
     """
     tokens = tokens.cpu()
     batch = tokens.shape[0]

@@ -13,10 +13,12 @@ The call rests on behaviour first and circuitry second (thresholds in `Threshold
 3. **induction** otherwise: the prediction follows in-context statistics. The circuit check: the head with
    the highest previous-token score (above chance by `head_excess`) in an earlier layer and the head with the
    highest induction score in a later layer are mean-ablated; if either ablation raises the loss by at least
-   `destroy_fraction` of the model's *bigram gain* (in-context unigram loss minus the model's loss: what it
-   gains by conditioning on the current state), the circuit is confirmed and `confident` is True. A model
-   that is in-context by behaviour but whose gain survives both ablations is still named "induction" with
-   `confident=False` and a reason saying so.
+   `destroy_fraction` of the *bigram gain* of the in-context estimators on the same tokens (in-context
+   unigram loss minus add-beta loss: what conditioning the in-context counts on the current state is worth
+   on this source), the circuit is confirmed and `confident` is True. The yardstick is the estimators' gain,
+   not the model's own, so that a crudely calibrated induction circuit (worse than the in-context unigram
+   estimator early in the sequence) is still recognised. A model that is in-context by behaviour but whose
+   loss survives both ablations is still named "induction" with `confident=False` and a reason saying so.
 
 Everything is measured on one batch from the source (`n_sequences` x `seq_len`, seeded), with a handful of
 forward passes: seconds on CPU for the paper's small models.
@@ -46,6 +48,7 @@ class Thresholds:
     kernel_context_ratio: float = 0.25  # context dependence below 25% of add-beta's -> kernel
     head_excess: float = 0.3  # a head is a previous-token / induction head if (score-chance)/(1-chance) >= 0.3
     destroy_fraction: float = 0.5  # an ablation "destroys" the circuit if it costs >= 50% of the bigram gain
+    # (bigram gain = in-context unigram loss - add-beta loss on the same tokens)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -66,7 +69,8 @@ class MechanismReport:
     reasons: tuple[str, ...]  # one sentence per step of the decision, with the numbers
     state_ratio: float  # state_dependence / reference_state_dependence
     context_ratio: float  # context_dependence / reference_context_dependence
-    bigram_gain: float  # in-context unigram loss - model loss (nats)
+    bigram_gain: float  # in-context unigram loss - add-beta loss on the probe tokens (nats): the yardstick
+    model_bigram_gain: float  # in-context unigram loss - model loss (nats): what the model gets of it
     previous_token_head: Optional[tuple[int, int]]
     induction_head: Optional[tuple[int, int]]
     previous_token_ablation: Optional[float]  # loss change when mean-ablating the previous-token head
@@ -105,6 +109,7 @@ class MechanismReport:
             "reference_context_dependence": b.reference_context_dependence,
             "context_ratio": self.context_ratio,
             "bigram_gain": self.bigram_gain,
+            "model_bigram_gain": self.model_bigram_gain,
             "icl_score": b.icl_score,
             "previous_token_head": None if self.previous_token_head is None else list(self.previous_token_head),
             "induction_head": None if self.induction_head is None else list(self.induction_head),
@@ -132,7 +137,12 @@ def _near(value: float, cut: float) -> bool:
     return cut / 1.5 <= value <= cut * 1.5
 
 
-def _circuit_heads(scores: AttentionScores, th: Thresholds) -> tuple[Optional[tuple[int, int]], Optional[tuple[int, int]]]:
+Head = Optional[tuple[int, int]]
+
+
+def _circuit_heads(scores: AttentionScores, th: Thresholds) -> tuple[Head, Head]:
+    """(previous-token head in an earlier layer, induction head in a later layer), None where none clears
+    `head_excess`."""
     n_layers = scores.previous_token.shape[0]
     if n_layers < 2:
         return None, None
@@ -183,7 +193,7 @@ def classify_mechanism(
     th = thresholds
     state_ratio = _ratio(beh.state_dependence, beh.reference_state_dependence)
     context_ratio = _ratio(beh.context_dependence, beh.reference_context_dependence)
-    gain = beh.in_context_unigram_loss - beh.eval_loss
+    gain = beh.in_context_unigram_loss - beh.add_beta_loss
     prev, ind = _circuit_heads(scores, th)
     prev_change = heads[Component(kind="head", layer=prev[0], head=prev[1]).name] if prev else None
     ind_change = heads[Component(kind="head", layer=ind[0], head=ind[1]).name] if ind else None
@@ -205,13 +215,14 @@ def classify_mechanism(
         )
         if context_ratio < th.kernel_context_ratio:
             mechanism = "kernel"
-            confident = not _near(context_ratio, th.kernel_context_ratio) and not _near(state_ratio, th.unigram_state_ratio)
+            confident = not (_near(context_ratio, th.kernel_context_ratio) or _near(state_ratio, th.unigram_state_ratio))
         else:
             mechanism = "induction"
             confident = confirmed and not _near(context_ratio, th.kernel_context_ratio)
     reasons.append(
-        f"bigram gain {gain:.4f} nats; previous-token head {prev} (ablation {_fmt(prev_change)}), induction head "
-        f"{ind} (ablation {_fmt(ind_change)}); circuit {'confirmed' if confirmed else 'not confirmed'} "
+        f"bigram gain of the in-context estimators {gain:.4f} nats (the model's: "
+        f"{beh.in_context_unigram_loss - beh.eval_loss:.4f}); previous-token head {prev} (ablation "
+        f"{_fmt(prev_change)}), induction head {ind} (ablation {_fmt(ind_change)}); circuit {'confirmed' if confirmed else 'not confirmed'} "
         f"(needs an ablation >= {th.destroy_fraction} x the gain)"
     )
     if mechanism == "induction" and not confirmed:
@@ -223,6 +234,7 @@ def classify_mechanism(
         state_ratio=state_ratio,
         context_ratio=context_ratio,
         bigram_gain=gain,
+        model_bigram_gain=beh.in_context_unigram_loss - beh.eval_loss,
         previous_token_head=prev,
         induction_head=ind,
         previous_token_ablation=prev_change,

@@ -158,16 +158,19 @@ def composition_scores(model: Model, mode: str) -> Float[Tensor, "src_layer src_
 
     ||W_OV^src W_QK^dst|| / (||W_OV^src|| ||W_QK^dst||) with Frobenius norms (for "K" the key side of the
     destination, for "V" its OV circuit); 0 for pairs that are not src-before-dst. Random matrices score
-    about 1/sqrt(d_model); a previous-token head feeding an induction head scores high on "K".
+    about 1/sqrt(d_model); a previous-token head feeding an induction head scores high on "K". Pairs involving
+    a head with all-zero weights (0/0) score 0.
     """
     if mode not in ("Q", "K", "V"):
         raise ValueError(f"composition mode must be 'Q', 'K' or 'V', got {mode!r}")
     scores = model.all_composition_scores(mode)
-    return torch.as_tensor(getattr(scores, "scores", scores)).detach().float().cpu()
+    return torch.nan_to_num(torch.as_tensor(getattr(scores, "scores", scores)).detach().float().cpu(), nan=0.0)
 
 
 def head_composition(model: Model, src: tuple[int, int], dst: tuple[int, int]) -> dict[str, float]:
     """{"Q", "K", "V"} composition scores from head src = (layer, head) to a later head dst."""
     if src[0] >= dst[0]:
-        raise ValueError(f"composition needs the source head in an earlier layer than the destination, got {src} -> {dst}")
+        raise ValueError(
+            f"composition needs the source head in an earlier layer than the destination, got {src} -> {dst}"
+        )
     return {mode: float(composition_scores(model, mode)[src[0], src[1], dst[0], dst[1]]) for mode in "QKV"}

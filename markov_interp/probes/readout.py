@@ -25,6 +25,12 @@ def implied_kernel(
     Rows are indexed by the base-V number of the context (oldest state first), as `data` kernels are; rows
     of unseen contexts are NaN. `skip` leaves out the first positions (where an in-context learner has seen
     little).
+
+    >>> tokens = torch.tensor([[0, 1, 1]])
+    >>> probs = torch.tensor([[[0.8, 0.2], [0.3, 0.7], [0.5, 0.5]]], dtype=torch.float64)
+    >>> implied_kernel(probs, tokens, vocab=2)
+    (tensor([[0.8000, 0.2000],
+            [0.4000, 0.6000]], dtype=torch.float64), tensor([1, 2]))
     """
     ctx = contexts(tokens, vocab=vocab, order=order)[:, skip:].reshape(-1).to(probs.device)
     flat = probs[:, skip:].reshape(-1, vocab).to(torch.float64)

@@ -278,15 +278,39 @@ def _training_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]],
         values.append(probes.in_context_learning_score(probes.loss_curve(probs, batch.tokens.cpu())))
         for key, value in zip(series, values):
             series[key].append(value)
+    steps = [s for s, _ in chosen]
+    events = _training_events(steps, series, metrics, logged or mech.references, mech.thresholds.head_excess)
     fig = figures.training_probes_figure(
-        [s for s, _ in chosen], series, metrics=metrics, references=logged or mech.references,
-        head_threshold=mech.thresholds.head_excess,
+        steps, series, metrics=metrics, references=logged or mech.references,
+        head_threshold=mech.thresholds.head_excess, events=events,
     )
+    found = "; ".join(f"{label}: step {step}" for label, step in events.items()) or "none in the saved steps"
     text = paragraph(
         f"Probes re-run on {len(chosen)} saved checkpoints (same probe batch as above). The heads followed are the "
-        "final model's previous-token and induction heads."
+        f"final model's previous-token and induction heads. Events: {found}."
     )
     return Section("training", "Probe scores over training", (text, fig))
+
+
+def _training_events(steps: list[int], series: dict[str, list[float]], metrics: list[dict],
+                     references: dict[str, float], threshold: float) -> dict[str, int]:
+    """When the induction head forms (first checkpoint whose induction excess reaches the classifier's head
+    threshold) and when the loss leaves the unigram plateau (first evaluation a tenth of the way from the
+    unigram loss down to the best reachable loss: in-context Bayes for random kernels, else the entropy rate)."""
+    events: dict[str, int] = {}
+    for label, values in series.items():
+        if label.startswith("induction excess"):
+            hit = [s for s, v in zip(steps, values) if v >= threshold]
+            if hit:
+                events["induction head forms"] = hit[0]
+    unigram = references.get("unigram_loss")
+    best = references.get("bayes_loss", references.get("entropy_rate"))
+    if unigram is not None and best is not None and unigram > best:
+        cut = unigram - 0.1 * (unigram - best)
+        hit = [r["step"] for r in metrics if "eval_loss" in r and r["eval_loss"] < cut]
+        if hit:
+            events["loss leaves the unigram plateau"] = hit[0]
+    return events
 
 
 # --------------------------------------------------------------------------------------------------- build

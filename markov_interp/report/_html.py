@@ -151,6 +151,12 @@ class Section:
         if not re.fullmatch(r"[a-z][a-z0-9-]*", self.id):
             raise ValueError(f"section id must be lower-case letters, digits and '-', got {self.id!r}")
 
+    def _repr_html_(self) -> str:
+        """Jupyter: the section on its own (circuitsvis figures carry the bundle themselves)."""
+        parts = [p._repr_html_() if isinstance(p, CircuitsFigure) else p for p in self.parts]
+        inner = Section(self.id, self.title, tuple(parts)).body()
+        return f"<style>{_CSS}</style><section><h2>{html.escape(self.title)}</h2>{inner}</section>"
+
     def body(self) -> str:
         out = []
         for i, part in enumerate(self.parts):

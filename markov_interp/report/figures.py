@@ -159,6 +159,11 @@ def attention_patterns_figure(
     `patterns` from `run_with_cache` (`blocks.L.attn.hook_pattern` of one sequence, stacked over layers).
     A previous-token head is a bright line just below the diagonal; an induction head lights the keys that
     followed earlier visits to the current state.
+
+    >>> uniform = torch.ones(3, 3).tril() / torch.arange(1, 4)[:, None]
+    >>> fig = attention_patterns_figure(uniform[None, None], torch.tensor([0, 1, 1]))
+    >>> fig.component, fig.props["tokens"], fig.props["attentionHeadNames"]
+    ('AttentionHeads', ['0', '1', '1'], ['L0H0'])
     """
     n_layers, n_heads, n_query, n_key = patterns.shape
     if tokens.shape[0] != n_query or n_query != n_key:
@@ -239,13 +244,13 @@ def kernel_figure(readout: Any) -> Figure:
     axes = np.atleast_1d(fig.subplots(1, len(mats)))
     for ax, (title, mat) in zip(axes, mats):
         diff = title.startswith("model -")
-        lim = max(float(np.nanmax(np.abs(mat))), 1e-3) if diff else 1.0
+        lim = max(float(np.nanmax(np.abs(mat))), 0.1) if diff else 1.0  # differences below 0.1 stay pale
         ax.imshow(mat, cmap="RdBu_r" if diff else "Blues", vmin=-lim if diff else 0, vmax=lim, aspect="auto")
         for i in range(n_ctx):
             for j in range(vocab):
                 value = mat[i, j]
                 text = "n/a" if not math.isfinite(value) else (f"{value:+.3f}" if diff else f"{value:.3f}")
-                dark = not diff and math.isfinite(value) and value > 0.6
+                dark = math.isfinite(value) and abs(value) > 0.6 * lim
                 ax.text(j, i, text, ha="center", va="center", fontsize=9, color="white" if dark else "black")
         ax.set_title(title, fontsize=10)
         ax.set_xticks(range(vocab), [str(v) for v in range(vocab)])
@@ -304,12 +309,13 @@ def training_probes_figure(
     metrics: Sequence[Mapping[str, Any]] = (),
     references: Optional[Mapping[str, float]] = None,
     head_threshold: Optional[float] = None,
+    events: Optional[Mapping[str, int]] = None,
 ) -> Figure:
     """Probe scores at each saved checkpoint (top) and the eval loss with its references (bottom).
 
     `series` maps a label (e.g. "previous-token excess, L0H0") to one value per checkpoint step, as computed
     by `markov_interp.probes` on each checkpoint. Shows when the induction head forms and when the loss leaves
-    the unigram plateau, on a shared step axis.
+    the unigram plateau, on a shared step axis; `events` ({label: step}) are marked on both panels.
     """
     fig = Figure(figsize=(8, 6))
     top, bottom = fig.subplots(2, 1, sharex=True)
@@ -329,6 +335,11 @@ def training_probes_figure(
         bottom.plot(*zip(*train), color="#888", linewidth=1, label="train loss")
     if evals:
         bottom.plot(*zip(*evals), "o-", color="#222", markersize=3, linewidth=1.3, label="eval loss")
+    for i, (label, step) in enumerate((events or {}).items()):
+        colour = ("#a5c", "#c73", "#555")[i % 3]
+        for ax in (top, bottom):
+            ax.axvline(step, color=colour, linestyle="-.", linewidth=1.1, label=f"{label} (step {step})"
+                       if ax is bottom else None)
     references = references or {}
     _reference_lines(bottom, references)
     _zoom_losses(bottom, [v for _, v in train + evals], references)
