@@ -23,7 +23,6 @@ prediction does not depend on the sign of w0.
 """
 
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -116,27 +115,27 @@ def experiment_specs(budget: Budget) -> list[SweepSpec]:
     return [
         SweepSpec(name="pq-tied", base={"source": {"kind": "binary", "p": 0.5, "q": 0.5}, "model": model,
                                         "train": grid_train},
-                  grid={"source.p": values, "source.q": values}, exclude=iid, seeds=range_(budget.grid_seeds)),
+                  grid={"source.p": values, "source.q": values}, exclude=iid, seeds=_seeds(budget.grid_seeds)),
         SweepSpec(name="pq-untied", base={"source": {"kind": "binary", "p": 0.5, "q": 0.5},
                                           "model": {**model, "tie_weights": False}, "train": grid_train},
-                  grid={"source.p": values, "source.q": values}, exclude=iid, seeds=range_(budget.grid_seeds)),
+                  grid={"source.p": values, "source.q": values}, exclude=iid, seeds=_seeds(budget.grid_seeds)),
         SweepSpec(name="depth", base={"source": binary, "model": model,
                                       "train": _train_base(budget, budget.depth_steps)},
-                  grid={"model.n_layers": list(budget.depth_layers)}, seeds=range_(budget.depth_seeds)),
+                  grid={"model.n_layers": list(budget.depth_layers)}, seeds=_seeds(budget.depth_seeds)),
         SweepSpec(name="random", base={"source": {"kind": "random", "vocab": 2, "alpha": 1.0},
                                        "model": {"preset": "attn-only-2layer", "n_ctx": budget.seq_len},
                                        "train": {**_train_base(budget, budget.random_steps),
                                                  "lr": budget.random_lr}},
-                  grid={"model.n_layers": [1, 2]}, seeds=range_(budget.random_seeds)),
+                  grid={"model.n_layers": [1, 2]}, seeds=_seeds(budget.random_seeds)),
         SweepSpec(name="init-precision", base={"source": binary, "model": model,
                                                "train": _train_base(budget, budget.init_steps)},
                   grid={"model.init": ["standard", "canonical"], "model.canonical_w": [0.1, -1.0],
                         "train.precision": ["fp32", "fp16"]},
-                  exclude=[{"model.init": "standard", "model.canonical_w": -1.0}], seeds=range_(budget.init_seeds)),
+                  exclude=[{"model.init": "standard", "model.canonical_w": -1.0}], seeds=_seeds(budget.init_seeds)),
     ]
 
 
-def range_(n: int) -> list[int]:
+def _seeds(n: int) -> list[int]:
     return list(range(n))
 
 

@@ -179,6 +179,10 @@ def test_component_names_round_trip_and_errors(induction3):
         Component.parse("L0H2").check(induction3)
     mlp_model = kernel_model(BINARY.kernel, with_mlp=True)
     assert [c.name for c in model_components(mlp_model)] == ["L0H0", "L0.attn", "L0.mlp"]
+    tokens = BINARY.sample(4, 16, torch.Generator().manual_seed(0))
+    for method in ("zero", "mean", "resample"):  # its attention and MLP write nothing: no ablation matters
+        table = ablation_table(mlp_model, tokens, method=method)
+        assert max(abs(c) for c in table.loss_change) < 1e-6
 
 
 def test_zero_ablating_a_head_equals_zeroing_its_output_weights(induction3, tokens3):

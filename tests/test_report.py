@@ -265,6 +265,21 @@ def test_report_sections_fit_the_run(runs):
         assert "<svg" in rep.section("training").body()
     assert "L1H0" in two.section("ablation").body()
     assert "true kernel" in one.section("kernel").body()
+    assert "induction head forms" in two.section("training").body() or "Events:" in two.section("training").body()
+
+
+@pytest.mark.slow
+def test_report_displays_in_jupyter_without_network(runs, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    _, two, _ = runs["two"]
+    frame = two._repr_html_()
+    assert frame.startswith("<iframe srcdoc=") and "&lt;section id=&quot;section-attention&quot;&gt;" in frame
+    attention = two.section("attention")._repr_html_()
+    assert attention.count(BUNDLE_MARKER) == 1 and not network_references(attention)
+    assert BUNDLE_MARKER not in two.section("heads")._repr_html_()
 
 
 @pytest.mark.slow

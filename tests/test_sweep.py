@@ -3,7 +3,6 @@ the results table, the CLI, and the reproduction's summary and figures on a tiny
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import pytest

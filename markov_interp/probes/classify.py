@@ -215,14 +215,16 @@ def classify_mechanism(
         )
         if context_ratio < th.kernel_context_ratio:
             mechanism = "kernel"
-            confident = not (_near(context_ratio, th.kernel_context_ratio) or _near(state_ratio, th.unigram_state_ratio))
+            borderline = _near(context_ratio, th.kernel_context_ratio) or _near(state_ratio, th.unigram_state_ratio)
+            confident = not borderline
         else:
             mechanism = "induction"
             confident = confirmed and not _near(context_ratio, th.kernel_context_ratio)
     reasons.append(
         f"bigram gain of the in-context estimators {gain:.4f} nats (the model's: "
         f"{beh.in_context_unigram_loss - beh.eval_loss:.4f}); previous-token head {prev} (ablation "
-        f"{_fmt(prev_change)}), induction head {ind} (ablation {_fmt(ind_change)}); circuit {'confirmed' if confirmed else 'not confirmed'} "
+        f"{_fmt(prev_change)}), induction head {ind} (ablation {_fmt(ind_change)}); "
+        f"circuit {'confirmed' if confirmed else 'not confirmed'} "
         f"(needs an ablation >= {th.destroy_fraction} x the gain)"
     )
     if mechanism == "induction" and not confirmed:

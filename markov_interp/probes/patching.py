@@ -28,6 +28,9 @@ from markov_interp.probes._common import Model, Probs, Tokens, check_tokens, nex
 from markov_interp.probes.ablation import Component, _as_components, model_components
 
 
+_MIN_BASELINE_KL = 1e-9
+
+
 def patching_pair(tokens: Tokens, *, seed: int = 0) -> tuple[Tokens, Tokens]:
     """(clean, corrupted): corrupted[b] is another sequence of the batch whose last state is set to clean[b]'s.
 
@@ -88,8 +91,8 @@ class PatchingResult:
 
     `recovery[i]` = 1 - KL(clean || patched) / KL(clean || corrupted) at the measured position, averaged over
     the batch as a ratio of means: 1 when patching component i alone gives back the clean prediction, 0 when
-    it changes nothing. `baseline_kl` = KL(clean || corrupted) (near 0 means the context did not matter and
-    the recoveries are meaningless).
+    it changes nothing. `baseline_kl` = KL(clean || corrupted); when it is below 1e-9 nats the context did not
+    matter (a model that learned the kernel) and every recovery is NaN.
     """
 
     components: tuple[str, ...]
@@ -142,7 +145,7 @@ def activation_patching(
     for comp in comps:
         patched = patched_probs(model, clean_tokens, corrupted_tokens, [comp], clean_cache=cache)[:, position]
         kl = float(theory.kl_divergence(clean, patched).mean())
-        recovery.append(1.0 - kl / baseline if baseline > 0 else float("nan"))
+        recovery.append(1.0 - kl / baseline if baseline > _MIN_BASELINE_KL else float("nan"))
     return PatchingResult(
         components=tuple(c.name for c in comps),
         recovery=tuple(recovery),
