@@ -107,6 +107,7 @@ class ModelConfig:
     canonical_w: float | int = 0.1  # canonical init: signed MLP scale w
     canonical_b: float | int = 0.0  # canonical init: output bias b (logit of state 1 minus logit of state 0)
     canonical_v_std: float | int = 0.0  # canonical init: std of v in the rank-one value matrix u v^T (0: no attn)
+    canonical_a: float | int | None = None  # canonical init, untied: output scale a (W_U row 1 = a u); None -> a = e
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_heads", "d_model", "d_vocab", "n_ctx"):
@@ -137,6 +138,10 @@ class ModelConfig:
             raise ValueError(f"positional='rotary' needs an even d_head, got d_head={self.d_head}")
         for name in ("eps", "init_std"):
             _check_float(name, getattr(self, name), positive=True)
+        if self.canonical_a is not None:
+            _check_float("canonical_a", self.canonical_a, positive=False)
+            if self.tie_weights:
+                raise ValueError("canonical_a sets the untied output scale; it needs tie_weights=False")
         for name in ("canonical_e", "canonical_w", "canonical_b", "canonical_v_std"):
             _check_float(name, getattr(self, name), positive=False)
         if self.canonical_v_std < 0:
@@ -369,7 +374,9 @@ def _canonical_init(native: NativeModel, cfg: ModelConfig, gen: torch.Generator)
             block.mlp.fc_in.weight.copy_(torch.outer(ones, u) * (scale * abs(w)))
             block.mlp.fc_out.weight.copy_(torch.outer(u, ones) * (scale * w))
     if not cfg.tie_weights:
-        native.head.weight.copy_(native.tok_embed.weight)
+        a = e if cfg.canonical_a is None else cfg.canonical_a
+        native.head.weight.zero_()
+        native.head.weight[1] = a * u
     if native.head.bias is not None:
         native.head.bias.zero_()
         native.head.bias[1] = b
@@ -389,10 +396,17 @@ def build(cfg: ModelConfig, *, seed: int, device: Any = None) -> TransformerBrid
     canonical_v_std = 0, so attention adds nothing), W_Q, W_K, W_O standard; MLP in-weights
     fc_in.weight = (2|w| / sqrt(d_mlp)) 1 u^T and out-weights fc_out.weight = (2w / sqrt(d_mlp)) u 1^T
     (shape [d_mlp, d_model] and [d_model, d_mlp], nn.Linear layout); unembedding bias b_U = (0, b); an
-    untied unembedding starts equal to W_E. With normalization=None, act_fn="relu", canonical_v_std=0 and
-    e > 0, the model's logit of state 1 minus that of state 0 is exactly the reduced model of the notes,
-    f_1 = (1/2 + 2 w|w|) e^2 + b after state 1 and f_0 = b - e^2/2 after state 0, at every position. With
-    LayerNorm / GELU (the paper's block) it is the same direction-aligned init, approximately reduced.
+    untied unembedding starts at W_U[0] = 0, W_U[1] = a u with a = canonical_a (default a = e, i.e. equal to
+    W_E). With normalization=None, act_fn="relu", canonical_v_std=0 and e > 0, the model's logit of state 1
+    minus that of state 0 is exactly the reduced model of the notes, f_1 = (1/2 + 2 w|w|) e^2 + b after
+    state 1 and f_0 = b - e^2/2 after state 0, at every position (times a/e when untied).
+
+    Two cautions, measured with `markov_interp.landscape`: (1) the reduction does NOT hold with LayerNorm,
+    which normalises the scale e away (at e=0.7, w=-0.4, b=0.2 the logit gap is -3.83 with the paper's
+    LayerNorm+GELU block against 0.333 in the reduced model; GELU alone keeps the gap exact and shifts both
+    logits by +0.075), so use normalization=None to study the landscape; (2) untied with a = e, gradient flow
+    keeps a = e (it conserves e^2 - a^2), so it gets stuck like the tied model: pass canonical_a != e to leave
+    that symmetric start.
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")

@@ -46,18 +46,19 @@ def stationary_context_distribution(kernel: Kernel, *, check: bool = True) -> Fl
     k = _as_kernel(kernel) if check else kernel.to(torch.float64)
     matrix = _context_transition_matrix(_context_kernel(k))
     n = matrix.shape[0]
-    # pi (P - I) = 0 with sum(pi) = 1, as one least-squares system; unique iff P - I has rank n - 1.
-    system = torch.cat([(matrix - torch.eye(n, dtype=matrix.dtype)).T, torch.ones(1, n, dtype=matrix.dtype)])
+    # pi (P - I) = 0 with one equation swapped for sum(pi) = 1: a square system, non-singular exactly when the
+    # law is unique (P - I of rank n - 1). A direct solve, unlike least squares, gives the same bits every call.
+    system = (matrix - torch.eye(n, dtype=matrix.dtype)).T
     if check:
-        rank = torch.linalg.matrix_rank(system[:-1], atol=1e-10)
+        rank = torch.linalg.matrix_rank(system, atol=1e-10)
         if rank < n - 1:
             raise ValueError(
                 f"the chain has no unique stationary law (the kernel has {n - int(rank)} closed classes)"
             )
-    rhs = torch.zeros(n + 1, dtype=matrix.dtype)
+    system[-1] = 1
+    rhs = torch.zeros(n, 1, dtype=matrix.dtype)
     rhs[-1] = 1
-    pi = torch.linalg.lstsq(system, rhs[:, None]).solution[:, 0]
-    pi = pi.clamp_min(0)
+    pi = torch.linalg.solve(system, rhs)[:, 0].clamp_min(0)
     return pi / pi.sum()
 
 

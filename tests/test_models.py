@@ -261,3 +261,22 @@ def test_load_errors_are_clear(tmp_path):
         load(nometa)
     with pytest.raises(ValueError, match="d_model"):
         load(path, expect=preset("paper-1layer", n_ctx=SMALL_CTX, d_model=16))
+
+
+def test_canonical_untied_output_scale():
+    from markov_interp.landscape import canonical_projection
+
+    cfg = preset("paper-1layer", init="canonical", tie_weights=False, canonical_e=0.3, canonical_a=0.7,
+                 normalization=None, act_fn="relu")
+    model = build(cfg, seed=3)
+    state = model.state_dict()
+    w_u = next(v for k, v in state.items() if k.startswith("unembed") and v.ndim == 2)
+    w_e = next(v for k, v in state.items() if k.startswith("embed") and v.ndim == 2)
+    rows = w_u if w_u.shape[0] == 2 else w_u.T
+    # row 1 of the output is a u, parallel to the embedding of state 1 (e u) with ratio a / e
+    assert torch.allclose(rows[0], torch.zeros_like(rows[0]))
+    assert torch.allclose(rows[1], w_e[1] * (0.7 / 0.3), atol=1e-6)
+    with pytest.raises(ValueError, match="canonical_a"):
+        preset("paper-1layer", init="canonical", canonical_a=0.5)  # tied: a is e by definition
+    projection = canonical_projection(model)  # the landscape reads the same (e, a) back
+    assert projection.e == pytest.approx(0.3, abs=1e-6) and projection.a == pytest.approx(0.7, abs=1e-6)
