@@ -140,16 +140,22 @@ def add_beta_predictions(
     `order` states to the next state x) and predicts (n(c_t, x) + beta) / (n(c_t) + V beta) for the current
     context c_t. beta = 1 is Laplace's rule, beta = 1/2 Krichevsky-Trofimov. Under `RandomMarkov(alpha=beta)`
     this is the Bayes posterior predictive; positions with fewer than `order` states predict uniformly.
+    order = 0 is the in-context unigram estimator (state counts over x_0..x_t): Edelman et al.'s unigram phase.
 
     >>> add_beta_predictions(torch.tensor([[0, 1, 0]]), 2)[0, 2]  # after 0->1, 1->0 and now in state 0
     tensor([0.3333, 0.6667], dtype=torch.float64)
     """
     if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 2:
         raise ValueError(f"vocab must be an integer >= 2, got {vocab!r}")
+    if isinstance(order, bool) or not isinstance(order, int) or order < 0:
+        raise ValueError(f"order must be an integer >= 0, got {order!r}")
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta!r}")
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
         raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values in {tokens.min()}..{tokens.max()}")
+    if order == 0:  # in-context unigram: state counts over x_0..x_t, whatever the current state
+        counts = torch.nn.functional.one_hot(tokens, vocab).to(torch.float64).cumsum(1)
+        return (counts + beta) / (counts.sum(-1, keepdim=True) + vocab * beta)
     batch, seq = tokens.shape
     n_ctx = vocab**order
     ctx = context_index(tokens, vocab, order)
@@ -165,10 +171,12 @@ def add_beta_predictions(
     return probs
 
 
-def _target_log_loss(probs: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"]) -> Tensor:
-    """-log probs[t, x_{t+1}] for t = 0..T-2: the log-loss of next-state predictions on a sequence."""
-    nxt = tokens[:, 1:, None]
-    return -torch.log(torch.gather(probs[:, :-1], 2, nxt)[..., 0])
+def target_log_loss(
+    probs: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch target"]:
+    """-log probs[b, t, x_{t+1}] for t = 0..T-2: the log-loss of every next-state prediction on a sequence."""
+    nxt = tokens[:, 1:, None].to(probs.device)
+    return -torch.log(torch.gather(probs[:, :-1], 2, nxt)[..., 0].clamp_min(1e-300))
 
 
 def in_context_loss_curve(
@@ -195,7 +203,7 @@ def in_context_loss_curve(
         chunk = min(512, n_sequences - done)
         tokens = source.sample(chunk, seq_len, generator)
         probs = add_beta_predictions(tokens, source.vocab, order=source.order, beta=beta)
-        total += _target_log_loss(probs, tokens).sum(0).cpu()
+        total += target_log_loss(probs, tokens).sum(0).cpu()
         done += chunk
     return total / n_sequences
 

@@ -167,3 +167,14 @@ def test_theory_refuses_bad_input():
         theory.add_beta_predictions(torch.tensor([[0, 3]]), 2)
     with pytest.raises(ValueError, match="beta"):
         theory.add_beta_predictions(torch.tensor([[0, 1]]), 2, beta=0)
+
+
+def test_in_context_unigram_estimator_order_zero():
+    tokens = RandomMarkov(3).sample(2, 30, torch.Generator().manual_seed(8))
+    fast = theory.add_beta_predictions(tokens, 3, order=0, beta=0.5)
+    for b in range(2):
+        row = tokens[b].tolist()
+        for t in range(30):
+            counts = [row[: t + 1].count(x) for x in range(3)]
+            expected = [(c + 0.5) / (t + 1 + 1.5) for c in counts]
+            assert fast[b, t].tolist() == pytest.approx(expected, abs=1e-12)

@@ -7,6 +7,7 @@ both TransformerLens model families share. States are integer tokens 0..V-1; the
 """
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 import torch
@@ -192,17 +193,26 @@ def stationary_probs(batch: ProbeBatch) -> Probs:
 def in_context_unigram_probs(tokens: Tokens, vocab: int, *, beta: float) -> Probs:
     """In-context add-beta estimate of the next state from state counts x_0..x_t (ignores the current state).
 
-    The best predictor that uses the context but not the current state (Edelman et al.'s unigram phase).
+    The best predictor that uses the context but not the current state (Edelman et al.'s unigram phase);
+    `theory.add_beta_predictions` with order 0.
     """
-    onehot = torch.nn.functional.one_hot(tokens, vocab).to(torch.float64)
-    counts = onehot.cumsum(1)
-    return (counts + beta) / (counts.sum(-1, keepdim=True) + vocab * beta)
+    return theory.add_beta_predictions(tokens, vocab, order=0, beta=beta)
 
 
-def target_losses(probs: Probs, tokens: Tokens) -> Float[Tensor, "batch target"]:
-    """-log probs[b, t, x_{t+1}] for t = 0..T-2: the log-loss of every next-state prediction."""
-    nxt = tokens[:, 1:, None].to(probs.device)
-    return -torch.log(torch.gather(probs[:, :-1], 2, nxt)[..., 0].clamp_min(1e-300))
+target_losses = theory.target_log_loss
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with tensors turned into lists and NaN / infinities into None (strict JSON has neither)."""
+    if isinstance(value, Tensor):
+        value = value.detach().cpu().tolist()
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def default_beta(source: Any) -> float:

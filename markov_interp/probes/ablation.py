@@ -27,6 +27,7 @@ from markov_interp.probes._common import (
     attn_out_hook,
     check_tokens,
     has_mlp,
+    json_safe,
     mlp_out_hook,
     next_state_probs,
     target_losses,
@@ -268,11 +269,11 @@ class AblationTable:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: method, clean loss, and {component: loss change}."""
-        return {
+        return json_safe({
             "method": self.method,
             "clean_loss": self.clean_loss,
             "loss_change": dict(zip(self.components, self.loss_change)),
-        }
+        })
 
 
 def _mean_loss(probs: Probs, tokens: Tokens) -> float:

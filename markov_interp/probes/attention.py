@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from markov_interp.probes._common import Model, Tokens, check_tokens, pattern_hook
+from markov_interp.probes._common import Model, Tokens, check_tokens, json_safe, pattern_hook
 
 Pattern = Float[Tensor, "batch head query_pos key_pos"]
 
@@ -138,7 +138,7 @@ class AttentionScores:
             out[name] = getattr(self, name).tolist()
             out[f"{name}_chance"] = getattr(self, f"{name}_chance")
             out[f"{name}_excess"] = self.excess(name).tolist()
-        return out
+        return json_safe(out)
 
 
 def attention_hook_names(model: Model) -> list[str]:

@@ -24,6 +24,7 @@ from markov_interp.probes._common import (
     Tokens,
     contexts,
     in_context_unigram_probs,
+    json_safe,
     kernel_probs,
     next_state_probs,
     stationary_probs,
@@ -193,13 +194,7 @@ class BehaviourReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: scalars as floats, curves as lists."""
-        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Tensor):
-        return value.detach().cpu().tolist()
-    return value
+        return json_safe({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
 
 def behaviour(

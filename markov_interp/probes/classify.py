@@ -30,7 +30,7 @@ from typing import Any, Optional
 import torch
 
 from markov_interp import theory
-from markov_interp.probes._common import Model, check_source_matches, check_tokens, sample_batch
+from markov_interp.probes._common import Model, check_source_matches, check_tokens, json_safe, sample_batch
 from markov_interp.probes.ablation import AblationTable, Component, ablation_table, model_components
 from markov_interp.probes.attention import AttentionScores, attention_hook_names, attention_scores
 from markov_interp.probes.behaviour import BehaviourReport, behaviour
@@ -94,7 +94,7 @@ class MechanismReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary: mechanism, losses beside theory's references, per-head scores, all evidence."""
         b = self.behaviour
-        return {
+        return json_safe({
             "mechanism": self.mechanism,
             "confident": self.confident,
             "reasons": list(self.reasons),
@@ -125,7 +125,7 @@ class MechanismReport:
             "seq_len": self.seq_len,
             "n_sequences": self.n_sequences,
             "seed": self.seed,
-        }
+        })
 
 
 def _ratio(value: float, reference: float) -> float:

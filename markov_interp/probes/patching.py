@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp import theory
-from markov_interp.probes._common import Model, Probs, Tokens, check_tokens, next_state_probs
+from markov_interp.probes._common import Model, Probs, Tokens, check_tokens, json_safe, next_state_probs
 from markov_interp.probes.ablation import Component, _as_components, model_components
 
 
@@ -112,11 +112,12 @@ class PatchingResult:
         return grid
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """JSON-ready dict (NaN recoveries as None)."""
+        return json_safe({
             "position": self.position,
             "baseline_kl": self.baseline_kl,
             "recovery": dict(zip(self.components, self.recovery)),
-        }
+        })
 
 
 @torch.no_grad()

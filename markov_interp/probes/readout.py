@@ -14,7 +14,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp import theory
-from markov_interp.probes._common import Model, ProbeBatch, Probs, Tokens, contexts, next_state_probs
+from markov_interp.probes._common import Model, ProbeBatch, Probs, Tokens, contexts, json_safe, next_state_probs
 
 
 def implied_kernel(
@@ -59,13 +59,14 @@ class KernelReadout:
     weighted_kl: Optional[float]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "implied": self.implied.tolist(),
-            "counts": self.counts.tolist(),
-            "true": None if self.true is None else self.true.tolist(),
+        """JSON-ready dict (rows of unseen contexts as None)."""
+        return json_safe({
+            "implied": self.implied,
+            "counts": self.counts,
+            "true": self.true,
             "max_abs_error": self.max_abs_error,
             "weighted_kl": self.weighted_kl,
-        }
+        })
 
 
 def kernel_readout(model: Model, batch: ProbeBatch, *, probs: Optional[Probs] = None, skip: int = 0) -> KernelReadout:
