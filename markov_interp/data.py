@@ -16,7 +16,7 @@ state, computed with a Hillis-Steele scan in log2(seq_len) batched gathers inste
 import dataclasses
 import json
 import math
-from typing import Any, Literal, Union
+from typing import Any, Union
 
 import torch
 from jaxtyping import Float, Int

@@ -604,7 +604,7 @@ def _integrate_tied(x0, p, q, sign, e_rate, *, t_max, max_iter, rtol=1e-8, atol=
 
     def check(idx):
         xs = x[idx]
-        e, w, b = xs[:, 0], xs[:, 1], xs[:, 2]
+        e, w = xs[:, 0], xs[:, 1]
         pi_, qi, si, ki = p[idx], q[idx], sign[idx], k_eff[idx]
         loss = _tied_loss_np(xs, pi_, qi, si)
         is_bigram = loss < h_pi[idx] - gap_tol[idx]
@@ -904,7 +904,7 @@ def _draw_outcomes(ax: Any, rmap: RegimeMap) -> None:
     from matplotlib.patches import Patch
 
     ax.pcolormesh(rmap.x, rmap.y, rmap.bigram.astype(float), cmap=ListedColormap(_COLORS), vmin=0, vmax=1,
-                  shading="nearest")
+                  shading="nearest", rasterized=True)  # a raster: the grid as vector art is megabytes
     ax.set_xlabel(rmap.x_label)
     ax.set_ylabel(rmap.y_label)
     handles = [Patch(color=_COLORS[1], label="bigram (learns the kernel)"),
@@ -958,7 +958,7 @@ def plot_landscape(*, p: Real, q: Real, w_range: tuple[Real, Real] = (-2.5, 1.5)
     refs = reference_losses(p, q)
     excess = np.maximum(profile_loss(ee, ww, p=p, q=q) - refs["entropy_rate"], 1e-12)
     fig, ax = _new_axes(ax, (6.0, 4.2))
-    mesh = ax.pcolormesh(ws, es, np.log10(excess), shading="nearest", cmap="viridis")
+    mesh = ax.pcolormesh(ws, es, np.log10(excess), shading="nearest", cmap="viridis", rasterized=True)
     fig.colorbar(mesh, ax=ax, label="log10(loss - entropy rate), b optimal")
     unigram_excess = refs["unigram_loss"] - refs["entropy_rate"]
     if unigram_excess > 0:

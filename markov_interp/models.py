@@ -26,7 +26,6 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -39,6 +38,8 @@ from transformer_lens.config import TransformerBridgeConfig
 from transformer_lens.model_bridge import TransformerBridge
 from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
 from transformer_lens.model_bridge.sources.native import NativeModel
+
+from markov_interp._io import atomic_write
 
 __all__ = [
     "ModelConfig",
@@ -551,20 +552,6 @@ def load_weights_into(model: TransformerBridge, state: dict[str, Tensor], *, sou
     check_tied(model)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save(model: TransformerBridge, path: "str | os.PathLike", cfg: Optional[ModelConfig] = None) -> Path:
     """Write `model`'s weights to `path` (a `.safetensors` file, or a folder that gets `model.safetensors`).
 
@@ -582,7 +569,7 @@ def save(model: TransformerBridge, path: "str | os.PathLike", cfg: Optional[Mode
         path = path / WEIGHTS_FILE
     check_tied(model)
     data = st_save(state_dict_for_save(model), metadata={_CONFIG_KEY: cfg.to_json(), "format": "pt"})
-    _atomic_write_bytes(path, data)
+    atomic_write(path, data)
     return path
 
 

@@ -51,12 +51,13 @@ import itertools
 import json
 import math
 import os
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
+
+from markov_interp._io import atomic_path, atomic_write
 
 __all__ = [
     "SweepSpec",
@@ -453,7 +454,7 @@ def run_cell(cell: Cell, runs_dir: "str | os.PathLike", *, probe: bool = True, p
         columns, report = _probe(result.model, cell.config)
         row.update(columns)
         if report is not None:
-            _atomic_write_text(Path(runs_dir).parent / _RESULTS_DIR / f"{cell.cell_id}.probe.json",
+            atomic_write(Path(runs_dir).parent / _RESULTS_DIR / f"{cell.cell_id}.probe.json",
                                json.dumps(report, indent=1, sort_keys=True, default=str))
     row["seconds"] = round(time.perf_counter() - start, 3)
     return row
@@ -481,30 +482,6 @@ def _execute_in_worker(cell: Cell, runs_dir: str, probe: bool, cell_fn: Optional
 
 
 # ------------------------------------------------------------------------------------------------ files
-def _default_mode(path: "str | os.PathLike") -> None:
-    """Give a mkstemp file (created 0600) the permissions an ordinary new file would have (0666 & ~umask)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically (a temp file in the same folder, then os.replace)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        _default_mode(tmp)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _record_path(out: Path, cell: Cell) -> Path:
     return out / _RESULTS_DIR / f"{cell.cell_id}.json"
 
@@ -557,23 +534,15 @@ def _write_table(out: Path, rows: list[dict]) -> Path:
     for row in rows:
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
     path = out / _TABLE
-    _atomic_write_text(path, buffer.getvalue())
+    atomic_write(path, buffer.getvalue())
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ModuleNotFoundError:
         return path
     table = pa.Table.from_pylist([{k: _parquet_value(row.get(k)) for k in columns} for row in rows])
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".results.parquet.", suffix=".tmp")
-    os.close(fd)
-    try:
-        _default_mode(tmp)
+    with atomic_path(out / "results.parquet") as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, out / "results.parquet")
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return path
 
 
@@ -683,7 +652,7 @@ def run(
     out = Path(out_dir)
     (out / _RUNS_DIR).mkdir(parents=True, exist_ok=True)
     (out / _RESULTS_DIR).mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(out / "spec.json", json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True, default=str))
+    atomic_write(out / "spec.json", json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True, default=str))
 
     # one execution per distinct run; a cell shared by two sweeps runs once (probed if any sweep asks)
     probe_for: dict[str, bool] = {}
@@ -705,7 +674,7 @@ def run(
 
     def save(c: Cell, record: dict) -> None:
         record = {**record, "cell_id": c.cell_id, "probe_settings": settings if probe_for[c.cell_id] else None}
-        _atomic_write_text(_record_path(out, c), json.dumps(record, indent=1, sort_keys=True, default=str))
+        atomic_write(_record_path(out, c), json.dumps(record, indent=1, sort_keys=True, default=str))
 
     pending = list(todo.values())
     if pending:

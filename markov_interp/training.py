@@ -21,7 +21,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,6 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from markov_interp._io import atomic_path, atomic_write
 from markov_interp import models, theory
 from markov_interp.data import SourceConfig
 from markov_interp.models import ModelConfig
@@ -45,6 +45,7 @@ __all__ = [
     "evaluate",
     "resolve_device",
     "load_metrics",
+    "list_checkpoints",
     "CONFIG_FILE",
     "METRICS_FILE",
     "CHECKPOINT_DIR",
@@ -257,22 +258,8 @@ def _derive_seed(seed: int, stream: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _write_metrics(path: Path, rows: list[dict]) -> None:
-    _atomic_write(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+    atomic_write(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
 
 
 def load_metrics(run_dir: "str | os.PathLike") -> list[dict]:
@@ -374,7 +361,7 @@ def _prepare_folder(out_dir: Path, run: RunConfig) -> None:
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(f"{out_dir} is not empty and has no {CONFIG_FILE}; refusing to write a run into it")
     out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(config_path, run.to_json().encode())
+    atomic_write(config_path, run.to_json().encode())
 
 
 def _checkpoint_paths(out_dir: Path, step: int) -> tuple[Path, Path]:
@@ -382,31 +369,33 @@ def _checkpoint_paths(out_dir: Path, step: int) -> tuple[Path, Path]:
     return base.with_suffix(".safetensors"), base.with_suffix(".pt")
 
 
+def list_checkpoints(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
+    """(step, weights file) of every complete checkpoint in a run folder (weights and training state), by step.
+
+    The checkpoints sit at log-spaced steps, for studying the training dynamics (probe each one).
+    """
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    found = []
+    for path in folder.glob("step_*.pt") if folder.is_dir() else ():
+        step_text = path.stem.split("_", 1)[1]
+        if step_text.isdigit():
+            weights, _ = _checkpoint_paths(Path(run_dir), int(step_text))
+            if weights.exists():
+                found.append((int(step_text), weights))
+    return sorted(found)
+
+
 def _newest_checkpoint(out_dir: Path) -> Optional[int]:
-    ckpt = out_dir / CHECKPOINT_DIR
-    if not ckpt.is_dir():
-        return None
-    steps = []
-    for path in ckpt.glob("step_*.pt"):
-        step = int(path.stem.split("_")[1])
-        if _checkpoint_paths(out_dir, step)[0].exists():
-            steps.append(step)
-    return max(steps) if steps else None
+    found = list_checkpoints(out_dir)
+    return found[-1][0] if found else None
 
 
 def _save_checkpoint(out_dir: Path, step: int, model: Any, state: dict) -> None:
     weights, extra = _checkpoint_paths(out_dir, step)
     weights.parent.mkdir(exist_ok=True)
     models.save(model, weights)
-    fd, tmp = tempfile.mkstemp(dir=extra.parent, prefix=f".{extra.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(extra) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, extra)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _load_checkpoint(out_dir: Path, step: int, model: Any) -> dict:

@@ -12,7 +12,6 @@ import functools
 import html
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -74,14 +73,8 @@ def _load_run(run_dir: Path) -> "training.RunConfig":
 
 
 def checkpoint_files(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
-    """(step, weights file) of every checkpoint saved in a run folder, by step."""
-    folder = Path(run_dir) / training.CHECKPOINT_DIR
-    found = []
-    for path in folder.glob("step_*.safetensors") if folder.is_dir() else ():
-        match = re.fullmatch(r"step_(\d+)", path.stem)
-        if match:
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+    """(step, weights file) of every checkpoint saved in a run folder, by step (`training.list_checkpoints`)."""
+    return training.list_checkpoints(run_dir)
 
 
 def _spread(items: list, n: int) -> list:

@@ -16,13 +16,14 @@ import json
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Optional
 
 import matplotlib
 from matplotlib.figure import Figure
+
+from markov_interp._io import atomic_write
 
 _SCRIPT_CLOSE = re.compile(r"</(script)", re.IGNORECASE)
 _COUNTER = itertools.count()
@@ -229,18 +230,8 @@ def paragraph(text: str, *, cls: Optional[str] = None) -> str:
 
 
 def atomic_write_text(path: "str | os.PathLike", text: str) -> Path:
-    """Write `text` (UTF-8) to `path` atomically: a temporary file in the same folder, then `os.replace`."""
+    """Write `text` (UTF-8) to `path` atomically (`markov_interp._io.atomic_write`); refuses a folder."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"report path {path} is a folder; expected a file name such as report.html")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, text)
