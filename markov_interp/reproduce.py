@@ -518,7 +518,8 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
                                      "induction_excess")),
         "![depth](depth.png)",
         "",
-        "## 4. Random kernels (in-context task, 2 states, Dirichlet(1) rows): one vs two attention-only layers",
+        f"## 4. Random kernels (in-context task, {budget.random_vocab} states, Dirichlet(1) rows): one vs two "
+        "attention-only layers",
         "",
         _markdown(summary, "random", ("n_layers", "seeds", "final_loss", "bayes_loss", "unigram_loss",
                                       "mechanisms", "previous_token_excess", "induction_excess",
