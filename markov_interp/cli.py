@@ -21,16 +21,20 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, help="run folder (config.json, metrics.jsonl, model.safetensors)")
     g = p.add_argument_group("data")
-    g.add_argument("--source", choices=["binary", "random"], default="binary",
-                   help="binary: fixed two-state chain (--p, --q); random: a fresh Dirichlet kernel per sequence")
+    g.add_argument("--source", choices=["binary", "markov", "random"], default="binary",
+                   help="binary: fixed two-state chain (--p, --q); markov: any fixed kernel (--kernel, --order); "
+                   "random: a fresh Dirichlet kernel per sequence")
     g.add_argument("--p", type=float, default=0.2, help="binary: P(0 -> 1) (default 0.2)")
     g.add_argument("--q", type=float, default=0.3, help="binary: P(1 -> 0) (default 0.3)")
     g.add_argument("--vocab", type=int, default=2, help="random: number of states (default 2)")
     g.add_argument("--alpha", type=float, default=1.0, help="random: Dirichlet concentration (default 1)")
-    g.add_argument("--order", type=int, default=1, help="random: chain order k (default 1)")
+    g.add_argument("--kernel", default=None,
+                   help="markov: the kernel as JSON, e.g. '[[0.9,0.1,0],[0.2,0.5,0.3],[0,0.4,0.6]]' (rows: "
+                   "current state, columns: next state; for order k, nested k+1 deep or flat [V**k, V])")
+    g.add_argument("--order", type=int, default=1, help="markov / random: chain order k (default 1)")
     g = p.add_argument_group("model (a preset, then overrides; d_vocab follows the source)")
     g.add_argument("--preset", default=None,
-                   help="paper-1layer (default for binary), paper-2layer, attn-only-2layer (default for random)")
+                   help="paper-1layer (default for fixed kernels), paper-2layer, attn-only-2layer (default for random)")
     g.add_argument("--layers", type=int, help="number of blocks")
     g.add_argument("--heads", type=int, help="attention heads per block")
     g.add_argument("--d-model", type=int, help="residual width (d_head, d_mlp follow unless set)")
@@ -43,9 +47,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--seq-len", type=int, default=256, help="input length (default 256; the paper: 1024)")
     g.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
     g.add_argument("--steps", type=int, default=None,
-                   help="optimiser steps (default 300 for binary, 1000 for random)")
+                   help="optimiser steps (default 300 for fixed kernels, 1000 for random)")
     g.add_argument("--lr", type=float, default=None,
-                   help="peak learning rate (default 2e-3, the paper's, for binary; 1e-2 for random, where the "
+                   help="peak learning rate (default 2e-3, the paper's, for fixed kernels; 1e-2 for random, where the "
                    "two-layer attention-only model then reaches the Bayes loss within ~1000 steps)")
     g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     g.add_argument("--schedule", choices=["one-cycle", "constant"], default="one-cycle")
@@ -61,6 +65,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def handler(args: argparse.Namespace) -> int:
+        import json
+
         import torch
 
         from markov_interp.data import SourceConfig
@@ -71,11 +77,21 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
             if args.threads < 1:
                 raise ValueError(f"--threads must be >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
+        if args.kernel is not None and args.source != "markov":
+            raise ValueError("--kernel needs --source markov")
         if args.source == "binary":
             source = SourceConfig(kind="binary", p=args.p, q=args.q)
+        elif args.source == "markov":
+            if args.kernel is None:
+                raise ValueError("--source markov needs --kernel (a JSON array of transition probabilities)")
+            try:
+                kernel = json.loads(args.kernel)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"--kernel is not valid JSON ({err.msg}): {args.kernel!r}") from None
+            source = SourceConfig(kind="markov", kernel=kernel, order=args.order)
         else:
             source = SourceConfig(kind="random", vocab=args.vocab, alpha=args.alpha, order=args.order)
-        name = args.preset or ("paper-1layer" if args.source == "binary" else "attn-only-2layer")
+        name = args.preset or ("attn-only-2layer" if args.source == "random" else "paper-1layer")
         overrides = {"d_vocab": source.vocab_size}
         for flag, field in (("layers", "n_layers"), ("heads", "n_heads"), ("d_model", "d_model"),
                             ("d_mlp", "d_mlp"), ("init", "init"), ("n_ctx", "n_ctx")):
@@ -86,7 +102,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         if args.no_tie:
             overrides["tie_weights"] = False
         model = preset(name, **overrides)
-        binary = args.source == "binary"
+        binary = args.source != "random"  # fixed kernels: the paper's recipe
         steps = args.steps if args.steps is not None else (300 if binary else 1000)
         lr = args.lr if args.lr is not None else (2e-3 if binary else 1e-2)
         train_cfg = TrainConfig(

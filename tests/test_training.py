@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from markov_interp import models, training
+from markov_interp import models, theory, training
 from markov_interp.cli import main
 from markov_interp.data import SourceConfig
 from markov_interp.models import preset
@@ -238,3 +238,25 @@ def test_cli_train(tmp_path, capsys):
     assert "seq_len=2000 exceeds the model's n_ctx=1024" in capsys.readouterr().err
     assert main(["train", "--out", str(tmp_path / "r3"), "--preset", "gpt", "--no-progress"]) == 2
     assert "unknown preset 'gpt'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_train_on_a_fixed_multistate_kernel(tmp_path, capsys):
+    kernel = [[0.8, 0.1, 0.1], [0.2, 0.5, 0.3], [0.05, 0.15, 0.8]]
+    out = tmp_path / "run"
+    args = ["train", "--out", str(out), "--source", "markov", "--kernel", json.dumps(kernel), "--steps", "3",
+            "--seq-len", "16", "--batch-size", "2", "--no-progress", "--device", "cpu"]
+    assert main(args) == 0
+    line = capsys.readouterr().out
+    expected = theory.entropy_rate(kernel)
+    assert f"entropy rate {expected:.4f}" in line
+    assert models.load(out).markov_config.d_vocab == 3  # the model's vocabulary follows the kernel
+    bad = ["train", "--out", str(tmp_path / "bad"), "--source", "markov", "--no-progress"]
+    assert main(bad + ["--kernel", "[[0.5, 0.6], [0.5, 0.5]]"]) == 2
+    assert "sum to 1" in capsys.readouterr().err
+    assert main(bad + ["--kernel", "[[0.5, 0.5]"]) == 2
+    assert "--kernel is not valid JSON" in capsys.readouterr().err
+    assert main(bad) == 2
+    assert "needs --kernel" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path / "b2"), "--kernel", "[[1, 0], [0, 1]]", "--no-progress"]) == 2
+    assert "--kernel needs --source markov" in capsys.readouterr().err
