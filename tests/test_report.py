@@ -203,6 +203,10 @@ def test_probe_figures_draw_the_given_numbers():
     fig = report.training_probes_figure([1, 10, 100], {"previous-token excess L0H0": [0.0, 0.2, 0.9]},
                                         metrics=metrics, references={"unigram_loss": 0.673}, head_threshold=0.3)
     assert list(fig.axes[0].lines[0].get_ydata()) == [0.0, 0.2, 0.9]
+    fig = report.strategy_similarity_figure([1, 10, 100], {"uniform 1/V": [0.0, 0.1, 0.2],
+                                                           "in-context unigram": [0.1, 0.05, 0.1]})
+    assert [line.get_label() for line in fig.axes[0].lines] == ["uniform 1/V", "in-context unigram"]
+    assert list(fig.axes[0].lines[1].get_ydata()) == [0.1, 0.05, 0.1]
 
 
 # ------------------------------------------------------------------------------------------ full reports
@@ -266,6 +270,12 @@ def test_report_sections_fit_the_run(runs):
     assert "L1H0" in two.section("ablation").body()
     assert "true kernel" in one.section("kernel").body()
     assert "induction head forms" in two.section("training").body() or "Events:" in two.section("training").body()
+    # strategy similarity over training (Edelman et al.): the closest strategy is named at every checkpoint
+    for rep, names in ((two, ("uniform 1/V", "in-context unigram", "in-context k-gram")),
+                       (one, ("uniform 1/V", "stationary law pi", "true kernel"))):
+        training_body = rep.section("training").body()
+        assert "Closest prediction strategy" in training_body and training_body.count("<svg") >= 2
+        assert any(name in training_body for name in names)
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ never write files, plot, or write into a cache. One module per idea:
 - `ablation`: zero / mean / resample ablation of heads, attention layers and MLPs; a table over all of them.
 - `patching`: activation patching between two sequences; Q/K/V composition scores.
 - `readout`: the transition matrix implied by the model's predictions.
+- `strategies`: KL from the model to the uniform, in-context unigram / k-gram, stationary and kernel laws.
 - `classify`: `classify_mechanism`, which names the mechanism ("unigram", "kernel", "induction").
 
 >>> # from markov_interp.probes import classify_mechanism
@@ -65,16 +66,25 @@ from markov_interp.probes.patching import (
     patching_pair,
 )
 from markov_interp.probes.readout import KernelReadout, implied_kernel, kernel_readout
+from markov_interp.probes.strategies import (
+    STRATEGIES,
+    STRATEGY_LABELS,
+    StrategySimilarity,
+    strategy_probs,
+    strategy_similarity,
+)
 
 __all__ = [
     "AblationTable", "AttentionScores", "BehaviourReport", "Component", "KernelReadout", "MECHANISMS", "METHODS",
-    "MechanismReport", "PatchingResult", "ProbeBatch", "Thresholds", "ablated_probs", "ablation_hooks",
+    "MechanismReport", "PatchingResult", "ProbeBatch", "STRATEGIES", "STRATEGY_LABELS", "StrategySimilarity",
+    "Thresholds", "ablated_probs", "ablation_hooks",
     "ablation_loss_change", "ablation_table", "activation_patching", "add_beta_predictor", "attention_scores",
     "behaviour", "classify_mechanism", "composition_scores", "context_dependence", "head_composition",
     "implied_kernel", "in_context_learning_score", "in_context_unigram_probs", "induction_score",
     "kernel_predictor", "kernel_probs", "kernel_readout", "kl_curve", "loss_curve", "model_components",
     "model_predictor", "reference_activations", "next_state_probs", "patched_probs", "patching_pair",
     "previous_token_score",
-    "same_token_score", "sample_batch", "state_dependence", "stationary_probs", "total_variation",
+    "same_token_score", "sample_batch", "state_dependence", "stationary_probs", "strategy_probs",
+    "strategy_similarity", "total_variation",
     "uniform_causal_pattern",
 ]

@@ -190,7 +190,7 @@ def stationary_probs(batch: ProbeBatch) -> Probs:
     return pis[:, None, :].expand(-1, batch.tokens.shape[1], -1).contiguous()
 
 
-def in_context_unigram_probs(tokens: Tokens, vocab: int, *, beta: float) -> Probs:
+def in_context_unigram_probs(tokens: Tokens, vocab: int, *, beta: float | int) -> Probs:
     """In-context add-beta estimate of the next state from state counts x_0..x_t (ignores the current state).
 
     The best predictor that uses the context but not the current state (Edelman et al.'s unigram phase);

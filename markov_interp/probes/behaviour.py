@@ -142,7 +142,7 @@ def model_predictor(model: Model, *, fwd_hooks: Optional[list] = None) -> Predic
     return lambda tokens: next_state_probs(model, tokens, fwd_hooks=fwd_hooks)
 
 
-def add_beta_predictor(vocab: int, *, order: int, beta: float) -> Predictor:
+def add_beta_predictor(vocab: int, *, order: int, beta: float | int) -> Predictor:
     """The in-context add-beta estimator (`theory.add_beta_predictions`) as a `Predictor`."""
     return lambda tokens: theory.add_beta_predictions(tokens, vocab, order=order, beta=beta)
 
@@ -201,7 +201,7 @@ def behaviour(
     model: Model,
     batch: ProbeBatch,
     *,
-    beta: Optional[float] = None,
+    beta: float | int | None = None,
     probs: Optional[Probs] = None,
     n_flip_positions: int = 8,
 ) -> BehaviourReport:

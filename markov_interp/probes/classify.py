@@ -164,7 +164,7 @@ def classify_mechanism(
     seq_len: Optional[int] = None,
     n_sequences: int = 64,
     seed: int = 0,
-    beta: Optional[float] = None,
+    beta: float | int | None = None,
     thresholds: Thresholds = Thresholds(),
 ) -> MechanismReport:
     """Name the mechanism by which `model` predicts the next state of `source`: unigram, kernel or induction.

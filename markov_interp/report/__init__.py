@@ -32,6 +32,7 @@ from markov_interp.report.figures import (
     kernel_figure,
     loss_curves_figure,
     position_loss_figure,
+    strategy_similarity_figure,
     training_probes_figure,
 )
 
@@ -39,5 +40,5 @@ __all__ = [
     "REPORT_FILE", "SECTION_IDS", "CircuitsFigure", "Report", "Section", "ablation_figure", "atomic_write_text",
     "attention_patterns_figure", "build", "checkpoint_files", "circuits_figure", "circuitsvis_bundle", "document",
     "figure_svg", "head_scores_figure", "in_context_tracking_figure", "kernel_figure", "loss_curves_figure",
-    "position_loss_figure", "training_probes_figure",
+    "position_loss_figure", "strategy_similarity_figure", "training_probes_figure",
 ]

@@ -260,10 +260,12 @@ def _training_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]],
     series["in-context learning score, nats"] = []
     device = _device(model)
     true = probes.kernel_probs(batch)
+    strategies: list[Any] = []  # probes.StrategySimilarity per checkpoint
     for _, path in chosen:
         ckpt = models.load(path, device=device)
         scores = probes.attention_scores(ckpt, batch.tokens)
         probs = probes.next_state_probs(ckpt, batch.tokens).cpu()
+        strategies.append(probes.strategy_similarity(ckpt, batch, probs=probs))
         values = [float(scores.excess("previous_token")[prev])]
         if ind is not None:
             values.append(float(scores.excess("induction")[ind]))
@@ -282,7 +284,20 @@ def _training_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]],
         f"Probes re-run on {len(chosen)} saved checkpoints (same probe batch as above). The heads followed are the "
         f"final model's previous-token and induction heads. Events: {found}."
     )
-    return Section("training", "Probe scores over training", (text, fig))
+    return Section("training", "Probe scores over training", (text, fig, *_strategy_parts(steps, strategies, events)))
+
+
+def _strategy_parts(steps: list[int], strategies: list[Any], events: dict[str, int]) -> tuple:
+    """The strategy-similarity paragraph and figure of the training section (Edelman et al.'s phases)."""
+    names = list(strategies[0].divergences)
+    divergences = {probes.STRATEGY_LABELS[n]: [s.divergences[n] for s in strategies] for n in names}
+    closest = "; ".join(f"step {step}: {probes.STRATEGY_LABELS[s.closest]}" for step, s in zip(steps, strategies))
+    text = paragraph(
+        "Closest prediction strategy at each checkpoint (smallest mean KL(strategy || model) over the probe "
+        "batch; Edelman et al. 2024 see uniform, then in-context unigram, then in-context bigram on random "
+        f"kernels): {closest}."
+    )
+    return text, figures.strategy_similarity_figure(steps, divergences, events=events)
 
 
 def _training_events(steps: list[int], series: dict[str, list[float]], metrics: list[dict],

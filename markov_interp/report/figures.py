@@ -353,3 +353,35 @@ def training_probes_figure(
     bottom.legend(fontsize=8)
     bottom.grid(alpha=0.25)
     return fig
+
+
+def strategy_similarity_figure(
+    steps: Sequence[int],
+    divergences: Mapping[str, Sequence[float]],
+    *,
+    events: Optional[Mapping[str, int]] = None,
+) -> Figure:
+    """Mean KL(strategy || model) at each saved checkpoint, one line per strategy (Edelman et al. 2024).
+
+    `divergences` maps a strategy label (e.g. "in-context unigram") to one value per checkpoint step, as
+    computed by `markov_interp.probes.strategy_similarity` on each checkpoint. The lowest line at a step is the
+    strategy the model is closest to there: on random kernels the phases uniform -> in-context unigram ->
+    in-context bigram read off as the lines crossing. `events` ({label: step}) are marked as vertical lines.
+    """
+    fig = Figure(figsize=(8, 3.6))
+    ax = fig.subplots()
+    for label, values in divergences.items():
+        ax.plot(list(steps), [float(v) for v in values], "o-", markersize=3.5, linewidth=1.3, label=label)
+    for i, (label, step) in enumerate((events or {}).items()):
+        ax.axvline(step, color=("#a5c", "#c73", "#555")[i % 3], linestyle="-.", linewidth=1.1,
+                   label=f"{label} (step {step})")
+    if len(steps) and min(steps) > 0:
+        ax.set_xscale("log")
+        ax.set_xlim(left=min(steps) / 1.3)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("optimiser step (log scale)")
+    ax.set_ylabel("mean KL(strategy || model), nats")
+    ax.set_title("Distance to each prediction strategy over training (lowest = closest)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.25)
+    return fig
