@@ -715,11 +715,8 @@ def _run_local(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callab
     try:
         if n == 1:
             for c in pending:
-                record = _execute(c, runs_dir, probe_for[c.cell_id], cell_fn)
-                save(c, record)
-                failed += record["status"] != "ok"
-                bar.set_postfix(failed=failed, refresh=False)
-                bar.update(1)
+                run_cell_now = lambda: _execute(c, runs_dir, probe_for[c.cell_id], cell_fn)  # noqa: E731
+                failed += _record(c, run_cell_now, "cell raised", save, bar, failed)
             return
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -728,18 +725,24 @@ def _run_local(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callab
         with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_worker_init) as pool:
             futures = {pool.submit(_execute, c, runs_dir, probe_for[c.cell_id], cell_fn): c for c in pending}
             for future in as_completed(futures):
-                c = futures[future]
-                try:
-                    record = future.result()
-                except Exception as err:  # the worker process itself died (e.g. killed for memory)
-                    record = {"status": "failed", "error": f"worker died: {type(err).__name__}: {err}",
-                              "traceback": traceback.format_exc()}
-                save(c, record)
-                failed += record["status"] != "ok"
-                bar.set_postfix(failed=failed, refresh=False)
-                bar.update(1)
+                # a raise here means the worker process itself died (e.g. killed for memory)
+                failed += _record(futures[future], future.result, "worker died", save, bar, failed)
     finally:
         bar.close()
+
+
+def _record(cell: Cell, get: Callable[[], dict], lost: str, save: Callable, bar: Any, failed: int) -> int:
+    """Save the record `get()` returns for `cell` (or a failure record if the worker was lost); 1 if it failed."""
+    try:
+        record = get()
+    except Exception as err:
+        record = {"status": "failed", "error": f"{lost}: {type(err).__name__}: {err}",
+                  "traceback": traceback.format_exc()}
+    save(cell, record)
+    bad = int(record["status"] != "ok")
+    bar.set_postfix(failed=failed + bad, refresh=False)
+    bar.update(1)
+    return bad
 
 
 def _run_ray(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable, progress: bool,
@@ -758,15 +761,7 @@ def _run_ray(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable
         remaining = list(refs)
         while remaining:
             done, remaining = ray.wait(remaining, num_returns=1)
-            c = refs[done[0]]
-            try:
-                record = ray.get(done[0])
-            except Exception as err:  # the task's worker died or Ray lost it
-                record = {"status": "failed", "error": f"ray task failed: {type(err).__name__}: {err}",
-                          "traceback": traceback.format_exc()}
-            save(c, record)
-            failed += record["status"] != "ok"
-            bar.set_postfix(failed=failed, refresh=False)
-            bar.update(1)
+            # a raise here means the task's worker died or Ray lost it
+            failed += _record(refs[done[0]], lambda: ray.get(done[0]), "ray task failed", save, bar, failed)
     finally:
         bar.close()

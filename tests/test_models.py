@@ -17,15 +17,6 @@ def tokens(batch=3, seq=40, vocab=2, seed=0):
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run ~10x faster on one thread than on busy shared cores (OpenMP spin-waits)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 # ------------------------------------------------------------------------------------------- configs
 def test_paper_preset_matches_the_paper():
     cfg = preset("paper-1layer")

@@ -49,16 +49,6 @@ CHAINS = {"binary": BINARY, "ternary": TERNARY}
 PREV, IND = (0, 1), (1, 0)  # where induction_model puts its previous-token and induction heads
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; two threads on a shared 2-core machine thrash (5 s vs 30-150 s
-    for the trained-induction test). Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def induction3():
     return induction_model(3)

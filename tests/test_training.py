@@ -34,15 +34,6 @@ def assert_same_weights(a, b):
         assert torch.equal(wa[name], wb[name]), name
 
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run ~10x faster on one thread than on busy shared cores (OpenMP spin-waits)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 # -------------------------------------------------------------------------------------------- schedule
 @pytest.mark.parametrize("total", [10, 100, 401])
 def test_one_cycle_matches_torch(total):
