@@ -3,7 +3,7 @@
 The reference is the obvious vectorised-over-batch loop (one Python step per position for the whole batch),
 measured in the same process on the same shapes. Prints seconds per batch and the speed ratio.
 
-    python benchmarks/bench_sampling.py [--batch 16] [--seq-len 1024] [--repeats 50] [--device cpu]
+    python benchmarks/bench_sampling.py [--batch 16] [--seq-len 1024] [--repeats 50] [--device cpu] [--threads N]
 """
 
 import argparse
@@ -45,14 +45,17 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     g = torch.Generator(device=args.device).manual_seed(0)
     chain = BinaryChain(0.5, 0.8)
     reference = timed(lambda: loop_sample(chain.kernel, args.batch, args.seq_len, g), args.repeats, args.device)
     ours = timed(lambda: chain.sample(args.batch, args.seq_len, g), args.repeats, args.device)
     random3 = RandomMarkov(3)
     rand_time = timed(lambda: random3.sample(args.batch, args.seq_len, g), args.repeats, args.device)
-    print(f"device {args.device}, batch {args.batch} x seq_len {args.seq_len}")
+    print(f"device {args.device}, threads {torch.get_num_threads()}, batch {args.batch} x seq_len {args.seq_len}")
     print(f"  per-position loop (reference) : {reference * 1e3:8.3f} ms / batch")
     print(f"  BinaryChain.sample (scan)     : {ours * 1e3:8.3f} ms / batch   speed-up x{reference / ours:.1f}")
     print(f"  RandomMarkov(3).sample        : {rand_time * 1e3:8.3f} ms / batch   speed-up x{reference / rand_time:.1f}")
