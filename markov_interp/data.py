@@ -10,7 +10,8 @@ Three sources, one interface (`.sample(batch, seq_len, generator=...)` -> `Int[T
 Sampling is vectorised over positions as well as sequences. A chain step is a map from states to states,
 `x_t = F_t(x_{t-1})`, where `F_t` is drawn up front for every possible current state from one uniform per
 position. The states along the sequence are then prefix compositions `F_t o ... o F_1` applied to the first
-state, computed with a Hillis-Steele scan in log2(seq_len) batched gathers instead of seq_len Python steps.
+state, computed with a two-level Hillis-Steele scan in a few batched gathers instead of seq_len Python steps;
+for two states, where a map is a reset, the identity or a flip, with a cumulative max and sum instead.
 """
 
 import dataclasses
@@ -123,6 +124,25 @@ def _compose_prefix(step_maps: Int[Tensor, "batch pos state"], block: int = 32) 
     return out[:, :steps]
 
 
+def _apply_binary_maps(step_maps: Int[Tensor, "batch pos 2"], first: Int[Tensor, " batch"]) -> Int[Tensor, "batch pos"]:
+    """x_t = F_t(x_{t-1}) for maps on {0, 1}, without a scan.
+
+    A map on two states is a constant (it resets the state), the identity or a flip. So x_t is the value of the
+    last reset at or before t (x_0 counts as one) XOR the parity of the flips since: a cumulative max and a
+    cumulative sum, linear in the sequence length.
+    """
+    batch, steps, _ = step_maps.shape
+    f0, f1 = step_maps[..., 0], step_maps[..., 1]
+    resets = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=f0.device), f0 == f1], dim=1)
+    values = torch.cat([first[:, None], f0], dim=1)  # a reset's value (either entry of a constant map)
+    flips = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=f0.device), (f0 == 1) & (f1 == 0)], dim=1)
+    positions = torch.arange(steps + 1, device=f0.device).expand(batch, -1)
+    last_reset = torch.where(resets, positions, 0).cummax(dim=1).values
+    flip_count = flips.cumsum(dim=1)
+    parity = (flip_count - torch.gather(flip_count, 1, last_reset)) % 2
+    return (torch.gather(values, 1, last_reset) ^ parity)[:, 1:]
+
+
 def _sample_chain(
     cdf: Float[Tensor, "batch context vocab"],
     first: Int[Tensor, " batch"],
@@ -145,10 +165,13 @@ def _sample_chain(
         u = torch.rand(batch, steps, 1, 1, generator=generator, device=device, dtype=torch.float64)
         # Next token for every possible context, inverse-CDF with one shared uniform per position.
         nxt = (cdf[:, None, :, :] <= u).sum(-1).clamp_(max=vocab - 1)  # [batch, steps, context]
-        # order 1: the context is the state itself, so the step map is `nxt` (skip two costly remainders)
-        step_maps = nxt if order == 1 else (context_ids * vocab + nxt) % n_ctx
-        contexts = torch.gather(_compose_prefix(step_maps), -1, first[:, None, None].expand(batch, steps, 1))
-        later = contexts[..., 0] if order == 1 else contexts[..., 0] % vocab
+        if n_ctx == 2:  # binary first-order chain: a linear-time path, same maps, same result as the scan
+            later = _apply_binary_maps(nxt, first)
+        else:
+            # order 1: the context is the state itself, so the step map is `nxt` (skip two costly remainders)
+            step_maps = nxt if order == 1 else (context_ids * vocab + nxt) % n_ctx
+            contexts = torch.gather(_compose_prefix(step_maps), -1, first[:, None, None].expand(batch, steps, 1))
+            later = contexts[..., 0] if order == 1 else contexts[..., 0] % vocab
     else:
         later = torch.empty(batch, 0, dtype=torch.long, device=device)
     digits = vocab ** torch.arange(order - 1, -1, -1, device=device)

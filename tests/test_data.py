@@ -224,3 +224,13 @@ def test_prefix_composition_matches_sequential(steps, states):
         for t in range(steps):
             acc = [maps[b, t, s].item() for s in acc]  # F_t after everything before
             assert out[b, t].tolist() == acc
+
+
+@pytest.mark.parametrize("steps", [1, 5, 100, 1023])
+def test_binary_fast_path_equals_the_scan(steps):
+    from markov_interp.data import _apply_binary_maps, _compose_prefix
+
+    maps = torch.randint(0, 2, (4, steps, 2), generator=gen(13))
+    first = torch.tensor([0, 1, 0, 1])
+    scan = torch.gather(_compose_prefix(maps), -1, first[:, None, None].expand(4, steps, 1))[..., 0]
+    assert torch.equal(_apply_binary_maps(maps, first), scan)
