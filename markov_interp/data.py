@@ -193,7 +193,8 @@ def _context_transition_matrix(flat: Float[Tensor, "*batch context vocab"]) -> F
 
 
 def _stationary_contexts(kernel: Tensor) -> Float[Tensor, " context"]:
-    """Stationary law of the context chain (import-free twin of theory.stationary_distribution)."""
+    """Stationary law of the context chain, refusing a chain without a unique one (theory, imported late:
+    theory builds on this module)."""
     from markov_interp.theory import stationary_context_distribution
 
     return stationary_context_distribution(kernel)
@@ -336,7 +337,7 @@ class RandomMarkov:
         dev = _resolve_device(generator, device)
         kernels = self.sample_kernels(batch, generator, device=dev)
         if isinstance(self._initial, str):  # stationary law of each sequence's own kernel
-            first = _draw(_batched_stationary(kernels), batch, generator, dev)
+            first = _draw(_solve_stationary(kernels), batch, generator, dev)
         else:
             first = _draw(self._initial, batch, generator, dev)
         tokens = _sample_chain(
@@ -346,15 +347,20 @@ class RandomMarkov:
         return (tokens, kernels) if return_kernels else tokens
 
 
-def _batched_stationary(kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch context"]:
-    """Stationary laws of many context chains at once: solve pi (P - I) = 0 with one equation swapped for
-    sum(pi) = 1. Dirichlet rows are strictly positive almost surely, so each chain is irreducible and the
-    system has a unique solution."""
-    n = kernels.shape[1]
-    system = _context_transition_matrix(kernels).transpose(1, 2) - torch.eye(n, dtype=kernels.dtype, device=kernels.device)
-    system[:, -1, :] = 1.0
-    rhs = torch.zeros(kernels.shape[0], n, 1, dtype=kernels.dtype, device=kernels.device)
-    rhs[:, -1] = 1.0
+def _solve_stationary(flat: Float[Tensor, "*batch context vocab"]) -> Float[Tensor, "*batch context"]:
+    """Stationary laws of context chains (kernels flattened to [V**k, V]), batched over leading axes.
+
+    Solves pi (P - I) = 0 with one equation swapped for sum(pi) = 1: a square system, non-singular exactly when
+    the law is unique. A direct solve, unlike least squares, gives the same bits on every call. No uniqueness
+    check here (`theory.stationary_context_distribution` makes it); Dirichlet-drawn rows are strictly positive
+    almost surely, so those chains are irreducible.
+    """
+    n = flat.shape[-2]
+    eye = torch.eye(n, dtype=flat.dtype, device=flat.device)
+    system = _context_transition_matrix(flat).transpose(-1, -2) - eye
+    system[..., -1, :] = 1.0
+    rhs = torch.zeros(*flat.shape[:-1], 1, dtype=flat.dtype, device=flat.device)
+    rhs[..., -1, :] = 1.0
     pi = torch.linalg.solve(system, rhs)[..., 0].clamp_min(0)
     return pi / pi.sum(-1, keepdim=True)
 

@@ -12,7 +12,6 @@
 Order-k kernels ([V]*k + [V]) are handled through the chain on contexts (the last k states).
 """
 
-import math
 from typing import Any
 
 import torch
@@ -24,6 +23,7 @@ from markov_interp.data import (
     RandomMarkov,
     _context_kernel,
     _context_transition_matrix,
+    _solve_stationary,
     validate_kernel,
 )
 
@@ -44,22 +44,21 @@ def stationary_context_distribution(kernel: Kernel, *, check: bool = True) -> Fl
     (a reducible chain with several closed classes).
     """
     k = _as_kernel(kernel) if check else kernel.to(torch.float64)
-    matrix = _context_transition_matrix(_context_kernel(k))
-    n = matrix.shape[0]
-    # pi (P - I) = 0 with one equation swapped for sum(pi) = 1: a square system, non-singular exactly when the
-    # law is unique (P - I of rank n - 1). A direct solve, unlike least squares, gives the same bits every call.
-    system = (matrix - torch.eye(n, dtype=matrix.dtype)).T
-    if check:
-        rank = torch.linalg.matrix_rank(system, atol=1e-10)
+    flat = _context_kernel(k)
+    if check:  # unique iff P - I has rank n - 1
+        n = flat.shape[0]
+        rank = torch.linalg.matrix_rank(_context_transition_matrix(flat) - torch.eye(n, dtype=flat.dtype), atol=1e-10)
         if rank < n - 1:
             raise ValueError(
                 f"the chain has no unique stationary law (the kernel has {n - int(rank)} closed classes)"
             )
-    system[-1] = 1
-    rhs = torch.zeros(n, 1, dtype=matrix.dtype)
-    rhs[-1] = 1
-    pi = torch.linalg.solve(system, rhs)[:, 0].clamp_min(0)
-    return pi / pi.sum()
+    return _solve_stationary(flat)
+
+
+def stationary_context_laws(kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch context"]:
+    """Stationary laws over contexts of many kernels at once (rows flattened to [V**k, V], as `RandomMarkov`
+    draws them). No uniqueness check: for irreducible chains such as Dirichlet-drawn ones."""
+    return _solve_stationary(kernels.to(torch.float64))
 
 
 def stationary_distribution(kernel: Kernel) -> Float[Tensor, " vocab"]:
@@ -209,16 +208,11 @@ def in_context_loss_curve(
 
 
 def _expected_random_references(source: RandomMarkov, n_kernels: int, generator: torch.Generator) -> dict:
-    kernels = source.sample_kernels(n_kernels, generator)
-    shape = [source.vocab] * (source.order + 1)
-    rates, unigrams = [], []
-    for k in kernels:
-        k = k.reshape(shape)
-        pi = stationary_context_distribution(k, check=False)
-        rates.append(float((pi * entropy(_context_kernel(k))).sum()))
-        marginal = pi.reshape(-1, source.vocab).sum(0) if source.order > 1 else pi
-        unigrams.append(float(entropy(marginal)))
-    return {"entropy_rate": sum(rates) / n_kernels, "unigram_loss": sum(unigrams) / n_kernels}
+    kernels = source.sample_kernels(n_kernels, generator)  # [n, V**k, V]
+    pi = stationary_context_laws(kernels)
+    rates = (pi * entropy(kernels)).sum(-1)
+    unigrams = entropy(pi.reshape(n_kernels, -1, source.vocab).sum(1))  # law of the last state
+    return {"entropy_rate": float(rates.mean()), "unigram_loss": float(unigrams.mean())}
 
 
 def reference_losses(source: Any, seq_len: int, *, n_sequences: int = 2048, seed: int = 0) -> dict[str, float]:
@@ -238,8 +232,3 @@ def reference_losses(source: Any, seq_len: int, *, n_sequences: int = 2048, seed
     if isinstance(source, MarkovChain):
         return {"entropy_rate": entropy_rate(source.kernel), "unigram_loss": unigram_loss(source.kernel)}
     raise ValueError(f"unknown source type {type(source).__name__}")
-
-
-def binary_entropy(x: float) -> float:
-    """h(x) = -x log x - (1 - x) log(1 - x) in nats."""
-    return -sum(v * math.log(v) for v in (x, 1 - x) if v > 0)

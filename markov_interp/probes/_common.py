@@ -177,11 +177,8 @@ def stationary_laws(batch: ProbeBatch) -> Float[Tensor, "batch vocab"]:
     if not batch.random_kernel:
         pi = theory.stationary_distribution(batch.kernels[0].reshape(shape).cpu())
         return pi.to(batch.kernels.device).expand(batch.kernels.shape[0], -1)
-    laws = []
-    for kernel in batch.kernels.cpu():
-        ctx_law = theory.stationary_context_distribution(kernel.reshape(shape), check=False)
-        laws.append(ctx_law.reshape(-1, batch.vocab).sum(0))
-    return torch.stack(laws).to(batch.kernels.device)
+    ctx_laws = theory.stationary_context_laws(batch.kernels.cpu())
+    return ctx_laws.reshape(ctx_laws.shape[0], -1, batch.vocab).sum(1).to(batch.kernels.device)
 
 
 def stationary_probs(batch: ProbeBatch) -> Probs:
