@@ -187,7 +187,7 @@ def test_resume_is_bit_identical(tmp_path, monkeypatch):
 @pytest.mark.parametrize("precision, scaling", [("bf16", False), ("fp16", False), ("fp16", True)])
 def test_reduced_precision_runs(precision, scaling):
     result = train(tiny_run(steps=4, eval_every=0, precision=precision, loss_scaling=scaling), progress=False)
-    assert math.isfinite(result.final["eval_loss"])
+    assert math.isfinite(result.final.eval_loss)
     assert next(result.model.parameters()).dtype == torch.float32  # autocast, fp32 master weights
 
 
@@ -198,7 +198,8 @@ def test_random_source_logs_the_bayes_loss():
                     train=TrainConfig(steps=4, batch_size=4, seq_len=32, eval_batches=1, n_checkpoints=0,
                                       device="cpu"))
     result = train(run, progress=False)
-    assert {"bayes_loss", "entropy_rate", "unigram_loss"} <= set(result.final)
+    assert {"bayes_loss", "entropy_rate", "unigram_loss"} <= set(result.final.references)
+    assert result.final.optimum == result.final.bayes_loss is not None
 
 
 @pytest.mark.slow
@@ -208,9 +209,9 @@ def test_one_layer_reaches_the_entropy_rate():
                     train=TrainConfig(steps=120, seq_len=128, eval_every=0, eval_batches=16, n_checkpoints=0,
                                       device="cpu"))
     final = train(run, progress=False).final
-    assert math.isclose(final["entropy_rate"], 0.5446, abs_tol=1e-4)
-    assert abs(final["eval_loss"] - final["entropy_rate"]) < 0.01, final
-    assert final["unigram_loss"] - final["eval_loss"] > 0.1
+    assert math.isclose(final.entropy_rate, 0.5446, abs_tol=1e-4)
+    assert abs(final.eval_loss - final.entropy_rate) < 0.01, final
+    assert final.unigram_loss - final.eval_loss > 0.1
 
 
 # ------------------------------------------------------------------------------------------------- CLI
