@@ -264,17 +264,26 @@ def default_run(source: Optional[SourceConfig] = None, **overrides: Any) -> RunC
 
 
 def override_run(run: RunConfig, overrides: Mapping[str, Any], *, where: str = "overrides") -> RunConfig:
-    """`run` with dotted `overrides` set (e.g. {"train.lr": 0.01}): `build_run(run.to_dict(), overrides)`.
+    """`run` with dotted `overrides` set (e.g. {"train.lr": 0.01}), through `build_run`.
 
-    `run` states every field, so a changed d_model does not re-derive d_mlp, and `model.preset` is refused
-    (set the model's fields instead); changing the source's vocabulary needs `model.d_vocab` too.
+    Sizes that `run` derives keep following what they derive from, as in `ModelConfig.replace`: d_head and
+    d_mlp when they hold their defaults (so `model.n_heads=2` halves d_head), d_vocab the source. With no
+    overrides the run comes back unchanged (`markov-interp train --config RUN/config.json` retrains RUN bit for
+    bit). `model.preset` is refused: `run` states every model field, so set those instead.
     """
     if not isinstance(run, RunConfig):
         raise ValueError(f"run must be a RunConfig, got {type(run).__name__}")
     overrides = _dotted(overrides, where)
     if "model.preset" in overrides:
         raise ValueError(f"{where}: 'model.preset' cannot change a complete run config; set model fields instead")
-    return build_run(run.to_dict(), overrides, where=where)
+    sections = run.to_dict()
+    model, derived = sections["model"], run.model
+    if derived.d_head * derived.n_heads == derived.d_model:
+        del model["d_head"]
+    if derived.d_mlp == 4 * derived.d_model:
+        del model["d_mlp"]
+    del model["d_vocab"]  # a valid run's d_vocab is its source's vocabulary
+    return build_run(sections, overrides, where=where)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
