@@ -37,8 +37,8 @@ _TRAIN_SHORTCUTS = (
     ("model", "--n-ctx", "model.n_ctx", dict(type=int, help="context length of the model (default 1024)")),
     ("training", "--seq-len", "train.seq_len", dict(type=int, help="input length (default 256; the paper: 1024)")),
     ("training", "--batch-size", "train.batch_size", dict(type=int, help="sequences per step (default 16)")),
-    ("training", "--steps", "train.steps", dict(type=int,
-                                                help="optimiser steps (default 300 for fixed kernels, 1000 for random)")),
+    ("training", "--steps", "train.steps", dict(
+        type=int, help="optimiser steps (default 300 for fixed kernels, 1000 for random)")),
     ("training", "--lr", "train.lr", dict(
         type=float, help="peak learning rate (default 2e-3, the paper's, for fixed kernels; 1e-2 for random, where "
         "the two-layer attention-only model then reaches the Bayes loss within ~1000 steps)")),
@@ -51,8 +51,8 @@ _TRAIN_SHORTCUTS = (
     ("training", "--loss-scaling", "train.loss_scaling", dict(action="store_const", const=True,
                                                               help="fp16 with dynamic loss scaling")),
     ("training", "--device", "train.device", dict(help="auto (default: cuda if available), cpu, cuda, cuda:1, ...")),
-    ("training", "--eval-every", "train.eval_every", dict(type=int,
-                                                          help="evaluate every N steps (default 100; 0: only at the end)")),
+    ("training", "--eval-every", "train.eval_every", dict(
+        type=int, help="evaluate every N steps (default 100; 0: only at the end)")),
     ("training", "--checkpoints", "train.n_checkpoints", dict(type=int,
                                                               help="log-spaced checkpoints to keep (default 8)")),
 )

@@ -59,6 +59,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from transformer_lens.model_bridge import TransformerBridge
+
 from markov_interp._io import atomic_path, atomic_write
 from markov_interp.config import Config, check_bool, check_int, check_keys
 from markov_interp.data import SourceConfig
@@ -438,7 +440,7 @@ class CellResult:
         return cls(probe=probe, **data)
 
 
-def _probe(model: Any, config: RunConfig) -> tuple[ProbeColumns, Optional[dict]]:
+def _probe(model: TransformerBridge, config: RunConfig) -> tuple[ProbeColumns, Optional[dict]]:
     """Mechanism and key probe scores of a trained model, and the full `classify_mechanism` report as a dict
     (None when the probes offer no classifier)."""
     from markov_interp import probes
@@ -774,9 +776,9 @@ def run(
         todo[c.cell_id] = c
 
     def save(c: Cell, record: dict) -> None:
-        record = {**record, "format": _RECORD_FORMAT, "cell_id": c.cell_id,
-                  "probe_settings": settings if probe_for[c.cell_id] else None}
-        atomic_write(_record_path(out, c), json.dumps(record, indent=1, sort_keys=True, default=str))
+        stamp = {"format": _RECORD_FORMAT, "cell_id": c.cell_id,
+                 "probe_settings": settings if probe_for[c.cell_id] else None}
+        atomic_write(_record_path(out, c), json.dumps({**record, **stamp}, indent=1, sort_keys=True, default=str))
 
     pending = list(todo.values())
     if pending:
