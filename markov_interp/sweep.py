@@ -16,6 +16,11 @@ Layout of a sweep folder:
     out_dir/results/<cell_id>.json  the cell's row once finished, or its error and traceback if it failed
     out_dir/results.csv           the table (also results.parquet when pyarrow is installed)
 
+A row is typed end to end: `run_cell` returns a `CellResult` (built from `training.TrainResult.final` and the
+`probes.MechanismReport`'s attributes, the latter as `ProbeColumns`), `run` returns `Row`s, and only the table
+flattens them to columns (`Row.columns`); `read_table` reads them back through one typed reader
+(`Row.from_columns`, each column decoded by the type of the field it holds).
+
 Restart: a cell whose results file says "ok" (with the same probe settings) is not run again; a cell that
 failed is retried; a cell interrupted mid-training resumes from its newest checkpoint (`training.train`).
 
@@ -696,7 +701,10 @@ class SweepResult:
         return [r for r in self.rows if r.status != "ok"]
 
 
-def _as_specs(spec: Any) -> list[SweepSpec]:
+SpecLike = Union[SweepSpec, str, os.PathLike, dict, Sequence]  # a spec, a spec file, a table, or a list of those
+
+
+def _as_specs(spec: SpecLike) -> list[SweepSpec]:
     if isinstance(spec, SweepSpec):
         return [spec]
     if isinstance(spec, (str, os.PathLike)):
@@ -712,7 +720,7 @@ _BACKENDS = ("local", "ray")
 
 
 def run(
-    spec: Any,
+    spec: SpecLike,
     out_dir: "str | os.PathLike",
     *,
     backend: str = "local",

@@ -14,6 +14,12 @@ reference losses), `model.safetensors` (final weights, TransformerLens names, se
 `checkpoints/` (weights plus optimizer, scaler and generator state at log-spaced steps). Re-running the same
 config on the folder resumes from the newest checkpoint and ends bit-identical to an uninterrupted run; a
 finished run is loaded, not retrained; a folder holding another config is refused.
+
+Configs (`TrainConfig`, `RunConfig`) derive from `config.Config` (sorted JSON, unknown keys refused). Options are
+named by dotted keys "section.field" (`split_key`, the one parser, shared with sweep specs and `--set`):
+`build_run(sections, overrides)` builds a run from section tables, `default_run(source, **overrides)` holds the
+source-dependent defaults of `markov-interp train`, and `override_run(run, overrides)` sets options of a complete
+run. `train` returns a `TrainResult` whose `final` is typed (`FinalLosses`).
 """
 
 import dataclasses
