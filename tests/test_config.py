@@ -230,3 +230,16 @@ def test_the_reader_refuses_a_row_whose_config_is_not_its_cell(tmp_path):
     path.write_text(path.read_text().replace(",0.2,0.3,", ",0.25,0.3,"))
     with pytest.raises(ValueError, match="config columns give another cell id"):
         sweep.read_table(path)
+
+
+def test_tables_written_before_typed_rows_read_back():
+    """results.csv of the earlier, dict-based sweep (fixture: two ok cells, two failed) reads as typed rows."""
+    rows = sweep.read_table(Path(__file__).parent / "data" / "results_v1.csv")
+    assert [r.status for r in rows] == ["ok", "failed", "ok", "failed"]
+    ok = rows[0]
+    assert ok.params == {"model.tie_weights": True, "seed": 0} and ok.config.source.kernel == ((0.9, 0.1), (0.4, 0.6))
+    assert ok.result.final_eval_loss == 0.61234 and ok.result.escape_step == 4 and ok.result.bayes_loss is None
+    assert ok.result.probe.mechanism == "kernel" and ok.result.probe.previous_token_head == (0, 0)
+    assert ok.result.probe.induction_head is None and ok.result.probe.circuit_confirmed is False
+    assert rows[1].result is None and rows[1].error == "RuntimeError: planted"
+    assert rows[2].config.model.tie_weights is False
