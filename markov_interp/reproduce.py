@@ -28,12 +28,14 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp._io import atomic_path, atomic_write
 from markov_interp import sweep
 from markov_interp.sweep import Row, SweepResult, SweepSpec
+from markov_interp.training import RunConfig
 
 __all__ = ["Budget", "QUICK", "FULL", "experiment_specs", "reproduce", "summarise", "THEORY_SMALL_INIT"]
 
@@ -167,7 +169,7 @@ def _mean(values: list) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
-def _group(rows: list[Row], sweep_name: str, key: Any) -> dict:
+def _group(rows: list[Row], sweep_name: str, key: Callable[[RunConfig], tuple]) -> dict:
     """The rows of one sweep grouped by `key(config)` (a tuple of setting values), in sorted order."""
     groups: dict = defaultdict(list)
     for row in rows:

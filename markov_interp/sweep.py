@@ -609,7 +609,7 @@ def _kinds(annotation: Any) -> set:
     return {annotation}
 
 
-def _decode(value: Any, annotation: Any, column: str, cell: Any) -> Any:
+def _decode(value: Any, annotation: Any, column: str, cell: Optional[str]) -> Any:
     """A table cell back to the value of the field it holds: CSV text decoded by the field's type."""
     if not isinstance(value, str):
         return value
