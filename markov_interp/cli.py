@@ -9,118 +9,168 @@ import argparse
 import sys
 
 
+# Shortcut flags of `train`: (flag, dotted option, argparse keywords). Each sets one run-config option,
+# exactly as `--set option=value` would; defaults come from `training.default_run`, not from here.
+_TRAIN_SHORTCUTS = (
+    ("data", "--source", "source.kind", dict(choices=["binary", "markov", "random"],
+     help="binary: fixed two-state chain (--p, --q; default p=0.2, q=0.3); markov: any fixed kernel (--kernel, "
+     "--order); random: a fresh Dirichlet kernel per sequence (default 2 states)")),
+    ("data", "--p", "source.p", dict(type=float, help="binary: P(0 -> 1)")),
+    ("data", "--q", "source.q", dict(type=float, help="binary: P(1 -> 0)")),
+    ("data", "--vocab", "source.vocab", dict(type=int, help="random: number of states")),
+    ("data", "--alpha", "source.alpha", dict(type=float, help="random: Dirichlet concentration (default 1)")),
+    ("data", "--kernel", "source.kernel", dict(
+        help="markov: the kernel as JSON, e.g. '[[0.9,0.1,0],[0.2,0.5,0.3],[0,0.4,0.6]]' (rows: current state, "
+        "columns: next state; for order k, nested k+1 deep or flat [V**k, V])")),
+    ("data", "--order", "source.order", dict(type=int, help="markov / random: chain order k (default 1)")),
+    ("model", "--preset", "model.preset", dict(
+        help="paper-1layer (default for fixed kernels), paper-2layer, attn-only-2layer (default for random)")),
+    ("model", "--layers", "model.n_layers", dict(type=int, help="number of blocks")),
+    ("model", "--heads", "model.n_heads", dict(type=int, help="attention heads per block")),
+    ("model", "--d-model", "model.d_model", dict(type=int, help="residual width (d_head, d_mlp follow unless set)")),
+    ("model", "--d-mlp", "model.d_mlp", dict(type=int, help="MLP hidden width")),
+    ("model", "--attn-only", "model.attn_only", dict(action="store_const", const=True, help="no MLPs")),
+    ("model", "--no-tie", "model.tie_weights", dict(action="store_const", const=False,
+                                                    help="untie the unembedding from the embedding")),
+    ("model", "--init", "model.init", dict(choices=["standard", "canonical"],
+                                           help="initialisation (see models.ModelConfig)")),
+    ("model", "--n-ctx", "model.n_ctx", dict(type=int, help="context length of the model (default 1024)")),
+    ("training", "--seq-len", "train.seq_len", dict(type=int, help="input length (default 256; the paper: 1024)")),
+    ("training", "--batch-size", "train.batch_size", dict(type=int, help="sequences per step (default 16)")),
+    ("training", "--steps", "train.steps", dict(
+        type=int, help="optimiser steps (default 300 for fixed kernels, 1000 for random)")),
+    ("training", "--lr", "train.lr", dict(
+        type=float, help="peak learning rate (default 2e-3, the paper's, for fixed kernels; 1e-2 for random, where "
+        "the two-layer attention-only model then reaches the Bayes loss within ~1000 steps)")),
+    ("training", "--optimizer", "train.optimizer", dict(choices=["adamw", "sgd"], help="default adamw")),
+    ("training", "--schedule", "train.schedule", dict(choices=["one-cycle", "constant"], help="default one-cycle")),
+    ("training", "--seed", "train.seed", dict(type=int, help="model init and data seed (default 0)")),
+    ("training", "--precision", "train.precision", dict(
+        choices=["fp32", "fp16", "bf16"],
+        help="fp32 (default) or autocast fp16 / bf16; precision changes the paper's outcome")),
+    ("training", "--loss-scaling", "train.loss_scaling", dict(action="store_const", const=True,
+                                                              help="fp16 with dynamic loss scaling")),
+    ("training", "--device", "train.device", dict(help="auto (default: cuda if available), cpu, cuda, cuda:1, ...")),
+    ("training", "--eval-every", "train.eval_every", dict(
+        type=int, help="evaluate every N steps (default 100; 0: only at the end)")),
+    ("training", "--checkpoints", "train.n_checkpoints", dict(type=int,
+                                                              help="log-spaced checkpoints to keep (default 8)")),
+)
+
+
+def _parse_set(items: list[str]) -> dict:
+    """`--set section.field=value` pairs as {dotted key: value}; a value is read as JSON when it is JSON
+    (numbers, true / false, null, lists, quoted strings), else taken as text."""
+    import json
+
+    from markov_interp.training import split_key
+
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set takes section.field=value, got {item!r}")
+        split_key(key.strip(), where="--set")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        out[key.strip()] = value
+    return out
+
+
+def _train_overrides(args: argparse.Namespace) -> dict:
+    """The run options the command line sets: the shortcut flags given, then `--set` (a clash is an error)."""
+    import json
+
+    options = {}
+    for _, flag, key, _ in _TRAIN_SHORTCUTS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            options[key] = value
+    if "source.kernel" in options:
+        try:
+            options["source.kernel"] = json.loads(options["source.kernel"])
+        except json.JSONDecodeError as err:
+            raise ValueError(f"--kernel is not valid JSON ({err.msg}): {args.kernel!r}") from None
+    for key, value in _parse_set(args.set or []).items():
+        if key in options and options[key] != value:
+            raise ValueError(f"--set {key}={value!r} contradicts the flag that set it to {options[key]!r}")
+        options[key] = value
+    return options
+
+
+def _train_run(args: argparse.Namespace):  # -> training.RunConfig (imported lazily: --help stays fast)
+    """The run config the command line describes: --config's run (or `training.default_run`) with the options."""
+    from pathlib import Path
+
+    from markov_interp.training import RunConfig, default_run, override_run
+
+    options = _train_overrides(args)
+    if args.config is not None:
+        path = Path(args.config)
+        if not path.is_file():
+            raise FileNotFoundError(f"no run config at {path}")
+        try:
+            base = RunConfig.from_json(path.read_text())
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+        return override_run(base, options, where="--set")
+    kind = options.get("source.kind", "binary")
+    if kind == "markov" and "source.kernel" not in options:
+        raise ValueError("--source markov needs --kernel (a JSON array of transition probabilities)")
+    if kind != "markov" and "source.kernel" in options:
+        raise ValueError("--kernel needs --source markov")
+    return default_run(**options)
+
+
 def _add_train(sub: argparse._SubParsersAction) -> None:
     # Owned by the models/training work (issue 3).
     p = sub.add_parser(
         "train",
         help="train a transformer on a Markov source into a run folder (resumes / skips when possible)",
         description="Train a transformer on fresh Markov batches. With no flags: the paper's one-layer model "
-        "on the binary chain p=0.2, q=0.3, 300 steps of 16 x 256 states (about 10 s on a CPU core). "
+        "on the binary chain p=0.2, q=0.3, 300 steps of 16 x 256 states (about 10 s on a CPU core); the "
+        "defaults are markov_interp.training.default_run's. --config RUN/config.json retrains a run bit for bit; "
+        "--set section.field=value sets any option (repeatable; the flags below are shortcuts for common ones). "
         "Re-running on the same --out resumes from the newest checkpoint; a finished run is not retrained; "
         "a folder holding a different config is refused.",
     )
     p.add_argument("--out", required=True, help="run folder (config.json, metrics.jsonl, model.safetensors)")
-    g = p.add_argument_group("data")
-    g.add_argument("--source", choices=["binary", "markov", "random"], default="binary",
-                   help="binary: fixed two-state chain (--p, --q); markov: any fixed kernel (--kernel, --order); "
-                   "random: a fresh Dirichlet kernel per sequence")
-    g.add_argument("--p", type=float, default=0.2, help="binary: P(0 -> 1) (default 0.2)")
-    g.add_argument("--q", type=float, default=0.3, help="binary: P(1 -> 0) (default 0.3)")
-    g.add_argument("--vocab", type=int, default=2, help="random: number of states (default 2)")
-    g.add_argument("--alpha", type=float, default=1.0, help="random: Dirichlet concentration (default 1)")
-    g.add_argument("--kernel", default=None,
-                   help="markov: the kernel as JSON, e.g. '[[0.9,0.1,0],[0.2,0.5,0.3],[0,0.4,0.6]]' (rows: "
-                   "current state, columns: next state; for order k, nested k+1 deep or flat [V**k, V])")
-    g.add_argument("--order", type=int, default=1, help="markov / random: chain order k (default 1)")
-    g = p.add_argument_group("model (a preset, then overrides; d_vocab follows the source)")
-    g.add_argument("--preset", default=None,
-                   help="paper-1layer (default for fixed kernels), paper-2layer, attn-only-2layer (default for random)")
-    g.add_argument("--layers", type=int, help="number of blocks")
-    g.add_argument("--heads", type=int, help="attention heads per block")
-    g.add_argument("--d-model", type=int, help="residual width (d_head, d_mlp follow unless set)")
-    g.add_argument("--d-mlp", type=int, help="MLP hidden width")
-    g.add_argument("--attn-only", action="store_true", help="no MLPs")
-    g.add_argument("--no-tie", action="store_true", help="untie the unembedding from the embedding")
-    g.add_argument("--init", choices=["standard", "canonical"], help="initialisation (see models.ModelConfig)")
-    g.add_argument("--n-ctx", type=int, help="context length of the model (default 1024)")
-    g = p.add_argument_group("training")
-    g.add_argument("--seq-len", type=int, default=256, help="input length (default 256; the paper: 1024)")
-    g.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
-    g.add_argument("--steps", type=int, default=None,
-                   help="optimiser steps (default 300 for fixed kernels, 1000 for random)")
-    g.add_argument("--lr", type=float, default=None,
-                   help="peak learning rate (default 2e-3, the paper's, for fixed kernels; 1e-2 for random, where the "
-                   "two-layer attention-only model then reaches the Bayes loss within ~1000 steps)")
-    g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    g.add_argument("--schedule", choices=["one-cycle", "constant"], default="one-cycle")
-    g.add_argument("--seed", type=int, default=0, help="model init and data seed (default 0)")
-    g.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
-                   help="fp32 (default) or autocast fp16 / bf16; precision changes the paper's outcome")
-    g.add_argument("--loss-scaling", action="store_true", help="fp16 with dynamic loss scaling")
-    g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
-    g.add_argument("--eval-every", type=int, default=100, help="evaluate every N steps (0: only at the end)")
-    g.add_argument("--checkpoints", type=int, default=8, help="log-spaced checkpoints to keep (default 8)")
-    g.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (default: torch's choice; 1 is often fastest for tiny models)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="a run config (JSON, e.g. a run folder's config.json) to start from instead of the defaults")
+    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                   help="set any run option, e.g. --set train.lr=0.01 --set model.n_heads=2 --set "
+                   "source.initial='\"uniform\"' (sections source, model, train; values as JSON or text)")
+    groups = {name: p.add_argument_group(title) for name, title in (
+        ("data", "data (shortcuts for source.*)"),
+        ("model", "model (shortcuts for model.*: a preset, then overrides; d_vocab follows the source)"),
+        ("training", "training (shortcuts for train.*)"))}
+    for group, flag, key, kwargs in _TRAIN_SHORTCUTS:
+        groups[group].add_argument(flag, default=None, **kwargs)
+    run = p.add_argument_group("this process")
+    run.add_argument("--threads", type=int, default=None,
+                     help="CPU threads for torch (default: torch's choice; 1 is often fastest for tiny models)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def handler(args: argparse.Namespace) -> int:
-        import json
-
         import torch
 
-        from markov_interp.data import SourceConfig
-        from markov_interp.models import preset
-        from markov_interp.training import RunConfig, TrainConfig, train
+        from markov_interp.training import train
 
         if args.threads is not None:
             if args.threads < 1:
                 raise ValueError(f"--threads must be >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
-        if args.kernel is not None and args.source != "markov":
-            raise ValueError("--kernel needs --source markov")
-        if args.source == "binary":
-            source = SourceConfig(kind="binary", p=args.p, q=args.q)
-        elif args.source == "markov":
-            if args.kernel is None:
-                raise ValueError("--source markov needs --kernel (a JSON array of transition probabilities)")
-            try:
-                kernel = json.loads(args.kernel)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"--kernel is not valid JSON ({err.msg}): {args.kernel!r}") from None
-            source = SourceConfig(kind="markov", kernel=kernel, order=args.order)
-        else:
-            source = SourceConfig(kind="random", vocab=args.vocab, alpha=args.alpha, order=args.order)
-        name = args.preset or ("attn-only-2layer" if args.source == "random" else "paper-1layer")
-        overrides = {"d_vocab": source.vocab_size}
-        for flag, field in (("layers", "n_layers"), ("heads", "n_heads"), ("d_model", "d_model"),
-                            ("d_mlp", "d_mlp"), ("init", "init"), ("n_ctx", "n_ctx")):
-            if getattr(args, flag) is not None:
-                overrides[field] = getattr(args, flag)
-        if args.attn_only:
-            overrides["attn_only"] = True
-        if args.no_tie:
-            overrides["tie_weights"] = False
-        model = preset(name, **overrides)
-        binary = args.source != "random"  # fixed kernels: the paper's recipe
-        steps = args.steps if args.steps is not None else (300 if binary else 1000)
-        lr = args.lr if args.lr is not None else (2e-3 if binary else 1e-2)
-        train_cfg = TrainConfig(
-            steps=steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=lr,
-            optimizer=args.optimizer, schedule=args.schedule, seed=args.seed, precision=args.precision,
-            loss_scaling=args.loss_scaling, device=args.device, eval_every=args.eval_every,
-            n_checkpoints=args.checkpoints,
-        )
-        result = train(RunConfig(source=source, model=model, train=train_cfg), args.out,
-                       progress=not args.no_progress)
+        result = train(_train_run(args), args.out, progress=not args.no_progress)
         f = result.final
-        parts = [f"final eval loss {f['eval_loss']:.4f} nats", f"entropy rate {f['entropy_rate']:.4f}",
-                 f"unigram loss {f['unigram_loss']:.4f}"]
-        if "bayes_loss" in f:
-            parts.append(f"in-context Bayes loss {f['bayes_loss']:.4f}")
+        parts = [f"final eval loss {f.eval_loss:.4f} nats", f"entropy rate {f.entropy_rate:.4f}",
+                 f"unigram loss {f.unigram_loss:.4f}"]
+        if f.bayes_loss is not None:
+            parts.append(f"in-context Bayes loss {f.bayes_loss:.4f}")
         status = "already trained" if result.already_done else (
             f"resumed from step {result.resumed_from}" if result.resumed_from else "trained")
-        print(f"{status} ({f['step']} steps): " + ", ".join(parts) + f" -> {args.out}")
+        print(f"{status} ({f.step} steps): " + ", ".join(parts) + f" -> {args.out}")
         return 0
 
     p.set_defaults(handler=handler)
@@ -226,8 +276,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         "the same command resumes a stopped sweep; a failing cell is recorded with its error and the others go "
         "on. Writes OUT/results.csv (and results.parquet with pyarrow). Exit code 1 if any cell failed.",
     )
-    def _params(row: dict) -> str:
-        return " ".join(f"{k[len('param.'):]}={v}" for k, v in row.items() if k.startswith("param."))
+    def _params(row) -> str:  # row: sweep.Row
+        return " ".join(f"{k}={v}" for k, v in row.params.items())
 
     p.add_argument("spec", help="sweep spec file (.toml, or .json)")
     p.add_argument("--out", default=None, help="sweep folder (default runs/sweep-<spec file name>)")
@@ -250,7 +300,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         print(f"{len(result.rows)} cells: {n_ok} ok ({result.n_run} run now, {result.n_skipped} already done), "
               f"{result.n_failed} failed -> {result.table}")
         for row in result.failed:
-            print(f"  failed {row['cell_id']} {_params(row)}: {row.get('error')}", file=sys.stderr)
+            print(f"  failed {row.cell_id} {_params(row)}: {row.error}", file=sys.stderr)
         return 1 if result.n_failed else 0
 
     p.set_defaults(handler=handler)

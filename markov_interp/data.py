@@ -15,13 +15,14 @@ for two states, where a map is a reset, the identity or a flip, with a cumulativ
 """
 
 import dataclasses
-import json
 import math
 from typing import Any, Union
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from markov_interp.config import Config, check_choice, check_int, check_number, check_probability
 
 Tokens = Int[Tensor, "batch pos"]
 InitialLaw = Union[str, Tensor, list, tuple]  # "stationary", "uniform" or a law over the first contexts
@@ -36,8 +37,7 @@ def validate_kernel(kernel: Any, *, order: int = 1, name: str = "kernel") -> Ten
     Raises ValueError naming the problem: wrong shape, negative or non-finite entries, or a row that does not
     sum to 1 (tolerance 1e-6). An order-k kernel given flat as [V**k, V] is accepted and reshaped.
     """
-    if isinstance(order, bool) or not isinstance(order, int) or order < 1:
-        raise ValueError(f"order must be an integer >= 1, got {order!r}")
+    check_int("order", order, minimum=1)
     try:
         k = torch.as_tensor(kernel, dtype=torch.float64).detach().cpu().clone()
     except (TypeError, ValueError, RuntimeError) as err:
@@ -69,19 +69,9 @@ def validate_kernel(kernel: Any, *, order: int = 1, name: str = "kernel") -> Ten
     return k
 
 
-def _check_probability(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-    value = float(value)
-    if not (0.0 <= value <= 1.0):  # also refuses NaN
-        raise ValueError(f"{name} must be in [0, 1], got {value}")
-    return value
-
-
 def _check_sizes(batch: int, seq_len: int) -> None:
-    for name, value in (("batch", batch), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    check_int("batch", batch, minimum=1)
+    check_int("seq_len", seq_len, minimum=1)
 
 
 def _resolve_device(generator: torch.Generator | None, device: Any) -> torch.device:
@@ -274,8 +264,8 @@ class BinaryChain(MarkovChain):
     """
 
     def __init__(self, p: float | int, q: float | int, *, initial: InitialLaw = "stationary"):
-        self.p = _check_probability(p, "p")
-        self.q = _check_probability(q, "q")
+        self.p = check_probability("p", p)
+        self.q = check_probability("q", q)
         if initial == "stationary" and self.p + self.q == 0:
             raise ValueError("p = q = 0: the chain never moves and has no unique stationary law")
         super().__init__([[1 - self.p, self.p], [self.q, 1 - self.q]], initial=initial)
@@ -300,12 +290,9 @@ class RandomMarkov:
     """
 
     def __init__(self, vocab: int, order: int = 1, alpha: float | int = 1.0, *, initial: InitialLaw = "stationary"):
-        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 2:
-            raise ValueError(f"vocab must be an integer >= 2, got {vocab!r}")
-        if isinstance(order, bool) or not isinstance(order, int) or order < 1:
-            raise ValueError(f"order must be an integer >= 1, got {order!r}")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (alpha > 0 and math.isfinite(alpha)):
-            raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+        check_int("vocab", vocab, minimum=2)
+        check_int("order", order, minimum=1)
+        check_number("alpha", alpha, positive=True)
         self.vocab, self.order, self.alpha = vocab, order, float(alpha)
         self._initial = _initial_context_law(initial, None, vocab, order)
 
@@ -393,11 +380,16 @@ Source = Union[MarkovChain, RandomMarkov]
 
 
 # ---------------------------------------------------------------------------------------------- config
+_KINDS = ("binary", "markov", "random")
+_KIND_FIELDS = {"binary": ("p", "q"), "markov": ("kernel",), "random": ("vocab", "alpha")}  # besides order, initial
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SourceConfig:
+class SourceConfig(Config):
     """A serialisable description of a source: what a run folder records and `build()` turns into a source.
 
     kind "binary" uses p, q; "markov" uses kernel (nested lists) and order; "random" uses vocab, order, alpha.
+    Serialisation, unknown-key refusal and `replace` come from `config.Config`.
     """
 
     kind: str = "binary"  # "binary", "markov" or "random"
@@ -414,19 +406,21 @@ class SourceConfig:
             object.__setattr__(self, "kernel", _to_tuple(self.kernel))
         if isinstance(self.initial, (list, Tensor)):
             object.__setattr__(self, "initial", _to_tuple(self.initial))
+        check_choice("source kind", self.kind, _KINDS)
+        foreign = [name for name in ("p", "q", "kernel", "vocab") if getattr(self, name) is not None]
+        foreign += ["alpha"] if self.alpha != 1.0 else []
+        foreign = [name for name in foreign if name not in _KIND_FIELDS[self.kind]]
+        if foreign:  # an option of another kind would be stored but never used
+            raise ValueError(f"a {self.kind} source does not use {foreign}; it takes {list(_KIND_FIELDS[self.kind])}")
         if self.kind == "binary":
             if self.p is None or self.q is None:
                 raise ValueError("a binary source needs p and q")
             if self.order != 1:
                 raise ValueError(f"a binary chain has order 1, got order={self.order}")
-        elif self.kind == "markov":
-            if self.kernel is None:
-                raise ValueError("a markov source needs a kernel")
-        elif self.kind == "random":
-            if self.vocab is None:
-                raise ValueError("a random source needs vocab")
-        else:
-            raise ValueError(f"source kind must be 'binary', 'markov' or 'random', got {self.kind!r}")
+        elif self.kind == "markov" and self.kernel is None:
+            raise ValueError("a markov source needs a kernel")
+        elif self.kind == "random" and self.vocab is None:
+            raise ValueError("a random source needs vocab")
         self.build()  # validates every value once, with the sources' own messages
 
     def build(self) -> Source:
@@ -447,29 +441,10 @@ class SourceConfig:
             return int(self.vocab)
         return self.build().vocab
 
-    def to_dict(self) -> dict:
-        return {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "SourceConfig":
-        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown SourceConfig keys: {sorted(unknown)}")
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
 
 def _to_tuple(value: Any) -> Any:
     if isinstance(value, Tensor):
         value = value.tolist()
     if isinstance(value, (list, tuple)):
         return tuple(_to_tuple(v) for v in value)
-    return value
-
-
-def _to_json(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_to_json(v) for v in value]
     return value

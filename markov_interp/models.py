@@ -40,6 +40,7 @@ from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_f
 from transformer_lens.model_bridge.sources.native import NativeModel
 
 from markov_interp._io import atomic_write
+from markov_interp.config import Config, check_bool, check_choice, check_int, check_keys, check_number
 
 __all__ = [
     "ModelConfig",
@@ -68,12 +69,12 @@ _ACTIVATIONS = ("gelu", "gelu_new", "relu")
 
 # ------------------------------------------------------------------------------------------------ config
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelConfig:
+class ModelConfig(Config):
     """Architecture and initialisation of a decoder-only transformer on V-state Markov data.
 
-    Defaults are the paper's single-layer model. `d_head` defaults to d_model // n_heads and `d_mlp` to
-    4 * d_model; both are resolved to integers at construction (use `cfg.replace(...)`, which re-derives
-    them when d_model / n_heads change, rather than `dataclasses.replace`).
+    Defaults are the paper's single-layer model (the base of every preset). `d_head` defaults to
+    d_model // n_heads and `d_mlp` to 4 * d_model; both are resolved to integers at construction (use
+    `cfg.replace(...)`, which re-derives them when d_model / n_heads change, rather than `dataclasses.replace`).
 
     Initialisations (`init`):
       - "standard": every weight N(0, init_std) (embeddings, positions, Q, K, V, MLP in, untied head), the
@@ -112,7 +113,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_heads", "d_model", "d_vocab", "n_ctx"):
-            _check_int(name, getattr(self, name), minimum=2 if name == "d_vocab" else 1)
+            check_int(name, getattr(self, name), minimum=2 if name == "d_vocab" else 1)
         if self.d_head is None:
             if self.d_model % self.n_heads:
                 raise ValueError(
@@ -121,15 +122,14 @@ class ModelConfig:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
-        _check_int("d_head", self.d_head, minimum=1)
-        _check_int("d_mlp", self.d_mlp, minimum=1)
+        check_int("d_head", self.d_head, minimum=1)
+        check_int("d_mlp", self.d_mlp, minimum=1)
         for name in ("attn_only", "layernorm_bias", "tie_weights", "unembed_bias", "attn_bias", "mlp_bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        _check_choice("act_fn", self.act_fn, _ACTIVATIONS)
-        _check_choice("normalization", self.normalization, _NORMALIZATIONS)
-        _check_choice("positional", self.positional, _POSITIONAL)
-        _check_choice("init", self.init, _INITS)
+            check_bool(name, getattr(self, name))
+        check_choice("act_fn", self.act_fn, _ACTIVATIONS)
+        check_choice("normalization", self.normalization, _NORMALIZATIONS)
+        check_choice("positional", self.positional, _POSITIONAL)
+        check_choice("init", self.init, _INITS)
         if self.layernorm_bias and self.normalization != "LN":
             raise ValueError(
                 f"layernorm_bias=True needs normalization='LN' (got normalization={self.normalization!r}, "
@@ -138,61 +138,39 @@ class ModelConfig:
         if self.positional == "rotary" and self.d_head % 2:
             raise ValueError(f"positional='rotary' needs an even d_head, got d_head={self.d_head}")
         for name in ("eps", "init_std"):
-            _check_float(name, getattr(self, name), positive=True)
+            check_number(name, getattr(self, name), positive=True)
         if self.canonical_a is not None:
-            _check_float("canonical_a", self.canonical_a, positive=False)
+            check_number("canonical_a", self.canonical_a)
             if self.tie_weights:
                 raise ValueError("canonical_a sets the untied output scale; it needs tie_weights=False")
-        for name in ("canonical_e", "canonical_w", "canonical_b", "canonical_v_std"):
-            _check_float(name, getattr(self, name), positive=False)
-        if self.canonical_v_std < 0:
-            raise ValueError(f"canonical_v_std must be >= 0, got {self.canonical_v_std}")
+        for name in ("canonical_e", "canonical_w", "canonical_b"):
+            check_number(name, getattr(self, name))
+        check_number("canonical_v_std", self.canonical_v_std, minimum=0)
         if self.init == "canonical":
-            if self.d_vocab != 2:
-                raise ValueError(
-                    f"init='canonical' is defined for binary chains (d_vocab=2), got d_vocab={self.d_vocab}"
-                )
-            if self.positional != "standard":
-                raise ValueError("init='canonical' needs learned positions (positional='standard')")
-            if self.canonical_v_std > 0 and self.n_heads * self.d_head != self.d_model:
-                raise ValueError(
-                    f"init='canonical' with canonical_v_std > 0 needs n_heads * d_head == d_model, got "
-                    f"{self.n_heads} * {self.d_head} != {self.d_model}"
-                )
+            self._check_canonical()
 
-    # -- serialisation
-    def to_dict(self) -> dict:
-        """All fields as a JSON-ready dict (derived sizes included)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
-        """Inverse of `to_dict`; unknown keys raise ValueError naming them."""
-        if not isinstance(data, dict):
-            raise ValueError(f"model config must be a dict, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig keys {unknown}; valid keys are {sorted(known)}")
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
+    def _check_canonical(self) -> None:
+        if self.d_vocab != 2:
+            raise ValueError(f"init='canonical' is defined for binary chains (d_vocab=2), got d_vocab={self.d_vocab}")
+        if self.positional != "standard":
+            raise ValueError("init='canonical' needs learned positions (positional='standard')")
+        if self.canonical_v_std > 0 and self.n_heads * self.d_head != self.d_model:
+            raise ValueError(
+                f"init='canonical' with canonical_v_std > 0 needs n_heads * d_head == d_model, got "
+                f"{self.n_heads} * {self.d_head} != {self.d_model}"
+            )
 
     def replace(self, **changes: Any) -> "ModelConfig":
-        """A copy with `changes`; d_head / d_mlp are re-derived when they held their defaults and a size they
-        derive from changes (unless given explicitly). Unknown field names raise ValueError."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig fields {unknown}; valid fields are {sorted(known)}")
-        data = self.to_dict()
-        if "d_head" not in changes and self.d_head * self.n_heads == self.d_model and self.d_model % self.n_heads == 0:
-            data["d_head"] = None
+        """A copy with `changes` (`dataclasses.replace`); d_head / d_mlp are re-derived when they held their
+        defaults and a size they derive from changes (unless given explicitly). Unknown field names raise
+        ValueError."""
+        check_keys(ModelConfig, changes, what="fields")
+        derived = {}
+        if "d_head" not in changes and self.d_head * self.n_heads == self.d_model:
+            derived["d_head"] = None
         if "d_mlp" not in changes and self.d_mlp == 4 * self.d_model:
-            data["d_mlp"] = None
-        data.update(changes)
-        return ModelConfig(**data)
+            derived["d_mlp"] = None
+        return dataclasses.replace(self, **derived, **changes)
 
     @property
     def n_params(self) -> int:
@@ -210,47 +188,25 @@ class ModelConfig:
         return n
 
 
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _check_float(name: str, value: Any, *, positive: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if positive and value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-
-
-def _check_choice(name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-
-
 # ----------------------------------------------------------------------------------------------- presets
+# Every preset is the base preset, ModelConfig() (the paper's single-layer model: pre-LN GPT-2 block, 1 head,
+# d_model 8, MLP 4d GELU, learned positions, LN without bias, bias-free attention/MLP, tied embedding, output
+# bias; ~9k parameters, 8k of them positions), with these fields replaced.
 PRESETS: dict[str, dict] = {
-    # The paper's model: pre-LN GPT-2 block, 1 head, d_model 8, MLP 4d GELU, learned positions, LN without
-    # bias, bias-free attention/MLP, tied embedding, output bias; ~9k parameters (8k of them positions).
-    "paper-1layer": dict(n_layers=1, n_heads=1, d_model=8, d_mlp=32, act_fn="gelu", normalization="LN",
-                         layernorm_bias=False, positional="standard", d_vocab=2, n_ctx=1024, tie_weights=True,
-                         unembed_bias=True, attn_bias=False, mlp_bias=False),
+    "paper-1layer": {},
     # Its two-layer variant (the depth experiment: leaves the unigram plateau at p=0.5, q=0.8).
-    "paper-2layer": dict(n_layers=2, n_heads=1, d_model=8, d_mlp=32, act_fn="gelu", normalization="LN",
-                         layernorm_bias=False, positional="standard", d_vocab=2, n_ctx=1024, tie_weights=True,
-                         unembed_bias=True, attn_bias=False, mlp_bias=False),
+    "paper-2layer": {"n_layers": 2},
     # Two attention-only layers for the in-context task (random kernels): room for a previous-token head
     # in layer 0 and an induction head in layer 1. Untied, so the readout is free of the tying minima.
-    "attn-only-2layer": dict(n_layers=2, n_heads=1, d_model=16, attn_only=True, normalization="LN",
-                             layernorm_bias=False, positional="standard", d_vocab=2, n_ctx=1024,
-                             tie_weights=False, unembed_bias=True, attn_bias=False, mlp_bias=False),
+    "attn-only-2layer": {"n_layers": 2, "d_model": 16, "attn_only": True, "tie_weights": False},
 }
 
 
 def preset(name: str, **overrides: Any) -> ModelConfig:
     """The named preset as a `ModelConfig`, with `overrides` applied (e.g. `d_vocab=3`, `n_ctx=256`).
 
-    d_head and d_mlp follow d_model / n_heads overrides unless given. Unknown names or fields raise
-    ValueError listing the valid ones.
+    The preset is `ModelConfig().replace(**PRESETS[name], **overrides)`: d_head and d_mlp follow d_model /
+    n_heads unless given. Unknown names or fields raise ValueError listing the valid ones.
 
     >>> preset("paper-1layer").d_mlp
     32
@@ -259,15 +215,7 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     """
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; valid presets are {sorted(PRESETS)}")
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(f"unknown ModelConfig fields {unknown}; valid fields are {sorted(known)}")
-    data = dict(PRESETS[name])
-    if ("d_model" in overrides or "n_heads" in overrides) and "d_mlp" not in overrides:
-        data.pop("d_mlp", None)
-    data.update(overrides)
-    return ModelConfig(**data)
+    return ModelConfig().replace(**{**PRESETS[name], **overrides})
 
 
 # ------------------------------------------------------------------------------------------------- build

@@ -28,12 +28,14 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp._io import atomic_path, atomic_write
 from markov_interp import sweep
-from markov_interp.sweep import SweepSpec
+from markov_interp.sweep import Row, SweepResult, SweepSpec
+from markov_interp.training import RunConfig
 
 __all__ = ["Budget", "QUICK", "FULL", "experiment_specs", "reproduce", "summarise", "THEORY_SMALL_INIT"]
 
@@ -147,17 +149,17 @@ def _seeds(n: int) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------------- theory
-def _theory(row: dict) -> Optional[str]:
+def _theory(row: Row) -> Optional[str]:
     """The canonical model's predicted outcome for a one-layer binary-chain cell, or None where the theory is
     silent (deeper models, random kernels)."""
     from markov_interp import landscape
 
-    if row.get("source.kind") != "binary" or row.get("model.n_layers") != 1:
+    source, model = row.config.source, row.config.model
+    if source.kind != "binary" or model.n_layers != 1:
         return None
-    p, q, tied = row["source.p"], row["source.q"], bool(row["model.tie_weights"])
-    if row.get("model.init") == "canonical":
-        return landscape.predict_outcome(row["model.canonical_e"], row["model.canonical_w"], row["model.canonical_b"],
-                                         p=p, q=q, tied=tied)
+    p, q, tied = source.p, source.q, model.tie_weights
+    if model.init == "canonical":
+        return landscape.predict_outcome(model.canonical_e, model.canonical_w, model.canonical_b, p=p, q=q, tied=tied)
     return landscape.predict_outcome(THEORY_SMALL_INIT, THEORY_SMALL_INIT, None, p=p, q=q, tied=tied)
 
 
@@ -167,63 +169,70 @@ def _mean(values: list) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
-def _group(rows: list[dict], sweep_name: str, keys: tuple) -> dict:
+def _group(rows: list[Row], sweep_name: str, key: Callable[[RunConfig], tuple]) -> dict:
+    """The rows of one sweep grouped by `key(config)` (a tuple of setting values), in sorted order."""
     groups: dict = defaultdict(list)
     for row in rows:
-        if row["sweep"] == sweep_name:
-            groups[tuple(row.get(k) for k in keys)].append(row)
+        if row.sweep == sweep_name:
+            groups[key(row.config)].append(row)
     return dict(sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])))
 
 
-def _mechanism_label(row: dict) -> str:
+def _mechanism_label(probe: Optional[sweep.ProbeColumns]) -> str:
     """The classified mechanism; "induction?" when the model is in-context by behaviour but ablating its
     previous-token / induction heads did not confirm the circuit (`classify_mechanism`'s confident=False)."""
-    mechanism = row.get("mechanism") or "?"
-    if mechanism == "induction" and not row.get("probe.circuit_confirmed"):
+    if probe is None or probe.mechanism is None:
+        return "?"
+    if probe.mechanism == "induction" and not probe.circuit_confirmed:
         return "induction?"
-    return mechanism
+    return probe.mechanism
 
 
-def _summary_row(experiment: str, setting: dict, cells: list[dict]) -> dict:
-    ok = [r for r in cells if r["status"] == "ok"]
-    stuck = [r["stuck_at_unigram"] for r in ok if r.get("stuck_at_unigram") is not None]
-    mechanisms = Counter(_mechanism_label(r) for r in ok)
-    first = cells[0]
+def _probe_mean(results: list[sweep.CellResult], name: str) -> Optional[float]:
+    return _mean([getattr(r.probe, name) for r in results if r.probe is not None])
+
+
+def _summary_row(experiment: str, setting: dict, cells: list[Row]) -> dict:
+    """One summary row; `mechanisms` is a {label: count} dict (written as "label n, ..." only in tables)."""
+    ok = [r.result for r in cells if r.status == "ok"]
+    stuck = [r.stuck_at_unigram for r in ok if r.stuck_at_unigram is not None]
+    mechanisms = Counter(_mechanism_label(r.probe) for r in ok)
+    references = ok[0] if ok else None
     return {
         "experiment": experiment,
         **setting,
         "seeds": len(cells),
         "failed": len(cells) - len(ok),
         "stuck_fraction": (sum(stuck) / len(stuck)) if stuck else None,
-        "above_unigram": sum(r.get("outcome") == "above" for r in ok),
-        "final_loss": _mean([r.get("final_eval_loss") for r in ok]),
-        "entropy_rate": first.get("entropy_rate"),
-        "unigram_loss": first.get("unigram_loss"),
-        "bayes_loss": _mean([r.get("bayes_loss") for r in ok]),
-        "escape_step": _mean([r.get("escape_step") for r in ok]),
-        "theory": _theory(first),
-        "p_hat": _mean([r.get("probe.p_hat") for r in ok]),
-        "mechanisms": ", ".join(f"{m} {n}" for m, n in sorted(mechanisms.items())),
-        "previous_token_excess": _mean([r.get("probe.previous_token_excess") for r in ok]),
-        "induction_excess": _mean([r.get("probe.induction_excess") for r in ok]),
-        "circuit_confirmed": sum(bool(r.get("probe.circuit_confirmed")) for r in ok),
+        "above_unigram": sum(r.outcome == "above" for r in ok),
+        "final_loss": _mean([r.final_eval_loss for r in ok]),
+        "entropy_rate": references.entropy_rate if references else None,
+        "unigram_loss": references.unigram_loss if references else None,
+        "bayes_loss": _mean([r.bayes_loss for r in ok]),
+        "escape_step": _mean([r.escape_step for r in ok]),
+        "theory": _theory(cells[0]),
+        "p_hat": _probe_mean(ok, "p_hat"),
+        "mechanisms": dict(sorted(mechanisms.items())),
+        "previous_token_excess": _probe_mean(ok, "previous_token_excess"),
+        "induction_excess": _probe_mean(ok, "induction_excess"),
+        "circuit_confirmed": sum(bool(r.probe and r.probe.circuit_confirmed) for r in ok),
     }
 
 
-def summarise(rows: list[dict]) -> list[dict]:
+def summarise(rows: list[Row]) -> list[dict]:
     """One summary row per setting of each experiment (over seeds): fraction stuck at the unigram loss (see
     `sweep.stuck_at_unigram`), mean final loss beside the references, mean plateau-escape step, the landscape's
     prediction, the mean learned P(1|0) ("p_hat"), mechanism counts and mean head scores."""
     out = []
     for name in ("pq-tied", "pq-untied"):
-        for (p, q), cells in _group(rows, name, ("source.p", "source.q")).items():
+        for (p, q), cells in _group(rows, name, lambda c: (c.source.p, c.source.q)).items():
             out.append(_summary_row(name, {"p": p, "q": q, "tied": name == "pq-tied"}, cells))
-    for (layers,), cells in _group(rows, "depth", ("model.n_layers",)).items():
+    for (layers,), cells in _group(rows, "depth", lambda c: (c.model.n_layers,)).items():
         out.append(_summary_row("depth", {"p": _PQ[0], "q": _PQ[1], "n_layers": layers}, cells))
-    for (layers,), cells in _group(rows, "random", ("model.n_layers",)).items():
+    for (layers,), cells in _group(rows, "random", lambda c: (c.model.n_layers,)).items():
         out.append(_summary_row("random", {"n_layers": layers}, cells))
-    for (init, w, precision), cells in _group(rows, "init-precision",
-                                               ("model.init", "model.canonical_w", "train.precision")).items():
+    for (init, w, precision), cells in _group(
+            rows, "init-precision", lambda c: (c.model.init, c.model.canonical_w, c.train.precision)).items():
         label = "standard N(0, 0.02)" if init == "standard" else f"canonical w0={w}"
         out.append(_summary_row("init-precision", {"p": _PQ[0], "q": _PQ[1], "init": label, "precision": precision},
                                 cells))
@@ -243,6 +252,8 @@ def _fmt(value: Any, digits: int = 4) -> str:
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
+    if isinstance(value, dict):  # mechanism counts
+        return ", ".join(f"{k} {n}" for k, n in value.items())
     return str(value)
 
 
@@ -303,7 +314,7 @@ def phase_figure(summary: list[dict], values: tuple) -> Any:
     return fig
 
 
-def depth_figure(rows: list[dict], work_dir: Path) -> Any:
+def depth_figure(rows: list[Row], work_dir: Path) -> Any:
     """Training loss against step at p = 0.5, q = 0.8 for each depth (each seed a thin line), with the unigram
     loss and the entropy rate."""
     from matplotlib.figure import Figure
@@ -314,15 +325,16 @@ def depth_figure(rows: list[dict], work_dir: Path) -> Any:
     ax = fig.subplots()
     colours = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange"]
     refs = None
-    layers = sorted({r["model.n_layers"] for r in rows if r["sweep"] == "depth"})
+    depth = [r for r in rows if r.sweep == "depth"]
+    layers = sorted({r.config.model.n_layers for r in depth})
     for colour, n in zip(colours, layers):
-        for i, r in enumerate(r for r in rows if r["sweep"] == "depth" and r["model.n_layers"] == n):
-            if r["status"] != "ok":
+        for i, r in enumerate(r for r in depth if r.config.model.n_layers == n):
+            if r.status != "ok":
                 continue
-            metrics = [m for m in load_metrics(work_dir / r["run_dir"]) if "train_loss" in m]
+            metrics = [m for m in load_metrics(work_dir / r.run_dir) if "train_loss" in m]
             ax.plot([m["step"] for m in metrics], [m["train_loss"] for m in metrics], color=colour, lw=0.9,
                     alpha=0.8, label=f"{n} layer{'s' if n > 1 else ''}" if i == 0 else None)
-            refs = (r["entropy_rate"], r["unigram_loss"])
+            refs = (r.result.entropy_rate, r.result.unigram_loss)
     if refs:
         ax.axhline(refs[1], color="grey", ls="--", lw=1, label=f"unigram loss H(pi) = {refs[1]:.4f}")
         ax.axhline(refs[0], color="black", ls=":", lw=1, label=f"entropy rate = {refs[0]:.4f}")
@@ -348,10 +360,7 @@ def mechanism_figure(summary: list[dict]) -> Any:
         labels = [str(r["n_layers"]) for r in rows]
         bottom = [0] * len(rows)
         for mech, colour in colours.items():
-            counts = []
-            for r in rows:
-                parts = dict(p.rsplit(" ", 1) for p in r["mechanisms"].split(", ") if p)
-                counts.append(int(parts.get(mech, 0)))
+            counts = [r["mechanisms"].get(mech, 0) for r in rows]
             if any(counts):
                 label = "in-context, circuit not confirmed" if mech == "induction?" else mech
                 ax.bar(labels, counts, bottom=bottom, color=colour, label=label)
@@ -451,19 +460,26 @@ def _write_csv(path: Path, rows: list[dict], columns: tuple) -> Path:
     writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({c: "" if row.get(c) is None else row.get(c) for c in columns})
+        writer.writerow({c: _cell(row.get(c)) for c in columns})
     atomic_write(path, buffer.getvalue())
     return path
 
 
-def _training_span(work: Path, rows: list[dict]) -> tuple[Optional[float], float]:
+def _cell(value: Any) -> Any:
+    """A summary value as a CSV cell: None empty, mechanism counts as "label n, ..."."""
+    if value is None:
+        return ""
+    return ", ".join(f"{k} {n}" for k, n in value.items()) if isinstance(value, dict) else value
+
+
+def _training_span(work: Path, rows: list[Row]) -> tuple[Optional[float], float]:
     """(wall-clock minutes from the first cell's start to the last cell's end of training, summed minutes of
     the cells' trainings), read from the run folders (config.json written at the start, model.safetensors at
     the end): the time the training took, also when this call reused or only re-probed the cells."""
     starts, ends = [], []
     for row in rows:
-        config = work / row["run_dir"] / "config.json"
-        weights = work / row["run_dir"] / "model.safetensors"
+        config = work / row.run_dir / "config.json"
+        weights = work / row.run_dir / "model.safetensors"
         if config.exists() and weights.exists():
             starts.append(config.stat().st_mtime)
             ends.append(weights.stat().st_mtime)
@@ -472,7 +488,7 @@ def _training_span(work: Path, rows: list[dict]) -> tuple[Optional[float], float
     return (max(ends) - min(starts)) / 60, sum(e - s for s, e in zip(starts, ends)) / 60
 
 
-def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds: float, result: Any,
+def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds: float, result: SweepResult,
                       work: Path) -> str:
     import platform
 

@@ -16,6 +16,11 @@ Layout of a sweep folder:
     out_dir/results/<cell_id>.json  the cell's row once finished, or its error and traceback if it failed
     out_dir/results.csv           the table (also results.parquet when pyarrow is installed)
 
+A row is typed end to end: `run_cell` returns a `CellResult` (built from `training.TrainResult.final` and the
+`probes.MechanismReport`'s attributes, the latter as `ProbeColumns`), `run` returns `Row`s, and only the table
+flattens them to columns (`Row.columns`); `read_table` reads them back through one typed reader
+(`Row.from_columns`, each column decoded by the type of the field it holds).
+
 Restart: a cell whose results file says "ok" (with the same probe settings) is not run again; a cell that
 failed is retried; a cell interrupted mid-training resumes from its newest checkpoint (`training.train`).
 
@@ -53,11 +58,20 @@ import math
 import os
 import time
 import traceback
-from collections.abc import Callable, Sequence
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
+
+from transformer_lens.model_bridge import TransformerBridge
 
 from markov_interp._io import atomic_path, atomic_write
+from markov_interp.config import Config, check_bool, check_int, check_keys
+from markov_interp.data import SourceConfig
+from markov_interp.models import ModelConfig
+from markov_interp.probes import MechanismReport
+from markov_interp.training import RunConfig, TrainConfig, TrainResult, build_run, split_key, train
 
 __all__ = [
     "SweepSpec",
@@ -67,6 +81,9 @@ __all__ = [
     "run",
     "run_cell",
     "SweepResult",
+    "Row",
+    "CellResult",
+    "ProbeColumns",
     "stuck_at_unigram",
     "outcome",
     "escape_step",
@@ -83,52 +100,32 @@ STUCK_FRACTION = 0.5
 # 1 makes the chain nearly i.i.d.) and the flag is left undecided (None).
 MIN_GAP = 0.005
 
-_TOP_KEYS = ("name", "seeds", "base", "grid", "exclude", "probe")
 _SECTIONS = ("source", "model", "train")
 _RESULTS_DIR = "results"
 _RUNS_DIR = "runs"
 _TABLE = "results.csv"
+_RECORD_FORMAT = 2  # results/<cell_id>.json: {"format", "status", "error", "traceback", "result", ...}
 
 
 # --------------------------------------------------------------------------------------------------- spec
-def _fields(section: str) -> set[str]:
-    from markov_interp.data import SourceConfig
-    from markov_interp.models import ModelConfig
-    from markov_interp.training import TrainConfig
-
-    cls = {"source": SourceConfig, "model": ModelConfig, "train": TrainConfig}[section]
-    names = {f.name for f in dataclasses.fields(cls)}
-    if section == "model":
-        names.add("preset")
-    return names
-
-
 def _check_key(key: str, where: str) -> tuple[str, str]:
-    if not isinstance(key, str) or key.count(".") != 1:
-        raise ValueError(
-            f"{where}: key {key!r} must be 'section.field' with section one of {list(_SECTIONS)} "
-            "(e.g. 'source.p', 'model.n_layers', 'train.lr')"
-        )
-    section, field = key.split(".")
-    if section not in _SECTIONS:
-        raise ValueError(f"{where}: key {key!r} has unknown section {section!r}; expected one of {list(_SECTIONS)}")
-    valid = _fields(section)
-    if field not in valid:
-        raise ValueError(f"{where}: key {key!r} names no {section} option; valid {section} options are {sorted(valid)}")
+    """`training.split_key` (the one dotted-key parser) plus the sweep's rule: seeds come from `seeds`."""
+    section, field = split_key(key, where=where)
     if key == "train.seed":
         raise ValueError(f"{where}: give seeds with the top-level `seeds = [...]` list, not {key!r}")
     return section, field
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SweepSpec:
+class SweepSpec(Config):
     """A grid of training runs: a base run config, a grid over dotted options and a list of seeds.
 
     `base` holds up to three sections, "source", "model" (optionally with a `preset` name; `d_vocab` follows
     the source unless given) and "train", each a dict of `SourceConfig` / `ModelConfig` / `TrainConfig`
     fields. `grid` maps "section.field" to the list of values to try; the cells are the Cartesian product of
     the grid times `seeds`, minus grid points matching an entry of `exclude`. `probe=False` skips
-    `classify_mechanism`. Unknown keys anywhere raise ValueError naming them.
+    `classify_mechanism`. Unknown keys anywhere raise ValueError naming them (serialisation and the refusal of
+    unknown top-level keys come from `config.Config`; dotted keys are checked by `training.split_key`).
 
     >>> spec = SweepSpec(name="demo", base={"source": {"kind": "binary", "p": 0.2, "q": 0.3},
     ...                  "train": {"steps": 5, "seq_len": 16}}, grid={"model.tie_weights": [True, False]},
@@ -167,10 +164,10 @@ class SweepSpec:
             if not isinstance(values, (list, tuple)) or len(values) == 0:
                 raise ValueError(f"grid: {key!r} must be a non-empty list of values, got {values!r}")
         seeds = tuple(self.seeds) if isinstance(self.seeds, (list, tuple)) else self.seeds
-        if not isinstance(seeds, tuple) or not seeds or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds
-        ):
+        if not isinstance(seeds, tuple) or not seeds:
             raise ValueError(f"seeds must be a non-empty list of integers >= 0, got {self.seeds!r}")
+        for seed in seeds:
+            check_int("each of seeds", seed, minimum=0)
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"seeds has duplicates: {list(seeds)}")
         object.__setattr__(self, "seeds", seeds)
@@ -183,24 +180,13 @@ class SweepSpec:
             for key in entry:
                 _check_key(key, "exclude")
         object.__setattr__(self, "exclude", exclude)
-        if not isinstance(self.probe, bool):
-            raise ValueError(f"probe must be true or false, got {self.probe!r}")
-
-    # -- serialisation
-    def to_dict(self) -> dict:
-        return {"name": self.name, "base": self.base, "grid": {k: list(v) for k, v in self.grid.items()},
-                "seeds": list(self.seeds), "exclude": [dict(e) for e in self.exclude], "probe": self.probe}
+        check_bool("probe", self.probe)
 
     @classmethod
-    def from_dict(cls, data: dict, *, where: str = "spec") -> "SweepSpec":
+    def from_dict(cls, data: Any, *, where: str = "spec") -> "SweepSpec":
         """A spec from a parsed TOML / JSON table; unknown top-level keys raise ValueError naming them."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: a sweep spec must be a table, got {type(data).__name__}")
-        unknown = sorted(set(data) - set(_TOP_KEYS))
-        if unknown:
-            raise ValueError(f"{where}: unknown keys {unknown}; valid top-level keys are {list(_TOP_KEYS)}")
         try:
-            return cls(**data)
+            return cls(**check_keys(cls, data))
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
 
@@ -232,25 +218,11 @@ class _Missing:
     pass
 
 
-def _build_run(base: dict, point: dict, seed: int) -> Any:
-    from markov_interp.data import SourceConfig
-    from markov_interp.models import ModelConfig, preset
-    from markov_interp.training import RunConfig, TrainConfig
-
-    merged = {s: dict(base.get(s, {})) for s in _SECTIONS}
-    for key, value in point.items():
-        section, field = key.split(".")
-        merged[section][field] = value
-    source = SourceConfig.from_dict(merged["source"]) if merged["source"] else SourceConfig(kind="binary", p=0.2, q=0.3)
-    model_opts = merged["model"]
-    model_opts.setdefault("d_vocab", source.vocab_size)
-    name = model_opts.pop("preset", None)
-    model = preset(name, **model_opts) if name is not None else ModelConfig.from_dict(model_opts)
-    train = TrainConfig.from_dict({**merged["train"], "seed": seed})
-    return RunConfig(source=source, model=model, train=train)
+def _build_run(base: dict, point: dict, seed: int) -> RunConfig:
+    return build_run(base, {**point, "train.seed": seed}, where="cell")
 
 
-def cell_id(config: Any) -> str:
+def cell_id(config: RunConfig) -> str:
     """A deterministic 16-hex-digit id of a run config (sha256 of its sorted JSON, the device left out: where
     a run executes does not change what it is)."""
     data = config.to_dict()
@@ -264,8 +236,8 @@ class Cell:
 
     cell_id: str
     sweep: str
-    params: dict
-    config: Any  # training.RunConfig
+    params: dict  # the cell's grid values and seed: {"model.tie_weights": True, "seed": 0}
+    config: RunConfig
 
 
 def load_spec(path: "str | os.PathLike") -> SweepSpec:
@@ -362,109 +334,154 @@ def _probe_settings() -> dict:
     return {"version": 1, "probes_source": digest.hexdigest()[:16]}
 
 
-def _flat(prefix: str, data: Any, out: dict) -> None:
-    """Flatten scalars of a nested dict into `out` with dotted keys (lists of scalars kept as JSON text)."""
-    if isinstance(data, dict):
-        for key, value in data.items():
-            _flat(f"{prefix}.{key}" if prefix else str(key), value, out)
-    elif data is None or isinstance(data, (bool, int, float, str)):
-        out[prefix] = data
-    elif isinstance(data, (list, tuple)):
-        out[prefix] = json.dumps(data)
+def _finite(value: Any) -> Optional[float]:
+    """A float, or None where there is no finite number (a NaN score: nothing to report)."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
-def _probe(model: Any, config: Any) -> tuple[dict, Optional[dict]]:
-    """Mechanism and key probe scores of a trained model (columns `mechanism`, `probe.*`), and the full
-    `classify_mechanism` report as a dict (None when the probes offer no classifier)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProbeColumns:
+    """A cell's mechanism and key probe scores, read off `probes.classify_mechanism`'s `MechanismReport`.
+
+    The decision and its evidence ratios, the best previous-token / induction heads' scores above chance,
+    the circuit heads and their ablations, and the kernel readout (for binary chains the learned P(1|0)
+    "p_hat" and P(0|1) "q_hat", the paper's comparison with p and q). In a table: `mechanism` and
+    `probe.<field>` columns.
+    """
+
+    mechanism: Optional[str]  # None when the probes offer no classifier
+    confident: Optional[bool] = None
+    state_ratio: Optional[float] = None
+    context_ratio: Optional[float] = None
+    bigram_gain: Optional[float] = None
+    icl_score: Optional[float] = None
+    previous_token_excess: Optional[float] = None  # the best head's (score - chance) / (1 - chance)
+    induction_excess: Optional[float] = None
+    previous_token_head: Optional[tuple[int, int]] = None  # (layer, head)
+    induction_head: Optional[tuple[int, int]] = None
+    previous_token_ablation: Optional[float] = None  # loss change when mean-ablating that head (nats)
+    induction_ablation: Optional[float] = None
+    circuit_confirmed: Optional[bool] = None
+    readout_max_abs_error: Optional[float] = None
+    readout_weighted_kl: Optional[float] = None
+    p_hat: Optional[float] = None  # binary chains: learned P(1 | 0)
+    q_hat: Optional[float] = None  # binary chains: learned P(0 | 1)
+
+    @classmethod
+    def from_report(cls, report: MechanismReport) -> "ProbeColumns":
+        def best(name: str) -> Optional[float]:
+            values = [v for v in report.attention.excess(name).flatten().tolist() if math.isfinite(v)]
+            return max(values) if values else None
+
+        implied = report.readout.implied
+        binary = tuple(implied.shape) == (2, 2)
+        return cls(
+            mechanism=report.mechanism,
+            confident=report.confident,
+            state_ratio=_finite(report.state_ratio),
+            context_ratio=_finite(report.context_ratio),
+            bigram_gain=_finite(report.bigram_gain),
+            icl_score=_finite(report.behaviour.icl_score),
+            previous_token_excess=best("previous_token"),
+            induction_excess=best("induction"),
+            previous_token_head=report.previous_token_head,
+            induction_head=report.induction_head,
+            previous_token_ablation=_finite(report.previous_token_ablation),
+            induction_ablation=_finite(report.induction_ablation),
+            circuit_confirmed=report.circuit_confirmed,
+            readout_max_abs_error=_finite(report.readout.max_abs_error),
+            readout_weighted_kl=_finite(report.readout.weighted_kl),
+            p_hat=_finite(implied[0, 1]) if binary else None,
+            q_hat=_finite(implied[1, 0]) if binary else None,
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CellResult:
+    """What a finished cell adds to its row: final losses beside `theory`'s references, where the final loss
+    sits (`outcome`, `stuck_at_unigram`), when the run left the plateau (`escape_step`) and, when probed, the
+    mechanism (`probe`). Losses in nats."""
+
+    final_step: int
+    final_eval_loss: float
+    final_train_loss: float  # mean training loss of the last logged row
+    entropy_rate: float
+    unigram_loss: float
+    bayes_loss: Optional[float]  # random kernels only
+    excess_loss: float  # final_eval_loss - optimum (the in-context Bayes loss, else the entropy rate)
+    outcome: Optional[str]
+    stuck_at_unigram: Optional[bool]
+    escape_step: Optional[int]
+    probe: Optional[ProbeColumns]  # None when the sweep does not probe
+    seconds: float
+
+    @classmethod
+    def from_training(cls, result: TrainResult, probe: Optional[ProbeColumns], seconds: float) -> "CellResult":
+        f = result.final
+        return cls(
+            final_step=f.step, final_eval_loss=f.eval_loss, final_train_loss=f.train_loss,
+            entropy_rate=f.entropy_rate, unigram_loss=f.unigram_loss, bayes_loss=f.bayes_loss,
+            excess_loss=f.excess_loss,
+            outcome=outcome(f.eval_loss, f.optimum, f.unigram_loss),
+            stuck_at_unigram=stuck_at_unigram(f.eval_loss, f.optimum, f.unigram_loss),
+            escape_step=escape_step(result.metrics, f.optimum, f.unigram_loss),
+            probe=probe, seconds=seconds,
+        )
+
+    def to_dict(self) -> dict:
+        """JSON-ready (what a cell's record file holds)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CellResult":
+        data = dict(data)
+        probe = data.pop("probe", None)
+        if probe is not None:
+            probe = {k: tuple(v) if k.endswith("_head") and v is not None else v for k, v in probe.items()}
+            probe = ProbeColumns(**probe)
+        return cls(probe=probe, **data)
+
+
+def _probe(model: TransformerBridge, config: RunConfig) -> tuple[ProbeColumns, Optional[dict]]:
+    """Mechanism and key probe scores of a trained model, and the full `classify_mechanism` report as a dict
+    (None when the probes offer no classifier)."""
     from markov_interp import probes
 
     classify = getattr(probes, "classify_mechanism", None)
     if classify is None:  # probes without a classifier: record that instead of failing the cell
-        return {"mechanism": None}, None
-    report = classify(model, config.source.build(), seed=0).to_dict()
-    return _probe_columns(report), report
+        return ProbeColumns(mechanism=None), None
+    report = classify(model, config.source.build(), seed=0)
+    return ProbeColumns.from_report(report), report.to_dict()
 
 
-def _probe_columns(report: dict) -> dict:
-    """The table's probe columns: the decision, its evidence ratios, the circuit heads and the kernel readout
-    (for binary chains the learned P(1|0) and P(0|1), the paper's "p_hat" beside p and pi_1)."""
-    heads = report.get("heads") or {}
-    readout = report.get("readout") or {}
+def run_cell(cell: Cell, runs_dir: "str | os.PathLike", *, probe: bool = True, progress: bool = False) -> CellResult:
+    """Train (or load) one cell into runs_dir/<cell_id> and return its results (without error handling).
 
-    def best(name: str) -> Optional[float]:
-        grid = heads.get(f"{name}_excess")
-        values = [v for row in grid for v in row] if isinstance(grid, list) else []
-        return max(values) if values else None
-
-    implied = readout.get("implied")
-    out = {
-        "mechanism": report.get("mechanism"),
-        "probe.confident": report.get("confident"),
-        "probe.state_ratio": report.get("state_ratio"),
-        "probe.context_ratio": report.get("context_ratio"),
-        "probe.bigram_gain": report.get("bigram_gain"),
-        "probe.icl_score": report.get("icl_score"),
-        "probe.previous_token_excess": best("previous_token"),
-        "probe.induction_excess": best("induction"),
-        "probe.previous_token_head": json.dumps(report.get("previous_token_head")),
-        "probe.induction_head": json.dumps(report.get("induction_head")),
-        "probe.previous_token_ablation": report.get("previous_token_ablation"),
-        "probe.induction_ablation": report.get("induction_ablation"),
-        "probe.circuit_confirmed": report.get("circuit_confirmed"),
-        "probe.readout_max_abs_error": readout.get("max_abs_error"),
-        "probe.readout_weighted_kl": readout.get("weighted_kl"),
-    }
-    if isinstance(implied, list) and len(implied) == 2 and all(len(r) == 2 for r in implied):
-        out["probe.p_hat"] = implied[0][1]  # learned P(1 | 0)
-        out["probe.q_hat"] = implied[1][0]  # learned P(0 | 1)
-    return out
-
-
-def run_cell(cell: Cell, runs_dir: "str | os.PathLike", *, probe: bool = True, progress: bool = False) -> dict:
-    """Train (or load) one cell into runs_dir/<cell_id> and return its results row (without error handling).
-
-    The row holds the final evaluation loss, the last logged training loss, the reference losses of `theory`
-    (entropy rate, unigram loss, in-context Bayes loss for random kernels), `stuck_at_unigram`, `escape_step`
-    and, with `probe`, the mechanism and key probe scores.
+    The final evaluation loss, the last logged training loss, the reference losses of `theory` (entropy rate,
+    unigram loss, in-context Bayes loss for random kernels), `outcome`, `stuck_at_unigram`, `escape_step`
+    and, with `probe`, the mechanism and key probe scores (the full report goes to
+    results/<cell_id>.probe.json).
     """
-    from markov_interp.training import train
-
     start = time.perf_counter()
     run_dir = Path(runs_dir) / cell.cell_id
     result = train(cell.config, run_dir, progress=progress)
-    final = dict(result.final)
-    rows = result.metrics
-    train_rows = [r for r in rows if "train_loss" in r]
-    optimum = final.get("bayes_loss", final.get("entropy_rate"))
-    unigram = final.get("unigram_loss")
-    row: dict = {
-        "final_step": final["step"],
-        "final_eval_loss": final["eval_loss"],
-        "final_train_loss": train_rows[-1]["train_loss"] if train_rows else None,
-        "entropy_rate": final.get("entropy_rate"),
-        "unigram_loss": unigram,
-        "bayes_loss": final.get("bayes_loss"),
-        "excess_loss": final["eval_loss"] - optimum if optimum is not None else None,
-        "outcome": outcome(final["eval_loss"], optimum, unigram) if optimum is not None and unigram is not None else None,
-        "stuck_at_unigram": stuck_at_unigram(final["eval_loss"], optimum, unigram)
-        if optimum is not None and unigram is not None else None,
-        "escape_step": escape_step(train_rows, optimum, unigram) if optimum is not None and unigram is not None else None,
-    }
+    columns = None
     if probe:
         columns, report = _probe(result.model, cell.config)
-        row.update(columns)
         if report is not None:
             atomic_write(Path(runs_dir).parent / _RESULTS_DIR / f"{cell.cell_id}.probe.json",
-                               json.dumps(report, indent=1, sort_keys=True, default=str))
-    row["seconds"] = round(time.perf_counter() - start, 3)
-    return row
+                         json.dumps(report, indent=1, sort_keys=True, default=str))
+    return CellResult.from_training(result, columns, round(time.perf_counter() - start, 3))
 
 
 def _execute(cell: Cell, runs_dir: str, probe: bool, cell_fn: Optional[Callable]) -> dict:
     """Run one cell, catching any exception into a failed record (this is what a worker executes)."""
     try:
-        row = (cell_fn or run_cell)(cell, runs_dir, probe=probe)
-        return {"status": "ok", "error": None, "traceback": None, **row}
+        result = (cell_fn or run_cell)(cell, runs_dir, probe=probe)
+        return {"status": "ok", "error": None, "traceback": None, "result": result.to_dict()}
     except Exception as err:  # a failing cell is recorded; the sweep goes on
         return {"status": "failed", "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
 
@@ -490,9 +507,11 @@ def _read_record(path: Path) -> Optional[dict]:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
     except (json.JSONDecodeError, OSError):
         return None  # a damaged record is treated as absent: the cell runs again
+    # a record of an older format is treated as absent too: the cell runs again (its training is reused)
+    return record if isinstance(record, dict) and record.get("format") == _RECORD_FORMAT else None
 
 
 def _is_done(record: Optional[dict], probe: bool, settings: dict) -> bool:
@@ -501,38 +520,147 @@ def _is_done(record: Optional[dict], probe: bool, settings: dict) -> bool:
     return (not probe) or record.get("probe_settings") == settings
 
 
-def _config_columns(cell: Cell) -> dict:
-    out: dict = {}
-    _flat("", cell.config.to_dict(), out)
-    return out
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Row:
+    """One cell of a sweep as the results table holds it: its sweep, id, status, grid values, run config and,
+    once finished, its `CellResult`.
+
+    `columns()` flattens it to the table's columns (`param.<key>`, `source.*`, `model.*`, `train.*`, the
+    result's fields, `mechanism` and `probe.*`); `Row.from_columns` is the one reader back (`read_table`),
+    decoding each column by the type of the field it holds.
+    """
+
+    sweep: str
+    cell_id: str
+    status: str  # "ok", "failed" or "missing"
+    error: Optional[str]
+    params: dict  # grid values and seed: {"model.tie_weights": True, "seed": 0}
+    config: RunConfig
+    result: Optional[CellResult]  # None unless status == "ok"
+    run_dir: str  # the run folder, relative to the sweep folder
+
+    def columns(self) -> dict[str, Any]:
+        """The row as flat table columns (None where a value is absent)."""
+        out: dict[str, Any] = {"sweep": self.sweep, "cell_id": self.cell_id, "status": self.status,
+                               "error": self.error}
+        out.update({f"param.{k}": v for k, v in self.params.items()})
+        if self.result is not None:
+            for f in dataclasses.fields(CellResult):
+                if f.name != "probe":
+                    out[f.name] = getattr(self.result, f.name)
+            if self.result.probe is not None:
+                for f in dataclasses.fields(ProbeColumns):
+                    name = f.name if f.name == "mechanism" else f"probe.{f.name}"
+                    out[name] = getattr(self.result.probe, f.name)
+        for section, values in self.config.to_dict().items():
+            out.update({f"{section}.{k}": v for k, v in values.items()})
+        out["run_dir"] = self.run_dir
+        return out
+
+    @classmethod
+    def from_columns(cls, columns: Mapping[str, Any]) -> "Row":
+        """The row written as `columns` (CSV text or values); the config columns must give back the cell id."""
+        cell = columns.get("cell_id")
+
+        def get(name: str, kind: Any) -> Any:
+            return _decode(columns.get(name), kind, name, cell)
+
+        sections: dict[str, dict] = {s: {} for s in _SECTIONS}
+        params = {}
+        for name in columns:
+            head, _, rest = name.partition(".")
+            if head in _SECTIONS:
+                sections[head][rest] = get(name, _field_type(name))
+            elif head == "param":
+                params[rest] = get(name, _field_type("train.seed" if rest == "seed" else rest))
+        config = RunConfig.from_dict(sections)
+        if cell_id(config) != cell:
+            raise ValueError(f"results row {cell}: its config columns give another cell id ({cell_id(config)})")
+        result = None
+        if get("status", str) == "ok":
+            probe = None
+            if columns.get("mechanism") not in (None, ""):
+                probe = ProbeColumns(**{f.name: get(f.name if f.name == "mechanism" else f"probe.{f.name}", f.type)
+                                        for f in dataclasses.fields(ProbeColumns)})
+            result = CellResult(probe=probe, **{f.name: get(f.name, f.type) for f in dataclasses.fields(CellResult)
+                                                if f.name != "probe"})
+        return cls(sweep=get("sweep", str), cell_id=cell, status=get("status", str), error=get("error", Optional[str]),
+                   params=params, config=config, result=result, run_dir=get("run_dir", str))
 
 
-def _row(cell: Cell, record: dict, out: Path) -> dict:
-    row = {"sweep": cell.sweep, "cell_id": cell.cell_id}
-    row.update({f"param.{k}": v for k, v in cell.params.items()})
-    row.update({k: v for k, v in record.items() if k not in ("traceback", "probe_settings", "cell_id", "sweep")})
-    row.update(_config_columns(cell))
-    row["run_dir"] = str(Path(_RUNS_DIR) / cell.cell_id)
-    return row
+def _field_type(key: str) -> Any:
+    """The annotation of the run-config field a dotted key names ("model.preset": str)."""
+    section, field = split_key(key, where="results table")
+    if (section, field) == ("model", "preset"):
+        return str
+    cls = {"source": SourceConfig, "model": ModelConfig, "train": TrainConfig}[section]
+    return {f.name: f.type for f in dataclasses.fields(cls)}[field]
 
 
-_FIRST = ("sweep", "cell_id", "status", "error")
+def _kinds(annotation: Any) -> set:
+    """The plain types an annotation admits (Optional[int] -> {int, NoneType}, tuple[int, int] -> {tuple})."""
+    if annotation is Any:
+        return {bool, int, float, list, str, type(None)}
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        return set().union(*(_kinds(a) for a in typing.get_args(annotation)))
+    if origin is not None:
+        return {origin}
+    return {annotation}
 
 
-def _write_table(out: Path, rows: list[dict]) -> Path:
+def _decode(value: Any, annotation: Any, column: str, cell: Optional[str]) -> Any:
+    """A table cell back to the value of the field it holds: CSV text decoded by the field's type."""
+    if not isinstance(value, str):
+        return value
+    kinds = _kinds(annotation)
+    if value == "":
+        return None
+    if bool in kinds and value in ("True", "False"):
+        return value == "True"
+    for kind in (int, float):
+        if kind in kinds:
+            try:
+                return kind(value)
+            except ValueError:
+                pass
+    if value == "null" and str not in kinds:  # tables written before typed rows stored absent heads as JSON null
+        return None
+    if kinds & {list, tuple} and value.startswith("["):
+        decoded = json.loads(value)
+        return tuple(decoded) if tuple in kinds and list not in kinds else decoded
+    if str in kinds:
+        return value
+    raise ValueError(f"results row {cell}: column {column!r} holds {value!r}, which is not a {annotation}")
+
+
+def _row(cell: Cell, record: dict) -> Row:
+    result = CellResult.from_dict(record["result"]) if record["status"] == "ok" else None
+    return Row(sweep=cell.sweep, cell_id=cell.cell_id, status=record["status"], error=record.get("error"),
+               params=dict(cell.params), config=cell.config, result=result,
+               run_dir=str(Path(_RUNS_DIR) / cell.cell_id))
+
+
+def _cell_text(value: Any) -> Any:
+    """A value as a CSV / Parquet cell: lists and tuples (kernels, head coordinates) as JSON, None as empty."""
+    if isinstance(value, (list, tuple)):
+        return json.dumps(value)
+    return value
+
+
+def _write_table(out: Path, rows: list[Row]) -> Path:
     import csv
     import io
 
-    columns: list[str] = [c for c in _FIRST]
-    for row in rows:
-        for key in row:
-            if key not in columns:
-                columns.append(key)
+    flat = [row.columns() for row in rows]
+    columns: list[str] = []
+    for row in flat:
+        columns += [key for key in row if key not in columns]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    for row in rows:
-        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+    for row in flat:
+        writer.writerow({k: "" if row.get(k) is None else _cell_text(row[k]) for k in columns})
     path = out / _TABLE
     atomic_write(path, buffer.getvalue())
     try:
@@ -540,19 +668,14 @@ def _write_table(out: Path, rows: list[dict]) -> Path:
         import pyarrow.parquet as pq
     except ModuleNotFoundError:
         return path
-    table = pa.Table.from_pylist([{k: _parquet_value(row.get(k)) for k in columns} for row in rows])
+    table = pa.Table.from_pylist([{k: _cell_text(row.get(k)) for k in columns} for row in flat])
     with atomic_path(out / "results.parquet") as tmp:
         pq.write_table(table, tmp)
     return path
 
 
-def _parquet_value(value: Any) -> Any:
-    return value if value is None or isinstance(value, str) else str(value) if isinstance(value, (list, dict)) else value
-
-
-def read_table(path: "str | os.PathLike") -> list[dict]:
-    """The rows of a sweep's results.csv (a sweep folder or the file), values parsed back to numbers,
-    booleans and None where they look like them."""
+def read_table(path: "str | os.PathLike") -> list[Row]:
+    """The rows of a sweep's results.csv (a sweep folder or the file) as typed `Row`s (`Row.from_columns`)."""
     import csv
 
     path = Path(path)
@@ -561,20 +684,7 @@ def read_table(path: "str | os.PathLike") -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"no results table at {path}")
     with path.open(newline="") as handle:
-        return [{k: _parse(v) for k, v in row.items()} for row in csv.DictReader(handle)]
-
-
-def _parse(text: str) -> Any:
-    if text == "":
-        return None
-    if text in ("True", "False"):
-        return text == "True"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+        return [Row.from_columns(row) for row in csv.DictReader(handle)]
 
 
 # ------------------------------------------------------------------------------------------------ engine
@@ -582,7 +692,7 @@ def _parse(text: str) -> Any:
 class SweepResult:
     """What `run` returns: the table rows (one per cell, spec order), the table's path and counts."""
 
-    rows: list
+    rows: list[Row]
     table: Path
     n_run: int  # cells executed in this call
     n_skipped: int  # cells already finished before this call
@@ -590,10 +700,13 @@ class SweepResult:
 
     @property
     def failed(self) -> list:
-        return [r for r in self.rows if r["status"] != "ok"]
+        return [r for r in self.rows if r.status != "ok"]
 
 
-def _as_specs(spec: Any) -> list[SweepSpec]:
+SpecLike = Union[SweepSpec, str, os.PathLike, dict, Sequence]  # a spec, a spec file, a table, or a list of those
+
+
+def _as_specs(spec: SpecLike) -> list[SweepSpec]:
     if isinstance(spec, SweepSpec):
         return [spec]
     if isinstance(spec, (str, os.PathLike)):
@@ -609,7 +722,7 @@ _BACKENDS = ("local", "ray")
 
 
 def run(
-    spec: Any,
+    spec: SpecLike,
     out_dir: "str | os.PathLike",
     *,
     backend: str = "local",
@@ -673,8 +786,9 @@ def run(
         todo[c.cell_id] = c
 
     def save(c: Cell, record: dict) -> None:
-        record = {**record, "cell_id": c.cell_id, "probe_settings": settings if probe_for[c.cell_id] else None}
-        atomic_write(_record_path(out, c), json.dumps(record, indent=1, sort_keys=True, default=str))
+        stamp = {"format": _RECORD_FORMAT, "cell_id": c.cell_id,
+                 "probe_settings": settings if probe_for[c.cell_id] else None}
+        atomic_write(_record_path(out, c), json.dumps({**record, **stamp}, indent=1, sort_keys=True, default=str))
 
     pending = list(todo.values())
     if pending:
@@ -687,9 +801,9 @@ def run(
     rows = []
     for c in cells:
         record = _read_record(_record_path(out, c)) or {"status": "missing", "error": "no record written"}
-        rows.append(_row(c, record, out))
+        rows.append(_row(c, record))
     table = _write_table(out, rows)
-    n_failed = sum(1 for r in rows if r["status"] != "ok")
+    n_failed = sum(1 for r in rows if r.status != "ok")
     return SweepResult(rows=rows, table=table, n_run=len(pending), n_skipped=n_skipped, n_failed=n_failed)
 
 

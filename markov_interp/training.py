@@ -14,6 +14,12 @@ reference losses), `model.safetensors` (final weights, TransformerLens names, se
 `checkpoints/` (weights plus optimizer, scaler and generator state at log-spaced steps). Re-running the same
 config on the folder resumes from the newest checkpoint and ends bit-identical to an uninterrupted run; a
 finished run is loaded, not retrained; a folder holding another config is refused.
+
+Configs (`TrainConfig`, `RunConfig`) derive from `config.Config` (sorted JSON, unknown keys refused). Options are
+named by dotted keys "section.field" (`split_key`, the one parser, shared with sweep specs and `--set`):
+`build_run(sections, overrides)` builds a run from section tables, `default_run(source, **overrides)` holds the
+source-dependent defaults of `markov-interp train`, and `override_run(run, overrides)` sets options of a complete
+run. `train` returns a `TrainResult` whose `final` is typed (`FinalLosses`).
 """
 
 import dataclasses
@@ -21,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -29,16 +36,24 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
+from transformer_lens.model_bridge import TransformerBridge
 
 from markov_interp._io import atomic_path, atomic_write
 from markov_interp import models, theory
-from markov_interp.data import SourceConfig
+from markov_interp.config import Config, check_bool, check_choice, check_int, check_number
+from markov_interp.data import Source, SourceConfig
 from markov_interp.models import ModelConfig
 
 __all__ = [
     "TrainConfig",
     "RunConfig",
     "TrainResult",
+    "FinalLosses",
+    "default_run",
+    "build_run",
+    "override_run",
+    "split_key",
+    "run_options",
     "train",
     "one_cycle_lr",
     "checkpoint_steps",
@@ -59,7 +74,7 @@ _PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 # ------------------------------------------------------------------------------------------------ configs
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class TrainConfig(Config):
     """How to train: optimiser, schedule, precision, budget, evaluation and checkpoints (paper defaults)."""
 
     steps: int = 400  # optimiser steps (the paper uses 400-1000)
@@ -84,18 +99,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name, minimum in (("steps", 1), ("batch_size", 1), ("seq_len", 1), ("log_every", 1),
-                              ("eval_every", 0), ("eval_batches", 1), ("n_checkpoints", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+                              ("eval_every", 0), ("eval_batches", 1), ("n_checkpoints", 0), ("seed", 0)):
+            check_int(name, getattr(self, name), minimum=minimum)
         for name in ("lr", "weight_decay", "momentum", "warmup_frac"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+            check_number(name, getattr(self, name), minimum=0)
+        check_number("lr", self.lr, positive=True)
         if not 0 <= self.warmup_frac < 1:
             raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
         betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else self.betas
@@ -103,34 +111,25 @@ class TrainConfig:
         if not (ok and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
         object.__setattr__(self, "betas", tuple(float(b) for b in betas))
-        if self.optimizer not in ("adamw", "sgd"):
-            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
-        if self.schedule not in ("one-cycle", "constant"):
-            raise ValueError(f"schedule must be 'one-cycle' or 'constant', got {self.schedule!r}")
-        if self.precision not in _PRECISIONS:
-            raise ValueError(f"precision must be one of {list(_PRECISIONS)}, got {self.precision!r}")
+        check_choice("optimizer", self.optimizer, ("adamw", "sgd"))
+        check_choice("schedule", self.schedule, ("one-cycle", "constant"))
+        check_choice("precision", self.precision, tuple(_PRECISIONS))
+        check_bool("loss_scaling", self.loss_scaling)
         if self.loss_scaling and self.precision != "fp16":
             raise ValueError(f"loss_scaling=True only applies to precision='fp16', got precision={self.precision!r}")
-        clip = self.grad_clip
-        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
-            raise ValueError(f"grad_clip must be None or a number > 0, got {self.grad_clip!r}")
+        if self.grad_clip is not None:
+            check_number("grad_clip", self.grad_clip, positive=True)
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device must be a string such as 'auto', 'cpu' or 'cuda', got {self.device!r}")
 
-    def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        data["betas"] = list(self.betas)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "TrainConfig":
-        """Inverse of `to_dict`; unknown keys raise ValueError naming them."""
-        return cls(**_known_keys(cls, data))
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RunConfig:
-    """Everything that determines a training run: data source, model and training recipe."""
+class RunConfig(Config):
+    """Everything that determines a training run: data source, model and training recipe.
+
+    Its JSON (`to_json`, what a run folder's config.json holds) reproduces the run bit for bit: `train(
+    RunConfig.from_json(text))` retrains the same weights.
+    """
 
     source: SourceConfig
     model: ModelConfig
@@ -150,51 +149,191 @@ class RunConfig:
                 f"seq_len={self.train.seq_len} exceeds the model's n_ctx={self.model.n_ctx}"
             )
 
-    def to_dict(self) -> dict:
-        return {"source": self.source.to_dict(), "model": self.model.to_dict(), "train": self.train.to_dict()}
+    def to_json(self, *, indent: Optional[int] = 2) -> str:
+        """Sorted JSON, indented (the form of a run folder's config.json)."""
+        return super().to_json(indent=indent)
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "RunConfig":
-        """Inverse of `to_dict`; unknown keys (at any level) raise ValueError naming them."""
-        data = _known_keys(cls, data)
-        for name in ("source", "model", "train"):
-            if name not in data:
-                raise ValueError(f"run config lacks {name!r}")
-        return cls(
-            source=SourceConfig.from_dict(data["source"]),
-            model=ModelConfig.from_dict(data["model"]),
-            train=TrainConfig.from_dict(data["train"]),
+
+# ------------------------------------------------------------------------------------ dotted options
+_SECTIONS: dict[str, type] = {"source": SourceConfig, "model": ModelConfig, "train": TrainConfig}
+# The CLI's default source of each kind (what `default_run` starts from when given no source).
+_SOURCE_DEFAULTS: dict[str, dict] = {"binary": {"p": 0.2, "q": 0.3}, "markov": {}, "random": {"vocab": 2}}
+
+
+def run_options() -> dict[str, list[str]]:
+    """The options a dotted key "section.field" may name, per section ("model" also takes "preset")."""
+    out = {name: sorted(f.name for f in dataclasses.fields(cls)) for name, cls in _SECTIONS.items()}
+    out["model"] = sorted(out["model"] + ["preset"])
+    return out
+
+
+_OWNER = {field: section for section, fields in run_options().items() for field in fields}
+assert len(_OWNER) == sum(len(v) for v in run_options().values()), "option names must be unique across sections"
+
+
+def split_key(key: Any, *, where: str = "options") -> tuple[str, str]:
+    """("section", "field") of a dotted key such as "train.lr" after checking it names an option; otherwise a
+    one-line ValueError naming `where`, the key and the valid options. The one parser of dotted keys: sweep
+    specs, `--set` and `build_run` all use it."""
+    sections = list(_SECTIONS)
+    if not isinstance(key, str) or key.count(".") != 1:
+        raise ValueError(
+            f"{where}: key {key!r} must be 'section.field' with section one of {sections} "
+            "(e.g. 'source.p', 'model.n_layers', 'train.lr')"
         )
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> "RunConfig":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"run config is not valid JSON: {err}") from None
-        return cls.from_dict(data)
+    section, field = key.split(".")
+    if section not in _SECTIONS:
+        raise ValueError(f"{where}: key {key!r} has unknown section {section!r}; expected one of {sections}")
+    valid = run_options()[section]
+    if field not in valid:
+        raise ValueError(f"{where}: key {key!r} names no {section} option; valid {section} options are {valid}")
+    return section, field
 
 
-def _known_keys(cls: type, data: Any) -> dict:
-    if not isinstance(data, dict):
-        raise ValueError(f"{cls.__name__} must be given a dict, got {type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
+def build_run(sections: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None, *,
+              where: str = "overrides") -> RunConfig:
+    """A validated `RunConfig` from section tables (`{"source": {...}, "model": {...}, "train": {...}}`, each
+    optional and partial) with dotted `overrides` ("train.lr": 0.01, ...) set on top.
+
+    The model section may name a `preset` (its other keys override the preset's fields; d_head / d_mlp
+    follow d_model unless given); `d_vocab` follows the source unless given. A missing source section is
+    the binary chain p=0.2, q=0.3. Options not given take the configs' defaults. Sweep cells and the CLI
+    both build their runs here.
+    """
+    if not isinstance(sections, Mapping):
+        raise ValueError(f"{where}: expected a table of sections {list(_SECTIONS)}, got {sections!r}")
+    unknown = sorted(set(sections) - set(_SECTIONS))
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} keys {unknown}; valid keys are {sorted(known)}")
-    return dict(data)
+        raise ValueError(f"{where}: unknown sections {unknown}; expected some of {list(_SECTIONS)}")
+    merged = {}
+    for name in _SECTIONS:
+        table = sections.get(name) or {}
+        if not isinstance(table, Mapping):
+            raise ValueError(f"{where}: {name} must be a table of options, got {table!r}")
+        merged[name] = dict(table)
+    for key, value in (overrides or {}).items():
+        section, field = split_key(key, where=where)
+        merged[section][field] = value
+    source = (SourceConfig.from_dict(merged["source"], where="source") if merged["source"]
+              else SourceConfig(kind="binary", **_SOURCE_DEFAULTS["binary"]))
+    model_opts = merged["model"]
+    model_opts.setdefault("d_vocab", source.vocab_size)
+    name = model_opts.pop("preset", None)
+    model = models.preset(name, **model_opts) if name is not None else ModelConfig.from_dict(model_opts, where="model")
+    return RunConfig(source=source, model=model, train=TrainConfig.from_dict(merged["train"], where="train"))
+
+
+def _dotted(overrides: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Keys as "section.field"; a bare field name is put in the one section that has it."""
+    out = {}
+    for key, value in overrides.items():
+        if isinstance(key, str) and "." not in key:
+            if key not in _OWNER:
+                raise ValueError(f"{where}: {key!r} names no option; valid options are {sorted(_OWNER)}")
+            key = f"{_OWNER[key]}.{key}"
+        out[key] = value
+    return out
+
+
+def default_run(source: Optional[SourceConfig] = None, **overrides: Any) -> RunConfig:
+    """The run `markov-interp train` makes, with its source-dependent defaults; the CLI calls this too.
+
+    Fixed kernels (binary, markov): the paper's one-layer model (`preset("paper-1layer")`), 300 steps at lr
+    2e-3 (the paper's); random kernels: `preset("attn-only-2layer")`, 1000 steps at lr 1e-2 (the two-layer
+    attention-only model then reaches the in-context Bayes loss within ~1000 steps). Everything else takes
+    the configs' defaults. `overrides` are options as bare field names (`steps=500`, `n_layers=2`,
+    `preset="paper-2layer"`, `kind="random"`) or dotted keys (`**{"train.lr": 0.01}`); source options apply to
+    `source`, or without one to the default source of their kind (binary p=0.2, q=0.3; random on 2 states).
+
+    >>> default_run(kind="random", vocab=3).model.d_vocab, default_run().train.steps
+    (3, 300)
+    """
+    where = "default_run"
+    overrides = _dotted(overrides, where)
+    source_opts = {k.split(".")[1]: v for k, v in overrides.items() if split_key(k, where=where)[0] == "source"}
+    rest = {k: v for k, v in overrides.items() if not k.startswith("source.")}
+    if source is not None and not isinstance(source, SourceConfig):
+        raise ValueError(f"source must be a SourceConfig, got {type(source).__name__}")
+    if source is None:
+        kind = source_opts.get("kind", "binary")
+        base = {"kind": kind, **_SOURCE_DEFAULTS.get(kind, {})}
+    else:
+        base = source.to_dict()
+    source = SourceConfig.from_dict({**base, **source_opts}, where="source")
+    random = source.kind == "random"
+    sections = {
+        "source": source.to_dict(),
+        "model": {"preset": "attn-only-2layer" if random else "paper-1layer"},
+        "train": {"steps": 1000 if random else 300, "lr": 1e-2 if random else 2e-3},
+    }
+    return build_run(sections, rest, where=where)
+
+
+def override_run(run: RunConfig, overrides: Mapping[str, Any], *, where: str = "overrides") -> RunConfig:
+    """`run` with dotted `overrides` set (e.g. {"train.lr": 0.01}), through `build_run`.
+
+    Sizes that `run` derives keep following what they derive from, as in `ModelConfig.replace`: d_head and
+    d_mlp when they hold their defaults (so `model.n_heads=2` halves d_head), d_vocab the source. With no
+    overrides the run comes back unchanged (`markov-interp train --config RUN/config.json` retrains RUN bit for
+    bit). `model.preset` is refused: `run` states every model field, so set those instead.
+    """
+    if not isinstance(run, RunConfig):
+        raise ValueError(f"run must be a RunConfig, got {type(run).__name__}")
+    overrides = _dotted(overrides, where)
+    if "model.preset" in overrides:
+        raise ValueError(f"{where}: 'model.preset' cannot change a complete run config; set model fields instead")
+    sections = run.to_dict()
+    model, derived = sections["model"], run.model
+    if derived.d_head * derived.n_heads == derived.d_model:
+        del model["d_head"]
+    if derived.d_mlp == 4 * derived.d_model:
+        del model["d_mlp"]
+    del model["d_vocab"]  # a valid run's d_vocab is its source's vocabulary
+    return build_run(sections, overrides, where=where)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FinalLosses:
+    """The end of a run: its last evaluation beside the `theory` reference losses at the training length."""
+
+    step: int  # the last step (training always evaluates there)
+    eval_loss: float  # mean next-state cross-entropy on fresh evaluation batches (nats)
+    train_loss: float  # mean training loss of the last metrics row (nats)
+    references: dict[str, float]  # theory.reference_losses(source, seq_len + 1), rounded to 12 digits
+
+    @property
+    def entropy_rate(self) -> float:
+        """Loss of the true kernel (for random kernels: of an oracle knowing each sequence's kernel)."""
+        return self.references["entropy_rate"]
+
+    @property
+    def unigram_loss(self) -> float:
+        """H(pi): the plateau of a model that predicts the stationary law whatever the context."""
+        return self.references["unigram_loss"]
+
+    @property
+    def bayes_loss(self) -> Optional[float]:
+        """The in-context Bayes loss (random kernels only; None for fixed kernels)."""
+        return self.references.get("bayes_loss")
+
+    @property
+    def optimum(self) -> float:
+        """The best loss a model can reach: the in-context Bayes loss for random kernels, else the entropy rate."""
+        return self.bayes_loss if self.bayes_loss is not None else self.entropy_rate
+
+    @property
+    def excess_loss(self) -> float:
+        """eval_loss - optimum (nats)."""
+        return self.eval_loss - self.optimum
 
 
 @dataclasses.dataclass
 class TrainResult:
     """What `train` returns: the hooked model, the metrics rows, the final evaluation and the run folder."""
 
-    model: Any  # transformer_lens TransformerBridge (with .markov_config)
-    metrics: list  # rows as written to metrics.jsonl
-    final: dict  # {"step", "eval_loss", "entropy_rate", "unigram_loss", ("bayes_loss")}
+    model: TransformerBridge  # with .markov_config
+    metrics: list[dict]  # rows as written to metrics.jsonl
+    final: FinalLosses
     config: RunConfig
     out_dir: Optional[Path] = None
     resumed_from: Optional[int] = None  # checkpoint step the run resumed from, None if fresh
@@ -277,7 +416,7 @@ def load_metrics(run_dir: "str | os.PathLike") -> list[dict]:
     return rows
 
 
-def _decay_groups(model: Any, weight_decay: float) -> list[dict]:
+def _decay_groups(model: TransformerBridge, weight_decay: float) -> list[dict]:
     """Linear weights decay; embeddings (tied or not), positions, LayerNorm and biases do not."""
     fp = models.fast_params(model)
     decay_ids = set()
@@ -294,7 +433,7 @@ def _decay_groups(model: Any, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _make_optimizer(model: Any, cfg: TrainConfig) -> torch.optim.Optimizer:
+def _make_optimizer(model: TransformerBridge, cfg: TrainConfig) -> torch.optim.Optimizer:
     groups = _decay_groups(model, cfg.weight_decay)
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, foreach=True)
@@ -306,7 +445,7 @@ def _loss(logits: Float[Tensor, "batch pos vocab"], targets: Int[Tensor, "batch 
 
 
 @torch.no_grad()
-def evaluate(model: Any, source: Any, *, seq_len: int, batch_size: int, n_batches: int,
+def evaluate(model: TransformerBridge, source: Source, *, seq_len: int, batch_size: int, n_batches: int,
              generator: torch.Generator, precision: str = "fp32") -> float:
     """Mean next-state cross-entropy (nats) of `model` on `n_batches` fresh batches of `seq_len` inputs
     (every position a target): comparable with `theory.reference_losses(source, seq_len + 1)`."""
@@ -390,7 +529,7 @@ def _newest_checkpoint(out_dir: Path) -> Optional[int]:
     return found[-1][0] if found else None
 
 
-def _save_checkpoint(out_dir: Path, step: int, model: Any, state: dict) -> None:
+def _save_checkpoint(out_dir: Path, step: int, model: TransformerBridge, state: dict) -> None:
     weights, extra = _checkpoint_paths(out_dir, step)
     weights.parent.mkdir(exist_ok=True)
     models.save(model, weights)
@@ -398,7 +537,7 @@ def _save_checkpoint(out_dir: Path, step: int, model: Any, state: dict) -> None:
         torch.save(state, tmp)
 
 
-def _load_checkpoint(out_dir: Path, step: int, model: Any) -> dict:
+def _load_checkpoint(out_dir: Path, step: int, model: TransformerBridge) -> dict:
     weights, extra = _checkpoint_paths(out_dir, step)
     _, state = models.read_weights(weights)
     models.load_weights_into(model, state, source=str(weights))
@@ -514,10 +653,11 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
     return TrainResult(model=model, metrics=rows, final=final, config=run, out_dir=out, resumed_from=resumed_from)
 
 
-def _final(rows: list[dict], references: dict) -> dict:
+def _final(rows: list[dict], references: dict) -> FinalLosses:
     last = [r for r in rows if "eval_loss" in r]
     assert last, "training always evaluates at its last step"
-    return {"step": last[-1]["step"], "eval_loss": last[-1]["eval_loss"], **references}
+    return FinalLosses(step=last[-1]["step"], eval_loss=last[-1]["eval_loss"], train_loss=last[-1]["train_loss"],
+                       references=dict(references))
 
 
 def _finished(out: Path, run: RunConfig, device: torch.device) -> TrainResult:

@@ -93,7 +93,7 @@ result.final
     code('''
 from markov_interp import report
 
-report.loss_curves_figure(result.metrics, result.final)
+report.loss_curves_figure(result.metrics, result.final.references)
 '''),
     md("""
 ## 3. How does it predict?
@@ -173,7 +173,7 @@ def readout(result):
 
 def summary(name, result):
     f, k = result.final, readout(result).implied
-    print(f"{name:32s} eval {f['eval_loss']:.4f}  (entropy rate {f['entropy_rate']:.4f}, unigram {f['unigram_loss']:.4f})"
+    print(f"{name:32s} eval {f.eval_loss:.4f}  (entropy rate {f.entropy_rate:.4f}, unigram {f.unigram_loss:.4f})"
           f"  learned P(1|0) = {float(k[0, 1]):.3f}, P(0|1) = {float(k[1, 0]):.3f}")
 '''),
     md("""
@@ -201,7 +201,7 @@ for seed, result in trapped.items():
 print("pi_1 =", float(theory.stationary_distribution(trapped[SEEDS[0]].config.source.build().kernel)[1]))
 '''),
     code('''
-report.loss_curves_figure(trapped[SEEDS[0]].metrics, trapped[SEEDS[0]].final)
+report.loss_curves_figure(trapped[SEEDS[0]].metrics, trapped[SEEDS[0]].final.references)
 '''),
     md("""
 ## 3. Weight tying
@@ -297,7 +297,7 @@ run = RunConfig(
                       eval_every=max(STEPS // 10, 1), n_checkpoints=8, device="cpu"),
 )
 result = train(run, RUNS / "two-layer", progress=False)
-report.loss_curves_figure(result.metrics, result.final)
+report.loss_curves_figure(result.metrics, result.final.references)
 '''),
     md("""
 ## The mechanism and the heads

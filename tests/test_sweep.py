@@ -93,7 +93,7 @@ def test_load_spec_toml(tmp_path):
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"grids": {}}, "unknown keys ['grids']"),
+        ({"grids": {}}, "unknown SweepSpec keys ['grids']"),
         ({"grid": {"model.n_layer": [1]}}, "'model.n_layer' names no model option"),
         ({"grid": {"optim.lr": [1]}}, "unknown section 'optim'"),
         ({"grid": {"lr": [1]}}, "must be 'section.field'"),
@@ -188,7 +188,7 @@ def test_restart_does_not_rerun_finished_cells(tmp_path):
     assert len(second) == 2 and not set(second) & set(first)
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
     assert all((tmp_path / "runs" / cid / "model.safetensors").stat().st_mtime_ns == t for cid, t in weights.items())
-    assert [r["status"] for r in result.rows] == ["ok"] * 4
+    assert [r.status for r in result.rows] == ["ok"] * 4
 
     again = sweep.run(spec, tmp_path, workers=2, progress=False, _cell_fn=logging_cell)
     assert (again.n_run, again.n_skipped) == (0, 4)
@@ -201,23 +201,23 @@ def test_failed_cell_is_recorded_and_others_finish(tmp_path):
     result = sweep.run(spec, tmp_path, workers=2, progress=False, _cell_fn=failing_cell)
     assert result.n_failed == 1
     (bad,) = result.failed
-    assert bad["param.model.tie_weights"] is False and bad["param.seed"] == 1
-    assert bad["error"] == "RuntimeError: planted failure in this cell"
-    record = json.loads((tmp_path / "results" / f"{bad['cell_id']}.json").read_text())
+    assert bad.params["model.tie_weights"] is False and bad.params["seed"] == 1
+    assert bad.error == "RuntimeError: planted failure in this cell" and bad.result is None
+    record = json.loads((tmp_path / "results" / f"{bad.cell_id}.json").read_text())
     assert record["status"] == "failed" and "planted failure" in record["traceback"]
     assert "Traceback" in record["traceback"]
-    ok = [r for r in result.rows if r["status"] == "ok"]
-    assert len(ok) == 3 and all(r["final_eval_loss"] > 0 for r in ok)
+    ok = [r for r in result.rows if r.status == "ok"]
+    assert len(ok) == 3 and all(r.result.final_eval_loss > 0 for r in ok)
 
     table = sweep.read_table(tmp_path)
-    assert [r["status"] for r in table] == [r["status"] for r in result.rows]
-    assert table[[r["cell_id"] for r in table].index(bad["cell_id"])]["error"].startswith("RuntimeError")
+    assert table == result.rows  # the one typed reader gives back the rows the sweep wrote
+    assert table[[r.cell_id for r in table].index(bad.cell_id)].error.startswith("RuntimeError")
 
     skip = sweep.run(spec, tmp_path, workers=1, progress=False, retry_failed=False, _cell_fn=logging_cell)
     assert (skip.n_run, skip.n_failed) == (0, 1)
     retried = sweep.run(spec, tmp_path, workers=1, progress=False, _cell_fn=logging_cell)
     assert (retried.n_run, retried.n_failed) == (1, 0)
-    assert calls(tmp_path)[-1] == bad["cell_id"]
+    assert calls(tmp_path)[-1] == bad.cell_id
 
 
 @pytest.mark.slow
@@ -225,39 +225,42 @@ def test_results_table_columns_and_probes(tmp_path):
     spec = tiny_spec(grid={}, seeds=(0,), probe=True)
     result = sweep.run(spec, tmp_path, workers=1, progress=False)
     (row,) = sweep.read_table(tmp_path / "results.csv")
-    assert row["status"] == "ok" and row["sweep"] == "tiny" and row["param.seed"] == 0
-    assert row["source.p"] == 0.5 and row["model.n_layers"] == 1 and row["train.steps"] == 6
-    assert row["entropy_rate"] == pytest.approx(0.6190, abs=1e-4)
-    assert row["unigram_loss"] == pytest.approx(0.6663, abs=1e-4)
-    assert row["final_step"] == 6 and row["final_eval_loss"] > 0.5
-    assert row["stuck_at_unigram"] in (True, False)
-    assert row["mechanism"] in ("unigram", "kernel", "induction")
-    assert 0 <= row["probe.p_hat"] <= 1
-    assert (tmp_path / "results" / f"{row['cell_id']}.probe.json").exists()
-    assert result.rows[0]["mechanism"] == row["mechanism"]
+    assert row == result.rows[0]
+    assert row.status == "ok" and row.sweep == "tiny" and row.params["seed"] == 0
+    assert row.config.source.p == 0.5 and row.config.model.n_layers == 1 and row.config.train.steps == 6
+    res = row.result
+    assert res.entropy_rate == pytest.approx(0.6190, abs=1e-4)
+    assert res.unigram_loss == pytest.approx(0.6663, abs=1e-4)
+    assert res.final_step == 6 and res.final_eval_loss > 0.5
+    assert res.stuck_at_unigram in (True, False)
+    assert res.probe.mechanism in ("unigram", "kernel", "induction")
+    assert 0 <= res.probe.p_hat <= 1
+    assert (tmp_path / "results" / f"{row.cell_id}.probe.json").exists()
+    columns = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
+    assert {"param.seed", "source.p", "model.n_layers", "final_eval_loss", "mechanism", "probe.p_hat"} <= set(columns)
     try:
         import pyarrow.parquet as pq
     except ModuleNotFoundError:
         assert not (tmp_path / "results.parquet").exists()
     else:
         table = pq.read_table(tmp_path / "results.parquet").to_pylist()
-        assert table[0]["final_eval_loss"] == result.rows[0]["final_eval_loss"]
-        assert table[0]["mechanism"] == row["mechanism"]
+        assert table[0]["final_eval_loss"] == result.rows[0].result.final_eval_loss
+        assert table[0]["mechanism"] == res.probe.mechanism
 
 
 @pytest.mark.slow
 def test_changed_probes_reprobe_without_retraining(tmp_path, monkeypatch):
     spec = tiny_spec(grid={}, seeds=(0,), probe=True)
     first = sweep.run(spec, tmp_path, workers=1, progress=False)
-    cid = first.rows[0]["cell_id"]
+    cid = first.rows[0].cell_id
     weights = tmp_path / "runs" / cid / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     assert sweep.run(spec, tmp_path, workers=1, progress=False).n_run == 0
     monkeypatch.setattr(sweep, "_probe_settings", lambda: {"version": 1, "probes_source": "edited"})
     again = sweep.run(spec, tmp_path, workers=1, progress=False)
-    assert again.n_run == 1 and again.rows[0]["mechanism"] == first.rows[0]["mechanism"]
+    assert again.n_run == 1 and again.rows[0].result.probe.mechanism == first.rows[0].result.probe.mechanism
     assert weights.stat().st_mtime_ns == stamp  # the training was reused, only the probes ran again
-    assert again.rows[0]["final_eval_loss"] == first.rows[0]["final_eval_loss"]
+    assert again.rows[0].result.final_eval_loss == first.rows[0].result.final_eval_loss
 
 
 @pytest.mark.slow
@@ -272,7 +275,8 @@ def test_local_and_ray_give_the_same_table(tmp_path):
         ray.shutdown()
     assert local.n_failed == 0 and remote.n_failed == 0, remote.failed
     assert len(local.rows) == len(remote.rows) == 2
-    for a, b in zip(local.rows, remote.rows):
+    for row_a, row_b in zip(local.rows, remote.rows):
+        a, b = row_a.columns(), row_b.columns()
         assert set(a) == set(b)
         for key in set(a) - {"seconds"}:
             if isinstance(a[key], float) and not isinstance(b[key], bool):

@@ -187,7 +187,7 @@ def test_resume_is_bit_identical(tmp_path, monkeypatch):
 @pytest.mark.parametrize("precision, scaling", [("bf16", False), ("fp16", False), ("fp16", True)])
 def test_reduced_precision_runs(precision, scaling):
     result = train(tiny_run(steps=4, eval_every=0, precision=precision, loss_scaling=scaling), progress=False)
-    assert math.isfinite(result.final["eval_loss"])
+    assert math.isfinite(result.final.eval_loss)
     assert next(result.model.parameters()).dtype == torch.float32  # autocast, fp32 master weights
 
 
@@ -198,7 +198,8 @@ def test_random_source_logs_the_bayes_loss():
                     train=TrainConfig(steps=4, batch_size=4, seq_len=32, eval_batches=1, n_checkpoints=0,
                                       device="cpu"))
     result = train(run, progress=False)
-    assert {"bayes_loss", "entropy_rate", "unigram_loss"} <= set(result.final)
+    assert {"bayes_loss", "entropy_rate", "unigram_loss"} <= set(result.final.references)
+    assert result.final.optimum == result.final.bayes_loss is not None
 
 
 @pytest.mark.slow
@@ -208,9 +209,9 @@ def test_one_layer_reaches_the_entropy_rate():
                     train=TrainConfig(steps=120, seq_len=128, eval_every=0, eval_batches=16, n_checkpoints=0,
                                       device="cpu"))
     final = train(run, progress=False).final
-    assert math.isclose(final["entropy_rate"], 0.5446, abs_tol=1e-4)
-    assert abs(final["eval_loss"] - final["entropy_rate"]) < 0.01, final
-    assert final["unigram_loss"] - final["eval_loss"] > 0.1
+    assert math.isclose(final.entropy_rate, 0.5446, abs_tol=1e-4)
+    assert abs(final.eval_loss - final.entropy_rate) < 0.01, final
+    assert final.unigram_loss - final.eval_loss > 0.1
 
 
 # ------------------------------------------------------------------------------------------------- CLI
@@ -251,3 +252,53 @@ def test_cli_train_on_a_fixed_multistate_kernel(tmp_path, capsys):
     assert "needs --kernel" in capsys.readouterr().err
     assert main(["train", "--out", str(tmp_path / "b2"), "--kernel", "[[1, 0], [0, 1]]", "--no-progress"]) == 2
     assert "--kernel needs --source markov" in capsys.readouterr().err
+
+
+def test_cli_unknown_set_key_is_one_line_listing_the_valid_ones(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path / "r"), "--set", "train.lrr=0.01", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("markov-interp train: error: --set: key 'train.lrr' names no train")
+    assert "'lr'" in err and "'steps'" in err
+    assert main(["train", "--out", str(tmp_path / "r"), "--set", "train.lr", "--no-progress"]) == 2
+    assert "--set takes section.field=value" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path / "r"), "--lr", "0.1", "--set", "train.lr=0.2"]) == 2
+    assert "contradicts" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli_builds_its_run_with_default_run():
+    from markov_interp.cli import _train_run, build_parser
+
+    def run_of(*argv):
+        return _train_run(build_parser().parse_args(["train", "--out", "x", *argv]))
+
+    assert run_of() == training.default_run()
+    assert run_of("--source", "random", "--vocab", "3") == training.default_run(kind="random", vocab=3)
+    mine = run_of("--steps", "7", "--no-tie", "--set", "model.n_heads=2", "--set", "source.initial=uniform",
+                  "--set", "train.betas=[0.8, 0.9]", "--set", "train.grad_clip=null")
+    assert mine == training.default_run(steps=7, tie_weights=False, n_heads=2, initial="uniform", betas=(0.8, 0.9))
+
+
+@pytest.mark.slow
+def test_cli_config_reproduces_a_run_and_set_overrides_it(tmp_path, capsys):
+    first = tmp_path / "first"
+    common = ["--no-progress", "--threads", "1"]
+    assert main(["train", "--out", str(first), "--steps", "6", "--seq-len", "16", "--batch-size", "2",
+                 "--n-ctx", "16", "--checkpoints", "2", "--device", "cpu", *common]) == 0
+    again = tmp_path / "again"
+    assert main(["train", "--config", str(first / "config.json"), "--out", str(again), *common]) == 0
+    assert (again / "config.json").read_text() == (first / "config.json").read_text()
+    a, b = models.read_weights(first)[1], models.read_weights(again)[1]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
+    assert training.load_metrics(first) == training.load_metrics(again)
+
+    changed = tmp_path / "changed"
+    assert main(["train", "--config", str(first / "config.json"), "--out", str(changed), "--set", "train.lr=0.01",
+                 "--set", "model.n_heads=2", *common]) == 0
+    saved = json.loads((changed / "config.json").read_text())
+    assert saved["train"]["lr"] == 0.01 and saved["model"]["n_heads"] == 2 and saved["model"]["d_head"] == 4
+    base = json.loads((first / "config.json").read_text())
+    assert {**saved["train"], "lr": None} == {**base["train"], "lr": None}
+    capsys.readouterr()
+    assert main(["train", "--config", str(tmp_path / "missing.json"), "--out", str(tmp_path / "m"), *common]) == 2
+    assert "no run config at" in capsys.readouterr().err
