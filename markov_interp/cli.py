@@ -71,6 +71,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
         from markov_interp.data import SourceConfig
         from markov_interp.models import preset
+        from markov_interp.theory import format_loss
         from markov_interp.training import RunConfig, TrainConfig, train
 
         if args.threads is not None:
@@ -114,10 +115,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         result = train(RunConfig(source=source, model=model, train=train_cfg), args.out,
                        progress=not args.no_progress)
         f = result.final
-        parts = [f"final eval loss {f['eval_loss']:.4f} nats", f"entropy rate {f['entropy_rate']:.4f}",
-                 f"unigram loss {f['unigram_loss']:.4f}"]
+
+        def ref(key: str) -> str:  # the value, with its standard error where that shows
+            return format_loss(f[key], f.get(f"{key}_se"))
+
+        parts = [f"final eval loss {f['eval_loss']:.4f} nats", f"entropy rate {ref('entropy_rate')}",
+                 f"{'in-context ' if 'bayes_loss' in f else ''}unigram loss {ref('unigram_loss')}"]
         if "bayes_loss" in f:
-            parts.append(f"in-context Bayes loss {f['bayes_loss']:.4f}")
+            parts.append(f"in-context Bayes loss {ref('bayes_loss')}")
         status = "already trained" if result.already_done else (
             f"resumed from step {result.resumed_from}" if result.resumed_from else "trained")
         print(f"{status} ({f['step']} steps): " + ", ".join(parts) + f" -> {args.out}")
@@ -149,6 +154,7 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
 
         from markov_interp import models
         from markov_interp.probes import classify_mechanism
+        from markov_interp.theory import format_loss
         from markov_interp.training import CONFIG_FILE, RunConfig
 
         run_dir = Path(args.run_dir)
@@ -163,7 +169,8 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         if args.json:
             print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
             return 0
-        refs = ", ".join(f"{k} {v:.4f}" for k, v in sorted(report.references.items()))
+        refs = ", ".join(f"{k} {format_loss(v, report.references.get(f'{k}_se'))}"
+                         for k, v in sorted(report.references.items()) if not k.endswith("_se"))
         print(f"mechanism: {report.mechanism}{'' if report.confident else ' (not confident)'}")
         print(f"eval loss {report.eval_loss:.4f} nats ({refs})")
         for reason in report.reasons:
