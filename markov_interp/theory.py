@@ -30,7 +30,7 @@ from markov_interp._io import atomic_write
 from markov_interp.chains import context_kernel as _context_kernel
 from markov_interp.chains import solve_stationary as _solve_stationary
 from markov_interp.chains import stationary_context_law
-from markov_interp.data import MarkovChain, RandomMarkov, validate_kernel
+from markov_interp.data import MarkovChain, RandomMarkov, Source, validate_kernel
 
 Kernel = Any  # a [V]*k + [V] array-like; validated by data.validate_kernel
 
@@ -393,7 +393,7 @@ def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol
             return KernelExpectations(float(est[0]), float(se[0]), float(est[1]), float(se[1]), "monte carlo")
 
 
-def expected_kernel_references(source: RandomMarkov, *, seed: int = 0, tol: float = 1e-4) -> KernelExpectations:
+def expected_kernel_references(source: Source, *, seed: int = 0, tol: float = 1e-4) -> KernelExpectations:
     """E[entropy rate] and E[H(pi)] over the kernels of a `RandomMarkov` source: by quadrature for two states
     of order 1 (error ~1e-9), else by Monte Carlo to a standard error below `tol` (cached)."""
     if not isinstance(source, RandomMarkov):
@@ -499,7 +499,7 @@ def _in_context_chunk(source: RandomMarkov, seq_len: int, batch: int, gen: torch
     unigram = torch.where(valid, cross_entropy(uni_probs[:, :-1], rows), target_log_loss(uni_probs, tokens))
     stationary = isinstance(source._initial, str)
     if stationary:
-        cv_rate, cv_uni = entropy(rows), cross_entropy(pi[:, None, :], rows)
+        cv_rate, cv_uni = entropy(rows), cross_entropy(pi[:, None, :].expand_as(rows), rows)
     else:
         cv_rate = (_solve_stationary(kernels) * entropy(kernels)).sum(-1)[:, None].expand_as(add_alpha)
         cv_uni = entropy(pi)[:, None].expand_as(add_alpha)
@@ -563,7 +563,7 @@ def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExp
     fixed_gain = 0.0 if isinstance(source._initial, str) else _fixed_start_gain(source) / (seq_len - 1)
     while True:
         size = chunk if n_sequences is None else min(chunk, n_sequences - moments.n)
-        moments.add(*_in_context_chunk(source, seq_len, size, gen, rng, gain_draws=128))
+        moments.add(*_in_context_chunk(source, seq_len, size, gen, rng, gain_draws=32))
         seq_mean, seq_se = moments.mean_se("seqs")
         seq_se = (seq_se**2 + seq_shift_se**2).sqrt()
         if n_sequences is not None and moments.n >= n_sequences:
