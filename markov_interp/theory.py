@@ -24,6 +24,7 @@ import json
 import math
 import os
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -281,6 +282,17 @@ class ReferenceLosses:
             if se:
                 row[f"{name}_se"] = float(se) if digits is None else round(float(se), digits)
         return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "ReferenceLosses":
+        """The values (and standard errors) of `as_row` read back from a metrics row or table row; other keys
+        are ignored, the curves are not in rows."""
+        names = [f.name for f in dataclasses.fields(cls) if "curve" not in f.name]
+        missing = [k for k in ("entropy_rate", "unigram_loss") if row.get(k) is None]
+        if missing:
+            raise ValueError(f"a reference row needs {missing}; it has {sorted(row)}")
+        # a missing `<name>_se` stays None (not recorded, e.g. rows of older runs) for the in-context values
+        return cls(**{k: float(row[k]) for k in names if row.get(k) is not None})
 
     def describe(self) -> str:
         """One line for people: every value, with its standard error where that is not negligible (>= 5e-5)."""

@@ -206,6 +206,10 @@ def test_reference_losses_object_and_rows():
     assert len(refs.add_alpha_curve) == len(refs.unigram_curve_se) == 16
     assert "±" in refs.describe() and "±" not in theory.reference_losses(BinaryChain(0.2, 0.3), 9).describe()
     assert theory.format_loss(0.5, 1e-3) == "0.5000 ± 0.0010" and theory.format_loss(0.5, 1e-6) == "0.5000"
+    back = theory.ReferenceLosses.from_row({**row, "step": 10, "eval_loss": 0.6})
+    assert back.as_row() == row and back.optimum == refs.optimum and back.add_alpha_curve is None
+    with pytest.raises(ValueError, match="unigram_loss"):
+        theory.ReferenceLosses.from_row({"entropy_rate": 0.5})
     with pytest.raises(dataclasses_error()):
         refs.bayes_loss = 0.0  # frozen
 

@@ -188,7 +188,7 @@ def classify_mechanism(
         model, batch.tokens, method="mean", components=head_components, cache=cache, clean_probs=probs
     )
     readout = kernel_readout(model, batch, probs=probs)
-    references = theory.reference_losses(source, seq_len, seed=seed)
+    references = theory.reference_losses(source, seq_len)  # a property of the source: shared, cached
 
     th = thresholds
     state_ratio = _ratio(beh.state_dependence, beh.reference_state_dependence)
