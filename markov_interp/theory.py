@@ -434,7 +434,7 @@ def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int,
 
 
 # ------------------------------------------------------------------------------------------ disk cache
-_CACHE_VERSION = 1  # bump when a method changes: old entries are then ignored
+_CACHE_VERSION = 2  # bump when a method changes: old entries are then ignored
 
 
 def _cache_dir() -> Path | None:
@@ -498,13 +498,14 @@ def _first_state_gain(source: RandomMarkov, tokens: Tensor, rng: np.random.Gener
 
 def _in_context_chunk(source: RandomMarkov, seq_len: int, batch: int, gen: torch.Generator,
                       rng: np.random.Generator, gain_draws: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Per sequence and target: the Rao-Blackwellised losses of add-alpha and of the in-context unigram
-    estimator minus their control variates, and per sequence the first-state gain (0 if the start ignores P).
+    """Per sequence and target ([2, batch, target]: add-alpha, in-context unigram) the Rao-Blackwellised losses
+    and their control variates, and per sequence the first-state gain (0 if the start ignores P).
 
     Rao-Blackwell: the loss at t is averaged over x_{t+1} ~ P(c_t, .) given the sequence's kernel, instead of
     taken at the sampled x_{t+1}. Controls: with a stationary start H(P(c_t, .)) and sum_x P(c_t, x)(-log pi(x)),
     whose means are E[entropy rate] and E[H(pi)] at every t >= k - 1; otherwise the kernel's entropy rate and
-    H(pi), with the same means. They remove most of the kernel-to-kernel variance."""
+    H(pi), with the same means (0 where t < k - 1: no control there). They remove most of the kernel-to-kernel
+    variance."""
     vocab, order, alpha = source.vocab, source.order, source.alpha
     tokens, kernels = source.sample(batch, seq_len, gen, return_kernels=True)
     ctx = context_index(tokens, vocab, order)[:, :-1]
@@ -516,13 +517,15 @@ def _in_context_chunk(source: RandomMarkov, seq_len: int, batch: int, gen: torch
     unigram = torch.where(valid, cross_entropy(uni_probs[:, :-1], rows), target_log_loss(uni_probs, tokens))
     stationary = isinstance(source._initial, str)
     if stationary:
-        cv_rate, cv_uni = entropy(rows), cross_entropy(pi[:, None, :].expand_as(rows), rows)
+        # pi is floored: a state of law ~1e-300 (tiny alpha) would make the control infinite
+        cv_rate, cv_uni = entropy(rows), cross_entropy(pi.clamp_min(1e-300)[:, None, :].expand_as(rows), rows)
     else:
         cv_rate = (_solve_stationary(kernels) * entropy(kernels)).sum(-1)[:, None].expand_as(add_alpha)
         cv_uni = entropy(pi)[:, None].expand_as(add_alpha)
     zero = torch.zeros((), dtype=torch.float64)
     gain = _first_state_gain(source, tokens, rng, gain_draws) if stationary else torch.zeros(batch, dtype=torch.float64)
-    return add_alpha - torch.where(valid, cv_rate, zero), unigram - torch.where(valid, cv_uni, zero), gain
+    controls = torch.stack([torch.where(valid, cv_rate, zero), torch.where(valid, cv_uni, zero)])
+    return torch.stack([add_alpha, unigram]), controls, gain
 
 
 def _fixed_start_gain(source: RandomMarkov) -> float:
@@ -546,11 +549,11 @@ class _Moments:
     seqs: Any = 0.0  # sum over sequences, [3]: add-alpha, unigram, Bayes (sequence means)
     seqs_sq: Any = 0.0
 
-    def add(self, add_alpha: Tensor, unigram: Tensor, gain: Tensor) -> None:
-        per_target = torch.stack([add_alpha, unigram], 0)  # [2, batch, target]
-        n_targets = add_alpha.shape[1]
-        per_seq = torch.stack([add_alpha.mean(1), unigram.mean(1), add_alpha.mean(1) - gain / n_targets], 0)
-        self.n += add_alpha.shape[0]
+    def add(self, per_target: Tensor, gain: Tensor) -> None:
+        """`per_target` [2, batch, target]: add-alpha and unigram values; `gain` [batch] the first-state gain."""
+        add_alpha, unigram = per_target.mean(2)
+        per_seq = torch.stack([add_alpha, unigram, add_alpha - gain / per_target.shape[2]], 0)
+        self.n += per_target.shape[1]
         self.targets = self.targets + per_target.sum(1)
         self.targets_sq = self.targets_sq + (per_target**2).sum(1)
         self.seqs = self.seqs + per_seq.sum(1)
@@ -563,6 +566,15 @@ class _Moments:
         return mean, (var / self.n).sqrt()
 
 
+def _control_coefficients(values: Tensor, controls: Tensor) -> Tensor:
+    """Per curve and target the variance-minimising coefficient b = Cov(value, control) / Var(control) of
+    `value - b (control - E[control])`: about 1 late in the sequence, 0 where the value is exact (t = 0)."""
+    v = values - values.mean(1, keepdim=True)
+    c = controls - controls.mean(1, keepdim=True)
+    var = (c * c).mean(1)
+    return torch.where(var > 0, (v * c).mean(1) / var.clamp_min(1e-300), torch.zeros_like(var))
+
+
 def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExpectations, *, seed: int,
                            tol: float, n_sequences: int | None) -> dict:
     """Monte Carlo (Rao-Blackwellised, with control variates) of the in-context losses: draw chunks of
@@ -571,16 +583,18 @@ def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExp
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng([seed, 13])
     chunk = min(max(2**18 // seq_len, 1024), 8192)
-    moments = _Moments()
-    valid = torch.arange(seq_len - 1) >= source.order - 1
-    shift = torch.stack([valid * kernel.entropy_rate, valid * kernel.unigram_loss]).to(torch.float64)
-    shift_se = torch.stack([valid * kernel.entropy_rate_se, valid * kernel.unigram_loss_se]).to(torch.float64)
-    frac = float(valid.double().mean())
-    seq_shift_se = torch.tensor([kernel.entropy_rate_se, kernel.unigram_loss_se, kernel.entropy_rate_se]) * frac
+    moments, coef = _Moments(), None
+    means = torch.tensor([kernel.entropy_rate, kernel.unigram_loss], dtype=torch.float64)[:, None]
+    mean_ses = torch.tensor([kernel.entropy_rate_se, kernel.unigram_loss_se], dtype=torch.float64)[:, None]
     fixed_gain = 0.0 if isinstance(source._initial, str) else _fixed_start_gain(source) / (seq_len - 1)
     while True:
         size = chunk if n_sequences is None else min(chunk, n_sequences - moments.n)
-        moments.add(*_in_context_chunk(source, seq_len, size, gen, rng, gain_draws=32))
+        values, controls, gain = _in_context_chunk(source, seq_len, size, gen, rng, gain_draws=32)
+        if coef is None:  # per-target coefficients from the first chunk (the O(1/n) bias is negligible)
+            coef = _control_coefficients(values, controls)
+            shift, shift_se = coef * means, coef.abs() * mean_ses  # [2, target]: what the controls' means add back
+            seq_shift_se = torch.cat([shift_se.mean(1), shift_se[:1].mean(1)])
+        moments.add(values - coef[:, None, :] * controls, gain)
         seq_mean, seq_se = moments.mean_se("seqs")
         seq_se = (seq_se**2 + seq_shift_se**2).sqrt()
         if n_sequences is not None and moments.n >= n_sequences:
@@ -589,7 +603,7 @@ def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExp
             break
     curve, curve_se = moments.mean_se("targets")
     curve, curve_se = curve + shift, (curve_se**2 + shift_se**2).sqrt()
-    values = seq_mean + torch.tensor([kernel.entropy_rate, kernel.unigram_loss, kernel.entropy_rate]) * frac
+    values = seq_mean + torch.cat([shift.mean(1), shift[:1].mean(1)])
     return {
         "add_alpha_loss": float(values[0]), "add_alpha_loss_se": float(seq_se[0]),
         "unigram_loss": float(values[1]), "unigram_loss_se": float(seq_se[1]),
