@@ -156,6 +156,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     def handler(args: argparse.Namespace) -> int:
         import torch
 
+        from markov_interp.theory import format_loss
         from markov_interp.training import train
 
         if args.threads is not None:
@@ -164,10 +165,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
             torch.set_num_threads(args.threads)
         result = train(_train_run(args), args.out, progress=not args.no_progress)
         f = result.final
-        parts = [f"final eval loss {f.eval_loss:.4f} nats", f"entropy rate {f.entropy_rate:.4f}",
-                 f"unigram loss {f.unigram_loss:.4f}"]
-        if f.bayes_loss is not None:
-            parts.append(f"in-context Bayes loss {f.bayes_loss:.4f}")
+
+        def ref(value: float, key: str) -> str:  # the value, with its standard error where that shows
+            return format_loss(value, f.references.get(f"{key}_se"))
+
+        in_context = f.bayes_loss is not None
+        parts = [f"final eval loss {f.eval_loss:.4f} nats", f"entropy rate {ref(f.entropy_rate, 'entropy_rate')}",
+                 f"{'in-context ' if in_context else ''}unigram loss {ref(f.unigram_loss, 'unigram_loss')}"]
+        if in_context:
+            parts.append(f"in-context Bayes loss {ref(f.bayes_loss, 'bayes_loss')}")
         status = "already trained" if result.already_done else (
             f"resumed from step {result.resumed_from}" if result.resumed_from else "trained")
         print(f"{status} ({f.step} steps): " + ", ".join(parts) + f" -> {args.out}")
@@ -199,6 +205,7 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
 
         from markov_interp import models
         from markov_interp.probes import classify_mechanism
+        from markov_interp.theory import format_loss
         from markov_interp.training import CONFIG_FILE, RunConfig
 
         run_dir = Path(args.run_dir)
@@ -213,7 +220,8 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         if args.json:
             print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
             return 0
-        refs = ", ".join(f"{k} {v:.4f}" for k, v in sorted(report.references.items()))
+        refs = ", ".join(f"{k} {format_loss(v, report.references.get(f'{k}_se'))}"
+                         for k, v in sorted(report.references.items()) if not k.endswith("_se"))
         print(f"mechanism: {report.mechanism}{'' if report.confident else ' (not confident)'}")
         print(f"eval loss {report.eval_loss:.4f} nats ({refs})")
         for reason in report.reasons:

@@ -7,25 +7,36 @@
   a fixed chain (exact at every position when the first states are drawn from pi).
 - `add_beta_predictions`: the in-context add-beta (Laplace beta = 1, Krichevsky-Trofimov beta = 1/2) estimator of
   the next-state law from transition counts in the sequence so far: Bayes-optimal for `RandomMarkov` with
-  alpha = beta, and what an induction-head circuit approximates.
+  alpha = beta when the first state's law does not depend on the kernel, and what an induction-head circuit
+  approximates.
+- `reference_losses`: all of these for a source as a `ReferenceLosses`, each with its standard error. Fixed
+  chains: exact. Random kernels: E[entropy rate] and E[H(pi)] by quadrature (two states) or Monte Carlo to 1e-4;
+  the in-context Bayes, add-alpha and in-context unigram losses by Rao-Blackwellised Monte Carlo with control
+  variates to below 1e-3 (checked against exact enumeration of short binary sequences); cached.
 
 Order-k kernels ([V]*k + [V]) are handled through the chain on contexts (the last k states).
 """
 
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from markov_interp.data import (
-    MarkovChain,
-    RandomMarkov,
-    _context_kernel,
-    _context_transition_matrix,
-    _solve_stationary,
-    validate_kernel,
-)
+from markov_interp._io import atomic_write
+from markov_interp.chains import context_kernel as _context_kernel
+from markov_interp.chains import solve_stationary as _solve_stationary
+from markov_interp.chains import stationary_context_law
+from markov_interp.data import MarkovChain, RandomMarkov, Source, validate_kernel
 
 Kernel = Any  # a [V]*k + [V] array-like; validated by data.validate_kernel
 
@@ -43,16 +54,9 @@ def stationary_context_distribution(kernel: Kernel, *, check: bool = True) -> Fl
     For order 1 this is the stationary distribution pi itself. Raises ValueError when the law is not unique
     (a reducible chain with several closed classes).
     """
-    k = _as_kernel(kernel) if check else kernel.to(torch.float64)
-    flat = _context_kernel(k)
-    if check:  # unique iff P - I has rank n - 1
-        n = flat.shape[0]
-        rank = torch.linalg.matrix_rank(_context_transition_matrix(flat) - torch.eye(n, dtype=flat.dtype), atol=1e-10)
-        if rank < n - 1:
-            raise ValueError(
-                f"the chain has no unique stationary law (the kernel has {n - int(rank)} closed classes)"
-            )
-    return _solve_stationary(flat)
+    if check:
+        return stationary_context_law(_as_kernel(kernel))
+    return _solve_stationary(_context_kernel(kernel.to(torch.float64)))
 
 
 def stationary_context_laws(kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch context"]:
@@ -207,28 +211,450 @@ def in_context_loss_curve(
     return total / n_sequences
 
 
-def _expected_random_references(source: RandomMarkov, n_kernels: int, generator: torch.Generator) -> dict:
-    kernels = source.sample_kernels(n_kernels, generator)  # [n, V**k, V]
-    pi = stationary_context_laws(kernels)
-    rates = (pi * entropy(kernels)).sum(-1)
-    unigrams = entropy(pi.reshape(n_kernels, -1, source.vocab).sum(1))  # law of the last state
-    return {"entropy_rate": float(rates.mean()), "unigram_loss": float(unigrams.mean())}
+# --------------------------------------------------------------------------------- reference losses
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReferenceLosses:
+    """The losses (nats per prediction, averaged over the targets of a sequence) a model is compared with.
 
+    Every value carries its standard error (`*_se`): 0 when exact, a quadrature error estimate when computed
+    by quadrature, the Monte Carlo standard error otherwise.
 
-def reference_losses(source: Any, seq_len: int, *, n_sequences: int = 2048, seed: int = 0) -> dict[str, float]:
-    """The losses a model trained on `source` is compared with, averaged over positions 0..seq_len-2.
-
-    Fixed kernels (`MarkovChain`, `BinaryChain`): exact "entropy_rate" (global optimum) and "unigram_loss"
-    (context-free optimum). `RandomMarkov`: "bayes_loss", the Bayes-optimal in-context (add-alpha) loss averaged
-    over the sequence (Monte Carlo, `n_sequences`, `seed`); "entropy_rate", the loss of an oracle that knows
-    each sequence's kernel, and "unigram_loss", H(pi) of each kernel, both in expectation over kernels.
+    - `entropy_rate`: the loss of the true kernel (an oracle that knows each sequence's kernel); for random
+      kernels its expectation over kernels.
+    - `unigram_loss`: the unigram plateau, the loss of the best predictor that ignores the current state: H(pi)
+      for a fixed chain; for random kernels the in-context unigram estimator (add-alpha state counts of the
+      sequence so far), what a single-layer model sits at (`in_context_unigram_loss` names it there).
+    - random kernels only: `bayes_loss`, the Bayes-optimal in-context loss under the sampler's law (the
+      posterior predictive; with a stationary first state it also uses what x_0 says about the kernel);
+      `add_alpha_loss`, the loss of the add-alpha count estimator (`add_beta_predictions` with beta = alpha: the
+      posterior predictive when the first state's law does not depend on the kernel, what an induction head
+      approximates); `oracle_unigram_loss`, E[H(pi)], the loss of an oracle that knows each sequence's pi.
+    - curves: per target position t (predicting x_{t+1}), for random kernels.
     """
+
+    entropy_rate: float
+    unigram_loss: float
+    bayes_loss: float | None = None
+    add_alpha_loss: float | None = None
+    oracle_unigram_loss: float | None = None
+    entropy_rate_se: float = 0.0
+    unigram_loss_se: float = 0.0
+    bayes_loss_se: float | None = None
+    add_alpha_loss_se: float | None = None
+    oracle_unigram_loss_se: float | None = None
+    add_alpha_curve: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    add_alpha_curve_se: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    unigram_curve: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    unigram_curve_se: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def optimum(self) -> float:
+        """The best loss any predictor reaches: the in-context Bayes loss for random kernels, else the
+        entropy rate."""
+        return self.bayes_loss if self.bayes_loss is not None else self.entropy_rate
+
+    @property
+    def optimum_se(self) -> float:
+        return self.bayes_loss_se if self.bayes_loss is not None else self.entropy_rate_se
+
+    @property
+    def in_context(self) -> bool:
+        """True for random kernels, where the references are in-context losses."""
+        return self.bayes_loss is not None
+
+    @property
+    def in_context_unigram_loss(self) -> float | None:
+        """The in-context unigram estimator's loss (random kernels; None for a fixed chain)."""
+        return self.unigram_loss if self.in_context else None
+
+    def as_row(self, digits: int | None = None) -> dict[str, float]:
+        """Flat columns for a metrics row or table: the values that exist, and `<name>_se` where not 0.
+
+        Keys: entropy_rate, unigram_loss (the plateau), and for random kernels bayes_loss, add_alpha_loss,
+        oracle_unigram_loss. `digits` rounds every value (rows that must compare exactly across calls)."""
+        row: dict[str, float] = {}
+        for name in ("entropy_rate", "unigram_loss", "bayes_loss", "add_alpha_loss", "oracle_unigram_loss"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            row[name] = float(value) if digits is None else round(float(value), digits)
+            se = getattr(self, f"{name}_se")
+            if se:
+                row[f"{name}_se"] = float(se) if digits is None else round(float(se), digits)
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "ReferenceLosses":
+        """The values (and standard errors) of `as_row` read back from a metrics row or table row; other keys
+        are ignored, the curves are not in rows."""
+        names = [f.name for f in dataclasses.fields(cls) if "curve" not in f.name]
+        missing = [k for k in ("entropy_rate", "unigram_loss") if row.get(k) is None]
+        if missing:
+            raise ValueError(f"a reference row needs {missing}; it has {sorted(row)}")
+        # a missing `<name>_se` stays None (not recorded, e.g. rows of older runs) for the in-context values
+        return cls(**{k: float(row[k]) for k in names if row.get(k) is not None})
+
+    def describe(self) -> str:
+        """One line for people: every value, with its standard error where that is not negligible (>= 5e-5)."""
+        labels = {"entropy_rate": "entropy rate", "unigram_loss": "in-context unigram loss" if self.in_context
+                  else "unigram loss", "bayes_loss": "in-context Bayes loss", "add_alpha_loss": "add-alpha loss",
+                  "oracle_unigram_loss": "oracle E[H(pi)]"}
+        row = self.as_row()
+        return ", ".join(f"{label} {format_loss(row[k], row.get(k + '_se'))}" for k, label in labels.items() if k in row)
+
+
+def format_loss(value: float, se: float | None = None, digits: int = 4) -> str:
+    """`value` with '± se' appended when the standard error shows at this precision (>= half the last digit)."""
+    text = f"{value:.{digits}f}"
+    if se is not None and se >= 0.5 * 10 ** -digits:
+        text += f" ± {se:.{digits}f}"
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelExpectations:
+    """E[entropy rate] and E[H(pi)] over random kernels, with their errors (`method`: "quadrature" or
+    "monte carlo")."""
+
+    entropy_rate: float
+    entropy_rate_se: float
+    unigram_loss: float
+    unigram_loss_se: float
+    method: str
+
+
+@functools.lru_cache(maxsize=16)
+def _beta_nodes(alpha: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss nodes and weights for E[f(p)], p ~ Beta(alpha, alpha), accurate for f with log singularities at
+    0 and 1 (entropies). Each half [0, 1/2] is mapped from u in [0, 1] by p = u**m / 2 with m = k / alpha
+    (k = max(1, ceil(2 alpha))): the density's p**(alpha - 1) becomes the polynomial u**(k - 1) and m >= 2
+    smooths the logs, so Gauss-Legendre in u converges fast."""
+    x, w = np.polynomial.legendre.leggauss(n)
+    u, w = (x + 1) / 2, w / 2
+    k = max(1, math.ceil(2 * alpha))
+    m = k / alpha
+    p = 0.5 * u**m
+    log_beta = 2 * math.lgamma(alpha) - math.lgamma(2 * alpha)
+    wp = w * 0.5**alpha * m * u ** (k - 1) * (1 - p) ** (alpha - 1) / math.exp(log_beta)
+    return np.concatenate([p, 1 - p[::-1]]), np.concatenate([wp, wp[::-1]])
+
+
+def _binary_h(x: np.ndarray) -> np.ndarray:
+    return -(special_xlogx(x) + special_xlogx(1 - x))
+
+
+def special_xlogx(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0)), 0.0)
+
+
+def _binary_quadrature(alpha: float, n: int) -> tuple[float, float]:
+    p, w = _beta_nodes(alpha, n)
+    pp, qq = np.meshgrid(p, p, indexing="ij")
+    weights = np.outer(w, w)
+    rate = (qq * _binary_h(pp) + pp * _binary_h(qq)) / (pp + qq)  # (q h(p) + p h(q)) / (p + q)
+    return float((weights * rate).sum()), float((weights * _binary_h(pp / (pp + qq))).sum())
+
+
+def _binary_kernel_expectations(alpha: float, n: int = 256) -> KernelExpectations:
+    """Two states, order 1: E over p, q ~ Beta(alpha, alpha) of the entropy rate and H(pi) by a 2-D Gauss
+    rule; the error is estimated as the change from half the nodes (the rule converges much faster)."""
+    rate, hpi = _binary_quadrature(alpha, n)
+    rate_half, hpi_half = _binary_quadrature(alpha, n // 2)
+    eps = 1e-12  # float rounding of the sums
+    return KernelExpectations(rate, abs(rate - rate_half) + eps, hpi, abs(hpi - hpi_half) + eps, "quadrature")
+
+
+def _control_variate_mean(moments: np.ndarray, n: int, known: np.ndarray, n_targets: int) -> tuple:
+    """Regression control-variate estimates of E[y_j] from accumulated moments of z = (1, c, y).
+
+    `moments` = sum z z^T over n draws, c the controls (exact means `known`), y the targets (last
+    `n_targets` entries). Returns (means, standard errors) of the targets: ybar - b (cbar - E[c]) with b the
+    least-squares coefficient, the standard error from the residual variance (O(1/n) bias, negligible here)."""
+    mean = moments[0] / n
+    cov = moments[1:, 1:] / n - np.outer(mean[1:], mean[1:])
+    n_c = cov.shape[0] - n_targets
+    scc, scy, syy = cov[:n_c, :n_c], cov[:n_c, n_c:], cov[n_c:, n_c:]
+    b = np.linalg.solve(scc, scy)  # [controls, targets]
+    est = mean[1 + n_c:] - (mean[1:1 + n_c] - known) @ b
+    resid = np.clip(np.diag(syy - scy.T @ b), 0.0, None)
+    return est, np.sqrt(resid / (n - n_c - 1))
+
+
+def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol: float,
+                            max_kernels: int = 1 << 24) -> KernelExpectations:
+    """E[entropy rate] and E[H(pi)] over Dirichlet(alpha) kernels by Monte Carlo, in chunks of 2**18 kernels
+    until both standard errors are below `tol`. Two controls with exact means cut the variance about 3x:
+    the mean row entropy (E = psi(V alpha + 1) - psi(alpha + 1)) and the spread sum_x (m_x - 1/V)**2 of the
+    mean row m (E = (V - 1) / (V (V alpha + 1) V**k))."""
+    n_ctx = vocab**order
+    known = np.array([
+        float(torch.special.digamma(torch.tensor(vocab * alpha + 1.0, dtype=torch.float64))
+              - torch.special.digamma(torch.tensor(alpha + 1.0, dtype=torch.float64))),
+        (vocab - 1) / (vocab * (vocab * alpha + 1) * n_ctx),
+    ])
+    rng = np.random.default_rng([seed, 16])
+    moments, n, chunk = np.zeros((5, 5)), 0, 1 << 18
+    while True:
+        gam = rng.standard_gamma(alpha, size=(chunk, n_ctx, vocab)).clip(1e-300)
+        kernels = torch.from_numpy(gam / gam.sum(-1, keepdims=True))
+        pi = _solve_stationary(kernels)
+        rows_h = entropy(kernels)
+        rate = (pi * rows_h).sum(-1)
+        hpi = entropy(pi.reshape(chunk, -1, vocab).sum(1))  # law of the last state
+        spread = ((kernels.mean(-2) - 1.0 / vocab) ** 2).sum(-1)
+        z = torch.stack([torch.ones_like(rate), rows_h.mean(-1), spread, rate, hpi], 1).numpy()
+        moments += z.T @ z
+        n += chunk
+        est, se = _control_variate_mean(moments, n, known, 2)
+        if se.max() < tol or n >= max_kernels:
+            return KernelExpectations(float(est[0]), float(se[0]), float(est[1]), float(se[1]), "monte carlo")
+
+
+def expected_kernel_references(source: Source, *, seed: int = 0, tol: float = 1e-4) -> KernelExpectations:
+    """E[entropy rate] and E[H(pi)] over the kernels of a `RandomMarkov` source: by quadrature for two states
+    of order 1 (error ~1e-9), else by Monte Carlo to a standard error below `tol` (cached)."""
+    if not isinstance(source, RandomMarkov):
+        raise ValueError(f"expected a RandomMarkov source, got {type(source).__name__}")
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got {tol!r}")
+    return _kernel_expectations_cached(source.vocab, source.order, source.alpha, seed, float(tol))
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int, tol: float) -> KernelExpectations:
+    if vocab == 2 and order == 1:
+        return _binary_kernel_expectations(alpha)
+    key = {"what": "kernel-expectations", "vocab": vocab, "order": order, "alpha": alpha, "seed": seed, "tol": tol}
+    cached = _disk_cache_read(key)
+    if cached is not None:
+        return KernelExpectations(**cached)
+    out = _mc_kernel_expectations(vocab, order, alpha, seed, tol)
+    _disk_cache_write(key, dataclasses.asdict(out))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ disk cache
+_CACHE_VERSION = 2  # bump when a method changes: old entries are then ignored
+
+
+def _cache_dir() -> Path | None:
+    """$MARKOV_INTERP_CACHE (a folder; "off" or "" disables), else ~/.cache/markov-interp."""
+    value = os.environ.get("MARKOV_INTERP_CACHE")
+    if value is None:
+        return Path.home() / ".cache" / "markov-interp"
+    return None if value in ("", "off", "0") else Path(value)
+
+
+def _cache_file(key: dict) -> Path | None:
+    folder = _cache_dir()
+    if folder is None:
+        return None
+    text = json.dumps({**key, "version": _CACHE_VERSION}, sort_keys=True)
+    return folder / "references" / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
+
+
+def _disk_cache_read(key: dict) -> dict | None:
+    path = _cache_file(key)
+    try:
+        data = json.loads(path.read_text()) if path is not None and path.exists() else None
+    except (OSError, ValueError):  # unreadable or half-written by a foreign tool: recompute
+        return None
+    if not isinstance(data, dict) or data.get("key") != {**key, "version": _CACHE_VERSION}:
+        return None
+    return data["value"]
+
+
+def _disk_cache_write(key: dict, value: dict) -> None:
+    path = _cache_file(key)
+    if path is None:
+        return
+    try:
+        atomic_write(path, json.dumps({"key": {**key, "version": _CACHE_VERSION}, "value": value}))
+    except OSError:  # a read-only home is no reason to fail: the value is only recomputed next time
+        pass
+
+
+def _first_state_gain(source: RandomMarkov, tokens: Tensor, rng: np.random.Generator, draws: int) -> Tensor:
+    """log(V**k g) per sequence, g = E[pi_{c_0}(P) | transitions]: the log-loss (summed over the sequence)
+    the Bayes predictor saves over add-alpha by using what a stationary first context c_0 says about P.
+
+    Under the sampler, P(x) = E_P[pi_{c_0}(P) prod P(c_t, x_{t+1})] while add-alpha is the exact predictive of
+    the law with a uniform first context, so the two total log-losses differ by log(V**k g) with g the posterior
+    (rows Dirichlet(alpha + counts)) mean of pi_{c_0}. g is estimated from `draws` posterior kernels; the log's
+    downward bias s**2 / (2 draws g**2) is added back."""
+    vocab, order = source.vocab, source.order
+    batch = tokens.shape[0]
+    ctx = context_index(tokens, vocab, order)
+    counts = torch.zeros(batch, vocab**order * vocab, dtype=torch.float64)
+    pair = ctx[:, order - 1:-1] * vocab + tokens[:, order:]
+    counts.scatter_add_(1, pair, torch.ones_like(pair, dtype=torch.float64))
+    shape = counts.reshape(batch, vocab**order, vocab).numpy() + source.alpha
+    gam = rng.standard_gamma(shape, size=(draws, *shape.shape)).clip(1e-300)
+    pi = _solve_stationary(torch.from_numpy(gam / gam.sum(-1, keepdims=True)))  # [draws, batch, contexts]
+    first = torch.gather(pi, 2, ctx[:, order - 1].expand(draws, batch)[..., None])[..., 0]
+    g, var = first.mean(0), first.var(0)
+    return torch.log(vocab**order * g) + var / (2 * draws * g**2)
+
+
+def _in_context_chunk(source: RandomMarkov, seq_len: int, batch: int, gen: torch.Generator,
+                      rng: np.random.Generator, gain_draws: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per sequence and target ([2, batch, target]: add-alpha, in-context unigram) the Rao-Blackwellised losses
+    and their control variates, and per sequence the first-state gain (0 if the start ignores P).
+
+    Rao-Blackwell: the loss at t is averaged over x_{t+1} ~ P(c_t, .) given the sequence's kernel, instead of
+    taken at the sampled x_{t+1}. Controls: with a stationary start H(P(c_t, .)) and sum_x P(c_t, x)(-log pi(x)),
+    whose means are E[entropy rate] and E[H(pi)] at every t >= k - 1; otherwise the kernel's entropy rate and
+    H(pi), with the same means (0 where t < k - 1: no control there). They remove most of the kernel-to-kernel
+    variance."""
+    vocab, order, alpha = source.vocab, source.order, source.alpha
+    tokens, kernels = source.sample(batch, seq_len, gen, return_kernels=True)
+    ctx = context_index(tokens, vocab, order)[:, :-1]
+    valid = ctx >= 0
+    rows = torch.gather(kernels, 1, ctx.clamp_min(0)[..., None].expand(-1, -1, vocab))  # [batch, target, V]
+    pi = _solve_stationary(kernels).reshape(batch, -1, vocab).sum(1)  # law of one state
+    add_alpha = cross_entropy(add_beta_predictions(tokens, vocab, order=order, beta=alpha)[:, :-1], rows)
+    uni_probs = add_beta_predictions(tokens, vocab, order=0, beta=alpha)
+    unigram = torch.where(valid, cross_entropy(uni_probs[:, :-1], rows), target_log_loss(uni_probs, tokens))
+    stationary = isinstance(source._initial, str)
+    if stationary:
+        # pi is floored: a state of law ~1e-300 (tiny alpha) would make the control infinite
+        cv_rate, cv_uni = entropy(rows), cross_entropy(pi.clamp_min(1e-300)[:, None, :].expand_as(rows), rows)
+    else:
+        cv_rate = (_solve_stationary(kernels) * entropy(kernels)).sum(-1)[:, None].expand_as(add_alpha)
+        cv_uni = entropy(pi)[:, None].expand_as(add_alpha)
+    zero = torch.zeros((), dtype=torch.float64)
+    gain = _first_state_gain(source, tokens, rng, gain_draws) if stationary else torch.zeros(batch, dtype=torch.float64)
+    controls = torch.stack([torch.where(valid, cv_rate, zero), torch.where(valid, cv_uni, zero)])
+    return torch.stack([add_alpha, unigram]), controls, gain
+
+
+def _fixed_start_gain(source: RandomMarkov) -> float:
+    """Total log-loss the Bayes predictor saves over add-alpha inside a fixed first-context law mu (order > 1:
+    add-alpha predicts uniformly there, Bayes by mu's conditionals): (k - 1) log V - H(mu) + H(mu's first state)."""
+    vocab, order = source.vocab, source.order
+    if order == 1:
+        return 0.0
+    mu = source._initial
+    first = mu.reshape(vocab, -1).sum(1)
+    return float((order - 1) * math.log(vocab) - entropy(mu) + entropy(first))
+
+
+@dataclasses.dataclass
+class _Moments:
+    """Running sums for means and standard errors of per-target and per-sequence values."""
+
+    n: int = 0
+    targets: Any = 0.0  # sum over sequences, [2, target]: add-alpha, unigram
+    targets_sq: Any = 0.0
+    seqs: Any = 0.0  # sum over sequences, [3]: add-alpha, unigram, Bayes (sequence means)
+    seqs_sq: Any = 0.0
+
+    def add(self, per_target: Tensor, gain: Tensor) -> None:
+        """`per_target` [2, batch, target]: add-alpha and unigram values; `gain` [batch] the first-state gain."""
+        add_alpha, unigram = per_target.mean(2)
+        per_seq = torch.stack([add_alpha, unigram, add_alpha - gain / per_target.shape[2]], 0)
+        self.n += per_target.shape[1]
+        self.targets = self.targets + per_target.sum(1)
+        self.targets_sq = self.targets_sq + (per_target**2).sum(1)
+        self.seqs = self.seqs + per_seq.sum(1)
+        self.seqs_sq = self.seqs_sq + (per_seq**2).sum(1)
+
+    def mean_se(self, which: str) -> tuple[Tensor, Tensor]:
+        total, sq = (self.targets, self.targets_sq) if which == "targets" else (self.seqs, self.seqs_sq)
+        mean = total / self.n
+        var = (sq / self.n - mean**2).clamp_min(0) * self.n / max(self.n - 1, 1)
+        return mean, (var / self.n).sqrt()
+
+
+def _control_coefficients(values: Tensor, controls: Tensor) -> Tensor:
+    """Per curve and target the variance-minimising coefficient b = Cov(value, control) / Var(control) of
+    `value - b (control - E[control])`: about 1 late in the sequence, 0 where the value is exact (t = 0)."""
+    v = values - values.mean(1, keepdim=True)
+    c = controls - controls.mean(1, keepdim=True)
+    var = (c * c).mean(1)
+    return torch.where(var > 0, (v * c).mean(1) / var.clamp_min(1e-300), torch.zeros_like(var))
+
+
+def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExpectations, *, seed: int,
+                           tol: float, n_sequences: int | None) -> dict:
+    """Monte Carlo (Rao-Blackwellised, with control variates) of the in-context losses: draw chunks of
+    sequences until every averaged value's standard error is below `tol` (at least 1024 sequences, at most
+    2**18), or exactly `n_sequences` when given."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng([seed, 13])
+    chunk = min(max(2**18 // seq_len, 1024), 8192)
+    moments, coef = _Moments(), None
+    means = torch.tensor([kernel.entropy_rate, kernel.unigram_loss], dtype=torch.float64)[:, None]
+    mean_ses = torch.tensor([kernel.entropy_rate_se, kernel.unigram_loss_se], dtype=torch.float64)[:, None]
+    fixed_gain = 0.0 if isinstance(source._initial, str) else _fixed_start_gain(source) / (seq_len - 1)
+    while True:
+        size = chunk if n_sequences is None else min(chunk, n_sequences - moments.n)
+        values, controls, gain = _in_context_chunk(source, seq_len, size, gen, rng, gain_draws=32)
+        if coef is None:  # per-target coefficients from the first chunk (the O(1/n) bias is negligible)
+            coef = _control_coefficients(values, controls)
+            shift, shift_se = coef * means, coef.abs() * mean_ses  # [2, target]: what the controls' means add back
+            seq_shift_se = torch.cat([shift_se.mean(1), shift_se[:1].mean(1)])
+        moments.add(values - coef[:, None, :] * controls, gain)
+        seq_mean, seq_se = moments.mean_se("seqs")
+        seq_se = (seq_se**2 + seq_shift_se**2).sqrt()
+        if n_sequences is not None and moments.n >= n_sequences:
+            break
+        if n_sequences is None and (seq_se.max() < tol or moments.n >= 2**18):
+            break
+    curve, curve_se = moments.mean_se("targets")
+    curve, curve_se = curve + shift, (curve_se**2 + shift_se**2).sqrt()
+    values = seq_mean + torch.cat([shift.mean(1), shift[:1].mean(1)])
+    return {
+        "add_alpha_loss": float(values[0]), "add_alpha_loss_se": float(seq_se[0]),
+        "unigram_loss": float(values[1]), "unigram_loss_se": float(seq_se[1]),
+        "bayes_loss": float(values[2]) - fixed_gain, "bayes_loss_se": float(seq_se[2]),
+        "add_alpha_curve": tuple(curve[0].tolist()), "add_alpha_curve_se": tuple(curve_se[0].tolist()),
+        "unigram_curve": tuple(curve[1].tolist()), "unigram_curve_se": tuple(curve_se[1].tolist()),
+        "n_sequences": moments.n,
+    }
+
+
+def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5e-4,
+                     n_sequences: int | None = None) -> ReferenceLosses:
+    """The losses a model trained on `source` is compared with, averaged over the targets t = 0..seq_len-2.
+
+    Fixed kernels (`MarkovChain`, `BinaryChain`): the exact entropy rate (global optimum) and H(pi) (the
+    unigram plateau), standard errors 0. `RandomMarkov` (see `ReferenceLosses` for each value's meaning):
+    E[entropy rate] and E[H(pi)] by quadrature (two states) or Monte Carlo to a standard error below 1e-4; the
+    in-context losses by Monte Carlo over `seed`'s sequences until each standard error is below `tol` (or over
+    exactly `n_sequences`). Results are cached in memory and on disk (`$MARKOV_INTERP_CACHE`, default
+    ~/.cache/markov-interp; "off" disables), so sweeps and reports pay once.
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+        raise ValueError(f"seq_len must be an integer >= 2 (one target at least), got {seq_len!r}")
     if isinstance(source, RandomMarkov):
-        gen = torch.Generator().manual_seed(seed)
-        out = _expected_random_references(source, n_sequences, gen)
-        curve = in_context_loss_curve(source, seq_len, n_sequences=n_sequences, generator=gen)
-        out["bayes_loss"] = float(curve.mean())
-        return out
+        if not tol > 0:
+            raise ValueError(f"tol must be > 0, got {tol!r}")
+        if n_sequences is not None and (isinstance(n_sequences, bool) or not isinstance(n_sequences, int)
+                                        or n_sequences < 2):
+            raise ValueError(f"n_sequences must be an integer >= 2 or None, got {n_sequences!r}")
+        initial = source._initial if isinstance(source._initial, str) else tuple(source._initial.tolist())
+        return _random_references(source.vocab, source.order, source.alpha, initial, seq_len, seed, float(tol),
+                                  n_sequences)
     if isinstance(source, MarkovChain):
-        return {"entropy_rate": entropy_rate(source.kernel), "unigram_loss": unigram_loss(source.kernel)}
+        return ReferenceLosses(entropy_rate=entropy_rate(source.kernel), unigram_loss=unigram_loss(source.kernel))
     raise ValueError(f"unknown source type {type(source).__name__}")
+
+
+@functools.lru_cache(maxsize=64)
+def _random_references(vocab: int, order: int, alpha: float, initial: Any, seq_len: int, seed: int, tol: float,
+                       n_sequences: int | None) -> ReferenceLosses:
+    source = RandomMarkov(vocab, order, alpha, initial=initial if isinstance(initial, str) else list(initial))
+    kernel = expected_kernel_references(source, seed=seed)
+    key = {"what": "in-context", "vocab": vocab, "order": order, "alpha": alpha, "initial": initial,
+           "seq_len": seq_len, "seed": seed, "tol": tol, "n_sequences": n_sequences,
+           "kernel": dataclasses.asdict(kernel)}
+    found = _disk_cache_read(key)
+    if found is None:
+        found = _in_context_references(source, seq_len, kernel, seed=seed, tol=tol, n_sequences=n_sequences)
+        _disk_cache_write(key, found)
+    curves = {k: tuple(v) for k, v in found.items() if k.endswith(("_curve", "_curve_se"))}
+    values = {k: v for k, v in found.items() if k not in curves and k != "n_sequences"}
+    return ReferenceLosses(entropy_rate=kernel.entropy_rate, entropy_rate_se=kernel.entropy_rate_se,
+                           oracle_unigram_loss=kernel.unigram_loss, oracle_unigram_loss_se=kernel.unigram_loss_se,
+                           **values, **curves)

@@ -308,7 +308,7 @@ class FinalLosses:
 
     @property
     def unigram_loss(self) -> float:
-        """H(pi): the plateau of a model that predicts the stationary law whatever the context."""
+        """The plateau: H(pi) for fixed kernels; for random kernels the in-context unigram estimator's loss."""
         return self.references["unigram_loss"]
 
     @property
@@ -570,7 +570,7 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
 
     source = run.source.build()
     # rounded: the last bits of theory's linear algebra vary between calls; rows must compare exactly
-    references = {k: round(float(v), 12) for k, v in theory.reference_losses(source, tc.seq_len + 1).items()}
+    references = theory.reference_losses(source, tc.seq_len + 1).as_row(digits=12)
     model = models.build(run.model, seed=tc.seed, device=device)
     model.train()
     optimizer = _make_optimizer(model, tc)

@@ -1,9 +1,14 @@
-"""Shared test setup: one torch thread per test process.
+"""Shared test setup: one torch thread per test process; the reference-loss cache in a temporary folder.
 
 The models here are tiny; on a small shared CPU, torch's default thread pool makes them several times slower
-(measured ~10x on the 2-core CI machine), and pytest-xdist already runs one process per core.
+(measured ~10x on the 2-core CI machine), and pytest-xdist already runs one process per core. The tests must
+neither read a developer's `~/.cache/markov-interp` (stale entries would hide a changed computation) nor fill it.
 """
+
+import os
+import tempfile
 
 import torch
 
 torch.set_num_threads(1)
+os.environ.setdefault("MARKOV_INTERP_CACHE", tempfile.mkdtemp(prefix="markov-interp-cache-"))

@@ -146,16 +146,21 @@ def test_add_beta_loss_approaches_entropy_rate():
 
 def test_reference_losses_random_markov_ordering():
     refs = theory.reference_losses(RandomMarkov(3), 256, n_sequences=512)
-    # the oracle that knows the kernel < the Bayes in-context estimator < a context-free predictor
-    assert refs["entropy_rate"] < refs["bayes_loss"] < refs["unigram_loss"]
+    # the oracle that knows the kernel < the Bayes in-context predictor <= add-alpha < the in-context unigram
+    # estimator; the oracle that knows pi beats the in-context unigram estimator
+    assert refs.entropy_rate < refs.bayes_loss <= refs.add_alpha_loss < refs.unigram_loss
+    assert refs.oracle_unigram_loss < refs.unigram_loss and refs.optimum == refs.bayes_loss
     # E[H(row)] for Dirichlet(1) on 3 states is psi(4) - psi(2) = 1/2 + 1/3; the entropy rate weights rows
     # by pi, which shifts it only slightly below that
-    assert refs["entropy_rate"] == pytest.approx(5 / 6, abs=0.03)
+    assert refs.entropy_rate == pytest.approx(5 / 6, abs=0.03)
 
 
 def test_reference_losses_fixed_chain_exact():
     refs = theory.reference_losses(BinaryChain(0.2, 0.3), 1024)
-    assert refs == {"entropy_rate": pytest.approx(0.54459, abs=1e-5), "unigram_loss": pytest.approx(0.67301, abs=1e-5)}
+    assert refs.as_row() == {"entropy_rate": pytest.approx(0.54459, abs=1e-5),
+                             "unigram_loss": pytest.approx(0.67301, abs=1e-5)}
+    assert refs.entropy_rate_se == refs.unigram_loss_se == 0 and refs.optimum == refs.entropy_rate
+    assert refs.bayes_loss is None and refs.in_context_unigram_loss is None
 
 
 def test_theory_refuses_bad_input():

@@ -80,7 +80,7 @@ class MechanismReport:
     attention: AttentionScores
     ablation: AblationTable
     readout: KernelReadout
-    references: dict[str, float]  # theory.reference_losses of the source
+    references: dict[str, float]  # theory.reference_losses(...).as_row() of the source
     thresholds: Thresholds
     source: str
     seq_len: int
@@ -188,7 +188,7 @@ def classify_mechanism(
         model, batch.tokens, method="mean", components=head_components, cache=cache, clean_probs=probs
     )
     readout = kernel_readout(model, batch, probs=probs)
-    references = theory.reference_losses(source, seq_len, n_sequences=1024, seed=seed)
+    references = theory.reference_losses(source, seq_len)  # a property of the source: shared, cached
 
     th = thresholds
     state_ratio = _ratio(beh.state_dependence, beh.reference_state_dependence)
@@ -246,7 +246,7 @@ def classify_mechanism(
         attention=scores,
         ablation=heads,
         readout=readout,
-        references={k: float(v) for k, v in references.items()},
+        references=references.as_row(),
         thresholds=th,
         source=repr(source),
         seq_len=seq_len,

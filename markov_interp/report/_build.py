@@ -89,7 +89,8 @@ def _logged_references(metrics: list[dict]) -> dict[str, float]:
     """The reference losses logged beside the last evaluation (training gets them from `theory`)."""
     for row in reversed(metrics):
         if "eval_loss" in row:
-            return {k: float(row[k]) for k in figures.REFERENCE_STYLE if row.get(k) is not None}
+            return {k: float(v) for k, v in row.items()  # the values and their standard errors (`*_se`)
+                    if k.removesuffix("_se") in figures.REFERENCE_STYLE and v is not None}
     return {}
 
 
@@ -114,8 +115,10 @@ def _loss_section(metrics: list[dict], logged: dict, mech: Any, steps: list[int]
     refs = logged or mech.references
     text = paragraph(
         "Loss in nats. Reference lines come from markov_interp.theory: the entropy rate is the loss of the true "
-        "kernel (global optimum), the unigram loss H(pi) the plateau of a model that ignores the context"
+        "kernel (global optimum), the unigram loss the plateau of a model that ignores the current state (H(pi); "
+        "for random kernels the in-context unigram estimator's loss)"
         + (", the in-context Bayes loss the best possible on random kernels." if "bayes_loss" in refs else ".")
+        + " A reference estimated by Monte Carlo shows its standard error (±)."
     )
     parts = [text, figures.loss_curves_figure(metrics, refs, checkpoint_steps=steps)]
     parts.append(figures.position_loss_figure(mech.behaviour, mech.references))
@@ -136,8 +139,8 @@ def _mechanism_section(mech: Any) -> Section:
     readout = mech.readout
     rows = [
         ("eval loss on the probe batch (nats)", b.eval_loss),
-        *[(f"reference: {figures.REFERENCE_STYLE[k][0]}", v) for k, v in mech.references.items()
-          if k in figures.REFERENCE_STYLE],
+        *[(f"reference: {figures.REFERENCE_STYLE[k][0]}", theory.format_loss(v, mech.references.get(f"{k}_se")))
+          for k, v in mech.references.items() if k in figures.REFERENCE_STYLE],
         ("state dependence / optimal predictor's", f"{b.state_dependence:.4f} / {b.reference_state_dependence:.4f} "
                                                    f"= {mech.state_ratio:.3f}"),
         ("context dependence / add-beta's", f"{b.context_dependence:.4f} / {b.reference_context_dependence:.4f} "

@@ -17,12 +17,13 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from markov_interp.report._html import CircuitsFigure, circuits_figure
+from markov_interp.theory import format_loss
 
 # Colours and labels of the reference losses (one place, so every figure says the same thing).
 REFERENCE_STYLE = {
     "entropy_rate": ("entropy rate (bigram optimum)", "#2a7", "--"),
-    "unigram_loss": ("unigram loss H(pi) (plateau)", "#c33", ":"),
-    "bayes_loss": ("in-context Bayes (add-alpha)", "#36c", "-."),
+    "unigram_loss": ("unigram plateau (H(pi); random kernels: in-context unigram)", "#c33", ":"),
+    "bayes_loss": ("in-context Bayes optimum", "#36c", "-."),
 }
 
 
@@ -30,7 +31,8 @@ def _reference_lines(ax: Any, references: Mapping[str, float]) -> None:
     for key, (label, colour, style) in REFERENCE_STYLE.items():
         value = references.get(key)
         if value is not None and math.isfinite(value):
-            ax.axhline(value, color=colour, linestyle=style, linewidth=1.2, label=f"{label} {value:.4f}")
+            text = format_loss(value, references.get(f"{key}_se"))  # with the standard error if it shows
+            ax.axhline(value, color=colour, linestyle=style, linewidth=1.2, label=f"{label} {text}")
 
 
 def loss_curves_figure(

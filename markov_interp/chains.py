@@ -1,0 +1,54 @@
+"""The chain on contexts and its stationary law: the one home of what `data` (sampling from stationarity) and
+`theory` (reference losses) both need, so that `theory` builds on `data` and never the other way round.
+
+An order-k kernel is handled through the chain on contexts (the last k states, base-V index, oldest first):
+`context_kernel` flattens it to [V**k, V], `context_transition_matrix` turns that into a V**k x V**k
+transition matrix, and `solve_stationary` finds its stationary law, batched over any leading axes.
+"""
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+
+def context_kernel(kernel: Tensor) -> Float[Tensor, "context vocab"]:
+    """An order-k kernel [V]*k + [V] flattened to [V**k, V] (rows indexed by the context)."""
+    return kernel.reshape(-1, kernel.shape[-1])
+
+
+def context_transition_matrix(flat: Float[Tensor, "*batch context vocab"]) -> Float[Tensor, "*batch context context"]:
+    """The chain on contexts (last k states) as an ordinary V**k x V**k transition matrix (batched)."""
+    n_ctx, vocab = flat.shape[-2:]
+    rows = torch.arange(n_ctx, device=flat.device)[:, None]
+    targets = (rows * vocab + torch.arange(vocab, device=flat.device)) % n_ctx
+    matrix = torch.zeros(*flat.shape[:-1], n_ctx, dtype=flat.dtype, device=flat.device)
+    return matrix.scatter_add_(-1, targets.expand(flat.shape), flat)
+
+
+def solve_stationary(flat: Float[Tensor, "*batch context vocab"]) -> Float[Tensor, "*batch context"]:
+    """Stationary laws of context chains (kernels flattened to [V**k, V]), batched over leading axes.
+
+    Solves pi (P - I) = 0 with one equation swapped for sum(pi) = 1: a square system, non-singular exactly when
+    the law is unique. A direct solve, unlike least squares, gives the same bits on every call. No uniqueness
+    check here (`stationary_context_law` makes it); Dirichlet-drawn rows are strictly positive almost surely,
+    so those chains are irreducible.
+    """
+    n = flat.shape[-2]
+    eye = torch.eye(n, dtype=flat.dtype, device=flat.device)
+    system = context_transition_matrix(flat).transpose(-1, -2) - eye
+    system[..., -1, :] = 1.0
+    rhs = torch.zeros(*flat.shape[:-1], 1, dtype=flat.dtype, device=flat.device)
+    rhs[..., -1, :] = 1.0
+    pi = torch.linalg.solve(system, rhs)[..., 0].clamp_min(0)
+    return pi / pi.sum(-1, keepdim=True)
+
+
+def stationary_context_law(kernel: Tensor) -> Float[Tensor, " context"]:
+    """Stationary law over contexts of one validated kernel ([V]*k + [V] or flat), refusing a chain without a
+    unique one: unique iff P - I has rank n - 1 (one closed class)."""
+    flat = context_kernel(kernel.to(torch.float64))
+    n = flat.shape[0]
+    rank = torch.linalg.matrix_rank(context_transition_matrix(flat) - torch.eye(n, dtype=flat.dtype), atol=1e-10)
+    if rank < n - 1:
+        raise ValueError(f"the chain has no unique stationary law (the kernel has {n - int(rank)} closed classes)")
+    return solve_stationary(flat)
