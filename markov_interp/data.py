@@ -452,6 +452,9 @@ class SourceConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "SourceConfig":
+        if not isinstance(data, dict):  # e.g. "source": "binary" instead of a table of options
+            example = '{"kind": "binary", "p": 0.2, "q": 0.3}'
+            raise ValueError(f"source config must be a table of options such as {example}, got {data!r}")
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown SourceConfig keys: {sorted(unknown)}")
