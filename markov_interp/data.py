@@ -451,7 +451,7 @@ class SourceConfig:
         return {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SourceConfig":
+    def from_dict(cls, data: Any) -> "SourceConfig":
         if not isinstance(data, dict):  # e.g. "source": "binary" instead of a table of options
             example = '{"kind": "binary", "p": 0.2, "q": 0.3}'
             raise ValueError(f"source config must be a table of options such as {example}, got {data!r}")
