@@ -738,7 +738,8 @@ def _start_method() -> str:
 
 def _run_local(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable, progress: bool,
                workers: Optional[int], cell_fn: Optional[Callable]) -> None:
-    n = min(workers or os.cpu_count() or 1, len(pending))
+    asked = workers or os.cpu_count() or 1
+    n = min(asked, len(pending))  # with asked > 1 even a single cell runs in a child: its death stays its own
     bar = _bar(len(pending), progress, "sweep")
     failed = 0
 
@@ -747,7 +748,7 @@ def _run_local(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callab
         failed += _record(c, lambda: record if death is None else _death_record(death), "", save, bar, failed)
 
     try:
-        if n == 1:
+        if asked == 1:
             for c in pending:
                 run_cell_now = lambda: _execute(c, runs_dir, probe_for[c.cell_id], cell_fn)  # noqa: E731
                 failed += _record(c, run_cell_now, "cell raised", save, bar, failed)
