@@ -189,11 +189,11 @@ def test_killing_the_sweep_leaves_no_worker(tmp_path):
     spec.write_text('probe = false\nseeds = [0, 1]\n[base.source]\nkind = "binary"\np = 0.2\nq = 0.3\n[base.model]\n'
                     'preset = "paper-1layer"\nn_ctx = 32\n[base.train]\nsteps = 100000\nseq_len = 32\n'
                     'batch_size = 4\nn_checkpoints = 0\n')
+    workers: set[int] = set()
     sweep_proc = subprocess.Popen([sys.executable, "-m", "markov_interp.cli", "sweep", str(spec), "--out",
                                    str(tmp_path / "out"), "--workers", "2", "--no-progress"], env=ENV)
     try:
         deadline = time.monotonic() + 120
-        workers: set[int] = set()
         while len(workers) < 2 and time.monotonic() < deadline and sweep_proc.poll() is None:
             time.sleep(0.2)
             workers = _children(sweep_proc.pid)
@@ -207,6 +207,9 @@ def test_killing_the_sweep_leaves_no_worker(tmp_path):
     finally:
         if sweep_proc.poll() is None:
             sweep_proc.kill()
+        for worker in workers:  # should the test fail, leave no orphan training for 100000 steps
+            if _alive(worker):
+                os.kill(worker, signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------------------- run folders
