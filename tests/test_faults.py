@@ -143,6 +143,22 @@ def test_cell_that_always_kills_its_worker_fails_alone(tmp_path):
 
 
 @pytest.mark.slow
+def test_ray_dead_worker_fails_only_its_cell(tmp_path):
+    ray = pytest.importorskip("ray")
+    import test_sweep
+
+    # Ray's workers may not have tests/ on their path: ship the cell functions by value
+    for module in (sys.modules[__name__], test_sweep):
+        ray.cloudpickle.register_pickle_by_value(module)
+    result = sweep.run(tiny_spec(), tmp_path, backend="ray", progress=False, _cell_fn=killer_cell)
+    (bad,) = result.failed
+    assert bad["param.model.tie_weights"] is False and bad["param.seed"] == 1
+    assert bad["error"].startswith("worker died (Ray retried it once)")
+    assert (tmp_path / "attempts.log").read_text().split() == [bad["cell_id"]] * 2
+    assert sum(r["status"] == "ok" for r in result.rows) == 3
+
+
+@pytest.mark.slow
 def test_diverged_cells_are_counted_apart(tmp_path):
     spec = tiny_spec(grid={"train.lr": [2e-3, 1e6]}, seeds=(0,),
                      base={"source": {"kind": "binary", "p": 0.5, "q": 0.8},
@@ -401,7 +417,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
     (bad / "config.json").write_text(json.dumps({**tiny_run().to_dict(), "source": "binary"}))
     line = _one_line_error(capsys, ["probe", str(bad)], str(bad / "config.json"), "source config must be a table")
     assert "unknown" not in line
-    _one_line_error(capsys, ["report", str(tmp_path / "nothing")], "no run folder", str(tmp_path / "nothing"))
+    _one_line_error(capsys, ["report", str(tmp_path / "nothing")], str(tmp_path / "nothing" / "config.json"),
+                    "not found")
     if not torch.cuda.is_available():
         (bad / "config.json").write_text(tiny_run().to_json())
         _one_line_error(capsys, ["probe", str(bad), "--device", "cuda"], "CUDA is not available")
@@ -433,7 +450,7 @@ def test_report_checks_its_output_before_probing(tmp_path, capsys, monkeypatch):
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no run folder"):
+    with pytest.raises(FileNotFoundError, match="config.json not found"):
         main(["probe", str(tmp_path / "nothing"), "--debug"])
-    with pytest.raises(FileNotFoundError, match="no run folder"):
+    with pytest.raises(FileNotFoundError, match="config.json not found"):
         main(["--debug", "probe", str(tmp_path / "nothing")])
