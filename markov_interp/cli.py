@@ -276,6 +276,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
               f"{result.n_failed} failed, {result.n_diverged} diverged -> {result.table}")
         for row in result.failed:
             print(f"  failed {row['cell_id']} {_params(row)}: {row.get('error')}", file=sys.stderr)
+        for row in result.diverged:
+            print(f"  diverged {row['cell_id']} {_params(row)} at step {row.get('final_step')}", file=sys.stderr)
         return 1 if result.n_failed else 0
 
     p.set_defaults(handler=handler)
