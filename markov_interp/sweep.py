@@ -4,10 +4,10 @@ The research questions of Makkuva et al. ("Attention with Markov", arXiv 2402.04
 p + q, weight tying, depth, initialisation, precision and seeds. A `SweepSpec` names a base run config and a
 grid over any source / model / training option plus a list of seeds; every point of the grid is a *cell*, one
 training run whose folder name is a hash of its full config (so the same cell is the same folder in every
-sweep that contains it). `run(spec, out_dir)` trains every cell (one child process per cell, as many at a
-time as cores, one torch thread each, or Ray tasks), probes each trained model with `probes.classify_mechanism`, and writes one tidy
-results table: one row per cell with its config columns, final losses, the `theory` reference losses, the
-"stuck at the unigram loss" flag and the mechanism with its key probe scores.
+sweep that contains it). `run(spec, out_dir)` trains every cell (a child process per cell, as many at once
+as cores, one torch thread each, or Ray tasks), probes each trained model with `probes.classify_mechanism`,
+and writes one tidy results table: one row per cell with its config columns, final losses, the `theory`
+reference losses, the "stuck at the unigram loss" flag and the mechanism with its key probe scores.
 
 Layout of a sweep folder:
 
@@ -17,7 +17,8 @@ Layout of a sweep folder:
     out_dir/results.csv           the table (also results.parquet when pyarrow is installed)
 
 Restart: a cell whose results file says "ok" (with the same probe settings) or "diverged" is not run again;
-a cell that failed is retried; a cell interrupted mid-training resumes from its newest checkpoint (`training.train`).
+a cell that failed is retried; a cell interrupted mid-training resumes from its newest checkpoint
+(`training.train`).
 
 A spec file (TOML):
 
@@ -654,8 +655,9 @@ def run(
     `backend="ray"` submits one Ray task per cell (num_cpus=1, one retry of a dead worker) to the cluster
     `ray.init()` connects to (RAY_ADDRESS, or a local instance); out_dir must then be on a filesystem every
     node sees. A cell whose training diverges (non-finite loss) gets status "diverged" and outcome "diverged":
-    counted apart from failures (`SweepResult.n_diverged`) and not run again. Same seeds give the same table on either backend. Writes
-    out_dir/results.csv (and results.parquet when pyarrow is present); returns the rows.
+    counted apart from failures (`SweepResult.n_diverged`) and not run again. Same seeds give the same table
+    on either backend. Writes out_dir/results.csv (and results.parquet when pyarrow is present); returns the
+    rows.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {list(_BACKENDS)}, got {backend!r}")
@@ -794,7 +796,7 @@ def _run_ray(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable
         while remaining:
             done, remaining = ray.wait(remaining, num_returns=1)
             # a raise here means the task's worker died or Ray lost it
-            failed += _record(refs[done[0]], lambda: ray.get(done[0]), "worker died (Ray retried it once)", save, bar,
-                              failed)
+            lost = "worker died (Ray retried it once)"
+            failed += _record(refs[done[0]], lambda: ray.get(done[0]), lost, save, bar, failed)
     finally:
         bar.close()

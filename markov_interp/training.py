@@ -440,7 +440,7 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
 
 
 def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
-    """`train` on an unlocked folder (the caller holds its lock) or in memory (`out` None)."""
+    """`train`'s work: `out` is a run folder whose lock the caller holds, or None (in memory)."""
     tc = run.train
     device = resolve_device(tc.device)
     if out is not None:
