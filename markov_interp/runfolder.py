@@ -243,6 +243,8 @@ def read_config(run_dir: "str | os.PathLike") -> Any:
 
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run folder at {run_dir} (no {path})")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a run folder written by `train`?")
     try:

@@ -150,7 +150,11 @@ def test_ray_dead_worker_fails_only_its_cell(tmp_path):
     # Ray's workers may not have tests/ on their path: ship the cell functions by value
     for module in (sys.modules[__name__], test_sweep):
         ray.cloudpickle.register_pickle_by_value(module)
-    result = sweep.run(tiny_spec(), tmp_path, backend="ray", progress=False, _cell_fn=killer_cell)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        result = sweep.run(tiny_spec(), tmp_path, backend="ray", progress=False, _cell_fn=killer_cell)
+    finally:
+        ray.shutdown()
     (bad,) = result.failed
     assert bad["param.model.tie_weights"] is False and bad["param.seed"] == 1
     assert bad["error"].startswith("worker died (Ray retried it once)")
@@ -418,8 +422,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
     (bad / "config.json").write_text(json.dumps({**tiny_run().to_dict(), "source": "binary"}))
     line = _one_line_error(capsys, ["probe", str(bad)], str(bad / "config.json"), "source config must be a table")
     assert "unknown" not in line
-    _one_line_error(capsys, ["report", str(tmp_path / "nothing")], str(tmp_path / "nothing" / "config.json"),
-                    "not found")
+    _one_line_error(capsys, ["report", str(tmp_path / "nothing")], "no run folder",
+                    str(tmp_path / "nothing" / "config.json"))
     if not torch.cuda.is_available():
         (bad / "config.json").write_text(tiny_run().to_json())
         _one_line_error(capsys, ["probe", str(bad), "--device", "cuda"], "CUDA is not available")
@@ -451,7 +455,7 @@ def test_report_checks_its_output_before_probing(tmp_path, capsys, monkeypatch):
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json not found"):
+    with pytest.raises(FileNotFoundError, match="no run folder"):
         main(["probe", str(tmp_path / "nothing"), "--debug"])
-    with pytest.raises(FileNotFoundError, match="config.json not found"):
+    with pytest.raises(FileNotFoundError, match="no run folder"):
         main(["--debug", "probe", str(tmp_path / "nothing")])
