@@ -128,12 +128,12 @@ def lock(run_dir: "str | os.PathLike") -> Iterator[Path]:
         os.close(fd)  # closing the only descriptor releases the flock
 
 
-def remove_stale_tmp(run_dir: "str | os.PathLike") -> list[Path]:
+def remove_stale_tmp(run_dir: "str | os.PathLike", subfolders: tuple = ("checkpoints",)) -> list[Path]:
     """Delete the temporary files of interrupted atomic writes (`.<name>.<random>.tmp`, see `_io.atomic_path`)
-    in `run_dir` and its checkpoints folder; returns what was removed. Call it only while holding `lock`."""
+    in `run_dir` and its `subfolders`; returns what was removed. Call it only while holding `lock`."""
     run_dir = Path(run_dir)
     removed = []
-    for folder in (run_dir, run_dir / "checkpoints"):
+    for folder in (run_dir, *(run_dir / name for name in subfolders)):
         if not folder.is_dir():
             continue
         for path in folder.glob(".*.tmp"):

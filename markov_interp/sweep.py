@@ -15,6 +15,7 @@ Layout of a sweep folder:
     out_dir/runs/<cell_id>/       the training run folder (see `training`): config.json, metrics.jsonl, ...
     out_dir/results/<cell_id>.json  the cell's row once finished, or its error and traceback if it failed
     out_dir/results.csv           the table (also results.parquet when pyarrow is installed)
+    out_dir/.lock                 held while a sweep runs cells here (a second sweep is refused at once)
 
 Restart: a cell whose results file says "ok" (with the same probe settings) or "diverged" is not run again;
 a cell that failed is retried; a cell interrupted mid-training resumes from its newest checkpoint
@@ -60,6 +61,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp._io import atomic_path, atomic_write
+from markov_interp import runfolder
 from markov_interp.runfolder import TrainingDiverged
 
 __all__ = [
@@ -708,10 +710,12 @@ def run(
     pending = list(todo.values())
     if pending:
         runs_dir = str(out / _RUNS_DIR)
-        if backend == "ray":
-            _run_ray(pending, runs_dir, probe_for, save, progress, _cell_fn)
-        else:
-            _run_local(pending, runs_dir, probe_for, save, progress, workers, _cell_fn)
+        with runfolder.lock(out):  # one sweep at a time per folder: a second is refused at once, naming the first
+            runfolder.remove_stale_tmp(out, subfolders=(_RESULTS_DIR,))
+            if backend == "ray":
+                _run_ray(pending, runs_dir, probe_for, save, progress, _cell_fn)
+            else:
+                _run_local(pending, runs_dir, probe_for, save, progress, workers, _cell_fn)
 
     rows = []
     for c in cells:

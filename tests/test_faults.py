@@ -179,6 +179,19 @@ def test_diverged_cells_are_counted_apart(tmp_path):
     assert (again.n_run, again.n_skipped, again.n_diverged) == (0, 2, 1)  # deterministic: not rerun
 
 
+def test_second_sweep_on_a_folder_is_refused(tmp_path):
+    stale = tmp_path / "results" / ".abc.json.x1.tmp"
+    stale.parent.mkdir()
+    stale.write_text("half a record")
+    with runfolder.lock(tmp_path):  # a sweep running here
+        with pytest.raises(RunFolderBusy, match=f"pid {os.getpid()} "):
+            sweep.run(tiny_spec(), tmp_path, workers=2, progress=False, _cell_fn=killer_cell)
+        assert stale.exists()  # not ours to remove while another sweep may be writing it
+    assert list((tmp_path / "runs").iterdir()) == []  # refused before any cell ran
+    done = sweep.run(tiny_spec(grid={}, seeds=(0,)), tmp_path, workers=1, progress=False)
+    assert done.n_failed == 0 and not stale.exists()  # the next sweep holds the lock and cleans up
+
+
 def _children(pid: int) -> set[int]:
     """Live (non-zombie) processes whose parent is `pid`, from /proc."""
     found = set()
