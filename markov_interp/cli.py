@@ -1,12 +1,16 @@
 """Command-line interface: a thin layer over the Python API.
 
 Each sub-command is one `_add_<name>` function that registers its arguments and a handler; handlers only
-parse, call the library and print. Errors a user can cause (`ValueError`, `FileNotFoundError`) are printed
-as one line on stderr with exit code 2, never as a traceback.
+parse, call the library and print. Every error is printed as one line on stderr naming the problem (and
+the path, for file-system errors) with exit code 2, never as a traceback unless `--debug` is given; a run
+whose training diverged (non-finite loss) gives exit code 3, from `train`, `probe` and `report` alike.
 """
 
 import argparse
 import sys
+
+EXIT_ERROR = 2
+EXIT_DIVERGED = 3
 
 
 # Shortcut flags of `train`: (flag, dotted option, argparse keywords). Each sets one run-config option,
@@ -203,17 +207,22 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         import json
         from pathlib import Path
 
-        from markov_interp import models
+        from markov_interp import models, runfolder
         from markov_interp.probes import classify_mechanism
         from markov_interp.theory import format_loss
-        from markov_interp.training import CONFIG_FILE, RunConfig
+        from markov_interp.training import resolve_device
 
         run_dir = Path(args.run_dir)
-        config_path = run_dir / CONFIG_FILE
-        if not config_path.is_file():
-            raise FileNotFoundError(f"{config_path} not found: is {run_dir} a run folder written by `train`?")
-        run = RunConfig.from_json(config_path.read_text())
-        model = models.load(run_dir, device=args.device, expect=run.model)
+        run = runfolder.read_config(run_dir)
+        device = resolve_device(args.device)
+        diverged = runfolder.divergence(run_dir)
+        if diverged is not None:  # no model to classify: say so instead of naming a mechanism
+            if args.json:
+                print(json.dumps({**diverged, "run_dir": str(run_dir)}, indent=2, sort_keys=True))
+            else:
+                print(f"diverged: {runfolder.diverged_message(run_dir, diverged)}")
+            return EXIT_DIVERGED
+        model = models.load(run_dir, device=device, expect=run.model)
         seq_len = args.seq_len if args.seq_len is not None else min(run.train.seq_len, 256)
         report = classify_mechanism(model, run.source.build(), seq_len=seq_len, n_sequences=args.n_sequences,
                                     seed=args.seed)
@@ -261,8 +270,23 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="device to probe on (default cpu)")
 
     def handler(args: argparse.Namespace) -> int:
-        from markov_interp.report import build
+        from pathlib import Path
 
+        from markov_interp import runfolder
+        from markov_interp.report import REPORT_FILE, build
+        from markov_interp.training import resolve_device
+
+        # everything that can fail cheaply is checked before the probes run
+        runfolder.read_config(args.run_dir)
+        resolve_device(args.device)
+        target = Path(args.out) if args.out else Path(args.run_dir) / REPORT_FILE
+        if target.is_dir():
+            raise ValueError(f"--out {target} is a folder; give the HTML file to write")
+        runfolder.check_writable_dir(target.parent, "report folder")
+        diverged = runfolder.divergence(args.run_dir)
+        if diverged is not None:
+            print(f"diverged: {runfolder.diverged_message(args.run_dir, diverged)}", file=sys.stderr)
+            return EXIT_DIVERGED
         report = build(args.run_dir, n_sequences=args.n_sequences, seq_len=args.seq_len, seed=args.seed,
                        max_checkpoints=args.max_checkpoints, device=args.device)
         path = report.save(args.out)
@@ -298,17 +322,20 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     def handler(args: argparse.Namespace) -> int:
         from pathlib import Path
 
-        from markov_interp import sweep
+        from markov_interp import runfolder, sweep
 
         spec = sweep.load_spec(args.spec)
         out = args.out or str(Path("runs") / f"sweep-{Path(args.spec).stem}")
+        runfolder.check_writable_dir(out, "sweep folder")
         result = sweep.run(spec, out, backend=args.backend, workers=args.workers, progress=not args.no_progress,
                            retry_failed=not args.no_retry)
-        n_ok = len(result.rows) - result.n_failed
+        n_ok = len(result.rows) - result.n_failed - result.n_diverged
         print(f"{len(result.rows)} cells: {n_ok} ok ({result.n_run} run now, {result.n_skipped} already done), "
-              f"{result.n_failed} failed -> {result.table}")
+              f"{result.n_failed} failed, {result.n_diverged} diverged -> {result.table}")
         for row in result.failed:
             print(f"  failed {row.cell_id} {_params(row)}: {row.error}", file=sys.stderr)
+        for row in result.diverged:
+            print(f"  diverged {row.cell_id} {_params(row)}: {row.error}", file=sys.stderr)
         return 1 if result.n_failed else 0
 
     p.set_defaults(handler=handler)
@@ -355,7 +382,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_train, _add_probe, _add_report, _add_sweep):
         add(sub)
+    debug_help = "show the full traceback of an error instead of one line"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
+    for command in sub.choices.values():  # also accepted after the command; SUPPRESS keeps a global --debug
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     return parser
+
+
+def _one_line(err: BaseException) -> str:
+    """An error as one line: the message of errors the package raises, the type too for anything else
+    (OSError's text names the file: "[Errno 28] No space left on device: 'runs/a/metrics.jsonl'")."""
+    from markov_interp.runfolder import RunFolderError, TrainingDiverged
+
+    text = str(err) if isinstance(err, (ValueError, OSError, RunFolderError, TrainingDiverged)) else (
+        f"{type(err).__name__}: {err}")
+    return " ".join(text.split()) or type(err).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -363,9 +404,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
-        print(f"markov-interp {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        print(f"markov-interp {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # one line for every error; the traceback only on request
+        if getattr(args, "debug", False):
+            raise
+        from markov_interp.runfolder import TrainingDiverged
+
+        print(f"markov-interp {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return EXIT_DIVERGED if isinstance(err, TrainingDiverged) else EXIT_ERROR
 
 
 if __name__ == "__main__":

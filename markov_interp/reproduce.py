@@ -202,7 +202,8 @@ def _summary_row(experiment: str, setting: dict, cells: list[Row]) -> dict:
         "experiment": experiment,
         **setting,
         "seeds": len(cells),
-        "failed": len(cells) - len(ok),
+        "failed": sum(r.status not in ("ok", "diverged") for r in cells),
+        "diverged": sum(r.status == "diverged" for r in cells),  # non-finite loss: neither stuck nor escaped
         "stuck_fraction": (sum(stuck) / len(stuck)) if stuck else None,
         "above_unigram": sum(r.outcome == "above" for r in ok),
         "final_loss": _mean([r.final_eval_loss for r in ok]),
@@ -240,7 +241,7 @@ def summarise(rows: list[Row]) -> list[dict]:
 
 
 _SUMMARY_COLUMNS = ("experiment", "p", "q", "tied", "n_layers", "init", "precision", "seeds", "failed",
-                    "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "bayes_loss", "escape_step",
+                    "diverged", "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "bayes_loss", "escape_step",
                     "theory", "p_hat", "mechanisms", "previous_token_excess", "induction_excess",
                     "circuit_confirmed")
 

@@ -4,10 +4,10 @@ The research questions of Makkuva et al. ("Attention with Markov", arXiv 2402.04
 p + q, weight tying, depth, initialisation, precision and seeds. A `SweepSpec` names a base run config and a
 grid over any source / model / training option plus a list of seeds; every point of the grid is a *cell*, one
 training run whose folder name is a hash of its full config (so the same cell is the same folder in every
-sweep that contains it). `run(spec, out_dir)` trains every cell (a process pool using all cores, one torch
-thread each, or Ray tasks), probes each trained model with `probes.classify_mechanism`, and writes one tidy
-results table: one row per cell with its config columns, final losses, the `theory` reference losses, the
-"stuck at the unigram loss" flag and the mechanism with its key probe scores.
+sweep that contains it). `run(spec, out_dir)` trains every cell (a child process per cell, as many at once
+as cores, one torch thread each, or Ray tasks), probes each trained model with `probes.classify_mechanism`,
+and writes one tidy results table: one row per cell with its config columns, final losses, the `theory`
+reference losses, the "stuck at the unigram loss" flag and the mechanism with its key probe scores.
 
 Layout of a sweep folder:
 
@@ -15,14 +15,15 @@ Layout of a sweep folder:
     out_dir/runs/<cell_id>/       the training run folder (see `training`): config.json, metrics.jsonl, ...
     out_dir/results/<cell_id>.json  the cell's row once finished, or its error and traceback if it failed
     out_dir/results.csv           the table (also results.parquet when pyarrow is installed)
+    out_dir/.lock                 held while a sweep runs cells here (a second sweep is refused at once)
 
 A row is typed end to end: `run_cell` returns a `CellResult` (built from `training.TrainResult.final` and the
 `probes.MechanismReport`'s attributes, the latter as `ProbeColumns`), `run` returns `Row`s, and only the table
 flattens them to columns (`Row.columns`); `read_table` reads them back through one typed reader
 (`Row.from_columns`, each column decoded by the type of the field it holds).
 
-Restart: a cell whose results file says "ok" (with the same probe settings) is not run again; a cell that
-failed is retried; a cell interrupted mid-training resumes from its newest checkpoint (`training.train`).
+Restart: a cell whose results file says "ok" (with the same probe settings) or "diverged" is not run again;
+a cell that failed is retried; a cell interrupted mid-training resumes from its newest checkpoint (`training.train`).
 
 A spec file (TOML):
 
@@ -51,6 +52,7 @@ A spec file (TOML):
 """
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -66,12 +68,14 @@ from typing import Any, Optional, Union
 
 from transformer_lens.model_bridge import TransformerBridge
 
+from markov_interp import runfolder
 from markov_interp._io import atomic_path, atomic_write
 from markov_interp.config import Config, check_bool, check_int, check_keys
 from markov_interp.data import SourceConfig
 from markov_interp.models import ModelConfig
 from markov_interp.probes import MechanismReport
 from markov_interp.training import RunConfig, TrainConfig, TrainResult, build_run, split_key, train
+from markov_interp.runfolder import TrainingDiverged
 
 __all__ = [
     "SweepSpec",
@@ -482,6 +486,8 @@ def _execute(cell: Cell, runs_dir: str, probe: bool, cell_fn: Optional[Callable]
     try:
         result = (cell_fn or run_cell)(cell, runs_dir, probe=probe)
         return {"status": "ok", "error": None, "traceback": None, "result": result.to_dict()}
+    except TrainingDiverged as err:  # a result, not a fault: the recipe diverges on this cell (not retried)
+        return {"status": "diverged", "error": str(err), "traceback": None}
     except Exception as err:  # a failing cell is recorded; the sweep goes on
         return {"status": "failed", "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
 
@@ -496,6 +502,17 @@ def _worker_init() -> None:
 def _execute_in_worker(cell: Cell, runs_dir: str, probe: bool, cell_fn: Optional[Callable]) -> dict:
     _worker_init()
     return _execute(cell, runs_dir, probe, cell_fn)
+
+
+def _execute_child(cell: Cell, *, runs_dir: str, probe_for: dict, cell_fn: Optional[Callable]) -> dict:
+    """What a local sweep's child process runs (`_workers.supervise`)."""
+    return _execute_in_worker(cell, runs_dir, probe_for[cell.cell_id], cell_fn)
+
+
+def _death_record(death: Any) -> dict:
+    """The record of a cell whose worker process died on every try (`_workers.WorkerDeath`)."""
+    return {"status": "failed", "error": death.describe(), "traceback": None,
+            "worker_exitcode": death.exitcode, "worker_signal": death.signal}
 
 
 # ------------------------------------------------------------------------------------------------ files
@@ -515,6 +532,8 @@ def _read_record(path: Path) -> Optional[dict]:
 
 
 def _is_done(record: Optional[dict], probe: bool, settings: dict) -> bool:
+    if record is not None and record.get("status") == "diverged":
+        return True  # deterministic: the same config diverges again (training refuses the folder at once)
     if record is None or record.get("status") != "ok":
         return False
     return (not probe) or record.get("probe_settings") == settings
@@ -532,7 +551,7 @@ class Row:
 
     sweep: str
     cell_id: str
-    status: str  # "ok", "failed" or "missing"
+    status: str  # "ok", "failed", "diverged" (error says at which step) or "missing"
     error: Optional[str]
     params: dict  # grid values and seed: {"model.tie_weights": True, "seed": 0}
     config: RunConfig
@@ -696,11 +715,16 @@ class SweepResult:
     table: Path
     n_run: int  # cells executed in this call
     n_skipped: int  # cells already finished before this call
-    n_failed: int  # cells whose record says failed after this call
+    n_failed: int  # cells whose record says failed after this call (diverged cells are not failures)
+    n_diverged: int = 0  # cells whose training diverged (non-finite loss): a result of the recipe, not a fault
 
     @property
     def failed(self) -> list:
-        return [r for r in self.rows if r.status != "ok"]
+        return [r for r in self.rows if r.status not in ("ok", "diverged")]
+
+    @property
+    def diverged(self) -> list:
+        return [r for r in self.rows if r.status == "diverged"]
 
 
 SpecLike = Union[SweepSpec, str, os.PathLike, dict, Sequence]  # a spec, a spec file, a table, or a list of those
@@ -737,11 +761,16 @@ def run(
     `probes.classify_mechanism` (unless the spec says probe = false). Cells already finished are skipped,
     so a stopped sweep restarted with the same command only runs what is left; a cell that raises is recorded
     with its error and traceback (status "failed", retried on the next call unless `retry_failed=False`) and
-    the other cells go on. `backend="local"` runs a process pool of `workers` processes (default: all cores,
-    one torch thread each; `workers=1` runs in this process); `backend="ray"` submits one Ray task per cell
-    (num_cpus=1) to the cluster `ray.init()` connects to (RAY_ADDRESS, or a local instance); out_dir must
-    then be on a filesystem every node sees. Same seeds give the same table on either backend. Writes
-    out_dir/results.csv (and results.parquet when pyarrow is present); returns the rows.
+    the other cells go on. `backend="local"` runs each cell in a fresh child process, `workers` at a time
+    (default: all cores, one torch thread each; `workers=1` runs in this process): a worker that dies (killed
+    for memory) costs only its cell, which runs once more in a fresh process and is then recorded failed with
+    "worker died" and the signal; workers end when the sweep's process ends (even by `kill -9`).
+    `backend="ray"` submits one Ray task per cell (num_cpus=1, one retry of a dead worker) to the cluster
+    `ray.init()` connects to (RAY_ADDRESS, or a local instance); out_dir must then be on a filesystem every
+    node sees. A cell whose training diverges (non-finite loss) gets status "diverged" and outcome "diverged":
+    counted apart from failures (`SweepResult.n_diverged`) and not run again. Same seeds give the same table
+    on either backend. Writes out_dir/results.csv (and results.parquet when pyarrow is present); returns the
+    rows.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {list(_BACKENDS)}, got {backend!r}")
@@ -793,18 +822,22 @@ def run(
     pending = list(todo.values())
     if pending:
         runs_dir = str(out / _RUNS_DIR)
-        if backend == "ray":
-            _run_ray(pending, runs_dir, probe_for, save, progress, _cell_fn)
-        else:
-            _run_local(pending, runs_dir, probe_for, save, progress, workers, _cell_fn)
+        with runfolder.lock(out):  # one sweep at a time per folder: a second is refused at once, naming the first
+            runfolder.remove_stale_tmp(out, subfolders=(_RESULTS_DIR,))
+            if backend == "ray":
+                _run_ray(pending, runs_dir, probe_for, save, progress, _cell_fn)
+            else:
+                _run_local(pending, runs_dir, probe_for, save, progress, workers, _cell_fn)
 
     rows = []
     for c in cells:
         record = _read_record(_record_path(out, c)) or {"status": "missing", "error": "no record written"}
         rows.append(_row(c, record))
     table = _write_table(out, rows)
-    n_failed = sum(1 for r in rows if r.status != "ok")
-    return SweepResult(rows=rows, table=table, n_run=len(pending), n_skipped=n_skipped, n_failed=n_failed)
+    n_diverged = sum(1 for r in rows if r.status == "diverged")
+    n_failed = sum(1 for r in rows if r.status != "ok") - n_diverged
+    return SweepResult(rows=rows, table=table, n_run=len(pending), n_skipped=n_skipped, n_failed=n_failed,
+                       n_diverged=n_diverged)
 
 
 def _bar(total: int, progress: bool, desc: str) -> Any:
@@ -823,24 +856,26 @@ def _start_method() -> str:
 
 def _run_local(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable, progress: bool,
                workers: Optional[int], cell_fn: Optional[Callable]) -> None:
-    n = min(workers or os.cpu_count() or 1, len(pending))
+    asked = workers or os.cpu_count() or 1
+    n = min(asked, len(pending))  # with asked > 1 even a single cell runs in a child: its death stays its own
     bar = _bar(len(pending), progress, "sweep")
     failed = 0
+
+    def done(c: Cell, record: Optional[dict], death: Any) -> None:
+        nonlocal failed
+        failed += _record(c, lambda: record if death is None else _death_record(death), "", save, bar, failed)
+
     try:
-        if n == 1:
+        if asked == 1:
             for c in pending:
                 run_cell_now = lambda: _execute(c, runs_dir, probe_for[c.cell_id], cell_fn)  # noqa: E731
                 failed += _record(c, run_cell_now, "cell raised", save, bar, failed)
             return
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from markov_interp._workers import supervise
 
-        ctx = multiprocessing.get_context(_start_method())
-        with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_worker_init) as pool:
-            futures = {pool.submit(_execute, c, runs_dir, probe_for[c.cell_id], cell_fn): c for c in pending}
-            for future in as_completed(futures):
-                # a raise here means the worker process itself died (e.g. killed for memory)
-                failed += _record(futures[future], future.result, "worker died", save, bar, failed)
+        # one fresh process per cell: a dead worker (out-of-memory kill) costs only its cell, retried once
+        run = functools.partial(_execute_child, runs_dir=runs_dir, probe_for=probe_for, cell_fn=cell_fn)
+        supervise(pending, run, done, workers=n, retries=1, start_method=_start_method())
     finally:
         bar.close()
 
@@ -853,7 +888,7 @@ def _record(cell: Cell, get: Callable[[], dict], lost: str, save: Callable, bar:
         record = {"status": "failed", "error": f"{lost}: {type(err).__name__}: {err}",
                   "traceback": traceback.format_exc()}
     save(cell, record)
-    bad = int(record["status"] != "ok")
+    bad = int(record["status"] not in ("ok", "diverged"))
     bar.set_postfix(failed=failed + bad, refresh=False)
     bar.update(1)
     return bad
@@ -867,7 +902,8 @@ def _run_ray(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable
         raise ValueError("backend='ray' needs the 'ray' package (pip install 'markov-interp[ray]')") from None
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    task = ray.remote(num_cpus=1)(_execute_in_worker)
+    # Ray re-runs a task whose worker died max_retries times; after that ray.get raises and only that cell fails
+    task = ray.remote(num_cpus=1, max_retries=1)(_execute_in_worker)
     refs = {task.remote(c, runs_dir, probe_for[c.cell_id], cell_fn): c for c in pending}
     bar = _bar(len(pending), progress, "sweep (ray)")
     failed = 0
@@ -876,6 +912,7 @@ def _run_ray(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable
         while remaining:
             done, remaining = ray.wait(remaining, num_returns=1)
             # a raise here means the task's worker died or Ray lost it
-            failed += _record(refs[done[0]], lambda: ray.get(done[0]), "ray task failed", save, bar, failed)
+            lost = "worker died (Ray retried it once)"
+            failed += _record(refs[done[0]], lambda: ray.get(done[0]), lost, save, bar, failed)
     finally:
         bar.close()

@@ -39,10 +39,11 @@ from tqdm.auto import tqdm
 from transformer_lens.model_bridge import TransformerBridge
 
 from markov_interp._io import atomic_path, atomic_write
-from markov_interp import models, theory
+from markov_interp import models, runfolder, theory
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_number
 from markov_interp.data import Source, SourceConfig
 from markov_interp.models import ModelConfig
+from markov_interp.runfolder import RunFolderBusy, RunFolderError, TrainingDiverged
 
 __all__ = [
     "TrainConfig",
@@ -55,6 +56,9 @@ __all__ = [
     "split_key",
     "run_options",
     "train",
+    "TrainingDiverged",
+    "RunFolderBusy",
+    "RunFolderError",
     "one_cycle_lr",
     "checkpoint_steps",
     "evaluate",
@@ -497,7 +501,7 @@ def _prepare_folder(out_dir: Path, run: RunConfig) -> None:
                 + "; ".join(diffs)
             )
         return
-    if out_dir.exists() and any(out_dir.iterdir()):
+    if out_dir.exists() and any(p.name not in runfolder.OWN_FILES for p in out_dir.iterdir()):
         raise ValueError(f"{out_dir} is not empty and has no {CONFIG_FILE}; refusing to write a run into it")
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(config_path, run.to_json().encode())
@@ -557,16 +561,37 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
     optimum the paper's models should reach) and the unigram loss (the stationary-law plateau of the tied
     one-layer model), or for random kernels the in-context Bayes loss. With `out_dir`, writes / resumes a run
     folder (see the module docstring); without, trains in memory. No output besides the tqdm bar.
+
+    Faults: the folder is locked while this runs (`runfolder.lock`; a second writer gets `RunFolderBusy` at
+    once) and stale temporary files of killed writes are removed first; a resume checks that metrics.jsonl
+    reaches its checkpoint (`runfolder.resume_step`). At the first non-finite loss (or weights) training stops,
+    the run is recorded as diverged (a metrics row and status.json; checkpoints up to then are kept) and
+    `TrainingDiverged` is raised, again at once on any later call for that folder.
     """
     if not isinstance(run, RunConfig):
         raise ValueError(f"run must be a RunConfig, got {type(run).__name__}")
+    if out_dir is None:
+        return _train(run, None, progress)
+    out = runfolder.check_writable_dir(out_dir, "run folder")
+    with runfolder.lock(out):
+        runfolder.remove_stale_tmp(out)
+        return _train(run, out, progress)
+
+
+def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
+    """`train`'s work: `out` is a run folder whose lock the caller holds, or None (in memory)."""
     tc = run.train
     device = resolve_device(tc.device)
-    out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         _prepare_folder(out, run)
+        status = runfolder.divergence(out)
+        if status is not None:
+            raise TrainingDiverged(runfolder.diverged_message(out, status), step=status.get("step"), run_dir=out,
+                                   checkpoint=status.get("last_finite_checkpoint"))
         if (out / models.WEIGHTS_FILE).exists():
-            return _finished(out, run, device)
+            done = _finished(out, run, device)  # None when its metrics are incomplete: the resume repairs them
+            if done is not None:
+                return done
 
     source = run.source.build()
     # rounded: the last bits of theory's linear algebra vary between calls; rows must compare exactly
@@ -582,7 +607,9 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
     start = 0
     resumed_from = None
     if out is not None:
-        newest = _newest_checkpoint(out)
+        on_disk = load_metrics(out)
+        newest = runfolder.resume_step(out, tc, [s for s, _ in list_checkpoints(out)], on_disk,
+                                       final_weights=(out / models.WEIGHTS_FILE).exists())
         if newest is not None:
             state = _load_checkpoint(out, newest, model)
             optimizer.load_state_dict(state["optimizer"])
@@ -591,7 +618,7 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
             eval_gen.set_state(state["eval_generator"])
             start = resumed_from = newest
             pending = [t.to(device) for t in state["pending_losses"].unbind()]
-            rows = [r for r in load_metrics(out) if r["step"] <= newest]
+            rows = [r for r in on_disk if r["step"] <= newest]
             _write_metrics(out / METRICS_FILE, rows)
         elif (out / METRICS_FILE).exists():
             _write_metrics(out / METRICS_FILE, [])
@@ -621,12 +648,16 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
             is_eval = step == tc.steps or (tc.eval_every > 0 and step % tc.eval_every == 0)
             if step % tc.log_every == 0 or is_eval or step == tc.steps:
                 row = {"step": step, "lr": lr, "train_loss": torch.stack(pending).float().mean().item()}
+                if not math.isfinite(row["train_loss"]):
+                    _diverge(out, rows, step + 1 - len(pending) + _first_non_finite(pending), "train loss")
                 pending = []
                 if is_eval:
                     model.eval()
                     row["eval_loss"] = evaluate(model, source, seq_len=tc.seq_len, batch_size=tc.batch_size,
                                                 n_batches=tc.eval_batches, generator=eval_gen,
                                                 precision=tc.precision)
+                    if not math.isfinite(row["eval_loss"]):
+                        _diverge(out, rows, step, f"evaluation loss {row['eval_loss']}")
                     model.train()
                     row.update(references)
                 rows.append(row)
@@ -634,6 +665,7 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
                 if out is not None:
                     _write_metrics(out / METRICS_FILE, rows)
             if out is not None and step in ckpt_steps:
+                _check_finite(out, rows, step, model, pending)  # a checkpoint is only ever finite
                 _save_checkpoint(out, step, model, {
                     "step": step,
                     "optimizer": optimizer.state_dict(),
@@ -647,10 +679,43 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
 
     models.check_tied(model)
     model.eval()
+    _check_finite(out, rows, tc.steps, model, [])
     if out is not None:
         models.save(model, out)
     final = _final(rows, references)
     return TrainResult(model=model, metrics=rows, final=final, config=run, out_dir=out, resumed_from=resumed_from)
+
+
+def _first_non_finite(losses: list[Tensor]) -> int:
+    """Index of the first non-finite loss in `losses` (the per-step losses since the last metrics row)."""
+    bad = (~torch.isfinite(torch.stack(losses))).nonzero()
+    return int(bad[0, 0]) if len(bad) else len(losses) - 1
+
+
+def _check_finite(out: Optional[Path], rows: list[dict], step: int, model: Any, pending: list[Tensor]) -> None:
+    """Stop as diverged if a loss since the last row or a weight is not finite (one sync, at checkpoints and
+    at the end only: per-step checks would stall the GPU)."""
+    if pending and not bool(torch.isfinite(torch.stack(pending)).all()):
+        _diverge(out, rows, step + 1 - len(pending) + _first_non_finite(pending), "train loss")
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        _diverge(out, rows, step, "weights")
+
+
+def _diverge(out: Optional[Path], rows: list[dict], step: int, what: str) -> None:
+    """Record the run as diverged at `step` (metrics row, status.json) and raise `TrainingDiverged`."""
+    reason = f"non-finite {what}"
+    where = f"{out}: " if out is not None else ""
+    checkpoint = None
+    if out is not None:
+        rows.append({"step": step, "diverged": True, "reason": reason})
+        _write_metrics(out / METRICS_FILE, rows)
+        kept = [s for s, _ in list_checkpoints(out) if s < step]
+        checkpoint = kept[-1] if kept else None
+        runfolder.mark_diverged(out, step=step, reason=reason, checkpoint=checkpoint)
+    kept_text = f"; last finite checkpoint: step {checkpoint}" if checkpoint is not None else ""
+    raise TrainingDiverged(
+        f"{where}training diverged at step {step} ({reason}){kept_text}; lower the learning rate or clip "
+        "gradients, and train into a new folder", step=step, run_dir=out, checkpoint=checkpoint)
 
 
 def _final(rows: list[dict], references: dict) -> FinalLosses:
@@ -660,12 +725,12 @@ def _final(rows: list[dict], references: dict) -> FinalLosses:
                        references=dict(references))
 
 
-def _finished(out: Path, run: RunConfig, device: torch.device) -> TrainResult:
-    model = models.load(out, device=device, expect=run.model)
+def _finished(out: Path, run: RunConfig, device: torch.device) -> Optional[TrainResult]:
     rows = load_metrics(out)
     evals = [r for r in rows if "eval_loss" in r]
-    if not evals or evals[-1]["step"] != run.train.steps:
-        raise ValueError(f"{out} has final weights but its {METRICS_FILE} does not end at step {run.train.steps}")
+    if not evals or evals[-1]["step"] != run.train.steps or not runfolder.metrics_complete(run.train, rows):
+        return None  # incomplete metrics beside final weights: resume from a checkpoint (runfolder.resume_step)
+    model = models.load(out, device=device, expect=run.model)
     references = {k: v for k, v in evals[-1].items() if k not in ("step", "lr", "train_loss", "eval_loss")}
     return TrainResult(model=model, metrics=rows, final=_final(rows, references), config=run, out_dir=out,
                        already_done=True)

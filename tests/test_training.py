@@ -120,7 +120,8 @@ def test_same_seed_same_metrics_and_weights():
 @pytest.mark.slow
 def test_run_folder_tying_and_reload(tmp_path):
     result = train(tiny_run(), tmp_path, progress=False)
-    assert {p.name for p in tmp_path.iterdir()} == {"config.json", "metrics.jsonl", "model.safetensors", "checkpoints"}
+    assert {p.name for p in tmp_path.iterdir()} == {"config.json", "metrics.jsonl", "model.safetensors", "checkpoints",
+                                                  ".lock"}  # the write lock (runfolder.lock)
     assert RunConfig.from_json((tmp_path / "config.json").read_text()) == tiny_run()
     rows = training.load_metrics(tmp_path)
     assert rows == json.loads(json.dumps(result.metrics))

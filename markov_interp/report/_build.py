@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from markov_interp import models, probes, theory, training
+from markov_interp import models, probes, runfolder, theory, training
 from markov_interp.report import figures
 from markov_interp.report._html import Section, atomic_write_text, document, iframe, paragraph, table
 
@@ -69,7 +69,12 @@ def _load_run(run_dir: Path) -> "training.RunConfig":
         raise FileNotFoundError(f"no run folder at {run_dir}")
     if not config.exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder: it has no {training.CONFIG_FILE}")
-    return training.RunConfig.from_json(config.read_text())
+    run = runfolder.read_config(run_dir)  # errors name the config file
+    diverged = runfolder.divergence(run_dir)
+    if diverged is not None:  # a non-finite loss: there is no trained model whose mechanism could be named
+        raise runfolder.TrainingDiverged(runfolder.diverged_message(run_dir, diverged), step=diverged.get("step"),
+                                         run_dir=run_dir, checkpoint=diverged.get("last_finite_checkpoint"))
+    return run
 
 
 def checkpoint_files(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
