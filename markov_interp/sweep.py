@@ -399,6 +399,7 @@ def _probe_columns(report: dict) -> dict:
     implied = readout.get("implied")
     out = {
         "mechanism": report.get("mechanism"),
+        "probe.order": report.get("order"),
         "probe.confident": report.get("confident"),
         "probe.state_ratio": report.get("state_ratio"),
         "probe.context_ratio": report.get("context_ratio"),
