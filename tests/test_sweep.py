@@ -9,6 +9,7 @@ import pytest
 
 from markov_interp import sweep
 from markov_interp.cli import main
+from markov_interp.probes import MECHANISMS
 from markov_interp.sweep import SweepSpec
 
 TINY_TRAIN = {"steps": 6, "seq_len": 32, "batch_size": 4, "eval_every": 0, "eval_batches": 1, "n_checkpoints": 0,
@@ -231,7 +232,7 @@ def test_results_table_columns_and_probes(tmp_path):
     assert row["unigram_loss"] == pytest.approx(0.6663, abs=1e-4)
     assert row["final_step"] == 6 and row["final_eval_loss"] > 0.5
     assert row["stuck_at_unigram"] in (True, False)
-    assert row["mechanism"] in ("unigram", "kernel", "induction")
+    assert row["mechanism"] in MECHANISMS
     assert 0 <= row["probe.p_hat"] <= 1
     assert (tmp_path / "results" / f"{row['cell_id']}.probe.json").exists()
     assert result.rows[0]["mechanism"] == row["mechanism"]

@@ -15,7 +15,7 @@ in-context gain, the circuit is what carries it (`set_ablation_losses` removes a
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import torch
 from jaxtyping import Float
@@ -147,7 +147,7 @@ class AblationTable:
 
     method: str
     clean_loss: float
-    components: tuple[Component, ...]
+    components: tuple[Union[Component, str], ...]  # Components (names given here are parsed into them)
     losses: tuple[float, ...]
     n_layers: int
     n_heads: int

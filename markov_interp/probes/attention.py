@@ -32,7 +32,7 @@ import math
 from typing import Any, Optional
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from markov_interp.probes._common import Model, Tokens, check_tokens, json_safe, pattern_hook

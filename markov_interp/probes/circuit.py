@@ -18,7 +18,6 @@ Whole attention layers are ablated too (from the ablation table), as evidence of
 import dataclasses
 from typing import Any, Optional
 
-import torch
 
 from markov_interp import theory
 from markov_interp.probes._common import Model, ProbeBatch, Probs, json_safe, target_losses

@@ -330,7 +330,7 @@ def classify_mechanism(
     mechanism, order, confident, reasons = _decide(law, circuit, batch.order, thresholds)
     return MechanismReport(
         mechanism=mechanism, order=order, confident=bool(confident), reasons=tuple(reasons), law=law,
-        strategies=sim, circuit=circuit, behaviour=behaviour(model, batch, beta=beta, probs=probs),
+        strategies=sim, circuit=circuit, behaviour=behaviour(model, batch, beta=beta, probs=probs, n_flip_positions=4),
         attention=scores, ablation=table, readout=kernel_readout(model, batch, probs=probs),
         references=theory.reference_losses(source, batch.tokens.shape[1], n_sequences=1024, seed=seed),
         thresholds=thresholds, source=repr(source), seq_len=int(batch.tokens.shape[1]),

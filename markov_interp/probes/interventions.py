@@ -19,7 +19,6 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Optional
 
-import torch
 from torch import Tensor
 
 from markov_interp.probes._common import (
@@ -127,8 +126,8 @@ def set_component(
     """A copy of `activation` (the value of `component.hook_name`) with the component's part replaced.
 
     `replacement` broadcasts against `activation` (a 0-d tensor, a per-position mean [pos, ...] or a full
-    [batch, pos, ...] tensor; longer in pos than the run is fine); for a head only its slice (axis 2 of hook_z) is written;
-    `positions` restricts the write to those sequence positions.
+    [batch, pos, ...] tensor; longer in pos than the run is fine); for a head only its slice (axis 2 of
+    hook_z) is written; `positions` restricts the write to those sequence positions.
     """
     if replacement.ndim == activation.ndim and replacement.shape[0] != activation.shape[0]:
         raise ValueError(

@@ -141,11 +141,11 @@ def _mechanism_section(mech: Any) -> Section:
                    ("closest" if n == law.law else ""))
                   for n in sim.divergences], header=("candidate law", "mean KL(law || model), nats",
                                                       "gap to nearest other law, nats", ""))
-    roles = table([(r.name, ", ".join(h.name for h in r.heads) or "none",
-                    ", ".join(f"{x:.2f}" for x in r.scores), r.ablation, "yes" if r.confirmed else "no")
-                   for r in circuit.roles] + [(f"whole layer {c.name}", "", "", v, "") for c, v in circuit.layer_ablation],
-                  header=("role (order %d circuit)" % circuit.order, "heads", "excess scores",
-                          "set ablation: loss change, nats", "confirmed"))
+    role_rows = [(r.name, ", ".join(h.name for h in r.heads) or "none", ", ".join(f"{x:.2f}" for x in r.scores),
+                  r.ablation, "yes" if r.confirmed else "no") for r in circuit.roles]
+    layer_rows = [(f"whole layer {c.name}", "", "", v, "") for c, v in circuit.layer_ablation]
+    roles = table(role_rows + layer_rows, header=(f"role (order {circuit.order} circuit)", "heads", "excess scores",
+                                                  "set ablation: loss change, nats", "confirmed"))
     rows = [
         ("eval loss on the probe batch (nats)", b.eval_loss),
         *[(f"reference: {figures.REFERENCE_STYLE[k][0]}", mech.reference(k)) for k in figures.REFERENCE_STYLE
