@@ -181,12 +181,14 @@ def _heads_section(mech: Any) -> Section:
 
 
 @torch.no_grad()
-def _attention_section(model: Any, tokens: torch.Tensor) -> Section:
+def _attention_section(model: Any, tokens: torch.Tensor, cache: Optional[Any] = None) -> Section:
     from markov_interp.probes.attention import attention_hook_names
 
     names = attention_hook_names(model)
-    _, cache = model.run_with_cache(tokens[None].to(_device(model)), names_filter=names)
-    patterns = torch.stack([cache[name][0] for name in names]).float().cpu()
+    if cache is None:
+        _, cache = model.run_with_cache(tokens[None].to(_device(model)), names_filter=names)
+    n = tokens.shape[0]  # causal attention: the first n queries of a longer run are the run on the prefix
+    patterns = torch.stack([cache[name][0, :, :n, :n] for name in names]).float().cpu()
     text = paragraph(
         f"Attention of every head on one sampled sequence of {tokens.shape[0]} states (labels are the states). "
         "Hover a head to enlarge it; rows are queries, columns keys."
@@ -369,7 +371,8 @@ def build(
     if seq_len is None:
         seq_len = min(run.train.seq_len, int(model.cfg.n_ctx), 128)
     batch = probes.sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    mech = probes.classify_mechanism(model, source, batch=batch, seed=seed)  # its ablation table is reused below
+    _, cache = model.run_with_cache(batch.tokens.to(_device(model)), names_filter=probes.probe_hook_names(model))
+    mech = probes.classify_mechanism(model, source, batch=batch, cache=cache, seed=seed)  # table reused below
     checkpoints = checkpoint_files(run_dir)
     logged = _logged_references(metrics)
     sections = (
@@ -377,7 +380,7 @@ def build(
         _loss_section(metrics, logged, mech, [s for s, _ in checkpoints]),
         _mechanism_section(mech),
         _heads_section(mech),
-        _attention_section(model, batch.tokens[0, : min(sample_len, seq_len)]),
+        _attention_section(model, batch.tokens[0, : min(sample_len, seq_len)], cache),
         _ablation_section(mech.ablation, mech),
         _kernel_section(model, mech, batch),
         _landscape_section(run, model, checkpoints),
