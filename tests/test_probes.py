@@ -42,10 +42,13 @@ from markov_interp.probes import (  # noqa: E402
     kernel_readout,
     model_components,
     next_state_probs,
+    patched_probs,
     patching_pair,
     previous_token_score,
     same_token_score,
     sample_batch,
+    set_ablation_losses,
+    set_component,
     state_dependence,
     uniform_causal_pattern,
 )
@@ -279,6 +282,38 @@ def test_mean_ablation_of_a_constant_component_changes_nothing(induction3, token
     for method in ("zero", "mean", "resample"):
         probs = ablated_probs(induction3, tokens3, ["L0H0", "L1H1"], method=method, seed=2)
         assert torch.allclose(probs, clean, atol=1e-6), method
+
+
+def test_set_component_writes_only_its_slice_and_positions():
+    act = torch.arange(2 * 4 * 3 * 2, dtype=torch.float32).reshape(2, 4, 3, 2)  # [batch pos head d_head]
+    head = Component(kind="head", layer=0, head=1)
+    out = set_component(act, head, torch.zeros(()), positions=[1, 3])
+    changed = (out != act)
+    assert changed[:, [1, 3], 1].all() and changed.sum() == int((act[:, [1, 3], 1] != 0).sum())
+    assert torch.equal(act, torch.arange(48, dtype=torch.float32).reshape(2, 4, 3, 2))  # the input is not written
+    mean = act.mean(0)  # [pos head d_head], broadcast over the batch; a longer mean is cut to the run's length
+    longer = torch.cat([mean, mean[:1]], dim=0)
+    out = set_component(act, head, longer)
+    assert torch.equal(out[:, :, 1], mean[None, :, 1].expand(2, -1, -1)) and torch.equal(out[:, :, 0], act[:, :, 0])
+    layer = Component(kind="attn", layer=0)
+    resid = torch.randn(2, 4, 5)
+    assert torch.equal(set_component(resid, layer, resid.flip(0)), resid.flip(0))
+    with pytest.raises(ValueError, match="3 sequences"):
+        set_component(resid, layer, torch.randn(3, 4, 5))
+
+
+def test_ablation_and_patching_run_through_the_one_loop(induction3, tokens3):
+    # a group ablated together by the loop = ablated_probs of the same group
+    pair = [Component.parse("L0H1"), Component.parse("L1H0")]
+    (loss,) = set_ablation_losses(induction3, tokens3, [pair], method="mean")
+    probs = ablated_probs(induction3, tokens3, pair, method="mean")
+    assert loss == pytest.approx(float(theory.target_log_loss(probs, tokens3).mean()), rel=1e-9)
+    # patching every component from a run into itself changes nothing
+    same = patched_probs(induction3, tokens3, tokens3, model_components(induction3))
+    torch.testing.assert_close(same, next_state_probs(induction3, tokens3))
+    table = ablation_table(induction3, tokens3)
+    assert table[pair[1]] == table["L1H0"] and "L1H0" in table and "L7H0" not in table
+    assert all(isinstance(c, Component) for c in table.components)
 
 
 def test_derangement_has_no_fixed_point():
