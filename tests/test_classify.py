@@ -22,8 +22,10 @@ from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.probes import (
     MECHANISMS,
     Component,
+    StrategySimilarity,
     Thresholds,
     ablation_table,
+    check_law,
     classify_mechanism,
     probe_hook_names,
     sample_batch,
@@ -41,6 +43,26 @@ SOURCES = {"binary": BINARY, "ternary": TERNARY, "order2": ORDER2, "random2": Ra
 
 def classify(model, source, *, seq_len=48, n_sequences=32, seed=0, **kw):
     return classify_mechanism(model, source, seq_len=seq_len, n_sequences=n_sequences, seed=seed, **kw)
+
+
+# ------------------------------------------------------------------------------------------- law check
+def _similarity(**divergences):
+    names = list(divergences)
+    gaps = {n: 0.1 for n in names}
+    return StrategySimilarity(divergences=divergences, gaps=gaps, aliases={}, order=1, beta=1.0)
+
+
+@pytest.mark.parametrize("d_law,d_next,passed,near", [
+    (0.01, 0.10, True, False),  # fit 0.1, margin 0.1: a clear pass
+    (0.06, 0.11, True, True),  # fit 0.6 (cut 0.75, band 0.5..1.125): passes, not confident
+    (0.09, 0.10, False, True),  # margin 0.9 > 0.6 but within 0.6 x 1.5: fails, not confident
+    (0.30, 0.35, False, False),  # fit 3.0: a clear failure
+])
+def test_law_check_fit_margin_and_near(d_law, d_next, passed, near):
+    check = check_law(_similarity(uniform=d_next, in_context_unigram=d_law), Thresholds())
+    assert check.law == "in_context_unigram" and check.runner_up == "uniform"
+    assert check.fit_ratio == pytest.approx(d_law / 0.1) and check.margin_ratio == pytest.approx(d_law / d_next)
+    assert (check.passed, check.near) == (passed, near)
 
 
 # ------------------------------------------------------------------------------------ context-free laws

@@ -280,7 +280,7 @@ def _decide(law: LawCheck, circuit: Circuit, source_order: int, th: Thresholds) 
                           "ablating each role's set of heads")
         return "induction", k, not (law.near or circuit.near), reasons
     reasons.insert(0, f"other: the model follows the {label}, but {circuit.missing()}")
-    return "other", None, not law.near, reasons
+    return "other", None, not (law.near or circuit.near), reasons
 
 
 def probe_hook_names(model: Model) -> list[str]:
