@@ -130,7 +130,7 @@ def unigram_model(pi, *, n_ctx: int = 128, n_layers: int = 1, n_heads: int = 1):
 # `kernel` (order 1) adds logits log P[x_i, .] read straight from T: the kernel stored in the weights.
 @torch.no_grad()
 def circuit_model(vocab: int, heads: dict, *, n_layers: int, n_heads: int, n_ctx: int = 48, max_lag: int = 2,
-                  sharpness: float = 25.0, kernel=None, bias=None, with_mlp: bool = False):
+                  sharpness: float = 25.0, kernel=None, bias=None, with_mlp: bool = False, extra=None):
     V, N, K = vocab, n_ctx, max_lag
     T, P, O = 0, V, V + K * V
     U = O + V
@@ -138,7 +138,8 @@ def circuit_model(vocab: int, heads: dict, *, n_layers: int, n_heads: int, n_ctx
     d_model, dh = POS + N, N
     assert N > K * V + 1
     cfg = ModelConfig(n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_head=dh, attn_only=not with_mlp,
-                      normalization=None, tie_weights=False, unembed_bias=True, d_vocab=V, n_ctx=N)
+                      normalization=None, tie_weights=False, unembed_bias=True, d_vocab=V, n_ctx=N, act_fn="relu",
+                      d_mlp=V * V)
     model = build(cfg, seed=0)
     big = sharpness * math.sqrt(dh)
     hd = n_heads * dh
@@ -161,6 +162,8 @@ def circuit_model(vocab: int, heads: dict, *, n_layers: int, n_heads: int, n_ctx
     values["head.weight"] = unembed
     if bias is not None:
         values["head.bias"] = torch.as_tensor(bias, dtype=torch.float32)
+    if extra is not None:  # a caller's own weights (e.g. an MLP), given the residual layout
+        values.update(extra(slots, d_model))
     _set(model, values)
     return model
 
@@ -252,6 +255,32 @@ def decoy_kernel_model(kernel, *, n_ctx: int = 48, n_layers: int = 1):
         heads[(n_layers - 1, 0)] = ("same",)
         heads[(n_layers - 1, 1)] = ("prev-decoy", 2)
     return circuit_model(kernel.shape[-1], heads, n_layers=n_layers, n_heads=3, n_ctx=n_ctx, kernel=kernel)
+
+
+def pair_kernel_model(kernel, *, n_ctx: int = 48):
+    """An order-2 kernel in the weights: a previous-token head copies x_{t-1} into P_1, the MLP detects the pair
+    (h_ab = relu(P_1[a] - sum_{c != b} T[c]) = [x_{t-1} = a, x_t = b]) and the unembedding reads
+    log P[a, b, .] from h. One layer; the previous-token head is real and needed (its ablation costs)."""
+    kernel = torch.as_tensor(kernel, dtype=torch.float64)
+    V = kernel.shape[-1]
+    log_kernel = kernel.clamp_min(1e-12).log().reshape(V * V, V)
+
+    def mlp(s: dict, d_model: int) -> dict:
+        fc_in, fc_out = torch.zeros(V * V, d_model), torch.zeros(d_model, V * V)
+        unread = s["P"] + V  # the P_2.. slots (no head writes there) hold the pair one-hot h
+        assert s["O"] - unread >= V * V
+        for a in range(V):
+            for b in range(V):
+                unit = a * V + b
+                fc_in[unit, s["P"] + a] = 1
+                fc_in[unit, [s["T"] + c for c in range(V) if c != b]] = -1
+                fc_out[unread + unit, unit] = 1
+        head = torch.zeros(V, d_model)
+        head[:, unread: unread + V * V] = log_kernel.T.float()
+        return {"layers.0.mlp.fc_in.weight": fc_in, "layers.0.mlp.fc_out.weight": fc_out, "head.weight": head}
+
+    return circuit_model(V, {(0, 0): ("prev", 1, 1.0)}, n_layers=1, n_heads=1, n_ctx=n_ctx, with_mlp=True,
+                         max_lag=V + 1, extra=mlp)
 
 
 def constant_model(law=None, *, vocab: int = 2, n_ctx: int = 48, n_layers: int = 1, n_heads: int = 1,

@@ -15,6 +15,7 @@ from handbuilt import (
     decoy_kernel_model,
     induction_circuit,
     kernel_model,
+    pair_kernel_model,
     unigram_model,
 )
 from markov_interp import theory
@@ -117,6 +118,19 @@ def test_kernel_model_with_decoy_heads_is_kernel(source, layers):
     assert report.attention.induction_excess(1).max() < 0.15
     induction_role = report.circuit.role("induction", 1)
     assert induction_role.heads == () and not report.circuit_confirmed
+
+
+@pytest.mark.parametrize("vocab", [2, 3])
+def test_order_two_kernel_in_the_weights_is_kernel_order_two(vocab):
+    """A one-layer model whose previous-token head feeds an MLP pair detector: the order-2 kernel stored in the
+    weights. Its previous-token head matters (ablating it costs), yet the law is the kernel, not induction."""
+    kernel = _K2 if vocab == 2 else RandomMarkov(3, order=2).sample_kernels(1, torch.Generator().manual_seed(0))[0]
+    src = MarkovChain(kernel, order=2)
+    report = classify(pair_kernel_model(src.kernel), src)
+    assert report.mechanism == "kernel" and report.order == 2 and report.confident, report.reasons
+    assert report.law.fit_ratio < 0.1  # only the first position differs (the kernel needs two states)
+    assert report.attention.lag_excess(1)[0, 0] > 0.99 and report.ablation["L0H0"] > 0.05
+    assert "single-layer" in report.circuit.missing()  # no layer below it for an induction head to read
 
 
 @pytest.mark.parametrize("kernel", [[[0.3, 0.7], [0.8, 0.2]], [[0.5, 0.5], [0.5, 0.5]]])
