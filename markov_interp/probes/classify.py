@@ -250,10 +250,6 @@ def _ratio(value: float, reference: float) -> float:
     return value / reference if reference > 0 else (0.0 if value <= 0 else float("inf"))
 
 
-def _near(value: float, cut: float, factor: float) -> bool:
-    return cut / factor <= value <= cut * factor
-
-
 # -------------------------------------------------------------------------------------------- decision
 def _decide(law: LawCheck, circuit: Circuit, source_order: int, th: Thresholds) -> tuple[str, Optional[int], bool,
                                                                                           list[str]]:
