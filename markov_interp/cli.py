@@ -8,6 +8,7 @@ whose training diverged (non-finite loss) gives exit code 3, from `train`, `prob
 
 import argparse
 import sys
+from typing import Any
 
 EXIT_ERROR = 2
 EXIT_DIVERGED = 3
@@ -190,10 +191,12 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
     # Owned by the probes work (issue 4).
     p = sub.add_parser(
         "probe",
-        help="name the mechanism of a trained model (unigram, kernel or induction) with the evidence",
+        help="name the mechanism of a trained model (uniform, unigram, in_context_unigram, kernel, induction or "
+        "other) with the evidence",
         description="Load the model of a run folder and run markov_interp.probes.classify_mechanism on fresh "
-        "sequences from the run's source: losses beside theory's references, state / context dependence, "
-        "per-head previous-token / induction / same-token scores beside chance, head ablations, implied kernel.",
+        "sequences from the run's source: the law the model follows (KL to every candidate law and the gaps "
+        "between them), the circuit's role sets with their set-ablation costs, per-head scores beside chance, "
+        "head ablations, implied kernel.",
     )
     p.add_argument("run_dir", help="run folder written by `markov-interp train` (config.json, model.safetensors)")
     p.add_argument("--json", action="store_true", help="print the full report as JSON instead of a summary")
@@ -209,7 +212,6 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
 
         from markov_interp import models, runfolder
         from markov_interp.probes import classify_mechanism
-        from markov_interp.theory import format_loss
         from markov_interp.training import resolve_device
 
         run_dir = Path(args.run_dir)
@@ -229,24 +231,40 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         if args.json:
             print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
             return 0
-        refs = ", ".join(f"{k} {format_loss(v, report.references.get(f'{k}_se'))}"
-                         for k, v in sorted(report.references.items()) if not k.endswith("_se"))
-        print(f"mechanism: {report.mechanism}{'' if report.confident else ' (not confident)'}")
-        print(f"eval loss {report.eval_loss:.4f} nats ({refs})")
-        for reason in report.reasons:
-            print(f"  - {reason}")
-        scores, heads = report.attention, report.ablation.head_grid()
-        print(f"head  prev-token (chance {scores.previous_token_chance:.3f})  induction (chance "
-              f"{scores.induction_chance:.3f})  same-token (chance {scores.same_token_chance:.3f})  "
-              "mean-ablation dloss")
-        for layer in range(scores.previous_token.shape[0]):
-            for head in range(scores.previous_token.shape[1]):
-                print(f"L{layer}H{head}  {float(scores.previous_token[layer, head]):24.3f}  "
-                      f"{float(scores.induction[layer, head]):22.3f}  {float(scores.same_token[layer, head]):23.3f}"
-                      f"  {float(heads[layer, head]):+19.4f}")
+        _print_probe(report)
         return 0
 
     p.set_defaults(handler=handler)
+
+
+def _print_probe(report: Any) -> None:
+    """The `probe` summary: the label and why, every candidate law, the circuit's roles, per-head scores."""
+    order = f" (order {report.order})" if report.order is not None else ""
+    print(f"mechanism: {report.mechanism}{order}{'' if report.confident else ' (not confident)'}")
+    from markov_interp.theory import format_loss
+
+    refs = ", ".join(f"{k} {format_loss(report.reference(k), report.reference(f'{k}_se'))}"
+                     for k in ("entropy_rate", "unigram_loss", "bayes_loss") if report.reference(k) is not None)
+    print(f"eval loss {report.eval_loss:.4f} nats ({refs})")
+    for reason in report.reasons:
+        print(f"  - {reason}")
+    sim = report.strategies
+    print("law                        KL(law || model)  gap to nearest law")
+    for name, value in sim.divergences.items():
+        alias = f"  (= {sim.aliases[name]})" if name in sim.aliases else ""
+        print(f"{name:26s} {value:16.4f}  {sim.gaps[name]:18.4f}{alias}")
+    for role in report.circuit.roles:
+        heads = ", ".join(f"{h.name} {x:.2f}" for h, x in zip(role.heads, role.scores)) or "none"
+        cost = "n/a" if role.ablation is None else f"{role.ablation:+.4f}"
+        print(f"role {role.name}: {heads}; set ablation {cost}{' (confirmed)' if role.confirmed else ''}")
+    scores, heads = report.attention, report.ablation.head_grid()
+    print(f"head  prev-token (chance {scores.previous_token_chance:.3f})  induction excess over baseline  "
+          f"same-token (chance {scores.same_token_chance:.3f})  mean-ablation dloss")
+    for layer in range(scores.previous_token.shape[0]):
+        for head in range(scores.previous_token.shape[1]):
+            print(f"L{layer}H{head}  {float(scores.previous_token[layer, head]):24.3f}  "
+                  f"{float(scores.excess('induction')[layer, head]):30.3f}  "
+                  f"{float(scores.same_token[layer, head]):23.3f}  {float(heads[layer, head]):+19.4f}")
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:

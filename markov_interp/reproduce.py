@@ -179,13 +179,9 @@ def _group(rows: list[Row], sweep_name: str, key: Callable[[RunConfig], tuple]) 
 
 
 def _mechanism_label(probe: Optional[sweep.ProbeColumns]) -> str:
-    """The classified mechanism; "induction?" when the model is in-context by behaviour but ablating its
-    previous-token / induction heads did not confirm the circuit (`classify_mechanism`'s confident=False)."""
-    if probe is None or probe.mechanism is None:
-        return "?"
-    if probe.mechanism == "induction" and not probe.circuit_confirmed:
-        return "induction?"
-    return probe.mechanism
+    """The classified mechanism (`classify_mechanism`'s labels; "?" when the cell was not probed). A model
+    that follows an in-context k-gram law without a confirmed circuit is already "other" there."""
+    return probe.mechanism if probe is not None and probe.mechanism else "?"
 
 
 def _probe_mean(results: list[sweep.CellResult], name: str) -> Optional[float]:
@@ -353,8 +349,8 @@ def mechanism_figure(summary: list[dict]) -> Any:
 
     fig = Figure(figsize=(9, 3.8))
     axes = fig.subplots(1, 2)
-    colours = {"unigram": "tab:red", "kernel": "tab:blue", "induction": "tab:green",
-               "induction?": "yellowgreen", "?": "grey"}
+    colours = {"uniform": "lightgrey", "unigram": "tab:red", "in_context_unigram": "tab:orange",
+               "kernel": "tab:blue", "induction": "tab:green", "other": "tab:purple", "?": "grey"}
     for ax, name, title in zip(axes, ("depth", "random"),
                                (f"binary chain p={_PQ[0]}, q={_PQ[1]}", "random kernels (in-context task)")):
         rows = [r for r in summary if r["experiment"] == name]
@@ -363,8 +359,7 @@ def mechanism_figure(summary: list[dict]) -> Any:
         for mech, colour in colours.items():
             counts = [r["mechanisms"].get(mech, 0) for r in rows]
             if any(counts):
-                label = "in-context, circuit not confirmed" if mech == "induction?" else mech
-                ax.bar(labels, counts, bottom=bottom, color=colour, label=label)
+                ax.bar(labels, counts, bottom=bottom, color=colour, label=mech)
                 bottom = [b + c for b, c in zip(bottom, counts)]
         ax.set_xlabel("layers")
         ax.set_ylabel("seeds")
@@ -516,8 +511,8 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
         "nats); \"above_unigram\" = seeds still above that band (not trained even to pi); \"theory\" = `landscape.predict_outcome` "
         f"for the canonical one-layer model (standard init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); "
         "\"p_hat\" = the learned P(1|0) read from the model's predictions (`probes.kernel_readout`); "
-        "mechanisms = `probes.classify_mechanism` counts over seeds (\"induction?\": in-context by behaviour, "
-        "circuit not confirmed by ablation); escape_step = mean first step after which the training loss stays "
+        "mechanisms = `probes.classify_mechanism` counts over seeds (\"other\": no candidate law fits, or an "
+        "in-context k-gram law without a confirmed circuit); escape_step = mean first step after which the training loss stays "
         "below the midpoint (over the seeds that escaped); losses in nats.",
         "",
         "## 1. One layer, tied: fraction of seeds stuck at the unigram loss over (p, q)",

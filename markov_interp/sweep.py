@@ -357,6 +357,7 @@ class ProbeColumns:
     """
 
     mechanism: Optional[str]  # None when the probes offer no classifier
+    order: Optional[int] = None  # k of a "kernel" or "induction" label
     confident: Optional[bool] = None
     state_ratio: Optional[float] = None
     context_ratio: Optional[float] = None
@@ -384,6 +385,7 @@ class ProbeColumns:
         binary = tuple(implied.shape) == (2, 2)
         return cls(
             mechanism=report.mechanism,
+            order=report.order,
             confident=report.confident,
             state_ratio=_finite(report.state_ratio),
             context_ratio=_finite(report.context_ratio),

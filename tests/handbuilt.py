@@ -14,6 +14,7 @@
 """
 
 import math
+from typing import Optional
 
 import torch
 
@@ -115,3 +116,176 @@ def unigram_model(pi, *, n_ctx: int = 128, n_layers: int = 1, n_heads: int = 1):
     model = build(cfg, seed=0)
     _set(model, {"head.bias": pi.log().float()})
     return model
+
+
+# ---------------------------------------------------------------------------------- general circuit builder
+# Residual stream of `circuit_model`: [T: x_i one-hot | P_1..P_K: x_{i-l} one-hots (written by lag-l heads) |
+# O: output (read by the unembedding) | U: unread scratch (decoys write here) | POS: position one-hot].
+# A head is given by a role tuple:
+#   ("prev", lag, weight)       attends from i to i - lag, writes weight * onehot(x_{i-lag}) into P_lag
+#   ("induction", order, w)     query [x_i, x_{i-1}, ..]; key [x_{j-1}, .., x_{j-order}] from P_1..P_order; value
+#                               x_j; writes w * onehot(x_j) into O (w = logit scale; keys j < order pushed away)
+#   ("count", w)                uniform causal attention, writes w * onehot(x_j) into O: an in-context counter
+#   ("self",), ("same",), ("prev-decoy", lag), ("uniform",)   decoys writing into U (nobody reads it)
+# `kernel` (order 1) adds logits log P[x_i, .] read straight from T: the kernel stored in the weights.
+@torch.no_grad()
+def circuit_model(vocab: int, heads: dict, *, n_layers: int, n_heads: int, n_ctx: int = 48, max_lag: int = 2,
+                  sharpness: float = 25.0, kernel=None, bias=None, with_mlp: bool = False, extra=None):
+    V, N, K = vocab, n_ctx, max_lag
+    T, P, O = 0, V, V + K * V
+    U = O + V
+    POS = U + V
+    d_model, dh = POS + N, N
+    assert N > K * V + 1
+    cfg = ModelConfig(n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_head=dh, attn_only=not with_mlp,
+                      normalization=None, tie_weights=False, unembed_bias=True, d_vocab=V, n_ctx=N, act_fn="relu",
+                      d_mlp=V * V)
+    model = build(cfg, seed=0)
+    big = sharpness * math.sqrt(dh)
+    hd = n_heads * dh
+    values = {"tok_embed.weight": torch.zeros(V, d_model), "pos.weight": torch.zeros(N, d_model)}
+    values["tok_embed.weight"][torch.arange(V), T + torch.arange(V)] = 1
+    values["pos.weight"][torch.arange(N), POS + torch.arange(N)] = 1
+    for layer in range(n_layers):
+        for name in "qkv":
+            values[f"layers.{layer}.attn.{name}.weight"] = torch.zeros(hd, d_model)
+        values[f"layers.{layer}.attn.o.weight"] = torch.zeros(d_model, hd)
+    slots = dict(T=T, P=P, O=O, U=U, POS=POS, V=V, N=N, big=big, dh=dh)
+    for (layer, head), role in heads.items():
+        assert layer < n_layers and head < n_heads, (layer, head)
+        _write_head(values, layer, head * dh, role, slots)
+    unembed = torch.zeros(V, d_model)
+    unembed[torch.arange(V), O + torch.arange(V)] = 1
+    if kernel is not None:
+        kern = torch.as_tensor(kernel, dtype=torch.float64)
+        unembed[:, T:T + V] = kern.clamp_min(1e-12).log().T.float()
+    values["head.weight"] = unembed
+    if bias is not None:
+        values["head.bias"] = torch.as_tensor(bias, dtype=torch.float32)
+    if extra is not None:  # a caller's own weights (e.g. an MLP), given the residual layout
+        values.update(extra(slots, d_model))
+    _set(model, values)
+    return model
+
+
+def _write_head(values: dict, layer: int, base: int, role: tuple, s: dict) -> None:
+    q, k, v = (values[f"layers.{layer}.attn.{n}.weight"] for n in "qkv")
+    o = values[f"layers.{layer}.attn.o.weight"]
+    V, N, big, T, POS = s["V"], s["N"], s["big"], s["T"], s["POS"]
+    ar = torch.arange
+    kind = role[0]
+    if kind in ("prev", "prev-decoy"):  # query i carries position i - lag, key j carries position j
+        lag = role[1]
+        q[base + ar(N - lag), POS + ar(lag, N)] = big
+        k[base + ar(N), POS + ar(N)] = 1
+    elif kind == "self":
+        q[base + ar(N), POS + ar(N)] = big
+        k[base + ar(N), POS + ar(N)] = 1
+    elif kind == "same":  # query and key = current state
+        q[base + ar(V), T + ar(V)] = big
+        k[base + ar(V), T + ar(V)] = 1
+    elif kind == "induction":
+        order = role[1]
+        for m in range(order):  # query slot m holds x_{i-m} (T for m = 0, else P_m); key slot m holds x_{j-1-m}
+            src = T if m == 0 else s["P"] + (m - 1) * V
+            q[base + m * V + ar(V), src + ar(V)] = big
+            k[base + m * V + ar(V), s["P"] + m * V + ar(V)] = 1
+        q[base + order * V, T + ar(V)] = big  # a constant query (the state one-hot sums to 1) ...
+        k[base + order * V, POS + ar(order)] = -float(order) - 1  # ... pushes away keys j < order
+    # "count" and "uniform": zero query and key, attention uniform over 0..i
+    if kind in ("prev", "induction", "count"):
+        v[base + ar(V), T + ar(V)] = 1
+        weight = role[-1]
+        target = s["P"] + (role[1] - 1) * V if kind == "prev" else s["O"]
+        o[target + ar(V), base + ar(V)] = weight
+    else:  # decoys: copy the attended state into the unread slot
+        v[base + ar(V), T + ar(V)] = 1
+        o[s["U"] + ar(V), base + ar(V)] = 1
+
+
+def counting_circuit(vocab: int, *, n_ctx: int = 48, n_layers: int = 1, n_heads: int = 1, split: int = 1,
+                     logit_scale: Optional[float] = None, decoys: bool = False):
+    """A uniform-attention state counter: logits = logit_scale x in-context state frequencies (in-context
+    unigram), spread over `split` heads of the last layer; `decoys` adds a previous-token and a self head."""
+    scale = float(vocab) if logit_scale is None else logit_scale
+    last = n_layers - 1
+    heads = {(last, h): ("count", scale / split) for h in range(split)}
+    if decoys:
+        heads[(0, n_heads - 1)] = ("prev-decoy", 1)
+        if n_heads > 1 or n_layers > 1:
+            heads[(0 if n_layers == 1 else 1, n_heads - 1 if n_layers > 1 else 0)] = ("self",)
+    return circuit_model(vocab, heads, n_layers=n_layers, n_heads=n_heads, n_ctx=n_ctx)
+
+
+def induction_circuit(vocab: int, *, order: int = 1, n_ctx: int = 128, per_role: int = 1, n_layers: int = 2,
+                      logit_scale: float = 2.0, spread_layers: bool = False, decoys: bool = False):
+    """An order-`order` induction circuit: previous-token heads at lags 1..order (each role spread over
+    `per_role` heads, writing 1/per_role of the copy) feeding `per_role` induction heads of that order in the
+    last layer (each writing logit_scale/per_role). The logits are logit_scale x the frequencies of what
+    followed the current context: a linear read-out of counts, not the add-beta law itself; scale 2 is
+    closest to it over 128 states (measured: fit ratio 0.2-0.3 of the gap to the in-context law of the
+    next lower order for order 1, 0.4 for order 2). `spread_layers` puts the previous-token heads in
+    different layers (needs n_layers >= 3); `decoys` fills a free head with a self-attention decoy."""
+    heads, n_heads = {}, 0
+    last = n_layers - 1
+    slot = 0
+    for lag in range(1, order + 1):
+        for r in range(per_role):
+            layer = (slot % last) if spread_layers else 0
+            head = slot // last if spread_layers else slot
+            heads[(layer, head)] = ("prev", lag, 1.0 / per_role)
+            slot += 1
+    n_heads = max(h for _, h in heads) + 1
+    for r in range(per_role):
+        heads[(last, r)] = ("induction", order, logit_scale / per_role)
+    n_heads = max(n_heads, per_role)
+    if decoys:
+        n_heads += 1
+        heads[(0, n_heads - 1)] = ("self",)
+        heads[(last, n_heads - 1)] = ("uniform",)
+    return circuit_model(vocab, heads, n_layers=n_layers, n_heads=n_heads, n_ctx=n_ctx, max_lag=max(order, 2))
+
+
+def decoy_kernel_model(kernel, *, n_ctx: int = 48, n_layers: int = 1):
+    """Logits = log P[x_t, .] from the embedding, plus decoy heads (previous-token, self, same-token) that
+    write into dimensions nobody reads: the kernel in the weights, with attention that looks like a circuit."""
+    kernel = torch.as_tensor(kernel, dtype=torch.float64)
+    heads = {(0, 0): ("prev-decoy", 1), (0, 1): ("self",), (0, 2): ("same",)}
+    if n_layers > 1:
+        heads[(n_layers - 1, 0)] = ("same",)
+        heads[(n_layers - 1, 1)] = ("prev-decoy", 2)
+    return circuit_model(kernel.shape[-1], heads, n_layers=n_layers, n_heads=3, n_ctx=n_ctx, kernel=kernel)
+
+
+def pair_kernel_model(kernel, *, n_ctx: int = 48):
+    """An order-2 kernel in the weights: a previous-token head copies x_{t-1} into P_1, the MLP detects the pair
+    (h_ab = relu(P_1[a] - sum_{c != b} T[c]) = [x_{t-1} = a, x_t = b]) and the unembedding reads
+    log P[a, b, .] from h. One layer; the previous-token head is real and needed (its ablation costs)."""
+    kernel = torch.as_tensor(kernel, dtype=torch.float64)
+    V = kernel.shape[-1]
+    log_kernel = kernel.clamp_min(1e-12).log().reshape(V * V, V)
+
+    def mlp(s: dict, d_model: int) -> dict:
+        fc_in, fc_out = torch.zeros(V * V, d_model), torch.zeros(d_model, V * V)
+        unread = s["P"] + V  # the P_2.. slots (no head writes there) hold the pair one-hot h
+        assert s["O"] - unread >= V * V
+        for a in range(V):
+            for b in range(V):
+                unit = a * V + b
+                fc_in[unit, s["P"] + a] = 1
+                fc_in[unit, [s["T"] + c for c in range(V) if c != b]] = -1
+                fc_out[unread + unit, unit] = 1
+        head = torch.zeros(V, d_model)
+        head[:, unread: unread + V * V] = log_kernel.T.float()
+        return {"layers.0.mlp.fc_in.weight": fc_in, "layers.0.mlp.fc_out.weight": fc_out, "head.weight": head}
+
+    return circuit_model(V, {(0, 0): ("prev", 1, 1.0)}, n_layers=1, n_heads=1, n_ctx=n_ctx, with_mlp=True,
+                         max_lag=V + 1, extra=mlp)
+
+
+def constant_model(law=None, *, vocab: int = 2, n_ctx: int = 48, n_layers: int = 1, n_heads: int = 1,
+                   with_mlp: bool = False):
+    """Logits = log(law) at every position (law=None: all-zero weights, the uniform law on `vocab` states)."""
+    V = len(law) if law is not None else vocab
+    bias = None if law is None else torch.as_tensor(law, dtype=torch.float64).log()
+    return circuit_model(V, {}, n_layers=n_layers, n_heads=n_heads, n_ctx=n_ctx, bias=bias, with_mlp=with_mlp)

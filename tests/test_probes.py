@@ -12,7 +12,13 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from handbuilt import induction_model, kernel_model, unigram_model  # noqa: E402
+from handbuilt import (  # noqa: E402
+    decoy_kernel_model,
+    induction_circuit,
+    induction_model,
+    kernel_model,
+    unigram_model,
+)
 
 from markov_interp import theory  # noqa: E402
 from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov  # noqa: E402
@@ -29,15 +35,20 @@ from markov_interp.probes import (  # noqa: E402
     head_composition,
     implied_kernel,
     in_context_learning_score,
+    induction_baseline,
+    induction_keys,
     induction_score,
     kernel_predictor,
     kernel_readout,
     model_components,
     next_state_probs,
+    patched_probs,
     patching_pair,
     previous_token_score,
     same_token_score,
     sample_batch,
+    set_ablation_losses,
+    set_component,
     state_dependence,
     uniform_causal_pattern,
 )
@@ -60,19 +71,49 @@ def tokens3():
 
 
 # ------------------------------------------------------------------------------------------ attention
-def _loop_scores(pattern, tokens):
-    """Independent per-query loops: previous-token, induction and same-token mass for head 0."""
+def _loop_scores(pattern, tokens, *, lag=1, order=1):
+    """Independent per-query loops for head 0: previous-token mass at `lag`, order-`order` induction mass
+    (keys order <= j < i whose `order` preceding states equal the last `order` states at i; queries with a
+    match), same-token mass."""
     prev, ind, same = [], [], []
     for b in range(tokens.shape[0]):
+        x = tokens[b].tolist()
         for i in range(tokens.shape[1]):
             row = pattern[b, 0, i]
+            if i >= lag:
+                prev.append(float(row[i - lag]))
             if i >= 1:
-                prev.append(float(row[i - 1]))
-                same.append(sum(float(row[j]) for j in range(i + 1) if tokens[b, j] == tokens[b, i]))
-            keys = [j for j in range(1, i + 1) if tokens[b, j - 1] == tokens[b, i]]
+                same.append(sum(float(row[j]) for j in range(i + 1) if x[j] == x[i]))
+            keys = [j for j in range(order, i) if i >= order - 1
+                    and all(x[j - 1 - m] == x[i - m] for m in range(order))]
             if keys:
                 ind.append(sum(float(row[j]) for j in keys))
     return sum(prev) / len(prev), sum(ind) / len(ind), sum(same) / len(same)
+
+
+def _loop_baseline(pattern, tokens, *, order=1, vocab=2):
+    """Independent loops for the induction baseline of head 0: the match rate per stratum (lag bucket, x_i,
+    x_j, lower-order match) over the candidate keys of the queries with a match, weighted by attention."""
+    def bucket(lag):
+        return lag if lag <= 4 else 5 + math.floor(math.log(lag / 5, 1.5))
+
+    def match(x, i, j, k):
+        return all(x[j - 1 - m] == x[i - m] for m in range(k))
+
+    pairs, hits, counts = [], {}, {}
+    for b in range(tokens.shape[0]):
+        x = tokens[b].tolist()
+        for i in range(order - 1, tokens.shape[1]):
+            keys = list(range(order, i))
+            if not any(match(x, i, j, order) for j in keys):
+                continue
+            for j in keys:
+                key = (bucket(i - j), x[i], x[j], match(x, i, j, order - 1))
+                hits[key] = hits.get(key, 0) + match(x, i, j, order)
+                counts[key] = counts.get(key, 0) + 1
+                pairs.append((b, i, j, key))
+    n_queries = len({(b, i) for b, i, _, _ in pairs})
+    return sum(float(pattern[b, 0, i, j]) * hits[key] / counts[key] for b, i, j, key in pairs) / n_queries
 
 
 def test_scores_of_uniform_attention_match_loops():
@@ -86,15 +127,26 @@ def test_scores_of_uniform_attention_match_loops():
     assert want[0] == pytest.approx(sum(1 / (i + 1) for i in range(1, 12)) / 11, rel=1e-6)
 
 
-def test_random_pattern_scores_match_loops():
-    gen = torch.Generator().manual_seed(3)
-    tokens = TERNARY.sample(2, 10, gen)
-    pattern = torch.rand(2, 1, 10, 10, generator=gen).tril()
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_random_pattern_scores_and_baselines_match_loops(order):
+    gen = torch.Generator().manual_seed(3 + order)
+    tokens = TERNARY.sample(3, 14, gen)
+    pattern = torch.rand(3, 1, 14, 14, generator=gen).tril()
     pattern = pattern / pattern.sum(-1, keepdim=True)
-    want = _loop_scores(pattern, tokens)
-    got = (previous_token_score(pattern, tokens), induction_score(pattern, tokens), same_token_score(pattern, tokens))
+    want = _loop_scores(pattern, tokens, lag=order, order=order)
+    got = (previous_token_score(pattern, tokens, lag=order), induction_score(pattern, tokens, order=order),
+           same_token_score(pattern, tokens))
     for g, w in zip(got, want):
         assert float(g[0]) == pytest.approx(w, rel=1e-5)
+    baseline = induction_baseline(pattern, tokens, order=order, vocab=3)
+    assert float(baseline[0]) == pytest.approx(_loop_baseline(pattern, tokens, order=order, vocab=3), rel=1e-5)
+
+
+def test_induction_keys_leave_out_the_query_itself():
+    tokens = torch.tensor([[0, 0, 0, 0]])
+    keys = induction_keys(tokens)
+    assert not keys.diagonal(dim1=1, dim2=2).any()  # j = i never counts, even when x_{i-1} = x_i
+    assert keys[0, 3].tolist() == [False, True, True, False]
 
 
 @pytest.mark.parametrize("vocab", [2, 3])
@@ -105,11 +157,42 @@ def test_handbuilt_induction_heads_are_singled_out(vocab):
     assert scores.previous_token[PREV] > 0.99
     assert scores.top_head("previous_token") == PREV
     assert scores.top_head("induction", layers=range(1, 2)) == IND
-    assert scores.induction[IND] > 0.97
+    assert scores.excess("induction")[IND] > 0.5
     # decoys: layer-0 head 0 attends to itself (same-token 1, previous-token 0); layer-1 head 1 is uniform
     assert scores.previous_token[0, 0] < 0.01 and scores.same_token[0, 0] > 0.99
+    assert scores.excess("induction")[0, 0].abs() < 0.05  # self-attention: j = i is left out
     assert scores.excess("induction")[1, 1].abs() < 0.05
     assert 0 < scores.previous_token_chance < scores.same_token_chance < 1
+
+
+def test_sticky_chain_decoys_score_their_baseline():
+    """On p = q = 0.1 a previous-token, a self and a same-token head all put most of their mass on keys whose
+    previous state equals the current one; the token-statistics baseline gives them no induction excess,
+    while a real induction head keeps a clear one."""
+    sticky = BinaryChain(0.1, 0.1)
+    tokens = sticky.sample(32, 48, torch.Generator().manual_seed(0))
+    decoys = attention_scores(decoy_kernel_model(sticky.kernel), tokens)
+    assert decoys.excess("previous_token")[0, 0] > 0.99  # L0H0 is a previous-token head
+    assert decoys.same_token[0, 2] > 0.99  # L0H2 a same-token head
+    assert decoys.induction[0, 0] > 0.8 and decoys.induction[0, 2] > 0.6  # raw scores look like induction
+    assert decoys.induction_excess(1).abs().max() < 0.15
+    real = attention_scores(induction_circuit(2, n_ctx=48), tokens)
+    assert real.induction_excess(1)[1, 0] > 0.4 and real.induction_excess(1)[0, 0].abs() < 0.1
+
+
+def test_order_two_scores_separate_lags_and_orders():
+    source = RandomMarkov(3, order=2)
+    tokens = source.sample(16, 64, torch.Generator().manual_seed(0))
+    second = attention_scores(induction_circuit(3, order=2, n_ctx=64), tokens, max_order=2)
+    assert second.lag_excess(1)[0, 0] > 0.99 and second.lag_excess(2)[0, 1] > 0.99
+    assert second.lag_excess(2)[0, 0].abs() < 0.1 and second.lag_excess(1)[0, 1].abs() < 0.1
+    assert second.induction_excess(2)[1, 0] > 0.7
+    first = attention_scores(induction_circuit(3, order=1, n_ctx=64), tokens, max_order=2)
+    # a first-order head matches one state: excess at order 1, none at order 2 (its baseline conditions on it)
+    assert first.induction_excess(1)[1, 0] > 0.7 and first.induction_excess(2)[1, 0] < 0.15
+    json.dumps(second.to_dict(), allow_nan=False)
+    with pytest.raises(ValueError, match="order"):
+        second.induction_excess(3)
 
 
 # ------------------------------------------------------------------------------------------ behaviour
@@ -201,6 +284,38 @@ def test_mean_ablation_of_a_constant_component_changes_nothing(induction3, token
         assert torch.allclose(probs, clean, atol=1e-6), method
 
 
+def test_set_component_writes_only_its_slice_and_positions():
+    act = torch.arange(2 * 4 * 3 * 2, dtype=torch.float32).reshape(2, 4, 3, 2)  # [batch pos head d_head]
+    head = Component(kind="head", layer=0, head=1)
+    out = set_component(act, head, torch.zeros(()), positions=[1, 3])
+    changed = (out != act)
+    assert changed[:, [1, 3], 1].all() and changed.sum() == int((act[:, [1, 3], 1] != 0).sum())
+    assert torch.equal(act, torch.arange(48, dtype=torch.float32).reshape(2, 4, 3, 2))  # the input is not written
+    mean = act.mean(0)  # [pos head d_head], broadcast over the batch; a longer mean is cut to the run's length
+    longer = torch.cat([mean, mean[:1]], dim=0)
+    out = set_component(act, head, longer)
+    assert torch.equal(out[:, :, 1], mean[None, :, 1].expand(2, -1, -1)) and torch.equal(out[:, :, 0], act[:, :, 0])
+    layer = Component(kind="attn", layer=0)
+    resid = torch.randn(2, 4, 5)
+    assert torch.equal(set_component(resid, layer, resid.flip(0)), resid.flip(0))
+    with pytest.raises(ValueError, match="3 sequences"):
+        set_component(resid, layer, torch.randn(3, 4, 5))
+
+
+def test_ablation_and_patching_run_through_the_one_loop(induction3, tokens3):
+    # a group ablated together by the loop = ablated_probs of the same group
+    pair = [Component.parse("L0H1"), Component.parse("L1H0")]
+    (loss,) = set_ablation_losses(induction3, tokens3, [pair], method="mean")
+    probs = ablated_probs(induction3, tokens3, pair, method="mean")
+    assert loss == pytest.approx(float(theory.target_log_loss(probs, tokens3).mean()), rel=1e-9)
+    # patching every component from a run into itself changes nothing
+    same = patched_probs(induction3, tokens3, tokens3, model_components(induction3))
+    torch.testing.assert_close(same, next_state_probs(induction3, tokens3))
+    table = ablation_table(induction3, tokens3)
+    assert table[pair[1]] == table["L1H0"] and "L1H0" in table and "L7H0" not in table
+    assert all(isinstance(c, Component) for c in table.components)
+
+
 def test_derangement_has_no_fixed_point():
     for seed in range(5):
         perm = derangement(7, seed=seed)
@@ -227,7 +342,8 @@ def test_patching_induction_head_restores_clean_prediction(induction3):
     clean, corrupted = patching_pair(tokens, seed=0)
     assert (clean[:, -1] == corrupted[:, -1]).all() and not torch.equal(clean, corrupted)
     result = activation_patching(induction3, clean, corrupted)
-    recovery = dict(zip(result.components, result.recovery))
+    recovery = {c.name: r for c, r in zip(result.components, result.recovery)}
+    assert recovery["L1H0"] == result["L1H0"] == result[Component(kind="head", layer=1, head=0)]
     assert result.baseline_kl > 0.05
     # the induction head alone writes the logits: patching it (or its layer) restores the clean law exactly
     assert recovery["L1H0"] == pytest.approx(1.0, abs=1e-4) and recovery["L1.attn"] == pytest.approx(1.0, abs=1e-4)
@@ -255,45 +371,57 @@ def test_k_composition_links_previous_token_head_to_induction_head(induction3):
 
 
 # ------------------------------------------------------------------------------------------ classify
+# The first round's cases (more in tests/test_classify.py); 96 states, where the hand-built induction model's
+# linear read-out of counts is close enough to the in-context bigram law.
 def _handbuilt(kind, source):
     if kind == "induction":
-        return induction_model(source.vocab)
+        return induction_model(source.vocab, n_ctx=96)
     if kind == "kernel":
-        return kernel_model(source.kernel)
-    return unigram_model(theory.stationary_distribution(source.kernel))
+        return kernel_model(source.kernel, n_ctx=96)
+    return unigram_model(theory.stationary_distribution(source.kernel), n_ctx=96)
 
 
 @pytest.mark.parametrize("kind", ["induction", "kernel", "unigram"])
 @pytest.mark.parametrize("chain", ["binary", "ternary"])
 def test_classify_handbuilt_models(kind, chain):
     source = CHAINS[chain]
-    report = classify_mechanism(_handbuilt(kind, source), source, seq_len=48, n_sequences=32, seed=0)
+    report = classify_mechanism(_handbuilt(kind, source), source, seq_len=96, n_sequences=32, seed=0)
     assert report.mechanism == kind, report.reasons
-    assert report.confident, report.reasons
+    # the exact models are confident; the induction model's linear read-out of counts is about as far from the
+    # in-context bigram law as that law is from the kernel on a fixed chain: labelled right, near the margin
+    assert report.confident or kind == "induction", report.reasons
+    assert report.law.margin_ratio <= report.thresholds.margin
+    assert report.order == (1 if kind in ("induction", "kernel") else None)
     if kind == "induction":
         assert report.previous_token_head == PREV and report.induction_head == IND
         assert report.circuit_confirmed
     else:
-        assert report.context_ratio < 1e-6
+        assert report.context_ratio < 1e-6 and report.law.divergence < 1e-6
     b = report.behaviour
     if kind == "kernel":  # predicts with the kernel: same loss curve as the kernel itself, ICL score included
         assert torch.allclose(b.loss_curve, b.kernel_loss_curve, atol=1e-4) and b.kl_kernel < 1e-6
-        assert report.eval_loss == pytest.approx(report.references["entropy_rate"], abs=0.05)
+        assert report.eval_loss == pytest.approx(theory.entropy_rate(source.kernel), abs=0.05)
     if kind == "unigram":
         assert b.kl_stationary < 1e-6
-        assert report.eval_loss == pytest.approx(report.references["unigram_loss"], abs=0.05)
+        assert report.eval_loss == pytest.approx(theory.unigram_loss(source.kernel), abs=0.05)
 
 
 @pytest.mark.parametrize("vocab", [2, 3])
 def test_classify_handbuilt_induction_on_random_kernels(vocab):
-    report = classify_mechanism(induction_model(vocab), RandomMarkov(vocab), seq_len=48, n_sequences=32, seed=1)
-    assert report.mechanism == "induction" and report.circuit_confirmed, report.reasons
+    report = classify_mechanism(induction_model(vocab, n_ctx=96), RandomMarkov(vocab), seq_len=96, n_sequences=32,
+                                seed=1)
+    assert report.mechanism == "induction" and report.order == 1 and report.circuit_confirmed, report.reasons
     assert report.behaviour.kl_add_beta < report.behaviour.kl_stationary
     assert report.behaviour.icl_score < -0.05  # the loss falls along the sequence, as add-beta's does
     d = report.to_dict()
     text = json.dumps(d, allow_nan=False)
-    assert {"mechanism", "eval_loss", "entropy_rate", "unigram_loss", "heads"} <= set(json.loads(text))
+    assert {"mechanism", "order", "law", "strategies", "circuit", "eval_loss", "entropy_rate", "unigram_loss",
+            "heads"} <= set(json.loads(text))
     assert d["heads"]["previous_token"][0][1] > 0.99
+    roles = {r["name"]: r for r in d["circuit"]["roles"]}
+    assert roles["previous-token lag 1"]["heads"] == ["L0H1"] and roles["induction order 1"]["heads"] == ["L1H0"]
+    assert all(r["ablation"] >= d["circuit"]["required"] > 0 for r in roles.values())
+    assert d["law"]["law"] == "in_context_bigram" and d["law"]["passed"]
 
 
 def test_classify_names_kernel_model_with_mlp_and_two_heads():
@@ -322,7 +450,10 @@ def test_classify_is_deterministic_and_checks_inputs(induction3):
     with pytest.raises(ValueError, match="n_sequences"):
         classify_mechanism(induction3, TERNARY, n_sequences=1)
     with pytest.raises(ValueError, match="threshold"):
-        Thresholds(kernel_context_ratio=-1.0)
+        Thresholds(fit=-1.0)
+    with pytest.raises(ValueError, match="not from"):
+        classify_mechanism(induction3, TERNARY, batch=sample_batch(RandomMarkov(3, order=2), n_sequences=4,
+                                                                   seq_len=8, seed=0))
 
 
 def test_probes_refuse_bad_tokens(induction3):
@@ -363,7 +494,8 @@ def test_trained_one_layer_model_is_named_kernel(kernel_run_dir):
     report = classify_mechanism(model, BINARY, seq_len=64, n_sequences=64, seed=1)
     assert report.mechanism == "kernel" and report.confident, report.reasons
     assert report.context_ratio < 0.1
-    assert report.eval_loss < report.references["entropy_rate"] + 0.02
+    assert report.order == 1 and report.law.law == "kernel"
+    assert report.eval_loss < theory.entropy_rate(BINARY.kernel) + 0.02
     assert report.readout.max_abs_error < 0.1  # the implied kernel is the chain's
 
 
@@ -374,12 +506,14 @@ def test_trained_two_layer_attention_only_model_is_named_induction():
     from markov_interp.training import train
 
     source = SourceConfig(kind="random", vocab=3, alpha=1.0)
-    run = _run(source, preset("attn-only-2layer", d_vocab=3, n_ctx=32), steps=600, lr=1e-2, seq_len=32,
+    # 400 steps: seeds 0 and 1 both gave induction, fit 0.15-0.21 (600 steps: 0.12-0.13)
+    run = _run(source, preset("attn-only-2layer", d_vocab=3, n_ctx=32), steps=400, lr=1e-2, seq_len=32,
                batch_size=64)
     model = train(run, progress=False).model
     report = classify_mechanism(model, source.build(), seq_len=32, n_sequences=64, seed=1)
-    assert report.mechanism == "induction" and report.confident, report.reasons
+    assert report.mechanism == "induction" and report.order == 1 and report.confident, report.reasons
     assert report.previous_token_head == (0, 0) and report.induction_head == (1, 0)
+    assert all(r.confirmed and len(r.heads) == 1 for r in report.circuit.roles)
     assert report.circuit_confirmed and report.behaviour.icl_score < -0.03
     assert report.attention.excess("previous_token")[0, 0] > 0.5 and report.attention.excess("induction")[1, 0] > 0.5
     assert report.eval_loss < report.behaviour.in_context_unigram_loss  # it beats every state-free predictor
@@ -391,13 +525,16 @@ def test_cli_probe_prints_json_and_summary(kernel_run_dir, capsys):
 
     assert main(["probe", str(kernel_run_dir), "--json", "--n-sequences", "16", "--seq-len", "32"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["mechanism"] == "kernel"
+    assert data["mechanism"] == "kernel" and data["order"] == 1 and data["law"]["law"] == "kernel"
+    assert set(data["strategies"]["divergences"]) == {"uniform", "stationary", "kernel", "in_context_unigram",
+                                                      "in_context_bigram"}
+    assert [r["name"] for r in data["circuit"]["roles"]] == ["previous-token lag 1", "induction order 1"]
     for key in ("eval_loss", "entropy_rate", "unigram_loss"):
         assert math.isfinite(data[key])
     assert data["entropy_rate"] == pytest.approx(theory.entropy_rate(BINARY.kernel))
     assert len(data["heads"]["previous_token"]) == 1 and len(data["heads"]["induction"][0]) == 1
     assert main(["probe", str(kernel_run_dir), "--n-sequences", "16", "--seq-len", "32"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("mechanism: kernel") and "L0H0" in text
+    assert text.startswith("mechanism: kernel (order 1)") and "L0H0" in text and "role induction order 1" in text
     assert main(["probe", str(kernel_run_dir / "missing")]) == 2
     assert "config.json" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from markov_interp import report
 from markov_interp.cli import main as cli_main
-from markov_interp.probes import AblationTable, AttentionScores, KernelReadout
+from markov_interp.probes import MECHANISMS, AblationTable, AttentionScores, KernelReadout
 from markov_interp.report._html import _json_for_script, circuits_figure
 
 CHROMIUM = os.environ.get("MARKOV_INTERP_CHROMIUM", "/usr/bin/chromium")
@@ -250,8 +250,9 @@ def test_report_file_has_every_section_and_no_network_reference(runs):
             assert f'<section id="section-{section_id}">' in text, (name, section_id)
         assert text.count(BUNDLE_MARKER) == 1
         assert text.count('class="circuitsvis"') == 1
-        assert rep.mechanism.mechanism in ("unigram", "kernel", "induction")
+        assert rep.mechanism.mechanism in MECHANISMS
         assert f"Mechanism: <b>{rep.mechanism.mechanism}</b>" in text
+        assert text.index("Why this label") < text.index("<nav>")  # the report opens with the why panel
 
 
 @pytest.mark.slow
@@ -264,6 +265,7 @@ def test_report_sections_fit_the_run(runs):
     assert "in-context Bayes" in two.section("loss").body()
     assert "Not applicable" in two.section("landscape").body()  # two layers: no canonical landscape
     assert "Not applicable" not in one.section("landscape").body()
+    assert "Not applicable" in two.section("kernel").body()  # random kernels: no kernel to average
     assert "<svg" in one.section("landscape").body()
     for rep in (one, two):  # both runs have checkpoints
         assert "<svg" in rep.section("training").body()

@@ -59,6 +59,7 @@ def test_kernel_model_is_closest_to_the_true_kernel(fixed_batch):
     assert sim.closest == "kernel"
     assert sim.kernel == pytest.approx(0.0, abs=1e-6)
     # among the in-context strategies, the k-gram (transition counts) is the one tending to the kernel
+    assert sim.in_context_kgram == sim.in_context_bigram
     assert sim.in_context_kgram < min(sim.in_context_unigram, sim.uniform, sim.stationary)
 
 
@@ -71,10 +72,11 @@ def test_unigram_model_is_closest_to_the_stationary_law(fixed_batch):
 
 def test_induction_model_on_random_kernels_is_closest_to_the_in_context_bigram(random_batch):
     sim = strategy_similarity(induction_model(3, n_ctx=SEQ), random_batch)
-    assert sim.closest == "in_context_kgram"
+    assert sim.closest == "in_context_bigram"
     assert sim.in_context_kgram < 0.5 * min(sim.uniform, sim.in_context_unigram)
     assert sim.stationary is None and sim.kernel is None  # no fixed law to store in weights
-    assert set(sim.divergences) == {"uniform", "in_context_unigram", "in_context_kgram"}
+    assert set(sim.divergences) == {"uniform", "in_context_unigram", "in_context_bigram"}
+    assert sim.ranking == ("in_context_bigram", "in_context_unigram", "uniform")
 
 
 def test_counting_model_is_closest_to_the_in_context_unigram(random_batch):
@@ -97,13 +99,14 @@ def test_divergence_is_kl_from_strategy_to_model_against_a_direct_computation(fi
     probs = next_state_probs(model, fixed_batch.tokens)
     sim = strategy_similarity(model, fixed_batch, probs=probs)
     laws = strategy_probs(fixed_batch)
-    for name in STRATEGIES:
+    assert list(laws) == [n for n in STRATEGIES if n in laws]  # simplest first
+    for name in laws:
         p, q = laws[name].numpy(), probs.numpy()
         expected = sum(
             pi * math.log(pi / qi) for prow, qrow in zip(p.reshape(-1, 3), q.reshape(-1, 3))
             for pi, qi in zip(prow, qrow) if pi > 0
         ) / (p.shape[0] * p.shape[1])
-        assert getattr(sim, name) == pytest.approx(expected, rel=1e-9), name
+        assert sim.divergences[name] == pytest.approx(expected, rel=1e-9), name
     # the opposite direction gives other numbers: the direction is a real choice
     reverse = float(theory.kl_divergence(probs, laws["in_context_unigram"]).mean())
     assert abs(reverse - sim.in_context_unigram) > 1e-3
@@ -112,8 +115,8 @@ def test_divergence_is_kl_from_strategy_to_model_against_a_direct_computation(fi
 
 def test_strategy_laws_and_options(random_batch):
     laws = strategy_probs(random_batch)
-    assert list(laws) == ["uniform", "in_context_unigram", "in_context_kgram"]
-    torch.testing.assert_close(laws["in_context_kgram"],
+    assert list(laws) == ["uniform", "in_context_unigram", "in_context_bigram"]
+    torch.testing.assert_close(laws["in_context_bigram"],
                                theory.add_beta_predictions(random_batch.tokens, 3, order=1, beta=1.0))
     # beta changes the in-context strategies and is recorded
     model = induction_model(3, n_ctx=SEQ)
@@ -129,22 +132,40 @@ def test_order_two_source_uses_the_trigram_strategy():
     kernel[0, 1] = torch.tensor([0.9, 0.1], dtype=torch.float64)
     batch = sample_batch(MarkovChain(kernel, order=2), n_sequences=8, seq_len=16, seed=0)
     laws = strategy_probs(batch)
-    torch.testing.assert_close(laws["in_context_kgram"], theory.add_beta_predictions(batch.tokens, 2, order=2,
-                                                                                      beta=0.5))
+    assert list(laws) == ["uniform", "stationary", "kernel", "in_context_unigram", "in_context_bigram",
+                          "in_context_trigram"]  # every order 0..2
+    for k, name in enumerate(["in_context_unigram", "in_context_bigram", "in_context_trigram"]):
+        torch.testing.assert_close(laws[name], theory.add_beta_predictions(batch.tokens, 2, order=k, beta=0.5))
     sim = strategy_similarity(unigram_model([0.5, 0.5], n_ctx=16), batch)
     assert sim.order == 2 and sim.closest == "uniform"  # uniform before stationary on a tie (pi = 1/2 here)
 
 
 def test_to_dict_is_json_and_closest_breaks_ties_towards_simpler():
-    sim = StrategySimilarity(uniform=0.3, in_context_unigram=0.1, in_context_kgram=0.1, stationary=None,
-                             kernel=None, order=1, beta=1.0)
-    assert sim.closest == "in_context_unigram"
+    sim = StrategySimilarity(divergences={"uniform": 0.3, "in_context_unigram": 0.1, "in_context_bigram": 0.1},
+                             gaps={"uniform": 0.2, "in_context_unigram": 0.05, "in_context_bigram": 0.05},
+                             aliases={}, order=1, beta=1.0)
+    assert sim.closest == "in_context_unigram" and sim.stationary is None
     d = json.loads(json.dumps(sim.to_dict(), allow_nan=False))
-    assert d == {"uniform": 0.3, "in_context_unigram": 0.1, "in_context_kgram": 0.1, "stationary": None,
-                 "kernel": None, "order": 1, "beta": 1.0, "closest": "in_context_unigram"}
+    assert d == {"divergences": {"uniform": 0.3, "in_context_unigram": 0.1, "in_context_bigram": 0.1},
+                 "gaps": {"uniform": 0.2, "in_context_unigram": 0.05, "in_context_bigram": 0.05}, "aliases": {},
+                 "order": 1, "beta": 1.0, "closest": "in_context_unigram"}
     batch = sample_batch(BinaryChain(0.2, 0.3), n_sequences=4, seq_len=8, seed=0)
     fixed = strategy_similarity(kernel_model([[0.8, 0.2], [0.3, 0.7]], n_ctx=8), batch).to_dict()
-    assert fixed["closest"] == "kernel" and set(fixed) == {*STRATEGIES, "order", "beta", "closest"}
+    assert fixed["closest"] == "kernel"
+    assert set(fixed["divergences"]) == {"uniform", "stationary", "kernel", "in_context_unigram", "in_context_bigram"}
+
+
+def test_gaps_are_the_distance_to_the_nearest_other_law_and_aliases_merge_equal_laws(fixed_batch):
+    sim = strategy_similarity(kernel_model(KERNEL, n_ctx=SEQ), fixed_batch)
+    laws = strategy_probs(fixed_batch)
+    for name in laws:  # independent: min over the other laws of mean KL(other || law)
+        want = min(float(theory.kl_divergence(laws[o], laws[name]).mean()) for o in laws if o != name)
+        assert sim.gaps[name] == pytest.approx(want, rel=1e-9), name
+    assert sim.aliases == {}
+    symmetric = sample_batch(BinaryChain(0.3, 0.3), n_sequences=8, seq_len=SEQ, seed=0)
+    merged = strategy_similarity(unigram_model([0.5, 0.5], n_ctx=SEQ), symmetric)
+    assert merged.aliases == {"stationary": "uniform"} and "stationary" not in merged.candidates
+    assert merged.closest == "uniform"
 
 
 @pytest.mark.slow
@@ -162,6 +183,6 @@ def test_training_on_random_kernels_goes_uniform_then_unigram_then_bigram(tmp_pa
     ckpts = list_checkpoints(tmp_path)
     closest = [strategy_similarity(models.build(run.model, seed=0), batch).closest]
     closest += [strategy_similarity(models.load(path, device="cpu"), batch).closest for _, path in ckpts]
-    assert closest[0] == "uniform" and closest[-1] == "in_context_kgram", closest
-    first = [closest.index(name) for name in ("uniform", "in_context_unigram", "in_context_kgram")]
+    assert closest[0] == "uniform" and closest[-1] == "in_context_bigram", closest
+    first = [closest.index(name) for name in ("uniform", "in_context_unigram", "in_context_bigram")]
     assert first == sorted(first), closest

@@ -9,6 +9,7 @@ import pytest
 
 from markov_interp import sweep
 from markov_interp.cli import main
+from markov_interp.probes import MECHANISMS
 from markov_interp.sweep import SweepSpec
 
 TINY_TRAIN = {"steps": 6, "seq_len": 32, "batch_size": 4, "eval_every": 0, "eval_batches": 1, "n_checkpoints": 0,
@@ -233,7 +234,7 @@ def test_results_table_columns_and_probes(tmp_path):
     assert res.unigram_loss == pytest.approx(0.6663, abs=1e-4)
     assert res.final_step == 6 and res.final_eval_loss > 0.5
     assert res.stuck_at_unigram in (True, False)
-    assert res.probe.mechanism in ("unigram", "kernel", "induction")
+    assert res.probe.mechanism in MECHANISMS
     assert 0 <= res.probe.p_hat <= 1
     assert (tmp_path / "results" / f"{row.cell_id}.probe.json").exists()
     columns = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")

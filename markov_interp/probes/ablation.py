@@ -7,14 +7,15 @@ Three ways to remove a component's output (Olsson et al.; Wang et al.):
 - "resample": replace it by its value on another sequence (a derangement of the batch by default).
 
 A head is one slice of `blocks.L.attn.hook_z` (its output before W_O); an attention layer is
-`blocks.L.hook_attn_out`; an MLP is `blocks.L.hook_mlp_out`. If ablating the previous-token head or the
-induction head of a two-layer model wipes out its in-context gain, the circuit is what carries it.
+`blocks.L.hook_attn_out`; an MLP is `blocks.L.hook_mlp_out` (`interventions.Component`). Every ablation
+runs through `interventions.intervened_probs`; this module only chooses the replacement values. If
+ablating the set of previous-token heads or the set of induction heads of a two-layer model wipes out its
+in-context gain, the circuit is what carries it (`set_ablation_losses` removes a set at once).
 """
 
 import dataclasses
-import re
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import torch
 from jaxtyping import Float
@@ -24,99 +25,21 @@ from markov_interp.probes._common import (
     Model,
     Probs,
     Tokens,
-    attn_out_hook,
     check_tokens,
-    has_mlp,
     json_safe,
-    mlp_out_hook,
     next_state_probs,
     target_losses,
-    z_hook,
+)
+from markov_interp.probes.interventions import (
+    Component,
+    as_components,
+    intervened_probs,
+    model_components,
+    replacement_hooks,
 )
 
 Method = Literal["zero", "mean", "resample"]
 METHODS = ("zero", "mean", "resample")
-_NAME = re.compile(r"^L(\d+)(?:H(\d+)|\.(attn|mlp))$")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Component:
-    """One part of the model that writes to the residual stream: a head, a whole attention layer or an MLP.
-
-    Named "L{layer}H{head}", "L{layer}.attn" or "L{layer}.mlp" (`Component.parse` reads those names back).
-
-    >>> Component.parse("L1H0")
-    Component(kind='head', layer=1, head=0)
-    >>> Component(kind="mlp", layer=0).hook_name
-    'blocks.0.hook_mlp_out'
-    """
-
-    kind: Literal["head", "attn", "mlp"]
-    layer: int
-    head: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("head", "attn", "mlp"):
-            raise ValueError(f"component kind must be 'head', 'attn' or 'mlp', got {self.kind!r}")
-        if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
-            raise ValueError(f"component layer must be an integer >= 0, got {self.layer!r}")
-        if (self.kind == "head") != (self.head is not None):
-            raise ValueError(f"a {self.kind!r} component {'needs' if self.kind == 'head' else 'takes no'} head index")
-        if self.head is not None and (isinstance(self.head, bool) or not isinstance(self.head, int) or self.head < 0):
-            raise ValueError(f"component head must be an integer >= 0, got {self.head!r}")
-
-    @property
-    def name(self) -> str:
-        return f"L{self.layer}H{self.head}" if self.kind == "head" else f"L{self.layer}.{self.kind}"
-
-    @property
-    def hook_name(self) -> str:
-        """The TransformerLens hook whose value this component's ablation replaces."""
-        if self.kind == "head":
-            return z_hook(self.layer)
-        return attn_out_hook(self.layer) if self.kind == "attn" else mlp_out_hook(self.layer)
-
-    @classmethod
-    def parse(cls, name: str) -> "Component":
-        """The component named "L0H1", "L1.attn" or "L0.mlp"."""
-        match = _NAME.match(name) if isinstance(name, str) else None
-        if match is None:
-            raise ValueError(f"component name must look like 'L0H1', 'L1.attn' or 'L0.mlp', got {name!r}")
-        layer = int(match.group(1))
-        if match.group(2) is not None:
-            return cls(kind="head", layer=layer, head=int(match.group(2)))
-        return cls(kind=match.group(3), layer=layer)
-
-    def check(self, model: Model) -> None:
-        """Raise ValueError if the model has no such component."""
-        if self.layer >= model.cfg.n_layers:
-            raise ValueError(f"{self.name}: the model has only {model.cfg.n_layers} layers")
-        if self.kind == "head" and self.head >= model.cfg.n_heads:
-            raise ValueError(f"{self.name}: the model has only {model.cfg.n_heads} heads per layer")
-        if self.kind == "mlp" and not has_mlp(model, self.layer):
-            raise ValueError(f"{self.name}: layer {self.layer} has no MLP (attention-only model)")
-
-
-def model_components(model: Model, *, kinds: Sequence[str] = ("head", "attn", "mlp")) -> tuple[Component, ...]:
-    """Every head, attention layer and MLP of the model (restricted to `kinds`), layer by layer."""
-    out = []
-    for layer in range(model.cfg.n_layers):
-        if "head" in kinds:
-            out += [Component(kind="head", layer=layer, head=h) for h in range(model.cfg.n_heads)]
-        if "attn" in kinds:
-            out.append(Component(kind="attn", layer=layer))
-        if "mlp" in kinds and has_mlp(model, layer):
-            out.append(Component(kind="mlp", layer=layer))
-    return tuple(out)
-
-
-def _as_components(model: Model, components: Sequence[Any]) -> list[Component]:
-    out = [c if isinstance(c, Component) else Component.parse(c) for c in components]
-    for c in out:
-        c.check(model)
-    return out
-
-
 def derangement(batch: int, *, seed: int) -> torch.Tensor:
     """A random permutation of 0..batch-1 with no fixed point (which sequence each one is resampled from)."""
     if batch < 2:
@@ -126,30 +49,6 @@ def derangement(batch: int, *, seed: int) -> torch.Tensor:
     shifted = torch.empty_like(perm)
     shifted[perm] = perm.roll(1)  # one cycle through perm: nobody maps to itself
     return shifted
-
-
-def _replacement_hook(component: Component, method: str, reference: Optional[Tensor]) -> Callable:
-    def hook(activation: Tensor, hook: Any = None) -> Tensor:
-        out = activation.clone()
-        seq = activation.shape[1]
-        if method == "zero":
-            new = torch.zeros_like(activation)
-        elif method == "mean":
-            new = reference[:seq].to(activation.dtype).expand_as(activation)
-        else:
-            if reference.shape[0] != activation.shape[0]:
-                raise ValueError(
-                    f"resample ablation: reference batch has {reference.shape[0]} sequences, the run has "
-                    f"{activation.shape[0]}"
-                )
-            new = reference[:, :seq].to(activation.dtype)
-        if component.kind == "head":
-            out[:, :, component.head] = new[:, :, component.head]
-        else:
-            out = new.clone()
-        return out
-
-    return hook
 
 
 @torch.no_grad()
@@ -163,8 +62,8 @@ def reference_activations(
     seed: int = 0,
     cache: Optional[Any] = None,
 ) -> dict[str, Tensor]:
-    """What each ablated hook is replaced by: {} for "zero"; the per-position batch mean for "mean"; the
-    activations of other sequences for "resample".
+    """What each ablated hook is replaced by ({hook name: tensor}): a 0-d zero for "zero"; the per-position
+    batch mean for "mean"; the activations of other sequences for "resample".
 
     "mean" averages over `reference_tokens` (default `tokens`); "resample" takes `reference_tokens` (default:
     `tokens` deranged with `seed`). `cache` may already hold the hooks of a run on `tokens` (only read; used
@@ -172,10 +71,10 @@ def reference_activations(
     """
     if method not in METHODS:
         raise ValueError(f"ablation method must be one of {METHODS}, got {method!r}")
-    comps = _as_components(model, components)
-    if method == "zero":
-        return {}
+    comps = as_components(model, components)
     names = sorted({c.hook_name for c in comps})
+    if method == "zero":
+        return {name: torch.zeros(()) for name in names}
     perm = None
     if reference_tokens is None:
         if tokens is None:
@@ -205,11 +104,13 @@ def ablation_hooks(
     """
     if method not in METHODS:
         raise ValueError(f"ablation method must be one of {METHODS}, got {method!r}")
-    comps = _as_components(model, components)
-    missing = [c.hook_name for c in comps if method != "zero" and c.hook_name not in reference]
+    comps = as_components(model, components)
+    if method == "zero":
+        reference = {c.hook_name: torch.zeros(()) for c in comps}
+    missing = sorted({c.hook_name for c in comps} - set(reference))
     if missing:
-        raise ValueError(f"reference activations lack {sorted(set(missing))}")
-    return [(c.hook_name, _replacement_hook(c, method, reference.get(c.hook_name))) for c in comps]
+        raise ValueError(f"reference activations lack {missing}")
+    return replacement_hooks(comps, reference)
 
 
 def ablated_probs(
@@ -229,8 +130,10 @@ def ablated_probs(
     reference = reference_activations(
         model, components, method=method, tokens=tokens, reference_tokens=reference_tokens, seed=seed, cache=cache
     )
-    hooks = ablation_hooks(model, components, method=method, reference=reference)
-    return next_state_probs(model, tokens, fwd_hooks=hooks)
+    comps = as_components(model, components)
+    if method == "zero":
+        reference = {c.hook_name: torch.zeros(()) for c in comps}
+    return intervened_probs(model, tokens, [comps], reference)[0]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -238,41 +141,57 @@ class AblationTable:
     """Loss (nats) with each component ablated on its own, beside the clean loss.
 
     `loss_change[i]` = ablated loss - clean loss for `components[i]`: large where the model needs the
-    component. `head_grid()` lays the head rows out as a [layer, head] grid.
+    component. `table[c]` takes a `Component` or its name ("L0H1"); `head_grid()` lays the head rows out as a
+    [layer, head] grid.
     """
 
     method: str
     clean_loss: float
-    components: tuple[str, ...]
+    components: tuple[Union[Component, str], ...]  # Components (names given here are parsed into them)
     losses: tuple[float, ...]
     n_layers: int
     n_heads: int
+
+    def __post_init__(self) -> None:  # names ("L0H1") are accepted and stored as Components
+        object.__setattr__(self, "components", tuple(Component.parse(c) for c in self.components))
+        if len(self.components) != len(self.losses):
+            raise ValueError(f"{len(self.components)} components but {len(self.losses)} losses")
 
     @property
     def loss_change(self) -> tuple[float, ...]:
         return tuple(loss - self.clean_loss for loss in self.losses)
 
-    def __getitem__(self, name: str) -> float:
-        """Loss change of the component called `name` (e.g. "L0H1")."""
-        if name not in self.components:
-            raise KeyError(f"no component {name!r}; have {list(self.components)}")
-        return self.loss_change[self.components.index(name)]
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.components)
+
+    def __getitem__(self, component: "Component | str") -> float:
+        """Loss change of `component` (a `Component` or its name, e.g. "L0H1")."""
+        comp = Component.parse(component)
+        if comp not in self.components:
+            raise KeyError(f"no component {comp.name!r}; have {list(self.names)}")
+        return self.loss_change[self.components.index(comp)]
+
+    def __contains__(self, component: Any) -> bool:
+        try:
+            return Component.parse(component) in self.components
+        except ValueError:
+            return False
 
     def head_grid(self) -> Float[Tensor, "layer head"]:
         """Loss change of every head as a [layer, head] grid (NaN for heads not in the table)."""
         grid = torch.full((self.n_layers, self.n_heads), float("nan"))
-        for name, change in zip(self.components, self.loss_change):
-            comp = Component.parse(name)
+        for comp, change in zip(self.components, self.loss_change):
             if comp.kind == "head":
                 grid[comp.layer, comp.head] = change
         return grid
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: method, clean loss, and {component: loss change}."""
+        """JSON-ready dict: method, clean loss, and {component name: loss change}."""
         return json_safe({
             "method": self.method,
             "clean_loss": self.clean_loss,
-            "loss_change": dict(zip(self.components, self.loss_change)),
+            "loss_change": dict(zip(self.names, self.loss_change)),
         })
 
 
@@ -295,6 +214,34 @@ def ablation_loss_change(
     return _mean_loss(probs, tokens) - clean
 
 
+def set_ablation_losses(
+    model: Model,
+    tokens: Tokens,
+    groups: Sequence[Sequence[Any]],
+    *,
+    method: Method = "mean",
+    reference: Optional[dict[str, Tensor]] = None,
+    seed: int = 0,
+    cache: Optional[Any] = None,
+) -> list[float]:
+    """Mean next-state loss (nats) with each group of components ablated together, one run per group.
+
+    A circuit whose role is spread over several heads only shows when the whole set is removed at once
+    (ablating one of two redundant heads costs nothing). `reference` (from `reference_activations` on the
+    union of the groups) or `cache` save forward passes.
+    """
+    if method not in METHODS:
+        raise ValueError(f"ablation method must be one of {METHODS}, got {method!r}")
+    comp_groups = [as_components(model, g) for g in groups]
+    union = sorted({c for g in comp_groups for c in g}, key=lambda c: (c.layer, c.kind, c.head or 0))
+    if reference is None:
+        reference = reference_activations(model, union, method=method, tokens=tokens, seed=seed, cache=cache)
+    if method == "zero":
+        reference = {c.hook_name: torch.zeros(()) for c in union}
+    probs = intervened_probs(model, tokens, comp_groups, reference)
+    return [_mean_loss(p, tokens) for p in probs]
+
+
 def ablation_table(
     model: Model,
     tokens: Tokens,
@@ -313,21 +260,17 @@ def ablation_table(
 
     >>> # ablation_table(model, tokens).head_grid()  # large at the heads the prediction relies on
     """
-    comps = _as_components(model, model_components(model) if components is None else components)
+    comps = as_components(model, model_components(model) if components is None else components)
     if clean_probs is None:
         clean_probs = next_state_probs(model, tokens)
-    clean = _mean_loss(clean_probs, tokens)
     reference = reference_activations(
         model, comps, method=method, tokens=tokens, reference_tokens=reference_tokens, seed=seed, cache=cache
     )
-    losses = []
-    for comp in comps:
-        hooks = ablation_hooks(model, [comp], method=method, reference=reference)
-        losses.append(_mean_loss(next_state_probs(model, tokens, fwd_hooks=hooks), tokens))
+    losses = set_ablation_losses(model, tokens, [[c] for c in comps], method=method, reference=reference)
     return AblationTable(
         method=method,
-        clean_loss=clean,
-        components=tuple(c.name for c in comps),
+        clean_loss=_mean_loss(clean_probs, tokens),
+        components=tuple(comps),
         losses=tuple(losses),
         n_layers=int(model.cfg.n_layers),
         n_heads=int(model.cfg.n_heads),

@@ -1,18 +1,34 @@
-"""Attention probes: which heads attend to the previous token, to induction targets, to the same state.
+"""Attention probes: which heads attend to earlier tokens at a fixed lag, to induction targets, to the same state.
 
-Olsson et al.'s scores, for Markov states. With 2 or 3 states, chance is high (half the earlier positions of
-a binary sequence hold the current state), so every score comes with its chance level: the same score for
-uniform causal attention (query i spreads 1/(i+1) over keys 0..i) on the same tokens.
+Olsson et al.'s scores, for Markov states of any order, each beside a chance level that holds on any chain:
 
-- previous-token score: mean attention from i to i - 1 (queries i >= 1). Layer 0 of a two-layer model
-  trained on random kernels becomes a previous-token head.
-- induction score: mean attention mass from i to keys j <= i whose previous state equals the current one,
-  x_{j-1} = x_i (queries with at least one such key). Those keys hold what followed earlier visits to the
-  current state; attending to them and copying x_j is the in-context bigram estimate.
-- same-token score: mean attention mass from i to keys j <= i with x_j = x_i (queries i >= 1).
+- previous-token score at lag l: mean attention from i to i - l (queries i >= l). For an order-k circuit the
+  heads of lags 1..k copy the last k states into each position. Its chance is the same score for uniform
+  causal attention (query i spreads 1/(i+1) over keys 0..i): attention to a lag is a matter of positions,
+  not of tokens, so this chance does not depend on the chain.
+- induction score of order k: mean attention mass from i to keys j < i whose k preceding states equal the k
+  states ending at i (x_{j-1-m} = x_{i-m} for m < k; queries with at least one such key). Those keys hold
+  what followed earlier visits to the current context; attending to them and copying x_j is the in-context
+  k-gram estimate. The key j = i is left out: its previous state is x_{i-1}, so a head that attends to
+  itself would otherwise score whenever the chain stays put.
+- same-token score: mean attention mass from i >= 1 on keys j <= i holding the same state (x_j = x_i).
+
+**The induction baseline keeps the tokens' statistics.** On a sticky chain consecutive states repeat, so a
+previous-token head (key i - 1, whose previous state x_{i-2} usually equals x_i) and a same-token head (keys
+with x_j = x_i, whose previous state usually equals x_j) put much of their mass on "matching" keys without
+looking at the match at all. The baseline of a head is therefore the mass it would put on matching keys if
+it attended exactly where it does but the match were drawn at its rate in the batch *given what the head
+could see without the match*: the lag i - j (bucketed), the current state x_i, the key's own state x_j and,
+for order k > 1, whether the order-(k-1) match holds. That is, baseline = mean over the scored queries of
+sum_j a_ij r(stratum(i, j)), with r the batch's match rate in the stratum. A head that attends by position
+or by the key's own state scores its baseline (excess 0); an induction head of order k, which attends by
+the match itself, scores far above it; a first-order induction head gets no order-2 excess, because the
+order-2 baseline conditions on the first-order match. `excess` = (score - baseline) / (1 - baseline). The
+uniform-attention chance of the induction score (over the same candidate keys j < i) is kept for display.
 """
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 import torch
@@ -22,13 +38,15 @@ from torch import Tensor
 from markov_interp.probes._common import Model, Tokens, check_tokens, json_safe, pattern_hook
 
 Pattern = Float[Tensor, "batch head query_pos key_pos"]
+KeyMask = Bool[Tensor, "batch query_pos key_pos"]
+_SMALL_LAGS = 4  # lags 1..4 are their own strata; longer ones share buckets growing by 1.5x
 
 
 def _causal(seq: int, device: torch.device) -> Bool[Tensor, "query_pos key_pos"]:
     return torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
 
 
-def uniform_causal_pattern(tokens: Tokens) -> Float[Tensor, "batch head query_pos key_pos"]:
+def uniform_causal_pattern(tokens: Tokens) -> Float[Tensor, "batch 1 query_pos key_pos"]:
     """Uniform causal attention (one head): query i puts 1/(i+1) on each key 0..i. Chance for every score."""
     batch, seq = tokens.shape
     mask = _causal(seq, tokens.device).to(torch.float32)
@@ -36,11 +54,15 @@ def uniform_causal_pattern(tokens: Tokens) -> Float[Tensor, "batch head query_po
     return pattern.expand(batch, 1, seq, seq)
 
 
-def _masked_mass(
-    pattern: Pattern, keys: Bool[Tensor, "batch query_pos key_pos"], queries: Bool[Tensor, "batch query_pos"]
-) -> Float[Tensor, " head"]:
+def _masked_mass(pattern: Pattern, keys: KeyMask, queries: Bool[Tensor, "batch query_pos"]) -> Float[Tensor, " head"]:
     """Mean over the selected queries (and the batch) of the attention mass each head puts on `keys`."""
-    mass = (pattern * keys[:, None].to(pattern.dtype)).sum(-1)  # [batch, head, query]
+    return _weighted_mass(pattern, keys.to(pattern.dtype), queries)
+
+
+def _weighted_mass(
+    pattern: Pattern, weights: Float[Tensor, "batch query_pos key_pos"], queries: Bool[Tensor, "batch query_pos"]
+) -> Float[Tensor, " head"]:
+    mass = torch.einsum("bhqk,bqk->bhq", pattern, weights.to(pattern.dtype))
     weight = queries.to(pattern.dtype)
     total = weight.sum()
     if float(total) == 0:
@@ -48,37 +70,164 @@ def _masked_mass(
     return torch.einsum("bhq,bq->h", mass, weight) / total
 
 
-def previous_token_score(pattern: Pattern, tokens: Tokens) -> Float[Tensor, " head"]:
-    """Mean attention from each query i >= 1 to key i - 1, per head (1: a perfect previous-token head).
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def previous_token_score(pattern: Pattern, tokens: Tokens, *, lag: int = 1) -> Float[Tensor, " head"]:
+    """Mean attention from each query i >= lag to key i - lag, per head (1: a perfect lag-`lag` head).
 
     >>> tokens = torch.tensor([[0, 1, 1, 0]])
     >>> previous_token_score(uniform_causal_pattern(tokens), tokens)  # chance: mean of 1/2, 1/3, 1/4
     tensor([0.3611])
     """
+    _check_positive("lag", lag)
     batch, seq = tokens.shape
     keys = torch.zeros(seq, seq, dtype=torch.bool, device=pattern.device)
-    keys[torch.arange(1, seq), torch.arange(0, seq - 1)] = True
-    queries = torch.arange(seq, device=pattern.device) >= 1
+    if lag < seq:
+        keys[torch.arange(lag, seq), torch.arange(0, seq - lag)] = True
+    queries = torch.arange(seq, device=pattern.device) >= lag
     return _masked_mass(pattern, keys.expand(batch, -1, -1), queries.expand(batch, -1))
 
 
-def induction_keys(tokens: Tokens) -> Bool[Tensor, "batch query_pos key_pos"]:
-    """keys[b, i, j] = (1 <= j <= i and x_{j-1} = x_i): the positions an induction head should attend to."""
+def induction_candidates(tokens: Tokens, *, order: int = 1) -> KeyMask:
+    """cand[b, i, j] = (order <= j < i and i >= order - 1): keys whose `order` preceding states exist, j != i."""
+    _check_positive("order", order)
     seq = tokens.shape[1]
-    prev = torch.cat([torch.full_like(tokens[:, :1], -1), tokens[:, :-1]], dim=1)  # x_{j-1}, -1 at j = 0
-    match = tokens[:, :, None] == prev[:, None, :]
-    return match & _causal(seq, tokens.device)
+    i = torch.arange(seq, device=tokens.device)[:, None]
+    j = torch.arange(seq, device=tokens.device)[None, :]
+    cand = (j < i) & (j >= order) & (i >= order - 1)
+    return cand.expand(tokens.shape[0], -1, -1)
 
 
-def induction_score(pattern: Pattern, tokens: Tokens) -> Float[Tensor, " head"]:
-    """Mean attention mass from query i on keys j <= i with x_{j-1} = x_i, per head.
+def induction_keys(tokens: Tokens, *, order: int = 1) -> KeyMask:
+    """keys[b, i, j] = candidate j < i whose `order` preceding states equal the `order` states ending at i.
 
-    Queries with no such key are skipped. 1 for a perfect induction head (it attends only to positions that
-    followed earlier visits to the current state).
+    For order 1: x_{j-1} = x_i, the positions that followed earlier visits to the current state.
+    """
+    cand = induction_candidates(tokens, order=order)
+    return cand & _match(tokens, order)
+
+
+def _match(tokens: Tokens, order: int) -> KeyMask:
+    """match[b, i, j] = (x_{j-1-m} = x_{i-m} for m < order), False where an index falls before 0."""
+    batch, seq = tokens.shape
+    match = torch.ones(batch, seq, seq, dtype=torch.bool, device=tokens.device)
+    for m in range(order):
+        query = torch.full_like(tokens, -1)
+        query[:, m:] = tokens[:, : seq - m]  # x_{i-m}
+        key = torch.full_like(tokens, -2)
+        key[:, m + 1:] = tokens[:, : seq - m - 1]  # x_{j-1-m}
+        match &= query[:, :, None] == key[:, None, :]
+    return match
+
+
+def _lag_bucket(lag: int) -> int:
+    return lag if lag <= _SMALL_LAGS else _SMALL_LAGS + 1 + int(math.floor(math.log(lag / (_SMALL_LAGS + 1), 1.5)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _InductionTerms:
+    """The candidate pairs (i, j = i - lag) of an order-k induction score, lag by lag (no [i, j] tensors).
+
+    For lag l the queries are i = order + l .. seq - 1; `match[l]` and `rate[l]` are [batch, n_l], and
+    `scored` [batch, pos] marks the queries with at least one match.
+    """
+
+    order: int
+    lags: tuple[int, ...]
+    match: tuple[Tensor, ...]
+    rate: tuple[Tensor, ...]
+    scored: Bool[Tensor, "batch pos"]
+
+
+def _induction_terms(tokens: Tokens, order: int, vocab: int) -> _InductionTerms:
+    _check_positive("order", order)
+    batch, seq = tokens.shape
+    lags = tuple(range(1, seq - order))
+    matches, lowers, strata = [], [], []
+    scored = torch.zeros(batch, seq, dtype=torch.bool, device=tokens.device)
+    for lag in lags:
+        n = seq - order - lag
+        same = tokens[:, lag + 1:] == tokens[:, : seq - lag - 1]  # x_t == x_{t-lag-1}, t = lag+1 .. seq-1
+        parts = [same[:, order - 1 - m: order - 1 - m + n] for m in range(order)]  # x_{i-m} == x_{j-1-m}
+        lower = torch.ones_like(parts[0])
+        for part in parts[:-1]:
+            lower = lower & part
+        match = lower & parts[-1]
+        x_i, x_j = tokens[:, order + lag:], tokens[:, order: seq - lag]
+        strata.append(((_lag_bucket(lag) * vocab + x_i) * vocab + x_j) * 2 + lower.long())
+        matches.append(match)
+        lowers.append(lower)
+        scored[:, order + lag:] |= match
+    n_strata = (_lag_bucket(max(seq, 1)) + 1) * vocab * vocab * 2
+    hits = torch.zeros(n_strata, dtype=torch.float64, device=tokens.device)
+    counts = torch.zeros(n_strata, dtype=torch.float64, device=tokens.device)
+    for lag, match, stratum in zip(lags, matches, strata):
+        keep = scored[:, order + lag:]  # rates over the scored queries only (see induction_match_rate)
+        hits.index_add_(0, stratum[keep], match[keep].double())
+        counts.index_add_(0, stratum[keep], torch.ones_like(match[keep], dtype=torch.float64))
+    table = hits / counts.clamp_min(1)
+    rates = tuple(table[stratum] for stratum in strata)
+    return _InductionTerms(order=order, lags=lags, match=tuple(matches), rate=rates, scored=scored)
+
+
+def _lag_mass(pattern: Pattern, terms: _InductionTerms, use_rate: bool) -> Float[Tensor, " head"]:
+    """Mean over scored queries of sum over candidate keys of a_ij x (match or baseline rate), per head."""
+    total = torch.zeros(pattern.shape[1], dtype=torch.float64, device=pattern.device)
+    for lag, match, rate in zip(terms.lags, terms.match, terms.rate):
+        diag = pattern.diagonal(offset=-lag, dim1=2, dim2=3)[..., terms.order:]  # [batch, head, n]: a_{i, i-lag}
+        weight = (rate if use_rate else match.double()) * terms.scored[:, terms.order + lag:]
+        total += torch.einsum("bhn,bn->h", diag.double(), weight.to(diag.device))
+    n_scored = int(terms.scored.sum())
+    return (total / n_scored if n_scored else total).to(pattern.dtype)
+
+
+def induction_match_rate(
+    tokens: Tokens, *, order: int = 1, vocab: Optional[int] = None
+) -> Float[Tensor, "batch query_pos key_pos"]:
+    """r[b, i, j]: the batch's rate of order-`order` matches among candidate keys in the stratum of (i, j).
+
+    The stratum is (lag bucket of i - j, x_i, x_j, order-(order-1) match); see the module docstring. Rates
+    are taken over the queries the score averages (those with at least one match), so that a head that
+    attends by position scores its baseline exactly in expectation. Zero outside the candidate keys of the
+    scored queries. (A dense view for inspection; the scores work lag by lag.)
+    """
+    vocab = int(tokens.max()) + 1 if vocab is None else vocab
+    terms = _induction_terms(tokens, order, vocab)
+    batch, seq = tokens.shape
+    out = torch.zeros(batch, seq, seq, dtype=torch.float64, device=tokens.device)
+    for lag, rate in zip(terms.lags, terms.rate):
+        i = torch.arange(order + lag, seq, device=tokens.device)
+        out[:, i, i - lag] = rate * terms.scored[:, order + lag:]
+    return out
+
+
+def induction_score(pattern: Pattern, tokens: Tokens, *, order: int = 1) -> Float[Tensor, " head"]:
+    """Mean attention mass from query i on keys j < i matching the last `order` states, per head.
+
+    Queries with no such key are skipped. Near 1 for a perfect induction head of that order (it attends only
+    to positions that followed earlier visits to the current context; what it puts on j = i is not counted).
     """
     tokens = tokens.to(pattern.device)
-    keys = induction_keys(tokens)
-    return _masked_mass(pattern, keys, keys.any(-1))
+    return _lag_mass(pattern, _induction_terms(tokens, order, int(tokens.max()) + 1), use_rate=False)
+
+
+def induction_baseline(
+    pattern: Pattern, tokens: Tokens, *, order: int = 1, vocab: Optional[int] = None
+) -> Float[Tensor, " head"]:
+    """Per head, the induction score it would get if matches occurred at the batch's rate given what it can
+    see without them (lag, x_i, x_j, lower-order match): the chance level that keeps the tokens' statistics.
+
+    >>> tokens = torch.tensor([[0, 0, 0, 1, 1, 1, 0, 0]])  # a sticky sequence
+    >>> prev = torch.zeros(1, 1, 8, 8); prev[0, 0, 0, 0] = 1; prev[0, 0, torch.arange(1, 8), torch.arange(7)] = 1
+    >>> bool(torch.isclose(induction_score(prev, tokens), induction_baseline(prev, tokens, vocab=2)))
+    True
+    """
+    tokens = tokens.to(pattern.device)
+    vocab = int(tokens.max()) + 1 if vocab is None else vocab
+    return _lag_mass(pattern, _induction_terms(tokens, order, vocab), use_rate=True)
 
 
 def same_token_score(pattern: Pattern, tokens: Tokens) -> Float[Tensor, " head"]:
@@ -90,35 +239,83 @@ def same_token_score(pattern: Pattern, tokens: Tokens) -> Float[Tensor, " head"]
     return _masked_mass(pattern, keys, queries)
 
 
-_SCORES = {
-    "previous_token": previous_token_score,
-    "induction": induction_score,
-    "same_token": same_token_score,
-}
+_NAMES = ("previous_token", "induction", "same_token")
+
+
+def _rescale(score: Tensor, chance: "Tensor | float") -> Tensor:
+    chance = torch.as_tensor(chance, dtype=score.dtype)
+    room = 1.0 - chance
+    return torch.where(room > 1e-6, (score - chance) / room.clamp_min(1e-6), torch.zeros_like(score))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class AttentionScores:
-    """Per-head attention scores as [layer, head] grids, each beside its chance level.
+    """Per-head attention scores as [layer, head] grids (per lag / order as [lag, layer, head]), with chance.
 
-    `*_chance` is the score of uniform causal attention on the same tokens (one number: it does not depend
-    on the head). `excess(name)` rescales a score to (score - chance) / (1 - chance): 0 at chance, 1 for a
-    head that puts all its attention where the score looks.
+    `previous_token_lags[l - 1]` is the lag-l previous-token score, `induction_orders[k - 1]` the order-k
+    induction score and `induction_baselines[k - 1]` its per-head baseline (module docstring). The
+    first-order grids are also `previous_token` and `induction`. `excess(name)` rescales a score to
+    (score - chance) / (1 - chance): 0 at chance, 1 for a head that puts all its attention where the score
+    looks; the chance of the induction score is the head's own baseline. `*_chance` are the scores of uniform
+    causal attention on the same tokens (for the induction score: over the candidate keys j < i).
     """
 
-    previous_token: Float[Tensor, "layer head"]
-    induction: Float[Tensor, "layer head"]
+    previous_token: Float[Tensor, "layer head"]  # lag 1
+    induction: Float[Tensor, "layer head"]  # order 1
     same_token: Float[Tensor, "layer head"]
     previous_token_chance: float
     induction_chance: float
     same_token_chance: float
+    # every lag / order (default: the first-order grids alone, the induction baseline = induction_chance)
+    previous_token_lags: Optional[Float[Tensor, "lag layer head"]] = None
+    previous_token_lag_chance: tuple[float, ...] = ()
+    induction_orders: Optional[Float[Tensor, "order layer head"]] = None
+    induction_baselines: Optional[Float[Tensor, "order layer head"]] = None
+    induction_order_chance: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.previous_token_lags is None:
+            object.__setattr__(self, "previous_token_lags", self.previous_token[None])
+            object.__setattr__(self, "previous_token_lag_chance", (float(self.previous_token_chance),))
+        if self.induction_orders is None:
+            object.__setattr__(self, "induction_orders", self.induction[None])
+            object.__setattr__(self, "induction_order_chance", (float(self.induction_chance),))
+        if self.induction_baselines is None:
+            object.__setattr__(self, "induction_baselines",
+                               torch.full_like(self.induction_orders, float(self.induction_chance)))
+        if len(self.previous_token_lag_chance) != self.previous_token_lags.shape[0]:
+            raise ValueError("previous_token_lag_chance needs one chance level per lag")
+
+    @property
+    def max_lag(self) -> int:
+        return int(self.previous_token_lags.shape[0])
+
+    @property
+    def max_order(self) -> int:
+        return int(self.induction_orders.shape[0])
+
+    def lag_excess(self, lag: int) -> Float[Tensor, "layer head"]:
+        """Excess previous-token score at `lag` (1..max_lag)."""
+        if not 1 <= lag <= self.max_lag:
+            raise ValueError(f"lag must be in 1..{self.max_lag}, got {lag!r}")
+        return _rescale(self.previous_token_lags[lag - 1], self.previous_token_lag_chance[lag - 1])
+
+    def induction_excess(self, order: int) -> Float[Tensor, "layer head"]:
+        """Excess order-`order` induction score over each head's own baseline (1..max_order)."""
+        if not 1 <= order <= self.max_order:
+            raise ValueError(f"order must be in 1..{self.max_order}, got {order!r}")
+        return _rescale(self.induction_orders[order - 1], self.induction_baselines[order - 1])
 
     def excess(self, name: str) -> Float[Tensor, "layer head"]:
-        """(score - chance) / (1 - chance) for `name` in {"previous_token", "induction", "same_token"}."""
-        if name not in _SCORES:
-            raise ValueError(f"unknown score {name!r}; expected one of {sorted(_SCORES)}")
-        chance = getattr(self, f"{name}_chance")
-        return (getattr(self, name) - chance) / max(1.0 - chance, 1e-12)
+        """(score - chance) / (1 - chance) for `name` in {"previous_token", "induction", "same_token"} (first
+        order / lag 1)."""
+        if name == "previous_token":
+            return self.lag_excess(1)
+        if name == "induction":
+            return self.induction_excess(1)
+        if name == "same_token":
+            return _rescale(self.same_token, self.same_token_chance)
+        raise ValueError(f"unknown score {name!r}; expected one of {list(_NAMES)}")
 
     def top_head(self, name: str, *, layers: Optional[range] = None) -> tuple[int, int]:
         """(layer, head) with the largest excess score `name`, optionally among `layers` only."""
@@ -132,12 +329,18 @@ class AttentionScores:
         return where
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: grids as nested lists [layer][head]."""
+        """JSON-ready dict: grids as nested lists [layer][head] (per lag / order: [lag][layer][head])."""
         out: dict[str, Any] = {}
-        for name in _SCORES:
+        for name in _NAMES:
             out[name] = getattr(self, name).tolist()
             out[f"{name}_chance"] = getattr(self, f"{name}_chance")
             out[f"{name}_excess"] = self.excess(name).tolist()
+        out["previous_token_lags"] = self.previous_token_lags.tolist()
+        out["previous_token_lag_chance"] = list(self.previous_token_lag_chance)
+        out["previous_token_lag_excess"] = [self.lag_excess(lag).tolist() for lag in range(1, self.max_lag + 1)]
+        out["induction_orders"] = self.induction_orders.tolist()
+        out["induction_baselines"] = self.induction_baselines.tolist()
+        out["induction_order_excess"] = [self.induction_excess(k).tolist() for k in range(1, self.max_order + 1)]
         return json_safe(out)
 
 
@@ -147,29 +350,55 @@ def attention_hook_names(model: Model) -> list[str]:
 
 
 @torch.no_grad()
-def attention_scores(model: Model, tokens: Tokens, *, cache: Optional[Any] = None) -> AttentionScores:
-    """Previous-token, induction and same-token scores of every head, beside chance (see `AttentionScores`).
+def attention_scores(
+    model: Model, tokens: Tokens, *, cache: Optional[Any] = None, max_order: int = 1, max_lag: Optional[int] = None
+) -> AttentionScores:
+    """Previous-token scores at lags 1..`max_lag` (default `max_order`), induction scores of orders
+    1..`max_order` with their baselines, and same-token scores of every head (see `AttentionScores`).
 
     `cache` may be an `ActivationCache` (or dict) that already holds the patterns of `attention_hook_names`,
     from a `run_with_cache` on the same `tokens`; it is only read.
 
-    >>> # scores = attention_scores(model, tokens); scores.excess("previous_token")[0]  # layer-0 heads
+    >>> # scores = attention_scores(model, tokens, max_order=2); scores.lag_excess(2)  # lag-2 heads
     """
+    _check_positive("max_order", max_order)
+    max_lag = max_order if max_lag is None else max_lag
+    _check_positive("max_lag", max_lag)
     names = attention_hook_names(model)
     if cache is None:
         _, cache = model.run_with_cache(check_tokens(model, tokens), names_filter=names)
-    grids = {name: [] for name in _SCORES}
+    vocab = int(model.cfg.d_vocab)
+    tok = tokens.to(cache[names[0]].device)
+    terms = [_induction_terms(tok, k, vocab) for k in range(1, max_order + 1)]  # shared by every layer
+    lags, orders, bases, same = [], [], [], []
     for hook in names:
         pattern = cache[hook].float()
-        for name, fn in _SCORES.items():
-            grids[name].append(fn(pattern, tokens.to(pattern.device)).cpu())
-    uniform = uniform_causal_pattern(tokens.cpu())
-    chance = {name: float(fn(uniform, tokens.cpu())[0]) for name, fn in _SCORES.items()}
+        lags.append(torch.stack([previous_token_score(pattern, tok, lag=lag) for lag in range(1, max_lag + 1)]))
+        orders.append(torch.stack([_lag_mass(pattern, t, use_rate=False) for t in terms]))
+        bases.append(torch.stack([_lag_mass(pattern, t, use_rate=True) for t in terms]))
+        same.append(same_token_score(pattern, tok))
+    uniform, cpu = uniform_causal_pattern(tokens.cpu()), tokens.cpu()
+    by_layer = lambda grids: torch.stack(grids, dim=1).cpu()  # noqa: E731  [lag/order, layer, head]
+    lag_chance = tuple(float(previous_token_score(uniform, cpu, lag=lag)[0]) for lag in range(1, max_lag + 1))
+    order_chance = tuple(_uniform_induction_chance(cpu, t) for t in terms)
+    lag_grids, order_grids = by_layer(lags), by_layer(orders)
     return AttentionScores(
-        previous_token=torch.stack(grids["previous_token"]),
-        induction=torch.stack(grids["induction"]),
-        same_token=torch.stack(grids["same_token"]),
-        previous_token_chance=chance["previous_token"],
-        induction_chance=chance["induction"],
-        same_token_chance=chance["same_token"],
+        previous_token=lag_grids[0],
+        induction=order_grids[0],
+        same_token=torch.stack(same).cpu(),
+        previous_token_chance=lag_chance[0],
+        induction_chance=order_chance[0],
+        same_token_chance=float(same_token_score(uniform, cpu)[0]),
+        previous_token_lags=lag_grids,
+        previous_token_lag_chance=lag_chance,
+        induction_orders=order_grids,
+        induction_baselines=by_layer(bases),
+        induction_order_chance=order_chance,
     )
+
+
+def _uniform_induction_chance(tokens: Tokens, terms: _InductionTerms) -> float:
+    """Induction score of attention spread uniformly over the candidate keys j < i (display only)."""
+    cand = induction_candidates(tokens[:1], order=terms.order)[0].to(torch.float32)  # positions only
+    pattern = (cand / cand.sum(-1, keepdim=True).clamp_min(1)).expand(tokens.shape[0], 1, -1, -1)
+    return float(_lag_mass(pattern.to(terms.scored.device), terms, use_rate=False)[0])

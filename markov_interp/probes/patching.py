@@ -25,7 +25,12 @@ from torch import Tensor
 
 from markov_interp import theory
 from markov_interp.probes._common import Model, Probs, Tokens, check_tokens, json_safe, next_state_probs
-from markov_interp.probes.ablation import Component, _as_components, model_components
+from markov_interp.probes.interventions import (
+    Component,
+    as_components,
+    intervened_probs,
+    model_components,
+)
 
 
 _MIN_BASELINE_KL = 1e-9
@@ -44,19 +49,6 @@ def patching_pair(tokens: Tokens, *, seed: int = 0) -> tuple[Tokens, Tokens]:
     return tokens, corrupted
 
 
-def _patch_hook(component: Component, clean: Tensor, positions: Optional[Sequence[int]]):
-    def hook(activation: Tensor, hook: Any = None) -> Tensor:
-        out = activation.clone()
-        pos = slice(None) if positions is None else list(positions)
-        if component.kind == "head":
-            out[:, pos, component.head] = clean[:, pos, component.head].to(out.dtype)
-        else:
-            out[:, pos] = clean[:, pos].to(out.dtype)
-        return out
-
-    return hook
-
-
 @torch.no_grad()
 def patched_probs(
     model: Model,
@@ -72,7 +64,7 @@ def patched_probs(
     `positions` restricts the patch to those sequence positions (default: all). `clean_cache` may hold the
     clean activations already (only read).
     """
-    comps = _as_components(model, components)
+    comps = as_components(model, components)
     if clean_tokens.shape != corrupted_tokens.shape:
         raise ValueError(
             f"clean and corrupted tokens must have the same shape, got {tuple(clean_tokens.shape)} and "
@@ -81,8 +73,8 @@ def patched_probs(
     names = sorted({c.hook_name for c in comps})
     if clean_cache is None:
         _, clean_cache = model.run_with_cache(check_tokens(model, clean_tokens), names_filter=names)
-    hooks = [(c.hook_name, _patch_hook(c, clean_cache[c.hook_name], positions)) for c in comps]
-    return next_state_probs(model, corrupted_tokens, fwd_hooks=hooks)
+    replacements = {name: clean_cache[name] for name in names}
+    return intervened_probs(model, corrupted_tokens, [comps], replacements, positions=positions)[0]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -95,18 +87,28 @@ class PatchingResult:
     matter (a model that learned the kernel) and every recovery is NaN.
     """
 
-    components: tuple[str, ...]
+    components: tuple[Component, ...]
     recovery: tuple[float, ...]
     baseline_kl: float
     position: int
     n_layers: int
     n_heads: int
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.components)
+
+    def __getitem__(self, component: "Component | str") -> float:
+        """Recovery of `component` (a `Component` or its name, e.g. "L1H0")."""
+        comp = Component.parse(component)
+        if comp not in self.components:
+            raise KeyError(f"no component {comp.name!r}; have {list(self.names)}")
+        return self.recovery[self.components.index(comp)]
+
     def head_grid(self) -> Float[Tensor, "layer head"]:
         """Recovery of every head as a [layer, head] grid (NaN for heads not patched)."""
         grid = torch.full((self.n_layers, self.n_heads), float("nan"))
-        for name, value in zip(self.components, self.recovery):
-            comp = Component.parse(name)
+        for comp, value in zip(self.components, self.recovery):
             if comp.kind == "head":
                 grid[comp.layer, comp.head] = value
         return grid
@@ -116,7 +118,7 @@ class PatchingResult:
         return json_safe({
             "position": self.position,
             "baseline_kl": self.baseline_kl,
-            "recovery": dict(zip(self.components, self.recovery)),
+            "recovery": {c.name: r for c, r in zip(self.components, self.recovery)},
         })
 
 
@@ -136,19 +138,19 @@ def activation_patching(
 
     >>> # clean, corrupted = patching_pair(tokens); activation_patching(model, clean, corrupted).head_grid()
     """
-    comps = _as_components(model, model_components(model) if components is None else components)
+    comps = as_components(model, model_components(model) if components is None else components)
     names = sorted({c.hook_name for c in comps})
-    _, cache = model.run_with_cache(check_tokens(model, clean_tokens), names_filter=names)
-    clean = next_state_probs(model, clean_tokens)[:, position]
+    logits, cache = model.run_with_cache(check_tokens(model, clean_tokens), names_filter=names)
+    clean = torch.softmax(logits.double(), dim=-1)[:, position]
     corrupted = next_state_probs(model, corrupted_tokens)[:, position]
     baseline = float(theory.kl_divergence(clean, corrupted).mean())
+    replacements = {name: cache[name] for name in names}
     recovery = []
-    for comp in comps:
-        patched = patched_probs(model, clean_tokens, corrupted_tokens, [comp], clean_cache=cache)[:, position]
-        kl = float(theory.kl_divergence(clean, patched).mean())
+    for patched in intervened_probs(model, corrupted_tokens, [[c] for c in comps], replacements):
+        kl = float(theory.kl_divergence(clean, patched[:, position]).mean())
         recovery.append(1.0 - kl / baseline if baseline > _MIN_BASELINE_KL else float("nan"))
     return PatchingResult(
-        components=tuple(c.name for c in comps),
+        components=tuple(comps),
         recovery=tuple(recovery),
         baseline_kl=baseline,
         position=position,

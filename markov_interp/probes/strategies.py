@@ -24,59 +24,94 @@ from markov_interp.probes._common import (
     Model,
     ProbeBatch,
     Probs,
-    in_context_unigram_probs,
     json_safe,
     kernel_probs,
     next_state_probs,
     stationary_probs,
 )
 
-# Every strategy, in the order ties are broken (simplest first); the last two exist for fixed chains only.
-STRATEGIES = ("uniform", "in_context_unigram", "in_context_kgram", "stationary", "kernel")
+_GRAM = {0: "unigram", 1: "bigram", 2: "trigram"}
+MAX_ORDER = 4  # in-context estimators are named up to this order (sources of higher order are refused)
+
+
+def in_context_name(order: int) -> str:
+    """The strategy name of the in-context add-beta estimator of `order` ("in_context_unigram" for 0,
+    "in_context_bigram" for 1, "in_context_trigram" for 2, "in_context_4gram" for 3, ...)."""
+    if isinstance(order, bool) or not isinstance(order, int) or not 0 <= order <= MAX_ORDER:
+        raise ValueError(f"order must be an integer in 0..{MAX_ORDER}, got {order!r}")
+    return f"in_context_{_GRAM.get(order, f'{order + 1}gram')}"
+
+
+def in_context_order(name: str) -> Optional[int]:
+    """The order of an in-context strategy name (None for the others)."""
+    for k in range(MAX_ORDER + 1):
+        if name == in_context_name(k):
+            return k
+    return None
+
+
+# Every strategy name, in the order ties are broken (simplest first); stationary / kernel: fixed chains only.
+STRATEGIES = ("uniform", "stationary", "kernel", *(in_context_name(k) for k in range(MAX_ORDER + 1)))
 STRATEGY_LABELS = {
     "uniform": "uniform 1/V",
-    "in_context_unigram": "in-context unigram",
-    "in_context_kgram": "in-context k-gram (bigram for order 1)",
     "stationary": "stationary law pi",
     "kernel": "true kernel",
+    **{in_context_name(k): f"in-context {_GRAM.get(k, f'{k + 1}-gram')} (order {k})" for k in range(MAX_ORDER + 1)},
 }
+MIN_GAP = 1e-4  # nats: two candidate laws closer than this on the probe tokens are one law (the simpler name)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class StrategySimilarity:
-    """Mean KL(strategy || model) in nats, over all positions and sequences of a probe batch, per strategy.
+    """Mean KL(strategy || model) in nats, over all positions and sequences of a probe batch, per strategy,
+    with the gaps between the strategies themselves on the same tokens.
 
-    `uniform`: 1/V; `in_context_unigram`: add-beta state counts over x_0..x_t (order 0);
-    `in_context_kgram`: add-beta transition counts from the last `order` states (the source's order; the
-    in-context bigram for order 1); `stationary` and `kernel`: pi and the true kernel rows, for fixed chains
-    only (None for random kernels, where no law can be stored in the weights). `closest` names the strategy
-    with the smallest divergence (ties go to the simpler one, in `STRATEGIES` order).
+    `divergences`: {strategy: mean KL(strategy || model)} for the uniform law, (fixed chains) the stationary
+    law pi and the true kernel of the source's order, and the in-context add-beta estimators of every order
+    0..source order. `gaps[s]`: mean KL(s' || s) to the nearest other strategy s' (how far apart the laws the
+    model is compared with are on these tokens: the yardstick of `classify_mechanism`'s fit). `aliases[s]`
+    names the simpler strategy that s coincides with (gap below `MIN_GAP`; e.g. pi = uniform on a symmetric
+    chain); aliased strategies are never `closest`. Ties go to the simpler strategy (`STRATEGIES` order).
     """
 
-    uniform: float
-    in_context_unigram: float
-    in_context_kgram: float
-    stationary: Optional[float]
-    kernel: Optional[float]
-    order: int  # order of the in-context k-gram strategy (the source's order)
+    divergences: dict[str, float]
+    gaps: dict[str, float]
+    aliases: dict[str, str]
+    order: int  # the source's order (highest in-context estimator)
     beta: float  # add-beta smoothing of the in-context strategies
 
     @property
-    def divergences(self) -> dict[str, float]:
-        """{strategy: mean KL(strategy || model)} over the strategies defined for this source."""
-        values = {name: getattr(self, name) for name in STRATEGIES}
-        return {name: value for name, value in values.items() if value is not None}
+    def candidates(self) -> tuple[str, ...]:
+        """The strategies the model is classified against (aliases removed), simplest first."""
+        return tuple(n for n in self.divergences if n not in self.aliases)
+
+    @property
+    def ranking(self) -> tuple[str, ...]:
+        """Candidates from closest to farthest (stable: ties keep the simpler one first)."""
+        return tuple(sorted(self.candidates, key=self.divergences.__getitem__))
 
     @property
     def closest(self) -> str:
         """The strategy whose laws the model's predictions are closest to (smallest mean KL)."""
-        divergences = self.divergences
-        return min(divergences, key=divergences.__getitem__)
+        return self.ranking[0]
+
+    def __getattr__(self, name: str) -> Optional[float]:
+        # uniform, stationary, kernel, in_context_unigram, ... as attributes (None where not defined)
+        if name in STRATEGIES:
+            return self.divergences.get(name)
+        raise AttributeError(name)
+
+    @property
+    def in_context_kgram(self) -> float:
+        """Divergence to the in-context estimator of the source's order."""
+        return self.divergences[in_context_name(self.order)]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of the fields, plus `closest`."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return json_safe({**out, "closest": self.closest})
+        """JSON-ready dict: divergences, gaps, aliases, order, beta, closest."""
+        return json_safe({
+            "divergences": dict(self.divergences), "gaps": dict(self.gaps), "aliases": dict(self.aliases),
+            "order": self.order, "beta": self.beta, "closest": self.closest,
+        })
 
 
 def strategy_probs(batch: ProbeBatch, *, beta: float | int | None = None) -> dict[str, Probs]:
@@ -88,46 +123,53 @@ def strategy_probs(batch: ProbeBatch, *, beta: float | int | None = None) -> dic
     >>> from markov_interp.probes import sample_batch
     >>> laws = strategy_probs(sample_batch(BinaryChain(0.2, 0.3), n_sequences=2, seq_len=4, seed=0))
     >>> list(laws), tuple(laws["uniform"].shape)
-    (['uniform', 'in_context_unigram', 'in_context_kgram', 'stationary', 'kernel'], (2, 4, 2))
+    (['uniform', 'stationary', 'kernel', 'in_context_unigram', 'in_context_bigram'], (2, 4, 2))
     """
     beta = float(batch.beta if beta is None else beta)
+    if batch.order > MAX_ORDER:
+        raise ValueError(f"strategies are defined up to order {MAX_ORDER}, the source has order {batch.order}")
     tokens = batch.tokens.cpu()
-    laws = {
-        "uniform": torch.full((*tokens.shape, batch.vocab), 1.0 / batch.vocab, dtype=torch.float64),
-        "in_context_unigram": in_context_unigram_probs(tokens, batch.vocab, beta=beta),
-        "in_context_kgram": theory.add_beta_predictions(tokens, batch.vocab, order=batch.order, beta=beta),
-    }
+    laws = {"uniform": torch.full((*tokens.shape, batch.vocab), 1.0 / batch.vocab, dtype=torch.float64)}
     if not batch.random_kernel:
         laws["stationary"] = stationary_probs(batch).cpu()
         laws["kernel"] = kernel_probs(batch).cpu()
+    for k in range(batch.order + 1):
+        laws[in_context_name(k)] = theory.add_beta_predictions(tokens, batch.vocab, order=k, beta=beta)
     return laws
+
+
+def _gaps(laws: dict[str, Probs]) -> tuple[dict[str, float], dict[str, str]]:
+    names = list(laws)
+    pair = {(a, b): float(theory.kl_divergence(laws[a], laws[b]).mean()) for a in names for b in names if a != b}
+    aliases: dict[str, str] = {}
+    for i, name in enumerate(names):
+        for simpler in names[:i]:
+            if simpler not in aliases and max(pair[simpler, name], pair[name, simpler]) < MIN_GAP:
+                aliases[name] = simpler
+                break
+    kept = [n for n in names if n not in aliases]
+    gaps = {n: min((pair[o, n] for o in kept if o != n), default=float("inf")) for n in names}
+    return gaps, aliases
 
 
 def strategy_similarity(
     model: Model, batch: ProbeBatch, *, beta: float | int | None = None, probs: Optional[Probs] = None
 ) -> StrategySimilarity:
-    """How close the model's next-state laws are to each strategy of Edelman et al. (see `StrategySimilarity`).
+    """How close the model's next-state laws are to each strategy (see `StrategySimilarity`).
 
     Mean KL(strategy || model) in nats over every position and sequence of `batch`; `probs` reuses a forward
     pass already made, `beta` defaults to `batch.beta`. Along training on random kernels, `closest` moves from
-    "uniform" to "in_context_unigram" to "in_context_kgram" as the induction head forms.
+    "uniform" to "in_context_unigram" to "in_context_bigram" as the induction head forms (Edelman et al.).
 
     >>> # batch = sample_batch(RandomMarkov(3), n_sequences=64, seq_len=32, seed=0)
-    >>> # strategy_similarity(model, batch).closest  # "in_context_kgram" for an induction circuit
+    >>> # strategy_similarity(model, batch).closest  # "in_context_bigram" for an induction circuit
     """
     beta = float(batch.beta if beta is None else beta)
     if probs is None:
         probs = next_state_probs(model, batch.tokens)
     probs = probs.cpu().to(torch.float64)
-    divergences = {
-        name: float(theory.kl_divergence(law, probs).mean()) for name, law in strategy_probs(batch, beta=beta).items()
-    }
-    return StrategySimilarity(
-        uniform=divergences["uniform"],
-        in_context_unigram=divergences["in_context_unigram"],
-        in_context_kgram=divergences["in_context_kgram"],
-        stationary=divergences.get("stationary"),
-        kernel=divergences.get("kernel"),
-        order=int(batch.order),
-        beta=float(beta),
-    )
+    laws = strategy_probs(batch, beta=beta)
+    divergences = {name: float(theory.kl_divergence(law, probs).mean()) for name, law in laws.items()}
+    gaps, aliases = _gaps(laws)
+    return StrategySimilarity(divergences=divergences, gaps=gaps, aliases=aliases, order=int(batch.order),
+                              beta=float(beta))

@@ -117,7 +117,7 @@ def _config_section(run: Any, run_dir: Optional[Path], model: Any) -> Section:
 
 
 def _loss_section(metrics: list[dict], logged: dict, mech: Any, steps: list[int]) -> Section:
-    refs = logged or mech.references
+    refs = logged or mech.references.as_row()
     text = paragraph(
         "Loss in nats. Reference lines come from markov_interp.theory: the entropy rate is the loss of the true "
         "kernel (global optimum), the unigram loss the plateau of a model that ignores the current state (H(pi); "
@@ -126,40 +126,51 @@ def _loss_section(metrics: list[dict], logged: dict, mech: Any, steps: list[int]
         + " A reference estimated by Monte Carlo shows its standard error (±)."
     )
     parts = [text, figures.loss_curves_figure(metrics, refs, checkpoint_steps=steps)]
-    parts.append(figures.position_loss_figure(mech.behaviour, mech.references))
+    parts.append(figures.position_loss_figure(mech.behaviour, mech.references.as_row()))
     return Section("loss", "Loss curves", tuple(parts))
 
 
+def why_panel(mech: Any) -> str:
+    """The report's opening panel: the label, and in two or three sentences why (the law it follows, how
+    close, and for in-context laws the circuit found or what is missing)."""
+    order = f", order {mech.order}" if mech.order is not None else ""
+    head = (f'<div class="verdict{"" if mech.confident else " unsure"}">Mechanism: <b>{html.escape(mech.mechanism)}'
+            f'</b>{order} ({"confident" if mech.confident else "not confident"})</div>')
+    items = "".join(f"<li>{html.escape(r)}</li>" for r in mech.reasons[:3])
+    return f'<div class="why"><h2>Why this label</h2>{head}<ul>{items}</ul></div>'
+
+
 def _mechanism_section(mech: Any) -> Section:
-    b = mech.behaviour
-    verdict = (
-        f'<div class="verdict{"" if mech.confident else " unsure"}">Mechanism: <b>{html.escape(mech.mechanism)}</b>'
-        f' ({"confident" if mech.confident else "not confident"})</div>'
-    )
+    b, law, circuit = mech.behaviour, mech.law, mech.circuit
     reasons = "<ol>" + "".join(f"<li>{html.escape(r)}</li>" for r in mech.reasons) + "</ol>"
-
-    def head(h: Any) -> str:
-        return "none" if h is None else f"L{h[0]}H{h[1]}"
-
-    readout = mech.readout
+    sim = mech.strategies
+    laws = table([(probes.STRATEGY_LABELS.get(n, n), sim.divergences[n], sim.gaps[n],
+                   f"same law as {probes.STRATEGY_LABELS.get(sim.aliases[n])}" if n in sim.aliases else
+                   ("closest" if n == law.law else ""))
+                  for n in sim.divergences], header=("candidate law", "mean KL(law || model), nats",
+                                                      "gap to nearest other law, nats", ""))
+    role_rows = [(r.name, ", ".join(h.name for h in r.heads) or "none", ", ".join(f"{x:.2f}" for x in r.scores),
+                  r.ablation, "yes" if r.confirmed else "no") for r in circuit.roles]
+    layer_rows = [(f"whole layer {c.name}", "", "", v, "") for c, v in circuit.layer_ablation]
+    roles = table(role_rows + layer_rows, header=(f"role (order {circuit.order} circuit)", "heads", "excess scores",
+                                                  "set ablation: loss change, nats", "confirmed"))
     rows = [
         ("eval loss on the probe batch (nats)", b.eval_loss),
-        *[(f"reference: {figures.REFERENCE_STYLE[k][0]}", theory.format_loss(v, mech.references.get(f"{k}_se")))
-          for k, v in mech.references.items() if k in figures.REFERENCE_STYLE],
+        *[(f"reference: {figures.REFERENCE_STYLE[k][0]}",
+           theory.format_loss(mech.reference(k), mech.reference(f"{k}_se"))) for k in figures.REFERENCE_STYLE
+          if mech.reference(k) is not None],
+        ("own-law check: fit (KL / gap) and margin (KL / runner-up's KL)",
+         f"{law.fit_ratio:.3f} (<= {mech.thresholds.fit}), {law.margin_ratio:.3f} (<= {mech.thresholds.margin})"),
+        ("model's in-context gain of the circuit's order (nats)", circuit.model_gain),
+        ("each role's set ablation must cost (nats)", circuit.required),
         ("state dependence / optimal predictor's", f"{b.state_dependence:.4f} / {b.reference_state_dependence:.4f} "
                                                    f"= {mech.state_ratio:.3f}"),
         ("context dependence / add-beta's", f"{b.context_dependence:.4f} / {b.reference_context_dependence:.4f} "
                                             f"= {mech.context_ratio:.3f}"),
-        ("bigram gain over in-context unigram (nats)", mech.bigram_gain),
         ("in-context learning score (late - early loss, nats)", b.icl_score),
-        ("previous-token head (ablation loss change)", f"{head(mech.previous_token_head)} "
-                                                      f"({_num(mech.previous_token_ablation)})"),
-        ("induction head (ablation loss change)", f"{head(mech.induction_head)} ({_num(mech.induction_ablation)})"),
-        ("circuit confirmed by ablation", "yes" if mech.circuit_confirmed else "no"),
-        ("kernel readout max |error|", readout.max_abs_error),
         ("probe batch", f"{mech.n_sequences} sequences x {mech.seq_len} states, seed {mech.seed}"),
     ]
-    return Section("mechanism", "Mechanism verdict", (verdict, reasons, table(rows, header=("evidence", "value"))))
+    return Section("mechanism", "Mechanism verdict", (reasons, laws, roles, table(rows, header=("evidence", "value"))))
 
 
 def _device(model: Any) -> torch.device:
@@ -179,12 +190,14 @@ def _heads_section(mech: Any) -> Section:
 
 
 @torch.no_grad()
-def _attention_section(model: Any, tokens: torch.Tensor) -> Section:
+def _attention_section(model: Any, tokens: torch.Tensor, cache: Optional[Any] = None) -> Section:
     from markov_interp.probes.attention import attention_hook_names
 
     names = attention_hook_names(model)
-    _, cache = model.run_with_cache(tokens[None].to(_device(model)), names_filter=names)
-    patterns = torch.stack([cache[name][0] for name in names]).float().cpu()
+    if cache is None:
+        _, cache = model.run_with_cache(tokens[None].to(_device(model)), names_filter=names)
+    n = tokens.shape[0]  # causal attention: the first n queries of a longer run are the run on the prefix
+    patterns = torch.stack([cache[name][0, :, :n, :n] for name in names]).float().cpu()
     text = paragraph(
         f"Attention of every head on one sampled sequence of {tokens.shape[0]} states (labels are the states). "
         "Hover a head to enlarge it; rows are queries, columns keys."
@@ -203,8 +216,14 @@ def _ablation_section(table_: Any, mech: Any) -> Section:
 
 @torch.no_grad()
 def _kernel_section(model: Any, mech: Any, batch: Any) -> Section:
-    parts: list = [figures.kernel_figure(mech.readout)]
-    if batch.random_kernel and batch.order == 1:
+    if not batch.random_kernel:
+        return Section("kernel", "Learned kernel against the true one", (figures.kernel_figure(mech.readout),))
+    parts: list = [paragraph(
+        "Not applicable: every sequence of this source has its own kernel, so no kernel can be learned in the "
+        "weights and an average of the model's predictions per context would mix kernels that differ per "
+        "sequence." + (" Below, one sequence: the model's prediction beside the in-context estimate and that "
+                       "sequence's true kernel." if batch.order == 1 else ""), cls="note")]
+    if batch.order == 1:
         tokens = batch.tokens[:1]
         model_probs = probes.next_state_probs(model, tokens)[0].cpu()
         add_beta = theory.add_beta_predictions(tokens.cpu(), batch.vocab, order=1, beta=batch.beta)[0]
@@ -282,9 +301,10 @@ def _training_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]],
         for key, value in zip(series, values):
             series[key].append(value)
     steps = [s for s, _ in chosen]
-    events = _training_events(steps, series, metrics, logged or mech.references, mech.thresholds.head_excess)
+    references = logged or mech.references.as_row()
+    events = _training_events(steps, series, metrics, references, mech.thresholds.head_excess)
     fig = figures.training_probes_figure(
-        steps, series, metrics=metrics, references=logged or mech.references,
+        steps, series, metrics=metrics, references=references,
         head_threshold=mech.thresholds.head_excess, events=events,
     )
     found = "; ".join(f"{label}: step {step}" for label, step in events.items()) or "none in the saved steps"
@@ -360,9 +380,9 @@ def build(
     source = run.source.build()
     if seq_len is None:
         seq_len = min(run.train.seq_len, int(model.cfg.n_ctx), 128)
-    mech = probes.classify_mechanism(model, source, seq_len=seq_len, n_sequences=n_sequences, seed=seed)
     batch = probes.sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    ablations = probes.ablation_table(model, batch.tokens, method="mean")
+    _, cache = model.run_with_cache(batch.tokens.to(_device(model)), names_filter=probes.probe_hook_names(model))
+    mech = probes.classify_mechanism(model, source, batch=batch, cache=cache, seed=seed)  # table reused below
     checkpoints = checkpoint_files(run_dir)
     logged = _logged_references(metrics)
     sections = (
@@ -370,16 +390,16 @@ def build(
         _loss_section(metrics, logged, mech, [s for s, _ in checkpoints]),
         _mechanism_section(mech),
         _heads_section(mech),
-        _attention_section(model, batch.tokens[0, : min(sample_len, seq_len)]),
-        _ablation_section(ablations, mech),
+        _attention_section(model, batch.tokens[0, : min(sample_len, seq_len)], cache),
+        _ablation_section(mech.ablation, mech),
         _kernel_section(model, mech, batch),
         _landscape_section(run, model, checkpoints),
         _training_section(run, model, checkpoints, batch, mech, metrics, logged, max_checkpoints),
     )
     assert tuple(s.id for s in sections) == SECTION_IDS
-    intro = paragraph(
-        f"Mechanism: {mech.mechanism} ({'confident' if mech.confident else 'not confident'}); eval loss "
-        f"{mech.eval_loss:.4f} nats on the probe batch. Generated by markov-interp; opens without a network."
+    intro = why_panel(mech) + paragraph(
+        f"Eval loss {mech.eval_loss:.4f} nats on the probe batch. Generated by markov-interp; opens without a "
+        "network."
     )
     return Report(title=f"markov-interp report: {run_dir.resolve().name}", sections=sections, mechanism=mech,
                   run_dir=run_dir, intro=intro)

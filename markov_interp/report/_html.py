@@ -182,6 +182,7 @@ font-size:.92em}th{background:#f6f8fa}figure.plot{margin:.8em 0}figure.plot svg{
 .verdict{font-size:1.25em;padding:.5em .8em;border-left:5px solid #4a7;background:#f3faf5}
 .verdict.unsure{border-color:#d90;background:#fdf8ec}.note{color:#666;font-style:italic}
 .circuitsvis{margin:15px 0;min-height:40px}
+.why{border:1px solid #ddd;padding:.2em 1em .6em;margin:1em 0}.why h2{margin-top:.4em;border:none}
 """
 
 

@@ -193,7 +193,7 @@ def ablation_figure(table: Any, *, bigram_gain: Optional[float] = None) -> Figur
     induction circuit, ablating either head of the circuit should cost a large part of the bigram gain
     (dashed line: what the model gains over the in-context unigram estimator by looking at x_t).
     """
-    names = list(table.components)
+    names = list(table.names)
     changes = [float(c) for c in table.loss_change]
     fig = Figure(figsize=(7.5, 0.38 * len(names) + 1.6))
     ax = fig.add_subplot()
