@@ -218,6 +218,11 @@ class MarkovChain:
         self._initial = _initial_context_law(initial, self.kernel, self.vocab, order)
         self._cdf = _context_kernel(self.kernel).cumsum(-1)
 
+    @property
+    def initial_context_law(self) -> Tensor:
+        """The law of the first `order` states, over contexts (base-V index, oldest state most significant)."""
+        return self._initial
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab={self.vocab}, order={self.order})"
 

@@ -182,6 +182,63 @@ def target_log_loss(
     return -torch.log(torch.gather(probs[:, :-1], 2, nxt)[..., 0].clamp_min(1e-300))
 
 
+def true_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
+    """The best predictor of x_{t+1} from x_0..x_t that the data allow, at every position.
+
+    Fixed chains: the kernel row of the current context (positions with fewer than `order` states: the next
+    state's law given the states so far under the chain's initial context law). Random kernels: the in-context
+    add-alpha estimator, the Bayes posterior predictive up to what the first state reveals about the kernel
+    (about 0.003 nats per target on 3 states at 32 targets; see `RandomMarkov`).
+
+    >>> from markov_interp.data import BinaryChain
+    >>> true_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0]
+    tensor([[0.8000, 0.2000],
+            [0.3000, 0.7000]], dtype=torch.float64)
+    """
+    if isinstance(source, RandomMarkov):
+        return add_beta_predictions(tokens, source.vocab, order=source.order, beta=source.alpha)
+    if not isinstance(source, MarkovChain):
+        raise ValueError(f"unknown source type {type(source).__name__}")
+    vocab, order = source.vocab, source.order
+    flat = _context_kernel(source.kernel).to(torch.float64)  # [V**k, V]
+    ctx = context_index(tokens.cpu(), vocab, order)
+    probs = flat[ctx.clamp_min(0)]
+    # the first `order` states are drawn jointly from the initial context law: before the context is full,
+    # the next state follows that law's marginal given the states so far
+    law = source.initial_context_law.to(torch.float64).reshape([vocab] * order)
+    for t in range(order - 1):
+        marginal = law.sum(dim=tuple(range(t + 2, order))) if t + 2 < order else law
+        joint = marginal[tuple(tokens[:, : t + 1].cpu().T)]  # [batch, V]: P(x_0..x_t, x_{t+1} = v)
+        probs[:, t] = joint / joint.sum(-1, keepdim=True)
+    return probs.to(tokens.device)
+
+
+def plateau_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
+    """The plateau a model sits on before it learns the context: the stationary law pi (the unigram solution of
+    Makkuva et al.) for fixed chains; the in-context unigram (add-alpha state count) estimator for random
+    kernels, the best a model can do without using the current state.
+
+    >>> from markov_interp.data import BinaryChain
+    >>> plateau_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0, 0]
+    tensor([0.6000, 0.4000], dtype=torch.float64)
+    """
+    if isinstance(source, RandomMarkov):
+        return add_beta_predictions(tokens, source.vocab, order=0, beta=source.alpha)
+    if not isinstance(source, MarkovChain):
+        raise ValueError(f"unknown source type {type(source).__name__}")
+    pi = stationary_distribution(source.kernel).to(torch.float64)
+    return pi.to(tokens.device).expand(*tokens.shape, source.vocab)
+
+
+def paired_losses(source: Source, tokens: Int[Tensor, "batch pos"]) -> tuple[float, float]:
+    """(true, plateau): mean log-loss of `true_predictions` and `plateau_predictions` over every target of
+    `tokens` (x_1..x_T). Subtracted from a model's loss on the *same* tokens they give its paired excess
+    and the plateau's, free of most sampling noise (`dynamics.escape_time`)."""
+    true = target_log_loss(true_predictions(source, tokens), tokens).mean()
+    plateau = target_log_loss(plateau_predictions(source, tokens), tokens).mean()
+    return float(true), float(plateau)
+
+
 def in_context_loss_curve(
     source: Any,
     seq_len: int,

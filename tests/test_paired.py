@@ -1,0 +1,80 @@
+"""Paired reference predictors (theory.true_predictions / plateau_predictions / paired_losses) against
+independent computations: a per-position Python loop over the kernel, empirical frequencies of the sampler for
+short prefixes of an order-2 chain, and the hand-built kernel and unigram models (paired excess zero)."""
+
+import itertools
+
+import pytest
+import torch
+
+from markov_interp import theory
+from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
+from handbuilt import kernel_model, unigram_model
+
+KERNEL3 = [[0.8, 0.1, 0.1], [0.2, 0.5, 0.3], [0.05, 0.15, 0.8]]
+
+
+def test_true_predictions_are_the_kernel_rows_position_by_position():
+    chain = MarkovChain(KERNEL3)
+    tokens = chain.sample(4, 20, generator=torch.Generator().manual_seed(0))
+    probs = theory.true_predictions(chain, tokens)
+    for b, t in itertools.product(range(4), range(20)):
+        assert probs[b, t].tolist() == pytest.approx(KERNEL3[int(tokens[b, t])])
+
+
+def test_order_two_prefix_follows_the_samplers_initial_law():
+    # P(x_1 | x_0) of an order-2 chain comes from its stationary context law, not from the kernel: compare with
+    # the sampler's own empirical frequencies
+    kernel = torch.tensor([[[0.9, 0.1], [0.3, 0.7]], [[0.6, 0.4], [0.05, 0.95]]])
+    chain = MarkovChain(kernel, order=2)
+    tokens = chain.sample(200_000, 3, generator=torch.Generator().manual_seed(1))
+    probs = theory.true_predictions(chain, tokens[:8])
+    for x0 in (0, 1):
+        first = tokens[:, 0] == x0
+        empirical = (tokens[first, 1] == 1).double().mean().item()
+        predicted = probs[:8][tokens[:8, 0] == x0, 0, 1]
+        assert predicted.numel() == 0 or predicted[0].item() == pytest.approx(empirical, abs=0.01)
+    # from position 1 on the context is full: the kernel row of (x_{t-1}, x_t)
+    for b in range(8):
+        assert probs[b, 1].tolist() == pytest.approx(kernel[tokens[b, 0], tokens[b, 1]].tolist())
+
+
+def test_random_kernels_pair_the_add_alpha_and_in_context_unigram_estimators():
+    source = RandomMarkov(vocab=3, alpha=0.5)
+    tokens = source.sample(2, 12, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(theory.true_predictions(source, tokens),
+                       theory.add_beta_predictions(tokens, 3, order=1, beta=0.5))
+    plateau = theory.plateau_predictions(source, tokens)
+    for b, t in itertools.product(range(2), range(12)):  # state counts so far, plus alpha
+        counts = torch.bincount(tokens[b, : t + 1], minlength=3).double()
+        assert plateau[b, t].tolist() == pytest.approx(((counts + 0.5) / (counts.sum() + 1.5)).tolist())
+
+
+def test_paired_losses_average_to_the_exact_references():
+    chain = BinaryChain(0.5, 0.8)
+    tokens = chain.sample(256, 257, generator=torch.Generator().manual_seed(3))
+    true, plateau = theory.paired_losses(chain, tokens)
+    assert true == pytest.approx(theory.entropy_rate(chain.kernel), abs=0.005)
+    assert plateau == pytest.approx(theory.unigram_loss(chain.kernel), abs=0.005)
+
+
+def _model_loss(model, tokens):
+    logits = model(tokens[:, :-1])
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(),
+                                             tokens[:, 1:].reshape(-1)).item()
+
+
+def test_hand_built_kernel_model_has_zero_paired_excess():
+    chain = BinaryChain(0.2, 0.3)
+    tokens = chain.sample(8, 65, generator=torch.Generator().manual_seed(4))
+    true, plateau = theory.paired_losses(chain, tokens)
+    excess = _model_loss(kernel_model(chain.kernel), tokens) - true
+    assert abs(excess) < 1e-5 and plateau - true > 0.05
+
+
+def test_hand_built_unigram_model_has_the_plateaus_excess():
+    chain = BinaryChain(0.5, 0.8)
+    tokens = chain.sample(8, 65, generator=torch.Generator().manual_seed(5))
+    true, plateau = theory.paired_losses(chain, tokens)
+    loss = _model_loss(unigram_model(theory.stationary_distribution(chain.kernel)), tokens)
+    assert loss - true == pytest.approx(plateau - true, abs=1e-5)
