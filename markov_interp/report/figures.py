@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+from einops import rearrange
 from jaxtyping import Float, Int
 from matplotlib.figure import Figure
 from torch import Tensor
@@ -170,7 +171,7 @@ def attention_patterns_figure(
     if tokens.shape[0] != n_query or n_query != n_key:
         raise ValueError(f"patterns of shape {tuple(patterns.shape)} do not match {tokens.shape[0]} tokens")
     names = [f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
-    flat = patterns.detach().float().cpu().reshape(n_layers * n_heads, n_query, n_key)
+    flat = rearrange(patterns.detach().float().cpu(), "layer head query_pos key_pos -> (layer head) query_pos key_pos")
     return circuits_figure(
         "AttentionHeads",
         {
