@@ -259,6 +259,7 @@ def _borderline(e, w, b0, p, q, step=0.03):
     return flips
 
 
+@pytest.mark.slow  # thousands of gradient-descent steps on a grid of inits
 def test_predicted_outcome_agrees_with_gradient_descent_on_a_grid():
     ee, ww = np.meshgrid(np.linspace(0.1, 2.0, 7), np.linspace(-2.3, 0.9, 10))
     cases = [(0.5, 0.8, 0.0), (0.2, 0.3, 0.0), (0.9, 0.7, -1.0), (0.1, 0.6, 1.0)]
@@ -319,6 +320,7 @@ def test_untied_unigram_points_are_saddles(p, q):
     assert min(offsets) < 0 < max(offsets)
 
 
+@pytest.mark.slow  # thousands of gradient-descent steps on a grid of inits
 def test_untied_has_no_bad_local_minimum_from_random_inits():
     rng = np.random.default_rng(4)
     n = 60
@@ -334,6 +336,7 @@ def test_untied_has_no_bad_local_minimum_from_random_inits():
         assert L.predict_outcome(e0[i], w0[i], p=p[i], q=q[i], tied=False, a0=a0[i]) == "bigram"
 
 
+@pytest.mark.slow  # thousands of gradient-descent steps on a grid of inits
 def test_untied_conserves_balance_and_symmetric_inits_match_descent():
     traj = L.gradient_flow(0.3, -0.5, 0.0, p=0.5, q=0.8, steps=2000, lr=1e-3, tied=False, a0=0.1)
     assert traj.points.shape == (2001, 4)
