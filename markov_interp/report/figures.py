@@ -547,7 +547,8 @@ def reproduction_depth_figure(curves: Mapping[int, Sequence[tuple[Sequence[int],
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (nats, mean of 10 steps)")
     ax.set_title(f"depth at p = {p}, q = {q} (tied)")
-    ax.legend(fontsize=7)
+    if ax.lines:
+        ax.legend(fontsize=7)
     return fig
 
 
