@@ -450,8 +450,8 @@ def regime_map_init_figure(rmap: landscape.RegimeMap, *, ax: Any = None) -> Figu
 
 
 def landscape_figure(*, p: float, q: float, w_range: tuple[float, float] = (-2.5, 1.5),
-                     e_range: tuple[float, float] = (0.0, 2.5), n: int = 161, trajectory: Optional[landscape.Trajectory] = None,
-                     ax: Any = None) -> Figure:
+                     e_range: tuple[float, float] = (0.0, 2.5), n: int = 161,
+                     trajectory: Optional[landscape.Trajectory] = None, ax: Any = None) -> Figure:
     """The b-profiled canonical loss minus the entropy rate over (w, e) (`landscape.profile_loss`), with the
     global-minimum curve, the unigram line, the saddle at w = -1/sqrt(2) and optionally a `landscape.Trajectory`
     (a run's `coordinates_trajectory` over checkpoints, or `gradient_flow`) drawn on it."""
@@ -591,7 +591,8 @@ def reproduction_init_precision_figure(rows: Sequence[Mapping[str, Any]], *, p: 
             if match and match[0]["stuck_fraction"] is not None:
                 xs.append(i + (k - 0.5) * 0.38)
                 ys.append(match[0]["stuck_fraction"])
-        bars = ax.bar(xs, ys, width=0.36, label=precision + (" autocast, no loss scaling" if precision == "fp16" else ""))
+        label = precision + (" autocast, no loss scaling" if precision == "fp16" else "")
+        bars = ax.bar(xs, ys, width=0.36, label=label)
         ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=7)
     for i, init in enumerate(inits):
         match = [r for r in rows if r["init"] == init]
