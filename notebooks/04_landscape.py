@@ -81,7 +81,7 @@ report.regime_map_init_figure(init_map)
 # Train the actual transformer from a canonical initialisation and project its checkpoints onto (e, w, b).
 
 # %%
-from markov_interp import models, report
+from markov_interp import models
 from markov_interp.data import SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train
