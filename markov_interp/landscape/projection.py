@@ -6,15 +6,18 @@ Exact for the canonical init of `models.build`; a best-effort summary for traine
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from markov_interp.landscape.canonical import ArrayLike, Real, Trajectory, canonical_loss
+
+# A model (a TransformerBridge, a HookedTransformer: anything with `state_dict()`) or its state dict.
+ModelOrState = nn.Module | Mapping[str, Any]
 
 # TransformerLens names of the tensors read, as (bridge / nn.Linear layout name, HookedTransformer name).
 _NAMES = {
@@ -58,7 +61,7 @@ class CanonicalProjection:
     embedding_alignment: float
 
 
-def canonical_projection(model_or_state: Any, *, direction: ArrayLike | None = None) -> CanonicalProjection:
+def canonical_projection(model_or_state: ModelOrState, *, direction: ArrayLike | None = None) -> CanonicalProjection:
     """Project a single-layer binary-chain model of the package onto the canonical coordinates (see
     `CanonicalProjection` for the formulas); exact for the canonical init of `models.build`.
 
@@ -108,7 +111,8 @@ def canonical_projection(model_or_state: Any, *, direction: ArrayLike | None = N
                                embedding_alignment=alignment)
 
 
-def canonical_coordinates(model_or_state: Any, *, direction: ArrayLike | None = None) -> tuple[float, float, float]:
+def canonical_coordinates(model_or_state: ModelOrState, *,
+                          direction: ArrayLike | None = None) -> tuple[float, float, float]:
     """(e, w, b) of a single-layer tied binary-chain model: where it sits on the canonical landscape.
 
     Exact for the low-rank canonical init of `models.build` (`ModelConfig(init="canonical")` gives back its
@@ -119,7 +123,7 @@ def canonical_coordinates(model_or_state: Any, *, direction: ArrayLike | None = 
     return proj.e, proj.w, proj.b
 
 
-def coordinates_trajectory(states: list, *, p: Real, q: Real, direction: ArrayLike | None = None) -> Trajectory:
+def coordinates_trajectory(states: Sequence[ModelOrState], *, p: Real, q: Real, direction: ArrayLike | None = None) -> Trajectory:
     """Project a run's checkpoints (state dicts or models, in order) onto (e, w, b) along one direction (the
     first checkpoint's embedding direction unless given), with the canonical loss at each: a `Trajectory` to
     draw with `report.figures.landscape_figure(trajectory=...)` next to `gradient_flow`."""
