@@ -11,3 +11,13 @@ Olsson et al. 2022 and Edelman et al. 2024 on (statistical) induction heads.
 """
 
 __version__ = "0.1.0"
+
+
+def quick_mode() -> bool:
+    """Whether the tutorials (notebooks/) run on tiny budgets: True when the environment variable
+    MARKOV_INTERP_QUICK is set to anything but "" or "0" (the notebook tests and `python notebooks/build.py
+    --quick` set it). Tiny budgets run the code path in seconds; their numbers do not show the paper's results.
+    """
+    import os
+
+    return os.environ.get("MARKOV_INTERP_QUICK", "0") not in ("", "0")

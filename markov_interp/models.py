@@ -32,6 +32,7 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.config import TransformerBridgeConfig
@@ -430,7 +431,7 @@ def fast_forward(
     """
     p = model if isinstance(model, FastParams) else fast_params(model)
     cfg = p.cfg
-    batch, seq = tokens.shape
+    seq = tokens.shape[1]
     if seq > cfg.n_ctx:
         raise ValueError(f"sequence length {seq} exceeds the model's n_ctx={cfg.n_ctx}")
     x = F.embedding(tokens, p.embed.weight)
@@ -439,13 +440,12 @@ def fast_forward(
     n_heads, d_head = cfg.n_heads, cfg.d_head
     for ln1, q, k, v, o, ln2, fc_in, fc_out, act in p.blocks:
         h = ln1(x)
-        qh = q(h).view(batch, seq, n_heads, d_head).transpose(1, 2)
-        kh = k(h).view(batch, seq, n_heads, d_head).transpose(1, 2)
-        vh = v(h).view(batch, seq, n_heads, d_head).transpose(1, 2)
+        qh, kh, vh = (rearrange(proj(h), "batch pos (head d_head) -> batch head pos d_head", head=n_heads,
+                                d_head=d_head) for proj in (q, k, v))
         if p.rotary is not None:
             qh, kh = p.rotary.apply_rope(qh, kh)
         z = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
-        x = x + o(z.transpose(1, 2).reshape(batch, seq, n_heads * d_head))
+        x = x + o(rearrange(z, "batch head pos d_head -> batch pos (head d_head)"))
         if fc_in is not None:
             x = x + fc_out(act(fc_in(ln2(x))))
     return p.head(p.ln_final(x))

@@ -274,128 +274,44 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def phase_figure(summary: list[dict], values: tuple) -> Any:
-    """The (p, q) square for tied and untied one-layer models, each cell coloured by the fraction of seeds
-    stuck at the unigram loss, with the theory's boundary p + q = 1 and its predicted unigram cells (x)."""
-    from matplotlib import colormaps
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import Normalize
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
-
-    fig = Figure(figsize=(10.5, 4.6))
-    axes = fig.subplots(1, 2)
-    step = min((b - a for a, b in zip(values, values[1:])), default=0.2)
-    cmap, norm = colormaps["coolwarm"], Normalize(0, 1)
-    for ax, name, title in zip(axes, ("pq-tied", "pq-untied"), ("one layer, tied", "one layer, untied")):
-        ax.set_facecolor("#f4f4f4")
-        for r in (r for r in summary if r["experiment"] == name):
-            frac, x, y = r["stuck_fraction"], r["p"], r["q"]
-            colour = "#bbbbbb" if frac is None else cmap(norm(frac))
-            ax.add_patch(Rectangle((x - step / 2, y - step / 2), step, step, facecolor=colour, edgecolor="white"))
-            ax.annotate("n/a" if frac is None else f"{frac:.2f}", (x, y), ha="center", va="center", fontsize=8)
-            if r["theory"] == "unigram":
-                ax.plot([x], [y - step * 0.3], marker="x", color="black", markersize=5, ls="none")
-        ax.plot([0, 1], [1, 0], color="black", lw=1.5, ls="--", label="theory boundary p + q = 1")
-        ax.plot([], [], marker="x", color="black", ls="none", label="landscape predicts unigram")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.set_aspect("equal")
-        ax.set_xlabel("p = P(1 | 0)")
-        ax.set_ylabel("q = P(0 | 1)")
-        ax.set_title(f"{title}: fraction of seeds stuck at H(pi)", fontsize=9)
-        ax.text(0.98, 0.98, "p + q > 1", ha="right", va="top", transform=ax.transAxes, fontsize=8)
-        ax.text(0.02, 0.02, "p + q < 1", ha="left", va="bottom", transform=ax.transAxes, fontsize=8)
-    axes[0].legend(loc="upper left", fontsize=7, framealpha=0.9)
-    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=list(axes), shrink=0.8, label="fraction stuck")
-    return fig
-
-
-def depth_figure(rows: list[Row], work_dir: Path) -> Any:
-    """Training loss against step at p = 0.5, q = 0.8 for each depth (each seed a thin line), with the unigram
-    loss and the entropy rate."""
-    from matplotlib.figure import Figure
-
+def _depth_curves(rows: list[Row], work_dir: Path) -> tuple[dict, dict]:
+    """The depth experiment's training curves ({n_layers: [(steps, losses) per finished seed]}) and the
+    chain's reference losses, read from the run folders, for `report.figures.reproduction_depth_figure`."""
     from markov_interp.training import load_metrics
 
-    fig = Figure(figsize=(6.5, 4.2))
-    ax = fig.subplots()
-    colours = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange"]
-    refs = None
-    depth = [r for r in rows if r.sweep == "depth"]
-    layers = sorted({r.config.model.n_layers for r in depth})
-    for colour, n in zip(colours, layers):
-        for i, r in enumerate(r for r in depth if r.config.model.n_layers == n):
-            if r.status != "ok":
-                continue
-            metrics = [m for m in load_metrics(work_dir / r.run_dir) if "train_loss" in m]
-            ax.plot([m["step"] for m in metrics], [m["train_loss"] for m in metrics], color=colour, lw=0.9,
-                    alpha=0.8, label=f"{n} layer{'s' if n > 1 else ''}" if i == 0 else None)
-            refs = (r.result.entropy_rate, r.result.unigram_loss)
-    if refs:
-        ax.axhline(refs[1], color="grey", ls="--", lw=1, label=f"unigram loss H(pi) = {refs[1]:.4f}")
-        ax.axhline(refs[0], color="black", ls=":", lw=1, label=f"entropy rate = {refs[0]:.4f}")
-        ax.set_ylim(refs[0] - 0.02, refs[1] + 0.04)
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (nats, mean of 10 steps)")
-    ax.set_title(f"depth at p = {_PQ[0]}, q = {_PQ[1]} (tied)")
-    ax.legend(fontsize=7)
-    return fig
+    curves, refs = defaultdict(list), {}
+    for r in rows:
+        if r.sweep != "depth" or r.status != "ok":
+            continue
+        metrics = [m for m in load_metrics(work_dir / r.run_dir) if "train_loss" in m]
+        curves[r.config.model.n_layers].append(([m["step"] for m in metrics], [m["train_loss"] for m in metrics]))
+        refs = {"entropy_rate": r.result.entropy_rate, "unigram_loss": r.result.unigram_loss}
+    return dict(curves), refs
 
 
-def mechanism_figure(summary: list[dict]) -> Any:
-    """Counts of the classified mechanism by depth: the binary chain (p = 0.5, q = 0.8) and random kernels."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(9, 3.8))
-    axes = fig.subplots(1, 2)
-    colours = {"uniform": "lightgrey", "unigram": "tab:red", "in_context_unigram": "tab:orange",
-               "kernel": "tab:blue", "induction": "tab:green", "other": "tab:purple", "?": "grey"}
-    for ax, name, title in zip(axes, ("depth", "random"),
-                               (f"binary chain p={_PQ[0]}, q={_PQ[1]}", "random kernels (in-context task)")):
-        rows = [r for r in summary if r["experiment"] == name]
-        labels = [str(r["n_layers"]) for r in rows]
-        bottom = [0] * len(rows)
-        for mech, colour in colours.items():
-            counts = [r["mechanisms"].get(mech, 0) for r in rows]
-            if any(counts):
-                ax.bar(labels, counts, bottom=bottom, color=colour, label=mech)
-                bottom = [b + c for b, c in zip(bottom, counts)]
-        ax.set_xlabel("layers")
-        ax.set_ylabel("seeds")
-        ax.yaxis.get_major_locator().set_params(integer=True)
-        ax.set_title(f"mechanism by depth: {title}", fontsize=9)
-        ax.legend(fontsize=7)
-    return fig
+def _mechanism_counts(summary: list[dict], name: str) -> list[tuple[str, dict]]:
+    """(n_layers, {mechanism: seeds}) per setting of one experiment, from the summary's "mechanisms" counts."""
+    return [(str(r["n_layers"]), dict(r["mechanisms"])) for r in summary if r["experiment"] == name]
 
 
-def init_precision_figure(summary: list[dict]) -> Any:
-    """Fraction of seeds stuck at the unigram loss by initialisation and precision (p = 0.5, q = 0.8, tied)."""
-    from matplotlib.figure import Figure
+def _figures(summary: list[dict], rows: list[Row], work: Path, budget: Budget) -> dict:
+    """The reproduction's four figures (drawn by `markov_interp.report.figures`), by file name."""
+    from markov_interp.report import figures
 
-    fig = Figure(figsize=(7, 3.8))
-    ax = fig.subplots()
-    rows = [r for r in summary if r["experiment"] == "init-precision"]
-    inits = sorted({r["init"] for r in rows})
-    for k, precision in enumerate(("fp32", "fp16")):
-        xs, ys = [], []
-        for i, init in enumerate(inits):
-            match = [r for r in rows if r["init"] == init and r["precision"] == precision]
-            if match and match[0]["stuck_fraction"] is not None:
-                xs.append(i + (k - 0.5) * 0.38)
-                ys.append(match[0]["stuck_fraction"])
-        bars = ax.bar(xs, ys, width=0.36, label=precision + (" autocast, no loss scaling" if precision == "fp16" else ""))
-        ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=7)
-    for i, init in enumerate(inits):
-        match = [r for r in rows if r["init"] == init]
-        if match and match[0]["theory"]:
-            ax.annotate(f"theory: {match[0]['theory']}", (i, 1.04), ha="center", fontsize=8)
-    ax.set_xticks(range(len(inits)), inits, fontsize=8)
-    ax.set_ylim(0, 1.12)
-    ax.set_ylabel("fraction of seeds stuck at H(pi)")
-    ax.set_title(f"initialisation and precision, p = {_PQ[0]}, q = {_PQ[1]}, one layer, tied", fontsize=9)
-    ax.legend(fontsize=7, loc="center right")
-    return fig
+    def experiment(name):
+        return [r for r in summary if r["experiment"] == name]
+
+    curves, refs = _depth_curves(rows, work)
+    phase = {"one layer, tied": experiment("pq-tied"), "one layer, untied": experiment("pq-untied")}
+    mechanisms = {f"binary chain p={_PQ[0]}, q={_PQ[1]}": _mechanism_counts(summary, "depth"),
+                  "random kernels (in-context task)": _mechanism_counts(summary, "random")}
+    return {
+        "phase_pq.png": figures.reproduction_phase_figure(phase, budget.grid_values),
+        "depth.png": figures.reproduction_depth_figure(curves, refs, p=_PQ[0], q=_PQ[1]),
+        "mechanisms.png": figures.reproduction_mechanism_figure(mechanisms),
+        "init_precision.png": figures.reproduction_init_precision_figure(experiment("init-precision"),
+                                                                         p=_PQ[0], q=_PQ[1]),
+    }
 
 
 # -------------------------------------------------------------------------------------------- reproduce
@@ -428,13 +344,7 @@ def reproduce(
     summary = summarise(rows)
     files = [_copy_table(work, out)]
     files.append(_write_csv(out / "summary.csv", summary, _SUMMARY_COLUMNS))
-    figures = {
-        "phase_pq.png": phase_figure(summary, budget.grid_values),
-        "depth.png": depth_figure(rows, work),
-        "mechanisms.png": mechanism_figure(summary),
-        "init_precision.png": init_precision_figure(summary),
-    }
-    files += [_save(fig, out / name) for name, fig in figures.items()]
+    files += [_save(fig, out / name) for name, fig in _figures(summary, rows, work, budget).items()]
     command = command or "markov-interp reproduce" + (" --quick" if quick else "") + f" --out {out_dir}"
     text = _summary_markdown(summary, budget, command, seconds, result, work)
     atomic_write(out / "summary.md", text)

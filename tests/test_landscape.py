@@ -8,6 +8,9 @@ import torch
 
 from markov_interp import landscape as L
 from markov_interp import theory
+from markov_interp.landscape import canonical as LC
+from markov_interp.landscape import flow as LF
+from markov_interp.report import figures
 from markov_interp.data import BinaryChain
 
 CHAINS = [(0.5, 0.8), (0.2, 0.3), (0.9, 0.7), (0.1, 0.6), (0.7, 0.4)]
@@ -116,7 +119,7 @@ def test_reference_losses_come_from_theory_and_match_the_closed_forms():
         kernel = BinaryChain(p, q).kernel
         assert refs["entropy_rate"] == pytest.approx(theory.entropy_rate(kernel), rel=1e-14)
         assert refs["unigram_loss"] == pytest.approx(theory.unigram_loss(kernel), rel=1e-14)
-        rate, h_pi = L._losses_closed_form(np.float64(p), np.float64(q))
+        rate, h_pi = LC._losses_closed_form(np.float64(p), np.float64(q))
         assert rate == pytest.approx(refs["entropy_rate"], rel=1e-12)
         assert h_pi == pytest.approx(refs["unigram_loss"], rel=1e-12)
     assert L.reference_losses(0.2, 0.3)["entropy_rate"] == pytest.approx(0.5446, abs=1e-4)
@@ -178,11 +181,11 @@ def _profiled_descent(e, w, p, q, *, lr, steps):
     b = L.optimal_bias(e, w, p=p, q=q)
     for _ in range(steps):
         x = np.stack(np.broadcast_arrays(e, w, b), axis=-1)
-        g = L._tied_grad_np(x, p, q)
+        g = LC._tied_grad_np(x, p, q)
         e, w = e - lr * g[..., 0], w - lr * g[..., 1]
         for _ in range(2):
-            f1, f0 = L._tied_logits(np.stack(np.broadcast_arrays(e, w, b), axis=-1))
-            g1, g0, g11, g00 = L._logit_derivatives(f1, f0, p, q)
+            f1, f0 = LC._tied_logits(np.stack(np.broadcast_arrays(e, w, b), axis=-1))
+            g1, g0, g11, g00 = LC._logit_derivatives(f1, f0, p, q)
             b = b - (g1 + g0) / (g11 + g00)
     return e, w, b
 
@@ -208,24 +211,62 @@ def test_gradient_flow_trajectory():
     assert stuck.loss[-1] == pytest.approx(L.reference_losses(0.5, 0.8)["unigram_loss"], abs=1e-6)
 
 
+def test_hand_written_integrator_matches_solve_ivp():
+    """The vectorised Dormand-Prince integrator (each trajectory its own step) against scipy's, to fixed times."""
+    solve_ivp = pytest.importorskip("scipy.integrate").solve_ivp
+    inits = np.array([[0.6, -0.4, 2.0], [0.1, -1.0, 0.0], [1.5, 0.3, -0.5], [0.3, -0.9, 1.0]])
+    chains = np.array([[0.5, 0.8], [0.5, 0.8], [0.2, 0.3], [0.9, 0.7]])
+    t_end = np.array([5.0, 40.0, 12.0, 80.0])  # different horizons: each row stops at its own time
+
+    def field(idx):
+        return lambda y: -LC._tied_grad_np(y, chains[idx, 0], chains[idx, 1])
+
+    x, t = LF._dormand_prince(field, inits, t_end, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(t, t_end, rtol=0, atol=1e-12)
+    for i in range(len(inits)):
+        p, q = chains[i]
+        ref = solve_ivp(lambda _, y: -LC._tied_grad_np(y, p, q), (0.0, t_end[i]), inits[i], method="DOP853",
+                        rtol=1e-11, atol=1e-13)
+        assert ref.success
+        np.testing.assert_allclose(x[i], ref.y[:, -1], rtol=1e-7, atol=1e-8)
+    # the state moved (the comparison is not between two unchanged inits)
+    assert np.all(np.abs(x - inits).max(axis=1) > 1e-2)
+
+
+def test_integrator_stops_rows_that_are_decided():
+    """`stop` freezes a row where it is decided, while the others keep integrating."""
+    inits = np.array([[0.6, -0.4, 2.0], [0.6, -0.4, 2.0]])
+
+    def field(idx):
+        return lambda y: -LC._tied_grad_np(y, 0.5, 0.8)
+
+    def stop(idx, xs):
+        return (idx == 0) & (xs[:, 2] < 1.5)  # row 0 stops once b has fallen below 1.5
+
+    x, t = LF._dormand_prince(field, inits, 50.0, stop=stop)
+    assert t[1] == pytest.approx(50.0) and 0 < t[0] < 50.0
+    assert x[0, 2] < 1.5 and x[0, 2] > x[1, 2]
+
+
 def _borderline(e, w, b0, p, q, step=0.03):
     """Whether the predicted outcome flips within +-step of (e, w): GD with a finite lr may differ there."""
-    here = L._predict_many(e, w, b0, p, q, tied=True, a0=None, method="auto", t_max=1e6, max_iter=200_000)
+    here = LF._predict_many(e, w, b0, p, q, tied=True, a0=None, method="auto", t_max=1e6, max_iter=200_000)
     flips = np.zeros(e.shape, bool)
     for de, dw in ((step, 0), (-step, 0), (0, step), (0, -step)):
-        other = L._predict_many(np.maximum(e + de, 1e-3), w + dw, b0, p, q, tied=True, a0=None, method="auto",
+        other = LF._predict_many(np.maximum(e + de, 1e-3), w + dw, b0, p, q, tied=True, a0=None, method="auto",
                                 t_max=1e6, max_iter=200_000)
         flips |= other != here
     return flips
 
 
+@pytest.mark.slow  # thousands of gradient-descent steps on a grid of inits
 def test_predicted_outcome_agrees_with_gradient_descent_on_a_grid():
     ee, ww = np.meshgrid(np.linspace(0.1, 2.0, 7), np.linspace(-2.3, 0.9, 10))
     cases = [(0.5, 0.8, 0.0), (0.2, 0.3, 0.0), (0.9, 0.7, -1.0), (0.1, 0.6, 1.0)]
     e = np.concatenate([ee.ravel()] * len(cases))
     w = np.concatenate([ww.ravel()] * len(cases))
     p, q, b0 = (np.repeat([c[i] for c in cases], ee.size) for i in range(3))
-    predicted = np.concatenate([L._predict_many(ee.ravel(), ww.ravel(), c[2], c[0], c[1], tied=True, a0=None,
+    predicted = np.concatenate([LF._predict_many(ee.ravel(), ww.ravel(), c[2], c[0], c[1], tied=True, a0=None,
                                                 method="auto", t_max=1e6, max_iter=200_000) for c in cases])
     descended = L.gradient_descent_outcomes(e, w, b0, p=p, q=q, steps=12_000, lr=0.05)
     assert 0.3 < predicted.mean() < 0.9  # both outcomes occur
@@ -241,7 +282,7 @@ def test_predicted_outcome_agrees_with_gradient_descent_on_a_grid():
 @pytest.mark.parametrize("p,q", [(0.5, 0.8), (0.2, 0.3)])
 def test_conserved_rule_matches_descent_with_b_profiled(p, q):
     ee, ww = np.meshgrid(np.linspace(0.1, 1.9, 6), np.linspace(-2.0, 0.5, 9))
-    rule = L._predict_many(ee, ww, None, p, q, tied=True, a0=None, method="auto", t_max=1e6, max_iter=1)
+    rule = LF._predict_many(ee, ww, None, p, q, tied=True, a0=None, method="auto", t_max=1e6, max_iter=1)
     e, w, b = _profiled_descent(ee, ww, p, q, lr=0.1, steps=3000)
     refs = L.reference_losses(p, q)
     loss = L.canonical_loss(e, w, b, p=p, q=q)
@@ -279,6 +320,7 @@ def test_untied_unigram_points_are_saddles(p, q):
     assert min(offsets) < 0 < max(offsets)
 
 
+@pytest.mark.slow  # thousands of gradient-descent steps on a grid of inits
 def test_untied_has_no_bad_local_minimum_from_random_inits():
     rng = np.random.default_rng(4)
     n = 60
@@ -294,13 +336,14 @@ def test_untied_has_no_bad_local_minimum_from_random_inits():
         assert L.predict_outcome(e0[i], w0[i], p=p[i], q=q[i], tied=False, a0=a0[i]) == "bigram"
 
 
+@pytest.mark.slow  # thousands of gradient-descent steps on a grid of inits
 def test_untied_conserves_balance_and_symmetric_inits_match_descent():
     traj = L.gradient_flow(0.3, -0.5, 0.0, p=0.5, q=0.8, steps=2000, lr=1e-3, tied=False, a0=0.1)
     assert traj.points.shape == (2001, 4)
     np.testing.assert_allclose(traj.e**2 - traj.a**2, 0.3**2 - 0.1**2, rtol=1e-5)
     ee, ww = np.meshgrid(np.linspace(0.2, 1.8, 5), np.linspace(-2.0, 0.6, 6))
     for sign in (1.0, -1.0):
-        pred = L._predict_many(ee, ww, 0.0, 0.2, 0.3, tied=False, a0=sign * ee, method="auto", t_max=1e6,
+        pred = LF._predict_many(ee, ww, 0.0, 0.2, 0.3, tied=False, a0=sign * ee, method="auto", t_max=1e6,
                                max_iter=200_000)
         gd = L.gradient_descent_outcomes(ee, ww, 0.0, p=0.2, q=0.3, steps=8_000, lr=0.05, tied=False, a0=sign * ee)
         assert (pred == gd).mean() >= 0.95
@@ -317,7 +360,7 @@ def test_regime_map_pq_follows_the_diagonal():
     np.testing.assert_array_equal(tied.bigram[off], (pp + qq < 1)[off])
     untied = L.regime_map_pq(e0=0.1, w0=0.1, n=12, tied=False)
     assert untied.bigram.all()
-    fig = L.plot_regime_map_pq(tied)
+    fig = figures.regime_map_pq_figure(tied)
     ax = fig.axes[0]
     assert any(np.allclose(line.get_xdata(), [0, 1]) and np.allclose(line.get_ydata(), [1, 0]) for line in ax.lines)
     assert tied.to_dict()["bigram"][0][0] is True
@@ -327,18 +370,18 @@ def test_regime_map_init_and_figures():
     rmap = L.regime_map_init(p=0.5, q=0.8, n_w=21, n_e=12)
     assert rmap.bigram.shape == (12, 21)
     ww, ee = np.meshgrid(rmap.x, rmap.y)
-    rule = L._predict_many(ee, ww, None, 0.5, 0.8, tied=True, a0=None, method="auto", t_max=1e6, max_iter=1)
+    rule = LF._predict_many(ee, ww, None, 0.5, 0.8, tied=True, a0=None, method="auto", t_max=1e6, max_iter=1)
     assert (rule == rmap.bigram).mean() > 0.9  # b trained from 0 moves the boundary only a little
     assert not rmap.bigram[ww > 0].any()  # w0 > 0 with p + q > 1: never learns the kernel
     assert rmap.bigram[ww < -1].all()
     untied = L.regime_map_init(p=0.5, q=0.8, n_w=9, n_e=5, tied=False)
     assert untied.bigram.all()
-    for fig in (L.plot_regime_map_init(rmap), L.plot_regime_map_init(untied),
-                L.plot_landscape(p=0.5, q=0.8, n=30,
+    for fig in (figures.regime_map_init_figure(rmap), figures.regime_map_init_figure(untied),
+                figures.landscape_figure(p=0.5, q=0.8, n=30,
                                  trajectory=L.gradient_flow(0.3, -0.6, p=0.5, q=0.8, steps=50, lr=0.3))):
         assert len(fig.axes) >= 1
     with pytest.raises(ValueError, match="kind"):
-        L.plot_regime_map_pq(rmap)
+        figures.regime_map_pq_figure(rmap)
 
 
 def test_invalid_arguments_raise():
@@ -398,3 +441,37 @@ def test_canonical_projection_reads_hooked_names_and_untied_models():
         L.canonical_projection({**state, "blocks.1.mlp.in.weight": state["blocks.0.mlp.in.weight"]})
     with pytest.raises(ValueError, match="binary"):
         L.canonical_projection({**state, "embed.weight": torch.randn(3, 8)})
+
+
+# ----------------------------------------------------------------------------------------- the package
+
+
+def test_public_api_is_reexported_and_nothing_draws():
+    import markov_interp.landscape.canonical as canonical
+    import markov_interp.landscape.flow as flow
+    import markov_interp.landscape.projection as projection
+
+    for name in L.__all__:
+        assert hasattr(L, name), name
+    defined = {n for m in (canonical, flow, projection) for n in dir(m) if not n.startswith("_")
+               and getattr(getattr(m, n), "__module__", m.__name__) == m.__name__ and callable(getattr(m, n))}
+    assert defined <= set(L.__all__), defined - set(L.__all__)
+    assert not [n for n in L.__all__ if n.startswith("plot")]  # figures live in report.figures
+
+
+def test_only_projection_may_read_models():
+    import ast
+    from pathlib import Path
+
+    folder = Path(L.__file__).parent
+    for path in folder.glob("*.py"):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                imported.add(node.module or "")
+        assert not any(m.startswith(("matplotlib", "markov_interp.report")) for m in imported), path.name
+        if path.name != "projection.py":
+            assert not any(m.startswith(("transformer_lens", "markov_interp.models")) for m in imported), path.name
+

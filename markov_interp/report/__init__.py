@@ -8,7 +8,8 @@ inlined once per file), the ablation table, the learned kernel against the true 
 landscape (single-layer binary runs) and probe scores over training (runs with checkpoints).
 
 The figure functions in `markov_interp.report.figures` return matplotlib figures (or a circuitsvis figure)
-from probe results, for use in notebooks; nothing in this package computes a probe number itself.
+from probe results, the canonical landscape and the reproduction's tables, for use in notebooks; every figure
+of the package lives there, and nothing in this package computes a probe number itself.
 
 >>> # from markov_interp import report
 >>> # report.build("runs/binary").save()   # -> runs/binary/report.html
@@ -30,8 +31,15 @@ from markov_interp.report.figures import (
     head_scores_figure,
     in_context_tracking_figure,
     kernel_figure,
+    landscape_figure,
     loss_curves_figure,
     position_loss_figure,
+    regime_map_init_figure,
+    regime_map_pq_figure,
+    reproduction_depth_figure,
+    reproduction_init_precision_figure,
+    reproduction_mechanism_figure,
+    reproduction_phase_figure,
     strategy_similarity_figure,
     training_probes_figure,
 )
@@ -39,6 +47,8 @@ from markov_interp.report.figures import (
 __all__ = [
     "REPORT_FILE", "SECTION_IDS", "CircuitsFigure", "Report", "Section", "ablation_figure", "atomic_write_text",
     "attention_patterns_figure", "build", "checkpoint_files", "circuits_figure", "circuitsvis_bundle", "document",
-    "figure_svg", "head_scores_figure", "in_context_tracking_figure", "kernel_figure", "loss_curves_figure",
-    "position_loss_figure", "strategy_similarity_figure", "training_probes_figure",
+    "figure_svg", "head_scores_figure", "in_context_tracking_figure", "kernel_figure", "landscape_figure",
+    "loss_curves_figure", "position_loss_figure", "regime_map_init_figure", "regime_map_pq_figure",
+    "reproduction_depth_figure", "reproduction_init_precision_figure", "reproduction_mechanism_figure",
+    "reproduction_phase_figure", "strategy_similarity_figure", "training_probes_figure",
 ]

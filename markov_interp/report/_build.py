@@ -256,7 +256,7 @@ def _landscape_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]]
                        (paragraph(f"Could not project the run onto the canonical coordinates: {err}", cls="note"),))
     e, w, b = (float(v) for v in traj.points[-1])
     ws, es = traj.points[:, 1], abs(traj.points[:, 0])
-    fig = landscape.plot_landscape(
+    fig = figures.landscape_figure(
         p=src.p, q=src.q, trajectory=traj,
         w_range=(min(-2.5, float(ws.min()) - 0.3), max(1.5, float(ws.max()) + 0.3)),
         e_range=(0.0, max(2.5, 1.1 * float(es.max()))),

@@ -12,10 +12,12 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+from einops import rearrange
 from jaxtyping import Float, Int
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from markov_interp import landscape
 from markov_interp.report._html import CircuitsFigure, circuits_figure
 from markov_interp.theory import format_loss
 
@@ -171,7 +173,7 @@ def attention_patterns_figure(
     if tokens.shape[0] != n_query or n_query != n_key:
         raise ValueError(f"patterns of shape {tuple(patterns.shape)} do not match {tokens.shape[0]} tokens")
     names = [f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
-    flat = patterns.detach().float().cpu().reshape(n_layers * n_heads, n_query, n_key)
+    flat = rearrange(patterns.detach().float().cpu(), "layer head query_pos key_pos -> (layer head) query_pos key_pos")
     return circuits_figure(
         "AttentionHeads",
         {
@@ -386,4 +388,220 @@ def strategy_similarity_figure(
     ax.set_title("Distance to each prediction strategy over training (lowest = closest)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.25)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the canonical landscape (markov_interp.landscape): regime maps and the b-profiled loss
+# ---------------------------------------------------------------------------------------------------------------
+
+_OUTCOME_COLOURS = ("#d9a441", "#3b7dbf")  # unigram, bigram
+
+
+def _new_axes(ax: Any, figsize: tuple[float, float]) -> tuple[Any, Any]:
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _draw_outcomes(ax: Any, rmap: landscape.RegimeMap) -> None:
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    ax.pcolormesh(rmap.x, rmap.y, rmap.bigram.astype(float), cmap=ListedColormap(_OUTCOME_COLOURS), vmin=0,
+                  vmax=1, shading="nearest", rasterized=True)  # a raster: the grid as vector art is megabytes
+    ax.set_xlabel(rmap.x_label)
+    ax.set_ylabel(rmap.y_label)
+    handles = [Patch(color=_OUTCOME_COLOURS[1], label="bigram (learns the kernel)"),
+               Patch(color=_OUTCOME_COLOURS[0], label="unigram (stuck at H(pi))")]
+    ax.legend(handles=handles, loc="upper right", fontsize="small", framealpha=0.9)
+
+
+def regime_map_pq_figure(rmap: landscape.RegimeMap, *, ax: Any = None) -> Figure:
+    """A (p, q) regime map (`landscape.regime_map_pq`) with the theory's boundary p + q = 1 drawn dashed."""
+    if rmap.kind != "pq":
+        raise ValueError(f"expected a regime map of kind 'pq', got kind {rmap.kind!r}")
+    fig, ax = _new_axes(ax, (5.2, 4.6))
+    _draw_outcomes(ax, rmap)
+    ax.plot([0, 1], [1, 0], "k--", lw=1.2, label="p + q = 1")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_aspect("equal")
+    s = rmap.settings
+    ax.set_title(f"{'tied' if rmap.tied else 'untied'}: init e0={s['e0']:g}, w0={s['w0']:g}", fontsize="medium")
+    return fig
+
+
+def regime_map_init_figure(rmap: landscape.RegimeMap, *, ax: Any = None) -> Figure:
+    """An init-plane regime map (`landscape.regime_map_init`) with the b-profiled theory's separatrix and the
+    line w0 = -1/sqrt(2) (tied)."""
+    if rmap.kind != "init":
+        raise ValueError(f"expected a regime map of kind 'init', got kind {rmap.kind!r}")
+    fig, ax = _new_axes(ax, (6.0, 4.2))
+    _draw_outcomes(ax, rmap)
+    if rmap.tied:
+        ws = np.linspace(rmap.x.min(), min(rmap.x.max(), -1e-3), 400)
+        ax.plot(ws, landscape.separatrix(ws), "k--", lw=1.2, label="separatrix E = -h*")
+        ax.axvline(landscape.W_SADDLE, color="k", lw=0.8, ls=":")
+        ax.set_ylim(rmap.y.min(), rmap.y.max())
+    s = rmap.settings
+    ax.set_title(f"{'tied' if rmap.tied else 'untied'}: p={s['p']:g}, q={s['q']:g}, b0={s['b0']}",
+                 fontsize="medium")
+    return fig
+
+
+def landscape_figure(*, p: float, q: float, w_range: tuple[float, float] = (-2.5, 1.5),
+                     e_range: tuple[float, float] = (0.0, 2.5), n: int = 161,
+                     trajectory: Optional[landscape.Trajectory] = None, ax: Any = None) -> Figure:
+    """The b-profiled canonical loss minus the entropy rate over (w, e) (`landscape.profile_loss`), with the
+    global-minimum curve, the unigram line, the saddle at w = -1/sqrt(2) and optionally a `landscape.Trajectory`
+    (a run's `coordinates_trajectory` over checkpoints, or `gradient_flow`) drawn on it."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"n must be an integer >= 2, got {n!r}")
+    refs = landscape.reference_losses(p, q)  # checks p and q
+    ws = np.linspace(float(w_range[0]), float(w_range[1]), n)
+    es = np.linspace(float(e_range[0]), float(e_range[1]), n)
+    ww, ee = np.meshgrid(ws, es)
+    excess = np.maximum(landscape.profile_loss(ee, ww, p=p, q=q) - refs["entropy_rate"], 1e-12)
+    fig, ax = _new_axes(ax, (6.0, 4.2))
+    mesh = ax.pcolormesh(ws, es, np.log10(excess), shading="nearest", cmap="viridis", rasterized=True)
+    fig.colorbar(mesh, ax=ax, label="log10(loss - entropy rate), b optimal")
+    unigram_excess = refs["unigram_loss"] - refs["entropy_rate"]
+    if unigram_excess > 0:
+        ax.contour(ws, es, excess, levels=[unigram_excess], colors="w", linewidths=0.8, linestyles=":")
+    ax.plot(ws, landscape.bigram_minima(ws, p=p, q=q).e, color="r", lw=1.5, label="global minima")
+    ax.axhline(0.0, color="orange", lw=2, label="unigram line")
+    ax.plot([landscape.W_SADDLE], [0.0], "kx", ms=8, label="saddle w = -1/sqrt(2)")
+    if trajectory is not None:
+        ax.plot(trajectory.w, np.abs(trajectory.e), "w-", lw=1.2, label="trajectory")
+        ax.plot(trajectory.w[:1], np.abs(trajectory.e[:1]), "wo", ms=4)
+    ax.set_xlim(ws[0], ws[-1])
+    ax.set_ylim(es[0], es[-1])
+    ax.set_xlabel("w (MLP scale)")
+    ax.set_ylabel("|e| (embedding scale)")
+    ax.set_title(f"canonical landscape, p={float(p):g}, q={float(q):g}", fontsize="medium")
+    ax.legend(loc="upper right", fontsize="small")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the reproduction (markov_interp.reproduce): fractions stuck, depth, mechanisms, initialisation and precision
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def reproduction_phase_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]], values: Sequence[float]) -> Figure:
+    """The (p, q) square, one panel per setting ({title: summary rows}), each cell coloured by the fraction of
+    seeds stuck at the unigram loss, with the theory's boundary p + q = 1 and its predicted unigram cells (x).
+
+    A row holds "p", "q", "stuck_fraction" (None: no finished seed) and "theory" (`landscape.predict_outcome`);
+    `values` are the grid's p (= q) values, which size the cells.
+    """
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.patches import Rectangle
+
+    fig = Figure(figsize=(10.5, 4.6))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    step = min((b - a for a, b in zip(values, values[1:])), default=0.2)
+    cmap, norm = colormaps["coolwarm"], Normalize(0, 1)
+    for ax, (title, rows) in zip(axes, panels.items()):
+        ax.set_facecolor("#f4f4f4")
+        for r in rows:
+            frac, x, y = r["stuck_fraction"], r["p"], r["q"]
+            colour = "#bbbbbb" if frac is None else cmap(norm(frac))
+            ax.add_patch(Rectangle((x - step / 2, y - step / 2), step, step, facecolor=colour, edgecolor="white"))
+            ax.annotate("n/a" if frac is None else f"{frac:.2f}", (x, y), ha="center", va="center", fontsize=8)
+            if r["theory"] == "unigram":
+                ax.plot([x], [y - step * 0.3], marker="x", color="black", markersize=5, ls="none")
+        ax.plot([0, 1], [1, 0], color="black", lw=1.5, ls="--", label="theory boundary p + q = 1")
+        ax.plot([], [], marker="x", color="black", ls="none", label="landscape predicts unigram")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_aspect("equal")
+        ax.set_xlabel("p = P(1 | 0)")
+        ax.set_ylabel("q = P(0 | 1)")
+        ax.set_title(f"{title}: fraction of seeds stuck at H(pi)", fontsize=9)
+        ax.text(0.98, 0.98, "p + q > 1", ha="right", va="top", transform=ax.transAxes, fontsize=8)
+        ax.text(0.02, 0.02, "p + q < 1", ha="left", va="bottom", transform=ax.transAxes, fontsize=8)
+    axes[0].legend(loc="upper left", fontsize=7, framealpha=0.9)
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=list(axes), shrink=0.8, label="fraction stuck")
+    return fig
+
+
+def reproduction_depth_figure(curves: Mapping[int, Sequence[tuple[Sequence[int], Sequence[float]]]],
+                              references: Mapping[str, float], *, p: float, q: float) -> Figure:
+    """Training loss against step for each depth ({n_layers: [(steps, losses) per seed]}, each seed a thin
+    line), with the unigram loss and the entropy rate (`references`, may be empty)."""
+    fig = Figure(figsize=(6.5, 4.2))
+    ax = fig.subplots()
+    colours = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange"]
+    for colour, (n, seeds) in zip(colours, sorted(curves.items())):
+        for i, (steps, losses) in enumerate(seeds):
+            ax.plot(list(steps), list(losses), color=colour, lw=0.9, alpha=0.8,
+                    label=f"{n} layer{'s' if n > 1 else ''}" if i == 0 else None)
+    if references:
+        rate, unigram = references["entropy_rate"], references["unigram_loss"]
+        ax.axhline(unigram, color="grey", ls="--", lw=1, label=f"unigram loss H(pi) = {unigram:.4f}")
+        ax.axhline(rate, color="black", ls=":", lw=1, label=f"entropy rate = {rate:.4f}")
+        ax.set_ylim(rate - 0.02, unigram + 0.04)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats, mean of 10 steps)")
+    ax.set_title(f"depth at p = {p}, q = {q} (tied)")
+    if ax.lines:
+        ax.legend(fontsize=7)
+    return fig
+
+
+_MECHANISM_COLOURS = {"uniform": "lightgrey", "unigram": "tab:red", "in_context_unigram": "tab:orange",
+                      "kernel": "tab:blue", "induction": "tab:green", "other": "tab:purple", "?": "grey"}
+
+
+def reproduction_mechanism_figure(panels: Mapping[str, Sequence[tuple[str, Mapping[str, int]]]]) -> Figure:
+    """Counts of the classified mechanism by depth, one panel per setting ({title: [(n_layers label,
+    {mechanism: seeds})]}), stacked bars coloured by `probes.classify_mechanism`'s label ("?": not probed)."""
+    fig = Figure(figsize=(9, 3.8))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (title, bars) in zip(axes, panels.items()):
+        labels = [label for label, _ in bars]
+        bottom = [0] * len(bars)
+        for mech, colour in _MECHANISM_COLOURS.items():
+            counts = [int(counts.get(mech, 0)) for _, counts in bars]
+            if any(counts):
+                ax.bar(labels, counts, bottom=bottom, color=colour, label=mech)
+                bottom = [b + c for b, c in zip(bottom, counts)]
+        ax.set_xlabel("layers")
+        ax.set_ylabel("seeds")
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.set_title(f"mechanism by depth: {title}", fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def reproduction_init_precision_figure(rows: Sequence[Mapping[str, Any]], *, p: float, q: float) -> Figure:
+    """Fraction of seeds stuck at the unigram loss by initialisation and precision (one layer, tied): rows hold
+    "init", "precision" ("fp32" / "fp16"), "stuck_fraction" and "theory" (the landscape's prediction)."""
+    fig = Figure(figsize=(7, 3.8))
+    ax = fig.subplots()
+    inits = sorted({r["init"] for r in rows})
+    for k, precision in enumerate(("fp32", "fp16")):
+        xs, ys = [], []
+        for i, init in enumerate(inits):
+            match = [r for r in rows if r["init"] == init and r["precision"] == precision]
+            if match and match[0]["stuck_fraction"] is not None:
+                xs.append(i + (k - 0.5) * 0.38)
+                ys.append(match[0]["stuck_fraction"])
+        label = precision + (" autocast, no loss scaling" if precision == "fp16" else "")
+        bars = ax.bar(xs, ys, width=0.36, label=label)
+        ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=7)
+    for i, init in enumerate(inits):
+        match = [r for r in rows if r["init"] == init]
+        if match and match[0]["theory"]:
+            ax.annotate(f"theory: {match[0]['theory']}", (i, 1.04), ha="center", fontsize=8)
+    ax.set_xticks(range(len(inits)), inits, fontsize=8)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("fraction of seeds stuck at H(pi)")
+    ax.set_title(f"initialisation and precision, p = {p}, q = {q}, one layer, tied", fontsize=9)
+    ax.legend(fontsize=7, loc="center right")
     return fig
