@@ -40,6 +40,7 @@ __all__ = [
     "RunConfig",
     "TrainResult",
     "train",
+    "train_many",
     "one_cycle_lr",
     "checkpoint_steps",
     "evaluate",
@@ -199,6 +200,7 @@ class TrainResult:
     out_dir: Optional[Path] = None
     resumed_from: Optional[int] = None  # checkpoint step the run resumed from, None if fresh
     already_done: bool = False  # True when a finished run folder was loaded instead of trained
+    failed: Optional[str] = None  # train_many: why a stack member was stopped (it diverged), None if it finished
 
 
 # ---------------------------------------------------------------------------------------------- schedule
@@ -512,6 +514,18 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
         models.save(model, out)
     final = _final(rows, references)
     return TrainResult(model=model, metrics=rows, final=final, config=run, out_dir=out, resumed_from=resumed_from)
+
+
+def train_many(runs: "list[RunConfig]", out_dirs: "Optional[list[str | os.PathLike]]" = None, *,
+               progress: bool = True) -> list[TrainResult]:
+    """Train compatible runs (same shapes; they may differ in seed, source parameters, init options, lr and
+    weight decay) as one stacked model, each member equal to its solo `train(run)` up to float rounding and
+    writing a normal run folder; a member that diverges is recorded (`TrainResult.failed`) and frozen while
+    the others finish. Incompatible runs raise ValueError naming the field. See `markov_interp.stacked_training`.
+    """
+    from markov_interp.stacked_training import train_many as _train_many
+
+    return _train_many(runs, out_dirs, progress=progress)
 
 
 def _final(rows: list[dict], references: dict) -> dict:

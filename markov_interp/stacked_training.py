@@ -1,0 +1,383 @@
+"""Training many runs as one stacked model (`training.train_many`): seeds and grid cells trained together.
+
+Runs that share their shapes (architecture, vocab, n_ctx, seq_len, batch size, steps, optimiser kind and
+hyper-parameters other than lr / weight decay, schedule, precision, evaluation and checkpoint plan, device)
+train as one `stacked.Stack`: one batched forward, one backward of the summed member losses (members share
+no parameter, so each member's gradient is its solo gradient), one elementwise optimiser step with
+per-member learning rate and weight decay. Members may differ in seed, source parameters of the same kind and
+vocab (p, q, kernel, alpha, order, initial law), initialisation options, learning rate and weight decay.
+
+**A member is its solo run.** It draws its batches from the generator `training.train` would use
+(`_derive_seed(seed, "train-data")`), evaluates on the solo evaluation stream, starts from `models.build(cfg,
+seed=seed)` and follows torch's AdamW / SGD arithmetic, so its weights match `train(run)` up to float
+rounding (tested at 1e-4 after 100 steps; in practice far closer).
+
+**Run folders.** Each member writes a normal run folder (config.json, metrics.jsonl, model.safetensors,
+checkpoints/) in exactly the solo format: its checkpoints hold its own weights and a `torch.optim` state dict
+(plus its generators and pending losses), so `load`, probes and reports read it unchanged and solo `train`
+could resume it. A stacked group resumes from the newest checkpoint step that every member folder holds
+(members checkpoint together, so that is the newest one unless a kill fell between two members' writes) and
+ends bit-identical to an uninterrupted group; members whose folder is already finished are loaded, not
+retrained, and the others train as a smaller stack (members are independent, so that changes nothing).
+
+**Divergence.** A member whose training loss or gradient is not finite at some step is frozen there (its
+weights and optimiser state are those before the step), recorded as failed in its metrics (a row
+`{"step": s, "failed": ...}`) and in `TrainResult.failed`, and the others finish. Its folder keeps its last
+finite weights as model.safetensors and counts as finished (a rerun loads it).
+"""
+
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from markov_interp import models, stacked, theory, training
+from markov_interp.training import RunConfig, TrainConfig, TrainResult
+
+__all__ = ["train_many", "check_compatible", "MEMBER_TRAIN_FIELDS", "FAILED_KEY"]
+
+# TrainConfig fields in which the members of a stack may differ (everything else must match).
+MEMBER_TRAIN_FIELDS = ("seed", "lr", "weight_decay")
+FAILED_KEY = "failed"  # the metrics row key of a member that diverged
+_FAILED_MESSAGE = "non-finite training loss or gradient; member frozen at its last finite weights"
+
+
+# ------------------------------------------------------------------------------------------ compatibility
+def check_compatible(runs: Sequence[RunConfig]) -> None:
+    """Refuse runs that cannot share one stack, with a ValueError naming the first differing field."""
+    if not runs:
+        raise ValueError("train_many needs at least one run")
+    for i, run in enumerate(runs):
+        if not isinstance(run, RunConfig):
+            raise ValueError(f"runs[{i}] must be a RunConfig, got {type(run).__name__}")
+    first = runs[0]
+    if first.train.loss_scaling:
+        raise ValueError("train.loss_scaling=True is not supported in a stack (one scale per member would be "
+                         "needed); train these runs one by one with training.train")
+    for i, run in enumerate(runs[1:], start=1):
+        diffs = _differences(first, run)
+        if diffs:
+            field, a, b = diffs[0]
+            raise ValueError(
+                f"runs[{i}] cannot share a stack with runs[0]: {field} differs ({b!r} vs {a!r}); members may "
+                f"differ only in train.{'/'.join(MEMBER_TRAIN_FIELDS)}, the source's parameters (same kind and "
+                f"vocab) and the model's init options ({', '.join(stacked.INIT_FIELDS)})"
+            )
+
+
+def _differences(a: RunConfig, b: RunConfig) -> list[tuple[str, Any, Any]]:
+    out = []
+    if a.source.kind != b.source.kind:
+        out.append(("source.kind", a.source.kind, b.source.kind))
+    elif a.source.vocab_size != b.source.vocab_size:
+        out.append(("source vocab", a.source.vocab_size, b.source.vocab_size))
+    ma, mb = stacked.shape_config(a.model).to_dict(), stacked.shape_config(b.model).to_dict()
+    out += [(f"model.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
+    ta, tb = a.train.to_dict(), b.train.to_dict()
+    out += [(f"train.{k}", ta[k], tb[k]) for k in ta if k not in MEMBER_TRAIN_FIELDS and ta[k] != tb[k]]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ entry
+def train_many(runs: Sequence[RunConfig], out_dirs: Optional[Sequence["str | os.PathLike"]] = None, *,
+               progress: bool = True) -> list[TrainResult]:
+    """Train compatible `runs` as one stacked model; one `TrainResult` per run, in order (see module doc)."""
+    runs = list(runs)
+    check_compatible(runs)
+    if out_dirs is not None:
+        outs: list[Optional[Path]] = [Path(d) for d in out_dirs]
+        if len(outs) != len(runs):
+            raise ValueError(f"got {len(runs)} runs but {len(outs)} out_dirs")
+        resolved = [o.resolve() for o in outs]
+        if len(set(resolved)) != len(resolved):
+            raise ValueError(f"out_dirs must be distinct folders, got {[str(o) for o in outs]}")
+    else:
+        outs = [None] * len(runs)
+    device = training.resolve_device(runs[0].train.device)
+    results: list[Optional[TrainResult]] = [None] * len(runs)
+    todo = []
+    for i, (run, out) in enumerate(zip(runs, outs)):
+        if out is not None:
+            training._prepare_folder(out, run)
+            if (out / models.WEIGHTS_FILE).exists():
+                results[i] = _finished_member(out, run, device)
+                continue
+        todo.append(i)
+    if todo:
+        group = _Group.create([runs[i] for i in todo], [outs[i] for i in todo], device)
+        for i, result in zip(todo, group.train(progress)):
+            results[i] = result
+    return results  # type: ignore[return-value]
+
+
+def _finished_member(out: Path, run: RunConfig, device: torch.device) -> TrainResult:
+    failed = [r for r in training.load_metrics(out) if FAILED_KEY in r]
+    if not failed:
+        return training._finished(out, run, device)
+    model = models.load(out, device=device, expect=run.model)
+    rows = training.load_metrics(out)
+    references = {k: round(float(v), 12) for k, v in
+                  theory.reference_losses(run.source.build(), run.train.seq_len + 1).items()}
+    return TrainResult(model=model, metrics=rows, final=_failed_final(failed[-1]["step"], references), config=run,
+                       out_dir=out, already_done=True, failed=_failure_text(failed[-1]["step"]))
+
+
+def _failure_text(step: int) -> str:
+    return f"diverged at step {step}: {_FAILED_MESSAGE}"
+
+
+def _failed_final(step: int, references: dict) -> dict:
+    return {"step": step, "eval_loss": math.nan, **references}
+
+
+def _on_step(step: int) -> None:
+    """Called after every completed step (after its checkpoint); tests replace it to simulate a kill."""
+
+
+# ------------------------------------------------------------------------------------------------ group
+@dataclasses.dataclass
+class _Group:
+    """The state of one stacked training group: the stack, its optimiser, each member's streams and rows."""
+
+    runs: list
+    outs: list
+    device: torch.device
+    sources: list
+    references: list  # per member: theory's reference losses (rounded like solo rows)
+    stack: stacked.Stack
+    optimizer: stacked.StackedOptimizer
+    train_gens: list
+    eval_gens: list
+    templates: dict  # ModelConfig -> a solo hooked model used to read / write member files
+    rows: list = dataclasses.field(default_factory=list)  # per member: metrics rows
+    pending: list = dataclasses.field(default_factory=list)  # per step: [member] train losses since last row
+    failed: list = dataclasses.field(default_factory=list)  # per member: step it diverged, or None
+    start: int = 0
+    resumed_from: Optional[int] = None
+
+    @classmethod
+    def create(cls, runs: list, outs: list, device: torch.device) -> "_Group":
+        tc: TrainConfig = runs[0].train
+        sources = [r.source.build() for r in runs]
+        cache: dict[str, dict] = {}
+        references = []
+        for run, source in zip(runs, sources):
+            key = run.source.to_json()
+            if key not in cache:  # rounded: rows must compare exactly with solo rows
+                cache[key] = {k: round(float(v), 12)
+                              for k, v in theory.reference_losses(source, tc.seq_len + 1).items()}
+            references.append(cache[key])
+        stack = stacked.build_stack([r.model for r in runs], [r.train.seed for r in runs], device=device)
+        optimizer = stacked.StackedOptimizer(stack, kind=tc.optimizer, betas=tc.betas, momentum=tc.momentum)
+        gens = [[torch.Generator(device=device).manual_seed(training._derive_seed(r.train.seed, stream))
+                 for r in runs] for stream in ("train-data", "eval-data")]
+        group = cls(runs=runs, outs=outs, device=device, sources=sources, references=references, stack=stack,
+                    optimizer=optimizer, train_gens=gens[0], eval_gens=gens[1], templates={},
+                    rows=[[] for _ in runs], failed=[None] * len(runs))
+        group._resume()
+        return group
+
+    @property
+    def tc(self) -> TrainConfig:
+        return self.runs[0].train
+
+    def template(self, k: int) -> Any:
+        cfg = self.runs[k].model
+        if cfg not in self.templates:
+            self.templates[cfg] = models.build(cfg, seed=0)
+        return self.templates[cfg]
+
+    # -- training loop
+    def train(self, progress: bool) -> list[TrainResult]:
+        tc, n = self.tc, len(self.runs)
+        wd = torch.tensor([r.train.weight_decay for r in self.runs], dtype=torch.float64, device=self.device)
+        alive = torch.tensor([f is None for f in self.failed], device=self.device)
+        failed_at = torch.tensor([-1 if f is None else f for f in self.failed], device=self.device)
+        ckpt_steps = set(training.checkpoint_steps(tc.steps, tc.n_checkpoints))
+        bar = tqdm(total=tc.steps, initial=self.start, disable=not progress, desc=f"train x{n}", unit="step",
+                   dynamic_ncols=True)
+        try:
+            for step in range(self.start + 1, tc.steps + 1):
+                lrs = [training._lr_at(r.train, step - 1) for r in self.runs]
+                losses, ok = self._step(torch.tensor(lrs, dtype=torch.float64, device=self.device), wd, alive)
+                failed_at = torch.where(alive & ~ok, step, failed_at)
+                alive = alive & ok
+                self.pending.append(losses)
+                bar.update(1)
+                is_eval = step == tc.steps or (tc.eval_every > 0 and step % tc.eval_every == 0)
+                if step % tc.log_every == 0 or is_eval or step in ckpt_steps:
+                    self._note_failures(failed_at)
+                if step % tc.log_every == 0 or is_eval:
+                    self._log(step, lrs, is_eval)
+                if step in ckpt_steps:
+                    self._checkpoint(step, lrs)
+                _on_step(step)
+        finally:
+            bar.close()
+        return self._finish()
+
+    def _step(self, lr: torch.Tensor, wd: torch.Tensor, alive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimiser step of every member; returns the [member] losses and which members stayed finite."""
+        tc = self.tc
+        tokens = torch.stack([s.sample(tc.batch_size, tc.seq_len + 1, generator=g)
+                              for s, g in zip(self.sources, self.train_gens)])
+        with training._autocast(self.device, tc.precision):
+            logits = stacked.stacked_forward(self.stack, tokens[..., :-1])
+        losses = stacked.stacked_loss(logits, tokens[..., 1:])
+        self.optimizer.zero_grad()
+        losses.sum().backward()
+        ok = torch.isfinite(losses) & self.optimizer.member_finite()
+        if tc.grad_clip is not None:
+            self.optimizer.clip_grad_norm(tc.grad_clip)
+        self.optimizer.step(lr, wd, alive & ok)
+        return losses.detach(), ok
+
+    def _note_failures(self, failed_at: torch.Tensor) -> None:
+        for k, step in enumerate(failed_at.tolist()):
+            if step >= 0 and self.failed[k] is None:
+                self.failed[k] = step
+                self.rows[k].append({"step": step, FAILED_KEY: _FAILED_MESSAGE})
+                self._write_rows(k)
+
+    def _log(self, step: int, lrs: list, is_eval: bool) -> None:
+        # per member a contiguous row of its pending losses, reduced like solo's torch.stack(pending).mean()
+        means = torch.stack(self.pending).float().T.contiguous().mean(dim=1).tolist()
+        self.pending = []
+        evals = self._evaluate() if is_eval else None
+        for k in range(len(self.runs)):
+            if self.failed[k] is not None:
+                continue
+            row = {"step": step, "lr": lrs[k], "train_loss": means[k]}
+            if evals is not None:
+                row["eval_loss"] = evals[k]
+                row.update(self.references[k])
+            self.rows[k].append(row)
+            self._write_rows(k)
+
+    @torch.no_grad()
+    def _evaluate(self) -> list[float]:
+        """Each member's mean loss on its own fresh evaluation batches (solo `training.evaluate`'s stream)."""
+        tc = self.tc
+        totals = [0.0] * len(self.runs)
+        for _ in range(tc.eval_batches):
+            tokens = torch.stack([s.sample(tc.batch_size, tc.seq_len + 1, generator=g)
+                                  for s, g in zip(self.sources, self.eval_gens)])
+            with training._autocast(self.device, tc.precision):
+                logits = stacked.stacked_forward(self.stack, tokens[..., :-1])
+            for k, value in enumerate(stacked.stacked_loss(logits, tokens[..., 1:]).tolist()):
+                totals[k] += value
+        return [t / tc.eval_batches for t in totals]
+
+    def _write_rows(self, k: int) -> None:
+        if self.outs[k] is not None:
+            training._write_metrics(self.outs[k] / training.METRICS_FILE, self.rows[k])
+
+    # -- files
+    def _member_model(self, k: int) -> Any:
+        model = self.template(k)
+        models.load_weights_into(model, self.stack.member_state(k), source=f"stack member {k}")
+        return model
+
+    def _checkpoint(self, step: int, lrs: list) -> None:
+        """Every member's checkpoint in the solo format (plus its divergence step under `stack_failed_at`)."""
+        scaler = torch.amp.GradScaler(self.device.type, enabled=False).state_dict()
+        for k, out in enumerate(self.outs):
+            if out is None:
+                continue
+            model = self._member_model(k)
+            training._save_checkpoint(out, step, model, {
+                "step": step,
+                "optimizer": self._solo_optimizer_state(k, model, lrs[k]),
+                "scaler": scaler,
+                "train_generator": self.train_gens[k].get_state(),
+                "eval_generator": self.eval_gens[k].get_state(),
+                "pending_losses": torch.stack([p[k] for p in self.pending]).cpu() if self.pending
+                else torch.zeros(0),
+                "stack_failed_at": -1 if self.failed[k] is None else self.failed[k],
+            })
+
+    def _solo_optimizer_state(self, k: int, model: Any, lr: float) -> dict:
+        """Member k's optimiser state as the state dict of the torch optimiser solo `train` would hold."""
+        optimizer = training._make_optimizer(model, self.runs[k].train)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        names = _names_by_id(model)
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                state = {key: value[k].detach().to("cpu").clone()
+                         for key, value in self.optimizer.state[names[id(param)]].items()}
+                if self.tc.optimizer == "adamw":
+                    state["step"] = torch.tensor(float(self.optimizer.step_count), dtype=torch.float32)
+                if state:
+                    optimizer.state[param] = state
+        return optimizer.state_dict()
+
+    def _resume(self) -> None:
+        """Continue from the newest checkpoint step every member folder holds (none: a fresh start)."""
+        if any(out is None for out in self.outs):
+            return
+        common = set.intersection(*({s for s, _ in training.list_checkpoints(out)} for out in self.outs))
+        if not common:
+            for out in self.outs:
+                if (out / training.METRICS_FILE).exists():
+                    training._write_metrics(out / training.METRICS_FILE, [])
+            return
+        step = max(common)
+        pending = []
+        for k, out in enumerate(self.outs):
+            pending.append(self._load_member(k, out, step))
+        self.pending = [torch.stack(col) for col in zip(*pending)] if pending and pending[0] else []
+        self.optimizer.step_count = step
+        self.start = self.resumed_from = step
+
+    def _load_member(self, k: int, out: Path, step: int) -> list:
+        model = self.template(k)
+        state = training._load_checkpoint(out, step, model)
+        self.stack.load_member(k, models.state_dict_for_save(model))
+        names = _names_by_id(model)
+        order = [names[id(p)] for g in training._decay_groups(model, 0.0) for p in g["params"]]
+        with torch.no_grad():
+            for index, saved in state["optimizer"]["state"].items():
+                for key, value in saved.items():
+                    if key == "step":
+                        continue
+                    target = self.optimizer.state[order[int(index)]]
+                    if key not in target:
+                        target[key] = torch.zeros_like(self.stack.params[order[int(index)]])
+                    target[key][k].copy_(value.to(self.device))
+        self.train_gens[k].set_state(state["train_generator"])
+        self.eval_gens[k].set_state(state["eval_generator"])
+        failed_at = int(state.get("stack_failed_at", -1))
+        self.failed[k] = None if failed_at < 0 else failed_at
+        self.rows[k] = [r for r in training.load_metrics(out) if r["step"] <= step]
+        self._write_rows(k)
+        return [t.to(self.device) for t in state["pending_losses"].unbind()]
+
+    def _finish(self) -> list[TrainResult]:
+        results = []
+        for k, (run, out) in enumerate(zip(self.runs, self.outs)):
+            model = models.build(run.model, seed=0, device=self.device)
+            models.load_weights_into(model, self.stack.member_state(k), source=f"stack member {k}")
+            model.eval()
+            if out is not None:
+                models.save(model, out)
+            if self.failed[k] is None:
+                final, failed = training._final(self.rows[k], self.references[k]), None
+            else:
+                final, failed = _failed_final(self.failed[k], self.references[k]), _failure_text(self.failed[k])
+            results.append(TrainResult(model=model, metrics=self.rows[k], final=final, config=run, out_dir=out,
+                                       resumed_from=self.resumed_from, failed=failed))
+        return results
+
+
+def _names_by_id(model: Any) -> dict[int, str]:
+    """TransformerLens state-dict name of each parameter of `model` (a tied matrix under `embed.weight`)."""
+    names: dict[int, str] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(tensor), name)
+    return names
