@@ -54,6 +54,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     g.add_argument("--schedule", choices=["one-cycle", "constant"], default="one-cycle")
     g.add_argument("--seed", type=int, default=0, help="model init and data seed (default 0)")
+    g.add_argument("--seeds", default=None,
+                   help="train several seeds as one stacked model into OUT/seed-N/, e.g. 0-7 or 0,3,5 (overrides "
+                   "--seed; each member equals its solo run up to float rounding)")
     g.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32",
                    help="fp32 (default) or autocast fp16 / bf16; precision changes the paper's outcome")
     g.add_argument("--loss-scaling", action="store_true", help="fp16 with dynamic loss scaling")
@@ -111,19 +114,56 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
             loss_scaling=args.loss_scaling, device=args.device, eval_every=args.eval_every,
             n_checkpoints=args.checkpoints,
         )
-        result = train(RunConfig(source=source, model=model, train=train_cfg), args.out,
-                       progress=not args.no_progress)
-        f = result.final
-        parts = [f"final eval loss {f['eval_loss']:.4f} nats", f"entropy rate {f['entropy_rate']:.4f}",
-                 f"unigram loss {f['unigram_loss']:.4f}"]
-        if "bayes_loss" in f:
-            parts.append(f"in-context Bayes loss {f['bayes_loss']:.4f}")
-        status = "already trained" if result.already_done else (
-            f"resumed from step {result.resumed_from}" if result.resumed_from else "trained")
-        print(f"{status} ({f['step']} steps): " + ", ".join(parts) + f" -> {args.out}")
-        return 0
+        run = RunConfig(source=source, model=model, train=train_cfg)
+        if args.seeds is None:
+            result = train(run, args.out, progress=not args.no_progress)
+            print(_train_summary(result, args.out))
+            return 0
+        import dataclasses
+        from pathlib import Path
+
+        from markov_interp.training import train_many
+
+        seeds = _parse_seeds(args.seeds)
+        runs = [dataclasses.replace(run, train=dataclasses.replace(train_cfg, seed=s)) for s in seeds]
+        outs = [Path(args.out) / f"seed-{s}" for s in seeds]
+        failed = 0
+        for seed, out, result in zip(seeds, outs, train_many(runs, outs, progress=not args.no_progress)):
+            if result.failed:
+                failed += 1
+                print(f"seed {seed}: FAILED, {result.failed} -> {out}")
+            else:
+                print(f"seed {seed}: " + _train_summary(result, out))
+        return 1 if failed else 0
 
     p.set_defaults(handler=handler)
+
+
+def _parse_seeds(text: str) -> list[int]:
+    """Seeds from "0-7" (inclusive range), "0,3,5" or a mix ("1,4-6"); ValueError naming --seeds otherwise."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"--seeds must look like 0-7 or 0,3,5 (seeds >= 0), got {text!r}")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last < first:
+            raise ValueError(f"--seeds range {part.strip()!r} is empty (end before start)")
+        seeds += range(first, last + 1)
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds lists a seed twice: {text!r}")
+    return seeds
+
+
+def _train_summary(result, out) -> str:
+    f = result.final
+    parts = [f"final eval loss {f['eval_loss']:.4f} nats", f"entropy rate {f['entropy_rate']:.4f}",
+             f"unigram loss {f['unigram_loss']:.4f}"]
+    if "bayes_loss" in f:
+        parts.append(f"in-context Bayes loss {f['bayes_loss']:.4f}")
+    status = "already trained" if result.already_done else (
+        f"resumed from step {result.resumed_from}" if result.resumed_from else "trained")
+    return f"{status} ({f['step']} steps): " + ", ".join(parts) + f" -> {out}"
 
 
 def _add_probe(sub: argparse._SubParsersAction) -> None:

@@ -60,7 +60,7 @@ class Stack:
     the shared architecture. `act` and `rotary` are the parameter-free modules of the solo fast path.
     """
 
-    def __init__(self, configs: Sequence[ModelConfig], params: dict[str, Tensor], act: Optional[torch.nn.Module],
+    def __init__(self, configs: Sequence[ModelConfig], params: dict[str, Tensor], act: Optional[Callable],
                  rotary: Optional[torch.nn.Module]):
         self.configs = list(configs)
         self.cfg = configs[0]
