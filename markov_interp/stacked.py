@@ -104,9 +104,13 @@ def build_stack(configs: Sequence[ModelConfig], seeds: Sequence[int], *, device:
             field = next(f for f, v in shape_config(cfg).to_dict().items() if shared.to_dict()[f] != v)
             raise ValueError(f"model config {i} differs from config 0 in model.{field}: members of a stack "
                              f"may differ only in {list(INIT_FIELDS)}")
-    states, template = [], None
+    states, templates = [], {}
     for cfg, seed in zip(configs, seeds):
-        template = models.build(cfg, seed=seed)
+        if cfg not in templates:
+            templates[cfg] = template = models.build(cfg, seed=seed)
+        else:  # re-running build's initialiser on a built model: the same weights, 25x cheaper than a build
+            template = templates[cfg]
+            models._initialise(template.original_model, cfg, seed)
         states.append(models.state_dict_for_save(template))
     dev = torch.device(device) if device is not None else torch.device("cpu")
     params = {name: torch.stack([s[name] for s in states]).to(dev).requires_grad_(True) for name in states[0]}
@@ -201,9 +205,11 @@ def _block(stack: Stack, hooks: Mapping[str, Callable], i: int,
     n_members = x.shape[0]
     x = _hook(hooks, b + "hook_resid_pre", x)
     h = _norm(stack, x, b + "ln1")
+    # q, k and v in one batched matmul (three small ones cost about twice as much on a CPU)
+    weight = torch.cat([p[f"{b}attn.{name}.weight"] for name in "qkv"], dim=1)
+    bias = torch.cat([p[f"{b}attn.{name}.bias"] for name in "qkv"], dim=1) if cfg.attn_bias else None
     heads = {}
-    for name in "qkv":
-        act = _linear(h, p[f"{b}attn.{name}.weight"], p.get(f"{b}attn.{name}.bias"))
+    for name, act in zip("qkv", _linear(h, weight, bias).chunk(3, dim=-1)):
         act = einops.rearrange(act, "member batch pos (head d_head) -> member batch pos head d_head",
                                head=cfg.n_heads)
         act = _hook(hooks, f"{b}attn.hook_{name}", act)

@@ -135,6 +135,63 @@ def _failed_final(step: int, references: dict) -> dict:
     return {"step": step, "eval_loss": math.nan, **references}
 
 
+# ----------------------------------------------------------------------------------------------- sampling
+def member_sampler(sources: list, generators: list, batch: int, length: int):
+    """A function drawing one batch per member, `[member, batch, length]`: member k's rows are exactly
+    `sources[k].sample(batch, length, generator=generators[k])` (each generator draws what it would alone).
+
+    For fixed-kernel chains of one vocab and order the uniforms are drawn per member and the chain is
+    built for all members at once (one pass instead of K: on a GPU, K small samplers cost as much as the
+    stacked model's step); other sources are sampled member by member.
+    """
+    batched = _batched_chain_sampler(sources, generators, batch, length)
+    if batched is not None:
+        return batched
+    return lambda: torch.stack([s.sample(batch, length, generator=g) for s, g in zip(sources, generators)])
+
+
+def _batched_chain_sampler(sources: list, generators: list, batch: int, length: int):
+    """`MarkovChain.sample` for K chains at once (same arithmetic, per-member draws), or None if not applicable."""
+    from markov_interp import data
+
+    if not all(isinstance(s, data.MarkovChain) for s in sources):
+        return None
+    vocab, order = sources[0].vocab, sources[0].order
+    steps = length - order
+    if steps < 1 or any(s.vocab != vocab or s.order != order for s in sources):
+        return None
+    device = generators[0].device
+    try:  # the sampler's internals (data.MarkovChain.sample); any change there falls back to the plain path
+        init_cdf = torch.stack([s._initial.to(device).cumsum(-1) for s in sources])  # [member, context]
+        cdf = torch.stack([s._cdf.to(device) for s in sources])  # [member, context, vocab]
+        apply_binary, compose = data._apply_binary_maps, data._compose_prefix
+    except AttributeError:
+        return None
+    n_members, n_ctx = init_cdf.shape
+    digits = vocab ** torch.arange(order - 1, -1, -1, device=device)
+    context_ids = torch.arange(n_ctx, device=device)
+
+    def sample() -> torch.Tensor:
+        u0, u = [], []
+        for g in generators:  # member k's generator: its first state, then its step uniforms (solo order)
+            u0.append(torch.rand(batch, 1, generator=g, device=device, dtype=torch.float64))
+            u.append(torch.rand(batch, steps, 1, 1, generator=g, device=device, dtype=torch.float64))
+        first = (init_cdf[:, None, :] <= torch.stack(u0)).sum(-1).clamp_(max=n_ctx - 1).reshape(-1)
+        per_seq = cdf[:, None].expand(-1, batch, -1, -1).reshape(n_members * batch, n_ctx, vocab)
+        nxt = (per_seq[:, None, :, :] <= torch.cat(u)).sum(-1).clamp_(max=vocab - 1)
+        if n_ctx == 2:
+            later = apply_binary(nxt, first)
+        else:
+            step_maps = nxt if order == 1 else (context_ids * vocab + nxt) % n_ctx
+            contexts = torch.gather(compose(step_maps), -1, first[:, None, None].expand(-1, steps, 1))
+            later = contexts[..., 0] if order == 1 else contexts[..., 0] % vocab
+        head = (first[:, None] // digits) % vocab
+        tokens = torch.cat([head, later], dim=1)[:, :length]
+        return tokens.reshape(n_members, batch, length)
+
+    return sample
+
+
 def _on_step(step: int) -> None:
     """Called after every completed step (after its checkpoint); tests replace it to simulate a kill."""
 
@@ -159,6 +216,8 @@ class _Group:
     failed: list = dataclasses.field(default_factory=list)  # per member: step it diverged, or None
     start: int = 0
     resumed_from: Optional[int] = None
+    sample_train: Any = None  # () -> [member, batch, seq_len + 1] tokens from the training streams
+    sample_eval: Any = None  # the same from the evaluation streams
 
     @classmethod
     def create(cls, runs: list, outs: list, device: torch.device) -> "_Group":
@@ -179,6 +238,9 @@ class _Group:
         group = cls(runs=runs, outs=outs, device=device, sources=sources, references=references, stack=stack,
                     optimizer=optimizer, train_gens=gens[0], eval_gens=gens[1], templates={},
                     rows=[[] for _ in runs], failed=[None] * len(runs))
+        length = tc.seq_len + 1
+        group.sample_train = member_sampler(sources, group.train_gens, tc.batch_size, length)
+        group.sample_eval = member_sampler(sources, group.eval_gens, tc.batch_size, length)
         group._resume()
         return group
 
@@ -224,8 +286,7 @@ class _Group:
     def _step(self, lr: torch.Tensor, wd: torch.Tensor, alive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimiser step of every member; returns the [member] losses and which members stayed finite."""
         tc = self.tc
-        tokens = torch.stack([s.sample(tc.batch_size, tc.seq_len + 1, generator=g)
-                              for s, g in zip(self.sources, self.train_gens)])
+        tokens = self.sample_train()
         with training._autocast(self.device, tc.precision):
             logits = stacked.stacked_forward(self.stack, tokens[..., :-1])
         losses = stacked.stacked_loss(logits, tokens[..., 1:])
@@ -265,8 +326,7 @@ class _Group:
         tc = self.tc
         totals = [0.0] * len(self.runs)
         for _ in range(tc.eval_batches):
-            tokens = torch.stack([s.sample(tc.batch_size, tc.seq_len + 1, generator=g)
-                                  for s, g in zip(self.sources, self.eval_gens)])
+            tokens = self.sample_eval()
             with training._autocast(self.device, tc.precision):
                 logits = stacked.stacked_forward(self.stack, tokens[..., :-1])
             for k, value in enumerate(stacked.stacked_loss(logits, tokens[..., 1:]).tolist()):

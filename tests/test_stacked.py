@@ -79,6 +79,26 @@ def test_unknown_intervention_point_is_refused():
         stacked.stacked_forward(stack, _tokens(1), {"blocks.0.attn.hook_pattern": torch.zeros_like})
 
 
+# ------------------------------------------------------------------------------------------- sampling
+@pytest.mark.parametrize("configs", [
+    [SourceConfig(kind="binary", p=0.2, q=0.3), SourceConfig(kind="binary", p=0.5, q=0.8, initial="uniform")],
+    [SourceConfig(kind="markov", kernel=torch.full((3, 3, 3), 1 / 3).tolist(), order=2),
+     SourceConfig(kind="markov", kernel=torch.softmax(torch.arange(27.0).reshape(3, 3, 3), -1).tolist(), order=2)],
+    [SourceConfig(kind="random", vocab=3), SourceConfig(kind="random", vocab=3, alpha=0.5)],
+])
+def test_member_sampler_draws_each_solo_stream(configs):
+    """The stack's batches are, member by member, what `source.sample` draws from the same generator."""
+    sources = [c.build() for c in configs]
+    gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    sample = stacked_training.member_sampler(sources, gens, 5, 40)
+    solo_gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    for _ in range(2):  # the streams stay aligned over consecutive batches
+        tokens = sample()
+        assert tokens.shape == (2, 5, 40)
+        for k, source in enumerate(sources):
+            assert torch.equal(tokens[k], source.sample(5, 40, generator=solo_gens[k]))
+
+
 # ------------------------------------------------------------------------------------------- training
 def run_config(seed=0, p=0.2, q=0.3, *, model=None, **train_kwargs) -> RunConfig:
     kwargs = dict(steps=100, batch_size=8, seq_len=32, log_every=10, eval_every=50, eval_batches=2,

@@ -1,0 +1,130 @@
+"""Stacked training speed: K runs as one stacked model (`training.train_many`) against the same K runs trained
+one after another with `training.train`, both in this process, on the same shapes.
+
+Two modes:
+
+  full runs (default; the issue's CPU check): one torch thread, the paper's one-layer model, seq 128, batch 16,
+      100 steps, K = 8 runs differing in seed and (p, q). Times `train_many(runs)` and the loop
+      `for run in runs: train(run)` end to end (building, sampling, evaluation, reference losses: everything a
+      run does, no run folders) and prints the ratio (the issue asks >= 1.5x).
+
+  marginal (`--marginal`, the GPU check: `--device cuda --members 64 --seq-len 1024`): the cost of one more
+      step, which leaves out fixed costs (building, reference losses, CUDA start-up) that would otherwise
+      flatter neither side honestly at a few dozen steps. For the solo side one run is trained twice, for
+      `--short` and `--long` steps, and (t_long - t_short) / (long - short) is its seconds per step; K solo runs
+      need K times that per step of all K. The stack is measured the same way. Prints model-steps/s of
+      both and their ratio (the issue asks >= 5x at K = 64, seq 1024, batch 16 on a GPU).
+
+    python benchmarks/bench_many.py                        # CPU, one thread, 8 runs x 100 steps
+    python benchmarks/bench_many.py --device cuda --marginal --members 64 --seq-len 1024
+    python benchmarks/bench_many.py --device cpu --marginal --members 4 --seq-len 64 --short 5 --long 15
+"""
+
+import argparse
+import dataclasses
+import time
+
+import torch
+
+from markov_interp import training
+from markov_interp.data import SourceConfig
+from markov_interp.models import preset
+from markov_interp.training import RunConfig, TrainConfig
+
+_PQ = [(0.2, 0.3), (0.5, 0.8), (0.3, 0.6), (0.7, 0.4)]
+
+
+def make_runs(members: int, steps: int, seq_len: int, batch: int, device: str, eval_every: int) -> list:
+    """K runs of the paper's one-layer model, differing in seed and (p, q)."""
+    model = preset("paper-1layer", n_ctx=max(seq_len, 8))
+    runs = []
+    for k in range(members):
+        p, q = _PQ[k % len(_PQ)]
+        runs.append(RunConfig(source=SourceConfig(kind="binary", p=p, q=q), model=model,
+                              train=TrainConfig(steps=steps, batch_size=batch, seq_len=seq_len, seed=k,
+                                                device=device, eval_every=eval_every, eval_batches=4,
+                                                n_checkpoints=0)))
+    return runs
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str) -> float:
+    """Wall seconds of fn() (CPU seconds of this process with --clock cpu, steadier on a shared machine)."""
+    sync(device)
+    start = _CLOCK[0]()
+    fn()
+    sync(device)
+    return _CLOCK[0]() - start
+
+
+_CLOCK = [time.perf_counter]
+
+
+def with_steps(runs: list, steps: int) -> list:
+    return [dataclasses.replace(r, train=dataclasses.replace(r.train, steps=steps)) for r in runs]
+
+
+def full_runs(args: argparse.Namespace) -> None:
+    runs = make_runs(args.members, args.steps, args.seq_len, args.batch_size, args.device, eval_every=100)
+    training.train_many(with_steps(runs[:2], 2), progress=False)  # warm-up (lazy imports, allocator)
+    solo = timed(lambda: [training.train(r, progress=False) for r in runs], args.device)
+    stack = timed(lambda: training.train_many(runs, progress=False), args.device)
+    solo2 = timed(lambda: [training.train(r, progress=False) for r in runs], args.device)
+    solo_mean = (solo + solo2) / 2
+    k, n = args.members, args.steps
+    print(f"{k} runs one after another with train : {solo_mean:7.2f} s  (runs: {solo:.2f} s, {solo2:.2f} s)  "
+          f"{k * n / solo_mean:8.1f} model-steps/s")
+    print(f"the same {k} runs stacked (train_many)  : {stack:7.2f} s  {k * n / stack:8.1f} model-steps/s")
+    print(f"speed-up of the stack: {solo_mean / stack:.2f}x  (issue: >= 1.5x on CPU, one thread)")
+
+
+def marginal(args: argparse.Namespace) -> None:
+    runs = make_runs(args.members, args.long, args.seq_len, args.batch_size, args.device, eval_every=0)
+    training.train(with_steps(runs[:1], 3)[0], progress=False)  # warm-up: CUDA context, kernels
+    training.train_many(with_steps(runs, 3), progress=False)
+
+    def per_step(fn) -> tuple[float, float, float]:
+        short = timed(lambda: fn(args.short), args.device)
+        long = timed(lambda: fn(args.long), args.device)
+        return (long - short) / (args.long - args.short), short, long
+
+    solo, s_short, s_long = per_step(lambda n: training.train(with_steps(runs[:1], n)[0], progress=False))
+    stack, k_short, k_long = per_step(lambda n: training.train_many(with_steps(runs, n), progress=False))
+    k = args.members
+    print(f"solo run : {solo * 1e3:8.2f} ms/step  ({args.short} steps {s_short:.2f} s, {args.long} steps "
+          f"{s_long:.2f} s)  {1 / solo:9.1f} model-steps/s")
+    print(f"stack x{k}: {stack * 1e3:8.2f} ms/step  ({args.short} steps {k_short:.2f} s, {args.long} steps "
+          f"{k_long:.2f} s)  {k / stack:9.1f} model-steps/s")
+    print(f"K solo runs one after another: {1 / solo:.1f} model-steps/s; the stack: {k / stack:.1f}; "
+          f"ratio {k * solo / stack:.2f}x (issue: >= 5x at K = 64, seq 1024, batch 16 on a GPU)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--members", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=100, help="steps of each full run")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--marginal", action="store_true", help="per-step cost from two run lengths (GPU mode)")
+    parser.add_argument("--short", type=int, default=20, help="marginal: the shorter run's steps")
+    parser.add_argument("--long", type=int, default=80, help="marginal: the longer run's steps")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time (default) or this process's CPU time (steadier when other jobs share the "
+                        "CPU; meaningless for GPU work)")
+    args = parser.parse_args()
+    _CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
+    torch.set_num_threads(args.threads)
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"device {args.device} ({name}), threads {torch.get_num_threads()}, paper-1layer, seq {args.seq_len}, "
+          f"batch {args.batch_size}, K = {args.members}, torch {torch.__version__}, {args.clock} clock")
+    (marginal if args.marginal else full_runs)(args)
+
+
+if __name__ == "__main__":
+    main()
