@@ -275,6 +275,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
                    help="local process pool (default) or Ray tasks on the cluster ray.init() finds")
     p.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
     p.add_argument("--no-retry", action="store_true", help="do not retry cells that failed in an earlier call")
+    p.add_argument("--group", type=int, default=None,
+                   help="train up to N compatible cells as one stacked model (default: 1 on a CPU, 64 on a GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def handler(args: argparse.Namespace) -> int:
@@ -285,7 +287,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         spec = sweep.load_spec(args.spec)
         out = args.out or str(Path("runs") / f"sweep-{Path(args.spec).stem}")
         result = sweep.run(spec, out, backend=args.backend, workers=args.workers, progress=not args.no_progress,
-                           retry_failed=not args.no_retry)
+                           retry_failed=not args.no_retry, group=args.group)
         n_ok = len(result.rows) - result.n_failed
         print(f"{len(result.rows)} cells: {n_ok} ok ({result.n_run} run now, {result.n_skipped} already done), "
               f"{result.n_failed} failed -> {result.table}")

@@ -27,6 +27,7 @@ finite weights as model.safetensors and counts as finished (a rerun loads it).
 """
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -39,7 +40,7 @@ from tqdm.auto import tqdm
 from markov_interp import models, stacked, theory, training
 from markov_interp.training import RunConfig, TrainConfig, TrainResult
 
-__all__ = ["train_many", "check_compatible", "MEMBER_TRAIN_FIELDS", "FAILED_KEY"]
+__all__ = ["train_many", "check_compatible", "stack_key", "MEMBER_TRAIN_FIELDS", "FAILED_KEY"]
 
 # TrainConfig fields in which the members of a stack may differ (everything else must match).
 MEMBER_TRAIN_FIELDS = ("seed", "lr", "weight_decay")
@@ -68,6 +69,15 @@ def check_compatible(runs: Sequence[RunConfig]) -> None:
                 f"differ only in train.{'/'.join(MEMBER_TRAIN_FIELDS)}, the source's parameters (same kind and "
                 f"vocab) and the model's init options ({', '.join(stacked.INIT_FIELDS)})"
             )
+
+
+def stack_key(run: RunConfig) -> Optional[str]:
+    """What must agree for runs to share a stack, as text (None for a run that cannot be stacked)."""
+    if run.train.loss_scaling:
+        return None
+    train = {k: v for k, v in run.train.to_dict().items() if k not in MEMBER_TRAIN_FIELDS}
+    return json.dumps({"source": [run.source.kind, run.source.vocab_size],
+                       "model": stacked.shape_config(run.model).to_dict(), "train": train}, sort_keys=True)
 
 
 def _differences(a: RunConfig, b: RunConfig) -> list[tuple[str, Any, Any]]:

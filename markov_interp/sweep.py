@@ -66,6 +66,9 @@ __all__ = [
     "cell_id",
     "run",
     "run_cell",
+    "run_stack",
+    "group_cells",
+    "default_group",
     "SweepResult",
     "stuck_at_unigram",
     "outcome",
@@ -432,6 +435,11 @@ def run_cell(cell: Cell, runs_dir: "str | os.PathLike", *, probe: bool = True, p
     start = time.perf_counter()
     run_dir = Path(runs_dir) / cell.cell_id
     result = train(cell.config, run_dir, progress=progress)
+    return _result_row(cell, result, runs_dir, probe=probe, start=start)
+
+
+def _result_row(cell: Cell, result: Any, runs_dir: "str | os.PathLike", *, probe: bool, start: float) -> dict:
+    """The results row of a trained (or loaded) cell: losses, references, outcome, probes, seconds."""
     final = dict(result.final)
     rows = result.metrics
     train_rows = [r for r in rows if "train_loss" in r]
@@ -467,6 +475,90 @@ def _execute(cell: Cell, runs_dir: str, probe: bool, cell_fn: Optional[Callable]
         return {"status": "ok", "error": None, "traceback": None, **row}
     except Exception as err:  # a failing cell is recorded; the sweep goes on
         return {"status": "failed", "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+
+
+def run_stack(cells: Sequence[Cell], runs_dir: "str | os.PathLike", *, probes: Sequence[bool]) -> list[dict]:
+    """Train compatible cells as one stacked model (`training.train_many`) into runs_dir/<cell_id> and return
+    one record per cell: "ok" with its row, or "failed" for a member that diverged. Raises if the stack does."""
+    from markov_interp.training import train_many
+
+    start = time.perf_counter()
+    results = train_many([c.config for c in cells], [Path(runs_dir) / c.cell_id for c in cells], progress=False)
+    records = []
+    for cell, probe, result in zip(cells, probes, results):
+        if result.failed:
+            records.append({"status": "failed", "error": result.failed, "traceback": None, "stack_size": len(cells)})
+            continue
+        try:
+            row = _result_row(cell, result, runs_dir, probe=probe, start=start)
+            records.append({"status": "ok", "error": None, "traceback": None, **row, "stack_size": len(cells)})
+        except Exception as err:  # a probe failing on one member fails that cell only
+            records.append({"status": "failed", "error": f"{type(err).__name__}: {err}",
+                            "traceback": traceback.format_exc()})
+    return records
+
+
+def _execute_group(cells: Sequence[Cell], runs_dir: str, probes: Sequence[bool],
+                   cell_fn: Optional[Callable]) -> list[dict]:
+    """Run a group of cells: one cell alone, several as a stack; a stack that raises is retried cell by cell
+    (each resumes from the checkpoints its stack wrote, which are solo checkpoints), so one bad cell cannot
+    fail its neighbours."""
+    if len(cells) == 1:
+        return [_execute(cells[0], runs_dir, probes[0], cell_fn)]
+    try:
+        return run_stack(cells, runs_dir, probes=probes)
+    except Exception as err:
+        note = f"stack of {len(cells)} raised {type(err).__name__}: {err}; retried as solo cells"
+        records = [_execute(c, runs_dir, p, cell_fn) for c, p in zip(cells, probes)]
+        return [{**r, "stack_note": note} for r in records]
+
+
+def _execute_group_in_worker(cells: Sequence[Cell], runs_dir: str, probes: Sequence[bool],
+                             cell_fn: Optional[Callable]) -> list[dict]:
+    _worker_init()
+    return _execute_group(cells, runs_dir, probes, cell_fn)
+
+
+# Cells per stack when `group` is not given: 1 on a CPU (a stack of 8 is 1.6x faster per core in
+# benchmarks/bench_many.py, about what the process pool's parallel cells already give, and solo cells stay
+# bit-identical to `training.train`), 64 on a GPU (7.4x the model-steps/s of solo runs at the paper's size in
+# the prototype of ../shared/gpu-findings.md; about 13 MB of activations per member at seq 1024, batch 16).
+DEFAULT_GROUP = {"cpu": 1, "cuda": 64}
+
+
+def default_group(cells: Sequence[Cell]) -> int:
+    """The stack size for `cells` when the caller gives none: from the device their runs ask for."""
+    import torch
+
+    devices = {c.config.train.device for c in cells}
+    cuda = any(d.startswith("cuda") or (d == "auto" and torch.cuda.is_available()) for d in devices)
+    return DEFAULT_GROUP["cuda" if cuda else "cpu"]
+
+
+def group_cells(cells: Sequence[Cell], group: int, runs_dir: "str | os.PathLike") -> list[list[Cell]]:
+    """Split cells into stacks of at most `group` compatible cells (spec order within each stack).
+
+    Cells stack when `stacked_training.stack_key` agrees (same shapes and recipe) and their folders hold the
+    same newest checkpoint step (so an interrupted stack re-forms and resumes where it stopped). A pure
+    function of the cells and their folders: the local and Ray backends form the same stacks.
+    """
+    from markov_interp.stacked_training import stack_key
+    from markov_interp.training import list_checkpoints
+
+    if group <= 1:
+        return [[c] for c in cells]
+    buckets: dict[Any, list[Cell]] = {}
+    groups: list[list[Cell]] = []
+    for c in cells:
+        key = stack_key(c.config)
+        if key is None:
+            groups.append([c])
+            continue
+        found = list_checkpoints(Path(runs_dir) / c.cell_id)
+        buckets.setdefault((key, found[-1][0] if found else 0), []).append(c)
+    for members in buckets.values():
+        groups += [members[i:i + group] for i in range(0, len(members), group)]
+    return groups
 
 
 def _worker_init() -> None:
@@ -616,6 +708,7 @@ def run(
     workers: Optional[int] = None,
     progress: bool = True,
     retry_failed: bool = True,
+    group: Optional[int] = None,
     _cell_fn: Optional[Callable] = None,
 ) -> SweepResult:
     """Run every cell of `spec` (a `SweepSpec`, a spec file, or a list of specs) into `out_dir`.
@@ -627,13 +720,17 @@ def run(
     the other cells go on. `backend="local"` runs a process pool of `workers` processes (default: all cores,
     one torch thread each; `workers=1` runs in this process); `backend="ray"` submits one Ray task per cell
     (num_cpus=1) to the cluster `ray.init()` connects to (RAY_ADDRESS, or a local instance); out_dir must
-    then be on a filesystem every node sees. Same seeds give the same table on either backend. Writes
+    then be on a filesystem every node sees. `group` (default `default_group`: 1 on a CPU, 64 on a GPU)
+    trains up to that many compatible cells as one stacked model (`training.train_many`); a stack that
+    raises is retried cell by cell. Same seeds and group give the same table on either backend. Writes
     out_dir/results.csv (and results.parquet when pyarrow is present); returns the rows.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {list(_BACKENDS)}, got {backend!r}")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be None or an integer >= 1, got {workers!r}")
+    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group < 1):
+        raise ValueError(f"group must be None or an integer >= 1, got {group!r}")
     specs = _as_specs(spec)
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -679,10 +776,12 @@ def run(
     pending = list(todo.values())
     if pending:
         runs_dir = str(out / _RUNS_DIR)
+        size = 1 if _cell_fn is not None else (group if group is not None else default_group(pending))
+        groups = group_cells(pending, size, runs_dir)
         if backend == "ray":
-            _run_ray(pending, runs_dir, probe_for, save, progress, _cell_fn)
+            _run_ray(groups, runs_dir, probe_for, save, progress, _cell_fn)
         else:
-            _run_local(pending, runs_dir, probe_for, save, progress, workers, _cell_fn)
+            _run_local(groups, runs_dir, probe_for, save, progress, workers, _cell_fn)
 
     rows = []
     for c in cells:
@@ -707,28 +806,43 @@ def _start_method() -> str:
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _run_local(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable, progress: bool,
+def _run_local(groups: list[list[Cell]], runs_dir: str, probe_for: dict, save: Callable, progress: bool,
                workers: Optional[int], cell_fn: Optional[Callable]) -> None:
-    n = min(workers or os.cpu_count() or 1, len(pending))
-    bar = _bar(len(pending), progress, "sweep")
+    n = min(workers or os.cpu_count() or 1, len(groups))
+    bar = _bar(sum(len(g) for g in groups), progress, "sweep")
     failed = 0
     try:
         if n == 1:
-            for c in pending:
-                run_cell_now = lambda: _execute(c, runs_dir, probe_for[c.cell_id], cell_fn)  # noqa: E731
-                failed += _record(c, run_cell_now, "cell raised", save, bar, failed)
+            for g in groups:
+                run_now = lambda: _execute_group(g, runs_dir, [probe_for[c.cell_id] for c in g], cell_fn)  # noqa: E731
+                failed += _record_group(g, run_now, "cell raised", save, bar, failed)
             return
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         ctx = multiprocessing.get_context(_start_method())
         with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_worker_init) as pool:
-            futures = {pool.submit(_execute, c, runs_dir, probe_for[c.cell_id], cell_fn): c for c in pending}
+            futures = {pool.submit(_execute_group, g, runs_dir, [probe_for[c.cell_id] for c in g], cell_fn): g
+                       for g in groups}
             for future in as_completed(futures):
                 # a raise here means the worker process itself died (e.g. killed for memory)
-                failed += _record(futures[future], future.result, "worker died", save, bar, failed)
+                failed += _record_group(futures[future], future.result, "worker died", save, bar, failed)
     finally:
         bar.close()
+
+
+def _record_group(cells: list[Cell], get: Callable[[], list], lost: str, save: Callable, bar: Any,
+                  failed: int) -> int:
+    """Save the records `get()` returns for a group of cells (failure records if the worker was lost)."""
+    try:
+        records = get()
+    except Exception as err:
+        records = [{"status": "failed", "error": f"{lost}: {type(err).__name__}: {err}",
+                    "traceback": traceback.format_exc()}] * len(cells)
+    bad = 0
+    for cell, record in zip(cells, records):
+        bad += _record(cell, lambda record=record: record, lost, save, bar, failed + bad)
+    return bad
 
 
 def _record(cell: Cell, get: Callable[[], dict], lost: str, save: Callable, bar: Any, failed: int) -> int:
@@ -745,7 +859,7 @@ def _record(cell: Cell, get: Callable[[], dict], lost: str, save: Callable, bar:
     return bad
 
 
-def _run_ray(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable, progress: bool,
+def _run_ray(groups: list[list[Cell]], runs_dir: str, probe_for: dict, save: Callable, progress: bool,
              cell_fn: Optional[Callable]) -> None:
     try:
         import ray
@@ -753,15 +867,15 @@ def _run_ray(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable
         raise ValueError("backend='ray' needs the 'ray' package (pip install 'markov-interp[ray]')") from None
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    task = ray.remote(num_cpus=1)(_execute_in_worker)
-    refs = {task.remote(c, runs_dir, probe_for[c.cell_id], cell_fn): c for c in pending}
-    bar = _bar(len(pending), progress, "sweep (ray)")
+    task = ray.remote(num_cpus=1)(_execute_group_in_worker)
+    refs = {task.remote(g, runs_dir, [probe_for[c.cell_id] for c in g], cell_fn): g for g in groups}
+    bar = _bar(sum(len(g) for g in groups), progress, "sweep (ray)")
     failed = 0
     try:
         remaining = list(refs)
         while remaining:
             done, remaining = ray.wait(remaining, num_returns=1)
             # a raise here means the task's worker died or Ray lost it
-            failed += _record(refs[done[0]], lambda: ray.get(done[0]), "ray task failed", save, bar, failed)
+            failed += _record_group(refs[done[0]], lambda: ray.get(done[0]), "ray task failed", save, bar, failed)
     finally:
         bar.close()

@@ -294,3 +294,52 @@ def test_cli_train_seeds(tmp_path, capsys):
     assert main(args) == 0 and "already trained" in capsys.readouterr().out
     assert main(args[:-2] + ["--seeds", "2-1"]) == 2
     assert "--seeds" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- sweeps
+def _sweep_spec(**changes):
+    from markov_interp.sweep import SweepSpec
+
+    data = dict(name="stacks", base={"source": {"kind": "binary", "p": 0.5, "q": 0.8},
+                                     "model": {"preset": "paper-1layer", "n_ctx": 32},
+                                     "train": {"steps": 8, "seq_len": 32, "batch_size": 4, "eval_batches": 1,
+                                               "n_checkpoints": 2, "device": "cpu"}},
+                grid={"source.p": [0.2, 0.5], "model.n_layers": [1, 2]}, seeds=(0, 1), probe=False)
+    data.update(changes)
+    return SweepSpec(**data)
+
+
+def test_group_cells_stacks_compatible_cells_only(tmp_path):
+    from markov_interp import sweep
+
+    cells = _sweep_spec().cells()  # 2 p x 2 depths x 2 seeds
+    groups = sweep.group_cells(cells, 8, tmp_path)
+    assert sorted(len(g) for g in groups) == [4, 4]  # one stack per depth, p and seed vary inside
+    for g in groups:
+        assert len({c.config.model.n_layers for c in g}) == 1
+    assert sorted(len(g) for g in sweep.group_cells(cells, 3, tmp_path)) == [1, 1, 3, 3]
+    assert all(len(g) == 1 for g in sweep.group_cells(cells, 1, tmp_path))
+    assert sweep.default_group(cells) == 1  # these cells run on the CPU
+    with pytest.raises(ValueError, match="group must be None or an integer >= 1"):
+        sweep.run(_sweep_spec(), tmp_path, group=0)
+
+
+@pytest.mark.slow
+def test_sweep_with_stacks_matches_solo_cells_and_restarts(tmp_path, monkeypatch):
+    from markov_interp import sweep
+
+    solo = sweep.run(_sweep_spec(), tmp_path / "solo", workers=1, progress=False, group=1)
+    stacks = sweep.run(_sweep_spec(), tmp_path / "stacks", workers=2, progress=False, group=4)
+    assert solo.n_failed == 0 and stacks.n_failed == 0, stacks.failed
+    for a, b in zip(solo.rows, stacks.rows):
+        assert a["cell_id"] == b["cell_id"] and b["stack_size"] == 4
+        assert b["final_eval_loss"] == pytest.approx(a["final_eval_loss"], abs=1e-5)
+    again = sweep.run(_sweep_spec(), tmp_path / "stacks", workers=1, progress=False, group=4)
+    assert again.n_run == 0 and again.n_skipped == 8  # per-cell restart: finished cells are skipped
+
+    def broken_stack(cells, runs_dir, *, probes):
+        raise RuntimeError("stack lost")
+
+    monkeypatch.setattr(sweep, "run_stack", broken_stack)  # a stack that raises is retried as solo cells
+    isolated = sweep.run(_sweep_spec(seeds=(2,)), tmp_path / "iso", workers=1, progress=False, group=4)
+    assert isolated.n_failed == 0 and all("stack of 2 raised RuntimeError" in r["stack_note"] for r in isolated.rows)
