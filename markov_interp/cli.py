@@ -74,7 +74,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
         from markov_interp.data import SourceConfig
         from markov_interp.models import preset
-        from markov_interp.training import RunConfig, TrainConfig, train
+        from markov_interp.training import RunConfig, TrainConfig
 
         if args.threads is not None:
             if args.threads < 1:
@@ -115,25 +115,26 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
             n_checkpoints=args.checkpoints,
         )
         run = RunConfig(source=source, model=model, train=train_cfg)
-        if args.seeds is None:
-            result = train(run, args.out, progress=not args.no_progress)
-            print(_train_summary(result, args.out))
-            return 0
+        # One run or many, through the stacked path (a single run is a stack of one; members equal solo
+        # `training.train` up to float rounding): it writes the same run folders and, needing no hooked model,
+        # never imports transformer_lens (seconds of start-up).
         import dataclasses
         from pathlib import Path
 
-        from markov_interp.training import train_many
+        from markov_interp.stacked_training import train_many
 
-        seeds = _parse_seeds(args.seeds)
+        seeds = [args.seed] if args.seeds is None else _parse_seeds(args.seeds)
         runs = [dataclasses.replace(run, train=dataclasses.replace(train_cfg, seed=s)) for s in seeds]
-        outs = [Path(args.out) / f"seed-{s}" for s in seeds]
+        outs = [Path(args.out)] if args.seeds is None else [Path(args.out) / f"seed-{s}" for s in seeds]
+        results = train_many(runs, outs, progress=not args.no_progress, models_out=False)
         failed = 0
-        for seed, out, result in zip(seeds, outs, train_many(runs, outs, progress=not args.no_progress)):
+        for seed, out, result in zip(seeds, outs, results):
+            label = "" if args.seeds is None else f"seed {seed}: "
             if result.failed:
                 failed += 1
-                print(f"seed {seed}: FAILED, {result.failed} -> {out}")
+                print(f"{label}FAILED, {result.failed} -> {out}")
             else:
-                print(f"seed {seed}: " + _train_summary(result, out))
+                print(label + _train_summary(result, out))
         return 1 if failed else 0
 
     p.set_defaults(handler=handler)

@@ -30,6 +30,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from markov_interp import models
+from markov_interp._io import atomic_write
 from markov_interp.models import ModelConfig
 
 __all__ = [
@@ -79,6 +80,25 @@ class Stack:
         """Member k's weights as `models.save` writes them (CPU copies, TransformerLens names)."""
         return {name: p[k].detach().to("cpu").contiguous().clone() for name, p in self.params.items()}
 
+    def save_member(self, k: int, path: Any) -> None:
+        """Write member k as `models.save` would (TransformerLens names, config in the metadata, atomically) to
+        `path`, a `.safetensors` file or a folder that gets `model.safetensors`; `models.load` reads it."""
+        from pathlib import Path
+
+        from safetensors.torch import save as st_save
+
+        path = Path(path)
+        if path.suffix != ".safetensors":
+            path = path / models.WEIGHTS_FILE
+        metadata = {models._CONFIG_KEY: self.configs[k].to_json(), "format": "pt"}
+        atomic_write(path, st_save(self.member_state(k), metadata=metadata))
+
+    def hooked_model(self, k: int, device: Any = None) -> Any:
+        """Member k as a hooked TransformerLens model (`models.build` with its weights copied in)."""
+        model = models.build(self.configs[k], seed=0, device=device)
+        models.load_weights_into(model, self.member_state(k), source=f"stack member {k}")
+        return model
+
     @torch.no_grad()
     def load_member(self, k: int, state: Mapping[str, Tensor]) -> None:
         """Overwrite member k's weights with `state` (names and shapes as `member_state`)."""
@@ -104,20 +124,90 @@ def build_stack(configs: Sequence[ModelConfig], seeds: Sequence[int], *, device:
             field = next(f for f, v in shape_config(cfg).to_dict().items() if shared.to_dict()[f] != v)
             raise ValueError(f"model config {i} differs from config 0 in model.{field}: members of a stack "
                              f"may differ only in {list(INIT_FIELDS)}")
-    states, templates = [], {}
-    for cfg, seed in zip(configs, seeds):
-        if cfg not in templates:
-            templates[cfg] = template = models.build(cfg, seed=seed)
-        else:  # re-running build's initialiser on a built model: the same weights, 25x cheaper than a build
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if shared.positional == "standard" and shared.act_fn in _ACTIVATIONS:
+        states = [_initial_state(cfg, seed) for cfg, seed in zip(configs, seeds)]
+        act, rotary = _ACTIVATIONS[shared.act_fn], None
+    else:  # rotary positions / gelu_new: take TransformerLens's modules from a built model
+        templates: dict = {}
+        states = []
+        for cfg, seed in zip(configs, seeds):
+            if cfg not in templates:
+                templates[cfg] = models.build(cfg, seed=seed)
             template = templates[cfg]
             models._initialise(template.original_model, cfg, seed)
-        states.append(models.state_dict_for_save(template))
-    dev = torch.device(device) if device is not None else torch.device("cpu")
+            states.append(models.state_dict_for_save(template))
+        fp = models.fast_params(template)
+        act = fp.blocks[0][8] if not shared.attn_only else None
+        rotary = fp.rotary.to(dev) if fp.rotary is not None else None
     params = {name: torch.stack([s[name] for s in states]).to(dev).requires_grad_(True) for name in states[0]}
-    fp = models.fast_params(template)
-    act = fp.blocks[0][8] if not shared.attn_only else None
-    rotary = fp.rotary.to(dev) if fp.rotary is not None else None
     return Stack(configs, params, act, rotary)
+
+
+# the native model's MLP nonlinearities that are plain torch functions (gelu_new is TransformerLens's own)
+_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
+
+
+def _initial_state(cfg: ModelConfig, seed: int) -> dict[str, Tensor]:
+    """`models.state_dict_for_save(models.build(cfg, seed=seed))` without building a hooked model: the same
+    initialiser (`models._initialise`) run on plain torch modules laid out like the native model, so no
+    transformer_lens import (seconds) is needed. Tested equal to `build`."""
+    native = _plain_native(cfg)
+    models._initialise(native, cfg, seed)
+    state = {}
+    for name, tensor in native.state_dict().items():
+        tl_name = _tl_name(name)
+        if cfg.tie_weights and tl_name == "unembed.weight":
+            continue  # one matrix, stored as the embedding (as `models.save` does)
+        state[tl_name] = tensor.detach().clone()
+    return state
+
+
+def _plain_native(cfg: ModelConfig) -> torch.nn.Module:
+    """Plain modules with the native model's attribute layout and parameter order (`models._native_model`)."""
+    nn = torch.nn
+    with torch.random.fork_rng(devices=[]):  # constructors draw from the global RNG; the init overwrites them
+        native = nn.Module()
+        native.tok_embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        native.pos = nn.Embedding(cfg.n_ctx, cfg.d_model)
+        h = cfg.n_heads * cfg.d_head
+        layers = []
+        for _ in range(cfg.n_layers):
+            block = nn.Module()
+            block.ln1 = _plain_norm(cfg)
+            block.attn = nn.Module()
+            for name in "qkv":
+                setattr(block.attn, name, nn.Linear(cfg.d_model, h, bias=cfg.attn_bias))
+            block.attn.o = nn.Linear(h, cfg.d_model, bias=cfg.attn_bias)
+            if not cfg.attn_only:
+                block.ln2 = _plain_norm(cfg)
+                block.mlp = nn.Module()
+                block.mlp.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
+                block.mlp.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
+            layers.append(block)
+        native.layers = nn.ModuleList(layers)
+        native.ln_out = _plain_norm(cfg)
+        native.head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)
+        if cfg.tie_weights:
+            native.head.weight = native.tok_embed.weight
+    return native
+
+
+def _plain_norm(cfg: ModelConfig) -> torch.nn.Module:
+    if cfg.normalization == "LN":
+        return torch.nn.LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.layernorm_bias)
+    return torch.nn.Identity()  # LNPre and None have no parameters
+
+
+def _tl_name(name: str) -> str:
+    """A native parameter name as TransformerLens names it (`layers.0.mlp.fc_in.weight` -> `blocks.0.mlp.in.weight`)."""
+    head, _, rest = name.partition(".")
+    if head == "layers":
+        index, _, inner = rest.partition(".")
+        inner = inner.replace("mlp.fc_in.", "mlp.in.").replace("mlp.fc_out.", "mlp.out.")
+        return f"blocks.{index}.{inner}"
+    prefix = {"tok_embed": "embed", "pos": "pos_embed", "ln_out": "ln_final", "head": "unembed"}[head]
+    return f"{prefix}.{rest}"
 
 
 # ------------------------------------------------------------------------------------------------ forward
@@ -333,6 +423,46 @@ class StackedOptimizer:
                 state["momentum_buffer"] = torch.where(_mask(alive, param), buf, state["momentum_buffer"])
             grad = buf
         return param + grad * _per_member(-lr64, param)
+
+    def solo_order(self) -> list[str]:
+        """Parameter names in the order of the torch optimiser solo training builds (`training._decay_groups`:
+        decayed linear weights, then the rest, each in the model's parameter order)."""
+        names = list(self.stack.params)
+        return [n for n in names if n in self.decay] + [n for n in names if n not in self.decay]
+
+    def solo_state_dict(self, k: int, *, lr: float, initial_lr: float, weight_decay: float) -> dict:
+        """Member k's state as the `state_dict()` of the torch optimiser a solo run holds (`training`'s
+        `_make_optimizer`: foreach AdamW / SGD, two decay groups), so solo `train` can resume from it."""
+        order = self.solo_order()
+        n_decay = sum(1 for n in order if n in self.decay)
+        slots = [torch.zeros(0) for _ in order]  # stand-ins: a state dict only numbers the parameters
+        groups = [{"params": slots[:n_decay], "weight_decay": weight_decay},
+                  {"params": slots[n_decay:], "weight_decay": 0.0}]
+        if self.kind == "adamw":
+            optimizer = torch.optim.AdamW(groups, lr=initial_lr, betas=self.betas, foreach=True)
+        else:
+            optimizer = torch.optim.SGD(groups, lr=initial_lr, momentum=self.momentum, foreach=True)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        for slot, name in zip(slots, order):
+            state = {key: value[k].detach().to("cpu").clone() for key, value in self.state[name].items()}
+            if self.kind == "adamw":
+                state["step"] = torch.tensor(float(self.step_count), dtype=torch.float32)
+            if state:
+                optimizer.state[slot] = state
+        return optimizer.state_dict()
+
+    @torch.no_grad()
+    def load_solo_state(self, k: int, saved: dict) -> None:
+        """Member k's state from a solo optimiser `state_dict()` (inverse of `solo_state_dict`)."""
+        order = self.solo_order()
+        for index, entry in saved["state"].items():
+            name = order[int(index)]
+            for key, value in entry.items():
+                if key == "step":
+                    continue
+                target = self.state[name].setdefault(key, torch.zeros_like(self.stack.params[name]))
+                target[k].copy_(value.to(target.device))
 
     @torch.no_grad()
     def member_finite(self) -> Bool[Tensor, " member"]:

@@ -38,6 +38,7 @@ import torch
 from tqdm.auto import tqdm
 
 from markov_interp import models, stacked, theory, training
+from markov_interp._io import atomic_path
 from markov_interp.training import RunConfig, TrainConfig, TrainResult
 
 __all__ = ["train_many", "check_compatible", "stack_key", "MEMBER_TRAIN_FIELDS", "FAILED_KEY"]
@@ -95,8 +96,12 @@ def _differences(a: RunConfig, b: RunConfig) -> list[tuple[str, Any, Any]]:
 
 # ------------------------------------------------------------------------------------------------ entry
 def train_many(runs: Sequence[RunConfig], out_dirs: Optional[Sequence["str | os.PathLike"]] = None, *,
-               progress: bool = True) -> list[TrainResult]:
-    """Train compatible `runs` as one stacked model; one `TrainResult` per run, in order (see module doc)."""
+               progress: bool = True, models_out: bool = True) -> list[TrainResult]:
+    """Train compatible `runs` as one stacked model; one `TrainResult` per run, in order (see module doc).
+
+    `models_out=False` leaves `TrainResult.model` None: nothing then imports transformer_lens (seconds of
+    start-up), which is how `markov-interp train` runs.
+    """
     runs = list(runs)
     check_compatible(runs)
     if out_dirs is not None:
@@ -115,22 +120,30 @@ def train_many(runs: Sequence[RunConfig], out_dirs: Optional[Sequence["str | os.
         if out is not None:
             training._prepare_folder(out, run)
             if (out / models.WEIGHTS_FILE).exists():
-                results[i] = _finished_member(out, run, device)
+                results[i] = _finished_member(out, run, device, models_out)
                 continue
         todo.append(i)
     if todo:
         group = _Group.create([runs[i] for i in todo], [outs[i] for i in todo], device)
-        for i, result in zip(todo, group.train(progress)):
+        for i, result in zip(todo, group.train(progress, models_out)):
             results[i] = result
     return results  # type: ignore[return-value]
 
 
-def _finished_member(out: Path, run: RunConfig, device: torch.device) -> TrainResult:
-    failed = [r for r in training.load_metrics(out) if FAILED_KEY in r]
-    if not failed:
-        return training._finished(out, run, device)
-    model = models.load(out, device=device, expect=run.model)
+def _finished_member(out: Path, run: RunConfig, device: torch.device, models_out: bool) -> TrainResult:
     rows = training.load_metrics(out)
+    failed = [r for r in rows if FAILED_KEY in r]
+    if not failed:
+        if models_out:
+            return training._finished(out, run, device)
+        evals = [r for r in rows if "eval_loss" in r]  # training._finished's check, without loading the model
+        if not evals or evals[-1]["step"] != run.train.steps:
+            raise ValueError(f"{out} has final weights but its {training.METRICS_FILE} does not end at step "
+                             f"{run.train.steps}")
+        references = {k: v for k, v in evals[-1].items() if k not in ("step", "lr", "train_loss", "eval_loss")}
+        return TrainResult(model=None, metrics=rows, final=training._final(rows, references), config=run,
+                           out_dir=out, already_done=True)
+    model = models.load(out, device=device, expect=run.model) if models_out else None
     references = {k: round(float(v), 12) for k, v in
                   theory.reference_losses(run.source.build(), run.train.seq_len + 1).items()}
     return TrainResult(model=model, metrics=rows, final=_failed_final(failed[-1]["step"], references), config=run,
@@ -220,7 +233,6 @@ class _Group:
     optimizer: stacked.StackedOptimizer
     train_gens: list
     eval_gens: list
-    templates: dict  # ModelConfig -> a solo hooked model used to read / write member files
     rows: list = dataclasses.field(default_factory=list)  # per member: metrics rows
     pending: list = dataclasses.field(default_factory=list)  # per step: [member] train losses since last row
     failed: list = dataclasses.field(default_factory=list)  # per member: step it diverged, or None
@@ -246,7 +258,7 @@ class _Group:
         gens = [[torch.Generator(device=device).manual_seed(training._derive_seed(r.train.seed, stream))
                  for r in runs] for stream in ("train-data", "eval-data")]
         group = cls(runs=runs, outs=outs, device=device, sources=sources, references=references, stack=stack,
-                    optimizer=optimizer, train_gens=gens[0], eval_gens=gens[1], templates={},
+                    optimizer=optimizer, train_gens=gens[0], eval_gens=gens[1],
                     rows=[[] for _ in runs], failed=[None] * len(runs))
         length = tc.seq_len + 1
         group.sample_train = member_sampler(sources, group.train_gens, tc.batch_size, length)
@@ -258,14 +270,8 @@ class _Group:
     def tc(self) -> TrainConfig:
         return self.runs[0].train
 
-    def template(self, k: int) -> Any:
-        cfg = self.runs[k].model
-        if cfg not in self.templates:
-            self.templates[cfg] = models.build(cfg, seed=0)
-        return self.templates[cfg]
-
     # -- training loop
-    def train(self, progress: bool) -> list[TrainResult]:
+    def train(self, progress: bool, build_models: bool = True) -> list[TrainResult]:
         tc, n = self.tc, len(self.runs)
         wd = torch.tensor([r.train.weight_decay for r in self.runs], dtype=torch.float64, device=self.device)
         alive = torch.tensor([f is None for f in self.failed], device=self.device)
@@ -291,7 +297,7 @@ class _Group:
                 _on_step(step)
         finally:
             bar.close()
-        return self._finish()
+        return self._finish(build_models)
 
     def _step(self, lr: torch.Tensor, wd: torch.Tensor, alive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimiser step of every member; returns the [member] losses and which members stayed finite."""
@@ -348,44 +354,28 @@ class _Group:
             training._write_metrics(self.outs[k] / training.METRICS_FILE, self.rows[k])
 
     # -- files
-    def _member_model(self, k: int) -> Any:
-        model = self.template(k)
-        models.load_weights_into(model, self.stack.member_state(k), source=f"stack member {k}")
-        return model
-
     def _checkpoint(self, step: int, lrs: list) -> None:
         """Every member's checkpoint in the solo format (plus its divergence step under `stack_failed_at`)."""
-        scaler = torch.amp.GradScaler(self.device.type, enabled=False).state_dict()
         for k, out in enumerate(self.outs):
             if out is None:
                 continue
-            model = self._member_model(k)
-            training._save_checkpoint(out, step, model, {
+            weights, extra = training._checkpoint_paths(out, step)
+            weights.parent.mkdir(exist_ok=True)
+            self.stack.save_member(k, weights)
+            tc = self.runs[k].train
+            state = {
                 "step": step,
-                "optimizer": self._solo_optimizer_state(k, model, lrs[k]),
-                "scaler": scaler,
+                "optimizer": self.optimizer.solo_state_dict(k, lr=lrs[k], initial_lr=tc.lr,
+                                                            weight_decay=tc.weight_decay),
+                "scaler": {},  # a disabled GradScaler's state (stacks refuse loss scaling)
                 "train_generator": self.train_gens[k].get_state(),
                 "eval_generator": self.eval_gens[k].get_state(),
                 "pending_losses": torch.stack([p[k] for p in self.pending]).cpu() if self.pending
                 else torch.zeros(0),
                 "stack_failed_at": -1 if self.failed[k] is None else self.failed[k],
-            })
-
-    def _solo_optimizer_state(self, k: int, model: Any, lr: float) -> dict:
-        """Member k's optimiser state as the state dict of the torch optimiser solo `train` would hold."""
-        optimizer = training._make_optimizer(model, self.runs[k].train)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        names = _names_by_id(model)
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                state = {key: value[k].detach().to("cpu").clone()
-                         for key, value in self.optimizer.state[names[id(param)]].items()}
-                if self.tc.optimizer == "adamw":
-                    state["step"] = torch.tensor(float(self.optimizer.step_count), dtype=torch.float32)
-                if state:
-                    optimizer.state[param] = state
-        return optimizer.state_dict()
+            }
+            with atomic_path(extra) as tmp:
+                torch.save(state, tmp)
 
     def _resume(self) -> None:
         """Continue from the newest checkpoint step every member folder holds (none: a fresh start)."""
@@ -398,28 +388,20 @@ class _Group:
                     training._write_metrics(out / training.METRICS_FILE, [])
             return
         step = max(common)
-        pending = []
-        for k, out in enumerate(self.outs):
-            pending.append(self._load_member(k, out, step))
-        self.pending = [torch.stack(col) for col in zip(*pending)] if pending and pending[0] else []
+        pending = [self._load_member(k, out, step) for k, out in enumerate(self.outs)]
+        self.pending = [torch.stack(col) for col in zip(*pending)]
         self.optimizer.step_count = step
         self.start = self.resumed_from = step
 
     def _load_member(self, k: int, out: Path, step: int) -> list:
-        model = self.template(k)
-        state = training._load_checkpoint(out, step, model)
-        self.stack.load_member(k, models.state_dict_for_save(model))
-        names = _names_by_id(model)
-        order = [names[id(p)] for g in training._decay_groups(model, 0.0) for p in g["params"]]
-        with torch.no_grad():
-            for index, saved in state["optimizer"]["state"].items():
-                for key, value in saved.items():
-                    if key == "step":
-                        continue
-                    target = self.optimizer.state[order[int(index)]]
-                    if key not in target:
-                        target[key] = torch.zeros_like(self.stack.params[order[int(index)]])
-                    target[key][k].copy_(value.to(self.device))
+        weights, extra = training._checkpoint_paths(out, step)
+        _, tensors = models.read_weights(weights)
+        self.stack.load_member(k, tensors)
+        try:
+            state = torch.load(extra, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises several types on corrupt / truncated files
+            raise ValueError(f"checkpoint {extra} is unreadable ({type(err).__name__}: {err})") from None
+        self.optimizer.load_solo_state(k, state["optimizer"])
         self.train_gens[k].set_state(state["train_generator"])
         self.eval_gens[k].set_state(state["eval_generator"])
         failed_at = int(state.get("stack_failed_at", -1))
@@ -428,14 +410,15 @@ class _Group:
         self._write_rows(k)
         return [t.to(self.device) for t in state["pending_losses"].unbind()]
 
-    def _finish(self) -> list[TrainResult]:
+    def _finish(self, build_models: bool) -> list[TrainResult]:
         results = []
         for k, (run, out) in enumerate(zip(self.runs, self.outs)):
-            model = models.build(run.model, seed=0, device=self.device)
-            models.load_weights_into(model, self.stack.member_state(k), source=f"stack member {k}")
-            model.eval()
+            model = None
+            if build_models:
+                model = self.stack.hooked_model(k, device=self.device)
+                model.eval()
             if out is not None:
-                models.save(model, out)
+                self.stack.save_member(k, out)
             if self.failed[k] is None:
                 final, failed = training._final(self.rows[k], self.references[k]), None
             else:
@@ -443,11 +426,3 @@ class _Group:
             results.append(TrainResult(model=model, metrics=self.rows[k], final=final, config=run, out_dir=out,
                                        resumed_from=self.resumed_from, failed=failed))
         return results
-
-
-def _names_by_id(model: Any) -> dict[int, str]:
-    """TransformerLens state-dict name of each parameter of `model` (a tied matrix under `embed.weight`)."""
-    names: dict[int, str] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        names.setdefault(id(tensor), name)
-    return names

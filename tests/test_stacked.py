@@ -47,6 +47,39 @@ def test_stacked_forward_equals_fast_forward(arch):
     assert ("unembed.weight" in stack.params) == (not ARCHS[arch].get("tie_weights", True))
 
 
+INITS = {
+    "standard-tied": dict(),
+    "untied-biases": dict(tie_weights=False, attn_bias=True, mlp_bias=True, layernorm_bias=True),
+    "attn-only-2layer": dict(attn_only=True, n_layers=2, tie_weights=False),
+    "canonical": dict(init="canonical", canonical_v_std=0.1, canonical_b=0.3),
+    "canonical-untied": dict(init="canonical", tie_weights=False, canonical_a=0.4, normalization=None),
+    "lnpre-relu": dict(normalization="LNPre", act_fn="relu", d_model=16, n_heads=2),
+}
+
+
+@pytest.mark.parametrize("init", list(INITS))
+def test_initial_state_is_builds_without_transformer_lens(init):
+    """The stack's own initialiser (no hooked model) gives `models.build`'s weights bit for bit."""
+    cfg = preset("paper-1layer", n_ctx=16, **INITS[init])
+    for seed in (0, 3):
+        expected = models.state_dict_for_save(models.build(cfg, seed=seed))
+        got = stacked._initial_state(cfg, seed)
+        assert list(got) == list(expected)
+        for name in expected:
+            assert torch.equal(got[name], expected[name]), name
+
+
+@pytest.mark.parametrize("arch", ["1layer-tied", "1layer-untied", "rotary-2heads-biases"])
+def test_solo_optimizer_order_is_trainings(arch):
+    """The optimiser state a stack checkpoints numbers parameters as solo training's torch optimiser does."""
+    stack, solos = _stack_and_solos(ARCHS[arch], seeds=(0,))
+    names = {}
+    for name, tensor in solos[0].state_dict(keep_vars=True).items():
+        names.setdefault(id(tensor), name)
+    expected = [names[id(p)] for g in training._decay_groups(solos[0], 1e-3) for p in g["params"]]
+    assert stacked.StackedOptimizer(stack, kind="adamw").solo_order() == expected
+
+
 def test_stack_gradients_equal_solo_gradients():
     stack, solos = _stack_and_solos(dict(n_layers=2, tie_weights=False))
     tokens = _tokens(len(solos))
@@ -343,3 +376,18 @@ def test_sweep_with_stacks_matches_solo_cells_and_restarts(tmp_path, monkeypatch
     monkeypatch.setattr(sweep, "run_stack", broken_stack)  # a stack that raises is retried as solo cells
     isolated = sweep.run(_sweep_spec(seeds=(2,)), tmp_path / "iso", workers=1, progress=False, group=4)
     assert isolated.n_failed == 0 and all("stack of 2 raised RuntimeError" in r["stack_note"] for r in isolated.rows)
+
+
+def test_cli_train_imports_no_transformer_lens(tmp_path):
+    """`markov-interp train` needs no hooked model, so it never pays transformer_lens's import time."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from markov_interp.cli import main; "
+            f"code = main(['train', '--out', {str(tmp_path / 'run')!r}, '--steps', '2', '--seq-len', '16', "
+            "'--batch-size', '2', '--no-progress', '--device', 'cpu', '--checkpoints', '1']); "
+            "assert code == 0; print('transformer_lens' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert models.load(tmp_path / "run").markov_config.d_vocab == 2
