@@ -18,6 +18,10 @@ Two modes:
     python benchmarks/bench_many.py                        # CPU, one thread, 8 runs x 100 steps
     python benchmarks/bench_many.py --device cuda --marginal --members 64 --seq-len 1024
     python benchmarks/bench_many.py --device cpu --marginal --members 4 --seq-len 64 --short 5 --long 15
+    python benchmarks/bench_many.py --device cuda --sweep --members 64 --seq-len 1024 --steps 300 --workers 8
+
+  sweep (`--sweep`): the issue's "sweep throughput before and after": K seeds as a sweep of solo cells on a
+      process pool against the same sweep with all K cells in one stack.
 """
 
 import argparse
@@ -103,6 +107,35 @@ def marginal(args: argparse.Namespace) -> None:
           f"ratio {k * solo / stack:.2f}x (issue: >= 5x at K = 64, seq 1024, batch 16 on a GPU)")
 
 
+def sweep_mode(args: argparse.Namespace) -> None:
+    """The sweep's throughput before and after: K seeds as K solo cells on a process pool (`--workers`,
+    group 1) against the same cells as one stack (group K, in this process), whole `sweep.run` calls timed
+    (worker start-up, building, evaluation included; no probes, no checkpoints)."""
+    import tempfile
+    from pathlib import Path
+
+    from markov_interp import sweep
+
+    k, n = args.members, args.steps
+    spec = sweep.SweepSpec(name="bench", base={
+        "source": {"kind": "binary", "p": 0.5, "q": 0.8}, "model": {"preset": "paper-1layer", "n_ctx": args.seq_len},
+        "train": {"steps": n, "seq_len": args.seq_len, "batch_size": args.batch_size, "device": args.device,
+                  "eval_every": 0, "n_checkpoints": 0}}, seeds=tuple(range(k)), probe=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        # the pool first: its workers fork, which CUDA allows only before this process initialises it
+        start = time.perf_counter()
+        solo = sweep.run(spec, Path(tmp) / "solo", workers=args.workers, group=1, progress=False)
+        t_solo = time.perf_counter() - start
+        start = time.perf_counter()
+        stack = sweep.run(spec, Path(tmp) / "stack", workers=1, group=k, progress=False)
+        t_stack = time.perf_counter() - start
+    assert solo.n_failed == 0 and stack.n_failed == 0, (solo.failed, stack.failed)
+    print(f"sweep, {k} cells as solo runs on {args.workers} workers: {t_solo:7.2f} s  {k * n / t_solo:8.1f} "
+          f"model-steps/s")
+    print(f"sweep, the same {k} cells as one stack         : {t_stack:7.2f} s  {k * n / t_stack:8.1f} model-steps/s")
+    print(f"sweep speed-up: {t_solo / t_stack:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -117,9 +150,16 @@ def main() -> None:
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall time (default) or this process's CPU time (steadier when other jobs share the "
                         "CPU; meaningless for GPU work)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="the sweep's throughput: K solo cells on --workers processes vs one stack of K")
+    parser.add_argument("--workers", type=int, default=8, help="sweep mode: pool size of the solo sweep")
     args = parser.parse_args()
     _CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
+    if args.sweep:  # before anything initialises CUDA here (the solo sweep's workers fork)
+        print(f"device {args.device}, sweep mode, paper-1layer, seq {args.seq_len}, batch {args.batch_size}, "
+              f"K = {args.members}, {args.steps} steps, torch {torch.__version__}")
+        return sweep_mode(args)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"device {args.device} ({name}), threads {torch.get_num_threads()}, paper-1layer, seq {args.seq_len}, "
           f"batch {args.batch_size}, K = {args.members}, torch {torch.__version__}, {args.clock} clock")

@@ -277,12 +277,15 @@ class _Group:
         alive = torch.tensor([f is None for f in self.failed], device=self.device)
         failed_at = torch.tensor([-1 if f is None else f for f in self.failed], device=self.device)
         ckpt_steps = set(training.checkpoint_steps(tc.steps, tc.n_checkpoints))
+        # the whole schedule on the device up front: no host-to-device copy inside the step loop
+        lr_table = torch.tensor([[training._lr_at(r.train, s) for r in self.runs] for s in range(tc.steps)],
+                                dtype=torch.float64, device=self.device)
         bar = tqdm(total=tc.steps, initial=self.start, disable=not progress, desc=f"train x{n}", unit="step",
                    dynamic_ncols=True)
         try:
             for step in range(self.start + 1, tc.steps + 1):
                 lrs = [training._lr_at(r.train, step - 1) for r in self.runs]
-                losses, ok = self._step(torch.tensor(lrs, dtype=torch.float64, device=self.device), wd, alive)
+                losses, ok = self._step(lr_table[step - 1], wd, alive)
                 failed_at = torch.where(alive & ~ok, step, failed_at)
                 alive = alive & ok
                 self.pending.append(losses)

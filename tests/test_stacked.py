@@ -391,3 +391,19 @@ def test_cli_train_imports_no_transformer_lens(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "False"
     assert models.load(tmp_path / "run").markov_config.d_vocab == 2
+
+
+@pytest.mark.slow
+def test_ray_runs_stacks_like_the_local_pool(tmp_path):
+    ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray' package")
+    from markov_interp import sweep
+
+    spec = _sweep_spec(seeds=(0,), grid={"source.p": [0.2, 0.5]})
+    local = sweep.run(spec, tmp_path / "local", workers=1, progress=False, group=2)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = sweep.run(spec, tmp_path / "ray", backend="ray", progress=False, group=2)
+    finally:
+        ray.shutdown()
+    assert remote.n_failed == 0 and [r["stack_size"] for r in remote.rows] == [2, 2]
+    assert [r["final_eval_loss"] for r in remote.rows] == [r["final_eval_loss"] for r in local.rows]
