@@ -292,6 +292,28 @@ def test_member_folder_is_a_solo_run_folder(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_stack_resumes_a_solo_run_folder(tmp_path, monkeypatch):
+    """The other direction: a folder `train` left after a kill is resumed by `train_many` from its checkpoint."""
+    run = run_config(1, steps=30, eval_every=15, n_checkpoints=4)
+    original = training._lr_at
+
+    def kill_at_12(cfg, step):
+        if step == 11:  # 0-based: the 12th update, after the checkpoint at step 10
+            raise _Kill
+        return original(cfg, step)
+
+    monkeypatch.setattr(training, "_lr_at", kill_at_12)
+    with pytest.raises(_Kill):
+        train(run, tmp_path / "solo", progress=False)
+    monkeypatch.undo()
+    (resumed,) = train_many([run], [tmp_path / "solo"], progress=False)
+    assert resumed.resumed_from == 10
+    uninterrupted = train(run, progress=False)
+    assert max_weight_diff(resumed.model, uninterrupted.model) < WEIGHT_TOL
+    assert_metrics_close(resumed.metrics, uninterrupted.metrics, 1e-5)
+
+
+@pytest.mark.slow
 def test_diverging_member_is_masked_and_recorded(tmp_path):
     common = dict(optimizer="sgd", steps=40, eval_every=20, n_checkpoints=2)
     runs = [run_config(0, lr=0.05, **common), run_config(1, lr=1e12, **common), run_config(2, lr=0.02, **common)]
