@@ -75,15 +75,20 @@ def with_steps(runs: list, steps: int) -> list:
 def full_runs(args: argparse.Namespace) -> None:
     runs = make_runs(args.members, args.steps, args.seq_len, args.batch_size, args.device, eval_every=100)
     training.train_many(with_steps(runs[:2], 2), progress=False)  # warm-up (lazy imports, allocator)
-    solo = timed(lambda: [training.train(r, progress=False) for r in runs], args.device)
-    stack = timed(lambda: training.train_many(runs, progress=False), args.device)
-    solo2 = timed(lambda: [training.train(r, progress=False) for r in runs], args.device)
-    solo_mean = (solo + solo2) / 2
+    training.train(with_steps(runs[:1], 2)[0], progress=False)
+    solos, stacks = [], []
+    for _ in range(args.repeats):  # alternating, so a change in the machine's load hits both sides alike
+        solos.append(timed(lambda: [training.train(r, progress=False) for r in runs], args.device))
+        stacks.append(timed(lambda: training.train_many(runs, progress=False), args.device))
     k, n = args.members, args.steps
-    print(f"{k} runs one after another with train : {solo_mean:7.2f} s  (runs: {solo:.2f} s, {solo2:.2f} s)  "
-          f"{k * n / solo_mean:8.1f} model-steps/s")
-    print(f"the same {k} runs stacked (train_many)  : {stack:7.2f} s  {k * n / stack:8.1f} model-steps/s")
-    print(f"speed-up of the stack: {solo_mean / stack:.2f}x  (issue: >= 1.5x on CPU, one thread)")
+    ratios = sorted(a / b for a, b in zip(solos, stacks))
+    solo, stack = sorted(solos)[len(solos) // 2], sorted(stacks)[len(stacks) // 2]
+    print(f"{k} runs one after another with train : median {solo:6.2f} s  {k * n / solo:8.1f} model-steps/s  "
+          f"(runs: {', '.join(f'{t:.2f}' for t in solos)} s)")
+    print(f"the same {k} runs stacked (train_many)  : median {stack:6.2f} s  {k * n / stack:8.1f} model-steps/s  "
+          f"(runs: {', '.join(f'{t:.2f}' for t in stacks)} s)")
+    print(f"speed-up of the stack: median {ratios[len(ratios) // 2]:.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x "
+          f"over {args.repeats} alternating pairs  (issue: >= 1.5x on CPU, one thread)")
 
 
 def marginal(args: argparse.Namespace) -> None:
@@ -144,6 +149,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--repeats", type=int, default=3, help="full runs: alternating solo / stack pairs")
     parser.add_argument("--marginal", action="store_true", help="per-step cost from two run lengths (GPU mode)")
     parser.add_argument("--short", type=int, default=20, help="marginal: the shorter run's steps")
     parser.add_argument("--long", type=int, default=80, help="marginal: the longer run's steps")
