@@ -480,10 +480,11 @@ def _execute(cell: Cell, runs_dir: str, probe: bool, cell_fn: Optional[Callable]
 def run_stack(cells: Sequence[Cell], runs_dir: "str | os.PathLike", *, probes: Sequence[bool]) -> list[dict]:
     """Train compatible cells as one stacked model (`training.train_many`) into runs_dir/<cell_id> and return
     one record per cell: "ok" with its row, or "failed" for a member that diverged. Raises if the stack does."""
-    from markov_interp.training import train_many
+    from markov_interp.stacked_training import train_many
 
     start = time.perf_counter()
-    results = train_many([c.config for c in cells], [Path(runs_dir) / c.cell_id for c in cells], progress=False)
+    results = train_many([c.config for c in cells], [Path(runs_dir) / c.cell_id for c in cells], progress=False,
+                         models_out=any(probes))  # hooked models only for the probes
     records = []
     for cell, probe, result in zip(cells, probes, results):
         if result.failed:
