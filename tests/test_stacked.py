@@ -442,3 +442,24 @@ def test_ray_runs_stacks_like_the_local_pool(tmp_path):
         ray.shutdown()
     assert remote.n_failed == 0 and [r["stack_size"] for r in remote.rows] == [2, 2]
     assert [r["final_eval_loss"] for r in remote.rows] == [r["final_eval_loss"] for r in local.rows]
+
+
+# ------------------------------------------------------------------------------------------------ CUDA
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_cuda_stacked_forward_and_members_equal_solo():
+    """The GPU check: the stacked forward and a short stacked run against the solo path on CUDA."""
+    stack, solos = _stack_and_solos(dict(n_layers=2), seeds=(0, 1))
+    stack = stacked.build_stack([s.markov_config for s in solos], [0, 1], device="cuda")
+    tokens = _tokens(2).cuda()
+    logits = stacked.stacked_forward(stack, tokens)
+    for k, solo in enumerate(solos):
+        solo.to("cuda", print_details=False)
+        torch.testing.assert_close(logits[k], models.fast_forward(solo, tokens[k]), rtol=0, atol=1e-5)
+    runs = [run_config(0, steps=50, device="cuda"), run_config(1, 0.5, 0.8, steps=50, device="cuda", lr=4e-3)]
+    for run, result in zip(runs, train_many(runs, progress=False)):
+        solo = train(run, progress=False)
+        assert max_weight_diff(result.model, solo.model) < WEIGHT_TOL
+        assert_metrics_close(result.metrics, solo.metrics, 1e-4)
