@@ -369,7 +369,16 @@ class StackedOptimizer:
         self.stack, self.kind, self.betas, self.momentum, self.eps = stack, kind, tuple(betas), momentum, eps
         self.decay = decay_names(stack.cfg)
         self.step_count = 0
+        # per-member update counts, kept when members may skip steps (fp16 loss scaling skips a member's step when
+        # its gradient overflows, as torch's GradScaler does); None: every member counts `step_count`
+        self.member_steps: Optional[Tensor] = None
         self.state: dict[str, dict[str, Tensor]] = {name: {} for name in stack.params}
+
+    def count_members(self) -> None:
+        """Keep a step count per member from now on (needed when members may skip steps)."""
+        device = next(iter(self.stack.params.values())).device
+        self.member_steps = torch.full((self.stack.n_members,), float(self.step_count), dtype=torch.float64,
+                                       device=device)
 
     @torch.no_grad()
     def step(self, lr: Float[Tensor, " member"], weight_decay: Float[Tensor, " member"],
@@ -377,6 +386,8 @@ class StackedOptimizer:
         """One update of every member with its own lr / weight decay; members with alive=False keep their
         parameters and state unchanged."""
         self.step_count += 1
+        if self.member_steps is not None:
+            self.member_steps += alive.double()
         lr64, wd64 = lr.double(), weight_decay.double()
         for name, param in self.stack.params.items():
             grad = param.grad
@@ -400,10 +411,15 @@ class StackedOptimizer:
         new = param * decay if decay is not None else param.clone()
         exp_avg = state["exp_avg"].lerp(grad, 1 - beta1)
         exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul_(grad, grad, value=1 - beta2)
-        t = self.step_count
-        bias_correction1, bias_correction2 = 1 - beta1**t, 1 - beta2**t
+        if self.member_steps is None:  # python floats, as torch's foreach AdamW computes them
+            t = self.step_count
+            bias_correction1, bias_correction2_sqrt = 1 - beta1**t, (1 - beta2**t) ** 0.5
+        else:  # the same per member (a member that skipped steps has its own count)
+            t = self.member_steps
+            bias_correction1 = 1 - torch.pow(beta1, t)
+            bias_correction2_sqrt = _per_member(torch.pow(1 - torch.pow(beta2, t), 0.5), param)
         step_size = _per_member(-(lr64 / bias_correction1), param)
-        denom = exp_avg_sq.sqrt().div_(bias_correction2**0.5).add_(self.eps)
+        denom = exp_avg_sq.sqrt().div_(bias_correction2_sqrt).add_(self.eps)
         new.addcdiv_(exp_avg * step_size, denom)
         state["exp_avg"] = torch.where(keep, exp_avg, state["exp_avg"])
         state["exp_avg_sq"] = torch.where(keep, exp_avg_sq, state["exp_avg_sq"])
@@ -447,7 +463,8 @@ class StackedOptimizer:
         for slot, name in zip(slots, order):
             state = {key: value[k].detach().to("cpu").clone() for key, value in self.state[name].items()}
             if self.kind == "adamw":
-                state["step"] = torch.tensor(float(self.step_count), dtype=torch.float32)
+                count = self.step_count if self.member_steps is None else float(self.member_steps[k])
+                state["step"] = torch.tensor(float(count), dtype=torch.float32)
             if state:
                 optimizer.state[slot] = state
         return optimizer.state_dict()
@@ -460,6 +477,8 @@ class StackedOptimizer:
             name = order[int(index)]
             for key, value in entry.items():
                 if key == "step":
+                    if self.member_steps is not None:
+                        self.member_steps[k] = float(value)
                     continue
                 target = self.state[name].setdefault(key, torch.zeros_like(self.stack.params[name]))
                 target[k].copy_(value.to(target.device))

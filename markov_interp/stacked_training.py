@@ -20,6 +20,9 @@ could resume it. A stacked group resumes from the newest checkpoint step that ev
 ends bit-identical to an uninterrupted group; members whose folder is already finished are loaded, not
 retrained, and the others train as a smaller stack (members are independent, so that changes nothing).
 
+**Loss scaling** (fp16): every member has its own GradScaler (scale, growth tracker, skipped overflow steps,
+and so its own AdamW step count), checkpointed as the solo scaler's state dict.
+
 **Divergence.** A member whose training loss or gradient is not finite at some step is frozen there (its
 weights and optimiser state are those before the step), recorded as failed in its metrics (a row
 `{"step": s, "failed": ...}`) and in `TrainResult.failed`, and the others finish. Its folder keeps its last
@@ -46,6 +49,8 @@ __all__ = ["train_many", "check_compatible", "stack_key", "MEMBER_TRAIN_FIELDS",
 # TrainConfig fields in which the members of a stack may differ (everything else must match).
 MEMBER_TRAIN_FIELDS = ("seed", "lr", "weight_decay")
 FAILED_KEY = "failed"  # the metrics row key of a member that diverged
+# torch.amp.GradScaler's defaults, which solo `train` uses for loss_scaling=True
+_SCALER = {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 _FAILED_MESSAGE = "non-finite training loss or gradient; member frozen at its last finite weights"
 
 
@@ -58,9 +63,6 @@ def check_compatible(runs: Sequence[RunConfig]) -> None:
         if not isinstance(run, RunConfig):
             raise ValueError(f"runs[{i}] must be a RunConfig, got {type(run).__name__}")
     first = runs[0]
-    if first.train.loss_scaling:
-        raise ValueError("train.loss_scaling=True is not supported in a stack (one scale per member would be "
-                         "needed); train these runs one by one with training.train")
     for i, run in enumerate(runs[1:], start=1):
         diffs = _differences(first, run)
         if diffs:
@@ -74,8 +76,6 @@ def check_compatible(runs: Sequence[RunConfig]) -> None:
 
 def stack_key(run: RunConfig) -> Optional[str]:
     """What must agree for runs to share a stack, as text (None for a run that cannot be stacked)."""
-    if run.train.loss_scaling:
-        return None
     train = {k: v for k, v in run.train.to_dict().items() if k not in MEMBER_TRAIN_FIELDS}
     return json.dumps({"source": [run.source.kind, run.source.vocab_size],
                        "model": stacked.shape_config(run.model).to_dict(), "train": train}, sort_keys=True)
@@ -240,6 +240,8 @@ class _Group:
     resumed_from: Optional[int] = None
     sample_train: Any = None  # () -> [member, batch, seq_len + 1] tokens from the training streams
     sample_eval: Any = None  # the same from the evaluation streams
+    scale: Any = None  # fp16 loss scaling: [member] scales and growth trackers, one torch GradScaler per member
+    growth_tracker: Any = None
 
     @classmethod
     def create(cls, runs: list, outs: list, device: torch.device) -> "_Group":
@@ -260,6 +262,10 @@ class _Group:
         group = cls(runs=runs, outs=outs, device=device, sources=sources, references=references, stack=stack,
                     optimizer=optimizer, train_gens=gens[0], eval_gens=gens[1],
                     rows=[[] for _ in runs], failed=[None] * len(runs))
+        if tc.loss_scaling:  # GradScaler's defaults: init scale 2**16, growth 2, backoff 0.5, interval 2000
+            optimizer.count_members()
+            group.scale = torch.full((len(runs),), _SCALER["scale"], device=device)
+            group.growth_tracker = torch.zeros(len(runs), dtype=torch.int32, device=device)
         length = tc.seq_len + 1
         group.sample_train = member_sampler(sources, group.train_gens, tc.batch_size, length)
         group.sample_eval = member_sampler(sources, group.eval_gens, tc.batch_size, length)
@@ -310,12 +316,33 @@ class _Group:
             logits = stacked.stacked_forward(self.stack, tokens[..., :-1])
         losses = stacked.stacked_loss(logits, tokens[..., 1:])
         self.optimizer.zero_grad()
-        losses.sum().backward()
-        ok = torch.isfinite(losses) & self.optimizer.member_finite()
+        if self.scale is None:
+            losses.sum().backward()
+            ok = torch.isfinite(losses) & self.optimizer.member_finite()
+            update = alive & ok
+        else:
+            update, ok = self._scaled_backward(losses, alive)
         if tc.grad_clip is not None:
             self.optimizer.clip_grad_norm(tc.grad_clip)
-        self.optimizer.step(lr, wd, alive & ok)
+        self.optimizer.step(lr, wd, update)
         return losses.detach(), ok
+
+    def _scaled_backward(self, losses: torch.Tensor, alive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp16 loss scaling per member, torch's GradScaler step by step: backward of scale * loss, unscale with
+        the fp64 reciprocal, skip a member's step when its gradient overflowed (halving its scale), double the
+        scale after 2000 clean steps. A member fails only when its loss itself is not finite."""
+        (losses * self.scale).sum().backward()
+        inv_scale = self.scale.double().reciprocal().float()
+        for param in self.stack.parameters():
+            param.grad.mul_(inv_scale.view(-1, *([1] * (param.ndim - 1))))
+        found_inf = ~self.optimizer.member_finite()
+        tracker = torch.where(found_inf, 0, self.growth_tracker + 1)
+        grow = tracker == _SCALER["growth_interval"]
+        grown = self.scale * _SCALER["growth_factor"]
+        scale = torch.where(grow & torch.isfinite(grown), grown, self.scale)
+        self.scale = torch.where(found_inf, self.scale * _SCALER["backoff_factor"], scale)
+        self.growth_tracker = torch.where(grow, 0, tracker).to(torch.int32)
+        return alive & ~found_inf & torch.isfinite(losses), torch.isfinite(losses)
 
     def _note_failures(self, failed_at: torch.Tensor) -> None:
         for k, step in enumerate(failed_at.tolist()):
@@ -370,7 +397,8 @@ class _Group:
                 "step": step,
                 "optimizer": self.optimizer.solo_state_dict(k, lr=lrs[k], initial_lr=tc.lr,
                                                             weight_decay=tc.weight_decay),
-                "scaler": {},  # a disabled GradScaler's state (stacks refuse loss scaling)
+                "scaler": {} if self.scale is None else {  # GradScaler.state_dict() of member k's scaler
+                    **_SCALER, "scale": float(self.scale[k]), "_growth_tracker": int(self.growth_tracker[k])},
                 "train_generator": self.train_gens[k].get_state(),
                 "eval_generator": self.eval_gens[k].get_state(),
                 "pending_losses": torch.stack([p[k] for p in self.pending]).cpu() if self.pending
@@ -405,6 +433,9 @@ class _Group:
         except Exception as err:  # torch raises several types on corrupt / truncated files
             raise ValueError(f"checkpoint {extra} is unreadable ({type(err).__name__}: {err})") from None
         self.optimizer.load_solo_state(k, state["optimizer"])
+        if self.scale is not None:
+            self.scale[k] = state["scaler"]["scale"]
+            self.growth_tracker[k] = state["scaler"]["_growth_tracker"]
         self.train_gens[k].set_state(state["train_generator"])
         self.eval_gens[k].set_state(state["eval_generator"])
         failed_at = int(state.get("stack_failed_at", -1))

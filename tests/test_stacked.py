@@ -193,6 +193,57 @@ def test_reduced_precision_members_follow_solo_to_half_precision(precision):
 
 
 @pytest.mark.slow
+def test_loss_scaling_members_follow_their_solo_scalers(tmp_path, monkeypatch):
+    """fp16 with loss scaling: one GradScaler per member (its scale, skipped overflow steps and the AdamW step
+    count those leave), checkpointed in the solo format and resumed bit-identically."""
+    runs = [run_config(0, steps=30, precision="fp16", loss_scaling=True, n_checkpoints=4),
+            run_config(1, 0.5, 0.8, steps=30, precision="fp16", loss_scaling=True, lr=4e-3, n_checkpoints=4)]
+    reference = train_many(runs, [tmp_path / "a0", tmp_path / "a1"], progress=False)
+    for k, (run, result) in enumerate(zip(runs, reference)):
+        solo = train(run, tmp_path / f"solo{k}", progress=False)
+        assert max_weight_diff(result.model, solo.model) < 2e-2
+        assert abs(result.final["eval_loss"] - solo.final["eval_loss"]) < 1e-3
+        ours = torch.load(tmp_path / f"a{k}" / "checkpoints" / "step_0000030.pt", weights_only=True)
+        theirs = torch.load(tmp_path / f"solo{k}" / "checkpoints" / "step_0000030.pt", weights_only=True)
+        assert ours["scaler"] == theirs["scaler"]  # same scale and growth tracker as the solo GradScaler
+        assert ours["optimizer"]["state"][0]["step"] == theirs["optimizer"]["state"][0]["step"]
+    outs = [tmp_path / "b0", tmp_path / "b1"]
+    monkeypatch.setattr(stacked_training, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 12 else None)
+    with pytest.raises(_Kill):
+        train_many(runs, outs, progress=False)
+    monkeypatch.undo()
+    for ref, res in zip(reference, train_many(runs, outs, progress=False)):
+        assert res.resumed_from == 10 and res.metrics == ref.metrics and _weights_equal(res.model, ref.model)
+
+
+@pytest.mark.slow
+def test_loss_scaling_overflow_skips_are_per_member(tmp_path, monkeypatch):
+    """Started at a scale that overflows fp16, each member skips its overflow steps as a GradScaler does: its
+    scale halves per skip and its AdamW step count leaves the skipped steps out (scale = init / 2**skips with
+    skips = steps - AdamW steps, the law the solo checkpoint obeys too). Which step overflows near the
+    threshold depends on fp16 rounding, so the counts match the solo run's only roughly."""
+    import functools
+
+    init = 2.0**40
+    monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=init))
+    monkeypatch.setitem(stacked_training._SCALER, "scale", init)
+    runs = [run_config(0, steps=40, precision="fp16", loss_scaling=True, n_checkpoints=1),
+            run_config(1, 0.5, 0.8, steps=40, precision="fp16", loss_scaling=True, lr=4e-3, n_checkpoints=1)]
+    results = train_many(runs, [tmp_path / "a0", tmp_path / "a1"], progress=False)
+    for k, (run, result) in enumerate(zip(runs, results)):
+        solo = train(run, tmp_path / f"solo{k}", progress=False)
+        counts = {}
+        for name in (f"a{k}", f"solo{k}"):
+            state = torch.load(tmp_path / name / "checkpoints" / "step_0000040.pt", weights_only=True)
+            steps = int(state["optimizer"]["state"][0]["step"])
+            assert steps < 40 and state["scaler"]["scale"] == init / 2 ** (40 - steps)
+            counts[name] = steps
+        assert abs(counts[f"a{k}"] - counts[f"solo{k}"]) <= 3, counts
+        assert abs(result.final["eval_loss"] - solo.final["eval_loss"]) < 1e-2
+        assert result.failed is None
+
+
+@pytest.mark.slow
 def test_members_with_other_inits_and_sources():
     base = preset("attn-only-2layer", d_vocab=3, n_ctx=32)
     runs = [RunConfig(source=SourceConfig(kind="random", vocab=3, alpha=a), model=base.replace(init_std=s),
@@ -226,8 +277,9 @@ def test_other_refusals(tmp_path):
                        train=run_config().train)
     with pytest.raises(ValueError, match="source.kind differs"):
         train_many([run_config(0), random], progress=False)
-    with pytest.raises(ValueError, match="loss_scaling"):
-        train_many([run_config(precision="fp16", loss_scaling=True)], progress=False)
+    with pytest.raises(ValueError, match="train.loss_scaling differs"):
+        train_many([run_config(0, precision="fp16", loss_scaling=True), run_config(1, precision="fp16")],
+                   progress=False)
     with pytest.raises(ValueError, match="at least one run"):
         train_many([], progress=False)
     with pytest.raises(ValueError, match="distinct"):
