@@ -154,6 +154,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     for group, flag, key, kwargs in _TRAIN_SHORTCUTS:
         groups[group].add_argument(flag, default=None, **kwargs)
     run = p.add_argument_group("this process")
+    run.add_argument("--seeds", default=None,
+                     help="train several seeds as one stacked model into OUT/seed-N/, e.g. 0-7 or 0,3,5 (overrides "
+                     "--seed; each member equals its solo run up to float rounding)")
     run.add_argument("--threads", type=int, default=None,
                      help="CPU threads for torch (default: torch's choice; 1 is often fastest for tiny models)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -161,30 +164,69 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     def handler(args: argparse.Namespace) -> int:
         import torch
 
-        from markov_interp.theory import format_loss
-        from markov_interp.training import train
-
         if args.threads is not None:
             if args.threads < 1:
                 raise ValueError(f"--threads must be >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
-        result = train(_train_run(args), args.out, progress=not args.no_progress)
-        f = result.final
+        run = _train_run(args)
+        # One run or many, through the stacked path (a single run is a stack of one; members equal solo
+        # `training.train` up to float rounding): it writes the same run folders, locks them, records a
+        # diverged member and, needing no hooked model, never imports transformer_lens (seconds of start-up).
+        import dataclasses
+        from pathlib import Path
 
-        def ref(value: float, key: str) -> str:  # the value, with its standard error where that shows
-            return format_loss(value, f.references.get(f"{key}_se"))
+        from markov_interp.stacked_training import train_many
 
-        in_context = f.bayes_loss is not None
-        parts = [f"final eval loss {f.eval_loss:.4f} nats", f"entropy rate {ref(f.entropy_rate, 'entropy_rate')}",
-                 f"{'in-context ' if in_context else ''}unigram loss {ref(f.unigram_loss, 'unigram_loss')}"]
-        if in_context:
-            parts.append(f"in-context Bayes loss {ref(f.bayes_loss, 'bayes_loss')}")
-        status = "already trained" if result.already_done else (
-            f"resumed from step {result.resumed_from}" if result.resumed_from else "trained")
-        print(f"{status} ({f.step} steps): " + ", ".join(parts) + f" -> {args.out}")
-        return 0
+        seeds = [run.train.seed] if args.seeds is None else _parse_seeds(args.seeds)
+        runs = [dataclasses.replace(run, train=dataclasses.replace(run.train, seed=s)) for s in seeds]
+        outs = [Path(args.out)] if args.seeds is None else [Path(args.out) / f"seed-{s}" for s in seeds]
+        results = train_many(runs, outs, progress=not args.no_progress, models_out=False)
+        diverged = 0
+        for seed, out, result in zip(seeds, outs, results):
+            label = "" if args.seeds is None else f"seed {seed}: "
+            if result.failed:
+                diverged += 1
+                print(f"{label}diverged: {result.failed} -> {out}", file=sys.stderr)
+            else:
+                print(label + _train_summary(result, out))
+        return EXIT_DIVERGED if diverged else 0
 
     p.set_defaults(handler=handler)
+
+
+def _parse_seeds(text: str) -> list[int]:
+    """Seeds from "0-7" (inclusive range), "0,3,5" or a mix ("1,4-6"); ValueError naming --seeds otherwise."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"--seeds must look like 0-7 or 0,3,5 (seeds >= 0), got {text!r}")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last < first:
+            raise ValueError(f"--seeds range {part.strip()!r} is empty (end before start)")
+        seeds += range(first, last + 1)
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds lists a seed twice: {text!r}")
+    return seeds
+
+
+def _train_summary(result, out) -> str:
+    """One line: the final eval loss beside theory's references (with their standard errors where they show)."""
+    from markov_interp.theory import format_loss
+
+    f = result.final
+
+    def ref(value: float, key: str) -> str:
+        return format_loss(value, f.references.get(f"{key}_se"))
+
+    in_context = f.bayes_loss is not None
+    parts = [f"final eval loss {f.eval_loss:.4f} nats", f"entropy rate {ref(f.entropy_rate, 'entropy_rate')}",
+             f"{'in-context ' if in_context else ''}unigram loss {ref(f.unigram_loss, 'unigram_loss')}"]
+    if in_context:
+        parts.append(f"in-context Bayes loss {ref(f.bayes_loss, 'bayes_loss')}")
+    status = "already trained" if result.already_done else (
+        f"resumed from step {result.resumed_from}" if result.resumed_from else "trained")
+    return f"{status} ({f.step} steps): " + ", ".join(parts) + f" -> {out}"
 
 
 def _add_probe(sub: argparse._SubParsersAction) -> None:
@@ -335,6 +377,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
                    help="local process pool (default) or Ray tasks on the cluster ray.init() finds")
     p.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
     p.add_argument("--no-retry", action="store_true", help="do not retry cells that failed in an earlier call")
+    p.add_argument("--group", type=int, default=None,
+                   help="train up to N compatible cells as one stacked model (default: 1 on a CPU, 64 on a GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def handler(args: argparse.Namespace) -> int:
@@ -346,7 +390,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         out = args.out or str(Path("runs") / f"sweep-{Path(args.spec).stem}")
         runfolder.check_writable_dir(out, "sweep folder")
         result = sweep.run(spec, out, backend=args.backend, workers=args.workers, progress=not args.no_progress,
-                           retry_failed=not args.no_retry)
+                           retry_failed=not args.no_retry, group=args.group)
         n_ok = len(result.rows) - result.n_failed - result.n_diverged
         print(f"{len(result.rows)} cells: {n_ok} ok ({result.n_run} run now, {result.n_skipped} already done), "
               f"{result.n_failed} failed, {result.n_diverged} diverged -> {result.table}")

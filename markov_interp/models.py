@@ -27,7 +27,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.nn as nn
@@ -35,13 +35,18 @@ import torch.nn.functional as F
 from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens.config import TransformerBridgeConfig
-from transformer_lens.model_bridge import TransformerBridge
-from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
-from transformer_lens.model_bridge.sources.native import NativeModel
 
 from markov_interp._io import atomic_write
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_keys, check_number
+
+if TYPE_CHECKING:
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.model_bridge.sources.native import NativeModel
+else:
+    # transformer_lens takes seconds to import (datasets, transformers); it is imported where a hooked model is
+    # built, so a process that builds none (stacked training, `markov-interp train`) never pays for it.
+    TransformerBridge = TransformerBridgeConfig = NativeModel = Any
 
 __all__ = [
     "ModelConfig",
@@ -221,6 +226,8 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 
 # ------------------------------------------------------------------------------------------------- build
 def _tl_config(cfg: ModelConfig, seed: Optional[int]) -> TransformerBridgeConfig:
+    from transformer_lens.config import TransformerBridgeConfig
+
     return TransformerBridgeConfig(
         d_model=cfg.d_model,
         d_head=cfg.d_head,
@@ -255,6 +262,8 @@ def _norm(cfg: ModelConfig) -> nn.Module:
 
 def _native_model(cfg: ModelConfig, tl_cfg: TransformerBridgeConfig) -> NativeModel:
     """TransformerLens's native model with the paper's bias / norm / head choices swapped in."""
+    from transformer_lens.model_bridge.sources.native import NativeModel
+
     native = NativeModel(tl_cfg)
     h = cfg.n_heads * cfg.d_head
     for block in native.layers:
@@ -362,6 +371,8 @@ def build(cfg: ModelConfig, *, seed: int, device: Any = None) -> TransformerBrid
         raise ValueError(f"seed must be an integer, got {seed!r}")
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
     tl_cfg = _tl_config(cfg, seed)
     with torch.random.fork_rng(devices=[]):  # nn.Linear's constructor draws from the global RNG
         native = _native_model(cfg, tl_cfg)

@@ -84,6 +84,9 @@ __all__ = [
     "cell_id",
     "run",
     "run_cell",
+    "run_stack",
+    "group_cells",
+    "default_group",
     "SweepResult",
     "Row",
     "CellResult",
@@ -474,6 +477,13 @@ def run_cell(cell: Cell, runs_dir: "str | os.PathLike", *, probe: bool = True, p
     start = time.perf_counter()
     run_dir = Path(runs_dir) / cell.cell_id
     result = train(cell.config, run_dir, progress=progress)
+    return _cell_result(cell, result, runs_dir, probe=probe, start=start)
+
+
+def _cell_result(cell: Cell, result: TrainResult, runs_dir: "str | os.PathLike", *, probe: bool,
+                 start: float) -> CellResult:
+    """The `CellResult` of a trained (or loaded) cell, probed when asked (the full report goes to
+    results/<cell_id>.probe.json)."""
     columns = None
     if probe:
         columns, report = _probe(result.model, cell.config)
@@ -494,6 +504,94 @@ def _execute(cell: Cell, runs_dir: str, probe: bool, cell_fn: Optional[Callable]
         return {"status": "failed", "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
 
 
+def run_stack(cells: Sequence[Cell], runs_dir: "str | os.PathLike", *, probes: Sequence[bool]) -> list[dict]:
+    """Train compatible cells as one stacked model (`training.train_many`) into runs_dir/<cell_id> and return
+    one record per cell: "ok" with its `CellResult`, or "diverged" for a member whose loss went non-finite.
+    Raises if the stack does."""
+    from markov_interp.stacked_training import train_many
+
+    start = time.perf_counter()
+    results = train_many([c.config for c in cells], [Path(runs_dir) / c.cell_id for c in cells], progress=False,
+                         models_out=any(probes))  # hooked models only for the probes
+    records = []
+    for cell, probe, result in zip(cells, probes, results):
+        if result.failed:  # the recipe diverged on this member: a result, not a fault (as solo cells)
+            records.append({"status": "diverged", "error": result.failed, "traceback": None,
+                            "stack_size": len(cells)})
+            continue
+        try:
+            cell_result = _cell_result(cell, result, runs_dir, probe=probe, start=start)
+            records.append({"status": "ok", "error": None, "traceback": None, "result": cell_result.to_dict(),
+                            "stack_size": len(cells)})
+        except Exception as err:  # a probe failing on one member fails that cell only
+            records.append({"status": "failed", "error": f"{type(err).__name__}: {err}",
+                            "traceback": traceback.format_exc()})
+    return records
+
+
+def _execute_group(cells: Sequence[Cell], runs_dir: str, probes: Sequence[bool],
+                   cell_fn: Optional[Callable]) -> list[dict]:
+    """Run a group of cells: one cell alone, several as a stack; a stack that raises is retried cell by cell
+    (each resumes from the checkpoints its stack wrote, which are solo checkpoints), so one bad cell cannot
+    fail its neighbours."""
+    if len(cells) == 1:
+        return [_execute(cells[0], runs_dir, probes[0], cell_fn)]
+    try:
+        return run_stack(cells, runs_dir, probes=probes)
+    except Exception as err:
+        note = f"stack of {len(cells)} raised {type(err).__name__}: {err}; retried as solo cells"
+        records = [_execute(c, runs_dir, p, cell_fn) for c, p in zip(cells, probes)]
+        return [{**r, "stack_note": note} for r in records]
+
+
+def _execute_group_in_worker(cells: Sequence[Cell], runs_dir: str, probes: Sequence[bool],
+                             cell_fn: Optional[Callable]) -> list[dict]:
+    _worker_init()
+    return _execute_group(cells, runs_dir, probes, cell_fn)
+
+
+# Cells per stack when `group` is not given: 1 on a CPU (a stack of 8 is 1.6x faster per core in
+# benchmarks/bench_many.py, about what the process pool's parallel cells already give, and solo cells stay
+# bit-identical to `training.train`), 64 on a GPU (7.4x the model-steps/s of solo runs at the paper's size in
+# the prototype of ../shared/gpu-findings.md; about 13 MB of activations per member at seq 1024, batch 16).
+DEFAULT_GROUP = {"cpu": 1, "cuda": 64}
+
+
+def default_group(cells: Sequence[Cell]) -> int:
+    """The stack size for `cells` when the caller gives none: from the device their runs ask for."""
+    import torch
+
+    devices = {c.config.train.device for c in cells}
+    cuda = any(d.startswith("cuda") or (d == "auto" and torch.cuda.is_available()) for d in devices)
+    return DEFAULT_GROUP["cuda" if cuda else "cpu"]
+
+
+def group_cells(cells: Sequence[Cell], group: int, runs_dir: "str | os.PathLike") -> list[list[Cell]]:
+    """Split cells into stacks of at most `group` compatible cells (spec order within each stack).
+
+    Cells stack when `stacked_training.stack_key` agrees (same shapes and recipe) and their folders hold the
+    same newest checkpoint step (so an interrupted stack re-forms and resumes where it stopped). A pure
+    function of the cells and their folders: the local and Ray backends form the same stacks.
+    """
+    from markov_interp.stacked_training import stack_key
+    from markov_interp.training import list_checkpoints
+
+    if group <= 1:
+        return [[c] for c in cells]
+    buckets: dict[Any, list[Cell]] = {}
+    groups: list[list[Cell]] = []
+    for c in cells:
+        key = stack_key(c.config)
+        if key is None:
+            groups.append([c])
+            continue
+        found = list_checkpoints(Path(runs_dir) / c.cell_id)
+        buckets.setdefault((key, found[-1][0] if found else 0), []).append(c)
+    for members in buckets.values():
+        groups += [members[i:i + group] for i in range(0, len(members), group)]
+    return groups
+
+
 def _worker_init() -> None:
     import torch
 
@@ -506,9 +604,14 @@ def _execute_in_worker(cell: Cell, runs_dir: str, probe: bool, cell_fn: Optional
     return _execute(cell, runs_dir, probe, cell_fn)
 
 
-def _execute_child(cell: Cell, *, runs_dir: str, probe_for: dict, cell_fn: Optional[Callable]) -> dict:
-    """What a local sweep's child process runs (`_workers.supervise`)."""
-    return _execute_in_worker(cell, runs_dir, probe_for[cell.cell_id], cell_fn)
+def _execute_child(group: tuple, *, runs_dir: str, probe_for: dict, cell_fn: Optional[Callable]) -> list[dict]:
+    """What a local sweep's child process runs (`_workers.supervise`): one group of cells."""
+    return _execute_group_in_worker(list(group), runs_dir, [probe_for[c.cell_id] for c in group], cell_fn)
+
+
+def _split_group(group: tuple) -> list[tuple]:
+    """A stack whose process died is retried as solo cells (`_workers.supervise`'s split)."""
+    return [(c,) for c in group] if len(group) > 1 else []
 
 
 def _death_record(death: Any) -> dict:
@@ -559,6 +662,8 @@ class Row:
     config: RunConfig
     result: Optional[CellResult]  # None unless status == "ok"
     run_dir: str  # the run folder, relative to the sweep folder
+    stack_size: Optional[int] = None  # cells trained together as one stacked model (None: solo)
+    stack_note: Optional[str] = None  # why a stack was retried as solo cells
 
     def columns(self) -> dict[str, Any]:
         """The row as flat table columns (None where a value is absent)."""
@@ -576,6 +681,7 @@ class Row:
         for section, values in self.config.to_dict().items():
             out.update({f"{section}.{k}": v for k, v in values.items()})
         out["run_dir"] = self.run_dir
+        out["stack_size"], out["stack_note"] = self.stack_size, self.stack_note
         return out
 
     @classmethod
@@ -606,7 +712,8 @@ class Row:
             result = CellResult(probe=probe, **{f.name: get(f.name, f.type) for f in dataclasses.fields(CellResult)
                                                 if f.name != "probe"})
         return cls(sweep=get("sweep", str), cell_id=cell, status=get("status", str), error=get("error", Optional[str]),
-                   params=params, config=config, result=result, run_dir=get("run_dir", str))
+                   params=params, config=config, result=result, run_dir=get("run_dir", str),
+                   stack_size=get("stack_size", Optional[int]), stack_note=get("stack_note", Optional[str]))
 
 
 def _field_type(key: str) -> Any:
@@ -659,7 +766,8 @@ def _row(cell: Cell, record: dict) -> Row:
     result = CellResult.from_dict(record["result"]) if record["status"] == "ok" else None
     return Row(sweep=cell.sweep, cell_id=cell.cell_id, status=record["status"], error=record.get("error"),
                params=dict(cell.params), config=cell.config, result=result,
-               run_dir=str(Path(_RUNS_DIR) / cell.cell_id))
+               run_dir=str(Path(_RUNS_DIR) / cell.cell_id), stack_size=record.get("stack_size"),
+               stack_note=record.get("stack_note"))
 
 
 def _cell_text(value: Any) -> Any:
@@ -755,6 +863,7 @@ def run(
     workers: Optional[int] = None,
     progress: bool = True,
     retry_failed: bool = True,
+    group: Optional[int] = None,
     _cell_fn: Optional[Callable] = None,
 ) -> SweepResult:
     """Run every cell of `spec` (a `SweepSpec`, a spec file, or a list of specs) into `out_dir`.
@@ -770,14 +879,18 @@ def run(
     `backend="ray"` submits one Ray task per cell (num_cpus=1, one retry of a dead worker) to the cluster
     `ray.init()` connects to (RAY_ADDRESS, or a local instance); out_dir must then be on a filesystem every
     node sees. A cell whose training diverges (non-finite loss) gets status "diverged" and outcome "diverged":
-    counted apart from failures (`SweepResult.n_diverged`) and not run again. Same seeds give the same table
-    on either backend. Writes out_dir/results.csv (and results.parquet when pyarrow is present); returns the
+    counted apart from failures (`SweepResult.n_diverged`) and not run again. `group` (default
+    `default_group`: 1 on a CPU, 64 on a GPU) trains up to that many compatible cells as one stacked model
+    (`training.train_many`); a stack that raises, or whose process dies, is retried cell by cell. Same seeds and
+    group give the same table on either backend. Writes out_dir/results.csv (and results.parquet when pyarrow is present); returns the
     rows.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {list(_BACKENDS)}, got {backend!r}")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be None or an integer >= 1, got {workers!r}")
+    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group < 1):
+        raise ValueError(f"group must be None or an integer >= 1, got {group!r}")
     specs = _as_specs(spec)
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -824,12 +937,14 @@ def run(
     pending = list(todo.values())
     if pending:
         runs_dir = str(out / _RUNS_DIR)
+        size = 1 if _cell_fn is not None else (group if group is not None else default_group(pending))
+        groups = group_cells(pending, size, runs_dir)
         with runfolder.lock(out):  # one sweep at a time per folder: a second is refused at once, naming the first
             runfolder.remove_stale_tmp(out, subfolders=(_RESULTS_DIR,))
             if backend == "ray":
-                _run_ray(pending, runs_dir, probe_for, save, progress, _cell_fn)
+                _run_ray(groups, runs_dir, probe_for, save, progress, _cell_fn)
             else:
-                _run_local(pending, runs_dir, probe_for, save, progress, workers, _cell_fn)
+                _run_local(groups, runs_dir, probe_for, save, progress, workers, _cell_fn)
 
     rows = []
     for c in cells:
@@ -856,30 +971,47 @@ def _start_method() -> str:
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _run_local(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable, progress: bool,
+def _run_local(groups: list[list[Cell]], runs_dir: str, probe_for: dict, save: Callable, progress: bool,
                workers: Optional[int], cell_fn: Optional[Callable]) -> None:
     asked = workers or os.cpu_count() or 1
-    n = min(asked, len(pending))  # with asked > 1 even a single cell runs in a child: its death stays its own
-    bar = _bar(len(pending), progress, "sweep")
+    n = min(asked, len(groups))  # with asked > 1 even a single cell runs in a child: its death stays its own
+    bar = _bar(sum(len(g) for g in groups), progress, "sweep")
     failed = 0
 
-    def done(c: Cell, record: Optional[dict], death: Any) -> None:
+    def done(g: tuple, records: Optional[list], death: Any) -> None:
         nonlocal failed
-        failed += _record(c, lambda: record if death is None else _death_record(death), "", save, bar, failed)
+        got = records if death is None else [_death_record(death)] * len(g)
+        failed += _record_group(list(g), lambda: got, "", save, bar, failed)
 
     try:
         if asked == 1:
-            for c in pending:
-                run_cell_now = lambda: _execute(c, runs_dir, probe_for[c.cell_id], cell_fn)  # noqa: E731
-                failed += _record(c, run_cell_now, "cell raised", save, bar, failed)
+            for g in groups:
+                run_now = lambda: _execute_group(g, runs_dir, [probe_for[c.cell_id] for c in g], cell_fn)  # noqa: E731
+                failed += _record_group(g, run_now, "cell raised", save, bar, failed)
             return
         from markov_interp._workers import supervise
 
-        # one fresh process per cell: a dead worker (out-of-memory kill) costs only its cell, retried once
+        # one fresh process per group: a dead worker (out-of-memory kill) costs only its cells; a dead stack is
+        # retried as solo cells, a dead solo cell once more
         run = functools.partial(_execute_child, runs_dir=runs_dir, probe_for=probe_for, cell_fn=cell_fn)
-        supervise(pending, run, done, workers=n, retries=1, start_method=_start_method())
+        supervise([tuple(g) for g in groups], run, done, workers=n, retries=1, split=_split_group,
+                  start_method=_start_method())
     finally:
         bar.close()
+
+
+def _record_group(cells: list[Cell], get: Callable[[], list], lost: str, save: Callable, bar: Any,
+                  failed: int) -> int:
+    """Save the records `get()` returns for a group of cells (failure records if the worker was lost)."""
+    try:
+        records = get()
+    except Exception as err:
+        records = [{"status": "failed", "error": f"{lost}: {type(err).__name__}: {err}",
+                    "traceback": traceback.format_exc()}] * len(cells)
+    bad = 0
+    for cell, record in zip(cells, records):
+        bad += _record(cell, lambda record=record: record, lost, save, bar, failed + bad)
+    return bad
 
 
 def _record(cell: Cell, get: Callable[[], dict], lost: str, save: Callable, bar: Any, failed: int) -> int:
@@ -896,7 +1028,7 @@ def _record(cell: Cell, get: Callable[[], dict], lost: str, save: Callable, bar:
     return bad
 
 
-def _run_ray(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable, progress: bool,
+def _run_ray(groups: list[list[Cell]], runs_dir: str, probe_for: dict, save: Callable, progress: bool,
              cell_fn: Optional[Callable]) -> None:
     try:
         import ray
@@ -904,10 +1036,10 @@ def _run_ray(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable
         raise ValueError("backend='ray' needs the 'ray' package (pip install 'markov-interp[ray]')") from None
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    # Ray re-runs a task whose worker died max_retries times; after that ray.get raises and only that cell fails
-    task = ray.remote(num_cpus=1, max_retries=1)(_execute_in_worker)
-    refs = {task.remote(c, runs_dir, probe_for[c.cell_id], cell_fn): c for c in pending}
-    bar = _bar(len(pending), progress, "sweep (ray)")
+    # Ray re-runs a task whose worker died max_retries times; after that ray.get raises and only its cells fail
+    task = ray.remote(num_cpus=1, max_retries=1)(_execute_group_in_worker)
+    refs = {task.remote(g, runs_dir, [probe_for[c.cell_id] for c in g], cell_fn): g for g in groups}
+    bar = _bar(sum(len(g) for g in groups), progress, "sweep (ray)")
     failed = 0
     try:
         remaining = list(refs)
@@ -915,6 +1047,6 @@ def _run_ray(pending: list[Cell], runs_dir: str, probe_for: dict, save: Callable
             done, remaining = ray.wait(remaining, num_returns=1)
             # a raise here means the task's worker died or Ray lost it
             lost = "worker died (Ray retried it once)"
-            failed += _record(refs[done[0]], lambda: ray.get(done[0]), lost, save, bar, failed)
+            failed += _record_group(refs[done[0]], lambda: ray.get(done[0]), lost, save, bar, failed)
     finally:
         bar.close()

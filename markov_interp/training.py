@@ -29,14 +29,13 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens.model_bridge import TransformerBridge
 
 from markov_interp._io import atomic_path, atomic_write
 from markov_interp import models, runfolder, theory
@@ -44,6 +43,11 @@ from markov_interp.config import Config, check_bool, check_choice, check_int, ch
 from markov_interp.data import Source, SourceConfig
 from markov_interp.models import ModelConfig
 from markov_interp.runfolder import RunFolderBusy, RunFolderError, TrainingDiverged
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+else:  # transformer_lens takes seconds to import; `markov-interp train` never needs it (see models.py)
+    TransformerBridge = Any
 
 __all__ = [
     "TrainConfig",
@@ -59,6 +63,7 @@ __all__ = [
     "TrainingDiverged",
     "RunFolderBusy",
     "RunFolderError",
+    "train_many",
     "one_cycle_lr",
     "checkpoint_steps",
     "evaluate",
@@ -342,6 +347,7 @@ class TrainResult:
     out_dir: Optional[Path] = None
     resumed_from: Optional[int] = None  # checkpoint step the run resumed from, None if fresh
     already_done: bool = False  # True when a finished run folder was loaded instead of trained
+    failed: Optional[str] = None  # train_many: why a stack member was stopped (it diverged), None if it finished
 
 
 # ---------------------------------------------------------------------------------------------- schedule
@@ -716,6 +722,18 @@ def _diverge(out: Optional[Path], rows: list[dict], step: int, what: str) -> Non
     raise TrainingDiverged(
         f"{where}training diverged at step {step} ({reason}){kept_text}; lower the learning rate or clip "
         "gradients, and train into a new folder", step=step, run_dir=out, checkpoint=checkpoint)
+
+
+def train_many(runs: "list[RunConfig]", out_dirs: "Optional[list[str | os.PathLike]]" = None, *,
+               progress: bool = True) -> list[TrainResult]:
+    """Train compatible runs (same shapes; they may differ in seed, source parameters, init options, lr and
+    weight decay) as one stacked model, each member equal to its solo `train(run)` up to float rounding and
+    writing a normal run folder; a member that diverges is recorded (`TrainResult.failed`) and frozen while
+    the others finish. Incompatible runs raise ValueError naming the field. See `markov_interp.stacked_training`.
+    """
+    from markov_interp.stacked_training import train_many as _train_many
+
+    return _train_many(runs, out_dirs, progress=progress)
 
 
 def _final(rows: list[dict], references: dict) -> FinalLosses:

@@ -439,7 +439,9 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
         (bad / "config.json").write_text(tiny_run().to_json())
         _one_line_error(capsys, ["probe", str(bad), "--device", "cuda"], "CUDA is not available")
     # an OSError from deep inside (disk full) comes out as one line naming the file
-    monkeypatch.setattr(training, "train", lambda *a, **k: (_ for _ in ()).throw(
+    from markov_interp import stacked_training
+
+    monkeypatch.setattr(stacked_training, "train_many", lambda *a, **k: (_ for _ in ()).throw(
         OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "metrics.jsonl"))))
     _one_line_error(capsys, ["train", "--out", str(tmp_path / "run")], "No space left on device", "metrics.jsonl")
 

@@ -1,0 +1,176 @@
+"""Stacked training speed: K runs as one stacked model (`training.train_many`) against the same K runs trained
+one after another with `training.train`, both in this process, on the same shapes.
+
+Two modes:
+
+  full runs (default; the issue's CPU check): one torch thread, the paper's one-layer model, seq 128, batch 16,
+      100 steps, K = 8 runs differing in seed and (p, q). Times `train_many(runs)` and the loop
+      `for run in runs: train(run)` end to end (building, sampling, evaluation, reference losses: everything a
+      run does, no run folders) and prints the ratio (the issue asks >= 1.5x).
+
+  marginal (`--marginal`, the GPU check: `--device cuda --members 64 --seq-len 1024`): the cost of one more
+      step, which leaves out fixed costs (building, reference losses, CUDA start-up) that would otherwise
+      flatter neither side honestly at a few dozen steps. For the solo side one run is trained twice, for
+      `--short` and `--long` steps, and (t_long - t_short) / (long - short) is its seconds per step; K solo runs
+      need K times that per step of all K. The stack is measured the same way. Prints model-steps/s of
+      both and their ratio (the issue asks >= 5x at K = 64, seq 1024, batch 16 on a GPU).
+
+    python benchmarks/bench_many.py                        # CPU, one thread, 8 runs x 100 steps
+    python benchmarks/bench_many.py --device cuda --marginal --members 64 --seq-len 1024
+    python benchmarks/bench_many.py --device cpu --marginal --members 4 --seq-len 64 --short 5 --long 15
+    python benchmarks/bench_many.py --device cuda --sweep --members 64 --seq-len 1024 --steps 300 --workers 8
+
+  sweep (`--sweep`): the issue's "sweep throughput before and after": K seeds as a sweep of solo cells on a
+      process pool against the same sweep with all K cells in one stack.
+"""
+
+import argparse
+import dataclasses
+import time
+
+import torch
+
+from markov_interp import training
+from markov_interp.data import SourceConfig
+from markov_interp.models import preset
+from markov_interp.training import RunConfig, TrainConfig
+
+_PQ = [(0.2, 0.3), (0.5, 0.8), (0.3, 0.6), (0.7, 0.4)]
+
+
+def make_runs(members: int, steps: int, seq_len: int, batch: int, device: str, eval_every: int) -> list:
+    """K runs of the paper's one-layer model, differing in seed and (p, q)."""
+    model = preset("paper-1layer", n_ctx=max(seq_len, 8))
+    runs = []
+    for k in range(members):
+        p, q = _PQ[k % len(_PQ)]
+        runs.append(RunConfig(source=SourceConfig(kind="binary", p=p, q=q), model=model,
+                              train=TrainConfig(steps=steps, batch_size=batch, seq_len=seq_len, seed=k,
+                                                device=device, eval_every=eval_every, eval_batches=4,
+                                                n_checkpoints=0)))
+    return runs
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str) -> float:
+    """Wall seconds of fn() (CPU seconds of this process with --clock cpu, steadier on a shared machine)."""
+    sync(device)
+    start = _CLOCK[0]()
+    fn()
+    sync(device)
+    return _CLOCK[0]() - start
+
+
+_CLOCK = [time.perf_counter]
+
+
+def with_steps(runs: list, steps: int) -> list:
+    return [dataclasses.replace(r, train=dataclasses.replace(r.train, steps=steps)) for r in runs]
+
+
+def full_runs(args: argparse.Namespace) -> None:
+    runs = make_runs(args.members, args.steps, args.seq_len, args.batch_size, args.device, eval_every=100)
+    training.train_many(with_steps(runs[:2], 2), progress=False)  # warm-up (lazy imports, allocator)
+    training.train(with_steps(runs[:1], 2)[0], progress=False)
+    solos, stacks = [], []
+    for _ in range(args.repeats):  # alternating, so a change in the machine's load hits both sides alike
+        solos.append(timed(lambda: [training.train(r, progress=False) for r in runs], args.device))
+        stacks.append(timed(lambda: training.train_many(runs, progress=False), args.device))
+    k, n = args.members, args.steps
+    ratios = sorted(a / b for a, b in zip(solos, stacks))
+    solo, stack = sorted(solos)[len(solos) // 2], sorted(stacks)[len(stacks) // 2]
+    print(f"{k} runs one after another with train : median {solo:6.2f} s  {k * n / solo:8.1f} model-steps/s  "
+          f"(runs: {', '.join(f'{t:.2f}' for t in solos)} s)")
+    print(f"the same {k} runs stacked (train_many)  : median {stack:6.2f} s  {k * n / stack:8.1f} model-steps/s  "
+          f"(runs: {', '.join(f'{t:.2f}' for t in stacks)} s)")
+    print(f"speed-up of the stack: median {ratios[len(ratios) // 2]:.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x "
+          f"over {args.repeats} alternating pairs  (issue: >= 1.5x on CPU, one thread)")
+
+
+def marginal(args: argparse.Namespace) -> None:
+    runs = make_runs(args.members, args.long, args.seq_len, args.batch_size, args.device, eval_every=0)
+    training.train(with_steps(runs[:1], 3)[0], progress=False)  # warm-up: CUDA context, kernels
+    training.train_many(with_steps(runs, 3), progress=False)
+
+    def per_step(fn) -> tuple[float, float, float]:
+        short = timed(lambda: fn(args.short), args.device)
+        long = timed(lambda: fn(args.long), args.device)
+        return (long - short) / (args.long - args.short), short, long
+
+    solo, s_short, s_long = per_step(lambda n: training.train(with_steps(runs[:1], n)[0], progress=False))
+    stack, k_short, k_long = per_step(lambda n: training.train_many(with_steps(runs, n), progress=False))
+    k = args.members
+    print(f"solo run : {solo * 1e3:8.2f} ms/step  ({args.short} steps {s_short:.2f} s, {args.long} steps "
+          f"{s_long:.2f} s)  {1 / solo:9.1f} model-steps/s")
+    print(f"stack x{k}: {stack * 1e3:8.2f} ms/step  ({args.short} steps {k_short:.2f} s, {args.long} steps "
+          f"{k_long:.2f} s)  {k / stack:9.1f} model-steps/s")
+    print(f"K solo runs one after another: {1 / solo:.1f} model-steps/s; the stack: {k / stack:.1f}; "
+          f"ratio {k * solo / stack:.2f}x (issue: >= 5x at K = 64, seq 1024, batch 16 on a GPU)")
+
+
+def sweep_mode(args: argparse.Namespace) -> None:
+    """The sweep's throughput before and after: K seeds as K solo cells on a process pool (`--workers`,
+    group 1) against the same cells as one stack (group K, in this process), whole `sweep.run` calls timed
+    (worker start-up, building, evaluation included; no probes, no checkpoints)."""
+    import tempfile
+    from pathlib import Path
+
+    from markov_interp import sweep
+
+    k, n = args.members, args.steps
+    spec = sweep.SweepSpec(name="bench", base={
+        "source": {"kind": "binary", "p": 0.5, "q": 0.8}, "model": {"preset": "paper-1layer", "n_ctx": args.seq_len},
+        "train": {"steps": n, "seq_len": args.seq_len, "batch_size": args.batch_size, "device": args.device,
+                  "eval_every": 0, "n_checkpoints": 0}}, seeds=tuple(range(k)), probe=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        # the pool first: its workers fork, which CUDA allows only before this process initialises it
+        start = time.perf_counter()
+        solo = sweep.run(spec, Path(tmp) / "solo", workers=args.workers, group=1, progress=False)
+        t_solo = time.perf_counter() - start
+        start = time.perf_counter()
+        stack = sweep.run(spec, Path(tmp) / "stack", workers=1, group=k, progress=False)
+        t_stack = time.perf_counter() - start
+    assert solo.n_failed == 0 and stack.n_failed == 0, (solo.failed, stack.failed)
+    print(f"sweep, {k} cells as solo runs on {args.workers} workers: {t_solo:7.2f} s  {k * n / t_solo:8.1f} "
+          f"model-steps/s")
+    print(f"sweep, the same {k} cells as one stack         : {t_stack:7.2f} s  {k * n / t_stack:8.1f} model-steps/s")
+    print(f"sweep speed-up: {t_solo / t_stack:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--members", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=100, help="steps of each full run")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--repeats", type=int, default=3, help="full runs: alternating solo / stack pairs")
+    parser.add_argument("--marginal", action="store_true", help="per-step cost from two run lengths (GPU mode)")
+    parser.add_argument("--short", type=int, default=20, help="marginal: the shorter run's steps")
+    parser.add_argument("--long", type=int, default=80, help="marginal: the longer run's steps")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time (default) or this process's CPU time (steadier when other jobs share the "
+                        "CPU; meaningless for GPU work)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="the sweep's throughput: K solo cells on --workers processes vs one stack of K")
+    parser.add_argument("--workers", type=int, default=8, help="sweep mode: pool size of the solo sweep")
+    args = parser.parse_args()
+    _CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
+    torch.set_num_threads(args.threads)
+    if args.sweep:  # before anything initialises CUDA here (the solo sweep's workers fork)
+        print(f"device {args.device}, sweep mode, paper-1layer, seq {args.seq_len}, batch {args.batch_size}, "
+              f"K = {args.members}, {args.steps} steps, torch {torch.__version__}")
+        return sweep_mode(args)
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"device {args.device} ({name}), threads {torch.get_num_threads()}, paper-1layer, seq {args.seq_len}, "
+          f"batch {args.batch_size}, K = {args.members}, torch {torch.__version__}, {args.clock} clock")
+    (marginal if args.marginal else full_runs)(args)
+
+
+if __name__ == "__main__":
+    main()

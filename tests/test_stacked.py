@@ -1,0 +1,518 @@
+"""Tests for stacked training: the stacked forward against the solo fast path and the hooked model, members
+against their solo runs, incompatible runs refused, resume after a kill, divergence masking, the CLI."""
+
+import math
+
+import pytest
+import torch
+
+from markov_interp import runfolder, models, stacked, stacked_training, training
+from markov_interp.cli import _parse_seeds, main
+from markov_interp.data import SourceConfig
+from markov_interp.models import preset
+from markov_interp.training import RunConfig, TrainConfig, train, train_many
+
+ARCHS = {
+    "1layer-tied": dict(),
+    "1layer-untied": dict(tie_weights=False),
+    "2layer-tied": dict(n_layers=2),
+    "2layer-attn-only-untied": dict(n_layers=2, attn_only=True, tie_weights=False),
+    "rotary-2heads-biases": dict(positional="rotary", n_heads=2, attn_bias=True, mlp_bias=True),
+    "lnpre-relu": dict(normalization="LNPre", act_fn="relu"),
+}
+
+
+def _stack_and_solos(overrides: dict, seeds=(0, 5, 7)):
+    cfg = preset("paper-1layer", n_ctx=32, **overrides)
+    configs = [cfg, cfg.replace(init_std=0.1), cfg][: len(seeds)]
+    return stacked.build_stack(configs, list(seeds)), [models.build(c, seed=s) for c, s in zip(configs, seeds)]
+
+
+def _tokens(n_members: int, batch: int = 3, seq: int = 32, vocab: int = 2):
+    return torch.randint(0, vocab, (n_members, batch, seq), generator=torch.Generator().manual_seed(1))
+
+
+# -------------------------------------------------------------------------------------------- forward
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_stacked_forward_equals_fast_forward(arch):
+    stack, solos = _stack_and_solos(ARCHS[arch])
+    tokens = _tokens(len(solos))
+    logits = stacked.stacked_forward(stack, tokens)
+    for k, solo in enumerate(solos):
+        torch.testing.assert_close(logits[k], models.fast_forward(solo, tokens[k]), rtol=0, atol=1e-6)
+    # members start at their solo init: weights equal bit for bit, tying kept as one matrix per member
+    for k, solo in enumerate(solos):
+        for name, value in models.state_dict_for_save(solo).items():
+            assert torch.equal(stack.params[name][k], value), name
+    assert ("unembed.weight" in stack.params) == (not ARCHS[arch].get("tie_weights", True))
+
+
+INITS = {
+    "standard-tied": dict(),
+    "untied-biases": dict(tie_weights=False, attn_bias=True, mlp_bias=True, layernorm_bias=True),
+    "attn-only-2layer": dict(attn_only=True, n_layers=2, tie_weights=False),
+    "canonical": dict(init="canonical", canonical_v_std=0.1, canonical_b=0.3),
+    "canonical-untied": dict(init="canonical", tie_weights=False, canonical_a=0.4, normalization=None),
+    "lnpre-relu": dict(normalization="LNPre", act_fn="relu", d_model=16, n_heads=2),
+}
+
+
+@pytest.mark.parametrize("init", list(INITS))
+def test_initial_state_is_builds_without_transformer_lens(init):
+    """The stack's own initialiser (no hooked model) gives `models.build`'s weights bit for bit."""
+    cfg = preset("paper-1layer", n_ctx=16, **INITS[init])
+    for seed in (0, 3):
+        expected = models.state_dict_for_save(models.build(cfg, seed=seed))
+        got = stacked._initial_state(cfg, seed)
+        assert list(got) == list(expected)
+        for name in expected:
+            assert torch.equal(got[name], expected[name]), name
+
+
+@pytest.mark.parametrize("arch", ["1layer-tied", "1layer-untied", "rotary-2heads-biases"])
+def test_solo_optimizer_order_is_trainings(arch):
+    """The optimiser state a stack checkpoints numbers parameters as solo training's torch optimiser does."""
+    stack, solos = _stack_and_solos(ARCHS[arch], seeds=(0,))
+    names = {}
+    for name, tensor in solos[0].state_dict(keep_vars=True).items():
+        names.setdefault(id(tensor), name)
+    expected = [names[id(p)] for g in training._decay_groups(solos[0], 1e-3) for p in g["params"]]
+    assert stacked.StackedOptimizer(stack, kind="adamw").solo_order() == expected
+
+
+def test_stack_gradients_equal_solo_gradients():
+    stack, solos = _stack_and_solos(dict(n_layers=2, tie_weights=False))
+    tokens = _tokens(len(solos))
+    stacked.stacked_loss(stacked.stacked_forward(stack, tokens[..., :-1]), tokens[..., 1:]).sum().backward()
+    for k, solo in enumerate(solos):
+        logits = models.fast_forward(solo, tokens[k, :, :-1])
+        training._loss(logits, tokens[k, :, 1:]).backward()
+        grads = {name: p.grad for name, p in solo.state_dict(keep_vars=True).items()}
+        for name, param in stack.params.items():
+            torch.testing.assert_close(param.grad[k], grads[name], rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("hook", ["blocks.0.hook_attn_out", "blocks.0.attn.hook_z", "blocks.1.hook_resid_pre",
+                                  "blocks.0.mlp.hook_post", "blocks.1.attn.hook_v", "hook_pos_embed"])
+def test_intervention_points_are_the_hooked_models(hook):
+    """Zeroing a named point in the stack equals zeroing the TransformerLens hook of that name."""
+    stack, solos = _stack_and_solos(dict(n_layers=2), seeds=(0, 1))
+    tokens = _tokens(2)
+    logits = stacked.stacked_forward(stack, tokens, {hook: torch.zeros_like})
+    assert hook in stacked.stacked_hook_names(stack.cfg)
+    for k, solo in enumerate(solos):
+        hooked = solo.run_with_hooks(tokens[k], fwd_hooks=[(hook, lambda x, hook: torch.zeros_like(x))])
+        torch.testing.assert_close(logits[k], hooked, rtol=0, atol=1e-5)
+        assert (logits[k] - models.fast_forward(solo, tokens[k])).abs().max() > 1e-4  # the intervention acts
+
+
+def test_unknown_intervention_point_is_refused():
+    stack, _ = _stack_and_solos({}, seeds=(0,))
+    with pytest.raises(ValueError, match=r"unknown intervention points \['blocks.0.attn.hook_pattern'\]"):
+        stacked.stacked_forward(stack, _tokens(1), {"blocks.0.attn.hook_pattern": torch.zeros_like})
+
+
+# ------------------------------------------------------------------------------------------- sampling
+@pytest.mark.parametrize("configs", [
+    [SourceConfig(kind="binary", p=0.2, q=0.3), SourceConfig(kind="binary", p=0.5, q=0.8, initial="uniform")],
+    [SourceConfig(kind="markov", kernel=torch.full((3, 3, 3), 1 / 3).tolist(), order=2),
+     SourceConfig(kind="markov", kernel=torch.softmax(torch.arange(27.0).reshape(3, 3, 3), -1).tolist(), order=2)],
+    [SourceConfig(kind="random", vocab=3), SourceConfig(kind="random", vocab=3, alpha=0.5)],
+])
+def test_member_sampler_draws_each_solo_stream(configs):
+    """The stack's batches are, member by member, what `source.sample` draws from the same generator."""
+    sources = [c.build() for c in configs]
+    gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    sample = stacked_training.member_sampler(sources, gens, 5, 40)
+    solo_gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    for _ in range(2):  # the streams stay aligned over consecutive batches
+        tokens = sample()
+        assert tokens.shape == (2, 5, 40)
+        for k, source in enumerate(sources):
+            assert torch.equal(tokens[k], source.sample(5, 40, generator=solo_gens[k]))
+
+
+# ------------------------------------------------------------------------------------------- training
+def run_config(seed=0, p=0.2, q=0.3, *, model=None, **train_kwargs) -> RunConfig:
+    kwargs = dict(steps=100, batch_size=8, seq_len=32, log_every=10, eval_every=50, eval_batches=2,
+                  n_checkpoints=0, device="cpu", seed=seed)
+    kwargs.update(train_kwargs)
+    return RunConfig(source=SourceConfig(kind="binary", p=p, q=q), model=model or preset("paper-1layer", n_ctx=32),
+                     train=TrainConfig(**kwargs))
+
+
+def max_weight_diff(a, b) -> float:
+    wa, wb = models.state_dict_for_save(a), models.state_dict_for_save(b)
+    assert wa.keys() == wb.keys()
+    return max((wa[k] - wb[k]).abs().max().item() for k in wa)
+
+
+def assert_metrics_close(a: list, b: list, tol: float) -> None:
+    assert [sorted(r) for r in a] == [sorted(r) for r in b]
+    for ra, rb in zip(a, b):
+        for key in ra:
+            if isinstance(ra[key], float):
+                assert abs(ra[key] - rb[key]) <= tol, (ra["step"], key, ra[key], rb[key])
+            else:
+                assert ra[key] == rb[key]
+
+
+# Measured: members end within 1.2e-6 of their solo runs after 100 steps (float reassociation of batched
+# matmuls and reductions, amplified by Adam's division by sqrt(v)); the issue's bound is 1e-4.
+WEIGHT_TOL = 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_members_equal_their_solo_runs(optimizer):
+    extra = dict(optimizer="sgd", momentum=0.9, grad_clip=1.0) if optimizer == "sgd" else {}
+    scale = 20 if optimizer == "sgd" else 1
+    runs = [run_config(0, lr=2e-3 * scale, **extra),
+            run_config(3, 0.5, 0.8, lr=5e-3 * scale, weight_decay=1e-2, **extra),
+            run_config(1, lr=1e-3 * scale, weight_decay=0.0, **extra)]
+    results = train_many(runs, progress=False)
+    for run, result in zip(runs, results):
+        solo = train(run, progress=False)
+        assert max_weight_diff(result.model, solo.model) < WEIGHT_TOL
+        assert_metrics_close(result.metrics, solo.metrics, 1e-5)
+        assert result.final.references.keys() == solo.final.references.keys() and result.failed is None
+        models.check_tied(result.model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_members_follow_solo_to_half_precision(precision):
+    """Under autocast members follow their solo runs only up to half-precision rounding (measured up to 2.5e-3
+    in the weights after 30 steps); the fp32 master weights stay fp32."""
+    runs = [run_config(0, steps=30, precision=precision), run_config(1, 0.5, 0.8, steps=30, precision=precision)]
+    for run, result in zip(runs, train_many(runs, progress=False)):
+        solo = train(run, progress=False)
+        assert max_weight_diff(result.model, solo.model) < 2e-2
+        assert abs(result.final.eval_loss - solo.final.eval_loss) < 1e-3
+        assert next(result.model.parameters()).dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_loss_scaling_members_follow_their_solo_scalers(tmp_path, monkeypatch):
+    """fp16 with loss scaling: one GradScaler per member (its scale, skipped overflow steps and the AdamW step
+    count those leave), checkpointed in the solo format and resumed bit-identically."""
+    runs = [run_config(0, steps=30, precision="fp16", loss_scaling=True, n_checkpoints=4),
+            run_config(1, 0.5, 0.8, steps=30, precision="fp16", loss_scaling=True, lr=4e-3, n_checkpoints=4)]
+    reference = train_many(runs, [tmp_path / "a0", tmp_path / "a1"], progress=False)
+    for k, (run, result) in enumerate(zip(runs, reference)):
+        solo = train(run, tmp_path / f"solo{k}", progress=False)
+        assert max_weight_diff(result.model, solo.model) < 2e-2
+        assert abs(result.final.eval_loss - solo.final.eval_loss) < 1e-3
+        ours = torch.load(tmp_path / f"a{k}" / "checkpoints" / "step_0000030.pt", weights_only=True)
+        theirs = torch.load(tmp_path / f"solo{k}" / "checkpoints" / "step_0000030.pt", weights_only=True)
+        assert ours["scaler"] == theirs["scaler"]  # same scale and growth tracker as the solo GradScaler
+        assert ours["optimizer"]["state"][0]["step"] == theirs["optimizer"]["state"][0]["step"]
+    outs = [tmp_path / "b0", tmp_path / "b1"]
+    monkeypatch.setattr(stacked_training, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 12 else None)
+    with pytest.raises(_Kill):
+        train_many(runs, outs, progress=False)
+    monkeypatch.undo()
+    for ref, res in zip(reference, train_many(runs, outs, progress=False)):
+        assert res.resumed_from == 10 and res.metrics == ref.metrics and _weights_equal(res.model, ref.model)
+
+
+@pytest.mark.slow
+def test_loss_scaling_overflow_skips_are_per_member(tmp_path, monkeypatch):
+    """Started at a scale that overflows fp16, each member skips its overflow steps as a GradScaler does: its
+    scale halves per skip and its AdamW step count leaves the skipped steps out (scale = init / 2**skips with
+    skips = steps - AdamW steps, the law the solo checkpoint obeys too). Which step overflows near the
+    threshold depends on fp16 rounding, so the counts match the solo run's only roughly."""
+    import functools
+
+    init = 2.0**40
+    monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=init))
+    monkeypatch.setitem(stacked_training._SCALER, "scale", init)
+    runs = [run_config(0, steps=40, precision="fp16", loss_scaling=True, n_checkpoints=1),
+            run_config(1, 0.5, 0.8, steps=40, precision="fp16", loss_scaling=True, lr=4e-3, n_checkpoints=1)]
+    results = train_many(runs, [tmp_path / "a0", tmp_path / "a1"], progress=False)
+    for k, (run, result) in enumerate(zip(runs, results)):
+        solo = train(run, tmp_path / f"solo{k}", progress=False)
+        counts = {}
+        for name in (f"a{k}", f"solo{k}"):
+            state = torch.load(tmp_path / name / "checkpoints" / "step_0000040.pt", weights_only=True)
+            steps = int(state["optimizer"]["state"][0]["step"])
+            assert steps < 40 and state["scaler"]["scale"] == init / 2 ** (40 - steps)
+            counts[name] = steps
+        assert abs(counts[f"a{k}"] - counts[f"solo{k}"]) <= 3, counts
+        assert abs(result.final.eval_loss - solo.final.eval_loss) < 1e-2
+        assert result.failed is None
+
+
+@pytest.mark.slow
+def test_members_with_other_inits_and_sources():
+    base = preset("attn-only-2layer", d_vocab=3, n_ctx=32)
+    runs = [RunConfig(source=SourceConfig(kind="random", vocab=3, alpha=a), model=base.replace(init_std=s),
+                      train=TrainConfig(steps=20, batch_size=4, seq_len=32, eval_every=10, eval_batches=1,
+                                        n_checkpoints=0, device="cpu", seed=seed))
+            for a, s, seed in ((1.0, 0.02, 0), (0.5, 0.05, 1))]
+    for run, result in zip(runs, train_many(runs, progress=False)):
+        solo = train(run, progress=False)
+        assert max_weight_diff(result.model, solo.model) < WEIGHT_TOL
+        assert_metrics_close(result.metrics, solo.metrics, 1e-5)
+
+
+@pytest.mark.parametrize(
+    "other, field",
+    [
+        (dict(steps=50), "train.steps"),
+        (dict(optimizer="sgd"), "train.optimizer"),
+        (dict(precision="bf16"), "train.precision"),
+        (dict(model=preset("paper-2layer", n_ctx=32)), "model.n_layers"),
+        (dict(model=preset("paper-1layer", n_ctx=64)), "model.n_ctx"),
+        (dict(batch_size=4), "train.batch_size"),
+    ],
+)
+def test_incompatible_runs_are_refused(other, field):
+    with pytest.raises(ValueError, match=rf"runs\[1\] cannot share a stack with runs\[0\]: {field} differs"):
+        train_many([run_config(0), run_config(1, **other)], progress=False)
+
+
+def test_other_refusals(tmp_path):
+    random = RunConfig(source=SourceConfig(kind="random", vocab=2), model=preset("paper-1layer", n_ctx=32),
+                       train=run_config().train)
+    with pytest.raises(ValueError, match="source.kind differs"):
+        train_many([run_config(0), random], progress=False)
+    with pytest.raises(ValueError, match="train.loss_scaling differs"):
+        train_many([run_config(0, precision="fp16", loss_scaling=True), run_config(1, precision="fp16")],
+                   progress=False)
+    with pytest.raises(ValueError, match="at least one run"):
+        train_many([], progress=False)
+    with pytest.raises(ValueError, match="distinct"):
+        train_many([run_config(0), run_config(1)], [tmp_path, tmp_path], progress=False)
+    with pytest.raises(ValueError, match="2 runs but 1 out_dirs"):
+        train_many([run_config(0), run_config(1)], [tmp_path], progress=False)
+
+
+class _Kill(Exception):
+    pass
+
+
+def _weights_equal(a, b) -> bool:
+    wa, wb = models.state_dict_for_save(a), models.state_dict_for_save(b)
+    return all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.slow
+def test_stacked_resume_is_bit_identical(tmp_path, monkeypatch):
+    runs = [run_config(0, steps=30, eval_every=15, n_checkpoints=4, log_every=5),
+            run_config(1, 0.5, 0.8, steps=30, eval_every=15, n_checkpoints=4, log_every=5, lr=4e-3)]
+    reference = train_many(runs, [tmp_path / "a0", tmp_path / "a1"], progress=False)
+    outs = [tmp_path / "b0", tmp_path / "b1"]
+
+    def kill_at_12(step):
+        if step == 12:  # after the checkpoint at step 10, before the one at 30
+            raise _Kill
+
+    monkeypatch.setattr(stacked_training, "_on_step", kill_at_12)
+    with pytest.raises(_Kill):
+        train_many(runs, outs, progress=False)
+    monkeypatch.undo()
+    assert [s for s, _ in training.list_checkpoints(outs[0])] == [1, 3, 10]
+    assert not (outs[0] / "model.safetensors").exists()
+
+    resumed = train_many(runs, outs, progress=False)
+    for ref, res, out, ref_out in zip(reference, resumed, outs, [tmp_path / "a0", tmp_path / "a1"]):
+        assert res.resumed_from == 10
+        assert res.metrics == ref.metrics
+        assert training.load_metrics(out) == training.load_metrics(ref_out)
+        assert _weights_equal(res.model, ref.model)
+        assert _weights_equal(models.load(out), ref.model)
+    again = train_many(runs, outs, progress=False)  # finished: loaded, not retrained
+    assert all(r.already_done for r in again)
+
+
+@pytest.mark.slow
+def test_member_folder_is_a_solo_run_folder(tmp_path, monkeypatch):
+    """A member's checkpoints are solo checkpoints: solo `train` resumes a member folder the stack left."""
+    runs = [run_config(0, steps=30, eval_every=15, n_checkpoints=4), run_config(2, steps=30, eval_every=15,
+                                                                                n_checkpoints=4)]
+    outs = [tmp_path / "m0", tmp_path / "m1"]
+    monkeypatch.setattr(stacked_training, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 12 else None)
+    with pytest.raises(_Kill):
+        train_many(runs, outs, progress=False)
+    monkeypatch.undo()
+    solo_resumed = train(runs[1], outs[1], progress=False)
+    assert solo_resumed.resumed_from == 10
+    uninterrupted = train(runs[1], progress=False)
+    assert max_weight_diff(solo_resumed.model, uninterrupted.model) < WEIGHT_TOL
+    assert_metrics_close(solo_resumed.metrics, uninterrupted.metrics, 1e-5)
+
+
+@pytest.mark.slow
+def test_stack_resumes_a_solo_run_folder(tmp_path, monkeypatch):
+    """The other direction: a folder `train` left after a kill is resumed by `train_many` from its checkpoint."""
+    run = run_config(1, steps=30, eval_every=15, n_checkpoints=4)
+    original = training._lr_at
+
+    def kill_at_12(cfg, step):
+        if step == 11:  # 0-based: the 12th update, after the checkpoint at step 10
+            raise _Kill
+        return original(cfg, step)
+
+    monkeypatch.setattr(training, "_lr_at", kill_at_12)
+    with pytest.raises(_Kill):
+        train(run, tmp_path / "solo", progress=False)
+    monkeypatch.undo()
+    (resumed,) = train_many([run], [tmp_path / "solo"], progress=False)
+    assert resumed.resumed_from == 10
+    uninterrupted = train(run, progress=False)
+    assert max_weight_diff(resumed.model, uninterrupted.model) < WEIGHT_TOL
+    assert_metrics_close(resumed.metrics, uninterrupted.metrics, 1e-5)
+
+
+@pytest.mark.slow
+def test_diverging_member_is_masked_and_recorded(tmp_path):
+    common = dict(optimizer="sgd", steps=40, eval_every=20, n_checkpoints=2)
+    runs = [run_config(0, lr=0.05, **common), run_config(1, lr=1e12, **common), run_config(2, lr=0.02, **common)]
+    outs = [tmp_path / f"m{k}" for k in range(3)]
+    results = train_many(runs, outs, progress=False)
+    bad = results[1]
+    assert bad.failed is not None and "diverged at step" in bad.failed
+    failed_rows = [r for r in bad.metrics if r.get("diverged")]
+    assert len(failed_rows) == 1 and failed_rows[0] == bad.metrics[-1]
+    assert math.isnan(bad.final.eval_loss) and bad.final.step == failed_rows[0]["step"]
+    assert runfolder.divergence(outs[1])["step"] == bad.final.step  # probe / report / sweeps say "diverged"
+    assert all(torch.isfinite(p).all() for p in bad.model.parameters())  # frozen at its last finite weights
+    assert training.load_metrics(outs[1]) == bad.metrics
+    for run, result in zip([runs[0], runs[2]], [results[0], results[2]]):
+        assert result.failed is None
+        solo = train(run, progress=False)
+        assert max_weight_diff(result.model, solo.model) < WEIGHT_TOL
+        assert_metrics_close(result.metrics, solo.metrics, 1e-5)
+    again = train_many(runs, outs, progress=False)
+    assert again[1].already_done and again[1].failed == bad.failed
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+def test_parse_seeds():
+    assert _parse_seeds("0-3") == [0, 1, 2, 3]
+    assert _parse_seeds("0,3,5") == [0, 3, 5]
+    assert _parse_seeds("1,4-6") == [1, 4, 5, 6]
+    for bad in ("", "a", "3-1", "1,1", "-2", "0-"):
+        with pytest.raises(ValueError, match="--seeds"):
+            _parse_seeds(bad)
+
+
+@pytest.mark.slow
+def test_cli_train_seeds(tmp_path, capsys):
+    out = tmp_path / "seeds"
+    args = ["train", "--out", str(out), "--steps", "4", "--seq-len", "16", "--batch-size", "2", "--no-progress",
+            "--device", "cpu", "--seeds", "0,2"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("seed 0: trained (4 steps)") and "seed-2" in lines[1]
+    assert sorted(p.name for p in out.iterdir()) == ["seed-0", "seed-2"]
+    for seed in (0, 2):
+        run = RunConfig.from_json((out / f"seed-{seed}" / "config.json").read_text())
+        assert run.train.seed == seed
+        solo = train(run, progress=False)
+        assert max_weight_diff(models.load(out / f"seed-{seed}"), solo.model) < WEIGHT_TOL
+    assert main(args) == 0 and "already trained" in capsys.readouterr().out
+    assert main(args[:-2] + ["--seeds", "2-1"]) == 2
+    assert "--seeds" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- sweeps
+def _sweep_spec(**changes):
+    from markov_interp.sweep import SweepSpec
+
+    data = dict(name="stacks", base={"source": {"kind": "binary", "p": 0.5, "q": 0.8},
+                                     "model": {"preset": "paper-1layer", "n_ctx": 32},
+                                     "train": {"steps": 8, "seq_len": 32, "batch_size": 4, "eval_batches": 1,
+                                               "n_checkpoints": 2, "device": "cpu"}},
+                grid={"source.p": [0.2, 0.5], "model.n_layers": [1, 2]}, seeds=(0, 1), probe=False)
+    data.update(changes)
+    return SweepSpec(**data)
+
+
+def test_group_cells_stacks_compatible_cells_only(tmp_path):
+    from markov_interp import sweep
+
+    cells = _sweep_spec().cells()  # 2 p x 2 depths x 2 seeds
+    groups = sweep.group_cells(cells, 8, tmp_path)
+    assert sorted(len(g) for g in groups) == [4, 4]  # one stack per depth, p and seed vary inside
+    for g in groups:
+        assert len({c.config.model.n_layers for c in g}) == 1
+    assert sorted(len(g) for g in sweep.group_cells(cells, 3, tmp_path)) == [1, 1, 3, 3]
+    assert all(len(g) == 1 for g in sweep.group_cells(cells, 1, tmp_path))
+    assert sweep.default_group(cells) == 1  # these cells run on the CPU
+    with pytest.raises(ValueError, match="group must be None or an integer >= 1"):
+        sweep.run(_sweep_spec(), tmp_path, group=0)
+
+
+@pytest.mark.slow
+def test_sweep_with_stacks_matches_solo_cells_and_restarts(tmp_path, monkeypatch):
+    from markov_interp import sweep
+
+    solo = sweep.run(_sweep_spec(), tmp_path / "solo", workers=1, progress=False, group=1)
+    stacks = sweep.run(_sweep_spec(), tmp_path / "stacks", workers=2, progress=False, group=4)
+    assert solo.n_failed == 0 and stacks.n_failed == 0, stacks.failed
+    for a, b in zip(solo.rows, stacks.rows):
+        assert a.cell_id == b.cell_id and b.stack_size == 4
+        assert b.result.final_eval_loss == pytest.approx(a.result.final_eval_loss, abs=1e-5)
+    again = sweep.run(_sweep_spec(), tmp_path / "stacks", workers=1, progress=False, group=4)
+    assert again.n_run == 0 and again.n_skipped == 8  # per-cell restart: finished cells are skipped
+
+    def broken_stack(cells, runs_dir, *, probes):
+        raise RuntimeError("stack lost")
+
+    monkeypatch.setattr(sweep, "run_stack", broken_stack)  # a stack that raises is retried as solo cells
+    isolated = sweep.run(_sweep_spec(seeds=(2,)), tmp_path / "iso", workers=1, progress=False, group=4)
+    assert isolated.n_failed == 0 and all("stack of 2 raised RuntimeError" in r.stack_note for r in isolated.rows)
+
+
+def test_cli_train_imports_no_transformer_lens(tmp_path):
+    """`markov-interp train` needs no hooked model, so it never pays transformer_lens's import time."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from markov_interp.cli import main; "
+            f"code = main(['train', '--out', {str(tmp_path / 'run')!r}, '--steps', '2', '--seq-len', '16', "
+            "'--batch-size', '2', '--no-progress', '--device', 'cpu', '--checkpoints', '1']); "
+            "assert code == 0; print('transformer_lens' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert models.load(tmp_path / "run").markov_config.d_vocab == 2
+
+
+@pytest.mark.slow
+def test_ray_runs_stacks_like_the_local_pool(tmp_path):
+    ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray' package")
+    from markov_interp import sweep
+
+    spec = _sweep_spec(seeds=(0,), grid={"source.p": [0.2, 0.5]})
+    local = sweep.run(spec, tmp_path / "local", workers=1, progress=False, group=2)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = sweep.run(spec, tmp_path / "ray", backend="ray", progress=False, group=2)
+    finally:
+        ray.shutdown()
+    assert remote.n_failed == 0 and [r.stack_size for r in remote.rows] == [2, 2]
+    assert [r.result.final_eval_loss for r in remote.rows] == [r.result.final_eval_loss for r in local.rows]
+
+
+# ------------------------------------------------------------------------------------------------ CUDA
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_cuda_stacked_forward_and_members_equal_solo():
+    """The GPU check: the stacked forward and a short stacked run against the solo path on CUDA."""
+    stack, solos = _stack_and_solos(dict(n_layers=2), seeds=(0, 1))
+    stack = stacked.build_stack([s.markov_config for s in solos], [0, 1], device="cuda")
+    tokens = _tokens(2).cuda()
+    logits = stacked.stacked_forward(stack, tokens)
+    for k, solo in enumerate(solos):
+        solo.to("cuda", print_details=False)
+        torch.testing.assert_close(logits[k], models.fast_forward(solo, tokens[k]), rtol=0, atol=1e-5)
+    runs = [run_config(0, steps=50, device="cuda"), run_config(1, 0.5, 0.8, steps=50, device="cuda", lr=4e-3)]
+    for run, result in zip(runs, train_many(runs, progress=False)):
+        solo = train(run, progress=False)
+        assert max_weight_diff(result.model, solo.model) < WEIGHT_TOL
+        assert_metrics_close(result.metrics, solo.metrics, 1e-4)
