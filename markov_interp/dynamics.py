@@ -21,14 +21,15 @@ Nothing here trains or plots: figures are in `markov_interp.report`.
 import dataclasses
 import math
 from statistics import NormalDist
-from collections.abc import Sequence
-from typing import Optional
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 __all__ = [
     "EscapeTime",
     "KaplanMeier",
     "EscapeSummary",
     "escape_time",
+    "escape_from_metrics",
     "kaplan_meier",
     "median_escape",
     "wilson_interval",
@@ -89,6 +90,22 @@ def escape_time(
     if escaped_from is None:
         return EscapeTime(step=int(steps[-1]), censored=True)
     return EscapeTime(step=int(escaped_from), censored=False)
+
+
+def escape_from_metrics(rows: Sequence[Mapping[str, Any]], *, fraction: float = 0.5,
+                        min_gap: float = 1e-3) -> Optional[EscapeTime]:
+    """`escape_time` from a run's metrics rows (the evaluation rows with "eval_loss", "eval_true_loss" and
+    "eval_plateau_loss", which `training.evaluate_paired` logs); None when the run logged no paired evaluation,
+    or when the plateau is not worse than the true predictor by `min_gap` nats at every evaluation (p + q = 1:
+    both laws coincide and there is nothing to escape from)."""
+    evals = [r for r in rows if all(k in r for k in ("eval_loss", "eval_true_loss", "eval_plateau_loss"))]
+    if not evals:
+        return None
+    plateau = [r["eval_plateau_loss"] - r["eval_true_loss"] for r in evals]
+    if min(plateau) < min_gap:
+        return None
+    excess = [r["eval_loss"] - r["eval_true_loss"] for r in evals]
+    return escape_time([int(r["step"]) for r in evals], excess, plateau, fraction=fraction)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -152,7 +152,7 @@ def _finished_member(out: Path, run: RunConfig, device: torch.device, models_out
         if not evals or evals[-1]["step"] != run.train.steps:
             raise ValueError(f"{out} has final weights but its {training.METRICS_FILE} does not end at step "
                              f"{run.train.steps}")
-        references = {k: v for k, v in evals[-1].items() if k not in ("step", "lr", "train_loss", "eval_loss")}
+        references = training.references_of(evals[-1])
         return TrainResult(model=None, metrics=rows, final=training._final(rows, references), config=run,
                            out_dir=out, already_done=True)
     has_weights = (out / models.WEIGHTS_FILE).exists()
@@ -377,23 +377,26 @@ class _Group:
                 continue
             row = {"step": step, "lr": lrs[k], "train_loss": means[k]}
             if evals is not None:
-                row["eval_loss"] = evals[k]
+                row.update(evals[k])
                 row.update(self.references[k])
             self.rows[k].append(row)
             self._write_rows(k)
 
     @torch.no_grad()
-    def _evaluate(self) -> list[float]:
-        """Each member's mean loss on its own fresh evaluation batches (solo `training.evaluate`'s stream)."""
+    def _evaluate(self) -> list[dict[str, float]]:
+        """Each member's evaluation columns on its own fresh batches (solo `training.evaluate_paired`'s stream:
+        the model's loss beside the true and plateau predictors' on the same tokens)."""
         tc = self.tc
-        totals = [0.0] * len(self.runs)
+        totals = [[0.0, 0.0, 0.0] for _ in self.runs]
         for _ in range(tc.eval_batches):
             tokens = self.sample_eval()
             with training._autocast(self.device, tc.precision):
                 logits = stacked.stacked_forward(self.stack, tokens[..., :-1])
             for k, value in enumerate(stacked.stacked_loss(logits, tokens[..., 1:]).tolist()):
-                totals[k] += value
-        return [t / tc.eval_batches for t in totals]
+                true, plateau = theory.paired_losses(self.sources[k], tokens[k])
+                for i, v in enumerate((value, true, plateau)):
+                    totals[k][i] += v
+        return [training.paired_row(t, tc.eval_batches) for t in totals]
 
     def _write_rows(self, k: int) -> None:
         if self.outs[k] is not None:

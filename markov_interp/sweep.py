@@ -68,7 +68,7 @@ from typing import Any, Optional, Union
 
 from transformer_lens.model_bridge import TransformerBridge
 
-from markov_interp import runfolder
+from markov_interp import dynamics, runfolder
 from markov_interp._io import atomic_path, atomic_write
 from markov_interp.config import Config, check_bool, check_int, check_keys
 from markov_interp.data import SourceConfig
@@ -422,21 +422,24 @@ class CellResult:
     bayes_loss: Optional[float]  # random kernels only
     excess_loss: float  # final_eval_loss - optimum (the in-context Bayes loss, else the entropy rate)
     outcome: Optional[str]
-    stuck_at_unigram: Optional[bool]
-    escape_step: Optional[int]
+    stuck_at_unigram: Optional[bool]  # = censored (one definition), from the final loss for older runs
+    escape_step: Optional[int]  # `dynamics.escape_from_metrics`: the escape step, or the budget when censored
     probe: Optional[ProbeColumns]  # None when the sweep does not probe
     seconds: float
+    censored: Optional[bool] = None  # True: still on the plateau at the budget (paired excess, see `dynamics`)
 
     @classmethod
     def from_training(cls, result: TrainResult, probe: Optional[ProbeColumns], seconds: float) -> "CellResult":
         f = result.final
+        escape = dynamics.escape_from_metrics(result.metrics)  # None for runs logged before paired evaluation
         return cls(
             final_step=f.step, final_eval_loss=f.eval_loss, final_train_loss=f.train_loss,
             entropy_rate=f.entropy_rate, unigram_loss=f.unigram_loss, bayes_loss=f.bayes_loss,
             excess_loss=f.excess_loss,
             outcome=outcome(f.eval_loss, f.optimum, f.unigram_loss),
-            stuck_at_unigram=stuck_at_unigram(f.eval_loss, f.optimum, f.unigram_loss),
-            escape_step=escape_step(result.metrics, f.optimum, f.unigram_loss),
+            stuck_at_unigram=escape.censored if escape else stuck_at_unigram(f.eval_loss, f.optimum, f.unigram_loss),
+            escape_step=escape.step if escape else escape_step(result.metrics, f.optimum, f.unigram_loss),
+            censored=escape.censored if escape else None,
             probe=probe, seconds=seconds,
         )
 

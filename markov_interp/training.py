@@ -67,6 +67,7 @@ __all__ = [
     "one_cycle_lr",
     "checkpoint_steps",
     "evaluate",
+    "evaluate_paired",
     "resolve_device",
     "load_metrics",
     "list_checkpoints",
@@ -459,15 +460,40 @@ def evaluate(model: TransformerBridge, source: Source, *, seq_len: int, batch_si
              generator: torch.Generator, precision: str = "fp32") -> float:
     """Mean next-state cross-entropy (nats) of `model` on `n_batches` fresh batches of `seq_len` inputs
     (every position a target): comparable with `theory.reference_losses(source, seq_len + 1)`."""
+    return evaluate_paired(model, source, seq_len=seq_len, batch_size=batch_size, n_batches=n_batches,
+                           generator=generator, precision=precision)["eval_loss"]
+
+
+@torch.no_grad()
+def evaluate_paired(model: TransformerBridge, source: Source, *, seq_len: int, batch_size: int, n_batches: int,
+                    generator: torch.Generator, precision: str = "fp32") -> dict[str, float]:
+    """`evaluate`'s loss ("eval_loss") beside the losses of the true predictor ("eval_true_loss") and of the
+    plateau predictor ("eval_plateau_loss", `theory.plateau_predictions`) on the *same* evaluation tokens: the
+    model's paired excess is eval_loss - eval_true_loss, the plateau's eval_plateau_loss - eval_true_loss
+    (`dynamics.escape_time`)."""
     fp = models.fast_params(model)
     device = generator.device
-    total = 0.0
+    totals = [0.0, 0.0, 0.0]
     for _ in range(n_batches):
         tokens = source.sample(batch_size, seq_len + 1, generator=generator)
         with _autocast(device, precision):
             logits = models.fast_forward(fp, tokens[:, :-1])
-        total += _loss(logits, tokens[:, 1:]).item()
-    return total / n_batches
+        for i, value in enumerate((_loss(logits, tokens[:, 1:]).item(), *theory.paired_losses(source, tokens))):
+            totals[i] += value
+    return paired_row(totals, n_batches)
+
+
+def paired_row(totals: list[float], n_batches: int) -> dict[str, float]:
+    """The evaluation columns of a metrics row from summed (model, true, plateau) batch losses."""
+    return {key: total / n_batches for key, total in zip(PAIRED_KEYS, totals)}
+
+
+PAIRED_KEYS = ("eval_loss", "eval_true_loss", "eval_plateau_loss")
+
+
+def references_of(row: Mapping[str, Any]) -> dict[str, float]:
+    """The `theory` reference losses logged in an evaluation row (everything but the step, lr and losses)."""
+    return {k: v for k, v in row.items() if k not in ("step", "lr", "train_loss", *PAIRED_KEYS)}
 
 
 def _autocast(device: torch.device, precision: str) -> Any:
@@ -659,9 +685,9 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
                 pending = []
                 if is_eval:
                     model.eval()
-                    row["eval_loss"] = evaluate(model, source, seq_len=tc.seq_len, batch_size=tc.batch_size,
-                                                n_batches=tc.eval_batches, generator=eval_gen,
-                                                precision=tc.precision)
+                    row.update(evaluate_paired(model, source, seq_len=tc.seq_len, batch_size=tc.batch_size,
+                                               n_batches=tc.eval_batches, generator=eval_gen,
+                                               precision=tc.precision))
                     if not math.isfinite(row["eval_loss"]):
                         _diverge(out, rows, step, f"evaluation loss {row['eval_loss']}")
                     model.train()
@@ -749,6 +775,6 @@ def _finished(out: Path, run: RunConfig, device: torch.device) -> Optional[Train
     if not evals or evals[-1]["step"] != run.train.steps or not runfolder.metrics_complete(run.train, rows):
         return None  # incomplete metrics beside final weights: resume from a checkpoint (runfolder.resume_step)
     model = models.load(out, device=device, expect=run.model)
-    references = {k: v for k, v in evals[-1].items() if k not in ("step", "lr", "train_loss", "eval_loss")}
+    references = references_of(evals[-1])
     return TrainResult(model=model, metrics=rows, final=_final(rows, references), config=run, out_dir=out,
                        already_done=True)

@@ -78,3 +78,40 @@ def test_hand_built_unigram_model_has_the_plateaus_excess():
     true, plateau = theory.paired_losses(chain, tokens)
     loss = _model_loss(unigram_model(theory.stationary_distribution(chain.kernel)), tokens)
     assert loss - true == pytest.approx(plateau - true, abs=1e-5)
+
+
+def test_evaluate_paired_on_a_hand_built_kernel_model():
+    from markov_interp import training
+
+    chain = BinaryChain(0.2, 0.3)
+    row = training.evaluate_paired(kernel_model(chain.kernel), chain, seq_len=64, batch_size=8, n_batches=2,
+                                   generator=torch.Generator().manual_seed(0))
+    assert abs(row["eval_loss"] - row["eval_true_loss"]) < 1e-5  # paired excess zero up to float error
+    assert row["eval_plateau_loss"] - row["eval_true_loss"] > 0.05
+
+
+def test_escape_from_metrics_reads_the_paired_rows():
+    from markov_interp.dynamics import EscapeTime, escape_from_metrics
+
+    rows = [{"step": s, "train_loss": 0.7, "eval_loss": 0.62 + d, "eval_true_loss": 0.62, "eval_plateau_loss": 0.67}
+            for s, d in ((10, 0.05), (20, 0.04), (30, 0.001), (40, 0.0))]
+    assert escape_from_metrics(rows) == EscapeTime(step=30, censored=False)
+    assert escape_from_metrics([{k: v for k, v in r.items() if k != "eval_true_loss"} for r in rows]) is None
+    same = [{**r, "eval_plateau_loss": r["eval_true_loss"]} for r in rows]  # p + q = 1: nothing to escape from
+    assert escape_from_metrics(same) is None
+
+
+def test_a_trained_runs_escape_and_stuck_are_one_definition(tmp_path):
+    from markov_interp import sweep
+
+    spec = sweep.SweepSpec(name="tiny", seeds=(0,), grid={"model.tie_weights": [True]},
+                           base={"source": {"kind": "binary", "p": 0.5, "q": 0.8},
+                                 "model": {"preset": "paper-1layer", "n_ctx": 32},
+                                 "train": {"steps": 12, "seq_len": 32, "batch_size": 4, "eval_batches": 1,
+                                           "eval_every": 4, "n_checkpoints": 0, "log_every": 4}})
+    (row,) = sweep.run(spec, tmp_path, workers=1, progress=False).rows
+    res = row.result
+    assert res.censored is not None and res.stuck_at_unigram == res.censored
+    assert res.escape_step == 12 if res.censored else res.escape_step in (4, 8, 12)
+    back = sweep.read_table(tmp_path / "results.csv")[0].result
+    assert (back.censored, back.escape_step) == (res.censored, res.escape_step)
