@@ -17,6 +17,8 @@ from jaxtyping import Float, Int
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from markov_interp.theory import ReferenceLosses
+
 from markov_interp import landscape
 from markov_interp.report._html import CircuitsFigure, circuits_figure
 from markov_interp.theory import format_loss
@@ -37,9 +39,13 @@ def _reference_lines(ax: Any, references: Mapping[str, float]) -> None:
             ax.axhline(value, color=colour, linestyle=style, linewidth=1.2, label=f"{label} {text}")
 
 
+def _as_row(references: "Mapping[str, float] | ReferenceLosses") -> Mapping[str, float]:
+    return references.as_row() if isinstance(references, ReferenceLosses) else references
+
+
 def loss_curves_figure(
     metrics: Sequence[Mapping[str, Any]],
-    references: Mapping[str, float],
+    references: "Mapping[str, float] | ReferenceLosses",
     *,
     checkpoint_steps: Sequence[int] = (),
 ) -> Figure:
@@ -48,8 +54,10 @@ def loss_curves_figure(
     The unigram line is the plateau of a model that predicts pi whatever the context (the tied one-layer
     model's bad minimum); the entropy rate is the loss of the true kernel (the global optimum); for random
     kernels the in-context Bayes line is the best any model can do. Leaving the unigram plateau shows as the
-    eval curve dropping off the red line.
+    eval curve dropping off the red line. `references` is a `theory.ReferenceLosses` or its `as_row()` (as a
+    run's metrics or `TrainResult.final.references` hold it).
     """
+    references = _as_row(references)
     fig = Figure(figsize=(8, 4.2))
     ax = fig.add_subplot()
     train = [(r["step"], r["train_loss"]) for r in metrics if "train_loss" in r]
@@ -85,13 +93,14 @@ def _zoom_losses(ax: Any, values: Sequence[float], references: Mapping[str, floa
     ax.set_ylim(low - pad, high + 2 * pad)
 
 
-def position_loss_figure(behaviour: Any, references: Mapping[str, float]) -> Figure:
+def position_loss_figure(behaviour: Any, references: "Mapping[str, float] | ReferenceLosses") -> Figure:
     """Loss (nats) of the prediction made at each position, averaged over the probe batch.
 
     `behaviour` is a `probes.BehaviourReport`. A model that learned the kernel in its weights is flat from
     the first position (as the true-kernel curve is); an in-context learner starts high and falls with the
     add-beta estimator as it sees more of the sequence (Olsson et al.'s in-context learning score).
     """
+    references = _as_row(references)
     fig = Figure(figsize=(8, 3.8))
     ax = fig.add_subplot()
     curves = (
