@@ -24,12 +24,12 @@ from markov_interp.training import RunConfig, TrainConfig
 
 CONDITIONS = {  # name: (n_layers, precision, loss_scaling)
     "fp32": (1, "fp32", False),
-    "fp16, no loss scaling": (1, "fp16", False),
-    "fp16 + loss scaling": (1, "fp16", True),
+    "fp16": (1, "fp16", False),  # autocast without loss scaling, as the reference code ran
+    "fp16+scaling": (1, "fp16", True),
     "bf16": (1, "bf16", False),
-    "2 layers (fp32)": (2, "fp32", False),
-    "4 layers (fp32)": (4, "fp32", False),
-    "8 layers (fp32)": (8, "fp32", False),
+    "2-layers": (2, "fp32", False),
+    "4-layers": (4, "fp32", False),
+    "8-layers": (8, "fp32", False),
 }
 
 
