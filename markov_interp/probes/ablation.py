@@ -32,6 +32,7 @@ from markov_interp.probes._common import (
 )
 from markov_interp.probes.interventions import (
     Component,
+    ComponentValues,
     as_components,
     intervened_probs,
     model_components,
@@ -137,7 +138,7 @@ def ablated_probs(
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class AblationTable:
+class AblationTable(ComponentValues):
     """Loss (nats) with each component ablated on its own, beside the clean loss.
 
     `loss_change[i]` = ablated loss - clean loss for `components[i]`: large where the model needs the
@@ -161,30 +162,14 @@ class AblationTable:
     def loss_change(self) -> tuple[float, ...]:
         return tuple(loss - self.clean_loss for loss in self.losses)
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.components)
-
-    def __getitem__(self, component: "Component | str") -> float:
-        """Loss change of `component` (a `Component` or its name, e.g. "L0H1")."""
-        comp = Component.parse(component)
-        if comp not in self.components:
-            raise KeyError(f"no component {comp.name!r}; have {list(self.names)}")
-        return self.loss_change[self.components.index(comp)]
+    def _values(self) -> tuple[float, ...]:  # table[component] and head_grid() give the loss change
+        return self.loss_change
 
     def __contains__(self, component: Any) -> bool:
         try:
             return Component.parse(component) in self.components
         except ValueError:
             return False
-
-    def head_grid(self) -> Float[Tensor, "layer head"]:
-        """Loss change of every head as a [layer, head] grid (NaN for heads not in the table)."""
-        grid = torch.full((self.n_layers, self.n_heads), float("nan"))
-        for comp, change in zip(self.components, self.loss_change):
-            if comp.kind == "head":
-                grid[comp.layer, comp.head] = change
-        return grid
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: method, clean loss, and {component name: loss change}."""

@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Optional
 
+import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp.probes._common import (
@@ -96,6 +98,38 @@ class Component:
             raise ValueError(f"{self.name}: the model has only {model.cfg.n_heads} heads per layer")
         if self.kind == "mlp" and not has_mlp(model, self.layer):
             raise ValueError(f"{self.name}: layer {self.layer} has no MLP (attention-only model)")
+
+
+class ComponentValues:
+    """One value per component (an ablation table's loss changes, a patching run's recoveries): lookup by
+    `Component` or name and the [layer, head] grid. A subclass holds `components`, `n_layers`, `n_heads` and
+    says which of its fields are the values (`_values`)."""
+
+    components: tuple[Component, ...]
+    n_layers: int
+    n_heads: int
+
+    def _values(self) -> tuple[float, ...]:
+        raise NotImplementedError
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.components)
+
+    def __getitem__(self, component: "Component | str") -> float:
+        """The value of `component` (a `Component` or its name, e.g. "L0H1")."""
+        comp = Component.parse(component)
+        if comp not in self.components:
+            raise KeyError(f"no component {comp.name!r}; have {list(self.names)}")
+        return self._values()[self.components.index(comp)]
+
+    def head_grid(self) -> Float[Tensor, "layer head"]:
+        """The value of every head as a [layer, head] grid (NaN for heads not in the table)."""
+        grid = torch.full((self.n_layers, self.n_heads), float("nan"))
+        for comp, value in zip(self.components, self._values()):
+            if comp.kind == "head":
+                grid[comp.layer, comp.head] = value
+        return grid
 
 
 def model_components(model: Model, *, kinds: Sequence[str] = ("head", "attn", "mlp")) -> tuple[Component, ...]:

@@ -27,6 +27,7 @@ from markov_interp import theory
 from markov_interp.probes._common import Model, Probs, Tokens, check_tokens, json_safe, next_state_probs
 from markov_interp.probes.interventions import (
     Component,
+    ComponentValues,
     as_components,
     intervened_probs,
     model_components,
@@ -78,7 +79,7 @@ def patched_probs(
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class PatchingResult:
+class PatchingResult(ComponentValues):
     """How much of the clean prediction each patched component restores in the corrupted run.
 
     `recovery[i]` = 1 - KL(clean || patched) / KL(clean || corrupted) at the measured position, averaged over
@@ -94,24 +95,8 @@ class PatchingResult:
     n_layers: int
     n_heads: int
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.components)
-
-    def __getitem__(self, component: "Component | str") -> float:
-        """Recovery of `component` (a `Component` or its name, e.g. "L1H0")."""
-        comp = Component.parse(component)
-        if comp not in self.components:
-            raise KeyError(f"no component {comp.name!r}; have {list(self.names)}")
-        return self.recovery[self.components.index(comp)]
-
-    def head_grid(self) -> Float[Tensor, "layer head"]:
-        """Recovery of every head as a [layer, head] grid (NaN for heads not patched)."""
-        grid = torch.full((self.n_layers, self.n_heads), float("nan"))
-        for comp, value in zip(self.components, self.recovery):
-            if comp.kind == "head":
-                grid[comp.layer, comp.head] = value
-        return grid
+    def _values(self) -> tuple[float, ...]:  # result[component] and head_grid() give the recovery
+        return self.recovery
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (NaN recoveries as None)."""
