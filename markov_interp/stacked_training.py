@@ -131,7 +131,10 @@ def _train_locked(runs: list[RunConfig], outs: list[Optional[Path]], device: tor
         if out is not None:
             training._prepare_folder(out, run)
             status = runfolder.divergence(out)
-            if status is not None or (out / models.WEIGHTS_FILE).exists():
+            # final weights beside incomplete metrics (a damaged folder) resume like solo `train`: see _resume
+            finished = (out / models.WEIGHTS_FILE).exists() and runfolder.metrics_complete(
+                run.train, training.load_metrics(out))
+            if status is not None or finished:
                 results[i] = _finished_member(out, run, device, models_out, status)
                 continue
         todo.append(i)
@@ -171,6 +174,15 @@ def _failed_final(step: int, references: dict) -> training.FinalLosses:
 
 
 # ----------------------------------------------------------------------------------------------- sampling
+def _resumable(out: Path, run: RunConfig) -> set[int]:
+    """The checkpoint steps of a member folder that its metrics cover (`runfolder.resume_step`: a resume never
+    leaves a gap in metrics.jsonl; RunFolderError, saying how to recover, when none is covered)."""
+    steps = [s for s, _ in training.list_checkpoints(out)]
+    newest = runfolder.resume_step(out, run.train, steps, training.load_metrics(out),
+                                   final_weights=(out / models.WEIGHTS_FILE).exists())
+    return {s for s in steps if newest is not None and s <= newest}
+
+
 def member_sampler(sources: list, generators: list, batch: int, length: int):
     """A function drawing one batch per member, `[member, batch, length]`: member k's rows are exactly
     `sources[k].sample(batch, length, generator=generators[k])` (each generator draws what it would alone).
@@ -431,7 +443,7 @@ class _Group:
         """Continue from the newest checkpoint step every member folder holds (none: a fresh start)."""
         if any(out is None for out in self.outs):
             return
-        common = set.intersection(*({s for s, _ in training.list_checkpoints(out)} for out in self.outs))
+        common = set.intersection(*(_resumable(out, run) for out, run in zip(self.outs, self.runs)))
         if not common:
             for out in self.outs:
                 if (out / training.METRICS_FILE).exists():

@@ -516,3 +516,17 @@ def test_cuda_stacked_forward_and_members_equal_solo():
         solo = train(run, progress=False)
         assert max_weight_diff(result.model, solo.model) < WEIGHT_TOL
         assert_metrics_close(result.metrics, solo.metrics, 1e-4)
+
+
+@pytest.mark.slow
+def test_truncated_metrics_beside_final_weights_are_repaired_by_the_stack(tmp_path):
+    # what a killed second writer left (issue 15): final weights, metrics cut short; the CLI's stacked path
+    # resumes from the newest checkpoint the metrics cover and rewrites the rest bit-identically
+    run = run_config(0, steps=40, eval_every=10, n_checkpoints=4)
+    done = train_many([run], [tmp_path / "a"], progress=False)[0]
+    rows = training.load_metrics(tmp_path / "a")
+    training._write_metrics(tmp_path / "a" / training.METRICS_FILE, [r for r in rows if r["step"] <= 25])
+    with pytest.warns(UserWarning, match="incomplete"):
+        again = train_many([run], [tmp_path / "a"], progress=False)[0]
+    assert not again.already_done and training.load_metrics(tmp_path / "a") == rows
+    assert max_weight_diff(again.model, done.model) == 0.0
