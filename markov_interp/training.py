@@ -636,24 +636,10 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
     eval_gen = torch.Generator(device=device).manual_seed(_derive_seed(tc.seed, "eval-data"))
     rows: list[dict] = []
     pending: list[Tensor] = []  # train losses since the last metrics row
-    start = 0
     resumed_from = None
     if out is not None:
-        on_disk = load_metrics(out)
-        newest = runfolder.resume_step(out, tc, [s for s, _ in list_checkpoints(out)], on_disk,
-                                       final_weights=(out / models.WEIGHTS_FILE).exists())
-        if newest is not None:
-            state = _load_checkpoint(out, newest, model)
-            optimizer.load_state_dict(state["optimizer"])
-            scaler.load_state_dict(state["scaler"])
-            train_gen.set_state(state["train_generator"])
-            eval_gen.set_state(state["eval_generator"])
-            start = resumed_from = newest
-            pending = [t.to(device) for t in state["pending_losses"].unbind()]
-            rows = [r for r in on_disk if r["step"] <= newest]
-            _write_metrics(out / METRICS_FILE, rows)
-        elif (out / METRICS_FILE).exists():
-            _write_metrics(out / METRICS_FILE, [])
+        resumed_from, rows, pending = _resume(out, tc, model, optimizer, scaler, (train_gen, eval_gen))
+    start = resumed_from or 0
 
     fp = models.fast_params(model)
     ckpt_steps = set(checkpoint_steps(tc.steps, tc.n_checkpoints))
@@ -661,36 +647,14 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
     try:
         for step in range(start + 1, tc.steps + 1):
             lr = _lr_at(tc, step - 1)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            tokens = source.sample(tc.batch_size, tc.seq_len + 1, generator=train_gen)
-            with _autocast(device, tc.precision):
-                logits = models.fast_forward(fp, tokens[:, :-1])
-            loss = _loss(logits, tokens[:, 1:])
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if tc.grad_clip is not None:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            pending.append(loss.detach())
+            pending.append(_step(model, fp, optimizer, scaler, source, tc, train_gen, lr))
             bar.update(1)
 
             is_eval = step == tc.steps or (tc.eval_every > 0 and step % tc.eval_every == 0)
             if step % tc.log_every == 0 or is_eval or step == tc.steps:
-                row = {"step": step, "lr": lr, "train_loss": torch.stack(pending).float().mean().item()}
-                if not math.isfinite(row["train_loss"]):
-                    _diverge(out, rows, step + 1 - len(pending) + _first_non_finite(pending), "train loss")
+                row = _metrics_row(out, rows, step, lr, pending, model, source, tc, eval_gen if is_eval else None)
                 pending = []
                 if is_eval:
-                    model.eval()
-                    row.update(evaluate_paired(model, source, seq_len=tc.seq_len, batch_size=tc.batch_size,
-                                               n_batches=tc.eval_batches, generator=eval_gen,
-                                               precision=tc.precision))
-                    if not math.isfinite(row["eval_loss"]):
-                        _diverge(out, rows, step, f"evaluation loss {row['eval_loss']}")
-                    model.train()
                     row.update(references)
                 rows.append(row)
                 bar.set_postfix(loss=f"{row['train_loss']:.4f}", refresh=False)
@@ -716,6 +680,65 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
         models.save(model, out)
     final = _final(rows, references)
     return TrainResult(model=model, metrics=rows, final=final, config=run, out_dir=out, resumed_from=resumed_from)
+
+
+def _resume(out: Path, tc: TrainConfig, model: TransformerBridge, optimizer: torch.optim.Optimizer,
+            scaler: torch.amp.GradScaler, generators: tuple) -> tuple[Optional[int], list[dict], list[Tensor]]:
+    """Restore the newest checkpoint its metrics cover (`runfolder.resume_step`) into model, optimizer, scaler
+    and the (train, eval) generators; (its step or None, the metrics rows up to it, the pending train losses)."""
+    on_disk = load_metrics(out)
+    newest = runfolder.resume_step(out, tc, [s for s, _ in list_checkpoints(out)], on_disk,
+                                   final_weights=(out / models.WEIGHTS_FILE).exists())
+    if newest is None:
+        if (out / METRICS_FILE).exists():
+            _write_metrics(out / METRICS_FILE, [])
+        return None, [], []
+    state = _load_checkpoint(out, newest, model)
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    generators[0].set_state(state["train_generator"])
+    generators[1].set_state(state["eval_generator"])
+    device = generators[0].device
+    rows = [r for r in on_disk if r["step"] <= newest]
+    _write_metrics(out / METRICS_FILE, rows)
+    return newest, rows, [t.to(device) for t in state["pending_losses"].unbind()]
+
+
+def _step(model: TransformerBridge, fp: Any, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+          source: Source, tc: TrainConfig, generator: torch.Generator, lr: float) -> Tensor:
+    """One optimiser step on a fresh batch through the fused forward; the (detached) training loss."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    tokens = source.sample(tc.batch_size, tc.seq_len + 1, generator=generator)
+    with _autocast(generator.device, tc.precision):
+        logits = models.fast_forward(fp, tokens[:, :-1])
+    loss = _loss(logits, tokens[:, 1:])
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if tc.grad_clip is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def _metrics_row(out: Optional[Path], rows: list[dict], step: int, lr: float, pending: list[Tensor],
+                 model: TransformerBridge, source: Source, tc: TrainConfig,
+                 eval_gen: Optional[torch.Generator]) -> dict:
+    """The metrics row of `step` (mean train loss since the last row; with `eval_gen`, the paired evaluation);
+    stops the run as diverged at a non-finite loss."""
+    row = {"step": step, "lr": lr, "train_loss": torch.stack(pending).float().mean().item()}
+    if not math.isfinite(row["train_loss"]):
+        _diverge(out, rows, step + 1 - len(pending) + _first_non_finite(pending), "train loss")
+    if eval_gen is not None:
+        model.eval()
+        row.update(evaluate_paired(model, source, seq_len=tc.seq_len, batch_size=tc.batch_size,
+                                   n_batches=tc.eval_batches, generator=eval_gen, precision=tc.precision))
+        if not math.isfinite(row["eval_loss"]):
+            _diverge(out, rows, step, f"evaluation loss {row['eval_loss']}")
+        model.train()
+    return row
 
 
 def _first_non_finite(losses: list[Tensor]) -> int:
