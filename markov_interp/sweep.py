@@ -885,8 +885,8 @@ def run(
     counted apart from failures (`SweepResult.n_diverged`) and not run again. `group` (default
     `default_group`: 1 on a CPU, 64 on a GPU) trains up to that many compatible cells as one stacked model
     (`training.train_many`); a stack that raises, or whose process dies, is retried cell by cell. Same seeds and
-    group give the same table on either backend. Writes out_dir/results.csv (and results.parquet when pyarrow is present); returns the
-    rows.
+    group give the same table on either backend. Writes out_dir/results.csv (and results.parquet when pyarrow
+    is present); returns the rows.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {list(_BACKENDS)}, got {backend!r}")
@@ -895,20 +895,8 @@ def run(
     if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group < 1):
         raise ValueError(f"group must be None or an integer >= 1, got {group!r}")
     specs = _as_specs(spec)
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"sweep names must be distinct, got {names}")
-    cells = [c for s in specs for c in s.cells()]
+    cells = _distinct_cells(specs)
     probe_of = {s.name: s.probe for s in specs}
-    seen: dict[str, Cell] = {}
-    for c in cells:
-        other = seen.get(c.cell_id)
-        if other is not None and other.sweep == c.sweep:
-            raise ValueError(
-                f"sweep {c.sweep!r}: cells {other.params} and {c.params} are the same run (same config); "
-                "remove the duplicate grid values"
-            )
-        seen.setdefault(c.cell_id, c)
     out = Path(out_dir)
     (out / _RUNS_DIR).mkdir(parents=True, exist_ok=True)
     (out / _RESULTS_DIR).mkdir(parents=True, exist_ok=True)
@@ -919,25 +907,13 @@ def run(
     for c in cells:
         probe_for[c.cell_id] = probe_for.get(c.cell_id, False) or probe_of[c.sweep]
     settings = _probe_settings()
-    todo: dict[str, Cell] = {}
-    n_skipped = 0
-    for c in cells:
-        if c.cell_id in todo:
-            continue
-        record = _read_record(_record_path(out, c))
-        if _is_done(record, probe_for[c.cell_id], settings) or (
-            record is not None and record.get("status") == "failed" and not retry_failed
-        ):
-            n_skipped += 1
-            continue
-        todo[c.cell_id] = c
+    pending, n_skipped = _pending(cells, out, probe_for, settings, retry_failed)
 
     def save(c: Cell, record: dict) -> None:
         stamp = {"format": _RECORD_FORMAT, "cell_id": c.cell_id,
                  "probe_settings": settings if probe_for[c.cell_id] else None}
         atomic_write(_record_path(out, c), json.dumps({**record, **stamp}, indent=1, sort_keys=True, default=str))
 
-    pending = list(todo.values())
     if pending:
         runs_dir = str(out / _RUNS_DIR)
         size = 1 if _cell_fn is not None else (group if group is not None else default_group(pending))
@@ -958,6 +934,43 @@ def run(
     n_failed = sum(1 for r in rows if r.status != "ok") - n_diverged
     return SweepResult(rows=rows, table=table, n_run=len(pending), n_skipped=n_skipped, n_failed=n_failed,
                        n_diverged=n_diverged)
+
+
+def _pending(cells: list[Cell], out: Path, probe_for: dict, settings: dict,
+             retry_failed: bool) -> tuple[list[Cell], int]:
+    """The distinct cells still to run (not done with these probe settings; failed ones unless
+    `retry_failed=False`) and how many cells are skipped."""
+    todo: dict[str, Cell] = {}
+    n_skipped = 0
+    for c in cells:
+        if c.cell_id in todo:
+            continue
+        record = _read_record(_record_path(out, c))
+        if _is_done(record, probe_for[c.cell_id], settings) or (
+            record is not None and record.get("status") == "failed" and not retry_failed
+        ):
+            n_skipped += 1
+            continue
+        todo[c.cell_id] = c
+    return list(todo.values()), n_skipped
+
+
+def _distinct_cells(specs: list[SweepSpec]) -> list[Cell]:
+    """Every cell of `specs`; ValueError for two sweeps of one name or two cells of one sweep that are one run."""
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"sweep names must be distinct, got {names}")
+    cells = [c for s in specs for c in s.cells()]
+    seen: dict[str, Cell] = {}
+    for c in cells:
+        other = seen.get(c.cell_id)
+        if other is not None and other.sweep == c.sweep:
+            raise ValueError(
+                f"sweep {c.sweep!r}: cells {other.params} and {c.params} are the same run (same config); "
+                "remove the duplicate grid values"
+            )
+        seen.setdefault(c.cell_id, c)
+    return cells
 
 
 def _bar(total: int, progress: bool, desc: str) -> Any:
