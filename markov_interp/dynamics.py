@@ -124,6 +124,7 @@ class KaplanMeier:
     lower: tuple[float, ...]
     upper: tuple[float, ...]
     confidence: float
+    n: int = 0  # runs in all (escaped and censored)
 
     def at(self, t: int | float) -> float:
         """S(t): the fraction of runs still on the plateau after step t."""
@@ -163,7 +164,7 @@ def kaplan_meier(escapes: Sequence[EscapeTime], *, confidence: float = 0.95) -> 
         lo, hi = _loglog_band(s, greenwood, z)
         times.append(t), surv.append(s), risk.append(n), events.append(d), lower.append(lo), upper.append(hi)
     return KaplanMeier(tuple(times), tuple(surv), tuple(risk), tuple(events), tuple(lower), tuple(upper),
-                       confidence)
+                       confidence, n=len(escapes))
 
 
 def _loglog_band(s: float, greenwood: float, z: float) -> tuple[float, float]:

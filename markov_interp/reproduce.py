@@ -16,13 +16,15 @@ Makkuva et al. ("Attention with Markov", arXiv 2402.04161) and the follow-up ("L
 `reproduce(out_dir, quick=...)` runs these as `sweep` specs (restartable: a rerun only trains what is
 missing), then writes `results.csv` (every cell), `summary.csv` / `summary.md` (per experiment: fraction of
 seeds stuck, losses, the landscape's prediction, mechanism counts) and the figures `phase_pq.png`,
-`depth.png`, `mechanisms.png` and `init_precision.png` into `out_dir`. The theory column is
+`depth.png`, `mechanisms.png`, `init_precision.png` and `survival.png` (Kaplan-Meier curves of the escape step)
+into `out_dir`. The theory column is
 `landscape.predict_outcome` for the canonical reduced model: "unigram" or "bigram" (= reaches the entropy
 rate); for the standard (small Gaussian) init it is evaluated at a small init e0 = w0 = 0.05, where the
 prediction does not depend on the sign of w0.
 """
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp._io import atomic_path, atomic_write
-from markov_interp import sweep
+from markov_interp import dynamics, sweep
 from markov_interp.sweep import Row, SweepResult, SweepSpec
 from markov_interp.training import RunConfig
 
@@ -194,6 +196,8 @@ def _summary_row(experiment: str, setting: dict, cells: list[Row]) -> dict:
     stuck = [r.stuck_at_unigram for r in ok if r.stuck_at_unigram is not None]
     mechanisms = Counter(_mechanism_label(r.probe) for r in ok)
     references = ok[0] if ok else None
+    escapes = [dynamics.EscapeTime(r.escape_step, r.censored) for r in ok if r.censored is not None]
+    spread = dynamics.summarise(escapes) if escapes else None
     return {
         "experiment": experiment,
         **setting,
@@ -207,6 +211,11 @@ def _summary_row(experiment: str, setting: dict, cells: list[Row]) -> dict:
         "unigram_loss": references.unigram_loss if references else None,
         "bayes_loss": _mean([r.bayes_loss for r in ok]),
         "escape_step": _mean([r.escape_step for r in ok]),
+        # escape times with censoring (paired evaluation; `dynamics`): Kaplan-Meier median, Wilson interval
+        "median_escape": spread.median if spread else None,
+        "median_escape_ci": spread.median_interval if spread else None,
+        "censored_ci": spread.censored_interval if spread else None,
+        "escape_curve": spread.curve if spread else None,  # for the survival figure (not a table column)
         "theory": _theory(cells[0]),
         "p_hat": _probe_mean(ok, "p_hat"),
         "mechanisms": dict(sorted(mechanisms.items())),
@@ -238,7 +247,7 @@ def summarise(rows: list[Row]) -> list[dict]:
 
 _SUMMARY_COLUMNS = ("experiment", "p", "q", "tied", "n_layers", "init", "precision", "seeds", "failed",
                     "diverged", "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "bayes_loss", "escape_step",
-                    "theory", "p_hat", "mechanisms", "previous_token_excess", "induction_excess",
+                    "median_escape", "median_escape_ci", "censored_ci", "theory", "p_hat", "mechanisms", "previous_token_excess", "induction_excess",
                     "circuit_confirmed")
 
 
@@ -251,10 +260,12 @@ def _fmt(value: Any, digits: int = 4) -> str:
         return f"{value:.{digits}f}"
     if isinstance(value, dict):  # mechanism counts
         return ", ".join(f"{k} {n}" for k, n in value.items())
+    if isinstance(value, tuple):  # an interval; None: beyond the budget
+        return "[" + ", ".join(">budget" if v is None else _fmt(v, digits) for v in value) + "]"
     return str(value)
 
 
-_DIGITS = {"stuck_fraction": 2, "p": 2, "q": 2, "escape_step": 0, "p_hat": 3}
+_DIGITS = {"stuck_fraction": 2, "p": 2, "q": 2, "escape_step": 0, "p_hat": 3, "censored_ci": 2}
 
 
 def _markdown(summary: list[dict], experiment: str, columns: tuple) -> str:
@@ -311,6 +322,14 @@ def _figures(summary: list[dict], rows: list[Row], work: Path, budget: Budget) -
         "mechanisms.png": figures.reproduction_mechanism_figure(mechanisms),
         "init_precision.png": figures.reproduction_init_precision_figure(experiment("init-precision"),
                                                                          p=_PQ[0], q=_PQ[1]),
+        "survival.png": figures.escape_survival_figure({
+            f"depth at p = {_PQ[0]}, q = {_PQ[1]} ({budget.depth_steps} steps)": {
+                f"{r['n_layers']} layer(s)": r["escape_curve"] for r in experiment("depth") if r["escape_curve"]},
+            f"init and precision ({budget.init_steps} steps)": {
+                f"{r['init']}, {r['precision']}": r["escape_curve"] for r in experiment("init-precision")
+                if r["escape_curve"]},
+        }, budget={f"depth at p = {_PQ[0]}, q = {_PQ[1]} ({budget.depth_steps} steps)": budget.depth_steps,
+                   f"init and precision ({budget.init_steps} steps)": budget.init_steps}),
     }
 
 
@@ -330,7 +349,8 @@ def reproduce(
     Training runs live in `work_dir` (default runs/reproduce-quick or runs/reproduce; a rerun skips finished
     cells). Writes results.csv (every cell: config, losses, references, stuck flag, mechanism, probe scores),
     summary.csv and summary.md (per setting over seeds, beside the landscape's prediction; the command and the
-    budget's cuts stated at the top) and phase_pq.png, depth.png, mechanisms.png, init_precision.png.
+    budget's cuts stated at the top) and phase_pq.png, depth.png, mechanisms.png, init_precision.png,
+    survival.png.
     Returns {"summary": rows, "files": paths, "seconds": wall time, "failed": n}.
     """
     budget = QUICK if quick else FULL
@@ -375,6 +395,8 @@ def _cell(value: Any) -> Any:
     """A summary value as a CSV cell: None empty, mechanism counts as "label n, ..."."""
     if value is None:
         return ""
+    if isinstance(value, tuple):  # an interval, as JSON (null: beyond the budget)
+        return json.dumps(list(value))
     return ", ".join(f"{k} {n}" for k, n in value.items()) if isinstance(value, dict) else value
 
 
@@ -401,7 +423,7 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
     import torch
 
     span, train_minutes = _training_span(work, result.rows)
-    grid_cols = ("p", "q", "seeds", "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "theory",
+    grid_cols = ("p", "q", "seeds", "stuck_fraction", "censored_ci", "median_escape", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "theory",
                  "p_hat", "mechanisms")
     return "\n".join([
         f"# Reproduction ({budget.name})",
@@ -416,14 +438,16 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
         "",
         f"Budget: {budget.cuts}." if budget.cuts else "",
         "",
-        f"\"Stuck\" = final evaluation loss closer to the unigram loss H(pi) than to the entropy rate and at most "
-        f"half the gap above H(pi) (`sweep.stuck_at_unigram`; fraction over seeds whose gap exceeds {sweep.MIN_GAP} "
-        "nats); \"above_unigram\" = seeds still above that band (not trained even to pi); \"theory\" = `landscape.predict_outcome` "
+        "\"Stuck\" = censored at the budget: every evaluation is paired (the model's loss beside the true "
+        "predictor's and the plateau predictor's on the same tokens) and a run escapes at the first evaluation from "
+        "which its excess stays below half the plateau's (`dynamics.escape_from_metrics`); stuck_fraction is the "
+        "fraction censored, censored_ci its 95% Wilson interval, median_escape the Kaplan-Meier median escape step "
+        "with its 95% interval (median_escape_ci; >budget: not reached); \"above_unigram\" = seeds still above that band (not trained even to pi); \"theory\" = `landscape.predict_outcome` "
         f"for the canonical one-layer model (standard init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); "
         "\"p_hat\" = the learned P(1|0) read from the model's predictions (`probes.kernel_readout`); "
         "mechanisms = `probes.classify_mechanism` counts over seeds (\"other\": no candidate law fits, or an "
-        "in-context k-gram law without a confirmed circuit); escape_step = mean first step after which the training loss stays "
-        "below the midpoint (over the seeds that escaped); losses in nats.",
+        "in-context k-gram law without a confirmed circuit); escape_step = the mean of the seeds' escape steps (the budget "
+        "for censored ones); losses in nats.",
         "",
         "## 1. One layer, tied: fraction of seeds stuck at the unigram loss over (p, q)",
         "",
@@ -435,8 +459,8 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
         "",
         f"## 3. Depth at p = {_PQ[0]}, q = {_PQ[1]} (tied)",
         "",
-        _markdown(summary, "depth", ("n_layers", "seeds", "stuck_fraction", "above_unigram", "final_loss", "entropy_rate",
-                                     "unigram_loss", "escape_step", "mechanisms", "previous_token_excess",
+        _markdown(summary, "depth", ("n_layers", "seeds", "stuck_fraction", "censored_ci", "median_escape",
+                                     "median_escape_ci", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "mechanisms", "previous_token_excess",
                                      "induction_excess")),
         "![depth](depth.png)",
         "",
@@ -450,8 +474,10 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
         "",
         f"## 5. Initialisation and precision at p = {_PQ[0]}, q = {_PQ[1]} (one layer, tied)",
         "",
-        _markdown(summary, "init-precision", ("init", "precision", "seeds", "stuck_fraction", "above_unigram", "final_loss",
-                                              "escape_step", "theory", "p_hat", "mechanisms")),
+        _markdown(summary, "init-precision", ("init", "precision", "seeds", "stuck_fraction", "censored_ci",
+                                              "median_escape", "median_escape_ci", "above_unigram", "final_loss", "theory", "p_hat", "mechanisms")),
         "![init and precision](init_precision.png)",
+        "",
+        "![escape times](survival.png)",
         "",
     ])

@@ -72,3 +72,16 @@ def test_landscape_figures_draw_the_maps_and_the_theory():
         figures.landscape_figure(p=0.5, q=0.8, n=1)
     with pytest.raises(ValueError, match="p must be"):
         figures.landscape_figure(p=1.5, q=0.8, n=5)
+
+
+def test_survival_figure_draws_each_curve_with_its_band():
+    from markov_interp.dynamics import EscapeTime, kaplan_meier
+
+    escaped = kaplan_meier([EscapeTime(t, False) for t in (100, 200, 300)])
+    censored = kaplan_meier([EscapeTime(150, False), EscapeTime(400, True), EscapeTime(400, True)])
+    fig = figures.escape_survival_figure({"depth": {"1 layer": escaped, "fp16": censored}}, budget=400)
+    ax = fig.axes[0]
+    ends = [line.get_ydata()[-1] for line in ax.lines]
+    assert ends[0] == pytest.approx(0.0) and ends[1] == pytest.approx(2 / 3)  # censored seeds keep the curve up
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["1 layer (n = 3)", "fp16 (n = 3)"]
+    assert len(ax.collections) == 2  # one band per curve

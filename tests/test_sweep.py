@@ -9,6 +9,7 @@ import pytest
 
 from markov_interp import sweep
 from markov_interp.cli import main
+from markov_interp import dynamics
 from markov_interp.probes import MECHANISMS
 from markov_interp.sweep import SweepSpec
 
@@ -342,7 +343,7 @@ def test_reproduce_tiny_budget(tmp_path, monkeypatch):
     result = rep.reproduce(out, quick=True, work_dir=tmp_path / "work", workers=2, progress=False)
     assert result["failed"] == 0
     for name in ("results.csv", "summary.csv", "summary.md", "phase_pq.png", "depth.png", "mechanisms.png",
-                 "init_precision.png"):
+                 "init_precision.png", "survival.png"):
         assert (out / name).stat().st_size > 0, name
     summary = {(r["experiment"], r.get("p"), r.get("q"), r.get("n_layers"), r.get("init"), r.get("precision")): r
                for r in result["summary"]}
@@ -352,6 +353,10 @@ def test_reproduce_tiny_budget(tmp_path, monkeypatch):
     assert summary[("pq-untied", 0.2, 0.9, None, None, None)]["theory"] == "bigram"
     assert summary[("init-precision", 0.5, 0.8, None, "canonical w0=-1.0", "fp32")]["theory"] == "bigram"
     assert summary[("depth", 0.5, 0.8, 2, None, None)]["theory"] is None
+    # escape times with censoring: at 4 steps every seed is still on the plateau (censored at the budget)
+    depth1 = summary[("depth", 0.5, 0.8, 1, None, None)]
+    assert depth1["stuck_fraction"] == 1.0 and depth1["median_escape"] is None
+    assert depth1["censored_ci"] == pytest.approx(dynamics.wilson_interval(1, 1))
     text = (out / "summary.md").read_text()
     assert "markov-interp reproduce --quick" in text and tiny.cuts in text
 

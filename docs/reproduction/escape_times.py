@@ -7,6 +7,7 @@ fraction still on the plateau. Writes escape_times.json (every seed) and prints 
 
     python docs/reproduction/escape_times.py --device cuda --seeds 16 --steps 2000 --out escape
     python docs/reproduction/escape_times.py --device cpu --seeds 4 --steps 60 --seq-len 64 --out /tmp/e  # smoke
+    python docs/reproduction/escape_times.py --plot docs/reproduction/gpu/escape_times.json  # -> survival.png
 """
 
 import argparse
@@ -45,6 +46,25 @@ def runs_for(name: str, args: argparse.Namespace) -> list[RunConfig]:
     return [dataclasses.replace(base, train=dataclasses.replace(base.train, seed=s)) for s in range(args.seeds)]
 
 
+def plot(path: Path) -> Path:
+    """The Kaplan-Meier curves of a collected escape_times.json ({"conditions": {"name @ budget": ...}}),
+    one panel per budget, as survival.png beside it."""
+    from markov_interp.report import figures
+
+    conditions = json.loads(path.read_text())["conditions"]
+    panels: dict = {}
+    for key, data in conditions.items():
+        name, _, budget = key.rpartition(" @ ")
+        escapes = [dynamics.EscapeTime(s, c) for s, c in zip(data["escape_steps"], data["censored"]) if s is not None]
+        panels.setdefault(int(budget), {})[name] = dynamics.kaplan_meier(escapes)
+    titles = {b: f"p = 0.5, q = 0.8, tied: budget {b} steps" for b in panels}
+    fig = figures.escape_survival_figure({titles[b]: panels[b] for b in sorted(panels, reverse=True)},
+                                         budget={titles[b]: b for b in panels})
+    out = path.with_name("survival.png")
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
@@ -54,7 +74,11 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--conditions", default=",".join(CONDITIONS), help="comma-separated condition names")
     parser.add_argument("--out", default="escape")
+    parser.add_argument("--plot", default=None, metavar="JSON", help="draw survival.png from a collected JSON")
     args = parser.parse_args()
+    if args.plot:
+        print(plot(Path(args.plot)))
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"

@@ -38,6 +38,7 @@ from markov_interp.report.figures import (
     regime_map_pq_figure,
     reproduction_depth_figure,
     reproduction_init_precision_figure,
+    escape_survival_figure,
     reproduction_mechanism_figure,
     reproduction_phase_figure,
     strategy_similarity_figure,
@@ -49,6 +50,6 @@ __all__ = [
     "attention_patterns_figure", "build", "checkpoint_files", "circuits_figure", "circuitsvis_bundle", "document",
     "figure_svg", "head_scores_figure", "in_context_tracking_figure", "kernel_figure", "landscape_figure",
     "loss_curves_figure", "position_loss_figure", "regime_map_init_figure", "regime_map_pq_figure",
-    "reproduction_depth_figure", "reproduction_init_precision_figure", "reproduction_mechanism_figure",
+    "reproduction_depth_figure", "reproduction_init_precision_figure", "escape_survival_figure", "reproduction_mechanism_figure",
     "reproduction_phase_figure", "strategy_similarity_figure", "training_probes_figure",
 ]

@@ -17,6 +17,7 @@ from jaxtyping import Float, Int
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from markov_interp.dynamics import KaplanMeier
 from markov_interp.theory import ReferenceLosses
 
 from markov_interp import landscape
@@ -584,6 +585,34 @@ def reproduction_mechanism_figure(panels: Mapping[str, Sequence[tuple[str, Mappi
         ax.set_ylabel("seeds")
         ax.yaxis.get_major_locator().set_params(integer=True)
         ax.set_title(f"mechanism by depth: {title}", fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def escape_survival_figure(panels: Mapping[str, Mapping[str, KaplanMeier]],
+                           *, budget: "int | Mapping[str, int]") -> Figure:
+    """Kaplan–Meier curves of the escape step, one panel per experiment ({title: {condition: curve}}): the
+    fraction of seeds still on the plateau after each step, with its 95% band. A curve that ends above zero at
+    the budget is the censored fraction (seeds that had not escaped when training stopped). `budget`: the
+    training steps, one for all panels or {title: steps}."""
+    fig = Figure(figsize=(5.2 * max(len(panels), 1), 4.0))
+    axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
+    colours = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:grey"]
+    for ax, (title, curves) in zip(axes, panels.items()):
+        steps = budget if isinstance(budget, int) else budget[title]
+        for colour, (label, km) in zip(colours, curves.items()):
+            xs = [0, *km.times, steps]
+            end = km.survival[-1] if km.survival else 1.0
+            ax.step(xs, [1.0, *km.survival, end], where="post", color=colour, lw=1.4, label=f"{label} (n = {km.n})")
+            lo_end = km.lower[-1] if km.lower else 1.0
+            hi_end = km.upper[-1] if km.upper else 1.0
+            ax.fill_between(xs, [1.0, *km.lower, lo_end], [1.0, *km.upper, hi_end], step="post", color=colour,
+                            alpha=0.15, lw=0)
+        ax.set_xlim(0, steps)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("step")
+        ax.set_ylabel("fraction of seeds still on the plateau")
+        ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
     return fig
 
