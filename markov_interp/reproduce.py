@@ -165,6 +165,16 @@ def _theory(row: Row) -> Optional[str]:
     return landscape.predict_outcome(THEORY_SMALL_INIT, THEORY_SMALL_INIT, None, p=p, q=q, tied=tied)
 
 
+def _theory_exact(row: Row) -> Optional[bool]:
+    """Whether the canonical (e, w, b) reduction behind `_theory` is exact for this cell: a one-layer model without
+    normalisation started at the canonical init. With LayerNorm (the paper's model) or a Gaussian init the
+    prediction is a heuristic (see `landscape.projection`)."""
+    if _theory(row) is None:
+        return None
+    model = row.config.model
+    return model.normalization is None and model.init == "canonical"
+
+
 # ---------------------------------------------------------------------------------------------- summary
 def _mean(values: list) -> Optional[float]:
     values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
@@ -217,6 +227,7 @@ def _summary_row(experiment: str, setting: dict, cells: list[Row]) -> dict:
         "censored_ci": spread.censored_interval if spread else None,
         "escape_curve": spread.curve if spread else None,  # for the survival figure (not a table column)
         "theory": _theory(cells[0]),
+        "theory_exact": _theory_exact(cells[0]),
         "p_hat": _probe_mean(ok, "p_hat"),
         "mechanisms": dict(sorted(mechanisms.items())),
         "previous_token_excess": _probe_mean(ok, "previous_token_excess"),
@@ -246,8 +257,9 @@ def summarise(rows: list[Row]) -> list[dict]:
 
 
 _SUMMARY_COLUMNS = ("experiment", "p", "q", "tied", "n_layers", "init", "precision", "seeds", "failed",
-                    "diverged", "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "bayes_loss", "escape_step",
-                    "median_escape", "median_escape_ci", "censored_ci", "theory", "p_hat", "mechanisms", "previous_token_excess", "induction_excess",
+                    "diverged", "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss",
+                    "bayes_loss", "escape_step", "median_escape", "median_escape_ci", "censored_ci", "theory",
+                    "theory_exact", "p_hat", "mechanisms", "previous_token_excess", "induction_excess",
                     "circuit_confirmed")
 
 
@@ -423,8 +435,8 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
     import torch
 
     span, train_minutes = _training_span(work, result.rows)
-    grid_cols = ("p", "q", "seeds", "stuck_fraction", "censored_ci", "median_escape", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "theory",
-                 "p_hat", "mechanisms")
+    grid_cols = ("p", "q", "seeds", "stuck_fraction", "censored_ci", "median_escape", "above_unigram", "final_loss",
+                 "entropy_rate", "unigram_loss", "theory", "theory_exact", "p_hat", "mechanisms")
     return "\n".join([
         f"# Reproduction ({budget.name})",
         "",
@@ -442,12 +454,15 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
         "predictor's and the plateau predictor's on the same tokens) and a run escapes at the first evaluation from "
         "which its excess stays below half the plateau's (`dynamics.escape_from_metrics`); stuck_fraction is the "
         "fraction censored, censored_ci its 95% Wilson interval, median_escape the Kaplan-Meier median escape step "
-        "with its 95% interval (median_escape_ci; >budget: not reached); \"above_unigram\" = seeds still above that band (not trained even to pi); \"theory\" = `landscape.predict_outcome` "
-        f"for the canonical one-layer model (standard init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); "
+        "with its 95% interval (median_escape_ci; >budget: not reached); \"above_unigram\" = seeds whose final "
+        "loss is still above the unigram band (not trained even to pi); \"theory\" = `landscape.predict_outcome` "
+        f"for the canonical one-layer model (standard init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); it is exact "
+        "only where theory_exact says yes (no normalisation, canonical init): for the paper's LayerNorm models it is "
+        "a heuristic; "
         "\"p_hat\" = the learned P(1|0) read from the model's predictions (`probes.kernel_readout`); "
         "mechanisms = `probes.classify_mechanism` counts over seeds (\"other\": no candidate law fits, or an "
-        "in-context k-gram law without a confirmed circuit); escape_step = the mean of the seeds' escape steps (the budget "
-        "for censored ones); losses in nats.",
+        "in-context k-gram law without a confirmed circuit); escape_step = the mean of the seeds' escape steps "
+        "(the budget for censored ones); losses in nats.",
         "",
         "## 1. One layer, tied: fraction of seeds stuck at the unigram loss over (p, q)",
         "",
@@ -460,7 +475,8 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
         f"## 3. Depth at p = {_PQ[0]}, q = {_PQ[1]} (tied)",
         "",
         _markdown(summary, "depth", ("n_layers", "seeds", "stuck_fraction", "censored_ci", "median_escape",
-                                     "median_escape_ci", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "mechanisms", "previous_token_excess",
+                                     "median_escape_ci", "above_unigram", "final_loss", "entropy_rate", "unigram_loss",
+                                     "mechanisms", "previous_token_excess",
                                      "induction_excess")),
         "![depth](depth.png)",
         "",
@@ -475,7 +491,8 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
         f"## 5. Initialisation and precision at p = {_PQ[0]}, q = {_PQ[1]} (one layer, tied)",
         "",
         _markdown(summary, "init-precision", ("init", "precision", "seeds", "stuck_fraction", "censored_ci",
-                                              "median_escape", "median_escape_ci", "above_unigram", "final_loss", "theory", "p_hat", "mechanisms")),
+                                              "median_escape", "median_escape_ci", "above_unigram", "final_loss", "theory",
+                                              "theory_exact", "p_hat", "mechanisms")),
         "![init and precision](init_precision.png)",
         "",
         "![escape times](survival.png)",

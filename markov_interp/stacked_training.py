@@ -162,7 +162,8 @@ def _finished_member(out: Path, run: RunConfig, device: torch.device, models_out
     model = models.load(out, device=device, expect=run.model) if models_out and has_weights else None
     references = theory.reference_losses(run.source.build(), run.train.seq_len + 1).as_row(digits=12)
     return TrainResult(model=model, metrics=rows, final=_failed_final(status["step"], references), config=run,
-                       out_dir=out, already_done=True, failed=_failure_text(status["step"], status.get("reason", "non-finite loss")))
+                       out_dir=out, already_done=True,
+                       failed=_failure_text(status["step"], status.get("reason", "non-finite loss")))
 
 
 def _failure_text(step: int, reason: str = _FAILED_MESSAGE) -> str:
