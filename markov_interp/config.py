@@ -79,8 +79,11 @@ class Config:
     """Base of the package's configs (mix into a frozen, keyword-only dataclass); see the module docstring."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, JSON-ready (nested configs as dicts, tuples as lists)."""
-        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """Every field, JSON-ready (nested configs as dicts, tuples as lists); a field named in
+        `_LATER_FIELDS` is left out while it holds that value (see there)."""
+        later = getattr(type(self), "_LATER_FIELDS", {})
+        return {f.name: to_jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if not (f.name in later and getattr(self, f.name) == later[f.name])}
 
     @classmethod
     def from_dict(cls: type[C], data: Any, *, where: Optional[str] = None) -> C:

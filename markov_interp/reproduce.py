@@ -110,8 +110,9 @@ FULL = Budget(
 
 
 def _train_base(budget: Budget, steps: int) -> dict:
-    return {"steps": steps, "seq_len": budget.seq_len, "eval_every": 0, "eval_batches": budget.eval_batches,
-            "n_checkpoints": 0, "log_every": 10}
+    # paired evaluations at a cadence of 1/20 of the budget plus 8 log-spaced early ones: escape times to 5%
+    return {"steps": steps, "seq_len": budget.seq_len, "eval_every": max(steps // 20, 1), "eval_log_points": 8,
+            "eval_batches": budget.eval_batches, "n_checkpoints": 0, "log_every": 10}
 
 
 def experiment_specs(budget: Budget) -> list[SweepSpec]:

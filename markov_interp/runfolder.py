@@ -146,10 +146,12 @@ def remove_stale_tmp(run_dir: "str | os.PathLike", subfolders: tuple = ("checkpo
 # ------------------------------------------------------------------------------------------ resume checks
 def logged_steps(train_cfg: Any, upto: int) -> list[int]:
     """The steps <= `upto` at which `training.train` writes a metrics row for `train_cfg`: every
-    `log_every`-th step, every evaluation step (`eval_every`) and the last step."""
+    `log_every`-th step and every evaluation step (`training.evaluation_steps`, the last step included)."""
+    from markov_interp.training import evaluation_steps
+
     tc = train_cfg
-    return [s for s in range(1, min(upto, tc.steps) + 1)
-            if s % tc.log_every == 0 or s == tc.steps or (tc.eval_every > 0 and s % tc.eval_every == 0)]
+    evals = evaluation_steps(tc)
+    return [s for s in range(1, min(upto, tc.steps) + 1) if s % tc.log_every == 0 or s in evals]
 
 
 def _covered(rows: list[dict], expected: list[int], step: int) -> bool:

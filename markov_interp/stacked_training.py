@@ -90,7 +90,7 @@ def _differences(a: RunConfig, b: RunConfig) -> list[tuple[str, Any, Any]]:
         out.append(("source vocab", a.source.vocab_size, b.source.vocab_size))
     ma, mb = stacked.shape_config(a.model).to_dict(), stacked.shape_config(b.model).to_dict()
     out += [(f"model.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
-    ta, tb = a.train.to_dict(), b.train.to_dict()
+    ta, tb = dataclasses.asdict(a.train), dataclasses.asdict(b.train)  # every field, also those to_dict omits
     out += [(f"train.{k}", ta[k], tb[k]) for k in ta if k not in MEMBER_TRAIN_FIELDS and ta[k] != tb[k]]
     return out
 
@@ -307,6 +307,7 @@ class _Group:
         alive = torch.tensor([f is None for f in self.failed], device=self.device)
         failed_at = torch.tensor([-1 if f is None else f for f in self.failed], device=self.device)
         ckpt_steps = set(training.checkpoint_steps(tc.steps, tc.n_checkpoints))
+        eval_steps = training.evaluation_steps(tc)
         # the whole schedule on the device up front: no host-to-device copy inside the step loop
         lr_table = torch.tensor([[training._lr_at(r.train, s) for r in self.runs] for s in range(tc.steps)],
                                 dtype=torch.float64, device=self.device)
@@ -320,7 +321,7 @@ class _Group:
                 alive = alive & ok
                 self.pending.append(losses)
                 bar.update(1)
-                is_eval = step == tc.steps or (tc.eval_every > 0 and step % tc.eval_every == 0)
+                is_eval = step in eval_steps
                 if step % tc.log_every == 0 or is_eval or step in ckpt_steps:
                     self._note_failures(failed_at)
                 if step % tc.log_every == 0 or is_eval:

@@ -29,7 +29,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,7 @@ __all__ = [
     "train_many",
     "one_cycle_lr",
     "checkpoint_steps",
+    "evaluation_steps",
     "evaluate",
     "evaluate_paired",
     "resolve_device",
@@ -105,11 +106,17 @@ class TrainConfig(Config):
     log_every: int = 10  # a metrics row (mean train loss since the previous row) every this many steps
     eval_every: int = 100  # evaluate every this many steps (and at the last step); 0: last step only
     eval_batches: int = 4  # fresh evaluation batches per evaluation
+    eval_log_points: int = 0  # extra evaluations at log-spaced steps (dense early, where plateaus are left)
     n_checkpoints: int = 8  # checkpoints at log-spaced steps (the last step always included); 0: none
+
+    # Fields added after run folders and sweep ids were first written: left out of config.json (and so of cell
+    # ids) at these values, so earlier files round-trip byte for byte and earlier sweeps keep their cells.
+    _LATER_FIELDS: ClassVar[dict] = {"eval_log_points": 0}
 
     def __post_init__(self) -> None:
         for name, minimum in (("steps", 1), ("batch_size", 1), ("seq_len", 1), ("log_every", 1),
-                              ("eval_every", 0), ("eval_batches", 1), ("n_checkpoints", 0), ("seed", 0)):
+                              ("eval_every", 0), ("eval_batches", 1), ("eval_log_points", 0), ("n_checkpoints", 0),
+                              ("seed", 0)):
             check_int(name, getattr(self, name), minimum=minimum)
         for name in ("lr", "weight_decay", "momentum", "warmup_frac"):
             check_number(name, getattr(self, name), minimum=0)
@@ -378,6 +385,17 @@ def _lr_at(cfg: TrainConfig, step: int) -> float:
     return one_cycle_lr(step, total=cfg.steps, lr=cfg.lr, warmup_frac=cfg.warmup_frac)
 
 
+def evaluation_steps(tc: TrainConfig) -> frozenset[int]:
+    """The steps at which a run evaluates: every `eval_every`-th step, `eval_log_points` log-spaced steps (a
+    cadence plus density early on, where escape times are measured) and always the last step.
+
+    >>> sorted(evaluation_steps(TrainConfig(steps=100, eval_every=50, eval_log_points=4)))
+    [1, 5, 22, 50, 100]
+    """
+    every = range(tc.eval_every, tc.steps + 1, tc.eval_every) if tc.eval_every > 0 else ()
+    return frozenset({tc.steps, *every, *checkpoint_steps(tc.steps, tc.eval_log_points)})
+
+
 def checkpoint_steps(steps: int, n: int) -> list[int]:
     """`n` log-spaced steps in [1, steps] (rounded, distinct), always including `steps`; [] when n == 0."""
     if n <= 0:
@@ -643,6 +661,7 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
 
     fp = models.fast_params(model)
     ckpt_steps = set(checkpoint_steps(tc.steps, tc.n_checkpoints))
+    eval_steps = evaluation_steps(tc)
     bar = tqdm(total=tc.steps, initial=start, disable=not progress, desc="train", unit="step", dynamic_ncols=True)
     try:
         for step in range(start + 1, tc.steps + 1):
@@ -650,7 +669,7 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
             pending.append(_step(model, fp, optimizer, scaler, source, tc, train_gen, lr))
             bar.update(1)
 
-            is_eval = step == tc.steps or (tc.eval_every > 0 and step % tc.eval_every == 0)
+            is_eval = step in eval_steps
             if step % tc.log_every == 0 or is_eval or step == tc.steps:
                 row = _metrics_row(out, rows, step, lr, pending, model, source, tc, eval_gen if is_eval else None)
                 pending = []

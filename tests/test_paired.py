@@ -115,3 +115,28 @@ def test_a_trained_runs_escape_and_stuck_are_one_definition(tmp_path):
     assert res.escape_step == 12 if res.censored else res.escape_step in (4, 8, 12)
     back = sweep.read_table(tmp_path / "results.csv")[0].result
     assert (back.censored, back.escape_step) == (res.censored, res.escape_step)
+
+
+def test_log_spaced_evaluations_are_logged_resumed_and_stacked(tmp_path):
+    import dataclasses
+
+    from markov_interp import training
+    from markov_interp.data import SourceConfig
+    from markov_interp.models import preset
+
+    tc = training.TrainConfig(steps=30, seq_len=16, batch_size=4, eval_every=0, eval_log_points=5, eval_batches=1,
+                              log_every=10, n_checkpoints=3, device="cpu")
+    run = training.RunConfig(source=SourceConfig(kind="binary", p=0.5, q=0.8), model=preset("paper-1layer", n_ctx=16),
+                             train=tc)
+    assert sorted(training.evaluation_steps(tc)) == [1, 2, 5, 13, 30]
+    full = training.train(run, tmp_path / "a", progress=False)
+    assert [r["step"] for r in full.metrics if "eval_true_loss" in r] == [1, 2, 5, 13, 30]
+    assert '"eval_log_points": 5' in (tmp_path / "a" / training.CONFIG_FILE).read_text()
+    # the default (0) stays out of config.json: earlier run folders and sweep cell ids are unchanged
+    assert "eval_log_points" not in dataclasses.replace(run, train=dataclasses.replace(tc, eval_log_points=0)).to_json()
+    # a stack member logs the same evaluations as its solo run; members must agree on the plan
+    (member,) = training.train_many([run], progress=False)
+    assert [r["step"] for r in member.metrics] == [r["step"] for r in full.metrics]
+    other = dataclasses.replace(run, train=dataclasses.replace(tc, eval_log_points=0))
+    with pytest.raises(ValueError, match="eval_log_points"):
+        training.train_many([run, other], progress=False)
