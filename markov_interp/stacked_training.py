@@ -147,17 +147,11 @@ def _train_locked(runs: list[RunConfig], outs: list[Optional[Path]], device: tor
 
 def _finished_member(out: Path, run: RunConfig, device: torch.device, models_out: bool,
                      status: Optional[dict]) -> TrainResult:
+    if status is None:  # finished: the caller checked that its metrics are complete
+        done = training._finished(out, run, device, load_model=models_out)
+        assert done is not None, f"{out}: complete metrics were checked before"
+        return done
     rows = training.load_metrics(out)
-    if status is None:
-        if models_out:
-            return training._finished(out, run, device)
-        evals = [r for r in rows if "eval_loss" in r]  # training._finished's check, without loading the model
-        if not evals or evals[-1]["step"] != run.train.steps:
-            raise ValueError(f"{out} has final weights but its {training.METRICS_FILE} does not end at step "
-                             f"{run.train.steps}")
-        references = training.references_of(evals[-1])
-        return TrainResult(model=None, metrics=rows, final=training._final(rows, references), config=run,
-                           out_dir=out, already_done=True)
     has_weights = (out / models.WEIGHTS_FILE).exists()
     model = models.load(out, device=device, expect=run.model) if models_out and has_weights else None
     references = theory.reference_losses(run.source.build(), run.train.seq_len + 1).as_row(digits=12)

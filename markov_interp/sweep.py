@@ -602,11 +602,6 @@ def _worker_init() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _execute_in_worker(cell: Cell, runs_dir: str, probe: bool, cell_fn: Optional[Callable]) -> dict:
-    _worker_init()
-    return _execute(cell, runs_dir, probe, cell_fn)
-
-
 def _execute_child(group: tuple, *, runs_dir: str, probe_for: dict, cell_fn: Optional[Callable]) -> list[dict]:
     """What a local sweep's child process runs (`_workers.supervise`): one group of cells."""
     return _execute_group_in_worker(list(group), runs_dir, [probe_for[c.cell_id] for c in group], cell_fn)

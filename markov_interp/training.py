@@ -811,12 +811,15 @@ def _final(rows: list[dict], references: dict) -> FinalLosses:
                        references=dict(references))
 
 
-def _finished(out: Path, run: RunConfig, device: torch.device) -> Optional[TrainResult]:
+def _finished(out: Path, run: RunConfig, device: torch.device, *,
+              load_model: bool = True) -> Optional[TrainResult]:
+    """The finished run in `out` (its model loaded unless `load_model=False`: `train_many` without hooked
+    models), or None when its metrics are incomplete beside the final weights (a resume repairs them)."""
     rows = load_metrics(out)
     evals = [r for r in rows if "eval_loss" in r]
     if not evals or evals[-1]["step"] != run.train.steps or not runfolder.metrics_complete(run.train, rows):
         return None  # incomplete metrics beside final weights: resume from a checkpoint (runfolder.resume_step)
-    model = models.load(out, device=device, expect=run.model)
+    model = models.load(out, device=device, expect=run.model) if load_model else None
     references = references_of(evals[-1])
     return TrainResult(model=model, metrics=rows, final=_final(rows, references), config=run, out_dir=out,
                        already_done=True)
