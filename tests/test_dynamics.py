@@ -3,9 +3,11 @@
 import math
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from markov_interp import dynamics
 from markov_interp.dynamics import (EscapeTime, escape_time, kaplan_meier, median_escape, summarise,
                                     wilson_interval)
 
@@ -132,3 +134,65 @@ def test_summarise_states_censoring_and_budget():
     assert s.censored_interval == pytest.approx(wilson_interval(2, 5))
     assert s.median == 240
     assert "censored at 250: 2/5" in s.describe()
+
+
+# ------------------------------------------------------------------------------------------ two conditions
+def _escapes(steps, censored):
+    return [dynamics.EscapeTime(int(s), bool(c)) for s, c in zip(steps, censored)]
+
+
+def test_logrank_hand_computed_case():
+    # a: events at 1 and 3; b: an event at 2, censored at 3. At t=1: n1=2, n2=2, d=1 -> O-E = 1 - 1/2,
+    # V = 1 * 1/2 * 1/2 * 3/3 = 1/4. At t=2: n1=1, n2=2, d=1 (in b) -> O-E = -1/3, V = 1/3 * 2/3 * 1 = 2/9.
+    # At t=3 (b's censored run is still at risk): n1=1, n2=1, d=1 (in a) -> O-E = 1/2, V = 1/2 * 1/2 * 1/1.
+    a = _escapes([1, 3], [False, False])
+    b = _escapes([2, 3], [False, True])
+    chi2, p = dynamics.logrank_test(a, b)
+    o_minus_e, var = 0.5 - 1 / 3 + 0.5, 0.25 + 2 / 9 + 0.25
+    assert chi2 == pytest.approx(o_minus_e ** 2 / var, rel=1e-12)
+    assert p == pytest.approx(math.erfc(math.sqrt(chi2 / 2)), rel=1e-12)
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_logrank_matches_scipy_with_ties_and_censoring(trial):
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(trial)
+    a = _escapes(rng.integers(1, 10, 12), rng.random(12) < 0.3)
+    b = _escapes(rng.integers(3, 14, 15), rng.random(15) < 0.3)
+
+    def data(x):
+        return stats.CensoredData(uncensored=[e.step for e in x if not e.censored],
+                                  right=[e.step for e in x if e.censored])
+
+    ref = stats.logrank(data(a), data(b))
+    chi2, p = dynamics.logrank_test(a, b)
+    assert chi2 == pytest.approx(ref.statistic ** 2, rel=1e-9)
+    assert p == pytest.approx(ref.pvalue, rel=1e-9)
+
+
+def test_logrank_without_escapes_finds_nothing_and_needs_both_groups():
+    never = _escapes([100] * 4, [True] * 4)
+    assert dynamics.logrank_test(never, never) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="both groups"):
+        dynamics.logrank_test(never, [])
+
+
+def test_compare_separates_shifted_conditions_and_not_equal_ones():
+    rng = np.random.default_rng(1)
+    early = _escapes(rng.integers(50, 100, 16), [False] * 16)
+    late = _escapes(rng.integers(150, 200, 16), [False] * 16)
+    shifted = dynamics.compare(early, late, n_boot=400)
+    assert shifted.p_value < 1e-4
+    lo, hi = shifted.difference_interval
+    assert lo is not None and hi is not None and 0 < lo <= shifted.median_difference <= hi
+    same = dynamics.compare(early, list(reversed(early)), n_boot=400)
+    assert same.p_value == pytest.approx(1.0) and same.median_difference == 0
+    assert "log-rank" in shifted.describe(("free", "clamped"))
+
+
+def test_compare_bounds_are_open_when_a_median_lies_beyond_the_budget():
+    escaped = _escapes([10, 20, 30, 40], [False] * 4)
+    stuck = _escapes([100] * 4, [True] * 4)
+    c = dynamics.compare(escaped, stuck, budget=100, n_boot=200)
+    assert c.median_difference is None and c.difference_interval[1] is None
+    assert c.p_value < 0.05
