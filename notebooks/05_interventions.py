@@ -1,0 +1,99 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Interventions during training: how circuits form
+#
+# Probing a trained model says *what* circuit it has. The next questions are causal and about formation: does
+# the induction head form sooner when layer 0 already is a perfect previous-token head? Does layer 0 become a
+# previous-token head while layer 1 cannot read it? Does a one-layer model need its attention at all, to learn
+# the kernel or to get stuck on the unigram plateau? Singh et al. (2024, "What needs to go right for an
+# induction head") answer such questions by **clamping** activations during training, Bietti et al. (2023) by
+# **freezing** parameters. Here both are training options, named like TransformerLens hooks and state-dict
+# entries, and run in the fused training path (no hooked forward while training).
+#
+# The answers are escape-time distributions over seeds (notebook 02 and `markov_interp.dynamics`): the first
+# evaluation after which the model's excess loss over the true predictor stays below half the plateau's,
+# censored at the budget. Each arm trains 16 seeds as one stacked model; arms are compared with the log-rank
+# test and the shift of the median escape (bootstrap interval). With `MARKOV_INTERP_QUICK=1` (CI) the budgets
+# are tiny and the numbers mean nothing.
+
+# %%
+# %matplotlib inline
+from pathlib import Path
+
+import markov_interp
+
+QUICK = markov_interp.quick_mode()
+RUNS = Path("runs", "tutorial")  # run folders, relative to the folder the notebook runs in
+
+# %% [markdown]
+# ## One clamped run
+#
+# `TrainConfig.interventions` holds freezes (state-dict names, globs, a step range) and clamps (a hook name and
+# a value: `previous_token`, `uniform`, `self` or a tensor file for attention patterns; `zero`, `mean` or a
+# tensor file for outputs and the residual stream). The command line has the same as
+# `--clamp blocks.0.attn.hook_pattern=previous_token` and `--freeze 'blocks.1.*@:150'`.
+
+# %%
+import dataclasses
+
+from markov_interp import dynamics, experiments, report
+
+budget = experiments.QUICK if QUICK else experiments.FULL
+base, arms = experiments.experiment_arms("previous-token-clamp", budget)
+clamped = dataclasses.replace(base, train=dataclasses.replace(base.train, interventions=arms[1].interventions))
+print(clamped.train.interventions)
+
+# %%
+from markov_interp.training import train
+
+result = train(clamped, RUNS / "clamped", progress=False)
+print((RUNS / "clamped" / "config.json").read_text().split('"interventions"')[1][:200])
+escape = dynamics.escape_from_metrics(result.metrics)
+print("escape step:", escape)
+report.loss_curves_figure(result.metrics, result.final.references)
+
+# %% [markdown]
+# ## 1. A perfect previous-token head in layer 0
+#
+# Random kernels (a fresh Dirichlet(1) kernel on 3 states per sequence), two attention-only layers, 16 seeds
+# per arm. Free against layer 0's pattern clamped to the previous position for the whole run.
+
+# %%
+from IPython.display import Markdown, display
+
+first = experiments.run_experiment("previous-token-clamp", budget, RUNS / "experiments")
+display(Markdown(experiments.summary_markdown([first])))
+
+# %% [markdown]
+# ## 2. Layer 1 frozen until step 150, then released
+#
+# Does layer 0 become a previous-token head while the head that would read it cannot learn? Its previous-token
+# score after 150 updates (frozen reader against free), and the escape times once layer 1 is released.
+
+# %%
+second = experiments.run_experiment("reader-frozen", budget, RUNS / "experiments")
+display(Markdown(experiments.summary_markdown([second])))
+
+# %% [markdown]
+# ## 3. Does the one-layer plateau need attention?
+#
+# One layer, tied embeddings, p = 0.5, q = 0.8 (the chain the paper reports stuck at the unigram loss): free,
+# the pattern clamped to uniform causal attention, and the attention weights frozen at their initial values.
+
+# %%
+third = experiments.run_experiment("attention-in-one-layer", budget, RUNS / "experiments")
+display(Markdown(experiments.summary_markdown([third])))
+experiments.survival_figure([first, second, third])
