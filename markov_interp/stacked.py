@@ -214,13 +214,15 @@ def _tl_name(name: str) -> str:
 def stacked_hook_names(cfg: ModelConfig) -> list[str]:
     """The intervention points of `stacked_forward`, in forward order (TransformerLens hook names).
 
-    Attention patterns (`hook_pattern`) are not among them: the fused attention never forms them.
+    `attn.hook_pattern` (`[member, batch, head, query_pos, key_pos]`) is formed only in a layer whose pattern
+    is intervened (that layer then computes its attention explicitly); otherwise the fused attention never
+    forms it.
     """
     names = ["hook_embed"] + (["hook_pos_embed"] if cfg.positional == "standard" else [])
     for i in range(cfg.n_layers):
         b = f"blocks.{i}."
-        names += [b + "hook_resid_pre", b + "attn.hook_q", b + "attn.hook_k", b + "attn.hook_v", b + "attn.hook_z",
-                  b + "hook_attn_out", b + "hook_resid_mid"]
+        names += [b + "hook_resid_pre", b + "attn.hook_q", b + "attn.hook_k", b + "attn.hook_v",
+                  b + "attn.hook_pattern", b + "attn.hook_z", b + "hook_attn_out", b + "hook_resid_mid"]
         if not cfg.attn_only:
             names += [b + "mlp.hook_pre", b + "mlp.hook_post", b + "hook_mlp_out"]
         names.append(b + "hook_resid_post")
@@ -307,7 +309,14 @@ def _block(stack: Stack, hooks: Mapping[str, Callable], i: int,
     q, k, v = heads["q"], heads["k"], heads["v"]
     if stack.rotary is not None:
         q, k = stack.rotary.apply_rope(q, k)
-    z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if b + "attn.hook_pattern" in hooks:  # explicit attention: the pattern is formed only when intervened
+        pattern = einops.rearrange(models.causal_pattern(q, k), "(member batch) head q k -> member batch head q k",
+                                   member=n_members)
+        pattern = einops.rearrange(_hook(hooks, b + "attn.hook_pattern", pattern),
+                                   "member batch head q k -> (member batch) head q k")
+        z = pattern.to(v.dtype) @ v
+    else:
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     z = einops.rearrange(z, "(member batch) head pos d_head -> member batch pos head d_head", member=n_members)
     z = _hook(hooks, b + "attn.hook_z", z)
     z = einops.rearrange(z, "member batch pos head d_head -> member batch pos (head d_head)")
