@@ -381,6 +381,8 @@ class StackedOptimizer:
         # per-member update counts, kept when members may skip steps (fp16 loss scaling skips a member's step when
         # its gradient overflows, as torch's GradScaler does); None: every member counts `step_count`
         self.member_steps: Optional[Tensor] = None
+        # per parameter: updates it received (frozen parameters skip steps, as torch's per-parameter `step`)
+        self.param_steps: dict[str, int] = {name: 0 for name in stack.params}
         self.state: dict[str, dict[str, Tensor]] = {name: {} for name in stack.params}
 
     def count_members(self) -> None:
@@ -391,14 +393,20 @@ class StackedOptimizer:
 
     @torch.no_grad()
     def step(self, lr: Float[Tensor, " member"], weight_decay: Float[Tensor, " member"],
-             alive: Bool[Tensor, " member"]) -> None:
+             alive: Bool[Tensor, " member"], frozen: frozenset = frozenset()) -> None:
         """One update of every member with its own lr / weight decay; members with alive=False keep their
-        parameters and state unchanged."""
+        parameters and state unchanged. Parameters named in `frozen` get no update at all (no step, moment,
+        step count or decay: what torch's optimisers do for a parameter without a gradient)."""
+        if frozen and self.member_steps is not None:
+            raise ValueError("freezing parameters is not supported with fp16 loss scaling in stacked training")
         self.step_count += 1
         if self.member_steps is not None:
             self.member_steps += alive.double()
         lr64, wd64 = lr.double(), weight_decay.double()
         for name, param in self.stack.params.items():
+            if name in frozen:
+                continue
+            self.param_steps[name] += 1
             grad = param.grad
             assert grad is not None, f"no gradient for {name}"
             decay = _per_member(1 - lr64 * wd64, param) if name in self.decay else None
@@ -420,8 +428,8 @@ class StackedOptimizer:
         new = param * decay if decay is not None else param.clone()
         exp_avg = state["exp_avg"].lerp(grad, 1 - beta1)
         exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul_(grad, grad, value=1 - beta2)
-        if self.member_steps is None:  # python floats, as torch's foreach AdamW computes them
-            t = self.step_count
+        if self.member_steps is None:  # python floats, as torch's foreach AdamW computes them (per parameter)
+            t = self.param_steps[name]
             bias_correction1, bias_correction2_sqrt = 1 - beta1**t, (1 - beta2**t) ** 0.5
         else:  # the same per member (a member that skipped steps has its own count)
             t = self.member_steps
@@ -470,9 +478,11 @@ class StackedOptimizer:
         for group in optimizer.param_groups:
             group["lr"] = lr
         for slot, name in zip(slots, order):
+            if self.member_steps is None and self.param_steps[name] == 0:
+                continue  # never updated (frozen from the start): torch keeps no state for it
             state = {key: value[k].detach().to("cpu").clone() for key, value in self.state[name].items()}
             if self.kind == "adamw":
-                count = self.step_count if self.member_steps is None else float(self.member_steps[k])
+                count = self.param_steps[name] if self.member_steps is None else float(self.member_steps[k])
                 state["step"] = torch.tensor(float(count), dtype=torch.float32)
             if state:
                 optimizer.state[slot] = state
@@ -488,6 +498,7 @@ class StackedOptimizer:
                 if key == "step":
                     if self.member_steps is not None:
                         self.member_steps[k] = float(value)
+                    self.param_steps[name] = int(value)
                     continue
                 target = self.state[name].setdefault(key, torch.zeros_like(self.stack.params[name]))
                 target[k].copy_(value.to(target.device))
@@ -497,6 +508,8 @@ class StackedOptimizer:
         """Per member: are all its gradients finite?"""
         ok = None
         for param in self.stack.params.values():
+            if param.grad is None:  # frozen
+                continue
             finite = torch.isfinite(param.grad).flatten(1).all(dim=1)
             ok = finite if ok is None else ok & finite
         return ok
@@ -504,10 +517,11 @@ class StackedOptimizer:
     @torch.no_grad()
     def clip_grad_norm(self, max_norm: float) -> None:
         """Per-member `torch.nn.utils.clip_grad_norm_`: each member's gradients scaled to total norm <= max_norm."""
-        norms = torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), 2, dim=1) for p in self.stack.parameters()])
+        params = [p for p in self.stack.parameters() if p.grad is not None]  # frozen ones have none
+        norms = torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), 2, dim=1) for p in params])
         total = torch.linalg.vector_norm(norms, 2, dim=0)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for p in self.stack.parameters():
+        for p in params:
             p.grad.mul_(_per_member(coef, p.grad))
 
     def zero_grad(self) -> None:

@@ -759,7 +759,8 @@ def _step(model: TransformerBridge, fp: Any, optimizer: torch.optim.Optimizer, s
           frozen: Optional[list[Tensor]] = None) -> Tensor:
     """One optimiser step on a fresh batch through the fused forward (with the clamp `hooks`); the (detached)
     training loss. `frozen` parameters lose their gradient, so torch's AdamW / SGD skip them entirely (no
-    step, moment, step count or decay) and clipping leaves them out of the norm."""
+    step, moment, step count or decay) and clipping leaves them out of the norm. A parameter that a clamp cuts
+    off from the loss (q and k of a clamped pattern) gets a zero gradient instead: it is not frozen, it decays."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     tokens = source.sample(tc.batch_size, tc.seq_len + 1, generator=generator)
@@ -768,6 +769,10 @@ def _step(model: TransformerBridge, fp: Any, optimizer: torch.optim.Optimizer, s
     loss = _loss(logits, tokens[:, 1:])
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
+    if hooks:  # a parameter a clamp cuts off the loss gets a zero gradient: it still decays (stacked does the same)
+        for param in model.parameters():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
     for param in frozen or ():
         param.grad = None
     if tc.grad_clip is not None:
