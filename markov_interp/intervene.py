@@ -63,6 +63,7 @@ __all__ = [
     "parse_interventions",
     "parse_freeze",
     "parse_clamp",
+    "spec_text",
     "parameter_names",
     "clamp_points",
     "check_interventions",
@@ -226,6 +227,20 @@ def parse_interventions(specs: Any) -> tuple[Intervention, ...]:
     if not isinstance(specs, (list, tuple)):
         raise ValueError(f"interventions must be a list of freeze / clamp entries, got {specs!r}")
     return tuple(parse_intervention(s) for s in specs)
+
+
+def spec_text(item: Intervention) -> str:
+    """The string form of an intervention (what `--freeze` / `--clamp` take; `parse_intervention` reads it).
+
+    >>> spec_text(parse_clamp("blocks.0.attn.hook_pattern[1]=previous_token:2@5:200"))
+    'blocks.0.attn.hook_pattern[1]=previous_token:2@5:200'
+    """
+    span = "" if item.start == 0 and item.end is None else f"@{item.start or ''}:{'' if item.end is None else item.end}"
+    if isinstance(item, Freeze):
+        return item.freeze + span
+    heads = "" if item.heads is None else f"[{','.join(map(str, item.heads))}]"
+    lag = f":{item.lag}" if item.value == "previous_token" and item.lag != 1 else ""
+    return f"{item.clamp}{heads}={item.value}{lag}{span}"
 
 
 # ---------------------------------------------------------------------------------------- validation
