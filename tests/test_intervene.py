@@ -248,12 +248,12 @@ def test_frozen_parameters_stay_at_init_solo_and_stacked(tmp_path):
     run = tiny_run(FREEZE, n_checkpoints=12, eval_every=0)  # log-spaced checkpoints, step 6 among them
     solo = train(run, tmp_path / "solo", progress=False)
     init = weights(models.build(run.model, seed=0))
-    at6, _ = models.read_weights(tmp_path / "solo" / "checkpoints" / "step_0000006.safetensors")
+    _, at6 = models.read_weights(tmp_path / "solo" / "checkpoints" / "step_0000006.safetensors")
     _frozen_checks(weights(solo.model), init, at6)
     runs = [run, run.replace(train=run.train.replace(seed=4))]
     members = stacked_training.train_many(runs, [tmp_path / "m0", tmp_path / "m4"], progress=False)
     for k, (member, seed) in enumerate(zip(members, (0, 4))):
-        at6, _ = models.read_weights(tmp_path / f"m{seed}" / "checkpoints" / "step_0000006.safetensors")
+        _, at6 = models.read_weights(tmp_path / f"m{seed}" / "checkpoints" / "step_0000006.safetensors")
         _frozen_checks(weights(member.model), weights(models.build(run.model, seed=seed)), at6)
     for name, value in weights(members[0].model).items():  # the stacked member is its solo run
         torch.testing.assert_close(value, weights(solo.model)[name], rtol=0, atol=1e-4)
