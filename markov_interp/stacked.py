@@ -11,7 +11,7 @@ keeps one embedding matrix, used as its unembedding).
 (`einsum` over the member axis), fused causal attention over member x batch, no hooks. Its named intervention
 points carry TransformerLens hook names (`stacked_hook_names`), so code written for the hooked model's
 activations applies to a stack: pass `{hook name: fn}` and each `fn` replaces that activation (with a
-leading member axis) by its return value.
+leading member axis) by its return value (`intervene.clamp_hooks(..., member_axis=True)` builds clamps).
 
 `StackedOptimizer` is AdamW or SGD written out elementwise, with per-member learning rate and weight decay as
 tensors, in the order of operations of torch's foreach implementations (so a member follows its solo run's
@@ -367,8 +367,9 @@ class StackedOptimizer:
     members, per-member `lr` and `weight_decay` ([member] tensors) and an `alive` mask.
 
     The arithmetic follows torch's foreach AdamW / SGD step by step, so a member's trajectory is its solo run's
-    up to float rounding. State: `step` (int), and per parameter name `exp_avg`, `exp_avg_sq` (AdamW) or
-    `momentum_buffer` (SGD with momentum), each `[member, *shape]`.
+    up to float rounding. State: `step` (int), `param_steps` (updates per parameter name: a frozen parameter,
+    `step(..., frozen=...)`, skips steps as torch's per-parameter `step` does), and per parameter name `exp_avg`,
+    `exp_avg_sq` (AdamW) or `momentum_buffer` (SGD with momentum), each `[member, *shape]`.
     """
 
     def __init__(self, stack: Stack, *, kind: str, betas: tuple = (0.9, 0.95), momentum: float = 0.0,

@@ -23,6 +23,11 @@ retrained, and the others train as a smaller stack (members are independent, so 
 **Loss scaling** (fp16): every member has its own GradScaler (scale, growth tracker, skipped overflow steps,
 and so its own AdamW step count), checkpointed as the solo scaler's state dict.
 
+**Interventions** (`TrainConfig.interventions`, `markov_interp.intervene`): members must have equal ones (they
+are part of `stack_key`); clamps run as stacked-forward hooks with a member axis, running means per member (in
+each member's checkpoint, solo format), and frozen parameters are skipped by the optimiser with their own
+per-parameter step counts, as torch's AdamW skips a parameter without a gradient (not with fp16 loss scaling).
+
 **Divergence.** A member whose training loss or gradient is not finite at some step is frozen there (its
 weights and optimiser state are those before the step), recorded as failed in its metrics (a row
 `{"step": s, "failed": ...}`) and in `TrainResult.failed`, and the others finish. Its folder keeps its last
