@@ -366,3 +366,19 @@ def test_sweep_grid_over_interventions():
     recorded = {json.dumps(c.config.to_dict()["train"].get("interventions")) for c in cells}
     assert len(recorded) == 3
     assert len({stacked_training.stack_key(c.config) for c in cells}) == 3  # stacks group by intervention
+
+
+@pytest.mark.slow
+def test_sweep_over_interventions_writes_them_into_run_folders(tmp_path):
+    grid = [[], ["blocks.0.attn.*"], ["blocks.0.attn.hook_pattern=uniform@:2"]]
+    spec = sweep.SweepSpec(name="iv", base={"source": {"kind": "binary", "p": 0.5, "q": 0.8},
+                                            "model": {"preset": "paper-1layer", "n_ctx": 16},
+                                            "train": {"steps": 4, "seq_len": 16, "batch_size": 4, "eval_every": 0,
+                                                      "n_checkpoints": 0}},
+                           grid={"train.interventions": grid}, seeds=[0, 1], probe=False)
+    result = sweep.run(spec, tmp_path, workers=1, progress=False)
+    assert [row.status for row in result.rows] == ["ok"] * 6
+    for row in result.rows:
+        saved = json.loads((tmp_path / "runs" / row.cell_id / "config.json").read_text())["train"]
+        expected = [intervene.parse_intervention(s).to_dict() for s in row.params["train.interventions"]]
+        assert saved.get("interventions", []) == expected
