@@ -72,6 +72,7 @@ __all__ = [
     "ClampState",
     "clamp_hooks",
     "tl_hooks",
+    "pattern_value",
     "PATTERN_VALUES",
     "ACTIVATION_VALUES",
 ]
@@ -459,7 +460,7 @@ def _clamp_fn(index: int, item: Clamp, *, state: ClampState, update: bool, batch
     def pattern(x: Tensor) -> Tensor:  # x: [..., head, q, k]
         seq = x.shape[-1]
         if item.is_file:
-            value = state.file_value(item, x.device, torch.float32)[..., :seq, :seq]
+            value = _cut(state.file_value(item, x.device, torch.float32), seq, (-2, -1), item)
         else:
             value = pattern_value(item.value, seq, lag=item.lag, device=x.device)
         return _replace(x, value, _head_mask(item.heads, x.shape[-3], 3, x.device))
@@ -473,10 +474,20 @@ def _clamp_fn(index: int, item: Clamp, *, state: ClampState, update: bool, batch
             return _replace(x, _running_mean(x, f"mean.{index}.{item.clamp}", state, update, batch_axis), mask)
         value = state.file_value(item, x.device, torch.float32)
         if value.ndim == feature_dims + 1:  # [pos, *feature]: cut to the sequence length
-            value = value[: x.shape[batch_axis + 1]]
+            value = _cut(value, x.shape[batch_axis + 1], (0,), item)
         return _replace(x, value, mask)
 
     return pattern if item.is_pattern else activation
+
+
+def _cut(value: Tensor, seq: int, axes: tuple, item: Clamp) -> Tensor:
+    """`value` cut to `seq` positions along `axes`; a file shorter than the sequence is refused."""
+    for axis in axes:
+        if value.shape[axis] < seq:
+            raise ValueError(f"clamp {item.clamp!r}: {item.value} covers {value.shape[axis]} positions, the "
+                             f"sequence has {seq}")
+        value = value.narrow(axis, 0, seq)
+    return value
 
 
 def _running_mean(x: Tensor, key: str, state: ClampState, update: bool, batch_axis: int) -> Tensor:

@@ -382,3 +382,11 @@ def test_sweep_over_interventions_writes_them_into_run_folders(tmp_path):
         saved = json.loads((tmp_path / "runs" / row.cell_id / "config.json").read_text())["train"]
         expected = [intervene.parse_intervention(s).to_dict() for s in row.params["train.interventions"]]
         assert saved.get("interventions", []) == expected
+
+
+def test_a_file_shorter_than_the_sequence_is_refused(tmp_path):
+    path = _pattern_file(tmp_path, intervene.pattern_value("uniform", 8))
+    items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern={path}"])
+    hooks = intervene.clamp_hooks(items, CFG, 0, state=ClampState(), update=True)
+    with pytest.raises(ValueError, match="covers 8 positions, the sequence has 16"):
+        models.fast_forward(models.build(CFG, seed=0), _tokens(), hooks)
