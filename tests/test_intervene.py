@@ -390,3 +390,19 @@ def test_a_file_shorter_than_the_sequence_is_refused(tmp_path):
     hooks = intervene.clamp_hooks(items, CFG, 0, state=ClampState(), update=True)
     with pytest.raises(ValueError, match="covers 8 positions, the sequence has 16"):
         models.fast_forward(models.build(CFG, seed=0), _tokens(), hooks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", [dict(optimizer="sgd", momentum=0.9, lr=0.05, grad_clip=0.5),
+                                    dict(grad_clip=0.1, weight_decay=0.1)])
+def test_stacked_member_with_interventions_equals_its_solo_run(recipe):
+    """Freeze ranges and clamps with SGD momentum / AdamW decay and clipping (frozen parameters out of the norm)."""
+    run = tiny_run(["blocks.1.*@2:6", "blocks.0.attn.hook_pattern=previous_token@:4", "blocks.0.hook_mlp_out=mean"],
+                   steps=10, eval_every=5, n_checkpoints=0, **recipe)
+    solo = train(run, progress=False)
+    member = stacked_training.train_many([run, run.replace(train=run.train.replace(seed=9))], progress=False)[0]
+    assert [r.keys() for r in member.metrics] == [r.keys() for r in solo.metrics]
+    for mine, theirs in zip(member.metrics, solo.metrics):
+        assert mine == pytest.approx(theirs, abs=1e-5)
+    for name, value in weights(solo.model).items():
+        torch.testing.assert_close(weights(member.model)[name], value, rtol=0, atol=1e-4)
