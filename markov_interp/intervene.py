@@ -477,7 +477,11 @@ def _clamp_fn(index: int, item: Clamp, *, state: ClampState, update: bool, batch
             value = _cut(value, x.shape[batch_axis + 1], (0,), item)
         return _replace(x, value, mask)
 
-    return pattern if item.is_pattern else activation
+    if item.is_pattern:
+        # every head replaced by a constant: the fused paths may skip forming the scores (`models.causal_pattern`)
+        pattern.ignores_input = item.heads is None
+        return pattern
+    return activation
 
 
 def _cut(value: Tensor, seq: int, axes: tuple, item: Clamp) -> Tensor:
@@ -521,7 +525,11 @@ def clamp_hooks(interventions: Iterable[Intervention], cfg: Any, t: int, *, stat
 
 
 def _compose(first: Callable, second: Callable) -> Callable:
-    return lambda x: second(first(x))
+    def both(x: Tensor) -> Tensor:
+        return second(first(x))
+
+    both.ignores_input = getattr(first, "ignores_input", False)
+    return both
 
 
 def tl_hooks(interventions: Iterable[Intervention], cfg: Any, t: int, *, state: ClampState,

@@ -506,7 +506,7 @@ def _hooked_fast_forward(p: FastParams, tokens: Int[Tensor, "batch pos"],
         if p.rotary is not None:
             qh, kh = p.rotary.apply_rope(qh, kh)
         if b + "attn.hook_pattern" in hooks:
-            pattern = hook(b + "attn.hook_pattern", causal_pattern(qh, kh))
+            pattern = hooks[b + "attn.hook_pattern"](pattern_input(hooks[b + "attn.hook_pattern"], qh, kh))
             z = pattern.to(vh.dtype) @ vh
         else:
             z = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
@@ -518,6 +518,16 @@ def _hooked_fast_forward(p: FastParams, tokens: Int[Tensor, "batch pos"],
             x = x + hook(b + "hook_mlp_out", fc_out(hook(b + "mlp.hook_post", act(pre))))
         x = hook(b + "hook_resid_post", x)
     return p.head(p.ln_final(x))
+
+
+def pattern_input(fn: Any, q: Float[Tensor, "*batch head query_pos d_head"],
+                  k: Float[Tensor, "*batch head key_pos d_head"]) -> Float[Tensor, "*batch head query_pos key_pos"]:
+    """What a pattern hook `fn` receives: the causal pattern, or, when `fn.ignores_input` (a clamp replacing every
+    head by a constant), a zero-stride placeholder of its shape (no scores or softmax formed: the clamp only reads
+    the shape)."""
+    if getattr(fn, "ignores_input", False):
+        return q.new_zeros(()).expand(*q.shape[:-1], k.shape[-2])
+    return causal_pattern(q, k)
 
 
 def causal_pattern(q: Float[Tensor, "*batch head query_pos d_head"],

@@ -310,10 +310,11 @@ def _block(stack: Stack, hooks: Mapping[str, Callable], i: int,
     if stack.rotary is not None:
         q, k = stack.rotary.apply_rope(q, k)
     if b + "attn.hook_pattern" in hooks:  # explicit attention: the pattern is formed only when intervened
-        pattern = einops.rearrange(models.causal_pattern(q, k), "(member batch) head q k -> member batch head q k",
-                                   member=n_members)
-        pattern = einops.rearrange(_hook(hooks, b + "attn.hook_pattern", pattern),
-                                   "member batch head q k -> (member batch) head q k")
+        fn = hooks[b + "attn.hook_pattern"]
+        q5, k5 = (einops.rearrange(a, "(member batch) head pos d_head -> member batch head pos d_head",
+                                   member=n_members) for a in (q, k))
+        pattern = fn(models.pattern_input(fn, q5, k5))  # [member, batch, head, q, k]
+        pattern = pattern.reshape(-1, *pattern.shape[2:])  # a view also for a zero-stride constant pattern
         z = pattern.to(v.dtype) @ v
     else:
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
