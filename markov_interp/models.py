@@ -446,7 +446,8 @@ def fast_forward(
     shapes: q, k, v, z as `[batch, pos, head, d_head]`, `attn.hook_pattern` as `[batch, head, query_pos,
     key_pos]`) to functions returning the activation's replacement (`intervene.clamp_hooks` builds them). A
     layer whose pattern is intervened computes its attention explicitly (scores, causal softmax, hook,
-    pattern @ v); without interventions the forward is the fused one below, unchanged.
+    pattern @ v; no scores when the hook replaces every head by a constant, `pattern_input`); without
+    interventions the forward is the fused one below, unchanged.
     """
     p = model if isinstance(model, FastParams) else fast_params(model)
     cfg = p.cfg
