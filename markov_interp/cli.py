@@ -120,13 +120,30 @@ def _train_run(args: argparse.Namespace):  # -> training.RunConfig (imported laz
             base = RunConfig.from_json(path.read_text())
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
-        return override_run(base, options, where="--set")
+        return _with_interventions(override_run(base, options, where="--set"), args)
     kind = options.get("source.kind", "binary")
     if kind == "markov" and "source.kernel" not in options:
         raise ValueError("--source markov needs --kernel (a JSON array of transition probabilities)")
     if kind != "markov" and "source.kernel" in options:
         raise ValueError("--kernel needs --source markov")
-    return default_run(**options)
+    return _with_interventions(default_run(**options), args)
+
+
+def _with_interventions(run, args: argparse.Namespace):
+    """`run` with the --freeze and --clamp entries appended to train.interventions (in the order given)."""
+    from markov_interp import intervene
+
+    added = []
+    for flag, parse, items in (("--freeze", intervene.parse_freeze, args.freeze),
+                               ("--clamp", intervene.parse_clamp, args.clamp)):
+        for item in items or []:
+            try:
+                added.append(parse(item))
+            except ValueError as err:
+                raise ValueError(f"{flag} {item}: {err}") from None
+    if not added:
+        return run
+    return run.replace(train=run.train.replace(interventions=run.train.interventions + tuple(added)))
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -147,6 +164,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                    help="set any run option, e.g. --set train.lr=0.01 --set model.n_heads=2 --set "
                    "source.initial='\"uniform\"' (sections source, model, train; values as JSON or text)")
+    p.add_argument("--freeze", action="append", metavar="GLOB[@START:END]",
+                   help="freeze the parameters matching GLOB (state-dict names, e.g. 'blocks.1.*') for updates "
+                   "START..END-1 (default: all); repeatable; appended to train.interventions")
+    p.add_argument("--clamp", action="append", metavar="HOOK[HEADS]=VALUE[@START:END]",
+                   help="clamp a hook point while training, e.g. blocks.0.attn.hook_pattern=previous_token@:200, "
+                   "blocks.0.attn.hook_z[1]=zero, blocks.0.hook_attn_out=mean, or =FILE.safetensors; repeatable")
     groups = {name: p.add_argument_group(title) for name, title in (
         ("data", "data (shortcuts for source.*)"),
         ("model", "model (shortcuts for model.*: a preset, then overrides; d_vocab follows the source)"),

@@ -433,18 +433,29 @@ def fast_params(model: TransformerBridge) -> FastParams:
 
 
 def fast_forward(
-    model: "TransformerBridge | FastParams", tokens: Int[Tensor, "batch pos"]
+    model: "TransformerBridge | FastParams",
+    tokens: Int[Tensor, "batch pos"],
+    interventions: Optional[dict] = None,
 ) -> Float[Tensor, "batch pos vocab"]:
     """Logits of the hooked model computed without hooks, with fused causal attention.
 
     Reads the very parameter tensors of `model` (gradients flow into them), so training through this is
     training the hooked model. Equal to `model(tokens)` up to float rounding (tested at 1e-5).
+
+    `interventions` maps hook names (the points of `stacked.stacked_hook_names`, TransformerLens names and
+    shapes: q, k, v, z as `[batch, pos, head, d_head]`, `attn.hook_pattern` as `[batch, head, query_pos,
+    key_pos]`) to functions returning the activation's replacement (`intervene.clamp_hooks` builds them). A
+    layer whose pattern is intervened computes its attention explicitly (scores, causal softmax, hook,
+    pattern @ v; no scores when the hook replaces every head by a constant, `pattern_input`); without
+    interventions the forward is the fused one below, unchanged.
     """
     p = model if isinstance(model, FastParams) else fast_params(model)
     cfg = p.cfg
     seq = tokens.shape[1]
     if seq > cfg.n_ctx:
         raise ValueError(f"sequence length {seq} exceeds the model's n_ctx={cfg.n_ctx}")
+    if interventions:
+        return _hooked_fast_forward(p, tokens, interventions)
     x = F.embedding(tokens, p.embed.weight)
     if p.pos is not None:
         x = x + p.pos.weight[:seq]
@@ -460,6 +471,74 @@ def fast_forward(
         if fc_in is not None:
             x = x + fc_out(act(fc_in(ln2(x))))
     return p.head(p.ln_final(x))
+
+
+def _check_points(cfg: ModelConfig, hooks: dict) -> None:
+    from markov_interp.stacked import stacked_hook_names
+
+    valid = stacked_hook_names(cfg)
+    unknown = sorted(set(hooks) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown intervention points {unknown}; valid names are {valid}")
+
+
+def _hooked_fast_forward(p: FastParams, tokens: Int[Tensor, "batch pos"],
+                         hooks: dict) -> Float[Tensor, "batch pos vocab"]:
+    """`fast_forward` with `{hook name: fn}` applied at the stacked path's named points (same names)."""
+    cfg = p.cfg
+    _check_points(cfg, hooks)
+
+    def hook(name: str, x: Tensor) -> Tensor:
+        fn = hooks.get(name)
+        return x if fn is None else fn(x)
+
+    seq = tokens.shape[1]
+    x = hook("hook_embed", F.embedding(tokens, p.embed.weight))
+    if p.pos is not None:
+        x = x + hook("hook_pos_embed", p.pos.weight[:seq].expand(tokens.shape[0], -1, -1))
+    for i, (ln1, q, k, v, o, ln2, fc_in, fc_out, act) in enumerate(p.blocks):
+        b = f"blocks.{i}."
+        x = hook(b + "hook_resid_pre", x)
+        h = ln1(x)
+        heads = [hook(f"{b}attn.hook_{name}", rearrange(proj(h), "batch pos (head d_head) -> batch pos head d_head",
+                                                        head=cfg.n_heads))
+                 for name, proj in zip("qkv", (q, k, v))]
+        qh, kh, vh = (rearrange(a, "batch pos head d_head -> batch head pos d_head") for a in heads)
+        if p.rotary is not None:
+            qh, kh = p.rotary.apply_rope(qh, kh)
+        if b + "attn.hook_pattern" in hooks:
+            pattern = hooks[b + "attn.hook_pattern"](pattern_input(hooks[b + "attn.hook_pattern"], qh, kh))
+            z = pattern.to(vh.dtype) @ vh
+        else:
+            z = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+        z = hook(b + "attn.hook_z", rearrange(z, "batch head pos d_head -> batch pos head d_head"))
+        x = hook(b + "hook_resid_mid", x + hook(b + "hook_attn_out", o(rearrange(
+            z, "batch pos head d_head -> batch pos (head d_head)"))))
+        if fc_in is not None:
+            pre = hook(b + "mlp.hook_pre", fc_in(ln2(x)))
+            x = x + hook(b + "hook_mlp_out", fc_out(hook(b + "mlp.hook_post", act(pre))))
+        x = hook(b + "hook_resid_post", x)
+    return p.head(p.ln_final(x))
+
+
+def pattern_input(fn: Any, q: Float[Tensor, "*batch head query_pos d_head"],
+                  k: Float[Tensor, "*batch head key_pos d_head"]) -> Float[Tensor, "*batch head query_pos key_pos"]:
+    """What a pattern hook `fn` receives: the causal pattern, or, when `fn.ignores_input` (a clamp replacing every
+    head by a constant), a zero-stride placeholder of its shape (no scores or softmax formed: the clamp only reads
+    the shape)."""
+    if getattr(fn, "ignores_input", False):
+        return q.new_zeros(()).expand(*q.shape[:-1], k.shape[-2])
+    return causal_pattern(q, k)
+
+
+def causal_pattern(q: Float[Tensor, "*batch head query_pos d_head"],
+                   k: Float[Tensor, "*batch head key_pos d_head"]) -> Float[Tensor, "*batch head query_pos key_pos"]:
+    """The attention pattern of fused causal attention, formed explicitly: softmax over keys <= query of
+    q . k / sqrt(d_head) (what `scaled_dot_product_attention(is_causal=True)` multiplies v by)."""
+    seq = q.shape[-2]
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    future = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=q.device), diagonal=1)
+    return torch.softmax(scores.masked_fill(future, float("-inf")).float(), dim=-1).to(q.dtype)
 
 
 # ------------------------------------------------------------------------------------------- tying check

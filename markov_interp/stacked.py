@@ -11,7 +11,7 @@ keeps one embedding matrix, used as its unembedding).
 (`einsum` over the member axis), fused causal attention over member x batch, no hooks. Its named intervention
 points carry TransformerLens hook names (`stacked_hook_names`), so code written for the hooked model's
 activations applies to a stack: pass `{hook name: fn}` and each `fn` replaces that activation (with a
-leading member axis) by its return value.
+leading member axis) by its return value (`intervene.clamp_hooks(..., member_axis=True)` builds clamps).
 
 `StackedOptimizer` is AdamW or SGD written out elementwise, with per-member learning rate and weight decay as
 tensors, in the order of operations of torch's foreach implementations (so a member follows its solo run's
@@ -214,13 +214,15 @@ def _tl_name(name: str) -> str:
 def stacked_hook_names(cfg: ModelConfig) -> list[str]:
     """The intervention points of `stacked_forward`, in forward order (TransformerLens hook names).
 
-    Attention patterns (`hook_pattern`) are not among them: the fused attention never forms them.
+    `attn.hook_pattern` (`[member, batch, head, query_pos, key_pos]`) is formed only in a layer whose pattern
+    is intervened (that layer then computes its attention explicitly); otherwise the fused attention never
+    forms it.
     """
     names = ["hook_embed"] + (["hook_pos_embed"] if cfg.positional == "standard" else [])
     for i in range(cfg.n_layers):
         b = f"blocks.{i}."
-        names += [b + "hook_resid_pre", b + "attn.hook_q", b + "attn.hook_k", b + "attn.hook_v", b + "attn.hook_z",
-                  b + "hook_attn_out", b + "hook_resid_mid"]
+        names += [b + "hook_resid_pre", b + "attn.hook_q", b + "attn.hook_k", b + "attn.hook_v",
+                  b + "attn.hook_pattern", b + "attn.hook_z", b + "hook_attn_out", b + "hook_resid_mid"]
         if not cfg.attn_only:
             names += [b + "mlp.hook_pre", b + "mlp.hook_post", b + "hook_mlp_out"]
         names.append(b + "hook_resid_post")
@@ -307,7 +309,15 @@ def _block(stack: Stack, hooks: Mapping[str, Callable], i: int,
     q, k, v = heads["q"], heads["k"], heads["v"]
     if stack.rotary is not None:
         q, k = stack.rotary.apply_rope(q, k)
-    z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if b + "attn.hook_pattern" in hooks:  # explicit attention: the pattern is formed only when intervened
+        fn = hooks[b + "attn.hook_pattern"]
+        q5, k5 = (einops.rearrange(a, "(member batch) head pos d_head -> member batch head pos d_head",
+                                   member=n_members) for a in (q, k))
+        pattern = fn(models.pattern_input(fn, q5, k5))  # [member, batch, head, q, k]
+        pattern = pattern.reshape(-1, *pattern.shape[2:])  # a view also for a zero-stride constant pattern
+        z = pattern.to(v.dtype) @ v
+    else:
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     z = einops.rearrange(z, "(member batch) head pos d_head -> member batch pos head d_head", member=n_members)
     z = _hook(hooks, b + "attn.hook_z", z)
     z = einops.rearrange(z, "member batch pos head d_head -> member batch pos (head d_head)")
@@ -358,8 +368,9 @@ class StackedOptimizer:
     members, per-member `lr` and `weight_decay` ([member] tensors) and an `alive` mask.
 
     The arithmetic follows torch's foreach AdamW / SGD step by step, so a member's trajectory is its solo run's
-    up to float rounding. State: `step` (int), and per parameter name `exp_avg`, `exp_avg_sq` (AdamW) or
-    `momentum_buffer` (SGD with momentum), each `[member, *shape]`.
+    up to float rounding. State: `step` (int), `param_steps` (updates per parameter name: a frozen parameter,
+    `step(..., frozen=...)`, skips steps as torch's per-parameter `step` does), and per parameter name `exp_avg`,
+    `exp_avg_sq` (AdamW) or `momentum_buffer` (SGD with momentum), each `[member, *shape]`.
     """
 
     def __init__(self, stack: Stack, *, kind: str, betas: tuple = (0.9, 0.95), momentum: float = 0.0,
@@ -372,6 +383,8 @@ class StackedOptimizer:
         # per-member update counts, kept when members may skip steps (fp16 loss scaling skips a member's step when
         # its gradient overflows, as torch's GradScaler does); None: every member counts `step_count`
         self.member_steps: Optional[Tensor] = None
+        # per parameter: updates it received (frozen parameters skip steps, as torch's per-parameter `step`)
+        self.param_steps: dict[str, int] = {name: 0 for name in stack.params}
         self.state: dict[str, dict[str, Tensor]] = {name: {} for name in stack.params}
 
     def count_members(self) -> None:
@@ -382,14 +395,20 @@ class StackedOptimizer:
 
     @torch.no_grad()
     def step(self, lr: Float[Tensor, " member"], weight_decay: Float[Tensor, " member"],
-             alive: Bool[Tensor, " member"]) -> None:
+             alive: Bool[Tensor, " member"], frozen: frozenset = frozenset()) -> None:
         """One update of every member with its own lr / weight decay; members with alive=False keep their
-        parameters and state unchanged."""
+        parameters and state unchanged. Parameters named in `frozen` get no update at all (no step, moment,
+        step count or decay: what torch's optimisers do for a parameter without a gradient)."""
+        if frozen and self.member_steps is not None:
+            raise ValueError("freezing parameters is not supported with fp16 loss scaling in stacked training")
         self.step_count += 1
         if self.member_steps is not None:
             self.member_steps += alive.double()
         lr64, wd64 = lr.double(), weight_decay.double()
         for name, param in self.stack.params.items():
+            if name in frozen:
+                continue
+            self.param_steps[name] += 1
             grad = param.grad
             assert grad is not None, f"no gradient for {name}"
             decay = _per_member(1 - lr64 * wd64, param) if name in self.decay else None
@@ -411,8 +430,8 @@ class StackedOptimizer:
         new = param * decay if decay is not None else param.clone()
         exp_avg = state["exp_avg"].lerp(grad, 1 - beta1)
         exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul_(grad, grad, value=1 - beta2)
-        if self.member_steps is None:  # python floats, as torch's foreach AdamW computes them
-            t = self.step_count
+        if self.member_steps is None:  # python floats, as torch's foreach AdamW computes them (per parameter)
+            t = self.param_steps[name]
             bias_correction1, bias_correction2_sqrt = 1 - beta1**t, (1 - beta2**t) ** 0.5
         else:  # the same per member (a member that skipped steps has its own count)
             t = self.member_steps
@@ -461,9 +480,11 @@ class StackedOptimizer:
         for group in optimizer.param_groups:
             group["lr"] = lr
         for slot, name in zip(slots, order):
+            if self.member_steps is None and self.param_steps[name] == 0:
+                continue  # never updated (frozen from the start): torch keeps no state for it
             state = {key: value[k].detach().to("cpu").clone() for key, value in self.state[name].items()}
             if self.kind == "adamw":
-                count = self.step_count if self.member_steps is None else float(self.member_steps[k])
+                count = self.param_steps[name] if self.member_steps is None else float(self.member_steps[k])
                 state["step"] = torch.tensor(float(count), dtype=torch.float32)
             if state:
                 optimizer.state[slot] = state
@@ -479,6 +500,7 @@ class StackedOptimizer:
                 if key == "step":
                     if self.member_steps is not None:
                         self.member_steps[k] = float(value)
+                    self.param_steps[name] = int(value)
                     continue
                 target = self.state[name].setdefault(key, torch.zeros_like(self.stack.params[name]))
                 target[k].copy_(value.to(target.device))
@@ -488,6 +510,8 @@ class StackedOptimizer:
         """Per member: are all its gradients finite?"""
         ok = None
         for param in self.stack.params.values():
+            if param.grad is None:  # frozen
+                continue
             finite = torch.isfinite(param.grad).flatten(1).all(dim=1)
             ok = finite if ok is None else ok & finite
         return ok
@@ -495,10 +519,11 @@ class StackedOptimizer:
     @torch.no_grad()
     def clip_grad_norm(self, max_norm: float) -> None:
         """Per-member `torch.nn.utils.clip_grad_norm_`: each member's gradients scaled to total norm <= max_norm."""
-        norms = torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), 2, dim=1) for p in self.stack.parameters()])
+        params = [p for p in self.stack.parameters() if p.grad is not None]  # frozen ones have none
+        norms = torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), 2, dim=1) for p in params])
         total = torch.linalg.vector_norm(norms, 2, dim=0)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for p in self.stack.parameters():
+        for p in params:
             p.grad.mul_(_per_member(coef, p.grad))
 
     def zero_grad(self) -> None:

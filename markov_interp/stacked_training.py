@@ -23,6 +23,11 @@ retrained, and the others train as a smaller stack (members are independent, so 
 **Loss scaling** (fp16): every member has its own GradScaler (scale, growth tracker, skipped overflow steps,
 and so its own AdamW step count), checkpointed as the solo scaler's state dict.
 
+**Interventions** (`TrainConfig.interventions`, `markov_interp.intervene`): members must have equal ones (they
+are part of `stack_key`); clamps run as stacked-forward hooks with a member axis, running means per member (in
+each member's checkpoint, solo format), and frozen parameters are skipped by the optimiser with their own
+per-parameter step counts, as torch's AdamW skips a parameter without a gradient (not with fp16 loss scaling).
+
 **Divergence.** A member whose training loss or gradient is not finite at some step is frozen there (its
 weights and optimiser state are those before the step), recorded as failed in its metrics (a row
 `{"step": s, "failed": ...}`) and in `TrainResult.failed`, and the others finish. Its folder keeps its last
@@ -41,7 +46,7 @@ from typing import Any, Optional
 import torch
 from tqdm.auto import tqdm
 
-from markov_interp import models, runfolder, stacked, theory, training
+from markov_interp import intervene, models, runfolder, stacked, theory, training
 from markov_interp._io import atomic_path
 from markov_interp.training import RunConfig, TrainConfig, TrainResult
 
@@ -261,10 +266,15 @@ class _Group:
     sample_eval: Any = None  # the same from the evaluation streams
     scale: Any = None  # fp16 loss scaling: [member] scales and growth trackers, one torch GradScaler per member
     growth_tracker: Any = None
+    clamps: Any = None  # intervene.ClampState: running means of mean clamps, [member, ...]
 
     @classmethod
     def create(cls, runs: list, outs: list, device: torch.device) -> "_Group":
         tc: TrainConfig = runs[0].train
+        intervene.check_interventions(tc.interventions, runs[0].model)  # tensor files too, before any step
+        if tc.loss_scaling and any(isinstance(i, intervene.Freeze) for i in tc.interventions):
+            raise ValueError("freeze interventions are not supported with fp16 loss scaling in stacked training; "
+                             "train these runs solo or without loss_scaling")
         sources = [r.source.build() for r in runs]
         cache: dict[str, dict] = {}
         references = []
@@ -279,7 +289,7 @@ class _Group:
                  for r in runs] for stream in ("train-data", "eval-data")]
         group = cls(runs=runs, outs=outs, device=device, sources=sources, references=references, stack=stack,
                     optimizer=optimizer, train_gens=gens[0], eval_gens=gens[1],
-                    rows=[[] for _ in runs], failed=[None] * len(runs))
+                    rows=[[] for _ in runs], failed=[None] * len(runs), clamps=intervene.ClampState())
         if tc.loss_scaling:  # GradScaler's defaults: init scale 2**16, growth 2, backoff 0.5, interval 2000
             optimizer.count_members()
             group.scale = torch.full((len(runs),), _SCALER["scale"], device=device)
@@ -310,7 +320,7 @@ class _Group:
         try:
             for step in range(self.start + 1, tc.steps + 1):
                 lrs = [training._lr_at(r.train, step - 1) for r in self.runs]
-                losses, ok = self._step(lr_table[step - 1], wd, alive)
+                losses, ok = self._step(lr_table[step - 1], wd, alive, step - 1)
                 failed_at = torch.where(alive & ~ok, step, failed_at)
                 alive = alive & ok
                 self.pending.append(losses)
@@ -327,23 +337,39 @@ class _Group:
             bar.close()
         return self._finish(build_models)
 
-    def _step(self, lr: torch.Tensor, wd: torch.Tensor, alive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimiser step of every member; returns the [member] losses and which members stayed finite."""
+    def _hooks(self, t: int, update: bool) -> dict:
+        """The clamps active at time t as stacked-forward hooks (members share their interventions)."""
+        tc = self.tc
+        if not tc.interventions:
+            return {}
+        return intervene.clamp_hooks(tc.interventions, self.runs[0].model, t, state=self.clamps, update=update,
+                                     member_axis=True)
+
+    def _step(self, lr: torch.Tensor, wd: torch.Tensor, alive: torch.Tensor,
+              t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Update t -> t + 1 of every member (with the interventions active at t); returns the [member] losses
+        and which members stayed finite."""
         tc = self.tc
         tokens = self.sample_train()
         with training._autocast(self.device, tc.precision):
-            logits = stacked.stacked_forward(self.stack, tokens[..., :-1])
+            logits = stacked.stacked_forward(self.stack, tokens[..., :-1], self._hooks(t, update=True))
         losses = stacked.stacked_loss(logits, tokens[..., 1:])
         self.optimizer.zero_grad()
+        frozen = frozenset(intervene.frozen_names(tc.interventions, self.runs[0].model, t))
         if self.scale is None:
             losses.sum().backward()
+            for name, param in self.stack.params.items():  # as solo training (training._step)
+                if name in frozen:  # no gradient: no update, no share in clipping
+                    param.grad = None
+                elif param.grad is None:  # cut off from the loss by a clamp: a zero gradient
+                    param.grad = torch.zeros_like(param)
             ok = torch.isfinite(losses) & self.optimizer.member_finite()
             update = alive & ok
         else:
             update, ok = self._scaled_backward(losses, alive)
         if tc.grad_clip is not None:
             self.optimizer.clip_grad_norm(tc.grad_clip)
-        self.optimizer.step(lr, wd, update)
+        self.optimizer.step(lr, wd, update, frozen)
         return losses.detach(), ok
 
     def _scaled_backward(self, losses: torch.Tensor, alive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,7 +405,7 @@ class _Group:
         # per member a contiguous row of its pending losses, reduced like solo's torch.stack(pending).mean()
         means = torch.stack(self.pending).float().T.contiguous().mean(dim=1).tolist()
         self.pending = []
-        evals = self._evaluate() if is_eval else None
+        evals = self._evaluate(step) if is_eval else None
         for k in range(len(self.runs)):
             if self.failed[k] is not None:
                 continue
@@ -391,15 +417,17 @@ class _Group:
             self._write_rows(k)
 
     @torch.no_grad()
-    def _evaluate(self) -> list[dict[str, float]]:
+    def _evaluate(self, step: int) -> list[dict[str, float]]:
         """Each member's evaluation columns on its own fresh batches (solo `training.evaluate_paired`'s stream:
-        the model's loss beside the true and plateau predictors' on the same tokens)."""
+        the model's loss beside the true and plateau predictors' on the same tokens), with the clamps active at
+        `step` (running means not updated)."""
         tc = self.tc
+        hooks = self._hooks(step, update=False)
         totals = [[0.0, 0.0, 0.0] for _ in self.runs]
         for _ in range(tc.eval_batches):
             tokens = self.sample_eval()
             with training._autocast(self.device, tc.precision):
-                logits = stacked.stacked_forward(self.stack, tokens[..., :-1])
+                logits = stacked.stacked_forward(self.stack, tokens[..., :-1], hooks)
             for k, value in enumerate(stacked.stacked_loss(logits, tokens[..., 1:]).tolist()):
                 true, plateau = theory.paired_losses(self.sources[k], tokens[k])
                 for i, v in enumerate((value, true, plateau)):
@@ -431,6 +459,7 @@ class _Group:
                 "pending_losses": torch.stack([p[k] for p in self.pending]).cpu() if self.pending
                 else torch.zeros(0),
                 "stack_failed_at": -1 if self.failed[k] is None else self.failed[k],
+                **({"clamp_state": self.clamps.member_state_dict(k)} if tc.interventions else {}),
             }
             with atomic_path(extra) as tmp:
                 torch.save(state, tmp)
@@ -446,12 +475,14 @@ class _Group:
                     training._write_metrics(out / training.METRICS_FILE, [])
             return
         step = max(common)
-        pending = [self._load_member(k, out, step) for k, out in enumerate(self.outs)]
+        clamp_states: list = []
+        pending = [self._load_member(k, out, step, clamp_states) for k, out in enumerate(self.outs)]
+        self.clamps.load_member_states(clamp_states, device=self.device)
         self.pending = [torch.stack(col) for col in zip(*pending)]
         self.optimizer.step_count = step
         self.start = self.resumed_from = step
 
-    def _load_member(self, k: int, out: Path, step: int) -> list:
+    def _load_member(self, k: int, out: Path, step: int, clamp_states: list) -> list:
         weights, extra = training._checkpoint_paths(out, step)
         _, tensors = models.read_weights(weights)
         self.stack.load_member(k, tensors)
@@ -465,6 +496,7 @@ class _Group:
             self.growth_tracker[k] = state["scaler"]["_growth_tracker"]
         self.train_gens[k].set_state(state["train_generator"])
         self.eval_gens[k].set_state(state["eval_generator"])
+        clamp_states.append(state.get("clamp_state", {}))
         failed_at = int(state.get("stack_failed_at", -1))
         self.failed[k] = None if failed_at < 0 else failed_at
         self.rows[k] = [r for r in training.load_metrics(out) if r["step"] <= step]

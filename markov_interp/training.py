@@ -38,7 +38,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from markov_interp._io import atomic_path, atomic_write
-from markov_interp import models, runfolder, theory
+from markov_interp import intervene, models, runfolder, theory
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_number
 from markov_interp.data import Source, SourceConfig
 from markov_interp.models import ModelConfig
@@ -108,10 +108,11 @@ class TrainConfig(Config):
     eval_batches: int = 4  # fresh evaluation batches per evaluation
     eval_log_points: int = 0  # extra evaluations at log-spaced steps (dense early, where plateaus are left)
     n_checkpoints: int = 8  # checkpoints at log-spaced steps (the last step always included); 0: none
+    interventions: tuple | list = ()  # freezes and clamps during training (`intervene.Freeze` / `Clamp`)
 
     # Fields added after run folders and sweep ids were first written: left out of config.json (and so of cell
     # ids) at these values, so earlier files round-trip byte for byte and earlier sweeps keep their cells.
-    _LATER_FIELDS: ClassVar[dict] = {"eval_log_points": 0}
+    _LATER_FIELDS: ClassVar[dict] = {"eval_log_points": 0, "interventions": ()}
 
     def __post_init__(self) -> None:
         for name, minimum in (("steps", 1), ("batch_size", 1), ("seq_len", 1), ("log_every", 1),
@@ -138,6 +139,7 @@ class TrainConfig(Config):
             check_number("grad_clip", self.grad_clip, positive=True)
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device must be a string such as 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        object.__setattr__(self, "interventions", intervene.parse_interventions(self.interventions))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -165,6 +167,7 @@ class RunConfig(Config):
             raise ValueError(
                 f"seq_len={self.train.seq_len} exceeds the model's n_ctx={self.model.n_ctx}"
             )
+        intervene.check_interventions(self.train.interventions, self.model, files=False)
 
     def to_json(self, *, indent: Optional[int] = 2) -> str:
         """Sorted JSON, indented (the form of a run folder's config.json)."""
@@ -475,27 +478,29 @@ def _loss(logits: Float[Tensor, "batch pos vocab"], targets: Int[Tensor, "batch 
 
 @torch.no_grad()
 def evaluate(model: TransformerBridge, source: Source, *, seq_len: int, batch_size: int, n_batches: int,
-             generator: torch.Generator, precision: str = "fp32") -> float:
+             generator: torch.Generator, precision: str = "fp32", interventions: Optional[dict] = None) -> float:
     """Mean next-state cross-entropy (nats) of `model` on `n_batches` fresh batches of `seq_len` inputs
     (every position a target): comparable with `theory.reference_losses(source, seq_len + 1)`."""
     return evaluate_paired(model, source, seq_len=seq_len, batch_size=batch_size, n_batches=n_batches,
-                           generator=generator, precision=precision)["eval_loss"]
+                           generator=generator, precision=precision, interventions=interventions)["eval_loss"]
 
 
 @torch.no_grad()
 def evaluate_paired(model: TransformerBridge, source: Source, *, seq_len: int, batch_size: int, n_batches: int,
-                    generator: torch.Generator, precision: str = "fp32") -> dict[str, float]:
+                    generator: torch.Generator, precision: str = "fp32",
+                    interventions: Optional[dict] = None) -> dict[str, float]:
     """`evaluate`'s loss ("eval_loss") beside the losses of the true predictor ("eval_true_loss") and of the
     plateau predictor ("eval_plateau_loss", `theory.plateau_predictions`) on the *same* evaluation tokens: the
     model's paired excess is eval_loss - eval_true_loss, the plateau's eval_plateau_loss - eval_true_loss
-    (`dynamics.escape_time`)."""
+    (`dynamics.escape_time`). `interventions`: `{hook name: fn}` clamps for the model's forward
+    (`intervene.clamp_hooks` with update=False: evaluations never move running means)."""
     fp = models.fast_params(model)
     device = generator.device
     totals = [0.0, 0.0, 0.0]
     for _ in range(n_batches):
         tokens = source.sample(batch_size, seq_len + 1, generator=generator)
         with _autocast(device, precision):
-            logits = models.fast_forward(fp, tokens[:, :-1])
+            logits = models.fast_forward(fp, tokens[:, :-1], interventions)
         for i, value in enumerate((_loss(logits, tokens[:, 1:]).item(), *theory.paired_losses(source, tokens))):
             totals[i] += value
     return paired_row(totals, n_batches)
@@ -617,6 +622,11 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
     reaches its checkpoint (`runfolder.resume_step`). At the first non-finite loss (or weights) training stops,
     the run is recorded as diverged (a metrics row and status.json; checkpoints up to then are kept) and
     `TrainingDiverged` is raised, again at once on any later call for that folder.
+
+    Interventions (`run.train.interventions`, see `markov_interp.intervene`): the update t -> t + 1 runs with
+    the freezes and clamps active at t, the evaluation at step t with the clamps active at t (running means
+    are not updated by evaluations), so the final losses are those measured with the interventions active at
+    the last step. Running means are checkpointed ("clamp_state"); a resume is bit-identical.
     """
     if not isinstance(run, RunConfig):
         raise ValueError(f"run must be a RunConfig, got {type(run).__name__}")
@@ -643,11 +653,13 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
             if done is not None:
                 return done
 
+    intervene.check_interventions(tc.interventions, run.model)  # tensor files too, before any step
     source = run.source.build()
     # rounded: the last bits of theory's linear algebra vary between calls; rows must compare exactly
     references = theory.reference_losses(source, tc.seq_len + 1).as_row(digits=12)
     model = models.build(run.model, seed=tc.seed, device=device)
     model.train()
+    clamps = intervene.ClampState()
     optimizer = _make_optimizer(model, tc)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.loss_scaling)
     train_gen = torch.Generator(device=device).manual_seed(_derive_seed(tc.seed, "train-data"))
@@ -656,7 +668,7 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
     pending: list[Tensor] = []  # train losses since the last metrics row
     resumed_from = None
     if out is not None:
-        resumed_from, rows, pending = _resume(out, tc, model, optimizer, scaler, (train_gen, eval_gen))
+        resumed_from, rows, pending = _resume(out, tc, model, optimizer, scaler, (train_gen, eval_gen), clamps)
     start = resumed_from or 0
 
     fp = models.fast_params(model)
@@ -666,12 +678,15 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
     try:
         for step in range(start + 1, tc.steps + 1):
             lr = _lr_at(tc, step - 1)
-            pending.append(_step(model, fp, optimizer, scaler, source, tc, train_gen, lr))
+            hooks, frozen = _interventions_at(run, model, clamps, step - 1, update=True)
+            pending.append(_step(model, fp, optimizer, scaler, source, tc, train_gen, lr, hooks, frozen))
             bar.update(1)
 
             is_eval = step in eval_steps
             if step % tc.log_every == 0 or is_eval or step == tc.steps:
-                row = _metrics_row(out, rows, step, lr, pending, model, source, tc, eval_gen if is_eval else None)
+                hooks = _interventions_at(run, model, clamps, step, update=False)[0] if is_eval else None
+                row = _metrics_row(out, rows, step, lr, pending, model, source, tc, eval_gen if is_eval else None,
+                                   hooks)
                 pending = []
                 if is_eval:
                     row.update(references)
@@ -688,6 +703,7 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
                     "train_generator": train_gen.get_state(),
                     "eval_generator": eval_gen.get_state(),
                     "pending_losses": torch.stack(pending).cpu() if pending else torch.zeros(0),
+                    **({"clamp_state": clamps.state_dict()} if tc.interventions else {}),
                 })
     finally:
         bar.close()
@@ -702,9 +718,11 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
 
 
 def _resume(out: Path, tc: TrainConfig, model: TransformerBridge, optimizer: torch.optim.Optimizer,
-            scaler: torch.amp.GradScaler, generators: tuple) -> tuple[Optional[int], list[dict], list[Tensor]]:
-    """Restore the newest checkpoint its metrics cover (`runfolder.resume_step`) into model, optimizer, scaler
-    and the (train, eval) generators; (its step or None, the metrics rows up to it, the pending train losses)."""
+            scaler: torch.amp.GradScaler, generators: tuple,
+            clamps: intervene.ClampState) -> tuple[Optional[int], list[dict], list[Tensor]]:
+    """Restore the newest checkpoint its metrics cover (`runfolder.resume_step`) into model, optimizer, scaler,
+    the (train, eval) generators and the clamps' running means; (its step or None, the metrics rows up to it,
+    the pending train losses)."""
     on_disk = load_metrics(out)
     newest = runfolder.resume_step(out, tc, [s for s, _ in list_checkpoints(out)], on_disk,
                                    final_weights=(out / models.WEIGHTS_FILE).exists())
@@ -718,22 +736,45 @@ def _resume(out: Path, tc: TrainConfig, model: TransformerBridge, optimizer: tor
     generators[0].set_state(state["train_generator"])
     generators[1].set_state(state["eval_generator"])
     device = generators[0].device
+    clamps.load_state_dict(state.get("clamp_state", {}), device=device)
     rows = [r for r in on_disk if r["step"] <= newest]
     _write_metrics(out / METRICS_FILE, rows)
     return newest, rows, [t.to(device) for t in state["pending_losses"].unbind()]
 
 
+def _interventions_at(run: RunConfig, model: TransformerBridge, clamps: intervene.ClampState, t: int, *,
+                      update: bool) -> tuple[dict, list[Tensor]]:
+    """The clamp hooks and the frozen parameters active at time t (updates done so far; see `intervene`)."""
+    tc = run.train
+    if not tc.interventions:
+        return {}, []
+    hooks = intervene.clamp_hooks(tc.interventions, run.model, t, state=clamps, update=update)
+    names = intervene.frozen_names(tc.interventions, run.model, t)
+    params = model.state_dict(keep_vars=True) if names else {}
+    return hooks, [params[name] for name in sorted(names)]
+
+
 def _step(model: TransformerBridge, fp: Any, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-          source: Source, tc: TrainConfig, generator: torch.Generator, lr: float) -> Tensor:
-    """One optimiser step on a fresh batch through the fused forward; the (detached) training loss."""
+          source: Source, tc: TrainConfig, generator: torch.Generator, lr: float, hooks: Optional[dict] = None,
+          frozen: Optional[list[Tensor]] = None) -> Tensor:
+    """One optimiser step on a fresh batch through the fused forward (with the clamp `hooks`); the (detached)
+    training loss. `frozen` parameters lose their gradient, so torch's AdamW / SGD skip them entirely (no
+    step, moment, step count or decay) and clipping leaves them out of the norm. A parameter that a clamp cuts
+    off from the loss (q and k of a clamped pattern) gets a zero gradient instead: it is not frozen, it decays."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     tokens = source.sample(tc.batch_size, tc.seq_len + 1, generator=generator)
     with _autocast(generator.device, tc.precision):
-        logits = models.fast_forward(fp, tokens[:, :-1])
+        logits = models.fast_forward(fp, tokens[:, :-1], hooks)
     loss = _loss(logits, tokens[:, 1:])
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
+    if hooks:  # a parameter a clamp cuts off the loss gets a zero gradient: it still decays (stacked does the same)
+        for param in model.parameters():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+    for param in frozen or ():
+        param.grad = None
     if tc.grad_clip is not None:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
@@ -744,7 +785,7 @@ def _step(model: TransformerBridge, fp: Any, optimizer: torch.optim.Optimizer, s
 
 def _metrics_row(out: Optional[Path], rows: list[dict], step: int, lr: float, pending: list[Tensor],
                  model: TransformerBridge, source: Source, tc: TrainConfig,
-                 eval_gen: Optional[torch.Generator]) -> dict:
+                 eval_gen: Optional[torch.Generator], hooks: Optional[dict] = None) -> dict:
     """The metrics row of `step` (mean train loss since the last row; with `eval_gen`, the paired evaluation);
     stops the run as diverged at a non-finite loss."""
     row = {"step": step, "lr": lr, "train_loss": torch.stack(pending).float().mean().item()}
@@ -753,7 +794,8 @@ def _metrics_row(out: Optional[Path], rows: list[dict], step: int, lr: float, pe
     if eval_gen is not None:
         model.eval()
         row.update(evaluate_paired(model, source, seq_len=tc.seq_len, batch_size=tc.batch_size,
-                                   n_batches=tc.eval_batches, generator=eval_gen, precision=tc.precision))
+                                   n_batches=tc.eval_batches, generator=eval_gen, precision=tc.precision,
+                                   interventions=hooks))
         if not math.isfinite(row["eval_loss"]):
             _diverge(out, rows, step, f"evaluation loss {row['eval_loss']}")
         model.train()

@@ -112,6 +112,10 @@ def _config_section(run: Any, run_dir: Optional[Path], model: Any) -> Section:
         ("training", f"{tc.steps} steps of {tc.batch_size} x {tc.seq_len} states, {tc.optimizer} lr {tc.lr:g} "
                      f"({tc.schedule}), {tc.precision}{' + loss scaling' if tc.loss_scaling else ''}, seed {tc.seed}"),
     ]
+    if getattr(tc, "interventions", ()):  # freezes / clamps during training (markov_interp.intervene)
+        from markov_interp.intervene import spec_text
+
+        rows.append(("interventions", "; ".join(spec_text(i) for i in tc.interventions)))
     pretty = json.dumps(run.to_dict(), indent=2, sort_keys=True)
     return Section("config", "Run configuration", (table(rows), f"<pre>{html.escape(pretty)}</pre>"))
 

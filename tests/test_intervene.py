@@ -1,0 +1,408 @@
+"""Interventions during training (issue 14): parsing and refusals, the fused clamps against the hooked model
+under `run_with_hooks`, a hand-built previous-token check, freezes (solo, stacked, ranges), clamped runs that
+load / probe / report, bit-identical resume, the CLI flags and sweep grids over interventions."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from markov_interp import intervene, models, report, stacked, stacked_training, sweep, training
+from markov_interp.cli import main
+from markov_interp.data import SourceConfig
+from markov_interp.intervene import Clamp, ClampState, Freeze
+from markov_interp.models import preset
+from markov_interp.training import RunConfig, TrainConfig, train
+
+BINARY = SourceConfig(kind="binary", p=0.5, q=0.8)
+# large init: every clamp below moves the logits visibly (the test of equality must be able to fail)
+CFG = preset("paper-1layer", n_layers=2, n_heads=2, n_ctx=16, init_std=0.5)
+
+
+def tiny_run(interventions=(), model=None, **train_kwargs) -> RunConfig:
+    kwargs = dict(steps=12, batch_size=4, seq_len=16, log_every=2, eval_every=6, eval_batches=1, n_checkpoints=4,
+                  device="cpu", interventions=interventions)
+    kwargs.update(train_kwargs)
+    model = model if model is not None else preset("paper-1layer", n_layers=2, n_ctx=16)
+    return RunConfig(source=BINARY, model=model, train=TrainConfig(**kwargs))
+
+
+def weights(state_or_model) -> dict:
+    if isinstance(state_or_model, dict):
+        return state_or_model
+    return {k: v.clone() for k, v in models.state_dict_for_save(state_or_model).items()}
+
+
+def _tokens(batch=3, seq=16, seed=1):
+    return torch.randint(0, 2, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------------------------------------- config
+def test_default_config_json_and_cell_ids_are_unchanged():
+    """Adding the field changes no earlier config.json nor sweep cell id (ids computed before the change)."""
+    run = training.default_run()
+    assert "interventions" not in run.to_dict()["train"]
+    assert "interventions" not in json.loads(run.to_json())["train"]
+    assert sweep.cell_id(training.default_run()) == "972a6b34eaa2671c"
+    assert sweep.cell_id(training.default_run(kind="random", steps=50, seed=3)) == "e3f14fa5bc3fcd01"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("blocks.1.*@0:200", Freeze(freeze="blocks.1.*", start=0, end=200)),
+    ("embed.weight", Freeze(freeze="embed.weight")),
+    ("blocks.0.attn.hook_pattern=previous_token@:200", Clamp(clamp="blocks.0.attn.hook_pattern",
+                                                             value="previous_token", end=200)),
+    ("blocks.0.attn.hook_pattern=previous_token:2", Clamp(clamp="blocks.0.attn.hook_pattern",
+                                                          value="previous_token", lag=2)),
+    ("blocks.0.attn.hook_pattern[0,1]=uniform@5:", Clamp(clamp="blocks.0.attn.hook_pattern", value="uniform",
+                                                         heads=(0, 1), start=5)),
+    ("blocks.0.hook_attn_out=mean", Clamp(clamp="blocks.0.hook_attn_out", value="mean")),
+    ("blocks.0.attn.hook_z[1]=zero", Clamp(clamp="blocks.0.attn.hook_z", value="zero", heads=[1])),
+])
+def test_string_and_dict_forms_round_trip(text, expected):
+    item = intervene.parse_intervention(text)
+    assert item == expected
+    assert intervene.parse_intervention(intervene.spec_text(item)) == item
+    assert intervene.parse_intervention(json.loads(json.dumps(item.to_dict()))) == item
+    run = tiny_run([text], model=CFG)
+    again = RunConfig.from_json(run.to_json())
+    assert again == run and again.train.interventions == (expected,)
+    assert json.loads(run.to_json())["train"]["interventions"] == [expected.to_dict()]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("blocks.1.*@5:3", "empty step range"),
+    ("blocks.9.*", "matches no parameter; valid names are ['embed.weight'"),
+    ("blocks.0.attn.hook_patern=uniform", "unknown hook name; valid names are ['hook_embed'"),
+    ("blocks.0.attn.hook_pattern=mean", "valid values are ['previous_token', 'uniform', 'self']"),
+    ("blocks.0.hook_attn_out=uniform", "valid values are ['zero', 'mean']"),
+    ("blocks.0.hook_attn_out=no_such_value", "neither one of"),
+    ("blocks.0.hook_attn_out[0]=zero", "heads apply only to per-head points"),
+    ("blocks.0.attn.hook_z[5]=zero", "heads [5] out of range; valid heads are [0, 1]"),
+    ({"clamp": "blocks.0.attn.hook_pattern", "value": "uniform", "lag": 2}, "lag applies only to previous_token"),
+    ({"clamp": "blocks.0.hook_attn_out", "value": "zero", "scale": 2}, "unknown Clamp keys ['scale']"),
+    ({"freeze": "embed.weight", "clamp": "hook_embed"}, "exactly one of the keys"),
+    ("x[=y", "must be HOOK[HEADS]=VALUE"),
+])
+def test_bad_interventions_are_refused(spec, message):
+    with pytest.raises(ValueError) as err:
+        tiny_run([spec], model=CFG)
+    assert message in str(err.value)
+
+
+def test_unembed_weight_is_a_name_only_when_untied():
+    with pytest.raises(ValueError, match="matches no parameter"):
+        tiny_run(["unembed.weight"], model=CFG)
+    untied = CFG.replace(tie_weights=False)
+    assert tiny_run(["unembed.weight"], model=untied).train.interventions == (Freeze(freeze="unembed.weight"),)
+
+
+@pytest.mark.parametrize("cfg", [CFG, preset("attn-only-2layer", n_ctx=16), CFG.replace(
+    tie_weights=False, attn_bias=True, mlp_bias=True, layernorm_bias=True, unembed_bias=False),
+    CFG.replace(normalization="LNPre", positional="rotary")])
+def test_parameter_names_are_the_saved_names(cfg):
+    assert intervene.parameter_names(cfg) == list(models.state_dict_for_save(models.build(cfg, seed=0)))
+
+
+def _pattern_file(tmp_path, value, name="p.safetensors", **extra):
+    path = tmp_path / name
+    save_file({"pattern": value.contiguous(), **extra}, str(path))
+    return str(path)
+
+
+def test_pattern_files_are_checked(tmp_path):
+    uniform = intervene.pattern_value("uniform", 16)
+    with pytest.raises(ValueError, match="not causal"):
+        Clamp(clamp="blocks.0.attn.hook_pattern", value=_pattern_file(tmp_path, torch.full((16, 16), 1 / 16)))
+    with pytest.raises(ValueError, match="sum to 1"):
+        Clamp(clamp="blocks.0.attn.hook_pattern", value=_pattern_file(tmp_path, 2 * uniform))
+    with pytest.raises(ValueError, match="exactly one tensor"):
+        Clamp(clamp="blocks.0.attn.hook_pattern", value=_pattern_file(tmp_path, uniform, other=uniform.clone()))
+    three = tiny_run([{"clamp": "blocks.0.attn.hook_pattern",  # a config without the file check ...
+                       "value": _pattern_file(tmp_path, torch.stack([uniform] * 3), "three.safetensors")}], model=CFG)
+    with pytest.raises(ValueError, match=r"expected \[q, k\] or \[2, q, k\]"):  # ... is checked with the model
+        intervene.check_interventions(three.train.interventions, CFG)
+    path = _pattern_file(tmp_path, uniform, "good.safetensors")
+    run = tiny_run([f"blocks.0.attn.hook_pattern={path}"], model=CFG)
+    entry = run.train.interventions[0]
+    assert len(entry.sha256) == 64 and json.loads(run.to_json())["train"]["interventions"][0]["sha256"] == entry.sha256
+    _pattern_file(tmp_path, intervene.pattern_value("self", 16), "good.safetensors")  # the file changes
+    again = RunConfig.from_json(run.to_json())  # a config is still readable (reports need no file) ...
+    with pytest.raises(ValueError, match="changed since the run was configured"):
+        train(again, progress=False)  # ... but training refuses it before any step
+
+
+# -------------------------------------------------------------------------------- fused equals hooked
+def _clamp_specs(tmp_path) -> dict:
+    heads_pattern = torch.stack([intervene.pattern_value("uniform", 16), intervene.pattern_value("self", 16)])
+    value = torch.randn(20, CFG.d_model, generator=torch.Generator().manual_seed(0))
+    save_file({"v": value}, str(tmp_path / "attn_out.safetensors"))
+    return {
+        "previous_token": "blocks.0.attn.hook_pattern=previous_token",
+        "previous_token lag 2": "blocks.0.attn.hook_pattern=previous_token:2",
+        "uniform": "blocks.1.attn.hook_pattern=uniform",
+        "self": "blocks.0.attn.hook_pattern=self",
+        "file pattern": f"blocks.0.attn.hook_pattern={_pattern_file(tmp_path, heads_pattern)}",
+        "per-head pattern": "blocks.1.attn.hook_pattern[1]=previous_token",
+        "zero z of one head": "blocks.0.attn.hook_z[1]=zero",
+        "zero attn_out": "blocks.0.hook_attn_out=zero",
+        "mean attn_out": "blocks.0.hook_attn_out=mean",
+        "file attn_out": f"blocks.0.hook_attn_out={tmp_path / 'attn_out.safetensors'}",
+        "mean resid_mid": "blocks.1.hook_resid_mid=mean",
+        "zero resid_mid": "blocks.0.hook_resid_mid=zero",
+        "mean resid_post": "blocks.0.hook_resid_post=mean",
+        "zero mlp_out": "blocks.1.hook_mlp_out=zero",
+        "mean mlp_out": "blocks.0.hook_mlp_out=mean",
+        "mean v of one head": "blocks.0.attn.hook_v[0]=mean",
+    }
+
+
+def test_fused_clamps_equal_the_hooked_model(tmp_path):
+    """Every kind of clamp: fast_forward and each stack member equal `run_with_hooks` with the same clamp."""
+    seeds = (0, 3)
+    solos = [models.build(CFG, seed=s) for s in seeds]
+    stack = stacked.build_stack([CFG, CFG], list(seeds))
+    tokens = torch.stack([_tokens(seed=1), _tokens(seed=2)])
+    for kind, spec in _clamp_specs(tmp_path).items():
+        items = intervene.parse_interventions([spec])
+        intervene.check_interventions(items, CFG)
+        stack_state = ClampState()
+        with torch.no_grad():
+            stacked_logits = stacked.stacked_forward(stack, tokens, intervene.clamp_hooks(
+                items, CFG, 0, state=stack_state, update=True, member_axis=True))
+            for k, model in enumerate(solos):
+                state = ClampState()  # a running mean starts at the first batch's mean: solo and stack agree
+                fused = models.fast_forward(model, tokens[k], intervene.clamp_hooks(items, CFG, 0, state=state,
+                                                                                    update=True))
+                hooked = model.run_with_hooks(tokens[k], fwd_hooks=intervene.tl_hooks(items, CFG, 0, state=state))
+                torch.testing.assert_close(fused, hooked, rtol=0, atol=1e-5, msg=kind)
+                torch.testing.assert_close(stacked_logits[k], hooked, rtol=0, atol=1e-5, msg=kind)
+                assert (fused - models.fast_forward(model, tokens[k])).abs().max() > 1e-4, kind  # the clamp acts
+                assert stack_state.member_state_dict(k).keys() == state.state_dict().keys()
+
+
+def test_clamps_follow_their_step_range_and_means_move_only_in_training():
+    items = intervene.parse_interventions(["blocks.0.hook_attn_out=mean@3:5", "blocks.1.*@:4"])
+    state = ClampState()
+    assert intervene.clamp_hooks(items, CFG, 2, state=state, update=True) == {}
+    assert set(intervene.clamp_hooks(items, CFG, 3, state=state, update=True)) == {"blocks.0.hook_attn_out"}
+    assert intervene.clamp_hooks(items, CFG, 5, state=state, update=True) == {}
+    assert intervene.frozen_names(items, CFG, 3) == {n for n in intervene.parameter_names(CFG)
+                                                      if n.startswith("blocks.1.")}
+    assert intervene.frozen_names(items, CFG, 4) == set()
+    model = models.build(CFG, seed=0)
+    first, second = _tokens(seed=1), _tokens(seed=2)
+    seen = {}
+    record = {"blocks.0.hook_attn_out": lambda x: seen.setdefault("raw", []).append(x) or x}
+    with torch.no_grad():
+        for tokens in (first, second):
+            models.fast_forward(model, tokens, record)
+        models.fast_forward(model, first, intervene.clamp_hooks(items, CFG, 3, state=state, update=True))
+        key = "mean.0.blocks.0.hook_attn_out"
+        torch.testing.assert_close(state.means[key], seen["raw"][0].mean(0))  # initialised to the first batch
+        models.fast_forward(model, second, intervene.clamp_hooks(items, CFG, 3, state=state, update=False))
+        torch.testing.assert_close(state.means[key], seen["raw"][0].mean(0))  # evaluations do not move it
+        models.fast_forward(model, second, intervene.clamp_hooks(items, CFG, 4, state=state, update=True))
+    expected = 0.9 * seen["raw"][0].mean(0) + 0.1 * seen["raw"][1].mean(0)  # BatchNorm's momentum 0.1
+    torch.testing.assert_close(state.means[key], expected)
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_previous_token_clamp_copies_v_from_lag_back(lag):
+    """Hand-built check: layer 0 clamped to previous_token makes z at q equal v at q - lag (position 0 for the
+    first lag queries), with v read from the unclamped hooked model."""
+    model = models.build(CFG, seed=0)
+    tokens = _tokens()
+    items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern=previous_token:{lag}"])
+    seen = {}
+    hooks = dict(intervene.clamp_hooks(items, CFG, 0, state=ClampState(), update=True))
+    hooks["blocks.0.attn.hook_z"] = lambda z: seen.setdefault("z", z)
+    with torch.no_grad():
+        models.fast_forward(model, tokens, hooks)
+        _, cache = model.run_with_cache(tokens)
+    v = cache["blocks.0.attn.hook_v"]  # [batch, pos, head, d_head]: layer 0's v does not depend on its pattern
+    source = torch.clamp(torch.arange(tokens.shape[1]) - lag, min=0)
+    torch.testing.assert_close(seen["z"], v[:, source], rtol=0, atol=1e-6)
+    assert intervene.pattern_value("previous_token", 4, lag=2).tolist() == [
+        [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0]]
+    assert intervene.pattern_value("uniform", 3)[2].tolist() == pytest.approx([1 / 3] * 3)
+
+
+# ------------------------------------------------------------------------------------------- training
+FREEZE = ["blocks.0.attn.*", "embed.weight@:6"]
+
+
+def _frozen_checks(final: dict, init: dict, at6: dict) -> None:
+    for name in init:
+        if name.startswith("blocks.0.attn."):
+            assert torch.equal(final[name], init[name]), name
+        elif name == "embed.weight":  # tied: the unembedding too; frozen for updates 0..5 only
+            assert torch.equal(at6[name], init[name]) and not torch.equal(final[name], init[name])
+        else:
+            assert not torch.equal(final[name], init[name]), name
+
+
+@pytest.mark.slow
+def test_frozen_parameters_stay_at_init_solo_and_stacked(tmp_path):
+    run = tiny_run(FREEZE, n_checkpoints=12, eval_every=0)  # log-spaced checkpoints, step 6 among them
+    solo = train(run, tmp_path / "solo", progress=False)
+    init = weights(models.build(run.model, seed=0))
+    _, at6 = models.read_weights(tmp_path / "solo" / "checkpoints" / "step_0000006.safetensors")
+    _frozen_checks(weights(solo.model), init, at6)
+    runs = [run, run.replace(train=run.train.replace(seed=4))]
+    members = stacked_training.train_many(runs, [tmp_path / "m0", tmp_path / "m4"], progress=False)
+    for k, (member, seed) in enumerate(zip(members, (0, 4))):
+        _, at6 = models.read_weights(tmp_path / f"m{seed}" / "checkpoints" / "step_0000006.safetensors")
+        _frozen_checks(weights(member.model), weights(models.build(run.model, seed=seed)), at6)
+    for name, value in weights(members[0].model).items():  # the stacked member is its solo run
+        torch.testing.assert_close(value, weights(solo.model)[name], rtol=0, atol=1e-4)
+    # a stacked member's checkpoint is a solo one: a frozen-from-the-start parameter has no optimiser state
+    state = torch.load(tmp_path / "m0" / "checkpoints" / "step_0000012.pt", weights_only=True)
+    solo_state = torch.load(tmp_path / "solo" / "checkpoints" / "step_0000012.pt", weights_only=True)
+    assert state["optimizer"]["state"].keys() == solo_state["optimizer"]["state"].keys()
+    for index, entry in solo_state["optimizer"]["state"].items():
+        assert float(entry["step"]) == float(state["optimizer"]["state"][index]["step"])
+
+
+@pytest.mark.slow
+def test_clamped_run_differs_records_loads_probes_and_reports(tmp_path):
+    from markov_interp import probes
+
+    clamp = "blocks.0.attn.hook_pattern=previous_token@:8"
+    clamped = train(tiny_run([clamp], n_checkpoints=2), tmp_path / "run", progress=False)
+    free = train(tiny_run(n_checkpoints=2), progress=False)
+    assert clamped.metrics != free.metrics
+    assert any(not torch.equal(a, b) for a, b in zip(weights(clamped.model).values(), weights(free.model).values()))
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["train"]["interventions"] == [intervene.parse_clamp(clamp).to_dict()]
+    model = models.load(tmp_path / "run")  # plain weights
+    source = clamped.config.source.build()
+    batch = probes.sample_batch(source, n_sequences=8, seq_len=16, seed=0)
+    assert probes.classify_mechanism(model, source, batch=batch).mechanism in probes.MECHANISMS
+    rep = report.build(tmp_path / "run", n_sequences=8, max_checkpoints=2)
+    assert intervene.spec_text(intervene.parse_clamp(clamp)) in rep.section("config").body()
+
+
+class _Kill(Exception):
+    pass
+
+
+RESUME = ["blocks.0.hook_attn_out=mean", "blocks.1.attn.*@3:9"]  # checkpoints at 1, 2, 5, 12 (of 12)
+
+
+@pytest.mark.slow
+def test_solo_resume_with_interventions_is_bit_identical(tmp_path, monkeypatch):
+    reference = train(tiny_run(RESUME), tmp_path / "a", progress=False)
+    original = training._lr_at
+
+    def crash(cfg, step):
+        if step == 9:
+            raise _Kill
+        return original(cfg, step)
+
+    monkeypatch.setattr(training, "_lr_at", crash)
+    with pytest.raises(_Kill):
+        train(tiny_run(RESUME), tmp_path / "b", progress=False)
+    monkeypatch.undo()
+    assert "clamp_state" in torch.load(tmp_path / "b" / "checkpoints" / "step_0000005.pt", weights_only=True)
+    resumed = train(tiny_run(RESUME), tmp_path / "b", progress=False)
+    assert resumed.resumed_from == 5  # inside the freeze range, with a running mean to restore
+    assert resumed.metrics == reference.metrics
+    for name, value in weights(reference.model).items():
+        assert torch.equal(weights(resumed.model)[name], value), name
+
+
+@pytest.mark.slow
+def test_stacked_resume_with_interventions_is_bit_identical(tmp_path, monkeypatch):
+    runs = [tiny_run(RESUME, seed=s) for s in (0, 2)]
+    reference = stacked_training.train_many(runs, [tmp_path / "a0", tmp_path / "a2"], progress=False)
+    monkeypatch.setattr(stacked_training, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 8 else None)
+    with pytest.raises(_Kill):
+        stacked_training.train_many(runs, [tmp_path / "b0", tmp_path / "b2"], progress=False)
+    monkeypatch.undo()
+    resumed = stacked_training.train_many(runs, [tmp_path / "b0", tmp_path / "b2"], progress=False)
+    for ref, res in zip(reference, resumed):
+        assert res.resumed_from == 5 and res.metrics == ref.metrics
+        for name, value in weights(ref.model).items():
+            assert torch.equal(weights(res.model)[name], value), name
+
+
+def test_members_with_other_interventions_do_not_share_a_stack():
+    a, b = tiny_run(["blocks.1.*"]), tiny_run()
+    assert stacked_training.stack_key(a) != stacked_training.stack_key(b)
+    with pytest.raises(ValueError, match="train.interventions differs"):
+        stacked_training.check_compatible([a, b])
+
+
+# ------------------------------------------------------------------------------------------ CLI, sweeps
+@pytest.mark.slow
+def test_cli_flags_land_in_config_json(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--out", str(out), "--steps", "4", "--seq-len", "16", "--batch-size", "4",
+                 "--set", "model.n_ctx=16", "--set", "train.n_checkpoints=0", "--no-progress",
+                 "--freeze", "blocks.0.mlp.*@:2", "--clamp", "blocks.0.attn.hook_pattern=uniform@1:",
+                 "--clamp", "blocks.0.hook_attn_out=mean"])
+    assert code == 0, capsys.readouterr().err
+    saved = json.loads((out / "config.json").read_text())["train"]["interventions"]
+    assert [intervene.spec_text(intervene.parse_intervention(s)) for s in saved] == [
+        "blocks.0.mlp.*@:2", "blocks.0.attn.hook_pattern=uniform@1:", "blocks.0.hook_attn_out=mean"]
+    code = main(["train", "--out", str(tmp_path / "bad"), "--clamp", "blocks.0.attn.hook_pattern=zero"])
+    err = capsys.readouterr().err
+    assert code != 0 and "valid values are ['previous_token', 'uniform', 'self']" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_sweep_grid_over_interventions():
+    spec = sweep.SweepSpec(name="iv", base={"source": {"kind": "binary", "p": 0.5, "q": 0.8},
+                                            "model": {"preset": "paper-1layer", "n_ctx": 16},
+                                            "train": {"steps": 4, "seq_len": 16}},
+                           grid={"train.interventions": [[], ["blocks.0.attn.*"],
+                                                         [{"clamp": "blocks.0.attn.hook_pattern",
+                                                           "value": "uniform", "end": 2}]]},
+                           seeds=[0, 1], probe=False)
+    cells = spec.cells()
+    assert len({c.cell_id for c in cells}) == len(cells) == 6
+    recorded = {json.dumps(c.config.to_dict()["train"].get("interventions")) for c in cells}
+    assert len(recorded) == 3
+    assert len({stacked_training.stack_key(c.config) for c in cells}) == 3  # stacks group by intervention
+
+
+@pytest.mark.slow
+def test_sweep_over_interventions_writes_them_into_run_folders(tmp_path):
+    grid = [[], ["blocks.0.attn.*"], ["blocks.0.attn.hook_pattern=uniform@:2"]]
+    spec = sweep.SweepSpec(name="iv", base={"source": {"kind": "binary", "p": 0.5, "q": 0.8},
+                                            "model": {"preset": "paper-1layer", "n_ctx": 16},
+                                            "train": {"steps": 4, "seq_len": 16, "batch_size": 4, "eval_every": 0,
+                                                      "n_checkpoints": 0}},
+                           grid={"train.interventions": grid}, seeds=[0, 1], probe=False)
+    result = sweep.run(spec, tmp_path, workers=1, progress=False)
+    assert [row.status for row in result.rows] == ["ok"] * 6
+    for row in result.rows:
+        saved = json.loads((tmp_path / "runs" / row.cell_id / "config.json").read_text())["train"]
+        expected = [intervene.parse_intervention(s).to_dict() for s in row.params["train.interventions"]]
+        assert saved.get("interventions", []) == expected
+
+
+def test_a_file_shorter_than_the_sequence_is_refused(tmp_path):
+    path = _pattern_file(tmp_path, intervene.pattern_value("uniform", 8))
+    items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern={path}"])
+    hooks = intervene.clamp_hooks(items, CFG, 0, state=ClampState(), update=True)
+    with pytest.raises(ValueError, match="covers 8 positions, the sequence has 16"):
+        models.fast_forward(models.build(CFG, seed=0), _tokens(), hooks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", [dict(optimizer="sgd", momentum=0.9, lr=0.05, grad_clip=0.5),
+                                    dict(grad_clip=0.1, weight_decay=0.1)])
+def test_stacked_member_with_interventions_equals_its_solo_run(recipe):
+    """Freeze ranges and clamps with SGD momentum / AdamW decay and clipping (frozen parameters out of the norm)."""
+    run = tiny_run(["blocks.1.*@2:6", "blocks.0.attn.hook_pattern=previous_token@:4", "blocks.0.hook_mlp_out=mean"],
+                   steps=10, eval_every=5, n_checkpoints=0, **recipe)
+    solo = train(run, progress=False)
+    member = stacked_training.train_many([run, run.replace(train=run.train.replace(seed=9))], progress=False)[0]
+    assert [r.keys() for r in member.metrics] == [r.keys() for r in solo.metrics]
+    for mine, theirs in zip(member.metrics, solo.metrics):
+        assert mine == pytest.approx(theirs, abs=1e-5)
+    for name, value in weights(solo.model).items():
+        torch.testing.assert_close(weights(member.model)[name], value, rtol=0, atol=1e-4)
