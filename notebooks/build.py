@@ -1,7 +1,7 @@
 """Build the tutorial notebooks: each notebooks/NN_name.py (jupytext percent format, the source to edit) becomes
 notebooks/NN_name.ipynb, executed, with its outputs and figures.
 
-    python notebooks/build.py                  # all four, full settings (what is committed)
+    python notebooks/build.py                  # all of them, full settings (what is committed)
     python notebooks/build.py 03_two_layer     # one of them
     python notebooks/build.py --quick --out /tmp/nb   # tiny budgets (MARKOV_INTERP_QUICK=1), a smoke test
 

@@ -1,0 +1,56 @@
+"""experiments: the three intervention experiments of issue 14, on tiny budgets (the code path, not the science:
+docs/reproduction/interventions/ holds the 16-seed results)."""
+
+import dataclasses
+import json
+
+import pytest
+
+from markov_interp import experiments, intervene
+
+@pytest.mark.parametrize("name", experiments.EXPERIMENTS)
+def test_every_arm_is_a_valid_run_whose_first_arm_is_free(name):
+    base, arms = experiments.experiment_arms(name, experiments.FULL)
+    assert arms[0].name == "free" and arms[0].interventions == ()
+    assert len(arms) >= 2 and all(arm.interventions for arm in arms[1:])
+    for arm in arms[1:]:
+        run = dataclasses.replace(base, train=dataclasses.replace(base.train, interventions=arm.interventions))
+        items = run.train.interventions
+        assert all(isinstance(i, (intervene.Freeze, intervene.Clamp)) for i in items)
+        intervene.check_interventions(items, run.model)  # names valid for this model
+    assert experiments.FULL.seeds >= 16
+
+
+def test_unknown_experiment_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="previous-token-clamp"):
+        experiments.experiment_arms("no-such-experiment", experiments.FULL)
+
+
+@pytest.mark.slow
+def test_experiments_run_share_the_free_arm_and_write_their_summary(tmp_path):
+    out = tmp_path / "interventions"
+    code = experiments.main(["--out", str(out), "--quick", "--seeds", "2",
+                             "--experiments", "previous-token-clamp,reader-frozen"])
+    assert code == 0
+    # experiments 1 and 2 share the random-kernel task's free arm: trained once
+    task = out / "runs" / "random-kernels"
+    assert sorted(p.name for p in task.iterdir()) == sorted(
+        ["free", "free-prefix", "layer-0-clamped-to-previous-token", "layer-1-frozen-until-20",
+         "layer-1-frozen-until-20-prefix"])
+    data = json.loads((out / "results.json").read_text())
+    clamp = data["previous-token-clamp"]["arms"]
+    assert set(clamp) == {"free", "layer 0 clamped to previous-token"}
+    free, clamped = clamp["free"], clamp["layer 0 clamped to previous-token"]
+    assert len(free["escape_steps"]) == 2 and "logrank_p" in clamped and "logrank_p" not in free
+    assert clamped["interventions"][0]["value"] == "previous_token"
+    assert free["final_eval_loss"] != clamped["final_eval_loss"]  # the clamp changes training
+    frozen = data["reader-frozen"]["arms"]["layer 1 frozen until 20"]
+    assert len(frozen["previous_token"]) == 2 and frozen["step"] == 20
+    assert 0.0 <= min(frozen["previous_token"]) <= max(frozen["previous_token"]) <= 1.0
+    summary = (out / "summary.md").read_text()
+    assert "log-rank p" in summary and "previous-token score" in summary
+    assert (out / "survival.png").stat().st_size > 10_000
+    # a rerun loads the finished run folders and gives the same numbers
+    again = experiments.run_experiment("previous-token-clamp", dataclasses.replace(experiments.QUICK, seeds=2), out)
+    assert [a.final_losses for a in again.arms] == [tuple(free["final_eval_loss"]),
+                                                    tuple(clamped["final_eval_loss"])]
