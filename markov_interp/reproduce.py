@@ -301,12 +301,12 @@ def summarise(rows: list[Row]) -> list[dict]:
         out.append(_summary_row("depth", {"p": _PQ[0], "q": _PQ[1], "n_layers": layers}, cells))
     for (layers,), cells in _group(rows, "random", lambda c: (c.model.n_layers,)).items():
         out.append(_summary_row("random", {"n_layers": layers}, cells))
-    for (precision, scaling), cells in _group(
-            rows, "precision", lambda c: (c.train.precision, c.train.loss_scaling)).items():
+    precisions = _group(rows, "precision", lambda c: (c.train.precision, c.train.loss_scaling))
+    for (precision, scaling), cells in sorted(precisions.items(), key=lambda kv: (kv[0][0] != "fp32", kv[0])):
         label = precision + (" + loss scaling" if scaling else "")
         out.append(_summary_row("precision", {"p": _PQ[0], "q": _PQ[1], "init": "standard N(0, 0.02)",
                                               "precision": label}, cells))
-    for (w,), cells in _group(rows, "exact", lambda c: (c.model.canonical_w,)).items():
+    for (w,), cells in sorted(_group(rows, "exact", lambda c: (c.model.canonical_w,)).items(), reverse=True):
         e = cells[0].config.model.canonical_e
         out.append(_summary_row("exact", {"p": _PQ[0], "q": _PQ[1], "init": f"canonical e0={e} w0={w}"}, cells))
     out.sort(key=lambda r: _EXPERIMENTS.index(r["experiment"]))  # stable: each experiment's rows keep their order
@@ -529,7 +529,7 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
 
     import torch
 
-    span, train_minutes = _training_span(work, result.rows)
+    span, _ = _training_span(work, result.rows)  # summed minutes overcount stacks (members share a process)
     grid_cols = ("p", "q", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "theory", "theory_exact",
                  "p_hat", "mechanisms")
     return "\n".join([
@@ -537,8 +537,8 @@ def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds
         "",
         f"Made by `{command}` on {platform.machine()} with {os.cpu_count()} CPU cores, torch {torch.__version__}, "
         f"Python {sys.version.split()[0]}: {len(result.rows)} cells ({result.n_failed} failed)"
-        + (f", trained within {span:.1f} minutes of wall-clock time ({train_minutes:.1f} process-minutes of "
-           "training; probing comes on top)" if span is not None else "")
+        + (f", trained within {span:.1f} minutes of wall-clock time (from the first run's start to the last "
+           "run's end; probing comes on top)" if span is not None else "")
         + f". This call took {seconds / 60:.1f} minutes, executed {result.n_run} cells (a finished training run "
         f"is loaded, not retrained; probes re-run when their code changed) and reused {result.n_skipped} results "
         f"from {work}. Seeds of a condition train as one stacked model (`sweep.run(group=...)`).",
