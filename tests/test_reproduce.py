@@ -177,3 +177,35 @@ def test_report_panel_for_a_sweep_run(tmp_path):
     section = built.section("condition")
     assert found.sentence() in section.parts[0].replace("&#x27;", "'").replace("&gt;", ">")
     assert "condition" in built.html and "Escape time against its condition" in built.html
+
+
+def test_boundary_figure_draws_medians_and_censored_fractions():
+    from markov_interp.report import figures
+
+    def row(q, tied, median, censored, n=16):
+        return {"q": q, "tied": tied, "median_escape": median, "median_escape_ci": (None if median is None else
+                median - 10, None), "censored": f"{censored}/{n}", "censored_ci": dynamics.wilson_interval(censored, n),
+                "budget": 400}
+
+    rows = [row(0.2, True, 30, 0), row(0.8, True, None, 12), row(0.2, False, 20, 0), row(0.8, False, 25, 0)]
+    left, right = figures.reproduction_boundary_figure(rows, p=0.5).axes
+    tied_line = next(line for line in left.lines if line.get_label() == "tied")
+    # a median beyond the budget is drawn at the budget
+    assert list(tied_line.get_ydata()) == [30, 400]
+    fractions = [c for c in right.containers]
+    assert len(fractions) == 2  # tied and untied error bars
+    tied_points = fractions[0].lines[0].get_ydata()
+    assert list(tied_points) == pytest.approx([0.0, 12 / 16])
+
+
+def test_run_escape_figure_marks_the_run_on_its_condition_curve():
+    from markov_interp.report import figures
+
+    escapes = [dynamics.EscapeTime(s, False) for s in (100, 200, 300)] + [dynamics.EscapeTime(400, True)]
+    km = dynamics.kaplan_meier(escapes)
+    ax = figures.run_escape_figure(km, budget=400, step=200, censored=False).axes[0]
+    marker = [line for line in ax.lines if line.get_label().startswith("this run")]
+    assert len(marker) == 1
+    assert list(marker[0].get_xdata()) == [200] and list(marker[0].get_ydata()) == [pytest.approx(0.5)]
+    ax = figures.run_escape_figure(km, budget=400, step=400, censored=True).axes[0]
+    assert any("censored at 400" in line.get_label() for line in ax.lines)

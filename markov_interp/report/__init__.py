@@ -36,8 +36,10 @@ from markov_interp.report.figures import (
     position_loss_figure,
     regime_map_init_figure,
     regime_map_pq_figure,
+    reproduction_boundary_figure,
     reproduction_depth_figure,
     reproduction_init_precision_figure,
+    run_escape_figure,
     escape_survival_figure,
     reproduction_mechanism_figure,
     reproduction_phase_figure,
@@ -52,4 +54,5 @@ __all__ = [
     "loss_curves_figure", "position_loss_figure", "regime_map_init_figure", "regime_map_pq_figure",
     "reproduction_depth_figure", "reproduction_init_precision_figure", "escape_survival_figure", "reproduction_mechanism_figure",
     "reproduction_phase_figure", "strategy_similarity_figure", "training_probes_figure",
+    "reproduction_boundary_figure", "run_escape_figure",
 ]
