@@ -5,7 +5,9 @@
 atomically. The file holds the run's config, loss curves beside `theory`'s reference losses, the mechanism
 verdict with its evidence, per-head scores against chance, attention patterns (circuitsvis, its JavaScript
 inlined once per file), the ablation table, the learned kernel against the true one, the canonical
-landscape (single-layer binary runs) and probe scores over training (runs with checkpoints).
+landscape (single-layer binary runs) and probe scores over training (runs with checkpoints); for a run of a
+sweep (`<sweep>/runs/<cell_id>` beside `<sweep>/results.csv`) also its escape step against the Kaplan-Meier
+curve of its condition's seeds (section "condition", `report._condition`).
 
 The figure functions in `markov_interp.report.figures` return matplotlib figures (or a circuitsvis figure)
 from probe results, the canonical landscape and the reproduction's tables, for use in notebooks; every figure
