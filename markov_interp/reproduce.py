@@ -319,8 +319,8 @@ _EXPERIMENTS = ("pq-tied", "pq-untied", "pq-line", "depth", "random", "precision
 _SUMMARY_COLUMNS = ("experiment", "p", "q", "tied", "n_layers", "init", "precision", "seeds", "failed",
                     "diverged", "budget", "censored", "censored_ci", "median_escape", "median_escape_ci",
                     "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "bayes_loss",
-                    "escape_step", "theory", "theory_exact", "theory_agreement", "p_hat", "mechanisms", "previous_token_excess", "induction_excess",
-                    "circuit_confirmed")
+                    "escape_step", "theory", "theory_exact", "theory_agreement", "p_hat", "mechanisms",
+                    "previous_token_excess", "induction_excess", "circuit_confirmed")
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -520,46 +520,58 @@ def _precision_note() -> str:
     return text if device.startswith("cuda") else text + " " + _GPU_NOTE
 
 
+_LEGEND = (
+    "Escape times are the headline. Every evaluation is paired (the model's loss beside the true predictor's "
+    "and the plateau predictor's on the same tokens); a run escapes at the first evaluation from which its "
+    "excess stays below half the plateau's (`dynamics.escape_from_metrics`), and is **censored** when that "
+    "never happens within the budget (\"stuck\" means censored at the budget, nothing more: a longer budget "
+    "may see it escape). Per condition: seeds, budget (steps), censored = k/n censored with its 95% Wilson "
+    "interval (censored_ci), median_escape = the Kaplan-Meier median escape step with its 95% interval "
+    "(median_escape_ci; >budget: not reached). \"theory\" = `landscape.predict_outcome` for the canonical "
+    f"one-layer model (a Gaussian init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); it is exact only where "
+    "theory_exact says yes (no normalisation, relu MLP, canonical init with zero value matrix: section 7); "
+    "for the paper's LayerNorm models (theory_exact = no) it is a heuristic. \"p_hat\" = the learned P(1|0) "
+    "(`probes.kernel_readout`); mechanisms = `probes.classify_mechanism` counts over seeds (\"?\": not "
+    "probed; \"other\": no candidate law fits, or an in-context k-gram law without a confirmed circuit); "
+    "losses in nats (final_loss: mean final evaluation loss)."
+)
+
+
 _KEY = ("seeds", "budget", "censored", "censored_ci", "median_escape", "median_escape_ci")
 
 
-def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds: float, result: SweepResult,
-                      work: Path) -> str:
+def _header(command: str, seconds: float, result: SweepResult, work: Path) -> str:
+    """Who made the summary, on what, how long the training took and what this call reused."""
     import platform
 
     import torch
 
     span, _ = _training_span(work, result.rows)  # summed minutes overcount stacks (members share a process)
-    grid_cols = ("p", "q", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "theory", "theory_exact",
-                 "p_hat", "mechanisms")
-    return "\n".join([
-        f"# Reproduction ({budget.name})",
-        "",
+    return (
         f"Made by `{command}` on {platform.machine()} with {os.cpu_count()} CPU cores, torch {torch.__version__}, "
         f"Python {sys.version.split()[0]}: {len(result.rows)} cells ({result.n_failed} failed)"
         + (f", trained within {span:.1f} minutes of wall-clock time (from the first run's start to the last "
            "run's end; probing comes on top)" if span is not None else "")
         + f". This call took {seconds / 60:.1f} minutes, executed {result.n_run} cells (a finished training run "
         f"is loaded, not retrained; probes re-run when their code changed) and reused {result.n_skipped} results "
-        f"from {work}. Seeds of a condition train as one stacked model (`sweep.run(group=...)`).",
+        f"from {work}. Seeds of a condition train as one stacked model (`sweep.run(group=...)`)."
+    )
+
+
+def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds: float, result: SweepResult,
+                      work: Path) -> str:
+    grid_cols = ("p", "q", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "theory", "theory_exact",
+                 "p_hat", "mechanisms")
+    return "\n".join([
+        f"# Reproduction ({budget.name})",
+        "",
+        _header(command, seconds, result, work),
         "",
         f"Budget: {budget.cuts}." if budget.cuts else "",
         "",
         _precision_note(),
         "",
-        "Escape times are the headline. Every evaluation is paired (the model's loss beside the true predictor's "
-        "and the plateau predictor's on the same tokens); a run escapes at the first evaluation from which its "
-        "excess stays below half the plateau's (`dynamics.escape_from_metrics`), and is **censored** when that "
-        "never happens within the budget (\"stuck\" means censored at the budget, nothing more: a longer budget "
-        "may see it escape). Per condition: seeds, budget (steps), censored = k/n censored with its 95% Wilson "
-        "interval (censored_ci), median_escape = the Kaplan-Meier median escape step with its 95% interval "
-        "(median_escape_ci; >budget: not reached). \"theory\" = `landscape.predict_outcome` for the canonical "
-        f"one-layer model (a Gaussian init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); it is exact only where "
-        "theory_exact says yes (no normalisation, relu MLP, canonical init with zero value matrix: section 7); "
-        "for the paper's LayerNorm models (theory_exact = no) it is a heuristic. \"p_hat\" = the learned P(1|0) "
-        "(`probes.kernel_readout`); mechanisms = `probes.classify_mechanism` counts over seeds (\"?\": not "
-        "probed; \"other\": no candidate law fits, or an in-context k-gram law without a confirmed circuit); "
-        "losses in nats (final_loss: mean final evaluation loss).",
+        _LEGEND,
         "",
         f"## 1. The p + q = 1 boundary: p = {budget.line_p}, q across {1 - budget.line_p:g}, one layer",
         "",
