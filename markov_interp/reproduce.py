@@ -1,4 +1,5 @@
-"""The paper's headline findings, reproduced: five sweeps, one results table, a summary and phase diagrams.
+"""The paper's headline findings, reproduced as escape-time distributions: seven sweeps, one results table, a
+summary with intervals and figures.
 
 Makkuva et al. ("Attention with Markov", arXiv 2402.04161) and the follow-up ("Local to Global", arXiv
 2406.03072) claim, for transformers trained on first-order Markov chains:
@@ -14,9 +15,13 @@ Makkuva et al. ("Attention with Markov", arXiv 2402.04161) and the follow-up ("L
    (what the reference code ran) keeps runs stuck that fp32 lets escape.
 
 `reproduce(out_dir, quick=...)` runs these as `sweep` specs (restartable: a rerun only trains what is
-missing), then writes `results.csv` (every cell), `summary.csv` / `summary.md` (per experiment: fraction of
-seeds stuck, losses, the landscape's prediction, mechanism counts) and the figures `phase_pq.png`,
-`depth.png`, `mechanisms.png`, `init_precision.png` and `survival.png` (Kaplan-Meier curves of the escape step)
+missing): a coarse (p, q) grid tied and untied, a line p = 0.5 across p + q = 1 with 16 seeds per cell, depth
+and precision at p = 0.5, q = 0.8 with 16 seeds per condition, the random-kernel task, and the exact-reduction
+experiment (canonical init without normalisation, where `landscape.predict_outcome` holds exactly). It then
+writes `results.csv` (every cell), `summary.csv` / `summary.md` (per condition: censored k/n with a Wilson
+interval, Kaplan-Meier median escape step with its interval, losses, the landscape's prediction, mechanism
+counts) and the figures `phase_pq.png`,
+`boundary.png`, `depth.png`, `mechanisms.png` and `survival.png` (Kaplan-Meier curves of the escape step)
 into `out_dir`. The theory column is
 `landscape.predict_outcome` for the canonical reduced model: "unigram" or "bigram" (= reaches the entropy
 rate); for the standard (small Gaussian) init it is evaluated at a small init e0 = w0 = 0.05, where the
@@ -47,24 +52,33 @@ _PQ = 0.5, 0.8  # the paper's depth / precision chain
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Budget:
-    """How much compute the reproduction spends; `cuts` says what differs from the paper's setup."""
+    """How much compute the reproduction spends; `cuts` says what differs from the paper's setup.
+
+    The key conditions (p = 0.5, q = 0.8, tied: fp32, fp16 without and with loss scaling, every depth) and the
+    line p = `line_p` across p + q = 1 (tied and untied) get `key_seeds` / `line_seeds` seeds at `steps`; a
+    coarse (p, q) grid gets `grid_seeds`; the exact-reduction experiment (canonical init, no normalisation)
+    `exact_seeds` per initial w0."""
 
     name: str
     seq_len: int  # training sequence length (the paper: 1024 for the (p, q) grid, 512 for depth)
+    steps: int  # the key conditions', the line's and the exact experiment's budget
+    key_seeds: int  # seeds per precision and per depth at p = 0.5, q = 0.8
+    depth_layers: tuple
+    line_p: float = 0.5  # the line across p + q = 1: p fixed, q in line_q (tied and untied)
+    line_q: tuple
+    line_seeds: int
     grid_values: tuple  # values of p and of q (cells with p + q = 1 are left out: both solutions coincide)
     grid_seeds: int
     grid_steps: int
-    depth_layers: tuple
-    depth_seeds: int
-    depth_steps: int
+    exact_e: float = 0.1  # the exact experiment's canonical e0 (b0 = 0, no normalisation, relu MLP)
+    exact_w: tuple  # its canonical w0, on both sides of the predicted basin boundary
+    exact_seeds: int
     random_seeds: int
     random_steps: int
     random_lr: float  # the random-kernel task's learning rate, constant (the paper's 2e-3 forms the circuit slowly)
     random_vocab: int = 3  # states of the random-kernel task
     random_seq_len: int = 32  # short sequences, big batches: the circuit forms in a few hundred steps on a CPU
     random_batch: int = 64
-    init_seeds: int
-    init_steps: int
     eval_batches: int = 8
     cuts: str = ""
 
@@ -72,41 +86,52 @@ class Budget:
 QUICK = Budget(
     name="quick",
     seq_len=128,
-    grid_values=(0.1, 0.3, 0.5, 0.7, 0.9),
-    grid_seeds=2,
-    grid_steps=250,
+    steps=400,
+    key_seeds=16,
     depth_layers=(1, 2, 4),
-    depth_seeds=3,
-    depth_steps=300,
+    line_q=(0.2, 0.4, 0.6, 0.8),
+    line_seeds=16,
+    grid_values=(0.1, 0.5, 0.9),
+    grid_seeds=4,
+    grid_steps=400,
+    exact_w=(0.1, -0.5, -0.8, -1.0),
+    exact_seeds=8,
     random_seeds=3,
     random_steps=600,
     random_lr=1e-2,
-    init_seeds=3,
-    init_steps=250,
-    cuts="sequences of 128 states instead of 512-1024; 250-300 optimiser steps instead of 400-1000; 2-3 seeds "
-    "per cell instead of 5-8; a 5 x 5 (p, q) grid (0.1 ... 0.9); depths 1, 2, 4 (no 8); the random-kernel task "
-    "on 3 states with sequences of 32, batch 64, 600 steps at a constant lr 1e-2; evaluation on 8 fresh batches "
-    "of 16",
+    cuts="sequences of 128 states instead of 512-1024; 400 optimiser steps everywhere (the full budget: 2000; "
+    "escape times beyond 400 steps are censored, not observed); 16 seeds for the key conditions (p = 0.5, "
+    "q = 0.8: fp32, fp16, fp16 with loss scaling, depths 1, 2, 4) and for the line p = 0.5, q = 0.2 ... 0.8 "
+    "(tied and untied); depth 8 is missing (the full budget has it); a 3 x 3 (p, q) grid (0.1, 0.5, 0.9) with "
+    "4 seeds per cell; the exact-reduction experiment with 4 initial w0 and 8 seeds each; the random-kernel "
+    "task with 3 seeds on 3 states, sequences of 32, batch 64, 600 steps at a constant lr 1e-2; evaluation on "
+    "8 fresh batches of 16",
 )
 
 FULL = Budget(
     name="full",
     seq_len=512,
-    grid_values=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
-    grid_seeds=4,
-    grid_steps=500,
+    steps=2000,
+    key_seeds=16,
     depth_layers=(1, 2, 4, 8),
-    depth_seeds=8,
-    depth_steps=500,
-    random_seeds=6,
+    line_q=(0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9),
+    line_seeds=16,
+    grid_values=(0.1, 0.3, 0.5, 0.7, 0.9),
+    grid_seeds=4,
+    grid_steps=1000,
+    exact_w=(0.1, -0.5, -0.6, -0.65, -0.8, -1.0),
+    exact_seeds=16,
+    random_seeds=8,
     random_steps=2000,
     random_lr=1e-2,
     random_seq_len=64,
-    init_seeds=8,
-    init_steps=500,
-    cuts="sequences of 512 states instead of 1024 for the (p, q) grid; 4 seeds per (p, q) cell; the "
-    "random-kernel task on 3 states, sequences of 64, batch 64, constant lr 1e-2",
+    cuts="sequences of 512 states instead of 1024; 2000 steps for the key conditions, the line p = 0.5 and the "
+    "exact-reduction experiment, 1000 for the 5 x 5 (p, q) grid with 4 seeds per cell; the random-kernel task "
+    "with 8 seeds on 3 states, sequences of 64, batch 64, constant lr 1e-2",
 )
+
+# stacked training (`sweep.run(group=...)`): 16 seeds of a condition train as one stacked model
+GROUP = {"cpu": 16, "cuda": 64}
 
 
 def _train_base(budget: Budget, steps: int) -> dict:
@@ -115,23 +140,36 @@ def _train_base(budget: Budget, steps: int) -> dict:
             "eval_batches": budget.eval_batches, "n_checkpoints": 0, "log_every": 10}
 
 
+def _exact_model(budget: Budget) -> dict:
+    """The model on which the canonical (e, w, b) reduction is exact: the paper's one-layer shape without
+    normalisation, a relu MLP and the canonical init with zero value matrix (see `models.build`)."""
+    return {"preset": "paper-1layer", "n_ctx": budget.seq_len, "normalization": None, "act_fn": "relu",
+            "init": "canonical", "canonical_e": budget.exact_e, "canonical_b": 0.0, "canonical_v_std": 0.0}
+
+
 def experiment_specs(budget: Budget) -> list[SweepSpec]:
-    """The five sweeps of the reproduction at `budget` (names: pq-tied, pq-untied, depth, random, init-precision)."""
+    """The sweeps of the reproduction at `budget` (names: pq-tied, pq-untied (the coarse grid), pq-line, depth,
+    random, precision, exact)."""
     values = list(budget.grid_values)
     iid = [{"source.p": p, "source.q": q} for p in values for q in values if abs(p + q - 1) < 1e-9]
     model = {"preset": "paper-1layer", "n_ctx": budget.seq_len}
     binary = {"kind": "binary", "p": _PQ[0], "q": _PQ[1]}
     grid_train = _train_base(budget, budget.grid_steps)
+    key_train = _train_base(budget, budget.steps)
+    grid = {"source.p": values, "source.q": values}
+    line = {"source.p": [budget.line_p], "source.q": list(budget.line_q), "model.tie_weights": [True, False]}
     return [
         SweepSpec(name="pq-tied", base={"source": {"kind": "binary", "p": 0.5, "q": 0.5}, "model": model,
-                                        "train": grid_train},
-                  grid={"source.p": values, "source.q": values}, exclude=iid, seeds=_seeds(budget.grid_seeds)),
+                                        "train": grid_train}, grid=grid, exclude=iid, seeds=_seeds(budget.grid_seeds)),
         SweepSpec(name="pq-untied", base={"source": {"kind": "binary", "p": 0.5, "q": 0.5},
                                           "model": {**model, "tie_weights": False}, "train": grid_train},
-                  grid={"source.p": values, "source.q": values}, exclude=iid, seeds=_seeds(budget.grid_seeds)),
-        SweepSpec(name="depth", base={"source": binary, "model": model,
-                                      "train": _train_base(budget, budget.depth_steps)},
-                  grid={"model.n_layers": list(budget.depth_layers)}, seeds=_seeds(budget.depth_seeds)),
+                  grid=grid, exclude=iid, seeds=_seeds(budget.grid_seeds)),
+        # escape times are what the line, precision and exact experiments measure: no probes there (the fp32
+        # cell at p = 0.5, q = 0.8 is the depth experiment's one-layer cell, probed there)
+        SweepSpec(name="pq-line", base={"source": binary, "model": model, "train": key_train}, grid=line,
+                  exclude=[{"source.q": 1 - budget.line_p}], seeds=_seeds(budget.line_seeds), probe=False),
+        SweepSpec(name="depth", base={"source": binary, "model": model, "train": key_train},
+                  grid={"model.n_layers": list(budget.depth_layers)}, seeds=_seeds(budget.key_seeds)),
         SweepSpec(name="random", base={"source": {"kind": "random", "vocab": budget.random_vocab, "alpha": 1.0},
                                        "model": {"preset": "attn-only-2layer", "n_ctx": budget.random_seq_len},
                                        "train": {**_train_base(budget, budget.random_steps),
@@ -139,11 +177,12 @@ def experiment_specs(budget: Budget) -> list[SweepSpec]:
                                                  "batch_size": budget.random_batch,
                                                  "lr": budget.random_lr, "schedule": "constant"}},
                   grid={"model.n_layers": [1, 2]}, seeds=_seeds(budget.random_seeds)),
-        SweepSpec(name="init-precision", base={"source": binary, "model": model,
-                                               "train": _train_base(budget, budget.init_steps)},
-                  grid={"model.init": ["standard", "canonical"], "model.canonical_w": [0.1, -1.0],
-                        "train.precision": ["fp32", "fp16"]},
-                  exclude=[{"model.init": "standard", "model.canonical_w": -1.0}], seeds=_seeds(budget.init_seeds)),
+        SweepSpec(name="precision", base={"source": binary, "model": model, "train": key_train},
+                  grid={"train.precision": ["fp32", "fp16"], "train.loss_scaling": [False, True]},
+                  exclude=[{"train.precision": "fp32", "train.loss_scaling": True}], seeds=_seeds(budget.key_seeds),
+                  probe=False),
+        SweepSpec(name="exact", base={"source": binary, "model": _exact_model(budget), "train": key_train},
+                  grid={"model.canonical_w": list(budget.exact_w)}, seeds=_seeds(budget.exact_seeds), probe=False),
     ]
 
 
@@ -167,13 +206,15 @@ def _theory(row: Row) -> Optional[str]:
 
 
 def _theory_exact(row: Row) -> Optional[bool]:
-    """Whether the canonical (e, w, b) reduction behind `_theory` is exact for this cell: a one-layer model without
-    normalisation started at the canonical init. With LayerNorm (the paper's model) or a Gaussian init the
-    prediction is a heuristic (see `landscape.projection`)."""
+    """Whether the canonical (e, w, b) reduction behind `_theory` is exact for this cell at its start: a one-layer
+    model without normalisation, relu MLP, started at the canonical init with e0 > 0 and a zero value matrix
+    (`models.build`). With LayerNorm (the paper's model) or a Gaussian init the prediction is a heuristic (see
+    `landscape.projection`)."""
     if _theory(row) is None:
         return None
     model = row.config.model
-    return model.normalization is None and model.init == "canonical"
+    return (model.normalization is None and model.init == "canonical" and model.act_fn == "relu"
+            and model.canonical_v_std == 0 and model.canonical_e > 0)
 
 
 # ---------------------------------------------------------------------------------------------- summary
@@ -208,7 +249,9 @@ def _summary_row(experiment: str, setting: dict, cells: list[Row]) -> dict:
     mechanisms = Counter(_mechanism_label(r.probe) for r in ok)
     references = ok[0] if ok else None
     escapes = [dynamics.EscapeTime(r.escape_step, r.censored) for r in ok if r.censored is not None]
-    spread = dynamics.summarise(escapes) if escapes else None
+    budget = cells[0].config.train.steps
+    spread = dynamics.summarise(escapes, budget=budget) if escapes else None
+    theory = _theory(cells[0])
     return {
         "experiment": experiment,
         **setting,
@@ -222,13 +265,19 @@ def _summary_row(experiment: str, setting: dict, cells: list[Row]) -> dict:
         "unigram_loss": references.unigram_loss if references else None,
         "bayes_loss": _mean([r.bayes_loss for r in ok]),
         "escape_step": _mean([r.escape_step for r in ok]),
+        "budget": budget,
+        "censored": f"{spread.n_censored}/{spread.n}" if spread else None,
         # escape times with censoring (paired evaluation; `dynamics`): Kaplan-Meier median, Wilson interval
         "median_escape": spread.median if spread else None,
         "median_escape_ci": spread.median_interval if spread else None,
         "censored_ci": spread.censored_interval if spread else None,
         "escape_curve": spread.curve if spread else None,  # for the survival figure (not a table column)
-        "theory": _theory(cells[0]),
+        "theory": theory,
         "theory_exact": _theory_exact(cells[0]),
+        # the seeds whose observed outcome is the predicted one: "unigram" = censored at the budget (still on the
+        # plateau), "bigram" = escaped (the models' training is Adam on a schedule, not the theory's flow)
+        "theory_agreement": (f"{sum((e.censored) == (theory == 'unigram') for e in escapes)}/{len(escapes)}"
+                             if theory and escapes else None),
         "p_hat": _probe_mean(ok, "p_hat"),
         "mechanisms": dict(sorted(mechanisms.items())),
         "previous_token_excess": _probe_mean(ok, "previous_token_excess"),
@@ -238,30 +287,40 @@ def _summary_row(experiment: str, setting: dict, cells: list[Row]) -> dict:
 
 
 def summarise(rows: list[Row]) -> list[dict]:
-    """One summary row per setting of each experiment (over seeds): fraction stuck at the unigram loss (see
-    `sweep.stuck_at_unigram`), mean final loss beside the references, mean plateau-escape step, the landscape's
-    prediction, the mean learned P(1|0) ("p_hat"), mechanism counts and mean head scores."""
+    """One summary row per setting of each experiment (over seeds): escape times with censoring (censored k/n with
+    its Wilson interval, Kaplan-Meier median escape with its interval, at the budget), mean final loss beside
+    the references, the landscape's prediction (exact or heuristic) and its agreement with the seeds, the mean
+    learned P(1|0) ("p_hat"), mechanism counts and mean head scores."""
     out = []
     for name in ("pq-tied", "pq-untied"):
         for (p, q), cells in _group(rows, name, lambda c: (c.source.p, c.source.q)).items():
             out.append(_summary_row(name, {"p": p, "q": q, "tied": name == "pq-tied"}, cells))
+    for (tied, q), cells in _group(rows, "pq-line", lambda c: (not c.model.tie_weights, c.source.q)).items():
+        out.append(_summary_row("pq-line", {"p": cells[0].config.source.p, "q": q, "tied": not tied}, cells))
     for (layers,), cells in _group(rows, "depth", lambda c: (c.model.n_layers,)).items():
         out.append(_summary_row("depth", {"p": _PQ[0], "q": _PQ[1], "n_layers": layers}, cells))
     for (layers,), cells in _group(rows, "random", lambda c: (c.model.n_layers,)).items():
         out.append(_summary_row("random", {"n_layers": layers}, cells))
-    for (init, w, precision), cells in _group(
-            rows, "init-precision", lambda c: (c.model.init, c.model.canonical_w, c.train.precision)).items():
-        label = "standard N(0, 0.02)" if init == "standard" else f"canonical w0={w}"
-        out.append(_summary_row("init-precision", {"p": _PQ[0], "q": _PQ[1], "init": label, "precision": precision},
-                                cells))
+    precisions = _group(rows, "precision", lambda c: (c.train.precision, c.train.loss_scaling))
+    for (precision, scaling), cells in sorted(precisions.items(), key=lambda kv: (kv[0][0] != "fp32", kv[0])):
+        label = precision + (" + loss scaling" if scaling else "")
+        out.append(_summary_row("precision", {"p": _PQ[0], "q": _PQ[1], "init": "standard N(0, 0.02)",
+                                              "precision": label}, cells))
+    for (w,), cells in sorted(_group(rows, "exact", lambda c: (c.model.canonical_w,)).items(), reverse=True):
+        e = cells[0].config.model.canonical_e
+        out.append(_summary_row("exact", {"p": _PQ[0], "q": _PQ[1], "init": f"canonical e0={e} w0={w}"}, cells))
+    out.sort(key=lambda r: _EXPERIMENTS.index(r["experiment"]))  # stable: each experiment's rows keep their order
     return out
 
 
+_EXPERIMENTS = ("pq-tied", "pq-untied", "pq-line", "depth", "random", "precision", "exact")
+
+
 _SUMMARY_COLUMNS = ("experiment", "p", "q", "tied", "n_layers", "init", "precision", "seeds", "failed",
-                    "diverged", "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss",
-                    "bayes_loss", "escape_step", "median_escape", "median_escape_ci", "censored_ci", "theory",
-                    "theory_exact", "p_hat", "mechanisms", "previous_token_excess", "induction_excess",
-                    "circuit_confirmed")
+                    "diverged", "budget", "censored", "censored_ci", "median_escape", "median_escape_ci",
+                    "stuck_fraction", "above_unigram", "final_loss", "entropy_rate", "unigram_loss", "bayes_loss",
+                    "escape_step", "theory", "theory_exact", "theory_agreement", "p_hat", "mechanisms",
+                    "previous_token_excess", "induction_excess", "circuit_confirmed")
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -319,31 +378,45 @@ def _mechanism_counts(summary: list[dict], name: str) -> list[tuple[str, dict]]:
 
 
 def _figures(summary: list[dict], rows: list[Row], work: Path, budget: Budget) -> dict:
-    """The reproduction's four figures (drawn by `markov_interp.report.figures`), by file name."""
+    """The reproduction's figures (drawn by `markov_interp.report.figures`), by file name."""
     from markov_interp.report import figures
 
     def experiment(name):
         return [r for r in summary if r["experiment"] == name]
 
-    curves, refs = _depth_curves(rows, work)
+    def curves(name, label):
+        return {label(r): r["escape_curve"] for r in experiment(name) if r["escape_curve"]}
+
+    curves_depth, refs = _depth_curves(rows, work)
     phase = {"one layer, tied": experiment("pq-tied"), "one layer, untied": experiment("pq-untied")}
     mechanisms = {f"binary chain p={_PQ[0]}, q={_PQ[1]}": _mechanism_counts(summary, "depth"),
                   "random kernels (in-context task)": _mechanism_counts(summary, "random")}
+    at = f"p = {_PQ[0]}, q = {_PQ[1]}"
+    panels = {
+        f"tied, p = {budget.line_p}, q across 1 - p": curves("pq-line", lambda r: f"q = {r['q']}" if r["tied"]
+                                                            else None),
+        f"precision at {at} (device: {_precision_device()})": curves("precision", lambda r: r["precision"]),
+        f"depth at {at}": curves("depth", lambda r: f"{r['n_layers']} layer(s)"),
+        f"exact reduction at {at}": curves("exact", lambda r: f"{r['init'].split(' ', 1)[1]} ({r['theory']})"),
+    }
+    panels = {title: {k: v for k, v in c.items() if k is not None} for title, c in panels.items()}
     return {
         "phase_pq.png": figures.reproduction_phase_figure(phase, budget.grid_values),
-        "depth.png": figures.reproduction_depth_figure(curves, refs, p=_PQ[0], q=_PQ[1]),
+        "boundary.png": figures.reproduction_boundary_figure(experiment("pq-line"), p=budget.line_p),
+        "depth.png": figures.reproduction_depth_figure(curves_depth, refs, p=_PQ[0], q=_PQ[1]),
         "mechanisms.png": figures.reproduction_mechanism_figure(mechanisms),
-        "init_precision.png": figures.reproduction_init_precision_figure(experiment("init-precision"),
-                                                                         p=_PQ[0], q=_PQ[1]),
-        "survival.png": figures.escape_survival_figure({
-            f"depth at p = {_PQ[0]}, q = {_PQ[1]} ({budget.depth_steps} steps)": {
-                f"{r['n_layers']} layer(s)": r["escape_curve"] for r in experiment("depth") if r["escape_curve"]},
-            f"init and precision ({budget.init_steps} steps)": {
-                f"{r['init']}, {r['precision']}": r["escape_curve"] for r in experiment("init-precision")
-                if r["escape_curve"]},
-        }, budget={f"depth at p = {_PQ[0]}, q = {_PQ[1]} ({budget.depth_steps} steps)": budget.depth_steps,
-                   f"init and precision ({budget.init_steps} steps)": budget.init_steps}),
+        "survival.png": figures.escape_survival_figure(panels, budget=budget.steps),
     }
+
+
+def _precision_device() -> str:
+    """Where this process's runs train with device "auto" (the precision runs' setting): "cuda (NAME)" or "cpu"."""
+    import torch
+
+    from markov_interp.training import resolve_device
+
+    device = resolve_device("auto")
+    return f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else device.type
 
 
 # -------------------------------------------------------------------------------------------- reproduce
@@ -356,14 +429,16 @@ def reproduce(
     workers: Optional[int] = None,
     progress: bool = True,
     command: Optional[str] = None,
+    group: Optional[int] = None,
 ) -> dict:
     """Run the five experiments and write the reproduction's tables and figures into `out_dir`.
 
     Training runs live in `work_dir` (default runs/reproduce-quick or runs/reproduce; a rerun skips finished
     cells). Writes results.csv (every cell: config, losses, references, stuck flag, mechanism, probe scores),
-    summary.csv and summary.md (per setting over seeds, beside the landscape's prediction; the command and the
-    budget's cuts stated at the top) and phase_pq.png, depth.png, mechanisms.png, init_precision.png,
-    survival.png.
+    summary.csv and summary.md (per setting over seeds, beside the landscape's prediction; the command, the
+    budget's cuts and the precision runs' device stated at the top) and phase_pq.png, boundary.png, depth.png,
+    mechanisms.png, survival.png. `group`: seeds trained as one stacked model (default `GROUP`: 16 on a CPU,
+    64 on a GPU; `sweep.run`).
     Returns {"summary": rows, "files": paths, "seconds": wall time, "failed": n}.
     """
     budget = QUICK if quick else FULL
@@ -371,7 +446,10 @@ def reproduce(
     out.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir is not None else Path("runs") / ("reproduce-quick" if quick else "reproduce")
     start = time.perf_counter()
-    result = sweep.run(experiment_specs(budget), work, backend=backend, workers=workers, progress=progress)
+    if group is None:
+        group = GROUP["cuda" if _precision_device().startswith("cuda") else "cpu"]
+    result = sweep.run(experiment_specs(budget), work, backend=backend, workers=workers, progress=progress,
+                       group=group)
     seconds = time.perf_counter() - start
     rows = result.rows
     summary = summarise(rows)
@@ -429,73 +507,118 @@ def _training_span(work: Path, rows: list[Row]) -> tuple[Optional[float], float]
     return (max(ends) - min(starts)) / 60, sum(e - s for s, e in zip(starts, ends)) / 60
 
 
-def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds: float, result: SweepResult,
-                      work: Path) -> str:
+_GPU_NOTE = ("The CPU's fp16 autocast does not reproduce the GPU effect; the CUDA measurements are in "
+             "docs/reproduction/gpu/ (NVIDIA H200, torch 2.11.0+cu130, 16 seeds per condition, 2000 steps, paired "
+             "evaluation every 20 steps): there fp16 autocast without loss scaling escapes about twice as late as fp32 "
+             "and fp16 with loss scaling, and at 2000 steps every seed of every precision escapes.")
+
+
+def _precision_note() -> str:
+    """Where the precision runs ran, and on a CPU where the CUDA measurements are."""
+    device = _precision_device()
+    text = f"The precision runs ran on {device} (the reproduction's runs use device \"auto\")."
+    return text if device.startswith("cuda") else text + " " + _GPU_NOTE
+
+
+_LEGEND = (
+    "Escape times are the headline. Every evaluation is paired (the model's loss beside the true predictor's "
+    "and the plateau predictor's on the same tokens); a run escapes at the first evaluation from which its "
+    "excess stays below half the plateau's (`dynamics.escape_from_metrics`), and is **censored** when that "
+    "never happens within the budget (\"stuck\" means censored at the budget, nothing more: a longer budget "
+    "may see it escape). Per condition: seeds, budget (steps), censored = k/n censored with its 95% Wilson "
+    "interval (censored_ci), median_escape = the Kaplan-Meier median escape step with its 95% interval "
+    "(median_escape_ci; >budget: not reached). \"theory\" = `landscape.predict_outcome` for the canonical "
+    f"one-layer model (a Gaussian init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); it is exact only where "
+    "theory_exact says yes (no normalisation, relu MLP, canonical init with zero value matrix: section 7); "
+    "for the paper's LayerNorm models (theory_exact = no) it is a heuristic. \"p_hat\" = the learned P(1|0) "
+    "(`probes.kernel_readout`); mechanisms = `probes.classify_mechanism` counts over seeds (\"?\": not "
+    "probed; \"other\": no candidate law fits, or an in-context k-gram law without a confirmed circuit); "
+    "losses in nats (final_loss: mean final evaluation loss)."
+)
+
+
+_KEY = ("seeds", "budget", "censored", "censored_ci", "median_escape", "median_escape_ci")
+
+
+def _header(command: str, seconds: float, result: SweepResult, work: Path) -> str:
+    """Who made the summary, on what, how long the training took and what this call reused."""
     import platform
 
     import torch
 
-    span, train_minutes = _training_span(work, result.rows)
-    grid_cols = ("p", "q", "seeds", "stuck_fraction", "censored_ci", "median_escape", "above_unigram", "final_loss",
-                 "entropy_rate", "unigram_loss", "theory", "theory_exact", "p_hat", "mechanisms")
+    span, _ = _training_span(work, result.rows)  # summed minutes overcount stacks (members share a process)
+    return (
+        f"Made by `{command}` on {platform.machine()} with {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+        f"Python {sys.version.split()[0]}: {len(result.rows)} cells ({result.n_failed} failed)"
+        + (f", trained within {span:.1f} minutes of wall-clock time (from the first run's start to the last "
+           "run's end; probing comes on top)" if span is not None else "")
+        + f". This call took {seconds / 60:.1f} minutes, executed {result.n_run} cells (a finished training run "
+        f"is loaded, not retrained; probes re-run when their code changed) and reused {result.n_skipped} results "
+        f"from {work}. Seeds of a condition train as one stacked model (`sweep.run(group=...)`)."
+    )
+
+
+def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds: float, result: SweepResult,
+                      work: Path) -> str:
+    grid_cols = ("p", "q", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "theory", "theory_exact",
+                 "p_hat", "mechanisms")
     return "\n".join([
         f"# Reproduction ({budget.name})",
         "",
-        f"Made by `{command}` on {platform.machine()} with {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-        f"Python {sys.version.split()[0]}: {len(result.rows)} cells ({result.n_failed} failed)"
-        + (f", trained within {span:.1f} minutes of wall-clock time ({train_minutes:.1f} process-minutes of "
-           "training; probing comes on top)" if span is not None else "")
-        + f". This call took {seconds / 60:.1f} minutes, executed {result.n_run} cells (a finished training run "
-        f"is loaded, not retrained; probes re-run when their code changed) and reused {result.n_skipped} results "
-        f"from {work}.",
+        _header(command, seconds, result, work),
         "",
         f"Budget: {budget.cuts}." if budget.cuts else "",
         "",
-        "\"Stuck\" = censored at the budget: every evaluation is paired (the model's loss beside the true "
-        "predictor's and the plateau predictor's on the same tokens) and a run escapes at the first evaluation from "
-        "which its excess stays below half the plateau's (`dynamics.escape_from_metrics`); stuck_fraction is the "
-        "fraction censored, censored_ci its 95% Wilson interval, median_escape the Kaplan-Meier median escape step "
-        "with its 95% interval (median_escape_ci; >budget: not reached); \"above_unigram\" = seeds whose final "
-        "loss is still above the unigram band (not trained even to pi); \"theory\" = `landscape.predict_outcome` "
-        f"for the canonical one-layer model (standard init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); it is exact "
-        "only where theory_exact says yes (no normalisation, canonical init): for the paper's LayerNorm models it is "
-        "a heuristic; "
-        "\"p_hat\" = the learned P(1|0) read from the model's predictions (`probes.kernel_readout`); "
-        "mechanisms = `probes.classify_mechanism` counts over seeds (\"other\": no candidate law fits, or an "
-        "in-context k-gram law without a confirmed circuit); escape_step = the mean of the seeds' escape steps "
-        "(the budget for censored ones); losses in nats.",
+        _precision_note(),
         "",
-        "## 1. One layer, tied: fraction of seeds stuck at the unigram loss over (p, q)",
+        _LEGEND,
+        "",
+        f"## 1. The p + q = 1 boundary: p = {budget.line_p}, q across {1 - budget.line_p:g}, one layer",
+        "",
+        _markdown(summary, "pq-line", ("q", "tied", *_KEY, "final_loss", "entropy_rate", "unigram_loss",
+                                       "theory", "theory_exact")),
+        "![boundary](boundary.png)",
+        "",
+        "## 2. A coarse (p, q) grid, tied",
         "",
         _markdown(summary, "pq-tied", grid_cols),
-        "## 2. One layer, untied",
+        "## 3. The same grid, untied",
         "",
         _markdown(summary, "pq-untied", grid_cols),
         "![phase diagram](phase_pq.png)",
         "",
-        f"## 3. Depth at p = {_PQ[0]}, q = {_PQ[1]} (tied)",
+        f"## 4. Depth at p = {_PQ[0]}, q = {_PQ[1]} (tied)",
         "",
-        _markdown(summary, "depth", ("n_layers", "seeds", "stuck_fraction", "censored_ci", "median_escape",
-                                     "median_escape_ci", "above_unigram", "final_loss", "entropy_rate", "unigram_loss",
-                                     "mechanisms", "previous_token_excess",
-                                     "induction_excess")),
+        _markdown(summary, "depth", ("n_layers", *_KEY, "final_loss", "entropy_rate", "unigram_loss",
+                                     "mechanisms", "previous_token_excess", "induction_excess")),
         "![depth](depth.png)",
         "",
-        f"## 4. Random kernels (in-context task, {budget.random_vocab} states, Dirichlet(1) rows): one vs two "
+        f"## 5. Random kernels (in-context task, {budget.random_vocab} states, Dirichlet(1) rows): one vs two "
         "attention-only layers",
         "",
-        _markdown(summary, "random", ("n_layers", "seeds", "final_loss", "bayes_loss", "unigram_loss",
+        "The plateau here is the in-context unigram estimator (unigram_loss column); bayes_loss is the in-context "
+        "Bayes predictor's loss.",
+        "",
+        _markdown(summary, "random", ("n_layers", *_KEY, "final_loss", "bayes_loss", "unigram_loss",
                                       "mechanisms", "previous_token_excess", "induction_excess",
                                       "circuit_confirmed")),
         "![mechanisms](mechanisms.png)",
         "",
-        f"## 5. Initialisation and precision at p = {_PQ[0]}, q = {_PQ[1]} (one layer, tied)",
+        f"## 6. Precision at p = {_PQ[0]}, q = {_PQ[1]} (one layer, tied, standard init; device: "
+        f"{_precision_device()})",
         "",
-        _markdown(summary, "init-precision", ("init", "precision", "seeds", "stuck_fraction", "censored_ci",
-                                              "median_escape", "median_escape_ci", "above_unigram", "final_loss", "theory",
-                                              "theory_exact", "p_hat", "mechanisms")),
-        "![init and precision](init_precision.png)",
+        _markdown(summary, "precision", ("precision", *_KEY, "final_loss", "theory", "theory_exact")),
+        f"## 7. The exact reduction: canonical init, no normalisation, at p = {_PQ[0]}, q = {_PQ[1]} (tied)",
         "",
+        "The one model on which `landscape.predict_outcome` is exact at the start (theory_exact = yes): the paper's "
+        f"one-layer shape without LayerNorm, relu MLP, canonical init with e0 = {budget.exact_e}, b0 = 0, zero "
+        "value matrix. The reduced (e, w, b) start is the same for every seed; a seed draws the direction u "
+        "(a random sign vector), the attention's query/key/output weights and the data. theory_agreement = "
+        "seeds whose outcome is the predicted one (\"unigram\": censored at the budget; \"bigram\": escaped). The "
+        "theory is gradient flow; training is AdamW on a one-cycle schedule.",
+        "",
+        _markdown(summary, "exact", ("init", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "theory",
+                                     "theory_exact", "theory_agreement")),
         "![escape times](survival.png)",
         "",
     ])

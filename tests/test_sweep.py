@@ -1,7 +1,6 @@
 """Sweeps: spec parsing and errors, restart without rerunning finished cells, failure isolation, local vs Ray,
 the results table, the CLI, and the reproduction's summary and figures on a tiny budget."""
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -9,7 +8,6 @@ import pytest
 
 from markov_interp import sweep
 from markov_interp.cli import main
-from markov_interp import dynamics
 from markov_interp.probes import MECHANISMS
 from markov_interp.sweep import SweepSpec
 
@@ -313,55 +311,7 @@ def test_cli_sweep_bad_spec(tmp_path, capsys):
     assert "markov-interp sweep: error:" in err and "'model.heads' names no model option" in err
 
 
-# -------------------------------------------------------------------------------------------- reproduce
-def test_reproduce_specs_cover_the_five_experiments():
-    from markov_interp.reproduce import FULL, QUICK, experiment_specs
-
-    for budget in (QUICK, FULL):
-        specs = {s.name: s for s in experiment_specs(budget)}
-        assert set(specs) == {"pq-tied", "pq-untied", "depth", "random", "init-precision"}
-        tied = specs["pq-tied"].cells()
-        assert all(abs(c.config.source.p + c.config.source.q - 1) > 1e-9 for c in tied)
-        assert all(c.config.model.tie_weights for c in tied)
-        assert not any(c.config.model.tie_weights for c in specs["pq-untied"].cells())
-        inits = {(c.config.model.init, c.config.model.canonical_w, c.config.train.precision)
-                 for c in specs["init-precision"].cells()}
-        assert ("standard", 0.1, "fp16") in inits and ("canonical", -1.0, "fp32") in inits
-        assert ("standard", -1.0, "fp32") not in inits
-    assert QUICK.cuts
-
-
-@pytest.mark.slow
-def test_reproduce_tiny_budget(tmp_path, monkeypatch):
-    from markov_interp import reproduce as rep
-
-    tiny = dataclasses.replace(rep.QUICK, seq_len=32, grid_values=(0.2, 0.9), grid_seeds=1, grid_steps=4,
-                               depth_layers=(1, 2), depth_seeds=1, depth_steps=4, random_seeds=1, random_steps=4,
-                               init_seeds=1, init_steps=4, eval_batches=1)
-    monkeypatch.setattr(rep, "QUICK", tiny)
-    out = tmp_path / "report"
-    result = rep.reproduce(out, quick=True, work_dir=tmp_path / "work", workers=2, progress=False)
-    assert result["failed"] == 0
-    for name in ("results.csv", "summary.csv", "summary.md", "phase_pq.png", "depth.png", "mechanisms.png",
-                 "init_precision.png", "survival.png"):
-        assert (out / name).stat().st_size > 0, name
-    summary = {(r["experiment"], r.get("p"), r.get("q"), r.get("n_layers"), r.get("init"), r.get("precision")): r
-               for r in result["summary"]}
-    # (0.2, 0.9): p + q > 1, tied, small init -> the landscape predicts the unigram minimum; untied -> bigram
-    assert summary[("pq-tied", 0.2, 0.9, None, None, None)]["theory"] == "unigram"
-    assert summary[("pq-tied", 0.2, 0.2, None, None, None)]["theory"] == "bigram"
-    assert summary[("pq-untied", 0.2, 0.9, None, None, None)]["theory"] == "bigram"
-    assert summary[("init-precision", 0.5, 0.8, None, "canonical w0=-1.0", "fp32")]["theory"] == "bigram"
-    assert summary[("depth", 0.5, 0.8, 2, None, None)]["theory"] is None
-    # the paper's LayerNorm models: the (e, w, b) reduction is not exact there, so the column is a heuristic
-    assert summary[("pq-tied", 0.2, 0.9, None, None, None)]["theory_exact"] is False
-    assert summary[("depth", 0.5, 0.8, 2, None, None)]["theory_exact"] is None
-    # escape times with censoring: at 4 steps every seed is still on the plateau (censored at the budget)
-    depth1 = summary[("depth", 0.5, 0.8, 1, None, None)]
-    assert depth1["stuck_fraction"] == 1.0 and depth1["median_escape"] is None
-    assert depth1["censored_ci"] == pytest.approx(dynamics.wilson_interval(1, 1))
-    text = (out / "summary.md").read_text()
-    assert "markov-interp reproduce --quick" in text and tiny.cuts in text
+# the reproduction's tests: tests/test_reproduce.py
 
 
 def test_example_spec_in_docs_loads():

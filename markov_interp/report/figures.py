@@ -643,3 +643,73 @@ def reproduction_init_precision_figure(rows: Sequence[Mapping[str, Any]], *, p: 
     ax.set_title(f"initialisation and precision, p = {p}, q = {q}, one layer, tied", fontsize=9)
     ax.legend(fontsize=7, loc="center right")
     return fig
+
+
+def reproduction_boundary_figure(rows: Sequence[Mapping[str, Any]], *, p: float) -> Figure:
+    """Escape times along a line p fixed, q varied, across p + q = 1, tied beside untied: the Kaplan-Meier median
+    escape step with its 95% interval (left; an open marker at the budget where the median was not reached) and
+    the fraction of seeds censored at the budget with its Wilson interval (right). `rows` are summary rows with
+    "q", "tied", "median_escape", "median_escape_ci", "censored", "censored_ci" and "budget"."""
+    fig = Figure(figsize=(10, 3.8))
+    left, right = fig.subplots(1, 2)
+    for k, (tied, colour) in enumerate(((True, "tab:red"), (False, "tab:blue"))):
+        line = sorted((r for r in rows if r["tied"] == tied), key=lambda r: r["q"])
+        if not line:
+            continue
+        label = "tied" if tied else "untied"
+        shift = (k - 0.5) * 0.01  # tied and untied side by side at each q
+        for r in line:
+            budget, median = r["budget"], r["median_escape"]
+            lo, hi = r["median_escape_ci"] or (None, None)
+            x = r["q"] + shift
+            y = budget if median is None else median
+            ax_lo, ax_hi = (budget if lo is None else lo), (budget if hi is None else hi)
+            left.errorbar([x], [y], yerr=[[y - ax_lo], [ax_hi - y]], fmt="o", color=colour, capsize=3,
+                          mfc="white" if median is None else colour, ms=5)
+        left.plot([r["q"] + shift for r in line],
+                  [r["budget"] if r["median_escape"] is None else r["median_escape"] for r in line],
+                  color=colour, lw=1, label=label)
+        fractions = [int(r["censored"].split("/")[0]) / int(r["censored"].split("/")[1]) for r in line]
+        los = [f - r["censored_ci"][0] for f, r in zip(fractions, line)]
+        his = [r["censored_ci"][1] - f for f, r in zip(fractions, line)]
+        right.errorbar([r["q"] + shift for r in line], fractions, yerr=[los, his], fmt="o-", color=colour,
+                       capsize=3, ms=5, lw=1, label=label)
+    budget = max((r["budget"] for r in rows), default=0)
+    for ax in (left, right):
+        ax.axvline(1 - p, color="grey", ls="--", lw=1)
+        ax.set_xlabel(f"q (p = {p}; dashed: p + q = 1)")
+        ax.legend(fontsize=7)
+    left.axhline(budget, color="grey", ls=":", lw=1)
+    left.set_ylabel("median escape step (95% interval)")
+    left.set_title("escape time across p + q = 1 (open: median beyond the budget)", fontsize=9)
+    right.set_ylim(-0.02, 1.02)
+    right.set_ylabel(f"fraction censored at {budget} steps (Wilson 95%)")
+    right.set_title("seeds still on the plateau at the budget", fontsize=9)
+    return fig
+
+
+def run_escape_figure(curve: KaplanMeier, *, budget: int, step: Optional[int], censored: bool,
+                      title: str = "") -> Figure:
+    """One run against its condition: the Kaplan-Meier curve of the escape step over the condition's seeds
+    (with its 95% band) and the run marked at its own escape step (a cross at the budget when it is censored)."""
+    fig = Figure(figsize=(5.6, 3.8))
+    ax = fig.subplots()
+    xs = [0, *curve.times, budget]
+    end = curve.survival[-1] if curve.survival else 1.0
+    ax.step(xs, [1.0, *curve.survival, end], where="post", color="tab:blue", lw=1.4,
+            label=f"condition (n = {curve.n} seeds)")
+    ax.fill_between(xs, [1.0, *curve.lower, curve.lower[-1] if curve.lower else 1.0],
+                    [1.0, *curve.upper, curve.upper[-1] if curve.upper else 1.0], step="post", color="tab:blue",
+                    alpha=0.15, lw=0)
+    if step is not None:
+        x = budget if censored else step
+        ax.axvline(x, color="tab:red", lw=1.2, ls="--")
+        ax.plot([x], [curve.at(x)], "x" if censored else "o", color="tab:red", ms=8,
+                label=f"this run: {'censored at' if censored else 'escaped at step'} {x}")
+    ax.set_xlim(0, budget)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("step")
+    ax.set_ylabel("fraction of seeds still on the plateau")
+    ax.set_title(title or "this run's escape step against its condition", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig

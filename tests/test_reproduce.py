@@ -1,0 +1,211 @@
+"""The reproduction's budgets, its exact-reduction experiment, its summary text, and the report's panel that
+sets a sweep run against its condition (issue 13)."""
+
+import dataclasses
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from markov_interp import dynamics, sweep
+from markov_interp import reproduce as rep
+from markov_interp.sweep import Row
+
+
+def _rows(specs):
+    """Rows without results (status ok) for seed 0 of every condition of `specs`: what the theory columns need
+    (the theory integrates a flow per row: one seed per condition keeps this fast)."""
+    return [Row(sweep=s.name, cell_id=c.cell_id, status="ok", error=None, params={}, config=c.config, result=None,
+                run_dir=f"runs/{c.cell_id}") for s in specs for c in s.cells() if c.config.train.seed == 0]
+
+
+def _seeds_per_condition(spec, key):
+    return Counter(key(c.config) for c in spec.cells())
+
+
+@pytest.mark.parametrize("budget", [rep.QUICK, rep.FULL], ids=["quick", "full"])
+def test_key_conditions_have_16_seeds(budget):
+    specs = {s.name: s for s in rep.experiment_specs(budget)}
+    assert set(specs) == {"pq-tied", "pq-untied", "pq-line", "depth", "random", "precision", "exact"}
+    precision = _seeds_per_condition(specs["precision"], lambda c: (c.train.precision, c.train.loss_scaling))
+    assert set(precision) == {("fp32", False), ("fp16", False), ("fp16", True)}
+    assert min(precision.values()) >= 16
+    assert all((c.config.source.p, c.config.source.q) == (0.5, 0.8) and c.config.model.tie_weights
+               for c in specs["precision"].cells() + specs["depth"].cells())
+    depth = _seeds_per_condition(specs["depth"], lambda c: c.model.n_layers)
+    assert {1, 2, 4} <= set(depth) and min(depth.values()) >= 16
+    line = _seeds_per_condition(specs["pq-line"], lambda c: (c.source.p, c.source.q, c.model.tie_weights))
+    assert min(line.values()) >= 16
+    for tied in (True, False):  # the line crosses p + q = 1 on both sides, tied and untied
+        sums = {p + q for (p, q, t) in line if t is tied}
+        assert min(sums) < 1 < max(sums)
+    # the coarse grid leaves out p + q = 1 and has both sides too
+    grid = [c.config.source for c in specs["pq-tied"].cells()]
+    assert all(abs(s.p + s.q - 1) > 1e-9 for s in grid) and {s.p + s.q > 1 for s in grid} == {True, False}
+    assert not any(c.config.model.tie_weights for c in specs["pq-untied"].cells())
+    # the key conditions' budget is one number, stated in cuts for the quick budget
+    steps = {c.config.train.steps for name in ("precision", "depth", "pq-line", "exact") for c in specs[name].cells()}
+    assert steps == {budget.steps}
+    assert budget.cuts
+
+
+def test_full_budget_reaches_2000_steps_and_depth_8_and_quick_says_what_it_cuts():
+    assert rep.FULL.steps >= 2000 and 8 in rep.FULL.depth_layers
+    assert 8 not in rep.QUICK.depth_layers and "depth 8 is missing" in rep.QUICK.cuts
+    for stated in ("128 states", "400 optimiser steps", "16 seeds", "3 seeds", "8 seeds"):
+        assert stated in rep.QUICK.cuts, stated
+    assert rep.QUICK.seq_len == 128 and rep.QUICK.steps == 400
+
+
+def test_exact_experiment_is_the_only_exact_theory_and_straddles_the_basin_boundary():
+    specs = rep.experiment_specs(rep.QUICK)
+    rows = _rows(specs)
+    exact = [r for r in rows if r.sweep == "exact"]
+    assert exact and all(rep._theory_exact(r) is True for r in exact)
+    assert all(r.config.model.normalization is None and r.config.model.init == "canonical" for r in exact)
+    # both predicted outcomes are tested: small w0 -> unigram, w0 < -1/sqrt(2) -> bigram (`predict_outcome`)
+    predicted = {r.config.model.canonical_w: rep._theory(r) for r in exact}
+    assert predicted[0.1] == "unigram" and predicted[-1.0] == "bigram"
+    # the paper's LayerNorm models: the column is a heuristic there
+    for name in ("pq-tied", "pq-untied", "pq-line", "precision"):
+        assert all(rep._theory_exact(r) is False for r in rows if r.sweep == name), name
+    # deeper models and random kernels: no theory at all
+    assert all(rep._theory(r) is None and rep._theory_exact(r) is None for r in rows
+               if r.sweep == "random" or (r.sweep == "depth" and r.config.model.n_layers > 1))
+    # one structural change undoes exactness: a value matrix that attention can use
+    r = exact[0]
+    changed = dataclasses.replace(r, config=dataclasses.replace(
+        r.config, model=r.config.model.replace(canonical_v_std=0.1)))
+    assert rep._theory_exact(changed) is False
+
+
+def test_summary_states_where_the_precision_runs_ran(monkeypatch):
+    monkeypatch.setattr(rep, "_precision_device", lambda: "cpu")
+    text = rep._precision_note()
+    assert "ran on cpu" in text and "docs/reproduction/gpu/" in text
+    assert "H200" in text and "torch 2.11.0+cu130" in text and "16 seeds" in text and "2000 steps" in text
+    monkeypatch.setattr(rep, "_precision_device", lambda: "cuda (NVIDIA H100)")
+    text = rep._precision_note()
+    assert "ran on cuda (NVIDIA H100)" in text and "docs/reproduction/gpu/" not in text
+
+
+def _tiny_budget():
+    return dataclasses.replace(rep.QUICK, seq_len=32, steps=4, key_seeds=2, depth_layers=(1, 2), line_q=(0.2, 0.8),
+                               line_seeds=2, grid_values=(0.2, 0.9), grid_seeds=1, grid_steps=4, exact_w=(0.1, -1.0),
+                               exact_seeds=2, random_seeds=1, random_steps=4, eval_batches=1)
+
+
+@pytest.mark.slow
+def test_reproduce_tiny_budget(tmp_path, monkeypatch):
+    tiny = _tiny_budget()
+    monkeypatch.setattr(rep, "QUICK", tiny)
+    monkeypatch.setattr(rep, "_precision_device", lambda: "cpu")
+    out = tmp_path / "report"
+    result = rep.reproduce(out, quick=True, work_dir=tmp_path / "work", workers=2, progress=False)
+    assert result["failed"] == 0
+    for name in ("results.csv", "summary.csv", "summary.md", "phase_pq.png", "boundary.png", "depth.png",
+                 "mechanisms.png", "survival.png"):
+        assert (out / name).stat().st_size > 0, name
+    summary = {(r["experiment"], r.get("p"), r.get("q"), r.get("tied"), r.get("n_layers"), r.get("init"),
+                r.get("precision")): r for r in result["summary"]}
+    assert summary[("pq-tied", 0.2, 0.9, True, None, None, None)]["theory"] == "unigram"
+    assert summary[("pq-tied", 0.2, 0.2, True, None, None, None)]["theory"] == "bigram"
+    assert summary[("pq-untied", 0.2, 0.9, False, None, None, None)]["theory"] == "bigram"
+    assert summary[("pq-tied", 0.2, 0.9, True, None, None, None)]["theory_exact"] is False
+    assert summary[("depth", 0.5, 0.8, None, 2, None, None)]["theory_exact"] is None
+    exact = [r for r in result["summary"] if r["experiment"] == "exact"]
+    assert len(exact) == 2 and all(r["theory_exact"] is True for r in exact)
+    # at 4 steps every seed is on the plateau: censored 2/2, agreement only where "unigram" was predicted
+    for r in exact:
+        assert r["censored"] == "2/2" and r["theory_agreement"] == ("2/2" if r["theory"] == "unigram" else "0/2")
+    precision = {r["precision"]: r for r in result["summary"] if r["experiment"] == "precision"}
+    assert set(precision) == {"fp32", "fp16", "fp16 + loss scaling"}
+    depth1 = summary[("depth", 0.5, 0.8, None, 1, None, None)]
+    assert depth1["seeds"] == 2 and depth1["budget"] == 4 and depth1["median_escape"] is None
+    assert depth1["censored_ci"] == pytest.approx(dynamics.wilson_interval(2, 2))
+    text = (out / "summary.md").read_text()
+    assert "markov-interp reproduce --quick" in text and tiny.cuts in text
+    assert "ran on cpu" in text and "docs/reproduction/gpu/" in text and "theory_exact = no" in text
+    # the seeds of a condition trained as stacks (group 16 on a CPU)
+    assert any(r.stack_size and r.stack_size > 1 for r in result_rows(tmp_path / "work"))
+
+
+def result_rows(work: Path) -> list:
+    return sweep.read_table(work / "results.csv")
+
+
+# ------------------------------------------------------------------------------------ report: the panel
+def test_condition_sentence_from_a_hand_made_distribution(tmp_path):
+    from markov_interp.report._condition import ConditionEscapes, condition_escapes
+
+    escapes = [dynamics.EscapeTime(100, False), dynamics.EscapeTime(200, False), dynamics.EscapeTime(300, False),
+               dynamics.EscapeTime(400, True)]
+    s = dynamics.summarise(escapes, budget=400)
+    # Kaplan-Meier by hand: S = 3/4 after 100, 2/4 after 200 -> the median is 200
+    assert s.median == 200
+    found = ConditionEscapes(sweep_dir=tmp_path, sweep_name="x", cell_id="c", step=300, censored=False, summary=s)
+    text = found.sentence()
+    assert text.startswith("escaped at step 300; the condition's median is 200 [") and text.endswith(
+        "over 4 seeds, 1 censored")
+    censored = dataclasses.replace(found, step=400, censored=True).sentence()
+    assert censored.startswith("censored (still on the plateau at step 400)")
+    # a run folder outside a sweep (no <sweep>/results.csv beside runs/) has no panel
+    (tmp_path / "runs" / "abc").mkdir(parents=True)
+    assert condition_escapes(tmp_path / "runs" / "abc") is None
+
+
+@pytest.mark.slow
+def test_report_panel_for_a_sweep_run(tmp_path):
+    from markov_interp import report
+    from markov_interp.report._condition import condition_escapes
+
+    spec = sweep.SweepSpec(name="tiny", base={
+        "source": {"kind": "binary", "p": 0.5, "q": 0.8}, "model": {"preset": "paper-1layer", "n_ctx": 32},
+        "train": {"steps": 12, "seq_len": 32, "eval_every": 3, "n_checkpoints": 0, "eval_batches": 1}},
+        grid={"source.q": [0.3, 0.8]}, seeds=(0, 1, 2), probe=False)
+    result = sweep.run(spec, tmp_path / "sw", workers=1, group=3, progress=False)
+    assert result.n_failed == 0
+    row = next(r for r in result.rows if r.params["source.q"] == 0.8 and r.params["seed"] == 1)
+    run_dir = tmp_path / "sw" / row.run_dir
+    found = condition_escapes(run_dir)
+    # the condition is the three seeds of q = 0.8, not the q = 0.3 cells
+    same = [r for r in result.rows if r.params["source.q"] == 0.8]
+    assert found.summary.n == 3 and found.summary.n_censored == sum(r.result.censored for r in same)
+    assert found.step == row.result.escape_step and found.censored == row.result.censored
+    assert found.summary.budget == 12
+    built = report.build(run_dir, n_sequences=4, max_checkpoints=2)
+    section = built.section("condition")
+    assert found.sentence() in section.parts[0].replace("&#x27;", "'").replace("&gt;", ">")
+    assert "condition" in built.html and "Escape time against its condition" in built.html
+
+
+def test_boundary_figure_draws_medians_and_censored_fractions():
+    from markov_interp.report import figures
+
+    def row(q, tied, median, censored, n=16):
+        return {"q": q, "tied": tied, "median_escape": median, "median_escape_ci": (None if median is None else
+                median - 10, None), "censored": f"{censored}/{n}", "censored_ci": dynamics.wilson_interval(censored, n),
+                "budget": 400}
+
+    rows = [row(0.2, True, 30, 0), row(0.8, True, None, 12), row(0.2, False, 20, 0), row(0.8, False, 25, 0)]
+    left, right = figures.reproduction_boundary_figure(rows, p=0.5).axes
+    tied_line = next(line for line in left.lines if line.get_label() == "tied")
+    # a median beyond the budget is drawn at the budget
+    assert list(tied_line.get_ydata()) == [30, 400]
+    fractions = [c for c in right.containers]
+    assert len(fractions) == 2  # tied and untied error bars
+    tied_points = fractions[0].lines[0].get_ydata()
+    assert list(tied_points) == pytest.approx([0.0, 12 / 16])
+
+
+def test_run_escape_figure_marks_the_run_on_its_condition_curve():
+    from markov_interp.report import figures
+
+    escapes = [dynamics.EscapeTime(s, False) for s in (100, 200, 300)] + [dynamics.EscapeTime(400, True)]
+    km = dynamics.kaplan_meier(escapes)
+    ax = figures.run_escape_figure(km, budget=400, step=200, censored=False).axes[0]
+    marker = [line for line in ax.lines if line.get_label().startswith("this run")]
+    assert len(marker) == 1
+    assert list(marker[0].get_xdata()) == [200] and list(marker[0].get_ydata()) == [pytest.approx(0.5)]
+    ax = figures.run_escape_figure(km, budget=400, step=400, censored=True).axes[0]
+    assert any("censored at 400" in line.get_label() for line in ax.lines)
