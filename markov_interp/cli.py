@@ -428,16 +428,22 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser(
         "reproduce",
         help="reproduce the paper's headline findings: results table, summary and phase-diagram figures",
-        description="Run the five experiments of the reproduction (tied / untied (p, q) grids, depth, random "
-        "kernels, init and precision), then write results.csv, summary.csv, summary.md and PNG figures to "
-        "--out. --quick runs in about 15 minutes on 2 CPU cores with fewer seeds and steps (summary.md says "
-        "what it cut). Training runs go to --work and are reused by a rerun.",
+        description="Run the seven sweeps of the reproduction (tied / untied (p, q) grids, a line across "
+        "p + q = 1, depth, random kernels, precision, the exact reduction), then write results.csv, summary.csv, "
+        "summary.md (escape times with intervals) and PNG figures to --out. --quick: 13 CPU-minutes, 14-19 min "
+        "of wall time on a shared 2-core machine, with shorter sequences and runs (summary.md says what it cut). "
+        "--extras adds the three intervention experiments (16 seeds per arm; about 8 CPU-minutes) in "
+        "OUT/interventions. Training runs go to --work and are reused by a rerun.",
     )
     r.add_argument("--quick", action="store_true", help="the reduced budget (short sequences, few seeds and steps)")
     r.add_argument("--out", default=None, help="folder for tables and figures (default runs/reproduce[-quick]/report)")
     r.add_argument("--work", default=None, help="sweep folder for the training runs (default runs/reproduce[-quick])")
     r.add_argument("--backend", choices=["local", "ray"], default="local")
     r.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
+    r.add_argument("--group", type=int, default=None,
+                   help="seeds trained as one stacked model (default 16 on a CPU, 64 on a GPU)")
+    r.add_argument("--extras", action="store_true",
+                   help="also the intervention experiments (markov_interp.experiments) into OUT/interventions")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def reproduce_handler(args: argparse.Namespace) -> int:
@@ -451,9 +457,13 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         print(f"reproduce ({budget.name}): {budget.cuts}", file=sys.stderr)
         command = "markov-interp " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
         result = reproduce(out, quick=args.quick, work_dir=work, backend=args.backend, workers=args.workers,
-                           progress=not args.no_progress, command=command)
+                           progress=not args.no_progress, command=command, group=args.group)
         print(f"reproduction ({budget.name}) in {result['seconds'] / 60:.1f} min, {result['failed']} failed cells "
               f"-> {out}/summary.md")
+        if args.extras:
+            from markov_interp import experiments
+
+            experiments.main(["--out", str(Path(out) / "interventions")])
         return 1 if result["failed"] else 0
 
     r.set_defaults(handler=reproduce_handler)

@@ -43,7 +43,8 @@ from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig
 
 __all__ = ["ExperimentBudget", "QUICK", "FULL", "EXPERIMENTS", "Arm", "ArmResult", "ExperimentResult",
-           "experiment_arms", "run_experiment", "previous_token_at_release", "survival_figure", "summary_markdown"]
+           "experiment_arms", "run_experiment", "previous_token_at_release", "circuit_scores_at_end",
+           "survival_figure", "summary_markdown", "to_json", "main"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,7 +159,8 @@ def _train_arm(base: RunConfig, arm: Arm, budget: ExperimentBudget, out: Optiona
     runs = [_with(base, arm, s, **train) for s in range(budget.seeds)]
     folders = None if out is None else [_folder(out, base, arm, s, "" if not train else "-prefix")
                                         for s in range(budget.seeds)]
-    return stacked_training.train_many(runs, folders, progress=progress, models_out=bool(train))
+    models_out = bool(train) or base.source.kind == "random"  # the random-kernel arms are probed at the end
+    return stacked_training.train_many(runs, folders, progress=progress, models_out=models_out)
 
 
 def run_experiment(name: str, budget: ExperimentBudget = FULL, out_dir: "str | Path | None" = None, *,
@@ -178,8 +180,10 @@ def run_experiment(name: str, budget: ExperimentBudget = FULL, out_dir: "str | P
         versus = None if free_escapes is None else dynamics.compare(free_escapes, known, budget=base.train.steps)
         free_escapes = known if free_escapes is None else free_escapes
         extra = {}
+        if base.source.kind == "random":
+            extra["at_end"] = circuit_scores_at_end(trained)
         if name == "reader-frozen":
-            extra = previous_token_at_release(base, arm, budget, out, progress)
+            extra.update(previous_token_at_release(base, arm, budget, out, progress))
         results.append(ArmResult(arm, tuple(escapes), summary, tuple(r.final.eval_loss for r in trained), versus,
                                  extra))
         if any(e is None for e in escapes):
@@ -205,9 +209,36 @@ def previous_token_at_release(base: RunConfig, arm: Arm, budget: ExperimentBudge
                                     seed=10_000 + seed)
         att = probes.attention_scores(result.model, batch.tokens)
         scores.append(float(att.previous_token[0].max()))
-    return {"previous_token": scores, "mean": statistics.fmean(scores) if scores else math.nan,
+    return {"previous_token": scores, "mean": _mean(scores),
             "interval": _mean_interval(scores), "chance": float(att.previous_token_chance) if scores else math.nan,
             "step": budget.release}
+
+
+def circuit_scores_at_end(trained: list) -> dict:
+    """Layer 0's previous-token and layer 1's induction score of each finished run (two-layer random-kernel
+    arms), measured under the interventions active at its last update (`intervene.applied`: a clamped layer is
+    probed clamped), with bootstrap intervals of their means and the uniform-attention chance levels."""
+    from markov_interp import intervene, probes
+
+    previous, induction, chance = [], [], {}
+    for seed, result in enumerate(trained):
+        if result.failed or result.model is None:
+            continue
+        run = result.config
+        batch = probes.sample_batch(run.source.build(), n_sequences=64, seq_len=run.train.seq_len, seed=10_000 + seed)
+        with intervene.applied(result.model, run.train.interventions, run.train.steps - 1):
+            _, cache = result.model.run_with_cache(batch.tokens)
+        att = probes.attention_scores(result.model, batch.tokens, cache=cache)
+        previous.append(float(att.previous_token[0].max()))
+        induction.append(float(att.induction[1].max()))
+        chance = {"previous_token": float(att.previous_token_chance), "induction": float(att.induction_chance)}
+    return {"previous_token": previous, "previous_token_mean": _mean(previous),
+            "previous_token_interval": _mean_interval(previous), "induction": induction,
+            "induction_mean": _mean(induction), "induction_interval": _mean_interval(induction), "chance": chance}
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
 
 
 def _mean_interval(values: list[float], confidence: float = 0.95, n_boot: int = 2000) -> tuple[float, float]:
@@ -262,11 +293,19 @@ def summary_markdown(results: list[ExperimentResult], *, header: str = "") -> st
                          f"{s.n_censored}/{s.n} [{lo:.2f}, {hi:.2f}] | {shift} | {p} | "
                          f"{statistics.fmean(losses):.4f} |")
         for a in r.arms:
-            if a.extra:
-                e = a.extra
+            e = a.extra
+            if "step" in e:
                 lines.append(f"\n{a.arm.name}: layer 0's previous-token score after {e['step']} updates: mean "
                              f"{e['mean']:.3f} [{e['interval'][0]:.3f}, {e['interval'][1]:.3f}] over "
                              f"{len(e['previous_token'])} seeds (uniform attention: {e['chance']:.3f})")
+            if "at_end" in e:
+                end = e["at_end"]
+                lines.append(f"\n{a.arm.name}, at step {r.steps} (under its interventions, if any): layer 0 previous-token "
+                             f"{end['previous_token_mean']:.3f} [{end['previous_token_interval'][0]:.3f}, "
+                             f"{end['previous_token_interval'][1]:.3f}], layer 1 induction {end['induction_mean']:.3f} "
+                             f"[{end['induction_interval'][0]:.3f}, {end['induction_interval'][1]:.3f}] (uniform "
+                             f"attention: {end['chance'].get('previous_token', math.nan):.3f} and "
+                             f"{end['chance'].get('induction', math.nan):.3f})")
         lines += [f"\n{n}" for n in r.notes]
     return "\n".join(lines) + "\n"
 
@@ -297,10 +336,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--experiments", default=",".join(EXPERIMENTS))
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--device", default=None)
+    for field in ("random_steps", "release", "chain_steps"):
+        parser.add_argument("--" + field.replace("_", "-"), type=int, default=None, help=f"override the budget's {field}")
     args = parser.parse_args(argv)
     budget = QUICK if args.quick else FULL
-    if args.seeds is not None or args.device is not None:
-        budget = dataclasses.replace(budget, seeds=args.seeds or budget.seeds, device=args.device or budget.device)
+    changes = {f: getattr(args, f) for f in ("seeds", "device", "random_steps", "release", "chain_steps")
+               if getattr(args, f) is not None}
+    if changes:
+        budget = dataclasses.replace(budget, **changes)
     out = Path(args.out)
     results = []
     for name in args.experiments.split(","):
@@ -314,7 +357,10 @@ def main(argv: Optional[list[str]] = None) -> int:
               + (f". Cuts: {budget.cuts}" if budget.cuts else "") + ". Escape step = first evaluation after "
               "which the model's excess loss over the true predictor stays below half the plateau's (the in-context "
               "unigram estimator's for random kernels, the stationary law's for the fixed chain), censored at "
-              "the budget; evaluations every " + str(budget.eval_every) + " steps.")
+              "the budget; evaluations every " + str(budget.eval_every) + " steps. Intervals are 95%: Kaplan-Meier median "
+              "(log-log band), censored fraction (Wilson), median shift against the free arm (bootstrap over "
+              "seeds; ?: beyond the budget), mean scores (bootstrap). Attention scores are measured on 64 fresh "
+              "sequences with the arm's clamps applied (`intervene.applied`).")
     markdown = summary_markdown(results, header=header)
     atomic_write(out / "summary.md", markdown)
     atomic_write(out / "results.json", json.dumps(to_json(results), indent=1))

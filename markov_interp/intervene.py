@@ -42,11 +42,12 @@ or a string: `GLOB[@START:END]` for a freeze (`--freeze`), `HOOK[HEADS]=VALUE[:L
 (`--clamp blocks.0.attn.hook_pattern=previous_token@:200`, `blocks.0.attn.hook_z[1]=zero`).
 """
 
+import contextlib
 import dataclasses
 import fnmatch
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
@@ -72,6 +73,7 @@ __all__ = [
     "ClampState",
     "clamp_hooks",
     "tl_hooks",
+    "applied",
     "pattern_value",
     "PATTERN_VALUES",
     "ACTIVATION_VALUES",
@@ -566,3 +568,22 @@ def _carry_to_residual(fn: Callable) -> tuple[Callable, Callable]:
         return x - seen["before"] + seen["after"]
 
     return at_mid, at_post
+
+
+@contextlib.contextmanager
+def applied(model: Any, interventions: Iterable[Any], t: int, *,
+            state: Optional[ClampState] = None) -> Iterator[Any]:
+    """Run `model` (a hooked model) under the clamps of `interventions` active at time `t`, for probing.
+
+    A trained clamped model's weights are plain: probed bare it is the model *without* its clamp (a layer whose
+    pattern was clamped shows its untrained pattern). Inside `with intervene.applied(model, items, t):` every
+    forward (`model(tokens)`, `run_with_cache`, the probes) sees the clamps active at t, e.g. `t = steps - 1`
+    for the clamps of a run's last update. Freezes change nothing at inference and are ignored. A `mean` clamp
+    uses `state`'s running mean (a fresh state: each batch's own mean, see `ClampState`).
+    """
+    items = parse_interventions(interventions)
+    cfg = model.markov_config
+    check_interventions(items, cfg)
+    hooks = tl_hooks(items, cfg, t, state=state if state is not None else ClampState())
+    with model.hooks(fwd_hooks=hooks):
+        yield model

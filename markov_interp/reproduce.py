@@ -431,7 +431,7 @@ def reproduce(
     command: Optional[str] = None,
     group: Optional[int] = None,
 ) -> dict:
-    """Run the five experiments and write the reproduction's tables and figures into `out_dir`.
+    """Run the seven sweeps and write the reproduction's tables and figures into `out_dir`.
 
     Training runs live in `work_dir` (default runs/reproduce-quick or runs/reproduce; a rerun skips finished
     cells). Writes results.csv (every cell: config, losses, references, stuck flag, mechanism, probe scores),

@@ -44,6 +44,9 @@ def test_experiments_run_share_the_free_arm_and_write_their_summary(tmp_path):
     assert len(free["escape_steps"]) == 2 and "logrank_p" in clamped and "logrank_p" not in free
     assert clamped["interventions"][0]["value"] == "previous_token"
     assert free["final_eval_loss"] != clamped["final_eval_loss"]  # the clamp changes training
+    # scores at the end are measured under the arm's clamps: a clamped layer 0 is a perfect previous-token head
+    assert clamped["at_end"]["previous_token"] == pytest.approx([1.0, 1.0], abs=1e-6)
+    assert max(free["at_end"]["previous_token"]) < 0.9  # 60 steps do not make one
     frozen = data["reader-frozen"]["arms"]["layer 1 frozen until 20"]
     assert len(frozen["previous_token"]) == 2 and frozen["step"] == 20
     assert 0.0 <= min(frozen["previous_token"]) <= max(frozen["previous_token"]) <= 1.0

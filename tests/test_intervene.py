@@ -406,3 +406,24 @@ def test_stacked_member_with_interventions_equals_its_solo_run(recipe):
         assert mine == pytest.approx(theirs, abs=1e-5)
     for name, value in weights(solo.model).items():
         torch.testing.assert_close(weights(member.model)[name], value, rtol=0, atol=1e-4)
+
+
+def test_applied_probes_the_model_under_its_clamps_and_only_inside():
+    cfg = preset("attn-only-2layer", n_ctx=16)
+    model = models.build(cfg, seed=0)
+    tokens = torch.randint(0, 2, (4, 12), generator=torch.Generator().manual_seed(0))
+    items = intervene.parse_interventions(["blocks.0.attn.hook_pattern=previous_token@:10", "blocks.1.*@:5"])
+    fused = models.fast_forward(model, tokens, intervene.clamp_hooks(items, cfg, 3, state=ClampState(), update=False))
+    with intervene.applied(model, items, 3):
+        logits, cache = model.run_with_cache(tokens)
+    torch.testing.assert_close(logits, fused, atol=1e-5, rtol=0)
+    expected = intervene.pattern_value("previous_token", 12).expand(4, 1, 12, 12)
+    torch.testing.assert_close(cache["pattern", 0], expected)
+    bare_logits, bare_cache = model.run_with_cache(tokens)  # the hooks are gone after the block
+    assert not torch.allclose(bare_cache["pattern", 0], expected)
+    assert not torch.allclose(bare_logits, logits)
+    with intervene.applied(model, items, 10):  # released at t = 10: the bare model
+        torch.testing.assert_close(model(tokens), bare_logits)
+    with pytest.raises(ValueError, match="valid"):
+        with intervene.applied(model, ["blocks.0.attn.hook_patern=uniform"], 0):
+            pass
