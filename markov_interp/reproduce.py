@@ -346,7 +346,10 @@ def _markdown(summary: list[dict], experiment: str, columns: tuple) -> str:
         return "(no cells)\n"
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
-        lines.append("| " + " | ".join(_fmt(r.get(c), _DIGITS.get(c, 4)) for c in columns) + " |")
+        cells = [_fmt(r.get(c), _DIGITS.get(c, 4)) for c in columns]
+        if "median_escape" in columns and r.get("median_escape") is None and r.get("median_escape_ci"):
+            cells[columns.index("median_escape")] = ">budget"  # the curve never reached one half
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
