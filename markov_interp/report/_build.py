@@ -116,7 +116,9 @@ def _config_section(run: Any, run_dir: Optional[Path], model: Any) -> Section:
     if getattr(tc, "interventions", ()):  # freezes / clamps during training (markov_interp.intervene)
         from markov_interp.intervene import spec_text
 
-        rows.append(("interventions", "; ".join(spec_text(i) for i in tc.interventions)))
+        rows.append(("interventions", "; ".join(spec_text(i) for i in tc.interventions)
+                     + " (the probes below see the trained weights without them; `intervene.applied(model, "
+                     "interventions, t)` probes under them)"))
     pretty = json.dumps(run.to_dict(), indent=2, sort_keys=True)
     return Section("config", "Run configuration", (table(rows), f"<pre>{html.escape(pretty)}</pre>"))
 
