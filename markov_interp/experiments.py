@@ -64,6 +64,18 @@ class ExperimentBudget:
     device: str = "cpu"
     cuts: str = ""
 
+    def __post_init__(self) -> None:
+        for name in ("seeds", "random_steps", "release", "chain_steps", "chain_seq_len", "eval_every",
+                     "eval_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.seeds < 2:
+            raise ValueError(f"seeds must be at least 2 (a distribution over seeds), got {self.seeds}")
+        if self.release >= self.random_steps:
+            raise ValueError(f"release ({self.release}) must come before the end of training "
+                             f"(random_steps = {self.random_steps})")
+
 
 FULL = ExperimentBudget(name="full")
 QUICK = ExperimentBudget(name="quick", seeds=4, random_steps=60, release=20, chain_steps=60, chain_seq_len=32,
