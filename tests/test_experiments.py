@@ -60,7 +60,7 @@ def test_experiments_run_share_the_free_arm_and_write_their_summary(tmp_path):
 
 
 @pytest.mark.parametrize("change, match", [({"seeds": 1}, "at least 2"), ({"release": 600}, "release"),
-                                           ({"chain_steps": 0}, "chain_steps"), ({"eval_every": 2.5}, "eval_every")])
+                                           ({"chain_steps": 0}, "chain_steps"), ({"eval_every": 0}, "eval_every")])
 def test_bad_budgets_are_refused(change, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(experiments.FULL, **change)
