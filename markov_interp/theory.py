@@ -9,6 +9,9 @@
   the next-state law from transition counts in the sequence so far: Bayes-optimal for `RandomMarkov` with
   alpha = beta when the first state's law does not depend on the kernel, and what an induction-head circuit
   approximates.
+- `kernel_predictions` / `stationary_predictions`: the true next-state law (exact before an order-k context is
+  full) and pi at every position, given each sequence's kernel: the one computation behind `true_predictions` /
+  `plateau_predictions` for fixed chains and the probes' `kernel_probs` / `stationary_probs`.
 - `reference_losses`: all of these for a source as a `ReferenceLosses`, each with its standard error. Fixed
   chains: exact. Random kernels: E[entropy rate] and E[H(pi)] by quadrature (two states) or Monte Carlo to 1e-4;
   the in-context Bayes, add-alpha and in-context unigram losses by Rao-Blackwellised Monte Carlo with control
