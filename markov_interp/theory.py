@@ -9,6 +9,9 @@
   the next-state law from transition counts in the sequence so far: Bayes-optimal for `RandomMarkov` with
   alpha = beta when the first state's law does not depend on the kernel, and what an induction-head circuit
   approximates.
+- `kernel_predictions` / `stationary_predictions`: the true next-state law (exact before an order-k context is
+  full) and pi at every position, given each sequence's kernel: the one computation behind `true_predictions` /
+  `plateau_predictions` for fixed chains and the probes' `kernel_probs` / `stationary_probs`.
 - `reference_losses`: all of these for a source as a `ReferenceLosses`, each with its standard error. Fixed
   chains: exact. Random kernels: E[entropy rate] and E[H(pi)] by quadrature (two states) or Monte Carlo to 1e-4;
   the in-context Bayes, add-alpha and in-context unigram losses by Rao-Blackwellised Monte Carlo with control
@@ -182,13 +185,100 @@ def target_log_loss(
     return -torch.log(torch.gather(probs[:, :-1], 2, nxt)[..., 0].clamp_min(1e-300))
 
 
+def initial_context_laws(source: Source, kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch context"]:
+    """The law of the first `order` states (over contexts) each sequence was drawn from, one row per kernel.
+
+    A fixed chain's `initial_context_law` for every row; for `RandomMarkov` with the default "stationary" initial
+    law, the stationary context law of each sequence's own kernel (as its sampler draws the first context),
+    otherwise its fixed law.
+    """
+    batch = kernels.shape[0]
+    if isinstance(source, MarkovChain):
+        law = source.initial_context_law
+    elif isinstance(source, RandomMarkov):
+        law = source._initial if not isinstance(source._initial, str) else stationary_context_laws(kernels)
+    else:
+        raise ValueError(f"unknown source type {type(source).__name__}")
+    return law.to(kernels.device, torch.float64).expand(batch, -1)
+
+
+def _order_of(n_ctx: int, vocab: int) -> int:
+    order = 1
+    while vocab**order < n_ctx:
+        order += 1
+    if vocab**order != n_ctx:
+        raise ValueError(f"kernels have {n_ctx} context rows, not a power of the {vocab} states (V**order)")
+    return order
+
+
+def kernel_predictions(
+    kernels: Float[Tensor, "#batch context vocab"],
+    tokens: Int[Tensor, "batch pos"],
+    initial: Float[Tensor, "#batch context"],
+) -> Float[Tensor, "batch pos vocab"]:
+    """The true law of x_{t+1} given x_0..x_t at every position t, for sequences with known kernels.
+
+    `kernels[b]` is sequence b's kernel flattened to [V**k, V] and `initial[b]` the law of its first k states over
+    contexts (a batch of 1 serves every sequence: a fixed chain). Once the context is full (t >= k - 1) this is
+    the kernel row of the current context; before (order k > 1, t < k - 1) it is the exact marginal
+    P(x_{t+1} | x_0..x_t) under the initial context law, which need not equal any kernel row or pi.
+
+    >>> kernel_predictions(torch.tensor([[[0.8, 0.2], [0.3, 0.7]]]), torch.tensor([[0, 1]]),
+    ...                    torch.tensor([[0.6, 0.4]]))[0]
+    tensor([[0.8000, 0.2000],
+            [0.3000, 0.7000]], dtype=torch.float64)
+    """
+    n_ctx, vocab = kernels.shape[-2:]
+    order = _order_of(n_ctx, vocab)
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values {int(tokens.min())}..{int(tokens.max())}")
+    batch, seq = tokens.shape
+    flat = kernels.to(tokens.device, torch.float64).expand(batch, -1, -1)
+    ctx = context_index(tokens, vocab, order)
+    probs = torch.gather(flat, 1, ctx.clamp_min(0)[..., None].expand(-1, -1, vocab))  # [batch, pos, vocab]
+    law = initial.to(tokens.device, torch.float64).expand(batch, -1)
+    for t in range(min(order - 1, seq)):
+        # P(x_0..x_t, x_{t+1} = v): the initial law summed over the states x_{t+2}..x_{k-1} not yet drawn
+        joint = law.reshape(batch, vocab ** (t + 1), vocab, vocab ** (order - t - 2)).sum(-1)
+        prefix = context_index(tokens[:, : t + 1], vocab, t + 1)[:, t]
+        joint = joint[torch.arange(batch, device=tokens.device), prefix]
+        total = joint.sum(-1, keepdim=True)
+        if bool((total <= 0).any()):
+            raise ValueError(f"the states x_0..x_{t} of some sequence have probability 0 under its initial law")
+        probs[:, t] = joint / total
+    return probs
+
+
+def stationary_state_laws(kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch vocab"]:
+    """The stationary law pi of one state under each kernel ([V**k, V] rows, one per sequence).
+
+    A single kernel (batch 1: a fixed chain) is checked to have a unique stationary law (ValueError otherwise);
+    a batch of Dirichlet-drawn kernels is irreducible and solved at once without the check.
+    """
+    vocab = kernels.shape[-1]
+    if kernels.shape[0] == 1:
+        contexts = stationary_context_law(kernels[0])[None]
+    else:
+        contexts = stationary_context_laws(kernels)
+    return contexts.reshape(kernels.shape[0], -1, vocab).sum(1)
+
+
+def stationary_predictions(
+    kernels: Float[Tensor, "#batch context vocab"], tokens: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch pos vocab"]:
+    """Each sequence's stationary law pi at every position: the best predictor that ignores the context (a batch
+    of 1 kernel serves every sequence: a fixed chain)."""
+    pis = stationary_state_laws(kernels.cpu()).to(tokens.device)
+    return pis[:, None, :].expand(tokens.shape[0], tokens.shape[1], -1).contiguous()
+
+
 def true_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
     """The best predictor of x_{t+1} from x_0..x_t that the data allow, at every position.
 
-    Fixed chains: the kernel row of the current context (positions with fewer than `order` states: the next
-    state's law given the states so far under the chain's initial context law). Random kernels: the in-context
-    add-alpha estimator, the Bayes posterior predictive up to what the first state reveals about the kernel
-    (about 0.003 nats per target on 3 states at 32 targets; see `RandomMarkov`).
+    Fixed chains: `kernel_predictions` with the chain's kernel and initial context law (the kernel row of the
+    current context; before the context is full, the exact law of the next state given the states so far).
+    Random kernels: the in-context add-alpha estimator, the Bayes posterior predictive up to what the first
+    state reveals about the kernel (about 0.003 nats per target on 3 states at 32 targets; see `RandomMarkov`).
 
     >>> from markov_interp.data import BinaryChain
     >>> true_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0]
@@ -199,24 +289,15 @@ def true_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[
         return add_beta_predictions(tokens, source.vocab, order=source.order, beta=source.alpha)
     if not isinstance(source, MarkovChain):
         raise ValueError(f"unknown source type {type(source).__name__}")
-    vocab, order = source.vocab, source.order
-    flat = _context_kernel(source.kernel).to(torch.float64)  # [V**k, V]
-    ctx = context_index(tokens.cpu(), vocab, order)
-    probs = flat[ctx.clamp_min(0)]
-    # the first `order` states are drawn jointly from the initial context law: before the context is full,
-    # the next state follows that law's marginal given the states so far
-    law = source.initial_context_law.to(torch.float64).reshape([vocab] * order)
-    for t in range(order - 1):
-        marginal = law.sum(dim=tuple(range(t + 2, order))) if t + 2 < order else law
-        joint = marginal[tuple(tokens[:, : t + 1].cpu().T)]  # [batch, V]: P(x_0..x_t, x_{t+1} = v)
-        probs[:, t] = joint / joint.sum(-1, keepdim=True)
+    flat = _context_kernel(source.kernel).to(torch.float64)[None]  # [1, V**k, V]
+    probs = kernel_predictions(flat, tokens.cpu(), source.initial_context_law[None])
     return probs.to(tokens.device)
 
 
 def plateau_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
     """The plateau a model sits on before it learns the context: the stationary law pi (the unigram solution of
-    Makkuva et al.) for fixed chains; the in-context unigram (add-alpha state count) estimator for random
-    kernels, the best a model can do without using the current state.
+    Makkuva et al.; `stationary_predictions`) for fixed chains; the in-context unigram (add-alpha state count)
+    estimator for random kernels, the best a model can do without using the current state.
 
     >>> from markov_interp.data import BinaryChain
     >>> plateau_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0, 0]
@@ -226,8 +307,7 @@ def plateau_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Flo
         return add_beta_predictions(tokens, source.vocab, order=0, beta=source.alpha)
     if not isinstance(source, MarkovChain):
         raise ValueError(f"unknown source type {type(source).__name__}")
-    pi = stationary_distribution(source.kernel).to(torch.float64)
-    return pi.to(tokens.device).expand(*tokens.shape, source.vocab)
+    return stationary_predictions(_context_kernel(source.kernel)[None], tokens)
 
 
 def paired_losses(source: Source, tokens: Int[Tensor, "batch pos"]) -> tuple[float, float]:

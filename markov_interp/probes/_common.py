@@ -109,7 +109,8 @@ class ProbeBatch:
 
     `kernels[b]` is sequence b's kernel as [V**order, V] (rows indexed by the base-V number of the last
     `order` states, oldest first): the same fixed kernel for every row of a `MarkovChain`, a fresh Dirichlet
-    draw per row of a `RandomMarkov`.
+    draw per row of a `RandomMarkov`. `initial[b]` is the law sequence b's first `order` states were drawn from,
+    over contexts (`theory.initial_context_laws`); None stands for each kernel's stationary context law.
     """
 
     tokens: Int[Tensor, "batch pos"]
@@ -118,6 +119,7 @@ class ProbeBatch:
     order: int
     random_kernel: bool  # True for RandomMarkov sources (no fixed kernel to learn in weights)
     beta: float  # add-beta smoothing of the in-context references: alpha for RandomMarkov, 1/2 otherwise
+    initial: Optional[Float[Tensor, "batch context"]] = None
 
 
 def sample_batch(source: Any, *, n_sequences: int, seq_len: int, seed: int) -> ProbeBatch:
@@ -132,7 +134,7 @@ def sample_batch(source: Any, *, n_sequences: int, seq_len: int, seed: int) -> P
         tokens, kernels = source.sample(n_sequences, seq_len, gen, return_kernels=True)
         return ProbeBatch(
             tokens=tokens, kernels=kernels, vocab=source.vocab, order=source.order, random_kernel=True,
-            beta=default_beta(source),
+            beta=default_beta(source), initial=theory.initial_context_laws(source, kernels),
         )
     if isinstance(source, MarkovChain):
         tokens = source.sample(n_sequences, seq_len, gen)
@@ -140,7 +142,7 @@ def sample_batch(source: Any, *, n_sequences: int, seq_len: int, seed: int) -> P
         kernels = flat.expand(n_sequences, -1, -1).contiguous()
         return ProbeBatch(
             tokens=tokens, kernels=kernels, vocab=source.vocab, order=source.order, random_kernel=False,
-            beta=default_beta(source),
+            beta=default_beta(source), initial=theory.initial_context_laws(source, kernels),
         )
     raise ValueError(f"source must be a MarkovChain, BinaryChain or RandomMarkov, got {type(source).__name__}")
 
@@ -157,34 +159,34 @@ def contexts(tokens: Tokens, *, vocab: int, order: int) -> Int[Tensor, "batch po
 
 
 def kernel_probs(batch: ProbeBatch) -> Probs:
-    """The true next-state law at every position: each sequence's kernel row for its current context.
+    """The true next-state law at every position given each sequence's kernel (`theory.kernel_predictions`, the
+    same computation as `theory.true_predictions` for a fixed chain): the kernel row of the current context.
 
-    Positions with fewer than `order` states (order > 1 only) get the stationary law of the last state.
+    Positions with fewer than `order` states (order > 1 only) get the exact law of the next state given the
+    states so far under the sequence's initial context law. (Before this was shared with `theory`, they got the
+    stationary law pi instead; probe values at those first positions of order-k chains moved.)
     """
-    ctx = contexts(batch.tokens, vocab=batch.vocab, order=batch.order)
-    rows = torch.gather(
-        batch.kernels, 1, ctx.clamp_min(0)[..., None].expand(-1, -1, batch.vocab)
-    )  # [batch, pos, vocab]
-    if batch.order > 1 and (ctx < 0).any():
-        pis = stationary_probs(batch)
-        rows = torch.where((ctx < 0)[..., None], pis, rows)
-    return rows.to(torch.float64)
+    initial = batch.initial
+    if initial is None:
+        initial = theory.stationary_context_laws(_distinct_kernels(batch).cpu()).to(batch.kernels.device)
+    return theory.kernel_predictions(_distinct_kernels(batch), batch.tokens, initial)
+
+
+def _distinct_kernels(batch: ProbeBatch) -> Float[Tensor, "kernels context vocab"]:
+    """The kernels as [1, V**k, V] for a fixed chain (one kernel serves every row), else one per sequence."""
+    return batch.kernels if batch.random_kernel else batch.kernels[:1]
 
 
 def stationary_laws(batch: ProbeBatch) -> Float[Tensor, "batch vocab"]:
     """The stationary law pi of each sequence's kernel (one law for a fixed chain, one per row otherwise)."""
-    shape = [batch.vocab] * (batch.order + 1)
-    if not batch.random_kernel:
-        pi = theory.stationary_distribution(batch.kernels[0].reshape(shape).cpu())
-        return pi.to(batch.kernels.device).expand(batch.kernels.shape[0], -1)
-    ctx_laws = theory.stationary_context_laws(batch.kernels.cpu())
-    return ctx_laws.reshape(ctx_laws.shape[0], -1, batch.vocab).sum(1).to(batch.kernels.device)
+    pis = theory.stationary_state_laws(_distinct_kernels(batch).cpu())
+    return pis.to(batch.kernels.device).expand(batch.kernels.shape[0], -1)
 
 
 def stationary_probs(batch: ProbeBatch) -> Probs:
-    """The stationary law pi broadcast to every position: the best predictor that ignores the context."""
-    pis = stationary_laws(batch)
-    return pis[:, None, :].expand(-1, batch.tokens.shape[1], -1).contiguous()
+    """The stationary law pi broadcast to every position: the best predictor that ignores the context
+    (`theory.stationary_predictions`, the same computation as `theory.plateau_predictions` for a fixed chain)."""
+    return theory.stationary_predictions(_distinct_kernels(batch), batch.tokens)
 
 
 def in_context_unigram_probs(tokens: Tokens, vocab: int, *, beta: float | int) -> Probs:
