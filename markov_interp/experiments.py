@@ -8,9 +8,9 @@ with escape-time distributions (`dynamics`): the first evaluation after which th
 the true predictor stays below half the plateau's, censored at the budget.
 
 1. **previous-token clamp** — random kernels (a fresh Dirichlet kernel per sequence), two attention-only
-   layers: layer 0's pattern clamped to a perfect previous-token head (`previous_token`) against free. How
-   much sooner does the loss leave the in-context unigram plateau when the first half of the induction circuit
-   is given?
+   layers: layer 0's pattern clamped to a perfect previous-token head (`previous_token`) for the whole run, or
+   until `release` and then trained, against free. How much sooner does the loss leave the in-context unigram
+   plateau when the first half of the induction circuit is given?
 2. **reader frozen** — the same task, layer 1 frozen until `release` and then trained: does layer 0 become a
    previous-token head without a reader? Its previous-token score at `release` (frozen reader against free),
    and the escape times after release.
@@ -116,7 +116,9 @@ def experiment_arms(name: str, budget: ExperimentBudget) -> tuple[RunConfig, lis
     free = Arm("free")
     if name == "previous-token-clamp":
         return _random_kernel_base(budget, budget.random_steps), [
-            free, Arm("layer 0 clamped to previous-token", ({"clamp": _PATTERN0, "value": "previous_token"},))]
+            free, Arm("layer 0 clamped to previous-token", ({"clamp": _PATTERN0, "value": "previous_token"},)),
+            Arm(f"layer 0 clamped to previous-token until {budget.release}",
+                ({"clamp": _PATTERN0, "value": "previous_token", "end": budget.release},))]
     if name == "reader-frozen":
         return _random_kernel_base(budget, budget.random_steps), [
             free, Arm(f"layer 1 frozen until {budget.release}", ({"freeze": "blocks.1.*", "end": budget.release},))]

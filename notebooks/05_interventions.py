@@ -70,11 +70,11 @@ report.loss_curves_figure(result.metrics, result.final.references)
 # ## 1. A perfect previous-token head in layer 0
 #
 # Random kernels (a fresh Dirichlet(1) kernel on 3 states per sequence), two attention-only layers, 16 seeds
-# per arm. Free against layer 0's pattern clamped to the previous position for the whole run. One would expect a
-# head start; read the table: at this budget the clamped runs stay on the plateau (and layer 1 does not become
-# an induction head; see docs/reproduction/interventions/ for a longer budget). A hypothesis, not tested here: a
-# free layer 0 starts near-uniform and carries the in-context state counts of the plateau, which the clamp takes
-# away from it.
+# per arm. Free, against layer 0's pattern clamped to the previous position for the whole run, and clamped for
+# the first 150 updates and then trained. One would expect a head start; read the table: at this budget both
+# clamped arms stay on the plateau, and under the clamp layer 1 does not become an induction head (see
+# docs/reproduction/interventions/ for 1500 steps). A hypothesis, not tested here: a free layer 0 starts
+# near-uniform and carries the in-context state counts of the plateau, which the clamp takes away from it.
 
 # %%
 from IPython.display import Markdown, display
