@@ -314,7 +314,8 @@ def summary_markdown(results: list[ExperimentResult], *, header: str = "") -> st
                              f"{len(e['previous_token'])} seeds (uniform attention: {e['chance']:.3f})")
             if "at_end" in e:
                 end = e["at_end"]
-                lines.append(f"\n{a.arm.name}, at step {r.steps} (under its interventions, if any): layer 0 previous-token "
+                lines.append(f"\n{a.arm.name}, at step {r.steps} (under its interventions, if any): layer 0 "
+                             f"previous-token "
                              f"{end['previous_token_mean']:.3f} [{end['previous_token_interval'][0]:.3f}, "
                              f"{end['previous_token_interval'][1]:.3f}], layer 1 induction {end['induction_mean']:.3f} "
                              f"[{end['induction_interval'][0]:.3f}, {end['induction_interval'][1]:.3f}] (uniform "
@@ -351,7 +352,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--device", default=None)
     for field in ("random_steps", "release", "chain_steps"):
-        parser.add_argument("--" + field.replace("_", "-"), type=int, default=None, help=f"override the budget's {field}")
+        parser.add_argument("--" + field.replace("_", "-"), type=int, default=None,
+                            help=f"override the budget's {field}")
     args = parser.parse_args(argv)
     budget = QUICK if args.quick else FULL
     changes = {f: getattr(args, f) for f in ("seeds", "device", "random_steps", "release", "chain_steps")
@@ -371,7 +373,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               + (f". Cuts: {budget.cuts}" if budget.cuts else "") + ". Escape step = first evaluation after "
               "which the model's excess loss over the true predictor stays below half the plateau's (the in-context "
               "unigram estimator's for random kernels, the stationary law's for the fixed chain), censored at "
-              "the budget; evaluations every " + str(budget.eval_every) + " steps. Intervals are 95%: Kaplan-Meier median "
+              "the budget; evaluations every " + str(budget.eval_every) + " steps. Intervals are 95%: "
+              "Kaplan-Meier median "
               "(log-log band), censored fraction (Wilson), median shift against the free arm (bootstrap over "
               "seeds; ?: beyond the budget), mean scores (bootstrap). Attention scores are measured on 64 fresh "
               "sequences with the arm's clamps applied (`intervene.applied`).")
