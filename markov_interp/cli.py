@@ -432,7 +432,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         "p + q = 1, depth, random kernels, precision, the exact reduction), then write results.csv, summary.csv, "
         "summary.md (escape times with intervals) and PNG figures to --out. --quick: 13 CPU-minutes, 14-19 min "
         "of wall time on a shared 2-core machine, with shorter sequences and runs (summary.md says what it cut). "
-        "--extras adds the three intervention experiments (16 seeds per arm; about 8 min of wall time on 2 CPU "
+        "--extras adds the three intervention experiments (16 seeds per arm; 5-9 min of wall time on 2 CPU "
         "cores) in OUT/interventions. Training runs go to --work and are reused by a rerun.",
     )
     r.add_argument("--quick", action="store_true", help="the reduced budget (short sequences, few seeds and steps)")
