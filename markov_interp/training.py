@@ -672,19 +672,22 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
     start = resumed_from or 0
 
     fp = models.fast_params(model)
+    # the parameters by state-dict name, once (freezes name them; building the dict each step costs ~0.6 ms)
+    freezes = any(isinstance(i, intervene.Freeze) for i in tc.interventions)
+    params = model.state_dict(keep_vars=True) if freezes else {}
     ckpt_steps = set(checkpoint_steps(tc.steps, tc.n_checkpoints))
     eval_steps = evaluation_steps(tc)
     bar = tqdm(total=tc.steps, initial=start, disable=not progress, desc="train", unit="step", dynamic_ncols=True)
     try:
         for step in range(start + 1, tc.steps + 1):
             lr = _lr_at(tc, step - 1)
-            hooks, frozen = _interventions_at(run, model, clamps, step - 1, update=True)
+            hooks, frozen = _interventions_at(run, params, clamps, step - 1, update=True)
             pending.append(_step(model, fp, optimizer, scaler, source, tc, train_gen, lr, hooks, frozen))
             bar.update(1)
 
             is_eval = step in eval_steps
             if step % tc.log_every == 0 or is_eval or step == tc.steps:
-                hooks = _interventions_at(run, model, clamps, step, update=False)[0] if is_eval else None
+                hooks = _interventions_at(run, params, clamps, step, update=False)[0] if is_eval else None
                 row = _metrics_row(out, rows, step, lr, pending, model, source, tc, eval_gen if is_eval else None,
                                    hooks)
                 pending = []
@@ -742,15 +745,15 @@ def _resume(out: Path, tc: TrainConfig, model: TransformerBridge, optimizer: tor
     return newest, rows, [t.to(device) for t in state["pending_losses"].unbind()]
 
 
-def _interventions_at(run: RunConfig, model: TransformerBridge, clamps: intervene.ClampState, t: int, *,
+def _interventions_at(run: RunConfig, params: dict[str, Tensor], clamps: intervene.ClampState, t: int, *,
                       update: bool) -> tuple[dict, list[Tensor]]:
-    """The clamp hooks and the frozen parameters active at time t (updates done so far; see `intervene`)."""
+    """The clamp hooks and the frozen parameters (from `params`, the model's by state-dict name) active at
+    time t (updates done so far; see `intervene`)."""
     tc = run.train
     if not tc.interventions:
         return {}, []
     hooks = intervene.clamp_hooks(tc.interventions, run.model, t, state=clamps, update=update)
     names = intervene.frozen_names(tc.interventions, run.model, t)
-    params = model.state_dict(keep_vars=True) if names else {}
     return hooks, [params[name] for name in sorted(names)]
 
 
