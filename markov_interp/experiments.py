@@ -211,21 +211,13 @@ def previous_token_at_release(base: RunConfig, arm: Arm, budget: ExperimentBudge
     """Layer 0's previous-token score after `budget.release` updates, per seed, as {"previous_token": [...],
     "mean": m, "interval": (lo, hi)} (a bootstrap interval over seeds). With a constant learning rate the first
     `release` steps of a run are a run of `release` steps (same data streams), so those short runs are that
-    prefix: trained again here with their models kept, not read from checkpoints."""
-    from markov_interp import probes
-
+    prefix: trained again here with their models kept, not read from checkpoints, and scored by
+    `circuit_scores_at_end`."""
     trained = _train_arm(base, arm, budget, out, progress, steps=budget.release)
-    scores = []
-    for seed, result in enumerate(trained):
-        if result.failed or result.model is None:
-            continue
-        batch = probes.sample_batch(base.source.build(), n_sequences=64, seq_len=base.train.seq_len,
-                                    seed=10_000 + seed)
-        att = probes.attention_scores(result.model, batch.tokens)
-        scores.append(float(att.previous_token[0].max()))
-    return {"previous_token": scores, "mean": _mean(scores),
-            "interval": _mean_interval(scores), "chance": float(att.previous_token_chance) if scores else math.nan,
-            "step": budget.release}
+    scores = circuit_scores_at_end(trained)
+    return {"previous_token": scores["previous_token"], "mean": scores["previous_token_mean"],
+            "interval": scores["previous_token_interval"],
+            "chance": scores["chance"].get("previous_token", math.nan), "step": budget.release}
 
 
 def circuit_scores_at_end(trained: list) -> dict:
