@@ -473,20 +473,13 @@ def fast_forward(
     return p.head(p.ln_final(x))
 
 
-def _check_points(cfg: ModelConfig, hooks: dict) -> None:
-    from markov_interp.stacked import stacked_hook_names
-
-    valid = stacked_hook_names(cfg)
-    unknown = sorted(set(hooks) - set(valid))
-    if unknown:
-        raise ValueError(f"unknown intervention points {unknown}; valid names are {valid}")
-
-
 def _hooked_fast_forward(p: FastParams, tokens: Int[Tensor, "batch pos"],
                          hooks: dict) -> Float[Tensor, "batch pos vocab"]:
     """`fast_forward` with `{hook name: fn}` applied at the stacked path's named points (same names)."""
+    from markov_interp.stacked import check_intervention_points
+
     cfg = p.cfg
-    _check_points(cfg, hooks)
+    check_intervention_points(cfg, hooks)
 
     def hook(name: str, x: Tensor) -> Tensor:
         fn = hooks.get(name)

@@ -38,6 +38,7 @@ __all__ = [
     "build_stack",
     "stacked_forward",
     "stacked_hook_names",
+    "check_intervention_points",
     "shape_config",
     "StackedOptimizer",
     "INIT_FIELDS",
@@ -229,6 +230,13 @@ def stacked_hook_names(cfg: ModelConfig) -> list[str]:
     return names
 
 
+def check_intervention_points(cfg: ModelConfig, hooks: Mapping[str, Any]) -> None:
+    """Refuse hook names that are not intervention points of the fused forwards (ValueError listing them)."""
+    unknown = sorted(set(hooks) - set(stacked_hook_names(cfg))) if hooks else []
+    if unknown:
+        raise ValueError(f"unknown intervention points {unknown}; valid names are {stacked_hook_names(cfg)}")
+
+
 def _linear(x: Float[Tensor, "member batch pos d_in"], weight: Float[Tensor, "member d_out d_in"],
             bias: Optional[Float[Tensor, "member d_out"]]) -> Float[Tensor, "member batch pos d_out"]:
     """Per-member `F.linear` (nn.Linear weight layout [out, in])."""
@@ -267,11 +275,7 @@ def stacked_forward(
     """
     cfg, p = stack.cfg, stack.params
     hooks = dict(interventions or {})
-    if hooks:
-        valid = stacked_hook_names(cfg)
-        unknown = sorted(set(hooks) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown intervention points {unknown}; valid names are {valid}")
+    check_intervention_points(cfg, hooks)
     n_members, batch, seq = tokens.shape
     if n_members != stack.n_members:
         raise ValueError(f"tokens have {n_members} members, the stack has {stack.n_members}")
