@@ -107,10 +107,12 @@ def test_intervention_points_are_the_hooked_models(hook):
 
 
 def test_unknown_intervention_point_is_refused():
-    stack, _ = _stack_and_solos({}, seeds=(0,))
+    stack, (solo,) = _stack_and_solos({}, seeds=(0,))
     # (attn.hook_pattern became a point with issue 14: formed when intervened; the scores never are)
     with pytest.raises(ValueError, match=r"unknown intervention points \['blocks.0.attn.hook_attn_scores'\]"):
         stacked.stacked_forward(stack, _tokens(1), {"blocks.0.attn.hook_attn_scores": torch.zeros_like})
+    with pytest.raises(ValueError, match=r"unknown intervention points \['blocks.0.attn.hook_attn_scores'\]"):
+        models.fast_forward(solo, _tokens(1)[0], {"blocks.0.attn.hook_attn_scores": torch.zeros_like})
 
 
 # ------------------------------------------------------------------------------------------- sampling
