@@ -62,6 +62,7 @@ __all__ = [
     "state_dict_for_save",
     "load_weights_into",
     "check_tied",
+    "heads_per_layer",
     "WEIGHTS_FILE",
 ]
 
@@ -177,6 +178,11 @@ class ModelConfig(Config):
         if "d_mlp" not in changes and self.d_mlp == 4 * self.d_model:
             derived["d_mlp"] = None
         return dataclasses.replace(self, **derived, **changes)
+
+    @property
+    def heads_per_layer(self) -> tuple[int, ...]:
+        """Attention heads in each block, layer 0 first."""
+        return (self.n_heads,) * self.n_layers
 
     @property
     def n_params(self) -> int:
@@ -385,6 +391,19 @@ def build(cfg: ModelConfig, *, seed: int, device: Any = None) -> TransformerBrid
         model.to(torch.device(device), print_details=False)
     check_tied(model)
     return model
+
+
+def heads_per_layer(model: Any) -> tuple[int, ...]:
+    """The heads each layer of a hooked model really has, layer 0 first.
+
+    A plain TransformerLens model has `cfg.n_heads` in every layer. A markov-interp model whose layers have
+    different head counts is built with the largest count in every layer, the surplus heads' weights at zero
+    (they exist in `hook_pattern` / `hook_z` but write nothing): probes, interventions and reports skip them.
+    """
+    cfg = getattr(model, "markov_config", None)
+    if cfg is not None:
+        return tuple(cfg.heads_per_layer)
+    return (int(model.cfg.n_heads),) * int(model.cfg.n_layers)
 
 
 # ------------------------------------------------------------------------------------------ fast forward

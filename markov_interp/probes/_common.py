@@ -49,6 +49,22 @@ def has_mlp(model: Model, layer: int) -> bool:
     return not getattr(model.cfg, "attn_only", False) and mlp_out_hook(layer) in model.hook_dict
 
 
+DEFAULT_PROBE_LENGTH = 128  # probe length for a model whose training length is unknown (capped at n_ctx)
+
+
+def probe_length(model: Model, seq_len: Optional[int] = None) -> int:
+    """The sequence length a probe runs at: `seq_len` when given, else the model's training length when known
+    (`model.markov_train_seq_len`, set when a model is loaded from a run folder), else
+    min(n_ctx, DEFAULT_PROBE_LENGTH). Every entry point (Python probes, `probe`, `report`, sweeps) uses this rule.
+    """
+    if seq_len is not None:
+        return int(seq_len)
+    trained = getattr(model, "markov_train_seq_len", None)
+    if trained is not None:
+        return min(int(trained), int(model.cfg.n_ctx))
+    return min(int(model.cfg.n_ctx), DEFAULT_PROBE_LENGTH)
+
+
 def model_device(model: Model) -> torch.device:
     """The device the model's weights live on (tokens are moved there before a forward pass)."""
     for param in model.parameters():
