@@ -1,37 +1,37 @@
-"""Training many runs as one stacked model (`training.train_many`): seeds and grid cells trained together.
+"""Training: the one loop. `train_many(runs)` trains compatible runs as one stack; `train(run)` is a stack of one.
 
-Runs that share their shapes (architecture, vocab, n_ctx, seq_len, batch size, steps, optimiser kind and
-hyper-parameters other than lr / weight decay, schedule, precision, evaluation and checkpoint plan, device)
-train as one `stacked.Stack`: one batched forward, one backward of the summed member losses (members share
-no parameter, so each member's gradient is its solo gradient), one elementwise optimiser step with
-per-member learning rate and weight decay. Members may differ in seed, source parameters of the same kind and
-vocab (p, q, kernel, alpha, order, initial law), initialisation options, learning rate and weight decay.
+Each step draws a fresh batch per run (`batches.member_sampler`: what the run draws alone), runs the stacked
+forward (`models.stack.stacked_forward`) with the clamps active at that step, one backward of the summed member
+losses (members share no parameter, so each member's gradient is its own) and one elementwise optimiser step
+(`models.optim.StackedOptimizer`: AdamW or SGD, per-member learning rate and weight decay). A member's numbers
+never depend on the other members, so **the same run gives the same weights whatever the entry point**:
+`train`, `train_many` with any companions, `markov-interp train` (with or without `--seeds`), sweeps and
+`reproduce` (tested bit for bit on the CPU).
 
-**A member is its solo run.** It draws its batches from the generator `training.train` would use
-(`_derive_seed(seed, "train-data")`), evaluates on the solo evaluation stream, starts from `models.build(cfg,
-seed=seed)` and follows torch's AdamW / SGD arithmetic, so its weights match `train(run)` up to float
-rounding (tested at 1e-4 after 100 steps; in practice far closer).
+Runs share a stack when they share their shapes (architecture, vocab, n_ctx, seq_len, batch size, steps,
+optimiser kind and hyper-parameters other than lr / weight decay, schedule, precision, evaluation and
+checkpoint plan, interventions, device: `stack_key`); they may differ in seed, source parameters of one kind and
+vocab, initialisation options, learning rate and weight decay.
 
-**Run folders.** Each member writes a normal run folder (config.json, metrics.jsonl, model.safetensors,
-checkpoints/) in exactly the solo format: its checkpoints hold its own weights and a `torch.optim` state dict
-(plus its generators and pending losses), so `load`, probes and reports read it unchanged and solo `train`
-could resume it. A stacked group resumes from the newest checkpoint step that every member folder holds
-(members checkpoint together, so that is the newest one unless a kill fell between two members' writes) and
-ends bit-identical to an uninterrupted group; members whose folder is already finished are loaded, not
-retrained, and the others train as a smaller stack (members are independent, so that changes nothing).
+**Run folders** (`training.runfolder`): each run writes config.json, metrics.jsonl, checkpoints/ and, when it
+finishes, model.safetensors. Re-running resumes from the newest checkpoint every member folder holds and ends
+bit-identical to an uninterrupted run; a finished run is loaded, not retrained; a folder holding another config
+is refused. Checkpoints hold the member's weights and, in the format of a torch optimiser's `state_dict()`, its
+optimiser state (plus loss scaler, generators, pending losses and clamp means), which is also the format of
+folders written before the one engine, so those resume too.
 
-**Loss scaling** (fp16): every member has its own GradScaler (scale, growth tracker, skipped overflow steps,
-and so its own AdamW step count), checkpointed as the solo scaler's state dict.
+**Divergence.** A run whose training loss, gradient, evaluation loss or weights are not finite stops there: its
+weights and optimiser state are frozen at their last finite values while the others go on, a metrics row
+`{"step": s, "diverged": true, "reason": ...}` and status.json record it, no final weights are written (its
+last finite checkpoint is kept), and `TrainResult.failed` says why; `train` raises `TrainingDiverged`, again at
+once on any later call for that folder.
 
-**Interventions** (`TrainConfig.interventions`, `markov_interp.intervene`): members must have equal ones (they
-are part of `stack_key`); clamps run as stacked-forward hooks with a member axis, running means per member (in
-each member's checkpoint, solo format), and frozen parameters are skipped by the optimiser with their own
-per-parameter step counts, as torch's AdamW skips a parameter without a gradient (not with fp16 loss scaling).
+**Interventions** (`TrainConfig.interventions`, `markov_interp.intervene`): the update t -> t + 1 runs with the
+freezes and clamps active at t, the evaluation at step t with the clamps active at t (running means are not
+updated by evaluations). Running means are checkpointed per member; a resume is bit-identical.
 
-**Divergence.** A member whose training loss or gradient is not finite at some step is frozen there (its
-weights and optimiser state are those before the step), recorded as failed in its metrics (a row
-`{"step": s, "failed": ...}`) and in `TrainResult.failed`, and the others finish. Its folder keeps its last
-finite weights as model.safetensors and counts as finished (a rerun loads it).
+**Loss scaling** (fp16): every member has its own GradScaler arithmetic (scale, growth tracker, skipped overflow
+steps and so its own AdamW step count), checkpointed as a torch GradScaler's state dict.
 """
 
 import contextlib
@@ -39,25 +39,47 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from tqdm.auto import tqdm
 
-from markov_interp import intervene, models, runfolder, stacked, theory, training
-from markov_interp._io import atomic_path
-from markov_interp.training import RunConfig, TrainConfig, TrainResult
+from markov_interp import intervene, theory
+from markov_interp.data import Source
+from markov_interp.models import INIT_FIELDS, HookedModel, load, shape_config, state_dict_for_save
+from markov_interp.models.optim import StackedOptimizer
+from markov_interp.models.stack import Stack, build_stack, stacked_forward, stacked_loss
+from markov_interp.theory import ReferenceLosses
+from markov_interp.training import runfolder
+from markov_interp.training.batches import derive_seed, member_sampler
+from markov_interp.training.config import PRECISIONS, RunConfig, TrainConfig, resolve_device
+from markov_interp.training.results import FinalLosses, TrainResult
+from markov_interp.training.runfolder import TrainingDiverged
+from markov_interp.training.schedule import checkpoint_steps, evaluation_steps, lr_at
 
-__all__ = ["train_many", "check_compatible", "stack_key", "MEMBER_TRAIN_FIELDS", "FAILED_KEY"]
+__all__ = [
+    "train",
+    "train_many",
+    "check_compatible",
+    "stack_key",
+    "evaluate",
+    "evaluate_paired",
+    "paired_row",
+    "autocast",
+    "PAIRED_KEYS",
+    "MEMBER_TRAIN_FIELDS",
+    "FAILED_KEY",
+]
 
 # TrainConfig fields in which the members of a stack may differ (everything else must match).
 MEMBER_TRAIN_FIELDS = ("seed", "lr", "weight_decay")
-FAILED_KEY = "diverged"  # the metrics row key of a member that diverged (as solo `train` writes it)
-# torch.amp.GradScaler's defaults, which solo `train` uses for loss_scaling=True
+FAILED_KEY = "diverged"  # the metrics row key of a run that diverged
+PAIRED_KEYS = ("eval_loss", "eval_true_loss", "eval_plateau_loss")
+# torch.amp.GradScaler's defaults (what loss_scaling=True uses)
 _SCALER = {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
-_FAILED_MESSAGE = "non-finite training loss or gradient; member frozen at its last finite weights"
+_NON_FINITE = "non-finite training loss or gradient"
 
 
 # ------------------------------------------------------------------------------------------ compatibility
@@ -76,15 +98,15 @@ def check_compatible(runs: Sequence[RunConfig]) -> None:
             raise ValueError(
                 f"runs[{i}] cannot share a stack with runs[0]: {field} differs ({b!r} vs {a!r}); members may "
                 f"differ only in train.{'/'.join(MEMBER_TRAIN_FIELDS)}, the source's parameters (same kind and "
-                f"vocab) and the model's init options ({', '.join(stacked.INIT_FIELDS)})"
+                f"vocab) and the model's init options ({', '.join(INIT_FIELDS)})"
             )
 
 
-def stack_key(run: RunConfig) -> Optional[str]:
-    """What must agree for runs to share a stack, as text (None for a run that cannot be stacked)."""
+def stack_key(run: RunConfig) -> str:
+    """What must agree for runs to share a stack, as text."""
     train = {k: v for k, v in run.train.to_dict().items() if k not in MEMBER_TRAIN_FIELDS}
     return json.dumps({"source": [run.source.kind, run.source.vocab_size],
-                       "model": stacked.shape_config(run.model).to_dict(), "train": train}, sort_keys=True)
+                       "model": shape_config(run.model).to_dict(), "train": train}, sort_keys=True)
 
 
 def _differences(a: RunConfig, b: RunConfig) -> list[tuple[str, Any, Any]]:
@@ -93,7 +115,7 @@ def _differences(a: RunConfig, b: RunConfig) -> list[tuple[str, Any, Any]]:
         out.append(("source.kind", a.source.kind, b.source.kind))
     elif a.source.vocab_size != b.source.vocab_size:
         out.append(("source vocab", a.source.vocab_size, b.source.vocab_size))
-    ma, mb = stacked.shape_config(a.model).to_dict(), stacked.shape_config(b.model).to_dict()
+    ma, mb = shape_config(a.model).to_dict(), shape_config(b.model).to_dict()
     out += [(f"model.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
     ta, tb = dataclasses.asdict(a.train), dataclasses.asdict(b.train)  # every field, also those to_dict omits
     out += [(f"train.{k}", ta[k], tb[k]) for k in ta if k not in MEMBER_TRAIN_FIELDS and ta[k] != tb[k]]
@@ -101,26 +123,72 @@ def _differences(a: RunConfig, b: RunConfig) -> list[tuple[str, Any, Any]]:
 
 
 # ------------------------------------------------------------------------------------------------ entry
+def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progress: bool = True) -> TrainResult:
+    """Train `run.model` on fresh batches of `run.source` with `run.train`'s recipe: `train_many([run])`.
+
+    Each step draws `batch_size` sequences of `seq_len + 1` states; the loss is the mean next-state
+    cross-entropy over all positions (nats). Evaluation uses fresh batches from a separate stream and is logged
+    beside `theory.reference_losses`: the entropy rate (the bigram / k-gram optimum the paper's models should
+    reach) and the unigram loss (the stationary-law plateau of the tied one-layer model), or for random kernels
+    the in-context Bayes loss. With `out_dir`, writes / resumes a run folder (see the module docstring and
+    `training.runfolder`); without, trains in memory. No output besides the tqdm bar.
+
+    Args:
+        run: the run.
+        out_dir: its run folder, or None.
+        progress: show a tqdm bar.
+
+    Returns:
+        The `TrainResult` (the hooked model, metrics rows, `final` losses). A run that diverges raises
+        `TrainingDiverged` (with its step and last finite checkpoint), again at once on a later call.
+    """
+    if not isinstance(run, RunConfig):
+        raise ValueError(f"run must be a RunConfig, got {type(run).__name__}")
+    (result,) = train_many([run], None if out_dir is None else [out_dir], progress=progress)
+    if result.failed is not None:
+        raise _diverged(result)
+    return result
+
+
+def _diverged(result: TrainResult) -> TrainingDiverged:
+    """The `TrainingDiverged` of a result whose run diverged."""
+    out, step = result.out_dir, result.final.step
+    status = runfolder.divergence(out) if out is not None else None
+    checkpoint = status.get("last_finite_checkpoint") if status else None
+    reason = status.get("reason") if status else result.failed
+    kept = f"; last finite checkpoint: step {checkpoint}" if checkpoint is not None else ""
+    where = f"{out}: " if out is not None else ""
+    return TrainingDiverged(f"{where}training diverged at step {step} ({reason}){kept}; lower the learning rate or "
+                            "clip gradients, and train into a new folder", step=step, run_dir=out,
+                            checkpoint=checkpoint)
+
+
 def train_many(runs: Sequence[RunConfig], out_dirs: Optional[Sequence["str | os.PathLike"]] = None, *,
                progress: bool = True, models_out: bool = True) -> list[TrainResult]:
-    """Train compatible `runs` as one stacked model; one `TrainResult` per run, in order (see module doc).
+    """Train compatible `runs` as one stack; one `TrainResult` per run, in order (see the module docstring).
 
-    `models_out=False` leaves `TrainResult.model` None: nothing then imports transformer_lens (seconds of
-    start-up), which is how `markov-interp train` runs.
+    Args:
+        runs: the runs (`check_compatible`: incompatible runs raise ValueError naming the field).
+        out_dirs: one distinct run folder per run, or None (in memory).
+        progress: show a tqdm bar.
+        models_out: build the hooked models of the results; False leaves `TrainResult.model` None and nothing
+            imports transformer_lens (seconds of start-up), which is how `markov-interp train` runs.
+
+    Returns:
+        One result per run; a run that diverged has `failed` set (and NaN final losses) instead of raising.
     """
     runs = list(runs)
     check_compatible(runs)
+    outs: list[Optional[Path]] = [None] * len(runs)
     if out_dirs is not None:
-        outs: list[Optional[Path]] = [Path(d) for d in out_dirs]
+        outs = [Path(d) for d in out_dirs]
         if len(outs) != len(runs):
             raise ValueError(f"got {len(runs)} runs but {len(outs)} out_dirs")
         resolved = [o.resolve() for o in outs]
         if len(set(resolved)) != len(resolved):
             raise ValueError(f"out_dirs must be distinct folders, got {[str(o) for o in outs]}")
-    else:
-        outs = [None] * len(runs)
-    device = training.resolve_device(runs[0].train.device)
-    with contextlib.ExitStack() as locks:  # every member folder locked, as solo `train` locks its one
+    device = resolve_device(runs[0].train.device)
+    with contextlib.ExitStack() as locks:  # every run folder locked for the whole training
         for out in outs:
             if out is not None:
                 locks.enter_context(runfolder.lock(runfolder.check_writable_dir(out, "run folder")))
@@ -134,13 +202,13 @@ def _train_locked(runs: list[RunConfig], outs: list[Optional[Path]], device: tor
     todo = []
     for i, (run, out) in enumerate(zip(runs, outs)):
         if out is not None:
-            training._prepare_folder(out, run)
+            runfolder.prepare(out, run)
             status = runfolder.divergence(out)
-            # final weights beside incomplete metrics (a damaged folder) resume like solo `train`: see _resume
-            finished = (out / models.WEIGHTS_FILE).exists() and runfolder.metrics_complete(
-                run.train, training.load_metrics(out))
+            # final weights beside incomplete metrics (a damaged folder) resume: see _Group._resume
+            finished = (out / runfolder.WEIGHTS_FILE).exists() and runfolder.metrics_complete(
+                run.train, runfolder.load_metrics(out))
             if status is not None or finished:
-                results[i] = _finished_member(out, run, device, models_out, status)
+                results[i] = _finished(out, run, device, models_out, status)
                 continue
         todo.append(i)
     if todo:
@@ -150,93 +218,104 @@ def _train_locked(runs: list[RunConfig], outs: list[Optional[Path]], device: tor
     return results  # type: ignore[return-value]
 
 
-def _finished_member(out: Path, run: RunConfig, device: torch.device, models_out: bool,
-                     status: Optional[dict]) -> TrainResult:
+def _references(run: RunConfig) -> dict[str, float]:
+    """theory's reference losses of `run` as a metrics row, rounded (the last bits of theory's linear algebra
+    vary between calls; rows must compare exactly)."""
+    return theory.reference_losses(run.source.build(), run.train.seq_len + 1).as_row(digits=12)
+
+
+def _final(rows: list[dict]) -> FinalLosses:
+    last = [r for r in rows if "eval_loss" in r]
+    assert last, "training always evaluates at its last step"
+    return FinalLosses(step=last[-1]["step"], eval_loss=last[-1]["eval_loss"], train_loss=last[-1]["train_loss"],
+                       references=ReferenceLosses.from_row(last[-1]))
+
+
+def _failed_final(step: int, references: Mapping[str, float]) -> FinalLosses:
+    return FinalLosses(step=step, eval_loss=math.nan, train_loss=math.nan,
+                       references=ReferenceLosses.from_row(references))
+
+
+def _finished(out: Path, run: RunConfig, device: torch.device, models_out: bool,
+              status: Optional[dict]) -> TrainResult:
+    """The result of a finished or diverged run folder (its model loaded when `models_out` and it has one)."""
+    rows = runfolder.load_metrics(out)
+    has_weights = (out / runfolder.WEIGHTS_FILE).exists()
+    model = load(out, device=device, expect=run.model) if models_out and has_weights else None
     if status is None:  # finished: the caller checked that its metrics are complete
-        done = training._finished(out, run, device, load_model=models_out)
-        assert done is not None, f"{out}: complete metrics were checked before"
-        return done
-    rows = training.load_metrics(out)
-    has_weights = (out / models.WEIGHTS_FILE).exists()
-    model = models.load(out, device=device, expect=run.model) if models_out and has_weights else None
-    references = theory.reference_losses(run.source.build(), run.train.seq_len + 1).as_row(digits=12)
-    return TrainResult(model=model, metrics=rows, final=_failed_final(status["step"], references), config=run,
-                       out_dir=out, already_done=True,
-                       failed=_failure_text(status["step"], status.get("reason", "non-finite loss")))
+        return TrainResult(model=model, metrics=rows, final=_final(rows), config=run, out_dir=out,
+                           already_done=True)
+    reason = status.get("reason", "non-finite loss")
+    return TrainResult(model=model, metrics=rows, final=_failed_final(status["step"], _references(run)), config=run,
+                       out_dir=out, already_done=True, failed=f"diverged at step {status['step']}: {reason}")
 
 
-def _failure_text(step: int, reason: str = _FAILED_MESSAGE) -> str:
-    return f"diverged at step {step}: {reason}"
+# ----------------------------------------------------------------------------------------------- evaluation
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The autocast context of `precision` ("fp32": none) on `device`."""
+    dtype = PRECISIONS[precision]
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None)
 
 
-def _failed_final(step: int, references: dict) -> training.FinalLosses:
-    return training.FinalLosses(step=step, eval_loss=math.nan, train_loss=math.nan, references=references)
+def paired_row(totals: Sequence[float], n_batches: int) -> dict[str, float]:
+    """The evaluation columns of a metrics row from summed (model, true, plateau) batch losses."""
+    return {key: total / n_batches for key, total in zip(PAIRED_KEYS, totals)}
 
 
-# ----------------------------------------------------------------------------------------------- sampling
-def _resumable(out: Path, run: RunConfig) -> set[int]:
-    """The checkpoint steps of a member folder that its metrics cover (`runfolder.resume_step`: a resume never
-    leaves a gap in metrics.jsonl; RunFolderError, saying how to recover, when none is covered)."""
-    steps = [s for s, _ in training.list_checkpoints(out)]
-    newest = runfolder.resume_step(out, run.train, steps, training.load_metrics(out),
-                                   final_weights=(out / models.WEIGHTS_FILE).exists())
-    return {s for s in steps if newest is not None and s <= newest}
+@torch.no_grad()
+def _paired_eval(stack: Stack, sources: Sequence[Source], sample: Callable[[], torch.Tensor], n_batches: int,
+                 precision: str, hooks: Mapping[str, Callable]) -> list[dict[str, float]]:
+    """Each member's evaluation columns over `n_batches` batches of `sample()`: its loss beside the true and
+    plateau predictors' losses on the same tokens (`theory.paired_losses`)."""
+    totals = [[0.0, 0.0, 0.0] for _ in sources]
+    for _ in range(n_batches):
+        tokens = sample()
+        with autocast(tokens.device, precision):
+            logits = stacked_forward(stack, tokens[..., :-1], hooks)
+        for k, value in enumerate(stacked_loss(logits, tokens[..., 1:]).tolist()):
+            true, plateau = theory.paired_losses(sources[k], tokens[k])
+            for i, v in enumerate((value, true, plateau)):
+                totals[k][i] += v
+    return [paired_row(t, n_batches) for t in totals]
 
 
-def member_sampler(sources: list, generators: list, batch: int, length: int):
-    """A function drawing one batch per member, `[member, batch, length]`: member k's rows are exactly
-    `sources[k].sample(batch, length, generator=generators[k])` (each generator draws what it would alone).
+def evaluate_paired(model: HookedModel, source: Source, *, seq_len: int, batch_size: int, n_batches: int,
+                    generator: torch.Generator, precision: str = "fp32",
+                    interventions: Optional[Mapping[str, Callable]] = None) -> dict[str, float]:
+    """The evaluation a run logs, for a hooked model: its mean next-state cross-entropy ("eval_loss", nats) on
+    `n_batches` fresh batches of `seq_len` inputs beside the losses of the true predictor ("eval_true_loss")
+    and of the plateau predictor ("eval_plateau_loss", `theory.plateau_predictions`) on the *same* tokens.
 
-    For fixed-kernel chains of one vocab and order the uniforms are drawn per member and the chain is
-    built for all members at once (one pass instead of K: on a GPU, K small samplers cost as much as the
-    stacked model's step); other sources are sampled member by member.
+    The model's paired excess is eval_loss - eval_true_loss, the plateau's eval_plateau_loss - eval_true_loss
+    (`dynamics.escape_time`). The model runs through the fused forward (a stack of one holding its weights).
+
+    Args:
+        model: a hooked model built by `models` (with `markov_config`).
+        source: the data source; batches come from `generator`.
+        seq_len, batch_size, n_batches: the evaluation batches.
+        generator: the evaluation stream (its device is where the model runs).
+        precision: "fp32", "fp16" or "bf16" (autocast).
+        interventions: {hook name: fn} clamps for the forward, receiving activations without a member axis
+            (`intervene.clamp_hooks(..., update=False)`: evaluations never move running means).
+
+    Returns:
+        {"eval_loss", "eval_true_loss", "eval_plateau_loss"}.
     """
-    batched = _batched_chain_sampler(sources, generators, batch, length)
-    if batched is not None:
-        return batched
-    return lambda: torch.stack([s.sample(batch, length, generator=g) for s, g in zip(sources, generators)])
+    stack = Stack.from_states([model.markov_config], [state_dict_for_save(model)], device=generator.device)
+    hooks = {name: (lambda fn: lambda x: fn(x[0]).unsqueeze(0))(fn) for name, fn in (interventions or {}).items()}
+    (row,) = _paired_eval(stack, [source], lambda: source.sample(batch_size, seq_len + 1, generator=generator)[None],
+                          n_batches, precision, hooks)
+    return row
 
 
-def _batched_chain_sampler(sources: list, generators: list, batch: int, length: int):
-    """`MarkovChain.sample` for K chains at once (same arithmetic, per-member draws), or None if not applicable."""
-    from markov_interp import data
-
-    if not all(isinstance(s, data.MarkovChain) for s in sources):
-        return None
-    vocab, order = sources[0].vocab, sources[0].order
-    steps = length - order
-    if steps < 1 or any(s.vocab != vocab or s.order != order for s in sources):
-        return None
-    device = generators[0].device
-    try:  # the sampler's internals (data.MarkovChain.sample); any change there falls back to the plain path
-        init_cdf = torch.stack([s._initial.to(device).cumsum(-1) for s in sources])  # [member, context]
-        cdf = torch.stack([s._cdf.to(device) for s in sources])  # [member, context, vocab]
-        apply_binary, compose = data._apply_binary_maps, data._compose_prefix
-    except AttributeError:
-        return None
-    n_members, n_ctx = init_cdf.shape
-    digits = vocab ** torch.arange(order - 1, -1, -1, device=device)
-    context_ids = torch.arange(n_ctx, device=device)
-
-    def sample() -> torch.Tensor:
-        u0, u = [], []
-        for g in generators:  # member k's generator: its first state, then its step uniforms (solo order)
-            u0.append(torch.rand(batch, 1, generator=g, device=device, dtype=torch.float64))
-            u.append(torch.rand(batch, steps, 1, 1, generator=g, device=device, dtype=torch.float64))
-        first = (init_cdf[:, None, :] <= torch.stack(u0)).sum(-1).clamp_(max=n_ctx - 1).reshape(-1)
-        per_seq = cdf[:, None].expand(-1, batch, -1, -1).reshape(n_members * batch, n_ctx, vocab)
-        nxt = (per_seq[:, None, :, :] <= torch.cat(u)).sum(-1).clamp_(max=vocab - 1)
-        if n_ctx == 2:
-            later = apply_binary(nxt, first)
-        else:
-            step_maps = nxt if order == 1 else (context_ids * vocab + nxt) % n_ctx
-            contexts = torch.gather(compose(step_maps), -1, first[:, None, None].expand(-1, steps, 1))
-            later = contexts[..., 0] if order == 1 else contexts[..., 0] % vocab
-        head = (first[:, None] // digits) % vocab
-        tokens = torch.cat([head, later], dim=1)[:, :length]
-        return tokens.reshape(n_members, batch, length)
-
-    return sample
+def evaluate(model: HookedModel, source: Source, *, seq_len: int, batch_size: int, n_batches: int,
+             generator: torch.Generator, precision: str = "fp32",
+             interventions: Optional[Mapping[str, Callable]] = None) -> float:
+    """Mean next-state cross-entropy (nats) of `model` on `n_batches` fresh batches of `seq_len` inputs
+    (every position a target): comparable with `theory.reference_losses(source, seq_len + 1)`
+    (`evaluate_paired`'s "eval_loss")."""
+    return evaluate_paired(model, source, seq_len=seq_len, batch_size=batch_size, n_batches=n_batches,
+                           generator=generator, precision=precision, interventions=interventions)["eval_loss"]
 
 
 def _on_step(step: int) -> None:
@@ -246,57 +325,52 @@ def _on_step(step: int) -> None:
 # ------------------------------------------------------------------------------------------------ group
 @dataclasses.dataclass
 class _Group:
-    """The state of one stacked training group: the stack, its optimiser, each member's streams and rows."""
+    """The state of one training stack: the models, their optimiser, each run's streams and rows."""
 
-    runs: list
-    outs: list
+    runs: list[RunConfig]
+    outs: list[Optional[Path]]
     device: torch.device
-    sources: list
-    references: list  # per member: theory's reference losses (rounded like solo rows)
-    stack: stacked.Stack
-    optimizer: stacked.StackedOptimizer
-    train_gens: list
-    eval_gens: list
-    rows: list = dataclasses.field(default_factory=list)  # per member: metrics rows
-    pending: list = dataclasses.field(default_factory=list)  # per step: [member] train losses since last row
-    failed: list = dataclasses.field(default_factory=list)  # per member: step it diverged, or None
+    sources: list[Source]
+    references: list[dict[str, float]]  # per member: theory's reference losses as a (rounded) metrics row
+    stack: Stack
+    optimizer: StackedOptimizer
+    train_gens: list[torch.Generator]
+    eval_gens: list[torch.Generator]
+    sample_train: Callable[[], torch.Tensor]  # () -> [member, batch, seq_len + 1] tokens of the training streams
+    sample_eval: Callable[[], torch.Tensor]  # the same from the evaluation streams
+    rows: list[list[dict]] = dataclasses.field(default_factory=list)  # per member: metrics rows
+    pending: list[torch.Tensor] = dataclasses.field(default_factory=list)  # per step: [member] losses since a row
+    failed: list[Optional[int]] = dataclasses.field(default_factory=list)  # per member: step it diverged, or None
     start: int = 0
     resumed_from: Optional[int] = None
-    sample_train: Any = None  # () -> [member, batch, seq_len + 1] tokens from the training streams
-    sample_eval: Any = None  # the same from the evaluation streams
-    scale: Any = None  # fp16 loss scaling: [member] scales and growth trackers, one torch GradScaler per member
-    growth_tracker: Any = None
-    clamps: Any = None  # intervene.ClampState: running means of mean clamps, [member, ...]
+    scale: Optional[torch.Tensor] = None  # fp16 loss scaling: [member] scales, one GradScaler per member
+    growth_tracker: Optional[torch.Tensor] = None
+    clamps: intervene.ClampState = dataclasses.field(default_factory=intervene.ClampState)  # [member, ...] means
 
     @classmethod
-    def create(cls, runs: list, outs: list, device: torch.device) -> "_Group":
-        tc: TrainConfig = runs[0].train
+    def create(cls, runs: list[RunConfig], outs: list[Optional[Path]], device: torch.device) -> "_Group":
+        tc = runs[0].train
         intervene.check_interventions(tc.interventions, runs[0].model)  # tensor files too, before any step
-        if tc.loss_scaling and any(isinstance(i, intervene.Freeze) for i in tc.interventions):
-            raise ValueError("freeze interventions are not supported with fp16 loss scaling in stacked training; "
-                             "train these runs solo or without loss_scaling")
         sources = [r.source.build() for r in runs]
-        cache: dict[str, dict] = {}
-        references = []
-        for run, source in zip(runs, sources):
-            key = run.source.to_json()
-            if key not in cache:  # rounded: rows must compare exactly with solo rows
-                cache[key] = theory.reference_losses(source, tc.seq_len + 1).as_row(digits=12)
-            references.append(cache[key])
-        stack = stacked.build_stack([r.model for r in runs], [r.train.seed for r in runs], device=device)
-        optimizer = stacked.StackedOptimizer(stack, kind=tc.optimizer, betas=tc.betas, momentum=tc.momentum)
-        gens = [[torch.Generator(device=device).manual_seed(training._derive_seed(r.train.seed, stream))
-                 for r in runs] for stream in ("train-data", "eval-data")]
-        group = cls(runs=runs, outs=outs, device=device, sources=sources, references=references, stack=stack,
-                    optimizer=optimizer, train_gens=gens[0], eval_gens=gens[1],
-                    rows=[[] for _ in runs], failed=[None] * len(runs), clamps=intervene.ClampState())
+        cache: dict[str, dict] = {}  # one reference computation per distinct source
+        for run in runs:
+            if run.source.to_json() not in cache:
+                cache[run.source.to_json()] = _references(run)
+        stack = build_stack([r.model for r in runs], [r.train.seed for r in runs], device=device)
+        optimizer = StackedOptimizer(stack, kind=tc.optimizer, betas=tc.betas, momentum=tc.momentum)
+        gens = [[torch.Generator(device=device).manual_seed(derive_seed(r.train.seed, stream)) for r in runs]
+                for stream in ("train-data", "eval-data")]
+        length = tc.seq_len + 1
+        group = cls(runs=runs, outs=outs, device=device, sources=sources,
+                    references=[cache[r.source.to_json()] for r in runs], stack=stack, optimizer=optimizer,
+                    train_gens=gens[0], eval_gens=gens[1],
+                    sample_train=member_sampler(sources, gens[0], tc.batch_size, length),
+                    sample_eval=member_sampler(sources, gens[1], tc.batch_size, length),
+                    rows=[[] for _ in runs], failed=[None] * len(runs))
         if tc.loss_scaling:  # GradScaler's defaults: init scale 2**16, growth 2, backoff 0.5, interval 2000
             optimizer.count_members()
             group.scale = torch.full((len(runs),), _SCALER["scale"], device=device)
             group.growth_tracker = torch.zeros(len(runs), dtype=torch.int32, device=device)
-        length = tc.seq_len + 1
-        group.sample_train = member_sampler(sources, group.train_gens, tc.batch_size, length)
-        group.sample_eval = member_sampler(sources, group.eval_gens, tc.batch_size, length)
         group._resume()
         return group
 
@@ -306,38 +380,41 @@ class _Group:
 
     # -- training loop
     def train(self, progress: bool, build_models: bool = True) -> list[TrainResult]:
-        tc, n = self.tc, len(self.runs)
+        tc = self.tc
         wd = torch.tensor([r.train.weight_decay for r in self.runs], dtype=torch.float64, device=self.device)
         alive = torch.tensor([f is None for f in self.failed], device=self.device)
         failed_at = torch.tensor([-1 if f is None else f for f in self.failed], device=self.device)
-        ckpt_steps = set(training.checkpoint_steps(tc.steps, tc.n_checkpoints))
-        eval_steps = training.evaluation_steps(tc)
+        ckpt_steps = set(checkpoint_steps(tc.steps, tc.n_checkpoints))
+        eval_steps = evaluation_steps(tc)
         # the whole schedule on the device up front: no host-to-device copy inside the step loop
-        lr_table = torch.tensor([[training._lr_at(r.train, s) for r in self.runs] for s in range(tc.steps)],
+        lr_table = torch.tensor([[lr_at(r.train, s) for r in self.runs] for s in range(tc.steps)],
                                 dtype=torch.float64, device=self.device)
-        bar = tqdm(total=tc.steps, initial=self.start, disable=not progress, desc=f"train x{n}", unit="step",
-                   dynamic_ncols=True)
+        bar = tqdm(total=tc.steps, initial=self.start, disable=not progress, desc=f"train x{len(self.runs)}",
+                   unit="step", dynamic_ncols=True)
         try:
             for step in range(self.start + 1, tc.steps + 1):
-                lrs = [training._lr_at(r.train, step - 1) for r in self.runs]
                 losses, ok = self._step(lr_table[step - 1], wd, alive, step - 1)
                 failed_at = torch.where(alive & ~ok, step, failed_at)
                 alive = alive & ok
                 self.pending.append(losses)
                 bar.update(1)
-                is_eval = step in eval_steps
-                if step % tc.log_every == 0 or is_eval or step in ckpt_steps:
-                    self._note_failures(failed_at)
-                if step % tc.log_every == 0 or is_eval:
-                    self._log(step, lrs, is_eval)
-                if step in ckpt_steps:
-                    self._checkpoint(step, lrs)
+                is_eval, is_log, is_ckpt = step in eval_steps, step % tc.log_every == 0, step in ckpt_steps
+                if is_log or is_eval or is_ckpt:
+                    self._note_failures(failed_at, step, weights=is_ckpt or step == tc.steps)
+                if is_log or is_eval:
+                    self._log(step, is_eval)
+                if is_log or is_eval or is_ckpt:
+                    alive = alive & torch.tensor([f is None for f in self.failed], device=self.device)
+                    if not any(f is None for f in self.failed):
+                        break  # every run diverged: nothing left to train
+                if is_ckpt:
+                    self._checkpoint(step)
                 _on_step(step)
         finally:
             bar.close()
         return self._finish(build_models)
 
-    def _hooks(self, t: int, update: bool) -> dict:
+    def _hooks(self, t: int, update: bool) -> dict[str, Callable]:
         """The clamps active at time t as stacked-forward hooks (members share their interventions)."""
         tc = self.tc
         if not tc.interventions:
@@ -348,38 +425,45 @@ class _Group:
     def _step(self, lr: torch.Tensor, wd: torch.Tensor, alive: torch.Tensor,
               t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Update t -> t + 1 of every member (with the interventions active at t); returns the [member] losses
-        and which members stayed finite."""
+        and which members stayed finite. A frozen parameter gets no gradient (so no update, no share in
+        clipping); a parameter a clamp cuts off from the loss gets a zero gradient (it still decays)."""
         tc = self.tc
         tokens = self.sample_train()
-        with training._autocast(self.device, tc.precision):
-            logits = stacked.stacked_forward(self.stack, tokens[..., :-1], self._hooks(t, update=True))
-        losses = stacked.stacked_loss(logits, tokens[..., 1:])
+        with autocast(self.device, tc.precision):
+            logits = stacked_forward(self.stack, tokens[..., :-1], self._hooks(t, update=True))
+        losses = stacked_loss(logits, tokens[..., 1:])
         self.optimizer.zero_grad()
-        frozen = frozenset(intervene.frozen_names(tc.interventions, self.runs[0].model, t))
+        frozen = frozenset(intervene.frozen_names(tc.interventions, self.runs[0].model, t)) if tc.interventions \
+            else frozenset()
         if self.scale is None:
             losses.sum().backward()
-            for name, param in self.stack.params.items():  # as solo training (training._step)
-                if name in frozen:  # no gradient: no update, no share in clipping
-                    param.grad = None
-                elif param.grad is None:  # cut off from the loss by a clamp: a zero gradient
-                    param.grad = torch.zeros_like(param)
-            ok = torch.isfinite(losses) & self.optimizer.member_finite()
+            ok = torch.isfinite(losses)
+        else:
+            (losses * self.scale).sum().backward()
+        for name, param in self.stack.params.items():
+            if name in frozen:
+                param.grad = None
+            elif param.grad is None:
+                param.grad = torch.zeros_like(param)
+        if self.scale is None:
+            ok = ok & self.optimizer.member_finite()
             update = alive & ok
         else:
-            update, ok = self._scaled_backward(losses, alive)
+            update, ok = self._unscale(losses, alive)
         if tc.grad_clip is not None:
             self.optimizer.clip_grad_norm(tc.grad_clip)
         self.optimizer.step(lr, wd, update, frozen)
         return losses.detach(), ok
 
-    def _scaled_backward(self, losses: torch.Tensor, alive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp16 loss scaling per member, torch's GradScaler step by step: backward of scale * loss, unscale with
-        the fp64 reciprocal, skip a member's step when its gradient overflowed (halving its scale), double the
-        scale after 2000 clean steps. A member fails only when its loss itself is not finite."""
-        (losses * self.scale).sum().backward()
+    def _unscale(self, losses: torch.Tensor, alive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp16 loss scaling per member, torch's GradScaler step by step: unscale the gradients of
+        backward(scale * loss) with the fp64 reciprocal, skip a member's step when its gradient overflowed
+        (halving its scale), double the scale after 2000 clean steps. A member fails only when its loss itself
+        is not finite. Returns (members to update, members still finite)."""
         inv_scale = self.scale.double().reciprocal().float()
         for param in self.stack.parameters():
-            param.grad.mul_(inv_scale.view(-1, *([1] * (param.ndim - 1))))
+            if param.grad is not None:
+                param.grad.mul_(inv_scale.view(-1, *([1] * (param.ndim - 1))))
         found_inf = ~self.optimizer.member_finite()
         tracker = torch.where(found_inf, 0, self.growth_tracker + 1)
         grow = tracker == _SCALER["growth_interval"]
@@ -389,90 +473,84 @@ class _Group:
         self.growth_tracker = torch.where(grow, 0, tracker).to(torch.int32)
         return alive & ~found_inf & torch.isfinite(losses), torch.isfinite(losses)
 
-    def _note_failures(self, failed_at: torch.Tensor) -> None:
-        for k, step in enumerate(failed_at.tolist()):
-            if step >= 0 and self.failed[k] is None:
-                self.failed[k] = step
-                self.rows[k].append({"step": step, FAILED_KEY: True, "reason": _FAILED_MESSAGE})
-                self._write_rows(k)
-                out = self.outs[k]
-                if out is not None:  # probe / report / sweeps read status.json: "diverged", not a mechanism
-                    kept = [c for c, _ in training.list_checkpoints(out) if c < step]
-                    runfolder.mark_diverged(out, step=step, reason=_FAILED_MESSAGE,
-                                            checkpoint=kept[-1] if kept else None)
+    # -- divergence
+    def _note_failures(self, failed_at: torch.Tensor, step: int, *, weights: bool) -> None:
+        """Record the members that diverged since the last check (with `weights`, also members whose weights
+        are not finite at `step`)."""
+        for k, at in enumerate(failed_at.tolist()):
+            if at >= 0 and self.failed[k] is None:
+                self._fail(k, at, _NON_FINITE)
+        if weights:  # a checkpoint is only ever finite
+            finite = torch.stack([torch.isfinite(p).flatten(1).all(dim=1) for p in self.stack.parameters()])
+            for k, ok in enumerate(finite.all(dim=0).tolist()):
+                if not ok and self.failed[k] is None:
+                    self._fail(k, step, "non-finite weights")
 
-    def _log(self, step: int, lrs: list, is_eval: bool) -> None:
-        # per member a contiguous row of its pending losses, reduced like solo's torch.stack(pending).mean()
+    def _fail(self, k: int, step: int, reason: str) -> None:
+        """Member k diverged at `step`: a metrics row, status.json (with its last finite checkpoint)."""
+        self.failed[k] = step
+        self.rows[k].append({"step": step, FAILED_KEY: True, "reason": reason})
+        out = self.outs[k]
+        if out is not None:  # probe / report / sweeps read status.json: "diverged", not a mechanism
+            runfolder.write_metrics(out, self.rows[k])
+            kept = [c for c, _ in runfolder.list_checkpoints(out) if c < step]
+            runfolder.mark_diverged(out, step=step, reason=reason, checkpoint=kept[-1] if kept else None)
+
+    # -- metrics and files
+    def _log(self, step: int, is_eval: bool) -> None:
+        # per member a contiguous row of its pending losses, each reduced on its own
         means = torch.stack(self.pending).float().T.contiguous().mean(dim=1).tolist()
         self.pending = []
         evals = self._evaluate(step) if is_eval else None
-        for k in range(len(self.runs)):
+        for k, run in enumerate(self.runs):
             if self.failed[k] is not None:
                 continue
-            row = {"step": step, "lr": lrs[k], "train_loss": means[k]}
+            row = {"step": step, "lr": lr_at(run.train, step - 1), "train_loss": means[k]}
             if evals is not None:
+                if not math.isfinite(evals[k]["eval_loss"]):
+                    self._fail(k, step, f"non-finite evaluation loss {evals[k]['eval_loss']}")
+                    continue
                 row.update(evals[k])
                 row.update(self.references[k])
             self.rows[k].append(row)
-            self._write_rows(k)
+            if self.outs[k] is not None:
+                runfolder.write_metrics(self.outs[k], self.rows[k])
 
-    @torch.no_grad()
     def _evaluate(self, step: int) -> list[dict[str, float]]:
-        """Each member's evaluation columns on its own fresh batches (solo `training.evaluate_paired`'s stream:
-        the model's loss beside the true and plateau predictors' on the same tokens), with the clamps active at
-        `step` (running means not updated)."""
-        tc = self.tc
-        hooks = self._hooks(step, update=False)
-        totals = [[0.0, 0.0, 0.0] for _ in self.runs]
-        for _ in range(tc.eval_batches):
-            tokens = self.sample_eval()
-            with training._autocast(self.device, tc.precision):
-                logits = stacked.stacked_forward(self.stack, tokens[..., :-1], hooks)
-            for k, value in enumerate(stacked.stacked_loss(logits, tokens[..., 1:]).tolist()):
-                true, plateau = theory.paired_losses(self.sources[k], tokens[k])
-                for i, v in enumerate((value, true, plateau)):
-                    totals[k][i] += v
-        return [training.paired_row(t, tc.eval_batches) for t in totals]
+        """Each member's evaluation columns on its own fresh batches, with the clamps active at `step` (running
+        means not updated)."""
+        return _paired_eval(self.stack, self.sources, self.sample_eval, self.tc.eval_batches, self.tc.precision,
+                            self._hooks(step, update=False))
 
-    def _write_rows(self, k: int) -> None:
-        if self.outs[k] is not None:
-            training._write_metrics(self.outs[k] / training.METRICS_FILE, self.rows[k])
-
-    # -- files
-    def _checkpoint(self, step: int, lrs: list) -> None:
-        """Every member's checkpoint in the solo format (plus its divergence step under `stack_failed_at`)."""
+    def _checkpoint(self, step: int) -> None:
+        """Each running member's checkpoint (diverged members keep their last finite one)."""
         for k, out in enumerate(self.outs):
-            if out is None:
+            if out is None or self.failed[k] is not None:
                 continue
-            weights, extra = training._checkpoint_paths(out, step)
-            weights.parent.mkdir(exist_ok=True)
-            self.stack.save_member(k, weights)
             tc = self.runs[k].train
             state = {
                 "step": step,
-                "optimizer": self.optimizer.solo_state_dict(k, lr=lrs[k], initial_lr=tc.lr,
-                                                            weight_decay=tc.weight_decay),
-                "scaler": {} if self.scale is None else {  # GradScaler.state_dict() of member k's scaler
+                "optimizer": self.optimizer.member_state_dict(k, lr=lr_at(tc, step - 1), weight_decay=tc.weight_decay),
+                "scaler": {} if self.scale is None else {  # a torch GradScaler's state_dict()
                     **_SCALER, "scale": float(self.scale[k]), "_growth_tracker": int(self.growth_tracker[k])},
                 "train_generator": self.train_gens[k].get_state(),
                 "eval_generator": self.eval_gens[k].get_state(),
                 "pending_losses": torch.stack([p[k] for p in self.pending]).cpu() if self.pending
                 else torch.zeros(0),
-                "stack_failed_at": -1 if self.failed[k] is None else self.failed[k],
                 **({"clamp_state": self.clamps.member_state_dict(k)} if tc.interventions else {}),
             }
-            with atomic_path(extra) as tmp:
-                torch.save(state, tmp)
+            runfolder.save_checkpoint(out, step, self.runs[k].model, self.stack.member_state(k), state)
 
     def _resume(self) -> None:
-        """Continue from the newest checkpoint step every member folder holds (none: a fresh start)."""
+        """Continue from the newest checkpoint step every member folder holds and its metrics cover (none: a
+        fresh start; `runfolder.resume_step` refuses metrics that reach no checkpoint, saying how to recover)."""
         if any(out is None for out in self.outs):
             return
         common = set.intersection(*(_resumable(out, run) for out, run in zip(self.outs, self.runs)))
         if not common:
             for out in self.outs:
-                if (out / training.METRICS_FILE).exists():
-                    training._write_metrics(out / training.METRICS_FILE, [])
+                if (out / runfolder.METRICS_FILE).exists():
+                    runfolder.write_metrics(out, [])
             return
         step = max(common)
         clamp_states: list = []
@@ -482,40 +560,44 @@ class _Group:
         self.optimizer.step_count = step
         self.start = self.resumed_from = step
 
-    def _load_member(self, k: int, out: Path, step: int, clamp_states: list) -> list:
-        weights, extra = training._checkpoint_paths(out, step)
-        _, tensors = models.read_weights(weights)
-        self.stack.load_member(k, tensors)
-        try:
-            state = torch.load(extra, map_location="cpu", weights_only=True)
-        except Exception as err:  # torch raises several types on corrupt / truncated files
-            raise ValueError(f"checkpoint {extra} is unreadable ({type(err).__name__}: {err})") from None
-        self.optimizer.load_solo_state(k, state["optimizer"])
+    def _load_member(self, k: int, out: Path, step: int, clamp_states: list) -> list[torch.Tensor]:
+        weights, state = runfolder.read_checkpoint(out, step)
+        self.stack.load_member(k, weights)
+        self.optimizer.load_member_state(k, state["optimizer"])
         if self.scale is not None:
             self.scale[k] = state["scaler"]["scale"]
             self.growth_tracker[k] = state["scaler"]["_growth_tracker"]
         self.train_gens[k].set_state(state["train_generator"])
         self.eval_gens[k].set_state(state["eval_generator"])
         clamp_states.append(state.get("clamp_state", {}))
-        failed_at = int(state.get("stack_failed_at", -1))
+        failed_at = int(state.get("stack_failed_at", -1))  # written by the stacked engine before it was the only one
         self.failed[k] = None if failed_at < 0 else failed_at
-        self.rows[k] = [r for r in training.load_metrics(out) if r["step"] <= step]
-        self._write_rows(k)
+        self.rows[k] = [r for r in runfolder.load_metrics(out) if r["step"] <= step]
+        runfolder.write_metrics(out, self.rows[k])
         return [t.to(self.device) for t in state["pending_losses"].unbind()]
 
     def _finish(self, build_models: bool) -> list[TrainResult]:
         results = []
         for k, (run, out) in enumerate(zip(self.runs, self.outs)):
-            model = None
-            if build_models:
-                model = self.stack.hooked_model(k, device=self.device)
+            model = self.stack.hooked_model(k, device=self.device) if build_models else None
+            if model is not None:
                 model.eval()
-            if out is not None:
-                self.stack.save_member(k, out)
             if self.failed[k] is None:
-                final, failed = training._final(self.rows[k], self.references[k]), None
+                if out is not None:
+                    self.stack.save_member(k, out)
+                final, failed = _final(self.rows[k]), None
             else:
-                final, failed = _failed_final(self.failed[k], self.references[k]), _failure_text(self.failed[k])
+                final = _failed_final(self.failed[k], self.references[k])
+                failed = f"diverged at step {self.failed[k]}: {self.rows[k][-1]['reason']}"
             results.append(TrainResult(model=model, metrics=self.rows[k], final=final, config=run, out_dir=out,
                                        resumed_from=self.resumed_from, failed=failed))
         return results
+
+
+def _resumable(out: Path, run: RunConfig) -> set[int]:
+    """The checkpoint steps of a run folder that its metrics cover (`runfolder.resume_step`: a resume never
+    leaves a gap in metrics.jsonl; RunFolderError, saying how to recover, when none is covered)."""
+    steps = [s for s, _ in runfolder.list_checkpoints(out)]
+    newest = runfolder.resume_step(out, run.train, steps, runfolder.load_metrics(out),
+                                   final_weights=(out / runfolder.WEIGHTS_FILE).exists())
+    return {s for s in steps if newest is not None and s <= newest}
