@@ -295,8 +295,8 @@ def check_interventions(interventions: Iterable[Intervention], cfg: ModelConfig,
             n_heads = _layer_heads(cfg, item.clamp)
             bad = [h for h in item.heads if h >= n_heads]
             if bad:
-                raise ValueError(f"clamp {item.clamp!r}: heads {bad} out of range; valid heads of this layer are "
-                                 f"{list(range(n_heads))}")
+                raise ValueError(f"clamp {item.clamp!r}: heads {bad} out of range; valid heads are "
+                                 f"{list(range(n_heads))} (its layer has {n_heads})")
         if item.value != "previous_token" and item.lag != 1:
             raise ValueError(f"clamp {item.clamp!r}: lag applies only to previous_token")
         if item.is_file and files:

@@ -210,8 +210,10 @@ class StackedOptimizer:
     def clip_grad_norm(self, max_norm: float) -> None:
         """Per-member `torch.nn.utils.clip_grad_norm_`: each member's gradients scaled to total norm <= max_norm."""
         params = [p for p in self.stack.parameters() if p.grad is not None]  # frozen ones have none
-        norms = torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), 2, dim=1) for p in params])
-        total = torch.linalg.vector_norm(norms, 2, dim=0)
+        # [member, parameter]: every reduction runs along a contiguous row of one member (the same arithmetic
+        # whatever the number of members; a reduction across the member axis would not be)
+        norms = torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), 2, dim=1) for p in params], dim=1)
+        total = torch.linalg.vector_norm(norms, 2, dim=1)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for p in params:
             p.grad.mul_(_per_member(coef, p.grad))
