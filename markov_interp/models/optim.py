@@ -14,6 +14,7 @@ hold.
 """
 
 import re
+from collections.abc import Callable
 from typing import Optional
 
 import torch
@@ -53,6 +54,37 @@ def _per_member(values: Tensor, like: Tensor) -> Tensor:
     return values.to(device=like.device, dtype=like.dtype).view(-1, *([1] * (like.ndim - 1)))
 
 
+class _MemberScalars:
+    """The per-member numbers of one step ([member] float64 learning rates and decays), each computed once and
+    cast / shaped for a parameter's dtype and rank on demand."""
+
+    def __init__(self, lr64: Tensor, wd64: Tensor):
+        self.lr64, self.wd64 = lr64, wd64
+        self._cache: dict[tuple, Tensor] = {}
+
+    def _shaped(self, key: str, values: "Callable[[], Tensor]", like: Tensor) -> Tensor:
+        cache_key = (key, like.ndim, like.dtype)
+        if cache_key not in self._cache:
+            self._cache[cache_key] = _per_member(values(), like)
+        return self._cache[cache_key]
+
+    def decay(self, like: Tensor) -> Tensor:
+        """AdamW's decoupled decay factor 1 - lr * wd."""
+        return self._shaped("decay", lambda: 1 - self.lr64 * self.wd64, like)
+
+    def weight_decay(self, like: Tensor) -> Tensor:
+        return self._shaped("wd", lambda: self.wd64, like)
+
+    def negative_lr(self, like: Tensor) -> Tensor:
+        return self._shaped("-lr", lambda: -self.lr64, like)
+
+    def step_size(self, like: Tensor, bias_correction1: "float | Tensor") -> Tensor:
+        """-lr / (1 - beta1^t) (a tensor correction: per member, not cached)."""
+        if isinstance(bias_correction1, Tensor):
+            return _per_member(-(self.lr64 / bias_correction1), like)
+        return self._shaped(f"step{bias_correction1!r}", lambda: -(self.lr64 / bias_correction1), like)
+
+
 class StackedOptimizer:
     """AdamW (decoupled decay) or SGD (coupled decay, optional momentum) over a stack, one step for all
     members, per-member `lr` and `weight_decay` ([member] tensors) and an `alive` mask.
@@ -85,24 +117,44 @@ class StackedOptimizer:
              alive: Bool[Tensor, " member"], frozen: frozenset = frozenset()) -> None:
         """One update of every member with its own lr / weight decay; members with alive=False keep their
         parameters and state unchanged. Parameters named in `frozen` get no update at all (no step, moment,
-        step count or decay: what torch's optimisers do for a parameter without a gradient)."""
+        step count or decay: what torch's optimisers do for a parameter without a gradient).
+
+        The update runs in place over all parameters at once (`torch._foreach_*`). Where some member is not alive
+        (and always on an accelerator, where reading the mask would wait for the device) the tensors are
+        restored for those members afterwards; either way an alive member's numbers are the same.
+        """
         self.step_count += 1
-        lr64, wd64 = lr.double(), weight_decay.double()
-        for name, param in self.stack.params.items():
-            if name in frozen:
-                continue
+        names = [name for name in self.stack.params if name not in frozen]
+        for name in names:
             self.param_steps[name] += 1
             if self.member_steps is not None:
                 self.member_steps[name] += alive.double()
-            grad = param.grad
-            assert grad is not None, f"no gradient for {name}"
-            if self.kind == "adamw":
-                decay = _per_member(1 - lr64 * wd64, param) if name in self.decay else None
-                new = self._adamw(name, param, grad, lr64, decay, alive)
-            else:
-                new = self._sgd(name, param, grad, lr64, _per_member(wd64, param) if name in self.decay else None,
-                                alive)
-            param.copy_(torch.where(_mask(alive, param), new, param))
+        params = [self.stack.params[name] for name in names]
+        assert all(p.grad is not None for p in params), "every updated parameter needs a gradient"
+        fresh = {name for name in names if "momentum_buffer" not in self.state[name]}  # SGD: buffer = first grad
+        state = self._state_tensors(names)
+        masked = self.stack.device.type != "cpu" or not bool(alive.all())
+        before = [t.clone() for t in params + state] if masked else []
+        scalars = _MemberScalars(lr.double(), weight_decay.double())
+        if self.kind == "adamw":
+            self._adamw(names, params, state, scalars)
+        else:
+            self._sgd(names, params, state, scalars, fresh)
+        for tensor, old in zip(params + state, before):
+            tensor.copy_(torch.where(_mask(alive, tensor), tensor, old))
+
+    def _state_tensors(self, names: list[str]) -> list[Tensor]:
+        """The optimiser state of `names` (created at zero on first use): exp_avg then exp_avg_sq (AdamW), or the
+        momentum buffers (SGD with momentum), in `names`' order."""
+        keys = ("exp_avg", "exp_avg_sq") if self.kind == "adamw" else ("momentum_buffer",) if self.momentum else ()
+        out = []
+        for key in keys:
+            for name in names:
+                state = self.state[name]
+                if key not in state:
+                    state[key] = torch.zeros_like(self.stack.params[name])
+                out.append(state[key])
+        return out
 
     def _bias_corrections(self, name: str, param: Tensor) -> tuple:
         """AdamW's (1 - beta1^t, sqrt(1 - beta2^t)) for this parameter's update count t."""
@@ -113,39 +165,43 @@ class StackedOptimizer:
         t = self.member_steps[name]  # the same per member (a member that skipped steps has its own count)
         return 1 - torch.pow(beta1, t), _per_member(torch.pow(1 - torch.pow(beta2, t), 0.5), param)
 
-    def _adamw(self, name: str, param: Tensor, grad: Tensor, lr64: Tensor, decay: Optional[Tensor],
-               alive: Tensor) -> Tensor:
+    def _adamw(self, names: list[str], params: list[Tensor], state: list[Tensor], scalars: "_MemberScalars") -> None:
+        """Decoupled decay, the moments, then the step, in torch's foreach AdamW's order of operations."""
         beta1, beta2 = self.betas
-        state = self.state[name]
-        if not state:
-            state["exp_avg"] = torch.zeros_like(param)
-            state["exp_avg_sq"] = torch.zeros_like(param)
-        keep = _mask(alive, param)
-        new = param * decay if decay is not None else param.clone()
-        exp_avg = state["exp_avg"].lerp(grad, 1 - beta1)
-        exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias_correction1, bias_correction2_sqrt = self._bias_corrections(name, param)
-        step_size = _per_member(-(lr64 / bias_correction1), param)
-        denom = exp_avg_sq.sqrt().div_(bias_correction2_sqrt).add_(self.eps)
-        new.addcdiv_(exp_avg * step_size, denom)
-        state["exp_avg"] = torch.where(keep, exp_avg, state["exp_avg"])
-        state["exp_avg_sq"] = torch.where(keep, exp_avg_sq, state["exp_avg_sq"])
-        return new
+        n = len(names)
+        exp_avgs, exp_avg_sqs, grads = state[:n], state[n:], [p.grad for p in params]
+        decayed = [i for i, name in enumerate(names) if name in self.decay]
+        if decayed:
+            torch._foreach_mul_([params[i] for i in decayed], [scalars.decay(params[i]) for i in decayed])
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+        corrections = [self._bias_corrections(name, p) for name, p in zip(names, params)]
+        denoms = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denoms, [c[1] for c in corrections])
+        torch._foreach_add_(denoms, self.eps)
+        steps = torch._foreach_mul(exp_avgs, [scalars.step_size(p, c[0]) for p, c in zip(params, corrections)])
+        torch._foreach_addcdiv_(params, steps, denoms)
 
-    def _sgd(self, name: str, param: Tensor, grad: Tensor, lr64: Tensor, weight_decay: Optional[Tensor],
-             alive: Tensor) -> Tensor:
-        if weight_decay is not None:
-            grad = grad + weight_decay * param
+    def _sgd(self, names: list[str], params: list[Tensor], state: list[Tensor], scalars: "_MemberScalars",
+             fresh: set[str]) -> None:
+        """Coupled decay (the gradient plus wd * param), optional momentum, then the step."""
+        grads = [p.grad.clone() if name in self.decay else p.grad for name, p in zip(names, params)]
+        decayed = [i for i, name in enumerate(names) if name in self.decay]
+        if decayed:
+            torch._foreach_add_([grads[i] for i in decayed],
+                                torch._foreach_mul([params[i] for i in decayed],
+                                                   [scalars.weight_decay(params[i]) for i in decayed]))
         if self.momentum != 0:
-            state = self.state[name]
-            if "momentum_buffer" not in state:
-                buf = grad.detach().clone()
-                state["momentum_buffer"] = buf
-            else:
-                buf = state["momentum_buffer"].mul(self.momentum).add_(grad)
-                state["momentum_buffer"] = torch.where(_mask(alive, param), buf, state["momentum_buffer"])
-            grad = buf
-        return param + grad * _per_member(-lr64, param)
+            first = [i for i, name in enumerate(names) if name in fresh]  # a first update: the buffer is the gradient
+            for i in first:
+                state[i].copy_(grads[i])
+            rest = [i for i in range(len(names)) if i not in first]
+            if rest:
+                torch._foreach_mul_([state[i] for i in rest], self.momentum)
+                torch._foreach_add_([state[i] for i in rest], [grads[i] for i in rest])
+            grads = state
+        torch._foreach_add_(params, torch._foreach_mul(grads, [scalars.negative_lr(p) for p in params]))
 
     # -- checkpoints: a torch optimiser's state_dict() per member
     def checkpoint_order(self) -> list[str]:
@@ -197,14 +253,11 @@ class StackedOptimizer:
 
     @torch.no_grad()
     def member_finite(self) -> Bool[Tensor, " member"]:
-        """Per member: are all its gradients finite?"""
-        ok = None
-        for param in self.stack.params.values():
-            if param.grad is None:  # frozen
-                continue
-            finite = torch.isfinite(param.grad).flatten(1).all(dim=1)
-            ok = finite if ok is None else ok & finite
-        return ok
+        """Per member: are all its gradients finite? (The largest |gradient| of each member and parameter, one
+        reduction each: NaN and infinities survive a max, nothing else makes it non-finite.)"""
+        grads = [p.grad for p in self.stack.params.values() if p.grad is not None]  # frozen ones have none
+        largest = torch.stack([torch.linalg.vector_norm(g.flatten(1), float("inf"), dim=1) for g in grads], dim=1)
+        return torch.isfinite(largest).all(dim=1)
 
     @torch.no_grad()
     def clip_grad_norm(self, max_norm: float) -> None:

@@ -150,22 +150,34 @@ def build_stack(configs: Sequence[ModelConfig], seeds: Sequence[int], *, device:
 # ------------------------------------------------------------------------------------------------ forward
 def _linear(x: Float[Tensor, "member batch pos d_in"], weight: Float[Tensor, "member d_out d_in"],
             bias: Optional[Float[Tensor, "member d_out"]]) -> Float[Tensor, "member batch pos d_out"]:
-    """Per-member `F.linear` (nn.Linear weight layout [out, in])."""
-    y = einops.einsum(x, weight, "member batch pos d_in, member d_out d_in -> member batch pos d_out")
+    """Per-member `F.linear` (nn.Linear weight layout [out, in]): one batched matmul over the member axis."""
+    n_members, batch, pos, d_in = x.shape
+    y = torch.bmm(x.reshape(n_members, batch * pos, d_in), weight.transpose(1, 2)).view(n_members, batch, pos, -1)
     return y if bias is None else y + bias[:, None, None, :]
 
 
-def _norm(stack: Stack, x: Float[Tensor, "member batch pos d_model"], prefix: str) -> Tensor:
+def _normed_linear(stack: Stack, x: Float[Tensor, "member batch pos d_model"], norm: str,
+                   weight: Float[Tensor, "member d_out d_model"],
+                   bias: Optional[Float[Tensor, "member d_out"]]) -> Float[Tensor, "member batch pos d_out"]:
+    """`linear(norm(x))` for the pre-LN norm named `norm` ("ln1", "blocks.0.ln2", "ln_final", ...).
+
+    A LayerNorm's scale s and bias c are folded into the linear layer, (x_hat * s + c) W^T + b =
+    x_hat (W diag(s))^T + (W c + b): the same function, one multiply of the small weight matrix instead of a pass
+    over the activations (forward and backward) -- which is what makes a stack of one as fast per step as a
+    plain loop with fused LayerNorm.
+    """
     cfg = stack.cfg
     if cfg.normalization is None:
-        return x
+        return _linear(x, weight, bias)
     if cfg.normalization == "LNPre":  # TransformerLens's parameter-free LayerNorm, same arithmetic
         x32 = x.float()
         x32 = x32 - x32.mean(dim=-1, keepdim=True)
-        return (x32 / (x32.pow(2).mean(dim=-1, keepdim=True) + cfg.eps).sqrt()).to(x.dtype)
-    weight, bias = stack.params[prefix + ".weight"], stack.params.get(prefix + ".bias")
-    out = F.layer_norm(x, (cfg.d_model,), eps=cfg.eps) * weight[:, None, None, :]
-    return out if bias is None else out + bias[:, None, None, :]
+        return _linear((x32 / (x32.pow(2).mean(dim=-1, keepdim=True) + cfg.eps).sqrt()).to(x.dtype), weight, bias)
+    scale, shift = stack.params[norm + ".weight"], stack.params.get(norm + ".bias")
+    if shift is not None:
+        folded = einops.einsum(weight, shift, "member d_out d_model, member d_model -> member d_out")
+        bias = folded if bias is None else bias + folded
+    return _linear(F.layer_norm(x, (cfg.d_model,), eps=cfg.eps), weight * scale[:, None, :], bias)
 
 
 def _hook(hooks: Mapping[str, Callable], name: str, x: Tensor) -> Tensor:
@@ -207,20 +219,20 @@ def stacked_forward(
         x = x + _hook(hooks, act_name("pos_embed"), p["pos_embed.weight"][:, None, :seq].expand(-1, batch, -1, -1))
     for i in range(cfg.n_layers):
         x = _block(stack, hooks, i, x)
-    x = _norm(stack, x, "ln_final")
     head = p["embed.weight"] if cfg.tie_weights else p["unembed.weight"]
-    return _linear(x, head, p.get("unembed.bias"))
+    return _normed_linear(stack, x, "ln_final", head, p.get("unembed.bias"))
 
 
 def _attention_inputs(stack: Stack, hooks: Mapping[str, Callable], i: int,
-                      h: Float[Tensor, "member batch pos d_model"]) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v of layer i as `[(member batch), head, pos, d_head]`, after their hooks and rotary positions."""
+                      x: Float[Tensor, "member batch pos d_model"]) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v of layer i (from the residual stream `x`, through ln1) as `[(member batch), head, pos, d_head]`,
+    after their hooks and rotary positions."""
     cfg, p, b = stack.cfg, stack.params, f"blocks.{i}."
     # q, k and v in one matmul (three small ones cost about twice as much on a CPU)
     weight = torch.cat([p[f"{b}attn.{name}.weight"] for name in "qkv"], dim=1)
     bias = torch.cat([p[f"{b}attn.{name}.bias"] for name in "qkv"], dim=1) if cfg.attn_bias else None
     heads = []
-    for name, act in zip("qkv", _linear(h, weight, bias).chunk(3, dim=-1)):
+    for name, act in zip("qkv", _normed_linear(stack, x, b + "ln1", weight, bias).chunk(3, dim=-1)):
         act = einops.rearrange(act, "member batch pos (head d_head) -> member batch pos head d_head",
                                head=cfg.heads_per_layer[i])
         act = _hook(hooks, act_name(name, i), act)
@@ -244,7 +256,7 @@ def _block(stack: Stack, hooks: Mapping[str, Callable], i: int,
     cfg, p, b = stack.cfg, stack.params, f"blocks.{i}."
     n_members = x.shape[0]
     x = _hook(hooks, act_name("resid_pre", i), x)
-    q, k, v = _attention_inputs(stack, hooks, i, _norm(stack, x, b + "ln1"))
+    q, k, v = _attention_inputs(stack, hooks, i, x)
     pattern_name = act_name("pattern", i)
     if pattern_name in hooks:  # explicit attention: the pattern is formed only when intervened
         fn = hooks[pattern_name]
@@ -262,7 +274,7 @@ def _block(stack: Stack, hooks: Mapping[str, Callable], i: int,
     x = _hook(hooks, act_name("resid_mid", i), x + attn_out)
     if not cfg.attn_only:
         pre = _hook(hooks, act_name("pre", i),
-                    _linear(_norm(stack, x, b + "ln2"), p[b + "mlp.in.weight"], p.get(b + "mlp.in.bias")))
+                    _normed_linear(stack, x, b + "ln2", p[b + "mlp.in.weight"], p.get(b + "mlp.in.bias")))
         post = _hook(hooks, act_name("post", i), stack.act(pre))
         x = x + _hook(hooks, act_name("mlp_out", i), _linear(post, p[b + "mlp.out.weight"], p.get(b + "mlp.out.bias")))
     return _hook(hooks, act_name("resid_post", i), x)
