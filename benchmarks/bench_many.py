@@ -8,10 +8,11 @@ Two modes:
   full runs (default; the issue's CPU check): one torch thread, the paper's one-layer model, seq 128, batch 16,
       100 steps, K = 8 runs differing in seed and (p, q). Times `train_many(runs)` and the loop
       `for run in runs: train(run)` end to end (building, sampling, evaluation, reference losses: everything a
-      run does, no run folders) and prints the ratio; then the anchor's K-stack against K times its stack of
-      one (`time_stacked`, batches drawn before its clock starts, no evaluation), and the package's stacked
-      throughput per step (marginal: two run lengths, so its fixed costs cancel) against the anchor's. Issue 20
-      asks the package's stacked throughput to be >= 0.9x the hand-written loop's.
+      run does, no run folders) and prints the ratio. Then, per step (marginal: two run lengths, so what a run
+      costs besides its steps cancels; the same --clock for all), a stack of one and a stack of K of the package
+      and of the anchor (`time_stacked`: its batches drawn before its steps, no evaluation), interleaved: the
+      speed-up of stacking in each and the stacked throughput of the package against the anchor's. Issue 20 asks
+      the package's stacked throughput to be >= 0.9x the hand-written loop's.
 
   marginal (`--marginal`, the GPU check: `--device cuda --members 64 --seq-len 1024`): the cost of one more
       step, which leaves out fixed costs (building, reference losses, CUDA start-up) that would otherwise
@@ -80,10 +81,6 @@ def with_steps(runs: list, steps: int) -> list:
     return [dataclasses.replace(r, train=dataclasses.replace(r.train, steps=steps)) for r in runs]
 
 
-def _median(values: list) -> float:
-    return sorted(values)[len(values) // 2]
-
-
 def full_runs(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(args.anchor_dir)))
     from stacked_loop import time_stacked  # the hand-written reference loop (not project code)
@@ -92,44 +89,48 @@ def full_runs(args: argparse.Namespace) -> None:
     training.train_many(with_steps(runs[:2], 2), progress=False)  # warm-up (lazy imports, allocator)
     training.train(with_steps(runs[:1], 2)[0], progress=False)
     k, n = args.members, args.steps
-    anchor = dict(steps=n, seq_len=args.seq_len, batch=args.batch_size, device=args.device)
-    solos, stacks, a_solos, a_stacks, marginals = [], [], [], [], []
+    short, long = n // 5, n
+    shape = dict(seq_len=args.seq_len, batch=args.batch_size, device=args.device)
+    solos, stacks, per_step = [], [], {"package 1": [], f"package {k}": [], "anchor 1": [], f"anchor {k}": []}
     for _ in range(args.repeats):  # alternating, so a change in the machine's load hits every side alike
         solos.append(timed(lambda: [training.train(r, progress=False) for r in runs], args.device))
         stacks.append(timed(lambda: training.train_many(runs, progress=False), args.device))
-        a_solos.append(k * _clocked(lambda: time_stacked(1, **anchor)) * n)
-        a_stacks.append(_clocked(lambda: time_stacked(k, **anchor)) * n)
-        marginals.append(_marginal(runs, args))
+        for members in (1, k):
+            per_step[f"package {members}"].append(_marginal(
+                lambda steps: training.train_many(with_steps(_no_eval(runs[:members]), steps), progress=False),
+                short, long, args.device))
+            per_step[f"anchor {members}"].append(_marginal(
+                lambda steps: time_stacked(members, steps=steps, **shape), short, long, args.device))
     ratios = sorted(a / b for a, b in zip(solos, stacks))
-    anchor_ratios = sorted(a / b for a, b in zip(a_solos, a_stacks))
     solo, stack = _median(solos), _median(stacks)
     print(f"{k} runs one after another with train : median {solo:6.2f} s  {k * n / solo:8.1f} model-steps/s  "
           f"(runs: {', '.join(f'{t:.2f}' for t in solos)} s)")
     print(f"the same {k} runs stacked (train_many)  : median {stack:6.2f} s  {k * n / stack:8.1f} model-steps/s  "
           f"(runs: {', '.join(f'{t:.2f}' for t in stacks)} s)")
-    print(f"speed-up of the stack: median {_median(ratios):.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x "
+    print(f"speed-up of the stack, whole runs: median {_median(ratios):.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x "
           f"over {args.repeats} alternating pairs")
-    print(f"anchor (stacked_loop.py), {k} x K=1 : median {_median(a_solos):6.2f} s  K={k}: median "
-          f"{_median(a_stacks):6.2f} s; its speed-up: median {_median(anchor_ratios):.2f}x, range "
-          f"{anchor_ratios[0]:.2f}-{anchor_ratios[-1]:.2f}x")
-    print(f"package speed-up / anchor speed-up: {_median(ratios) / _median(anchor_ratios):.2f}  (issue 20: >= 0.9)")
-    per_step = _median(marginals)
-    print(f"package stack of {k}, per step (marginal): {per_step * 1e3:.2f} ms  {k / per_step:8.1f} model-steps/s; "
-          f"anchor K={k}: {_median(a_stacks) / n * 1e3:.2f} ms  {k * n / _median(a_stacks):8.1f} model-steps/s; "
-          f"package / anchor throughput: {_median(a_stacks) / n / per_step:.2f}  (issue 20: >= 0.9)")
+    t = {name: _median(values) for name, values in per_step.items()}
+    print(f"per step (marginal: steps {short} and {long}, fixed costs cancel), medians of {args.repeats}:")
+    for name, seconds in t.items():
+        members = int(name.split()[1])
+        print(f"  {name:12s}: {seconds * 1e3:8.2f} ms/step  {members / seconds:8.1f} model-steps/s")
+    package, anchor = k * t["package 1"] / t[f"package {k}"], k * t["anchor 1"] / t[f"anchor {k}"]
+    print(f"  speed-up of a stack of {k} over {k} stacks of one: package {package:.2f}x, anchor {anchor:.2f}x; "
+          f"package / anchor {package / anchor:.2f}  (issue 20: >= 0.9)")
+    print(f"  stacked throughput, package / anchor: {t[f'anchor {k}'] / t[f'package {k}']:.2f}  (issue 20: >= 0.9)")
 
 
-def _clocked(fn) -> float:
-    """The anchor's seconds per step: its own wall clock (excluding its warm-up and its data), whatever --clock."""
-    return fn()
+def _no_eval(runs: list) -> list:
+    return [dataclasses.replace(r, train=dataclasses.replace(r.train, eval_every=0)) for r in runs]
 
 
-def _marginal(runs: list, args: argparse.Namespace) -> float:
-    """Seconds per step of `train_many(runs)` from two run lengths (its fixed costs cancel)."""
-    short, long = args.steps // 5, args.steps
-    no_eval = [dataclasses.replace(r, train=dataclasses.replace(r.train, eval_every=0)) for r in runs]
-    t_short = timed(lambda: training.train_many(with_steps(no_eval, short), progress=False), args.device)
-    t_long = timed(lambda: training.train_many(with_steps(no_eval, long), progress=False), args.device)
+def _median(values: list) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _marginal(fn, short: int, long: int, device: str) -> float:
+    """Seconds per step of fn(steps) from two run lengths (whatever fn costs besides its steps cancels)."""
+    t_short, t_long = timed(lambda: fn(short), device), timed(lambda: fn(long), device)
     return (t_long - t_short) / (long - short)
 
 

@@ -184,6 +184,14 @@ def build(cfg: ModelConfig, *, seed: int, device: Any = None) -> HookedModel:
 
     The same (cfg, seed) gives the same weights on any device, and the same weights as training starts from
     (see `models.init.initial_state` for the initialisations); the global RNG is neither read nor advanced.
+
+    Args:
+        cfg: the model config.
+        seed: the initialiser's seed.
+        device: where the model lives (default CPU).
+
+    Returns:
+        The hooked model (`markov_config = cfg`).
     """
     return hooked_model(cfg, initial_state(cfg, seed), device)
 
@@ -276,9 +284,17 @@ def check_state(cfg: ModelConfig, state: Mapping[str, Tensor], *, source: str = 
 
 # ------------------------------------------------------------------------------------------ save / load
 def save_state(cfg: ModelConfig, state: Mapping[str, Tensor], path: "str | os.PathLike") -> Path:
-    """Write weights in the on-disk layout with `cfg` in the file's metadata, atomically, to `path` (a
-    `.safetensors` file, or a folder that gets `model.safetensors`); the one writer of weight files (`save`,
-    training's checkpoints and final weights). Returns the file."""
+    """Write weights in the on-disk layout with `cfg` in the file's metadata, atomically: the one writer of
+    weight files (`save`, training's checkpoints and final weights).
+
+    Args:
+        cfg: the model config (embedded as JSON; `load` needs nothing else).
+        state: {name: tensor} in the on-disk layout of `cfg` (checked: ValueError naming what does not fit).
+        path: a `.safetensors` file, or a folder that gets `model.safetensors`.
+
+    Returns:
+        The file written.
+    """
     from safetensors.torch import save as st_save
 
     check_state(cfg, state, source=str(path))

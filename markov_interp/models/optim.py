@@ -40,7 +40,14 @@ def decayed(name: str) -> bool:
 
 
 def decay_names(cfg: ModelConfig) -> set[str]:
-    """Names of the parameters of a model of `cfg` under weight decay (`decayed`)."""
+    """Names of the parameters of a model of `cfg` under weight decay.
+
+    Args:
+        cfg: the model config.
+
+    Returns:
+        The on-disk names (`models.init.state_shapes`) for which `decayed` holds.
+    """
     return {name for name in state_shapes(cfg) if decayed(name)}
 
 

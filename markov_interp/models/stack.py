@@ -140,7 +140,14 @@ class Stack:
 def build_stack(configs: Sequence[ModelConfig], seeds: Sequence[int], *, device: Any = None) -> Stack:
     """A stack whose member k starts at `initial_state(configs[k], seeds[k])` (what `models.build` holds).
 
-    The configs must agree on everything but `INIT_FIELDS` (else ValueError naming the field).
+    Args:
+        configs: one config per member; they must agree on everything but `INIT_FIELDS` (else ValueError naming
+            the field).
+        seeds: one initialiser seed per member.
+        device: where the parameters live (default CPU).
+
+    Returns:
+        The stack.
     """
     if len(configs) != len(seeds):
         raise ValueError(f"need one seed per config, got {len(configs)} configs and {len(seeds)} seeds")
@@ -180,8 +187,11 @@ def _normed_linear(stack: Stack, x: Float[Tensor, "member batch pos d_model"], n
     return _linear(F.layer_norm(x, (cfg.d_model,), eps=cfg.eps), weight * scale[:, None, :], bias)
 
 
-def _hook(hooks: Mapping[str, Callable], name: str, x: Tensor) -> Tensor:
-    fn = hooks.get(name)
+def _hook(hooks: Mapping[str, Callable], kind: str, layer: Optional[int], x: Tensor) -> Tensor:
+    """`x`, or what the hook on activation `kind` of `layer` makes of it (names only formed when hooks exist)."""
+    if not hooks:
+        return x
+    fn = hooks.get(act_name(kind, layer))
     return x if fn is None else fn(x)
 
 
@@ -214,9 +224,9 @@ def stacked_forward(
         raise ValueError(f"sequence length {seq} exceeds the model's n_ctx={cfg.n_ctx}")
     # member k's states index rows k*V .. k*V+V-1 of the flattened embeddings (one gather for all members)
     offsets = torch.arange(n_members, device=tokens.device)[:, None, None] * cfg.d_vocab
-    x = _hook(hooks, act_name("embed"), F.embedding(tokens + offsets, p["embed.weight"].reshape(-1, cfg.d_model)))
+    x = _hook(hooks, "embed", None, F.embedding(tokens + offsets, p["embed.weight"].reshape(-1, cfg.d_model)))
     if cfg.positional == "standard":
-        x = x + _hook(hooks, act_name("pos_embed"), p["pos_embed.weight"][:, None, :seq].expand(-1, batch, -1, -1))
+        x = x + _hook(hooks, "pos_embed", None, p["pos_embed.weight"][:, None, :seq].expand(-1, batch, -1, -1))
     for i in range(cfg.n_layers):
         x = _block(stack, hooks, i, x)
     head = p["embed.weight"] if cfg.tie_weights else p["unembed.weight"]
@@ -233,10 +243,9 @@ def _attention_inputs(stack: Stack, hooks: Mapping[str, Callable], i: int,
     bias = torch.cat([p[f"{b}attn.{name}.bias"] for name in "qkv"], dim=1) if cfg.attn_bias else None
     heads = []
     for name, act in zip("qkv", _normed_linear(stack, x, b + "ln1", weight, bias).chunk(3, dim=-1)):
-        act = einops.rearrange(act, "member batch pos (head d_head) -> member batch pos head d_head",
-                               head=cfg.heads_per_layer[i])
-        act = _hook(hooks, act_name(name, i), act)
-        heads.append(einops.rearrange(act, "member batch pos head d_head -> (member batch) head pos d_head"))
+        # member batch pos (head d_head) -> member batch pos head d_head -> (member batch) head pos d_head
+        act = _hook(hooks, name, i, act.unflatten(-1, (cfg.heads_per_layer[i], cfg.d_head)))
+        heads.append(act.transpose(2, 3).flatten(0, 1))
     q, k, v = heads
     if cfg.positional == "rotary":
         cos, sin = stack.rotary_tables(q.shape[-2], q.dtype)
@@ -255,11 +264,10 @@ def _block(stack: Stack, hooks: Mapping[str, Callable], i: int,
     """One pre-LN transformer block for all members."""
     cfg, p, b = stack.cfg, stack.params, f"blocks.{i}."
     n_members = x.shape[0]
-    x = _hook(hooks, act_name("resid_pre", i), x)
+    x = _hook(hooks, "resid_pre", i, x)
     q, k, v = _attention_inputs(stack, hooks, i, x)
-    pattern_name = act_name("pattern", i)
-    if pattern_name in hooks:  # explicit attention: the pattern is formed only when intervened
-        fn = hooks[pattern_name]
+    fn = hooks.get(act_name("pattern", i)) if hooks else None
+    if fn is not None:  # explicit attention: the pattern is formed only when intervened
         q5, k5 = (einops.rearrange(a, "(member batch) head pos d_head -> member batch head pos d_head",
                                    member=n_members) for a in (q, k))
         pattern = fn(pattern_input(fn, q5, k5))  # [member, batch, head, q, k]
@@ -267,22 +275,29 @@ def _block(stack: Stack, hooks: Mapping[str, Callable], i: int,
         z = pattern.to(v.dtype) @ v
     else:
         z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    z = einops.rearrange(z, "(member batch) head pos d_head -> member batch pos head d_head", member=n_members)
-    z = _hook(hooks, act_name("z", i), z)
-    z = einops.rearrange(z, "member batch pos head d_head -> member batch pos (head d_head)")
-    attn_out = _hook(hooks, act_name("attn_out", i), _linear(z, p[b + "attn.o.weight"], p.get(b + "attn.o.bias")))
-    x = _hook(hooks, act_name("resid_mid", i), x + attn_out)
+    z = _hook(hooks, "z", i, z.unflatten(0, (n_members, -1)).transpose(2, 3))  # member batch pos head d_head
+    z = z.flatten(-2)  # member batch pos (head d_head)
+    attn_out = _hook(hooks, "attn_out", i, _linear(z, p[b + "attn.o.weight"], p.get(b + "attn.o.bias")))
+    x = _hook(hooks, "resid_mid", i, x + attn_out)
     if not cfg.attn_only:
-        pre = _hook(hooks, act_name("pre", i),
+        pre = _hook(hooks, "pre", i,
                     _normed_linear(stack, x, b + "ln2", p[b + "mlp.in.weight"], p.get(b + "mlp.in.bias")))
-        post = _hook(hooks, act_name("post", i), stack.act(pre))
-        x = x + _hook(hooks, act_name("mlp_out", i), _linear(post, p[b + "mlp.out.weight"], p.get(b + "mlp.out.bias")))
-    return _hook(hooks, act_name("resid_post", i), x)
+        post = _hook(hooks, "post", i, stack.act(pre))
+        x = x + _hook(hooks, "mlp_out", i, _linear(post, p[b + "mlp.out.weight"], p.get(b + "mlp.out.bias")))
+    return _hook(hooks, "resid_post", i, x)
 
 
 def stacked_loss(logits: Float[Tensor, "member batch pos vocab"],
                  targets: Int[Tensor, "member batch pos"]) -> Float[Tensor, " member"]:
-    """Each member's mean next-state cross-entropy (nats), computed in fp32."""
+    """Each member's mean next-state cross-entropy (nats), computed in fp32 (per member, on its own row).
+
+    Args:
+        logits: `stacked_forward`'s output.
+        targets: the next states.
+
+    Returns:
+        [member] losses.
+    """
     n_members, _, _, vocab = logits.shape
     flat = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="none")
     return flat.view(n_members, -1).mean(dim=1)

@@ -20,7 +20,15 @@ __all__ = ["derive_seed", "member_sampler"]
 
 
 def derive_seed(seed: int, stream: str) -> int:
-    """The seed of `stream` ("train-data", "eval-data") of a run with seed `seed` (a 63-bit hash of both)."""
+    """The seed of a run's data stream.
+
+    Args:
+        seed: the run's seed (`TrainConfig.seed`).
+        stream: "train-data" or "eval-data".
+
+    Returns:
+        A 63-bit hash of both (sha256), the seed of that stream's `torch.Generator`.
+    """
     digest = hashlib.sha256(f"markov-interp:{seed}:{stream}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 

@@ -383,9 +383,17 @@ def list_checkpoints(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
 
 def save_checkpoint(run_dir: "str | os.PathLike", step: int, cfg: ModelConfig, weights: dict[str, torch.Tensor],
                     state: dict) -> None:
-    """Write the checkpoint of `step`: `weights` (on-disk layout, `models.save_state`), then `state` (optimiser,
-    scaler, generators, pending losses, clamp means: tensors and plain values, `torch.save`), each atomically;
-    the training state is written last, so a checkpoint is complete (`list_checkpoints`) only with both."""
+    """Write the checkpoint of `step`, each file atomically; the training state last, so a checkpoint is complete
+    (`list_checkpoints`) only with both.
+
+    Args:
+        run_dir: the run folder.
+        step: the step (updates done).
+        cfg: the model config (in the weights file's metadata).
+        weights: the weights in the on-disk layout (`models.save_state`).
+        state: optimiser, scaler, generators, pending losses, clamp means (tensors and plain values, `torch.save`;
+            `read_checkpoint` loads it with weights_only=True).
+    """
     weights_path, state_path = checkpoint_paths(run_dir, step)
     weights_path.parent.mkdir(exist_ok=True)
     save_state(cfg, weights, weights_path)
@@ -394,7 +402,16 @@ def save_checkpoint(run_dir: "str | os.PathLike", step: int, cfg: ModelConfig, w
 
 
 def read_checkpoint(run_dir: "str | os.PathLike", step: int) -> tuple[dict[str, torch.Tensor], dict]:
-    """(weights, training state) of the checkpoint of `step`; unreadable files raise ValueError."""
+    """Read the checkpoint of `step`.
+
+    Args:
+        run_dir: the run folder.
+        step: the checkpoint's step.
+
+    Returns:
+        (weights in the on-disk layout, training state as `save_checkpoint` wrote it); unreadable files raise
+        ValueError naming the file.
+    """
     weights_path, state_path = checkpoint_paths(run_dir, step)
     _, weights = read_weights(weights_path)
     try:

@@ -34,7 +34,15 @@ def one_cycle_lr(step: int, *, total: int, lr: float, warmup_frac: float = 0.02,
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
-    """The learning rate of the update at 0-based `step` (its schedule and peak lr)."""
+    """The learning rate of an update.
+
+    Args:
+        cfg: the training config (schedule, peak lr, steps, warm-up).
+        step: the update, 0-based.
+
+    Returns:
+        The learning rate of update `step` (`one_cycle_lr` for "one-cycle", lr for "constant").
+    """
     if cfg.schedule == "constant":
         return cfg.lr
     return one_cycle_lr(step, total=cfg.steps, lr=cfg.lr, warmup_frac=cfg.warmup_frac)
