@@ -18,9 +18,6 @@ import torch
 
 from markov_interp import models, training
 
-if not hasattr(models, "fast_forward"):
-    sys.exit("run this with the code of main before the one engine (it has models.fast_forward)")
-torch.set_num_threads(1)
 HERE = Path(__file__).parent
 CONFIGS = {
     "standard-tied": dict(),
@@ -84,6 +81,9 @@ def unfinished(out: Path) -> None:
 
 
 if __name__ == "__main__":
+    if not hasattr(models, "fast_forward"):
+        sys.exit("run this with the code of main before the one engine (it has models.fast_forward)")
+    torch.set_num_threads(1)
     (HERE / "init_main.json").write_text(json.dumps(init_hashes(), sort_keys=True))
     runs = HERE / "old_runs"
     shutil.rmtree(runs, ignore_errors=True)
