@@ -17,11 +17,12 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 from markov_interp import _io, chains, runfolder, sweep, theory
 from markov_interp._io import UnsafePath, atomic_write
 from markov_interp.cli import EXIT_PIPE, main
-from markov_interp.data import RandomMarkov
+from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.runfolder import RunFolderBusy
 from markov_interp.training import train
 
@@ -495,13 +496,29 @@ def test_blocked_monte_carlo_gives_the_same_bits(monkeypatch, source):
     assert (blocked_mc, in_context()) == whole
 
 
+@pytest.mark.parametrize("source", [BinaryChain(0.2, 0.3), MarkovChain([[0.9, 0.1, 0.0], [0.2, 0.5, 0.3], [0, 0.4, 0.6]]),
+                                    MarkovChain([[[0.9, 0.1], [0.4, 0.6]], [[0.3, 0.7], [0.5, 0.5]]], order=2),
+                                    RandomMarkov(2), RandomMarkov(3, order=2, initial="uniform")])
+def test_blocked_sampler_gives_the_same_tokens(monkeypatch, source):
+    def draw() -> torch.Tensor:
+        return source.sample(50, 40, torch.Generator().manual_seed(5))
+
+    monkeypatch.setattr(chains, "BLOCK_BYTES", 1 << 40)
+    whole = draw()
+    n_ctx = source.vocab**source.order
+    monkeypatch.setattr(chains, "BLOCK_BYTES", 8 * (40 - source.order) * n_ctx * source.vocab * 7)  # 7 a block
+    assert chains.block_sizes(50, 8 * (40 - source.order) * n_ctx * source.vocab) == [7] * 7 + [1]
+    assert torch.equal(draw(), whole)
+
+
 MEMORY_SCRIPT = """
-import resource, sys
 import torch
 torch.set_num_threads(1)
 from markov_interp import theory
 from markov_interp.data import RandomMarkov
-peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def peak():  # VmHWM: this process's own peak (ru_maxrss would start at the parent's size, inherited at fork)
+    with open("/proc/self/status") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:")) / 1024
 theory._mc_kernel_expectations(3, 1, 1.0, 0, tol=1.0)  # warm up torch and numpy
 kernel = theory.KernelExpectations(3.0, 0.0, 3.0, 0.0, "monte carlo")
 theory._in_context_references(RandomMarkov(3), 33, kernel, seed=0, tol=1.0, n_sequences=16)
@@ -514,6 +531,7 @@ print(mc, peak() - base)
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak resident size from /proc")
 def test_monte_carlo_memory_is_bounded():
     # unblocked, each of these computations held several 0.84 GB arrays (peaks measured in docs/faults.md)
     done = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True, text=True, env=ENV,
