@@ -56,7 +56,7 @@ def check_target(path: "str | os.PathLike", what: str = "output") -> Path:
     path = Path(path)
     try:
         mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (a file in the way is the folder check's)
         return path
     if stat.S_ISREG(mode):
         return path
