@@ -307,11 +307,8 @@ def _print_probe(report: Any) -> None:
     """The `probe` summary: the label and why, every candidate law, the circuit's roles, per-head scores."""
     order = f" (order {report.order})" if report.order is not None else ""
     print(f"mechanism: {report.mechanism}{order}{'' if report.confident else ' (not confident)'}")
-    from markov_interp.theory import format_loss
-
-    refs = ", ".join(f"{k} {format_loss(report.reference(k), report.reference(f'{k}_se'))}"
-                     for k in ("entropy_rate", "unigram_loss", "bayes_loss") if report.reference(k) is not None)
-    print(f"eval loss {report.eval_loss:.4f} nats ({refs})")
+    # describe() names the plateau for what it is: H(pi), or the in-context unigram loss for random kernels
+    print(f"eval loss {report.eval_loss:.4f} nats ({report.references.describe()})")
     for reason in report.reasons:
         print(f"  - {reason}")
     sim = report.strategies

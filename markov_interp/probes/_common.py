@@ -122,7 +122,7 @@ def model_device(model: Model) -> torch.device:
     return torch.device("cpu")
 
 
-def check_tokens(model: Model, tokens: Tensor) -> Tensor:
+def check_tokens(model: Model, tokens: Any) -> Tensor:
     """Validate a token batch against the model (2-D integer states in 0..V-1, at most n_ctx long) and move it
     to the model's device; a `ProbeBatch` stands for its tokens. Beyond the model's training length it warns
     once (`check_probe_length`)."""

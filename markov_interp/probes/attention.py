@@ -373,7 +373,7 @@ class AttentionScores(ProbeResult):
         return out
 
     def to_dataframe(self) -> Any:
-        """One row per head (index "L0H1"; absent heads, all NaN, left out): layer, head, and for every lag and
+        """One row per head (index "L0H1"; absent heads, NaN scores, left out): layer, head, and for every lag and
         order the raw score, the induction baseline and the excess over chance (0 chance, 1 perfect).
 
         Returns:
@@ -385,8 +385,8 @@ class AttentionScores(ProbeResult):
         for layer in range(n_layers):
             for head in range(n_heads):
                 values = {name: float(grid[layer, head]) for name, grid in grids.items()}
-                if all(math.isnan(v) for v in values.values()):
-                    continue
+                if all(math.isnan(v) for k, v in values.items() if not k.endswith("_baseline")):
+                    continue  # an absent head (a layer with fewer heads): NaN in every score grid
                 rows.append({"component": f"L{layer}H{head}", "layer": layer, "head": head, **values})
         return dataframe(rows, index="component")
 
