@@ -408,7 +408,9 @@ class AttentionScores(ProbeResult):
                     else f"its baseline {float(self.induction_baselines[0, layer, head]):.3f}")
             lines.append(f"{label}: L{layer}H{head} scores {raw:.3f} ({base}, excess {excess:.2f})")
         more = "" if self.max_lag == self.max_order == 1 else f"; lags 1..{self.max_lag}, orders 1..{self.max_order}"
-        head = f"{n_layers} layers x {n_heads} heads{more}; strongest by excess over chance: " + ", ".join(tops)
+        plural = lambda n, word: f"{n} {word}{'' if n == 1 else 's'}"  # noqa: E731
+        head = (f"{plural(n_layers, 'layer')} x {plural(n_heads, 'head')}{more}; strongest by excess over chance: "
+                + ", ".join(tops))
         return "\n".join([head, *lines])
 
     def to_dict(self) -> dict[str, Any]:
