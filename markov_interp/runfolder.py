@@ -257,7 +257,14 @@ def read_config(run_dir: "str | os.PathLike") -> Any:
 
 def training_seq_len(run_dir: "str | os.PathLike") -> Optional[int]:
     """The training sequence length recorded in `run_dir`'s config.json (`train.seq_len`), None when the folder
-    holds no readable run config (weights saved on their own): what the probes default to for its model."""
+    holds no readable run config (weights saved on their own): what the probes default to for its model.
+
+    Args:
+        run_dir: the folder that holds the weights.
+
+    Returns:
+        The training length, or None.
+    """
     from markov_interp.training import CONFIG_FILE
 
     try:

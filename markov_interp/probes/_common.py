@@ -64,6 +64,12 @@ def training_length(model: Model) -> Optional[int]:
     `models.load` sets it when the weights sit in a run folder (config.json beside them), and so does
     `training.train` / `train_many` on the models they return; set it yourself on any other model
     (`model.markov_train_seq_len = 64`) to get the same defaults and warnings.
+
+    Args:
+        model: a TransformerLens hooked model.
+
+    Returns:
+        The training length, or None.
     """
     value = getattr(model, "markov_train_seq_len", None)
     return None if value is None else int(value)
@@ -94,7 +100,15 @@ def probe_length(model: Model, seq_len: Optional[int] = None) -> int:
 
 
 def check_probe_length(model: Model, seq_len: int) -> None:
-    """Refuse sequences longer than the model's n_ctx; warn (once per model) beyond its training length."""
+    """Refuse sequences longer than the model's n_ctx; warn (once per model) beyond its training length.
+
+    Args:
+        model: a TransformerLens hooked model (remembers that it warned in `_markov_probe_length_warned`).
+        seq_len: the length a probe is about to run at.
+
+    Returns:
+        None; raises ValueError beyond n_ctx, warns `ProbeLengthWarning` beyond the training length.
+    """
     n_ctx = int(model.cfg.n_ctx)
     if seq_len > n_ctx:
         raise ValueError(f"probe sequences of length {seq_len} exceed the model's n_ctx={n_ctx}")
@@ -111,7 +125,14 @@ def check_probe_length(model: Model, seq_len: int) -> None:
 
 
 def as_tokens(value: Any) -> Any:
-    """The tokens of a `ProbeBatch`, anything else unchanged: every probe that reads tokens takes a batch too."""
+    """The tokens of a `ProbeBatch`, anything else unchanged: every probe that reads tokens takes a batch too.
+
+    Args:
+        value: tokens [batch, pos], a `ProbeBatch`, or None.
+
+    Returns:
+        `value.tokens` for a batch, else `value`.
+    """
     return value.tokens if isinstance(value, ProbeBatch) else value
 
 
@@ -167,6 +188,13 @@ def state_labels(tokens: Any, *, names: Optional[Sequence[str]] = None) -> Any:
 
 def context_labels(vocab: int, order: int) -> list[str]:
     """Labels of the V**order contexts in kernel-row order (base-V digits, oldest state first: "01" = 0 then 1).
+
+    Args:
+        vocab: the number of states V.
+        order: the context length k.
+
+    Returns:
+        V**k labels.
 
     >>> context_labels(2, 2)
     ['00', '01', '10', '11']
@@ -236,7 +264,15 @@ TokensOrBatch = Union[Tokens, ProbeBatch]  # what a probe that reads tokens take
 
 def check_batch(batch: Any, where: str) -> ProbeBatch:
     """`batch` if it is a `ProbeBatch`, else a clear error: probes that compare the model with each sequence's
-    kernel need the kernels, which bare tokens do not carry."""
+    kernel need the kernels, which bare tokens do not carry.
+
+    Args:
+        batch: what the probe was given.
+        where: the probe's name, for the message.
+
+    Returns:
+        `batch`, checked.
+    """
     if not isinstance(batch, ProbeBatch):
         raise ValueError(f"{where} compares the model with each sequence's kernel, so it takes a ProbeBatch "
                          f"(probes.sample_batch(source, n_sequences=..., seq_len=..., seed=...)), got {_describe(batch)}")

@@ -16,7 +16,15 @@ _MAX_HEADLINE = 160  # characters of the one-line repr
 
 
 def dataframe(rows: Iterable[Mapping[str, Any]], *, index: Optional[str] = None) -> Any:
-    """A pandas DataFrame of `rows` (dicts with the same keys), indexed by the column `index` if given."""
+    """A pandas DataFrame of `rows` (dicts with the same keys), indexed by the column `index` if given.
+
+    Args:
+        rows: one mapping per row.
+        index: the column to index by (None: a plain range index).
+
+    Returns:
+        A pandas DataFrame (pandas is imported here, not when the probes are).
+    """
     try:
         import pandas
     except ImportError as err:  # pragma: no cover - pandas is a dependency of transformer-lens
@@ -26,7 +34,14 @@ def dataframe(rows: Iterable[Mapping[str, Any]], *, index: Optional[str] = None)
 
 
 def headline(value: Any) -> str:
-    """The one-line description of a probe result (its summary's first line), else its `str`, shortened."""
+    """The one-line description of a probe result (its summary's first line), else its `str`, shortened.
+
+    Args:
+        value: a probe result or anything else.
+
+    Returns:
+        At most 160 characters on one line.
+    """
     text = value._headline() if isinstance(value, ProbeResult) else str(value)
     text = " ".join(text.split())
     return text if len(text) <= _MAX_HEADLINE else text[: _MAX_HEADLINE - 3] + "..."
@@ -64,10 +79,14 @@ class ProbeResult:
                  f"{html.escape(first)}</p>"]
         if rest and rest != [first]:
             parts.append("<ul>" + "".join(f"<li>{html.escape(line.strip())}</li>" for line in rest) + "</ul>")
+        opened = " open"  # the first captioned table starts open, the others one click away
         for caption, frame in self._html_tables():
+            text_columns = [c for c in frame.columns if frame[c].dtype == object]
+            frame = frame.fillna({c: "" for c in text_columns})  # None reads as empty, not "None"
             table = frame.to_html(float_format=lambda x: f"{x:.4g}", na_rep="", border=0)
             if caption:
-                parts.append(f"<details><summary>{html.escape(caption)}</summary>{table}</details>")
+                parts.append(f"<details{opened}><summary>{html.escape(caption)}</summary>{table}</details>")
+                opened = ""
             else:
                 parts.append(table)
         return "".join(parts) + "</div>"
@@ -78,7 +97,14 @@ _MAX_EVIDENCE_ROWS = 64  # longer tables (per-position curves) stay out of a rep
 
 def evidence_tables(result: Any) -> list[tuple[str, Any]]:
     """(caption, DataFrame) for every field of a dataclass result that is itself a probe result with a table
-    (read generically, so fields added later show up too); tables over 64 rows are left out."""
+    (read generically, so fields added later show up too); tables over 64 rows are left out.
+
+    Args:
+        result: a dataclass probe result (a `MechanismReport`).
+
+    Returns:
+        (caption, DataFrame) pairs in field order.
+    """
     out = []
     for field in dataclasses.fields(result):
         value = getattr(result, field.name)

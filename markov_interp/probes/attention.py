@@ -81,7 +81,15 @@ def _weighted_mass(
 
 def check_pattern(pattern: Any, tokens: Any) -> None:
     """A clear error unless `pattern` is [batch, head, query_pos, key_pos] over the `tokens` [batch, pos] (as
-    `cache["pattern", layer]` is for `run_with_cache(tokens)`)."""
+    `cache["pattern", layer]` is for `run_with_cache(tokens)`).
+
+    Args:
+        pattern: attention patterns of one layer.
+        tokens: the states they were computed on.
+
+    Returns:
+        None; raises ValueError naming the shapes otherwise.
+    """
     if not isinstance(tokens, Tensor) or tokens.ndim != 2:
         shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
         raise ValueError(f"tokens must be a tensor [batch, pos], got {shape}")

@@ -246,7 +246,8 @@ class MechanismReport(ProbeResult):
         return frame
 
     def _html_tables(self) -> list[tuple[str, Any]]:
-        return [("", self.strategies.to_dataframe())] + evidence_tables(self)
+        # every piece of evidence with a table (the candidate laws first), then the per-head view
+        return evidence_tables(self) + [("per head: scores, excess over chance, ablation cost", self.to_dataframe())]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary: the label, its own-law check, every strategy divergence and gap, the circuit's

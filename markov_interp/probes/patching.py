@@ -24,16 +24,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp import theory
-from markov_interp.probes._common import (
-    Model,
-    Probs,
-    Tokens,
-    TokensOrBatch,
-    as_tokens,
-    check_tokens,
-    json_safe,
-    next_state_probs,
-)
+from markov_interp.probes._common import (Model, Probs, Tokens, TokensOrBatch, as_tokens, check_tokens, json_safe,
+                                          next_state_probs)
 from markov_interp.probes.interventions import (
     Component,
     ComponentValues,
@@ -61,7 +53,16 @@ def patching_pair(tokens: TokensOrBatch, *, seed: int = 0) -> tuple[Tokens, Toke
 
 
 def check_pair(clean_tokens: Tokens, corrupted_tokens: Tokens, *, allow_identical: bool = False) -> None:
-    """A clear error unless the clean and corrupted batches have one shape (and, unless allowed, differ)."""
+    """A clear error unless the clean and corrupted batches have one shape (and, unless allowed, differ).
+
+    Args:
+        clean_tokens: the clean run's states [batch, pos].
+        corrupted_tokens: the corrupted run's states, the same shape.
+        allow_identical: accept equal batches (`patched_probs`, which divides by nothing).
+
+    Returns:
+        None; raises ValueError otherwise.
+    """
     for name, value in (("clean_tokens", clean_tokens), ("corrupted_tokens", corrupted_tokens)):
         if not isinstance(value, Tensor):
             raise ValueError(f"{name} must be a tensor [batch, pos] (or a ProbeBatch), got {type(value).__name__}")
