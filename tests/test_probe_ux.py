@@ -114,6 +114,7 @@ def test_results_have_short_reprs_summaries_and_html(circuit, mech, batch):
         page = result._repr_html_()
         assert "<table" in page and len(page) < 40_000
     assert repr(mech).startswith("<MechanismReport: induction (order 1, confident)")
+    assert repr(batch).startswith("<ProbeBatch: 8 sequences x 32 states over 3 states")
     assert "L1H0" in repr(mech.circuit) and "L0H1" in repr(mech.circuit)
     page = mech._repr_html_()
     for field in ("strategies", "circuit", "attention", "ablation", "readout"):  # every table-like piece

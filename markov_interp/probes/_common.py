@@ -240,7 +240,7 @@ def total_variation(p: Float[Tensor, "*#batch vocab"], q: Float[Tensor, "*#batch
 
 
 # ------------------------------------------------------------------------------------------- probe batch
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
 class ProbeBatch:
     """Sequences a probe runs on, with the kernel each sequence was drawn from.
 
@@ -257,6 +257,12 @@ class ProbeBatch:
     random_kernel: bool  # True for RandomMarkov sources (no fixed kernel to learn in weights)
     beta: float  # add-beta smoothing of the in-context references: alpha for RandomMarkov, 1/2 otherwise
     initial: Optional[Float[Tensor, "batch context"]] = None
+
+    def __repr__(self) -> str:  # one line, not the tensors
+        batch, seq = self.tokens.shape
+        kind = "a random kernel per sequence" if self.random_kernel else "one fixed kernel"
+        return (f"<ProbeBatch: {batch} sequences x {seq} states over {self.vocab} states, order {self.order}, {kind}, "
+                f"beta {self.beta:g}>")
 
 
 TokensOrBatch = Union[Tokens, ProbeBatch]  # what a probe that reads tokens takes: tokens or a ProbeBatch
