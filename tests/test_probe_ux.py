@@ -199,6 +199,8 @@ def test_attention_figure_takes_transformer_lens_shapes(circuit):
     assert one_layer.props["attention"] == stacked.props["attention"][2:]
     named = report.attention_patterns_figure(cache["pattern", 0][0], probes.state_labels(tokens[0], names="abc"))
     assert named.props["tokens"] == ["abc"[int(t)] for t in tokens[0]]
+    with pytest.raises(ValueError, match="must be one sequence"):
+        report.attention_patterns_figure(cache["pattern", 0][0], tokens.expand(2, -1))
     with pytest.raises(ValueError, match="do not match 9 tokens"):
         report.attention_patterns_figure(cache["pattern", 0][0], tokens[0, :9])
     from markov_interp.report.figures import _patterns_by_head

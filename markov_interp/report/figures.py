@@ -203,6 +203,9 @@ def attention_patterns_figure(
     ['L1H0']
     """
     patterns, names = _patterns_by_head(patterns, layer)
+    if isinstance(tokens, Tensor) and tokens.ndim == 2 and tokens.shape[0] != 1:
+        raise ValueError(f"tokens must be one sequence ([pos] or [1, pos]), got shape {tuple(tokens.shape)}: "
+                         "pick the sequence the patterns are of, e.g. tokens[0]")
     labels = tokens if _is_labels(tokens) else state_labels(tokens)
     n_query, n_key = patterns.shape[-2:]
     if len(labels) != n_query or n_query != n_key:
