@@ -139,6 +139,12 @@ def test_impossible_sequences_are_refused():
     pool = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.5, 0.5]]], dtype=torch.float64)
     with pytest.raises(ValueError, match="probability 0 under every kernel"):
         theory.pool_posterior(pool, torch.full((2, 2), 0.5, dtype=torch.float64), torch.tensor([[0, 1]]))
+    # kernel 0 never moves from 0 to 1: after that transition only kernel 1 remains
+    pool = torch.tensor([[[1.0, 0.0], [0.5, 0.5]], [[0.5, 0.5], [0.2, 0.8]]], dtype=torch.float64)
+    post = theory.pool_posterior(pool, torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=torch.float64),
+                                 torch.tensor([[0, 0, 1, 1]]))
+    expected = torch.tensor([[0.5, 0.5], [2 / 3, 1 / 3], [0.0, 1.0], [0.0, 1.0]], dtype=torch.float64)
+    assert torch.allclose(post[0], expected, atol=1e-12)
     with pytest.raises(ValueError, match="tokens must lie"):
         theory.pool_bayes_predictions(pool, torch.full((2, 2), 0.5, dtype=torch.float64), torch.tensor([[0, 2]]))
 
@@ -195,11 +201,13 @@ def test_pool_references_match_exact_enumeration(vocab, order, n, length, mu):
 
 @pytest.mark.slow
 def test_pool_bayes_approaches_the_in_context_bayes_loss_as_the_pool_grows():
-    """Monte Carlo, 2 states, 8 targets. Paired on the pool's own sequences, the Dirichlet-Bayes (in-context)
-    predictor's loss exceeds the pool-Bayes loss by a gap that closes as N grows (measured 0.21 at N = 1, 0.005
-    and 0.023 at N = 8 for two pool seeds, <= 0.002 from N = 512); the pool-Bayes excess over the pool's entropy
-    rate tends to the Dirichlet source's Bayes excess (0.110). Tolerance: 0.004 at N = 1024 (3x the gap's
-    Monte Carlo standard error of ~0.0013)."""
+    """Monte Carlo, 2 states, 8 targets, 4096 sequences per pool. On the pool's own sequences (the two
+    estimates share them) the in-context (Dirichlet) Bayes predictor's loss exceeds the pool-Bayes loss by a gap
+    that closes as N grows: measured over pool seeds 0, 1, 2: 0.213 / 0.060 / 0.097 at N = 1, 0.010 / 0.006 /
+    0.012 at N = 16, 0.0017 / 0.0008 / 0.0010 at N = 1024. And the pool-Bayes excess over the pool's entropy
+    rate tends to the fresh-kernel source's Bayes excess (0.1102; at N = 1024: 0.1095 / 0.1097 / 0.1105), though
+    not monotonically (0.1196 / 0.0874 / 0.1120 at N = 16: it depends on the pool drawn). Tolerance at N = 1024:
+    0.004, about 3 standard errors of one estimate (~0.0013)."""
     length = 9
     fresh = theory.reference_losses(RandomMarkov(2), length)
     gaps, excess = {}, {}
@@ -207,9 +215,23 @@ def test_pool_bayes_approaches_the_in_context_bayes_loss_as_the_pool_grows():
         refs = theory.reference_losses(RandomMarkov(2, pool_size=n), length, n_sequences=4096)
         gaps[n] = refs.bayes_loss - refs.pool_bayes_loss
         excess[n] = refs.pool_bayes_loss - refs.entropy_rate
-    assert gaps[1] > 0.05 and gaps[1] > gaps[16] > -0.004 and abs(gaps[1024]) < 0.004, gaps
-    assert excess[1] == pytest.approx(0.0, abs=1e-12) and excess[1] < excess[16] < excess[1024] + 0.004, excess
+    assert gaps[1] > 0.05 > gaps[16] > gaps[1024] and abs(gaps[1024]) < 0.004, gaps
+    assert excess[1] == pytest.approx(0.0, abs=1e-12) and excess[16] > 0.05, excess
     assert excess[1024] == pytest.approx(fresh.bayes_loss - fresh.entropy_rate, abs=0.004), (excess, fresh)
+
+
+def test_paired_losses_use_the_pool_bayes_predictor():
+    """Training's paired evaluation (`theory.paired_losses`) on a pool: plain log-losses of sampled sequences
+    average to the pool-Bayes and in-context unigram references."""
+    source = RandomMarkov(3, pool_size=4, pool_seed=1)
+    refs = theory.reference_losses(source, 17, n_sequences=2048)
+    tokens = source.sample(8192, 17, gen(8))
+    for predictions, value, se in ((theory.true_predictions, refs.pool_bayes_loss, refs.pool_bayes_loss_se),
+                                   (theory.plateau_predictions, refs.unigram_loss, refs.unigram_loss_se)):
+        per_seq = theory.target_log_loss(predictions(source, tokens), tokens).mean(1)
+        assert abs(per_seq.mean().item() - value) <= 3 * (se + per_seq.std().item() / math.sqrt(8192))
+    true, plateau = theory.paired_losses(source, tokens)
+    assert true < refs.bayes_loss < plateau  # memorising four kernels beats estimating in context
 
 
 # ------------------------------------------------------------------------------------------------ sampling
@@ -385,6 +407,17 @@ def test_theory_dispatches_through_the_protocol():
 
 
 # ------------------------------------------------------------------------------------------------- training
+def test_the_cli_flag_and_set_give_the_same_run():
+    from markov_interp.cli import _train_run, build_parser
+
+    def run_of(*argv):
+        return _train_run(build_parser().parse_args(["train", "--out", "x", "--source", "random", "--vocab", "3", *argv]))
+
+    assert run_of("--pool-size", "4") == run_of("--set", "source.pool_size=4")
+    assert run_of("--pool-size", "4").source.build().pool.shape == (4, 3, 3)
+    assert run_of("--pool-size", "4", "--set", "source.pool_seed=2").source.pool_seed == 2
+
+
 @pytest.mark.slow
 def test_training_on_a_pool_through_the_api_and_the_cli(tmp_path):
     from markov_interp.cli import main
@@ -397,9 +430,7 @@ def test_training_on_a_pool_through_the_api_and_the_cli(tmp_path):
     refs = theory.reference_losses(run.source.build(), run.train.seq_len + 1)
     evals = [r for r in result.metrics if "eval_loss" in r]
     assert evals and evals[-1]["pool_bayes_loss"] == round(refs.pool_bayes_loss, 12)
-    assert math.isfinite(result.final.eval_loss)
-    # the paired "true" loss is the pool-Bayes predictor's on the evaluation batch: near the reference
-    assert abs(evals[-1]["eval_true_loss"] - refs.pool_bayes_loss) < 0.5
+    assert math.isfinite(result.final.eval_loss) and math.isfinite(evals[-1]["eval_true_loss"])
     saved = json.loads((tmp_path / "api" / "config.json").read_text())
     assert saved["source"]["pool_size"] == 4 and "pool_seed" not in saved["source"]
     assert main(["train", "--source", "random", "--vocab", "3", "--set", "source.pool_size=4", "--steps", "3",
