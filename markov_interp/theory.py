@@ -293,11 +293,12 @@ def stationary_predictions(
 
 
 # ------------------------------------------------------------------------------------------- finite pools
-def pool_log_likelihoods(
-    kernels: Float[Tensor, "kernel context vocab"],
-    initial: Float[Tensor, "kernel context"],
-    tokens: Int[Tensor, "batch pos"],
-) -> Float[Tensor, "batch pos kernel"]:
+PoolKernels = Float[Tensor, "kernel context vocab"]  # a pool's kernels, each flattened to [V**order, V]
+PoolLaws = Float[Tensor, "kernel context"]  # the law of the first `order` states of each kernel, over contexts
+PoolWeights = Float[Tensor, "batch pos kernel"]  # per sequence and position, one value per kernel of the pool
+
+
+def pool_log_likelihoods(kernels: PoolKernels, initial: PoolLaws, tokens: Int[Tensor, "batch pos"]) -> PoolWeights:
     """log P(x_0..x_t | kernel n) at every position t, for each kernel n of a finite pool.
 
     `kernels[n]` is a kernel flattened to [V**k, V] and `initial[n]` the law of its first k states over contexts:
@@ -326,11 +327,7 @@ def pool_log_likelihoods(
     return out
 
 
-def pool_posterior(
-    kernels: Float[Tensor, "kernel context vocab"],
-    initial: Float[Tensor, "kernel context"],
-    tokens: Int[Tensor, "batch pos"],
-) -> Float[Tensor, "batch pos kernel"]:
+def pool_posterior(kernels: PoolKernels, initial: PoolLaws, tokens: Int[Tensor, "batch pos"]) -> PoolWeights:
     """P(kernel n | x_0..x_t) at every position t: the exact posterior over a pool drawn from uniformly.
 
     What a model that memorised the pool can know about which kernel it is in (retrieval); computed in log space
@@ -347,11 +344,8 @@ def pool_posterior(
     return posterior
 
 
-def pool_bayes_predictions(
-    kernels: Float[Tensor, "kernel context vocab"],
-    initial: Float[Tensor, "kernel context"],
-    tokens: Int[Tensor, "batch pos"],
-) -> Float[Tensor, "batch pos vocab"]:
+def pool_bayes_predictions(kernels: PoolKernels, initial: PoolLaws,
+                           tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
     """The Bayes predictor of a finite pool: P(x_{t+1} | x_0..x_t) when each sequence's kernel is one of
     `kernels` drawn uniformly, its first k states from that kernel's `initial` law.
 
@@ -718,7 +712,7 @@ def expected_kernel_references(source: Source, *, seed: int = 0, tol: float = 1e
     return _kernel_expectations_cached(source.vocab, source.order, source.alpha, seed, float(tol))
 
 
-def _pool_expectations(pool: Float[Tensor, "kernel context vocab"]) -> KernelExpectations:
+def _pool_expectations(pool: PoolKernels) -> KernelExpectations:
     """The entropy rate and H(pi) averaged over the kernels of a pool (each drawn with probability 1/N): exact."""
     pi = _solve_stationary(pool.to(torch.float64))
     rate = (pi * entropy(pool)).sum(-1)
@@ -918,8 +912,7 @@ def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExp
     }
 
 
-def _pool_oracle_curve(pool: Float[Tensor, "kernel context vocab"], initial: Float[Tensor, "kernel context"],
-                       seq_len: int) -> Float[Tensor, " target"]:
+def _pool_oracle_curve(pool: PoolKernels, initial: PoolLaws, seq_len: int) -> Float[Tensor, " target"]:
     """E[H(law of x_{t+1} given x_0..x_t and the kernel)] at t = 0..seq_len-2, averaged over a pool: exact.
 
     Before the first context is full, the conditional entropies of the initial law (H(x_0..x_{t+1}) -

@@ -17,6 +17,7 @@ import torch
 
 from markov_interp import sweep, theory, training
 from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov, Source, SourceConfig
+from test_kernel_predictions import _power_stationary as power_stationary  # by power iteration, plain Python
 
 MU2 = [0.4, 0.1, 0.2, 0.3]  # a non-stationary first-context law, order 2 on 2 states
 
@@ -37,19 +38,6 @@ def covers(value: float, se: float, exact: float) -> bool:
 
 
 # ------------------------------------------------------------------------------------ brute force (plain Python)
-def power_stationary(flat: list, vocab: int) -> list:
-    """Stationary law over contexts of the chain on contexts, by power iteration."""
-    n = len(flat)
-    law = [1.0 / n] * n
-    for _ in range(3000):
-        new = [0.0] * n
-        for c, row in enumerate(flat):
-            for x, p in enumerate(row):
-                new[(c * vocab + x) % n] += law[c] * p
-        law = new
-    return law
-
-
 def context_of(states, vocab: int) -> int:
     return sum(s * vocab ** (len(states) - 1 - i) for i, s in enumerate(states))
 
