@@ -278,6 +278,16 @@ def test_fresh_kernel_and_fixed_chain_samples_are_unchanged():
     assert _hash(tokens) == GOLDEN["mk"] and torch.equal(kernels, chain.pool.expand(64, -1, -1))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pools_on_cuda():
+    source = RandomMarkov(3, order=2, pool_size=8)
+    tokens, kernels = source.sample(32, 40, torch.Generator(device="cuda").manual_seed(0), return_kernels=True)
+    assert tokens.is_cuda and kernels.is_cuda
+    assert ((kernels[:, None].cpu() == source.pool[None]).flatten(2).all(-1).sum(1) == 1).all()
+    assert torch.allclose(theory.true_predictions(source, tokens).cpu(), theory.true_predictions(source, tokens.cpu()),
+                          atol=1e-12)
+
+
 # ------------------------------------------------------------------------------------- protocol, out of pool
 def test_every_source_satisfies_the_protocol():
     for source, n in ((BinaryChain(0.2, 0.3), 1), (MarkovChain([[0.9, 0.1], [0.5, 0.5]]), 1),
