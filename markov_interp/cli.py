@@ -28,6 +28,7 @@ _TRAIN_SHORTCUTS = (
         help="markov: the kernel as JSON, e.g. '[[0.9,0.1,0],[0.2,0.5,0.3],[0,0.4,0.6]]' (rows: current state, "
         "columns: next state; for order k, nested k+1 deep or flat [V**k, V])")),
     ("data", "--order", "source.order", dict(type=int, help="markov / random: chain order k (default 1)")),
+    ("data", "--pool-size", "source.pool_size", dict(type=int, help="random: N kernels, one drawn per sequence")),
     ("model", "--preset", "model.preset", dict(
         help="paper-1layer (default for fixed kernels), paper-2layer, attn-only-2layer (default for random)")),
     ("model", "--layers", "model.n_layers", dict(type=int, help="number of blocks")),
