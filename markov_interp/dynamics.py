@@ -641,23 +641,33 @@ class FractionComparison:
     logrank_chi2: Optional[float]
     p_value: Optional[float]
 
-    def describe(self, names: tuple[str, str] = ("a", "b")) -> str:
-        """E.g. 'b / a at 0.5: 6.1x [3.2x, not reached]; b - a: +1240 [+1010, not reached] steps; log-rank p = 4e-09'."""
-        def fmt(x: Optional[float], unit: str) -> str:
-            if x is None:
-                return "not reached"
-            return f"{x:.2g}x" if unit == "x" else f"{x:+.0f}"
-
-        def bounds(b: Optional[Bounds], unit: str) -> str:
-            return "no interval" if b is None else f"[{fmt(b[0], unit)}, {fmt(b[1], unit)}]"
-
-        ratio = fmt(self.ratio, "x")
+    def ratio_text(self) -> str:
+        """The ratio with its interval, e.g. '6.1x [3.2x, not reached]' ('>4.2x' where only a's median is reached)."""
+        ratio = _fmt_shift(self.ratio, "x")
         if self.ratio is None and self.a.by is not None and self.b.by is None:  # b not reached: a lower bound
             ratio = f">{self.b.estimate.after / self.a.by:.2g}x"
+        return f"{ratio} {_fmt_bounds(self.ratio_interval, 'x')}"
+
+    def difference_text(self) -> str:
+        """The difference in steps with its interval, e.g. '+1240 [+1010, not reached]'."""
+        return f"{_fmt_shift(self.difference, '')} {_fmt_bounds(self.difference_interval, '')}"
+
+    def describe(self, names: tuple[str, str] = ("a", "b")) -> str:
+        """E.g. 'b / a at 0.5: 6.1x [3.2x, not reached]; b - a: +1240 [+1010, not reached] steps; log-rank
+        p = 4e-09'."""
         p = "not valid (grids differ)" if self.p_value is None else f"{self.p_value:.2g}"
-        return (f"{names[1]} / {names[0]} at {self.fraction:g}: {ratio} {bounds(self.ratio_interval, 'x')}; "
-                f"{names[1]} - {names[0]}: {fmt(self.difference, '')} {bounds(self.difference_interval, '')} "
-                f"steps; log-rank p = {p}")
+        return (f"{names[1]} / {names[0]} at {self.fraction:g}: {self.ratio_text()}; {names[1]} - {names[0]}: "
+                f"{self.difference_text()} steps; log-rank p = {p}")
+
+
+def _fmt_shift(x: Optional[float], unit: str) -> str:
+    if x is None:
+        return "not reached"
+    return f"{x:.2g}x" if unit == "x" else f"{x:+.0f}"
+
+
+def _fmt_bounds(bounds: Optional[Bounds], unit: str) -> str:
+    return "[no interval]" if bounds is None else f"[{_fmt_shift(bounds[0], unit)}, {_fmt_shift(bounds[1], unit)}]"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -157,7 +157,8 @@ def _grid_sample(rng, n, grid=10, budget=150, scale=60.0):
 
 
 def _scipy_sf(found):
-    data = stats.CensoredData(uncensored=[x.by for x in found if x.escaped], right=[x.after for x in found if x.censored])
+    data = stats.CensoredData(uncensored=[x.by for x in found if x.escaped],
+                              right=[x.after for x in found if x.censored])
     return stats.ecdf(data).sf
 
 
@@ -393,9 +394,9 @@ def test_compare_bootstrap_is_seeded_and_matches_a_recomputation_with_scipy_medi
     draws = np.random.default_rng(seed)
     ia, ib = draws.integers(0, len(a), (n_boot, len(a))), draws.integers(0, len(b), (n_boot, len(b)))
 
-    def median(found):  # scipy's Kaplan-Meier: first step at which S <= 1/2
+    def median(found):  # scipy's Kaplan-Meier: first step at which S <= 1/2 (S at exactly 1/2 counts)
         sf = _scipy_sf(found)
-        return next((float(t) for t, s in zip(sf.quantiles, sf.probabilities) if s <= 0.5 + 1e-12), math.inf)  # S at exactly 1/2 counts
+        return next((float(t) for t, s in zip(sf.quantiles, sf.probabilities) if s <= 0.5 + 1e-12), math.inf)
 
     diffs, undefined = [], 0
     for ra, rb in zip(ia, ib):
