@@ -376,11 +376,12 @@ class Quantile:
         return self.estimate.by
 
     def describe(self) -> str:
-        """E.g. '(170, 180] [95%: (150, 200]]', '> 500 [95%: (480, not reached)]', '180 [no interval: 3 runs ...]'."""
+        """E.g. '(170, 180], 95% CI (150, 200]', '> 500, 95% CI (480, not reached)', '180 (no interval: 3 runs
+        ...)'."""
         if self.interval is None:
-            return f"{self.estimate} [no interval: {self.note}]"
+            return f"{self.estimate} (no interval: {self.note})"
         lo, hi = self.interval.after, self.interval.by
-        return f"{self.estimate} [{self.confidence:.0%}: ({lo}, {'not reached' if hi is None else f'{hi}]'}]"
+        return f"{self.estimate}, {self.confidence:.0%} CI ({lo}, {'not reached)' if hi is None else f'{hi}]'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -627,9 +628,9 @@ Bounds = tuple[Optional[float], Optional[float]]
 class FractionComparison:
     """Two conditions' crossings of one line: their median crossings (`Quantile`), the difference `b - a` and
     the ratio `b / a` of the medians' `by` steps with percentile-bootstrap intervals over seeds, and the
-    log-rank test. `difference` / `ratio` None: a median not reached. An interval None: fewer than `MIN_RUNS`
-    runs in a condition; a bound None: more than its tail of resamples has a median beyond what the budgets
-    show (or both medians so). `logrank_chi2` / `p_value` None: no common evaluation grid (not valid)."""
+    log-rank test. `difference` / `ratio` None: a median not reached (`describe` gives the bound the budget
+    allows). An interval None: fewer than `MIN_RUNS` runs in a condition; a bound None: more than its tail of
+    resamples has a median beyond what the budgets show (or both medians so). `logrank_chi2` / `p_value` None: no common evaluation grid (not valid)."""
 
     fraction: float
     a: Quantile
@@ -641,16 +642,24 @@ class FractionComparison:
     logrank_chi2: Optional[float]
     p_value: Optional[float]
 
+    def _beyond(self, ratio: bool) -> str:
+        """The point value where a median is not reached: a bound from the last step known, or '?'."""
+        a, b = self.a.estimate, self.b.estimate
+        if a.by is not None and b.by is None:  # b not reached by b.after: b - a > b.after - a.by
+            return f">{b.after / a.by:.2g}x" if ratio else f">{b.after - a.by:+.0f}"
+        if a.by is None and b.by is not None:  # a not reached by a.after
+            return f"<{b.by / a.after:.2g}x" if ratio and a.after > 0 else "?" if ratio else f"<{b.by - a.after:+.0f}"
+        return "? (neither median reached)"
+
     def ratio_text(self) -> str:
-        """The ratio with its interval, e.g. '6.1x [3.2x, not reached]' ('>4.2x' where only a's median is reached)."""
-        ratio = _fmt_shift(self.ratio, "x")
-        if self.ratio is None and self.a.by is not None and self.b.by is None:  # b not reached: a lower bound
-            ratio = f">{self.b.estimate.after / self.a.by:.2g}x"
-        return f"{ratio} {_fmt_bounds(self.ratio_interval, 'x')}"
+        """The ratio of the medians with its interval, e.g. '6.1x [3.2x, ?]' (?: a bound beyond the budgets)."""
+        value = self._beyond(True) if self.ratio is None else f"{self.ratio:.2g}x"
+        return f"{value} {_fmt_bounds(self.ratio_interval, 'x')}"
 
     def difference_text(self) -> str:
-        """The difference in steps with its interval, e.g. '+1240 [+1010, not reached]'."""
-        return f"{_fmt_shift(self.difference, '')} {_fmt_bounds(self.difference_interval, '')}"
+        """The difference of the medians in steps with its interval, e.g. '+1240 [+1010, ?]'."""
+        value = self._beyond(False) if self.difference is None else f"{self.difference:+.0f}"
+        return f"{value} {_fmt_bounds(self.difference_interval, '')}"
 
     def describe(self, names: tuple[str, str] = ("a", "b")) -> str:
         """E.g. 'b / a at 0.5: 6.1x [3.2x, not reached]; b - a: +1240 [+1010, not reached] steps; log-rank
@@ -660,14 +669,12 @@ class FractionComparison:
                 f"{self.difference_text()} steps; log-rank p = {p}")
 
 
-def _fmt_shift(x: Optional[float], unit: str) -> str:
-    if x is None:
-        return "not reached"
-    return f"{x:.2g}x" if unit == "x" else f"{x:+.0f}"
-
-
 def _fmt_bounds(bounds: Optional[Bounds], unit: str) -> str:
-    return "[no interval]" if bounds is None else f"[{_fmt_shift(bounds[0], unit)}, {_fmt_shift(bounds[1], unit)}]"
+    """[lo, hi] of a bootstrap interval; ? for a bound beyond what the budgets show."""
+    def one(x: Optional[float]) -> str:
+        return "?" if x is None else f"{x:.2g}x" if unit == "x" else f"{x:+.0f}"
+
+    return "[no interval]" if bounds is None else f"[{one(bounds[0])}, {one(bounds[1])}]"
 
 
 @dataclasses.dataclass(frozen=True)

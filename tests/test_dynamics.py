@@ -207,7 +207,7 @@ def test_a_curve_that_reaches_zero_leaves_the_upper_bound_not_reached():
     q = s.median()
     assert q.estimate == StepInterval(20, 30)
     assert max(s.upper[:-1]) > 0.5 and q.interval.by is None and q.interval.after == 0
-    assert "not reached" in q.describe()
+    assert q.describe() == "(20, 30], 95% CI (0, not reached)"
 
 
 def test_no_interval_from_fewer_than_five_runs():
@@ -215,7 +215,7 @@ def test_no_interval_from_fewer_than_five_runs():
     s = survival(few)
     q = s.median()
     assert s.lower is None and q.interval is None and q.estimate == StepInterval(200, 210)
-    assert "3 runs" in q.note and "no interval" in q.describe()
+    assert "3 runs" in q.note and q.describe() == "(200, 210] (no interval: 3 runs: no interval from fewer than 5)"
     assert survival(few + few[:2]).median().interval is not None  # five runs: an interval
 
 
@@ -421,7 +421,9 @@ def test_compare_gives_no_interval_from_fewer_than_five_runs_and_open_bounds_bey
     stuck = [StepInterval(100, None)] * 5
     c = dynamics.compare_crossings(escaped, stuck, n_boot=200)
     assert c.difference is None and c.difference_interval[1] is None and c.p_value < 0.05
-    assert ">3.3x" in c.describe()  # the ratio is at least 100 / 30
+    assert c.ratio_text().startswith(">3.3x") and c.difference_text().startswith(">+70")  # 100 / 30, 100 - 30
+    neither = dynamics.compare_crossings(stuck, stuck, n_boot=50)
+    assert neither.difference_text() == "? (neither median reached) [?, ?]"
 
 
 def test_area_between_median_curves_by_hand_and_antisymmetric():

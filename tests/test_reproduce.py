@@ -146,7 +146,7 @@ def test_condition_sentence_from_a_hand_made_distribution(tmp_path):
     found = ConditionEscapes(sweep_dir=tmp_path, sweep_name="x", cell_id="c", escape=escapes[2], summary=s,
                              budget=400)
     text = found.sentence()
-    assert text.startswith("escaped in (290, 300]; the condition's median escape is (190, 200] [no interval: 4 runs")
+    assert text.startswith("escaped in (290, 300]; the condition's median escape is (190, 200] (no interval: 4 runs")
     assert text.endswith("over 4 seeds, 1 censored")
     censored = dataclasses.replace(found, escape=escapes[3]).sentence()
     assert censored.startswith("no confirmed escape (censored after step 390 of 400)")

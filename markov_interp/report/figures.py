@@ -663,15 +663,16 @@ def excess_curves_figure(curves: Mapping[str, MedianCurve], *, fractions: Sequen
 
     for colour, (label, m) in zip(_COLOURS, curves.items()):
         ax.plot(m.steps, finite(m.median), color=colour, lw=1.5, label=f"{label} (median of {m.n})")
-        ax.fill_between(m.steps, finite(m.lower), finite(m.upper), color=colour, alpha=0.15, lw=0,
-                        label=f"{label}: seeds' {m.band[0]:g}-{m.band[1]:g} quantiles")
+        ax.fill_between(m.steps, finite(m.lower), finite(m.upper), color=colour, alpha=0.15, lw=0)
     for f in fractions:
         ax.axhline(f, color="grey", ls=":", lw=0.8)
     top = max([1.05, *(x for m in curves.values() for x in m.upper if math.isfinite(x))])
     ax.set_ylim(min(-0.05, *(x for m in curves.values() for x in m.lower if math.isfinite(x))), min(top, 2.0))
     ax.set_xlabel("step")
     ax.set_ylabel("fraction of the plateau excess left")
-    ax.set_title(title or "excess over the true law, relative to the plateau's", fontsize=9)
+    bands = ", ".join(sorted({f"{m.band[0]:g}-{m.band[1]:g}" for m in curves.values()}))
+    ax.set_title((title + "\n" if title else "") + f"excess over the true law relative to the plateau's (bands: the "
+                 f"seeds' {bands} quantiles)", fontsize=9)
     ax.legend(fontsize=7)
     return fig
 
