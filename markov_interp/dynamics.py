@@ -321,15 +321,39 @@ def turnbull(found: Sequence[StepInterval], *, tol: float = 1e-12,
     inf = math.inf
     covers = np.array([[x.after <= j.after and (inf if j.by is None else j.by) <= (inf if x.by is None else x.by)
                         for j in inner] for x in found], dtype=float)
-    mass = np.full(len(inner), 1.0 / len(inner))
-    for _ in range(max_iter):
+    return tuple(inner), _self_consistent(covers, tol=tol, max_iter=max_iter)
+
+
+def _self_consistent(covers: Float[np.ndarray, "run interval"], *, tol: float,
+                     max_iter: int) -> Float[np.ndarray, " interval"]:
+    """The masses maximising sum_i log(covers_i . mass): Turnbull's self-consistency (EM) step, accelerated by
+    SQUAREM (Varadhan & Roland 2008: an extrapolation along two EM steps, kept only when the likelihood does
+    not fall), which the masses that go to zero otherwise approach sublinearly."""
+    def step(mass: Float[np.ndarray, " interval"]) -> Float[np.ndarray, " interval"]:
         share = covers * mass
-        new = (share / share.sum(axis=1, keepdims=True)).mean(axis=0)
+        return (share / share.sum(axis=1, keepdims=True)).mean(axis=0)
+
+    def loglik(mass: Float[np.ndarray, " interval"]) -> float:
+        with np.errstate(divide="ignore"):
+            return float(np.log(covers @ mass).sum())
+
+    mass = np.full(covers.shape[1], 1.0 / covers.shape[1])
+    for _ in range(max_iter):
+        one = step(mass)
+        two = step(one)
+        r, v = one - mass, two - 2 * one + mass
+        if np.linalg.norm(v) > 0:
+            alpha = min(-np.linalg.norm(r) / np.linalg.norm(v), -1.0)  # -1: the plain double step
+            jump = np.clip(mass - 2 * alpha * r + alpha * alpha * v, 0.0, None)
+            jump = step(jump / jump.sum())
+            new = jump if loglik(jump) >= loglik(two) else two
+        else:
+            new = two
         done = np.max(np.abs(new - mass)) < tol
         mass = new
         if done:
             break
-    return tuple(inner), mass
+    return mass
 
 
 def _estimate(found: Sequence[StepInterval]) -> tuple[list[StepInterval], list[float], Optional[list[float]]]:
