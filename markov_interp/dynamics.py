@@ -654,7 +654,8 @@ class FractionComparison:
     the ratio `b / a` of the medians' `by` steps with percentile-bootstrap intervals over seeds, and the
     log-rank test. `difference` / `ratio` None: a median not reached (`describe` gives the bound the budget
     allows). An interval None: fewer than `MIN_RUNS` runs in a condition; a bound None: more than its tail of
-    resamples has a median beyond what the budgets show (or both medians so). `logrank_chi2` / `p_value` None: no common evaluation grid (not valid)."""
+    resamples has a median beyond what the budgets show (or both medians so). `logrank_chi2` / `p_value` None:
+    no common evaluation grid (not valid)."""
 
     fraction: float
     a: Quantile

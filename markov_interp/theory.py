@@ -451,13 +451,41 @@ def format_loss(value: float, se: float | None = None, digits: int = 4) -> str:
 @dataclasses.dataclass(frozen=True)
 class KernelExpectations:
     """E[entropy rate] and E[H(pi)] over random kernels, with their errors (`method`: "quadrature" or
-    "monte carlo")."""
+    "monte carlo").
+
+    E[H(pi)] is the loss of an oracle that knows each sequence's pi: `oracle_unigram_loss`, the name it has in
+    `ReferenceLosses` too, where `unigram_loss` is the in-context unigram estimator's loss for random kernels.
+    (This field was called `unigram_loss` here; that name still reads it, and caches written under it load.)
+    """
 
     entropy_rate: float
     entropy_rate_se: float
-    unigram_loss: float
-    unigram_loss_se: float
+    oracle_unigram_loss: float
+    oracle_unigram_loss_se: float
     method: str
+
+    @property
+    def unigram_loss(self) -> float:
+        """Old name of `oracle_unigram_loss` (E[H(pi)], not the in-context unigram loss)."""
+        return self.oracle_unigram_loss
+
+    @property
+    def unigram_loss_se(self) -> float:
+        """Old name of `oracle_unigram_loss_se`."""
+        return self.oracle_unigram_loss_se
+
+    def cache_dict(self) -> dict[str, Any]:
+        """The values under the names the disk cache has always used (so existing cache entries stay valid)."""
+        return {"entropy_rate": self.entropy_rate, "entropy_rate_se": self.entropy_rate_se,
+                "unigram_loss": self.oracle_unigram_loss, "unigram_loss_se": self.oracle_unigram_loss_se,
+                "method": self.method}
+
+    @classmethod
+    def from_cache_dict(cls, data: Mapping[str, Any]) -> "KernelExpectations":
+        """Read `cache_dict` back."""
+        return cls(entropy_rate=data["entropy_rate"], entropy_rate_se=data["entropy_rate_se"],
+                   oracle_unigram_loss=data["unigram_loss"], oracle_unigram_loss_se=data["unigram_loss_se"],
+                   method=data["method"])
 
 
 @functools.lru_cache(maxsize=16)
@@ -564,9 +592,9 @@ def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int,
     key = {"what": "kernel-expectations", "vocab": vocab, "order": order, "alpha": alpha, "seed": seed, "tol": tol}
     cached = _disk_cache_read(key)
     if cached is not None:
-        return KernelExpectations(**cached)
+        return KernelExpectations.from_cache_dict(cached)
     out = _mc_kernel_expectations(vocab, order, alpha, seed, tol)
-    _disk_cache_write(key, dataclasses.asdict(out))
+    _disk_cache_write(key, out.cache_dict())
     return out
 
 
@@ -721,8 +749,8 @@ def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExp
     rng = np.random.default_rng([seed, 13])
     chunk = min(max(2**18 // seq_len, 1024), 8192)
     moments, coef = _Moments(), None
-    means = torch.tensor([kernel.entropy_rate, kernel.unigram_loss], dtype=torch.float64)[:, None]
-    mean_ses = torch.tensor([kernel.entropy_rate_se, kernel.unigram_loss_se], dtype=torch.float64)[:, None]
+    means = torch.tensor([kernel.entropy_rate, kernel.oracle_unigram_loss], dtype=torch.float64)[:, None]
+    mean_ses = torch.tensor([kernel.entropy_rate_se, kernel.oracle_unigram_loss_se], dtype=torch.float64)[:, None]
     fixed_gain = 0.0 if isinstance(source._initial, str) else _fixed_start_gain(source) / (seq_len - 1)
     while True:
         size = chunk if n_sequences is None else min(chunk, n_sequences - moments.n)
@@ -785,7 +813,7 @@ def _random_references(vocab: int, order: int, alpha: float, initial: Any, seq_l
     kernel = expected_kernel_references(source, seed=seed)
     key = {"what": "in-context", "vocab": vocab, "order": order, "alpha": alpha, "initial": initial,
            "seq_len": seq_len, "seed": seed, "tol": tol, "n_sequences": n_sequences,
-           "kernel": dataclasses.asdict(kernel)}
+           "kernel": kernel.cache_dict()}
     found = _disk_cache_read(key)
     if found is None:
         found = _in_context_references(source, seq_len, kernel, seed=seed, tol=tol, n_sequences=n_sequences)
@@ -793,5 +821,6 @@ def _random_references(vocab: int, order: int, alpha: float, initial: Any, seq_l
     curves = {k: tuple(v) for k, v in found.items() if k.endswith(("_curve", "_curve_se"))}
     values = {k: v for k, v in found.items() if k not in curves and k != "n_sequences"}
     return ReferenceLosses(entropy_rate=kernel.entropy_rate, entropy_rate_se=kernel.entropy_rate_se,
-                           oracle_unigram_loss=kernel.unigram_loss, oracle_unigram_loss_se=kernel.unigram_loss_se,
+                           oracle_unigram_loss=kernel.oracle_unigram_loss,
+                           oracle_unigram_loss_se=kernel.oracle_unigram_loss_se,
                            **values, **curves)
