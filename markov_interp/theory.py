@@ -421,7 +421,7 @@ def plateau_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Flo
 def paired_losses(source: Source, tokens: Int[Tensor, "batch pos"]) -> tuple[float, float]:
     """(true, plateau): mean log-loss of `true_predictions` and `plateau_predictions` over every target of
     `tokens` (x_1..x_T). Subtracted from a model's loss on the *same* tokens they give its paired excess
-    and the plateau's, free of most sampling noise (`dynamics.escape_time`)."""
+    and the plateau's, free of most sampling noise (`dynamics.curve_from_metrics`)."""
     true = target_log_loss(true_predictions(source, tokens), tokens).mean()
     plateau = target_log_loss(plateau_predictions(source, tokens), tokens).mean()
     return float(true), float(plateau)

@@ -17,7 +17,7 @@ from jaxtyping import Float, Int
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from markov_interp.dynamics import KaplanMeier
+from markov_interp.dynamics import FRACTIONS, MedianCurve, StepInterval, Survival
 from markov_interp.probes._common import context_labels, state_labels
 from markov_interp.theory import ReferenceLosses
 
@@ -634,31 +634,91 @@ def reproduction_mechanism_figure(panels: Mapping[str, Sequence[tuple[str, Mappi
     return fig
 
 
-def escape_survival_figure(panels: Mapping[str, Mapping[str, KaplanMeier]],
+_COLOURS = ["tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:grey"]
+
+
+def _draw_survival(ax: Any, curve: Survival, colour: str, label: str) -> None:
+    """A survival curve as a step function dropping at each interval's `by` step, up to the last step it is
+    known at, with its pointwise band where it has one (none on mixed grids or below `dynamics.MIN_RUNS` runs;
+    a gap where the band is undefined, at S = 0)."""
+    xs = [0, *curve.times, max(curve.last, *curve.times, 0)]
+    end = curve.survival[-1] if curve.survival else 1.0
+    ax.step(xs, [1.0, *curve.survival, end], where="post", color=colour, lw=1.4, label=f"{label} (n = {curve.n})")
+    if curve.lower is not None and curve.upper is not None:
+        lo_end = curve.lower[-1] if curve.lower else 1.0
+        hi_end = curve.upper[-1] if curve.upper else 1.0
+        ax.fill_between(xs, [1.0, *curve.lower, lo_end], [1.0, *curve.upper, hi_end], step="post", color=colour,
+                        alpha=0.15, lw=0)
+
+
+def escape_survival_figure(panels: Mapping[str, Mapping[str, Survival]],
                            *, budget: "int | Mapping[str, int]") -> Figure:
-    """Kaplan–Meier curves of the escape step, one panel per experiment ({title: {condition: curve}}): the
-    fraction of seeds still on the plateau after each step, with its 95% band. A curve that ends above zero at
-    the budget is the censored fraction (seeds that had not escaped when training stopped). `budget`: the
-    training steps, one for all panels or {title: steps}."""
+    """Survival of the escape crossing, one panel per experiment ({title: {condition: `dynamics.Survival`}}):
+    the fraction of seeds that have not escaped by each step, with its 95% band. A curve that ends above zero
+    is the censored fraction (seeds without a confirmed escape when training stopped). `budget`: the training
+    steps, one for all panels or {title: steps}."""
     fig = Figure(figsize=(5.2 * max(len(panels), 1), 4.0))
     axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
-    colours = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:grey"]
     for ax, (title, curves) in zip(axes, panels.items()):
         steps = budget if isinstance(budget, int) else budget[title]
-        for colour, (label, km) in zip(colours, curves.items()):
-            xs = [0, *km.times, steps]
-            end = km.survival[-1] if km.survival else 1.0
-            ax.step(xs, [1.0, *km.survival, end], where="post", color=colour, lw=1.4, label=f"{label} (n = {km.n})")
-            lo_end = km.lower[-1] if km.lower else 1.0
-            hi_end = km.upper[-1] if km.upper else 1.0
-            ax.fill_between(xs, [1.0, *km.lower, lo_end], [1.0, *km.upper, hi_end], step="post", color=colour,
-                            alpha=0.15, lw=0)
+        for colour, (label, curve) in zip(_COLOURS, curves.items()):
+            _draw_survival(ax, curve, colour, label)
         ax.set_xlim(0, steps)
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("step")
-        ax.set_ylabel("fraction of seeds still on the plateau")
+        ax.set_ylabel("fraction of seeds not yet escaped")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
+    return fig
+
+
+def crossing_survival_figure(conditions: Mapping[str, Mapping[float, Survival]], *,
+                             budget: Optional[int] = None, title: str = "") -> Figure:
+    """Survival of the crossing at each line, one panel per fraction of the plateau's excess left
+    ({condition: {fraction: `dynamics.Survival`}}, e.g. `ConditionDynamics.survival`): where conditions differ
+    at one line and not at another, the escape time depends on its threshold."""
+    fractions = sorted({f for per in conditions.values() for f in per}, reverse=True)
+    fig = Figure(figsize=(3.6 * max(len(fractions), 1), 3.6))
+    axes = fig.subplots(1, max(len(fractions), 1), squeeze=False, sharey=True)[0]
+    for ax, fraction in zip(axes, fractions):
+        for colour, (label, per) in zip(_COLOURS, conditions.items()):
+            if fraction in per:
+                _draw_survival(ax, per[fraction], colour, label)
+        if budget is not None:
+            ax.set_xlim(0, budget)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("step")
+        ax.set_title(f"crossing {fraction:g} of the plateau excess left", fontsize=9)
+    axes[0].set_ylabel("fraction of seeds not yet crossed")
+    axes[-1].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def excess_curves_figure(curves: Mapping[str, MedianCurve], *, fractions: Sequence[float] = FRACTIONS,
+                         title: str = "") -> Figure:
+    """Median excess curves with their bands across seeds, one per condition ({condition:
+    `dynamics.MedianCurve`}): the fraction of the plateau's excess left at each evaluation (1: on the plateau,
+    0: at the true law), with the lines at `fractions` dotted. A second plateau shows as a flat stretch."""
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.subplots()
+    def finite(values: Sequence[float]) -> list[float]:  # a diverged run's inf is left out of the drawing
+        return [x if math.isfinite(x) else math.nan for x in values]
+
+    for colour, (label, m) in zip(_COLOURS, curves.items()):
+        ax.plot(m.steps, finite(m.median), color=colour, lw=1.5, label=f"{label} (median of {m.n})")
+        ax.fill_between(m.steps, finite(m.lower), finite(m.upper), color=colour, alpha=0.15, lw=0)
+    for f in fractions:
+        ax.axhline(f, color="grey", ls=":", lw=0.8)
+    top = max([1.05, *(x for m in curves.values() for x in m.upper if math.isfinite(x))])
+    ax.set_ylim(min(-0.05, *(x for m in curves.values() for x in m.lower if math.isfinite(x))), min(top, 2.0))
+    ax.set_xlabel("step")
+    ax.set_ylabel("fraction of the plateau excess left")
+    bands = ", ".join(sorted({f"{m.band[0]:g}-{m.band[1]:g}" for m in curves.values()}))
+    ax.set_title((title + "\n" if title else "") + f"excess over the true law relative to the plateau's (bands: the "
+                 f"seeds' {bands} quantiles)", fontsize=9)
+    ax.legend(fontsize=7)
     return fig
 
 
@@ -705,9 +765,9 @@ def reproduction_boundary_figure(rows: Sequence[Mapping[str, Any]], *, p: float)
         shift = (k - 0.5) * 0.01  # tied and untied side by side at each q
         for r in line:
             budget, median = r["budget"], r["median_escape"]
-            lo, hi = r["median_escape_ci"] or (None, None)
             x = r["q"] + shift
             y = budget if median is None else median
+            lo, hi = r["median_escape_ci"] or (y, y)  # no interval (fewer than dynamics.MIN_RUNS seeds): no bar
             ax_lo, ax_hi = (budget if lo is None else lo), (budget if hi is None else hi)
             left.errorbar([x], [y], yerr=[[y - ax_lo], [ax_hi - y]], fmt="o", color=colour, capsize=3,
                           mfc="white" if median is None else colour, ms=5)
@@ -733,28 +793,25 @@ def reproduction_boundary_figure(rows: Sequence[Mapping[str, Any]], *, p: float)
     return fig
 
 
-def run_escape_figure(curve: KaplanMeier, *, budget: int, step: Optional[int], censored: bool,
+def run_escape_figure(curve: Survival, *, budget: int, crossing: Optional[StepInterval],
                       title: str = "") -> Figure:
-    """One run against its condition: the Kaplan-Meier curve of the escape step over the condition's seeds
-    (with its 95% band) and the run marked at its own escape step (a cross at the budget when it is censored)."""
+    """One run against its condition: the survival of the escape over the condition's seeds (with its 95% band
+    where it has one) and the run's own escape: the interval (after, by] it is known to lie in, or a cross
+    where it was censored."""
     fig = Figure(figsize=(5.6, 3.8))
     ax = fig.subplots()
-    xs = [0, *curve.times, budget]
-    end = curve.survival[-1] if curve.survival else 1.0
-    ax.step(xs, [1.0, *curve.survival, end], where="post", color="tab:blue", lw=1.4,
-            label=f"condition (n = {curve.n} seeds)")
-    ax.fill_between(xs, [1.0, *curve.lower, curve.lower[-1] if curve.lower else 1.0],
-                    [1.0, *curve.upper, curve.upper[-1] if curve.upper else 1.0], step="post", color="tab:blue",
-                    alpha=0.15, lw=0)
-    if step is not None:
-        x = budget if censored else step
-        ax.axvline(x, color="tab:red", lw=1.2, ls="--")
-        ax.plot([x], [curve.at(x)], "x" if censored else "o", color="tab:red", ms=8,
-                label=f"this run: {'censored at' if censored else 'escaped at step'} {x}")
+    _draw_survival(ax, curve, "tab:blue", "condition")
+    if crossing is not None and crossing.censored:
+        ax.plot([crossing.after], [curve.at(crossing.after)], "x", color="tab:red", ms=8,
+                label=f"this run: censored after step {crossing.after}")
+    elif crossing is not None:
+        ax.axvspan(crossing.after, crossing.by, color="tab:red", alpha=0.2, lw=0)
+        ax.plot([crossing.by], [curve.at(crossing.by)], "o", color="tab:red", ms=6,
+                label=f"this run: escaped in {crossing}")
     ax.set_xlim(0, budget)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("step")
-    ax.set_ylabel("fraction of seeds still on the plateau")
-    ax.set_title(title or "this run's escape step against its condition", fontsize=9)
+    ax.set_ylabel("fraction of seeds not yet escaped")
+    ax.set_title(title or "this run's escape against its condition", fontsize=9)
     ax.legend(fontsize=7)
     return fig
