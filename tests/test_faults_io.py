@@ -543,3 +543,23 @@ def test_monte_carlo_memory_is_bounded():
     assert done.returncode == 0, done.stderr
     kernel_mb, in_context_mb = map(float, done.stdout.split())
     assert kernel_mb < 300 and in_context_mb < 300, done.stdout
+
+
+def test_pool_cache_entry_is_read_back_and_checked(monkeypatch, tmp_path):
+    monkeypatch.setenv("MARKOV_INTERP_CACHE", str(tmp_path))
+    source = RandomMarkov(3, pool_size=4, pool_seed=1)
+    _forget()
+    fresh = theory.reference_losses(source, 10, n_sequences=64)
+    assert fresh.pool_bayes_loss is not None
+    _forget()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a valid pool entry passes the checks
+        assert theory.reference_losses(source, 10, n_sequences=64) == fresh
+    path = _entries(tmp_path)["in-context"]
+    entry = json.loads(path.read_text())
+    entry["value"]["pool_bayes_loss"] = 50.0  # above log 3: no predictor on 3 states does worse than uniform
+    path.write_text(json.dumps(entry))
+    _forget()
+    with pytest.warns(UserWarning, match=r"pool_bayes_loss = 50.0 is outside"):
+        assert theory.reference_losses(source, 10, n_sequences=64) == fresh
+    _forget()
