@@ -515,9 +515,9 @@ def _quiet_stdout() -> None:
 
 def _print_warning(command: str) -> Any:
     """`warnings.showwarning` for the CLI: a warning is one line on stderr, like an error ("markov-interp CMD:
-    warning: ...", whitespace collapsed, the category named unless it is a UserWarning)."""
+    warning: ...", whitespace collapsed, the category named unless it is a UserWarning or a subclass)."""
     def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
-        kind = "" if category is UserWarning else f"{category.__name__}: "
+        kind = "" if issubclass(category, UserWarning) else f"{category.__name__}: "
         print(f"markov-interp {command}: warning: {kind}{' '.join(str(message).split())}", file=sys.stderr)
 
     return show

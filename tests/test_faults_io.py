@@ -537,12 +537,13 @@ print(mc, peak() - base)
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak resident size from /proc")
 def test_monte_carlo_memory_is_bounded():
-    # unblocked, each of these computations held several 0.84 GB arrays (peaks measured in docs/faults.md)
+    # unblocked, each of these computations held several 0.84 GB arrays: 3.2 GB above the imports
     done = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True, text=True, env=ENV,
                           timeout=600)
     assert done.returncode == 0, done.stderr
     kernel_mb, in_context_mb = map(float, done.stdout.split())
-    assert kernel_mb < 300 and in_context_mb < 300, done.stdout
+    # blocked: 35-400 MB above the imports over repeated runs (the allocator keeps freed blocks for a while)
+    assert kernel_mb < 800 and in_context_mb < 800, done.stdout
 
 
 def test_pool_cache_entry_is_read_back_and_checked(monkeypatch, tmp_path):
