@@ -3,15 +3,20 @@
 Each sub-command is one `_add_<name>` function that registers its arguments and a handler; handlers only
 parse, call the library and print. Every error is printed as one line on stderr naming the problem (and
 the path, for file-system errors) with exit code 2, never as a traceback unless `--debug` is given; a run
-whose training diverged (non-finite loss) gives exit code 3, from `train`, `probe` and `report` alike.
+whose training diverged (non-finite loss) gives exit code 3, from `train`, `probe` and `report` alike. Warnings
+are printed as one line each; a reader that closes the output early (`| head -1`) ends the command quietly with
+exit code 141.
 """
 
 import argparse
+import os
 import sys
+import warnings
 from typing import Any
 
 EXIT_ERROR = 2
 EXIT_DIVERGED = 3
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a program whose reader closed the pipe
 
 
 # Shortcut flags of `train`: (flag, dotted option, argparse keywords). Each sets one run-config option,
@@ -204,6 +209,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         seeds = [run.train.seed] if args.seeds is None else _parse_seeds(args.seeds)
         runs = [dataclasses.replace(run, train=dataclasses.replace(run.train, seed=s)) for s in seeds]
         outs = [Path(args.out)] if args.seeds is None else [Path(args.out) / f"seed-{s}" for s in seeds]
+        if args.seeds is not None:  # OUT/seed-N are the package's names: a planted link there is refused
+            from markov_interp import runfolder
+
+            runfolder.check_contents(args.out, depth=1)
         results = train_many(runs, outs, progress=not args.no_progress, models_out=False)
         diverged = 0
         for seed, out, result in zip(seeds, outs, results):
@@ -356,6 +365,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         from pathlib import Path
 
         from markov_interp import runfolder
+        from markov_interp._io import check_target
         from markov_interp.report import REPORT_FILE, build
         from markov_interp.training import resolve_device
 
@@ -363,8 +373,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         runfolder.read_config(args.run_dir)
         resolve_device(args.device)
         target = Path(args.out) if args.out else Path(args.run_dir) / REPORT_FILE
-        if target.is_dir():
-            raise ValueError(f"--out {target} is a folder; give the HTML file to write")
+        check_target(target, "--out")  # a folder, link, FIFO or device is refused, never replaced
         runfolder.check_writable_dir(target.parent, "report folder")
         diverged = runfolder.divergence(args.run_dir)
         if diverged is not None:
@@ -494,23 +503,49 @@ def _one_line(err: BaseException) -> str:
     return " ".join(text.split()) or type(err).__name__
 
 
+def _quiet_stdout() -> None:
+    """After a broken pipe (`markov-interp probe RUN | head -1`): point stdout at /dev/null so that the flush
+    at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is no real file (a test's capture): nothing to do
+        pass
+
+
 def _print_warning(command: str) -> Any:
-    """`warnings.showwarning` for the CLI: a warning is one line on stderr, like an error."""
+    """`warnings.showwarning` for the CLI: a warning is one line on stderr, like an error ("markov-interp CMD:
+    warning: ...", whitespace collapsed, the category named unless it is a UserWarning or a subclass)."""
     def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
-        print(f"markov-interp {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+        kind = "" if issubclass(category, UserWarning) else f"{category.__name__}: "
+        print(f"markov-interp {command}: warning: {kind}{' '.join(str(message).split())}", file=sys.stderr)
 
     return show
 
 
 def main(argv: list[str] | None = None) -> int:
-    import warnings
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the command line `argv` (default sys.argv[1:]); returns the exit code (0 ok, 1 failed sweep cells,
+    2 error, 3 diverged, 130 interrupted, 141 output pipe closed early, as a program killed by SIGPIPE)."""
     try:
         with warnings.catch_warnings():
-            warnings.showwarning = _print_warning(args.command)
-            return int(args.handler(args) or 0)
+            try:
+                return _main(argv)
+            finally:  # also after --help's SystemExit: a closed pipe shows here, not in the interpreter's exit
+                if sys.stdout is not None:
+                    sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as `cat` would
+        _quiet_stdout()
+        return EXIT_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    warnings.showwarning = _print_warning(args.command)  # restored by main's catch_warnings
+    try:
+        return int(args.handler(args) or 0)
+    except BrokenPipeError:  # main stops quietly
+        raise
     except KeyboardInterrupt:
         if getattr(args, "debug", False):
             raise
