@@ -3,15 +3,20 @@
 Each sub-command is one `_add_<name>` function that registers its arguments and a handler; handlers only
 parse, call the library and print. Every error is printed as one line on stderr naming the problem (and
 the path, for file-system errors) with exit code 2, never as a traceback unless `--debug` is given; a run
-whose training diverged (non-finite loss) gives exit code 3, from `train`, `probe` and `report` alike.
+whose training diverged (non-finite loss) gives exit code 3, from `train`, `probe` and `report` alike. Warnings
+are printed as one line each; a reader that closes the output early (`| head -1`) ends the command quietly with
+exit code 141.
 """
 
 import argparse
+import os
 import sys
+import warnings
 from typing import Any
 
 EXIT_ERROR = 2
 EXIT_DIVERGED = 3
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a program whose reader closed the pipe
 
 
 def _parse_heads(text: str) -> "int | tuple[int, ...]":
@@ -37,6 +42,7 @@ _TRAIN_SHORTCUTS = (
         help="markov: the kernel as JSON, e.g. '[[0.9,0.1,0],[0.2,0.5,0.3],[0,0.4,0.6]]' (rows: current state, "
         "columns: next state; for order k, nested k+1 deep or flat [V**k, V])")),
     ("data", "--order", "source.order", dict(type=int, help="markov / random: chain order k (default 1)")),
+    ("data", "--pool-size", "source.pool_size", dict(type=int, help="random: N kernels, one drawn per sequence")),
     ("model", "--preset", "model.preset", dict(
         help="paper-1layer (default for fixed kernels), paper-2layer, attn-only-2layer (default for random)")),
     ("model", "--layers", "model.n_layers", dict(type=int, help="number of blocks")),
@@ -214,6 +220,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         seeds = [run.train.seed] if args.seeds is None else _parse_seeds(args.seeds)
         runs = [dataclasses.replace(run, train=dataclasses.replace(run.train, seed=s)) for s in seeds]
         outs = [Path(args.out)] if args.seeds is None else [Path(args.out) / f"seed-{s}" for s in seeds]
+        if args.seeds is not None:  # OUT/seed-N are the package's names: a planted link there is refused
+            from markov_interp.training import runfolder
+
+            runfolder.check_contents(args.out, depth=1)
         results = train_many(runs, outs, progress=not args.no_progress, models_out=False)
         diverged = 0
         for seed, out, result in zip(seeds, outs, results):
@@ -277,7 +287,8 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="run folder written by `markov-interp train` (config.json, model.safetensors)")
     p.add_argument("--json", action="store_true", help="print the full report as JSON instead of a summary")
     p.add_argument("--seq-len", type=int, default=None,
-                   help="probe sequence length (default: the run's training length, at most 256)")
+                   help="probe sequence length (default: the run's training length; longer warns, beyond "
+                   "n_ctx is refused)")
     p.add_argument("--n-sequences", type=int, default=64, help="probe sequences (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe sequences (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
@@ -286,10 +297,8 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         import json
         from pathlib import Path
 
-        from markov_interp import models
         from markov_interp.probes import classify_mechanism
-        from markov_interp.training import runfolder
-        from markov_interp.training import resolve_device
+        from markov_interp.training import resolve_device, runfolder
 
         run_dir = Path(args.run_dir)
         run = runfolder.read_config(run_dir)
@@ -301,9 +310,9 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
             else:
                 print(f"diverged: {runfolder.diverged_message(run_dir, diverged)}")
             return EXIT_DIVERGED
-        model = models.load(run_dir, device=device, expect=run.model)
-        seq_len = args.seq_len if args.seq_len is not None else min(run.train.seq_len, 256)
-        report = classify_mechanism(model, run.source.build(), seq_len=seq_len, n_sequences=args.n_sequences,
+        model = runfolder.load_model(run_dir, device=device, expect=run.model)
+        # the length rule is the probes' (probes._common.probe_length): the loaded model knows its training length
+        report = classify_mechanism(model, run.source.build(), seq_len=args.seq_len, n_sequences=args.n_sequences,
                                     seed=args.seed)
         if args.json:
             print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
@@ -318,11 +327,8 @@ def _print_probe(report: Any) -> None:
     """The `probe` summary: the label and why, every candidate law, the circuit's roles, per-head scores."""
     order = f" (order {report.order})" if report.order is not None else ""
     print(f"mechanism: {report.mechanism}{order}{'' if report.confident else ' (not confident)'}")
-    from markov_interp.theory import format_loss
-
-    refs = ", ".join(f"{k} {format_loss(report.reference(k), report.reference(f'{k}_se'))}"
-                     for k in ("entropy_rate", "unigram_loss", "bayes_loss") if report.reference(k) is not None)
-    print(f"eval loss {report.eval_loss:.4f} nats ({refs})")
+    # describe() names the plateau for what it is: H(pi), or the in-context unigram loss for random kernels
+    print(f"eval loss {report.eval_loss:.4f} nats ({report.references.describe()})")
     for reason in report.reasons:
         print(f"  - {reason}")
     sim = report.strategies
@@ -359,7 +365,8 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="HTML file to write (default RUN_DIR/report.html)")
     p.add_argument("--n-sequences", type=int, default=64, help="sequences in the probe batch (default 64)")
     p.add_argument("--seq-len", type=int, default=None,
-                   help="length of the probe sequences (default min(training length, n_ctx, 128))")
+                   help="length of the probe sequences (default: the run's training length; longer warns, "
+                   "beyond n_ctx is refused)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe batch (default 0)")
     p.add_argument("--max-checkpoints", type=int, default=8, help="checkpoints re-probed for the dynamics (default 8)")
     p.add_argument("--device", default="cpu", help="device to probe on (default cpu)")
@@ -367,16 +374,15 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     def handler(args: argparse.Namespace) -> int:
         from pathlib import Path
 
+        from markov_interp._io import check_target
         from markov_interp.report import REPORT_FILE, build
-        from markov_interp.training import runfolder
-        from markov_interp.training import resolve_device
+        from markov_interp.training import resolve_device, runfolder
 
         # everything that can fail cheaply is checked before the probes run
         runfolder.read_config(args.run_dir)
         resolve_device(args.device)
         target = Path(args.out) if args.out else Path(args.run_dir) / REPORT_FILE
-        if target.is_dir():
-            raise ValueError(f"--out {target} is a folder; give the HTML file to write")
+        check_target(target, "--out")  # a folder, link, FIFO or device is refused, never replaced
         runfolder.check_writable_dir(target.parent, "report folder")
         diverged = runfolder.divergence(args.run_dir)
         if diverged is not None:
@@ -507,11 +513,49 @@ def _one_line(err: BaseException) -> str:
     return " ".join(text.split()) or type(err).__name__
 
 
+def _quiet_stdout() -> None:
+    """After a broken pipe (`markov-interp probe RUN | head -1`): point stdout at /dev/null so that the flush
+    at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is no real file (a test's capture): nothing to do
+        pass
+
+
+def _print_warning(command: str) -> Any:
+    """`warnings.showwarning` for the CLI: a warning is one line on stderr, like an error ("markov-interp CMD:
+    warning: ...", whitespace collapsed, the category named unless it is a UserWarning or a subclass)."""
+    def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+        kind = "" if issubclass(category, UserWarning) else f"{category.__name__}: "
+        print(f"markov-interp {command}: warning: {kind}{' '.join(str(message).split())}", file=sys.stderr)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line `argv` (default sys.argv[1:]); returns the exit code (0 ok, 1 failed sweep cells,
+    2 error, 3 diverged, 130 interrupted, 141 output pipe closed early, as a program killed by SIGPIPE)."""
+    try:
+        with warnings.catch_warnings():
+            try:
+                return _main(argv)
+            finally:  # also after --help's SystemExit: a closed pipe shows here, not in the interpreter's exit
+                if sys.stdout is not None:
+                    sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as `cat` would
+        _quiet_stdout()
+        return EXIT_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    warnings.showwarning = _print_warning(args.command)  # restored by main's catch_warnings
     try:
         return int(args.handler(args) or 0)
+    except BrokenPipeError:  # main stops quietly
+        raise
     except KeyboardInterrupt:
         if getattr(args, "debug", False):
             raise

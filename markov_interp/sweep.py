@@ -69,7 +69,7 @@ from typing import Any, Optional, Union
 from transformer_lens.model_bridge import TransformerBridge
 
 from markov_interp import dynamics
-from markov_interp._io import atomic_path, atomic_write
+from markov_interp._io import atomic_path, atomic_write, csv_cell, csv_uncell
 from markov_interp.config import Config, check_bool, check_int, check_keys
 from markov_interp.data import SourceConfig
 from markov_interp.models import ModelConfig
@@ -92,18 +92,16 @@ __all__ = [
     "Row",
     "CellResult",
     "ProbeColumns",
-    "stuck_at_unigram",
     "outcome",
-    "escape_step",
     "read_table",
     "STUCK_FRACTION",
     "MIN_GAP",
 ]
 
-# A run is "stuck at the unigram loss" when its final evaluation loss lies closer to the unigram loss than to
-# the optimum: eval_loss > optimum + STUCK_FRACTION * (unigram_loss - optimum). The optimum is the entropy
-# rate for a fixed kernel (the bigram / k-gram loss) and the in-context Bayes loss for random kernels.
-STUCK_FRACTION = 0.5
+# `outcome`: a final loss is at the "optimum" below optimum + STUCK_FRACTION * (unigram_loss - optimum), the line
+# of `dynamics` (escape and stuck themselves are `dynamics`' crossings of the paired excess curve). The optimum
+# is the entropy rate for a fixed kernel (the bigram / k-gram loss) and the in-context Bayes loss for random kernels.
+STUCK_FRACTION = dynamics.ESCAPE_FRACTION
 # Below this gap (nats) between unigram loss and optimum the two solutions are indistinguishable (p + q near
 # 1 makes the chain nearly i.i.d.) and the flag is left undecided (None).
 MIN_GAP = 0.005
@@ -298,38 +296,6 @@ def outcome(eval_loss: float, optimum: float, unigram: float) -> Optional[str]:
     return "unigram" if eval_loss <= unigram + STUCK_FRACTION * gap else "above"
 
 
-def stuck_at_unigram(eval_loss: float, optimum: float, unigram: float) -> Optional[bool]:
-    """Whether a final loss sits on the unigram plateau: `outcome(...) == "unigram"` (None when undecidable).
-
-    The loss is closer to the unigram loss H(pi) (the tied single-layer model's bad local minimum) than to the
-    optimum, and not further above H(pi) than STUCK_FRACTION of the gap (a run still above the plateau has
-    not learned even pi and is not called stuck).
-
-    >>> stuck_at_unigram(0.665, 0.619, 0.666), stuck_at_unigram(0.620, 0.619, 0.666)
-    (True, False)
-    """
-    label = outcome(eval_loss, optimum, unigram)
-    return None if label is None else label == "unigram"
-
-
-def escape_step(rows: Sequence[dict], optimum: float, unigram: float) -> Optional[int]:
-    """The first logged step whose mean training loss is below the midpoint between the unigram loss and the
-    optimum and stays below it in every later row (when a run leaves the unigram plateau); None if never, or
-    when the two losses are closer than MIN_GAP."""
-    if unigram - optimum < MIN_GAP:
-        return None
-    mid = optimum + STUCK_FRACTION * (unigram - optimum)
-    losses = [(r["step"], r["train_loss"]) for r in rows if "train_loss" in r]
-    escape = None
-    for step, loss in losses:
-        if loss < mid:
-            if escape is None:
-                escape = step
-        else:
-            escape = None
-    return escape
-
-
 # ------------------------------------------------------------------------------------------------ a cell
 def _probe_settings() -> dict:
     """What a cell's probe columns depend on besides the trained model: the probes' source code. A finished
@@ -412,8 +378,11 @@ class ProbeColumns:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CellResult:
     """What a finished cell adds to its row: final losses beside `theory`'s references, where the final loss
-    sits (`outcome`, `stuck_at_unigram`), when the run left the plateau (`escape_step`) and, when probed, the
-    mechanism (`probe`). Losses in nats."""
+    sits (`outcome`), when the run crossed each line of `dynamics` (`crossings`: {"dwell": K, "0.9": [after,
+    by], ...}; `crossing(f)` reads one) and, when probed, the mechanism (`probe`). Losses in nats.
+
+    `escape_step`, `censored` and `stuck_at_unigram` restate the crossing at `dynamics.ESCAPE_FRACTION` (the
+    `by` step, or the censoring step; censored; stuck = censored) for tables and older readers."""
 
     final_step: int
     final_eval_loss: float
@@ -423,26 +392,43 @@ class CellResult:
     bayes_loss: Optional[float]  # random kernels only
     excess_loss: float  # final_eval_loss - optimum (the in-context Bayes loss, else the entropy rate)
     outcome: Optional[str]
-    stuck_at_unigram: Optional[bool]  # = censored (one definition), from the final loss for older runs
-    escape_step: Optional[int]  # `dynamics.escape_from_metrics`: the escape step, or the budget when censored
+    stuck_at_unigram: Optional[bool]  # = censored (one definition)
+    escape_step: Optional[int]  # the escape crossing's `by` step, or its censoring step
     probe: Optional[ProbeColumns]  # None when the sweep does not probe
     seconds: float
-    censored: Optional[bool] = None  # True: still on the plateau at the budget (paired excess, see `dynamics`)
+    censored: Optional[bool] = None  # True: no confirmed escape within the budget (see `dynamics`)
+    crossings: Optional[dict] = None  # `dynamics.crossings_to_json`; None in tables written before it
 
     @classmethod
     def from_training(cls, result: TrainResult, probe: Optional[ProbeColumns], seconds: float) -> "CellResult":
         f = result.final
-        escape = dynamics.escape_from_metrics(result.metrics)  # None for runs logged before paired evaluation
+        run = dynamics.from_metrics(result.metrics)  # None: no paired evaluation, or no plateau (p + q = 1)
+        escape = run.escape if run else None
         return cls(
             final_step=f.step, final_eval_loss=f.eval_loss, final_train_loss=f.train_loss,
             entropy_rate=f.entropy_rate, unigram_loss=f.unigram_loss, bayes_loss=f.bayes_loss,
             excess_loss=f.excess_loss,
             outcome=outcome(f.eval_loss, f.optimum, f.unigram_loss),
-            stuck_at_unigram=escape.censored if escape else stuck_at_unigram(f.eval_loss, f.optimum, f.unigram_loss),
-            escape_step=escape.step if escape else escape_step(result.metrics, f.optimum, f.unigram_loss),
+            stuck_at_unigram=escape.censored if escape else None,
+            escape_step=escape.step if escape else None,
             censored=escape.censored if escape else None,
+            crossings=run.to_json() if run else None,
             probe=probe, seconds=seconds,
         )
+
+    def crossing(self, fraction: float = dynamics.ESCAPE_FRACTION) -> Optional[dynamics.StepInterval]:
+        """The run's crossing of the line `fraction` (`dynamics.StepInterval`), None where not recorded.
+
+        Tables written before `crossings` hold only `escape_step` and `censored` (the escape line, with the
+        previous evaluation not recorded): they are read as the exact step they were analysed as,
+        (escape_step - 1, escape_step], or censored at escape_step."""
+        if self.crossings is not None:
+            return dynamics.crossings_from_json(self.crossings)[0].get(float(fraction))
+        if fraction != dynamics.ESCAPE_FRACTION or self.escape_step is None or self.censored is None:
+            return None
+        if self.censored:
+            return dynamics.StepInterval(self.escape_step, None)
+        return dynamics.StepInterval(self.escape_step - 1, self.escape_step)
 
     def to_dict(self) -> dict:
         """JSON-ready (what a cell's record file holds)."""
@@ -474,9 +460,9 @@ def run_cell(cell: Cell, runs_dir: "str | os.PathLike", *, probe: bool = True, p
     """Train (or load) one cell into runs_dir/<cell_id> and return its results (without error handling).
 
     The final evaluation loss, the last logged training loss, the reference losses of `theory` (entropy rate,
-    unigram loss, in-context Bayes loss for random kernels), `outcome`, `stuck_at_unigram`, `escape_step`
-    and, with `probe`, the mechanism and key probe scores (the full report goes to
-    results/<cell_id>.probe.json).
+    unigram loss, in-context Bayes loss for random kernels), `outcome`, the crossings of `dynamics` (with
+    `escape_step`, `censored` and `stuck_at_unigram`) and, with `probe`, the mechanism and key probe scores
+    (the full report goes to results/<cell_id>.probe.json).
     """
     start = time.perf_counter()
     run_dir = Path(runs_dir) / cell.cell_id
@@ -616,15 +602,29 @@ def _record_path(out: Path, cell: Cell) -> Path:
     return out / _RESULTS_DIR / f"{cell.cell_id}.json"
 
 
+_STATUSES = ("ok", "failed", "diverged")
+
+
 def _read_record(path: Path) -> Optional[dict]:
+    """The record of a finished cell, or None (the cell runs again; its training is reused) when there is none
+    or it cannot be used: not JSON, an older format, or valid JSON that is incomplete (a status it does not
+    know, an "ok" without a readable result)."""
     if not path.exists():
         return None
     try:
         record = json.loads(path.read_text())
-    except (json.JSONDecodeError, OSError):
-        return None  # a damaged record is treated as absent: the cell runs again
-    # a record of an older format is treated as absent too: the cell runs again (its training is reused)
-    return record if isinstance(record, dict) and record.get("format") == _RECORD_FORMAT else None
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+        return None  # a damaged record is treated as absent
+    if not isinstance(record, dict) or record.get("format") != _RECORD_FORMAT:
+        return None
+    if record.get("status") not in _STATUSES:
+        return None
+    if record["status"] == "ok":
+        try:
+            CellResult.from_dict(record["result"])
+        except Exception:  # missing or mistyped fields: whatever the damage, the cell runs again
+            return None
+    return record
 
 
 def _is_done(record: Optional[dict], probe: bool, settings: dict) -> bool:
@@ -732,6 +732,8 @@ def _decode(value: Any, annotation: Any, column: str, cell: Optional[str]) -> An
     """A table cell back to the value of the field it holds: CSV text decoded by the field's type."""
     if not isinstance(value, str):
         return value
+    if value.startswith("'"):  # quoted text (`_io.csv_cell`): only strings are quoted
+        return csv_uncell(value)
     kinds = _kinds(annotation)
     if value == "":
         return None
@@ -745,6 +747,8 @@ def _decode(value: Any, annotation: Any, column: str, cell: Optional[str]) -> An
                 pass
     if value == "null" and str not in kinds:  # tables written before typed rows stored absent heads as JSON null
         return None
+    if dict in kinds and value.startswith("{"):  # the crossings column
+        return json.loads(value)
     if kinds & {list, tuple} and value.startswith("["):
         decoded = json.loads(value)
         return tuple(decoded) if tuple in kinds and list not in kinds else decoded
@@ -762,8 +766,9 @@ def _row(cell: Cell, record: dict) -> Row:
 
 
 def _cell_text(value: Any) -> Any:
-    """A value as a CSV / Parquet cell: lists and tuples (kernels, head coordinates) as JSON, None as empty."""
-    if isinstance(value, (list, tuple)):
+    """A value as a CSV / Parquet cell: lists, tuples and dicts (kernels, head coordinates, crossings) as JSON,
+    None as empty."""
+    if isinstance(value, (list, tuple, dict)):
         return json.dumps(value)
     return value
 
@@ -780,7 +785,8 @@ def _write_table(out: Path, rows: list[Row]) -> Path:
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in flat:
-        writer.writerow({k: "" if row.get(k) is None else _cell_text(row[k]) for k in columns})
+        # text a spreadsheet would run as a formula (a sweep named "=cmd|...") is quoted; _decode unquotes it
+        writer.writerow({k: "" if row.get(k) is None else csv_cell(_cell_text(row[k])) for k in columns})
     path = out / _TABLE
     atomic_write(path, buffer.getvalue())
     try:
@@ -886,38 +892,39 @@ def run(
     cells = _distinct_cells(specs)
     probe_of = {s.name: s.probe for s in specs}
     out = Path(out_dir)
-    (out / _RUNS_DIR).mkdir(parents=True, exist_ok=True)
-    (out / _RESULTS_DIR).mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "spec.json", json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True, default=str))
-
     # one execution per distinct run; a cell shared by two sweeps runs once (probed if any sweep asks)
     probe_for: dict[str, bool] = {}
     for c in cells:
         probe_for[c.cell_id] = probe_for.get(c.cell_id, False) or probe_of[c.sweep]
     settings = _probe_settings()
-    pending, n_skipped = _pending(cells, out, probe_for, settings, retry_failed)
+    # one sweep at a time per folder: a second is refused at once, naming the first, before it writes anything
+    with runfolder.lock(out):
+        runfolder.remove_stale_tmp(out, subfolders=(_RESULTS_DIR,))
+        (out / _RUNS_DIR).mkdir(exist_ok=True)
+        (out / _RESULTS_DIR).mkdir(exist_ok=True)
+        atomic_write(out / "spec.json", json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True,
+                                                   default=str))
+        pending, n_skipped = _pending(cells, out, probe_for, settings, retry_failed)
 
-    def save(c: Cell, record: dict) -> None:
-        stamp = {"format": _RECORD_FORMAT, "cell_id": c.cell_id,
-                 "probe_settings": settings if probe_for[c.cell_id] else None}
-        atomic_write(_record_path(out, c), json.dumps({**record, **stamp}, indent=1, sort_keys=True, default=str))
+        def save(c: Cell, record: dict) -> None:
+            stamp = {"format": _RECORD_FORMAT, "cell_id": c.cell_id,
+                     "probe_settings": settings if probe_for[c.cell_id] else None}
+            atomic_write(_record_path(out, c), json.dumps({**record, **stamp}, indent=1, sort_keys=True,
+                                                          default=str))
 
-    if pending:
-        runs_dir = str(out / _RUNS_DIR)
-        size = 1 if _cell_fn is not None else (group if group is not None else default_group(pending))
-        groups = group_cells(pending, size, runs_dir)
-        with runfolder.lock(out):  # one sweep at a time per folder: a second is refused at once, naming the first
-            runfolder.remove_stale_tmp(out, subfolders=(_RESULTS_DIR,))
+        if pending:
+            runs_dir = str(out / _RUNS_DIR)
+            size = 1 if _cell_fn is not None else (group if group is not None else default_group(pending))
+            groups = group_cells(pending, size, runs_dir)
             if backend == "ray":
                 _run_ray(groups, runs_dir, probe_for, save, progress, _cell_fn)
             else:
                 _run_local(groups, runs_dir, probe_for, save, progress, workers, _cell_fn)
-
-    rows = []
-    for c in cells:
-        record = _read_record(_record_path(out, c)) or {"status": "missing", "error": "no record written"}
-        rows.append(_row(c, record))
-    table = _write_table(out, rows)
+        rows = []
+        for c in cells:
+            record = _read_record(_record_path(out, c)) or {"status": "missing", "error": "no record written"}
+            rows.append(_row(c, record))
+        table = _write_table(out, rows)
     n_diverged = sum(1 for r in rows if r.status == "diverged")
     n_failed = sum(1 for r in rows if r.status != "ok") - n_diverged
     return SweepResult(rows=rows, table=table, n_run=len(pending), n_skipped=n_skipped, n_failed=n_failed,

@@ -59,6 +59,7 @@ __all__ = [
 
 WEIGHTS_FILE = "model.safetensors"
 _CONFIG_KEY = "markov_interp.model_config"
+_TRAIN_SEQ_LEN_KEY = "markov_interp.train_seq_len"  # written by training: the probes' default length
 
 
 @runtime_checkable
@@ -283,7 +284,8 @@ def check_state(cfg: ModelConfig, state: Mapping[str, Tensor], *, source: str = 
 
 
 # ------------------------------------------------------------------------------------------ save / load
-def save_state(cfg: ModelConfig, state: Mapping[str, Tensor], path: "str | os.PathLike") -> Path:
+def save_state(cfg: ModelConfig, state: Mapping[str, Tensor], path: "str | os.PathLike", *,
+               train_seq_len: Optional[int] = None) -> Path:
     """Write weights in the on-disk layout with `cfg` in the file's metadata, atomically: the one writer of
     weight files (`save`, training's checkpoints and final weights).
 
@@ -291,6 +293,8 @@ def save_state(cfg: ModelConfig, state: Mapping[str, Tensor], path: "str | os.Pa
         cfg: the model config (embedded as JSON; `load` needs nothing else).
         state: {name: tensor} in the on-disk layout of `cfg` (checked: ValueError naming what does not fit).
         path: a `.safetensors` file, or a folder that gets `model.safetensors`.
+        train_seq_len: the sequence length the weights were trained at (training writes it; `load` gives it
+            back as `model.markov_train_seq_len`, the probes' default length), or None.
 
     Returns:
         The file written.
@@ -303,7 +307,10 @@ def save_state(cfg: ModelConfig, state: Mapping[str, Tensor], path: "str | os.Pa
         path.mkdir(parents=True, exist_ok=True)
         path = path / WEIGHTS_FILE
     tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in state.items()}
-    atomic_write(path, st_save(tensors, metadata={_CONFIG_KEY: cfg.to_json(), "format": "pt"}))
+    metadata = {_CONFIG_KEY: cfg.to_json(), "format": "pt"}
+    if train_seq_len is not None:
+        metadata[_TRAIN_SEQ_LEN_KEY] = str(int(train_seq_len))
+    atomic_write(path, st_save(tensors, metadata=metadata))
     return path
 
 
@@ -332,6 +339,12 @@ def _resolve_weights_path(path: "str | os.PathLike") -> Path:
 
 def read_weights(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tensor]]:
     """The config and raw tensors of a file written by `save`; corrupt files raise ValueError."""
+    cfg, state, _ = _read(path)
+    return cfg, state
+
+
+def _read(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tensor], dict[str, str]]:
+    """`read_weights` plus the file's metadata."""
     from safetensors import safe_open
 
     path = _resolve_weights_path(path)
@@ -349,7 +362,7 @@ def read_weights(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tens
         raise ValueError(f"{path}: model config in metadata is not valid JSON ({err})") from None
     except (ValueError, TypeError) as err:
         raise ValueError(f"{path}: invalid model config in metadata: {err}") from None
-    return cfg, state
+    return cfg, state, metadata
 
 
 def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None) -> HookedModel:
@@ -357,12 +370,17 @@ def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[Mode
 
     Tying is restored (one shared Parameter). A missing file raises FileNotFoundError; a corrupt file, a
     missing / unexpected / wrongly shaped tensor, or a config different from `expect` raise ValueError
-    naming the problem. `model.markov_config` holds the config.
+    naming the problem. `model.markov_config` holds the config; `model.markov_train_seq_len` the length the
+    weights were trained at when training wrote the file (None otherwise, e.g. after `save`; for run folders
+    written before training recorded it, `training.runfolder.load_model` reads it from the folder's config):
+    the probes' default length (`probes._common.probe_length`).
     """
-    cfg, state = read_weights(path)
+    cfg, state, metadata = _read(path)
     if expect is not None and expect != cfg:
         diff = {k: (v, getattr(expect, k)) for k, v in cfg.to_dict().items() if getattr(expect, k) != v}
         raise ValueError(f"{path}: model config differs from the expected one (saved, expected): {diff}")
     model = hooked_model(cfg, state, device, source=str(path))
     model.eval()
+    seq_len = metadata.get(_TRAIN_SEQ_LEN_KEY)
+    model.markov_train_seq_len = int(seq_len) if seq_len is not None and seq_len.isdigit() else None
     return model

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from markov_interp import models, probes, theory
+from markov_interp import dynamics, models, probes, theory
 from markov_interp.theory import ReferenceLosses
 from markov_interp.training import RunConfig, runfolder
 from markov_interp.report import figures
@@ -313,7 +313,7 @@ def _training_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]],
     steps = [s for s, _ in chosen]
     references = logged or mech.references
     induction = series[induction_label] if ind is not None else None
-    events = _training_events(steps, induction, metrics, references, mech.thresholds.head_excess)
+    events = _training_events(steps, induction, metrics, mech.thresholds.head_excess)
     fig = figures.training_probes_figure(
         steps, series, metrics=metrics, references=references.as_row(),
         head_threshold=mech.thresholds.head_excess, events=events,
@@ -340,26 +340,25 @@ def _strategy_parts(steps: list[int], strategies: list[Any], events: dict[str, i
 
 
 def _training_events(steps: list[int], induction: Optional[list[float]], metrics: list[dict],
-                     references: ReferenceLosses, threshold: float) -> dict[str, int]:
+                     threshold: float) -> dict[str, int]:
     """When the induction head forms (first checkpoint whose induction excess, `induction`, reaches the
-    classifier's head threshold) and when the loss leaves the unigram plateau (first evaluation a tenth of the
-    way from the unigram loss down to the best reachable loss, `references.optimum`: in-context Bayes for random
-    kernels, else the entropy rate)."""
+    classifier's head threshold), when the loss leaves the plateau and when it escapes: the crossings of
+    `dynamics` at 0.9 and at `dynamics.ESCAPE_FRACTION` of the plateau's paired excess (the step by which each
+    was seen)."""
     events: dict[str, int] = {}
     hit = [s for s, v in zip(steps, induction or ()) if v >= threshold]
     if hit:
         events["induction head forms"] = hit[0]
-    unigram, best = references.unigram_loss, references.optimum
-    if unigram > best:
-        cut = unigram - 0.1 * (unigram - best)
-        hit = [r["step"] for r in metrics if "eval_loss" in r and r["eval_loss"] < cut]
-        if hit:
-            events["loss leaves the unigram plateau"] = hit[0]
+    run = dynamics.from_metrics(metrics, fractions=(0.9, dynamics.ESCAPE_FRACTION))
+    for fraction, label in ((0.9, "loss leaves the plateau (0.9 of its excess left)"),
+                            (dynamics.ESCAPE_FRACTION, "escape (half of the plateau's excess gone)")):
+        if run is not None and run.crossings[fraction].escaped:
+            events[label] = run.crossings[fraction].by
     return events
 
 
 def _condition_section(run_dir: Path) -> Optional[Section]:
-    """For a run of a sweep: its escape step against its condition's Kaplan-Meier curve (`_condition`)."""
+    """For a run of a sweep: its escape against its condition's survival curve (`_condition`)."""
     from markov_interp.report._condition import condition_escapes
 
     found = condition_escapes(run_dir)
@@ -369,10 +368,11 @@ def _condition_section(run_dir: Path) -> Optional[Section]:
     text = paragraph(
         f"This run is cell {found.cell_id} of sweep {found.sweep_name!r} ({found.sweep_dir}): {found.sentence()}. "
         "Its condition is every finished seed of the same cell up to the seed, this run included; escape = the "
-        "first evaluation from which the paired excess loss stays below half the plateau's (`dynamics`)."
+        f"first evaluation that starts {dynamics.DWELL} in a row with the paired excess loss below half the "
+        "plateau's, known to lie between the previous evaluation and it (`dynamics`)."
     )
-    fig = figures.run_escape_figure(s.curve, budget=s.budget, step=found.step, censored=found.censored,
-                                    title=f"escape step: this run against its condition ({s.n} seeds)")
+    fig = figures.run_escape_figure(s, budget=found.budget, crossing=found.escape,
+                                    title=f"escape: this run against its condition ({s.n} seeds)")
     return Section(CONDITION_SECTION, "Escape time against its condition", (text, fig))
 
 
@@ -390,7 +390,7 @@ def build(
     """Probe the run saved in `run_dir` and lay out its report (nothing is written; call `.save()`).
 
     The probes run on one seeded batch of `n_sequences` x `seq_len` states from the run's source (`seq_len`
-    defaults to min(training length, n_ctx, 128)); attention patterns are shown on the first `sample_len`
+    defaults to the run's training length: `probes.probe_length`); attention patterns are shown on the first `sample_len`
     states of its first sequence; at most `max_checkpoints` checkpoints are re-probed for the training
     dynamics. Sections: see `SECTION_IDS`.
 
@@ -402,11 +402,10 @@ def build(
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     run_dir = Path(run_dir)
     run = _load_run(run_dir)
-    model = models.load(run_dir, device=device, expect=run.model)
+    model = runfolder.load_model(run_dir, device=device, expect=run.model)
     metrics = runfolder.load_metrics(run_dir)
     source = run.source.build()
-    if seq_len is None:
-        seq_len = min(run.train.seq_len, int(model.cfg.n_ctx), 128)
+    seq_len = probes.probe_length(model, seq_len)  # the one rule: the training length (from the run folder)
     batch = probes.sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     _, cache = model.run_with_cache(batch.tokens.to(_device(model)), names_filter=probes.probe_hook_names(model))
     mech = probes.classify_mechanism(model, source, batch=batch, cache=cache, seed=seed)  # table reused below

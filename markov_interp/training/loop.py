@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from markov_interp import intervene, theory
 from markov_interp.data import Source
-from markov_interp.models import INIT_FIELDS, HookedModel, load, shape_config, state_dict_for_save
+from markov_interp.models import INIT_FIELDS, HookedModel, shape_config, state_dict_for_save
 from markov_interp.models.optim import StackedOptimizer
 from markov_interp.models.stack import Stack, build_stack, stacked_forward, stacked_loss
 from markov_interp.theory import ReferenceLosses
@@ -241,7 +241,7 @@ def _finished(out: Path, run: RunConfig, device: torch.device, models_out: bool,
     """The result of a finished or diverged run folder (its model loaded when `models_out` and it has one)."""
     rows = runfolder.load_metrics(out)
     has_weights = (out / runfolder.WEIGHTS_FILE).exists()
-    model = load(out, device=device, expect=run.model) if models_out and has_weights else None
+    model = runfolder.load_model(out, device=device, expect=run.model) if models_out and has_weights else None
     if status is None:  # finished: the caller checked that its metrics are complete
         return TrainResult(model=model, metrics=rows, final=_final(rows), config=run, out_dir=out,
                            already_done=True)
@@ -539,7 +539,8 @@ class _Group:
                 else torch.zeros(0),
                 **({"clamp_state": self.clamps.member_state_dict(k)} if tc.interventions else {}),
             }
-            runfolder.save_checkpoint(out, step, self.runs[k].model, self.stack.member_state(k), state)
+            runfolder.save_checkpoint(out, step, self.runs[k].model, self.stack.member_state(k), state,
+                                      train_seq_len=tc.seq_len)
 
     def _resume(self) -> None:
         """Continue from the newest checkpoint step every member folder holds and its metrics cover (none: a
@@ -584,7 +585,7 @@ class _Group:
                 model.eval()
             if self.failed[k] is None:
                 if out is not None:
-                    self.stack.save_member(k, out)
+                    self.stack.save_member(k, out, train_seq_len=run.train.seq_len)
                 final, failed = _final(self.rows[k]), None
             else:
                 final = _failed_final(self.failed[k], self.references[k])

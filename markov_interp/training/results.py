@@ -63,3 +63,7 @@ class TrainResult:
     resumed_from: Optional[int] = None  # checkpoint step the run resumed from, None if fresh
     already_done: bool = False  # True when a finished run folder was loaded instead of trained
     failed: Optional[str] = None  # why the run stopped (it diverged: "diverged at step N: reason"), None if finished
+
+    def __post_init__(self) -> None:  # the probes default to the training length (probes._common.probe_length)
+        if self.model is not None:
+            self.model.markov_train_seq_len = self.config.train.seq_len

@@ -26,15 +26,22 @@ guards against:
   recover;
 - training that diverged (a non-finite loss): `mark_diverged` writes `status.json`; `divergence(run_dir)`
   reads it (or, for folders written before it existed, finds the non-finite loss in the metrics) so `probe`,
-  `report` and sweeps say "diverged" instead of classifying a broken model.
+  `report` and sweeps say "diverged" instead of classifying a broken model;
+- a folder with planted links or special files (`RUN/.lock -> ~/victim`, `RUN/checkpoints -> /elsewhere`, a FIFO
+  for metrics.jsonl): `check_contents` refuses symbolic links, FIFOs, sockets and devices in the folder and its
+  subfolders (`_io.UnsafePath`); `lock` runs it on every folder it locks (runs and sweeps) and `read_config` on
+  every folder it reads, and the lock file itself is opened without following a link. So nothing the package
+  opens, replaces or deletes inside a run or sweep folder leads out of it (docs/faults.md).
 """
 
 import contextlib
 import datetime
+import errno
 import json
 import math
 import os
 import socket
+import stat
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -43,8 +50,8 @@ from typing import Any, Optional
 
 import torch
 
-from markov_interp._io import atomic_path, atomic_write
-from markov_interp.models import WEIGHTS_FILE, ModelConfig, read_weights, save_state
+from markov_interp._io import UnsafePath, atomic_path, atomic_write, check_target, describe_kind
+from markov_interp.models import WEIGHTS_FILE, HookedModel, ModelConfig, load, read_weights, save_state
 from markov_interp.training.config import RunConfig, TrainConfig
 from markov_interp.training.schedule import logged_steps
 
@@ -64,6 +71,9 @@ __all__ = [
     "read_config",
     "prepare",
     "check_writable_dir",
+    "check_contents",
+    "training_seq_len",
+    "load_model",
     "load_metrics",
     "write_metrics",
     "list_checkpoints",
@@ -118,7 +128,11 @@ def _holder_text() -> str:
 def holder(run_dir: "str | os.PathLike") -> str:
     """Who holds (or last held) the lock of `run_dir`, as "pid 123 on host since 2026-01-01T00:00:00+00:00"."""
     try:
-        info = json.loads((Path(run_dir) / LOCK_FILE).read_text())
+        fd = _open_lock(Path(run_dir) / LOCK_FILE, create=False)
+        try:
+            info = json.loads(os.pread(fd, 4096, 0))
+        finally:
+            os.close(fd)
         return f"pid {info['pid']} on {info['host']} since {info['started']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "an unknown process (its lock file is empty: it is just starting)"
@@ -131,7 +145,8 @@ def lock(run_dir: "str | os.PathLike") -> Iterator[Path]:
     The lock is `fcntl.flock` on `run_dir/.lock`: the kernel drops it when the holder's file is closed or its
     process dies, so a crashed writer never leaves the folder locked. Raises `RunFolderBusy` at once (no wait)
     when another process, or another open of the lock in this one, holds it. Where `fcntl` is missing
-    (Windows) the block runs unlocked.
+    (Windows) the block runs unlocked. Raises `_io.UnsafePath` when `.lock` is a link or not a regular file, or
+    the folder holds a link or special file (`check_contents`), before anything in it is written.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -140,8 +155,7 @@ def lock(run_dir: "str | os.PathLike") -> Iterator[Path]:
     except ModuleNotFoundError:  # pragma: no cover - Windows: no flock; run unlocked
         yield run_dir
         return
-    path = run_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_lock(run_dir / LOCK_FILE, create=True)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -150,7 +164,8 @@ def lock(run_dir: "str | os.PathLike") -> Iterator[Path]:
                 f"{run_dir} is being written by {holder(run_dir)}; wait for it to finish or stop it "
                 "(the lock is released when that process exits)"
             ) from None
-        os.ftruncate(fd, 0)
+        check_contents(run_dir)
+        os.ftruncate(fd, 0)  # fd is the regular file .lock itself (_open_lock), never a link's target
         os.pwrite(fd, _holder_text().encode(), 0)
         yield run_dir
     finally:
@@ -163,13 +178,66 @@ def remove_stale_tmp(run_dir: "str | os.PathLike", subfolders: tuple = ("checkpo
     run_dir = Path(run_dir)
     removed = []
     for folder in (run_dir, *(run_dir / name for name in subfolders)):
-        if not folder.is_dir():
+        if folder.is_symlink() or not folder.is_dir():  # never delete inside a folder a link leads to
             continue
         for path in folder.glob(".*.tmp"):
-            if path.is_file():
+            if stat.S_ISREG(os.lstat(path).st_mode):  # our temporary files are regular files, never links
                 path.unlink()
                 removed.append(path)
     return removed
+
+
+def _open_lock(path: Path, *, create: bool) -> int:
+    """A descriptor of the regular file `path` (the lock), opened without following a link and without
+    blocking on a FIFO; `_io.UnsafePath` if a link or anything but a regular file is there."""
+    check_target(path, "lock file")  # refuse before opening: opening a device can act on it
+    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a link planted between the check and the open
+            check_target(path, "lock file")
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UnsafePath(f"lock file {path} is {describe_kind(mode)}, not a regular file; remove it")
+    return fd
+
+
+def check_contents(folder: "str | os.PathLike", depth: int = 2) -> Path:
+    """Refuse a run or sweep folder that holds a symbolic link or a special file (FIFO, socket, device).
+
+    The package opens, replaces and deletes files inside run and sweep folders (the lock, metrics, status,
+    checkpoints, sweep records): a planted link there would lead those operations out of the folder, and a
+    FIFO would hang a read. `folder` itself may be a link (the user named it); what is inside may not.
+
+    Args:
+        folder: the run or sweep folder (absent: nothing to check).
+        depth: how many levels to look into (2: the folder's entries and its subfolders' entries, i.e. a run's
+            checkpoints/ and a sweep's results/ and runs/<cell>/ names; a cell's own folder is checked when it
+            is locked or read).
+
+    Returns:
+        `folder` as a `Path`.
+
+    Raises:
+        UnsafePath: naming the first link or special file found and what it is.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return folder
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                if depth > 1:
+                    check_contents(entry.path, depth - 1)
+            elif not entry.is_file(follow_symlinks=False):
+                kind = describe_kind(entry.stat(follow_symlinks=False).st_mode)
+                target = f" to {os.readlink(entry.path)}" if entry.is_symlink() else ""
+                raise UnsafePath(f"{entry.path} is {kind}{target}; markov-interp does not follow links or open "
+                                 "special files inside a run or sweep folder: remove it (put the real file there)")
+    return folder
 
 
 # ------------------------------------------------------------------------------------------ resume checks
@@ -257,17 +325,55 @@ def diverged_message(run_dir: "str | os.PathLike", status: dict) -> str:
 
 # --------------------------------------------------------------------------------------------- reading
 def read_config(run_dir: "str | os.PathLike") -> RunConfig:
-    """The `RunConfig` of a run folder; errors name the folder or the config file."""
+    """The `RunConfig` of a run folder; errors name the folder or the config file. Refuses a folder holding a
+    link or special file (`check_contents`)."""
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run folder at {run_dir} (no {path})")
+    check_contents(run_dir)  # every reader starts here: no link or FIFO inside is followed or opened
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a run folder written by `train`?")
     try:
         return RunConfig.from_json(path.read_text())
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+
+
+def training_seq_len(run_dir: "str | os.PathLike") -> Optional[int]:
+    """The training sequence length recorded in `run_dir`'s config.json (`train.seq_len`), None when the folder
+    holds no readable run config (weights saved on their own): what the probes default to for its model.
+
+    Args:
+        run_dir: the folder that holds the weights.
+
+    Returns:
+        The training length, or None.
+    """
+    try:
+        value = json.loads((Path(run_dir) / CONFIG_FILE).read_text())["train"]["seq_len"]
+    except (OSError, ValueError, KeyError, TypeError):  # no run folder: the probes fall back to their default
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def load_model(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None) -> HookedModel:
+    """`models.load` of a run folder's (or checkpoint's) weights, with the training length taken from the run's
+    config.json when the weights file does not record it (folders written before training recorded it).
+
+    Args:
+        path: a run folder, or a weights file inside one.
+        device: where the model lives.
+        expect: the model config the weights must have (ValueError otherwise).
+
+    Returns:
+        The hooked model, `markov_train_seq_len` set when the run folder says it.
+    """
+    model = load(path, device=device, expect=expect)
+    if model.markov_train_seq_len is None:
+        folder = Path(path) if Path(path).is_dir() else Path(path).parent
+        model.markov_train_seq_len = training_seq_len(folder)
+    return model
 
 
 def check_writable_dir(path: "str | os.PathLike", what: str) -> Path:
@@ -382,7 +488,7 @@ def list_checkpoints(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
 
 
 def save_checkpoint(run_dir: "str | os.PathLike", step: int, cfg: ModelConfig, weights: dict[str, torch.Tensor],
-                    state: dict) -> None:
+                    state: dict, *, train_seq_len: Optional[int] = None) -> None:
     """Write the checkpoint of `step`, each file atomically; the training state last, so a checkpoint is complete
     (`list_checkpoints`) only with both.
 
@@ -393,10 +499,11 @@ def save_checkpoint(run_dir: "str | os.PathLike", step: int, cfg: ModelConfig, w
         weights: the weights in the on-disk layout (`models.save_state`).
         state: optimiser, scaler, generators, pending losses, clamp means (tensors and plain values, `torch.save`;
             `read_checkpoint` loads it with weights_only=True).
+        train_seq_len: the run's training length, recorded in the weights file (`models.save_state`).
     """
     weights_path, state_path = checkpoint_paths(run_dir, step)
     weights_path.parent.mkdir(exist_ok=True)
-    save_state(cfg, weights, weights_path)
+    save_state(cfg, weights, weights_path, train_seq_len=train_seq_len)
     with atomic_path(state_path) as tmp:
         torch.save(state, tmp)
 
