@@ -68,14 +68,15 @@ from typing import Any, Optional, Union
 
 from transformer_lens.model_bridge import TransformerBridge
 
-from markov_interp import dynamics, runfolder
+from markov_interp import dynamics
 from markov_interp._io import atomic_path, atomic_write, csv_cell, csv_uncell
 from markov_interp.config import Config, check_bool, check_int, check_keys
 from markov_interp.data import SourceConfig
 from markov_interp.models import ModelConfig
 from markov_interp.probes import MechanismReport
-from markov_interp.training import RunConfig, TrainConfig, TrainResult, build_run, split_key, train
-from markov_interp.runfolder import TrainingDiverged
+from markov_interp.training import (RunConfig, TrainConfig, TrainResult, build_run, list_checkpoints, runfolder,
+                                    split_key, stack_key, train, train_many)
+from markov_interp.training.runfolder import TrainingDiverged
 
 __all__ = [
     "SweepSpec",
@@ -497,8 +498,6 @@ def run_stack(cells: Sequence[Cell], runs_dir: "str | os.PathLike", *, probes: S
     """Train compatible cells as one stacked model (`training.train_many`) into runs_dir/<cell_id> and return
     one record per cell: "ok" with its `CellResult`, or "diverged" for a member whose loss went non-finite.
     Raises if the stack does."""
-    from markov_interp.stacked_training import train_many
-
     start = time.perf_counter()
     results = train_many([c.config for c in cells], [Path(runs_dir) / c.cell_id for c in cells], progress=False,
                          models_out=any(probes))  # hooked models only for the probes
@@ -540,9 +539,9 @@ def _execute_group_in_worker(cells: Sequence[Cell], runs_dir: str, probes: Seque
 
 
 # Cells per stack when `group` is not given: 1 on a CPU (a stack of 8 is 1.6x faster per core in
-# benchmarks/bench_many.py, about what the process pool's parallel cells already give, and solo cells stay
-# bit-identical to `training.train`), 64 on a GPU (7.4x the model-steps/s of solo runs at the paper's size in
-# the prototype of ../shared/gpu-findings.md; about 13 MB of activations per member at seq 1024, batch 16).
+# benchmarks/bench_many.py, about what the process pool's parallel cells already give; a cell's weights are the
+# same alone or stacked, see `training.loop`), 64 on a GPU (7.4x the model-steps/s of solo runs at the paper's
+# size in the prototype of ../shared/gpu-findings.md; about 13 MB of activations per member at seq 1024, batch 16).
 DEFAULT_GROUP = {"cpu": 1, "cuda": 64}
 
 
@@ -558,22 +557,16 @@ def default_group(cells: Sequence[Cell]) -> int:
 def group_cells(cells: Sequence[Cell], group: int, runs_dir: "str | os.PathLike") -> list[list[Cell]]:
     """Split cells into stacks of at most `group` compatible cells (spec order within each stack).
 
-    Cells stack when `stacked_training.stack_key` agrees (same shapes and recipe) and their folders hold the
+    Cells stack when `training.stack_key` agrees (same shapes and recipe) and their folders hold the
     same newest checkpoint step (so an interrupted stack re-forms and resumes where it stopped). A pure
     function of the cells and their folders: the local and Ray backends form the same stacks.
     """
-    from markov_interp.stacked_training import stack_key
-    from markov_interp.training import list_checkpoints
-
     if group <= 1:
         return [[c] for c in cells]
     buckets: dict[Any, list[Cell]] = {}
     groups: list[list[Cell]] = []
     for c in cells:
         key = stack_key(c.config)
-        if key is None:
-            groups.append([c])
-            continue
         found = list_checkpoints(Path(runs_dir) / c.cell_id)
         buckets.setdefault((key, found[-1][0] if found else 0), []).append(c)
     for members in buckets.values():

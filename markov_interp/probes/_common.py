@@ -18,32 +18,13 @@ from torch import Tensor
 
 from markov_interp import theory
 from markov_interp.data import MarkovChain, RandomMarkov
+# the hook-name functions of the probes; their one home is `models.hooks` (TransformerLens's names)
+from markov_interp.models.hooks import attn_out_hook, mlp_out_hook, pattern_hook, z_hook  # noqa: F401
 
 Tokens = Int[Tensor, "batch pos"]
 Probs = Float[Tensor, "batch pos vocab"]
 HeadScores = Float[Tensor, "layer head"]
 Model = Any  # a TransformerLens hooked model (TransformerBridge or HookedTransformer)
-
-
-# ------------------------------------------------------------------------------------------- hook names
-def pattern_hook(layer: int) -> str:
-    """Attention pattern of a layer, [batch head query_pos key_pos]."""
-    return f"blocks.{layer}.attn.hook_pattern"
-
-
-def z_hook(layer: int) -> str:
-    """Per-head attention output before W_O (the attended values), [batch pos head d_head]."""
-    return f"blocks.{layer}.attn.hook_z"
-
-
-def attn_out_hook(layer: int) -> str:
-    """A whole attention layer's contribution to the residual stream, [batch pos d_model]."""
-    return f"blocks.{layer}.hook_attn_out"
-
-
-def mlp_out_hook(layer: int) -> str:
-    """An MLP's contribution to the residual stream, [batch pos d_model]."""
-    return f"blocks.{layer}.hook_mlp_out"
 
 
 def has_mlp(model: Model, layer: int) -> bool:

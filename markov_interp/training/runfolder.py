@@ -1,8 +1,18 @@
-"""Run-folder safety: one writer at a time, stale temporary files removed, metrics checked against the
-checkpoint a run resumes from, and a run's status (diverged or not) recorded beside its files.
+"""The run folder: its whole layout (file names, config, metrics, checkpoints, status) and its safety.
 
-`training.train` writes a run folder (config.json, metrics.jsonl, checkpoints/, model.safetensors). Faults this
-module guards against:
+`training.train` / `train_many` write one folder per run:
+
+    config.json          the `RunConfig` (sorted JSON); a folder holding another config is refused
+    metrics.jsonl        one JSON row per logged step (`load_metrics`): step, lr, train loss and, at evaluation
+                         steps, the paired evaluation losses beside theory's reference losses
+    model.safetensors    the final weights (`models.save`), written when a run finishes without diverging
+    checkpoints/         step_NNNNNNN.safetensors (weights) + step_NNNNNNN.pt (optimiser, loss scaler,
+                         generators, pending losses, clamp means) at log-spaced steps
+    status.json          written when the run diverged
+    .lock                the write lock
+
+Readers (`probe`, `report`, sweeps) use this module and nothing of the training loop. Faults this module
+guards against:
 
 - two processes writing one folder (two `train` calls, or a sweep restarted while its old workers still run):
   `lock(run_dir)` takes an OS-level lock (`fcntl.flock` on `run_dir/.lock`, released by the kernel when the
@@ -38,7 +48,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from markov_interp._io import UnsafePath, atomic_write, check_target, describe_kind
+import torch
+
+from markov_interp._io import UnsafePath, atomic_path, atomic_write, check_target, describe_kind
+from markov_interp.models import WEIGHTS_FILE, HookedModel, ModelConfig, load, read_weights, save_state
+from markov_interp.training.config import RunConfig, TrainConfig
+from markov_interp.training.schedule import logged_steps
 
 __all__ = [
     "RunFolderError",
@@ -54,13 +69,29 @@ __all__ = [
     "divergence",
     "diverged_message",
     "read_config",
+    "prepare",
     "check_writable_dir",
     "check_contents",
+    "training_seq_len",
+    "load_model",
+    "load_metrics",
+    "write_metrics",
+    "list_checkpoints",
+    "checkpoint_paths",
+    "save_checkpoint",
+    "read_checkpoint",
     "LOCK_FILE",
     "STATUS_FILE",
     "OWN_FILES",
+    "CONFIG_FILE",
+    "METRICS_FILE",
+    "CHECKPOINT_DIR",
+    "WEIGHTS_FILE",
 ]
 
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_DIR = "checkpoints"
 LOCK_FILE = ".lock"
 STATUS_FILE = "status.json"
 OWN_FILES = (LOCK_FILE, STATUS_FILE)  # files this module puts in a run folder (not "foreign" content)
@@ -210,21 +241,11 @@ def check_contents(folder: "str | os.PathLike", depth: int = 2) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ resume checks
-def logged_steps(train_cfg: Any, upto: int) -> list[int]:
-    """The steps <= `upto` at which `training.train` writes a metrics row for `train_cfg`: every
-    `log_every`-th step and every evaluation step (`training.evaluation_steps`, the last step included)."""
-    from markov_interp.training import evaluation_steps
-
-    tc = train_cfg
-    evals = evaluation_steps(tc)
-    return [s for s in range(1, min(upto, tc.steps) + 1) if s % tc.log_every == 0 or s in evals]
-
-
 def _covered(rows: list[dict], expected: list[int], step: int) -> bool:
     return [r.get("step") for r in rows if isinstance(r.get("step"), int) and r["step"] <= step] == expected
 
 
-def resume_step(run_dir: Path, train_cfg: Any, checkpoints: list[int], rows: list[dict], *,
+def resume_step(run_dir: Path, train_cfg: TrainConfig, checkpoints: list[int], rows: list[dict], *,
                 final_weights: bool = False) -> Optional[int]:
     """The checkpoint step a run in `run_dir` resumes from: the newest of `checkpoints` whose metrics rows
     (`rows`, as read from metrics.jsonl) are all present up to it; the resumed run rewrites the rows after it
@@ -257,7 +278,7 @@ def resume_step(run_dir: Path, train_cfg: Any, checkpoints: list[int], rows: lis
     )
 
 
-def metrics_complete(train_cfg: Any, rows: list[dict]) -> bool:
+def metrics_complete(train_cfg: TrainConfig, rows: list[dict]) -> bool:
     """Whether `rows` hold exactly the metrics rows of a finished run (every logged step up to the last)."""
     return _covered(rows, logged_steps(train_cfg, train_cfg.steps), train_cfg.steps) and len(rows) == len(
         logged_steps(train_cfg, train_cfg.steps))
@@ -287,8 +308,6 @@ def divergence(run_dir: "str | os.PathLike") -> Optional[dict]:
         except (OSError, ValueError) as err:
             raise ValueError(f"{path} is not valid JSON: {err}") from None
         return status if isinstance(status, dict) and status.get("status") == "diverged" else None
-    from markov_interp.training import load_metrics
-
     for row in load_metrics(run_dir):
         bad = [k for k in ("train_loss", "eval_loss") if _not_finite(row.get(k))]
         if bad or row.get("diverged"):
@@ -305,11 +324,9 @@ def diverged_message(run_dir: "str | os.PathLike", status: dict) -> str:
 
 
 # --------------------------------------------------------------------------------------------- reading
-def read_config(run_dir: "str | os.PathLike") -> Any:
-    """The `training.RunConfig` of a run folder; errors name the folder or the config file. Refuses a folder
-    holding a link or special file (`check_contents`)."""
-    from markov_interp.training import CONFIG_FILE, RunConfig
-
+def read_config(run_dir: "str | os.PathLike") -> RunConfig:
+    """The `RunConfig` of a run folder; errors name the folder or the config file. Refuses a folder holding a
+    link or special file (`check_contents`)."""
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
     if not run_dir.is_dir():
@@ -333,13 +350,30 @@ def training_seq_len(run_dir: "str | os.PathLike") -> Optional[int]:
     Returns:
         The training length, or None.
     """
-    from markov_interp.training import CONFIG_FILE
-
     try:
         value = json.loads((Path(run_dir) / CONFIG_FILE).read_text())["train"]["seq_len"]
     except (OSError, ValueError, KeyError, TypeError):  # no run folder: the probes fall back to their default
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def load_model(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None) -> HookedModel:
+    """`models.load` of a run folder's (or checkpoint's) weights, with the training length taken from the run's
+    config.json when the weights file does not record it (folders written before training recorded it).
+
+    Args:
+        path: a run folder, or a weights file inside one.
+        device: where the model lives.
+        expect: the model config the weights must have (ValueError otherwise).
+
+    Returns:
+        The hooked model, `markov_train_seq_len` set when the run folder says it.
+    """
+    model = load(path, device=device, expect=expect)
+    if model.markov_train_seq_len is None:
+        folder = Path(path) if Path(path).is_dir() else Path(path).parent
+        model.markov_train_seq_len = training_seq_len(folder)
+    return model
 
 
 def check_writable_dir(path: "str | os.PathLike", what: str) -> Path:
@@ -366,3 +400,129 @@ def check_writable_dir(path: "str | os.PathLike", what: str) -> Path:
     except OSError as err:
         raise ValueError(f"{what} {path} is not writable ({err.strerror or err}: {existing})") from None
     return path
+
+
+# ------------------------------------------------------------------------------------------------ config
+def _config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
+        if isinstance(va, dict) and isinstance(vb, dict):
+            diffs += _config_diff(va, vb, f"{prefix}{key}.")
+        elif va != vb:
+            diffs.append(f"{prefix}{key}: {va!r} in folder vs {vb!r} requested")
+    return diffs
+
+
+def _comparable(run: RunConfig) -> dict:
+    data = run.to_dict()
+    data["train"].pop("device")  # where a run executes does not change what it is
+    return data
+
+
+def prepare(out_dir: Path, run: RunConfig) -> None:
+    """Make `out_dir` the folder of `run`: write its config.json, or check that the one there is `run`'s (the
+    device aside). A folder holding another run, or foreign files and no config, is refused (ValueError)."""
+    config_path = out_dir / CONFIG_FILE
+    if config_path.exists():
+        try:
+            saved = RunConfig.from_json(config_path.read_text())
+        except ValueError as err:
+            raise ValueError(f"{config_path} is not a valid run config: {err}") from None
+        diffs = _config_diff(_comparable(saved), _comparable(run))
+        if diffs:
+            raise ValueError(
+                f"{out_dir} holds a run with a different config; refusing to overwrite it. Differences: "
+                + "; ".join(diffs)
+            )
+        return
+    if out_dir.exists() and any(p.name not in OWN_FILES for p in out_dir.iterdir()):
+        raise ValueError(f"{out_dir} is not empty and has no {CONFIG_FILE}; refusing to write a run into it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(config_path, run.to_json().encode())
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+def write_metrics(run_dir: "str | os.PathLike", rows: list[dict]) -> None:
+    """Replace the folder's metrics.jsonl by `rows` (one sorted JSON object a line), atomically."""
+    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+    atomic_write(Path(run_dir) / METRICS_FILE, text.encode())
+
+
+def load_metrics(run_dir: "str | os.PathLike") -> list[dict]:
+    """The rows of a run folder's metrics.jsonl (an unreadable trailing line raises ValueError)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} line {i + 1} is not JSON: {err}") from None
+    return rows
+
+
+# -------------------------------------------------------------------------------------------- checkpoints
+def checkpoint_paths(run_dir: "str | os.PathLike", step: int) -> tuple[Path, Path]:
+    """(weights file, training-state file) of the checkpoint of `step`."""
+    base = Path(run_dir) / CHECKPOINT_DIR / f"step_{step:07d}"
+    return base.with_suffix(".safetensors"), base.with_suffix(".pt")
+
+
+def list_checkpoints(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
+    """(step, weights file) of every complete checkpoint in a run folder (weights and training state), by step.
+
+    The checkpoints sit at log-spaced steps, for studying the training dynamics (probe each one).
+    """
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    found = []
+    for path in folder.glob("step_*.pt") if folder.is_dir() else ():
+        step_text = path.stem.split("_", 1)[1]
+        if step_text.isdigit():
+            weights, _ = checkpoint_paths(run_dir, int(step_text))
+            if weights.exists():
+                found.append((int(step_text), weights))
+    return sorted(found)
+
+
+def save_checkpoint(run_dir: "str | os.PathLike", step: int, cfg: ModelConfig, weights: dict[str, torch.Tensor],
+                    state: dict, *, train_seq_len: Optional[int] = None) -> None:
+    """Write the checkpoint of `step`, each file atomically; the training state last, so a checkpoint is complete
+    (`list_checkpoints`) only with both.
+
+    Args:
+        run_dir: the run folder.
+        step: the step (updates done).
+        cfg: the model config (in the weights file's metadata).
+        weights: the weights in the on-disk layout (`models.save_state`).
+        state: optimiser, scaler, generators, pending losses, clamp means (tensors and plain values, `torch.save`;
+            `read_checkpoint` loads it with weights_only=True).
+        train_seq_len: the run's training length, recorded in the weights file (`models.save_state`).
+    """
+    weights_path, state_path = checkpoint_paths(run_dir, step)
+    weights_path.parent.mkdir(exist_ok=True)
+    save_state(cfg, weights, weights_path, train_seq_len=train_seq_len)
+    with atomic_path(state_path) as tmp:
+        torch.save(state, tmp)
+
+
+def read_checkpoint(run_dir: "str | os.PathLike", step: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read the checkpoint of `step`.
+
+    Args:
+        run_dir: the run folder.
+        step: the checkpoint's step.
+
+    Returns:
+        (weights in the on-disk layout, training state as `save_checkpoint` wrote it); unreadable files raise
+        ValueError naming the file.
+    """
+    weights_path, state_path = checkpoint_paths(run_dir, step)
+    _, weights = read_weights(weights_path)
+    try:
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types on corrupt / truncated files
+        raise ValueError(f"checkpoint {state_path} is unreadable ({type(err).__name__}: {err})") from None
+    return weights, state
