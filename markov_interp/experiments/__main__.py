@@ -1,0 +1,5 @@
+import sys
+
+from markov_interp.experiments import main
+
+sys.exit(main())
