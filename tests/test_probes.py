@@ -258,7 +258,7 @@ def test_component_names_round_trip_and_errors(induction3):
         Component.parse("layer0")
     with pytest.raises(ValueError, match="no MLP"):
         Component.parse("L0.mlp").check(induction3)
-    with pytest.raises(ValueError, match="heads per layer"):
+    with pytest.raises(ValueError, match="only 2 heads"):
         Component.parse("L0H2").check(induction3)
     mlp_model = kernel_model(BINARY.kernel, with_mlp=True)
     assert [c.name for c in model_components(mlp_model)] == ["L0H0", "L0.attn", "L0.mlp"]

@@ -44,6 +44,34 @@ def mlp_out_hook(layer: int) -> str:
     return f"blocks.{layer}.hook_mlp_out"
 
 
+def embed_hook() -> str:
+    """The token embedding's contribution to the residual stream (positions excluded), [batch pos d_model]."""
+    return "hook_embed"
+
+
+def channel_hook(layer: int, channel: str) -> str:
+    """A head input after its projection: the queries ("q"), keys ("k") or values ("v") of a layer, [batch pos
+    head d_head]."""
+    if channel not in ("q", "k", "v"):
+        raise ValueError(f"a head's input channel must be 'q', 'k' or 'v', got {channel!r}")
+    return f"blocks.{layer}.attn.hook_{channel}"
+
+
+def resid_pre_hook(layer: int) -> str:
+    """The residual stream a block reads (before its attention), [batch pos d_model]."""
+    return f"blocks.{layer}.hook_resid_pre"
+
+
+def resid_mid_hook(layer: int) -> str:
+    """The residual stream a block's MLP reads (after its attention), [batch pos d_model]."""
+    return f"blocks.{layer}.hook_resid_mid"
+
+
+def resid_post_hook(layer: int) -> str:
+    """The residual stream after a block (the last block's is what the unembedding reads), [batch pos d_model]."""
+    return f"blocks.{layer}.hook_resid_post"
+
+
 def has_mlp(model: Model, layer: int) -> bool:
     """Whether block `layer` has an MLP (attention-only models have none)."""
     return not getattr(model.cfg, "attn_only", False) and mlp_out_hook(layer) in model.hook_dict
