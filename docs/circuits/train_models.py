@@ -5,12 +5,14 @@ models of depth 1-3 with 1 or 2 heads per layer (d_model 16, untied; `preset("at
 and head count replaced), plus two fixed-chain controls for the kernel-swap test: the paper's one-layer model on
 BinaryChain(0.2, 0.3) (learns the kernel in its weights) and a two-layer attention-only model on a fixed 3-state
 chain. Every setting is one stack of `--seeds` seeds, `--steps` steps of `--batch` x `--seq-len` states,
-constant lr 1e-2 (0.01; fixed chains: the paper's 2e-3 one-cycle for the paper model), fp32, CPU.
+constant lr 1e-2 (the paper model on the fixed chain: the paper's 2e-3 one-cycle), fp32, with `--checkpoints`
+log-spaced checkpoints (the mid-training snapshots the table also probes).
 
-    nice python docs/circuits/train_models.py --out /tmp/circuit-runs [--seeds 8] [--steps 1000]
-    nice python docs/circuits/train_models.py --out /tmp/circuit-runs --only o2-L2-H1   # one setting
+    python docs/circuits/train_models.py --out runs --device cuda           # what docs/circuits.md used (H100)
+    nice python docs/circuits/train_models.py --out /tmp/runs --device cpu --only o2-L2-H1   # one setting
 
-Run folders go to <out>/<setting>/seed<k>; a rerun loads finished runs instead of retraining them.
+Run folders go to <out>/<setting>/seed<k>; a rerun loads finished runs instead of retraining them. Training
+builds no hooked model (`models_out=False`), so it runs without transformer_lens.
 """
 
 import argparse
@@ -20,7 +22,12 @@ from pathlib import Path
 
 from markov_interp.data import SourceConfig
 from markov_interp.models import preset
-from markov_interp.training import RunConfig, TrainConfig, train_many
+from markov_interp.training import RunConfig, TrainConfig
+
+try:  # no hooked models out: the GPU machine that trained the table has no transformer_lens
+    from markov_interp.stacked_training import train_many
+except ImportError:  # after the package move the loop lives in markov_interp.training
+    from markov_interp.training import train_many
 
 RANDOM = {1: SourceConfig(kind="random", vocab=3, order=1), 2: SourceConfig(kind="random", vocab=2, order=2)}
 FIXED3 = SourceConfig(kind="markov", kernel=[[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.3, 0.3, 0.4]])
@@ -48,19 +55,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--checkpoints", type=int, default=4)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--only", nargs="*", default=None, help="setting names (default: all)")
     args = parser.parse_args()
     for name, (source, model, extra) in settings(args.seq_len).items():
         if args.only and name not in args.only:
             continue
         train = TrainConfig(steps=args.steps, batch_size=args.batch, seq_len=args.seq_len, lr=1e-2,
-                            schedule="constant", device="cpu", eval_every=0, n_checkpoints=0, log_every=50)
+                            schedule="constant", device=args.device, eval_every=0, n_checkpoints=args.checkpoints,
+                            log_every=50)
         train = dataclasses.replace(train, **extra)
         runs = [RunConfig(source=source, model=model, train=dataclasses.replace(train, seed=s))
                 for s in range(args.seeds)]
         dirs = [Path(args.out) / name / f"seed{s}" for s in range(args.seeds)]
         start = time.perf_counter()
-        results = train_many(runs, dirs, progress=False)
+        results = train_many(runs, dirs, progress=False, models_out=False)
         losses = ", ".join(f"{r.final.eval_loss:.4f}" for r in results)
         print(f"{name}: {time.perf_counter() - start:.0f} s; final eval losses {losses}", flush=True)
 

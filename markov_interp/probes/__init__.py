@@ -64,7 +64,7 @@ from markov_interp.probes.behaviour import (
     model_predictor,
     state_dependence,
 )
-from markov_interp.probes.circuit import Circuit, Role, find_circuit
+from markov_interp.probes.circuit import Circuit, Role, read_circuit, spread_previous_token_excess
 from markov_interp.probes.classify import (
     MECHANISMS,
     LawCheck,
@@ -74,7 +74,11 @@ from markov_interp.probes.classify import (
     classify_mechanism,
     probe_hook_names,
 )
-from markov_interp.probes.interventions import intervened_probs, set_component
+from markov_interp.probes.discovery import CORRUPTIONS, CircuitGraph, Edge, discover_circuit, kept_edges
+from markov_interp.probes.gains import Gains, graded_gains
+from markov_interp.probes.interventions import intervened_probs, intervened_run, set_component
+from markov_interp.probes.kernel_swap import KernelSwap, SwapPlan, kernel_swap, swap_plan
+from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_attributions, graph_edges
 from markov_interp.probes.patching import (
     PatchingResult,
     activation_patching,
@@ -85,28 +89,31 @@ from markov_interp.probes.patching import (
 )
 from markov_interp.probes.readout import KernelReadout, implied_kernel, kernel_readout
 from markov_interp.probes.strategies import (
+    STATE_AND_COUNTS,
     STRATEGIES,
     STRATEGY_LABELS,
     StrategySimilarity,
     in_context_name,
     in_context_order,
+    state_and_counts_probs,
     strategy_probs,
     strategy_similarity,
 )
 
 __all__ = [
-    "AblationTable", "AttentionScores", "BehaviourReport", "Circuit", "Component", "KernelReadout", "LawCheck",
-    "MECHANISMS", "METHODS", "MechanismReport", "PatchingResult", "ProbeBatch", "Role", "STRATEGIES",
-    "STRATEGY_LABELS", "StrategySimilarity", "Thresholds", "ablated_probs", "ablation_hooks", "check_law",
-    "find_circuit", "in_context_name", "in_context_order", "induction_baseline", "induction_keys",
-    "intervened_probs", "probe_hook_names", "set_ablation_losses", "set_component",
-    "ablation_loss_change", "ablation_table", "activation_patching", "add_beta_predictor", "attention_scores",
-    "behaviour", "classify_mechanism", "composition_scores", "context_dependence", "head_composition",
-    "implied_kernel", "in_context_learning_score", "in_context_unigram_probs", "induction_score",
-    "kernel_predictor", "kernel_probs", "kernel_readout", "kl_curve", "loss_curve", "model_components",
-    "model_predictor", "reference_activations", "next_state_probs", "patched_probs", "patching_pair",
-    "previous_token_score",
-    "same_token_score", "sample_batch", "state_dependence", "stationary_probs", "strategy_probs",
-    "strategy_similarity", "total_variation",
+    "AblationTable", "AttentionScores", "BehaviourReport", "CORRUPTIONS", "Circuit", "CircuitGraph", "Component",
+    "Edge", "EdgeKey", "EdgeRunner", "Gains", "KernelReadout", "KernelSwap", "LawCheck", "MECHANISMS", "METHODS",
+    "MechanismReport", "PatchingResult", "ProbeBatch", "Role", "STATE_AND_COUNTS", "STRATEGIES", "STRATEGY_LABELS",
+    "StrategySimilarity", "SwapPlan", "Thresholds", "ablated_probs", "ablation_hooks", "ablation_loss_change",
+    "ablation_table", "activation_patching", "add_beta_predictor", "attention_scores", "behaviour", "check_law",
+    "classify_mechanism", "composition_scores", "context_dependence", "discover_circuit", "edge_attributions",
+    "graded_gains", "graph_edges", "head_composition", "implied_kernel", "in_context_learning_score",
+    "in_context_name", "in_context_order", "in_context_unigram_probs", "induction_baseline", "induction_keys",
+    "induction_score", "intervened_probs", "intervened_run", "kept_edges", "kernel_predictor", "kernel_probs",
+    "kernel_readout", "kernel_swap", "kl_curve", "loss_curve", "model_components", "model_predictor",
+    "next_state_probs", "patched_probs", "patching_pair", "previous_token_score", "probe_hook_names",
+    "read_circuit", "reference_activations", "same_token_score", "sample_batch", "set_ablation_losses",
+    "set_component", "spread_previous_token_excess", "state_and_counts_probs", "state_dependence",
+    "stationary_probs", "strategy_probs", "strategy_similarity", "swap_plan", "total_variation",
     "uniform_causal_pattern",
 ]
