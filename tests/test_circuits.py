@@ -138,10 +138,11 @@ def test_path_patching_agrees_with_a_brute_force_edge_forward(make, vocab):
     edges = runner.edges
     subsets = [[], list(edges)] + [[e] for e in edges]
     subsets += [[e for e in edges if torch.rand((), generator=gen) < frac] for frac in (0.2, 0.5, 0.8)]
-    for subset in subsets:
-        ours = runner.losses(subset)
+    together = runner.many_losses(subsets)  # every set in one stacked run
+    for subset, ours in zip(subsets, together):
         brute = _brute_losses(model, tokens, corrupted, {e.name for e in subset})
         assert torch.allclose(ours, brute, atol=2e-5, rtol=1e-4), [e.name for e in subset]
+    assert torch.allclose(runner.losses(subsets[-1]), together[-1], atol=1e-6)  # alone or stacked: the same
     # the effects are not all zero: the test could fail
     assert max(float((runner.losses([e]) - runner.clean_losses).abs().max()) for e in edges) > 0.05
 

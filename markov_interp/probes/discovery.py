@@ -258,20 +258,20 @@ def _choose(runner: EdgeRunner, effects: dict[EdgeKey, float], total: float, rul
     """(kept edges, threshold, circuit-only losses) by the rule of the module docstring."""
     min_effect, min_fraction, target = rule
     corrupted = float(runner.corrupted_losses.mean())
-    levels = sorted({v for v in effects.values() if min_effect <= v < _threshold(total, min_effect, min_fraction)},
-                    reverse=True)[:_MAX_LOWERINGS]
-    for threshold in [_threshold(total, min_effect, min_fraction), *levels]:
-        keys = kept_edges(effects, threshold)
-        circuit = runner.losses([e for e in runner.edges if e not in set(keys)])
-        faith = _faithfulness(total, corrupted, float(circuit.mean()))
-        if not faith < target:  # reached, or undefined (nothing to carry)
+    start = _threshold(total, min_effect, min_fraction)
+    levels = [start, *sorted({v for v in effects.values() if min_effect <= v < start}, reverse=True)]
+    chosen = [(t, kept_edges(effects, t)) for t in levels[:_MAX_LOWERINGS + 1]]
+    circuits = runner.many_losses([[e for e in runner.edges if e not in set(keys)] for _, keys in chosen])
+    for (threshold, keys), circuit in zip(chosen, circuits):
+        if not _faithfulness(total, corrupted, float(circuit.mean())) < target:  # reached, or undefined
             break
     return keys, threshold, circuit
 
 
 def _graph(runner: EdgeRunner, *, corruption: str, seed: int, rule: tuple, attribution: bool) -> CircuitGraph:
     clean = runner.clean_losses
-    stats = {e: _mean_se(runner.losses([e]) - clean) for e in runner.edges}
+    single = runner.many_losses([[e] for e in runner.edges]) - clean  # every edge alone: [edge, batch]
+    stats = {e: _mean_se(row) for e, row in zip(runner.edges, single)}
     grads = edge_attributions(runner) if attribution else {}
     edges = tuple(Edge(sender=e.sender, receiver=e.receiver, input=e.input, effect=m, se=s,
                        attribution=grads.get(e, math.nan)) for e, (m, s) in stats.items())
@@ -279,7 +279,8 @@ def _graph(runner: EdgeRunner, *, corruption: str, seed: int, rule: tuple, attri
     total = corrupted_loss - clean_loss
     keys, threshold, circuit = _choose(runner, {e: m for e, (m, _) in stats.items()}, total, rule)
     dropped = [e for e in runner.edges if e not in set(keys)]
-    minimality = {e.name: float((runner.losses(dropped + [e]) - circuit).mean()) for e in keys}
+    more = runner.many_losses([dropped + [e] for e in keys]) if keys else []
+    minimality = {e.name: float((row - circuit).mean()) for e, row in zip(keys, more)}
     circuit_loss = float(circuit.mean())
     faithful = _faithfulness(total, corrupted_loss, circuit_loss)
     disagree = ()

@@ -41,7 +41,6 @@ from markov_interp.models import heads_per_layer
 from markov_interp.probes._common import (
     Model,
     Tokens,
-    attn_out_hook,
     channel_hook,
     check_tokens,
     embed_hook,
@@ -146,15 +145,16 @@ def _value_hooks(model: Model) -> list[str]:
 
 
 class EdgeRunner:
-    """The clean and corrupted runs of one batch, and forward passes with any set of edges corrupted (module
+    """The clean and corrupted runs of one batch, and forward passes with any sets of edges corrupted (module
     docstring). `run(corrupted)` returns the logits; `losses(corrupted)` each sequence's mean loss on the clean
-    sequence's next states.
+    sequence's next states; `many_losses(sets)` does the same for many sets of edges at once, stacked along the
+    batch (one pass of every step serves them all: the way every edge's effect is measured).
 
     >>> # runner = EdgeRunner(model, tokens, corrupted_tokens)
     >>> # runner.losses({EdgeKey("L0H0", "L1H0", "k")}) - runner.clean_losses  # that edge's path-patching effect
     """
 
-    def __init__(self, model: Model, tokens: Tokens, corrupted_tokens: Tokens):
+    def __init__(self, model: Model, tokens: Tokens, corrupted_tokens: Tokens, *, max_rows: int = 1 << 17):
         if tokens.shape != corrupted_tokens.shape:
             raise ValueError(f"clean and corrupted tokens must have the same shape, got {tuple(tokens.shape)} and "
                              f"{tuple(corrupted_tokens.shape)}")
@@ -164,6 +164,7 @@ class EdgeRunner:
         self.senders = senders(model)
         self.stages = _stages(model)
         self.edges = graph_edges(model)
+        self._chunk = max(1, max_rows // max(1, int(tokens.numel())))  # copies per pass (positions <= max_rows)
         names = _value_hooks(model)
         with torch.no_grad():
             logits, clean = model.run_with_cache(self.tokens, names_filter=names)
@@ -176,63 +177,90 @@ class EdgeRunner:
 
     def losses(self, corrupted: Iterable[EdgeKey]) -> SequenceLoss:
         """Each sequence's mean loss (nats) with the edges `corrupted` corrupted and all others kept."""
-        return sequence_losses(self.run(corrupted), self.tokens)
+        return self.many_losses([corrupted])[0]
 
-    @torch.no_grad()
+    def many_losses(self, sets: Sequence[Iterable[EdgeKey]]) -> Float[Tensor, "set batch"]:
+        """`losses` of every set of corrupted edges in `sets`, [set, batch]."""
+        logits = self.run_many(sets)
+        return torch.stack([sequence_losses(x, self.tokens) for x in logits])
+
     def run(self, corrupted: Iterable[EdgeKey]) -> Float[Tensor, "batch pos vocab"]:
         """The logits with the edges `corrupted` corrupted together (module docstring)."""
-        bad = set(corrupted)
-        unknown = bad - set(self.edges)
+        return self.run_many([corrupted])[0]
+
+    @torch.no_grad()
+    def run_many(self, sets: Sequence[Iterable[EdgeKey]]) -> Float[Tensor, "set batch pos vocab"]:
+        """The logits of every set of corrupted edges, [set, batch, pos, vocab] (passes chunked by `max_rows`)."""
+        bads = [set(s) for s in sets]
+        unknown = set().union(*bads) - set(self.edges) if bads else set()
         if unknown:
             raise ValueError(f"no such edges in this model's graph: {sorted(e.name for e in unknown)}")
-        state: dict[str, Any] = {"embed": "clean"}  # sender -> "clean", "corrupt" or its tensor in this run
+        out = [self._run_chunk(bads[i:i + self._chunk]) for i in range(0, len(bads), self._chunk)]
+        return torch.cat(out) if out else torch.empty(0, *self.clean_logits.shape)
+
+    # ------------------------------------------------------------------------------------------ stages
+    def _run_chunk(self, bads: list[set[EdgeKey]]) -> Tensor:
+        """The stage algorithm of the module docstring for several copies of the batch at once."""
+        state: dict[str, list] = {"embed": ["clean"] * len(bads)}  # sender -> per copy: "clean", "corrupt", tensor
         for i, stage in enumerate(self.stages):
-            if self._tail_kept(bad, i):
-                return self._finish(state, None)
-            pending = self._read_stage(stage, bad, state)
+            if self._tail_kept(bads, i):
+                return self._finish(state, None, len(bads))
+            pending = self._read_stage(stage, bads, state)
             if stage.kind == "logits":
                 return pending
             if stage.kind == "mlp":
                 state[f"L{stage.layer}.mlp"] = pending[f"L{stage.layer}.mlp.mlp"]
-            elif self._tail_kept(bad, i + 1):  # the model's own pass does the rest from these head inputs
-                return self._finish(state, (stage.layer, pending))
+            elif self._tail_kept(bads, i + 1):  # the model's own pass does the rest from these head inputs
+                return self._finish(state, (stage.layer, pending), len(bads))
             else:
-                state.update(self._head_outputs(stage.layer, pending))
+                state.update(self._head_outputs(stage.layer, pending, len(bads)))
         raise AssertionError("the logits stage always returns")
 
-    # ------------------------------------------------------------------------------------------ stages
-    def _tail_kept(self, bad: set[EdgeKey], first: int) -> bool:
+    def _tail_kept(self, bads: list[set[EdgeKey]], first: int) -> bool:
         later = {r for stage in self.stages[first:] for r, _, _ in _receivers(self.model, stage)}
-        return not any(e.receiver in later for e in bad)
+        return not any(e.receiver in later for bad in bads for e in bad)
 
-    def _read_stage(self, stage: _Stage, bad: set[EdgeKey], state: dict) -> Any:
-        """Every receiver input of `stage` ({"receiver.input": tensor, "clean" or "corrupt"}); for the logits
-        stage, the logits."""
+    def _read_stage(self, stage: _Stage, bads: list[set[EdgeKey]], state: dict) -> Any:
+        """Every receiver input of `stage` ({"receiver.input": per copy, a tensor, "clean" or "corrupt"}); for
+        the logits stage, the logits [copy, batch, pos, vocab]."""
         ups = [s for s in self.senders if _upstream(s, stage)]
-        groups: dict[tuple, tuple[tuple, list]] = {}
-        values: dict[str, Any] = {}
-        for receiver, inp, comp in _receivers(self.model, stage):
-            choice = tuple("corrupt" if EdgeKey(s.name, receiver, inp) in bad else state[s.name] for s in ups)
-            key = f"{receiver}.{inp}"
-            if all(_is(c, "clean") for c in choice) or all(_is(c, "corrupt") for c in choice):
-                values[key] = choice[0]
-            else:
-                sig = tuple(id(c) if isinstance(c, Tensor) else c for c in choice)
-                groups.setdefault(sig, (choice, []))[1].append((key, comp))
+        receivers = _receivers(self.model, stage)
+        values = {f"{r}.{i}": [None] * len(bads) for r, i, _ in receivers}
+        groups: list[list[tuple[tuple, list]]] = []  # per copy: (choice, members) of each pass it needs
+        for c, bad in enumerate(bads):
+            mine: dict[tuple, tuple[tuple, list]] = {}
+            for receiver, inp, comp in receivers:
+                choice = tuple("corrupt" if EdgeKey(s.name, receiver, inp) in bad else state[s.name][c] for s in ups)
+                key = f"{receiver}.{inp}"
+                if all(_is(x, "clean") for x in choice) or all(_is(x, "corrupt") for x in choice):
+                    values[key][c] = choice[0]
+                else:
+                    sig = tuple(id(x) if isinstance(x, Tensor) else x for x in choice)
+                    mine.setdefault(sig, (choice, []))[1].append((key, comp))
+            groups.append(list(mine.values()))
+        for j in range(max((len(g) for g in groups), default=0)):
+            choices = [g[j][0] if j < len(g) else ("clean",) * len(ups) for g in groups]
+            comps, repl = self._sender_replacements(ups, choices)
+            record = sorted({comp.hook_name for g in groups if j < len(g) for _, comp in g[j][1] if comp is not None})
+            logits, recorded = intervened_run(self.model, self._tiled(len(bads)), comps, repl, record=record)
+            for c, g in enumerate(groups):
+                for key, comp in (g[j][1] if j < len(g) else []):
+                    values[key][c] = logits.unflatten(0, (len(bads), -1))[c] if comp is None else self._block(
+                        recorded[comp.hook_name], c, len(bads), comp.head)
         if stage.kind == "logits":
-            if "logits.logits" in values:
-                return self.clean_logits if values["logits.logits"] == "clean" else self.corrupted_logits
-            ((choice, _),) = groups.values()
-            comps, repl = self._sender_replacements(zip(ups, choice))
-            return intervened_run(self.model, self.tokens, comps, repl)[0]
-        for choice, members in groups.values():
-            comps, repl = self._sender_replacements(zip(ups, choice))
-            recorded = intervened_run(self.model, self.tokens, comps, repl,
-                                      record=[comp.hook_name for _, comp in members])[1]
-            for key, comp in members:
-                act = recorded[comp.hook_name]
-                values[key] = act[:, :, comp.head] if comp.head is not None else act
+            return torch.stack([self._logits(v) for v in values["logits.logits"]])
         return values
+
+    def _logits(self, spec: Any) -> Tensor:
+        return spec if isinstance(spec, Tensor) else (self.clean_logits if spec == "clean" else self.corrupted_logits)
+
+    def _tiled(self, copies: int) -> Tokens:
+        return self.tokens.repeat(copies, 1)
+
+    @staticmethod
+    def _block(act: Tensor, copy: int, copies: int, head: Optional[int]) -> Tensor:
+        block = act.unflatten(0, (copies, -1))[copy]
+        return block if head is None else block[:, :, head]
 
     def _value(self, name: str, spec: Any, head: Optional[int]) -> Tensor:
         """The activation a "clean" / "corrupt" / tensor spec stands for (a head's slice when `head` is set)."""
@@ -241,60 +269,69 @@ class EdgeRunner:
         full = (self.clean if spec == "clean" else self.corrupted)[name]
         return full if head is None else full[:, :, head]
 
-    def _sender_replacements(self, pairs: Iterable[tuple[Component, Any]]) -> tuple[list, dict]:
-        """Components and replacement tensors setting each sender to its spec (heads of a layer share one
-        tensor, each writing its own slice)."""
-        comps, repl = [], {}
-        for sender, spec in pairs:
+    def _sender_replacements(self, ups: Sequence[Component], choices: Sequence[Sequence[Any]]) -> tuple[list, dict]:
+        """Components and [copy x batch, ...] tensors setting every sender of `ups` to its per-copy spec."""
+        repl: dict[str, Tensor] = {}
+        for i, sender in enumerate(ups):
             name = sender.hook_name
             if sender.kind == "head":
-                full = repl.setdefault(name, self.clean[name].clone())
-                full[:, :, sender.head] = self._value(name, spec, sender.head)
+                full = repl.setdefault(name, self.clean[name].repeat(len(choices), *[1] * (self.clean[name].ndim - 1)))
+                blocks = full.unflatten(0, (len(choices), -1))
+                for c, choice in enumerate(choices):
+                    blocks[c, :, :, sender.head] = self._value(name, choice[i], sender.head)
             else:
-                repl[name] = self._value(name, spec, None)
-            comps.append(sender)
-        return comps, repl
+                repl[name] = torch.cat([self._value(name, choice[i], None) for choice in choices])
+        return list(ups), repl
 
-    def _channel_replacements(self, layer: int, pending: dict) -> tuple[list, dict]:
+    def _channel_replacements(self, layer: int, pending: dict, copies: int) -> tuple[list, dict]:
         """Components and tensors setting the queries, keys and values of a layer's heads to `pending`."""
         comps, repl = [], {}
         for c in "qkv":
             name = channel_hook(layer, c)
-            full = self.clean[name].clone()
+            full = self.clean[name].repeat(copies, *[1] * (self.clean[name].ndim - 1))
+            blocks = full.unflatten(0, (copies, -1))
             for h in range(heads_per_layer(self.model)[layer]):
-                spec = pending[f"L{layer}H{h}.{c}"]
-                if not _is(spec, "clean"):
-                    full[:, :, h] = self._value(name, spec, h)
-                    comps.append(Component(kind=c, layer=layer, head=h))
+                specs = pending[f"L{layer}H{h}.{c}"]
+                for k, spec in enumerate(specs):
+                    if not _is(spec, "clean"):
+                        blocks[k, :, :, h] = self._value(name, spec, h)
+                comps.append(Component(kind=c, layer=layer, head=h))
             repl[name] = full
         return comps, repl
 
-    def _head_outputs(self, layer: int, pending: dict) -> dict[str, Any]:
+    def _head_outputs(self, layer: int, pending: dict, copies: int) -> dict[str, list]:
         """Each head's output in this run from its inputs (one pass when some head's inputs are mixed)."""
-        out, mixed = {}, []
-        for h in range(heads_per_layer(self.model)[layer]):
-            specs = [pending[f"L{layer}H{h}.{c}"] for c in "qkv"]
-            if all(_is(s, "clean") for s in specs) or all(_is(s, "corrupt") for s in specs):
-                out[f"L{layer}H{h}"] = specs[0]
-            else:
-                mixed.append(h)
+        heads = range(heads_per_layer(self.model)[layer])
+        out = {f"L{layer}H{h}": [None] * copies for h in heads}
+        mixed = []
+        for h in heads:
+            for k in range(copies):
+                specs = [pending[f"L{layer}H{h}.{c}"][k] for c in "qkv"]
+                if all(_is(x, "clean") for x in specs) or all(_is(x, "corrupt") for x in specs):
+                    out[f"L{layer}H{h}"][k] = specs[0]
+                else:
+                    mixed.append((h, k))
         if mixed:
-            comps, repl = self._channel_replacements(layer, pending)
-            z = intervened_run(self.model, self.tokens, comps, repl, record=[z_hook(layer)])[1][z_hook(layer)]
-            out.update({f"L{layer}H{h}": z[:, :, h] for h in mixed})
+            comps, repl = self._channel_replacements(layer, pending, copies)
+            z = intervened_run(self.model, self._tiled(copies), comps, repl, record=[z_hook(layer)])[1][z_hook(layer)]
+            for h, k in mixed:
+                out[f"L{layer}H{h}"][k] = self._block(z, k, copies, h)
         return out
 
-    def _finish(self, state: dict, heads: Optional[tuple[int, dict]]) -> Tensor:
-        """The logits of one pass with every sender set to its value in this run and, with `heads` = (layer,
-        inputs), that layer's head inputs set: the model computes everything downstream itself."""
-        moved = [(s, state[s.name]) for s in self.senders if s.name in state and not _is(state[s.name], "clean")]
-        if not moved and heads is None:
-            return self.clean_logits
-        comps, repl = self._sender_replacements(moved)
+    def _finish(self, state: dict, heads: Optional[tuple[int, dict]], copies: int) -> Tensor:
+        """The logits of one pass with every sender of the stages done set to its value in this run and, with
+        `heads` = (layer, inputs), that layer's head inputs set: the model computes everything downstream itself.
+        (A sender still at its clean value has only clean senders upstream, so setting it changes nothing.)"""
+        done = [s for s in self.senders if s.name in state]
+        if heads is None and all(_is(x, "clean") for s in done for x in state[s.name]):
+            return self.clean_logits.expand(copies, *self.clean_logits.shape)
+        choices = [tuple(state[s.name][k] for s in done) for k in range(copies)]
+        comps, repl = self._sender_replacements(done, choices)
         if heads is not None:
-            more, more_repl = self._channel_replacements(*heads)
+            more, more_repl = self._channel_replacements(*heads, copies)
             comps, repl = comps + more, {**repl, **more_repl}
-        return intervened_run(self.model, self.tokens, comps, repl)[0]
+        logits = intervened_run(self.model, self._tiled(copies), comps, repl)[0]
+        return logits.unflatten(0, (copies, -1))
 
 
 def _is(spec: Any, word: str) -> bool:
@@ -316,7 +353,7 @@ def _attribution_hooks(model: Model, store: dict[str, Tensor]) -> list[tuple[str
 
     hooks = [keep(embed_hook(), leaf=True)]
     for layer in range(model.cfg.n_layers):
-        hooks += [keep(resid_pre_hook(layer)), keep(z_hook(layer)), keep(attn_out_hook(layer))]
+        hooks += [keep(resid_pre_hook(layer))]
         hooks += [keep(channel_hook(layer, c)) for c in "qkv"]
         if has_mlp(model, layer):
             hooks += [keep(resid_mid_hook(layer)), keep(mlp_out_hook(layer))]
@@ -325,23 +362,28 @@ def _attribution_hooks(model: Model, store: dict[str, Tensor]) -> list[tuple[str
 
 
 def _input_gradients(model: Model, store: dict[str, Tensor], loss: Tensor) -> dict[tuple[str, str], Tensor]:
-    """d loss / d (the residual stream as each receiver input reads it), [batch pos d_model] per input."""
+    """d loss / d (the residual stream as each receiver input reads it), [batch pos d_model] per input: one
+    backward pass per layer and input kind, batched over the layer's heads (`is_grads_batched`)."""
     last = resid_post_hook(int(model.cfg.n_layers) - 1)
-    outs = {(f"L{l}H{h}", c): (channel_hook(l, c), h) for l, n in enumerate(heads_per_layer(model))
-            for h in range(n) for c in "qkv"}
-    outs.update({(f"L{l}.mlp", "mlp"): (mlp_out_hook(l), None) for l in range(model.cfg.n_layers)
-                 if has_mlp(model, l)})
-    names = sorted({name for name, _ in outs.values()})
-    grads = dict(zip(names, torch.autograd.grad(loss, [store[n] for n in names] + [store[last]],
-                                                retain_graph=True)))
-    grads[last] = torch.autograd.grad(loss, store[last], retain_graph=True)[0]
+    layers = range(int(model.cfg.n_layers))
+    heads = heads_per_layer(model)
+    names = [channel_hook(l, c) for l in layers for c in "qkv"] + [mlp_out_hook(l) for l in layers if has_mlp(model, l)]
+    grads = dict(zip(names + [last], torch.autograd.grad(loss, [store[n] for n in names + [last]],
+                                                         retain_graph=True)))
     out = {("logits", "logits"): grads[last]}
-    for (receiver, inp), (name, head) in outs.items():
-        layer = int(receiver[1:].split("H")[0].split(".")[0])
-        resid = store[resid_mid_hook(layer) if inp == "mlp" else resid_pre_hook(layer)]
-        value, grad = (store[name], grads[name]) if head is None else (store[name][:, :, head],
-                                                                       grads[name][:, :, head])
-        out[receiver, inp] = torch.autograd.grad(value, resid, grad_outputs=grad, retain_graph=True)[0]
+    for layer in layers:
+        for c in "qkv":
+            name, n = channel_hook(layer, c), heads[layer]
+            per_head = grads[name].new_zeros(n, *grads[name].shape)
+            for h in range(n):
+                per_head[h, :, :, h] = grads[name][:, :, h]
+            back = torch.autograd.grad(store[name], store[resid_pre_hook(layer)], grad_outputs=per_head,
+                                       retain_graph=True, is_grads_batched=True)[0]
+            out.update({(f"L{layer}H{h}", c): back[h] for h in range(n)})
+        if has_mlp(model, layer):
+            name = mlp_out_hook(layer)
+            out[f"L{layer}.mlp", "mlp"] = torch.autograd.grad(store[name], store[resid_mid_hook(layer)],
+                                                             grad_outputs=grads[name], retain_graph=True)[0]
     return out
 
 
@@ -351,20 +393,18 @@ def edge_attributions(runner: EdgeRunner) -> dict[EdgeKey, float]:
     positions: the first-order estimate of the edge's path-patching effect (nats) from one forward and backward
     pass. Where a receiver responds non-linearly (a softmax that switches keys) the estimate can be far off."""
     model, store = runner.model, {}
+    w_o = model.W_O.detach()  # [layer, head, d_head, d_model]: a head writes z W_O
     with torch.enable_grad():
         logits = model.run_with_hooks(runner.tokens, fwd_hooks=_attribution_hooks(model, store))
         loss = sequence_losses(logits, runner.tokens).mean()
         grads = _input_gradients(model, store, loss)
-        out = {}
-        for edge in runner.edges:
-            grad = grads[edge.receiver, edge.input]
-            sender = Component.parse(edge.sender)
-            name = sender.hook_name
-            delta = (runner.corrupted[name] - runner.clean[name]).to(grad.dtype)
-            if sender.kind == "head":  # a head writes z W_O: pull the gradient back through W_O
-                back = torch.autograd.grad(store[attn_out_hook(sender.layer)], store[name], grad_outputs=grad,
-                                           retain_graph=True)[0]
-                out[edge] = float((delta[:, :, sender.head] * back[:, :, sender.head]).sum())
-            else:
-                out[edge] = float((delta * grad).sum())
+    out = {}
+    for edge in runner.edges:
+        grad = grads[edge.receiver, edge.input].detach()
+        sender = Component.parse(edge.sender)
+        name = sender.hook_name
+        delta = (runner.corrupted[name] - runner.clean[name]).to(grad.dtype)
+        if sender.kind == "head":
+            delta = delta[:, :, sender.head] @ w_o[sender.layer, sender.head].to(grad.dtype)
+        out[edge] = float((delta * grad).sum())
     return out
