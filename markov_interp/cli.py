@@ -28,6 +28,7 @@ _TRAIN_SHORTCUTS = (
         help="markov: the kernel as JSON, e.g. '[[0.9,0.1,0],[0.2,0.5,0.3],[0,0.4,0.6]]' (rows: current state, "
         "columns: next state; for order k, nested k+1 deep or flat [V**k, V])")),
     ("data", "--order", "source.order", dict(type=int, help="markov / random: chain order k (default 1)")),
+    ("data", "--pool-size", "source.pool_size", dict(type=int, help="random: N kernels, one drawn per sequence")),
     ("model", "--preset", "model.preset", dict(
         help="paper-1layer (default for fixed kernels), paper-2layer, attn-only-2layer (default for random)")),
     ("model", "--layers", "model.n_layers", dict(type=int, help="number of blocks")),
@@ -256,17 +257,18 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
     # Owned by the probes work (issue 4).
     p = sub.add_parser(
         "probe",
-        help="name the mechanism of a trained model (uniform, unigram, in_context_unigram, kernel, induction or "
-        "other) with the evidence",
+        help="name the mechanism of a trained model (uniform, unigram, in_context_unigram, state_and_counts, "
+        "kernel, induction or other) with the evidence",
         description="Load the model of a run folder and run markov_interp.probes.classify_mechanism on fresh "
         "sequences from the run's source: the law the model follows (KL to every candidate law and the gaps "
-        "between them), the circuit's role sets with their set-ablation costs, per-head scores beside chance, "
-        "head ablations, implied kernel.",
+        "between them), graded gains, the kernel-swap in-context fraction, the circuit found by path patching "
+        "(every edge's effect, the kept edges), per-head scores beside chance, head ablations, implied kernel.",
     )
     p.add_argument("run_dir", help="run folder written by `markov-interp train` (config.json, model.safetensors)")
     p.add_argument("--json", action="store_true", help="print the full report as JSON instead of a summary")
     p.add_argument("--seq-len", type=int, default=None,
-                   help="probe sequence length (default: the run's training length, at most 256)")
+                   help="probe sequence length (default: the run's training length; longer warns, beyond "
+                   "n_ctx is refused)")
     p.add_argument("--n-sequences", type=int, default=64, help="probe sequences (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe sequences (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
@@ -290,8 +292,8 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
                 print(f"diverged: {runfolder.diverged_message(run_dir, diverged)}")
             return EXIT_DIVERGED
         model = models.load(run_dir, device=device, expect=run.model)
-        seq_len = args.seq_len if args.seq_len is not None else min(run.train.seq_len, 256)
-        report = classify_mechanism(model, run.source.build(), seq_len=seq_len, n_sequences=args.n_sequences,
+        # the length rule is the probes' (probes._common.probe_length): the loaded model knows its training length
+        report = classify_mechanism(model, run.source.build(), seq_len=args.seq_len, n_sequences=args.n_sequences,
                                     seed=args.seed)
         if args.json:
             print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
@@ -306,11 +308,8 @@ def _print_probe(report: Any) -> None:
     """The `probe` summary: the label and why, every candidate law, the circuit's roles, per-head scores."""
     order = f" (order {report.order})" if report.order is not None else ""
     print(f"mechanism: {report.mechanism}{order}{'' if report.confident else ' (not confident)'}")
-    from markov_interp.theory import format_loss
-
-    refs = ", ".join(f"{k} {format_loss(report.reference(k), report.reference(f'{k}_se'))}"
-                     for k in ("entropy_rate", "unigram_loss", "bayes_loss") if report.reference(k) is not None)
-    print(f"eval loss {report.eval_loss:.4f} nats ({refs})")
+    # describe() names the plateau for what it is: H(pi), or the in-context unigram loss for random kernels
+    print(f"eval loss {report.eval_loss:.4f} nats ({report.references.describe()})")
     for reason in report.reasons:
         print(f"  - {reason}")
     sim = report.strategies
@@ -318,10 +317,15 @@ def _print_probe(report: Any) -> None:
     for name, value in sim.divergences.items():
         alias = f"  (= {sim.aliases[name]})" if name in sim.aliases else ""
         print(f"{name:26s} {value:16.4f}  {sim.gaps[name]:18.4f}{alias}")
-    for role in report.circuit.roles:
+    graph = report.circuit
+    print(f"circuit: {len(graph.kept)} of {len(graph.edges)} edges kept ({graph.corruption} corruption, "
+          f"faithfulness {graph.faithfulness:.2f}); edge  effect +- se (nats)")
+    for edge in graph.kept:
+        print(f"  {edge.name:24s} {edge.effect:+.4f} +- {edge.se:.4f}")
+    for role in report.induction.roles:
         heads = ", ".join(f"{h.name} {x:.2f}" for h, x in zip(role.heads, role.scores)) or "none"
-        cost = "n/a" if role.ablation is None else f"{role.ablation:+.4f}"
-        print(f"role {role.name}: {heads}; set ablation {cost}{' (confirmed)' if role.confirmed else ''}")
+        effect = "n/a" if role.effect is None else f"{role.effect:+.4f}"
+        print(f"role {role.name}: {heads}; K-edge effect {effect}{' (confirmed)' if role.confirmed else ''}")
     scores, heads = report.attention, report.ablation.head_grid()
     print(f"head  prev-token (chance {scores.previous_token_chance:.3f})  induction excess over baseline  "
           f"same-token (chance {scores.same_token_chance:.3f})  mean-ablation dloss")
@@ -347,7 +351,8 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="HTML file to write (default RUN_DIR/report.html)")
     p.add_argument("--n-sequences", type=int, default=64, help="sequences in the probe batch (default 64)")
     p.add_argument("--seq-len", type=int, default=None,
-                   help="length of the probe sequences (default min(training length, n_ctx, 128))")
+                   help="length of the probe sequences (default: the run's training length; longer warns, "
+                   "beyond n_ctx is refused)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe batch (default 0)")
     p.add_argument("--max-checkpoints", type=int, default=8, help="checkpoints re-probed for the dynamics (default 8)")
     p.add_argument("--device", default="cpu", help="device to probe on (default cpu)")
@@ -494,11 +499,23 @@ def _one_line(err: BaseException) -> str:
     return " ".join(text.split()) or type(err).__name__
 
 
+def _print_warning(command: str) -> Any:
+    """`warnings.showwarning` for the CLI: a warning is one line on stderr, like an error."""
+    def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+        print(f"markov-interp {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _print_warning(args.command)
+            return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         if getattr(args, "debug", False):
             raise

@@ -4,8 +4,9 @@ the model is clamped or frozen while it learns?
 Probing a trained model tells *what* circuit it has; these ask *how it forms* (Singh et al. 2024, "What needs to
 go right for an induction head", clamp activations during training; Bietti et al. 2023 freeze parameters).
 Each experiment trains every arm over the same seeds (one stack per arm, `training.train_many`) and answers
-with escape-time distributions (`dynamics`): the first evaluation after which the model's excess loss over
-the true predictor stays below half the plateau's, censored at the budget.
+with the distributions of `dynamics`: each run's excess curve (its excess loss over the true predictor as a
+fraction of the plateau's) and its crossings of 0.9 / 0.75 / 0.5 / 0.25 (interval-censored between evaluations,
+right-censored at the budget), summarised per arm and compared with the free arm at every line.
 
 1. **previous-token clamp** — random kernels (a fresh Dirichlet kernel per sequence), two attention-only
    layers: layer 0's pattern clamped to a perfect previous-token head (`previous_token`) for the whole run, or
@@ -19,9 +20,11 @@ the true predictor stays below half the plateau's, censored at the budget.
    depend on attention at all?
 
 `run_experiment(name, budget, out_dir)` trains one experiment (restartable through its run folders) and
-returns an `ExperimentResult` (per arm: escape times, summaries, comparisons with the free arm, final losses);
-`survival_figure` draws its Kaplan–Meier curves. `python -m markov_interp.experiments --out DIR` runs all
-three and writes results.json, summary.md and survival.png (what docs/reproduction/interventions/ holds).
+returns an `ExperimentResult` (per arm: each run's dynamics, the arm's `dynamics.ConditionDynamics`, the
+comparison with the free arm, final losses); `survival_figure` draws the escape survival, `dynamics_figures` the
+median excess curves and the survival at every line. `python -m markov_interp.experiments --out DIR` runs all
+three and writes results.json (with every run's curve), summary.md and the figures (what
+docs/reproduction/interventions/ holds).
 """
 
 import argparse
@@ -44,7 +47,7 @@ from markov_interp.training import RunConfig, TrainConfig
 
 __all__ = ["ExperimentBudget", "QUICK", "FULL", "EXPERIMENTS", "Arm", "ArmResult", "ExperimentResult",
            "experiment_arms", "run_experiment", "previous_token_at_release", "circuit_scores_at_end",
-           "survival_figure", "summary_markdown", "to_json", "main"]
+           "survival_figure", "dynamics_figures", "summary_markdown", "to_json", "main"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -145,15 +148,26 @@ def _folder(out: Optional[Path], base: RunConfig, arm: Arm, seed: int, suffix: s
 
 @dataclasses.dataclass(frozen=True)
 class ArmResult:
-    """One arm over seeds: escape times (None: a failed run), their summary, final evaluation losses, and its
-    comparison with the free arm (None for the free arm itself)."""
+    """One arm over seeds: each run's `dynamics.RunDynamics` (None: a failed run), the arm's
+    `dynamics.ConditionDynamics`, final evaluation losses, and its comparison with the free arm (None for the
+    free arm itself)."""
 
     arm: Arm
-    escapes: tuple
-    summary: dynamics.EscapeSummary
+    runs: tuple
+    condition: dynamics.ConditionDynamics
     final_losses: tuple
-    against_free: Optional[dynamics.EscapeComparison]
+    against_free: Optional[dynamics.Comparison]
     extra: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def escapes(self) -> tuple:
+        """Each run's escape (`dynamics.StepInterval`; None: a failed run)."""
+        return tuple(None if r is None else r.escape for r in self.runs)
+
+    @property
+    def summary(self) -> dynamics.Survival:
+        """The survival of the escape over the arm's runs."""
+        return self.condition.escape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,23 +199,22 @@ def run_experiment(name: str, budget: ExperimentBudget = FULL, out_dir: "str | P
     out = None if out_dir is None else Path(out_dir)
     start = time.perf_counter()
     results, notes = [], []
-    free_escapes = None
+    free_runs = None
     for arm in arms:
         trained = _train_arm(base, arm, budget, out, progress)
-        escapes = [None if r.failed else dynamics.escape_from_metrics(r.metrics) for r in trained]
-        known = [e for e in escapes if e is not None]
-        summary = dynamics.summarise(known, budget=base.train.steps)
-        versus = None if free_escapes is None else dynamics.compare(free_escapes, known, budget=base.train.steps)
-        free_escapes = known if free_escapes is None else free_escapes
+        runs = [None if r.failed else dynamics.from_metrics(r.metrics) for r in trained]
+        known = [r for r in runs if r is not None]
+        versus = None if free_runs is None else dynamics.compare(free_runs, known)
+        free_runs = known if free_runs is None else free_runs
         extra = {}
         if base.source.kind == "random":
             extra["at_end"] = circuit_scores_at_end(trained)
         if name == "reader-frozen":
             extra.update(previous_token_at_release(base, arm, budget, out, progress))
-        results.append(ArmResult(arm, tuple(escapes), summary, tuple(r.final.eval_loss for r in trained), versus,
-                                 extra))
-        if any(e is None for e in escapes):
-            notes.append(f"{arm.name}: {sum(e is None for e in escapes)} runs failed (left out)")
+        results.append(ArmResult(arm, tuple(runs), dynamics.condition(known), tuple(r.final.eval_loss for r in trained),
+                                 versus, extra))
+        if any(r is None for r in runs):
+            notes.append(f"{arm.name}: {sum(r is None for r in runs)} runs failed (left out)")
     return ExperimentResult(name, budget, base.train.steps, tuple(results), time.perf_counter() - start,
                             tuple(notes))
 
@@ -231,7 +244,8 @@ def circuit_scores_at_end(trained: list) -> dict:
         if result.failed or result.model is None:
             continue
         run = result.config
-        batch = probes.sample_batch(run.source.build(), n_sequences=64, seq_len=run.train.seq_len, seed=10_000 + seed)
+        batch = probes.sample_batch(run.source.build(), n_sequences=64, seq_len=probes.probe_length(result.model),
+                                    seed=10_000 + seed)  # the training length: the one probe-length rule
         with intervene.applied(result.model, run.train.interventions, run.train.steps - 1):
             _, cache = result.model.run_with_cache(batch.tokens)
         att = probes.attention_scores(result.model, batch.tokens, cache=cache)
@@ -261,78 +275,135 @@ def _mean_interval(values: list[float], confidence: float = 0.95, n_boot: int = 
 
 # ------------------------------------------------------------------------------------------------ output
 def survival_figure(results: list[ExperimentResult]) -> Any:
-    """Kaplan–Meier curves of every arm, one panel per experiment."""
+    """The survival of the escape of every arm, one panel per experiment."""
     from markov_interp.report import figures
 
-    panels = {_title(r): {a.arm.name: a.summary.curve for a in r.arms} for r in results}
+    panels = {_title(r): {a.arm.name: a.summary for a in r.arms} for r in results}
     return figures.escape_survival_figure(panels, budget={_title(r): r.steps for r in results})
+
+
+def dynamics_figures(result: ExperimentResult) -> dict[str, Any]:
+    """One experiment's median excess curves (bands across seeds) and the survival at every line, by file name
+    ("curves-NAME.png", "crossings-NAME.png")."""
+    from markov_interp.report import figures
+
+    return {f"curves-{result.name}.png": figures.excess_curves_figure(
+                {a.arm.name: a.condition.curve for a in result.arms}, title=_title(result)),
+            f"crossings-{result.name}.png": figures.crossing_survival_figure(
+                {a.arm.name: a.condition.survival for a in result.arms}, budget=result.steps, title=_title(result))}
 
 
 def _title(result: ExperimentResult) -> str:
     return f"{result.name} ({result.budget.seeds} seeds, {result.steps} steps)"
 
 
-def _step(x: Optional[int], budget: int) -> str:
-    return f">{budget}" if x is None else str(x)
+def _escape_table(r: ExperimentResult) -> list[str]:
+    """Per arm: escaped k/n, the median escape [interval], censored [Wilson], the shift from free, log-rank."""
+    lines = ["| arm | escaped | median escape [95% CI] | censored [95% CI] | vs free: median shift [95% CI] "
+             "| log-rank p | final eval loss (mean) |", "|---|---|---|---|---|---|---|"]
+    for a in r.arms:
+        s = a.summary
+        lo, hi = dynamics.wilson_interval(s.n_censored, s.n)
+        shift, p = "—", "—"
+        if a.against_free is not None:
+            c = a.against_free.escape
+            shift, p = c.difference_text(), "—" if c.p_value is None else f"{c.p_value:.2g}"
+        losses = [x for x in a.final_losses if x is not None and math.isfinite(x)]
+        lines.append(f"| {a.arm.name} | {s.n - s.n_censored}/{s.n} | {s.median().describe()} | "
+                     f"{s.n_censored}/{s.n} [{lo:.2f}, {hi:.2f}] | {shift} | {p} | {statistics.fmean(losses):.4f} |")
+    return lines
+
+
+def _lines_table(r: ExperimentResult) -> list[str]:
+    """Per arm and line: the median crossing, and for an intervention its ratio to free [bootstrap CI]; the
+    area between the median excess curves (intervention - free)."""
+    fractions = list(r.arms[0].condition.survival)
+    lines = ["| arm | " + " | ".join(f"{f:g} left" for f in fractions) + " | area vs free [95% CI] |",
+             "|---|" + "---|" * (len(fractions) + 1)]
+    for a in r.arms:
+        cells = []
+        for f in fractions:
+            text = str(a.condition.survival[f].median().estimate)
+            c = a.against_free.fractions.get(f) if a.against_free else None
+            if c is not None:
+                text += f"; x free: {c.ratio_text()}"
+            cells.append(text)
+        area = "—"
+        if a.against_free is not None and a.against_free.area is not None:
+            ar = a.against_free.area
+            iv = "no interval" if ar.interval is None else ", ".join("?" if x is None else f"{x:+.3g}"
+                                                                     for x in ar.interval)
+            area = f"{ar.area:+.3g} [{iv}] (steps {ar.span[0]}-{ar.span[1]})"
+        lines.append(f"| {a.arm.name} | " + " | ".join(cells) + f" | {area} |")
+    return lines
+
+
+def _extra_lines(r: ExperimentResult) -> list[str]:
+    lines = []
+    for a in r.arms:
+        e = a.extra
+        if "step" in e:
+            lines.append(f"\n{a.arm.name}: layer 0's previous-token score after {e['step']} updates: mean "
+                         f"{e['mean']:.3f} [{e['interval'][0]:.3f}, {e['interval'][1]:.3f}] over "
+                         f"{len(e['previous_token'])} seeds (uniform attention: {e['chance']:.3f})")
+        if "at_end" in e:
+            end = e["at_end"]
+            lines.append(f"\n{a.arm.name}, at step {r.steps} (under its interventions, if any): layer 0 "
+                         f"previous-token "
+                         f"{end['previous_token_mean']:.3f} [{end['previous_token_interval'][0]:.3f}, "
+                         f"{end['previous_token_interval'][1]:.3f}], layer 1 induction {end['induction_mean']:.3f} "
+                         f"[{end['induction_interval'][0]:.3f}, {end['induction_interval'][1]:.3f}] (uniform "
+                         f"attention: {end['chance'].get('previous_token', math.nan):.3f} and "
+                         f"{end['chance'].get('induction', math.nan):.3f})")
+    return lines + [f"\n{n}" for n in r.notes]
 
 
 def summary_markdown(results: list[ExperimentResult], *, header: str = "") -> str:
-    """One table per experiment: per arm escaped k/n, median escape [95% CI], censored fraction [Wilson CI],
-    the median difference from the free arm [bootstrap CI] and the log-rank p-value, final loss."""
+    """Two tables per experiment: per arm escaped k/n, the median escape [95% CI], censored fraction [Wilson
+    CI], the median shift from the free arm [bootstrap CI], log-rank p and final loss; then the median crossing
+    of every line with its ratio to free [bootstrap CI] and the area between the median excess curves."""
     lines = [header] if header else []
     for r in results:
-        lines += ["", f"## {_title(r)}", "",
-                  "| arm | escaped | median escape [95% CI] | censored [95% CI] | vs free: median shift [95% CI] "
-                  "| log-rank p | final eval loss (mean) |", "|---|---|---|---|---|---|---|"]
-        for a in r.arms:
-            s = a.summary
-            lo, hi = s.censored_interval
-            shift, p = "—", "—"
-            if a.against_free is not None:
-                c = a.against_free
-                fmt = (lambda x: "?" if x is None else f"{x:+d}")
-                shift = f"{fmt(c.median_difference)} [{fmt(c.difference_interval[0])}, {fmt(c.difference_interval[1])}]"
-                p = f"{c.p_value:.2g}"
-            losses = [x for x in a.final_losses if x is not None and math.isfinite(x)]
-            lines.append(f"| {a.arm.name} | {s.n - s.n_censored}/{s.n} | {_step(s.median, r.steps)} "
-                         f"[{_step(s.median_interval[0], r.steps)}, {_step(s.median_interval[1], r.steps)}] | "
-                         f"{s.n_censored}/{s.n} [{lo:.2f}, {hi:.2f}] | {shift} | {p} | "
-                         f"{statistics.fmean(losses):.4f} |")
-        for a in r.arms:
-            e = a.extra
-            if "step" in e:
-                lines.append(f"\n{a.arm.name}: layer 0's previous-token score after {e['step']} updates: mean "
-                             f"{e['mean']:.3f} [{e['interval'][0]:.3f}, {e['interval'][1]:.3f}] over "
-                             f"{len(e['previous_token'])} seeds (uniform attention: {e['chance']:.3f})")
-            if "at_end" in e:
-                end = e["at_end"]
-                lines.append(f"\n{a.arm.name}, at step {r.steps} (under its interventions, if any): layer 0 "
-                             f"previous-token "
-                             f"{end['previous_token_mean']:.3f} [{end['previous_token_interval'][0]:.3f}, "
-                             f"{end['previous_token_interval'][1]:.3f}], layer 1 induction {end['induction_mean']:.3f} "
-                             f"[{end['induction_interval'][0]:.3f}, {end['induction_interval'][1]:.3f}] (uniform "
-                             f"attention: {end['chance'].get('previous_token', math.nan):.3f} and "
-                             f"{end['chance'].get('induction', math.nan):.3f})")
-        lines += [f"\n{n}" for n in r.notes]
+        lines += ["", f"## {_title(r)}", "", *_escape_table(r), "", "Crossings of every line (fraction of the "
+                  "plateau excess left): the median crossing's grid interval; for an intervention its ratio to "
+                  "free with a bootstrap interval; area = the integral of (median excess curve - free's) over "
+                  "steps.", "", *_lines_table(r), *_extra_lines(r)]
     return "\n".join(lines) + "\n"
 
 
+def _comparison_json(c: dynamics.Comparison) -> dict:
+    """The comparison with the free arm: per line the medians' shift and ratio with intervals, log-rank p."""
+    out = {"median_shift": c.escape.difference, "median_shift_interval": c.escape.difference_interval,
+           "logrank_p": c.escape.p_value, "lines": {
+               repr(f): {"difference": x.difference, "difference_interval": x.difference_interval, "ratio": x.ratio,
+                         "ratio_interval": x.ratio_interval, "logrank_p": x.p_value} for f, x in c.fractions.items()}}
+    if c.area is not None:
+        out["area"] = {"span": list(c.area.span), "area": c.area.area, "interval": c.area.interval}
+    return json.loads(json.dumps(out))  # tuples as lists
+
+
+def _arm_json(a: ArmResult) -> dict:
+    median = a.summary.median()
+    return {"interventions": list(a.arm.interventions),
+            "escape_steps": [e.step if e else None for e in a.escapes],
+            "censored": [e.censored if e else None for e in a.escapes],
+            "final_eval_loss": list(a.final_losses),
+            "median": median.by,
+            "median_interval": None if median.interval is None else [median.interval.after, median.interval.by],
+            "censored_interval": list(dynamics.wilson_interval(a.summary.n_censored, a.summary.n)),
+            # every run's crossings of every line and its excess curve (paired losses at each evaluation)
+            "crossings": [None if r is None else r.to_json() for r in a.runs],
+            "curves": [None if r is None else {"steps": list(r.curve.steps), "excess": list(r.curve.excess),
+                                               "plateau_excess": list(r.curve.plateau_excess)} for r in a.runs],
+            **(_comparison_json(a.against_free) if a.against_free else {}),
+            **a.extra}
+
+
 def to_json(results: list[ExperimentResult]) -> dict:
-    """Every seed's escape step, censoring and final loss, per arm and experiment (what results.json holds)."""
-    out = {}
-    for r in results:
-        out[r.name] = {"steps": r.steps, "seconds": round(r.seconds, 1), "arms": {
-            a.arm.name: {"interventions": list(a.arm.interventions),
-                         "escape_steps": [e.step if e else None for e in a.escapes],
-                         "censored": [e.censored if e else None for e in a.escapes],
-                         "final_eval_loss": list(a.final_losses),
-                         "median": a.summary.median, "median_interval": list(a.summary.median_interval),
-                         "censored_interval": list(a.summary.censored_interval),
-                         **({"median_shift": a.against_free.median_difference,
-                             "median_shift_interval": list(a.against_free.difference_interval),
-                             "logrank_p": a.against_free.p_value} if a.against_free else {}),
-                         **a.extra} for a in r.arms}}
-    return out
+    """Every seed's escape, crossings, excess curve and final loss, per arm and experiment, with the arms'
+    comparisons with free (what results.json holds)."""
+    return {r.name: {"steps": r.steps, "seconds": round(r.seconds, 1), "arms": {a.arm.name: _arm_json(a)
+                                                                              for a in r.arms}} for r in results}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -362,19 +433,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     header = (f"# Interventions during training ({budget.name})\n\nMade by `python -m markov_interp.experiments "
               f"{' '.join(argv if argv is not None else sys.argv[1:])}` on {platform.machine()}, device "
               f"{budget.device}, torch {torch.__version__}, fp32; {budget.seeds} seeds per arm"
-              + (f". Cuts: {budget.cuts}" if budget.cuts else "") + ". Escape step = first evaluation after "
-              "which the model's excess loss over the true predictor stays below half the plateau's (the in-context "
-              "unigram estimator's for random kernels, the stationary law's for the fixed chain), censored at "
-              "the budget; evaluations every " + str(budget.eval_every) + " steps. Intervals are 95%: "
-              "Kaplan-Meier median "
-              "(log-log band), censored fraction (Wilson), median shift against the free arm (bootstrap over "
-              "seeds; ?: beyond the budget), mean scores (bootstrap). Attention scores are measured on 64 fresh "
-              "sequences with the arm's clamps applied (`intervene.applied`).")
+              + (f". Cuts: {budget.cuts}" if budget.cuts else "") + ". A run crosses a line f (a fraction of the "
+              "plateau's excess over the true predictor: the in-context unigram estimator's for random kernels, "
+              "the stationary law's for the fixed chain) at the first evaluation that starts "
+              f"{dynamics.DWELL} in a row below f, known to lie in (previous evaluation, evaluation]; escape = "
+              "the crossing of 0.5, censored when not seen within the budget; evaluations every "
+              + str(budget.eval_every) + " steps (`dynamics`). Intervals are 95%: median crossings (Kaplan-Meier "
+              "on the evaluation grid, log-log band; none from fewer than 5 seeds), censored fraction (Wilson), "
+              "shifts, ratios and areas against the free arm (bootstrap over seeds; ?: beyond the budget), mean "
+              "scores (bootstrap). Attention scores are measured on 64 fresh sequences with the arm's clamps "
+              "applied (`intervene.applied`).")
     markdown = summary_markdown(results, header=header)
     atomic_write(out / "summary.md", markdown)
     atomic_write(out / "results.json", json.dumps(to_json(results), indent=1))
-    with atomic_path(out / "survival.png") as tmp:
-        survival_figure(results).savefig(tmp, dpi=110, bbox_inches="tight", format="png")
+    drawn = {"survival.png": survival_figure(results)}
+    for r in results:
+        drawn.update(dynamics_figures(r))
+    for name, fig in drawn.items():
+        with atomic_path(out / name) as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
     print(markdown)
     return 0
 

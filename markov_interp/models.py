@@ -36,6 +36,7 @@ from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from markov_interp import runfolder
 from markov_interp._io import atomic_write
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_keys, check_number
 
@@ -659,7 +660,9 @@ def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[Mode
 
     Tying is restored (one shared Parameter). A missing file raises FileNotFoundError; a corrupt file, a
     missing / unexpected / wrongly shaped tensor, or a config different from `expect` raise ValueError
-    naming the problem. `model.markov_config` holds the config.
+    naming the problem. `model.markov_config` holds the config; `model.markov_train_seq_len` the training
+    sequence length when the weights sit in a run folder (its config.json), else None: the probes' default
+    length (`probes._common.probe_length`).
     """
     cfg, state = read_weights(path)
     if expect is not None and expect != cfg:
@@ -670,4 +673,5 @@ def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[Mode
     if device is not None:
         model.to(torch.device(device), print_details=False)
     model.eval()
+    model.markov_train_seq_len = runfolder.training_seq_len(_resolve_weights_path(path).parent)
     return model

@@ -248,9 +248,10 @@ def _summary_row(experiment: str, setting: dict, cells: list[Row]) -> dict:
     stuck = [r.stuck_at_unigram for r in ok if r.stuck_at_unigram is not None]
     mechanisms = Counter(_mechanism_label(r.probe) for r in ok)
     references = ok[0] if ok else None
-    escapes = [dynamics.EscapeTime(r.escape_step, r.censored) for r in ok if r.censored is not None]
+    escapes = [e for e in (r.crossing() for r in ok) if e is not None]
     budget = cells[0].config.train.steps
-    spread = dynamics.summarise(escapes, budget=budget) if escapes else None
+    spread = dynamics.survival(escapes) if escapes else None
+    median = spread.median() if spread else None
     theory = _theory(cells[0])
     return {
         "experiment": experiment,
@@ -267,11 +268,13 @@ def _summary_row(experiment: str, setting: dict, cells: list[Row]) -> dict:
         "escape_step": _mean([r.escape_step for r in ok]),
         "budget": budget,
         "censored": f"{spread.n_censored}/{spread.n}" if spread else None,
-        # escape times with censoring (paired evaluation; `dynamics`): Kaplan-Meier median, Wilson interval
-        "median_escape": spread.median if spread else None,
-        "median_escape_ci": spread.median_interval if spread else None,
-        "censored_ci": spread.censored_interval if spread else None,
-        "escape_curve": spread.curve if spread else None,  # for the survival figure (not a table column)
+        # escapes with interval and right censoring (paired evaluation; `dynamics`): the step by which half the
+        # seeds had escaped (None: not reached), its interval (after, by] (None: fewer than dynamics.MIN_RUNS
+        # seeds; by None: not reached), the censored fraction's Wilson interval
+        "median_escape": median.by if median else None,
+        "median_escape_ci": ((median.interval.after, median.interval.by) if median and median.interval else None),
+        "censored_ci": dynamics.wilson_interval(spread.n_censored, spread.n) if spread else None,
+        "escape_curve": spread,  # for the survival figure (not a table column)
         "theory": theory,
         "theory_exact": _theory_exact(cells[0]),
         # the seeds whose observed outcome is the predicted one: "unigram" = censored at the budget (still on the
@@ -347,8 +350,11 @@ def _markdown(summary: list[dict], experiment: str, columns: tuple) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         cells = [_fmt(r.get(c), _DIGITS.get(c, 4)) for c in columns]
-        if "median_escape" in columns and r.get("median_escape") is None and r.get("median_escape_ci"):
+        if "median_escape" in columns and r.get("median_escape") is None and r.get("censored"):
             cells[columns.index("median_escape")] = ">budget"  # the curve never reached one half
+        if "median_escape_ci" in columns and r.get("median_escape_ci"):  # (after, by]: a grid interval
+            after, by = r["median_escape_ci"]
+            cells[columns.index("median_escape_ci")] = f"({after}, {'>budget' if by is None else f'{by}]'}"
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -525,12 +531,14 @@ def _precision_note() -> str:
 
 _LEGEND = (
     "Escape times are the headline. Every evaluation is paired (the model's loss beside the true predictor's "
-    "and the plateau predictor's on the same tokens); a run escapes at the first evaluation from which its "
-    "excess stays below half the plateau's (`dynamics.escape_from_metrics`), and is **censored** when that "
-    "never happens within the budget (\"stuck\" means censored at the budget, nothing more: a longer budget "
-    "may see it escape). Per condition: seeds, budget (steps), censored = k/n censored with its 95% Wilson "
-    "interval (censored_ci), median_escape = the Kaplan-Meier median escape step with its 95% interval "
-    "(median_escape_ci; >budget: not reached). \"theory\" = `landscape.predict_outcome` for the canonical "
+    "and the plateau predictor's on the same tokens); a run escapes at the first evaluation that starts "
+    f"{dynamics.DWELL} in a row with its excess below half the plateau's (`dynamics`; the escape lies between "
+    "the previous evaluation and it), and is **censored** when that is not seen within the budget (\"stuck\" "
+    "means censored, nothing more: a longer budget may see it escape). Per condition: seeds, budget (steps), "
+    "censored = k/n censored with its 95% Wilson interval (censored_ci), median_escape = the evaluation step by "
+    "which half the seeds had escaped (Kaplan-Meier on the evaluation grid) with its 95% interval "
+    "(median_escape_ci = (after, by]; >budget: not reached; none from fewer than 5 seeds). \"theory\" = "
+    "`landscape.predict_outcome` for the canonical "
     f"one-layer model (a Gaussian init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); it is exact only where "
     "theory_exact says yes (no normalisation, relu MLP, canonical init with zero value matrix: section 7); "
     "for the paper's LayerNorm models (theory_exact = no) it is a heuristic. \"p_hat\" = the learned P(1|0) "

@@ -91,18 +91,16 @@ __all__ = [
     "Row",
     "CellResult",
     "ProbeColumns",
-    "stuck_at_unigram",
     "outcome",
-    "escape_step",
     "read_table",
     "STUCK_FRACTION",
     "MIN_GAP",
 ]
 
-# A run is "stuck at the unigram loss" when its final evaluation loss lies closer to the unigram loss than to
-# the optimum: eval_loss > optimum + STUCK_FRACTION * (unigram_loss - optimum). The optimum is the entropy
-# rate for a fixed kernel (the bigram / k-gram loss) and the in-context Bayes loss for random kernels.
-STUCK_FRACTION = 0.5
+# `outcome`: a final loss is at the "optimum" below optimum + STUCK_FRACTION * (unigram_loss - optimum), the line
+# of `dynamics` (escape and stuck themselves are `dynamics`' crossings of the paired excess curve). The optimum
+# is the entropy rate for a fixed kernel (the bigram / k-gram loss) and the in-context Bayes loss for random kernels.
+STUCK_FRACTION = dynamics.ESCAPE_FRACTION
 # Below this gap (nats) between unigram loss and optimum the two solutions are indistinguishable (p + q near
 # 1 makes the chain nearly i.i.d.) and the flag is left undecided (None).
 MIN_GAP = 0.005
@@ -297,38 +295,6 @@ def outcome(eval_loss: float, optimum: float, unigram: float) -> Optional[str]:
     return "unigram" if eval_loss <= unigram + STUCK_FRACTION * gap else "above"
 
 
-def stuck_at_unigram(eval_loss: float, optimum: float, unigram: float) -> Optional[bool]:
-    """Whether a final loss sits on the unigram plateau: `outcome(...) == "unigram"` (None when undecidable).
-
-    The loss is closer to the unigram loss H(pi) (the tied single-layer model's bad local minimum) than to the
-    optimum, and not further above H(pi) than STUCK_FRACTION of the gap (a run still above the plateau has
-    not learned even pi and is not called stuck).
-
-    >>> stuck_at_unigram(0.665, 0.619, 0.666), stuck_at_unigram(0.620, 0.619, 0.666)
-    (True, False)
-    """
-    label = outcome(eval_loss, optimum, unigram)
-    return None if label is None else label == "unigram"
-
-
-def escape_step(rows: Sequence[dict], optimum: float, unigram: float) -> Optional[int]:
-    """The first logged step whose mean training loss is below the midpoint between the unigram loss and the
-    optimum and stays below it in every later row (when a run leaves the unigram plateau); None if never, or
-    when the two losses are closer than MIN_GAP."""
-    if unigram - optimum < MIN_GAP:
-        return None
-    mid = optimum + STUCK_FRACTION * (unigram - optimum)
-    losses = [(r["step"], r["train_loss"]) for r in rows if "train_loss" in r]
-    escape = None
-    for step, loss in losses:
-        if loss < mid:
-            if escape is None:
-                escape = step
-        else:
-            escape = None
-    return escape
-
-
 # ------------------------------------------------------------------------------------------------ a cell
 def _probe_settings() -> dict:
     """What a cell's probe columns depend on besides the trained model: the probes' source code. A finished
@@ -411,8 +377,11 @@ class ProbeColumns:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CellResult:
     """What a finished cell adds to its row: final losses beside `theory`'s references, where the final loss
-    sits (`outcome`, `stuck_at_unigram`), when the run left the plateau (`escape_step`) and, when probed, the
-    mechanism (`probe`). Losses in nats."""
+    sits (`outcome`), when the run crossed each line of `dynamics` (`crossings`: {"dwell": K, "0.9": [after,
+    by], ...}; `crossing(f)` reads one) and, when probed, the mechanism (`probe`). Losses in nats.
+
+    `escape_step`, `censored` and `stuck_at_unigram` restate the crossing at `dynamics.ESCAPE_FRACTION` (the
+    `by` step, or the censoring step; censored; stuck = censored) for tables and older readers."""
 
     final_step: int
     final_eval_loss: float
@@ -422,26 +391,43 @@ class CellResult:
     bayes_loss: Optional[float]  # random kernels only
     excess_loss: float  # final_eval_loss - optimum (the in-context Bayes loss, else the entropy rate)
     outcome: Optional[str]
-    stuck_at_unigram: Optional[bool]  # = censored (one definition), from the final loss for older runs
-    escape_step: Optional[int]  # `dynamics.escape_from_metrics`: the escape step, or the budget when censored
+    stuck_at_unigram: Optional[bool]  # = censored (one definition)
+    escape_step: Optional[int]  # the escape crossing's `by` step, or its censoring step
     probe: Optional[ProbeColumns]  # None when the sweep does not probe
     seconds: float
-    censored: Optional[bool] = None  # True: still on the plateau at the budget (paired excess, see `dynamics`)
+    censored: Optional[bool] = None  # True: no confirmed escape within the budget (see `dynamics`)
+    crossings: Optional[dict] = None  # `dynamics.crossings_to_json`; None in tables written before it
 
     @classmethod
     def from_training(cls, result: TrainResult, probe: Optional[ProbeColumns], seconds: float) -> "CellResult":
         f = result.final
-        escape = dynamics.escape_from_metrics(result.metrics)  # None for runs logged before paired evaluation
+        run = dynamics.from_metrics(result.metrics)  # None: no paired evaluation, or no plateau (p + q = 1)
+        escape = run.escape if run else None
         return cls(
             final_step=f.step, final_eval_loss=f.eval_loss, final_train_loss=f.train_loss,
             entropy_rate=f.entropy_rate, unigram_loss=f.unigram_loss, bayes_loss=f.bayes_loss,
             excess_loss=f.excess_loss,
             outcome=outcome(f.eval_loss, f.optimum, f.unigram_loss),
-            stuck_at_unigram=escape.censored if escape else stuck_at_unigram(f.eval_loss, f.optimum, f.unigram_loss),
-            escape_step=escape.step if escape else escape_step(result.metrics, f.optimum, f.unigram_loss),
+            stuck_at_unigram=escape.censored if escape else None,
+            escape_step=escape.step if escape else None,
             censored=escape.censored if escape else None,
+            crossings=run.to_json() if run else None,
             probe=probe, seconds=seconds,
         )
+
+    def crossing(self, fraction: float = dynamics.ESCAPE_FRACTION) -> Optional[dynamics.StepInterval]:
+        """The run's crossing of the line `fraction` (`dynamics.StepInterval`), None where not recorded.
+
+        Tables written before `crossings` hold only `escape_step` and `censored` (the escape line, with the
+        previous evaluation not recorded): they are read as the exact step they were analysed as,
+        (escape_step - 1, escape_step], or censored at escape_step."""
+        if self.crossings is not None:
+            return dynamics.crossings_from_json(self.crossings)[0].get(float(fraction))
+        if fraction != dynamics.ESCAPE_FRACTION or self.escape_step is None or self.censored is None:
+            return None
+        if self.censored:
+            return dynamics.StepInterval(self.escape_step, None)
+        return dynamics.StepInterval(self.escape_step - 1, self.escape_step)
 
     def to_dict(self) -> dict:
         """JSON-ready (what a cell's record file holds)."""
@@ -473,9 +459,9 @@ def run_cell(cell: Cell, runs_dir: "str | os.PathLike", *, probe: bool = True, p
     """Train (or load) one cell into runs_dir/<cell_id> and return its results (without error handling).
 
     The final evaluation loss, the last logged training loss, the reference losses of `theory` (entropy rate,
-    unigram loss, in-context Bayes loss for random kernels), `outcome`, `stuck_at_unigram`, `escape_step`
-    and, with `probe`, the mechanism and key probe scores (the full report goes to
-    results/<cell_id>.probe.json).
+    unigram loss, in-context Bayes loss for random kernels), `outcome`, the crossings of `dynamics` (with
+    `escape_step`, `censored` and `stuck_at_unigram`) and, with `probe`, the mechanism and key probe scores
+    (the full report goes to results/<cell_id>.probe.json).
     """
     start = time.perf_counter()
     run_dir = Path(runs_dir) / cell.cell_id
@@ -752,6 +738,8 @@ def _decode(value: Any, annotation: Any, column: str, cell: Optional[str]) -> An
                 pass
     if value == "null" and str not in kinds:  # tables written before typed rows stored absent heads as JSON null
         return None
+    if dict in kinds and value.startswith("{"):  # the crossings column
+        return json.loads(value)
     if kinds & {list, tuple} and value.startswith("["):
         decoded = json.loads(value)
         return tuple(decoded) if tuple in kinds and list not in kinds else decoded
@@ -769,8 +757,9 @@ def _row(cell: Cell, record: dict) -> Row:
 
 
 def _cell_text(value: Any) -> Any:
-    """A value as a CSV / Parquet cell: lists and tuples (kernels, head coordinates) as JSON, None as empty."""
-    if isinstance(value, (list, tuple)):
+    """A value as a CSV / Parquet cell: lists, tuples and dicts (kernels, head coordinates, crossings) as JSON,
+    None as empty."""
+    if isinstance(value, (list, tuple, dict)):
         return json.dumps(value)
     return value
 

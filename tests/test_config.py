@@ -197,8 +197,9 @@ def _row(cell: sweep.Cell, *, status: str = "ok", probe: bool = True) -> sweep.R
                                  induction_ablation=0.2, circuit_confirmed=True)
     result = sweep.CellResult(final_step=6, final_eval_loss=0.94871, final_train_loss=1.0, entropy_rate=0.8,
                               unigram_loss=0.98, bayes_loss=0.944, excess_loss=0.00471, outcome="optimum",
-                              stuck_at_unigram=False, escape_step=None, probe=columns if probe else None,
-                              seconds=1.0)
+                              stuck_at_unigram=False, escape_step=4, probe=columns if probe else None,
+                              seconds=1.0, censored=False, crossings={"dwell": 2, "0.9": [2, 3], "0.5": [3, 4],
+                                                                       "0.25": [5, None]})
     return sweep.Row(sweep="demo", cell_id=cell.cell_id, status=status, error=None if status == "ok" else "boom",
                      params=dict(cell.params), config=cell.config, result=result if status == "ok" else None,
                      run_dir=f"runs/{cell.cell_id}")
@@ -217,6 +218,7 @@ def test_table_rows_round_trip_through_the_one_typed_reader(tmp_path):
     back = sweep.read_table(tmp_path)
     assert back == rows
     assert back[0].result.probe.previous_token_head == (0, 0) and back[0].params["train.lr"] == 1
+    assert back[0].result.crossings["0.25"] == [5, None] and back[0].result.crossing(0.25).censored
     assert isinstance(back[0].params["train.lr"], int) and back[0].config.source.kernel == ((0.9, 0.1), (0.4, 0.6))
     header = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
     assert header[:4] == ["sweep", "cell_id", "status", "error"]
@@ -241,5 +243,6 @@ def test_tables_written_before_typed_rows_read_back():
     assert ok.result.final_eval_loss == 0.61234 and ok.result.escape_step == 4 and ok.result.bayes_loss is None
     assert ok.result.probe.mechanism == "kernel" and ok.result.probe.previous_token_head == (0, 0)
     assert ok.result.probe.induction_head is None and ok.result.probe.circuit_confirmed is False
+    assert ok.result.crossing() is None  # its escape step was a training-loss rule without censoring: not read
     assert rows[1].result is None and rows[1].error == "RuntimeError: planted"
     assert rows[2].config.model.tie_weights is False

@@ -74,14 +74,33 @@ def test_landscape_figures_draw_the_maps_and_the_theory():
         figures.landscape_figure(p=1.5, q=0.8, n=5)
 
 
-def test_survival_figure_draws_each_curve_with_its_band():
-    from markov_interp.dynamics import EscapeTime, kaplan_meier
+def test_survival_figure_draws_each_curve_with_its_band_where_it_has_one():
+    from markov_interp.dynamics import StepInterval, survival
 
-    escaped = kaplan_meier([EscapeTime(t, False) for t in (100, 200, 300)])
-    censored = kaplan_meier([EscapeTime(150, False), EscapeTime(400, True), EscapeTime(400, True)])
+    escaped = survival([StepInterval(t - 10, t) for t in (100, 200, 300, 300, 310)])
+    censored = survival([StepInterval(140, 150), StepInterval(400, None), StepInterval(400, None)])
     fig = figures.escape_survival_figure({"depth": {"1 layer": escaped, "fp16": censored}}, budget=400)
     ax = fig.axes[0]
     ends = [line.get_ydata()[-1] for line in ax.lines]
     assert ends[0] == pytest.approx(0.0) and ends[1] == pytest.approx(2 / 3)  # censored seeds keep the curve up
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["1 layer (n = 3)", "fp16 (n = 3)"]
-    assert len(ax.collections) == 2  # one band per curve
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["1 layer (n = 5)", "fp16 (n = 3)"]
+    assert len(ax.collections) == 1  # a band for five runs, none for three
+
+
+def test_crossing_and_excess_curve_figures_draw_every_line_and_condition():
+    from markov_interp import dynamics
+
+    def run(left):
+        return dynamics.run_dynamics(dynamics.ExcessCurve((10, 20, 30, 40), tuple(0.1 * x for x in left), (0.1,) * 4))
+
+    free = dynamics.condition([run([1.0, 0.6, 0.3, 0.1]), run([1.0, 0.8, 0.2, 0.1])])
+    clamped = dynamics.condition([run([1.0, 0.7, 0.6, 0.6]), run([1.0, float("nan"), 0.6, 0.5])])
+    fig = figures.crossing_survival_figure({"free": free.survival, "clamped": clamped.survival}, budget=40)
+    assert [ax.get_title() for ax in fig.axes] == [f"crossing {f:g} of the plateau excess left"
+                                                  for f in dynamics.FRACTIONS]
+    assert len(fig.axes[0].lines) == 2
+    fig = figures.excess_curves_figure({"free": free.curve, "clamped": clamped.curve})
+    ax = fig.axes[0]
+    medians = [line for line in ax.lines if "median" in line.get_label()]
+    assert [list(line.get_ydata()) for line in medians][0] == pytest.approx([1.0, 0.7, 0.25, 0.1])
+    assert len(ax.collections) == 2 and sum(line.get_linestyle() == ":" for line in ax.lines) == 4

@@ -138,17 +138,18 @@ def result_rows(work: Path) -> list:
 def test_condition_sentence_from_a_hand_made_distribution(tmp_path):
     from markov_interp.report._condition import ConditionEscapes, condition_escapes
 
-    escapes = [dynamics.EscapeTime(100, False), dynamics.EscapeTime(200, False), dynamics.EscapeTime(300, False),
-               dynamics.EscapeTime(400, True)]
-    s = dynamics.summarise(escapes, budget=400)
-    # Kaplan-Meier by hand: S = 3/4 after 100, 2/4 after 200 -> the median is 200
-    assert s.median == 200
-    found = ConditionEscapes(sweep_dir=tmp_path, sweep_name="x", cell_id="c", step=300, censored=False, summary=s)
+    escapes = [dynamics.StepInterval(90, 100), dynamics.StepInterval(190, 200), dynamics.StepInterval(290, 300),
+               dynamics.StepInterval(390, None)]
+    s = dynamics.survival(escapes)
+    # Kaplan-Meier by hand: S = 3/4 after 100, 2/4 after 200 -> the median is in (190, 200]; 4 seeds: no interval
+    assert s.median().estimate == dynamics.StepInterval(190, 200)
+    found = ConditionEscapes(sweep_dir=tmp_path, sweep_name="x", cell_id="c", escape=escapes[2], summary=s,
+                             budget=400)
     text = found.sentence()
-    assert text.startswith("escaped at step 300; the condition's median is 200 [") and text.endswith(
-        "over 4 seeds, 1 censored")
-    censored = dataclasses.replace(found, step=400, censored=True).sentence()
-    assert censored.startswith("censored (still on the plateau at step 400)")
+    assert text.startswith("escaped in (290, 300]; the condition's median escape is (190, 200] (no interval: 4 runs")
+    assert text.endswith("over 4 seeds, 1 censored")
+    censored = dataclasses.replace(found, escape=escapes[3]).sentence()
+    assert censored.startswith("no confirmed escape (censored after step 390 of 400)")
     # a run folder outside a sweep (no <sweep>/results.csv beside runs/) has no panel
     (tmp_path / "runs" / "abc").mkdir(parents=True)
     assert condition_escapes(tmp_path / "runs" / "abc") is None
@@ -171,8 +172,8 @@ def test_report_panel_for_a_sweep_run(tmp_path):
     # the condition is the three seeds of q = 0.8, not the q = 0.3 cells
     same = [r for r in result.rows if r.params["source.q"] == 0.8]
     assert found.summary.n == 3 and found.summary.n_censored == sum(r.result.censored for r in same)
-    assert found.step == row.result.escape_step and found.censored == row.result.censored
-    assert found.summary.budget == 12
+    assert found.escape == row.result.crossing() and found.escape.censored == row.result.censored
+    assert found.budget == 12
     built = report.build(run_dir, n_sequences=4, max_checkpoints=2)
     section = built.section("condition")
     assert found.sentence() in section.parts[0].replace("&#x27;", "'").replace("&gt;", ">")
@@ -188,6 +189,7 @@ def test_boundary_figure_draws_medians_and_censored_fractions():
                 "budget": 400}
 
     rows = [row(0.2, True, 30, 0), row(0.8, True, None, 12), row(0.2, False, 20, 0), row(0.8, False, 25, 0)]
+    rows.append({**row(0.5, False, 22, 0, n=3), "median_escape_ci": None})  # 3 seeds: no interval, no bar
     left, right = figures.reproduction_boundary_figure(rows, p=0.5).axes
     tied_line = next(line for line in left.lines if line.get_label() == "tied")
     # a median beyond the budget is drawn at the budget
@@ -201,11 +203,11 @@ def test_boundary_figure_draws_medians_and_censored_fractions():
 def test_run_escape_figure_marks_the_run_on_its_condition_curve():
     from markov_interp.report import figures
 
-    escapes = [dynamics.EscapeTime(s, False) for s in (100, 200, 300)] + [dynamics.EscapeTime(400, True)]
-    km = dynamics.kaplan_meier(escapes)
-    ax = figures.run_escape_figure(km, budget=400, step=200, censored=False).axes[0]
+    escapes = [dynamics.StepInterval(s - 10, s) for s in (100, 200, 300)] + [dynamics.StepInterval(390, None)]
+    curve = dynamics.survival(escapes)
+    ax = figures.run_escape_figure(curve, budget=400, crossing=escapes[1]).axes[0]
     marker = [line for line in ax.lines if line.get_label().startswith("this run")]
-    assert len(marker) == 1
+    assert len(marker) == 1 and marker[0].get_label() == "this run: escaped in (190, 200]"
     assert list(marker[0].get_xdata()) == [200] and list(marker[0].get_ydata()) == [pytest.approx(0.5)]
-    ax = figures.run_escape_figure(km, budget=400, step=400, censored=True).axes[0]
-    assert any("censored at 400" in line.get_label() for line in ax.lines)
+    ax = figures.run_escape_figure(curve, budget=400, crossing=escapes[3]).axes[0]
+    assert any("censored after step 390" in line.get_label() for line in ax.lines)

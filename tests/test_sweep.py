@@ -146,27 +146,36 @@ def test_run_argument_errors(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- outcomes
-def test_stuck_at_unigram_threshold():
-    er, ul = 0.6190, 0.6663
-    assert sweep.stuck_at_unigram(ul, er, ul) is True
-    assert sweep.stuck_at_unigram(er + 0.6 * (ul - er), er, ul) is True
-    assert sweep.stuck_at_unigram(er + 0.4 * (ul - er), er, ul) is False
-    assert sweep.stuck_at_unigram(0.69, 0.69, 0.692) is None  # nearly i.i.d.: undecidable
-
-
 def test_outcome_labels():
     er, ul = 0.6190, 0.6663
     assert sweep.outcome(er + 0.01, er, ul) == "optimum"
     assert sweep.outcome(ul + 0.01, er, ul) == "unigram"
-    assert sweep.outcome(0.6931, er, ul) == "above"  # an untrained model (log 2) is not "stuck"
-    assert sweep.stuck_at_unigram(0.6931, er, ul) is False
+    assert sweep.outcome(er + 0.6 * (ul - er), er, ul) == "unigram"
+    assert sweep.outcome(er + 0.4 * (ul - er), er, ul) == "optimum"
+    assert sweep.outcome(0.6931, er, ul) == "above"  # an untrained model (log 2) is not on the plateau
+    assert sweep.outcome(0.69, 0.69, 0.692) is None  # nearly i.i.d.: undecidable
 
 
-def test_escape_step():
-    er, ul = 0.6, 0.7
-    rows = [{"step": s, "train_loss": v} for s, v in [(10, 0.7), (20, 0.64), (30, 0.66), (40, 0.63), (50, 0.61)]]
-    assert sweep.escape_step(rows, er, ul) == 40
-    assert sweep.escape_step(rows[:1], er, ul) is None
+def _result(**changes):
+    base = dict(final_step=60, final_eval_loss=0.62, final_train_loss=0.63, entropy_rate=0.6, unigram_loss=0.7,
+                bayes_loss=None, excess_loss=0.02, outcome="optimum", stuck_at_unigram=False, escape_step=40,
+                probe=None, seconds=1.0, censored=False)
+    return sweep.CellResult(**{**base, **changes})
+
+
+def test_a_rows_crossings_come_from_dynamics_and_older_tables_read_as_exact_steps():
+    from markov_interp import dynamics
+
+    rows = [{"step": s, "eval_loss": 0.6 + 0.1 * f, "eval_true_loss": 0.6, "eval_plateau_loss": 0.7}
+            for s, f in ((20, 1.0), (40, 0.4), (60, 0.3))]
+    run = dynamics.from_metrics(rows)
+    new = _result(crossings=run.to_json())
+    assert new.crossing() == dynamics.StepInterval(20, 40) == run.escape
+    assert new.crossing(0.25) == run.crossings[0.25] == dynamics.StepInterval(40, None)  # not confirmed
+    assert new.crossing(0.3) is None  # a line the run was not measured at
+    assert _result().crossing() == dynamics.StepInterval(39, 40)  # escape_step and censored only
+    assert _result(escape_step=60, censored=True).crossing() == dynamics.StepInterval(60, None)
+    assert _result(censored=None).crossing() is None and _result().crossing(0.9) is None
 
 
 # ---------------------------------------------------------------------------------------------- engine
@@ -222,7 +231,8 @@ def test_failed_cell_is_recorded_and_others_finish(tmp_path):
 
 @pytest.mark.slow
 def test_results_table_columns_and_probes(tmp_path):
-    spec = tiny_spec(grid={}, seeds=(0,), probe=True)
+    base = {"source": {"kind": "binary", "p": 0.5, "q": 0.8}, "model": {**TINY_MODEL, "n_ctx": 64}, "train": TINY_TRAIN}
+    spec = tiny_spec(grid={}, seeds=(0,), probe=True, base=base)  # trained at 32 in a context of 64
     result = sweep.run(spec, tmp_path, workers=1, progress=False)
     (row,) = sweep.read_table(tmp_path / "results.csv")
     assert row == result.rows[0]
@@ -235,7 +245,8 @@ def test_results_table_columns_and_probes(tmp_path):
     assert res.stuck_at_unigram in (True, False)
     assert res.probe.mechanism in MECHANISMS
     assert 0 <= res.probe.p_hat <= 1
-    assert (tmp_path / "results" / f"{row.cell_id}.probe.json").exists()
+    probed = json.loads((tmp_path / "results" / f"{row.cell_id}.probe.json").read_text())
+    assert probed["seq_len"] == row.config.train.seq_len  # sweeps probe at the training length, like `probe`
     columns = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
     assert {"param.seed", "source.p", "model.n_layers", "final_eval_loss", "mechanism", "probe.p_hat"} <= set(columns)
     try:

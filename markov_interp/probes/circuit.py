@@ -23,6 +23,7 @@ from typing import Any, Optional
 import torch
 
 from markov_interp.probes._common import json_safe
+from markov_interp.probes._display import ProbeResult, dataframe
 from markov_interp.probes.attention import AttentionScores
 from markov_interp.probes.discovery import CircuitGraph, Edge
 from markov_interp.probes.interventions import Component
@@ -49,8 +50,8 @@ class Role:
                           "effect": self.effect, "confirmed": self.confirmed})
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Circuit:
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
+class Circuit(ProbeResult):
     """The induction circuit of order `order` read off `graph` (module docstring)."""
 
     order: int
@@ -101,6 +102,19 @@ class Circuit:
         lags = "; ".join(f"{h.name} lag excess " + "/".join(f"{x:.2f}" for x in self.lag_profile[h.name])
                          for h in prev.heads)
         return f"previous-token -> induction K-edges kept: {edges} ({lags})"
+
+    def to_dataframe(self) -> Any:
+        """One row per role (index its name): its heads, their scores, the kept K-edges' effect through them.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        return dataframe(({"role": r.name, "heads": ", ".join(h.name for h in r.heads),
+                           "scores": ", ".join(f"{x:.2f}" for x in r.scores), "effect": r.effect,
+                           "confirmed": r.confirmed} for r in self.roles), index="role")
+
+    def _headline(self) -> str:
+        return self.summary()
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe({

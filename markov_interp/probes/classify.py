@@ -56,6 +56,7 @@ from markov_interp.probes._common import (
     probe_length,
     sample_batch,
 )
+from markov_interp.probes._display import ProbeResult, evidence_tables, headline
 from markov_interp.probes.ablation import AblationTable, ablation_table, model_components
 from markov_interp.probes.attention import AttentionScores, attention_hook_names, attention_scores
 from markov_interp.probes.behaviour import BehaviourReport, behaviour
@@ -155,8 +156,8 @@ def _pair(head: Optional[tuple[int, int]]) -> Optional[list[int]]:
     return None if head is None else list(head)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class MechanismReport:
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class MechanismReport(ProbeResult):
     """What `classify_mechanism` decided and all the evidence behind it (module docstring).
 
     `gains` (k -> g_k with `.se`), `in_context_fraction` (kernel swap, with `kernel_swap.se`), `circuit` (the
@@ -246,6 +247,37 @@ class MechanismReport:
         """A reference loss of theory ("entropy_rate", "unigram_loss", "bayes_loss"), None if not defined."""
         value = getattr(self.references, name, None)
         return None if value is None else float(value)
+
+    # ------------------------------------------------------------------ display (notebooks, printing)
+    def summary(self) -> str:
+        """The verdict, the law check behind it, the gains, the kernel swap, the circuit, and why (a few lines)."""
+        order = f"order {self.order}, " if self.order is not None else ""
+        law = self.law
+        lines = [
+            f"{self.mechanism} ({order}{'confident' if self.confident else 'not confident'}): eval loss "
+            f"{self.eval_loss:.4f} nats on {self.n_sequences} x {self.seq_len} states of {self.source}",
+            f"closest law: {STRATEGY_LABELS.get(law.law, law.law)}, fit {law.fit_ratio:.3f} (needs <= "
+            f"{self.thresholds.fit}), margin {law.margin_ratio:.3f} (needs <= {self.thresholds.margin})",
+            f"gains {self.gains.describe()}; in-context fraction {self.in_context_fraction:.2f}",
+            f"circuit: {headline(self.circuit)}",
+        ]
+        return "\n".join(lines + [f"why: {self.reasons[0]}"] if self.reasons else lines)
+
+    def to_dataframe(self) -> Any:
+        """The per-head evidence, one row per head (index "L0H1"): the attention scores with their excess over
+        chance (`AttentionScores.to_dataframe`) and the loss change when the head alone is mean-ablated.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        frame = self.attention.to_dataframe()
+        changes = dict(zip(self.ablation.names, self.ablation.loss_change))
+        frame["ablation_loss_change"] = [changes.get(name, float("nan")) for name in frame.index]
+        return frame
+
+    def _html_tables(self) -> list[tuple[str, Any]]:
+        # every piece of evidence with a table (the candidate laws first), then the per-head view
+        return evidence_tables(self) + [("per head: scores, excess over chance, ablation cost", self.to_dataframe())]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary: the label and its reasons, the law check, gains, kernel swap, the circuit graph

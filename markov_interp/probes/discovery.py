@@ -43,6 +43,7 @@ from markov_interp.probes._common import (
     probe_length,
     sample_batch,
 )
+from markov_interp.probes._display import ProbeResult, dataframe
 from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_attributions, senders
 
 CORRUPTIONS = ("resample", "kernel_swap", "shuffle")
@@ -78,8 +79,8 @@ class Edge:
         return json_safe({**dataclasses.asdict(self), "name": self.name})
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class CircuitGraph:
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class CircuitGraph(ProbeResult):
     """The model's graph with every edge's path-patching effect, and the circuit kept from it (module docstring).
 
     `nodes`: "embed", the heads ("L0H1"), the MLPs ("L0.mlp"), "logits". `edges`: every edge, in stage order.
@@ -136,6 +137,23 @@ class CircuitGraph:
         kept = ", ".join(f"{e.name} {e.effect:+.3f}" for e in self.kept) or "no edge"
         return (f"circuit ({self.corruption} corruption, total effect {self.total_effect:.4f} nats): {kept}; "
                 f"faithfulness {self.faithfulness:.2f}")
+
+    def to_dataframe(self) -> Any:
+        """One row per edge (index its name, strongest first): sender, receiver, input, effect and SE (nats), the
+        gradient estimate, kept or not, and the kept edge's own contribution inside the circuit (minimality).
+
+        Returns:
+            A pandas DataFrame.
+        """
+        kept = set(self.kept_names)
+        rows = sorted(self.edges, key=lambda e: -e.effect)
+        return dataframe(({"edge": e.name, "sender": e.sender, "receiver": e.receiver, "input": e.input,
+                           "effect": e.effect, "se": e.se, "attribution": e.attribution, "kept": e.name in kept,
+                           "minimality": self.minimality.get(e.name, math.nan)} for e in rows), index="edge")
+
+    def _headline(self) -> str:
+        return (f"{len(self.kept)} of {len(self.edges)} edges kept, faithfulness {self.faithfulness:.2f}: "
+                + (", ".join(e.name for e in self.kept) or "none"))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: every edge with its effect, SE and gradient estimate, the kept edges, the losses."""

@@ -6,8 +6,8 @@ atomically. The file holds the run's config, loss curves beside `theory`'s refer
 verdict with its evidence, per-head scores against chance, attention patterns (circuitsvis, its JavaScript
 inlined once per file), the ablation table, the learned kernel against the true one, the canonical
 landscape (single-layer binary runs) and probe scores over training (runs with checkpoints); for a run of a
-sweep (`<sweep>/runs/<cell_id>` beside `<sweep>/results.csv`) also its escape step against the Kaplan-Meier
-curve of its condition's seeds (section "condition", `report._condition`).
+sweep (`<sweep>/runs/<cell_id>` beside `<sweep>/results.csv`) also its escape against the survival curve of
+its condition's seeds (section "condition", `report._condition`).
 
 The figure functions in `markov_interp.report.figures` return matplotlib figures (or a circuitsvis figure)
 from probe results, the canonical landscape and the reproduction's tables, for use in notebooks; every figure
@@ -43,6 +43,8 @@ from markov_interp.report.figures import (
     reproduction_init_precision_figure,
     run_escape_figure,
     escape_survival_figure,
+    crossing_survival_figure,
+    excess_curves_figure,
     reproduction_mechanism_figure,
     reproduction_phase_figure,
     strategy_similarity_figure,
@@ -56,5 +58,5 @@ __all__ = [
     "loss_curves_figure", "position_loss_figure", "regime_map_init_figure", "regime_map_pq_figure",
     "reproduction_depth_figure", "reproduction_init_precision_figure", "escape_survival_figure", "reproduction_mechanism_figure",
     "reproduction_phase_figure", "strategy_similarity_figure", "training_probes_figure",
-    "reproduction_boundary_figure", "run_escape_figure",
+    "reproduction_boundary_figure", "run_escape_figure", "crossing_survival_figure", "excess_curves_figure",
 ]

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from markov_interp import models, probes, runfolder, theory, training
+from markov_interp import dynamics, models, probes, runfolder, theory, training
 from markov_interp.report import figures
 from markov_interp.report._html import Section, atomic_write_text, document, iframe, paragraph, table
 
@@ -156,11 +156,11 @@ def _mechanism_section(mech: Any) -> Section:
                    ("closest" if n == law.law else ""))
                   for n in sim.divergences], header=("candidate law", "mean KL(law || model), nats",
                                                       "gap to nearest other law, nats", ""))
+    induction = mech.induction
     role_rows = [(r.name, ", ".join(h.name for h in r.heads) or "none", ", ".join(f"{x:.2f}" for x in r.scores),
-                  r.ablation, "yes" if r.confirmed else "no") for r in circuit.roles]
-    layer_rows = [(f"whole layer {c.name}", "", "", v, "") for c, v in circuit.layer_ablation]
-    roles = table(role_rows + layer_rows, header=(f"role (order {circuit.order} circuit)", "heads", "excess scores",
-                                                  "set ablation: loss change, nats", "confirmed"))
+                  r.effect, "yes" if r.confirmed else "no") for r in induction.roles]
+    roles = table(role_rows, header=(f"role (order {induction.order} circuit)", "heads", "scores",
+                                     "kept K-edges' path-patching effect, nats", "found"))
     rows = [
         ("eval loss on the probe batch (nats)", b.eval_loss),
         *[(f"reference: {figures.REFERENCE_STYLE[k][0]}",
@@ -168,8 +168,10 @@ def _mechanism_section(mech: Any) -> Section:
           if mech.reference(k) is not None],
         ("own-law check: fit (KL / gap) and margin (KL / runner-up's KL)",
          f"{law.fit_ratio:.3f} (<= {mech.thresholds.fit}), {law.margin_ratio:.3f} (<= {mech.thresholds.margin})"),
-        ("model's in-context gain of the circuit's order (nats)", circuit.model_gain),
-        ("each role's set ablation must cost (nats)", circuit.required),
+        ("graded gains (fraction of each in-context step climbed)", mech.gains.describe()),
+        ("kernel swap: in-context fraction", f"{mech.in_context_fraction:.3f} +- {mech.kernel_swap.se:.3f}"),
+        ("circuit: kept edges, faithfulness", f"{len(circuit.kept)} of {len(circuit.edges)}, "
+                                              f"{circuit.faithfulness:.3f}"),
         ("state dependence / optimal predictor's", f"{b.state_dependence:.4f} / {b.reference_state_dependence:.4f} "
                                                    f"= {mech.state_ratio:.3f}"),
         ("context dependence / add-beta's", f"{b.context_dependence:.4f} / {b.reference_context_dependence:.4f} "
@@ -309,7 +311,7 @@ def _training_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]],
             series[key].append(value)
     steps = [s for s, _ in chosen]
     references = logged or mech.references.as_row()
-    events = _training_events(steps, series, metrics, references, mech.thresholds.head_excess)
+    events = _training_events(steps, series, metrics, mech.thresholds.head_excess)
     fig = figures.training_probes_figure(
         steps, series, metrics=metrics, references=references,
         head_threshold=mech.thresholds.head_excess, events=events,
@@ -336,28 +338,26 @@ def _strategy_parts(steps: list[int], strategies: list[Any], events: dict[str, i
 
 
 def _training_events(steps: list[int], series: dict[str, list[float]], metrics: list[dict],
-                     references: dict[str, float], threshold: float) -> dict[str, int]:
+                     threshold: float) -> dict[str, int]:
     """When the induction head forms (first checkpoint whose induction excess reaches the classifier's head
-    threshold) and when the loss leaves the unigram plateau (first evaluation a tenth of the way from the
-    unigram loss down to the best reachable loss: in-context Bayes for random kernels, else the entropy rate)."""
+    threshold), when the loss leaves the plateau and when it escapes: the crossings of `dynamics` at 0.9 and
+    at `dynamics.ESCAPE_FRACTION` of the plateau's paired excess (the step by which each was seen)."""
     events: dict[str, int] = {}
     for label, values in series.items():
         if label.startswith("induction excess"):
             hit = [s for s, v in zip(steps, values) if v >= threshold]
             if hit:
                 events["induction head forms"] = hit[0]
-    unigram = references.get("unigram_loss")
-    best = references.get("bayes_loss", references.get("entropy_rate"))
-    if unigram is not None and best is not None and unigram > best:
-        cut = unigram - 0.1 * (unigram - best)
-        hit = [r["step"] for r in metrics if "eval_loss" in r and r["eval_loss"] < cut]
-        if hit:
-            events["loss leaves the unigram plateau"] = hit[0]
+    run = dynamics.from_metrics(metrics, fractions=(0.9, dynamics.ESCAPE_FRACTION))
+    for fraction, label in ((0.9, "loss leaves the plateau (0.9 of its excess left)"),
+                            (dynamics.ESCAPE_FRACTION, "escape (half of the plateau's excess gone)")):
+        if run is not None and run.crossings[fraction].escaped:
+            events[label] = run.crossings[fraction].by
     return events
 
 
 def _condition_section(run_dir: Path) -> Optional[Section]:
-    """For a run of a sweep: its escape step against its condition's Kaplan-Meier curve (`_condition`)."""
+    """For a run of a sweep: its escape against its condition's survival curve (`_condition`)."""
     from markov_interp.report._condition import condition_escapes
 
     found = condition_escapes(run_dir)
@@ -367,10 +367,11 @@ def _condition_section(run_dir: Path) -> Optional[Section]:
     text = paragraph(
         f"This run is cell {found.cell_id} of sweep {found.sweep_name!r} ({found.sweep_dir}): {found.sentence()}. "
         "Its condition is every finished seed of the same cell up to the seed, this run included; escape = the "
-        "first evaluation from which the paired excess loss stays below half the plateau's (`dynamics`)."
+        f"first evaluation that starts {dynamics.DWELL} in a row with the paired excess loss below half the "
+        "plateau's, known to lie between the previous evaluation and it (`dynamics`)."
     )
-    fig = figures.run_escape_figure(s.curve, budget=s.budget, step=found.step, censored=found.censored,
-                                    title=f"escape step: this run against its condition ({s.n} seeds)")
+    fig = figures.run_escape_figure(s, budget=found.budget, crossing=found.escape,
+                                    title=f"escape: this run against its condition ({s.n} seeds)")
     return Section(CONDITION_SECTION, "Escape time against its condition", (text, fig))
 
 
@@ -388,7 +389,7 @@ def build(
     """Probe the run saved in `run_dir` and lay out its report (nothing is written; call `.save()`).
 
     The probes run on one seeded batch of `n_sequences` x `seq_len` states from the run's source (`seq_len`
-    defaults to min(training length, n_ctx, 128)); attention patterns are shown on the first `sample_len`
+    defaults to the run's training length: `probes.probe_length`); attention patterns are shown on the first `sample_len`
     states of its first sequence; at most `max_checkpoints` checkpoints are re-probed for the training
     dynamics. Sections: see `SECTION_IDS`.
 
@@ -403,8 +404,7 @@ def build(
     model = models.load(run_dir, device=device, expect=run.model)
     metrics = training.load_metrics(run_dir)
     source = run.source.build()
-    if seq_len is None:
-        seq_len = min(run.train.seq_len, int(model.cfg.n_ctx), 128)
+    seq_len = probes.probe_length(model, seq_len)  # the one rule: the training length (from the run folder)
     batch = probes.sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     _, cache = model.run_with_cache(batch.tokens.to(_device(model)), names_filter=probes.probe_hook_names(model))
     mech = probes.classify_mechanism(model, source, batch=batch, cache=cache, seed=seed)  # table reused below

@@ -17,7 +17,8 @@ from jaxtyping import Float, Int
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from markov_interp.dynamics import KaplanMeier
+from markov_interp.dynamics import FRACTIONS, MedianCurve, StepInterval, Survival
+from markov_interp.probes._common import context_labels, state_labels
 from markov_interp.theory import ReferenceLosses
 
 from markov_interp import landscape
@@ -42,6 +43,12 @@ def _reference_lines(ax: Any, references: Mapping[str, float]) -> None:
 
 def _as_row(references: "Mapping[str, float] | ReferenceLosses") -> Mapping[str, float]:
     return references.as_row() if isinstance(references, ReferenceLosses) else references
+
+
+def _need(value: Any, attrs: tuple[str, ...], what: str, figure: str) -> None:
+    """A clear error when a figure gets something other than the probe result it draws."""
+    if not all(hasattr(value, a) for a in attrs):
+        raise ValueError(f"{figure} draws {what}, got {type(value).__name__}")
 
 
 def loss_curves_figure(
@@ -101,6 +108,8 @@ def position_loss_figure(behaviour: Any, references: "Mapping[str, float] | Refe
     the first position (as the true-kernel curve is); an in-context learner starts high and falls with the
     add-beta estimator as it sees more of the sequence (Olsson et al.'s in-context learning score).
     """
+    _need(behaviour, ("loss_curve", "icl_score"), "a probes.BehaviourReport (e.g. mech.behaviour)",
+          "position_loss_figure")
     references = _as_row(references)
     fig = Figure(figsize=(8, 3.8))
     ax = fig.add_subplot()
@@ -113,8 +122,9 @@ def position_loss_figure(behaviour: Any, references: "Mapping[str, float] | Refe
         values = _smooth(np.asarray(curve.detach().cpu(), dtype=float))
         ax.plot(np.arange(len(values)), values, style, color=colour, linewidth=1.3, label=label)
     unigram = references.get("unigram_loss")
-    if unigram is not None:
-        ax.axhline(unigram, color="#c33", linestyle=":", linewidth=1.2, label=f"unigram loss {unigram:.4f}")
+    if unigram is not None:  # random kernels: the in-context unigram estimator's loss, not E[H(pi)]
+        name = "in-context unigram loss" if references.get("bayes_loss") is not None else "unigram loss H(pi)"
+        ax.axhline(unigram, color="#c33", linestyle=":", linewidth=1.2, label=f"{name} {unigram:.4f}")
     ax.set_xlabel("position t (predicting x_{t+1})")
     ax.set_ylabel("loss (nats)")
     ax.set_title(f"Loss along the sequence (in-context learning score {behaviour.icl_score:+.4f} nats)")
@@ -141,6 +151,7 @@ def head_scores_figure(scores: Any) -> Figure:
     score looks. Each cell is annotated with the raw score. A two-layer in-context model shows a
     previous-token head in layer 0 and an induction head in layer 1.
     """
+    _need(scores, ("previous_token", "excess"), "a probes.AttentionScores (e.g. mech.attention)", "head_scores_figure")
     names = (("previous_token", "previous-token"), ("induction", "induction"), ("same_token", "same-token"))
     n_layers, n_heads = scores.previous_token.shape
     fig = Figure(figsize=(3.2 * len(names) + 1.0, 0.55 * n_layers + 2.0))
@@ -165,30 +176,46 @@ def head_scores_figure(scores: Any) -> Figure:
 
 
 def attention_patterns_figure(
-    patterns: Float[Tensor, "layer head query_pos key_pos"],
-    tokens: Int[Tensor, " pos"],
+    patterns: Float[Tensor, "layer head query_pos key_pos"] | Float[Tensor, "head query_pos key_pos"],
+    tokens: Int[Tensor, "*one pos"] | Sequence[int] | Sequence[str],
+    *,
+    layer: Optional[int] = None,
 ) -> CircuitsFigure:
     """Every head's attention pattern on one sequence, drawn by circuitsvis ("AttentionHeads"), states as labels.
 
-    `patterns` from `run_with_cache` (`blocks.L.attn.hook_pattern` of one sequence, stacked over layers).
-    A previous-token head is a bright line just below the diagonal; an induction head lights the keys that
-    followed earlier visits to the current state.
+    Args:
+        patterns: one sequence's patterns, as TransformerLens gives them: `cache["pattern", L][0]` ([head,
+            query_pos, key_pos], one layer) or `cache.stack_activation("pattern")[:, 0]` ([layer, head, query_pos,
+            key_pos]).
+        tokens: the sequence's states ([pos], or [1, pos]), or their labels (`probes.state_labels(tokens)`).
+        layer: the layer of a [head, query_pos, key_pos] pattern (names the heads "L{layer}H{h}"; default "H{h}").
+
+    Returns:
+        A `CircuitsFigure` (displays in Jupyter; the report inlines it). A previous-token head is a bright line
+        just below the diagonal; an induction head lights the keys that followed earlier visits to the current
+        state.
 
     >>> uniform = torch.ones(3, 3).tril() / torch.arange(1, 4)[:, None]
     >>> fig = attention_patterns_figure(uniform[None, None], torch.tensor([0, 1, 1]))
     >>> fig.component, fig.props["tokens"], fig.props["attentionHeadNames"]
     ('AttentionHeads', ['0', '1', '1'], ['L0H0'])
+    >>> attention_patterns_figure(uniform[None], torch.tensor([0, 1, 1]), layer=1).props["attentionHeadNames"]
+    ['L1H0']
     """
-    n_layers, n_heads, n_query, n_key = patterns.shape
-    if tokens.shape[0] != n_query or n_query != n_key:
-        raise ValueError(f"patterns of shape {tuple(patterns.shape)} do not match {tokens.shape[0]} tokens")
-    names = [f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
-    flat = rearrange(patterns.detach().float().cpu(), "layer head query_pos key_pos -> (layer head) query_pos key_pos")
+    patterns, names = _patterns_by_head(patterns, layer)
+    if isinstance(tokens, Tensor) and tokens.ndim == 2 and tokens.shape[0] != 1:
+        raise ValueError(f"tokens must be one sequence ([pos] or [1, pos]), got shape {tuple(tokens.shape)}: "
+                         "pick the sequence the patterns are of, e.g. tokens[0]")
+    labels = tokens if _is_labels(tokens) else state_labels(tokens)
+    n_query, n_key = patterns.shape[-2:]
+    if len(labels) != n_query or n_query != n_key:
+        raise ValueError(f"patterns of shape {tuple(patterns.shape)} do not match {len(labels)} tokens: expected "
+                         "[head, pos, pos] or [layer, head, pos, pos] for one sequence of pos states")
     return circuits_figure(
         "AttentionHeads",
         {
-            "attention": flat,
-            "tokens": [str(int(t)) for t in tokens],
+            "attention": patterns,
+            "tokens": list(labels),
             "attentionHeadNames": names,
             "maskUpperTri": True,
             "maxValue": 1.0,
@@ -198,6 +225,29 @@ def attention_patterns_figure(
     )
 
 
+def _is_labels(tokens: Any) -> bool:
+    return isinstance(tokens, (list, tuple)) and bool(tokens) and all(isinstance(t, str) for t in tokens)
+
+
+def _patterns_by_head(patterns: Any, layer: Optional[int]) -> tuple[Tensor, list[str]]:
+    """[(layer head), query_pos, key_pos] patterns and the heads' names, from a 3-D or 4-D pattern tensor."""
+    if not isinstance(patterns, Tensor) or patterns.ndim not in (3, 4) or not patterns.is_floating_point():
+        shape = tuple(patterns.shape) if isinstance(patterns, Tensor) else type(patterns).__name__
+        raise ValueError(
+            f"patterns must be a float tensor [head, query_pos, key_pos] (cache['pattern', layer][0]) or [layer, "
+            f"head, query_pos, key_pos] (cache.stack_activation('pattern')[:, 0]), got {shape}; for a batch pick "
+            "one sequence")
+    flat = patterns.detach().float().cpu()
+    if flat.ndim == 3:
+        prefix = "" if layer is None else f"L{layer}"
+        return flat, [f"{prefix}H{head}" for head in range(flat.shape[0])]
+    if layer is not None:
+        raise ValueError(f"layer={layer} only names the heads of a one-layer [head, query_pos, key_pos] pattern")
+    n_layers, n_heads = flat.shape[:2]
+    names = [f"L{lay}H{head}" for lay in range(n_layers) for head in range(n_heads)]
+    return rearrange(flat, "layer head query_pos key_pos -> (layer head) query_pos key_pos"), names
+
+
 def ablation_figure(table: Any, *, bigram_gain: Optional[float] = None) -> Figure:
     """Loss change (nats) when each head, attention layer or MLP is ablated alone, as horizontal bars.
 
@@ -205,6 +255,7 @@ def ablation_figure(table: Any, *, bigram_gain: Optional[float] = None) -> Figur
     induction circuit, ablating either head of the circuit should cost a large part of the bigram gain
     (dashed line: what the model gains over the in-context unigram estimator by looking at x_t).
     """
+    _need(table, ("names", "loss_change"), "a probes.AblationTable (e.g. mech.ablation)", "ablation_figure")
     names = list(table.names)
     changes = [float(c) for c in table.loss_change]
     fig = Figure(figsize=(7.5, 0.38 * len(names) + 1.6))
@@ -229,14 +280,7 @@ def ablation_figure(table: Any, *, bigram_gain: Optional[float] = None) -> Figur
 
 def _context_labels(n_contexts: int, vocab: int) -> list[str]:
     order = max(1, round(math.log(n_contexts, vocab))) if vocab > 1 else 1
-    labels = []
-    for c in range(n_contexts):
-        digits = []
-        for _ in range(order):
-            digits.append(str(c % vocab))
-            c //= vocab
-        labels.append("".join(reversed(digits)))
-    return labels
+    return context_labels(vocab, order)
 
 
 def kernel_figure(readout: Any) -> Figure:
@@ -247,6 +291,7 @@ def kernel_figure(readout: Any) -> Figure:
     random-kernel source there is no single true kernel; the implied matrix is then the model's average
     prediction per context (near the mean kernel for an in-context learner).
     """
+    _need(readout, ("implied", "true"), "a probes.KernelReadout (e.g. mech.readout)", "kernel_figure")
     implied = readout.implied.detach().cpu().numpy()
     mats = [("model (implied)", implied)]
     if readout.true is not None:
@@ -589,31 +634,91 @@ def reproduction_mechanism_figure(panels: Mapping[str, Sequence[tuple[str, Mappi
     return fig
 
 
-def escape_survival_figure(panels: Mapping[str, Mapping[str, KaplanMeier]],
+_COLOURS = ["tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:grey"]
+
+
+def _draw_survival(ax: Any, curve: Survival, colour: str, label: str) -> None:
+    """A survival curve as a step function dropping at each interval's `by` step, up to the last step it is
+    known at, with its pointwise band where it has one (none on mixed grids or below `dynamics.MIN_RUNS` runs;
+    a gap where the band is undefined, at S = 0)."""
+    xs = [0, *curve.times, max(curve.last, *curve.times, 0)]
+    end = curve.survival[-1] if curve.survival else 1.0
+    ax.step(xs, [1.0, *curve.survival, end], where="post", color=colour, lw=1.4, label=f"{label} (n = {curve.n})")
+    if curve.lower is not None and curve.upper is not None:
+        lo_end = curve.lower[-1] if curve.lower else 1.0
+        hi_end = curve.upper[-1] if curve.upper else 1.0
+        ax.fill_between(xs, [1.0, *curve.lower, lo_end], [1.0, *curve.upper, hi_end], step="post", color=colour,
+                        alpha=0.15, lw=0)
+
+
+def escape_survival_figure(panels: Mapping[str, Mapping[str, Survival]],
                            *, budget: "int | Mapping[str, int]") -> Figure:
-    """Kaplan–Meier curves of the escape step, one panel per experiment ({title: {condition: curve}}): the
-    fraction of seeds still on the plateau after each step, with its 95% band. A curve that ends above zero at
-    the budget is the censored fraction (seeds that had not escaped when training stopped). `budget`: the
-    training steps, one for all panels or {title: steps}."""
+    """Survival of the escape crossing, one panel per experiment ({title: {condition: `dynamics.Survival`}}):
+    the fraction of seeds that have not escaped by each step, with its 95% band. A curve that ends above zero
+    is the censored fraction (seeds without a confirmed escape when training stopped). `budget`: the training
+    steps, one for all panels or {title: steps}."""
     fig = Figure(figsize=(5.2 * max(len(panels), 1), 4.0))
     axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
-    colours = ["tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:grey"]
     for ax, (title, curves) in zip(axes, panels.items()):
         steps = budget if isinstance(budget, int) else budget[title]
-        for colour, (label, km) in zip(colours, curves.items()):
-            xs = [0, *km.times, steps]
-            end = km.survival[-1] if km.survival else 1.0
-            ax.step(xs, [1.0, *km.survival, end], where="post", color=colour, lw=1.4, label=f"{label} (n = {km.n})")
-            lo_end = km.lower[-1] if km.lower else 1.0
-            hi_end = km.upper[-1] if km.upper else 1.0
-            ax.fill_between(xs, [1.0, *km.lower, lo_end], [1.0, *km.upper, hi_end], step="post", color=colour,
-                            alpha=0.15, lw=0)
+        for colour, (label, curve) in zip(_COLOURS, curves.items()):
+            _draw_survival(ax, curve, colour, label)
         ax.set_xlim(0, steps)
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("step")
-        ax.set_ylabel("fraction of seeds still on the plateau")
+        ax.set_ylabel("fraction of seeds not yet escaped")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
+    return fig
+
+
+def crossing_survival_figure(conditions: Mapping[str, Mapping[float, Survival]], *,
+                             budget: Optional[int] = None, title: str = "") -> Figure:
+    """Survival of the crossing at each line, one panel per fraction of the plateau's excess left
+    ({condition: {fraction: `dynamics.Survival`}}, e.g. `ConditionDynamics.survival`): where conditions differ
+    at one line and not at another, the escape time depends on its threshold."""
+    fractions = sorted({f for per in conditions.values() for f in per}, reverse=True)
+    fig = Figure(figsize=(3.6 * max(len(fractions), 1), 3.6))
+    axes = fig.subplots(1, max(len(fractions), 1), squeeze=False, sharey=True)[0]
+    for ax, fraction in zip(axes, fractions):
+        for colour, (label, per) in zip(_COLOURS, conditions.items()):
+            if fraction in per:
+                _draw_survival(ax, per[fraction], colour, label)
+        if budget is not None:
+            ax.set_xlim(0, budget)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("step")
+        ax.set_title(f"crossing {fraction:g} of the plateau excess left", fontsize=9)
+    axes[0].set_ylabel("fraction of seeds not yet crossed")
+    axes[-1].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def excess_curves_figure(curves: Mapping[str, MedianCurve], *, fractions: Sequence[float] = FRACTIONS,
+                         title: str = "") -> Figure:
+    """Median excess curves with their bands across seeds, one per condition ({condition:
+    `dynamics.MedianCurve`}): the fraction of the plateau's excess left at each evaluation (1: on the plateau,
+    0: at the true law), with the lines at `fractions` dotted. A second plateau shows as a flat stretch."""
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.subplots()
+    def finite(values: Sequence[float]) -> list[float]:  # a diverged run's inf is left out of the drawing
+        return [x if math.isfinite(x) else math.nan for x in values]
+
+    for colour, (label, m) in zip(_COLOURS, curves.items()):
+        ax.plot(m.steps, finite(m.median), color=colour, lw=1.5, label=f"{label} (median of {m.n})")
+        ax.fill_between(m.steps, finite(m.lower), finite(m.upper), color=colour, alpha=0.15, lw=0)
+    for f in fractions:
+        ax.axhline(f, color="grey", ls=":", lw=0.8)
+    top = max([1.05, *(x for m in curves.values() for x in m.upper if math.isfinite(x))])
+    ax.set_ylim(min(-0.05, *(x for m in curves.values() for x in m.lower if math.isfinite(x))), min(top, 2.0))
+    ax.set_xlabel("step")
+    ax.set_ylabel("fraction of the plateau excess left")
+    bands = ", ".join(sorted({f"{m.band[0]:g}-{m.band[1]:g}" for m in curves.values()}))
+    ax.set_title((title + "\n" if title else "") + f"excess over the true law relative to the plateau's (bands: the "
+                 f"seeds' {bands} quantiles)", fontsize=9)
+    ax.legend(fontsize=7)
     return fig
 
 
@@ -660,9 +765,9 @@ def reproduction_boundary_figure(rows: Sequence[Mapping[str, Any]], *, p: float)
         shift = (k - 0.5) * 0.01  # tied and untied side by side at each q
         for r in line:
             budget, median = r["budget"], r["median_escape"]
-            lo, hi = r["median_escape_ci"] or (None, None)
             x = r["q"] + shift
             y = budget if median is None else median
+            lo, hi = r["median_escape_ci"] or (y, y)  # no interval (fewer than dynamics.MIN_RUNS seeds): no bar
             ax_lo, ax_hi = (budget if lo is None else lo), (budget if hi is None else hi)
             left.errorbar([x], [y], yerr=[[y - ax_lo], [ax_hi - y]], fmt="o", color=colour, capsize=3,
                           mfc="white" if median is None else colour, ms=5)
@@ -688,28 +793,25 @@ def reproduction_boundary_figure(rows: Sequence[Mapping[str, Any]], *, p: float)
     return fig
 
 
-def run_escape_figure(curve: KaplanMeier, *, budget: int, step: Optional[int], censored: bool,
+def run_escape_figure(curve: Survival, *, budget: int, crossing: Optional[StepInterval],
                       title: str = "") -> Figure:
-    """One run against its condition: the Kaplan-Meier curve of the escape step over the condition's seeds
-    (with its 95% band) and the run marked at its own escape step (a cross at the budget when it is censored)."""
+    """One run against its condition: the survival of the escape over the condition's seeds (with its 95% band
+    where it has one) and the run's own escape: the interval (after, by] it is known to lie in, or a cross
+    where it was censored."""
     fig = Figure(figsize=(5.6, 3.8))
     ax = fig.subplots()
-    xs = [0, *curve.times, budget]
-    end = curve.survival[-1] if curve.survival else 1.0
-    ax.step(xs, [1.0, *curve.survival, end], where="post", color="tab:blue", lw=1.4,
-            label=f"condition (n = {curve.n} seeds)")
-    ax.fill_between(xs, [1.0, *curve.lower, curve.lower[-1] if curve.lower else 1.0],
-                    [1.0, *curve.upper, curve.upper[-1] if curve.upper else 1.0], step="post", color="tab:blue",
-                    alpha=0.15, lw=0)
-    if step is not None:
-        x = budget if censored else step
-        ax.axvline(x, color="tab:red", lw=1.2, ls="--")
-        ax.plot([x], [curve.at(x)], "x" if censored else "o", color="tab:red", ms=8,
-                label=f"this run: {'censored at' if censored else 'escaped at step'} {x}")
+    _draw_survival(ax, curve, "tab:blue", "condition")
+    if crossing is not None and crossing.censored:
+        ax.plot([crossing.after], [curve.at(crossing.after)], "x", color="tab:red", ms=8,
+                label=f"this run: censored after step {crossing.after}")
+    elif crossing is not None:
+        ax.axvspan(crossing.after, crossing.by, color="tab:red", alpha=0.2, lw=0)
+        ax.plot([crossing.by], [curve.at(crossing.by)], "o", color="tab:red", ms=6,
+                label=f"this run: escaped in {crossing}")
     ax.set_xlim(0, budget)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("step")
-    ax.set_ylabel("fraction of seeds still on the plateau")
-    ax.set_title(title or "this run's escape step against its condition", fontsize=9)
+    ax.set_ylabel("fraction of seeds not yet escaped")
+    ax.set_title(title or "this run's escape against its condition", fontsize=9)
     ax.legend(fontsize=7)
     return fig
