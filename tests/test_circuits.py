@@ -396,3 +396,20 @@ def test_a_source_can_supply_its_own_swap_plan():
     with pytest.raises(ValueError, match="weights_law"):  # laws over 3 states for a binary batch
         SwapPlan(batch=sample_batch(BINARY, n_sequences=2, seq_len=5, seed=0), weights_law=torch.zeros(2, 5, 3),
                  context_law=torch.zeros(2, 5, 3), description="")
+
+
+def test_pool_sources_swap_in_kernels_outside_the_pool():
+    """Retrieval against inference: fresh kernels from the prior, the pool's Bayes predictor as the weights law."""
+    pooled = RandomMarkov(3, pool_size=4)
+    plan = swap_plan(pooled, n_sequences=8, seq_len=20, seed=0)
+    assert "pool of 4 kernels" in plan.description
+    pool = pooled.pool
+    for kernel in plan.batch.kernels:  # none of the swap kernels is in the pool
+        assert float((pool - kernel).abs().flatten(1).max(1).values.min()) > 1e-3
+    expected = theory.pool_bayes_predictions(pool, pooled.initial_context_laws(pool), plan.batch.tokens)
+    assert torch.allclose(plan.weights_law, expected)
+    assert torch.allclose(plan.context_law, theory.add_beta_predictions(plan.batch.tokens, 3, order=1, beta=1.0))
+    swap = kernel_swap(induction_circuit(3, n_ctx=SEQ), pooled, seq_len=SEQ, n_sequences=32)
+    assert swap.in_context_fraction > 0.6  # the circuit estimates in context: it follows the fresh kernels
+    with pytest.raises(ValueError, match="pool"):
+        swap_plan(pooled, n_sequences=4, seq_len=10, swap="prior")

@@ -31,10 +31,13 @@
 kernel and the in-context laws (which converge to each other at long contexts) are told apart by f (below
 `in_weights`: `kernel`; above: the in-context law of the source's order); an in-context law of order >= 1 needs
 the K-edge (`induction`), else `other`. When it fails the model sits between laws (mid-transition), and the label
-is that of the law it is moving to, with `confident=False`: the candidate law with the lowest loss below the
-model's among those whose requirement it meets (the kernel: held in weights; an in-context law of order k >= 1:
-the K-edge kept and the step begun, g_k > 0; so a one-layer model moves to the state-and-counts law, a two-layer
-one with the circuit to the in-context law its circuit computes). `other` when there is none. `confident=False` also when a ratio lies within a factor `near` of its cut.
+is that of the law it is moving to, with `confident=False`: the best (lowest-loss) candidate law whose step it has
+begun (its loss below the law one step down: g_k > 0 for the in-context law of order k) and whose requirement it
+meets (the kernel: held in weights; an in-context law of order k >= 1: the K-edge); so a one-layer model is named
+by the state-and-counts law, a two-layer one with the circuit by the in-context law its circuit computes, even when
+it already does a little better than the law (a one-layer model that also weights recent states). `other` when
+there is none (a model worse than the uniform law). `confident=False` also when a ratio lies within a factor
+`near` of its cut.
 
 Thresholds (`Thresholds`) were set from the distributions measured over trained models (docs/circuits.md: 112
 attention-only models on random kernels of order 1 and 2, depth 1-3, 1-2 heads per layer, 8 seeds each, at
@@ -42,6 +45,7 @@ several training steps, and fixed-chain controls); see `Thresholds` for the numb
 """
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 import torch
@@ -69,6 +73,7 @@ from markov_interp.probes.strategies import (
     STATE_AND_COUNTS,
     STRATEGY_LABELS,
     StrategySimilarity,
+    in_context_name,
     in_context_order,
     strategy_similarity,
 )
@@ -339,24 +344,35 @@ def _label(name: str, ev: _Evidence, th: Thresholds) -> tuple[str, Optional[int]
 
 
 def _eligible(name: str, ev: _Evidence, th: Thresholds) -> bool:
-    """Whether a model between laws can be moving to law `name`: the kernel when it predicts from its weights;
-    an in-context law of order k >= 1 when the K-edge is kept, it reads the context (fixed chains) and it has
-    begun that step (g_k > 0: better than the order k - 1 law); the other laws always."""
+    """Whether a model between laws can be moving to law `name`: it has begun the step to it (its loss is below
+    the law one step down the ladder: uniform for pi and the in-context unigram, the in-context unigram for the
+    state-and-counts law, pi for the kernel, the order k - 1 law for the order k one) and meets its requirement
+    (the kernel: predicted from the weights; an in-context law of order k >= 1: the K-edge kept, and on fixed
+    chains the context read)."""
+    if name == "uniform":
+        return False
+    k = in_context_order(name)
+    lower = {"stationary": "uniform", in_context_name(0): "uniform", STATE_AND_COUNTS: in_context_name(0),
+             "kernel": "stationary"}.get(name, in_context_name(k - 1) if k else "uniform")
+    if not ev.gains.model_loss < ev.sim.losses.get(lower, math.inf):
+        return False
     if name in _LABEL_OF_LAW:
         return True
     weights = not ev.random_kernel and _in_weights(ev, th)[0]
     if name == "kernel":
         return weights
-    k = in_context_order(name)
-    return ev.induction.found and not weights and ev.gains.fractions.get(k, 0.0) > 0
+    return ev.induction.found and not weights
 
 
-def _target(ev: _Evidence, th: Thresholds) -> Optional[str]:
-    """The law a model between laws is moving to: the best (lowest-loss) eligible law below the model's loss."""
-    model = ev.gains.model_loss
-    below = [(loss, n) for n, loss in ev.sim.losses.items()
-             if n in ev.sim.candidates and loss < model and _eligible(n, ev, th)]
-    return min(below)[1] if below else None
+def _target(ev: _Evidence, th: Thresholds) -> tuple[Optional[str], bool]:
+    """(the law a model between laws is moving to, whether it is already beyond it): the best (lowest-loss) law
+    it has begun the step to and meets the requirement of (`_eligible`); beyond it when the model's loss is lower
+    still (it meets the requirement of no better law)."""
+    eligible = [(loss, n) for n, loss in ev.sim.losses.items() if n in ev.sim.candidates and _eligible(n, ev, th)]
+    if not eligible:
+        return None, False
+    loss, name = min(eligible)
+    return name, not loss < ev.gains.model_loss
 
 
 def _nearest(ev: _Evidence) -> str:
@@ -391,15 +407,17 @@ def _decide(ev: _Evidence, th: Thresholds) -> tuple[str, Optional[int], bool, li
         else:
             reasons.insert(0, f"other: {why_not}; nearest law {_nearest(ev)}")
         return mech, order, not (ev.law.near or near), reasons
-    target = _target(ev, th)
+    target, beyond = _target(ev, th)
     if target is None:
         reasons.insert(0, f"other: the model follows no candidate law and moves towards none whose requirement it "
                           f"meets; nearest law {_nearest(ev)}; {ev.induction.summary()}")
         return "other", None, not ev.law.near, reasons
     mech, order, _, _ = _label(target, ev, th)
+    where = (f"does better than the {STRATEGY_LABELS[target]} (loss {ev.sim.losses[target]:.4f}) without meeting "
+             "the requirement of any better law" if beyond else
+             f"moves towards the {STRATEGY_LABELS[target]} (loss {ev.sim.losses[target]:.4f})")
     reasons.insert(0, f"{mech}{'' if order is None else f' (order {order})'}, not confident: the model sits "
-                      f"between laws (loss {ev.gains.model_loss:.4f} nats) and moves towards the "
-                      f"{STRATEGY_LABELS[target]} (loss {ev.sim.losses[target]:.4f}); nearest law {_nearest(ev)}")
+                      f"between laws (loss {ev.gains.model_loss:.4f} nats) and {where}; nearest law {_nearest(ev)}")
     return mech, order, False, reasons
 
 

@@ -212,7 +212,8 @@ def set_component(
 
     `replacement` broadcasts against `activation` (a 0-d tensor, a per-position mean [pos, ...] or a full
     [batch, pos, ...] tensor; longer in pos than the run is fine); for a head only its slice (axis 2 of
-    hook_z, or of hook_q / hook_k / hook_v for a head's input) is written; `positions` restricts the write to those sequence positions.
+    hook_z, or of hook_q / hook_k / hook_v for a head's input) is written; `positions` restricts the write to
+    those sequence positions.
     """
     if replacement.ndim == activation.ndim and replacement.shape[0] != activation.shape[0]:
         raise ValueError(

@@ -11,20 +11,22 @@ losses in nats on the swap sequences' next states: 0 for a model that predicts f
 follows the context as well as the in-context estimator does; `in_context_fraction` is f clipped to [0, 1] and
 `raw_fraction` f itself; the SE is over sequences (delta method).
 
-What is fed (`swap_plan`):
-- fixed chains: a fresh Dirichlet(1) kernel per sequence ("random", the default), the states relabelled by a
-  random permutation ("permute") or each row reversed ("flip"); the weights law is the training kernel's row of
-  the current context, the context law the in-context add-beta estimator of the source's order (beta = 1 for
-  Dirichlet(1) kernels, 1/2 otherwise);
-- random kernels (Dirichlet(alpha) per sequence): kernels from an out-of-distribution prior, Dirichlet(alpha / 10)
-  (nearly deterministic rows, never seen in training) ("prior", the default); the weights law is what the
+What is fed (`swap_plan`, dispatched on the `data.Source` protocol's `pool`):
+- fixed chains (a pool of one kernel): a fresh Dirichlet(1) kernel per sequence ("random", the default), the
+  states relabelled by a random permutation ("permute") or each row reversed ("flip"); the weights law is the
+  training kernel's row of the current context, the context law the in-context add-beta estimator of the
+  source's order (beta = 1 for Dirichlet(1) kernels, 1/2 otherwise);
+- a finite pool of kernels (`RandomMarkov(pool_size=N)`): fresh kernels from the same prior, outside the pool
+  (`source.out_of_pool()`, "pool", the default); the weights law is the pool's Bayes predictor (a model that
+  memorised the pool and retrieves from it), the context law the in-context Bayes predictor of fresh kernels:
+  retrieval against inference;
+- fresh random kernels (Dirichlet(alpha) per sequence): kernels from an out-of-distribution prior, Dirichlet(alpha
+  / 10) (nearly deterministic rows, never seen in training) ("prior", the default); the weights law is what the
   training prior predicts without the context (its mean, 1/V), the context law the in-context add-alpha
   estimator of the source's order (what the training prior's Bayes predictor does with the same context).
 
 **A source may supply its own plan**: when `source` has a method `kernel_swap_plan(*, n_sequences, seq_len,
-seed) -> SwapPlan`, `swap_plan(source)` uses it (a source drawing kernels from a finite pool swaps in kernels
-outside the pool, with the pool's posterior predictive as the weights law: retrieval against inference). A plan
-can also be passed to `kernel_swap(plan=...)` directly.
+seed) -> SwapPlan`, `swap_plan(source)` uses it. A plan can also be passed to `kernel_swap(plan=...)` directly.
 """
 
 import dataclasses
@@ -49,7 +51,7 @@ from markov_interp.probes._common import (
     target_losses,
 )
 
-SWAPS = ("auto", "random", "permute", "flip", "prior")
+SWAPS = ("auto", "random", "permute", "flip", "prior", "pool")
 OOD_ALPHA_DIVISOR = 10.0  # random-kernel sources: swap kernels drawn from Dirichlet(alpha / 10)
 
 
@@ -100,8 +102,8 @@ def _permuted(kernel: Tensor, perm: Tensor, order: int) -> Tensor:
     return out
 
 
-def _fixed_kernel(source: MarkovChain, swap: str, seed: int) -> Tensor:
-    kernel, order, vocab = source.kernel, source.order, source.vocab
+def _fixed_kernel(kernel: Tensor, order: int, swap: str, seed: int) -> Tensor:
+    vocab = kernel.shape[-1]
     if swap == "flip":
         new = kernel.flip(-1)
     else:
@@ -116,27 +118,39 @@ def _fixed_kernel(source: MarkovChain, swap: str, seed: int) -> Tensor:
     return new
 
 
-def _fixed_plan(source: MarkovChain, swap: str, n_sequences: int, seq_len: int, seed: int) -> SwapPlan:
+def _fixed_plan(source: Any, swap: str, n_sequences: int, seq_len: int, seed: int) -> SwapPlan:
+    kernel = source.pool[0].reshape([source.vocab] * (source.order + 1))  # the one kernel
     if swap in ("auto", "random"):
         batch = sample_batch(RandomMarkov(source.vocab, order=source.order, alpha=1.0), n_sequences=n_sequences,
                              seq_len=seq_len, seed=seed)
         beta, what = 1.0, "a fresh Dirichlet(1) kernel per sequence"
     elif swap in ("permute", "flip"):
-        swapped = MarkovChain(_fixed_kernel(source, swap, seed), order=source.order)
+        swapped = MarkovChain(_fixed_kernel(kernel, source.order, swap, seed), order=source.order)
         batch = sample_batch(swapped, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
         beta = 0.5
         what = "the states relabelled by a permutation" if swap == "permute" else "each kernel row reversed"
     else:
         raise ValueError(f"swap for a fixed chain must be 'auto', 'random', 'permute' or 'flip', got {swap!r}")
-    flat = source.kernel.reshape(1, -1, source.vocab)
-    weights = theory.kernel_predictions(flat, batch.tokens, source.initial_context_law[None])
+    weights = theory.true_predictions(source, batch.tokens)
     context = theory.add_beta_predictions(batch.tokens, source.vocab, order=source.order, beta=beta)
     return SwapPlan(batch=batch, weights_law=weights, context_law=context,
                     description=f"fixed chain, swap kernels: {what}; weights law: the training kernel; context "
                                 f"law: in-context add-{beta:g} estimator of order {source.order}")
 
 
-def _prior_plan(source: RandomMarkov, swap: str, n_sequences: int, seq_len: int, seed: int) -> SwapPlan:
+def _pool_plan(source: Any, swap: str, n_sequences: int, seq_len: int, seed: int) -> SwapPlan:
+    if swap not in ("auto", "pool"):
+        raise ValueError(f"swap for a pool of kernels must be 'auto' or 'pool', got {swap!r}")
+    fresh = source.out_of_pool()
+    batch = sample_batch(fresh, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
+    return SwapPlan(batch=batch, weights_law=theory.true_predictions(source, batch.tokens),
+                    context_law=theory.true_predictions(fresh, batch.tokens),
+                    description=f"pool of {source.pool.shape[0]} kernels, swap kernels: fresh ones from the same "
+                                "prior, outside the pool; weights law: the pool's Bayes predictor (retrieval); "
+                                "context law: the in-context Bayes predictor (inference)")
+
+
+def _prior_plan(source: Any, swap: str, n_sequences: int, seq_len: int, seed: int) -> SwapPlan:
     if swap not in ("auto", "prior"):
         raise ValueError(f"swap for random kernels must be 'auto' or 'prior', got {swap!r}")
     alpha = source.alpha / OOD_ALPHA_DIVISOR
@@ -159,11 +173,15 @@ def swap_plan(source: Any, *, n_sequences: int, seq_len: int, seed: int = 0, swa
     own = getattr(source, "kernel_swap_plan", None)
     if own is not None and swap == "auto":
         return own(n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    if isinstance(source, RandomMarkov):
+    pool = getattr(source, "pool", None)
+    if pool is None and hasattr(source, "alpha") and hasattr(source, "sample"):
         return _prior_plan(source, swap, n_sequences, seq_len, seed)
-    if isinstance(source, MarkovChain):
+    if pool is not None and pool.shape[0] == 1:
         return _fixed_plan(source, swap, n_sequences, seq_len, seed)
-    raise ValueError(f"source must be a MarkovChain, BinaryChain or RandomMarkov, got {type(source).__name__}")
+    if pool is not None:
+        return _pool_plan(source, swap, n_sequences, seq_len, seed)
+    raise ValueError(f"source must follow the data.Source protocol (vocab, order, alpha, pool, sample), got "
+                     f"{type(source).__name__}")
 
 
 def _per_sequence(probs: Float[Tensor, "batch pos vocab"], tokens: Tensor) -> Float[Tensor, " batch"]:
