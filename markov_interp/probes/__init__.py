@@ -86,12 +86,15 @@ from markov_interp.probes.kernel_swap import KernelSwap, SwapPlan, kernel_swap, 
 from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_attributions, graph_edges
 from markov_interp.probes.patching import (
     PatchingResult,
+    PositionPatching,
+    patching_by_position,
     activation_patching,
     composition_scores,
     head_composition,
     patched_probs,
     patching_pair,
 )
+from markov_interp.probes.weights import LogitAttribution, direct_logit_attribution, ov_circuits, qk_circuits
 from markov_interp.probes.readout import KernelReadout, implied_kernel, kernel_readout
 from markov_interp.probes.strategies import (
     STATE_AND_COUNTS,
@@ -121,5 +124,6 @@ __all__ = [
     "read_circuit", "reference_activations", "same_token_score", "sample_batch", "set_ablation_losses",
     "set_component", "spread_previous_token_excess", "state_and_counts_probs", "state_dependence",
     "stationary_probs", "strategy_probs", "strategy_similarity", "swap_plan", "total_variation",
-    "uniform_causal_pattern",
+    "uniform_causal_pattern", "PositionPatching", "patching_by_position", "LogitAttribution",
+    "direct_logit_attribution", "ov_circuits", "qk_circuits",
 ]
