@@ -35,8 +35,9 @@ is that of the law it is moving to, with `confident=False`: the best (lowest-los
 begun (its loss below the law one step down: g_k > 0 for the in-context law of order k) and whose requirement it
 meets (the kernel: held in weights; an in-context law of order k >= 1: the K-edge); so a one-layer model is named
 by the state-and-counts law, a two-layer one with the circuit by the in-context law its circuit computes, even when
-it already does a little better than the law (a one-layer model that also weights recent states). `other` when
-there is none (a model worse than the uniform law). `confident=False` also when a ratio lies within a factor
+it already does a little better than the law (a one-layer model that also weights recent states), up to half of
+the step to the next better law (`BEYOND`). `other` when there is none (a model worse than the uniform law, or
+one well past every law it qualifies for: an in-context gain without a circuit the graph shows). `confident=False` also when a ratio lies within a factor
 `near` of its cut.
 
 Thresholds (`Thresholds`) were set from the distributions measured over trained models (docs/circuits.md: 112
@@ -79,6 +80,7 @@ from markov_interp.probes.strategies import (
 )
 
 MECHANISMS = ("uniform", "unigram", "in_context_unigram", "state_and_counts", "kernel", "induction", "other")
+BEYOND = 0.5  # a model past the best law it qualifies for keeps its label up to half the step to the next law
 _LABEL_OF_LAW = {"uniform": "uniform", "stationary": "unigram", "in_context_unigram": "in_context_unigram",
                  STATE_AND_COUNTS: "state_and_counts"}
 
@@ -103,7 +105,7 @@ class Thresholds:
     fit: float = 0.75
     margin: float = 0.6
     near: float = 1.5
-    head_excess: float = 0.3
+    head_excess: float = 0.2
     in_weights: float = 0.5
     edge_min: float = MIN_EFFECT
     edge_fraction: float = MIN_FRACTION
@@ -372,7 +374,13 @@ def _target(ev: _Evidence, th: Thresholds) -> tuple[Optional[str], bool]:
     if not eligible:
         return None, False
     loss, name = min(eligible)
-    return name, not loss < ev.gains.model_loss
+    model = ev.gains.model_loss
+    if loss < model:
+        return name, False
+    better = [x for n, x in ev.sim.losses.items() if n in ev.sim.candidates and x < loss]
+    if better and loss - model > BEYOND * (loss - max(better)):  # past half the next step: not that law any more
+        return None, False
+    return name, True
 
 
 def _nearest(ev: _Evidence) -> str:
