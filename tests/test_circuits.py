@@ -413,3 +413,121 @@ def test_pool_sources_swap_in_kernels_outside_the_pool():
     assert swap.in_context_fraction > 0.6  # the circuit estimates in context: it follows the fresh kernels
     with pytest.raises(ValueError, match="pool"):
         swap_plan(pooled, n_sequences=4, seq_len=10, swap="prior")
+
+
+# ------------------------------------------------------------------------------------ weights and report
+def test_ov_and_qk_circuits_and_logit_attribution_of_a_handbuilt_circuit():
+    from markov_interp.probes import direct_logit_attribution, ov_circuits, qk_circuits
+
+    model = with_head_counts(induction_circuit(3, n_ctx=SEQ, decoys=True), (2, 2))
+    ov, qk = ov_circuits(model), qk_circuits(model)
+    assert ov.shape == (2, 2, 3, 3)
+    assert torch.allclose(ov[1, 0], 2.0 * torch.eye(3))  # the induction head copies, logit scale 2
+    assert torch.allclose(ov[0, 0], torch.zeros(3, 3))  # the previous-token head writes nothing the unembedding reads
+    assert torch.allclose(qk[0, 0], torch.zeros(3, 3))  # it attends by position, not by state
+    batch = sample_batch(RandomMarkov(3), n_sequences=8, seq_len=SEQ, seed=0)
+    dla = direct_logit_attribution(model, batch)
+    # only the induction head writes the logits (no LayerNorm, no bias): it carries all of them
+    assert dla.heads[1, 0] == pytest.approx(dla.total, abs=1e-5) and dla.total > 0.1
+    assert abs(dla.embed) < 1e-6 and abs(dla.rest) < 1e-5 and float(dla.heads[0].abs().max()) < 1e-6
+    uneven = with_head_counts(induction_circuit(3, n_ctx=SEQ, decoys=True), (2, 1))
+    assert math.isnan(float(ov_circuits(uneven)[1, 1, 0, 0])) and math.isnan(float(
+        direct_logit_attribution(uneven, batch).heads[1, 1]))
+
+
+def test_logit_attribution_of_a_kernel_model_is_the_embedding_and_adds_up_with_layernorm():
+    from markov_interp.probes import direct_logit_attribution
+
+    batch = sample_batch(BINARY, n_sequences=8, seq_len=SEQ, seed=0)
+    dla = direct_logit_attribution(kernel_model(BINARY.kernel, n_ctx=SEQ), batch)
+    assert dla.embed == pytest.approx(dla.total, abs=1e-5) and float(dla.heads.abs().max()) < 1e-6
+    model = _ln_mlp_model()  # LayerNorm, MLPs: the shares are exact with the final scale frozen
+    tokens = torch.randint(0, 2, (4, 12), generator=torch.Generator().manual_seed(0))
+    dla = direct_logit_attribution(model, tokens)
+    with torch.no_grad():
+        logits = model(tokens).double()
+    centred = logits - logits.mean(-1, keepdim=True)
+    assert dla.total == pytest.approx(float(torch.gather(centred[:, :-1], -1, tokens[:, 1:, None]).mean()), rel=1e-5)
+    # positions and the output bias are all the rest: recompute them by hand from the weights
+    p = {k: v.detach() for k, v in _params(model).items()}
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    scale = cache["ln_final.hook_scale"].double()
+    pos = p["pos.weight"][:12].double().expand(4, -1, -1)
+    pos_logits = ((pos - pos.mean(-1, keepdim=True)) / scale * p["ln_out.weight"].double()) @ p[
+        "tok_embed.weight"].double().T
+    bias = p["head.bias"].double()
+    rest = (pos_logits + bias) - (pos_logits + bias).mean(-1, keepdim=True)
+    assert dla.rest == pytest.approx(float(torch.gather(rest[:, :-1], -1, tokens[:, 1:, None]).mean()), abs=2e-4)
+
+
+def test_patching_by_position_stacks_what_one_position_at_a_time_gives():
+    from markov_interp.probes import intervened_probs, patching_by_position, patching_pair
+
+    model = induction_circuit(3, n_ctx=SEQ)
+    batch = sample_batch(RandomMarkov(3), n_sequences=8, seq_len=20, seed=1)
+    clean, corrupted = patching_pair(batch)
+    result = patching_by_position(model, clean, corrupted)
+    assert result.recovery.shape == (2, 20)
+    _, cc = model.run_with_cache(clean)
+    p_clean = torch.softmax(model(clean).double(), -1)[:, -1]
+    for layer, pos in ((0, 3), (1, 19), (1, 7)):
+        comp = Component(kind="resid", layer=layer)
+        patched = intervened_probs(model, corrupted, [[comp]], {comp.hook_name: cc[comp.hook_name]},
+                                   positions=[pos])[0][:, -1]
+        kl = float(theory.kl_divergence(p_clean, patched).mean())
+        assert float(result.recovery[layer, pos]) == pytest.approx(1 - kl / result.baseline_kl, abs=1e-6)
+    assert float(result.recovery[0].max()) > 0.1  # some earlier position carries what the prediction needs
+
+
+def test_report_from_a_model_without_a_run_folder(tmp_path):
+    from markov_interp import report
+
+    model = induction_circuit(3, n_ctx=SEQ)
+    rep = report.from_model(model, RandomMarkov(3), n_sequences=16, seq_len=SEQ)
+    assert tuple(s.id for s in rep.sections) == report.MODEL_SECTION_IDS
+    body = rep.section("circuit").body()
+    assert body.count('class="edge"') == len(rep.mechanism.circuit.kept) == 5
+    assert 'class="circuit-diagram"' in body and "L0H0-&gt;L1H0.k" in body and "faithfulness" in body
+    assert body.count("<svg") >= 4  # diagram, OV/QK, logit attribution, patching by position
+    with pytest.raises(ValueError, match="path"):
+        rep.save()
+    path = rep.save(tmp_path / "model.html")
+    text = path.read_text()
+    assert "<script src=" not in text and "<link" not in text  # nothing to fetch (the browser test checks it)
+
+
+@pytest.mark.slow
+def test_circuit_section_draws_in_a_real_browser_without_the_network(tmp_path):
+    """The report of a model without a run folder, opened offline in Debian's chromium (as tests/test_report.py
+    drives it): the SVG diagram is laid out with one path per kept edge, and nothing is fetched."""
+    import os
+
+    from markov_interp import report
+
+    chromium = os.environ.get("MARKOV_INTERP_CHROMIUM", "/usr/bin/chromium")
+    if not os.path.exists(chromium):
+        pytest.skip(f"chromium not found at {chromium}")
+    playwright = pytest.importorskip("playwright.sync_api")
+    rep = report.from_model(induction_circuit(2, order=2, n_ctx=SEQ), RandomMarkov(2, order=2), n_sequences=16,
+                            seq_len=SEQ)
+    path = rep.save(tmp_path / "model.html")
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu",
+                                                                     "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_page()
+            fetched, errors = [], []
+            page.on("request", lambda r: fetched.append(r.url) if r.url.startswith(("http:", "https:")) else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(path.resolve().as_uri(), wait_until="load")
+            page.wait_for_timeout(300)
+            edges = page.evaluate("() => [...document.querySelectorAll('svg.circuit-diagram path.edge')]"
+                                  ".map(p => p.getBBox().height)")
+            labels = page.evaluate("() => [...document.querySelectorAll('svg.circuit-diagram text')]"
+                                   ".map(t => t.textContent)")
+        finally:
+            browser.close()
+    assert len(edges) == len(rep.mechanism.circuit.kept) == 8 and min(edges) > 10  # drawn, not degenerate
+    assert {"L0H0", "L0H1", "L1H0", "embed", "logits"} <= set(labels) and "k" in labels and "q" in labels
+    assert fetched == [] and errors == []

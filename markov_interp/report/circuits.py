@@ -32,7 +32,7 @@ def _layout(graph: Any) -> dict[str, tuple[float, float]]:
     for i, row in enumerate(rows):
         for j, name in enumerate(row):
             x = _MARGIN + (_WIDTH - 2 * _MARGIN) * (j + 1) / (len(row) + 1)
-            pos[name] = (x, _MARGIN + i * _ROW)
+            pos[name] = (float(x), float(_MARGIN + i * _ROW))
     return pos
 
 
