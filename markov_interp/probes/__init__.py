@@ -7,15 +7,24 @@ never write files, plot, or write into a cache. One module per idea:
   in-context learning score; state and context dependence.
 - `attention`: previous-token scores at lags 1..k, induction scores of order k, same-token scores per head,
   beside chance levels that hold on any chain.
-- `interventions`: the one engine: `Component` (head, attention layer, MLP, with its hook name), one setter,
-  one loop.
+- `interventions`: the one engine: `Component` (head, attention layer, MLP, embedding, a head's q/k/v input,
+  residual stream, with its hook name), one setter, one forward pass with replacements and recordings.
 - `ablation`: zero / mean / resample ablation of components and sets of components; a table over all of them.
-- `patching`: activation patching between two sequences; Q/K/V composition scores.
+- `patching`: activation patching between two sequences (per component, per layer x position); Q/K/V
+  composition scores.
+- `paths`: the model's graph of sender -> receiver-input edges; forward passes with any sets of edges corrupted
+  (path patching); edge attribution patching (the gradient estimate).
+- `discovery`: `discover_circuit`, every edge's exact path-patching effect, the kept edges, faithfulness and
+  minimality, as a `CircuitGraph`.
+- `circuit`: the induction circuit read off a graph (previous-token -> induction K-edges).
+- `gains`: graded gains, the fraction of each step up the ladder of in-context laws the model has climbed.
+- `kernel_swap`: in weights or in context, from sequences of kernels the model was not trained on.
+- `weights`: per-head OV and QK circuits as V x V matrices, direct logit attribution.
 - `readout`: the transition matrix implied by the model's predictions.
-- `strategies`: KL from the model to the uniform, stationary, true-kernel and in-context k-gram laws.
-- `circuit`: induction circuits as role sets of heads, confirmed by ablating each set.
+- `strategies`: KL from the model to the uniform, stationary, true-kernel, state-and-counts and in-context
+  k-gram laws.
 - `classify`: `classify_mechanism`, which names the law the model predicts with ("uniform", "unigram",
-  "in_context_unigram", "kernel", "induction", "other") and checks it.
+  "in_context_unigram", "state_and_counts", "kernel", "induction", "other") from the causal evidence.
 
 >>> # from markov_interp.probes import classify_mechanism
 >>> # classify_mechanism(model, RandomMarkov(3), seed=0).mechanism
