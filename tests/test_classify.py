@@ -23,7 +23,6 @@ from markov_interp import theory
 from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.probes import (
     MECHANISMS,
-    Component,
     StrategySimilarity,
     Thresholds,
     ablation_table,
