@@ -53,6 +53,7 @@ def record(run_dir: Path, step: int) -> dict | None:
         "source_order": config.source.order, "layers": config.model.n_layers, "heads": config.model.n_heads,
         "mechanism": report.mechanism, "order": report.order, "confident": report.confident,
         "law": report.law.law, "law_passed": report.law.passed, "fit": report.law.fit_ratio,
+        "law_losses": dict(report.strategies.losses),
         "margin": report.law.margin_ratio, "eval_loss": report.eval_loss,
         "gains": {str(k): [v, report.gains.se[k]] for k, v in report.gains.items()},
         "in_context_fraction": report.in_context_fraction, "swap_se": report.kernel_swap.se,
@@ -112,6 +113,66 @@ def table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def _quantiles(values: list[float]) -> str:
+    values = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not values:
+        return "-"
+    pick = lambda q: values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]  # noqa: E731
+    return f"{pick(0):.2f} / {pick(0.1):.2f} / {pick(0.5):.2f} / {pick(0.9):.2f} / {pick(1):.2f} (n={len(values)})"
+
+
+def evidence(path: Path) -> str:
+    """The distributions the thresholds are read from, and a check of every label against its gains."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = ["| quantity | models | min / 10% / median / 90% / max |", "|---|---|---|"]
+    law = [r for r in rows if r["law_passed"]]
+    between = [r for r in rows if not r["law_passed"]]
+    for name, group in (("law check passed", law), ("law check failed", between)):
+        lines.append(f"| fit ratio | {name} | {_quantiles([r['fit'] for r in group])} |")
+        lines.append(f"| margin ratio | {name} | {_quantiles([r['margin'] for r in group])} |")
+    fixed = [r for r in rows if r["setting"].startswith("fixed")]
+    random_ = [r for r in rows if not r["setting"].startswith("fixed")]
+    lines.append(f"| kernel-swap in-context fraction | fixed chains | "
+                 f"{_quantiles([r['in_context_fraction'] for r in fixed])} |")
+    lines.append(f"| kernel-swap in-context fraction | random kernels | "
+                 f"{_quantiles([r['in_context_fraction'] for r in random_])} |")
+    senders, others = [], []
+    for r in rows:
+        kedge = {e.split("->")[0] for e in [*r["k_edges"], *r["other_k_edges"]]}
+        for head, value in r["spread_excess"].items():
+            if int(head[1:].split("H")[0]) < r["layers"] - 1:
+                (senders if head in kedge else others).append(value)
+    lines.append(f"| spread previous-token excess | senders of kept K-edges | {_quantiles(senders)} |")
+    lines.append(f"| spread previous-token excess | other heads below the last layer | {_quantiles(others)} |")
+    lines.append(f"| faithfulness | all | {_quantiles([r['faithfulness'] for r in rows])} |")
+    lines.append(f"| seconds per classify_mechanism | all | {_quantiles([r['seconds'] for r in rows])} |")
+    return "\n".join(lines) + "\n\n" + _gain_check(rows)
+
+
+def _state_gain(r: dict) -> float:
+    """g_1 of the state-and-counts law itself (its share of the unigram -> bigram step)."""
+    losses = r["law_losses"]
+    unigram, bigram = losses["in_context_unigram"], losses["in_context_bigram"]
+    return (unigram - losses["state_and_counts"]) / (unigram - bigram)
+
+
+def _gain_check(rows: list[dict]) -> str:
+    """Each label against the gains: induction of order k has g_k > 0; state_and_counts is closer to that law's
+    own g_1 than to the bigram law's (1); in_context_unigram and uniform have g_1 below 1/2; kernel (fixed chains)
+    has f below 1/2."""
+    bad = []
+    for r in rows:
+        g = {int(k): v[0] for k, v in r["gains"].items()}
+        mech, k = r["mechanism"], r["order"]
+        ok = {"induction": lambda: g.get(k, 0) > 0, "kernel": lambda: r["in_context_fraction"] < 0.5,
+              "state_and_counts": lambda: g[1] < (1 + _state_gain(r)) / 2, "in_context_unigram": lambda: g[1] < 0.5,
+              "uniform": lambda: g[1] < 0.5}.get(mech, lambda: True)()
+        if not ok:
+            bad.append(f"{r['setting']} seed {r['seed']} step {r['step']}: {mech} {k} with g {g}")
+    head = f"{len(rows) - len(bad)} of {len(rows)} labels agree with their gains"
+    return head + (":\n" + "\n".join(bad) if bad else ".")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs")
@@ -121,7 +182,7 @@ def main() -> None:
     parser.add_argument("--table", default=None, help="print the tables of a results file and exit")
     args = parser.parse_args()
     if args.table:
-        print(table(Path(args.table)))
+        print(table(Path(args.table)) + "\n\n" + evidence(Path(args.table)))
         return
     torch.set_num_threads(args.threads)
     measure(args)

@@ -35,8 +35,8 @@ is that of the law it is moving to, with `confident=False`: the best (lowest-los
 begun (its loss below the law one step down: g_k > 0 for the in-context law of order k) and whose requirement it
 meets (the kernel: held in weights; an in-context law of order k >= 1: the K-edge); so a one-layer model is named
 by the state-and-counts law, a two-layer one with the circuit by the in-context law its circuit computes, even when
-it already does a little better than the law (a one-layer model that also weights recent states), up to half of
-the step to the next better law (`BEYOND`). `other` when there is none (a model worse than the uniform law, or
+it already does a little better than the law (a one-layer model that also weights recent states), up to a quarter
+of the step to the next better law (`BEYOND`; one-layer models were measured up to 0.15 of it, docs/circuits.md). `other` when there is none (a model worse than the uniform law, or
 one well past every law it qualifies for: an in-context gain without a circuit the graph shows). `confident=False` also when a ratio lies within a factor
 `near` of its cut.
 
@@ -80,7 +80,7 @@ from markov_interp.probes.strategies import (
 )
 
 MECHANISMS = ("uniform", "unigram", "in_context_unigram", "state_and_counts", "kernel", "induction", "other")
-BEYOND = 0.5  # a model past the best law it qualifies for keeps its label up to half the step to the next law
+BEYOND = 0.25  # a model past the best law it qualifies for keeps its label up to a quarter of the next step
 _LABEL_OF_LAW = {"uniform": "uniform", "stationary": "unigram", "in_context_unigram": "in_context_unigram",
                  STATE_AND_COUNTS: "state_and_counts"}
 
