@@ -469,8 +469,9 @@ def test_patching_by_position_stacks_what_one_position_at_a_time_gives():
     clean, corrupted = patching_pair(batch)
     result = patching_by_position(model, clean, corrupted)
     assert result.recovery.shape == (2, 20)
-    _, cc = model.run_with_cache(clean)
-    p_clean = torch.softmax(model(clean).double(), -1)[:, -1]
+    with torch.no_grad():
+        _, cc = model.run_with_cache(clean)
+        p_clean = torch.softmax(model(clean).double(), -1)[:, -1]
     for layer, pos in ((0, 3), (1, 19), (1, 7)):
         comp = Component(kind="resid", layer=layer)
         patched = intervened_probs(model, corrupted, [[comp]], {comp.hook_name: cc[comp.hook_name]},
