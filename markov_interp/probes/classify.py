@@ -416,10 +416,11 @@ def _decide(ev: _Evidence, th: Thresholds) -> tuple[str, Optional[int], bool, li
             reasons.insert(0, f"other: {why_not}; nearest law {_nearest(ev)}")
         return mech, order, not (ev.law.near or near), reasons
     target, beyond = _target(ev, th)
-    if target is None:
+    if target is None:  # confident only for a model worse than the uniform law: no law at all
+        worse = ev.gains.model_loss >= ev.sim.losses.get("uniform", math.inf)
         reasons.insert(0, f"other: the model follows no candidate law and moves towards none whose requirement it "
                           f"meets; nearest law {_nearest(ev)}; {ev.induction.summary()}")
-        return "other", None, not ev.law.near, reasons
+        return "other", None, worse and not ev.law.near, reasons
     mech, order, _, _ = _label(target, ev, th)
     where = (f"does better than the {STRATEGY_LABELS[target]} (loss {ev.sim.losses[target]:.4f}) without meeting "
              "the requirement of any better law" if beyond else
