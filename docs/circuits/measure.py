@@ -113,6 +113,28 @@ def table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def _labels(rs: list[dict]) -> str:
+    counts = Counter(f"{r['mechanism']}{r['order'] or ''}{'' if r['confident'] else '?'}" for r in rs)
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def condensed(path: Path) -> str:
+    """One row per setting: labels at step 186 and at the last step, and the last step's evidence."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = []
+    for setting in sorted({r["setting"] for r in rows}):
+        mine = [r for r in rows if r["setting"] == setting]
+        last = max(r["step"] for r in mine)
+        at = {step: [r for r in mine if r["step"] == step] for step in (186, last)}
+        end = at[last]
+        faith = [r["faithfulness"] for r in end if math.isfinite(r["faithfulness"])]
+        lines.append(f"| {setting} | {_labels(at[186])} | {last} | {_labels(end)} | "
+                     f"{_interval([r['gains']['1'][0] for r in end])} | "
+                     f"{_interval([r['in_context_fraction'] for r in end])} | {_interval(faith)} | "
+                     f"{sum(r['induction_found'] for r in end)}/{len(end)} |")
+    return "\n".join(lines)
+
+
 def _quantiles(values: list[float]) -> str:
     values = sorted(v for v in values if v is not None and math.isfinite(v))
     if not values:
@@ -182,7 +204,8 @@ def main() -> None:
     parser.add_argument("--table", default=None, help="print the tables of a results file and exit")
     args = parser.parse_args()
     if args.table:
-        print(table(Path(args.table)) + "\n\n" + evidence(Path(args.table)))
+        path = Path(args.table)
+        print(condensed(path) + "\n\n" + table(path) + "\n\n" + evidence(path))
         return
     torch.set_num_threads(args.threads)
     measure(args)
