@@ -33,12 +33,13 @@ kernel and the in-context laws (which converge to each other at long contexts) a
 the K-edge (`induction`), else `other`. When it fails the model sits between laws (mid-transition), and the label
 is that of the law it is moving to, with `confident=False`: the best (lowest-loss) candidate law whose step it has
 begun (its loss below the law one step down: g_k > 0 for the in-context law of order k) and whose requirement it
-meets (the kernel: held in weights; an in-context law of order k >= 1: the K-edge); so a one-layer model is named
-by the state-and-counts law, a two-layer one with the circuit by the in-context law its circuit computes, even when
-it already does a little better than the law (a one-layer model that also weights recent states), up to a quarter
-of the step to the next better law (`BEYOND`; one-layer models were measured up to 0.15 of it, docs/circuits.md). `other` when there is none (a model worse than the uniform law, or
-one well past every law it qualifies for: an in-context gain without a circuit the graph shows). `confident=False` also when a ratio lies within a factor
-`near` of its cut.
+meets (the kernel: held in weights; an in-context law of order k >= 1: the K-edge); so a one-layer model is named by
+the state-and-counts law, a two-layer one with the circuit by the in-context law its circuit computes, even when it
+already does a little better than the law (a one-layer model that uses a little more than the law), up to a quarter
+of the step to the next better law (`BEYOND`; one-layer models were measured up to 0.18 of it, docs/circuits.md).
+`other` when there is none (a model worse than the uniform law, or one well past every law it qualifies for: an in-
+context gain without a circuit the graph shows). `confident=False` also when a ratio lies within a factor `near` of
+its cut.
 
 Thresholds (`Thresholds`) were set from the distributions measured over trained models (docs/circuits.md: 112
 runs, attention-only models of depth 1-3 with 1-2 heads per layer on random kernels of order 1 and 2 and two

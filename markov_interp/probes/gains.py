@@ -7,13 +7,13 @@ For every order k the gain fraction is
     g_k = (L(law of order k - 1) - L(model)) / (L(law of order k - 1) - L(law of order k)),  (in-context laws)
 
 losses in nats on the probe batch, with the convention that "order -1" is the uniform law: g_0 is the fraction of
-the step from the uniform law to the in-context unigram, g_1 of the step from the unigram to the bigram law, and
-so on up to the source's order + 1 (past the source's order the higher law is worse, not better: for a model at
-the order-k law g_{k+1} near 0 says it conditions on no more than it needs, but for a model short of the order-k
-law both losses sit below its own and g_{k+1} is a ratio of two negative numbers). g_k = 1 means the model does as well as the order-k law, 0
-as well as the order-(k-1) law; values outside [0, 1] are kept (a model between the uniform law and the unigram
-law has g_1 < 0; one better than the bigram law on a fixed chain, g_1 > 1). Standard errors are over sequences
-(`ratio_of_means`).
+the step from the uniform law to the in-context unigram, g_1 of the step from the unigram to the bigram law, and so
+on up to the source's order + 1 (past the source's order the higher law is worse, not better: for a model at the
+order-k law g_{k+1} near 0 says it conditions on no more than it needs, but for a model short of the order-k law
+both losses sit below its own and g_{k+1} is a ratio of two negative numbers). g_k = 1 means the model does as well
+as the order-k law, 0 as well as the order-(k-1) law; values outside [0, 1] are kept (a model between the uniform
+law and the unigram law has g_1 < 0; one better than the bigram law on a fixed chain, g_1 > 1). Standard errors
+are over sequences (`ratio_of_means`).
 
 A single layer cannot match the previous state of a key with the current state, so its best in-context law is a
 function of the current state and the state counts (`strategies.state_and_counts_probs`): it takes part of the
