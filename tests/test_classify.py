@@ -167,8 +167,10 @@ SEQ = 128
 def test_first_order_circuit_spread_over_heads_is_induction(vocab, per_role, spread):
     """Each role held by `per_role` heads writing 1/per_role of it (in different layers with `spread`): every
     previous-token -> induction K-edge is kept, whichever head carries the role."""
-    model = induction_circuit(vocab, per_role=per_role, n_layers=3 if spread else 2, spread_layers=spread)
-    report = classify(model, RandomMarkov(vocab), seq_len=SEQ)
+    n_ctx = 64 if spread else SEQ  # three layers of hand-built heads as wide as the context: keep it short
+    model = induction_circuit(vocab, per_role=per_role, n_layers=3 if spread else 2, spread_layers=spread,
+                              n_ctx=n_ctx)
+    report = classify(model, RandomMarkov(vocab), seq_len=n_ctx)
     assert report.mechanism == "induction" and report.order == 1 and report.circuit_confirmed, report.reasons
     prev, ind = report.induction.role("previous_token"), report.induction.role("induction")
     assert len(prev.heads) == per_role and len(ind.heads) == per_role
