@@ -6,7 +6,7 @@ softmax -> hook -> pattern @ v) against the same step with the fused attention, 
     python benchmarks/bench_intervene.py --device cuda --members 64 --seq-len 1024
 
 Prints seconds per step of both and the ratio clamped / free. A clamp that replaces every head by a constant
-(here previous_token) forms no scores or softmax (`models.pattern_input`): the pattern is a zero-stride view and
+(here previous_token) forms no scores or softmax (`models.stack.pattern_input`): the pattern is a zero-stride view and
 z = pattern @ v. A per-head clamp (`--heads 0`) forms the full [member * batch, head, seq, seq] pattern, whose
 cost grows with seq^2 where the fused kernel's memory does not.
 
@@ -20,7 +20,9 @@ import time
 
 import torch
 
-from markov_interp import intervene, stacked
+from markov_interp import intervene
+from markov_interp.models import stack as stacked
+from markov_interp.models.optim import StackedOptimizer
 from markov_interp.models import preset
 
 
@@ -62,7 +64,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = preset("attn-only-2layer", n_ctx=args.seq_len + 1)
     stack = stacked.build_stack([cfg] * args.members, list(range(args.members)), device=args.device)
-    optimizer = stacked.StackedOptimizer(stack, kind="adamw")
+    optimizer = StackedOptimizer(stack, kind="adamw")
     tokens = torch.randint(0, cfg.d_vocab, (args.members, args.batch, args.seq_len + 1),
                            generator=torch.Generator().manual_seed(0)).to(args.device)
     heads = f"[{args.heads}]" if args.heads is not None else ""

@@ -1,12 +1,18 @@
 """Stacked training speed: K runs as one stacked model (`training.train_many`) against the same K runs trained
-one after another with `training.train`, both in this process, on the same shapes.
+one after another with `training.train` (each a stack of one), both in this process, on the same shapes, and
+the same ratio for a plain hand-written stacked loop (../shared/anchors/stacked_loop.py, imported from that
+folder: what stacking can give on these shapes).
 
 Two modes:
 
   full runs (default; the issue's CPU check): one torch thread, the paper's one-layer model, seq 128, batch 16,
       100 steps, K = 8 runs differing in seed and (p, q). Times `train_many(runs)` and the loop
       `for run in runs: train(run)` end to end (building, sampling, evaluation, reference losses: everything a
-      run does, no run folders) and prints the ratio (the issue asks >= 1.5x).
+      run does, no run folders) and prints the ratio. Then, per step (marginal: two run lengths, so what a run
+      costs besides its steps cancels; the same --clock for all), a stack of one and a stack of K of the package
+      and of the anchor (`time_stacked`: its batches drawn before its steps, no evaluation), interleaved: the
+      speed-up of stacking in each and the stacked throughput of the package against the anchor's. Issue 20 asks
+      the package's stacked throughput to be >= 0.9x the hand-written loop's.
 
   marginal (`--marginal`, the GPU check: `--device cuda --members 64 --seq-len 1024`): the cost of one more
       step, which leaves out fixed costs (building, reference losses, CUDA start-up) that would otherwise
@@ -26,7 +32,10 @@ Two modes:
 
 import argparse
 import dataclasses
+import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -73,22 +82,56 @@ def with_steps(runs: list, steps: int) -> list:
 
 
 def full_runs(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(args.anchor_dir)))
+    from stacked_loop import time_stacked  # the hand-written reference loop (not project code)
+
     runs = make_runs(args.members, args.steps, args.seq_len, args.batch_size, args.device, eval_every=100)
     training.train_many(with_steps(runs[:2], 2), progress=False)  # warm-up (lazy imports, allocator)
     training.train(with_steps(runs[:1], 2)[0], progress=False)
-    solos, stacks = [], []
-    for _ in range(args.repeats):  # alternating, so a change in the machine's load hits both sides alike
+    k, n = args.members, args.steps
+    short, long = n // 5, n
+    shape = dict(seq_len=args.seq_len, batch=args.batch_size, device=args.device)
+    solos, stacks, per_step = [], [], {"package 1": [], f"package {k}": [], "anchor 1": [], f"anchor {k}": []}
+    for _ in range(args.repeats):  # alternating, so a change in the machine's load hits every side alike
         solos.append(timed(lambda: [training.train(r, progress=False) for r in runs], args.device))
         stacks.append(timed(lambda: training.train_many(runs, progress=False), args.device))
-    k, n = args.members, args.steps
+        for members in (1, k):
+            per_step[f"package {members}"].append(_marginal(
+                lambda steps: training.train_many(with_steps(_no_eval(runs[:members]), steps), progress=False),
+                short, long, args.device))
+            per_step[f"anchor {members}"].append(_marginal(
+                lambda steps: time_stacked(members, steps=steps, **shape), short, long, args.device))
     ratios = sorted(a / b for a, b in zip(solos, stacks))
-    solo, stack = sorted(solos)[len(solos) // 2], sorted(stacks)[len(stacks) // 2]
+    solo, stack = _median(solos), _median(stacks)
     print(f"{k} runs one after another with train : median {solo:6.2f} s  {k * n / solo:8.1f} model-steps/s  "
           f"(runs: {', '.join(f'{t:.2f}' for t in solos)} s)")
     print(f"the same {k} runs stacked (train_many)  : median {stack:6.2f} s  {k * n / stack:8.1f} model-steps/s  "
           f"(runs: {', '.join(f'{t:.2f}' for t in stacks)} s)")
-    print(f"speed-up of the stack: median {ratios[len(ratios) // 2]:.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x "
-          f"over {args.repeats} alternating pairs  (issue: >= 1.5x on CPU, one thread)")
+    print(f"speed-up of the stack, whole runs: median {_median(ratios):.2f}x, range {ratios[0]:.2f}-{ratios[-1]:.2f}x "
+          f"over {args.repeats} alternating pairs")
+    t = {name: _median(values) for name, values in per_step.items()}
+    print(f"per step (marginal: steps {short} and {long}, fixed costs cancel), medians of {args.repeats}:")
+    for name, seconds in t.items():
+        members = int(name.split()[1])
+        print(f"  {name:12s}: {seconds * 1e3:8.2f} ms/step  {members / seconds:8.1f} model-steps/s")
+    package, anchor = k * t["package 1"] / t[f"package {k}"], k * t["anchor 1"] / t[f"anchor {k}"]
+    print(f"  speed-up of a stack of {k} over {k} stacks of one: package {package:.2f}x, anchor {anchor:.2f}x; "
+          f"package / anchor {package / anchor:.2f}  (issue 20: >= 0.9)")
+    print(f"  stacked throughput, package / anchor: {t[f'anchor {k}'] / t[f'package {k}']:.2f}  (issue 20: >= 0.9)")
+
+
+def _no_eval(runs: list) -> list:
+    return [dataclasses.replace(r, train=dataclasses.replace(r.train, eval_every=0)) for r in runs]
+
+
+def _median(values: list) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _marginal(fn, short: int, long: int, device: str) -> float:
+    """Seconds per step of fn(steps) from two run lengths (whatever fn costs besides its steps cancels)."""
+    t_short, t_long = timed(lambda: fn(short), device), timed(lambda: fn(long), device)
+    return (t_long - t_short) / (long - short)
 
 
 def marginal(args: argparse.Namespace) -> None:
@@ -159,6 +202,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true",
                         help="the sweep's throughput: K solo cells on --workers processes vs one stack of K")
     parser.add_argument("--workers", type=int, default=8, help="sweep mode: pool size of the solo sweep")
+    parser.add_argument("--anchor-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "anchors"),
+                        help="folder of stacked_loop.py (default ../shared/anchors beside the checkout)")
     args = parser.parse_args()
     _CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)

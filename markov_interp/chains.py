@@ -25,14 +25,51 @@ def context_transition_matrix(flat: Float[Tensor, "*batch context vocab"]) -> Fl
     return matrix.scatter_add_(-1, targets.expand(flat.shape), flat)
 
 
+# Batched work over many kernels or sequences (sampling, stationary laws, Monte Carlo references) runs in blocks
+# whose largest float64 array stays near this size, so memory is bounded whatever the vocab and batch; each item
+# is computed alone, so blocks change no bit of any result (docs/faults.md).
+BLOCK_BYTES = 1 << 25
+
+
+def block_sizes(total: int, item_bytes: int) -> list[int]:
+    """`total` items cut into consecutive blocks of at most `BLOCK_BYTES // item_bytes` items (at least 1 each).
+
+    Args:
+        total: how many items (kernels, sequences, posterior draws).
+        item_bytes: bytes of the largest array one item needs.
+
+    Returns:
+        The block sizes, in order; they sum to `total`.
+    """
+    size = max(1, BLOCK_BYTES // max(item_bytes, 1))
+    return [min(size, total - start) for start in range(0, total, size)]
+
+
+def kernel_bytes(n_ctx: int, vocab: int) -> int:
+    """Bytes of the largest float64 array per kernel of a stationary-law solve: the [context, context] system
+    (or the [context, vocab] kernel, whichever is larger)."""
+    return 8 * n_ctx * max(n_ctx, vocab)
+
+
 def solve_stationary(flat: Float[Tensor, "*batch context vocab"]) -> Float[Tensor, "*batch context"]:
     """Stationary laws of context chains (kernels flattened to [V**k, V]), batched over leading axes.
 
     Solves pi (P - I) = 0 with one equation swapped for sum(pi) = 1: a square system, non-singular exactly when
     the law is unique. A direct solve, unlike least squares, gives the same bits on every call. No uniqueness
     check here (`stationary_context_law` makes it); Dirichlet-drawn rows are strictly positive almost surely,
-    so those chains are irreducible.
+    so those chains are irreducible. Many kernels are solved in blocks (`block_sizes`): each solve is per
+    kernel, so the result is the one-block result bit for bit.
     """
+    if flat.dim() < 3:
+        return _solve_stationary_block(flat)
+    many = flat.reshape(-1, *flat.shape[-2:])
+    sizes = block_sizes(len(many), kernel_bytes(*flat.shape[-2:]))
+    if len(sizes) == 1:
+        return _solve_stationary_block(flat)
+    return torch.cat([_solve_stationary_block(part) for part in many.split(sizes)]).reshape(flat.shape[:-1])
+
+
+def _solve_stationary_block(flat: Float[Tensor, "*batch context vocab"]) -> Float[Tensor, "*batch context"]:
     n = flat.shape[-2]
     eye = torch.eye(n, dtype=flat.dtype, device=flat.device)
     system = context_transition_matrix(flat).transpose(-1, -2) - eye

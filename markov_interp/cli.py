@@ -3,15 +3,29 @@
 Each sub-command is one `_add_<name>` function that registers its arguments and a handler; handlers only
 parse, call the library and print. Every error is printed as one line on stderr naming the problem (and
 the path, for file-system errors) with exit code 2, never as a traceback unless `--debug` is given; a run
-whose training diverged (non-finite loss) gives exit code 3, from `train`, `probe` and `report` alike.
+whose training diverged (non-finite loss) gives exit code 3, from `train`, `probe` and `report` alike. Warnings
+are printed as one line each; a reader that closes the output early (`| head -1`) ends the command quietly with
+exit code 141.
 """
 
 import argparse
+import os
 import sys
+import warnings
 from typing import Any
 
 EXIT_ERROR = 2
 EXIT_DIVERGED = 3
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a program whose reader closed the pipe
+
+
+def _parse_heads(text: str) -> "int | tuple[int, ...]":
+    """`--heads`: "2" (every block) or "1,2" (one count per block); an argparse error naming the value otherwise."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"must be a count such as 2 or one count per layer such as 1,2, got {text!r}")
+    counts = tuple(int(part) for part in parts)
+    return counts[0] if len(counts) == 1 else counts
 
 
 # Shortcut flags of `train`: (flag, dotted option, argparse keywords). Each sets one run-config option,
@@ -32,7 +46,9 @@ _TRAIN_SHORTCUTS = (
     ("model", "--preset", "model.preset", dict(
         help="paper-1layer (default for fixed kernels), paper-2layer, attn-only-2layer (default for random)")),
     ("model", "--layers", "model.n_layers", dict(type=int, help="number of blocks")),
-    ("model", "--heads", "model.n_heads", dict(type=int, help="attention heads per block")),
+    ("model", "--heads", "model.n_heads", dict(type=_parse_heads, metavar="N|N0,N1,...",
+     help="attention heads per block, or one count per block (e.g. 1,2: layer 0 with one head, layer 1 with two; "
+     "d_head then defaults to d_model // the largest count)")),
     ("model", "--d-model", "model.d_model", dict(type=int, help="residual width (d_head, d_mlp follow unless set)")),
     ("model", "--d-mlp", "model.d_mlp", dict(type=int, help="MLP hidden width")),
     ("model", "--attn-only", "model.attn_only", dict(action="store_const", const=True, help="no MLPs")),
@@ -180,7 +196,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     run = p.add_argument_group("this process")
     run.add_argument("--seeds", default=None,
                      help="train several seeds as one stacked model into OUT/seed-N/, e.g. 0-7 or 0,3,5 (overrides "
-                     "--seed; each member equals its solo run up to float rounding)")
+                     "--seed; each seed gets the weights it gets alone)")
     run.add_argument("--threads", type=int, default=None,
                      help="CPU threads for torch (default: torch's choice; 1 is often fastest for tiny models)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -193,17 +209,21 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                 raise ValueError(f"--threads must be >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
         run = _train_run(args)
-        # One run or many, through the stacked path (a single run is a stack of one; members equal solo
-        # `training.train` up to float rounding): it writes the same run folders, locks them, records a
-        # diverged member and, needing no hooked model, never imports transformer_lens (seconds of start-up).
+        # One run or many, through the one engine (a single run is a stack of one; a seed gives the same weights
+        # alone or among others): it writes the run folders, locks them, records a diverged run and, needing no
+        # hooked model, never imports transformer_lens (seconds of start-up).
         import dataclasses
         from pathlib import Path
 
-        from markov_interp.stacked_training import train_many
+        from markov_interp.training import train_many
 
         seeds = [run.train.seed] if args.seeds is None else _parse_seeds(args.seeds)
         runs = [dataclasses.replace(run, train=dataclasses.replace(run.train, seed=s)) for s in seeds]
         outs = [Path(args.out)] if args.seeds is None else [Path(args.out) / f"seed-{s}" for s in seeds]
+        if args.seeds is not None:  # OUT/seed-N are the package's names: a planted link there is refused
+            from markov_interp.training import runfolder
+
+            runfolder.check_contents(args.out, depth=1)
         results = train_many(runs, outs, progress=not args.no_progress, models_out=False)
         diverged = 0
         for seed, out, result in zip(seeds, outs, results):
@@ -241,7 +261,7 @@ def _train_summary(result, out) -> str:
     f = result.final
 
     def ref(value: float, key: str) -> str:
-        return format_loss(value, f.references.get(f"{key}_se"))
+        return format_loss(value, getattr(f.references, f"{key}_se"))
 
     in_context = f.bayes_loss is not None
     parts = [f"final eval loss {f.eval_loss:.4f} nats", f"entropy rate {ref(f.entropy_rate, 'entropy_rate')}",
@@ -277,9 +297,8 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         import json
         from pathlib import Path
 
-        from markov_interp import models, runfolder
         from markov_interp.probes import classify_mechanism
-        from markov_interp.training import resolve_device
+        from markov_interp.training import resolve_device, runfolder
 
         run_dir = Path(args.run_dir)
         run = runfolder.read_config(run_dir)
@@ -291,7 +310,7 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
             else:
                 print(f"diverged: {runfolder.diverged_message(run_dir, diverged)}")
             return EXIT_DIVERGED
-        model = models.load(run_dir, device=device, expect=run.model)
+        model = runfolder.load_model(run_dir, device=device, expect=run.model)
         # the length rule is the probes' (probes._common.probe_length): the loaded model knows its training length
         report = classify_mechanism(model, run.source.build(), seq_len=args.seq_len, n_sequences=args.n_sequences,
                                     seed=args.seed)
@@ -360,16 +379,15 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     def handler(args: argparse.Namespace) -> int:
         from pathlib import Path
 
-        from markov_interp import runfolder
+        from markov_interp._io import check_target
         from markov_interp.report import REPORT_FILE, build
-        from markov_interp.training import resolve_device
+        from markov_interp.training import resolve_device, runfolder
 
         # everything that can fail cheaply is checked before the probes run
         runfolder.read_config(args.run_dir)
         resolve_device(args.device)
         target = Path(args.out) if args.out else Path(args.run_dir) / REPORT_FILE
-        if target.is_dir():
-            raise ValueError(f"--out {target} is a folder; give the HTML file to write")
+        check_target(target, "--out")  # a folder, link, FIFO or device is refused, never replaced
         runfolder.check_writable_dir(target.parent, "report folder")
         diverged = runfolder.divergence(args.run_dir)
         if diverged is not None:
@@ -412,7 +430,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     def handler(args: argparse.Namespace) -> int:
         from pathlib import Path
 
-        from markov_interp import runfolder, sweep
+        from markov_interp import sweep
+        from markov_interp.training import runfolder
 
         spec = sweep.load_spec(args.spec)
         out = args.out or str(Path("runs") / f"sweep-{Path(args.spec).stem}")
@@ -492,30 +511,56 @@ def build_parser() -> argparse.ArgumentParser:
 def _one_line(err: BaseException) -> str:
     """An error as one line: the message of errors the package raises, the type too for anything else
     (OSError's text names the file: "[Errno 28] No space left on device: 'runs/a/metrics.jsonl'")."""
-    from markov_interp.runfolder import RunFolderError, TrainingDiverged
+    from markov_interp.training.runfolder import RunFolderError, TrainingDiverged
 
     text = str(err) if isinstance(err, (ValueError, OSError, RunFolderError, TrainingDiverged)) else (
         f"{type(err).__name__}: {err}")
     return " ".join(text.split()) or type(err).__name__
 
 
+def _quiet_stdout() -> None:
+    """After a broken pipe (`markov-interp probe RUN | head -1`): point stdout at /dev/null so that the flush
+    at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is no real file (a test's capture): nothing to do
+        pass
+
+
 def _print_warning(command: str) -> Any:
-    """`warnings.showwarning` for the CLI: a warning is one line on stderr, like an error."""
+    """`warnings.showwarning` for the CLI: a warning is one line on stderr, like an error ("markov-interp CMD:
+    warning: ...", whitespace collapsed, the category named unless it is a UserWarning or a subclass)."""
     def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
-        print(f"markov-interp {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+        kind = "" if issubclass(category, UserWarning) else f"{category.__name__}: "
+        print(f"markov-interp {command}: warning: {kind}{' '.join(str(message).split())}", file=sys.stderr)
 
     return show
 
 
 def main(argv: list[str] | None = None) -> int:
-    import warnings
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the command line `argv` (default sys.argv[1:]); returns the exit code (0 ok, 1 failed sweep cells,
+    2 error, 3 diverged, 130 interrupted, 141 output pipe closed early, as a program killed by SIGPIPE)."""
     try:
         with warnings.catch_warnings():
-            warnings.showwarning = _print_warning(args.command)
-            return int(args.handler(args) or 0)
+            try:
+                return _main(argv)
+            finally:  # also after --help's SystemExit: a closed pipe shows here, not in the interpreter's exit
+                if sys.stdout is not None:
+                    sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as `cat` would
+        _quiet_stdout()
+        return EXIT_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    warnings.showwarning = _print_warning(args.command)  # restored by main's catch_warnings
+    try:
+        return int(args.handler(args) or 0)
+    except BrokenPipeError:  # main stops quietly
+        raise
     except KeyboardInterrupt:
         if getattr(args, "debug", False):
             raise
@@ -524,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # one line for every error; the traceback only on request
         if getattr(args, "debug", False):
             raise
-        from markov_interp.runfolder import TrainingDiverged
+        from markov_interp.training.runfolder import TrainingDiverged
 
         print(f"markov-interp {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return EXIT_DIVERGED if isinstance(err, TrainingDiverged) else EXIT_ERROR

@@ -31,6 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp.config import Config, check_choice, check_int, check_number, check_probability
+from markov_interp.chains import block_sizes
 from markov_interp.chains import context_kernel as _context_kernel
 from markov_interp.chains import solve_stationary as _solve_stationary
 from markov_interp.chains import stationary_context_law as _stationary_contexts
@@ -161,23 +162,33 @@ def _sample_chain(
     """
     batch, n_ctx, _ = cdf.shape
     steps = max(seq_len - order, 0)
-    context_ids = torch.arange(n_ctx, device=device)
     if steps:
         u = torch.rand(batch, steps, 1, 1, generator=generator, device=device, dtype=torch.float64)
-        # Next token for every possible context, inverse-CDF with one shared uniform per position.
-        nxt = (cdf[:, None, :, :] <= u).sum(-1).clamp_(max=vocab - 1)  # [batch, steps, context]
-        if n_ctx == 2:  # binary first-order chain: a linear-time path, same maps, same result as the scan
-            later = _apply_binary_maps(nxt, first)
-        else:
-            # order 1: the context is the state itself, so the step map is `nxt` (skip two costly remainders)
-            step_maps = nxt if order == 1 else (context_ids * vocab + nxt) % n_ctx
-            contexts = torch.gather(_compose_prefix(step_maps), -1, first[:, None, None].expand(batch, steps, 1))
-            later = contexts[..., 0] if order == 1 else contexts[..., 0] % vocab
+        # the comparison below sums steps * contexts * V int64 per sequence: a block of sequences at a time
+        # bounds the memory (chains.block_sizes); each sequence is computed alone, so the tokens are the same
+        sizes = block_sizes(batch, 8 * steps * n_ctx * vocab)
+        later = torch.cat([_chain_block(c, x, f, vocab=vocab, order=order)
+                           for c, x, f in zip(cdf.split(sizes), u.split(sizes), first.split(sizes))])
     else:
         later = torch.empty(batch, 0, dtype=torch.long, device=device)
     digits = vocab ** torch.arange(order - 1, -1, -1, device=device)
     head = (first[:, None] // digits) % vocab
     return torch.cat([head, later], dim=1)[:, :seq_len].contiguous()
+
+
+def _chain_block(cdf: Float[Tensor, "batch context vocab"], u: Float[Tensor, "batch steps 1 1"],
+                 first: Int[Tensor, " batch"], *, vocab: int, order: int) -> Int[Tensor, "batch steps"]:
+    """`_sample_chain`'s states after the first context, for one block of sequences and their uniforms `u`."""
+    batch, n_ctx, _ = cdf.shape
+    steps = u.shape[1]
+    # Next token for every possible context, inverse-CDF with one shared uniform per position.
+    nxt = (cdf[:, None, :, :] <= u).sum(-1).clamp_(max=vocab - 1)  # [batch, steps, context]
+    if n_ctx == 2:  # binary first-order chain: a linear-time path, same maps, same result as the scan
+        return _apply_binary_maps(nxt, first)
+    # order 1: the context is the state itself, so the step map is `nxt` (skip two costly remainders)
+    step_maps = nxt if order == 1 else (torch.arange(n_ctx, device=cdf.device) * vocab + nxt) % n_ctx
+    contexts = torch.gather(_compose_prefix(step_maps), -1, first[:, None, None].expand(batch, steps, 1))
+    return contexts[..., 0] if order == 1 else contexts[..., 0] % vocab
 
 
 def _initial_context_law(initial: InitialLaw, kernel: Tensor | None, vocab: int, order: int) -> Tensor | str:

@@ -31,11 +31,13 @@ the evaluation logged at step t (after t updates) with those active at t. So `@:
 updates and the evaluation at step 200 already sees the released model; a run's final losses are measured
 with the interventions active at its last step.
 
-The fused training forwards (`models.fast_forward`, `stacked.stacked_forward`) take `{hook name: fn}`;
-`clamp_hooks` builds those functions from the interventions active at t (acting on trailing axes, so with or
-without a leading member axis) and `tl_hooks` the same clamps as TransformerLens `fwd_hooks`, so one
-definition serves training and the hooked model. Running means live in a `ClampState` (tensors only; saved
-in checkpoints, per member in stacks).
+The fused training forward (`models.stack.stacked_forward`) takes `{hook name: fn}` (`models.hooks` names every
+point); `clamp_hooks` builds those functions from the interventions active at t (acting on trailing axes, so
+with or without a leading member axis) and `tl_hooks` the same clamps as TransformerLens `fwd_hooks`, so one
+definition serves training and the hooked model. Heads are a layer's real heads: in a model whose layers differ
+in head count (`n_heads=(1, 2)`), `blocks.1.attn.hook_z[1]` names layer 1's second head, and a clamp on the hooked
+model (which has the largest count in every layer) acts on the real heads only. Running means live in a
+`ClampState` (tensors only; saved in checkpoints, per member in stacks).
 
 Interventions are recorded in `TrainConfig.interventions` (config.json: a dict per entry) and read from a dict
 or a string: `GLOB[@START:END]` for a freeze (`--freeze`), `HOOK[HEADS]=VALUE[:LAG][@START:END]` for a clamp
@@ -56,6 +58,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp.config import Config, check_int
+from markov_interp.models import HookedModel, ModelConfig, state_shapes
+from markov_interp.models.hooks import PER_HEAD, feature_shape, intervention_points, parse_name
 
 __all__ = [
     "Freeze",
@@ -247,45 +251,27 @@ def spec_text(item: Intervention) -> str:
 
 
 # ---------------------------------------------------------------------------------------- validation
-def parameter_names(cfg: Any) -> list[str]:
+def parameter_names(cfg: ModelConfig) -> list[str]:
     """The state-dict names of a model of `cfg` as `models.save` writes them (a tied unembedding is
-    `embed.weight`), in the model's order: what freeze globs match."""
-    names = ["embed.weight"] + (["pos_embed.weight"] if cfg.positional == "standard" else [])
-    ln = (["weight", "bias"] if cfg.layernorm_bias else ["weight"]) if cfg.normalization == "LN" else []
-    attn = ["weight", "bias"] if cfg.attn_bias else ["weight"]
-    mlp = ["weight", "bias"] if cfg.mlp_bias else ["weight"]
-    for i in range(cfg.n_layers):
-        b = f"blocks.{i}."
-        names += [f"{b}ln1.{p}" for p in ln]
-        names += [f"{b}attn.{n}.{p}" for n in "qkvo" for p in attn]
-        if not cfg.attn_only:
-            names += [f"{b}ln2.{p}" for p in ln]
-            names += [f"{b}mlp.{n}.{p}" for n in ("in", "out") for p in mlp]
-    names += [f"ln_final.{p}" for p in ln]
-    names += ([] if cfg.tie_weights else ["unembed.weight"]) + (["unembed.bias"] if cfg.unembed_bias else [])
-    return names
+    `embed.weight`), in the model's order: what freeze globs match (`models.init.state_shapes`)."""
+    return list(state_shapes(cfg))
 
 
-_PER_HEAD = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z", "attn.hook_pattern")
+def clamp_points(cfg: ModelConfig) -> list[str]:
+    """The hook names a clamp may name for a model of `cfg` (`models.hooks.intervention_points`)."""
+    return intervention_points(cfg)
 
 
-def clamp_points(cfg: Any) -> list[str]:
-    """The hook names a clamp may name for a model of `cfg` (the fused paths' intervention points)."""
-    from markov_interp.stacked import stacked_hook_names
-
-    return stacked_hook_names(cfg)
+def _layer_heads(cfg: ModelConfig, hook: str) -> int:
+    """The real head count of the layer of a per-head hook."""
+    return cfg.heads_per_layer[parse_name(hook)[1]]
 
 
-def _feature_shape(cfg: Any, hook: str) -> tuple:
-    """Per-position shape of a (non-pattern) activation."""
-    if hook.split(".")[-1] in ("hook_q", "hook_k", "hook_v", "hook_z"):
-        return (cfg.n_heads, cfg.d_head)
-    if hook.endswith(("mlp.hook_pre", "mlp.hook_post")):
-        return (cfg.d_mlp,)
-    return (cfg.d_model,)
+def _is_per_head(hook: str) -> bool:
+    return parse_name(hook)[0] in PER_HEAD
 
 
-def check_interventions(interventions: Iterable[Intervention], cfg: Any, *, files: bool = True) -> None:
+def check_interventions(interventions: Iterable[Intervention], cfg: ModelConfig, *, files: bool = True) -> None:
     """Refuse interventions that do not fit a model of `cfg`: globs matching no parameter, unknown hook
     names, values that do not apply to the hook, heads out of range (ValueError listing the valid options).
     With `files`, tensor files are read and checked too (hash, shape, a pattern's rows): training does this
@@ -303,25 +289,27 @@ def check_interventions(interventions: Iterable[Intervention], cfg: Any, *, file
             raise ValueError(f"clamp {item.clamp!r}: value {item.value!r} does not apply; valid values are "
                              f"{list(values)} or a safetensors file")
         if item.heads is not None:
-            if not item.clamp.endswith(_PER_HEAD):
+            if not _is_per_head(item.clamp):
                 raise ValueError(f"clamp {item.clamp!r}: heads apply only to per-head points "
-                                 f"({', '.join(_PER_HEAD)})")
-            bad = [h for h in item.heads if h >= cfg.n_heads]
+                                 f"(attn.hook_{', attn.hook_'.join(PER_HEAD)})")
+            n_heads = _layer_heads(cfg, item.clamp)
+            bad = [h for h in item.heads if h >= n_heads]
             if bad:
                 raise ValueError(f"clamp {item.clamp!r}: heads {bad} out of range; valid heads are "
-                                 f"{list(range(cfg.n_heads))}")
+                                 f"{list(range(n_heads))} (its layer has {n_heads})")
         if item.value != "previous_token" and item.lag != 1:
             raise ValueError(f"clamp {item.clamp!r}: lag applies only to previous_token")
         if item.is_file and files:
             _check_file_shape(item, _read_tensor(item), cfg)
 
 
-def _check_file_shape(item: Clamp, value: Tensor, cfg: Any) -> None:
+def _check_file_shape(item: Clamp, value: Tensor, cfg: ModelConfig) -> None:
     if item.is_pattern:
-        ok = value.ndim == 2 or (value.ndim == 3 and value.shape[0] == cfg.n_heads)
-        want = f"[q, k] or [{cfg.n_heads}, q, k]"
+        n_heads = _layer_heads(cfg, item.clamp)
+        ok = value.ndim == 2 or (value.ndim == 3 and value.shape[0] == n_heads)
+        want = f"[q, k] or [{n_heads}, q, k]"
     else:
-        feature = _feature_shape(cfg, item.clamp)
+        feature = feature_shape(cfg, item.clamp)
         ok = tuple(value.shape[-len(feature):]) == feature and value.ndim in (len(feature), len(feature) + 1)
         want = f"{list(feature)} or [pos, {', '.join(map(str, feature))}]"
     if not ok:
@@ -373,7 +361,7 @@ def active(interventions: Iterable[Intervention], t: int) -> list[Intervention]:
     return [i for i in interventions if i.start <= t and (i.end is None or t < i.end)]
 
 
-def frozen_names(interventions: Iterable[Intervention], cfg: Any, t: int) -> set[str]:
+def frozen_names(interventions: Iterable[Intervention], cfg: ModelConfig, t: int) -> set[str]:
     """State-dict names of the parameters frozen at time t."""
     names = parameter_names(cfg)
     out: set[str] = set()
@@ -480,7 +468,7 @@ def _clamp_fn(index: int, item: Clamp, *, state: ClampState, update: bool, batch
         return _replace(x, value, mask)
 
     if item.is_pattern:
-        # every head replaced by a constant: the fused paths may skip forming the scores (`models.causal_pattern`)
+        # every head replaced by a constant: the fused paths may skip forming the scores (`models.stack.pattern_input`)
         pattern.ignores_input = item.heads is None
         return pattern
     return activation
@@ -510,10 +498,10 @@ def _running_mean(x: Tensor, key: str, state: ClampState, update: bool, batch_ax
     return value.unsqueeze(batch_axis)  # broadcast over the batch axis
 
 
-def clamp_hooks(interventions: Iterable[Intervention], cfg: Any, t: int, *, state: ClampState, update: bool,
+def clamp_hooks(interventions: Iterable[Intervention], cfg: ModelConfig, t: int, *, state: ClampState, update: bool,
                 member_axis: bool = False) -> dict[str, Callable[[Tensor], Tensor]]:
-    """`{hook name: fn}` for the fused forwards (`models.fast_forward`, with `member_axis=True`
-    `stacked.stacked_forward`): the clamps active at time t, in order (several on one point compose).
+    """`{hook name: fn}` for the fused forward (`models.stack.stacked_forward` with `member_axis=True`; without,
+    for activations of one model): the clamps active at time t, in order (several on one point compose).
     `update`: a training forward (running means move); False for evaluations."""
     del cfg  # the functions read shapes from the activations; kept for a stable signature
     hooks: dict[str, Callable] = {}
@@ -534,16 +522,20 @@ def _compose(first: Callable, second: Callable) -> Callable:
     return both
 
 
-def tl_hooks(interventions: Iterable[Intervention], cfg: Any, t: int, *, state: ClampState,
+def tl_hooks(interventions: Iterable[Intervention], cfg: ModelConfig, t: int, *, state: ClampState,
              update: bool = False) -> list[tuple[str, Callable]]:
     """The same clamps as TransformerLens `fwd_hooks` (`model.run_with_hooks(tokens, fwd_hooks=...)`).
 
     One translation: TransformerLens's bridge fires `hook_resid_mid` on the MLP's input only (it is
     `ln2.hook_in`; attention-only blocks have none), while the fused paths replace the residual stream itself
     (HookedTransformer's meaning). A resid_mid clamp therefore also corrects `hook_resid_post` by the change it
-    made (attention-only: it is applied at `hook_resid_post`), so both give the same model.
+    made (attention-only: it is applied at `hook_resid_post`), so both give the same model. And in a layer with
+    fewer heads than the hooked model's largest count, a per-head clamp sees the layer's real heads only (the
+    surplus heads pass unchanged), as in the fused forward.
     """
     hooks = dict(clamp_hooks(interventions, cfg, t, state=state, update=update))
+    for name in [n for n in hooks if _is_per_head(n) and _layer_heads(cfg, n) < cfg.max_heads]:
+        hooks[name] = _on_real_heads(hooks[name], _layer_heads(cfg, name), 3 if name.endswith("hook_pattern") else 2)
     for mid in [n for n in hooks if n.endswith("hook_resid_mid")]:
         fn, post_name = hooks.pop(mid), mid.replace("hook_resid_mid", "hook_resid_post")
         post = hooks.get(post_name)
@@ -554,6 +546,18 @@ def tl_hooks(interventions: Iterable[Intervention], cfg: Any, t: int, *, state: 
             hooks[mid] = fn
         hooks[post_name] = fix if post is None else _compose(fix, post)
     return [(name, (lambda fn: lambda x, hook: fn(x))(fn)) for name, fn in hooks.items()]
+
+
+def _on_real_heads(fn: Callable, heads: int, axis_from_end: int) -> Callable:
+    """`fn` applied to the first `heads` heads (head axis `-axis_from_end`) of a hooked model's activation; the
+    surplus heads (zero weights, see `models.hooked`) pass unchanged."""
+
+    def real(x: Tensor) -> Tensor:
+        axis = x.ndim - axis_from_end
+        surplus = x.narrow(axis, heads, x.shape[axis] - heads)
+        return torch.cat([fn(x.narrow(axis, 0, heads)), surplus], dim=axis)
+
+    return real
 
 
 def _carry_to_residual(fn: Callable) -> tuple[Callable, Callable]:
@@ -571,8 +575,8 @@ def _carry_to_residual(fn: Callable) -> tuple[Callable, Callable]:
 
 
 @contextlib.contextmanager
-def applied(model: Any, interventions: Iterable[Any], t: int, *,
-            state: Optional[ClampState] = None) -> Iterator[Any]:
+def applied(model: HookedModel, interventions: Iterable[Any], t: int, *,
+            state: Optional[ClampState] = None) -> Iterator[HookedModel]:
     """Run `model` (a hooked model) under the clamps of `interventions` active at time `t`, for probing.
 
     A trained clamped model's weights are plain: probed bare it is the model *without* its clamp (a layer whose

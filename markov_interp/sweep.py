@@ -68,14 +68,15 @@ from typing import Any, Optional, Union
 
 from transformer_lens.model_bridge import TransformerBridge
 
-from markov_interp import dynamics, runfolder
-from markov_interp._io import atomic_path, atomic_write
+from markov_interp import dynamics
+from markov_interp._io import atomic_path, atomic_write, csv_cell, csv_uncell
 from markov_interp.config import Config, check_bool, check_int, check_keys
 from markov_interp.data import SourceConfig
 from markov_interp.models import ModelConfig
 from markov_interp.probes import MechanismReport
-from markov_interp.training import RunConfig, TrainConfig, TrainResult, build_run, split_key, train
-from markov_interp.runfolder import TrainingDiverged
+from markov_interp.training import (RunConfig, TrainConfig, TrainResult, build_run, list_checkpoints, runfolder,
+                                    split_key, stack_key, train, train_many)
+from markov_interp.training.runfolder import TrainingDiverged
 
 __all__ = [
     "SweepSpec",
@@ -504,8 +505,6 @@ def run_stack(cells: Sequence[Cell], runs_dir: "str | os.PathLike", *, probes: S
     """Train compatible cells as one stacked model (`training.train_many`) into runs_dir/<cell_id> and return
     one record per cell: "ok" with its `CellResult`, or "diverged" for a member whose loss went non-finite.
     Raises if the stack does."""
-    from markov_interp.stacked_training import train_many
-
     start = time.perf_counter()
     results = train_many([c.config for c in cells], [Path(runs_dir) / c.cell_id for c in cells], progress=False,
                          models_out=any(probes))  # hooked models only for the probes
@@ -547,9 +546,9 @@ def _execute_group_in_worker(cells: Sequence[Cell], runs_dir: str, probes: Seque
 
 
 # Cells per stack when `group` is not given: 1 on a CPU (a stack of 8 is 1.6x faster per core in
-# benchmarks/bench_many.py, about what the process pool's parallel cells already give, and solo cells stay
-# bit-identical to `training.train`), 64 on a GPU (7.4x the model-steps/s of solo runs at the paper's size in
-# the prototype of ../shared/gpu-findings.md; about 13 MB of activations per member at seq 1024, batch 16).
+# benchmarks/bench_many.py, about what the process pool's parallel cells already give; a cell's weights are the
+# same alone or stacked, see `training.loop`), 64 on a GPU (7.4x the model-steps/s of solo runs at the paper's
+# size in the prototype of ../shared/gpu-findings.md; about 13 MB of activations per member at seq 1024, batch 16).
 DEFAULT_GROUP = {"cpu": 1, "cuda": 64}
 
 
@@ -565,22 +564,16 @@ def default_group(cells: Sequence[Cell]) -> int:
 def group_cells(cells: Sequence[Cell], group: int, runs_dir: "str | os.PathLike") -> list[list[Cell]]:
     """Split cells into stacks of at most `group` compatible cells (spec order within each stack).
 
-    Cells stack when `stacked_training.stack_key` agrees (same shapes and recipe) and their folders hold the
+    Cells stack when `training.stack_key` agrees (same shapes and recipe) and their folders hold the
     same newest checkpoint step (so an interrupted stack re-forms and resumes where it stopped). A pure
     function of the cells and their folders: the local and Ray backends form the same stacks.
     """
-    from markov_interp.stacked_training import stack_key
-    from markov_interp.training import list_checkpoints
-
     if group <= 1:
         return [[c] for c in cells]
     buckets: dict[Any, list[Cell]] = {}
     groups: list[list[Cell]] = []
     for c in cells:
         key = stack_key(c.config)
-        if key is None:
-            groups.append([c])
-            continue
         found = list_checkpoints(Path(runs_dir) / c.cell_id)
         buckets.setdefault((key, found[-1][0] if found else 0), []).append(c)
     for members in buckets.values():
@@ -616,15 +609,29 @@ def _record_path(out: Path, cell: Cell) -> Path:
     return out / _RESULTS_DIR / f"{cell.cell_id}.json"
 
 
+_STATUSES = ("ok", "failed", "diverged")
+
+
 def _read_record(path: Path) -> Optional[dict]:
+    """The record of a finished cell, or None (the cell runs again; its training is reused) when there is none
+    or it cannot be used: not JSON, an older format, or valid JSON that is incomplete (a status it does not
+    know, an "ok" without a readable result)."""
     if not path.exists():
         return None
     try:
         record = json.loads(path.read_text())
-    except (json.JSONDecodeError, OSError):
-        return None  # a damaged record is treated as absent: the cell runs again
-    # a record of an older format is treated as absent too: the cell runs again (its training is reused)
-    return record if isinstance(record, dict) and record.get("format") == _RECORD_FORMAT else None
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+        return None  # a damaged record is treated as absent
+    if not isinstance(record, dict) or record.get("format") != _RECORD_FORMAT:
+        return None
+    if record.get("status") not in _STATUSES:
+        return None
+    if record["status"] == "ok":
+        try:
+            CellResult.from_dict(record["result"])
+        except Exception:  # missing or mistyped fields: whatever the damage, the cell runs again
+            return None
+    return record
 
 
 def _is_done(record: Optional[dict], probe: bool, settings: dict) -> bool:
@@ -732,6 +739,8 @@ def _decode(value: Any, annotation: Any, column: str, cell: Optional[str]) -> An
     """A table cell back to the value of the field it holds: CSV text decoded by the field's type."""
     if not isinstance(value, str):
         return value
+    if value.startswith("'"):  # quoted text (`_io.csv_cell`): only strings are quoted
+        return csv_uncell(value)
     kinds = _kinds(annotation)
     if value == "":
         return None
@@ -783,7 +792,8 @@ def _write_table(out: Path, rows: list[Row]) -> Path:
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in flat:
-        writer.writerow({k: "" if row.get(k) is None else _cell_text(row[k]) for k in columns})
+        # text a spreadsheet would run as a formula (a sweep named "=cmd|...") is quoted; _decode unquotes it
+        writer.writerow({k: "" if row.get(k) is None else csv_cell(_cell_text(row[k])) for k in columns})
     path = out / _TABLE
     atomic_write(path, buffer.getvalue())
     try:
@@ -889,38 +899,39 @@ def run(
     cells = _distinct_cells(specs)
     probe_of = {s.name: s.probe for s in specs}
     out = Path(out_dir)
-    (out / _RUNS_DIR).mkdir(parents=True, exist_ok=True)
-    (out / _RESULTS_DIR).mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "spec.json", json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True, default=str))
-
     # one execution per distinct run; a cell shared by two sweeps runs once (probed if any sweep asks)
     probe_for: dict[str, bool] = {}
     for c in cells:
         probe_for[c.cell_id] = probe_for.get(c.cell_id, False) or probe_of[c.sweep]
     settings = _probe_settings()
-    pending, n_skipped = _pending(cells, out, probe_for, settings, retry_failed)
+    # one sweep at a time per folder: a second is refused at once, naming the first, before it writes anything
+    with runfolder.lock(out):
+        runfolder.remove_stale_tmp(out, subfolders=(_RESULTS_DIR,))
+        (out / _RUNS_DIR).mkdir(exist_ok=True)
+        (out / _RESULTS_DIR).mkdir(exist_ok=True)
+        atomic_write(out / "spec.json", json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True,
+                                                   default=str))
+        pending, n_skipped = _pending(cells, out, probe_for, settings, retry_failed)
 
-    def save(c: Cell, record: dict) -> None:
-        stamp = {"format": _RECORD_FORMAT, "cell_id": c.cell_id,
-                 "probe_settings": settings if probe_for[c.cell_id] else None}
-        atomic_write(_record_path(out, c), json.dumps({**record, **stamp}, indent=1, sort_keys=True, default=str))
+        def save(c: Cell, record: dict) -> None:
+            stamp = {"format": _RECORD_FORMAT, "cell_id": c.cell_id,
+                     "probe_settings": settings if probe_for[c.cell_id] else None}
+            atomic_write(_record_path(out, c), json.dumps({**record, **stamp}, indent=1, sort_keys=True,
+                                                          default=str))
 
-    if pending:
-        runs_dir = str(out / _RUNS_DIR)
-        size = 1 if _cell_fn is not None else (group if group is not None else default_group(pending))
-        groups = group_cells(pending, size, runs_dir)
-        with runfolder.lock(out):  # one sweep at a time per folder: a second is refused at once, naming the first
-            runfolder.remove_stale_tmp(out, subfolders=(_RESULTS_DIR,))
+        if pending:
+            runs_dir = str(out / _RUNS_DIR)
+            size = 1 if _cell_fn is not None else (group if group is not None else default_group(pending))
+            groups = group_cells(pending, size, runs_dir)
             if backend == "ray":
                 _run_ray(groups, runs_dir, probe_for, save, progress, _cell_fn)
             else:
                 _run_local(groups, runs_dir, probe_for, save, progress, workers, _cell_fn)
-
-    rows = []
-    for c in cells:
-        record = _read_record(_record_path(out, c)) or {"status": "missing", "error": "no record written"}
-        rows.append(_row(c, record))
-    table = _write_table(out, rows)
+        rows = []
+        for c in cells:
+            record = _read_record(_record_path(out, c)) or {"status": "missing", "error": "no record written"}
+            rows.append(_row(c, record))
+        table = _write_table(out, rows)
     n_diverged = sum(1 for r in rows if r.status == "diverged")
     n_failed = sum(1 for r in rows if r.status != "ok") - n_diverged
     return SweepResult(rows=rows, table=table, n_run=len(pending), n_skipped=n_skipped, n_failed=n_failed,

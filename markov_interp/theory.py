@@ -32,8 +32,10 @@ import hashlib
 import json
 import math
 import os
+import stat
+import warnings
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -41,9 +43,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from markov_interp._io import atomic_write
+from markov_interp._io import atomic_write, describe_kind
 from markov_interp.chains import context_kernel as _context_kernel
-from markov_interp.chains import context_transition_matrix
+from markov_interp.chains import block_sizes, context_transition_matrix, kernel_bytes
 from markov_interp.chains import solve_stationary as _solve_stationary
 from markov_interp.chains import stationary_context_law
 from markov_interp.data import RandomMarkov, Source, validate_kernel
@@ -683,19 +685,29 @@ def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol
     rng = np.random.default_rng([seed, 16])
     moments, n, chunk = np.zeros((5, 5)), 0, 1 << 18
     while True:
-        gam = rng.standard_gamma(alpha, size=(chunk, n_ctx, vocab)).clip(1e-300)
-        kernels = torch.from_numpy(gam / gam.sum(-1, keepdims=True))
-        pi = _solve_stationary(kernels)
-        rows_h = entropy(kernels)
-        rate = (pi * rows_h).sum(-1)
-        hpi = entropy(pi.reshape(chunk, -1, vocab).sum(1))  # law of the last state
-        spread = ((kernels.mean(-2) - 1.0 / vocab) ** 2).sum(-1)
-        z = torch.stack([torch.ones_like(rate), rows_h.mean(-1), spread, rate, hpi], 1).numpy()
+        # the chunk's kernels are drawn and reduced block by block (memory ~ chains.BLOCK_BYTES, not 2**18 V**(k+1));
+        # numpy draws them as one call would, so z and the estimates are the unblocked ones, bit for bit
+        sizes = block_sizes(chunk, kernel_bytes(n_ctx, vocab))
+        z = torch.cat([_kernel_moment_rows(rng.standard_gamma(alpha, size=(size, n_ctx, vocab)).clip(1e-300))
+                       for size in sizes]).numpy()
         moments += z.T @ z
         n += chunk
         est, se = _control_variate_mean(moments, n, known, 2)
         if se.max() < tol or n >= max_kernels:
             return KernelExpectations(float(est[0]), float(se[0]), float(est[1]), float(se[1]), "monte carlo")
+
+
+def _kernel_moment_rows(gam: np.ndarray) -> Float[Tensor, "kernel 5"]:
+    """Per kernel (normalised Gamma draws `gam` [kernel, context, V]) the row (1, mean row entropy, spread of the
+    mean row, entropy rate, H(pi)) of `_mc_kernel_expectations`' moments."""
+    vocab = gam.shape[-1]
+    kernels = torch.from_numpy(gam / gam.sum(-1, keepdims=True))
+    pi = _solve_stationary(kernels)
+    rows_h = entropy(kernels)
+    rate = (pi * rows_h).sum(-1)
+    hpi = entropy(pi.reshape(len(kernels), -1, vocab).sum(1))  # law of the last state
+    spread = ((kernels.mean(-2) - 1.0 / vocab) ** 2).sum(-1)
+    return torch.stack([torch.ones_like(rate), rows_h.mean(-1), spread, rate, hpi], 1)
 
 
 def expected_kernel_references(source: Source, *, seed: int = 0, tol: float = 1e-4) -> KernelExpectations:
@@ -725,7 +737,7 @@ def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int,
     if vocab == 2 and order == 1:
         return _binary_kernel_expectations(alpha)
     key = {"what": "kernel-expectations", "vocab": vocab, "order": order, "alpha": alpha, "seed": seed, "tol": tol}
-    cached = _disk_cache_read(key)
+    cached = _disk_cache_read(key, _check_kernel_entry(vocab))
     if cached is not None:
         return KernelExpectations.from_cache_dict(cached)
     out = _mc_kernel_expectations(vocab, order, alpha, seed, tol)
@@ -734,7 +746,11 @@ def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int,
 
 
 # ------------------------------------------------------------------------------------------ disk cache
-_CACHE_VERSION = 2  # bump when a method changes: old entries are then ignored
+# An entry is a JSON file {"key": ..., "value": ...} named by a hash of its key: the inputs, this version and a
+# hash of the code that computes the values. Reading one never trusts it: a file that is not a regular file,
+# not JSON, for another key, or whose value is incomplete, not finite or out of the range the quantity can take
+# is reported (one warning naming the file) and recomputed, and the fresh value replaces it.
+_CACHE_VERSION = 3  # 3: keys hold the code hash; values are validated
 
 
 def _cache_dir() -> Path | None:
@@ -745,23 +761,74 @@ def _cache_dir() -> Path | None:
     return None if value in ("", "off", "0") else Path(value)
 
 
+@functools.lru_cache(maxsize=1)
+def _code_version() -> str:
+    """A hash of the modules that compute the cached values (theory, chains, data): after an edit to any of them
+    entries get new keys, so a changed computation never reads an old result."""
+    from markov_interp import chains, data
+
+    digest = hashlib.sha256()
+    for source in (__file__, chains.__file__, data.__file__):
+        try:
+            digest.update(Path(source).read_bytes())
+        except (OSError, TypeError):  # no source on disk (a frozen install): the installed version decides
+            import importlib.metadata
+
+            digest.update(importlib.metadata.version("markov-interp").encode())
+    return digest.hexdigest()[:16]
+
+
+def _full_key(key: dict) -> dict:
+    """`key` with the cache version and code hash, as JSON gives it back (tuples become lists)."""
+    return json.loads(json.dumps({**key, "version": _CACHE_VERSION, "code": _code_version()}, sort_keys=True))
+
+
 def _cache_file(key: dict) -> Path | None:
     folder = _cache_dir()
     if folder is None:
         return None
-    text = json.dumps({**key, "version": _CACHE_VERSION}, sort_keys=True)
+    text = json.dumps(_full_key(key), sort_keys=True)
     return folder / "references" / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
 
 
-def _disk_cache_read(key: dict) -> dict | None:
+def _disk_cache_read(key: dict, check: Callable[[dict], None] | None = None) -> dict | None:
+    """The cached value of `key`, or None (compute it) when there is none or it is unusable, with a one-line
+    warning naming the file. Every number in an entry must be finite; `check` raises ValueError for a value
+    outside what the quantity can be."""
     path = _cache_file(key)
+    if path is None:
+        return None
     try:
-        data = json.loads(path.read_text()) if path is not None and path.exists() else None
-    except (OSError, ValueError):  # unreadable or half-written by a foreign tool: recompute
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
         return None
-    if not isinstance(data, dict) or data.get("key") != {**key, "version": _CACHE_VERSION}:
-        return None
-    return data["value"]
+    except OSError as err:
+        return _bad_entry(path, f"unreadable: {err.strerror}")
+    if not stat.S_ISREG(mode):  # a FIFO would hang the read; a link may lead anywhere
+        return _bad_entry(path, f"it is {describe_kind(mode)}, not a regular file")
+    try:
+        entry = json.loads(path.read_bytes())
+    except OSError as err:
+        return _bad_entry(path, f"unreadable: {err.strerror}")
+    except ValueError as err:  # truncated, not JSON, not UTF-8
+        return _bad_entry(path, f"not valid JSON: {err}")
+    if not isinstance(entry, dict) or entry.get("key") != _full_key(key):
+        return _bad_entry(path, "it holds another key")
+    value = entry.get("value")
+    try:
+        if not isinstance(value, dict):
+            raise ValueError(f"its value is {type(value).__name__}, not a table")
+        _check_finite(value)
+        if check is not None:
+            check(value)
+    except ValueError as err:
+        return _bad_entry(path, str(err))
+    return value
+
+
+def _bad_entry(path: Path, reason: str) -> None:
+    warnings.warn(f"reference-loss cache entry {path} is unusable ({reason}); recomputing it", stacklevel=4)
+    return None
 
 
 def _disk_cache_write(key: dict, value: dict) -> None:
@@ -769,9 +836,88 @@ def _disk_cache_write(key: dict, value: dict) -> None:
     if path is None:
         return
     try:
-        atomic_write(path, json.dumps({"key": {**key, "version": _CACHE_VERSION}, "value": value}))
-    except OSError:  # a read-only home is no reason to fail: the value is only recomputed next time
+        atomic_write(path, json.dumps({"key": _full_key(key), "value": value}, allow_nan=False))
+    except (OSError, ValueError):  # a read-only home (or a link in the cache) is no reason to fail: recomputed
         pass
+
+
+def _check_finite(value: Any, name: str = "value") -> None:
+    """ValueError unless every number in `value` (nested lists and tables) is a finite int or float."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, str(k))
+    elif isinstance(value, list):
+        for v in value:
+            _check_finite(v, name)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value):
+        raise ValueError(f"{name} is {value}, not a finite number")
+
+
+def _check_fields(value: dict, names: dict) -> None:
+    """ValueError unless `value` has exactly the fields `names` ({name: type or types})."""
+    if set(value) != set(names):
+        raise ValueError(f"its fields are {sorted(value)}, expected {sorted(names)}")
+    for name, kind in names.items():
+        if isinstance(value[name], bool) or not isinstance(value[name], kind):
+            raise ValueError(f"{name} is {value[name]!r}, not a {kind}")
+
+
+def _check_range(name: str, x: float, low: float, high: float) -> None:
+    if not low <= x <= high:
+        raise ValueError(f"{name} = {x!r} is outside [{low:.6g}, {high:.6g}]")
+
+
+def _check_kernel_entry(vocab: int) -> Callable[[dict], None]:
+    """The check of a kernel-expectations entry: E[entropy rate] <= E[H(pi)] <= log V (up to 6 standard errors),
+    standard errors >= 0 and <= log V."""
+    def check(value: dict) -> None:
+        _check_fields(value, {"entropy_rate": float, "entropy_rate_se": float, "unigram_loss": float,
+                              "unigram_loss_se": float, "method": str})
+        top = math.log(vocab)
+        for name in ("entropy_rate", "unigram_loss"):
+            _check_range(f"{name}_se", value[f"{name}_se"], 0.0, top)
+        slack = 6 * (value["entropy_rate_se"] + value["unigram_loss_se"]) + 1e-9
+        _check_range("entropy_rate", value["entropy_rate"], -slack, value["unigram_loss"] + slack)
+        _check_range("unigram_loss", value["unigram_loss"], -slack, top + slack)
+
+    return check
+
+
+def _check_in_context_entry(vocab: int, alpha: float, seq_len: int, n_sequences: int | None, *,
+                            pool: bool = False) -> Callable[[dict], None]:
+    """The check of an in-context entry: every loss of an add-beta estimator lies in [0, log((T + V beta) /
+    beta)] (it gives each state at least beta / (T + V beta)), the Bayes and pool-Bayes losses (and the latter's
+    curve) in [0, log V] (uniform guessing costs log V), add-alpha >= Bayes, each up to 6 standard errors; curves
+    of T - 1 targets; standard errors >= 0. `pool`: the entry also holds the pool-Bayes values."""
+    top, cap = math.log(vocab), math.log((seq_len + vocab * alpha) / alpha)
+
+    def check(value: dict) -> None:
+        names = ("add_alpha_loss", "unigram_loss", "bayes_loss") + (("pool_bayes_loss",) if pool else ())
+        curves = ("add_alpha_curve", "unigram_curve") + (("pool_bayes_curve",) if pool else ())
+        _check_fields(value, {**{n: float for n in names}, **{f"{n}_se": float for n in names},
+                              **{c: list for c in curves}, **{f"{c}_se": list for c in curves}, "n_sequences": int})
+        if value["n_sequences"] < 2 or (n_sequences is not None and value["n_sequences"] != n_sequences):
+            raise ValueError(f"n_sequences is {value['n_sequences']}, expected {n_sequences or '>= 2'}")
+        for name in names:
+            se = value[f"{name}_se"]
+            _check_range(f"{name}_se", se, 0.0, cap)
+            high = top if name in ("bayes_loss", "pool_bayes_loss") else cap
+            _check_range(name, value[name], -6 * se - 1e-9, high + 6 * se + 1e-9)
+        gap_se = value["add_alpha_loss_se"] + value["bayes_loss_se"]
+        _check_range("add_alpha_loss - bayes_loss", value["add_alpha_loss"] - value["bayes_loss"], -6 * gap_se - 1e-9,
+                     cap)
+        for curve in curves:
+            points, ses = value[curve], value[f"{curve}_se"]
+            if len(points) != seq_len - 1 or len(ses) != seq_len - 1:
+                raise ValueError(f"{curve} has {len(points)} points, expected {seq_len - 1}")
+            for t, (x, se) in enumerate(zip(points, ses)):
+                if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, se)):
+                    raise ValueError(f"{curve}[{t}] is {x!r} ± {se!r}, not a number")
+                _check_range(f"{curve}_se[{t}]", se, 0.0, cap)
+                high = top if curve == "pool_bayes_curve" else cap
+                _check_range(f"{curve}[{t}]", x, -6 * se - 1e-9, high + 6 * se + 1e-9)
+
+    return check
 
 
 def _first_state_gain(source: RandomMarkov, tokens: Tensor, rng: np.random.Generator, draws: int) -> Tensor:
@@ -789,9 +935,12 @@ def _first_state_gain(source: RandomMarkov, tokens: Tensor, rng: np.random.Gener
     pair = ctx[:, order - 1:-1] * vocab + tokens[:, order:]
     counts.scatter_add_(1, pair, torch.ones_like(pair, dtype=torch.float64))
     shape = counts.reshape(batch, vocab**order, vocab).numpy() + source.alpha
-    gam = rng.standard_gamma(shape, size=(draws, *shape.shape)).clip(1e-300)
-    pi = _solve_stationary(torch.from_numpy(gam / gam.sum(-1, keepdims=True)))  # [draws, batch, contexts]
-    first = torch.gather(pi, 2, ctx[:, order - 1].expand(draws, batch)[..., None])[..., 0]
+    first = []  # [draws, batch], a block of draws at a time: numpy draws them as one call would
+    for size in block_sizes(draws, batch * kernel_bytes(vocab**order, vocab)):
+        gam = rng.standard_gamma(shape, size=(size, *shape.shape)).clip(1e-300)
+        pi = _solve_stationary(torch.from_numpy(gam / gam.sum(-1, keepdims=True)))  # [size, batch, contexts]
+        first.append(torch.gather(pi, 2, ctx[:, order - 1].expand(size, batch)[..., None])[..., 0])
+    first = torch.cat(first)
     g, var = first.mean(0), first.var(0)
     return torch.log(vocab**order * g) + var / (2 * draws * g**2)
 
@@ -806,26 +955,40 @@ def _in_context_chunk(source: RandomMarkov, seq_len: int, batch: int, gen: torch
     whose means are E[entropy rate] and E[H(pi)] at every t >= k - 1; otherwise the kernel's entropy rate and
     H(pi), with the same means (0 where t < k - 1: no control there). They remove most of the kernel-to-kernel
     variance."""
-    vocab, order, alpha = source.vocab, source.order, source.alpha
     tokens, kernels = source.sample(batch, seq_len, gen, return_kernels=True)
+    # the per-sequence losses in blocks of sequences (the transition counts take V**(k+1) floats per position);
+    # each sequence's values do not depend on its block, so this is the unblocked result bit for bit
+    sizes = block_sizes(batch, 8 * seq_len * (source.vocab ** (source.order + 1) + 1))
+    parts = [_in_context_block(source, t, k) for t, k in zip(tokens.split(sizes), kernels.split(sizes))]
+    values, controls = (torch.cat(column, 1) for column in zip(*parts))
+    stationary = isinstance(source._initial, str)
+    gain = _first_state_gain(source, tokens, rng, gain_draws) if stationary else torch.zeros(batch, dtype=torch.float64)
+    return values, controls, gain
+
+
+def _in_context_block(source: RandomMarkov, tokens: Int[Tensor, "batch pos"],
+                      kernels: Float[Tensor, "batch context vocab"]) -> tuple[Tensor, Tensor]:
+    """`_in_context_chunk`'s losses ([2, batch, target]: add-alpha, in-context unigram) and their controls for
+    the sequences `tokens` drawn from `kernels`."""
+    vocab, order, alpha = source.vocab, source.order, source.alpha
+    batch = tokens.shape[0]
     ctx = context_index(tokens, vocab, order)[:, :-1]
     valid = ctx >= 0
     rows = torch.gather(kernels, 1, ctx.clamp_min(0)[..., None].expand(-1, -1, vocab))  # [batch, target, V]
-    pi = _solve_stationary(kernels).reshape(batch, -1, vocab).sum(1)  # law of one state
+    pi_ctx = _solve_stationary(kernels)
+    pi = pi_ctx.reshape(batch, -1, vocab).sum(1)  # law of one state
     add_alpha = cross_entropy(add_beta_predictions(tokens, vocab, order=order, beta=alpha)[:, :-1], rows)
     uni_probs = add_beta_predictions(tokens, vocab, order=0, beta=alpha)
     unigram = torch.where(valid, cross_entropy(uni_probs[:, :-1], rows), target_log_loss(uni_probs, tokens))
-    stationary = isinstance(source._initial, str)
-    if stationary:
+    if isinstance(source._initial, str):
         # pi is floored: a state of law ~1e-300 (tiny alpha) would make the control infinite
         cv_rate, cv_uni = entropy(rows), cross_entropy(pi.clamp_min(1e-300)[:, None, :].expand_as(rows), rows)
     else:
-        cv_rate = (_solve_stationary(kernels) * entropy(kernels)).sum(-1)[:, None].expand_as(add_alpha)
+        cv_rate = (pi_ctx * entropy(kernels)).sum(-1)[:, None].expand_as(add_alpha)
         cv_uni = entropy(pi)[:, None].expand_as(add_alpha)
     zero = torch.zeros((), dtype=torch.float64)
-    gain = _first_state_gain(source, tokens, rng, gain_draws) if stationary else torch.zeros(batch, dtype=torch.float64)
     controls = torch.stack([torch.where(valid, cv_rate, zero), torch.where(valid, cv_uni, zero)])
-    return torch.stack([add_alpha, unigram]), controls, gain
+    return torch.stack([add_alpha, unigram]), controls
 
 
 def _fixed_start_gain(source: RandomMarkov) -> float:
@@ -1018,7 +1181,7 @@ def _random_references(vocab: int, order: int, alpha: float, initial: Any, seq_l
     key = {"what": "in-context", "vocab": vocab, "order": order, "alpha": alpha, "initial": initial,
            "seq_len": seq_len, "seed": seed, "tol": tol, "n_sequences": n_sequences,
            "kernel": kernel.cache_dict(), **pool}
-    found = _disk_cache_read(key)
+    found = _disk_cache_read(key, _check_in_context_entry(vocab, alpha, seq_len, n_sequences, pool=bool(pool)))
     if found is None:
         found = _in_context_references(source, seq_len, kernel, seed=seed, tol=tol, n_sequences=n_sequences)
         if pool:

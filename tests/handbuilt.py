@@ -317,21 +317,3 @@ def intended_induction_edges(order: int, *, prev: dict, induction: tuple) -> set
     for i in induction:
         out |= {f"embed->{i}.q", f"embed->{i}.v", f"{i}->logits"}
     return out
-
-
-class _HeadCounts:
-    """A stand-in `markov_config` reporting fewer heads in some layers (the engine branch adds per-layer head
-    counts to ModelConfig; until then this is how a test builds a model whose surplus heads exist in the hooks
-    but write nothing)."""
-
-    def __init__(self, cfg, counts):
-        self._cfg, self.heads_per_layer = cfg, tuple(counts)
-
-    def __getattr__(self, name):
-        return getattr(self._cfg, name)
-
-
-def with_head_counts(model, counts):
-    """`model` whose `models.heads_per_layer` reports `counts` (its surplus heads must write nothing)."""
-    object.__setattr__(model, "markov_config", _HeadCounts(model.markov_config, counts))
-    return model

@@ -19,7 +19,6 @@ from handbuilt import (
     pair_kernel_model,
     skipping_circuit,
     unigram_model,
-    with_head_counts,
 )
 from markov_interp import models, theory
 from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
@@ -117,15 +116,10 @@ def _ln_mlp_model():
 
 
 def _uneven_model():
-    """Three attention-only layers built with 2 heads each, layer 1 reporting 1 head (its surplus head zeroed)."""
-    model = _scaled(models.build(models.preset("attn-only-2layer", n_layers=3, n_heads=2, d_vocab=3, n_ctx=16,
-                                               d_model=8), seed=4), 8.0)
-    with torch.no_grad():
-        params = _params(model)
-        for name in ("q", "k", "v"):
-            params[f"layers.1.attn.{name}.weight"][4:] = 0
-        params["layers.1.attn.o.weight"][:, 4:] = 0
-    return with_head_counts(model, (2, 1, 2))
+    """Three attention-only layers with 2, 1 and 2 heads (`ModelConfig(n_heads=(2, 1, 2))`: the hooked model has 2
+    heads in every layer, layer 1's surplus head zero)."""
+    return _scaled(models.build(models.preset("attn-only-2layer", n_layers=3, n_heads=(2, 1, 2), d_vocab=3, n_ctx=16,
+                                              d_model=8), seed=4), 8.0)
 
 
 @pytest.mark.parametrize("make,vocab", [(_ln_mlp_model, 2), (_uneven_model, 3)])
@@ -419,7 +413,7 @@ def test_pool_sources_swap_in_kernels_outside_the_pool():
 def test_ov_and_qk_circuits_and_logit_attribution_of_a_handbuilt_circuit():
     from markov_interp.probes import direct_logit_attribution, ov_circuits, qk_circuits
 
-    model = with_head_counts(induction_circuit(3, n_ctx=SEQ, decoys=True), (2, 2))
+    model = induction_circuit(3, n_ctx=SEQ, decoys=True)
     ov, qk = ov_circuits(model), qk_circuits(model)
     assert ov.shape == (2, 2, 3, 3)
     assert torch.allclose(ov[1, 0], 2.0 * torch.eye(3))  # the induction head copies, logit scale 2
@@ -430,9 +424,10 @@ def test_ov_and_qk_circuits_and_logit_attribution_of_a_handbuilt_circuit():
     # only the induction head writes the logits (no LayerNorm, no bias): it carries all of them
     assert dla.heads[1, 0] == pytest.approx(dla.total, abs=1e-5) and dla.total > 0.1
     assert abs(dla.embed) < 1e-6 and abs(dla.rest) < 1e-5 and float(dla.heads[0].abs().max()) < 1e-6
-    uneven = with_head_counts(induction_circuit(3, n_ctx=SEQ, decoys=True), (2, 1))
-    assert math.isnan(float(ov_circuits(uneven)[1, 1, 0, 0])) and math.isnan(float(
-        direct_logit_attribution(uneven, batch).heads[1, 1]))
+    uneven = models.build(models.preset("attn-only-2layer", n_heads=(2, 1), d_vocab=3, n_ctx=SEQ), seed=0)
+    assert math.isnan(float(ov_circuits(uneven)[1, 1, 0, 0])) and math.isnan(float(qk_circuits(uneven)[1, 1, 0, 0]))
+    assert math.isnan(float(direct_logit_attribution(uneven, batch).heads[1, 1]))
+    assert not math.isnan(float(ov_circuits(uneven)[1, 0, 0, 0]))
 
 
 def test_logit_attribution_of_a_kernel_model_is_the_embedding_and_adds_up_with_layernorm():

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from markov_interp import _workers, runfolder, sweep, training
+from markov_interp import _workers, sweep, training
 from markov_interp.cli import EXIT_DIVERGED, main
-from markov_interp.runfolder import RunFolderBusy, RunFolderError, TrainingDiverged
+from markov_interp.training import runfolder
+from markov_interp.training.runfolder import RunFolderBusy, RunFolderError, TrainingDiverged
 from markov_interp.training import checkpoint_steps, train
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -185,7 +186,7 @@ def test_second_sweep_on_a_folder_is_refused(tmp_path):
         with pytest.raises(RunFolderBusy, match=f"pid {os.getpid()} "):
             sweep.run(tiny_spec(), tmp_path, workers=2, progress=False, _cell_fn=killer_cell)
         assert stale.exists()  # not ours to remove while another sweep may be writing it
-    assert list((tmp_path / "runs").iterdir()) == []  # refused before any cell ran
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "spec.json").exists()  # refused before any write
     done = sweep.run(tiny_spec(grid={}, seeds=(0,)), tmp_path, workers=1, progress=False)
     assert done.n_failed == 0 and not stale.exists()  # the next sweep holds the lock and cleans up
 
@@ -258,7 +259,7 @@ def test_second_writer_is_refused_at_once(tmp_path):
 
 def test_lock_is_released_when_its_holder_is_killed(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom markov_interp import runfolder\n"
+        [sys.executable, "-c", "import sys, time\nfrom markov_interp.training import runfolder\n"
          "with runfolder.lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(120)\n", str(tmp_path)],
         env=ENV, stdout=subprocess.PIPE, text=True)
     try:
@@ -322,7 +323,7 @@ def test_resume_repairs_metrics_behind_the_final_weights(tmp_path):
     damaged = tmp_path / "b"
     train(tiny_run(), damaged, progress=False)
     rows = training.load_metrics(damaged)
-    training._write_metrics(damaged / training.METRICS_FILE, [r for r in rows if r["step"] <= 8])
+    runfolder.write_metrics(damaged, [r for r in rows if r["step"] <= 8])
     assert checkpoint_steps(12, 4) == [1, 2, 5, 12]
     with pytest.warns(UserWarning, match="ends at step 8 .*checkpoint of step 5"):
         repaired = train(tiny_run(), damaged, progress=False)
@@ -337,7 +338,7 @@ def test_resume_refuses_metrics_that_reach_no_checkpoint(tmp_path, n_checkpoints
     run = tiny_run(n_checkpoints=n_checkpoints)  # checkpoints: none, or only the last step
     train(run, tmp_path, progress=False)
     rows = training.load_metrics(tmp_path)
-    training._write_metrics(tmp_path / training.METRICS_FILE, rows[:2])
+    runfolder.write_metrics(tmp_path, rows[:2])
     with pytest.raises(RunFolderError, match=r"metrics.jsonl .* step 4 .*delete"):
         train(run, tmp_path, progress=False)
 
@@ -404,8 +405,7 @@ def test_cli_diverged_run(tmp_path, capsys):
 
 def test_old_folder_with_a_nan_loss_reads_as_diverged(tmp_path):
     (tmp_path / training.CONFIG_FILE).write_text(tiny_run().to_json())
-    training._write_metrics(tmp_path / training.METRICS_FILE, [{"step": 2, "train_loss": 0.7},
-                                                               {"step": 4, "train_loss": float("nan")}])
+    runfolder.write_metrics(tmp_path, [{"step": 2, "train_loss": 0.7}, {"step": 4, "train_loss": float("nan")}])
     status = runfolder.divergence(tmp_path)
     assert status["status"] == "diverged" and status["step"] == 4
 
@@ -439,9 +439,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, monkeypatch):
         (bad / "config.json").write_text(tiny_run().to_json())
         _one_line_error(capsys, ["probe", str(bad), "--device", "cuda"], "CUDA is not available")
     # an OSError from deep inside (disk full) comes out as one line naming the file
-    from markov_interp import stacked_training
-
-    monkeypatch.setattr(stacked_training, "train_many", lambda *a, **k: (_ for _ in ()).throw(
+    monkeypatch.setattr(training, "train_many", lambda *a, **k: (_ for _ in ()).throw(
         OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "metrics.jsonl"))))
     _one_line_error(capsys, ["train", "--out", str(tmp_path / "run")], "No space left on device", "metrics.jsonl")
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from markov_interp import intervene, models, report, stacked, stacked_training, sweep, training
+from markov_interp import intervene, models, report, sweep, training
+from markov_interp.models import stack as stacked
 from markov_interp.cli import main
 from markov_interp.data import SourceConfig
 from markov_interp.intervene import Clamp, ClampState, Freeze
@@ -36,6 +37,14 @@ def weights(state_or_model) -> dict:
 
 def _tokens(batch=3, seq=16, seed=1):
     return torch.randint(0, 2, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def _fused(model, tokens, hooks=None):
+    """The training forward (a stack of one holding `model`'s weights) with clamp hooks built for one model
+    (`clamp_hooks` without a member axis)."""
+    stack = stacked.Stack.from_states([model.markov_config], [models.state_dict_for_save(model)])
+    wrapped = {name: (lambda fn: lambda x: fn(x[0]).unsqueeze(0))(fn) for name, fn in (hooks or {}).items()}
+    return stacked.stacked_forward(stack, tokens[None], wrapped)[0]
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -159,7 +168,8 @@ def _clamp_specs(tmp_path) -> dict:
 
 
 def test_fused_clamps_equal_the_hooked_model(tmp_path):
-    """Every kind of clamp: fast_forward and each stack member equal `run_with_hooks` with the same clamp."""
+    """Every kind of clamp: the fused forward (a model alone and each stack member) equals `run_with_hooks` with
+    the same clamp."""
     seeds = (0, 3)
     solos = [models.build(CFG, seed=s) for s in seeds]
     stack = stacked.build_stack([CFG, CFG], list(seeds))
@@ -173,12 +183,11 @@ def test_fused_clamps_equal_the_hooked_model(tmp_path):
                 items, CFG, 0, state=stack_state, update=True, member_axis=True))
             for k, model in enumerate(solos):
                 state = ClampState()  # a running mean starts at the first batch's mean: solo and stack agree
-                fused = models.fast_forward(model, tokens[k], intervene.clamp_hooks(items, CFG, 0, state=state,
-                                                                                    update=True))
+                fused = _fused(model, tokens[k], intervene.clamp_hooks(items, CFG, 0, state=state, update=True))
                 hooked = model.run_with_hooks(tokens[k], fwd_hooks=intervene.tl_hooks(items, CFG, 0, state=state))
                 torch.testing.assert_close(fused, hooked, rtol=0, atol=1e-5, msg=kind)
                 torch.testing.assert_close(stacked_logits[k], hooked, rtol=0, atol=1e-5, msg=kind)
-                assert (fused - models.fast_forward(model, tokens[k])).abs().max() > 1e-4, kind  # the clamp acts
+                assert (fused - _fused(model, tokens[k])).abs().max() > 1e-4, kind  # the clamp acts
                 assert stack_state.member_state_dict(k).keys() == state.state_dict().keys()
 
 
@@ -197,13 +206,13 @@ def test_clamps_follow_their_step_range_and_means_move_only_in_training():
     record = {"blocks.0.hook_attn_out": lambda x: seen.setdefault("raw", []).append(x) or x}
     with torch.no_grad():
         for tokens in (first, second):
-            models.fast_forward(model, tokens, record)
-        models.fast_forward(model, first, intervene.clamp_hooks(items, CFG, 3, state=state, update=True))
+            _fused(model, tokens, record)
+        _fused(model, first, intervene.clamp_hooks(items, CFG, 3, state=state, update=True))
         key = "mean.0.blocks.0.hook_attn_out"
         torch.testing.assert_close(state.means[key], seen["raw"][0].mean(0))  # initialised to the first batch
-        models.fast_forward(model, second, intervene.clamp_hooks(items, CFG, 3, state=state, update=False))
+        _fused(model, second, intervene.clamp_hooks(items, CFG, 3, state=state, update=False))
         torch.testing.assert_close(state.means[key], seen["raw"][0].mean(0))  # evaluations do not move it
-        models.fast_forward(model, second, intervene.clamp_hooks(items, CFG, 4, state=state, update=True))
+        _fused(model, second, intervene.clamp_hooks(items, CFG, 4, state=state, update=True))
     expected = 0.9 * seen["raw"][0].mean(0) + 0.1 * seen["raw"][1].mean(0)  # BatchNorm's momentum 0.1
     torch.testing.assert_close(state.means[key], expected)
 
@@ -219,7 +228,7 @@ def test_previous_token_clamp_copies_v_from_lag_back(lag):
     hooks = dict(intervene.clamp_hooks(items, CFG, 0, state=ClampState(), update=True))
     hooks["blocks.0.attn.hook_z"] = lambda z: seen.setdefault("z", z)
     with torch.no_grad():
-        models.fast_forward(model, tokens, hooks)
+        _fused(model, tokens, hooks)
         _, cache = model.run_with_cache(tokens)
     v = cache["blocks.0.attn.hook_v"]  # [batch, pos, head, d_head]: layer 0's v does not depend on its pattern
     source = torch.clamp(torch.arange(tokens.shape[1]) - lag, min=0)
@@ -251,13 +260,13 @@ def test_frozen_parameters_stay_at_init_solo_and_stacked(tmp_path):
     _, at6 = models.read_weights(tmp_path / "solo" / "checkpoints" / "step_0000006.safetensors")
     _frozen_checks(weights(solo.model), init, at6)
     runs = [run, run.replace(train=run.train.replace(seed=4))]
-    members = stacked_training.train_many(runs, [tmp_path / "m0", tmp_path / "m4"], progress=False)
+    members = training.train_many(runs, [tmp_path / "m0", tmp_path / "m4"], progress=False)
     for k, (member, seed) in enumerate(zip(members, (0, 4))):
         _, at6 = models.read_weights(tmp_path / f"m{seed}" / "checkpoints" / "step_0000006.safetensors")
         _frozen_checks(weights(member.model), weights(models.build(run.model, seed=seed)), at6)
-    for name, value in weights(members[0].model).items():  # the stacked member is its solo run
-        torch.testing.assert_close(value, weights(solo.model)[name], rtol=0, atol=1e-4)
-    # a stacked member's checkpoint is a solo one: a frozen-from-the-start parameter has no optimiser state
+    for name, value in weights(members[0].model).items():  # the stacked member is its run alone, bit for bit
+        assert torch.equal(value, weights(solo.model)[name]), name
+    # a frozen-from-the-start parameter has no optimiser state in a checkpoint (as in a torch optimiser's)
     state = torch.load(tmp_path / "m0" / "checkpoints" / "step_0000012.pt", weights_only=True)
     solo_state = torch.load(tmp_path / "solo" / "checkpoints" / "step_0000012.pt", weights_only=True)
     assert state["optimizer"]["state"].keys() == solo_state["optimizer"]["state"].keys()
@@ -294,14 +303,12 @@ RESUME = ["blocks.0.hook_attn_out=mean", "blocks.1.attn.*@3:9"]  # checkpoints a
 @pytest.mark.slow
 def test_solo_resume_with_interventions_is_bit_identical(tmp_path, monkeypatch):
     reference = train(tiny_run(RESUME), tmp_path / "a", progress=False)
-    original = training._lr_at
 
-    def crash(cfg, step):
-        if step == 9:
+    def crash(step):
+        if step == 9:  # after the 9th update
             raise _Kill
-        return original(cfg, step)
 
-    monkeypatch.setattr(training, "_lr_at", crash)
+    monkeypatch.setattr(training.loop, "_on_step", crash)
     with pytest.raises(_Kill):
         train(tiny_run(RESUME), tmp_path / "b", progress=False)
     monkeypatch.undo()
@@ -316,12 +323,12 @@ def test_solo_resume_with_interventions_is_bit_identical(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_stacked_resume_with_interventions_is_bit_identical(tmp_path, monkeypatch):
     runs = [tiny_run(RESUME, seed=s) for s in (0, 2)]
-    reference = stacked_training.train_many(runs, [tmp_path / "a0", tmp_path / "a2"], progress=False)
-    monkeypatch.setattr(stacked_training, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 8 else None)
+    reference = training.train_many(runs, [tmp_path / "a0", tmp_path / "a2"], progress=False)
+    monkeypatch.setattr(training.loop, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 8 else None)
     with pytest.raises(_Kill):
-        stacked_training.train_many(runs, [tmp_path / "b0", tmp_path / "b2"], progress=False)
+        training.train_many(runs, [tmp_path / "b0", tmp_path / "b2"], progress=False)
     monkeypatch.undo()
-    resumed = stacked_training.train_many(runs, [tmp_path / "b0", tmp_path / "b2"], progress=False)
+    resumed = training.train_many(runs, [tmp_path / "b0", tmp_path / "b2"], progress=False)
     for ref, res in zip(reference, resumed):
         assert res.resumed_from == 5 and res.metrics == ref.metrics
         for name, value in weights(ref.model).items():
@@ -330,9 +337,9 @@ def test_stacked_resume_with_interventions_is_bit_identical(tmp_path, monkeypatc
 
 def test_members_with_other_interventions_do_not_share_a_stack():
     a, b = tiny_run(["blocks.1.*"]), tiny_run()
-    assert stacked_training.stack_key(a) != stacked_training.stack_key(b)
+    assert training.stack_key(a) != training.stack_key(b)
     with pytest.raises(ValueError, match="train.interventions differs"):
-        stacked_training.check_compatible([a, b])
+        training.check_compatible([a, b])
 
 
 # ------------------------------------------------------------------------------------------ CLI, sweeps
@@ -365,7 +372,7 @@ def test_sweep_grid_over_interventions():
     assert len({c.cell_id for c in cells}) == len(cells) == 6
     recorded = {json.dumps(c.config.to_dict()["train"].get("interventions")) for c in cells}
     assert len(recorded) == 3
-    assert len({stacked_training.stack_key(c.config) for c in cells}) == 3  # stacks group by intervention
+    assert len({training.stack_key(c.config) for c in cells}) == 3  # stacks group by intervention
 
 
 @pytest.mark.slow
@@ -389,23 +396,22 @@ def test_a_file_shorter_than_the_sequence_is_refused(tmp_path):
     items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern={path}"])
     hooks = intervene.clamp_hooks(items, CFG, 0, state=ClampState(), update=True)
     with pytest.raises(ValueError, match="covers 8 positions, the sequence has 16"):
-        models.fast_forward(models.build(CFG, seed=0), _tokens(), hooks)
+        _fused(models.build(CFG, seed=0), _tokens(), hooks)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", [dict(optimizer="sgd", momentum=0.9, lr=0.05, grad_clip=0.5),
                                     dict(grad_clip=0.1, weight_decay=0.1)])
-def test_stacked_member_with_interventions_equals_its_solo_run(recipe):
-    """Freeze ranges and clamps with SGD momentum / AdamW decay and clipping (frozen parameters out of the norm)."""
+def test_stacked_member_with_interventions_equals_its_run_alone(recipe):
+    """Freeze ranges and clamps with SGD momentum / AdamW decay and clipping (frozen parameters out of the norm):
+    a stack member is its run alone, bit for bit."""
     run = tiny_run(["blocks.1.*@2:6", "blocks.0.attn.hook_pattern=previous_token@:4", "blocks.0.hook_mlp_out=mean"],
                    steps=10, eval_every=5, n_checkpoints=0, **recipe)
     solo = train(run, progress=False)
-    member = stacked_training.train_many([run, run.replace(train=run.train.replace(seed=9))], progress=False)[0]
-    assert [r.keys() for r in member.metrics] == [r.keys() for r in solo.metrics]
-    for mine, theirs in zip(member.metrics, solo.metrics):
-        assert mine == pytest.approx(theirs, abs=1e-5)
+    member = training.train_many([run, run.replace(train=run.train.replace(seed=9))], progress=False)[0]
+    assert member.metrics == solo.metrics
     for name, value in weights(solo.model).items():
-        torch.testing.assert_close(weights(member.model)[name], value, rtol=0, atol=1e-4)
+        assert torch.equal(weights(member.model)[name], value), name
 
 
 def test_applied_probes_the_model_under_its_clamps_and_only_inside():
@@ -413,7 +419,7 @@ def test_applied_probes_the_model_under_its_clamps_and_only_inside():
     model = models.build(cfg, seed=0)
     tokens = torch.randint(0, 2, (4, 12), generator=torch.Generator().manual_seed(0))
     items = intervene.parse_interventions(["blocks.0.attn.hook_pattern=previous_token@:10", "blocks.1.*@:5"])
-    fused = models.fast_forward(model, tokens, intervene.clamp_hooks(items, cfg, 3, state=ClampState(), update=False))
+    fused = _fused(model, tokens, intervene.clamp_hooks(items, cfg, 3, state=ClampState(), update=False))
     with intervene.applied(model, items, 3):
         logits, cache = model.run_with_cache(tokens)
     torch.testing.assert_close(logits, fused, atol=1e-5, rtol=0)
@@ -427,3 +433,63 @@ def test_applied_probes_the_model_under_its_clamps_and_only_inside():
     with pytest.raises(ValueError, match="valid"):
         with intervene.applied(model, ["blocks.0.attn.hook_patern=uniform"], 0):
             pass
+
+
+# ---------------------------------------------------------------------------------------- heads per layer
+HEADS = preset("paper-2layer", n_heads=(1, 2), n_ctx=16, init_std=0.5)  # layer 0: one head, layer 1: two
+
+
+@pytest.mark.parametrize("spec", [
+    "blocks.1.attn.hook_z[1]=zero",
+    "blocks.1.attn.hook_pattern[1]=previous_token",
+    "blocks.1.attn.hook_v[0]=mean",
+    "blocks.0.attn.hook_z=mean",  # the one-head layer: the hooked model's surplus head is left alone
+    "blocks.0.attn.hook_pattern=uniform",
+])
+def test_clamps_on_a_model_with_heads_per_layer_index_real_heads(spec):
+    """Clamps name a layer's real heads: the fused forward (a stack of two) equals the hooked model (built with
+    two heads in layer 0, the second one zero) under the same clamp."""
+    items = intervene.parse_interventions([spec])
+    intervene.check_interventions(items, HEADS)
+    seeds = (0, 3)
+    stack = stacked.build_stack([HEADS, HEADS], list(seeds))
+    tokens = torch.stack([_tokens(seed=1), _tokens(seed=2)])
+    with torch.no_grad():
+        clamped = stacked.stacked_forward(stack, tokens, intervene.clamp_hooks(items, HEADS, 0, state=ClampState(),
+                                                                               update=True, member_axis=True))
+        plain = stacked.stacked_forward(stack, tokens)
+        for k, seed in enumerate(seeds):
+            model = models.build(HEADS, seed=seed)
+            hooked = model.run_with_hooks(tokens[k], fwd_hooks=intervene.tl_hooks(items, HEADS, 0, state=ClampState(),
+                                                                                  update=True))
+            torch.testing.assert_close(clamped[k], hooked, rtol=0, atol=1e-5)
+            assert (clamped[k] - plain[k]).abs().max() > 1e-4  # the clamp acts
+
+
+def test_heads_of_a_clamp_are_checked_against_their_layer(tmp_path):
+    with pytest.raises(ValueError, match=r"heads \[1\] out of range; valid heads are \[0\] \(its layer has 1\)"):
+        intervene.check_interventions(intervene.parse_interventions(["blocks.0.attn.hook_z[1]=zero"]), HEADS)
+    path = _pattern_file(tmp_path, intervene.pattern_value("uniform", 16).expand(2, 16, 16).contiguous())
+    with pytest.raises(ValueError, match=r"expected \[q, k\] or \[1, q, k\]"):
+        intervene.check_interventions(intervene.parse_interventions([f"blocks.0.attn.hook_pattern={path}"]), HEADS)
+    intervene.check_interventions(intervene.parse_interventions([f"blocks.1.attn.hook_pattern={path}"]), HEADS)
+    assert "blocks.0.attn.q.weight" in intervene.parameter_names(HEADS)
+
+
+@pytest.mark.slow
+def test_a_run_with_heads_per_layer_trains_with_layer_one_clamps_and_resumes(tmp_path, monkeypatch):
+    run = tiny_run(["blocks.1.attn.hook_pattern[1]=previous_token@:6", "blocks.1.attn.hook_z[0]=mean"],
+                   model=preset("paper-2layer", n_heads=(1, 2), n_ctx=16))
+    reference = train(run, tmp_path / "a", progress=False)
+    monkeypatch.setattr(training.loop, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 7 else None)
+    with pytest.raises(_Kill):
+        train(run, tmp_path / "b", progress=False)
+    monkeypatch.undo()
+    resumed = train(run, tmp_path / "b", progress=False)
+    assert resumed.resumed_from == 5 and resumed.metrics == reference.metrics
+    for name, value in weights(reference.model).items():
+        assert torch.equal(weights(resumed.model)[name], value), name
+    loaded = models.load(tmp_path / "b")
+    assert models.heads_per_layer(loaded) == (1, 2)
+    with intervene.applied(loaded, run.train.interventions, 0):  # probing under the clamps works too
+        loaded(_tokens())

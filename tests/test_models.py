@@ -1,6 +1,9 @@
-"""Tests for markov_interp.models: configs, presets, the hooked build, tying, the fast path, save / load."""
+"""Tests for markov_interp.models: configs, presets, heads per layer, the one initialiser, the hooked build, tying,
+the stacked forward against the hooked one, save / load."""
 
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +11,8 @@ from safetensors.torch import load_file, save_file
 from safetensors import safe_open
 
 from markov_interp import models
-from markov_interp.models import ModelConfig, build, fast_forward, load, preset, save
+from markov_interp.models import ModelConfig, build, load, preset, save
+from markov_interp.models.stack import Stack, stacked_forward
 
 SMALL_CTX = 64  # keeps positional tables small in tests
 
@@ -137,42 +141,58 @@ OPTIONS = [
     dict(layernorm_bias=True, attn_bias=True, mlp_bias=True, tie_weights=False, unembed_bias=False),
     dict(act_fn="relu", d_vocab=3),
     dict(init="canonical", canonical_v_std=0.5),
+    dict(n_heads=(1, 2), attn_bias=True),
+    dict(n_heads=(2, 1), positional="rotary", d_model=16, tie_weights=False),
 ]
 
 
-@pytest.mark.parametrize("name", sorted(models.PRESETS))
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o) or "default")
-def test_fast_forward_equals_hooked_forward(name, options):
+def _stack_of(model) -> Stack:
+    """A stack of one holding `model`'s weights (the training engine's view of it)."""
+    return Stack.from_states([model.markov_config], [models.state_dict_for_save(model)])
+
+
+# per-layer head counts need two layers: not with the one-layer preset
+CASES = [(name, options) for name in sorted(models.PRESETS) for options in OPTIONS
+         if not (isinstance(options.get("n_heads"), tuple) and models.PRESETS[name].get("n_layers", 1) == 1)]
+
+
+@pytest.mark.parametrize("name, options", CASES,
+                         ids=[f"{n}-{','.join(f'{k}={v}' for k, v in o.items()) or 'default'}" for n, o in CASES])
+def test_stacked_forward_equals_hooked_forward(name, options):
+    """The one training forward computes the hooked model's logits, for every architecture option."""
     if options.get("init") == "canonical" and name == "attn-only-2layer":
         options = dict(options, d_head=None)
     cfg = preset(name, n_ctx=SMALL_CTX, **options)
     model = build(cfg, seed=3)
     # move the weights away from init so every parameter matters (biases, LN scales)
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(9)
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=gen))
+    state = models.state_dict_for_save(model)
+    gen = torch.Generator().manual_seed(9)
+    state = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in state.items()}
+    model = models.hooked_model(cfg, state)
     toks = tokens(seq=SMALL_CTX, vocab=cfg.d_vocab)
     hooked = model(toks)
-    fast = fast_forward(model, toks)
+    fast = stacked_forward(Stack.from_states([cfg], [state]), toks[None])[0]
     torch.testing.assert_close(fast, hooked, atol=1e-5, rtol=0)
 
 
-def test_fast_forward_gradients_reach_the_hooked_parameters():
-    model = build(preset("paper-2layer", n_ctx=SMALL_CTX), seed=0)
+def test_stacked_gradients_equal_the_hooked_models():
+    model = build(preset("paper-2layer", n_ctx=SMALL_CTX, n_heads=(1, 2)), seed=0)
+    stack = _stack_of(model)
     toks = tokens()
-    fast_forward(model, toks).logsumexp(-1).mean().backward()
-    fast_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
+    stacked_forward(stack, toks[None]).logsumexp(-1).mean().backward()
     model(toks).logsumexp(-1).mean().backward()
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(fast_grads[name], p.grad, atol=1e-6, rtol=1e-4)
+    hooked = {n: p.grad for n, p in model.state_dict(keep_vars=True).items() if p.grad is not None}
+    for name, param in stack.params.items():
+        expected = hooked[name]
+        if name.startswith("blocks.0.attn."):  # layer 0 has one real head of the hooked model's two
+            expected = expected[:4] if not name.endswith("o.weight") else expected[:, :4]
+        torch.testing.assert_close(param.grad[0], expected, atol=1e-6, rtol=1e-4)
 
 
-def test_fast_forward_refuses_long_input():
+def test_stacked_forward_refuses_long_input():
     model = build(preset("paper-1layer", n_ctx=16), seed=0)
     with pytest.raises(ValueError, match="n_ctx=16"):
-        fast_forward(model, tokens(seq=17))
+        stacked_forward(_stack_of(model), tokens(seq=17)[None])
 
 
 # ---------------------------------------------------------------------------------------------- tying
@@ -180,7 +200,7 @@ def test_tying_is_one_parameter_and_survives_an_update_and_to():
     model = build(preset("paper-1layer", n_ctx=SMALL_CTX), seed=0)
     assert model.embed.W_E.data_ptr() == model.unembed.W_U.data_ptr()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    fast_forward(model, tokens()).sum().backward()
+    model(tokens()).sum().backward()
     opt.step()
     torch.testing.assert_close(model.embed.W_E, model.unembed.W_U.T, rtol=0, atol=0)
     model.to("cpu", print_details=False)
@@ -271,3 +291,81 @@ def test_canonical_untied_output_scale():
         preset("paper-1layer", init="canonical", canonical_a=0.5)  # tied: a is e by definition
     projection = canonical_projection(model)  # the landscape reads the same (e, a) back
     assert projection.e == pytest.approx(0.3, abs=1e-6) and projection.a == pytest.approx(0.7, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------------------- initialiser
+def _digest(state: dict) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in state.items():  # names, shapes and values, in order
+        digest.update(f"{name}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+INIT_REFERENCE = json.loads((Path(__file__).parent / "data" / "init_main.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(INIT_REFERENCE))
+def test_initial_state_is_the_weights_main_built(name):
+    """The one initialiser gives, bit for bit and in the same order, what `models.build` gave before the engine
+    was unified (tests/data/init_main.json: hashes written by tests/data/make_fixtures.py with that code)."""
+    entry = INIT_REFERENCE[name]
+    cfg = ModelConfig.from_dict(entry["config"])
+    state = models.initial_state(cfg, entry["seed"])
+    assert list(state) == list(models.state_shapes(cfg))
+    assert _digest(state) == entry["sha256"]
+    assert _digest(models.state_dict_for_save(build(cfg, seed=entry["seed"]))) == entry["sha256"]
+
+
+def test_initial_state_refuses_a_bool_seed():  # (other types: the annotations, checked at test time)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        models.initial_state(preset("paper-1layer"), seed=True)
+
+
+# ------------------------------------------------------------------------------------- heads per layer
+def test_heads_per_layer_configs():
+    cfg = preset("paper-2layer", n_heads=(1, 2))
+    assert cfg.heads_per_layer == (1, 2) and cfg.max_heads == 2 and cfg.d_head == 4  # d_model // the largest
+    assert ModelConfig.from_json(cfg.to_json()) == cfg and json.loads(cfg.to_json())["n_heads"] == [1, 2]
+    assert preset("paper-2layer", n_heads=[1, 2]) == cfg  # a JSON list reads as the tuple
+    assert preset("paper-2layer", n_heads=(2, 2)).n_heads == 2  # equal counts: the single int
+    assert preset("paper-2layer", n_heads=2).heads_per_layer == (2, 2)
+    assert cfg.replace(d_model=16).d_head == 8  # the default d_head follows d_model
+    assert preset("paper-2layer", n_heads=(1, 2), d_head=3).d_head == 3
+    # per layer: 4 d h weights of attention (h = heads * d_head), the rest as in a 2-layer model
+    two = preset("paper-2layer")
+    assert cfg.n_params == two.n_params - 4 * 8 * (8 - 4) - 4 * 8 * (8 - 8)
+    assert cfg.n_params == sum(t.numel() for t in models.initial_state(cfg, 0).values())
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n_layers=2, n_heads=(1, 2, 3)), "3 head counts but n_layers=2"),
+    (dict(n_layers=2, n_heads=(1, 0)), "n_heads"),
+    (dict(n_layers=2, n_heads=(1, 3)), r"not divisible by n_heads=3 \(the largest count of \(1, 3\)\)"),
+    (dict(n_layers=2, n_heads=(1, "2")), "n_heads"),
+    (dict(n_layers=2, n_heads=(1, 2), init="canonical", canonical_v_std=0.1), "in every layer"),
+])
+def test_bad_head_counts_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**kwargs)
+
+
+def test_a_model_with_heads_per_layer_saves_real_shapes_and_loads(tmp_path):
+    cfg = preset("paper-2layer", n_ctx=SMALL_CTX, n_heads=(1, 2), attn_bias=True)
+    model = build(cfg, seed=2)
+    assert models.heads_per_layer(model) == (1, 2) and model.cfg.n_heads == 2  # TL: the largest count everywhere
+    sd = model.state_dict()
+    assert sd["blocks.0.attn.q.weight"].shape == (8, 8) and torch.all(sd["blocks.0.attn.q.weight"][4:] == 0)
+    assert torch.all(sd["blocks.0.attn.o.weight"][:, 4:] == 0) and torch.all(sd["blocks.0.attn.v.bias"][4:] == 0)
+    path = save(model, tmp_path)
+    with safe_open(str(path), framework="pt") as handle:  # on disk: each layer's real heads
+        assert handle.get_slice("blocks.0.attn.q.weight").get_shape() == [4, 8]
+        assert handle.get_slice("blocks.0.attn.o.weight").get_shape() == [8, 4]
+        assert handle.get_slice("blocks.1.attn.q.weight").get_shape() == [8, 8]
+    again = load(tmp_path)
+    assert models.heads_per_layer(again) == (1, 2)
+    toks = tokens()
+    torch.testing.assert_close(again(toks), model(toks), rtol=0, atol=0)
+    _, cache = again.run_with_cache(toks)
+    assert cache["pattern", 0].shape == (3, 2, 40, 40)  # the surplus head is there, uniform, writing nothing
+    assert torch.all(cache["z", 0][:, :, 1] == 0)

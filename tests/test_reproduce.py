@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from markov_interp import dynamics, sweep
 from markov_interp import reproduce as rep
@@ -126,8 +127,15 @@ def test_reproduce_tiny_budget(tmp_path, monkeypatch):
     text = (out / "summary.md").read_text()
     assert "markov-interp reproduce --quick" in text and tiny.cuts in text
     assert "ran on cpu" in text and "docs/reproduction/gpu/" in text and "theory_exact = no" in text
-    # the seeds of a condition trained as stacks (group 16 on a CPU)
-    assert any(r.stack_size and r.stack_size > 1 for r in result_rows(tmp_path / "work"))
+    # the seeds of a condition trained as stacks (group 16 on a CPU); one engine: a stacked cell's weights are
+    # those its run gets alone (`training.train`), bit for bit
+    stacked = [r for r in result_rows(tmp_path / "work") if r.stack_size and r.stack_size > 1 and r.status == "ok"]
+    assert stacked
+    from markov_interp import models, training
+
+    alone = models.state_dict_for_save(training.train(stacked[-1].config, progress=False).model)
+    _, cell = models.read_weights(tmp_path / "work" / stacked[-1].run_dir)
+    assert alone.keys() == cell.keys() and all(torch.equal(alone[k], cell[k]) for k in alone)
 
 
 def result_rows(work: Path) -> list:

@@ -22,12 +22,7 @@ from pathlib import Path
 
 from markov_interp.data import SourceConfig
 from markov_interp.models import preset
-from markov_interp.training import RunConfig, TrainConfig
-
-try:  # no hooked models out: the GPU machine that trained the table has no transformer_lens
-    from markov_interp.stacked_training import train_many
-except ImportError:  # after the package move the loop lives in markov_interp.training
-    from markov_interp.training import train_many
+from markov_interp.training import RunConfig, TrainConfig, train_many
 
 RANDOM = {1: SourceConfig(kind="random", vocab=3, order=1), 2: SourceConfig(kind="random", vocab=2, order=2)}
 FIXED3 = SourceConfig(kind="markov", kernel=[[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.3, 0.3, 0.4]])
@@ -70,7 +65,7 @@ def main() -> None:
                 for s in range(args.seeds)]
         dirs = [Path(args.out) / name / f"seed{s}" for s in range(args.seeds)]
         start = time.perf_counter()
-        results = train_many(runs, dirs, progress=False, models_out=False)
+        results = train_many(runs, dirs, progress=False, models_out=False)  # no transformer_lens needed
         losses = ", ".join(f"{r.final.eval_loss:.4f}" for r in results)
         print(f"{name}: {time.perf_counter() - start:.0f} s; final eval losses {losses}", flush=True)
 

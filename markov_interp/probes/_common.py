@@ -18,60 +18,13 @@ from torch import Tensor
 
 from markov_interp import theory
 from markov_interp.data import MarkovChain, RandomMarkov
+# the hook-name functions of the probes; their one home is `models.hooks` (TransformerLens's names)
+from markov_interp.models.hooks import attn_out_hook, mlp_out_hook, pattern_hook, z_hook  # noqa: F401
 
 Tokens = Int[Tensor, "batch pos"]
 Probs = Float[Tensor, "batch pos vocab"]
 HeadScores = Float[Tensor, "layer head"]
 Model = Any  # a TransformerLens hooked model (TransformerBridge or HookedTransformer)
-
-
-# ------------------------------------------------------------------------------------------- hook names
-def pattern_hook(layer: int) -> str:
-    """Attention pattern of a layer, [batch head query_pos key_pos]."""
-    return f"blocks.{layer}.attn.hook_pattern"
-
-
-def z_hook(layer: int) -> str:
-    """Per-head attention output before W_O (the attended values), [batch pos head d_head]."""
-    return f"blocks.{layer}.attn.hook_z"
-
-
-def attn_out_hook(layer: int) -> str:
-    """A whole attention layer's contribution to the residual stream, [batch pos d_model]."""
-    return f"blocks.{layer}.hook_attn_out"
-
-
-def mlp_out_hook(layer: int) -> str:
-    """An MLP's contribution to the residual stream, [batch pos d_model]."""
-    return f"blocks.{layer}.hook_mlp_out"
-
-
-def embed_hook() -> str:
-    """The token embedding's contribution to the residual stream (positions excluded), [batch pos d_model]."""
-    return "hook_embed"
-
-
-def channel_hook(layer: int, channel: str) -> str:
-    """A head input after its projection: the queries ("q"), keys ("k") or values ("v") of a layer, [batch pos
-    head d_head]."""
-    if channel not in ("q", "k", "v"):
-        raise ValueError(f"a head's input channel must be 'q', 'k' or 'v', got {channel!r}")
-    return f"blocks.{layer}.attn.hook_{channel}"
-
-
-def resid_pre_hook(layer: int) -> str:
-    """The residual stream a block reads (before its attention), [batch pos d_model]."""
-    return f"blocks.{layer}.hook_resid_pre"
-
-
-def resid_mid_hook(layer: int) -> str:
-    """The residual stream a block's MLP reads (after its attention), [batch pos d_model]."""
-    return f"blocks.{layer}.hook_resid_mid"
-
-
-def resid_post_hook(layer: int) -> str:
-    """The residual stream after a block (the last block's is what the unembedding reads), [batch pos d_model]."""
-    return f"blocks.{layer}.hook_resid_post"
 
 
 def has_mlp(model: Model, layer: int) -> bool:

@@ -27,18 +27,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp.models import heads_per_layer
+from markov_interp.models.hooks import act_name
 from markov_interp.probes._common import (
     Model,
     Probs,
     Tokens,
-    attn_out_hook,
-    channel_hook,
     check_tokens,
-    embed_hook,
     has_mlp,
-    mlp_out_hook,
-    resid_pre_hook,
-    z_hook,
 )
 from markov_interp.probes._display import ProbeResult, dataframe
 
@@ -98,13 +93,12 @@ class Component:
 
     @property
     def hook_name(self) -> str:
-        """The TransformerLens hook whose value an intervention on this component overwrites."""
-        if self.kind == "head":
-            return z_hook(self.layer)
-        if self.kind in ("q", "k", "v"):
-            return channel_hook(self.layer, self.kind)
-        return {"attn": attn_out_hook, "mlp": mlp_out_hook, "resid": resid_pre_hook}.get(
-            self.kind, lambda _: embed_hook())(self.layer)
+        """The TransformerLens hook whose value an intervention on this component overwrites
+        (`models.hooks.act_name`)."""
+        if self.kind == "embed":
+            return act_name("embed")
+        kind = {"head": "z", "attn": "attn_out", "mlp": "mlp_out", "resid": "resid_pre"}.get(self.kind, self.kind)
+        return act_name(kind, self.layer)
 
     @classmethod
     def parse(cls, name: "str | Component") -> "Component":

@@ -38,17 +38,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp.models import heads_per_layer
+from markov_interp.models.hooks import act_name
 from markov_interp.probes._common import (
     Model,
     Tokens,
-    channel_hook,
     check_tokens,
-    embed_hook,
     has_mlp,
     mlp_out_hook,
-    resid_mid_hook,
-    resid_post_hook,
-    resid_pre_hook,
     z_hook,
 )
 from markov_interp.probes.interventions import Component, intervened_run
@@ -137,9 +133,9 @@ def sequence_losses(logits: Float[Tensor, "batch pos vocab"], tokens: Tokens) ->
 
 
 def _value_hooks(model: Model) -> list[str]:
-    names = [embed_hook()]
+    names = [act_name("embed")]
     for layer in range(model.cfg.n_layers):
-        names += [z_hook(layer)] + [channel_hook(layer, c) for c in "qkv"]
+        names += [z_hook(layer)] + [act_name(c, layer) for c in "qkv"]
         names += [mlp_out_hook(layer)] if has_mlp(model, layer) else []
     return names
 
@@ -287,7 +283,7 @@ class EdgeRunner:
         """Components and tensors setting the queries, keys and values of a layer's heads to `pending`."""
         comps, repl = [], {}
         for c in "qkv":
-            name = channel_hook(layer, c)
+            name = act_name(c, layer)
             full = self.clean[name].repeat(copies, *[1] * (self.clean[name].ndim - 1))
             blocks = full.unflatten(0, (copies, -1))
             for h in range(heads_per_layer(self.model)[layer]):
@@ -351,38 +347,38 @@ def _attribution_hooks(model: Model, store: dict[str, Tensor]) -> list[tuple[str
 
         return name, hook
 
-    hooks = [keep(embed_hook(), leaf=True)]
+    hooks = [keep(act_name("embed"), leaf=True)]
     for layer in range(model.cfg.n_layers):
-        hooks += [keep(resid_pre_hook(layer))]
-        hooks += [keep(channel_hook(layer, c)) for c in "qkv"]
+        hooks += [keep(act_name("resid_pre", layer))]
+        hooks += [keep(act_name(c, layer)) for c in "qkv"]
         if has_mlp(model, layer):
-            hooks += [keep(resid_mid_hook(layer)), keep(mlp_out_hook(layer))]
-    hooks.append(keep(resid_post_hook(int(model.cfg.n_layers) - 1)))
+            hooks += [keep(act_name("resid_mid", layer)), keep(mlp_out_hook(layer))]
+    hooks.append(keep(act_name("resid_post", int(model.cfg.n_layers) - 1)))
     return hooks
 
 
 def _input_gradients(model: Model, store: dict[str, Tensor], loss: Tensor) -> dict[tuple[str, str], Tensor]:
     """d loss / d (the residual stream as each receiver input reads it), [batch pos d_model] per input: one
     backward pass per layer and input kind, batched over the layer's heads (`is_grads_batched`)."""
-    last = resid_post_hook(int(model.cfg.n_layers) - 1)
+    last = act_name("resid_post", int(model.cfg.n_layers) - 1)
     layers = range(int(model.cfg.n_layers))
     heads = heads_per_layer(model)
-    names = [channel_hook(l, c) for l in layers for c in "qkv"] + [mlp_out_hook(l) for l in layers if has_mlp(model, l)]
+    names = [act_name(c, l) for l in layers for c in "qkv"] + [mlp_out_hook(l) for l in layers if has_mlp(model, l)]
     grads = dict(zip(names + [last], torch.autograd.grad(loss, [store[n] for n in names + [last]],
                                                          retain_graph=True)))
     out = {("logits", "logits"): grads[last]}
     for layer in layers:
         for c in "qkv":
-            name, n = channel_hook(layer, c), heads[layer]
+            name, n = act_name(c, layer), heads[layer]
             per_head = grads[name].new_zeros(n, *grads[name].shape)
             for h in range(n):
                 per_head[h, :, :, h] = grads[name][:, :, h]
-            back = torch.autograd.grad(store[name], store[resid_pre_hook(layer)], grad_outputs=per_head,
+            back = torch.autograd.grad(store[name], store[act_name("resid_pre", layer)], grad_outputs=per_head,
                                        retain_graph=True, is_grads_batched=True)[0]
             out.update({(f"L{layer}H{h}", c): back[h] for h in range(n)})
         if has_mlp(model, layer):
             name = mlp_out_hook(layer)
-            out[f"L{layer}.mlp", "mlp"] = torch.autograd.grad(store[name], store[resid_mid_hook(layer)],
+            out[f"L{layer}.mlp", "mlp"] = torch.autograd.grad(store[name], store[act_name("resid_mid", layer)],
                                                              grad_outputs=grads[name], retain_graph=True)[0]
     return out
 

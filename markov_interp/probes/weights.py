@@ -27,12 +27,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp.models import heads_per_layer
+from markov_interp.models.hooks import act_name
 from markov_interp.probes._common import (
     Model,
     TokensOrBatch,
     as_tokens,
     check_tokens,
-    embed_hook,
     has_mlp,
     json_safe,
     mlp_out_hook,
@@ -122,7 +122,7 @@ def direct_logit_attribution(model: Model, tokens: TokensOrBatch) -> LogitAttrib
     """
     tokens = check_tokens(model, as_tokens(tokens))
     n_layers = int(model.cfg.n_layers)
-    names = [embed_hook(), "ln_final.hook_scale"] + [z_hook(layer) for layer in range(n_layers)]
+    names = [act_name("embed"), "ln_final.hook_scale"] + [z_hook(layer) for layer in range(n_layers)]
     names += [mlp_out_hook(layer) for layer in range(n_layers) if has_mlp(model, layer)]
     logits, cache = model.run_with_cache(tokens, names_filter=names)
     scale = cache["ln_final.hook_scale"] if "ln_final.hook_scale" in cache else torch.ones(1)
@@ -136,7 +136,7 @@ def direct_logit_attribution(model: Model, tokens: TokensOrBatch) -> LogitAttrib
                          for layer in range(n_layers)])
     centred = logits - logits.mean(-1, keepdim=True)
     total = float(torch.gather(centred[:, :-1], -1, targets).mean())
-    embed = share(cache[embed_hook()])
+    embed = share(cache[act_name("embed")])
     rest = total - embed - float(heads.nansum()) - float(mlps.nansum())
     return LogitAttribution(heads=heads, mlps=mlps, embed=embed, rest=rest, total=total)
 

@@ -17,7 +17,9 @@ from typing import Any, Optional
 
 import torch
 
-from markov_interp import dynamics, models, probes, runfolder, theory, training
+from markov_interp import dynamics, models, probes, theory
+from markov_interp.theory import ReferenceLosses
+from markov_interp.training import RunConfig, runfolder
 from markov_interp.report import figures
 from markov_interp.report.circuits import circuit_section
 from markov_interp.report._html import Section, atomic_write_text, document, iframe, paragraph, table
@@ -67,12 +69,12 @@ class Report:
 
 
 # ------------------------------------------------------------------------------------------------ loading
-def _load_run(run_dir: Path) -> "training.RunConfig":
-    config = run_dir / training.CONFIG_FILE
+def _load_run(run_dir: Path) -> RunConfig:
+    config = run_dir / runfolder.CONFIG_FILE
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run folder at {run_dir}")
     if not config.exists():
-        raise FileNotFoundError(f"{run_dir} is not a run folder: it has no {training.CONFIG_FILE}")
+        raise FileNotFoundError(f"{run_dir} is not a run folder: it has no {runfolder.CONFIG_FILE}")
     run = runfolder.read_config(run_dir)  # errors name the config file
     diverged = runfolder.divergence(run_dir)
     if diverged is not None:  # a non-finite loss: there is no trained model whose mechanism could be named
@@ -82,8 +84,8 @@ def _load_run(run_dir: Path) -> "training.RunConfig":
 
 
 def checkpoint_files(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
-    """(step, weights file) of every checkpoint saved in a run folder, by step (`training.list_checkpoints`)."""
-    return training.list_checkpoints(run_dir)
+    """(step, weights file) of every checkpoint saved in a run folder, by step (`runfolder.list_checkpoints`)."""
+    return runfolder.list_checkpoints(run_dir)
 
 
 def _spread(items: list, n: int) -> list:
@@ -94,13 +96,13 @@ def _spread(items: list, n: int) -> list:
     return [items[i] for i in idx]
 
 
-def _logged_references(metrics: list[dict]) -> dict[str, float]:
-    """The reference losses logged beside the last evaluation (training gets them from `theory`)."""
+def _logged_references(metrics: list[dict]) -> Optional[ReferenceLosses]:
+    """The reference losses (with their standard errors) logged beside the last evaluation (training gets them
+    from `theory`), or None when no evaluation row holds them."""
     for row in reversed(metrics):
-        if "eval_loss" in row:
-            return {k: float(v) for k, v in row.items()  # the values and their standard errors (`*_se`)
-                    if k.removesuffix("_se") in figures.REFERENCE_STYLE and v is not None}
-    return {}
+        if "eval_loss" in row and "entropy_rate" in row:
+            return ReferenceLosses.from_row(row)
+    return None
 
 
 # ----------------------------------------------------------------------------------------------- sections
@@ -126,17 +128,17 @@ def _config_section(run: Any, run_dir: Optional[Path], model: Any) -> Section:
     return Section("config", "Run configuration", (table(rows), f"<pre>{html.escape(pretty)}</pre>"))
 
 
-def _loss_section(metrics: list[dict], logged: dict, mech: Any, steps: list[int]) -> Section:
-    refs = logged or mech.references.as_row()
+def _loss_section(metrics: list[dict], logged: Optional[ReferenceLosses], mech: Any, steps: list[int]) -> Section:
+    refs = logged or mech.references
     text = paragraph(
         "Loss in nats. Reference lines come from markov_interp.theory: the entropy rate is the loss of the true "
         "kernel (global optimum), the unigram loss the plateau of a model that ignores the current state (H(pi); "
         "for random kernels the in-context unigram estimator's loss)"
-        + (", the in-context Bayes loss the best possible on random kernels." if "bayes_loss" in refs else ".")
+        + (", the in-context Bayes loss the best possible on random kernels." if refs.in_context else ".")
         + " A reference estimated by Monte Carlo shows its standard error (±)."
     )
     parts = [text, figures.loss_curves_figure(metrics, refs, checkpoint_steps=steps)]
-    parts.append(figures.position_loss_figure(mech.behaviour, mech.references.as_row()))
+    parts.append(figures.position_loss_figure(mech.behaviour, mech.references))
     return Section("loss", "Loss curves", tuple(parts))
 
 
@@ -282,7 +284,7 @@ def _landscape_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]]
 
 
 def _training_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]], batch: Any, mech: Any,
-                      metrics: list[dict], logged: dict, max_checkpoints: int) -> Section:
+                      metrics: list[dict], logged: Optional[ReferenceLosses], max_checkpoints: int) -> Section:
     if not checkpoints:
         return Section("training", "Probe scores over training",
                        (paragraph("Not available: the run folder has no checkpoints.", cls="note"),))
@@ -293,8 +295,9 @@ def _training_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]],
     ind = mech.induction_head or (mech.attention.top_head("induction", layers=range(1, n_layers))
                                   if n_layers > 1 else None)
     series: dict[str, list[float]] = {f"previous-token excess L{prev[0]}H{prev[1]}": []}
-    if ind is not None:
-        series[f"induction excess L{ind[0]}H{ind[1]}"] = []
+    induction_label = f"induction excess L{ind[0]}H{ind[1]}" if ind is not None else None
+    if induction_label is not None:
+        series[induction_label] = []
     series["KL(true kernel || model), nats"] = []
     series["in-context learning score, nats"] = []
     device = _device(model)
@@ -313,10 +316,11 @@ def _training_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]],
         for key, value in zip(series, values):
             series[key].append(value)
     steps = [s for s, _ in chosen]
-    references = logged or mech.references.as_row()
-    events = _training_events(steps, series, metrics, mech.thresholds.head_excess)
+    references = logged or mech.references
+    induction = series[induction_label] if ind is not None else None
+    events = _training_events(steps, induction, metrics, mech.thresholds.head_excess)
     fig = figures.training_probes_figure(
-        steps, series, metrics=metrics, references=references,
+        steps, series, metrics=metrics, references=references.as_row(),
         head_threshold=mech.thresholds.head_excess, events=events,
     )
     found = "; ".join(f"{label}: step {step}" for label, step in events.items()) or "none in the saved steps"
@@ -340,17 +344,16 @@ def _strategy_parts(steps: list[int], strategies: list[Any], events: dict[str, i
     return text, figures.strategy_similarity_figure(steps, divergences, events=events)
 
 
-def _training_events(steps: list[int], series: dict[str, list[float]], metrics: list[dict],
+def _training_events(steps: list[int], induction: Optional[list[float]], metrics: list[dict],
                      threshold: float) -> dict[str, int]:
-    """When the induction head forms (first checkpoint whose induction excess reaches the classifier's head
-    threshold), when the loss leaves the plateau and when it escapes: the crossings of `dynamics` at 0.9 and
-    at `dynamics.ESCAPE_FRACTION` of the plateau's paired excess (the step by which each was seen)."""
+    """When the induction head forms (first checkpoint whose induction excess, `induction`, reaches the
+    classifier's head threshold), when the loss leaves the plateau and when it escapes: the crossings of
+    `dynamics` at 0.9 and at `dynamics.ESCAPE_FRACTION` of the plateau's paired excess (the step by which each
+    was seen)."""
     events: dict[str, int] = {}
-    for label, values in series.items():
-        if label.startswith("induction excess"):
-            hit = [s for s, v in zip(steps, values) if v >= threshold]
-            if hit:
-                events["induction head forms"] = hit[0]
+    hit = [s for s, v in zip(steps, induction or ()) if v >= threshold]
+    if hit:
+        events["induction head forms"] = hit[0]
     run = dynamics.from_metrics(metrics, fractions=(0.9, dynamics.ESCAPE_FRACTION))
     for fraction, label in ((0.9, "loss leaves the plateau (0.9 of its excess left)"),
                             (dynamics.ESCAPE_FRACTION, "escape (half of the plateau's excess gone)")):
@@ -423,8 +426,8 @@ def build(
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     run_dir = Path(run_dir)
     run = _load_run(run_dir)
-    model = models.load(run_dir, device=device, expect=run.model)
-    metrics = training.load_metrics(run_dir)
+    model = runfolder.load_model(run_dir, device=device, expect=run.model)
+    metrics = runfolder.load_metrics(run_dir)
     source = run.source.build()
     # the one length rule (the training length, from the run folder), one probe batch, one cache
     batch, mech, probed = _model_sections(model, source, n_sequences=n_sequences, seq_len=seq_len, seed=seed,

@@ -43,7 +43,7 @@ from markov_interp import dynamics
 from markov_interp._io import atomic_path, atomic_write
 from markov_interp.data import SourceConfig
 from markov_interp.models import preset
-from markov_interp.training import RunConfig, TrainConfig
+from markov_interp.training import RunConfig, TrainConfig, train_many
 
 __all__ = ["ExperimentBudget", "QUICK", "FULL", "EXPERIMENTS", "Arm", "ArmResult", "ExperimentResult",
            "experiment_arms", "run_experiment", "previous_token_at_release", "circuit_scores_at_end",
@@ -182,13 +182,11 @@ class ExperimentResult:
 
 def _train_arm(base: RunConfig, arm: Arm, budget: ExperimentBudget, out: Optional[Path],
                progress: bool, **train: Any) -> list:
-    from markov_interp import stacked_training
-
     runs = [_with(base, arm, s, **train) for s in range(budget.seeds)]
     folders = None if out is None else [_folder(out, base, arm, s, "" if not train else "-prefix")
                                         for s in range(budget.seeds)]
     models_out = bool(train) or base.source.kind == "random"  # the random-kernel arms are probed at the end
-    return stacked_training.train_many(runs, folders, progress=progress, models_out=models_out)
+    return train_many(runs, folders, progress=progress, models_out=models_out)
 
 
 def run_experiment(name: str, budget: ExperimentBudget = FULL, out_dir: "str | Path | None" = None, *,

@@ -1,0 +1,53 @@
+"""Models: configs, the one initialiser, the one fused (stacked) forward, its optimiser and the hooked model.
+
+Read left to right, each module importing only those before it:
+
+- `config`: `ModelConfig` (architecture and init, heads per layer), `preset`, `PRESETS`;
+- `hooks`: every hook name (`act_name`, as TransformerLens's `get_act_name`) and the intervention points;
+- `init`: `initial_state(cfg, seed)`, a model's first weights in the on-disk layout (`state_shapes`);
+- `hooked`: the TransformerLens model, built in one place (`hooked_model(cfg, state)`; `build`, `load`), `save`;
+- `stack`: K models of one shape as stacked tensors and `stacked_forward`, the only training forward (K >= 1);
+- `optim`: the weight-decay rule (by parameter name) and the stacked AdamW / SGD.
+
+`from markov_interp.models import build, preset, ModelConfig, save, load, heads_per_layer` is the public face.
+"""
+
+from markov_interp.models import config, hooks, init, hooked, stack, optim  # noqa: F401  (submodules by name)
+from markov_interp.models.config import INIT_FIELDS, PRESETS, ModelConfig, preset, shape_config
+from markov_interp.models.hooked import (
+    WEIGHTS_FILE,
+    HookedModel,
+    build,
+    check_state,
+    check_tied,
+    heads_per_layer,
+    hooked_model,
+    load,
+    read_weights,
+    save,
+    save_state,
+    state_dict_for_save,
+)
+from markov_interp.models.init import initial_state, state_shapes
+
+__all__ = [
+    "ModelConfig",
+    "PRESETS",
+    "preset",
+    "INIT_FIELDS",
+    "shape_config",
+    "initial_state",
+    "state_shapes",
+    "HookedModel",
+    "hooked_model",
+    "build",
+    "save",
+    "save_state",
+    "load",
+    "read_weights",
+    "state_dict_for_save",
+    "check_state",
+    "check_tied",
+    "heads_per_layer",
+    "WEIGHTS_FILE",
+]

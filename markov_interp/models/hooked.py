@@ -1,0 +1,386 @@
+"""The hooked model: the paper's transformers as TransformerLens models, built in one place, saved and loaded.
+
+`hooked_model(cfg, state)` is the one place a hooked model is built: from a state dict in the on-disk layout
+(`models.init.state_shapes`: what `save` writes, what `initial_state` and training give). `build(cfg, seed=...)`
+is `hooked_model(cfg, initial_state(cfg, seed))` and `load(path)` reads the weights and calls it. The model is
+a `transformer_lens` `TransformerBridge` around TransformerLens's native model (`TransformerBridge.boot_native`'s
+architecture), so every TransformerLens tool works on it: `run_with_cache`, `cache["pattern", 0]`,
+`run_with_hooks` with `blocks.0.attn.hook_pattern`, ... The native model has biases everywhere and an untied,
+bias-free head, so the paper's modules are swapped in before wrapping (LayerNorm without bias is
+`nn.LayerNorm(bias=False)`, which TransformerLens's NormalizationBridge supports). Tying is one shared
+`nn.Parameter` (`model.embed.W_E` and `model.unembed.W_U.T` are the same storage); it survives `.to(device)` and
+`save`/`load` (safetensors refuses shared tensors, so `save` writes one copy and `load` re-ties). Move models
+with `model.to(device, print_details=False)` to keep TransformerLens quiet.
+
+Heads per layer: TransformerLens models have one head count. A config whose layers differ (`n_heads=(1, 2)`)
+is built with the largest count in every layer and the surplus heads' weights zero (present in `hook_pattern`
+/ `hook_z`, writing nothing); `heads_per_layer(model)` gives the real counts, and `save` writes each layer's
+real shapes. Training never uses this model (it trains `models.stack`), so the surplus heads stay zero.
+
+The hooked model carries its config as `model.markov_config` (a `ModelConfig`).
+"""
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from markov_interp._io import atomic_write
+from markov_interp.models.config import ModelConfig
+from markov_interp.models.init import initial_state, state_shapes
+
+if TYPE_CHECKING:
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge.sources.native import NativeModel
+else:
+    # transformer_lens takes seconds to import (datasets, transformers); it is imported where a hooked model is
+    # built, so a process that builds none (training, `markov-interp train`) never pays for it.
+    TransformerBridgeConfig = NativeModel = Any
+
+__all__ = [
+    "HookedModel",
+    "hooked_model",
+    "build",
+    "save",
+    "save_state",
+    "load",
+    "read_weights",
+    "state_dict_for_save",
+    "check_state",
+    "check_tied",
+    "heads_per_layer",
+    "WEIGHTS_FILE",
+]
+
+WEIGHTS_FILE = "model.safetensors"
+_CONFIG_KEY = "markov_interp.model_config"
+_TRAIN_SEQ_LEN_KEY = "markov_interp.train_seq_len"  # written by training: the probes' default length
+
+
+@runtime_checkable
+class HookedModel(Protocol):
+    """What the package uses of a hooked TransformerLens model (a `TransformerBridge` built by `hooked_model`;
+    TransformerLens's `HookedTransformer` has the same surface): its TransformerLens config `cfg`, the forward,
+    `run_with_cache` / `run_with_hooks` / `hooks`, and the torch module methods. Models built here also carry
+    `markov_config` (their `ModelConfig`)."""
+
+    cfg: Any
+
+    def __call__(self, tokens: Tensor, *args: Any, **kwargs: Any) -> Any: ...
+
+    def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def parameters(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+# ------------------------------------------------------------------------------------------------- build
+def _tl_config(cfg: ModelConfig) -> TransformerBridgeConfig:
+    from transformer_lens.config import TransformerBridgeConfig
+
+    return TransformerBridgeConfig(
+        d_model=cfg.d_model,
+        d_head=cfg.d_head,
+        n_layers=cfg.n_layers,
+        n_ctx=cfg.n_ctx,
+        n_heads=cfg.max_heads,
+        d_mlp=cfg.d_mlp,
+        d_vocab=cfg.d_vocab,
+        act_fn=cfg.act_fn,
+        eps=cfg.eps,
+        normalization_type=cfg.normalization,
+        positional_embedding_type=cfg.positional,
+        attn_only=cfg.attn_only,
+        initializer_range=cfg.init_std,
+        tie_word_embeddings=cfg.tie_weights,
+        default_prepend_bos=False,
+        tokenizer_prepends_bos=False,
+        model_name="markov-interp",
+    )
+
+
+def _norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.normalization == "LN":
+        return nn.LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.layernorm_bias)
+    if cfg.normalization is None:
+        return nn.Identity()
+    from transformer_lens.model_bridge.sources.native.model import NativeLayerNormPre
+
+    return NativeLayerNormPre(eps=cfg.eps)
+
+
+def _native_model(cfg: ModelConfig, tl_cfg: TransformerBridgeConfig) -> NativeModel:
+    """TransformerLens's native model with the paper's bias / norm / head choices swapped in (every layer with
+    the largest head count)."""
+    from transformer_lens.model_bridge.sources.native import NativeModel
+
+    native = NativeModel(tl_cfg)
+    h = cfg.max_heads * cfg.d_head
+    for block in native.layers:
+        block.ln1 = _norm(cfg)
+        block.attn.q = nn.Linear(cfg.d_model, h, bias=cfg.attn_bias)
+        block.attn.k = nn.Linear(cfg.d_model, h, bias=cfg.attn_bias)
+        block.attn.v = nn.Linear(cfg.d_model, h, bias=cfg.attn_bias)
+        block.attn.o = nn.Linear(h, cfg.d_model, bias=cfg.attn_bias)
+        if not cfg.attn_only:
+            block.ln2 = _norm(cfg)
+            block.mlp.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
+            block.mlp.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
+    native.ln_out = _norm(cfg)
+    native.head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)
+    if cfg.tie_weights:
+        native.head.weight = native.tok_embed.weight
+    return native
+
+
+def hooked_model(cfg: ModelConfig, state: Mapping[str, Tensor], device: Any = None,
+                 *, source: str = "weights") -> HookedModel:
+    """The hooked model of `cfg` holding the weights `state` (the on-disk layout, `models.init.state_shapes`).
+
+    The one place a hooked model is built (`build`, `load`, training results and stack members all come
+    here). Non-finite values are loaded as they are (a diverged run's weights are data).
+
+    Args:
+        cfg: the model config.
+        state: {name: tensor} as `save` writes it; missing, unexpected or wrongly shaped tensors raise ValueError
+            naming them (prefixed by `source`).
+        device: where the model lives (default CPU).
+
+    Returns:
+        A `TransformerBridge` with `markov_config = cfg`; a tied model shares one Parameter between
+        `model.embed` and `model.unembed`; layers with fewer heads than the largest count have zero surplus heads.
+    """
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+    check_state(cfg, state, source=source)
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    tl_cfg = _tl_config(cfg)
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's constructor draws from the global RNG
+        native = _native_model(cfg, tl_cfg)
+    model = build_bridge_from_module(
+        native, architecture="TransformerLensNative", tl_config=tl_cfg, model_name="markov-interp"
+    )
+    object.__setattr__(model, "markov_config", cfg)
+    targets = model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name, tensor in _padded(cfg, state).items():
+            targets[name].copy_(tensor.to(dtype=targets[name].dtype))
+    if device is not None:
+        model.to(torch.device(device), print_details=False)
+    check_tied(model)
+    return model
+
+
+def build(cfg: ModelConfig, *, seed: int, device: Any = None) -> HookedModel:
+    """A freshly initialised hooked model for `cfg`: `hooked_model(cfg, initial_state(cfg, seed))`.
+
+    The same (cfg, seed) gives the same weights on any device, and the same weights as training starts from
+    (see `models.init.initial_state` for the initialisations); the global RNG is neither read nor advanced.
+
+    Args:
+        cfg: the model config.
+        seed: the initialiser's seed.
+        device: where the model lives (default CPU).
+
+    Returns:
+        The hooked model (`markov_config = cfg`).
+    """
+    return hooked_model(cfg, initial_state(cfg, seed), device)
+
+
+def heads_per_layer(model: HookedModel) -> tuple[int, ...]:
+    """The heads each layer of a hooked model really has, layer 0 first.
+
+    A plain TransformerLens model has `cfg.n_heads` in every layer. A markov-interp model whose layers have
+    different head counts is built with the largest count in every layer, the surplus heads' weights at zero
+    (they exist in `hook_pattern` / `hook_z` but write nothing): probes, interventions and reports skip them.
+    """
+    cfg = getattr(model, "markov_config", None)
+    if cfg is not None:
+        return tuple(cfg.heads_per_layer)
+    return (int(model.cfg.n_heads),) * int(model.cfg.n_layers)
+
+
+def _raw(module: nn.Module) -> nn.Module:
+    """The native module behind a bridge component."""
+    inner = getattr(module, "original_component", None)
+    return inner if isinstance(inner, nn.Module) else module
+
+
+# ------------------------------------------------------------------------------------------- tying check
+def check_tied(model: HookedModel) -> None:
+    """Assert that a tied model's embedding and unembedding are one Parameter (internal invariant)."""
+    cfg: ModelConfig = model.markov_config
+    embed, head = _raw(model.embed).weight, _raw(model.unembed).weight
+    if cfg.tie_weights:
+        assert embed is head, "weight tying broken: embedding and unembedding are different tensors"
+    else:
+        assert embed is not head, "untied model shares embedding and unembedding"
+
+
+# ------------------------------------------------------------------------------------------- head layout
+def _head_slices(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """{name: (axis, real width)} of the attention tensors whose layer has fewer heads than the largest count."""
+    out = {}
+    for i, heads in enumerate(cfg.heads_per_layer):
+        if heads == cfg.max_heads:
+            continue
+        width, b = heads * cfg.d_head, f"blocks.{i}.attn."
+        out.update({f"{b}{n}.weight": (0, width) for n in "qkv"} | {f"{b}o.weight": (1, width)})
+        if cfg.attn_bias:
+            out.update({f"{b}{n}.bias": (0, width) for n in "qkv"})
+    return out
+
+
+def _padded(cfg: ModelConfig, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """`state` (real shapes) with every layer widened to the largest head count by zero heads."""
+    out = dict(state)
+    for name, (axis, width) in _head_slices(cfg).items():
+        shape = list(state[name].shape)
+        shape[axis] = cfg.max_heads * cfg.d_head
+        out[name] = state[name].new_zeros(shape)
+        out[name].narrow(axis, 0, width).copy_(state[name])
+    return out
+
+
+def state_dict_for_save(model: HookedModel) -> dict[str, Tensor]:
+    """The model's weights in the on-disk layout: TransformerLens names, contiguous CPU copies, each layer's real
+    heads only (surplus heads dropped), a tied unembedding stored once (as `embed.weight`) and the synthetic
+    zero head bias of a bias-free head left out."""
+    cfg: ModelConfig = model.markov_config
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if cfg.tie_weights and name == "unembed.weight":
+            continue
+        if name == "unembed.bias" and not cfg.unembed_bias:
+            continue
+        state[name] = tensor.detach().to("cpu").contiguous().clone()
+    for name, (axis, width) in _head_slices(cfg).items():
+        state[name] = state[name].narrow(axis, 0, width).contiguous()
+    return state
+
+
+def check_state(cfg: ModelConfig, state: Mapping[str, Tensor], *, source: str = "weights") -> None:
+    """Refuse a state dict that does not fit `cfg`'s on-disk layout: ValueError naming missing, unexpected or
+    wrongly shaped tensors (prefixed by `source`, e.g. the file)."""
+    expected = state_shapes(cfg)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{source}: missing tensors {missing}, unexpected tensors {unexpected}")
+    bad = {k: (tuple(state[k].shape), expected[k]) for k in expected if tuple(state[k].shape) != expected[k]}
+    if bad:
+        detail = ", ".join(f"{k} has shape {got}, expected {want}" for k, (got, want) in sorted(bad.items()))
+        raise ValueError(f"{source}: wrong shapes: {detail}")
+
+
+# ------------------------------------------------------------------------------------------ save / load
+def save_state(cfg: ModelConfig, state: Mapping[str, Tensor], path: "str | os.PathLike", *,
+               train_seq_len: Optional[int] = None) -> Path:
+    """Write weights in the on-disk layout with `cfg` in the file's metadata, atomically: the one writer of
+    weight files (`save`, training's checkpoints and final weights).
+
+    Args:
+        cfg: the model config (embedded as JSON; `load` needs nothing else).
+        state: {name: tensor} in the on-disk layout of `cfg` (checked: ValueError naming what does not fit).
+        path: a `.safetensors` file, or a folder that gets `model.safetensors`.
+        train_seq_len: the sequence length the weights were trained at (training writes it; `load` gives it
+            back as `model.markov_train_seq_len`, the probes' default length), or None.
+
+    Returns:
+        The file written.
+    """
+    from safetensors.torch import save as st_save
+
+    check_state(cfg, state, source=str(path))
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        path.mkdir(parents=True, exist_ok=True)
+        path = path / WEIGHTS_FILE
+    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in state.items()}
+    metadata = {_CONFIG_KEY: cfg.to_json(), "format": "pt"}
+    if train_seq_len is not None:
+        metadata[_TRAIN_SEQ_LEN_KEY] = str(int(train_seq_len))
+    atomic_write(path, st_save(tensors, metadata=metadata))
+    return path
+
+
+def save(model: HookedModel, path: "str | os.PathLike", cfg: Optional[ModelConfig] = None) -> Path:
+    """Write `model`'s weights to `path` (a `.safetensors` file, or a folder that gets `model.safetensors`).
+
+    TransformerLens state-dict names; a tied unembedding is stored once; each layer's real heads; the
+    `ModelConfig` is embedded as JSON in the file's metadata, so `load(path)` needs nothing else. Written
+    atomically. Returns the file.
+    """
+    cfg = cfg if cfg is not None else model.markov_config
+    if cfg != model.markov_config:
+        raise ValueError("cfg does not match the model's markov_config")
+    check_tied(model)
+    return save_state(cfg, state_dict_for_save(model), path)
+
+
+def _resolve_weights_path(path: "str | os.PathLike") -> Path:
+    path = Path(path)
+    if path.is_dir():
+        path = path / WEIGHTS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no model weights at {path}")
+    return path
+
+
+def read_weights(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tensor]]:
+    """The config and raw tensors of a file written by `save`; corrupt files raise ValueError."""
+    cfg, state, _ = _read(path)
+    return cfg, state
+
+
+def _read(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tensor], dict[str, str]]:
+    """`read_weights` plus the file's metadata."""
+    from safetensors import safe_open
+
+    path = _resolve_weights_path(path)
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            metadata = handle.metadata() or {}
+            state = {name: handle.get_tensor(name) for name in handle.keys()}
+    except Exception as err:  # safetensors raises its own error types on corrupt headers / truncation
+        raise ValueError(f"{path} is not a readable safetensors file ({type(err).__name__}: {err})") from None
+    if _CONFIG_KEY not in metadata:
+        raise ValueError(f"{path} has no markov-interp model config in its metadata (not written by models.save?)")
+    try:
+        cfg = ModelConfig.from_dict(json.loads(metadata[_CONFIG_KEY]))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: model config in metadata is not valid JSON ({err})") from None
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{path}: invalid model config in metadata: {err}") from None
+    return cfg, state, metadata
+
+
+def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None) -> HookedModel:
+    """The hooked model saved at `path` (a run folder, or a `.safetensors` file written by `save`).
+
+    Tying is restored (one shared Parameter). A missing file raises FileNotFoundError; a corrupt file, a
+    missing / unexpected / wrongly shaped tensor, or a config different from `expect` raise ValueError
+    naming the problem. `model.markov_config` holds the config; `model.markov_train_seq_len` the length the
+    weights were trained at when training wrote the file (None otherwise, e.g. after `save`; for run folders
+    written before training recorded it, `training.runfolder.load_model` reads it from the folder's config):
+    the probes' default length (`probes._common.probe_length`).
+    """
+    cfg, state, metadata = _read(path)
+    if expect is not None and expect != cfg:
+        diff = {k: (v, getattr(expect, k)) for k, v in cfg.to_dict().items() if getattr(expect, k) != v}
+        raise ValueError(f"{path}: model config differs from the expected one (saved, expected): {diff}")
+    model = hooked_model(cfg, state, device, source=str(path))
+    model.eval()
+    seq_len = metadata.get(_TRAIN_SEQ_LEN_KEY)
+    model.markov_train_seq_len = int(seq_len) if seq_len is not None and seq_len.isdigit() else None
+    return model

@@ -1,0 +1,130 @@
+"""Hook names: the one registry of activation names, TransformerLens's, as its `get_act_name` is.
+
+Every activation the package names -- the hooked model's hook points, the fused forward's intervention points
+(`models.stack.stacked_forward`), clamps during training (`intervene`), the probes' caches -- is named here:
+
+    >>> act_name("pattern", 0), act_name("resid_post", 1), act_name("embed")
+    ('blocks.0.attn.hook_pattern', 'blocks.1.hook_resid_post', 'hook_embed')
+    >>> parse_name("blocks.1.attn.hook_z")
+    ('z', 1)
+
+Per-head activations (q, k, v, z as `[batch, pos, head, d_head]`, the pattern as `[batch, head, query_pos,
+key_pos]`) have the layer's real head count in the fused forward; a hooked model whose layers differ in head
+count has the largest count in every layer (the surplus heads write nothing), see `models.hooked`.
+"""
+
+from collections.abc import Iterable
+from typing import Optional
+
+from markov_interp.models.config import ModelConfig
+
+__all__ = [
+    "act_name",
+    "parse_name",
+    "pattern_hook",
+    "z_hook",
+    "attn_out_hook",
+    "mlp_out_hook",
+    "intervention_points",
+    "check_points",
+    "feature_shape",
+    "PER_HEAD",
+]
+
+# kind -> the hook's name inside block i (blocks.{i}.<name>), in forward order
+_BLOCK = {
+    "resid_pre": "hook_resid_pre", "q": "attn.hook_q", "k": "attn.hook_k", "v": "attn.hook_v",
+    "pattern": "attn.hook_pattern", "z": "attn.hook_z", "attn_out": "hook_attn_out", "resid_mid": "hook_resid_mid",
+    "pre": "mlp.hook_pre", "post": "mlp.hook_post", "mlp_out": "hook_mlp_out", "resid_post": "hook_resid_post",
+}
+_GLOBAL = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
+_MLP = ("pre", "post", "mlp_out")
+PER_HEAD = ("q", "k", "v", "z", "pattern")  # kinds with a head axis
+_KIND_OF = {**{v: k for k, v in _BLOCK.items()}, **{v: k for k, v in _GLOBAL.items()}}
+
+
+def act_name(kind: str, layer: Optional[int] = None) -> str:
+    """The hook name of activation `kind` ("embed", "pos_embed"; per block "resid_pre", "q", "k", "v",
+    "pattern", "z", "attn_out", "resid_mid", "pre", "post", "mlp_out", "resid_post") in block `layer`.
+
+    Args:
+        kind: the activation, as above.
+        layer: the block (required for per-block kinds, refused for the embeddings).
+
+    Returns:
+        The TransformerLens hook name, e.g. "blocks.0.attn.hook_pattern".
+    """
+    if kind in _GLOBAL:
+        if layer is not None:
+            raise ValueError(f"{kind!r} is not a per-block activation; give no layer")
+        return _GLOBAL[kind]
+    if kind not in _BLOCK:
+        raise ValueError(f"unknown activation {kind!r}; valid kinds are {sorted({**_GLOBAL, **_BLOCK})}")
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise ValueError(f"activation {kind!r} needs a layer (an integer >= 0), got {layer!r}")
+    return f"blocks.{layer}.{_BLOCK[kind]}"
+
+
+def parse_name(name: str) -> tuple[str, Optional[int]]:
+    """(kind, layer) of a hook name (`act_name`'s inverse; layer None for the embeddings); ValueError if
+    `name` is not one of these hook names."""
+    if name in _KIND_OF:
+        return _KIND_OF[name], None
+    head, _, rest = name.partition(".")
+    index, _, inner = rest.partition(".")
+    if head == "blocks" and index.isdigit() and inner in _BLOCK.values():
+        return _KIND_OF[inner], int(index)
+    raise ValueError(f"{name!r} is not a hook name of this package (see models.hooks.act_name)")
+
+
+def pattern_hook(layer: int) -> str:
+    """Attention pattern of a layer, [batch head query_pos key_pos]."""
+    return act_name("pattern", layer)
+
+
+def z_hook(layer: int) -> str:
+    """Per-head attention output before W_O (the attended values), [batch pos head d_head]."""
+    return act_name("z", layer)
+
+
+def attn_out_hook(layer: int) -> str:
+    """A whole attention layer's contribution to the residual stream, [batch pos d_model]."""
+    return act_name("attn_out", layer)
+
+
+def mlp_out_hook(layer: int) -> str:
+    """An MLP's contribution to the residual stream, [batch pos d_model]."""
+    return act_name("mlp_out", layer)
+
+
+def intervention_points(cfg: ModelConfig) -> list[str]:
+    """The hook names of a model of `cfg`, in forward order: what the fused forward and clamps may name.
+
+    `attn.hook_pattern` is formed by the fused forward only in a layer whose pattern is intervened (that
+    layer then computes its attention explicitly); otherwise fused attention never forms it.
+    """
+    names = [act_name("embed")] + ([act_name("pos_embed")] if cfg.positional == "standard" else [])
+    for layer in range(cfg.n_layers):
+        names += [act_name(kind, layer) for kind in _BLOCK if not (cfg.attn_only and kind in _MLP)]
+    return names
+
+
+def check_points(cfg: ModelConfig, names: Iterable[str]) -> None:
+    """Refuse hook names that are not intervention points of a model of `cfg` (ValueError listing them)."""
+    unknown = sorted(set(names) - set(intervention_points(cfg)))
+    if unknown:
+        raise ValueError(f"unknown intervention points {unknown}; valid names are {intervention_points(cfg)}")
+
+
+def feature_shape(cfg: ModelConfig, name: str) -> tuple[int, ...]:
+    """The per-position shape of the activation `name` in the fused forward: (heads, d_head) for q / k / v / z
+    (the layer's real head count), (d_mlp,) inside the MLP, (d_model,) on the residual stream. Not for the
+    pattern, which has no per-position shape."""
+    kind, layer = parse_name(name)
+    if kind == "pattern":
+        raise ValueError(f"{name}: a pattern is [head, query_pos, key_pos], not a per-position activation")
+    if kind in PER_HEAD:
+        return (cfg.heads_per_layer[layer], cfg.d_head)
+    if kind in ("pre", "post"):
+        return (cfg.d_mlp,)
+    return (cfg.d_model,)

@@ -1,0 +1,283 @@
+"""The optimiser of a stack: the one weight-decay rule and AdamW / SGD with per-member learning rates.
+
+**Weight decay** falls on the weights of linear layers only, chosen by parameter name (`decayed`): the attention
+and MLP weights and an untied unembedding; never embeddings (a tied unembedding is the embedding), positions,
+LayerNorm scales or biases. The reference code's rule (nanoGPT's `configure_optimizers` decides by shape).
+
+`StackedOptimizer` is AdamW or SGD written out elementwise over a `models.stack.Stack`, with per-member learning
+rate and weight decay as tensors, in the order of operations of torch's foreach implementations. A member's
+update reads only that member's numbers, so it is the same in a stack of one and in a stack of K. A member
+marked not alive (its loss or gradient went non-finite) keeps its parameters and optimiser state while the
+others go on. Its state is checkpointed per member in the format of a torch optimiser's `state_dict()` (two
+parameter groups: decayed weights, then the rest), which is also what run folders written before the one engine
+hold.
+"""
+
+import re
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from markov_interp.models.config import ModelConfig
+from markov_interp.models.init import state_shapes
+from markov_interp.models.stack import Stack
+
+__all__ = ["decayed", "decay_names", "StackedOptimizer"]
+
+_DECAYED = re.compile(r"blocks\.\d+\.(attn\.[qkvo]|mlp\.(in|out))\.weight|unembed\.weight")
+
+
+def decayed(name: str) -> bool:
+    """Whether the parameter named `name` (on-disk names, `models.init.state_shapes`) is under weight decay.
+
+    >>> [decayed(n) for n in ("blocks.0.attn.q.weight", "blocks.0.attn.q.bias", "embed.weight", "unembed.weight")]
+    [True, False, False, True]
+    """
+    return _DECAYED.fullmatch(name) is not None
+
+
+def decay_names(cfg: ModelConfig) -> set[str]:
+    """Names of the parameters of a model of `cfg` under weight decay.
+
+    Args:
+        cfg: the model config.
+
+    Returns:
+        The on-disk names (`models.init.state_shapes`) for which `decayed` holds.
+    """
+    return {name for name in state_shapes(cfg) if decayed(name)}
+
+
+def _mask(alive: Tensor, like: Tensor) -> Tensor:
+    """[member] booleans shaped to broadcast against `like`."""
+    return alive.view(-1, *([1] * (like.ndim - 1)))
+
+
+def _per_member(values: Tensor, like: Tensor) -> Tensor:
+    """[member] values cast to `like`'s dtype and shaped to broadcast against it."""
+    return values.to(device=like.device, dtype=like.dtype).view(-1, *([1] * (like.ndim - 1)))
+
+
+class _MemberScalars:
+    """The per-member numbers of one step ([member] float64 learning rates and decays), each computed once and
+    cast / shaped for a parameter's dtype and rank on demand."""
+
+    def __init__(self, lr64: Tensor, wd64: Tensor):
+        self.lr64, self.wd64 = lr64, wd64
+        self._cache: dict[tuple, Tensor] = {}
+
+    def _shaped(self, key: str, values: "Callable[[], Tensor]", like: Tensor) -> Tensor:
+        cache_key = (key, like.ndim, like.dtype)
+        if cache_key not in self._cache:
+            self._cache[cache_key] = _per_member(values(), like)
+        return self._cache[cache_key]
+
+    def decay(self, like: Tensor) -> Tensor:
+        """AdamW's decoupled decay factor 1 - lr * wd."""
+        return self._shaped("decay", lambda: 1 - self.lr64 * self.wd64, like)
+
+    def weight_decay(self, like: Tensor) -> Tensor:
+        return self._shaped("wd", lambda: self.wd64, like)
+
+    def negative_lr(self, like: Tensor) -> Tensor:
+        return self._shaped("-lr", lambda: -self.lr64, like)
+
+    def step_size(self, like: Tensor, bias_correction1: "float | Tensor") -> Tensor:
+        """-lr / (1 - beta1^t) (a tensor correction: per member, not cached)."""
+        if isinstance(bias_correction1, Tensor):
+            return _per_member(-(self.lr64 / bias_correction1), like)
+        return self._shaped(f"step{bias_correction1!r}", lambda: -(self.lr64 / bias_correction1), like)
+
+
+class StackedOptimizer:
+    """AdamW (decoupled decay) or SGD (coupled decay, optional momentum) over a stack, one step for all
+    members, per-member `lr` and `weight_decay` ([member] tensors) and an `alive` mask.
+
+    State: `step_count` (steps taken), `param_steps` (updates per parameter name: a frozen parameter skips steps
+    as torch's per-parameter `step` does), with `count_members()` also `member_steps` (per parameter, the updates
+    of each member: fp16 loss scaling skips a member's step when its gradient overflows), and per parameter name
+    `exp_avg`, `exp_avg_sq` (AdamW) or `momentum_buffer` (SGD with momentum), each `[member, *shape]`.
+    """
+
+    def __init__(self, stack: Stack, *, kind: str, betas: tuple = (0.9, 0.95), momentum: float = 0.0,
+                 eps: float = 1e-8):
+        if kind not in ("adamw", "sgd"):
+            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {kind!r}")
+        self.stack, self.kind, self.betas, self.momentum, self.eps = stack, kind, tuple(betas), momentum, eps
+        self.decay = {name for name in stack.params if decayed(name)}
+        self.step_count = 0
+        self.param_steps: dict[str, int] = {name: 0 for name in stack.params}
+        self.member_steps: Optional[dict[str, Tensor]] = None
+        self.state: dict[str, dict[str, Tensor]] = {name: {} for name in stack.params}
+
+    def count_members(self) -> None:
+        """Keep step counts per member from now on (needed when members may skip steps)."""
+        self.member_steps = {name: torch.full((self.stack.n_members,), float(count), dtype=torch.float64,
+                                              device=self.stack.device)
+                             for name, count in self.param_steps.items()}
+
+    @torch.no_grad()
+    def step(self, lr: Float[Tensor, " member"], weight_decay: Float[Tensor, " member"],
+             alive: Bool[Tensor, " member"], frozen: frozenset = frozenset()) -> None:
+        """One update of every member with its own lr / weight decay; members with alive=False keep their
+        parameters and state unchanged. Parameters named in `frozen` get no update at all (no step, moment,
+        step count or decay: what torch's optimisers do for a parameter without a gradient).
+
+        The update runs in place over all parameters at once (`torch._foreach_*`). Where some member is not alive
+        (and always on an accelerator, where reading the mask would wait for the device) the tensors are
+        restored for those members afterwards; either way an alive member's numbers are the same.
+        """
+        self.step_count += 1
+        names = [name for name in self.stack.params if name not in frozen]
+        for name in names:
+            self.param_steps[name] += 1
+            if self.member_steps is not None:
+                self.member_steps[name] += alive.double()
+        params = [self.stack.params[name] for name in names]
+        assert all(p.grad is not None for p in params), "every updated parameter needs a gradient"
+        fresh = {name for name in names if "momentum_buffer" not in self.state[name]}  # SGD: buffer = first grad
+        state = self._state_tensors(names)
+        masked = self.stack.device.type != "cpu" or not bool(alive.all())
+        before = [t.clone() for t in params + state] if masked else []
+        scalars = _MemberScalars(lr.double(), weight_decay.double())
+        if self.kind == "adamw":
+            self._adamw(names, params, state, scalars)
+        else:
+            self._sgd(names, params, state, scalars, fresh)
+        for tensor, old in zip(params + state, before):
+            tensor.copy_(torch.where(_mask(alive, tensor), tensor, old))
+
+    def _state_tensors(self, names: list[str]) -> list[Tensor]:
+        """The optimiser state of `names` (created at zero on first use): exp_avg then exp_avg_sq (AdamW), or the
+        momentum buffers (SGD with momentum), in `names`' order."""
+        keys = ("exp_avg", "exp_avg_sq") if self.kind == "adamw" else ("momentum_buffer",) if self.momentum else ()
+        out = []
+        for key in keys:
+            for name in names:
+                state = self.state[name]
+                if key not in state:
+                    state[key] = torch.zeros_like(self.stack.params[name])
+                out.append(state[key])
+        return out
+
+    def _bias_corrections(self, name: str, param: Tensor) -> tuple:
+        """AdamW's (1 - beta1^t, sqrt(1 - beta2^t)) for this parameter's update count t."""
+        beta1, beta2 = self.betas
+        if self.member_steps is None:  # python floats, as torch's foreach AdamW computes them (per parameter)
+            t = self.param_steps[name]
+            return 1 - beta1**t, (1 - beta2**t) ** 0.5
+        t = self.member_steps[name]  # the same per member (a member that skipped steps has its own count)
+        return 1 - torch.pow(beta1, t), _per_member(torch.pow(1 - torch.pow(beta2, t), 0.5), param)
+
+    def _adamw(self, names: list[str], params: list[Tensor], state: list[Tensor], scalars: "_MemberScalars") -> None:
+        """Decoupled decay, the moments, then the step, in torch's foreach AdamW's order of operations."""
+        beta1, beta2 = self.betas
+        n = len(names)
+        exp_avgs, exp_avg_sqs, grads = state[:n], state[n:], [p.grad for p in params]
+        decayed = [i for i, name in enumerate(names) if name in self.decay]
+        if decayed:
+            torch._foreach_mul_([params[i] for i in decayed], [scalars.decay(params[i]) for i in decayed])
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+        corrections = [self._bias_corrections(name, p) for name, p in zip(names, params)]
+        denoms = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denoms, [c[1] for c in corrections])
+        torch._foreach_add_(denoms, self.eps)
+        steps = torch._foreach_mul(exp_avgs, [scalars.step_size(p, c[0]) for p, c in zip(params, corrections)])
+        torch._foreach_addcdiv_(params, steps, denoms)
+
+    def _sgd(self, names: list[str], params: list[Tensor], state: list[Tensor], scalars: "_MemberScalars",
+             fresh: set[str]) -> None:
+        """Coupled decay (the gradient plus wd * param), optional momentum, then the step."""
+        grads = [p.grad.clone() if name in self.decay else p.grad for name, p in zip(names, params)]
+        decayed = [i for i, name in enumerate(names) if name in self.decay]
+        if decayed:
+            torch._foreach_add_([grads[i] for i in decayed],
+                                torch._foreach_mul([params[i] for i in decayed],
+                                                   [scalars.weight_decay(params[i]) for i in decayed]))
+        if self.momentum != 0:
+            first = [i for i, name in enumerate(names) if name in fresh]  # a first update: the buffer is the gradient
+            for i in first:
+                state[i].copy_(grads[i])
+            rest = [i for i in range(len(names)) if i not in first]
+            if rest:
+                torch._foreach_mul_([state[i] for i in rest], self.momentum)
+                torch._foreach_add_([state[i] for i in rest], [grads[i] for i in rest])
+            grads = state
+        torch._foreach_add_(params, torch._foreach_mul(grads, [scalars.negative_lr(p) for p in params]))
+
+    # -- checkpoints: a torch optimiser's state_dict() per member
+    def checkpoint_order(self) -> list[str]:
+        """Parameter names in the numbering of the checkpointed state: decayed weights, then the rest, each in
+        the model's parameter order (the two parameter groups of a torch optimiser)."""
+        names = list(self.stack.params)
+        return [n for n in names if n in self.decay] + [n for n in names if n not in self.decay]
+
+    def member_state_dict(self, k: int, *, lr: float, weight_decay: float) -> dict:
+        """Member k's state as a torch optimiser's `state_dict()` (AdamW / SGD, foreach, two parameter groups)."""
+        order = self.checkpoint_order()
+        state = {}
+        for index, name in enumerate(order):
+            if self.member_steps is None and self.param_steps[name] == 0:
+                continue  # never updated (frozen from the start): torch keeps no state for it
+            entry = {key: value[k].detach().to("cpu").clone() for key, value in self.state[name].items()}
+            if self.kind == "adamw":
+                count = self.param_steps[name] if self.member_steps is None else float(self.member_steps[name][k])
+                entry["step"] = torch.tensor(float(count), dtype=torch.float32)
+            if entry:
+                state[index] = entry
+        n_decay = sum(1 for n in order if n in self.decay)
+        if self.kind == "adamw":
+            hyper = dict(lr=lr, betas=self.betas, eps=self.eps, amsgrad=False, maximize=False, foreach=True,
+                         capturable=False, differentiable=False, fused=None, decoupled_weight_decay=True)
+        else:
+            hyper = dict(lr=lr, momentum=self.momentum, dampening=0, nesterov=False, maximize=False, foreach=True,
+                         differentiable=False, fused=None)
+        groups = [{**hyper, "weight_decay": weight_decay, "params": list(range(n_decay))},
+                  {**hyper, "weight_decay": 0.0, "params": list(range(n_decay, len(order)))}]
+        return {"state": state, "param_groups": groups}
+
+    @torch.no_grad()
+    def load_member_state(self, k: int, saved: dict) -> None:
+        """Member k's state from a checkpointed `state_dict()` (inverse of `member_state_dict`)."""
+        order = self.checkpoint_order()
+        for index, entry in saved["state"].items():
+            name = order[int(index)]
+            for key, value in entry.items():
+                if key == "step":
+                    if self.member_steps is not None:
+                        self.member_steps[name][k] = float(value)
+                    self.param_steps[name] = int(value)
+                    continue
+                if value is None:  # SGD without momentum (older torch): no buffer
+                    continue
+                target = self.state[name].setdefault(key, torch.zeros_like(self.stack.params[name]))
+                target[k].copy_(value.to(target.device))
+
+    @torch.no_grad()
+    def member_finite(self) -> Bool[Tensor, " member"]:
+        """Per member: are all its gradients finite? (The largest |gradient| of each member and parameter, one
+        reduction each: NaN and infinities survive a max, nothing else makes it non-finite.)"""
+        grads = [p.grad for p in self.stack.params.values() if p.grad is not None]  # frozen ones have none
+        largest = torch.stack([torch.linalg.vector_norm(g.flatten(1), float("inf"), dim=1) for g in grads], dim=1)
+        return torch.isfinite(largest).all(dim=1)
+
+    @torch.no_grad()
+    def clip_grad_norm(self, max_norm: float) -> None:
+        """Per-member `torch.nn.utils.clip_grad_norm_`: each member's gradients scaled to total norm <= max_norm."""
+        params = [p for p in self.stack.parameters() if p.grad is not None]  # frozen ones have none
+        # [member, parameter]: every reduction runs along a contiguous row of one member (the same arithmetic
+        # whatever the number of members; a reduction across the member axis would not be)
+        norms = torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), 2, dim=1) for p in params], dim=1)
+        total = torch.linalg.vector_norm(norms, 2, dim=1)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for p in params:
+            p.grad.mul_(_per_member(coef, p.grad))
+
+    def zero_grad(self) -> None:
+        for p in self.stack.parameters():
+            p.grad = None

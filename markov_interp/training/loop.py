@@ -1,0 +1,604 @@
+"""Training: the one loop. `train_many(runs)` trains compatible runs as one stack; `train(run)` is a stack of one.
+
+Each step draws a fresh batch per run (`batches.member_sampler`: what the run draws alone), runs the stacked
+forward (`models.stack.stacked_forward`) with the clamps active at that step, one backward of the summed member
+losses (members share no parameter, so each member's gradient is its own) and one elementwise optimiser step
+(`models.optim.StackedOptimizer`: AdamW or SGD, per-member learning rate and weight decay). A member's numbers
+never depend on the other members, so **the same run gives the same weights whatever the entry point**:
+`train`, `train_many` with any companions, `markov-interp train` (with or without `--seeds`), sweeps and
+`reproduce` (tested bit for bit on the CPU).
+
+Runs share a stack when they share their shapes (architecture, vocab, n_ctx, seq_len, batch size, steps,
+optimiser kind and hyper-parameters other than lr / weight decay, schedule, precision, evaluation and
+checkpoint plan, interventions, device: `stack_key`); they may differ in seed, source parameters of one kind and
+vocab, initialisation options, learning rate and weight decay.
+
+**Run folders** (`training.runfolder`): each run writes config.json, metrics.jsonl, checkpoints/ and, when it
+finishes, model.safetensors. Re-running resumes from the newest checkpoint every member folder holds and ends
+bit-identical to an uninterrupted run; a finished run is loaded, not retrained; a folder holding another config
+is refused. Checkpoints hold the member's weights and, in the format of a torch optimiser's `state_dict()`, its
+optimiser state (plus loss scaler, generators, pending losses and clamp means), which is also the format of
+folders written before the one engine, so those resume too.
+
+**Divergence.** A run whose training loss, gradient, evaluation loss or weights are not finite stops there: its
+weights and optimiser state are frozen at their last finite values while the others go on, a metrics row
+`{"step": s, "diverged": true, "reason": ...}` and status.json record it, no final weights are written (its
+last finite checkpoint is kept), and `TrainResult.failed` says why; `train` raises `TrainingDiverged`, again at
+once on any later call for that folder.
+
+**Interventions** (`TrainConfig.interventions`, `markov_interp.intervene`): the update t -> t + 1 runs with the
+freezes and clamps active at t, the evaluation at step t with the clamps active at t (running means are not
+updated by evaluations). Running means are checkpointed per member; a resume is bit-identical.
+
+**Loss scaling** (fp16): every member has its own GradScaler arithmetic (scale, growth tracker, skipped overflow
+steps and so its own AdamW step count), checkpointed as a torch GradScaler's state dict.
+"""
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from markov_interp import intervene, theory
+from markov_interp.data import Source
+from markov_interp.models import INIT_FIELDS, HookedModel, shape_config, state_dict_for_save
+from markov_interp.models.optim import StackedOptimizer
+from markov_interp.models.stack import Stack, build_stack, stacked_forward, stacked_loss
+from markov_interp.theory import ReferenceLosses
+from markov_interp.training import runfolder
+from markov_interp.training.batches import derive_seed, member_sampler
+from markov_interp.training.config import PRECISIONS, RunConfig, TrainConfig, resolve_device
+from markov_interp.training.results import FinalLosses, TrainResult
+from markov_interp.training.runfolder import TrainingDiverged
+from markov_interp.training.schedule import checkpoint_steps, evaluation_steps, lr_at
+
+__all__ = [
+    "train",
+    "train_many",
+    "check_compatible",
+    "stack_key",
+    "evaluate",
+    "evaluate_paired",
+    "paired_row",
+    "autocast",
+    "PAIRED_KEYS",
+    "MEMBER_TRAIN_FIELDS",
+    "FAILED_KEY",
+]
+
+# TrainConfig fields in which the members of a stack may differ (everything else must match).
+MEMBER_TRAIN_FIELDS = ("seed", "lr", "weight_decay")
+FAILED_KEY = "diverged"  # the metrics row key of a run that diverged
+PAIRED_KEYS = ("eval_loss", "eval_true_loss", "eval_plateau_loss")
+# torch.amp.GradScaler's defaults (what loss_scaling=True uses)
+_SCALER = {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
+_NON_FINITE = "non-finite training loss or gradient"
+
+
+# ------------------------------------------------------------------------------------------ compatibility
+def check_compatible(runs: Sequence[RunConfig]) -> None:
+    """Refuse runs that cannot share one stack, with a ValueError naming the first differing field."""
+    if not runs:
+        raise ValueError("train_many needs at least one run")
+    for i, run in enumerate(runs):
+        if not isinstance(run, RunConfig):
+            raise ValueError(f"runs[{i}] must be a RunConfig, got {type(run).__name__}")
+    first = runs[0]
+    for i, run in enumerate(runs[1:], start=1):
+        diffs = _differences(first, run)
+        if diffs:
+            field, a, b = diffs[0]
+            raise ValueError(
+                f"runs[{i}] cannot share a stack with runs[0]: {field} differs ({b!r} vs {a!r}); members may "
+                f"differ only in train.{'/'.join(MEMBER_TRAIN_FIELDS)}, the source's parameters (same kind and "
+                f"vocab) and the model's init options ({', '.join(INIT_FIELDS)})"
+            )
+
+
+def stack_key(run: RunConfig) -> str:
+    """What must agree for runs to share a stack, as text."""
+    train = {k: v for k, v in run.train.to_dict().items() if k not in MEMBER_TRAIN_FIELDS}
+    return json.dumps({"source": [run.source.kind, run.source.vocab_size],
+                       "model": shape_config(run.model).to_dict(), "train": train}, sort_keys=True)
+
+
+def _differences(a: RunConfig, b: RunConfig) -> list[tuple[str, Any, Any]]:
+    out = []
+    if a.source.kind != b.source.kind:
+        out.append(("source.kind", a.source.kind, b.source.kind))
+    elif a.source.vocab_size != b.source.vocab_size:
+        out.append(("source vocab", a.source.vocab_size, b.source.vocab_size))
+    ma, mb = shape_config(a.model).to_dict(), shape_config(b.model).to_dict()
+    out += [(f"model.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
+    ta, tb = dataclasses.asdict(a.train), dataclasses.asdict(b.train)  # every field, also those to_dict omits
+    out += [(f"train.{k}", ta[k], tb[k]) for k in ta if k not in MEMBER_TRAIN_FIELDS and ta[k] != tb[k]]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ entry
+def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progress: bool = True) -> TrainResult:
+    """Train `run.model` on fresh batches of `run.source` with `run.train`'s recipe: `train_many([run])`.
+
+    Each step draws `batch_size` sequences of `seq_len + 1` states; the loss is the mean next-state
+    cross-entropy over all positions (nats). Evaluation uses fresh batches from a separate stream and is logged
+    beside `theory.reference_losses`: the entropy rate (the bigram / k-gram optimum the paper's models should
+    reach) and the unigram loss (the stationary-law plateau of the tied one-layer model), or for random kernels
+    the in-context Bayes loss. With `out_dir`, writes / resumes a run folder (see the module docstring and
+    `training.runfolder`); without, trains in memory. No output besides the tqdm bar.
+
+    Args:
+        run: the run.
+        out_dir: its run folder, or None.
+        progress: show a tqdm bar.
+
+    Returns:
+        The `TrainResult` (the hooked model, metrics rows, `final` losses). A run that diverges raises
+        `TrainingDiverged` (with its step and last finite checkpoint), again at once on a later call.
+    """
+    if not isinstance(run, RunConfig):
+        raise ValueError(f"run must be a RunConfig, got {type(run).__name__}")
+    (result,) = train_many([run], None if out_dir is None else [out_dir], progress=progress)
+    if result.failed is not None:
+        raise _diverged(result)
+    return result
+
+
+def _diverged(result: TrainResult) -> TrainingDiverged:
+    """The `TrainingDiverged` of a result whose run diverged."""
+    out, step = result.out_dir, result.final.step
+    status = runfolder.divergence(out) if out is not None else None
+    checkpoint = status.get("last_finite_checkpoint") if status else None
+    reason = status.get("reason") if status else result.failed
+    kept = f"; last finite checkpoint: step {checkpoint}" if checkpoint is not None else ""
+    where = f"{out}: " if out is not None else ""
+    return TrainingDiverged(f"{where}training diverged at step {step} ({reason}){kept}; lower the learning rate or "
+                            "clip gradients, and train into a new folder", step=step, run_dir=out,
+                            checkpoint=checkpoint)
+
+
+def train_many(runs: Sequence[RunConfig], out_dirs: Optional[Sequence["str | os.PathLike"]] = None, *,
+               progress: bool = True, models_out: bool = True) -> list[TrainResult]:
+    """Train compatible `runs` as one stack; one `TrainResult` per run, in order (see the module docstring).
+
+    Args:
+        runs: the runs (`check_compatible`: incompatible runs raise ValueError naming the field).
+        out_dirs: one distinct run folder per run, or None (in memory).
+        progress: show a tqdm bar.
+        models_out: build the hooked models of the results; False leaves `TrainResult.model` None and nothing
+            imports transformer_lens (seconds of start-up), which is how `markov-interp train` runs.
+
+    Returns:
+        One result per run; a run that diverged has `failed` set (and NaN final losses) instead of raising.
+    """
+    runs = list(runs)
+    check_compatible(runs)
+    outs: list[Optional[Path]] = [None] * len(runs)
+    if out_dirs is not None:
+        outs = [Path(d) for d in out_dirs]
+        if len(outs) != len(runs):
+            raise ValueError(f"got {len(runs)} runs but {len(outs)} out_dirs")
+        resolved = [o.resolve() for o in outs]
+        if len(set(resolved)) != len(resolved):
+            raise ValueError(f"out_dirs must be distinct folders, got {[str(o) for o in outs]}")
+    device = resolve_device(runs[0].train.device)
+    with contextlib.ExitStack() as locks:  # every run folder locked for the whole training
+        for out in outs:
+            if out is not None:
+                locks.enter_context(runfolder.lock(runfolder.check_writable_dir(out, "run folder")))
+                runfolder.remove_stale_tmp(out)
+        return _train_locked(runs, outs, device, progress, models_out)
+
+
+def _train_locked(runs: list[RunConfig], outs: list[Optional[Path]], device: torch.device, progress: bool,
+                  models_out: bool) -> list[TrainResult]:
+    results: list[Optional[TrainResult]] = [None] * len(runs)
+    todo = []
+    for i, (run, out) in enumerate(zip(runs, outs)):
+        if out is not None:
+            runfolder.prepare(out, run)
+            status = runfolder.divergence(out)
+            # final weights beside incomplete metrics (a damaged folder) resume: see _Group._resume
+            finished = (out / runfolder.WEIGHTS_FILE).exists() and runfolder.metrics_complete(
+                run.train, runfolder.load_metrics(out))
+            if status is not None or finished:
+                results[i] = _finished(out, run, device, models_out, status)
+                continue
+        todo.append(i)
+    if todo:
+        group = _Group.create([runs[i] for i in todo], [outs[i] for i in todo], device)
+        for i, result in zip(todo, group.train(progress, models_out)):
+            results[i] = result
+    return results  # type: ignore[return-value]
+
+
+def _references(run: RunConfig) -> dict[str, float]:
+    """theory's reference losses of `run` as a metrics row, rounded (the last bits of theory's linear algebra
+    vary between calls; rows must compare exactly)."""
+    return theory.reference_losses(run.source.build(), run.train.seq_len + 1).as_row(digits=12)
+
+
+def _final(rows: list[dict]) -> FinalLosses:
+    last = [r for r in rows if "eval_loss" in r]
+    assert last, "training always evaluates at its last step"
+    return FinalLosses(step=last[-1]["step"], eval_loss=last[-1]["eval_loss"], train_loss=last[-1]["train_loss"],
+                       references=ReferenceLosses.from_row(last[-1]))
+
+
+def _failed_final(step: int, references: Mapping[str, float]) -> FinalLosses:
+    return FinalLosses(step=step, eval_loss=math.nan, train_loss=math.nan,
+                       references=ReferenceLosses.from_row(references))
+
+
+def _finished(out: Path, run: RunConfig, device: torch.device, models_out: bool,
+              status: Optional[dict]) -> TrainResult:
+    """The result of a finished or diverged run folder (its model loaded when `models_out` and it has one)."""
+    rows = runfolder.load_metrics(out)
+    has_weights = (out / runfolder.WEIGHTS_FILE).exists()
+    model = runfolder.load_model(out, device=device, expect=run.model) if models_out and has_weights else None
+    if status is None:  # finished: the caller checked that its metrics are complete
+        return TrainResult(model=model, metrics=rows, final=_final(rows), config=run, out_dir=out,
+                           already_done=True)
+    reason = status.get("reason", "non-finite loss")
+    return TrainResult(model=model, metrics=rows, final=_failed_final(status["step"], _references(run)), config=run,
+                       out_dir=out, already_done=True, failed=f"diverged at step {status['step']}: {reason}")
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The autocast context of `precision` ("fp32": none) on `device`."""
+    dtype = PRECISIONS[precision]
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None)
+
+
+def paired_row(totals: Sequence[float], n_batches: int) -> dict[str, float]:
+    """The evaluation columns of a metrics row from summed (model, true, plateau) batch losses."""
+    return {key: total / n_batches for key, total in zip(PAIRED_KEYS, totals)}
+
+
+@torch.no_grad()
+def _paired_eval(stack: Stack, sources: Sequence[Source], sample: Callable[[], torch.Tensor], n_batches: int,
+                 precision: str, hooks: Mapping[str, Callable]) -> list[dict[str, float]]:
+    """Each member's evaluation columns over `n_batches` batches of `sample()`: its loss beside the true and
+    plateau predictors' losses on the same tokens (`theory.paired_losses`)."""
+    totals = [[0.0, 0.0, 0.0] for _ in sources]
+    for _ in range(n_batches):
+        tokens = sample()
+        with autocast(tokens.device, precision):
+            logits = stacked_forward(stack, tokens[..., :-1], hooks)
+        for k, value in enumerate(stacked_loss(logits, tokens[..., 1:]).tolist()):
+            true, plateau = theory.paired_losses(sources[k], tokens[k])
+            for i, v in enumerate((value, true, plateau)):
+                totals[k][i] += v
+    return [paired_row(t, n_batches) for t in totals]
+
+
+def evaluate_paired(model: HookedModel, source: Source, *, seq_len: int, batch_size: int, n_batches: int,
+                    generator: torch.Generator, precision: str = "fp32",
+                    interventions: Optional[Mapping[str, Callable]] = None) -> dict[str, float]:
+    """The evaluation a run logs, for a hooked model: its mean next-state cross-entropy ("eval_loss", nats) on
+    `n_batches` fresh batches of `seq_len` inputs beside the losses of the true predictor ("eval_true_loss")
+    and of the plateau predictor ("eval_plateau_loss", `theory.plateau_predictions`) on the *same* tokens.
+
+    The model's paired excess is eval_loss - eval_true_loss, the plateau's eval_plateau_loss - eval_true_loss
+    (`dynamics.escape_time`). The model runs through the fused forward (a stack of one holding its weights).
+
+    Args:
+        model: a hooked model built by `models` (with `markov_config`).
+        source: the data source; batches come from `generator`.
+        seq_len, batch_size, n_batches: the evaluation batches.
+        generator: the evaluation stream (its device is where the model runs).
+        precision: "fp32", "fp16" or "bf16" (autocast).
+        interventions: {hook name: fn} clamps for the forward, receiving activations without a member axis
+            (`intervene.clamp_hooks(..., update=False)`: evaluations never move running means).
+
+    Returns:
+        {"eval_loss", "eval_true_loss", "eval_plateau_loss"}.
+    """
+    stack = Stack.from_states([model.markov_config], [state_dict_for_save(model)], device=generator.device)
+    hooks = {name: (lambda fn: lambda x: fn(x[0]).unsqueeze(0))(fn) for name, fn in (interventions or {}).items()}
+    (row,) = _paired_eval(stack, [source], lambda: source.sample(batch_size, seq_len + 1, generator=generator)[None],
+                          n_batches, precision, hooks)
+    return row
+
+
+def evaluate(model: HookedModel, source: Source, *, seq_len: int, batch_size: int, n_batches: int,
+             generator: torch.Generator, precision: str = "fp32",
+             interventions: Optional[Mapping[str, Callable]] = None) -> float:
+    """Mean next-state cross-entropy (nats) of `model` on `n_batches` fresh batches of `seq_len` inputs
+    (every position a target): comparable with `theory.reference_losses(source, seq_len + 1)`
+    (`evaluate_paired`'s "eval_loss")."""
+    return evaluate_paired(model, source, seq_len=seq_len, batch_size=batch_size, n_batches=n_batches,
+                           generator=generator, precision=precision, interventions=interventions)["eval_loss"]
+
+
+def _on_step(step: int) -> None:
+    """Called after every completed step (after its checkpoint); tests replace it to simulate a kill."""
+
+
+# ------------------------------------------------------------------------------------------------ group
+@dataclasses.dataclass
+class _Group:
+    """The state of one training stack: the models, their optimiser, each run's streams and rows."""
+
+    runs: list[RunConfig]
+    outs: list[Optional[Path]]
+    device: torch.device
+    sources: list[Source]
+    references: list[dict[str, float]]  # per member: theory's reference losses as a (rounded) metrics row
+    stack: Stack
+    optimizer: StackedOptimizer
+    train_gens: list[torch.Generator]
+    eval_gens: list[torch.Generator]
+    sample_train: Callable[[], torch.Tensor]  # () -> [member, batch, seq_len + 1] tokens of the training streams
+    sample_eval: Callable[[], torch.Tensor]  # the same from the evaluation streams
+    rows: list[list[dict]] = dataclasses.field(default_factory=list)  # per member: metrics rows
+    pending: list[torch.Tensor] = dataclasses.field(default_factory=list)  # per step: [member] losses since a row
+    failed: list[Optional[int]] = dataclasses.field(default_factory=list)  # per member: step it diverged, or None
+    start: int = 0
+    resumed_from: Optional[int] = None
+    scale: Optional[torch.Tensor] = None  # fp16 loss scaling: [member] scales, one GradScaler per member
+    growth_tracker: Optional[torch.Tensor] = None
+    clamps: intervene.ClampState = dataclasses.field(default_factory=intervene.ClampState)  # [member, ...] means
+
+    @classmethod
+    def create(cls, runs: list[RunConfig], outs: list[Optional[Path]], device: torch.device) -> "_Group":
+        tc = runs[0].train
+        intervene.check_interventions(tc.interventions, runs[0].model)  # tensor files too, before any step
+        sources = [r.source.build() for r in runs]
+        cache: dict[str, dict] = {}  # one reference computation per distinct source
+        for run in runs:
+            if run.source.to_json() not in cache:
+                cache[run.source.to_json()] = _references(run)
+        stack = build_stack([r.model for r in runs], [r.train.seed for r in runs], device=device)
+        optimizer = StackedOptimizer(stack, kind=tc.optimizer, betas=tc.betas, momentum=tc.momentum)
+        gens = [[torch.Generator(device=device).manual_seed(derive_seed(r.train.seed, stream)) for r in runs]
+                for stream in ("train-data", "eval-data")]
+        length = tc.seq_len + 1
+        group = cls(runs=runs, outs=outs, device=device, sources=sources,
+                    references=[cache[r.source.to_json()] for r in runs], stack=stack, optimizer=optimizer,
+                    train_gens=gens[0], eval_gens=gens[1],
+                    sample_train=member_sampler(sources, gens[0], tc.batch_size, length),
+                    sample_eval=member_sampler(sources, gens[1], tc.batch_size, length),
+                    rows=[[] for _ in runs], failed=[None] * len(runs))
+        if tc.loss_scaling:  # GradScaler's defaults: init scale 2**16, growth 2, backoff 0.5, interval 2000
+            optimizer.count_members()
+            group.scale = torch.full((len(runs),), _SCALER["scale"], device=device)
+            group.growth_tracker = torch.zeros(len(runs), dtype=torch.int32, device=device)
+        group._resume()
+        return group
+
+    @property
+    def tc(self) -> TrainConfig:
+        return self.runs[0].train
+
+    # -- training loop
+    def train(self, progress: bool, build_models: bool = True) -> list[TrainResult]:
+        tc = self.tc
+        wd = torch.tensor([r.train.weight_decay for r in self.runs], dtype=torch.float64, device=self.device)
+        alive = torch.tensor([f is None for f in self.failed], device=self.device)
+        failed_at = torch.tensor([-1 if f is None else f for f in self.failed], device=self.device)
+        ckpt_steps = set(checkpoint_steps(tc.steps, tc.n_checkpoints))
+        eval_steps = evaluation_steps(tc)
+        # the whole schedule on the device up front: no host-to-device copy inside the step loop
+        lr_table = torch.tensor([[lr_at(r.train, s) for r in self.runs] for s in range(tc.steps)],
+                                dtype=torch.float64, device=self.device)
+        bar = tqdm(total=tc.steps, initial=self.start, disable=not progress, desc=f"train x{len(self.runs)}",
+                   unit="step", dynamic_ncols=True)
+        try:
+            for step in range(self.start + 1, tc.steps + 1):
+                losses, ok = self._step(lr_table[step - 1], wd, alive, step - 1)
+                failed_at = torch.where(alive & ~ok, step, failed_at)
+                alive = alive & ok
+                self.pending.append(losses)
+                bar.update(1)
+                is_eval, is_log, is_ckpt = step in eval_steps, step % tc.log_every == 0, step in ckpt_steps
+                if is_log or is_eval or is_ckpt:
+                    self._note_failures(failed_at, step, weights=is_ckpt or step == tc.steps)
+                if is_log or is_eval:
+                    self._log(step, is_eval)
+                if is_log or is_eval or is_ckpt:
+                    alive = alive & torch.tensor([f is None for f in self.failed], device=self.device)
+                    if not any(f is None for f in self.failed):
+                        break  # every run diverged: nothing left to train
+                if is_ckpt:
+                    self._checkpoint(step)
+                _on_step(step)
+        finally:
+            bar.close()
+        return self._finish(build_models)
+
+    def _hooks(self, t: int, update: bool) -> dict[str, Callable]:
+        """The clamps active at time t as stacked-forward hooks (members share their interventions)."""
+        tc = self.tc
+        if not tc.interventions:
+            return {}
+        return intervene.clamp_hooks(tc.interventions, self.runs[0].model, t, state=self.clamps, update=update,
+                                     member_axis=True)
+
+    def _step(self, lr: torch.Tensor, wd: torch.Tensor, alive: torch.Tensor,
+              t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Update t -> t + 1 of every member (with the interventions active at t); returns the [member] losses
+        and which members stayed finite. A frozen parameter gets no gradient (so no update, no share in
+        clipping); a parameter a clamp cuts off from the loss gets a zero gradient (it still decays)."""
+        tc = self.tc
+        tokens = self.sample_train()
+        with autocast(self.device, tc.precision):
+            logits = stacked_forward(self.stack, tokens[..., :-1], self._hooks(t, update=True))
+        losses = stacked_loss(logits, tokens[..., 1:])
+        self.optimizer.zero_grad()
+        frozen = frozenset(intervene.frozen_names(tc.interventions, self.runs[0].model, t)) if tc.interventions \
+            else frozenset()
+        if self.scale is None:
+            losses.sum().backward()
+            ok = torch.isfinite(losses)
+        else:
+            (losses * self.scale).sum().backward()
+        for name, param in self.stack.params.items():
+            if name in frozen:
+                param.grad = None
+            elif param.grad is None:
+                param.grad = torch.zeros_like(param)
+        if self.scale is None:
+            ok = ok & self.optimizer.member_finite()
+            update = alive & ok
+        else:
+            update, ok = self._unscale(losses, alive)
+        if tc.grad_clip is not None:
+            self.optimizer.clip_grad_norm(tc.grad_clip)
+        self.optimizer.step(lr, wd, update, frozen)
+        return losses.detach(), ok
+
+    def _unscale(self, losses: torch.Tensor, alive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp16 loss scaling per member, torch's GradScaler step by step: unscale the gradients of
+        backward(scale * loss) with the fp64 reciprocal, skip a member's step when its gradient overflowed
+        (halving its scale), double the scale after 2000 clean steps. A member fails only when its loss itself
+        is not finite. Returns (members to update, members still finite)."""
+        inv_scale = self.scale.double().reciprocal().float()
+        for param in self.stack.parameters():
+            if param.grad is not None:
+                param.grad.mul_(inv_scale.view(-1, *([1] * (param.ndim - 1))))
+        found_inf = ~self.optimizer.member_finite()
+        tracker = torch.where(found_inf, 0, self.growth_tracker + 1)
+        grow = tracker == _SCALER["growth_interval"]
+        grown = self.scale * _SCALER["growth_factor"]
+        scale = torch.where(grow & torch.isfinite(grown), grown, self.scale)
+        self.scale = torch.where(found_inf, self.scale * _SCALER["backoff_factor"], scale)
+        self.growth_tracker = torch.where(grow, 0, tracker).to(torch.int32)
+        return alive & ~found_inf & torch.isfinite(losses), torch.isfinite(losses)
+
+    # -- divergence
+    def _note_failures(self, failed_at: torch.Tensor, step: int, *, weights: bool) -> None:
+        """Record the members that diverged since the last check (with `weights`, also members whose weights
+        are not finite at `step`)."""
+        for k, at in enumerate(failed_at.tolist()):
+            if at >= 0 and self.failed[k] is None:
+                self._fail(k, at, _NON_FINITE)
+        if weights:  # a checkpoint is only ever finite
+            finite = torch.stack([torch.isfinite(p).flatten(1).all(dim=1) for p in self.stack.parameters()])
+            for k, ok in enumerate(finite.all(dim=0).tolist()):
+                if not ok and self.failed[k] is None:
+                    self._fail(k, step, "non-finite weights")
+
+    def _fail(self, k: int, step: int, reason: str) -> None:
+        """Member k diverged at `step`: a metrics row, status.json (with its last finite checkpoint)."""
+        self.failed[k] = step
+        self.rows[k].append({"step": step, FAILED_KEY: True, "reason": reason})
+        out = self.outs[k]
+        if out is not None:  # probe / report / sweeps read status.json: "diverged", not a mechanism
+            runfolder.write_metrics(out, self.rows[k])
+            kept = [c for c, _ in runfolder.list_checkpoints(out) if c < step]
+            runfolder.mark_diverged(out, step=step, reason=reason, checkpoint=kept[-1] if kept else None)
+
+    # -- metrics and files
+    def _log(self, step: int, is_eval: bool) -> None:
+        # per member a contiguous row of its pending losses, each reduced on its own
+        means = torch.stack(self.pending).float().T.contiguous().mean(dim=1).tolist()
+        self.pending = []
+        evals = self._evaluate(step) if is_eval else None
+        for k, run in enumerate(self.runs):
+            if self.failed[k] is not None:
+                continue
+            row = {"step": step, "lr": lr_at(run.train, step - 1), "train_loss": means[k]}
+            if evals is not None:
+                if not math.isfinite(evals[k]["eval_loss"]):
+                    self._fail(k, step, f"non-finite evaluation loss {evals[k]['eval_loss']}")
+                    continue
+                row.update(evals[k])
+                row.update(self.references[k])
+            self.rows[k].append(row)
+            if self.outs[k] is not None:
+                runfolder.write_metrics(self.outs[k], self.rows[k])
+
+    def _evaluate(self, step: int) -> list[dict[str, float]]:
+        """Each member's evaluation columns on its own fresh batches, with the clamps active at `step` (running
+        means not updated)."""
+        return _paired_eval(self.stack, self.sources, self.sample_eval, self.tc.eval_batches, self.tc.precision,
+                            self._hooks(step, update=False))
+
+    def _checkpoint(self, step: int) -> None:
+        """Each running member's checkpoint (diverged members keep their last finite one)."""
+        for k, out in enumerate(self.outs):
+            if out is None or self.failed[k] is not None:
+                continue
+            tc = self.runs[k].train
+            state = {
+                "step": step,
+                "optimizer": self.optimizer.member_state_dict(k, lr=lr_at(tc, step - 1), weight_decay=tc.weight_decay),
+                "scaler": {} if self.scale is None else {  # a torch GradScaler's state_dict()
+                    **_SCALER, "scale": float(self.scale[k]), "_growth_tracker": int(self.growth_tracker[k])},
+                "train_generator": self.train_gens[k].get_state(),
+                "eval_generator": self.eval_gens[k].get_state(),
+                "pending_losses": torch.stack([p[k] for p in self.pending]).cpu() if self.pending
+                else torch.zeros(0),
+                **({"clamp_state": self.clamps.member_state_dict(k)} if tc.interventions else {}),
+            }
+            runfolder.save_checkpoint(out, step, self.runs[k].model, self.stack.member_state(k), state,
+                                      train_seq_len=tc.seq_len)
+
+    def _resume(self) -> None:
+        """Continue from the newest checkpoint step every member folder holds and its metrics cover (none: a
+        fresh start; `runfolder.resume_step` refuses metrics that reach no checkpoint, saying how to recover)."""
+        if any(out is None for out in self.outs):
+            return
+        common = set.intersection(*(_resumable(out, run) for out, run in zip(self.outs, self.runs)))
+        if not common:
+            for out in self.outs:
+                if (out / runfolder.METRICS_FILE).exists():
+                    runfolder.write_metrics(out, [])
+            return
+        step = max(common)
+        clamp_states: list = []
+        pending = [self._load_member(k, out, step, clamp_states) for k, out in enumerate(self.outs)]
+        self.clamps.load_member_states(clamp_states, device=self.device)
+        self.pending = [torch.stack(col) for col in zip(*pending)]
+        self.optimizer.step_count = step
+        self.start = self.resumed_from = step
+
+    def _load_member(self, k: int, out: Path, step: int, clamp_states: list) -> list[torch.Tensor]:
+        weights, state = runfolder.read_checkpoint(out, step)
+        self.stack.load_member(k, weights)
+        self.optimizer.load_member_state(k, state["optimizer"])
+        if self.scale is not None:
+            self.scale[k] = state["scaler"]["scale"]
+            self.growth_tracker[k] = state["scaler"]["_growth_tracker"]
+        self.train_gens[k].set_state(state["train_generator"])
+        self.eval_gens[k].set_state(state["eval_generator"])
+        clamp_states.append(state.get("clamp_state", {}))
+        failed_at = int(state.get("stack_failed_at", -1))  # written by the stacked engine before it was the only one
+        self.failed[k] = None if failed_at < 0 else failed_at
+        self.rows[k] = [r for r in runfolder.load_metrics(out) if r["step"] <= step]
+        runfolder.write_metrics(out, self.rows[k])
+        return [t.to(self.device) for t in state["pending_losses"].unbind()]
+
+    def _finish(self, build_models: bool) -> list[TrainResult]:
+        results = []
+        for k, (run, out) in enumerate(zip(self.runs, self.outs)):
+            model = self.stack.hooked_model(k, device=self.device) if build_models else None
+            if model is not None:
+                model.eval()
+            if self.failed[k] is None:
+                if out is not None:
+                    self.stack.save_member(k, out, train_seq_len=run.train.seq_len)
+                final, failed = _final(self.rows[k]), None
+            else:
+                final = _failed_final(self.failed[k], self.references[k])
+                failed = f"diverged at step {self.failed[k]}: {self.rows[k][-1]['reason']}"
+            results.append(TrainResult(model=model, metrics=self.rows[k], final=final, config=run, out_dir=out,
+                                       resumed_from=self.resumed_from, failed=failed))
+        return results
+
+
+def _resumable(out: Path, run: RunConfig) -> set[int]:
+    """The checkpoint steps of a run folder that its metrics cover (`runfolder.resume_step`: a resume never
+    leaves a gap in metrics.jsonl; RunFolderError, saying how to recover, when none is covered)."""
+    steps = [s for s, _ in runfolder.list_checkpoints(out)]
+    newest = runfolder.resume_step(out, run.train, steps, runfolder.load_metrics(out),
+                                   final_weights=(out / runfolder.WEIGHTS_FILE).exists())
+    return {s for s in steps if newest is not None and s <= newest}

@@ -1,0 +1,69 @@
+"""What training returns: `TrainResult` (the hooked model, the metrics rows, the run folder) and its typed end,
+`FinalLosses` (the last evaluation beside `theory`'s reference losses as a `theory.ReferenceLosses`)."""
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+from markov_interp.models import HookedModel
+from markov_interp.theory import ReferenceLosses
+from markov_interp.training.config import RunConfig
+
+__all__ = ["FinalLosses", "TrainResult"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FinalLosses:
+    """The end of a run: its last evaluation beside the `theory` reference losses at the training length.
+
+    A diverged run has NaN losses and `step` = the step it diverged at.
+    """
+
+    step: int  # the last step (training always evaluates there)
+    eval_loss: float  # mean next-state cross-entropy on fresh evaluation batches (nats)
+    train_loss: float  # mean training loss of the last metrics row (nats)
+    references: ReferenceLosses  # theory.reference_losses(source, seq_len + 1) as logged (rounded to 12 digits)
+
+    @property
+    def entropy_rate(self) -> float:
+        """Loss of the true kernel (for random kernels: of an oracle knowing each sequence's kernel)."""
+        return self.references.entropy_rate
+
+    @property
+    def unigram_loss(self) -> float:
+        """The plateau: H(pi) for fixed kernels; for random kernels the in-context unigram estimator's loss."""
+        return self.references.unigram_loss
+
+    @property
+    def bayes_loss(self) -> Optional[float]:
+        """The in-context Bayes loss (random kernels only; None for fixed kernels)."""
+        return self.references.bayes_loss
+
+    @property
+    def optimum(self) -> float:
+        """The best loss a model can reach: the in-context Bayes loss for random kernels, else the entropy rate."""
+        return self.references.optimum
+
+    @property
+    def excess_loss(self) -> float:
+        """eval_loss - optimum (nats)."""
+        return self.eval_loss - self.optimum
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What `train` / `train_many` return for one run: the hooked model, the metrics rows, the final evaluation
+    and the run folder."""
+
+    model: Optional[HookedModel]  # with .markov_config; None when the caller asked for no models (models_out=False)
+    metrics: list[dict]  # rows as written to metrics.jsonl
+    final: FinalLosses
+    config: RunConfig
+    out_dir: Optional[Path] = None
+    resumed_from: Optional[int] = None  # checkpoint step the run resumed from, None if fresh
+    already_done: bool = False  # True when a finished run folder was loaded instead of trained
+    failed: Optional[str] = None  # why the run stopped (it diverged: "diverged at step N: reason"), None if finished
+
+    def __post_init__(self) -> None:  # the probes default to the training length (probes._common.probe_length)
+        if self.model is not None:
+            self.model.markov_train_seq_len = self.config.train.seq_len

@@ -1,0 +1,528 @@
+"""The run folder: its whole layout (file names, config, metrics, checkpoints, status) and its safety.
+
+`training.train` / `train_many` write one folder per run:
+
+    config.json          the `RunConfig` (sorted JSON); a folder holding another config is refused
+    metrics.jsonl        one JSON row per logged step (`load_metrics`): step, lr, train loss and, at evaluation
+                         steps, the paired evaluation losses beside theory's reference losses
+    model.safetensors    the final weights (`models.save`), written when a run finishes without diverging
+    checkpoints/         step_NNNNNNN.safetensors (weights) + step_NNNNNNN.pt (optimiser, loss scaler,
+                         generators, pending losses, clamp means) at log-spaced steps
+    status.json          written when the run diverged
+    .lock                the write lock
+
+Readers (`probe`, `report`, sweeps) use this module and nothing of the training loop. Faults this module
+guards against:
+
+- two processes writing one folder (two `train` calls, or a sweep restarted while its old workers still run):
+  `lock(run_dir)` takes an OS-level lock (`fcntl.flock` on `run_dir/.lock`, released by the kernel when the
+  holder exits, crash and `kill -9` included); a second writer is refused at once with `RunFolderBusy`, whose
+  one-line message names the holder (pid, host, start time, written into the lock file);
+- a writer killed inside an atomic write leaves `.<name>.<random>.tmp` files (see `_io.atomic_path`):
+  `remove_stale_tmp` deletes them while the lock is held (no live writer can own them then);
+- metrics.jsonl that does not reach the step of the checkpoint a run would resume from (a folder damaged by an
+  unlocked second writer, or edited by hand): `resume_step` picks the newest checkpoint whose metrics rows are
+  all present (training from it rewrites the rest bit-identically) or refuses with a message saying how to
+  recover;
+- training that diverged (a non-finite loss): `mark_diverged` writes `status.json`; `divergence(run_dir)`
+  reads it (or, for folders written before it existed, finds the non-finite loss in the metrics) so `probe`,
+  `report` and sweeps say "diverged" instead of classifying a broken model;
+- a folder with planted links or special files (`RUN/.lock -> ~/victim`, `RUN/checkpoints -> /elsewhere`, a FIFO
+  for metrics.jsonl): `check_contents` refuses symbolic links, FIFOs, sockets and devices in the folder and its
+  subfolders (`_io.UnsafePath`); `lock` runs it on every folder it locks (runs and sweeps) and `read_config` on
+  every folder it reads, and the lock file itself is opened without following a link. So nothing the package
+  opens, replaces or deletes inside a run or sweep folder leads out of it (docs/faults.md).
+"""
+
+import contextlib
+import datetime
+import errno
+import json
+import math
+import os
+import socket
+import stat
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from markov_interp._io import UnsafePath, atomic_path, atomic_write, check_target, describe_kind
+from markov_interp.models import WEIGHTS_FILE, HookedModel, ModelConfig, load, read_weights, save_state
+from markov_interp.training.config import RunConfig, TrainConfig
+from markov_interp.training.schedule import logged_steps
+
+__all__ = [
+    "RunFolderError",
+    "RunFolderBusy",
+    "TrainingDiverged",
+    "lock",
+    "holder",
+    "remove_stale_tmp",
+    "logged_steps",
+    "resume_step",
+    "metrics_complete",
+    "mark_diverged",
+    "divergence",
+    "diverged_message",
+    "read_config",
+    "prepare",
+    "check_writable_dir",
+    "check_contents",
+    "training_seq_len",
+    "load_model",
+    "load_metrics",
+    "write_metrics",
+    "list_checkpoints",
+    "checkpoint_paths",
+    "save_checkpoint",
+    "read_checkpoint",
+    "LOCK_FILE",
+    "STATUS_FILE",
+    "OWN_FILES",
+    "CONFIG_FILE",
+    "METRICS_FILE",
+    "CHECKPOINT_DIR",
+    "WEIGHTS_FILE",
+]
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+LOCK_FILE = ".lock"
+STATUS_FILE = "status.json"
+OWN_FILES = (LOCK_FILE, STATUS_FILE)  # files this module puts in a run folder (not "foreign" content)
+
+
+class RunFolderError(RuntimeError):
+    """A run folder cannot be used as it is; the message names the folder and how to recover."""
+
+
+class RunFolderBusy(RunFolderError):
+    """Another process holds the run folder's lock (it is writing the run)."""
+
+
+class TrainingDiverged(RuntimeError):
+    """Training hit a non-finite loss; the run is recorded as diverged (`status.json`, a metrics row).
+
+    `step` is the first step whose loss was not finite, `checkpoint` the last finite checkpoint kept (or None).
+    """
+
+    def __init__(self, message: str, *, step: int, run_dir: Optional[Path] = None,
+                 checkpoint: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.run_dir = run_dir
+        self.checkpoint = checkpoint
+
+
+# ------------------------------------------------------------------------------------------------- locking
+def _holder_text() -> str:
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started})
+
+
+def holder(run_dir: "str | os.PathLike") -> str:
+    """Who holds (or last held) the lock of `run_dir`, as "pid 123 on host since 2026-01-01T00:00:00+00:00"."""
+    try:
+        fd = _open_lock(Path(run_dir) / LOCK_FILE, create=False)
+        try:
+            info = json.loads(os.pread(fd, 4096, 0))
+        finally:
+            os.close(fd)
+        return f"pid {info['pid']} on {info['host']} since {info['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "an unknown process (its lock file is empty: it is just starting)"
+
+
+@contextlib.contextmanager
+def lock(run_dir: "str | os.PathLike") -> Iterator[Path]:
+    """Hold the exclusive write lock of `run_dir` (created if missing) for the `with` block.
+
+    The lock is `fcntl.flock` on `run_dir/.lock`: the kernel drops it when the holder's file is closed or its
+    process dies, so a crashed writer never leaves the folder locked. Raises `RunFolderBusy` at once (no wait)
+    when another process, or another open of the lock in this one, holds it. Where `fcntl` is missing
+    (Windows) the block runs unlocked. Raises `_io.UnsafePath` when `.lock` is a link or not a regular file, or
+    the folder holds a link or special file (`check_contents`), before anything in it is written.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ModuleNotFoundError:  # pragma: no cover - Windows: no flock; run unlocked
+        yield run_dir
+        return
+    fd = _open_lock(run_dir / LOCK_FILE, create=True)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunFolderBusy(
+                f"{run_dir} is being written by {holder(run_dir)}; wait for it to finish or stop it "
+                "(the lock is released when that process exits)"
+            ) from None
+        check_contents(run_dir)
+        os.ftruncate(fd, 0)  # fd is the regular file .lock itself (_open_lock), never a link's target
+        os.pwrite(fd, _holder_text().encode(), 0)
+        yield run_dir
+    finally:
+        os.close(fd)  # closing the only descriptor releases the flock
+
+
+def remove_stale_tmp(run_dir: "str | os.PathLike", subfolders: tuple = ("checkpoints",)) -> list[Path]:
+    """Delete the temporary files of interrupted atomic writes (`.<name>.<random>.tmp`, see `_io.atomic_path`)
+    in `run_dir` and its `subfolders`; returns what was removed. Call it only while holding `lock`."""
+    run_dir = Path(run_dir)
+    removed = []
+    for folder in (run_dir, *(run_dir / name for name in subfolders)):
+        if folder.is_symlink() or not folder.is_dir():  # never delete inside a folder a link leads to
+            continue
+        for path in folder.glob(".*.tmp"):
+            if stat.S_ISREG(os.lstat(path).st_mode):  # our temporary files are regular files, never links
+                path.unlink()
+                removed.append(path)
+    return removed
+
+
+def _open_lock(path: Path, *, create: bool) -> int:
+    """A descriptor of the regular file `path` (the lock), opened without following a link and without
+    blocking on a FIFO; `_io.UnsafePath` if a link or anything but a regular file is there."""
+    check_target(path, "lock file")  # refuse before opening: opening a device can act on it
+    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a link planted between the check and the open
+            check_target(path, "lock file")
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UnsafePath(f"lock file {path} is {describe_kind(mode)}, not a regular file; remove it")
+    return fd
+
+
+def check_contents(folder: "str | os.PathLike", depth: int = 2) -> Path:
+    """Refuse a run or sweep folder that holds a symbolic link or a special file (FIFO, socket, device).
+
+    The package opens, replaces and deletes files inside run and sweep folders (the lock, metrics, status,
+    checkpoints, sweep records): a planted link there would lead those operations out of the folder, and a
+    FIFO would hang a read. `folder` itself may be a link (the user named it); what is inside may not.
+
+    Args:
+        folder: the run or sweep folder (absent: nothing to check).
+        depth: how many levels to look into (2: the folder's entries and its subfolders' entries, i.e. a run's
+            checkpoints/ and a sweep's results/ and runs/<cell>/ names; a cell's own folder is checked when it
+            is locked or read).
+
+    Returns:
+        `folder` as a `Path`.
+
+    Raises:
+        UnsafePath: naming the first link or special file found and what it is.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return folder
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                if depth > 1:
+                    check_contents(entry.path, depth - 1)
+            elif not entry.is_file(follow_symlinks=False):
+                kind = describe_kind(entry.stat(follow_symlinks=False).st_mode)
+                target = f" to {os.readlink(entry.path)}" if entry.is_symlink() else ""
+                raise UnsafePath(f"{entry.path} is {kind}{target}; markov-interp does not follow links or open "
+                                 "special files inside a run or sweep folder: remove it (put the real file there)")
+    return folder
+
+
+# ------------------------------------------------------------------------------------------ resume checks
+def _covered(rows: list[dict], expected: list[int], step: int) -> bool:
+    return [r.get("step") for r in rows if isinstance(r.get("step"), int) and r["step"] <= step] == expected
+
+
+def resume_step(run_dir: Path, train_cfg: TrainConfig, checkpoints: list[int], rows: list[dict], *,
+                final_weights: bool = False) -> Optional[int]:
+    """The checkpoint step a run in `run_dir` resumes from: the newest of `checkpoints` whose metrics rows
+    (`rows`, as read from metrics.jsonl) are all present up to it; the resumed run rewrites the rows after it
+    (and the final weights) bit-identically. None when there are no checkpoints (train from step 0).
+
+    `final_weights`: the folder holds model.safetensors although its metrics are incomplete (a folder damaged
+    by an unlocked second writer); it is repaired from a checkpoint, with a warning. Raises `RunFolderError`
+    with the way to recover when the metrics reach no checkpoint, or there is none to repair final weights.
+    """
+    last = max((r["step"] for r in rows if isinstance(r.get("step"), int)), default=0)
+    if not checkpoints:
+        if final_weights:
+            raise RunFolderError(
+                f"{run_dir} has final weights but its metrics.jsonl ends at step {last} of {train_cfg.steps} and "
+                f"there is no checkpoint to repair it from; delete {run_dir / 'model.safetensors'} and "
+                f"{run_dir / 'metrics.jsonl'} to retrain, or delete the folder"
+            )
+        return None
+    newest = max(checkpoints)
+    for step in sorted(checkpoints, reverse=True):
+        if _covered(rows, logged_steps(train_cfg, step), step):
+            if final_weights or step != newest:
+                warnings.warn(f"{run_dir}: metrics.jsonl ends at step {last} (incomplete); resuming from the "
+                              f"checkpoint of step {step} to rewrite the rest", stacklevel=3)
+            return step
+    raise RunFolderError(
+        f"{run_dir}: metrics.jsonl has rows up to step {last} but lacks rows before every checkpoint "
+        f"(steps {sorted(checkpoints)}), so training cannot resume consistently; delete {run_dir / 'checkpoints'} "
+        f"and {run_dir / 'model.safetensors'} to retrain from step 0, or delete the folder"
+    )
+
+
+def metrics_complete(train_cfg: TrainConfig, rows: list[dict]) -> bool:
+    """Whether `rows` hold exactly the metrics rows of a finished run (every logged step up to the last)."""
+    return _covered(rows, logged_steps(train_cfg, train_cfg.steps), train_cfg.steps) and len(rows) == len(
+        logged_steps(train_cfg, train_cfg.steps))
+
+
+# ------------------------------------------------------------------------------------------------ status
+def mark_diverged(run_dir: Path, *, step: int, reason: str, checkpoint: Optional[int]) -> dict:
+    """Record in `run_dir/status.json` that the run diverged at `step` (its first non-finite loss)."""
+    status = {"status": "diverged", "step": step, "reason": reason, "last_finite_checkpoint": checkpoint}
+    atomic_write(Path(run_dir) / STATUS_FILE, json.dumps(status, indent=1, sort_keys=True))
+    return status
+
+
+def _not_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value)
+
+
+def divergence(run_dir: "str | os.PathLike") -> Optional[dict]:
+    """How `run_dir`'s run diverged ({"status": "diverged", "step", "reason", "last_finite_checkpoint"}), or
+    None if it did not. Reads status.json; a folder written before that file existed counts as diverged when
+    a metrics row holds a non-finite loss."""
+    run_dir = Path(run_dir)
+    path = run_dir / STATUS_FILE
+    if path.exists():
+        try:
+            status = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path} is not valid JSON: {err}") from None
+        return status if isinstance(status, dict) and status.get("status") == "diverged" else None
+    for row in load_metrics(run_dir):
+        bad = [k for k in ("train_loss", "eval_loss") if _not_finite(row.get(k))]
+        if bad or row.get("diverged"):
+            what = bad[0] if bad else "loss"
+            return {"status": "diverged", "step": row.get("step"), "last_finite_checkpoint": None,
+                    "reason": f"non-finite {what} ({row.get(what)}) in the metrics row of step {row.get('step')}"}
+    return None
+
+
+def diverged_message(run_dir: "str | os.PathLike", status: dict) -> str:
+    """One line saying that the run in `run_dir` diverged, where and what to do."""
+    return (f"{run_dir}: training diverged at step {status.get('step')} ({status.get('reason')}); the run "
+            "has no trained model; lower the learning rate (or clip gradients) and train into a new folder")
+
+
+# --------------------------------------------------------------------------------------------- reading
+def read_config(run_dir: "str | os.PathLike") -> RunConfig:
+    """The `RunConfig` of a run folder; errors name the folder or the config file. Refuses a folder holding a
+    link or special file (`check_contents`)."""
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG_FILE
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run folder at {run_dir} (no {path})")
+    check_contents(run_dir)  # every reader starts here: no link or FIFO inside is followed or opened
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a run folder written by `train`?")
+    try:
+        return RunConfig.from_json(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def training_seq_len(run_dir: "str | os.PathLike") -> Optional[int]:
+    """The training sequence length recorded in `run_dir`'s config.json (`train.seq_len`), None when the folder
+    holds no readable run config (weights saved on their own): what the probes default to for its model.
+
+    Args:
+        run_dir: the folder that holds the weights.
+
+    Returns:
+        The training length, or None.
+    """
+    try:
+        value = json.loads((Path(run_dir) / CONFIG_FILE).read_text())["train"]["seq_len"]
+    except (OSError, ValueError, KeyError, TypeError):  # no run folder: the probes fall back to their default
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def load_model(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None) -> HookedModel:
+    """`models.load` of a run folder's (or checkpoint's) weights, with the training length taken from the run's
+    config.json when the weights file does not record it (folders written before training recorded it).
+
+    Args:
+        path: a run folder, or a weights file inside one.
+        device: where the model lives.
+        expect: the model config the weights must have (ValueError otherwise).
+
+    Returns:
+        The hooked model, `markov_train_seq_len` set when the run folder says it.
+    """
+    model = load(path, device=device, expect=expect)
+    if model.markov_train_seq_len is None:
+        folder = Path(path) if Path(path).is_dir() else Path(path).parent
+        model.markov_train_seq_len = training_seq_len(folder)
+    return model
+
+
+def check_writable_dir(path: "str | os.PathLike", what: str) -> Path:
+    """Check before any work that `path` is (or can be created as) a folder this process can write into.
+
+    Raises ValueError naming `what` and the path: a file in the way, a missing parent that cannot be created,
+    or a folder without write permission (tested by creating and removing a file, which also catches
+    read-only file systems).
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what} {path} is a file, not a folder")
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{what} {path} cannot be created: {existing} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".write-test.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ValueError(f"{what} {path} is not writable ({err.strerror or err}: {existing})") from None
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ config
+def _config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
+        if isinstance(va, dict) and isinstance(vb, dict):
+            diffs += _config_diff(va, vb, f"{prefix}{key}.")
+        elif va != vb:
+            diffs.append(f"{prefix}{key}: {va!r} in folder vs {vb!r} requested")
+    return diffs
+
+
+def _comparable(run: RunConfig) -> dict:
+    data = run.to_dict()
+    data["train"].pop("device")  # where a run executes does not change what it is
+    return data
+
+
+def prepare(out_dir: Path, run: RunConfig) -> None:
+    """Make `out_dir` the folder of `run`: write its config.json, or check that the one there is `run`'s (the
+    device aside). A folder holding another run, or foreign files and no config, is refused (ValueError)."""
+    config_path = out_dir / CONFIG_FILE
+    if config_path.exists():
+        try:
+            saved = RunConfig.from_json(config_path.read_text())
+        except ValueError as err:
+            raise ValueError(f"{config_path} is not a valid run config: {err}") from None
+        diffs = _config_diff(_comparable(saved), _comparable(run))
+        if diffs:
+            raise ValueError(
+                f"{out_dir} holds a run with a different config; refusing to overwrite it. Differences: "
+                + "; ".join(diffs)
+            )
+        return
+    if out_dir.exists() and any(p.name not in OWN_FILES for p in out_dir.iterdir()):
+        raise ValueError(f"{out_dir} is not empty and has no {CONFIG_FILE}; refusing to write a run into it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(config_path, run.to_json().encode())
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+def write_metrics(run_dir: "str | os.PathLike", rows: list[dict]) -> None:
+    """Replace the folder's metrics.jsonl by `rows` (one sorted JSON object a line), atomically."""
+    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+    atomic_write(Path(run_dir) / METRICS_FILE, text.encode())
+
+
+def load_metrics(run_dir: "str | os.PathLike") -> list[dict]:
+    """The rows of a run folder's metrics.jsonl (an unreadable trailing line raises ValueError)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} line {i + 1} is not JSON: {err}") from None
+    return rows
+
+
+# -------------------------------------------------------------------------------------------- checkpoints
+def checkpoint_paths(run_dir: "str | os.PathLike", step: int) -> tuple[Path, Path]:
+    """(weights file, training-state file) of the checkpoint of `step`."""
+    base = Path(run_dir) / CHECKPOINT_DIR / f"step_{step:07d}"
+    return base.with_suffix(".safetensors"), base.with_suffix(".pt")
+
+
+def list_checkpoints(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
+    """(step, weights file) of every complete checkpoint in a run folder (weights and training state), by step.
+
+    The checkpoints sit at log-spaced steps, for studying the training dynamics (probe each one).
+    """
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    found = []
+    for path in folder.glob("step_*.pt") if folder.is_dir() else ():
+        step_text = path.stem.split("_", 1)[1]
+        if step_text.isdigit():
+            weights, _ = checkpoint_paths(run_dir, int(step_text))
+            if weights.exists():
+                found.append((int(step_text), weights))
+    return sorted(found)
+
+
+def save_checkpoint(run_dir: "str | os.PathLike", step: int, cfg: ModelConfig, weights: dict[str, torch.Tensor],
+                    state: dict, *, train_seq_len: Optional[int] = None) -> None:
+    """Write the checkpoint of `step`, each file atomically; the training state last, so a checkpoint is complete
+    (`list_checkpoints`) only with both.
+
+    Args:
+        run_dir: the run folder.
+        step: the step (updates done).
+        cfg: the model config (in the weights file's metadata).
+        weights: the weights in the on-disk layout (`models.save_state`).
+        state: optimiser, scaler, generators, pending losses, clamp means (tensors and plain values, `torch.save`;
+            `read_checkpoint` loads it with weights_only=True).
+        train_seq_len: the run's training length, recorded in the weights file (`models.save_state`).
+    """
+    weights_path, state_path = checkpoint_paths(run_dir, step)
+    weights_path.parent.mkdir(exist_ok=True)
+    save_state(cfg, weights, weights_path, train_seq_len=train_seq_len)
+    with atomic_path(state_path) as tmp:
+        torch.save(state, tmp)
+
+
+def read_checkpoint(run_dir: "str | os.PathLike", step: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read the checkpoint of `step`.
+
+    Args:
+        run_dir: the run folder.
+        step: the checkpoint's step.
+
+    Returns:
+        (weights in the on-disk layout, training state as `save_checkpoint` wrote it); unreadable files raise
+        ValueError naming the file.
+    """
+    weights_path, state_path = checkpoint_paths(run_dir, step)
+    _, weights = read_weights(weights_path)
+    try:
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types on corrupt / truncated files
+        raise ValueError(f"checkpoint {state_path} is unreadable ({type(err).__name__}: {err})") from None
+    return weights, state
