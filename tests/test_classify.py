@@ -229,7 +229,7 @@ def test_a_one_layer_model_is_never_induction():
 
 # ------------------------------------------------------------------------------ evidence, reuse, inputs
 def test_report_carries_all_evidence_as_json():
-    report = classify(induction_circuit(3, per_role=2), RandomMarkov(3), seq_len=SEQ)
+    report = classify(induction_circuit(3, per_role=2, n_ctx=64), RandomMarkov(3), seq_len=64)
     d = json.loads(json.dumps(report.to_dict(), allow_nan=False))
     assert d["mechanism"] == "induction" and d["order"] == 1 and d["mechanism"] in MECHANISMS
     assert set(d["strategies"]["divergences"]) == {"uniform", "in_context_unigram", "state_and_counts",
