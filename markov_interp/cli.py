@@ -277,12 +277,12 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
     # Owned by the probes work (issue 4).
     p = sub.add_parser(
         "probe",
-        help="name the mechanism of a trained model (uniform, unigram, in_context_unigram, kernel, induction or "
-        "other) with the evidence",
+        help="name the mechanism of a trained model (uniform, unigram, in_context_unigram, state_and_counts, "
+        "kernel, induction or other) with the evidence",
         description="Load the model of a run folder and run markov_interp.probes.classify_mechanism on fresh "
         "sequences from the run's source: the law the model follows (KL to every candidate law and the gaps "
-        "between them), the circuit's role sets with their set-ablation costs, per-head scores beside chance, "
-        "head ablations, implied kernel.",
+        "between them), graded gains, the kernel-swap in-context fraction, the circuit found by path patching "
+        "(every edge's effect, the kept edges), per-head scores beside chance, head ablations, implied kernel.",
     )
     p.add_argument("run_dir", help="run folder written by `markov-interp train` (config.json, model.safetensors)")
     p.add_argument("--json", action="store_true", help="print the full report as JSON instead of a summary")
@@ -336,10 +336,15 @@ def _print_probe(report: Any) -> None:
     for name, value in sim.divergences.items():
         alias = f"  (= {sim.aliases[name]})" if name in sim.aliases else ""
         print(f"{name:26s} {value:16.4f}  {sim.gaps[name]:18.4f}{alias}")
-    for role in report.circuit.roles:
+    graph = report.circuit
+    print(f"circuit: {len(graph.kept)} of {len(graph.edges)} edges kept ({graph.corruption} corruption, "
+          f"faithfulness {graph.faithfulness:.2f}); edge  effect +- se (nats)")
+    for edge in graph.kept:
+        print(f"  {edge.name:24s} {edge.effect:+.4f} +- {edge.se:.4f}")
+    for role in report.induction.roles:
         heads = ", ".join(f"{h.name} {x:.2f}" for h, x in zip(role.heads, role.scores)) or "none"
-        cost = "n/a" if role.ablation is None else f"{role.ablation:+.4f}"
-        print(f"role {role.name}: {heads}; set ablation {cost}{' (confirmed)' if role.confirmed else ''}")
+        effect = "n/a" if role.effect is None else f"{role.effect:+.4f}"
+        print(f"role {role.name}: {heads}; K-edge effect {effect}{' (confirmed)' if role.confirmed else ''}")
     scores, heads = report.attention, report.ablation.head_grid()
     print(f"head  prev-token (chance {scores.previous_token_chance:.3f})  induction excess over baseline  "
           f"same-token (chance {scores.same_token_chance:.3f})  mean-ablation dloss")

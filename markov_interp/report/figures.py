@@ -629,6 +629,7 @@ def reproduction_depth_figure(curves: Mapping[int, Sequence[tuple[Sequence[int],
 
 
 _MECHANISM_COLOURS = {"uniform": "lightgrey", "unigram": "tab:red", "in_context_unigram": "tab:orange",
+                      "state_and_counts": "gold",
                       "kernel": "tab:blue", "induction": "tab:green", "other": "tab:purple", "?": "grey"}
 
 
