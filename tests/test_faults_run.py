@@ -402,3 +402,28 @@ def test_a_sweep_whose_worker_is_killed_mid_cell_gives_the_same_weights(tmp_path
         for name in (models.WEIGHTS_FILE, runfolder.METRICS_FILE):
             assert (tmp_path / "clean" / "runs" / a.cell_id / name).read_bytes() == \
                 (tmp_path / "killed" / "runs" / b.cell_id / name).read_bytes(), (a.cell_id, name)
+
+
+# -------------------------------------------------------------------------------------------- command line
+@pytest.mark.parametrize("command", ["probe", "report"])
+def test_an_absurd_probe_batch_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, reference, command):
+    from markov_interp.cli import main
+
+    loaded = []
+    monkeypatch.setattr(runfolder, "load_model", lambda *a, **k: loaded.append(a))
+    out = tmp_path / "report.html"
+    extra = ["--out", str(out)] if command == "report" else []
+    assert main([command, str(reference[0]), "--n-sequences", str(10**7), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"markov-interp {command}: error: {command}: --n-sequences=10000000 is too large: the "
+                          "activations would need") and len(err.splitlines()) == 1
+    assert not loaded and not out.exists()
+
+
+def test_cli_refuses_an_absurd_train_in_one_line_and_writes_nothing(tmp_path, capsys):
+    from markov_interp.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--steps", str(10**12), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "train.steps=1000000000000 is too large" in err and len(err.splitlines()) == 1 and not out.exists()

@@ -21,7 +21,7 @@ from markov_interp.models.config import ModelConfig
 from markov_interp.models.init import state_shapes
 
 __all__ = ["Need", "PlanTooLarge", "parameter_count", "model_needs", "forward_needs", "memory_limit",
-           "check_needs", "human_bytes"]
+           "check_needs", "check_probe", "human_bytes"]
 
 _FLOAT = 4  # bytes of a float32
 
@@ -165,3 +165,22 @@ def check_needs(needs: Sequence[Need], limit: tuple[int, str], *, where: str, di
         f"{f' (with {others})' if others else ''}, {human_bytes(total)} in all, more than {limit[1]}; "
         f"{hint or f'lower {field}'} (refused before anything was written)"
     )
+
+
+def check_probe(cfg: ModelConfig, *, n_sequences: int, seq_len: int, device: Any, where: str = "probe") -> None:
+    """Refuse a probe batch of `n_sequences` x `seq_len` tokens that a model of `cfg` cannot run on `device`
+    (the weights and one forward pass without gradients: a lower bound of what the probes hold), before the
+    model is loaded or a sequence sampled.
+
+    Args:
+        cfg: the run's model config.
+        n_sequences, seq_len: the probe batch (`--n-sequences`, `--seq-len`).
+        device: where the probes run.
+        where: the command, the message's start.
+
+    Raises:
+        PlanTooLarge: naming `--n-sequences` or `--seq-len` (or the model's field) and the memory needed.
+    """
+    needs = [model_needs(cfg), forward_needs(cfg, batch=n_sequences, seq_len=seq_len, backward=False,
+                                             batch_field="--n-sequences", seq_field="--seq-len")]
+    check_needs(needs, memory_limit(device), where=where)
