@@ -10,10 +10,12 @@ Two runs of the same tiny model in this process, each timed step by step (`loop.
       whole file with fsync (`runfolder.write_metrics`, what the loop used to call at every row).
 
 For each it prints the step rate over the first and the last 10% of the steps and their ratio (1.0: flat), and
-the ratio of (a)'s last-window rate to (b)'s. Both run in one process, so the machine's load touches both;
-quote the load average with the numbers.
+the ratio of (a)'s last-window rate to (b)'s. On a busy machine the step rate's noise can hide the logging cost,
+so (c) times the logging alone, per row, in a file already holding n rows (n = 100, 1000, 4000, 10000):
+appending a row (with and without fsync) against rewriting the n rows with fsync. Everything runs in one
+process, so the machine's load touches both sides; quote the load average with the numbers.
 
-    python benchmarks/bench_long_run.py [--steps 20000] [--log-every 10]
+    python benchmarks/bench_long_run.py [--steps 20000] [--log-every 10] [--rows-only]
 """
 
 import argparse
@@ -61,14 +63,51 @@ def window_rates(stamps: list[float]) -> tuple[float, float]:
     return first, last
 
 
+def logging_costs(sizes: tuple = (100, 1000, 4000, 10000), repeats: int = 20) -> None:
+    """(c): seconds per row of appending (MetricsLog) and of rewriting in full (write_metrics), at n rows."""
+    row = {"step": 0, "train_loss": 0.123456789, "lr": 0.001, "eval_loss": 0.3456, "eval_true_loss": 0.3,
+           "entropy_rate": 0.5, "unigram_loss": 0.69, "grad_norm": 1.2345, "eval_plateau_loss": 0.6}
+    print(f"(c) logging one row into a file of n rows ({len(json_line(row))} bytes a row), median of {repeats}:")
+    for n in sizes:
+        rows = [{**row, "step": i} for i in range(n)]
+        with tempfile.TemporaryDirectory() as folder:
+            runfolder.write_metrics(folder, rows)
+            log = runfolder.MetricsLog(folder)
+            append = median_time(lambda: log.append(row), repeats)
+            synced = median_time(lambda: (log.append(row), log.sync()), repeats)
+            log.close()
+            rewrite = median_time(lambda: runfolder.write_metrics(folder, rows), repeats)
+        print(f"  n={n:6d}: append {append * 1e6:8.1f} us, append+fsync {synced * 1e3:7.2f} ms, rewrite+fsync "
+              f"{rewrite * 1e3:7.2f} ms ({rewrite / synced:5.1f}x append+fsync)")
+
+
+def json_line(row: dict) -> str:
+    import json
+
+    return json.dumps(row, sort_keys=True) + "\n"
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20000)
     parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--rows-only", action="store_true", help="only (c), the logging cost per row")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, one thread, {args.steps} steps, a row every {args.log_every} steps; "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"torch {torch.__version__}, one thread; load average {os.getloadavg()[0]:.1f}")
+    logging_costs()
+    if args.rows_only:
+        return
+    print(f"{args.steps} steps, a row every {args.log_every} steps:")
     rates = {}
     for name, rewrite in (("appended (package)", False), ("rewritten in full (reference)", True)):
         first, last = window_rates(timed_run(args.steps, args.log_every, rewrite))

@@ -376,6 +376,21 @@ def test_a_full_disk_during_a_checkpoint_leaves_no_half_file(tmp_path, monkeypat
     assert (out / runfolder.METRICS_FILE).read_bytes() == (reference[0] / runfolder.METRICS_FILE).read_bytes()
 
 
+@pytest.mark.parametrize("call", ["write", "fsync"])
+def test_a_full_disk_while_appending_metrics_names_the_file(tmp_path, monkeypatch, call):
+    log = runfolder.MetricsLog(tmp_path)
+    log.append({"step": 1})
+    log.sync()
+    monkeypatch.setattr(os, call, lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+    with pytest.raises(OSError, match=r"No space left on device: .*metrics.jsonl") as info:
+        log.append({"step": 2})
+        log.sync()
+    monkeypatch.undo()
+    log.close()
+    rows = runfolder.load_metrics(tmp_path)  # the synced row survives; an fsync failure may keep the new one
+    assert info.value.errno == errno.ENOSPC and rows == [{"step": 1}] + ([{"step": 2}] if call == "fsync" else [])
+
+
 # ------------------------------------------------------------------------------------- sweeps killed mid-cell
 def dying_cell(cell, runs_dir, *, probe):
     """Module-level (the sweep's workers run it): the first cell's worker is killed by SIGKILL after its step-3
