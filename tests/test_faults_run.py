@@ -172,9 +172,10 @@ def test_a_config_left_by_a_refused_command_gives_way(tmp_path, reference):
         train(tiny_run(), started, progress=False)
 
 
-def test_checkpoint_count_is_capped_at_the_steps(tmp_path):
-    result = train(tiny_run(n_checkpoints=10**9), tmp_path, progress=False)
+def test_checkpoint_and_evaluation_counts_are_capped_at_the_steps(tmp_path):
+    result = train(tiny_run(n_checkpoints=10**9, eval_log_points=10**9), tmp_path, progress=False)
     assert [s for s, _ in runfolder.list_checkpoints(tmp_path)] == list(range(1, 13))
+    assert [r["step"] for r in result.metrics if "eval_loss" in r] == list(range(1, 13))
     assert result.config.train.n_checkpoints == 10**9
 
 
