@@ -19,7 +19,7 @@ from safetensors.torch import save as st_save
 
 from markov_interp import models, sweep
 from markov_interp.models import canonical_safetensors
-from markov_interp.training import RunConfig, TrainConfig, loop, plan, runfolder, train, train_many
+from markov_interp.training import RunConfig, TrainConfig, loop, plan, runfolder, train
 from markov_interp.training.plan import PlanTooLarge
 from markov_interp.training.runfolder import RunFolderError
 from markov_interp.training.schedule import StepPlan, checkpoint_steps
@@ -145,7 +145,7 @@ def test_a_trillion_step_plan_is_arithmetic():
 ])
 def test_absurd_sizes_are_refused_before_anything_is_written(tmp_path, change, field):
     run = tiny_run()
-    data = run.to_dict() if hasattr(run, "to_dict") else json.loads(run.to_json())
+    data = run.to_dict()
     for section, fields in change.items():
         data[section].update(fields)
     big = RunConfig.from_json(json.dumps(data))
