@@ -55,6 +55,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from markov_interp import _tl
 from markov_interp.config import Config, check_int
 
 __all__ = [
@@ -535,16 +536,21 @@ def _compose(first: Callable, second: Callable) -> Callable:
 
 
 def tl_hooks(interventions: Iterable[Intervention], cfg: Any, t: int, *, state: ClampState,
-             update: bool = False) -> list[tuple[str, Callable]]:
+             update: bool = False, model: Any = None) -> list[tuple[str, Callable]]:
     """The same clamps as TransformerLens `fwd_hooks` (`model.run_with_hooks(tokens, fwd_hooks=...)`).
 
     One translation: TransformerLens's bridge fires `hook_resid_mid` on the MLP's input only (it is
-    `ln2.hook_in`; attention-only blocks have none), while the fused paths replace the residual stream itself
-    (HookedTransformer's meaning). A resid_mid clamp therefore also corrects `hook_resid_post` by the change it
-    made (attention-only: it is applied at `hook_resid_post`), so both give the same model.
+    `ln2.hook_in`), while the fused paths replace the residual stream itself (HookedTransformer's meaning). For
+    a bridge, a resid_mid clamp therefore also corrects `hook_resid_post` by the change it made. Attention-only
+    blocks of either kind have no `hook_resid_mid`: the clamp is applied at `hook_resid_post`. Both give the
+    same model as the fused paths. `model`: the hooked model the hooks are for (its kind decides); default the
+    kind `models.hooked_model` builds on the installed TransformerLens.
     """
+    bridge = _tl.is_bridge(model) if model is not None else _tl.hooked_kind() == "TransformerBridge"
     hooks = dict(clamp_hooks(interventions, cfg, t, state=state, update=update))
     for mid in [n for n in hooks if n.endswith("hook_resid_mid")]:
+        if not bridge and not cfg.attn_only:
+            continue  # HookedTransformer: hook_resid_mid is the residual stream
         fn, post_name = hooks.pop(mid), mid.replace("hook_resid_mid", "hook_resid_post")
         post = hooks.get(post_name)
         if cfg.attn_only:
@@ -584,6 +590,6 @@ def applied(model: Any, interventions: Iterable[Any], t: int, *,
     items = parse_interventions(interventions)
     cfg = model.markov_config
     check_interventions(items, cfg)
-    hooks = tl_hooks(items, cfg, t, state=state if state is not None else ClampState())
+    hooks = tl_hooks(items, cfg, t, state=state if state is not None else ClampState(), model=model)
     with model.hooks(fwd_hooks=hooks):
         yield model

@@ -6,28 +6,34 @@ head, d_model 8, MLP 8 -> 32 -> 8 with GELU, learned absolute positions, LayerNo
 MLP linear layers without bias, an output layer with bias, and **weight tying** (the unembedding matrix is the
 token embedding matrix).
 
-`build(cfg, seed=...)` returns a `transformer_lens` `TransformerBridge` around TransformerLens's native model
-(`TransformerBridge.boot_native`'s architecture), so every TransformerLens tool works on it:
-`run_with_cache`, `cache["pattern", 0]`, `run_with_hooks` with `blocks.0.attn.hook_pattern`, ... The native
-model has biases everywhere and an untied, bias-free head, so `build` swaps those modules for the paper's
-before wrapping (LayerNorm without bias is `nn.LayerNorm(bias=False)`, which TransformerLens's
-NormalizationBridge supports: it adds a bias only when the module has one). Tying is one shared
-`nn.Parameter` (`model.embed.W_E` and `model.unembed.W_U.T` are the same storage); it survives training,
-`.to(device)` and `save`/`load` (safetensors refuses shared tensors, so `save` writes one copy and `load`
-re-ties). Move models with `model.to(device, print_details=False)` to keep TransformerLens quiet.
+`build(cfg, seed=...)` returns a hooked TransformerLens model, so every TransformerLens tool works on it
+(`run_with_cache`, `cache["pattern", 0]`, `run_with_hooks` with `blocks.0.attn.hook_pattern`, ...): a
+`HookedTransformer` on TransformerLens 2.x / 3.x and a `TransformerBridge` (`TransformerBridge.boot_native`) on
+4.x. `markov_interp._tl` is the version adapter: `hooked_model(cfg, state)` builds either kind from the on-disk
+weights and `native_state(model)` reads them back; see it for what each kind expresses (the bridge is exactly
+the paper's architecture, tied = one Parameter; the HookedTransformer has zero biases where the config has none
+and a tied unembedding as an equal copy, so it is for analysis). Move models with
+`model.to(device, print_details=False)` to keep TransformerLens quiet.
 
-Training does not pay for hooks: `fast_forward(model, tokens)` computes the same logits from the same
-parameter tensors (no copy) with `torch.nn.functional.scaled_dot_product_attention(is_causal=True)`.
+Weights live in one layout on every TransformerLens version: the names and `nn.Linear` layout `save` writes
+(`_tl.disk_shapes`); safetensors refuses shared tensors, so a tied unembedding is stored once and re-tied on
+load. `tl_config` / `tl_state_dict` convert a saved model for TransformerLens's unmodified model of the
+installed version (strict `load_state_dict`).
+
+Training does not need TransformerLens: it optimises a `native_module` (plain torch modules in the native
+layout) through `fast_forward`, the same logits with `torch.nn.functional.scaled_dot_product_attention(
+is_causal=True)`, and builds the hooked model from its weights at the end.
 
 The hooked model carries its config as `model.markov_config` (a `ModelConfig`).
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
@@ -36,23 +42,27 @@ from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from markov_interp import _tl
 from markov_interp._io import atomic_write
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_keys, check_number
 
-if TYPE_CHECKING:
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge import TransformerBridge
-    from transformer_lens.model_bridge.sources.native import NativeModel
-else:
-    # transformer_lens takes seconds to import (datasets, transformers); it is imported where a hooked model is
-    # built, so a process that builds none (stacked training, `markov-interp train`) never pays for it.
-    TransformerBridge = TransformerBridgeConfig = NativeModel = Any
+# transformer_lens takes seconds to import (datasets, transformers); `_tl` imports it where a hooked model is
+# built, so a process that builds none (training, `markov-interp train`) never pays for it.
 
 __all__ = [
     "ModelConfig",
     "PRESETS",
     "preset",
     "build",
+    "hooked_model",
+    "native_state",
+    "tl_config",
+    "tl_state_dict",
+    "initial_state",
+    "native_module",
+    "disk_parameters",
+    "ACTIVATIONS",
+    "Rotary",
     "fast_forward",
     "FastParams",
     "fast_params",
@@ -231,66 +241,68 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 
 
 # ------------------------------------------------------------------------------------------------- build
-def _tl_config(cfg: ModelConfig, seed: Optional[int]) -> TransformerBridgeConfig:
-    from transformer_lens.config import TransformerBridgeConfig
-
-    return TransformerBridgeConfig(
-        d_model=cfg.d_model,
-        d_head=cfg.d_head,
-        n_layers=cfg.n_layers,
-        n_ctx=cfg.n_ctx,
-        n_heads=cfg.n_heads,
-        d_mlp=cfg.d_mlp,
-        d_vocab=cfg.d_vocab,
-        act_fn=cfg.act_fn,
-        eps=cfg.eps,
-        normalization_type=cfg.normalization,
-        positional_embedding_type=cfg.positional,
-        attn_only=cfg.attn_only,
-        seed=seed,
-        initializer_range=cfg.init_std,
-        tie_word_embeddings=cfg.tie_weights,
-        default_prepend_bos=False,
-        tokenizer_prepends_bos=False,
-        model_name="markov-interp",
-    )
+# ACT_FN -> the MLP nonlinearity of every forward (TransformerLens's "gelu_new" is the tanh approximation)
+ACTIVATIONS = {"gelu": F.gelu, "gelu_new": functools.partial(F.gelu, approximate="tanh"), "relu": F.relu}
 
 
-def _norm(cfg: ModelConfig) -> nn.Module:
+def _plain_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.normalization == "LN":
         return nn.LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.layernorm_bias)
-    if cfg.normalization is None:
-        return nn.Identity()
-    from transformer_lens.model_bridge.sources.native.model import NativeLayerNormPre
-
-    return NativeLayerNormPre(eps=cfg.eps)
+    if cfg.normalization == "LNPre":  # centre and scale, no parameters (TransformerLens's LayerNormPre)
+        return nn.LayerNorm(cfg.d_model, eps=cfg.eps, elementwise_affine=False)
+    return nn.Identity()
 
 
-def _native_model(cfg: ModelConfig, tl_cfg: TransformerBridgeConfig) -> NativeModel:
-    """TransformerLens's native model with the paper's bias / norm / head choices swapped in."""
-    from transformer_lens.model_bridge.sources.native import NativeModel
-
-    native = NativeModel(tl_cfg)
-    h = cfg.n_heads * cfg.d_head
-    for block in native.layers:
-        block.ln1 = _norm(cfg)
-        block.attn.q = nn.Linear(cfg.d_model, h, bias=cfg.attn_bias)
-        block.attn.k = nn.Linear(cfg.d_model, h, bias=cfg.attn_bias)
-        block.attn.v = nn.Linear(cfg.d_model, h, bias=cfg.attn_bias)
-        block.attn.o = nn.Linear(h, cfg.d_model, bias=cfg.attn_bias)
-        if not cfg.attn_only:
-            block.ln2 = _norm(cfg)
-            block.mlp.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
-            block.mlp.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
-    native.ln_out = _norm(cfg)
-    native.head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)
-    if cfg.tie_weights:
-        native.head.weight = native.tok_embed.weight
+def _plain_native(cfg: ModelConfig) -> nn.Module:
+    """Plain torch modules in TransformerLens's native layout (`tok_embed`, `pos`, `layers[i].ln1`, `attn.q/k/v/o`,
+    `ln2`, `mlp.fc_in/fc_out`, `ln_out`, `head`; `nn.Linear` weights) with exactly the config's parameters: what
+    the fused forward trains and the initialiser writes. No transformer_lens import."""
+    with torch.random.fork_rng(devices=[]):  # constructors draw from the global RNG; the init overwrites them
+        native = nn.Module()
+        native.tok_embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        native.pos = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positional == "standard" else None
+        layers = []
+        for heads in cfg.heads_per_layer:
+            block, h = nn.Module(), heads * cfg.d_head
+            block.ln1 = _plain_norm(cfg)
+            block.attn = nn.Module()
+            for name in "qkv":
+                setattr(block.attn, name, nn.Linear(cfg.d_model, h, bias=cfg.attn_bias))
+            block.attn.o = nn.Linear(h, cfg.d_model, bias=cfg.attn_bias)
+            if not cfg.attn_only:
+                block.ln2 = _plain_norm(cfg)
+                block.mlp = nn.Module()
+                block.mlp.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
+                block.mlp.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
+            layers.append(block)
+        native.layers = nn.ModuleList(layers)
+        native.ln_out = _plain_norm(cfg)
+        native.head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)
+        if cfg.tie_weights:
+            native.head.weight = native.tok_embed.weight
     return native
 
 
+def _tl_name(name: str) -> str:
+    """A native parameter name as the on-disk (TransformerBridge) name: `layers.0.mlp.fc_in.weight` ->
+    `blocks.0.mlp.in.weight`, `tok_embed` -> `embed`, `pos` -> `pos_embed`, `ln_out` -> `ln_final`, `head` ->
+    `unembed`."""
+    head, _, rest = name.partition(".")
+    if head == "layers":
+        index, _, inner = rest.partition(".")
+        inner = inner.replace("mlp.fc_in.", "mlp.in.").replace("mlp.fc_out.", "mlp.out.")
+        return f"blocks.{index}.{inner}"
+    prefix = {"tok_embed": "embed", "pos": "pos_embed", "ln_out": "ln_final", "head": "unembed"}[head]
+    return f"{prefix}.{rest}"
+
+
+def _is_native(model: Any) -> bool:
+    """A plain native module (`native_module`), as opposed to a TransformerLens hooked model."""
+    return hasattr(model, "tok_embed") and not _tl.is_bridge(model)
+
+
 @torch.no_grad()
-def _initialise(native: NativeModel, cfg: ModelConfig, seed: int) -> None:
+def _initialise(native: nn.Module, cfg: ModelConfig, seed: int) -> None:
     """Write the init of `cfg.init` into `native` (CPU float32 draws from one seeded generator)."""
     gen = torch.Generator().manual_seed(seed)
 
@@ -314,7 +326,7 @@ def _initialise(native: NativeModel, cfg: ModelConfig, seed: int) -> None:
     for module in native.modules():
         if isinstance(module, nn.Linear) and module.bias is not None:
             module.bias.zero_()
-        if isinstance(module, nn.LayerNorm):
+        if isinstance(module, nn.LayerNorm) and module.weight is not None:
             module.weight.fill_(1.0)
             if module.bias is not None:
                 module.bias.zero_()
@@ -323,7 +335,7 @@ def _initialise(native: NativeModel, cfg: ModelConfig, seed: int) -> None:
 
 
 @torch.no_grad()
-def _canonical_init(native: NativeModel, cfg: ModelConfig, gen: torch.Generator) -> None:
+def _canonical_init(native: nn.Module, cfg: ModelConfig, gen: torch.Generator) -> None:
     alpha = torch.randint(0, 2, (cfg.d_model,), generator=gen).float() * 2 - 1
     u = alpha / math.sqrt(cfg.d_model)
     e, w, b = cfg.canonical_e, cfg.canonical_w, cfg.canonical_b
@@ -347,8 +359,9 @@ def _canonical_init(native: NativeModel, cfg: ModelConfig, gen: torch.Generator)
         native.head.bias[1] = b
 
 
-def build(cfg: ModelConfig, *, seed: int, device: Any = None) -> TransformerBridge:
-    """A freshly initialised hooked model for `cfg` (a TransformerLens `TransformerBridge`).
+def build(cfg: ModelConfig, *, seed: int, device: Any = None) -> Any:
+    """A freshly initialised hooked model for `cfg`: `hooked_model(cfg, initial_state(cfg, seed))` (a
+    `HookedTransformer` on TransformerLens 2/3, a `TransformerBridge` on 4).
 
     The same (cfg, seed) gives the same weights on any device; the global RNG is neither read nor advanced.
     The model's config is `model.markov_config`; tied models share one Parameter between `model.embed`
@@ -377,20 +390,101 @@ def build(cfg: ModelConfig, *, seed: int, device: Any = None) -> TransformerBrid
         raise ValueError(f"seed must be an integer, got {seed!r}")
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
-    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+    return hooked_model(cfg, initial_state(cfg, seed), device=device)
 
-    tl_cfg = _tl_config(cfg, seed)
-    with torch.random.fork_rng(devices=[]):  # nn.Linear's constructor draws from the global RNG
-        native = _native_model(cfg, tl_cfg)
+
+def initial_state(cfg: ModelConfig, seed: int) -> dict[str, Tensor]:
+    """The on-disk state of `build(cfg, seed=seed)` (names of `save`), computed on plain torch modules: no
+    transformer_lens import. The one initialiser (`_initialise`) on the native layout."""
+    native = _plain_native(cfg)
     _initialise(native, cfg, seed)
-    model = build_bridge_from_module(
-        native, architecture="TransformerLensNative", tl_config=tl_cfg, model_name="markov-interp"
-    )
-    object.__setattr__(model, "markov_config", cfg)
-    if device is not None:
-        model.to(torch.device(device), print_details=False)
+    return _native_state(native, cfg)
+
+
+def native_module(cfg: ModelConfig, state: dict[str, Tensor], *, device: Any = None) -> nn.Module:
+    """Plain torch modules in the native layout holding the on-disk `state` (tied = one Parameter), with
+    `markov_config`: what `training.train` optimises through `fast_forward` (no hooks, no transformer_lens).
+
+    Args:
+        cfg: the model's config.
+        state: on-disk tensors (`save`'s names; ValueError naming any missing, unexpected or misshapen).
+        device: where the parameters live (default CPU).
+
+    Returns:
+        The module; `hooked_model(cfg, state_dict_for_save(module))` is its hooked TransformerLens model.
+    """
+    module = _plain_native(cfg)
+    module.markov_config = cfg
+    load_weights_into(module, state, source="native_module state")
+    return module.to(torch.device(device)) if device is not None else module
+
+
+def hooked_model(cfg: ModelConfig, state: dict[str, Tensor], device: Any = None) -> Any:
+    """The hooked TransformerLens model of `cfg` holding the on-disk `state`: a `HookedTransformer` on
+    TransformerLens 2.x / 3.x, a `TransformerBridge` (`TransformerBridge.boot_native`) on 4.x. See
+    `markov_interp._tl.hooked_model` for what each kind can express (tying, zero biases, padded heads).
+
+    Args:
+        cfg: the model's config.
+        state: on-disk tensors as `save` writes them (ValueError naming any missing or misshapen).
+        device: where the model lives (default CPU).
+
+    Returns:
+        The model (eval mode) with `model.markov_config == cfg`.
+    """
+    model = _tl.hooked_model(cfg, state, device=device)
     check_tied(model)
     return model
+
+
+def tl_config(cfg: ModelConfig) -> Any:
+    """TransformerLens's own config for `cfg` on the installed version (`HookedTransformerConfig` on TL 2/3,
+    `TransformerBridgeConfig` on TL 4): the converter's target, see `tl_state_dict`."""
+    return _tl.tl_config(cfg)
+
+
+def tl_state_dict(cfg: ModelConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Convert a saved model for TransformerLens's unmodified model of the installed version.
+
+    `HookedTransformer(tl_config(cfg)).load_state_dict(tl_state_dict(cfg, state), strict=True)` (TL 2/3) or
+    `TransformerBridge.boot_native(tl_config(cfg)).load_state_dict(..., strict=True)` (TL 4) gives a model with
+    the logits of `hooked_model(cfg, state)`: zero biases where the config has none, a tied unembedding as a
+    copy, smaller layers padded with zero heads. `native_state(model, cfg)` converts back.
+
+    Args:
+        cfg: the saved config (`read_weights(path)[0]`).
+        state: the saved tensors (`read_weights(path)[1]`).
+
+    Returns:
+        TL's state dict (new tensors).
+    """
+    return _tl.tl_state_dict(cfg, state)
+
+
+def native_state(model: Any, cfg: Optional[ModelConfig] = None) -> dict[str, Tensor]:
+    """The on-disk state of a hooked model of either kind (or a `native_module`): CPU copies, `save`'s names.
+
+    Args:
+        model: a `HookedTransformer`, a `TransformerBridge` or a `native_module`.
+        cfg: its config; default `model.markov_config`.
+
+    Returns:
+        `{name: tensor}`; ValueError where the config cannot hold the model (a non-zero bias it lacks, weights in
+        a padded head, a tied unembedding that differs from the embedding).
+    """
+    if _is_native(model):
+        return _native_state(model, cfg if cfg is not None else model.markov_config)
+    return _tl.native_state(model, cfg)
+
+
+def _native_state(native: nn.Module, cfg: ModelConfig) -> dict[str, Tensor]:
+    state = {}
+    for name, tensor in native.state_dict().items():
+        tl_name = _tl_name(name)
+        if cfg.tie_weights and tl_name == "unembed.weight":
+            continue  # one matrix, stored as the embedding
+        state[tl_name] = tensor.detach().to("cpu").contiguous().clone()
+    return state
 
 
 def heads_per_layer(model: Any) -> tuple[int, ...]:
@@ -407,52 +501,78 @@ def heads_per_layer(model: Any) -> tuple[int, ...]:
 
 
 # ------------------------------------------------------------------------------------------ fast forward
-def _raw(module: nn.Module) -> nn.Module:
-    """The native module behind a bridge component."""
-    inner = getattr(module, "original_component", None)
-    return inner if isinstance(inner, nn.Module) else module
+class Rotary(nn.Module):
+    """Rotary position embedding of the fused forwards: adjacent pairs (2i, 2i+1) rotate together by angle
+    pos / 10000^(2i / d_head) over the whole head (TransformerLens's native rotary, and `HookedTransformer`'s
+    with `rotary_adjacent_pairs=True`)."""
+
+    def __init__(self, d_head: int, n_ctx: int, base: float = 10000.0):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2).float() / d_head))
+        angles = torch.outer(torch.arange(n_ctx).float(), inv_freq)
+        self.register_buffer("cos", angles.cos().repeat_interleave(2, dim=-1), persistent=False)
+        self.register_buffer("sin", angles.sin().repeat_interleave(2, dim=-1), persistent=False)
+
+    def apply_rope(self, q: Float[Tensor, "*batch pos d_head"],
+                   k: Float[Tensor, "*batch pos d_head"]) -> tuple[Tensor, Tensor]:
+        """q and k rotated by their position (the second-to-last axis, counted from 0)."""
+        seq = q.shape[-2]
+        cos, sin = self.cos[:seq].to(q.dtype), self.sin[:seq].to(q.dtype)
+
+        def rotate(x: Tensor) -> Tensor:
+            half = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+            return x * cos + half * sin
+
+        return rotate(q), rotate(k)
+
+
+def _native(model: Any) -> nn.Module:
+    """The native-layout module holding `model`'s weights: a `native_module` itself, a bridge's
+    `original_model`, or for a `HookedTransformer` (another layout) a plain copy of its weights."""
+    if _is_native(model):
+        return model
+    if _tl.is_bridge(model):
+        return model.original_model
+    return native_module(model.markov_config, _tl.native_state(model), device=model.W_E.device)
 
 
 @dataclasses.dataclass
 class FastParams:
-    """References (not copies) to the hooked model's parameters, in the order a forward pass uses them."""
+    """References to the model's parameter-holding modules, in the order a forward pass uses them (for a
+    `HookedTransformer`, modules holding a copy)."""
 
     cfg: ModelConfig
     embed: nn.Embedding
     pos: Optional[nn.Embedding]
-    rotary: Optional[nn.Module]
+    rotary: Optional[Rotary]
     blocks: list  # per block: (ln1, q, k, v, o, ln2, fc_in, fc_out, act)
     ln_final: nn.Module
     head: nn.Linear
 
 
-def fast_params(model: TransformerBridge) -> FastParams:
-    """Collect the modules holding `model`'s parameters for `fast_forward` (cheap; re-run after swaps)."""
+def fast_params(model: Any) -> FastParams:
+    """Collect the modules holding `model`'s parameters for `fast_forward` (cheap; re-run after swaps).
+
+    `model`: a `native_module` or a TransformerBridge (the fused forward then reads and trains its very
+    parameters), or a `HookedTransformer` (read from a copy: analysis only)."""
     cfg: ModelConfig = model.markov_config
-    native = model.original_model
+    native = _native(model)
+    raw, act = _tl.raw, ACTIVATIONS[cfg.act_fn]  # raw: the torch module behind a bridge's component
     blocks = []
-    for block in model.blocks:
-        attn = block.attn
-        entry = [_raw(block.ln1), _raw(attn.q), _raw(attn.k), _raw(attn.v), _raw(attn.o)]
-        if cfg.attn_only:
-            entry += [None, None, None, None]
-        else:
-            mlp = _raw(block.mlp)
-            entry += [_raw(block.ln2), _raw(getattr(block.mlp, "in")), _raw(block.mlp.out), mlp.act]
+    for block in native.layers:
+        entry = [raw(block.ln1)] + [raw(getattr(block.attn, name)) for name in "qkvo"]
+        mlp = None if cfg.attn_only else block.mlp
+        entry += [None] * 4 if mlp is None else [raw(block.ln2), raw(mlp.fc_in), raw(mlp.fc_out), act]
         blocks.append(tuple(entry))
-    return FastParams(
-        cfg=cfg,
-        embed=_raw(model.embed),
-        pos=_raw(model.pos_embed) if cfg.positional == "standard" else None,
-        rotary=native.rotary if cfg.positional == "rotary" else None,
-        blocks=blocks,
-        ln_final=_raw(model.ln_final),
-        head=_raw(model.unembed),
-    )
+    embed = raw(native.tok_embed)
+    rotary = Rotary(cfg.d_head, cfg.n_ctx).to(embed.weight.device) if cfg.positional == "rotary" else None
+    pos = raw(native.pos) if native.pos is not None else None
+    return FastParams(cfg=cfg, embed=embed, pos=pos, rotary=rotary, blocks=blocks, ln_final=raw(native.ln_out),
+                      head=raw(native.head))
 
 
 def fast_forward(
-    model: "TransformerBridge | FastParams",
+    model: Any,
     tokens: Int[Tensor, "batch pos"],
     interventions: Optional[dict] = None,
 ) -> Float[Tensor, "batch pos vocab"]:
@@ -478,11 +598,10 @@ def fast_forward(
     x = F.embedding(tokens, p.embed.weight)
     if p.pos is not None:
         x = x + p.pos.weight[:seq]
-    n_heads, d_head = cfg.n_heads, cfg.d_head
     for ln1, q, k, v, o, ln2, fc_in, fc_out, act in p.blocks:
-        h = ln1(x)
-        qh, kh, vh = (rearrange(proj(h), "batch pos (head d_head) -> batch head pos d_head", head=n_heads,
-                                d_head=d_head) for proj in (q, k, v))
+        h = ln1(x)  # heads per layer follow from the weights' rows
+        qh, kh, vh = (rearrange(proj(h), "batch pos (head d_head) -> batch head pos d_head", d_head=cfg.d_head)
+                      for proj in (q, k, v))
         if p.rotary is not None:
             qh, kh = p.rotary.apply_rope(qh, kh)
         z = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
@@ -513,7 +632,7 @@ def _hooked_fast_forward(p: FastParams, tokens: Int[Tensor, "batch pos"],
         x = hook(b + "hook_resid_pre", x)
         h = ln1(x)
         heads = [hook(f"{b}attn.hook_{name}", rearrange(proj(h), "batch pos (head d_head) -> batch pos head d_head",
-                                                        head=cfg.n_heads))
+                                                        d_head=cfg.d_head))
                  for name, proj in zip("qkv", (q, k, v))]
         qh, kh, vh = (rearrange(a, "batch pos head d_head -> batch head pos d_head") for a in heads)
         if p.rotary is not None:
@@ -554,10 +673,15 @@ def causal_pattern(q: Float[Tensor, "*batch head query_pos d_head"],
 
 
 # ------------------------------------------------------------------------------------------- tying check
-def check_tied(model: TransformerBridge) -> None:
-    """Assert that a tied model's embedding and unembedding are one Parameter (internal invariant)."""
+def check_tied(model: Any) -> None:
+    """Assert that a tied model's embedding and unembedding are one Parameter (a `native_module`, a bridge) or,
+    in a `HookedTransformer` (TL has no tying), equal copies (internal invariant)."""
     cfg: ModelConfig = model.markov_config
-    embed, head = _raw(model.embed).weight, _raw(model.unembed).weight
+    if not _is_native(model) and not _tl.is_bridge(model):
+        assert not cfg.tie_weights or torch.equal(model.W_U.T, model.W_E), "tied copies W_U.T and W_E differ"
+        return
+    native = _native(model)
+    embed, head = _tl.raw(native.tok_embed).weight, _tl.raw(native.head).weight
     if cfg.tie_weights:
         assert embed is head, "weight tying broken: embedding and unembedding are different tensors"
     else:
@@ -565,44 +689,38 @@ def check_tied(model: TransformerBridge) -> None:
 
 
 # ------------------------------------------------------------------------------------------ save / load
-def state_dict_for_save(model: TransformerBridge) -> dict[str, Tensor]:
-    """TransformerLens-named weights, contiguous CPU copies; a tied unembedding is stored once (as
-    `embed.weight`) and the synthetic zero head bias of a bias-free head is left out."""
-    cfg: ModelConfig = model.markov_config
-    state = {}
-    for name, tensor in model.state_dict().items():
-        if cfg.tie_weights and name == "unembed.weight":
-            continue
-        if name == "unembed.bias" and not cfg.unembed_bias:
-            continue
-        state[name] = tensor.detach().to("cpu").contiguous().clone()
-    return state
+def state_dict_for_save(model: Any) -> dict[str, Tensor]:
+    """The on-disk state of `model` (`native_state`): contiguous CPU copies in TransformerLens bridge names; a
+    tied unembedding is stored once (as `embed.weight`), biases the config lacks are left out."""
+    return native_state(model)
 
 
-def _expected_shapes(model: TransformerBridge) -> dict[str, tuple]:
-    return {name: tuple(t.shape) for name, t in state_dict_for_save(model).items()}
+def disk_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters of a `native_module` (or a bridge) by their on-disk names (live references, for
+    freezing); a tied unembedding appears once, as `embed.weight`."""
+    if _is_native(model):
+        return {_tl_name(name): param for name, param in model.named_parameters()}
+    if not _tl.is_bridge(model):
+        raise ValueError(f"disk_parameters needs a native_module or a TransformerBridge, got {type(model).__name__}")
+    names = _tl.disk_shapes(model.markov_config)
+    return {name: p for name, p in model.state_dict(keep_vars=True).items() if name in names}
 
 
 @torch.no_grad()
-def load_weights_into(model: TransformerBridge, state: dict[str, Tensor], *, source: str = "weights") -> None:
-    """Copy `state` (as written by `save`) into `model` in place, keeping tying. Missing, unexpected or
-    wrongly shaped tensors raise ValueError naming them."""
-    expected = _expected_shapes(model)
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"{source}: missing tensors {missing}, unexpected tensors {unexpected}")
-    bad = {k: (tuple(state[k].shape), expected[k]) for k in expected if tuple(state[k].shape) != expected[k]}
-    if bad:
-        detail = ", ".join(f"{k} has shape {got}, expected {want}" for k, (got, want) in sorted(bad.items()))
-        raise ValueError(f"{source}: wrong shapes: {detail}")
-    targets = model.state_dict(keep_vars=True)
-    for name, tensor in state.items():  # non-finite values are loaded as they are (a diverged run is data)
-        targets[name].copy_(tensor.to(device=targets[name].device, dtype=targets[name].dtype))
+def load_weights_into(model: Any, state: dict[str, Tensor], *, source: str = "weights") -> None:
+    """Copy `state` (as written by `save`) into `model` (a `native_module` or a hooked model of either kind) in
+    place, keeping tying. Missing, unexpected or wrongly shaped tensors raise ValueError naming them."""
+    _tl.check_state(model.markov_config, state, source=source)
+    if not _is_native(model):
+        _tl.load_native_state(model, state)
+    else:
+        targets = disk_parameters(model)
+        for name, tensor in state.items():  # non-finite values are loaded as they are (a diverged run is data)
+            targets[name].copy_(tensor.to(device=targets[name].device, dtype=targets[name].dtype))
     check_tied(model)
 
 
-def save(model: TransformerBridge, path: "str | os.PathLike", cfg: Optional[ModelConfig] = None) -> Path:
+def save(model: Any, path: "str | os.PathLike", cfg: Optional[ModelConfig] = None) -> Path:
     """Write `model`'s weights to `path` (a `.safetensors` file, or a folder that gets `model.safetensors`).
 
     TransformerLens state-dict names; a tied unembedding is stored once; the `ModelConfig` is embedded as
@@ -654,7 +772,7 @@ def read_weights(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tens
     return cfg, state
 
 
-def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None) -> TransformerBridge:
+def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None) -> Any:
     """The hooked model saved at `path` (a run folder, or a `.safetensors` file written by `save`).
 
     Tying is restored (one shared Parameter). A missing file raises FileNotFoundError; a corrupt file, a
@@ -665,9 +783,5 @@ def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[Mode
     if expect is not None and expect != cfg:
         diff = {k: (v, getattr(expect, k)) for k, v in cfg.to_dict().items() if getattr(expect, k) != v}
         raise ValueError(f"{path}: model config differs from the expected one (saved, expected): {diff}")
-    model = build(cfg, seed=0)
-    load_weights_into(model, state, source=str(path))
-    if device is not None:
-        model.to(torch.device(device), print_details=False)
-    model.eval()
-    return model
+    _tl.check_state(cfg, state, source=str(path))
+    return hooked_model(cfg, state, device=device)

@@ -95,10 +95,8 @@ class Stack:
         atomic_write(path, st_save(self.member_state(k), metadata=metadata))
 
     def hooked_model(self, k: int, device: Any = None) -> Any:
-        """Member k as a hooked TransformerLens model (`models.build` with its weights copied in)."""
-        model = models.build(self.configs[k], seed=0, device=device)
-        models.load_weights_into(model, self.member_state(k), source=f"stack member {k}")
-        return model
+        """Member k as a hooked TransformerLens model (`models.hooked_model` of its weights)."""
+        return models.hooked_model(self.configs[k], self.member_state(k), device=device)
 
     @torch.no_grad()
     def load_member(self, k: int, state: Mapping[str, Tensor]) -> None:
@@ -126,89 +124,11 @@ def build_stack(configs: Sequence[ModelConfig], seeds: Sequence[int], *, device:
             raise ValueError(f"model config {i} differs from config 0 in model.{field}: members of a stack "
                              f"may differ only in {list(INIT_FIELDS)}")
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    if shared.positional == "standard" and shared.act_fn in _ACTIVATIONS:
-        states = [_initial_state(cfg, seed) for cfg, seed in zip(configs, seeds)]
-        act, rotary = _ACTIVATIONS[shared.act_fn], None
-    else:  # rotary positions / gelu_new: take TransformerLens's modules from a built model
-        templates: dict = {}
-        states = []
-        for cfg, seed in zip(configs, seeds):
-            if cfg not in templates:
-                templates[cfg] = models.build(cfg, seed=seed)
-            template = templates[cfg]
-            models._initialise(template.original_model, cfg, seed)
-            states.append(models.state_dict_for_save(template))
-        fp = models.fast_params(template)
-        act = fp.blocks[0][8] if not shared.attn_only else None
-        rotary = fp.rotary.to(dev) if fp.rotary is not None else None
+    states = [models.initial_state(cfg, seed) for cfg, seed in zip(configs, seeds)]
+    act = None if shared.attn_only else models.ACTIVATIONS[shared.act_fn]
+    rotary = models.Rotary(shared.d_head, shared.n_ctx).to(dev) if shared.positional == "rotary" else None
     params = {name: torch.stack([s[name] for s in states]).to(dev).requires_grad_(True) for name in states[0]}
     return Stack(configs, params, act, rotary)
-
-
-# the native model's MLP nonlinearities that are plain torch functions (gelu_new is TransformerLens's own)
-_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
-
-
-def _initial_state(cfg: ModelConfig, seed: int) -> dict[str, Tensor]:
-    """`models.state_dict_for_save(models.build(cfg, seed=seed))` without building a hooked model: the same
-    initialiser (`models._initialise`) run on plain torch modules laid out like the native model, so no
-    transformer_lens import (seconds) is needed. Tested equal to `build`."""
-    native = _plain_native(cfg)
-    models._initialise(native, cfg, seed)
-    state = {}
-    for name, tensor in native.state_dict().items():
-        tl_name = _tl_name(name)
-        if cfg.tie_weights and tl_name == "unembed.weight":
-            continue  # one matrix, stored as the embedding (as `models.save` does)
-        state[tl_name] = tensor.detach().clone()
-    return state
-
-
-def _plain_native(cfg: ModelConfig) -> torch.nn.Module:
-    """Plain modules with the native model's attribute layout and parameter order (`models._native_model`)."""
-    nn = torch.nn
-    with torch.random.fork_rng(devices=[]):  # constructors draw from the global RNG; the init overwrites them
-        native = nn.Module()
-        native.tok_embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        native.pos = nn.Embedding(cfg.n_ctx, cfg.d_model)
-        h = cfg.n_heads * cfg.d_head
-        layers = []
-        for _ in range(cfg.n_layers):
-            block = nn.Module()
-            block.ln1 = _plain_norm(cfg)
-            block.attn = nn.Module()
-            for name in "qkv":
-                setattr(block.attn, name, nn.Linear(cfg.d_model, h, bias=cfg.attn_bias))
-            block.attn.o = nn.Linear(h, cfg.d_model, bias=cfg.attn_bias)
-            if not cfg.attn_only:
-                block.ln2 = _plain_norm(cfg)
-                block.mlp = nn.Module()
-                block.mlp.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
-                block.mlp.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
-            layers.append(block)
-        native.layers = nn.ModuleList(layers)
-        native.ln_out = _plain_norm(cfg)
-        native.head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)
-        if cfg.tie_weights:
-            native.head.weight = native.tok_embed.weight
-    return native
-
-
-def _plain_norm(cfg: ModelConfig) -> torch.nn.Module:
-    if cfg.normalization == "LN":
-        return torch.nn.LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.layernorm_bias)
-    return torch.nn.Identity()  # LNPre and None have no parameters
-
-
-def _tl_name(name: str) -> str:
-    """A native parameter name as TransformerLens names it (`layers.0.mlp.fc_in.weight` -> `blocks.0.mlp.in.weight`)."""
-    head, _, rest = name.partition(".")
-    if head == "layers":
-        index, _, inner = rest.partition(".")
-        inner = inner.replace("mlp.fc_in.", "mlp.in.").replace("mlp.fc_out.", "mlp.out.")
-        return f"blocks.{index}.{inner}"
-    prefix = {"tok_embed": "embed", "pos": "pos_embed", "ln_out": "ln_final", "head": "unembed"}[head]
-    return f"{prefix}.{rest}"
 
 
 # ------------------------------------------------------------------------------------------------ forward

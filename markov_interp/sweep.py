@@ -66,7 +66,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from transformer_lens.model_bridge import TransformerBridge
 
 from markov_interp import dynamics, runfolder
 from markov_interp._io import atomic_path, atomic_write
@@ -457,7 +456,7 @@ class CellResult:
         return cls(probe=probe, **data)
 
 
-def _probe(model: TransformerBridge, config: RunConfig) -> tuple[ProbeColumns, Optional[dict]]:
+def _probe(model: Any, config: RunConfig) -> tuple[ProbeColumns, Optional[dict]]:
     """Mechanism and key probe scores of a trained model, and the full `classify_mechanism` report as a dict
     (None when the probes offer no classifier)."""
     from markov_interp import probes

@@ -657,8 +657,8 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
     source = run.source.build()
     # rounded: the last bits of theory's linear algebra vary between calls; rows must compare exactly
     references = theory.reference_losses(source, tc.seq_len + 1).as_row(digits=12)
-    model = models.build(run.model, seed=tc.seed, device=device)
-    model.train()
+    # the plain native module (no hooks, no transformer_lens); the hooked model is built from it at the end
+    model = models.native_module(run.model, models.initial_state(run.model, tc.seed), device=device)
     clamps = intervene.ClampState()
     optimizer = _make_optimizer(model, tc)
     scaler = torch.amp.GradScaler(device.type, enabled=tc.loss_scaling)
@@ -674,7 +674,7 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
     fp = models.fast_params(model)
     # the parameters by state-dict name, once (freezes name them; building the dict each step costs ~0.6 ms)
     freezes = any(isinstance(i, intervene.Freeze) for i in tc.interventions)
-    params = model.state_dict(keep_vars=True) if freezes else {}
+    params = models.disk_parameters(model) if freezes else {}
     ckpt_steps = set(checkpoint_steps(tc.steps, tc.n_checkpoints))
     eval_steps = evaluation_steps(tc)
     bar = tqdm(total=tc.steps, initial=start, disable=not progress, desc="train", unit="step", dynamic_ncols=True)
@@ -712,12 +712,12 @@ def _train(run: RunConfig, out: Optional[Path], progress: bool) -> TrainResult:
         bar.close()
 
     models.check_tied(model)
-    model.eval()
     _check_finite(out, rows, tc.steps, model, [])
     if out is not None:
         models.save(model, out)
+    hooked = models.hooked_model(run.model, models.state_dict_for_save(model), device=device)
     final = _final(rows, references)
-    return TrainResult(model=model, metrics=rows, final=final, config=run, out_dir=out, resumed_from=resumed_from)
+    return TrainResult(model=hooked, metrics=rows, final=final, config=run, out_dir=out, resumed_from=resumed_from)
 
 
 def _resume(out: Path, tc: TrainConfig, model: TransformerBridge, optimizer: torch.optim.Optimizer,
