@@ -18,23 +18,33 @@ from typing import Optional
 
 import torch
 
+from markov_interp import models
 from markov_interp.models import ModelConfig, build
 
 
 def _params(model) -> dict:
-    """The native model's parameters by their plain names (the bridge's wrappers stripped)."""
-    return {
-        name.replace("._original_component", ""): param for name, param in model.original_model.named_parameters()
-    }
+    """The model's on-disk tensors (`models.native_state`, copies) by their native names (`tok_embed.weight`,
+    `layers.0.attn.q.weight`, `head.weight`, ...): the same on every TransformerLens version."""
+    state = models.native_state(model)
+    return {native: state[disk] for native, disk in _native_names(model).items()}
+
+
+def _native_names(model) -> dict:
+    """{native name: on-disk name} of the model's weights (a tied head is stored as the embedding)."""
+    cfg = model.markov_config
+    return {name: models._tl_name(name) for name in models._plain_native(cfg).state_dict()
+            if not (cfg.tie_weights and name == "head.weight")}
 
 
 @torch.no_grad()
 def _set(model, values: dict) -> None:
-    params = _params(model)
-    for param in params.values():
-        param.zero_()
+    """Zero every weight of `model`, then write `values` (native names), through the on-disk state: the model
+    (HookedTransformer or TransformerBridge) is loaded as `models.hooked_model` would build it."""
+    names = _native_names(model)
+    state = {names[name]: torch.zeros_like(t) for name, t in _params(model).items()}
     for name, value in values.items():
-        params[name].copy_(value)
+        state[names[name]].copy_(value)
+    models.load_weights_into(model, state, source="hand-set weights")
 
 
 @torch.no_grad()

@@ -28,6 +28,11 @@ def _stack_and_solos(overrides: dict, seeds=(0, 5, 7)):
     return stacked.build_stack(configs, list(seeds)), [models.build(c, seed=s) for c, s in zip(configs, seeds)]
 
 
+def _trained_module(cfg, seed):
+    """What solo `train` optimises: the plain native module at the seed's init."""
+    return models.native_module(cfg, models.initial_state(cfg, seed))
+
+
 def _tokens(n_members: int, batch: int = 3, seq: int = 32, vocab: int = 2):
     return torch.randint(0, vocab, (n_members, batch, seq), generator=torch.Generator().manual_seed(1))
 
@@ -59,11 +64,12 @@ INITS = {
 
 @pytest.mark.parametrize("init", list(INITS))
 def test_initial_state_is_builds_without_transformer_lens(init):
-    """The stack's own initialiser (no hooked model) gives `models.build`'s weights bit for bit."""
+    """The initialiser on plain modules (no hooked model) gives `models.build`'s weights bit for bit (the hooked
+    model of either kind holds them exactly)."""
     cfg = preset("paper-1layer", n_ctx=16, **INITS[init])
     for seed in (0, 3):
         expected = models.state_dict_for_save(models.build(cfg, seed=seed))
-        got = stacked._initial_state(cfg, seed)
+        got = models.initial_state(cfg, seed)
         assert list(got) == list(expected)
         for name in expected:
             assert torch.equal(got[name], expected[name]), name
@@ -73,10 +79,9 @@ def test_initial_state_is_builds_without_transformer_lens(init):
 def test_solo_optimizer_order_is_trainings(arch):
     """The optimiser state a stack checkpoints numbers parameters as solo training's torch optimiser does."""
     stack, solos = _stack_and_solos(ARCHS[arch], seeds=(0,))
-    names = {}
-    for name, tensor in solos[0].state_dict(keep_vars=True).items():
-        names.setdefault(id(tensor), name)
-    expected = [names[id(p)] for g in training._decay_groups(solos[0], 1e-3) for p in g["params"]]
+    solo = _trained_module(solos[0].markov_config, 0)  # what solo `train` optimises
+    names = {id(p): name for name, p in models.disk_parameters(solo).items()}
+    expected = [names[id(p)] for g in training._decay_groups(solo, 1e-3) for p in g["params"]]
     assert stacked.StackedOptimizer(stack, kind="adamw").solo_order() == expected
 
 
@@ -84,10 +89,11 @@ def test_stack_gradients_equal_solo_gradients():
     stack, solos = _stack_and_solos(dict(n_layers=2, tie_weights=False))
     tokens = _tokens(len(solos))
     stacked.stacked_loss(stacked.stacked_forward(stack, tokens[..., :-1]), tokens[..., 1:]).sum().backward()
-    for k, solo in enumerate(solos):
+    for k, (cfg, seed) in enumerate(zip(stack.configs, (0, 5, 7))):
+        solo = _trained_module(cfg, seed)
         logits = models.fast_forward(solo, tokens[k, :, :-1])
         training._loss(logits, tokens[k, :, 1:]).backward()
-        grads = {name: p.grad for name, p in solo.state_dict(keep_vars=True).items()}
+        grads = {name: p.grad for name, p in models.disk_parameters(solo).items()}
         for name, param in stack.params.items():
             torch.testing.assert_close(param.grad[k], grads[name], rtol=0, atol=1e-7)
 

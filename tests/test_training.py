@@ -94,16 +94,21 @@ def test_bad_train_configs_are_refused(kwargs, match):
         TrainConfig(**kwargs)
 
 
+def _trained_module(cfg):
+    """What `train` optimises: the plain native module."""
+    return models.native_module(cfg, models.initial_state(cfg, 0))
+
+
 def test_weight_decay_only_on_linear_weights():
-    model = models.build(preset("paper-1layer", n_ctx=32), seed=0)
+    model = _trained_module(preset("paper-1layer", n_ctx=32))
     decay, no_decay = training._decay_groups(model, 1e-3)
     decayed = {id(p) for p in decay["params"]}
-    assert id(model.embed.W_E) not in decayed  # tied embedding = unembedding: no decay
-    assert id(models._raw(model.pos_embed).weight) not in decayed
-    assert id(models._raw(model.blocks[0].attn.q).weight) in decayed
-    assert id(models._raw(model.blocks[0].mlp.out).weight) in decayed
+    assert id(model.tok_embed.weight) not in decayed  # tied embedding = unembedding: no decay
+    assert id(model.pos.weight) not in decayed
+    assert id(model.layers[0].attn.q.weight) in decayed
+    assert id(model.layers[0].mlp.fc_out.weight) in decayed
     assert len(decay["params"]) == 6 and no_decay["weight_decay"] == 0.0
-    untied = models.build(preset("paper-1layer", n_ctx=32, tie_weights=False), seed=0)
+    untied = _trained_module(preset("paper-1layer", n_ctx=32, tie_weights=False))
     assert len(training._decay_groups(untied, 1e-3)[0]["params"]) == 7  # untied head is a linear layer
 
 
