@@ -2,8 +2,8 @@
 3.x (HookedTransformer) and 4.x (TransformerBridge), its inverse, the converter for TL's unmodified models,
 heads per layer, and docs/transformerlens.md's "probe your own TransformerLens model" (executed).
 
-Every test here runs on whatever TransformerLens is installed; CI runs this file under TL 2.18, 3.2 and 4.3
-(`pytest -m tlcompat`, see .ci/run)."""
+Every test here runs on whatever TransformerLens is installed; CI runs this file (the `tlcompat` tier,
+tests/conftest.py) under TL 2.18, 3.2 and 4.x (.ci/tlcompat)."""
 
 import ast
 import dataclasses
@@ -16,7 +16,6 @@ import torch
 from markov_interp import _tl, models
 from markov_interp.models import ModelConfig, preset
 
-pytestmark = pytest.mark.tlcompat
 ROOT = Path(__file__).resolve().parent.parent
 KIND = _tl.hooked_kind()
 
