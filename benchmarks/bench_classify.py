@@ -2,9 +2,10 @@
 
 The models are the README's (untrained weights: the probes do the same work whatever the weights, except
 that set ablations only run for roles that hold heads): the paper's one-layer model on the binary chain
-(probe length 128, the Python default, and 256, the `markov-interp probe` default for the quick-start run),
-and the two-layer attention-only model on random 3-state kernels (length 32, as in the README's example,
-and 128). Prints the median seconds of `--repeats` calls and the ratio to one forward pass on the same
+(probe length 128, the default for a model whose training length is unknown; 256, `train`'s default length and
+so the probe default for its runs, from Python, `probe`, `report` and sweeps alike; 1024, the training length
+of the full reproduction's (p, q) grid, which its sweeps now probe at), and the two-layer attention-only model
+on random 3-state kernels (length 32, as in the README's example, and 128). Prints the median seconds of `--repeats` calls and the ratio to one forward pass on the same
 probe batch, measured in the same process.
 
     python benchmarks/bench_classify.py [--repeats 5] [--threads 1] [--n-sequences 64]
@@ -23,6 +24,7 @@ from markov_interp.probes import classify_mechanism, sample_batch
 CASES = (
     ("paper-1layer, binary p=0.2 q=0.3", "paper-1layer", {}, BinaryChain(0.2, 0.3), 128),
     ("paper-1layer, binary p=0.2 q=0.3", "paper-1layer", {}, BinaryChain(0.2, 0.3), 256),
+    ("paper-1layer, binary p=0.2 q=0.3", "paper-1layer", {}, BinaryChain(0.2, 0.3), 1024),
     ("attn-only-2layer, RandomMarkov(3)", "attn-only-2layer", dict(d_vocab=3, n_ctx=32), RandomMarkov(3), 32),
     ("attn-only-2layer, RandomMarkov(3)", "attn-only-2layer", dict(d_vocab=3), RandomMarkov(3), 128),
 )

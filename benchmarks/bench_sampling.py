@@ -55,10 +55,13 @@ def main() -> None:
     ours = timed(lambda: chain.sample(args.batch, args.seq_len, g), args.repeats, args.device)
     random3 = RandomMarkov(3)
     rand_time = timed(lambda: random3.sample(args.batch, args.seq_len, g), args.repeats, args.device)
+    pool3 = RandomMarkov(3, pool_size=1024)
+    pool_time = timed(lambda: pool3.sample(args.batch, args.seq_len, g), args.repeats, args.device)
     print(f"device {args.device}, threads {torch.get_num_threads()}, batch {args.batch} x seq_len {args.seq_len}")
     print(f"  per-position loop (reference) : {reference * 1e3:8.3f} ms / batch")
     print(f"  BinaryChain.sample            : {ours * 1e3:8.3f} ms / batch   speed-up x{reference / ours:.1f}")
     print(f"  RandomMarkov(3).sample        : {rand_time * 1e3:8.3f} ms / batch   speed-up x{reference / rand_time:.1f}")
+    print(f"  RandomMarkov(3, pool_size=1024): {pool_time * 1e3:7.3f} ms / batch   speed-up x{reference / pool_time:.1f}")
 
 
 if __name__ == "__main__":

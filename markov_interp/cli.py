@@ -28,6 +28,7 @@ _TRAIN_SHORTCUTS = (
         help="markov: the kernel as JSON, e.g. '[[0.9,0.1,0],[0.2,0.5,0.3],[0,0.4,0.6]]' (rows: current state, "
         "columns: next state; for order k, nested k+1 deep or flat [V**k, V])")),
     ("data", "--order", "source.order", dict(type=int, help="markov / random: chain order k (default 1)")),
+    ("data", "--pool-size", "source.pool_size", dict(type=int, help="random: N kernels, one drawn per sequence")),
     ("model", "--preset", "model.preset", dict(
         help="paper-1layer (default for fixed kernels), paper-2layer, attn-only-2layer (default for random)")),
     ("model", "--layers", "model.n_layers", dict(type=int, help="number of blocks")),
@@ -266,7 +267,8 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="run folder written by `markov-interp train` (config.json, model.safetensors)")
     p.add_argument("--json", action="store_true", help="print the full report as JSON instead of a summary")
     p.add_argument("--seq-len", type=int, default=None,
-                   help="probe sequence length (default: the run's training length, at most 256)")
+                   help="probe sequence length (default: the run's training length; longer warns, beyond "
+                   "n_ctx is refused)")
     p.add_argument("--n-sequences", type=int, default=64, help="probe sequences (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe sequences (default 0)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
@@ -290,8 +292,8 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
                 print(f"diverged: {runfolder.diverged_message(run_dir, diverged)}")
             return EXIT_DIVERGED
         model = models.load(run_dir, device=device, expect=run.model)
-        seq_len = args.seq_len if args.seq_len is not None else min(run.train.seq_len, 256)
-        report = classify_mechanism(model, run.source.build(), seq_len=seq_len, n_sequences=args.n_sequences,
+        # the length rule is the probes' (probes._common.probe_length): the loaded model knows its training length
+        report = classify_mechanism(model, run.source.build(), seq_len=args.seq_len, n_sequences=args.n_sequences,
                                     seed=args.seed)
         if args.json:
             print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
@@ -306,11 +308,8 @@ def _print_probe(report: Any) -> None:
     """The `probe` summary: the label and why, every candidate law, the circuit's roles, per-head scores."""
     order = f" (order {report.order})" if report.order is not None else ""
     print(f"mechanism: {report.mechanism}{order}{'' if report.confident else ' (not confident)'}")
-    from markov_interp.theory import format_loss
-
-    refs = ", ".join(f"{k} {format_loss(report.reference(k), report.reference(f'{k}_se'))}"
-                     for k in ("entropy_rate", "unigram_loss", "bayes_loss") if report.reference(k) is not None)
-    print(f"eval loss {report.eval_loss:.4f} nats ({refs})")
+    # describe() names the plateau for what it is: H(pi), or the in-context unigram loss for random kernels
+    print(f"eval loss {report.eval_loss:.4f} nats ({report.references.describe()})")
     for reason in report.reasons:
         print(f"  - {reason}")
     sim = report.strategies
@@ -347,7 +346,8 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="HTML file to write (default RUN_DIR/report.html)")
     p.add_argument("--n-sequences", type=int, default=64, help="sequences in the probe batch (default 64)")
     p.add_argument("--seq-len", type=int, default=None,
-                   help="length of the probe sequences (default min(training length, n_ctx, 128))")
+                   help="length of the probe sequences (default: the run's training length; longer warns, "
+                   "beyond n_ctx is refused)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe batch (default 0)")
     p.add_argument("--max-checkpoints", type=int, default=8, help="checkpoints re-probed for the dynamics (default 8)")
     p.add_argument("--device", default="cpu", help="device to probe on (default cpu)")
@@ -494,11 +494,23 @@ def _one_line(err: BaseException) -> str:
     return " ".join(text.split()) or type(err).__name__
 
 
+def _print_warning(command: str) -> Any:
+    """`warnings.showwarning` for the CLI: a warning is one line on stderr, like an error."""
+    def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+        print(f"markov-interp {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _print_warning(args.command)
+            return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         if getattr(args, "debug", False):
             raise

@@ -5,7 +5,13 @@ Three sources, one interface (`.sample(batch, seq_len, generator=...)` -> `Int[T
 - `BinaryChain(p, q)`: the two-state chain of Makkuva et al. with P(0 -> 1) = p and P(1 -> 0) = q.
 - `MarkovChain(kernel, order=k)`: any number of states; for order k the kernel is indexed by the last k states.
 - `RandomMarkov(vocab, order, alpha)`: a fresh kernel per sequence, rows ~ Dirichlet(alpha): the in-context
-  learning task of the induction-head literature (Edelman et al. 2024).
+  learning task of the induction-head literature (Edelman et al. 2024). With `pool_size=N` every sequence draws
+  one of N kernels fixed once (a finite pool: the task-diversity setting of Raventos et al. 2023).
+
+What theory, probes and training need from a source is the `Source` protocol: vocab, order, the prior's `alpha`,
+the finite `pool` of kernels (a fixed chain is a pool of one), `sample(..., return_kernels=True)` for the kernels
+of a batch and `initial_context_laws(kernels)` for the law of each sequence's first states. A new source kind is
+one class that satisfies it plus a builder in `SourceConfig`.
 
 Sampling is vectorised over positions as well as sequences. A chain step is a map from states to states,
 `x_t = F_t(x_{t-1})`, where `F_t` is drawn up front for every possible current state from one uniform per
@@ -15,8 +21,10 @@ for two states, where a map is a reset, the identity or a flip, with a cumulativ
 """
 
 import dataclasses
+import functools
 import math
-from typing import Any, Union
+from collections.abc import Callable
+from typing import Any, ClassVar, Optional, Protocol, Union, runtime_checkable
 
 import torch
 from jaxtyping import Float, Int
@@ -198,6 +206,41 @@ def _draw(law: Tensor, batch: int, generator: torch.Generator | None, device: to
 
 
 # ---------------------------------------------------------------------------------------------- sources
+Kernels = Float[Tensor, "batch context vocab"]  # one kernel per sequence, flattened to [V**order, V]
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What a source owes theory, probes and training; `MarkovChain`, `BinaryChain` and `RandomMarkov` satisfy it.
+
+    - `vocab`, `order`: states 0..vocab-1; the next state depends on the last `order` states.
+    - `alpha`: the Dirichlet concentration of the prior each sequence's kernel comes from, None for a fixed chain.
+      A source with a prior is a random-kernel source: its plateau and in-context references are add-alpha
+      estimators (`theory.plateau_predictions`, `theory.reference_losses`).
+    - `pool`: the finite set of kernels a sequence draws from, uniformly, as [N, V**order, V] float64 (a fixed
+      chain is a pool of one kernel); None when every sequence draws a fresh kernel from the prior. The exact
+      Bayes predictor of a finite pool is `theory.pool_bayes_predictions`.
+    - `sample(batch, seq_len, generator, *, device, return_kernels)`: tokens [batch, pos], with
+      `return_kernels` also each sequence's kernel [batch, V**order, V].
+    - `initial_context_laws(kernels)`: the law of each sequence's first `order` states over contexts, given
+      its kernel (the stationary law of that kernel, or a fixed law).
+    """
+
+    vocab: int
+    order: int
+
+    @property
+    def alpha(self) -> Optional[float]: ...
+
+    @property
+    def pool(self) -> Optional[Float[Tensor, "kernel context vocab"]]: ...
+
+    def sample(self, batch: int, seq_len: int, generator: Optional[torch.Generator] = None, *,
+               device: Any = None, return_kernels: bool = False) -> Any: ...
+
+    def initial_context_laws(self, kernels: Kernels) -> Float[Tensor, "batch context"]: ...
+
+
 class MarkovChain:
     """A Markov chain of order k on V states with a fixed kernel.
 
@@ -211,6 +254,8 @@ class MarkovChain:
     torch.Size([2, 5])
     """
 
+    alpha: Optional[float] = None  # no prior: one known kernel
+
     def __init__(self, kernel: Any, order: int = 1, *, initial: InitialLaw = "stationary"):
         self.kernel: Tensor = validate_kernel(kernel, order=order)
         self.order = order
@@ -223,20 +268,32 @@ class MarkovChain:
         """The law of the first `order` states, over contexts (base-V index, oldest state most significant)."""
         return self._initial
 
+    @property
+    def pool(self) -> Float[Tensor, "1 context vocab"]:
+        """The kernel as a pool of one, [1, V**order, V] (the `Source` protocol)."""
+        return _context_kernel(self.kernel)[None]
+
+    def initial_context_laws(self, kernels: Kernels) -> Float[Tensor, "batch context"]:
+        """The chain's initial context law, one row per sequence (the `Source` protocol)."""
+        return self._initial.to(kernels.device, torch.float64).expand(kernels.shape[0], -1)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab={self.vocab}, order={self.order})"
 
     def sample(
-        self, batch: int, seq_len: int, generator: torch.Generator | None = None, *, device: Any = None
-    ) -> Tokens:
-        """Draw `batch` independent sequences of `seq_len` states (int64) on the generator's device."""
+        self, batch: int, seq_len: int, generator: torch.Generator | None = None, *, device: Any = None,
+        return_kernels: bool = False,
+    ) -> Tokens | tuple[Tokens, Kernels]:
+        """Draw `batch` independent sequences of `seq_len` states (int64) on the generator's device; with
+        `return_kernels` also the kernel of each ([batch, V**order, V], the same for every row)."""
         _check_sizes(batch, seq_len)
         dev = _resolve_device(generator, device)
         first = _draw(self._initial, batch, generator, dev)
         cdf = self._cdf.to(dev).expand(batch, -1, -1)
-        return _sample_chain(
+        tokens = _sample_chain(
             cdf, first, vocab=self.vocab, order=self.order, seq_len=seq_len, generator=generator, device=dev
         )
+        return (tokens, self.pool.to(dev).expand(batch, -1, -1)) if return_kernels else tokens
 
 
 class BinaryChain(MarkovChain):
@@ -271,26 +328,81 @@ class RandomMarkov:
     uses (about 0.003 nats per target over 32 targets on 3 states, 0.0005 over 256 on 2; `theory.reference_losses`
     reports both losses).
 
+    With `pool_size=N` the kernels come from a finite pool instead: N kernels drawn once from the same prior with
+    a generator seeded by `pool_seed` (default 0; independent of the sampling generator), and every sequence draws
+    one of them uniformly. A model can then memorise the pool (its Bayes predictor is the posterior mixture over
+    the N kernels, `theory.pool_bayes_predictions`) or estimate in context; `out_of_pool()` is the source of
+    fresh kernels from the same prior, to tell the two apart.
+
     >>> tokens, kernels = RandomMarkov(3).sample(4, 10, generator=torch.Generator().manual_seed(0),
     ...                                          return_kernels=True)
     >>> tokens.shape, kernels.shape
     (torch.Size([4, 10]), torch.Size([4, 3, 3]))
+    >>> RandomMarkov(3, pool_size=2).pool.shape
+    torch.Size([2, 3, 3])
     """
 
-    def __init__(self, vocab: int, order: int = 1, alpha: float | int = 1.0, *, initial: InitialLaw = "stationary"):
+    def __init__(self, vocab: int, order: int = 1, alpha: float | int = 1.0, *, initial: InitialLaw = "stationary",
+                 pool_size: Optional[int] = None, pool_seed: Optional[int] = None):
         check_int("vocab", vocab, minimum=2)
         check_int("order", order, minimum=1)
         check_number("alpha", alpha, positive=True)
+        if pool_size is not None:
+            check_int("pool_size", pool_size, minimum=1)
+        if pool_seed is not None:
+            check_int("pool_seed", pool_seed, minimum=0)
+            if pool_size is None:
+                raise ValueError(f"pool_seed={pool_seed!r} is set without pool_size: the pool seed only applies to a "
+                                 "finite pool (pool_size=N); leave pool_seed out for a fresh kernel per sequence")
         self.vocab, self.order, self.alpha = vocab, order, float(alpha)
+        self.pool_size = pool_size
+        self.pool_seed = None if pool_size is None else (pool_seed or 0)
         self._initial = _initial_context_law(initial, None, vocab, order)
 
     def __repr__(self) -> str:
-        return f"RandomMarkov(vocab={self.vocab}, order={self.order}, alpha={self.alpha})"
+        pool = "" if self.pool_size is None else f", pool_size={self.pool_size}, pool_seed={self.pool_seed}"
+        return f"RandomMarkov(vocab={self.vocab}, order={self.order}, alpha={self.alpha}{pool})"
+
+    @property
+    def initial(self) -> str | tuple[float, ...]:
+        """The first-context law as given: "stationary" (each kernel's own) or the law over contexts as a tuple."""
+        return self._initial if isinstance(self._initial, str) else tuple(self._initial.tolist())
+
+    @functools.cached_property
+    def pool(self) -> Optional[Float[Tensor, "kernel context vocab"]]:
+        """The pool's kernels [pool_size, V**order, V] (float64, drawn once with `pool_seed`), None without a
+        pool. Do not modify it in place."""
+        if self.pool_size is None:
+            return None
+        return self.sample_kernels(self.pool_size, torch.Generator().manual_seed(self.pool_seed))
+
+    @functools.cached_property
+    def _pool_initial(self) -> Float[Tensor, "kernel context"]:
+        return self.initial_context_laws(self.pool)
+
+    def out_of_pool(self) -> "RandomMarkov":
+        """The source of fresh kernels from this source's prior (same vocab, order, alpha and first-state law, no
+        pool): its kernels lie outside any finite pool with probability 1.
+
+        Evaluating a model on it against on the pool tells memorisation from in-context estimation. For a kernel
+        swap: sequences `out_of_pool().sample(n, T, g, return_kernels=True)`; what a model that retrieves from
+        the pool predicts on them is `theory.true_predictions(self, tokens)` (the pool's Bayes predictor), what
+        one that estimates in context predicts is `theory.true_predictions(self.out_of_pool(), tokens)`.
+        """
+        return RandomMarkov(self.vocab, self.order, self.alpha, initial=self._initial)
+
+    def initial_context_laws(self, kernels: Kernels) -> Float[Tensor, "batch context"]:
+        """The law of each sequence's first `order` states given its kernel: the kernel's stationary context law
+        (default) or the fixed law, one row per kernel (the `Source` protocol)."""
+        if isinstance(self._initial, str):
+            return _solve_stationary(kernels.to(torch.float64))
+        return self._initial.to(kernels.device, torch.float64).expand(kernels.shape[0], -1)
 
     def sample_kernels(
         self, batch: int, generator: torch.Generator | None = None, *, device: Any = None
     ) -> Float[Tensor, "batch context vocab"]:
-        """Draw `batch` kernels (rows ~ Dirichlet(alpha)) as [batch, V**order, V] float64."""
+        """Draw `batch` kernels from the prior (rows ~ Dirichlet(alpha); never the pool) as [batch, V**order, V]
+        float64."""
         dev = _resolve_device(generator, device)
         # Dirichlet via normalised Gamma draws; torch's Gamma sampler has no generator argument, so use
         # Marsaglia-Tsang on generator-driven normals and uniforms (exact for shape >= 1; boost for < 1).
@@ -306,15 +418,18 @@ class RandomMarkov:
         *,
         device: Any = None,
         return_kernels: bool = False,
-    ) -> Tokens | tuple[Tokens, Float[Tensor, "batch context vocab"]]:
-        """Draw sequences, each from its own random kernel; with `return_kernels` also those kernels."""
+    ) -> Tokens | tuple[Tokens, Kernels]:
+        """Draw sequences, each from its own random kernel (a fresh Dirichlet draw, or a uniform draw from the
+        pool); with `return_kernels` also those kernels."""
         _check_sizes(batch, seq_len)
         dev = _resolve_device(generator, device)
-        kernels = self.sample_kernels(batch, generator, device=dev)
-        if isinstance(self._initial, str):  # stationary law of each sequence's own kernel
-            first = _draw(_solve_stationary(kernels), batch, generator, dev)
+        if self.pool is None:
+            kernels = self.sample_kernels(batch, generator, device=dev)
+            laws = self.initial_context_laws(kernels)
         else:
-            first = _draw(self._initial, batch, generator, dev)
+            index = torch.randint(self.pool_size, (batch,), generator=generator, device=dev)
+            kernels, laws = self.pool.to(dev)[index], self._pool_initial.to(dev)[index]
+        first = _draw(laws, batch, generator, dev)
         tokens = _sample_chain(
             kernels.cumsum(-1), first, vocab=self.vocab, order=self.order, seq_len=seq_len,
             generator=generator, device=dev,
@@ -346,21 +461,32 @@ def _gamma(alpha: float, shape: tuple, generator: torch.Generator | None, device
     return out.clamp_min(1e-300)
 
 
-Source = Union[MarkovChain, RandomMarkov]
-
 
 # ---------------------------------------------------------------------------------------------- config
-_KINDS = ("binary", "markov", "random")
-_KIND_FIELDS = {"binary": ("p", "q"), "markov": ("kernel",), "random": ("vocab", "alpha")}  # besides order, initial
+# One builder per kind: (config, initial law) -> source. A new source kind is its class, a builder here and the
+# fields it takes in `_KIND_FIELDS` (besides order and initial).
+_BUILDERS: dict[str, Callable[[Any, InitialLaw], Source]] = {
+    "binary": lambda c, initial: BinaryChain(c.p, c.q, initial=initial),
+    "markov": lambda c, initial: MarkovChain(c.kernel, c.order, initial=initial),
+    "random": lambda c, initial: RandomMarkov(c.vocab, c.order, c.alpha, initial=initial, pool_size=c.pool_size,
+                                              pool_seed=c.pool_seed),
+}
+_KINDS = tuple(_BUILDERS)
+_KIND_FIELDS = {"binary": ("p", "q"), "markov": ("kernel",), "random": ("vocab", "alpha", "pool_size", "pool_seed")}
+_OPTIONAL_FIELDS = ("p", "q", "kernel", "vocab", "pool_size", "pool_seed")  # None unless the kind uses them
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SourceConfig(Config):
     """A serialisable description of a source: what a run folder records and `build()` turns into a source.
 
-    kind "binary" uses p, q; "markov" uses kernel (nested lists) and order; "random" uses vocab, order, alpha.
-    Serialisation, unknown-key refusal and `replace` come from `config.Config`.
+    kind "binary" uses p, q; "markov" uses kernel (nested lists) and order; "random" uses vocab, order, alpha and,
+    for a finite pool of kernels, pool_size (and pool_seed, default 0). Serialisation, unknown-key refusal and
+    `replace` come from `config.Config`; pool_size and pool_seed are left out of the JSON while None, so configs
+    written before pools existed (and sweep cell ids) are unchanged.
     """
+
+    _LATER_FIELDS: ClassVar[dict] = {"pool_size": None, "pool_seed": None}
 
     kind: str = "binary"  # "binary", "markov" or "random"
     p: float | int | None = None  # binary: P(0 -> 1)
@@ -370,6 +496,8 @@ class SourceConfig(Config):
     vocab: int | None = None  # random: number of states
     alpha: float | int = 1.0  # random: Dirichlet concentration of each kernel row
     initial: str | tuple | list = "stationary"  # "stationary", "uniform" or a law over the V**order first contexts
+    pool_size: int | None = None  # random: N kernels drawn once, one per sequence (None: a fresh kernel each)
+    pool_seed: int | None = None  # random with pool_size: seed of the pool's draw (None: 0)
 
     def __post_init__(self) -> None:
         if self.kernel is not None and not isinstance(self.kernel, tuple):
@@ -377,7 +505,7 @@ class SourceConfig(Config):
         if isinstance(self.initial, (list, Tensor)):
             object.__setattr__(self, "initial", _to_tuple(self.initial))
         check_choice("source kind", self.kind, _KINDS)
-        foreign = [name for name in ("p", "q", "kernel", "vocab") if getattr(self, name) is not None]
+        foreign = [name for name in _OPTIONAL_FIELDS if getattr(self, name) is not None]
         foreign += ["alpha"] if self.alpha != 1.0 else []
         foreign = [name for name in foreign if name not in _KIND_FIELDS[self.kind]]
         if foreign:  # an option of another kind would be stored but never used
@@ -396,11 +524,7 @@ class SourceConfig(Config):
     def build(self) -> Source:
         """The source object this config describes."""
         initial = self.initial if isinstance(self.initial, str) else list(self.initial)
-        if self.kind == "binary":
-            return BinaryChain(self.p, self.q, initial=initial)
-        if self.kind == "markov":
-            return MarkovChain(self.kernel, self.order, initial=initial)
-        return RandomMarkov(self.vocab, self.order, self.alpha, initial=initial)
+        return _BUILDERS[self.kind](self, initial)
 
     @property
     def vocab_size(self) -> int:

@@ -231,7 +231,8 @@ def circuit_scores_at_end(trained: list) -> dict:
         if result.failed or result.model is None:
             continue
         run = result.config
-        batch = probes.sample_batch(run.source.build(), n_sequences=64, seq_len=run.train.seq_len, seed=10_000 + seed)
+        batch = probes.sample_batch(run.source.build(), n_sequences=64, seq_len=probes.probe_length(result.model),
+                                    seed=10_000 + seed)  # the training length: the one probe-length rule
         with intervene.applied(result.model, run.train.interventions, run.train.steps - 1):
             _, cache = result.model.run_with_cache(batch.tokens)
         att = probes.attention_scores(result.model, batch.tokens, cache=cache)

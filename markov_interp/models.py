@@ -42,7 +42,7 @@ from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from markov_interp import _tl
+from markov_interp import _tl, runfolder
 from markov_interp._io import atomic_write
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_keys, check_number
 
@@ -775,13 +775,17 @@ def read_weights(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tens
 def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None) -> Any:
     """The hooked model saved at `path` (a run folder, or a `.safetensors` file written by `save`).
 
-    Tying is restored (one shared Parameter). A missing file raises FileNotFoundError; a corrupt file, a
+    Tying is restored (one shared Parameter in a bridge, an equal copy in a HookedTransformer). A missing file raises FileNotFoundError; a corrupt file, a
     missing / unexpected / wrongly shaped tensor, or a config different from `expect` raise ValueError
-    naming the problem. `model.markov_config` holds the config.
+    naming the problem. `model.markov_config` holds the config; `model.markov_train_seq_len` the training
+    sequence length when the weights sit in a run folder (its config.json), else None: the probes' default
+    length (`probes._common.probe_length`).
     """
     cfg, state = read_weights(path)
     if expect is not None and expect != cfg:
         diff = {k: (v, getattr(expect, k)) for k, v in cfg.to_dict().items() if getattr(expect, k) != v}
         raise ValueError(f"{path}: model config differs from the expected one (saved, expected): {diff}")
     _tl.check_state(cfg, state, source=str(path))
-    return hooked_model(cfg, state, device=device)
+    model = hooked_model(cfg, state, device=device)
+    model.markov_train_seq_len = runfolder.training_seq_len(_resolve_weights_path(path).parent)
+    return model

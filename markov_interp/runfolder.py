@@ -255,6 +255,25 @@ def read_config(run_dir: "str | os.PathLike") -> Any:
         raise ValueError(f"{path}: {err}") from None
 
 
+def training_seq_len(run_dir: "str | os.PathLike") -> Optional[int]:
+    """The training sequence length recorded in `run_dir`'s config.json (`train.seq_len`), None when the folder
+    holds no readable run config (weights saved on their own): what the probes default to for its model.
+
+    Args:
+        run_dir: the folder that holds the weights.
+
+    Returns:
+        The training length, or None.
+    """
+    from markov_interp.training import CONFIG_FILE
+
+    try:
+        value = json.loads((Path(run_dir) / CONFIG_FILE).read_text())["train"]["seq_len"]
+    except (OSError, ValueError, KeyError, TypeError):  # no run folder: the probes fall back to their default
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
 def check_writable_dir(path: "str | os.PathLike", what: str) -> Path:
     """Check before any work that `path` is (or can be created as) a folder this process can write into.
 

@@ -12,10 +12,16 @@
 - `kernel_predictions` / `stationary_predictions`: the true next-state law (exact before an order-k context is
   full) and pi at every position, given each sequence's kernel: the one computation behind `true_predictions` /
   `plateau_predictions` for fixed chains and the probes' `kernel_probs` / `stationary_probs`.
+- `pool_posterior` / `pool_bayes_predictions`: for a finite pool of kernels (`RandomMarkov(pool_size=N)`, or a
+  fixed chain as a pool of one) the exact posterior over the pool given x_0..x_t and the Bayes predictor it
+  gives (the mixture of the pool's kernel rows), in log space, chunked over the batch.
 - `reference_losses`: all of these for a source as a `ReferenceLosses`, each with its standard error. Fixed
-  chains: exact. Random kernels: E[entropy rate] and E[H(pi)] by quadrature (two states) or Monte Carlo to 1e-4;
-  the in-context Bayes, add-alpha and in-context unigram losses by Rao-Blackwellised Monte Carlo with control
-  variates to below 1e-3 (checked against exact enumeration of short binary sequences); cached.
+  chains: exact. Random kernels: E[entropy rate] and E[H(pi)] by quadrature (two states) or Monte Carlo to 1e-4
+  (exact averages over a finite pool); the in-context Bayes, add-alpha and in-context unigram losses by
+  Rao-Blackwellised Monte Carlo with control variates to below 1e-3 (checked against exact enumeration of short
+  binary sequences), and for a pool the pool-Bayes loss; cached.
+
+Sources are used through the `data.Source` protocol (vocab, order, alpha, pool, sample, initial_context_laws).
 
 Order-k kernels ([V]*k + [V]) are handled through the chain on contexts (the last k states).
 """
@@ -37,16 +43,21 @@ from torch import Tensor
 
 from markov_interp._io import atomic_write
 from markov_interp.chains import context_kernel as _context_kernel
+from markov_interp.chains import context_transition_matrix
 from markov_interp.chains import solve_stationary as _solve_stationary
 from markov_interp.chains import stationary_context_law
-from markov_interp.data import MarkovChain, RandomMarkov, Source, validate_kernel
+from markov_interp.data import RandomMarkov, Source, validate_kernel
 
-Kernel = Any  # a [V]*k + [V] array-like; validated by data.validate_kernel
+Kernel = Any  # a [V]*k + [V] array-like or a fixed chain; validated by data.validate_kernel
+_CHUNK_ELEMENTS = 1 << 22  # float64 entries of the largest temporary an exact pool computation holds (32 MiB)
 
 
 def _as_kernel(kernel: Kernel) -> Tensor:
-    if isinstance(kernel, MarkovChain):
-        return kernel.kernel
+    if isinstance(kernel, Source):
+        pool = kernel.pool
+        if pool is None or pool.shape[0] != 1:
+            raise ValueError(f"{kernel!r} has no single kernel: each of its sequences draws one from a prior or pool")
+        return pool[0].reshape([kernel.vocab] * (kernel.order + 1))
     k = torch.as_tensor(kernel, dtype=torch.float64)
     return validate_kernel(k, order=max(k.ndim - 1, 1))
 
@@ -185,21 +196,19 @@ def target_log_loss(
     return -torch.log(torch.gather(probs[:, :-1], 2, nxt)[..., 0].clamp_min(1e-300))
 
 
-def initial_context_laws(source: Source, kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch context"]:
-    """The law of the first `order` states (over contexts) each sequence was drawn from, one row per kernel.
+def _check_source(source: Any) -> None:
+    if not isinstance(source, Source):
+        raise ValueError(f"unknown source type {type(source).__name__}: a source has vocab, order, alpha, pool, "
+                         "sample and initial_context_laws (data.Source)")
 
-    A fixed chain's `initial_context_law` for every row; for `RandomMarkov` with the default "stationary" initial
-    law, the stationary context law of each sequence's own kernel (as its sampler draws the first context),
-    otherwise its fixed law.
-    """
-    batch = kernels.shape[0]
-    if isinstance(source, MarkovChain):
-        law = source.initial_context_law
-    elif isinstance(source, RandomMarkov):
-        law = source._initial if not isinstance(source._initial, str) else stationary_context_laws(kernels)
-    else:
-        raise ValueError(f"unknown source type {type(source).__name__}")
-    return law.to(kernels.device, torch.float64).expand(batch, -1)
+
+def initial_context_laws(source: Source, kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch context"]:
+    """The law of the first `order` states (over contexts) each sequence was drawn from, one row per kernel:
+    `source.initial_context_laws(kernels)` (a fixed chain's `initial_context_law` for every row; for the default
+    "stationary" initial law of random kernels, the stationary context law of each sequence's own kernel, as the
+    sampler draws the first context; otherwise the fixed law)."""
+    _check_source(source)
+    return source.initial_context_laws(kernels)
 
 
 def _order_of(n_ctx: int, vocab: int) -> int:
@@ -230,13 +239,25 @@ def kernel_predictions(
     """
     n_ctx, vocab = kernels.shape[-2:]
     order = _order_of(n_ctx, vocab)
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-        raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values {int(tokens.min())}..{int(tokens.max())}")
+    _check_tokens(tokens, vocab)
     batch, seq = tokens.shape
     flat = kernels.to(tokens.device, torch.float64).expand(batch, -1, -1)
     ctx = context_index(tokens, vocab, order)
     probs = torch.gather(flat, 1, ctx.clamp_min(0)[..., None].expand(-1, -1, vocab))  # [batch, pos, vocab]
-    law = initial.to(tokens.device, torch.float64).expand(batch, -1)
+    _fill_prefix_predictions(probs, initial.to(tokens.device, torch.float64).expand(batch, -1), tokens, order)
+    return probs
+
+
+def _check_tokens(tokens: Tensor, vocab: int) -> None:
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values {int(tokens.min())}..{int(tokens.max())}")
+
+
+def _fill_prefix_predictions(probs: Float[Tensor, "batch pos vocab"], law: Float[Tensor, "batch context"],
+                             tokens: Int[Tensor, "batch pos"], order: int) -> None:
+    """Write into `probs[:, t]`, t < order - 1 (before the first context is full), the exact law of x_{t+1}
+    given x_0..x_t when the first `order` states follow `law` (one law per sequence)."""
+    batch, seq, vocab = probs.shape
     for t in range(min(order - 1, seq)):
         # P(x_0..x_t, x_{t+1} = v): the initial law summed over the states x_{t+2}..x_{k-1} not yet drawn
         joint = law.reshape(batch, vocab ** (t + 1), vocab, vocab ** (order - t - 2)).sum(-1)
@@ -246,7 +267,6 @@ def kernel_predictions(
         if bool((total <= 0).any()):
             raise ValueError(f"the states x_0..x_{t} of some sequence have probability 0 under its initial law")
         probs[:, t] = joint / total
-    return probs
 
 
 def stationary_state_laws(kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch vocab"]:
@@ -272,42 +292,130 @@ def stationary_predictions(
     return pis[:, None, :].expand(tokens.shape[0], tokens.shape[1], -1).contiguous()
 
 
+# ------------------------------------------------------------------------------------------- finite pools
+PoolKernels = Float[Tensor, "kernel context vocab"]  # a pool's kernels, each flattened to [V**order, V]
+PoolLaws = Float[Tensor, "kernel context"]  # the law of the first `order` states of each kernel, over contexts
+PoolWeights = Float[Tensor, "batch pos kernel"]  # per sequence and position, one value per kernel of the pool
+
+
+def pool_log_likelihoods(kernels: PoolKernels, initial: PoolLaws, tokens: Int[Tensor, "batch pos"]) -> PoolWeights:
+    """log P(x_0..x_t | kernel n) at every position t, for each kernel n of a finite pool.
+
+    `kernels[n]` is a kernel flattened to [V**k, V] and `initial[n]` the law of its first k states over contexts:
+    up to t = k - 1 the likelihood is that law's marginal of x_0..x_t, after it the kernel's rows multiply in.
+    -inf where the states are impossible under a kernel. Memory: batch x pos x kernel float64.
+    """
+    n_kernels, n_ctx, vocab = kernels.shape
+    order = _order_of(n_ctx, vocab)
+    _check_tokens(tokens, vocab)
+    batch, seq = tokens.shape
+    law = initial.to(tokens.device, torch.float64)
+    out = torch.empty(batch, seq, n_kernels, dtype=torch.float64, device=tokens.device)
+    for t in range(min(order, seq)):
+        marginal = law.reshape(n_kernels, vocab ** (t + 1), -1).sum(-1)  # P_n(x_0..x_t)
+        out[:, t] = torch.log(marginal[:, context_index(tokens[:, : t + 1], vocab, t + 1)[:, t]]).T
+    if seq > order:
+        # transitions (context, next state) seen up to each t, times each kernel's log rows: one matmul instead of
+        # a cumulative sum over [batch, pos, kernel] (several times slower on CPU)
+        ctx = context_index(tokens, vocab, order)
+        pair = ctx[:, order - 1 : -1] * vocab + tokens[:, order:]
+        counts = torch.nn.functional.one_hot(pair, n_ctx * vocab).to(torch.float64).cumsum(1)
+        rows = kernels.to(tokens.device, torch.float64).reshape(n_kernels, -1)
+        out[:, order:] = out[:, order - 1 : order] + counts @ torch.where(rows > 0, rows, 1.0).log().T
+        if bool((rows == 0).any()):  # a transition of probability 0 makes the kernel impossible from then on
+            out[:, order:].masked_fill_(counts @ (rows == 0).T.to(torch.float64) > 0, -math.inf)
+    return out
+
+
+def pool_posterior(kernels: PoolKernels, initial: PoolLaws, tokens: Int[Tensor, "batch pos"]) -> PoolWeights:
+    """P(kernel n | x_0..x_t) at every position t: the exact posterior over a pool drawn from uniformly.
+
+    What a model that memorised the pool can know about which kernel it is in (retrieval); computed in log space
+    (`pool_log_likelihoods`), so long sequences do not underflow. Raises ValueError for states impossible under
+    every kernel.
+
+    >>> pool = torch.tensor([[[0.9, 0.1], [0.1, 0.9]], [[0.1, 0.9], [0.9, 0.1]]])  # sticky, switching
+    >>> pool_posterior(pool, torch.full((2, 2), 0.5), torch.tensor([[0, 0, 0]]))[0, :, 0]  # P(sticky | ...)
+    tensor([0.5000, 0.9000, 0.9878], dtype=torch.float64)
+    """
+    posterior = torch.softmax(pool_log_likelihoods(kernels, initial, tokens), -1)
+    if bool(posterior.isnan().any()):  # every log-likelihood -inf
+        raise ValueError("some sequence has probability 0 under every kernel of the pool")
+    return posterior
+
+
+def pool_bayes_predictions(kernels: PoolKernels, initial: PoolLaws,
+                           tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
+    """The Bayes predictor of a finite pool: P(x_{t+1} | x_0..x_t) when each sequence's kernel is one of
+    `kernels` drawn uniformly, its first k states from that kernel's `initial` law.
+
+    Once the context is full this is sum_n P(n | x_0..x_t) kernels[n, c_t] (`pool_posterior`); before it, the
+    conditional of the pool's mixture of initial laws. The loss a model reaches by memorising the pool
+    (`ReferenceLosses.pool_bayes_loss`); for a pool of one it is `kernel_predictions`. Computed in chunks of
+    sequences, so memory stays near 32 MiB whatever the batch.
+
+    >>> pool = torch.tensor([[[0.9, 0.1], [0.1, 0.9]], [[0.1, 0.9], [0.9, 0.1]]])
+    >>> pool_bayes_predictions(pool, torch.full((2, 2), 0.5), torch.tensor([[0, 0, 0]]))[0]
+    tensor([[0.5000, 0.5000],
+            [0.8200, 0.1800],
+            [0.8902, 0.1098]], dtype=torch.float64)
+    """
+    n_kernels, n_ctx, vocab = kernels.shape
+    order = _order_of(n_ctx, vocab)
+    batch, seq = tokens.shape
+    rows = kernels.to(tokens.device, torch.float64).reshape(n_kernels, -1)
+    chunk = max(1, _CHUNK_ELEMENTS // (max(seq, 1) * max(n_kernels, n_ctx * vocab)))
+    parts = []
+    for lo in range(0, batch, chunk):
+        part = tokens[lo : lo + chunk]
+        mixed = (pool_posterior(kernels, initial, part) @ rows).reshape(*part.shape, n_ctx, vocab)
+        ctx = context_index(part, vocab, order).clamp_min(0)
+        parts.append(torch.gather(mixed, 2, ctx[..., None, None].expand(-1, -1, 1, vocab))[:, :, 0])
+    probs = torch.cat(parts) if parts else torch.empty(0, seq, vocab, dtype=torch.float64, device=tokens.device)
+    mixture = initial.to(tokens.device, torch.float64).mean(0, keepdim=True).expand(batch, -1)
+    _fill_prefix_predictions(probs, mixture, tokens, order)
+    return probs
+
+
+
 def true_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
     """The best predictor of x_{t+1} from x_0..x_t that the data allow, at every position.
 
     Fixed chains: `kernel_predictions` with the chain's kernel and initial context law (the kernel row of the
     current context; before the context is full, the exact law of the next state given the states so far).
-    Random kernels: the in-context add-alpha estimator, the Bayes posterior predictive up to what the first
-    state reveals about the kernel (about 0.003 nats per target on 3 states at 32 targets; see `RandomMarkov`).
+    A finite pool of kernels: `pool_bayes_predictions`, exact. Fresh Dirichlet kernels: the in-context add-alpha
+    estimator, the Bayes posterior predictive up to what the first state reveals about the kernel (about 0.003
+    nats per target on 3 states at 32 targets; see `RandomMarkov`).
 
     >>> from markov_interp.data import BinaryChain
     >>> true_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0]
     tensor([[0.8000, 0.2000],
             [0.3000, 0.7000]], dtype=torch.float64)
     """
-    if isinstance(source, RandomMarkov):
+    _check_source(source)
+    pool = source.pool
+    if pool is None:  # a fresh kernel per sequence
         return add_beta_predictions(tokens, source.vocab, order=source.order, beta=source.alpha)
-    if not isinstance(source, MarkovChain):
-        raise ValueError(f"unknown source type {type(source).__name__}")
-    flat = _context_kernel(source.kernel).to(torch.float64)[None]  # [1, V**k, V]
-    probs = kernel_predictions(flat, tokens.cpu(), source.initial_context_law[None])
-    return probs.to(tokens.device)
+    initial = source.initial_context_laws(pool)
+    if pool.shape[0] == 1:  # one kernel: its rows (the posterior over a pool of one is that kernel)
+        return kernel_predictions(pool, tokens.cpu(), initial).to(tokens.device)
+    return pool_bayes_predictions(pool, initial, tokens)
 
 
 def plateau_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
     """The plateau a model sits on before it learns the context: the stationary law pi (the unigram solution of
     Makkuva et al.; `stationary_predictions`) for fixed chains; the in-context unigram (add-alpha state count)
-    estimator for random kernels, the best a model can do without using the current state.
+    estimator for random kernels (fresh or from a finite pool), the best a model can do without using the current
+    state.
 
     >>> from markov_interp.data import BinaryChain
     >>> plateau_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0, 0]
     tensor([0.6000, 0.4000], dtype=torch.float64)
     """
-    if isinstance(source, RandomMarkov):
+    _check_source(source)
+    if source.alpha is not None:  # kernels from a prior
         return add_beta_predictions(tokens, source.vocab, order=0, beta=source.alpha)
-    if not isinstance(source, MarkovChain):
-        raise ValueError(f"unknown source type {type(source).__name__}")
-    return stationary_predictions(_context_kernel(source.kernel)[None], tokens)
+    return stationary_predictions(source.pool, tokens)
 
 
 def paired_losses(source: Source, tokens: Int[Tensor, "batch pos"]) -> tuple[float, float]:
@@ -335,7 +443,7 @@ def in_context_loss_curve(
     after seeing x_0..x_t, so the curve has seq_len - 1 entries.
     """
     if beta is None:
-        beta = source.alpha if isinstance(source, RandomMarkov) else 0.5
+        beta = source.alpha if source.alpha is not None else 0.5
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
     total = torch.zeros(seq_len - 1, dtype=torch.float64)
     done = 0
@@ -349,6 +457,10 @@ def in_context_loss_curve(
 
 
 # --------------------------------------------------------------------------------- reference losses
+# the scalar values of a ReferenceLosses, in the order rows list them
+_ROW_VALUES = ("entropy_rate", "unigram_loss", "bayes_loss", "add_alpha_loss", "oracle_unigram_loss", "pool_bayes_loss")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ReferenceLosses:
     """The losses (nats per prediction, averaged over the targets of a sequence) a model is compared with.
@@ -366,6 +478,10 @@ class ReferenceLosses:
       `add_alpha_loss`, the loss of the add-alpha count estimator (`add_beta_predictions` with beta = alpha: the
       posterior predictive when the first state's law does not depend on the kernel, what an induction head
       approximates); `oracle_unigram_loss`, E[H(pi)], the loss of an oracle that knows each sequence's pi.
+    - a finite pool of kernels (`RandomMarkov(pool_size=N)`) only: `pool_bayes_loss`, the loss of the pool's
+      Bayes predictor (`pool_bayes_predictions`), what a model that memorised the pool reaches; the in-context
+      values above are then measured on the pool's sequences, and `entropy_rate`, `oracle_unigram_loss` are
+      exact averages over the pool.
     - curves: per target position t (predicting x_{t+1}), for random kernels.
     """
 
@@ -379,20 +495,26 @@ class ReferenceLosses:
     bayes_loss_se: float | None = None
     add_alpha_loss_se: float | None = None
     oracle_unigram_loss_se: float | None = None
+    pool_bayes_loss: float | None = None
+    pool_bayes_loss_se: float | None = None
     add_alpha_curve: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
     add_alpha_curve_se: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
     unigram_curve: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
     unigram_curve_se: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    pool_bayes_curve: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    pool_bayes_curve_se: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def optimum(self) -> float:
-        """The best loss any predictor reaches: the in-context Bayes loss for random kernels, else the
-        entropy rate."""
-        return self.bayes_loss if self.bayes_loss is not None else self.entropy_rate
+        """The best loss any predictor reaches: the pool-Bayes loss for a finite pool, the in-context Bayes loss
+        for fresh random kernels, else the entropy rate."""
+        return self.pool_bayes_loss if self.pool_bayes_loss is not None else (
+            self.bayes_loss if self.bayes_loss is not None else self.entropy_rate)
 
     @property
     def optimum_se(self) -> float:
-        return self.bayes_loss_se if self.bayes_loss is not None else self.entropy_rate_se
+        return self.pool_bayes_loss_se if self.pool_bayes_loss is not None else (
+            self.bayes_loss_se if self.bayes_loss is not None else self.entropy_rate_se)
 
     @property
     def in_context(self) -> bool:
@@ -407,10 +529,11 @@ class ReferenceLosses:
     def as_row(self, digits: int | None = None) -> dict[str, float]:
         """Flat columns for a metrics row or table: the values that exist, and `<name>_se` where not 0.
 
-        Keys: entropy_rate, unigram_loss (the plateau), and for random kernels bayes_loss, add_alpha_loss,
-        oracle_unigram_loss. `digits` rounds every value (rows that must compare exactly across calls)."""
+        Keys: entropy_rate, unigram_loss (the plateau), for random kernels bayes_loss, add_alpha_loss,
+        oracle_unigram_loss, and for a finite pool pool_bayes_loss. `digits` rounds every value (rows that must
+        compare exactly across calls)."""
         row: dict[str, float] = {}
-        for name in ("entropy_rate", "unigram_loss", "bayes_loss", "add_alpha_loss", "oracle_unigram_loss"):
+        for name in _ROW_VALUES:
             value = getattr(self, name)
             if value is None:
                 continue
@@ -435,7 +558,7 @@ class ReferenceLosses:
         """One line for people: every value, with its standard error where that is not negligible (>= 5e-5)."""
         labels = {"entropy_rate": "entropy rate", "unigram_loss": "in-context unigram loss" if self.in_context
                   else "unigram loss", "bayes_loss": "in-context Bayes loss", "add_alpha_loss": "add-alpha loss",
-                  "oracle_unigram_loss": "oracle E[H(pi)]"}
+                  "oracle_unigram_loss": "oracle E[H(pi)]", "pool_bayes_loss": "pool Bayes loss"}
         row = self.as_row()
         return ", ".join(f"{label} {format_loss(row[k], row.get(k + '_se'))}" for k, label in labels.items() if k in row)
 
@@ -451,13 +574,41 @@ def format_loss(value: float, se: float | None = None, digits: int = 4) -> str:
 @dataclasses.dataclass(frozen=True)
 class KernelExpectations:
     """E[entropy rate] and E[H(pi)] over random kernels, with their errors (`method`: "quadrature" or
-    "monte carlo")."""
+    "monte carlo").
+
+    E[H(pi)] is the loss of an oracle that knows each sequence's pi: `oracle_unigram_loss`, the name it has in
+    `ReferenceLosses` too, where `unigram_loss` is the in-context unigram estimator's loss for random kernels.
+    (This field was called `unigram_loss` here; that name still reads it, and caches written under it load.)
+    """
 
     entropy_rate: float
     entropy_rate_se: float
-    unigram_loss: float
-    unigram_loss_se: float
+    oracle_unigram_loss: float
+    oracle_unigram_loss_se: float
     method: str
+
+    @property
+    def unigram_loss(self) -> float:
+        """Old name of `oracle_unigram_loss` (E[H(pi)], not the in-context unigram loss)."""
+        return self.oracle_unigram_loss
+
+    @property
+    def unigram_loss_se(self) -> float:
+        """Old name of `oracle_unigram_loss_se`."""
+        return self.oracle_unigram_loss_se
+
+    def cache_dict(self) -> dict[str, Any]:
+        """The values under the names the disk cache has always used (so existing cache entries stay valid)."""
+        return {"entropy_rate": self.entropy_rate, "entropy_rate_se": self.entropy_rate_se,
+                "unigram_loss": self.oracle_unigram_loss, "unigram_loss_se": self.oracle_unigram_loss_se,
+                "method": self.method}
+
+    @classmethod
+    def from_cache_dict(cls, data: Mapping[str, Any]) -> "KernelExpectations":
+        """Read `cache_dict` back."""
+        return cls(entropy_rate=data["entropy_rate"], entropy_rate_se=data["entropy_rate_se"],
+                   oracle_unigram_loss=data["unigram_loss"], oracle_unigram_loss_se=data["unigram_loss_se"],
+                   method=data["method"])
 
 
 @functools.lru_cache(maxsize=16)
@@ -548,13 +699,25 @@ def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol
 
 
 def expected_kernel_references(source: Source, *, seed: int = 0, tol: float = 1e-4) -> KernelExpectations:
-    """E[entropy rate] and E[H(pi)] over the kernels of a `RandomMarkov` source: by quadrature for two states
-    of order 1 (error ~1e-9), else by Monte Carlo to a standard error below `tol` (cached)."""
-    if not isinstance(source, RandomMarkov):
-        raise ValueError(f"expected a RandomMarkov source, got {type(source).__name__}")
+    """E[entropy rate] and E[H(pi)] over the kernels of a random-kernel source (`RandomMarkov`): for a finite
+    pool the exact averages over its kernels; for fresh Dirichlet kernels by quadrature for two states of order 1
+    (error ~1e-9), else by Monte Carlo to a standard error below `tol` (cached)."""
+    _check_source(source)
+    if source.alpha is None:
+        raise ValueError(f"expected a source with random kernels (RandomMarkov), got {type(source).__name__}")
     if not tol > 0:
         raise ValueError(f"tol must be > 0, got {tol!r}")
+    if source.pool is not None:
+        return _pool_expectations(source.pool)
     return _kernel_expectations_cached(source.vocab, source.order, source.alpha, seed, float(tol))
+
+
+def _pool_expectations(pool: PoolKernels) -> KernelExpectations:
+    """The entropy rate and H(pi) averaged over the kernels of a pool (each drawn with probability 1/N): exact."""
+    pi = _solve_stationary(pool.to(torch.float64))
+    rate = (pi * entropy(pool)).sum(-1)
+    hpi = entropy(pi.reshape(pool.shape[0], -1, pool.shape[-1]).sum(1))
+    return KernelExpectations(float(rate.mean()), 0.0, float(hpi.mean()), 0.0, "pool")
 
 
 @functools.lru_cache(maxsize=64)
@@ -564,9 +727,9 @@ def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int,
     key = {"what": "kernel-expectations", "vocab": vocab, "order": order, "alpha": alpha, "seed": seed, "tol": tol}
     cached = _disk_cache_read(key)
     if cached is not None:
-        return KernelExpectations(**cached)
+        return KernelExpectations.from_cache_dict(cached)
     out = _mc_kernel_expectations(vocab, order, alpha, seed, tol)
-    _disk_cache_write(key, dataclasses.asdict(out))
+    _disk_cache_write(key, out.cache_dict())
     return out
 
 
@@ -698,9 +861,7 @@ class _Moments:
 
     def mean_se(self, which: str) -> tuple[Tensor, Tensor]:
         total, sq = (self.targets, self.targets_sq) if which == "targets" else (self.seqs, self.seqs_sq)
-        mean = total / self.n
-        var = (sq / self.n - mean**2).clamp_min(0) * self.n / max(self.n - 1, 1)
-        return mean, (var / self.n).sqrt()
+        return _mean_se(total, sq, self.n)
 
 
 def _control_coefficients(values: Tensor, controls: Tensor) -> Tensor:
@@ -721,8 +882,8 @@ def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExp
     rng = np.random.default_rng([seed, 13])
     chunk = min(max(2**18 // seq_len, 1024), 8192)
     moments, coef = _Moments(), None
-    means = torch.tensor([kernel.entropy_rate, kernel.unigram_loss], dtype=torch.float64)[:, None]
-    mean_ses = torch.tensor([kernel.entropy_rate_se, kernel.unigram_loss_se], dtype=torch.float64)[:, None]
+    means = torch.tensor([kernel.entropy_rate, kernel.oracle_unigram_loss], dtype=torch.float64)[:, None]
+    mean_ses = torch.tensor([kernel.entropy_rate_se, kernel.oracle_unigram_loss_se], dtype=torch.float64)[:, None]
     fixed_gain = 0.0 if isinstance(source._initial, str) else _fixed_start_gain(source) / (seq_len - 1)
     while True:
         size = chunk if n_sequences is None else min(chunk, n_sequences - moments.n)
@@ -751,47 +912,121 @@ def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExp
     }
 
 
+def _pool_oracle_curve(pool: PoolKernels, initial: PoolLaws, seq_len: int) -> Float[Tensor, " target"]:
+    """E[H(law of x_{t+1} given x_0..x_t and the kernel)] at t = 0..seq_len-2, averaged over a pool: exact.
+
+    Before the first context is full, the conditional entropies of the initial law (H(x_0..x_{t+1}) -
+    H(x_0..x_t)); after, the context law propagated through each kernel's chain on contexts, against its rows'
+    entropies."""
+    n_kernels, n_ctx, vocab = pool.shape
+    order = _order_of(n_ctx, vocab)
+    out = torch.zeros(seq_len - 1, dtype=torch.float64)
+    joint_h = [entropy(initial.reshape(n_kernels, vocab ** (t + 1), -1).sum(-1)) for t in range(order)]
+    for t in range(min(order - 1, seq_len - 1)):
+        out[t] = (joint_h[t + 1] - joint_h[t]).mean()
+    rows_h, matrix, law = entropy(pool), context_transition_matrix(pool), initial
+    for t in range(order - 1, seq_len - 1):
+        out[t] = (law * rows_h).sum(-1).mean()
+        law = torch.bmm(law[:, None, :], matrix)[:, 0]
+    return out
+
+
+def _pool_bayes_references(source: RandomMarkov, seq_len: int, *, seed: int, tol: float,
+                           n_sequences: int | None) -> dict:
+    """Monte Carlo of the pool-Bayes loss, Rao-Blackwellised: at target t the expected loss given the sequence
+    and its kernel is H(true law) + KL(true law || pool-Bayes prediction). The first term's mean is exact
+    (`_pool_oracle_curve`), so only the KL, small and shrinking as the posterior settles, is sampled: chunks of
+    sequences until the standard error is below `tol` (at least 1024 sequences, at most 2**18), or exactly
+    `n_sequences`."""
+    pool = source.pool
+    initial = source.initial_context_laws(pool)
+    oracle = _pool_oracle_curve(pool, initial, seq_len)
+    gen = torch.Generator().manual_seed(seed)
+    chunk = min(max(2**18 // seq_len, 1024), 4096)
+    n, sums = 0, torch.zeros(4, seq_len - 1, dtype=torch.float64)  # per target: sum, sum of squares; per sequence
+    while True:
+        size = chunk if n_sequences is None else min(chunk, n_sequences - n)
+        tokens, kernels = source.sample(size, seq_len, gen, return_kernels=True)
+        true = kernel_predictions(kernels, tokens, source.initial_context_laws(kernels))[:, :-1]
+        kl = kl_divergence(true, pool_bayes_predictions(pool, initial, tokens)[:, :-1])  # [size, target]
+        per_seq = kl.mean(1)
+        sums += torch.stack([kl.sum(0), (kl**2).sum(0), per_seq.sum().expand(seq_len - 1),
+                             (per_seq**2).sum().expand(seq_len - 1)])
+        n += size
+        mean, se = _mean_se(sums[2, 0], sums[3, 0], n)
+        if (n_sequences is not None and n >= n_sequences) or (
+                n_sequences is None and ((n >= 1024 and se < tol) or n >= 2**18)):
+            break
+    curve, curve_se = _mean_se(sums[0], sums[1], n)
+    return {"pool_bayes_loss": float(oracle.mean() + mean), "pool_bayes_loss_se": float(se),
+            "pool_bayes_curve": tuple((oracle + curve).tolist()), "pool_bayes_curve_se": tuple(curve_se.tolist())}
+
+
+def _mean_se(total: Tensor, total_sq: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """Mean and its standard error from a sum and a sum of squares over n draws."""
+    mean = total / n
+    var = (total_sq / n - mean**2).clamp_min(0) * n / max(n - 1, 1)
+    return mean, (var / n).sqrt()
+
+
 def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5e-4,
                      n_sequences: int | None = None) -> ReferenceLosses:
     """The losses a model trained on `source` is compared with, averaged over the targets t = 0..seq_len-2.
 
     Fixed kernels (`MarkovChain`, `BinaryChain`): the exact entropy rate (global optimum) and H(pi) (the
     unigram plateau), standard errors 0. `RandomMarkov` (see `ReferenceLosses` for each value's meaning):
-    E[entropy rate] and E[H(pi)] by quadrature (two states) or Monte Carlo to a standard error below 1e-4; the
-    in-context losses by Monte Carlo over `seed`'s sequences until each standard error is below `tol` (or over
-    exactly `n_sequences`). Results are cached in memory and on disk (`$MARKOV_INTERP_CACHE`, default
-    ~/.cache/markov-interp; "off" disables), so sweeps and reports pay once.
+    E[entropy rate] and E[H(pi)] by quadrature (two states) or Monte Carlo to a standard error below 1e-4 (exact
+    averages over a finite pool); the in-context losses, and for a finite pool the pool-Bayes loss, by Monte
+    Carlo over `seed`'s sequences until each standard error is below `tol` (or over exactly `n_sequences`).
+    Results are cached in memory and on disk (`$MARKOV_INTERP_CACHE`, default ~/.cache/markov-interp; "off"
+    disables), so sweeps and reports pay once.
+
+    Args:
+        source: a `data.Source` (fixed chain or `RandomMarkov`, with or without a pool).
+        seq_len: sequence length; the values average the seq_len - 1 targets.
+        seed: seed of the Monte Carlo draws (random kernels).
+        tol: standard error to reach (random kernels).
+        n_sequences: a fixed number of Monte Carlo sequences instead of `tol`.
+
+    Returns:
+        A `ReferenceLosses` (with `pool_bayes_loss` for a finite pool).
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
         raise ValueError(f"seq_len must be an integer >= 2 (one target at least), got {seq_len!r}")
-    if isinstance(source, RandomMarkov):
-        if not tol > 0:
-            raise ValueError(f"tol must be > 0, got {tol!r}")
-        if n_sequences is not None and (isinstance(n_sequences, bool) or not isinstance(n_sequences, int)
-                                        or n_sequences < 2):
-            raise ValueError(f"n_sequences must be an integer >= 2 or None, got {n_sequences!r}")
-        initial = source._initial if isinstance(source._initial, str) else tuple(source._initial.tolist())
-        return _random_references(source.vocab, source.order, source.alpha, initial, seq_len, seed, float(tol),
-                                  n_sequences)
-    if isinstance(source, MarkovChain):
-        return ReferenceLosses(entropy_rate=entropy_rate(source.kernel), unigram_loss=unigram_loss(source.kernel))
-    raise ValueError(f"unknown source type {type(source).__name__}")
+    _check_source(source)
+    if source.alpha is None:  # one fixed kernel: exact
+        return ReferenceLosses(entropy_rate=entropy_rate(source), unigram_loss=unigram_loss(source))
+    if not isinstance(source, RandomMarkov):  # the Monte Carlo below is keyed on RandomMarkov's parameters
+        raise ValueError(f"reference losses of random kernels need a RandomMarkov source, got {type(source).__name__}")
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got {tol!r}")
+    if n_sequences is not None and (isinstance(n_sequences, bool) or not isinstance(n_sequences, int)
+                                    or n_sequences < 2):
+        raise ValueError(f"n_sequences must be an integer >= 2 or None, got {n_sequences!r}")
+    return _random_references(source.vocab, source.order, source.alpha, source.initial, seq_len, seed, float(tol),
+                              n_sequences, source.pool_size, source.pool_seed)
 
 
 @functools.lru_cache(maxsize=64)
 def _random_references(vocab: int, order: int, alpha: float, initial: Any, seq_len: int, seed: int, tol: float,
-                       n_sequences: int | None) -> ReferenceLosses:
-    source = RandomMarkov(vocab, order, alpha, initial=initial if isinstance(initial, str) else list(initial))
+                       n_sequences: int | None, pool_size: int | None = None,
+                       pool_seed: int | None = None) -> ReferenceLosses:
+    source = RandomMarkov(vocab, order, alpha, initial=initial if isinstance(initial, str) else list(initial),
+                          pool_size=pool_size, pool_seed=pool_seed)
     kernel = expected_kernel_references(source, seed=seed)
+    pool = {} if pool_size is None else {"pool_size": pool_size, "pool_seed": pool_seed}  # fresh kernels: keys as before
     key = {"what": "in-context", "vocab": vocab, "order": order, "alpha": alpha, "initial": initial,
            "seq_len": seq_len, "seed": seed, "tol": tol, "n_sequences": n_sequences,
-           "kernel": dataclasses.asdict(kernel)}
+           "kernel": kernel.cache_dict(), **pool}
     found = _disk_cache_read(key)
     if found is None:
         found = _in_context_references(source, seq_len, kernel, seed=seed, tol=tol, n_sequences=n_sequences)
+        if pool:
+            found.update(_pool_bayes_references(source, seq_len, seed=seed, tol=tol, n_sequences=n_sequences))
         _disk_cache_write(key, found)
     curves = {k: tuple(v) for k, v in found.items() if k.endswith(("_curve", "_curve_se"))}
     values = {k: v for k, v in found.items() if k not in curves and k != "n_sequences"}
     return ReferenceLosses(entropy_rate=kernel.entropy_rate, entropy_rate_se=kernel.entropy_rate_se,
-                           oracle_unigram_loss=kernel.unigram_loss, oracle_unigram_loss_se=kernel.unigram_loss_se,
+                           oracle_unigram_loss=kernel.oracle_unigram_loss,
+                           oracle_unigram_loss_se=kernel.oracle_unigram_loss_se,
                            **values, **curves)

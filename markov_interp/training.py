@@ -360,6 +360,10 @@ class TrainResult:
     already_done: bool = False  # True when a finished run folder was loaded instead of trained
     failed: Optional[str] = None  # train_many: why a stack member was stopped (it diverged), None if it finished
 
+    def __post_init__(self) -> None:  # the probes default to the training length (probes._common.probe_length)
+        if self.model is not None:
+            self.model.markov_train_seq_len = self.config.train.seq_len
+
 
 # ---------------------------------------------------------------------------------------------- schedule
 def one_cycle_lr(step: int, *, total: int, lr: float, warmup_frac: float = 0.02, start_div: float = 100.0,

@@ -83,17 +83,21 @@ report.loss_curves_figure(result.metrics, result.final.references)
 # %% [markdown]
 # ## 3. How does it predict?
 #
-# `classify_mechanism` names the mechanism from behaviour first (does the prediction depend on the current
-# state? on the rest of the context?) and circuitry second (previous-token and induction heads, confirmed by
-# ablation). A one-layer model on a fixed chain learns the **kernel** in its weights.
+# `classify_mechanism` names the law the model predicts with (it must be close to that law, measured against how
+# far apart the candidate laws are) and, for in-context laws, the circuit behind it (previous-token and induction
+# heads, confirmed by ablation). A one-layer model on a fixed chain learns the **kernel** in its weights. The
+# probes run at the model's training length (the run folder records it). A probe result displays as a summary
+# with tables: the candidate laws, then each piece of evidence (click to open); `mech.summary()` is the same
+# in text, `mech.to_dict()` all of it as JSON.
 
 # %%
 from markov_interp import probes
 
 mech = probes.classify_mechanism(result.model, source, n_sequences=16 if QUICK else 64, seed=0)
-print("mechanism:", mech.mechanism, "(confident)" if mech.confident else "(not confident)")
-for reason in mech.reasons:
-    print(" -", reason)
+mech
+
+# %%
+mech.strategies.to_dataframe()  # mean KL(law || model) to every candidate law, and the gaps between the laws
 
 # %%
 report.kernel_figure(mech.readout)  # the transition matrix implied by the model's predictions vs the true one

@@ -60,10 +60,17 @@ def readout(result):
     return probes.kernel_readout(result.model, batch)
 
 
-def summary(name, result):
-    f, k = result.final, readout(result).implied
-    print(f"{name:32s} eval {f.eval_loss:.4f}  (entropy rate {f.entropy_rate:.4f}, unigram {f.unigram_loss:.4f})"
-          f"  learned P(1|0) = {float(k[0, 1]):.3f}, P(0|1) = {float(k[1, 0]):.3f}")
+def summary(runs):
+    """A table, one row per run: the final loss beside theory's, and the learned transition probabilities."""
+    import pandas as pd
+
+    rows = []
+    for name, result in runs.items():
+        f, k = result.final, readout(result).implied
+        rows.append({"run": name, "eval loss": f.eval_loss, "entropy rate": f.entropy_rate,
+                     "unigram loss H(pi)": f.unigram_loss, "learned P(1|0)": float(k[0, 1]),
+                     "learned P(0|1)": float(k[1, 0])})
+    return pd.DataFrame(rows).set_index("run").round(4)
 
 
 # %% [markdown]
@@ -74,7 +81,12 @@ def summary(name, result):
 
 # %%
 easy = run("easy", p=0.2, q=0.3)
-summary("p=0.2, q=0.3, tied", easy)
+summary({"p=0.2, q=0.3, tied": easy})
+
+# %%
+readout(easy)  # the implied kernel beside the true one (a table; report.kernel_figure draws it)
+
+# %%
 report.kernel_figure(readout(easy))
 
 # %% [markdown]
@@ -87,9 +99,8 @@ report.kernel_figure(readout(easy))
 
 # %%
 trapped = {seed: run(f"trap-seed{seed}", p=0.5, q=0.8, seed=seed) for seed in SEEDS}
-for seed, result in trapped.items():
-    summary(f"p=0.5, q=0.8, tied, seed {seed}", result)
 print("pi_1 =", float(theory.stationary_distribution(trapped[SEEDS[0]].config.source.build().kernel)[1]))
+summary({f"p=0.5, q=0.8, tied, seed {seed}": result for seed, result in trapped.items()})
 
 # %%
 report.loss_curves_figure(trapped[SEEDS[0]].metrics, trapped[SEEDS[0]].final.references)
@@ -101,8 +112,7 @@ report.loss_curves_figure(trapped[SEEDS[0]].metrics, trapped[SEEDS[0]].final.ref
 
 # %%
 untied = {seed: run(f"untied-seed{seed}", p=0.5, q=0.8, seed=seed, tie_weights=False) for seed in SEEDS}
-for seed, result in untied.items():
-    summary(f"p=0.5, q=0.8, untied, seed {seed}", result)
+summary({f"p=0.5, q=0.8, untied, seed {seed}": result for seed, result in untied.items()})
 
 # %% [markdown]
 # ## 4. Initialisation
@@ -119,8 +129,7 @@ for w0 in (0.1, -1.0):
     print(f"w0 = {w0:+.1f}: predicted", landscape.predict_outcome(0.1, w0, p=0.5, q=0.8))
 inits = {w0: run(f"canonical-w{w0}", p=0.5, q=0.8, init="canonical", canonical_e=0.1, canonical_w=w0)
          for w0 in (0.1, -1.0)}
-for w0, result in inits.items():
-    summary(f"canonical init w0={w0:+.1f}", result)
+summary({f"canonical init w0={w0:+.1f}": result for w0, result in inits.items()})
 
 # %%
 # Where the canonical-init runs went, projected on the canonical landscape (checkpoints in order).
@@ -144,6 +153,8 @@ fig
 # the setting). Report fractions over seeds before concluding anything.
 
 # %%
+runs = {}
 for precision, scaling in (("fp32", False), ("fp16", False), ("fp16", True)):
     name = f"{precision}{'-scaled' if scaling else ''}"
-    summary(name, run(f"precision-{name}", p=0.5, q=0.8, precision=precision, loss_scaling=scaling))
+    runs[name] = run(f"precision-{name}", p=0.5, q=0.8, precision=precision, loss_scaling=scaling)
+summary(runs)

@@ -73,24 +73,29 @@ report.loss_curves_figure(result.metrics, result.final.references)
 
 # %%
 mech = probes.classify_mechanism(result.model, source, n_sequences=16 if QUICK else 64, seed=0)
-print("mechanism:", mech.mechanism, "| order:", mech.order, "| confident:", mech.confident)
-for role in mech.circuit.roles:
-    print(f"role {role.name}: heads {[h.name for h in role.heads]}, set-ablation cost {role.ablation}, "
-          f"confirmed {role.confirmed}")
-for reason in mech.reasons:
-    print(" -", reason)
+mech  # the verdict, the law check, the circuit, the references; the evidence as tables below it
+
+# %%
+mech.circuit.to_dataframe()  # each role's heads, the cost of ablating the set at once, and what confirmation needs
+
+# %%
+mech.to_dataframe()  # per head: scores, excess over chance (0 chance, 1 perfect), loss change when mean-ablated
+
+# %%
 report.head_scores_figure(mech.attention)
 
 # %%
-# Attention patterns on one sequence (circuitsvis, drawn offline; states as labels).
+# Attention patterns on one sequence (circuitsvis, drawn offline; states as labels). Figures take TransformerLens
+# shapes: cache["pattern", 1][0] ([head, query_pos, key_pos], one layer) works as well as the stack below.
 tokens = probes.sample_batch(source, n_sequences=2, seq_len=min(SEQ_LEN, 40), seed=1).tokens
 _, cache = result.model.run_with_cache(tokens)
 patterns = cache.stack_activation("pattern")[:, 0]  # [layer, head, query_pos, key_pos] of the first sequence
-report.attention_patterns_figure(patterns, tokens[0])
+report.attention_patterns_figure(patterns, probes.state_labels(tokens[0]))
 
 # %%
 batch = probes.sample_batch(source, n_sequences=16 if QUICK else 64, seq_len=SEQ_LEN, seed=0)
-report.ablation_figure(probes.ablation_table(result.model, batch.tokens, method="mean"), bigram_gain=mech.bigram_gain)
+table = probes.ablation_table(result.model, batch, method="mean")  # probes that read tokens take a ProbeBatch too
+report.ablation_figure(table, bigram_gain=mech.bigram_gain)
 
 # %%
 report.position_loss_figure(mech.behaviour, mech.references)  # an in-context learner's loss falls along the sequence

@@ -3,7 +3,12 @@ notebooks/NN_name.ipynb, executed, with its outputs and figures.
 
     python notebooks/build.py                  # all of them, full settings (what is committed)
     python notebooks/build.py 03_two_layer     # one of them
-    python notebooks/build.py --quick --out /tmp/nb   # tiny budgets (MARKOV_INTERP_QUICK=1), a smoke test
+    python notebooks/build.py --quick          # tiny budgets, a smoke test: written into a new temporary folder
+    MARKOV_INTERP_QUICK=1 python notebooks/build.py 01_quickstart --out /tmp/nb   # the same as --quick
+
+Quick builds (`--quick`, or MARKOV_INTERP_QUICK set as `markov_interp.quick_mode()` reads it) never write into
+notebooks/: their numbers are not the committed ones. They go to `--out`, by default a new temporary folder
+(printed).
 
 Each notebook runs in a fresh kernel of this interpreter inside a new temporary folder, so its run folders
 (`runs/tutorial/...`, relative) start from scratch and the outputs are the same on every build (same seeds,
@@ -65,11 +70,27 @@ def execute(source: Path, *, quick: bool, folder: Path | None = None, timeout: i
     return nb
 
 
+def settings(quick_flag: bool, out: Path | None) -> tuple[bool, Path]:
+    """(quick, output folder) of a build: quick when `--quick` is given or MARKOV_INTERP_QUICK asks for it;
+    full builds write into notebooks/ by default, quick ones into a new temporary folder, never notebooks/."""
+    from markov_interp import quick_mode
+
+    quick = quick_flag or quick_mode()
+    if out is None:
+        out = Path(tempfile.mkdtemp(prefix="markov-interp-notebooks-")) if quick else HERE
+    if quick and out.resolve() == HERE:
+        raise ValueError(f"a quick build (tiny budgets) never overwrites the committed notebooks in {HERE}; "
+                         "give another --out, or unset MARKOV_INTERP_QUICK for a full build")
+    return quick, out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="notebooks to build (e.g. 02_single_layer); default all")
-    parser.add_argument("--quick", action="store_true", help="tiny budgets (MARKOV_INTERP_QUICK=1)")
-    parser.add_argument("--out", type=Path, default=HERE, help="folder for the .ipynb files (default notebooks/)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny budgets (also when MARKOV_INTERP_QUICK is set); never written into notebooks/")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for the .ipynb files (default notebooks/; quick builds: a new temporary folder)")
     args = parser.parse_args(argv)
     import nbformat
 
@@ -77,10 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.names) - {s.stem for s in chosen}
     if unknown:
         parser.error(f"unknown notebooks {sorted(unknown)}; expected some of {[s.stem for s in sources()]}")
+    try:
+        quick, args.out = settings(args.quick, args.out)
+    except ValueError as err:
+        parser.error(str(err))
     args.out.mkdir(parents=True, exist_ok=True)
+    print(f"building {len(chosen)} notebook(s) at {'quick' if quick else 'full'} settings into {args.out}", flush=True)
     for source in chosen:
         start = time.perf_counter()
-        nb = execute(source, quick=args.quick)
+        nb = execute(source, quick=quick)
         target = args.out / f"{source.stem}.ipynb"
         tmp = target.with_suffix(".ipynb.tmp")
         nbformat.write(nb, tmp)

@@ -85,6 +85,23 @@ def test_private_use_detector_catches_private_helpers():
     assert _private_uses(tree) == ["_predict_many", "markov_interp._io", "_check_pq"]
 
 
+def test_quick_builds_honour_the_environment_and_never_write_into_notebooks(monkeypatch, tmp_path):
+    build = _build_module()
+    monkeypatch.setenv("MARKOV_INTERP_QUICK", "1")
+    quick, out = build.settings(False, None)  # the environment alone makes the build quick ...
+    assert quick and out.is_dir() and out.resolve() != FOLDER  # ... and it goes to a new temporary folder
+    out.rmdir()
+    assert build.settings(False, tmp_path) == (True, tmp_path)
+    with pytest.raises(ValueError, match="never overwrites the committed notebooks"):
+        build.settings(False, FOLDER)
+    with pytest.raises(SystemExit):  # the command line refuses before running anything
+        build.main(["01_quickstart", "--out", str(FOLDER)])
+    monkeypatch.setenv("MARKOV_INTERP_QUICK", "0")
+    assert build.settings(False, None) == (False, FOLDER)  # full builds write the committed notebooks
+    with pytest.raises(ValueError, match="never overwrites"):
+        build.settings(True, FOLDER)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES, ids=IDS)
 def test_notebook_source_runs_at_quick_settings(source, tmp_path):

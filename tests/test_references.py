@@ -49,11 +49,11 @@ def test_two_state_expectations_match_scipy_quadrature(alpha):
     rate = expect(lambda p, q: (q * h(p) + p * h(q)) / (p + q))
     hpi = expect(lambda p, q: h(p / (p + q)))
     got = theory.expected_kernel_references(RandomMarkov(2, alpha=alpha))
-    assert got.method == "quadrature" and got.entropy_rate_se < 1e-8 and got.unigram_loss_se < 1e-8
-    assert abs(got.entropy_rate - rate) < 1e-7 and abs(got.unigram_loss - hpi) < 1e-7
+    assert got.method == "quadrature" and got.entropy_rate_se < 1e-8 and got.oracle_unigram_loss_se < 1e-8
+    assert abs(got.entropy_rate - rate) < 1e-7 and abs(got.oracle_unigram_loss - hpi) < 1e-7
     if alpha == 1.0:  # issue 16's table: quadrature 0.48089, independent Monte Carlo 0.5637
         assert got.entropy_rate == pytest.approx(0.48089, abs=5e-6)
-        assert got.unigram_loss == pytest.approx(0.5637, abs=2e-4)
+        assert got.oracle_unigram_loss == pytest.approx(0.5637, abs=2e-4)
 
 
 def stationary_3(kernels: np.ndarray) -> np.ndarray:
@@ -78,11 +78,22 @@ def test_three_state_expectations_match_independent_monte_carlo():
     rate = (pi * np_entropy(kernels)).sum(1)
     hpi = np_entropy(pi)
     got = theory.expected_kernel_references(RandomMarkov(3))
-    assert got.method == "monte carlo" and got.entropy_rate_se < 1e-4 and got.unigram_loss_se < 1e-4
+    assert got.method == "monte carlo" and got.entropy_rate_se < 1e-4 and got.oracle_unigram_loss_se < 1e-4
     assert covers(got.entropy_rate, got.entropy_rate_se, rate.mean(), rate.std() / math.sqrt(n))
-    assert covers(got.unigram_loss, got.unigram_loss_se, hpi.mean(), hpi.std() / math.sqrt(n))
+    assert covers(got.oracle_unigram_loss, got.oracle_unigram_loss_se, hpi.mean(), hpi.std() / math.sqrt(n))
     # issue 16's table (400,000 kernels, standard error 2.6e-4): 0.8188 and 0.9782
-    assert got.entropy_rate == pytest.approx(0.8188, abs=8e-4) and got.unigram_loss == pytest.approx(0.9782, abs=8e-4)
+    assert got.entropy_rate == pytest.approx(0.8188, abs=8e-4)
+    assert got.oracle_unigram_loss == pytest.approx(0.9782, abs=8e-4)
+
+
+def test_oracle_and_in_context_unigram_losses_have_distinct_names():
+    kernel = theory.expected_kernel_references(RandomMarkov(2))
+    refs = theory.reference_losses(RandomMarkov(2), 17)
+    # E[H(pi)] is the oracle's loss under one name everywhere; `unigram_loss` of the references is the plateau
+    assert refs.oracle_unigram_loss == kernel.oracle_unigram_loss < refs.unigram_loss == refs.in_context_unigram_loss
+    assert kernel.unigram_loss == kernel.oracle_unigram_loss  # the old name still reads it
+    back = theory.KernelExpectations.from_cache_dict(kernel.cache_dict())
+    assert back == kernel and kernel.cache_dict()["unigram_loss"] == kernel.oracle_unigram_loss  # old cache names
 
 
 # ----------------------------------------------------------------------------- in-context losses, 3 states

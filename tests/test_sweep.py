@@ -222,7 +222,8 @@ def test_failed_cell_is_recorded_and_others_finish(tmp_path):
 
 @pytest.mark.slow
 def test_results_table_columns_and_probes(tmp_path):
-    spec = tiny_spec(grid={}, seeds=(0,), probe=True)
+    base = {"source": {"kind": "binary", "p": 0.5, "q": 0.8}, "model": {**TINY_MODEL, "n_ctx": 64}, "train": TINY_TRAIN}
+    spec = tiny_spec(grid={}, seeds=(0,), probe=True, base=base)  # trained at 32 in a context of 64
     result = sweep.run(spec, tmp_path, workers=1, progress=False)
     (row,) = sweep.read_table(tmp_path / "results.csv")
     assert row == result.rows[0]
@@ -235,7 +236,8 @@ def test_results_table_columns_and_probes(tmp_path):
     assert res.stuck_at_unigram in (True, False)
     assert res.probe.mechanism in MECHANISMS
     assert 0 <= res.probe.p_hat <= 1
-    assert (tmp_path / "results" / f"{row.cell_id}.probe.json").exists()
+    probed = json.loads((tmp_path / "results" / f"{row.cell_id}.probe.json").read_text())
+    assert probed["seq_len"] == row.config.train.seq_len  # sweeps probe at the training length, like `probe`
     columns = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
     assert {"param.seed", "source.p", "model.n_layers", "final_eval_loss", "mechanism", "probe.p_hat"} <= set(columns)
     try:

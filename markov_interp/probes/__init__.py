@@ -22,13 +22,18 @@ never write files, plot, or write into a cache. One module per idea:
 """
 
 from markov_interp.probes._common import (
+    DEFAULT_PROBE_LENGTH,
     ProbeBatch,
+    ProbeLengthWarning,
     in_context_unigram_probs,
     kernel_probs,
     next_state_probs,
+    probe_length,
     sample_batch,
+    state_labels,
     stationary_probs,
     total_variation,
+    training_length,
 )
 from markov_interp.probes.ablation import (
     METHODS,
@@ -95,6 +100,7 @@ from markov_interp.probes.strategies import (
 )
 
 __all__ = [
+    "DEFAULT_PROBE_LENGTH", "ProbeLengthWarning", "probe_length", "state_labels", "training_length",
     "AblationTable", "AttentionScores", "BehaviourReport", "Circuit", "Component", "KernelReadout", "LawCheck",
     "MECHANISMS", "METHODS", "MechanismReport", "PatchingResult", "ProbeBatch", "Role", "STRATEGIES",
     "STRATEGY_LABELS", "StrategySimilarity", "Thresholds", "ablated_probs", "ablation_hooks", "check_law",

@@ -8,7 +8,9 @@ both TransformerLens model families share. States are integer tokens 0..V-1; the
 
 import dataclasses
 import math
-from typing import Any, Optional
+import warnings
+from collections.abc import Sequence
+from typing import Any, Optional, Union
 
 import torch
 from jaxtyping import Float, Int
@@ -52,17 +54,86 @@ def has_mlp(model: Model, layer: int) -> bool:
 DEFAULT_PROBE_LENGTH = 128  # probe length for a model whose training length is unknown (capped at n_ctx)
 
 
+class ProbeLengthWarning(UserWarning):
+    """A probe ran on sequences longer than the model was trained on (positions it never saw in training)."""
+
+
+def training_length(model: Model) -> Optional[int]:
+    """The sequence length the model was trained at (`model.markov_train_seq_len`), None when unknown.
+
+    `models.load` sets it when the weights sit in a run folder (config.json beside them), and so does
+    `training.train` / `train_many` on the models they return; set it yourself on any other model
+    (`model.markov_train_seq_len = 64`) to get the same defaults and warnings.
+
+    Args:
+        model: a TransformerLens hooked model.
+
+    Returns:
+        The training length, or None.
+    """
+    value = getattr(model, "markov_train_seq_len", None)
+    return None if value is None else int(value)
+
+
 def probe_length(model: Model, seq_len: Optional[int] = None) -> int:
     """The sequence length a probe runs at: `seq_len` when given, else the model's training length when known
     (`model.markov_train_seq_len`, set when a model is loaded from a run folder), else
     min(n_ctx, DEFAULT_PROBE_LENGTH). Every entry point (Python probes, `probe`, `report`, sweeps) uses this rule.
+
+    Args:
+        model: a TransformerLens hooked model.
+        seq_len: an explicit length (an integer >= 2); refused beyond the model's n_ctx, and beyond its training
+            length it warns once per model (`ProbeLengthWarning`).
+
+    Returns:
+        The probe length.
     """
     if seq_len is not None:
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+            raise ValueError(f"seq_len must be an integer >= 2, got {seq_len!r}")
+        check_probe_length(model, seq_len)
         return int(seq_len)
-    trained = getattr(model, "markov_train_seq_len", None)
+    trained = training_length(model)
     if trained is not None:
-        return min(int(trained), int(model.cfg.n_ctx))
+        return min(trained, int(model.cfg.n_ctx))
     return min(int(model.cfg.n_ctx), DEFAULT_PROBE_LENGTH)
+
+
+def check_probe_length(model: Model, seq_len: int) -> None:
+    """Refuse sequences longer than the model's n_ctx; warn (once per model) beyond its training length.
+
+    Args:
+        model: a TransformerLens hooked model (remembers that it warned in `_markov_probe_length_warned`).
+        seq_len: the length a probe is about to run at.
+
+    Returns:
+        None; raises ValueError beyond n_ctx, warns `ProbeLengthWarning` beyond the training length.
+    """
+    n_ctx = int(model.cfg.n_ctx)
+    if seq_len > n_ctx:
+        raise ValueError(f"probe sequences of length {seq_len} exceed the model's n_ctx={n_ctx}")
+    trained = training_length(model)
+    if trained is None or seq_len <= trained or getattr(model, "_markov_probe_length_warned", False):
+        return
+    model._markov_probe_length_warned = True
+    warnings.warn(
+        f"probing at sequence length {seq_len}, but the model was trained on sequences of {trained}: positions "
+        f"{trained}..{seq_len - 1} were never seen in training, so probe numbers there describe extrapolation "
+        f"(pass seq_len <= {trained}; this warning is shown once per model)",
+        ProbeLengthWarning, stacklevel=3,
+    )
+
+
+def as_tokens(value: Any) -> Any:
+    """The tokens of a `ProbeBatch`, anything else unchanged: every probe that reads tokens takes a batch too.
+
+    Args:
+        value: tokens [batch, pos], a `ProbeBatch`, or None.
+
+    Returns:
+        `value.tokens` for a batch, else `value`.
+    """
+    return value.tokens if isinstance(value, ProbeBatch) else value
 
 
 def model_device(model: Model) -> torch.device:
@@ -72,16 +143,66 @@ def model_device(model: Model) -> torch.device:
     return torch.device("cpu")
 
 
-def check_tokens(model: Model, tokens: Tensor) -> Tensor:
-    """Validate a token batch against the model (2-D integer states in 0..V-1, at most n_ctx long)."""
+def check_tokens(model: Model, tokens: Any) -> Tensor:
+    """Validate a token batch against the model (2-D integer states in 0..V-1, at most n_ctx long) and move it
+    to the model's device; a `ProbeBatch` stands for its tokens. Beyond the model's training length it warns
+    once (`check_probe_length`)."""
+    tokens = as_tokens(tokens)
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"tokens must be an integer tensor [batch, pos], got {_describe(tokens)}")
-    vocab, n_ctx = int(model.cfg.d_vocab), int(model.cfg.n_ctx)
-    if tokens.shape[1] > n_ctx:
-        raise ValueError(f"sequences of length {tokens.shape[1]} exceed the model's n_ctx={n_ctx}")
+        hint = " (one sequence? use tokens[None])" if isinstance(tokens, Tensor) and tokens.ndim == 1 else ""
+        raise ValueError(f"tokens must be an integer tensor [batch, pos], got {_describe(tokens)}{hint}")
+    vocab = int(model.cfg.d_vocab)
+    check_probe_length(model, int(tokens.shape[1]))
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values {int(tokens.min())}..{int(tokens.max())}")
     return tokens.to(model_device(model), torch.long)
+
+
+def state_labels(tokens: Any, *, names: Optional[Sequence[str]] = None) -> Any:
+    """Labels of states for circuitsvis and plots, like TransformerLens's `model.to_str_tokens`.
+
+    Args:
+        tokens: states as a tensor [pos] (or [1, pos]) or a sequence of ints; [batch, pos] gives one list per
+            sequence.
+        names: a name per state (e.g. "ABC" or ["sun", "rain"]); default the state's number.
+
+    Returns:
+        One string per position (a list of such lists for a batch).
+
+    >>> state_labels(torch.tensor([[0, 1, 1]]))
+    ['0', '1', '1']
+    >>> state_labels([0, 2, 1], names="ABC")
+    ['A', 'C', 'B']
+    """
+    values = tokens.detach().cpu() if isinstance(tokens, Tensor) else torch.as_tensor(tokens)
+    if values.ndim == 2 and values.shape[0] == 1:
+        values = values[0]
+    if values.ndim not in (1, 2) or values.dtype.is_floating_point or values.dtype == torch.bool:
+        raise ValueError(f"tokens must be integer states [pos] or [batch, pos], got {_describe(tokens)}")
+    if values.ndim == 2:
+        return [state_labels(row, names=names) for row in values]
+    if names is not None and values.numel() and not 0 <= int(values.min()) <= int(values.max()) < len(names):
+        raise ValueError(f"names has {len(names)} entries but the states run {int(values.min())}..{int(values.max())}")
+    return [str(int(t)) if names is None else str(names[int(t)]) for t in values]
+
+
+def context_labels(vocab: int, order: int) -> list[str]:
+    """Labels of the V**order contexts in kernel-row order (base-V digits, oldest state first: "01" = 0 then 1).
+
+    Args:
+        vocab: the number of states V.
+        order: the context length k.
+
+    Returns:
+        V**k labels.
+
+    >>> context_labels(2, 2)
+    ['00', '01', '10', '11']
+    """
+    digits = [""]
+    for _ in range(order):
+        digits = [prefix + str(state) for prefix in digits for state in range(vocab)]
+    return digits
 
 
 def _describe(value: Any) -> str:
@@ -92,7 +213,7 @@ def _describe(value: Any) -> str:
 
 # ------------------------------------------------------------------------------------------ predictions
 @torch.no_grad()
-def next_state_probs(model: Model, tokens: Tokens, *, fwd_hooks: Optional[list] = None) -> Probs:
+def next_state_probs(model: Model, tokens: "TokensOrBatch", *, fwd_hooks: Optional[list] = None) -> Probs:
     """The model's predicted law of x_{t+1} after x_0..x_t at every position t (float64, rows sum to 1).
 
     `fwd_hooks` (TransformerLens `(hook_name, fn)` pairs) run during the forward pass, e.g. ablations.
@@ -119,7 +240,7 @@ def total_variation(p: Float[Tensor, "*#batch vocab"], q: Float[Tensor, "*#batch
 
 
 # ------------------------------------------------------------------------------------------- probe batch
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
 class ProbeBatch:
     """Sequences a probe runs on, with the kernel each sequence was drawn from.
 
@@ -136,6 +257,32 @@ class ProbeBatch:
     random_kernel: bool  # True for RandomMarkov sources (no fixed kernel to learn in weights)
     beta: float  # add-beta smoothing of the in-context references: alpha for RandomMarkov, 1/2 otherwise
     initial: Optional[Float[Tensor, "batch context"]] = None
+
+    def __repr__(self) -> str:  # one line, not the tensors
+        batch, seq = self.tokens.shape
+        kind = "a random kernel per sequence" if self.random_kernel else "one fixed kernel"
+        return (f"<ProbeBatch: {batch} sequences x {seq} states over {self.vocab} states, order {self.order}, {kind}, "
+                f"beta {self.beta:g}>")
+
+
+TokensOrBatch = Union[Tokens, ProbeBatch]  # what a probe that reads tokens takes: tokens or a ProbeBatch
+
+
+def check_batch(batch: Any, where: str) -> ProbeBatch:
+    """`batch` if it is a `ProbeBatch`, else a clear error: probes that compare the model with each sequence's
+    kernel need the kernels, which bare tokens do not carry.
+
+    Args:
+        batch: what the probe was given.
+        where: the probe's name, for the message.
+
+    Returns:
+        `batch`, checked.
+    """
+    if not isinstance(batch, ProbeBatch):
+        raise ValueError(f"{where} compares the model with each sequence's kernel, so it takes a ProbeBatch "
+                         f"(probes.sample_batch(source, n_sequences=..., seq_len=..., seed=...)), got {_describe(batch)}")
+    return batch
 
 
 def sample_batch(source: Any, *, n_sequences: int, seq_len: int, seed: int) -> ProbeBatch:

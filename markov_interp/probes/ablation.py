@@ -25,6 +25,8 @@ from markov_interp.probes._common import (
     Model,
     Probs,
     Tokens,
+    TokensOrBatch,
+    as_tokens,
     check_tokens,
     json_safe,
     next_state_probs,
@@ -58,8 +60,8 @@ def reference_activations(
     components: Sequence[Any],
     *,
     method: Method = "mean",
-    tokens: Optional[Tokens] = None,
-    reference_tokens: Optional[Tokens] = None,
+    tokens: Optional[TokensOrBatch] = None,
+    reference_tokens: Optional[TokensOrBatch] = None,
     seed: int = 0,
     cache: Optional[Any] = None,
 ) -> dict[str, Tensor]:
@@ -72,6 +74,7 @@ def reference_activations(
     """
     if method not in METHODS:
         raise ValueError(f"ablation method must be one of {METHODS}, got {method!r}")
+    tokens, reference_tokens = as_tokens(tokens), as_tokens(reference_tokens)
     comps = as_components(model, components)
     names = sorted({c.hook_name for c in comps})
     if method == "zero":
@@ -116,7 +119,7 @@ def ablation_hooks(
 
 def ablated_probs(
     model: Model,
-    tokens: Tokens,
+    tokens: TokensOrBatch,
     components: Sequence[Any],
     *,
     method: Method = "mean",
@@ -128,6 +131,7 @@ def ablated_probs(
 
     >>> # ablated_probs(model, tokens, ["L0H0"], method="mean")
     """
+    tokens = as_tokens(tokens)
     reference = reference_activations(
         model, components, method=method, tokens=tokens, reference_tokens=reference_tokens, seed=seed, cache=cache
     )
@@ -137,7 +141,7 @@ def ablated_probs(
     return intervened_probs(model, tokens, [comps], reference)[0]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
 class AblationTable(ComponentValues):
     """Loss (nats) with each component ablated on its own, beside the clean loss.
 
@@ -171,6 +175,20 @@ class AblationTable(ComponentValues):
         except ValueError:
             return False
 
+    def to_dataframe(self) -> Any:
+        """One row per component (index "L0H1", "L0.attn", "L0.mlp"): kind, layer, head, the ablated loss and the
+        loss change (nats).
+
+        Returns:
+            A pandas DataFrame.
+        """
+        return self._rows(loss=self.losses, loss_change=self.loss_change)
+
+    def summary(self) -> str:
+        """The components the loss depends on most (largest loss change when ablated alone)."""
+        return (f"{self.method} ablation of {len(self.components)} components, clean loss {self.clean_loss:.4f} nats; "
+                f"largest loss changes: {self._largest()}")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: method, clean loss, and {component name: loss change}."""
         return json_safe({
@@ -186,7 +204,7 @@ def _mean_loss(probs: Probs, tokens: Tokens) -> float:
 
 def ablation_loss_change(
     model: Model,
-    tokens: Tokens,
+    tokens: TokensOrBatch,
     components: Sequence[Any],
     *,
     method: Method = "mean",
@@ -194,6 +212,7 @@ def ablation_loss_change(
     seed: int = 0,
 ) -> float:
     """Mean next-state loss with `components` ablated together minus the clean loss (nats)."""
+    tokens = as_tokens(tokens)
     clean = _mean_loss(next_state_probs(model, tokens), tokens)
     probs = ablated_probs(model, tokens, components, method=method, reference_tokens=reference_tokens, seed=seed)
     return _mean_loss(probs, tokens) - clean
@@ -201,7 +220,7 @@ def ablation_loss_change(
 
 def set_ablation_losses(
     model: Model,
-    tokens: Tokens,
+    tokens: TokensOrBatch,
     groups: Sequence[Sequence[Any]],
     *,
     method: Method = "mean",
@@ -215,6 +234,7 @@ def set_ablation_losses(
     (ablating one of two redundant heads costs nothing). `reference` (from `reference_activations` on the
     union of the groups) or `cache` save forward passes.
     """
+    tokens = as_tokens(tokens)
     if method not in METHODS:
         raise ValueError(f"ablation method must be one of {METHODS}, got {method!r}")
     comp_groups = [as_components(model, g) for g in groups]
@@ -229,7 +249,7 @@ def set_ablation_losses(
 
 def ablation_table(
     model: Model,
-    tokens: Tokens,
+    tokens: TokensOrBatch,
     *,
     method: Method = "mean",
     components: Optional[Sequence[Any]] = None,
@@ -245,6 +265,7 @@ def ablation_table(
 
     >>> # ablation_table(model, tokens).head_grid()  # large at the heads the prediction relies on
     """
+    tokens = as_tokens(tokens)
     comps = as_components(model, model_components(model) if components is None else components)
     if clean_probs is None:
         clean_probs = next_state_probs(model, tokens)

@@ -35,7 +35,16 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from markov_interp.probes._common import Model, Tokens, check_tokens, json_safe, pattern_hook
+from markov_interp.probes._common import (
+    Model,
+    Tokens,
+    TokensOrBatch,
+    as_tokens,
+    check_tokens,
+    json_safe,
+    pattern_hook,
+)
+from markov_interp.probes._display import ProbeResult, dataframe
 
 Pattern = Float[Tensor, "batch head query_pos key_pos"]
 KeyMask = Bool[Tensor, "batch query_pos key_pos"]
@@ -70,6 +79,30 @@ def _weighted_mass(
     return torch.einsum("bhq,bq->h", mass, weight) / total
 
 
+def check_pattern(pattern: Any, tokens: Any) -> None:
+    """A clear error unless `pattern` is [batch, head, query_pos, key_pos] over the `tokens` [batch, pos] (as
+    `cache["pattern", layer]` is for `run_with_cache(tokens)`).
+
+    Args:
+        pattern: attention patterns of one layer.
+        tokens: the states they were computed on.
+
+    Returns:
+        None; raises ValueError naming the shapes otherwise.
+    """
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2:
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens must be a tensor [batch, pos], got {shape}")
+    batch, seq = tokens.shape
+    if not isinstance(pattern, Tensor) or pattern.ndim != 4 or tuple(pattern.shape[2:]) != (seq, seq) \
+            or pattern.shape[0] != batch:
+        shape = tuple(pattern.shape) if isinstance(pattern, Tensor) else type(pattern).__name__
+        hint = " (one sequence? add the batch axis: pattern[None], tokens[None])" if isinstance(pattern, Tensor) \
+            and pattern.ndim == 3 else ""
+        raise ValueError(f"pattern must be [batch, head, query_pos, key_pos] = [{batch}, head, {seq}, {seq}] for "
+                         f"tokens of shape {tuple(tokens.shape)} (cache['pattern', layer]), got {shape}{hint}")
+
+
 def _check_positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -82,6 +115,7 @@ def previous_token_score(pattern: Pattern, tokens: Tokens, *, lag: int = 1) -> F
     >>> previous_token_score(uniform_causal_pattern(tokens), tokens)  # chance: mean of 1/2, 1/3, 1/4
     tensor([0.3611])
     """
+    check_pattern(pattern, tokens)
     _check_positive("lag", lag)
     batch, seq = tokens.shape
     keys = torch.zeros(seq, seq, dtype=torch.bool, device=pattern.device)
@@ -210,6 +244,7 @@ def induction_score(pattern: Pattern, tokens: Tokens, *, order: int = 1) -> Floa
     Queries with no such key are skipped. Near 1 for a perfect induction head of that order (it attends only
     to positions that followed earlier visits to the current context; what it puts on j = i is not counted).
     """
+    check_pattern(pattern, tokens)
     tokens = tokens.to(pattern.device)
     return _lag_mass(pattern, _induction_terms(tokens, order, int(tokens.max()) + 1), use_rate=False)
 
@@ -225,6 +260,7 @@ def induction_baseline(
     >>> bool(torch.isclose(induction_score(prev, tokens), induction_baseline(prev, tokens, vocab=2)))
     True
     """
+    check_pattern(pattern, tokens)
     tokens = tokens.to(pattern.device)
     vocab = int(tokens.max()) + 1 if vocab is None else vocab
     return _lag_mass(pattern, _induction_terms(tokens, order, vocab), use_rate=True)
@@ -232,6 +268,7 @@ def induction_baseline(
 
 def same_token_score(pattern: Pattern, tokens: Tokens) -> Float[Tensor, " head"]:
     """Mean attention mass from query i >= 1 on keys j <= i holding the same state, x_j = x_i, per head."""
+    check_pattern(pattern, tokens)
     tokens = tokens.to(pattern.device)
     seq = tokens.shape[1]
     keys = (tokens[:, :, None] == tokens[:, None, :]) & _causal(seq, tokens.device)
@@ -248,8 +285,8 @@ def _rescale(score: Tensor, chance: "Tensor | float") -> Tensor:
     return torch.where(room > 1e-6, (score - chance) / room.clamp_min(1e-6), torch.zeros_like(score))
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class AttentionScores:
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class AttentionScores(ProbeResult):
     """Per-head attention scores as [layer, head] grids (per lag / order as [lag, layer, head]), with chance.
 
     `previous_token_lags[l - 1]` is the lag-l previous-token score, `induction_orders[k - 1]` the order-k
@@ -328,6 +365,62 @@ class AttentionScores:
                     best, where = float(grid[layer, head]), (layer, head)
         return where
 
+    def _grids(self) -> dict[str, Tensor]:
+        """Every [layer, head] grid by column name: raw score, chance / baseline and excess per lag and order."""
+        out: dict[str, Tensor] = {}
+        for lag in range(1, self.max_lag + 1):
+            name = "previous_token" if lag == 1 else f"previous_token_lag{lag}"
+            out[name] = self.previous_token_lags[lag - 1]
+            out[f"{name}_excess"] = self.lag_excess(lag)
+        for order in range(1, self.max_order + 1):
+            name = "induction" if order == 1 else f"induction_order{order}"
+            out[name] = self.induction_orders[order - 1]
+            out[f"{name}_baseline"] = self.induction_baselines[order - 1]
+            out[f"{name}_excess"] = self.induction_excess(order)
+        out["same_token"], out["same_token_excess"] = self.same_token, self.excess("same_token")
+        return out
+
+    def to_dataframe(self) -> Any:
+        """One row per head (index "L0H1"; absent heads, NaN scores, left out): layer, head, and for every lag and
+        order the raw score, the induction baseline and the excess over chance (0 chance, 1 perfect).
+
+        Returns:
+            A pandas DataFrame.
+        """
+        grids = {name: grid.detach().cpu() for name, grid in self._grids().items()}
+        n_layers, n_heads = self.previous_token.shape
+        rows = []
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                values = {name: float(grid[layer, head]) for name, grid in grids.items()}
+                if all(math.isnan(v) for k, v in values.items() if not k.endswith("_baseline")):
+                    continue  # an absent head (a layer with fewer heads): NaN in every score grid
+                rows.append({"component": f"L{layer}H{head}", "layer": layer, "head": head, **values})
+        return dataframe(rows, index="component")
+
+    def summary(self) -> str:
+        """The strongest head of each score (by excess over chance), one line per score."""
+        n_layers, n_heads = self.previous_token.shape
+        lines = []
+        tops = []
+        for name, label, chance in (("previous_token", "previous-token", self.previous_token_chance),
+                                    ("induction", "induction", None), ("same_token", "same-token",
+                                                                       self.same_token_chance)):
+            layer, head = self.top_head(name)
+            if layer < 0:
+                continue
+            excess = float(self.excess(name)[layer, head])
+            tops.append(f"{label} L{layer}H{head} {excess:.2f}")
+            raw = float(getattr(self, name)[layer, head])
+            base = (f"chance {chance:.3f}" if chance is not None
+                    else f"its baseline {float(self.induction_baselines[0, layer, head]):.3f}")
+            lines.append(f"{label}: L{layer}H{head} scores {raw:.3f} ({base}, excess {excess:.2f})")
+        more = "" if self.max_lag == self.max_order == 1 else f"; lags 1..{self.max_lag}, orders 1..{self.max_order}"
+        plural = lambda n, word: f"{n} {word}{'' if n == 1 else 's'}"  # noqa: E731
+        head = (f"{plural(n_layers, 'layer')} x {plural(n_heads, 'head')}{more}; strongest by excess over chance: "
+                + ", ".join(tops))
+        return "\n".join([head, *lines])
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: grids as nested lists [layer][head] (per lag / order: [lag][layer][head])."""
         out: dict[str, Any] = {}
@@ -351,7 +444,8 @@ def attention_hook_names(model: Model) -> list[str]:
 
 @torch.no_grad()
 def attention_scores(
-    model: Model, tokens: Tokens, *, cache: Optional[Any] = None, max_order: int = 1, max_lag: Optional[int] = None
+    model: Model, tokens: TokensOrBatch, *, cache: Optional[Any] = None, max_order: int = 1,
+    max_lag: Optional[int] = None,
 ) -> AttentionScores:
     """Previous-token scores at lags 1..`max_lag` (default `max_order`), induction scores of orders
     1..`max_order` with their baselines, and same-token scores of every head (see `AttentionScores`).
@@ -361,6 +455,7 @@ def attention_scores(
 
     >>> # scores = attention_scores(model, tokens, max_order=2); scores.lag_excess(2)  # lag-2 heads
     """
+    tokens = as_tokens(tokens)
     _check_positive("max_order", max_order)
     max_lag = max_order if max_lag is None else max_lag
     _check_positive("max_lag", max_lag)

@@ -22,6 +22,7 @@ from markov_interp.probes._common import (
     ProbeBatch,
     Probs,
     Tokens,
+    check_batch,
     contexts,
     in_context_unigram_probs,
     json_safe,
@@ -31,6 +32,7 @@ from markov_interp.probes._common import (
     target_losses,
     total_variation,
 )
+from markov_interp.probes._display import ProbeResult, dataframe
 
 Predictor = Callable[[Tokens], Probs]
 
@@ -159,8 +161,8 @@ def kernel_predictor(kernel: Tensor, *, order: int) -> Predictor:
     return predict
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class BehaviourReport:
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class BehaviourReport(ProbeResult):
     """The model's predictions against the true kernel, the in-context add-beta estimator and pi.
 
     Curves have one entry per position (`kl_*`) or per prediction target (`*_loss_curve`, seq_len - 1
@@ -192,6 +194,36 @@ class BehaviourReport:
     reference_context_dependence: float
     beta: float
 
+    def to_dataframe(self) -> Any:
+        """The curves, one row per position t (index "position"): the losses of the prediction made at t for
+        x_{t+1} (model, true kernel, add-beta; empty at the last position, which has no target) and
+        KL(law || model) at t for the true kernel, the add-beta estimator and pi.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        n = int(self.kl_kernel_curve.shape[0])
+        columns = {"loss": self.loss_curve, "kernel_loss": self.kernel_loss_curve,
+                   "add_beta_loss": self.add_beta_loss_curve, "kl_kernel": self.kl_kernel_curve,
+                   "kl_add_beta": self.kl_add_beta_curve, "kl_stationary": self.kl_stationary_curve}
+        values = {name: curve.detach().cpu().tolist() for name, curve in columns.items()}
+        return dataframe(({"position": t, **{name: (v[t] if t < len(v) else float("nan"))
+                                             for name, v in values.items()}} for t in range(n)), index="position")
+
+    def summary(self) -> str:
+        """The model's loss beside the laws it could have learned, how it learns in context, what it depends on."""
+        return "\n".join([
+            f"eval loss {self.eval_loss:.4f} nats; true kernel {self.kernel_loss:.4f}, add-beta (beta={self.beta:g}) "
+            f"{self.add_beta_loss:.4f}, in-context unigram {self.in_context_unigram_loss:.4f}, pi "
+            f"{self.stationary_loss:.4f}",
+            f"in-context learning score {self.icl_score:+.4f} nats (add-beta {self.add_beta_icl_score:+.4f}; "
+            "negative: the loss falls along the sequence)",
+            f"mean KL(law || model): true kernel {self.kl_kernel:.4f}, add-beta {self.kl_add_beta:.4f}, pi "
+            f"{self.kl_stationary:.4f} nats",
+            f"state dependence {self.state_dependence:.3f} (optimal predictor {self.reference_state_dependence:.3f}); "
+            f"context dependence {self.context_dependence:.3f} (add-beta {self.reference_context_dependence:.3f})",
+        ])
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: scalars as floats, curves as lists."""
         return json_safe({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
@@ -213,6 +245,7 @@ def behaviour(
     >>> # batch = sample_batch(BinaryChain(0.2, 0.3), n_sequences=64, seq_len=128, seed=0)
     >>> # behaviour(model, batch).context_dependence  # ~0 for a model that learned the kernel
     """
+    batch = check_batch(batch, "behaviour")
     tokens = batch.tokens
     if beta is None:
         beta = batch.beta

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from markov_interp import theory
 from markov_interp.probes._common import Model, ProbeBatch, Probs, json_safe, target_losses
 from markov_interp.probes.ablation import AblationTable, set_ablation_losses
+from markov_interp.probes._display import ProbeResult, dataframe
 from markov_interp.probes.attention import AttentionScores
 from markov_interp.probes.interventions import Component
 
@@ -47,8 +48,8 @@ class Role:
                           "ablation": self.ablation, "confirmed": self.confirmed})
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Circuit:
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
+class Circuit(ProbeResult):
     """The order-`order` circuit found in the weights (module docstring)."""
 
     order: int
@@ -98,6 +99,21 @@ class Circuit:
         layers = ", ".join(f"{c.name} {v:+.4f}" for c, v in self.layer_ablation)
         return (f"circuit of order {self.order}: model's in-context gain {self.model_gain:.4f} nats (each role's "
                 f"set ablation must cost >= {self.required:.4f}); {roles}; whole attention layers: {layers}")
+
+    def to_dataframe(self) -> Any:
+        """One row per role (index its name, e.g. "induction order 1"): its heads and their excess scores, the
+        loss change when the set is mean-ablated, what the confirmation required, and whether it is confirmed.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        return dataframe(({"role": r.name, "heads": ", ".join(h.name for h in r.heads),
+                           "scores": ", ".join(f"{x:.2f}" for x in r.scores), "ablation": r.ablation,
+                           "required": self.required, "confirmed": r.confirmed} for r in self.roles), index="role")
+
+    def _headline(self) -> str:
+        roles = "; ".join(f"{r.name} {_heads(r.heads)}{' confirmed' if r.confirmed else ''}" for r in self.roles)
+        return f"order-{self.order} circuit, {'confirmed' if self.confirmed else 'not confirmed'}: {roles}"
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe({

@@ -49,8 +49,10 @@ from markov_interp.probes._common import (
     check_source_matches,
     check_tokens,
     json_safe,
+    probe_length,
     sample_batch,
 )
+from markov_interp.probes._display import ProbeResult, evidence_tables, headline
 from markov_interp.probes.ablation import AblationTable, ablation_table, model_components
 from markov_interp.probes.attention import AttentionScores, attention_hook_names, attention_scores
 from markov_interp.probes.behaviour import BehaviourReport, behaviour
@@ -140,8 +142,8 @@ def check_law(sim: StrategySimilarity, th: "Thresholds") -> LawCheck:
                     else d2, fit_ratio=fit, margin_ratio=margin, passed=passed, near=near)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class MechanismReport:
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class MechanismReport(ProbeResult):
     """What `classify_mechanism` decided and all the evidence behind it (see the module docstring)."""
 
     mechanism: str  # one of MECHANISMS
@@ -215,6 +217,37 @@ class MechanismReport:
         """A reference loss of theory ("entropy_rate", "unigram_loss", "bayes_loss"), None if not defined."""
         value = getattr(self.references, name, None)
         return None if value is None else float(value)
+
+    # ------------------------------------------------------------------ display (notebooks, printing)
+    def summary(self) -> str:
+        """The verdict, the law check behind it, the circuit, the references, and why (a few lines)."""
+        order = f"order {self.order}, " if self.order is not None else ""
+        law = self.law
+        lines = [
+            f"{self.mechanism} ({order}{'confident' if self.confident else 'not confident'}): eval loss "
+            f"{self.eval_loss:.4f} nats on {self.n_sequences} x {self.seq_len} states of {self.source}",
+            f"closest law: {STRATEGY_LABELS.get(law.law, law.law)}, fit {law.fit_ratio:.3f} (needs <= "
+            f"{self.thresholds.fit}), margin {law.margin_ratio:.3f} (needs <= {self.thresholds.margin})",
+            f"circuit: {headline(self.circuit)}",
+            f"references: {self.references.describe()}",
+        ]
+        return "\n".join(lines + [f"why: {self.reasons[0]}"] if self.reasons else lines)
+
+    def to_dataframe(self) -> Any:
+        """The per-head evidence, one row per head (index "L0H1"): the attention scores with their excess over
+        chance (`AttentionScores.to_dataframe`) and the loss change when the head alone is mean-ablated.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        frame = self.attention.to_dataframe()
+        changes = dict(zip(self.ablation.names, self.ablation.loss_change))
+        frame["ablation_loss_change"] = [changes.get(name, float("nan")) for name in frame.index]
+        return frame
+
+    def _html_tables(self) -> list[tuple[str, Any]]:
+        # every piece of evidence with a table (the candidate laws first), then the per-head view
+        return evidence_tables(self) + [("per head: scores, excess over chance, ablation cost", self.to_dataframe())]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary: the label, its own-law check, every strategy divergence and gap, the circuit's
@@ -299,15 +332,14 @@ def classify_mechanism(
 
     The probes run on `batch` when given (a `ProbeBatch` from `sample_batch(source, ...)`; `cache` may hold a
     `run_with_cache` of it with `probe_hook_names`, only read), else on a fresh seeded batch of `n_sequences`
-    x `seq_len` states (`seq_len` defaults to min(n_ctx, 128)). `beta` defaults to the source's alpha (random
-    kernels) or 1/2.
+    x `seq_len` states (`seq_len` defaults to the model's training length when known, else min(n_ctx, 128):
+    `probe_length`). `beta` defaults to the source's alpha (random kernels) or 1/2.
 
     >>> # report = classify_mechanism(model, BinaryChain(0.2, 0.3), seed=0); report.mechanism, report.order
     """
     check_source_matches(model, source)
     if batch is None:
-        seq_len = min(int(model.cfg.n_ctx), 128) if seq_len is None else seq_len
-        batch = sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
+        batch = sample_batch(source, n_sequences=n_sequences, seq_len=probe_length(model, seq_len), seed=seed)
     elif batch.vocab != source.vocab or batch.order != source.order:
         raise ValueError(f"the probe batch ({batch.vocab} states, order {batch.order}) is not from {source!r}")
     tokens = check_tokens(model, batch.tokens)

@@ -33,6 +33,7 @@ from markov_interp.probes._common import (
     next_state_probs,
     z_hook,
 )
+from markov_interp.probes._display import ProbeResult, dataframe
 
 _NAME = re.compile(r"^L(\d+)(?:H(\d+)|\.(attn|mlp))$")
 
@@ -100,10 +101,10 @@ class Component:
             raise ValueError(f"{self.name}: layer {self.layer} has no MLP (attention-only model)")
 
 
-class ComponentValues:
+class ComponentValues(ProbeResult):
     """One value per component (an ablation table's loss changes, a patching run's recoveries): lookup by
-    `Component` or name and the [layer, head] grid. A subclass holds `components`, `n_layers`, `n_heads` and
-    says which of its fields are the values (`_values`)."""
+    `Component` or name, the [layer, head] grid and a table. A subclass holds `components`, `n_layers`,
+    `n_heads` and says which of its fields are the values (`_values`)."""
 
     components: tuple[Component, ...]
     n_layers: int
@@ -122,6 +123,19 @@ class ComponentValues:
         if comp not in self.components:
             raise KeyError(f"no component {comp.name!r}; have {list(self.names)}")
         return self._values()[self.components.index(comp)]
+
+    def _rows(self, **columns: Sequence[float]) -> Any:
+        """A DataFrame, one row per component (index its name): kind, layer, head (empty for layers), `columns`."""
+        frame = dataframe(({"component": c.name, "kind": c.kind, "layer": c.layer, "head": c.head,
+                            **{name: values[i] for name, values in columns.items()}}
+                           for i, c in enumerate(self.components)), index="component")
+        return frame.astype({"head": "Int64"}) if len(frame) else frame
+
+    def _largest(self, n: int = 3, fmt: str = "+.4f") -> str:
+        """The `n` components with the largest values, as "L1H0 +0.0700, ..." (NaN values left out)."""
+        pairs = [(v, c.name) for c, v in zip(self.components, self._values()) if v == v]
+        pairs.sort(key=lambda pair: -pair[0])
+        return ", ".join(f"{name} {value:{fmt}}" for value, name in pairs[:n]) or "none"
 
     def head_grid(self) -> Float[Tensor, "layer head"]:
         """The value of every head as a [layer, head] grid (NaN for heads not in the table)."""

@@ -24,7 +24,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp import theory
-from markov_interp.probes._common import Model, Probs, Tokens, check_tokens, json_safe, next_state_probs
+from markov_interp.probes._common import (Model, Probs, Tokens, TokensOrBatch, as_tokens, check_tokens, json_safe,
+                                          next_state_probs)
 from markov_interp.probes.interventions import (
     Component,
     ComponentValues,
@@ -37,7 +38,7 @@ from markov_interp.probes.interventions import (
 _MIN_BASELINE_KL = 1e-9
 
 
-def patching_pair(tokens: Tokens, *, seed: int = 0) -> tuple[Tokens, Tokens]:
+def patching_pair(tokens: TokensOrBatch, *, seed: int = 0) -> tuple[Tokens, Tokens]:
     """(clean, corrupted): corrupted[b] is another sequence of the batch whose last state is set to clean[b]'s.
 
     The pair shares the final state and position but not the context, so a model that ignores the context
@@ -45,16 +46,41 @@ def patching_pair(tokens: Tokens, *, seed: int = 0) -> tuple[Tokens, Tokens]:
     """
     from markov_interp.probes.ablation import derangement
 
+    tokens = as_tokens(tokens)
     corrupted = tokens[derangement(tokens.shape[0], seed=seed)].clone()
     corrupted[:, -1] = tokens[:, -1]
     return tokens, corrupted
 
 
+def check_pair(clean_tokens: Tokens, corrupted_tokens: Tokens, *, allow_identical: bool = False) -> None:
+    """A clear error unless the clean and corrupted batches have one shape (and, unless allowed, differ).
+
+    Args:
+        clean_tokens: the clean run's states [batch, pos].
+        corrupted_tokens: the corrupted run's states, the same shape.
+        allow_identical: accept equal batches (`patched_probs`, which divides by nothing).
+
+    Returns:
+        None; raises ValueError otherwise.
+    """
+    for name, value in (("clean_tokens", clean_tokens), ("corrupted_tokens", corrupted_tokens)):
+        if not isinstance(value, Tensor):
+            raise ValueError(f"{name} must be a tensor [batch, pos] (or a ProbeBatch), got {type(value).__name__}")
+    if clean_tokens.shape != corrupted_tokens.shape:
+        raise ValueError(
+            f"clean and corrupted tokens must have the same shape, got {tuple(clean_tokens.shape)} and "
+            f"{tuple(corrupted_tokens.shape)}"
+        )
+    if not allow_identical and torch.equal(clean_tokens.cpu(), corrupted_tokens.cpu()):
+        raise ValueError("clean and corrupted tokens are identical, so there is nothing to restore (every recovery "
+                         "would be 0/0); corrupt the context, e.g. clean, corrupted = patching_pair(tokens)")
+
+
 @torch.no_grad()
 def patched_probs(
     model: Model,
-    clean_tokens: Tokens,
-    corrupted_tokens: Tokens,
+    clean_tokens: TokensOrBatch,
+    corrupted_tokens: TokensOrBatch,
     components: Sequence[Any],
     *,
     positions: Optional[Sequence[int]] = None,
@@ -66,11 +92,8 @@ def patched_probs(
     clean activations already (only read).
     """
     comps = as_components(model, components)
-    if clean_tokens.shape != corrupted_tokens.shape:
-        raise ValueError(
-            f"clean and corrupted tokens must have the same shape, got {tuple(clean_tokens.shape)} and "
-            f"{tuple(corrupted_tokens.shape)}"
-        )
+    clean_tokens, corrupted_tokens = as_tokens(clean_tokens), as_tokens(corrupted_tokens)
+    check_pair(clean_tokens, corrupted_tokens, allow_identical=True)
     names = sorted({c.hook_name for c in comps})
     if clean_cache is None:
         _, clean_cache = model.run_with_cache(check_tokens(model, clean_tokens), names_filter=names)
@@ -78,7 +101,7 @@ def patched_probs(
     return intervened_probs(model, corrupted_tokens, [comps], replacements, positions=positions)[0]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
 class PatchingResult(ComponentValues):
     """How much of the clean prediction each patched component restores in the corrupted run.
 
@@ -98,6 +121,22 @@ class PatchingResult(ComponentValues):
     def _values(self) -> tuple[float, ...]:  # result[component] and head_grid() give the recovery
         return self.recovery
 
+    def to_dataframe(self) -> Any:
+        """One row per patched component (index "L0H1", ...): kind, layer, head and its recovery.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        return self._rows(recovery=self.recovery)
+
+    def summary(self) -> str:
+        """The components that restore the clean prediction best."""
+        where = f"activation patching of {len(self.components)} components, read at position {self.position}"
+        if self.baseline_kl <= _MIN_BASELINE_KL:
+            return (f"{where}: the clean and corrupted runs predict the same law (KL {self.baseline_kl:.2g} nats), "
+                    "so there is nothing to restore (every recovery is NaN)")
+        return f"{where} (KL clean to corrupted {self.baseline_kl:.4f} nats); best recovery: {self._largest(fmt='.3f')}"
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (NaN recoveries as None)."""
         return json_safe({
@@ -110,8 +149,8 @@ class PatchingResult(ComponentValues):
 @torch.no_grad()
 def activation_patching(
     model: Model,
-    clean_tokens: Tokens,
-    corrupted_tokens: Tokens,
+    clean_tokens: TokensOrBatch,
+    corrupted_tokens: TokensOrBatch,
     *,
     components: Optional[Sequence[Any]] = None,
     position: int = -1,
@@ -123,6 +162,8 @@ def activation_patching(
 
     >>> # clean, corrupted = patching_pair(tokens); activation_patching(model, clean, corrupted).head_grid()
     """
+    clean_tokens, corrupted_tokens = as_tokens(clean_tokens), as_tokens(corrupted_tokens)
+    check_pair(clean_tokens, corrupted_tokens)
     comps = as_components(model, model_components(model) if components is None else components)
     names = sorted({c.hook_name for c in comps})
     logits, cache = model.run_with_cache(check_tokens(model, clean_tokens), names_filter=names)

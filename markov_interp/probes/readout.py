@@ -7,6 +7,7 @@ unigram model every row is pi. Compared with the true kernel this says how well 
 """
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 import torch
@@ -14,7 +15,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp import theory
-from markov_interp.probes._common import Model, ProbeBatch, Probs, Tokens, contexts, json_safe, next_state_probs
+from markov_interp.probes._common import (
+    Model,
+    ProbeBatch,
+    Probs,
+    Tokens,
+    check_batch,
+    context_labels,
+    contexts,
+    json_safe,
+    next_state_probs,
+)
+from markov_interp.probes._display import ProbeResult, dataframe
 
 
 def implied_kernel(
@@ -44,8 +56,8 @@ def implied_kernel(
     return rows.cpu(), counts.cpu()
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class KernelReadout:
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class KernelReadout(ProbeResult):
     """The model's implied kernel beside the true one (None for random-kernel sources: nothing to store).
 
     `max_abs_error` is the largest entry-wise difference; `weighted_kl` the excess loss of predicting with the
@@ -57,6 +69,34 @@ class KernelReadout:
     true: Optional[Float[Tensor, "context next_state"]]
     max_abs_error: Optional[float]
     weighted_kl: Optional[float]
+
+    def to_dataframe(self) -> Any:
+        """One row per context (index: its states, oldest first, e.g. "01"): the model's implied P(next = s)
+        ("model P(s)"), the true kernel's ("true P(s)", fixed chains) and how many predictions the row averages.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        n_contexts, vocab = self.implied.shape
+        order = max(1, round(math.log(n_contexts, vocab))) if vocab > 1 else 1
+        implied = self.implied.detach().cpu().tolist()
+        true = None if self.true is None else self.true.detach().cpu().tolist()
+        rows = []
+        for c, label in enumerate(context_labels(vocab, order)):
+            row: dict[str, Any] = {"context": label, **{f"model P({s})": implied[c][s] for s in range(vocab)}}
+            if true is not None:
+                row.update({f"true P({s})": true[c][s] for s in range(vocab)})
+            rows.append({**row, "count": int(self.counts[c])})
+        return dataframe(rows, index="context")
+
+    def summary(self) -> str:
+        """How well the implied kernel matches the true one (fixed chains)."""
+        shape = f"{self.implied.shape[0]} contexts x {self.implied.shape[1]} next states"
+        if self.max_abs_error is None:
+            return (f"implied kernel ({shape}): random kernels, so there is no one true kernel; the rows are the "
+                    "model's mean prediction per context")
+        return (f"implied kernel ({shape}): max |model - true| {self.max_abs_error:.4f}, pi-weighted KL "
+                f"{self.weighted_kl:.5f} nats")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (rows of unseen contexts as None)."""
@@ -74,6 +114,7 @@ def kernel_readout(model: Model, batch: ProbeBatch, *, probs: Optional[Probs] = 
 
     >>> # kernel_readout(model, sample_batch(BinaryChain(0.2, 0.3), n_sequences=64, seq_len=128, seed=0)).implied
     """
+    batch = check_batch(batch, "kernel_readout")
     if probs is None:
         probs = next_state_probs(model, batch.tokens)
     implied, counts = implied_kernel(probs, batch.tokens, vocab=batch.vocab, order=batch.order, skip=skip)

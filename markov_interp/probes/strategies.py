@@ -24,11 +24,13 @@ from markov_interp.probes._common import (
     Model,
     ProbeBatch,
     Probs,
+    check_batch,
     json_safe,
     kernel_probs,
     next_state_probs,
     stationary_probs,
 )
+from markov_interp.probes._display import ProbeResult, dataframe
 
 _GRAM = {0: "unigram", 1: "bigram", 2: "trigram"}
 MAX_ORDER = 4  # in-context estimators are named up to this order (sources of higher order are refused)
@@ -61,8 +63,8 @@ STRATEGY_LABELS = {
 MIN_GAP = 1e-4  # nats: two candidate laws closer than this on the probe tokens are one law (the simpler name)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class StrategySimilarity:
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class StrategySimilarity(ProbeResult):
     """Mean KL(strategy || model) in nats, over all positions and sequences of a probe batch, per strategy,
     with the gaps between the strategies themselves on the same tokens.
 
@@ -105,6 +107,27 @@ class StrategySimilarity:
     def in_context_kgram(self) -> float:
         """Divergence to the in-context estimator of the source's order."""
         return self.divergences[in_context_name(self.order)]
+
+    def to_dataframe(self) -> Any:
+        """One row per candidate law (index its name, closest first; aliased laws last): its label, mean
+        KL(law || model) in nats, the gap to the nearest other law, and the simpler law it coincides with.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        names = [*self.ranking, *(n for n in self.divergences if n in self.aliases)]
+        return dataframe(({"law": n, "label": STRATEGY_LABELS.get(n, n), "divergence": self.divergences[n],
+                           "gap": self.gaps[n], "same_as": self.aliases.get(n)} for n in names), index="law")
+
+    def summary(self) -> str:
+        """The closest law and the runner-up, then every candidate's divergence."""
+        ranking = self.ranking
+        label = lambda name: STRATEGY_LABELS.get(name, name)  # noqa: E731
+        head = f"closest law: {label(ranking[0])}, mean KL(law || model) {self.divergences[ranking[0]]:.4f} nats"
+        if len(ranking) > 1:
+            head += f" (runner-up {label(ranking[1])} {self.divergences[ranking[1]]:.4f})"
+        rest = ", ".join(f"{n} {self.divergences[n]:.4f}" for n in ranking)
+        return f"{head}\nall candidates (nats): {rest}"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: divergences, gaps, aliases, order, beta, closest."""
@@ -164,6 +187,7 @@ def strategy_similarity(
     >>> # batch = sample_batch(RandomMarkov(3), n_sequences=64, seq_len=32, seed=0)
     >>> # strategy_similarity(model, batch).closest  # "in_context_bigram" for an induction circuit
     """
+    batch = check_batch(batch, "strategy_similarity")
     beta = float(batch.beta if beta is None else beta)
     if probs is None:
         probs = next_state_probs(model, batch.tokens)

@@ -388,7 +388,7 @@ def build(
     """Probe the run saved in `run_dir` and lay out its report (nothing is written; call `.save()`).
 
     The probes run on one seeded batch of `n_sequences` x `seq_len` states from the run's source (`seq_len`
-    defaults to min(training length, n_ctx, 128)); attention patterns are shown on the first `sample_len`
+    defaults to the run's training length: `probes.probe_length`); attention patterns are shown on the first `sample_len`
     states of its first sequence; at most `max_checkpoints` checkpoints are re-probed for the training
     dynamics. Sections: see `SECTION_IDS`.
 
@@ -403,8 +403,7 @@ def build(
     model = models.load(run_dir, device=device, expect=run.model)
     metrics = training.load_metrics(run_dir)
     source = run.source.build()
-    if seq_len is None:
-        seq_len = min(run.train.seq_len, int(model.cfg.n_ctx), 128)
+    seq_len = probes.probe_length(model, seq_len)  # the one rule: the training length (from the run folder)
     batch = probes.sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     _, cache = model.run_with_cache(batch.tokens.to(_device(model)), names_filter=probes.probe_hook_names(model))
     mech = probes.classify_mechanism(model, source, batch=batch, cache=cache, seed=seed)  # table reused below

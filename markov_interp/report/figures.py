@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from markov_interp.dynamics import KaplanMeier
+from markov_interp.probes._common import context_labels, state_labels
 from markov_interp.theory import ReferenceLosses
 
 from markov_interp import landscape
@@ -42,6 +43,12 @@ def _reference_lines(ax: Any, references: Mapping[str, float]) -> None:
 
 def _as_row(references: "Mapping[str, float] | ReferenceLosses") -> Mapping[str, float]:
     return references.as_row() if isinstance(references, ReferenceLosses) else references
+
+
+def _need(value: Any, attrs: tuple[str, ...], what: str, figure: str) -> None:
+    """A clear error when a figure gets something other than the probe result it draws."""
+    if not all(hasattr(value, a) for a in attrs):
+        raise ValueError(f"{figure} draws {what}, got {type(value).__name__}")
 
 
 def loss_curves_figure(
@@ -101,6 +108,8 @@ def position_loss_figure(behaviour: Any, references: "Mapping[str, float] | Refe
     the first position (as the true-kernel curve is); an in-context learner starts high and falls with the
     add-beta estimator as it sees more of the sequence (Olsson et al.'s in-context learning score).
     """
+    _need(behaviour, ("loss_curve", "icl_score"), "a probes.BehaviourReport (e.g. mech.behaviour)",
+          "position_loss_figure")
     references = _as_row(references)
     fig = Figure(figsize=(8, 3.8))
     ax = fig.add_subplot()
@@ -113,8 +122,9 @@ def position_loss_figure(behaviour: Any, references: "Mapping[str, float] | Refe
         values = _smooth(np.asarray(curve.detach().cpu(), dtype=float))
         ax.plot(np.arange(len(values)), values, style, color=colour, linewidth=1.3, label=label)
     unigram = references.get("unigram_loss")
-    if unigram is not None:
-        ax.axhline(unigram, color="#c33", linestyle=":", linewidth=1.2, label=f"unigram loss {unigram:.4f}")
+    if unigram is not None:  # random kernels: the in-context unigram estimator's loss, not E[H(pi)]
+        name = "in-context unigram loss" if references.get("bayes_loss") is not None else "unigram loss H(pi)"
+        ax.axhline(unigram, color="#c33", linestyle=":", linewidth=1.2, label=f"{name} {unigram:.4f}")
     ax.set_xlabel("position t (predicting x_{t+1})")
     ax.set_ylabel("loss (nats)")
     ax.set_title(f"Loss along the sequence (in-context learning score {behaviour.icl_score:+.4f} nats)")
@@ -141,6 +151,7 @@ def head_scores_figure(scores: Any) -> Figure:
     score looks. Each cell is annotated with the raw score. A two-layer in-context model shows a
     previous-token head in layer 0 and an induction head in layer 1.
     """
+    _need(scores, ("previous_token", "excess"), "a probes.AttentionScores (e.g. mech.attention)", "head_scores_figure")
     names = (("previous_token", "previous-token"), ("induction", "induction"), ("same_token", "same-token"))
     n_layers, n_heads = scores.previous_token.shape
     fig = Figure(figsize=(3.2 * len(names) + 1.0, 0.55 * n_layers + 2.0))
@@ -165,30 +176,46 @@ def head_scores_figure(scores: Any) -> Figure:
 
 
 def attention_patterns_figure(
-    patterns: Float[Tensor, "layer head query_pos key_pos"],
-    tokens: Int[Tensor, " pos"],
+    patterns: Float[Tensor, "layer head query_pos key_pos"] | Float[Tensor, "head query_pos key_pos"],
+    tokens: Int[Tensor, "*one pos"] | Sequence[int] | Sequence[str],
+    *,
+    layer: Optional[int] = None,
 ) -> CircuitsFigure:
     """Every head's attention pattern on one sequence, drawn by circuitsvis ("AttentionHeads"), states as labels.
 
-    `patterns` from `run_with_cache` (`blocks.L.attn.hook_pattern` of one sequence, stacked over layers).
-    A previous-token head is a bright line just below the diagonal; an induction head lights the keys that
-    followed earlier visits to the current state.
+    Args:
+        patterns: one sequence's patterns, as TransformerLens gives them: `cache["pattern", L][0]` ([head,
+            query_pos, key_pos], one layer) or `cache.stack_activation("pattern")[:, 0]` ([layer, head, query_pos,
+            key_pos]).
+        tokens: the sequence's states ([pos], or [1, pos]), or their labels (`probes.state_labels(tokens)`).
+        layer: the layer of a [head, query_pos, key_pos] pattern (names the heads "L{layer}H{h}"; default "H{h}").
+
+    Returns:
+        A `CircuitsFigure` (displays in Jupyter; the report inlines it). A previous-token head is a bright line
+        just below the diagonal; an induction head lights the keys that followed earlier visits to the current
+        state.
 
     >>> uniform = torch.ones(3, 3).tril() / torch.arange(1, 4)[:, None]
     >>> fig = attention_patterns_figure(uniform[None, None], torch.tensor([0, 1, 1]))
     >>> fig.component, fig.props["tokens"], fig.props["attentionHeadNames"]
     ('AttentionHeads', ['0', '1', '1'], ['L0H0'])
+    >>> attention_patterns_figure(uniform[None], torch.tensor([0, 1, 1]), layer=1).props["attentionHeadNames"]
+    ['L1H0']
     """
-    n_layers, n_heads, n_query, n_key = patterns.shape
-    if tokens.shape[0] != n_query or n_query != n_key:
-        raise ValueError(f"patterns of shape {tuple(patterns.shape)} do not match {tokens.shape[0]} tokens")
-    names = [f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
-    flat = rearrange(patterns.detach().float().cpu(), "layer head query_pos key_pos -> (layer head) query_pos key_pos")
+    patterns, names = _patterns_by_head(patterns, layer)
+    if isinstance(tokens, Tensor) and tokens.ndim == 2 and tokens.shape[0] != 1:
+        raise ValueError(f"tokens must be one sequence ([pos] or [1, pos]), got shape {tuple(tokens.shape)}: "
+                         "pick the sequence the patterns are of, e.g. tokens[0]")
+    labels = tokens if _is_labels(tokens) else state_labels(tokens)
+    n_query, n_key = patterns.shape[-2:]
+    if len(labels) != n_query or n_query != n_key:
+        raise ValueError(f"patterns of shape {tuple(patterns.shape)} do not match {len(labels)} tokens: expected "
+                         "[head, pos, pos] or [layer, head, pos, pos] for one sequence of pos states")
     return circuits_figure(
         "AttentionHeads",
         {
-            "attention": flat,
-            "tokens": [str(int(t)) for t in tokens],
+            "attention": patterns,
+            "tokens": list(labels),
             "attentionHeadNames": names,
             "maskUpperTri": True,
             "maxValue": 1.0,
@@ -198,6 +225,29 @@ def attention_patterns_figure(
     )
 
 
+def _is_labels(tokens: Any) -> bool:
+    return isinstance(tokens, (list, tuple)) and bool(tokens) and all(isinstance(t, str) for t in tokens)
+
+
+def _patterns_by_head(patterns: Any, layer: Optional[int]) -> tuple[Tensor, list[str]]:
+    """[(layer head), query_pos, key_pos] patterns and the heads' names, from a 3-D or 4-D pattern tensor."""
+    if not isinstance(patterns, Tensor) or patterns.ndim not in (3, 4) or not patterns.is_floating_point():
+        shape = tuple(patterns.shape) if isinstance(patterns, Tensor) else type(patterns).__name__
+        raise ValueError(
+            f"patterns must be a float tensor [head, query_pos, key_pos] (cache['pattern', layer][0]) or [layer, "
+            f"head, query_pos, key_pos] (cache.stack_activation('pattern')[:, 0]), got {shape}; for a batch pick "
+            "one sequence")
+    flat = patterns.detach().float().cpu()
+    if flat.ndim == 3:
+        prefix = "" if layer is None else f"L{layer}"
+        return flat, [f"{prefix}H{head}" for head in range(flat.shape[0])]
+    if layer is not None:
+        raise ValueError(f"layer={layer} only names the heads of a one-layer [head, query_pos, key_pos] pattern")
+    n_layers, n_heads = flat.shape[:2]
+    names = [f"L{lay}H{head}" for lay in range(n_layers) for head in range(n_heads)]
+    return rearrange(flat, "layer head query_pos key_pos -> (layer head) query_pos key_pos"), names
+
+
 def ablation_figure(table: Any, *, bigram_gain: Optional[float] = None) -> Figure:
     """Loss change (nats) when each head, attention layer or MLP is ablated alone, as horizontal bars.
 
@@ -205,6 +255,7 @@ def ablation_figure(table: Any, *, bigram_gain: Optional[float] = None) -> Figur
     induction circuit, ablating either head of the circuit should cost a large part of the bigram gain
     (dashed line: what the model gains over the in-context unigram estimator by looking at x_t).
     """
+    _need(table, ("names", "loss_change"), "a probes.AblationTable (e.g. mech.ablation)", "ablation_figure")
     names = list(table.names)
     changes = [float(c) for c in table.loss_change]
     fig = Figure(figsize=(7.5, 0.38 * len(names) + 1.6))
@@ -229,14 +280,7 @@ def ablation_figure(table: Any, *, bigram_gain: Optional[float] = None) -> Figur
 
 def _context_labels(n_contexts: int, vocab: int) -> list[str]:
     order = max(1, round(math.log(n_contexts, vocab))) if vocab > 1 else 1
-    labels = []
-    for c in range(n_contexts):
-        digits = []
-        for _ in range(order):
-            digits.append(str(c % vocab))
-            c //= vocab
-        labels.append("".join(reversed(digits)))
-    return labels
+    return context_labels(vocab, order)
 
 
 def kernel_figure(readout: Any) -> Figure:
@@ -247,6 +291,7 @@ def kernel_figure(readout: Any) -> Figure:
     random-kernel source there is no single true kernel; the implied matrix is then the model's average
     prediction per context (near the mean kernel for an in-context learner).
     """
+    _need(readout, ("implied", "true"), "a probes.KernelReadout (e.g. mech.readout)", "kernel_figure")
     implied = readout.implied.detach().cpu().numpy()
     mats = [("model (implied)", implied)]
     if readout.true is not None:
