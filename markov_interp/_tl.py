@@ -130,7 +130,8 @@ def _complete(cfg: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
     (bridge names, `nn.Linear` layout)."""
     d, rows = cfg.d_model, _max_heads(cfg) * cfg.d_head
     full = {name: t for name, t in state.items()}
-    zeros = functools.partial(torch.zeros, dtype=state["embed.weight"].dtype)
+    like = state["embed.weight"]
+    zeros = functools.partial(torch.zeros, dtype=like.dtype, device=like.device)
     norms = ["ln_final"] + [f"blocks.{i}.ln{j}" for i in range(cfg.n_layers) for j in (1, 2)]
     for norm in norms:
         if f"{norm}.weight" in full:
