@@ -33,6 +33,7 @@ What each TransformerLens model can and cannot express:
 from __future__ import annotations
 
 import functools
+import warnings
 from importlib import metadata
 from typing import Any, Optional
 
@@ -278,7 +279,10 @@ def tl_state_dict(cfg: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
 def _empty_hooked(cfg: Any) -> Any:
     from transformer_lens import HookedTransformer
 
-    with torch.random.fork_rng(devices=[]):  # no construction reads or advances the caller's RNG
+    # no construction reads or advances the caller's RNG; TL 3.x deprecates HookedTransformer in favour of TL 4's
+    # bridge, which is what this adapter builds there: the warning says nothing to our users
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
         return HookedTransformer(tl_config(cfg), move_to_device=False)
 
 
