@@ -66,13 +66,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from transformer_lens.model_bridge import TransformerBridge
-
 from markov_interp import dynamics
 from markov_interp._io import atomic_path, atomic_write, csv_cell, csv_uncell
 from markov_interp.config import Config, check_bool, check_int, check_keys
 from markov_interp.data import SourceConfig
-from markov_interp.models import ModelConfig
+from markov_interp.models import HookedModel, ModelConfig
 from markov_interp.probes import MechanismReport
 from markov_interp.training import (RunConfig, TrainConfig, TrainResult, build_run, list_checkpoints, runfolder,
                                     split_key, stack_key, train, train_many)
@@ -444,7 +442,7 @@ class CellResult:
         return cls(probe=probe, **data)
 
 
-def _probe(model: TransformerBridge, config: RunConfig) -> tuple[ProbeColumns, Optional[dict]]:
+def _probe(model: HookedModel, config: RunConfig) -> tuple[ProbeColumns, Optional[dict]]:
     """Mechanism and key probe scores of a trained model, and the full `classify_mechanism` report as a dict
     (None when the probes offer no classifier)."""
     from markov_interp import probes
