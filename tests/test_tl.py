@@ -146,6 +146,8 @@ def test_reading_back_refuses_what_the_config_cannot_hold():
         theirs.state_dict(keep_vars=True)[bias].fill_(0.5)
     with pytest.raises(ValueError, match="blocks.0.attn.q.bias is non-zero"):
         models.state_dict_for_save(theirs, cfg)
+    with pytest.raises(ValueError, match=r"has no tensors \['blocks.1"):  # a model of another config
+        models.state_dict_for_save(theirs, cfg.replace(n_layers=2))
 
 
 def test_tying_in_each_kind():

@@ -121,7 +121,7 @@ def _reduce(cfg: ModelConfig, full: Mapping[str, Tensor], what: str) -> dict[str
     shapes, slices = state_shapes(cfg), head_slices(cfg)
     missing = sorted(set(shapes) - set(full))
     if missing:
-        raise ValueError(f"{what}: has no tensors {missing} (is {cfg} its config?)")
+        raise ValueError(f"{what}: has no tensors {missing} (a model of another config?)")
     out = {}
     for name, t in full.items():
         t = t.detach()
@@ -147,48 +147,40 @@ def _reduce(cfg: ModelConfig, full: Mapping[str, Tensor], what: str) -> dict[str
 
 
 # --------------------------------------------------------------------------------- TL 2.x / 3.x: names
-def _to_hooked_names(cfg: ModelConfig, full: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Bridge-named, `nn.Linear`-layout tensors (`_complete`) as HookedTransformer parameters."""
-    h = cfg.max_heads
-    out = {"embed.W_E": full["embed.weight"]}
+def _hooked_names(cfg: ModelConfig) -> list[tuple[str, str, str]]:
+    """(bridge name, HookedTransformer name, einops pattern from the first to the second) of every parameter of
+    `_complete`'s state (`h`: the largest head count)."""
+    same, t = "a -> a", "a b -> b a"
+    pairs = [("embed.weight", "embed.W_E", "a b -> a b")]
     if cfg.positional == "standard":
-        out["pos_embed.W_pos"] = full["pos_embed.weight"]
-    for name in [f"blocks.{i}.ln{j}" for i in range(cfg.n_layers) for j in (1, 2)] + ["ln_final"]:
-        if f"{name}.weight" in full:
-            out[f"{name}.w"], out[f"{name}.b"] = full[f"{name}.weight"], full[f"{name}.bias"]
+        pairs.append(("pos_embed.weight", "pos_embed.W_pos", "a b -> a b"))
+    norms = [f"blocks.{i}.ln{j}" for i in range(cfg.n_layers) for j in ((1,) if cfg.attn_only else (1, 2))]
+    for norm in (norms + ["ln_final"]) if cfg.normalization == "LN" else []:
+        pairs += [(f"{norm}.weight", f"{norm}.w", same), (f"{norm}.bias", f"{norm}.b", same)]
     for i in range(cfg.n_layers):
         b = f"blocks.{i}."
         for name, tl in _HT_QKV.items():
-            out[f"{b}attn.W_{tl}"] = rearrange(full[f"{b}attn.{name}.weight"], "(h d) m -> h m d", h=h)
-            out[f"{b}attn.b_{tl}"] = rearrange(full[f"{b}attn.{name}.bias"], "(h d) -> h d", h=h)
-        out[b + "attn.W_O"] = rearrange(full[b + "attn.o.weight"], "m (h d) -> h d m", h=h)
-        out[b + "attn.b_O"] = full[b + "attn.o.bias"]
+            pairs += [(f"{b}attn.{name}.weight", f"{b}attn.W_{tl}", "(h d) m -> h m d"),
+                      (f"{b}attn.{name}.bias", f"{b}attn.b_{tl}", "(h d) -> h d")]
+        pairs += [(b + "attn.o.weight", b + "attn.W_O", "m (h d) -> h d m"), (b + "attn.o.bias", b + "attn.b_O", same)]
         if not cfg.attn_only:
-            out[b + "mlp.W_in"], out[b + "mlp.b_in"] = full[b + "mlp.in.weight"].T, full[b + "mlp.in.bias"]
-            out[b + "mlp.W_out"], out[b + "mlp.b_out"] = full[b + "mlp.out.weight"].T, full[b + "mlp.out.bias"]
-    out["unembed.W_U"], out["unembed.b_U"] = full["unembed.weight"].T, full["unembed.bias"]
-    return {k: v.contiguous() for k, v in out.items()}
+            pairs += [(b + "mlp.in.weight", b + "mlp.W_in", t), (b + "mlp.in.bias", b + "mlp.b_in", same),
+                      (b + "mlp.out.weight", b + "mlp.W_out", t), (b + "mlp.out.bias", b + "mlp.b_out", same)]
+    return pairs + [("unembed.weight", "unembed.W_U", t), ("unembed.bias", "unembed.b_U", same)]
 
 
-def _from_hooked_names(cfg: ModelConfig, sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Inverse of `_to_hooked_names` (buffers ignored)."""
-    full = {"embed.weight": sd["embed.W_E"], "unembed.weight": sd["unembed.W_U"].T, "unembed.bias": sd["unembed.b_U"]}
-    if cfg.positional == "standard":
-        full["pos_embed.weight"] = sd["pos_embed.W_pos"]
-    for name in [f"blocks.{i}.ln{j}" for i in range(cfg.n_layers) for j in (1, 2)] + ["ln_final"]:
-        if f"{name}.w" in sd:
-            full[f"{name}.weight"], full[f"{name}.bias"] = sd[f"{name}.w"], sd[f"{name}.b"]
-    for i in range(cfg.n_layers):
-        b = f"blocks.{i}."
-        for name, tl in _HT_QKV.items():
-            full[f"{b}attn.{name}.weight"] = rearrange(sd[f"{b}attn.W_{tl}"], "h m d -> (h d) m")
-            full[f"{b}attn.{name}.bias"] = rearrange(sd[f"{b}attn.b_{tl}"], "h d -> (h d)")
-        full[b + "attn.o.weight"] = rearrange(sd[b + "attn.W_O"], "h d m -> m (h d)")
-        full[b + "attn.o.bias"] = sd[b + "attn.b_O"]
-        if not cfg.attn_only:
-            full[b + "mlp.in.weight"], full[b + "mlp.in.bias"] = sd[b + "mlp.W_in"].T, sd[b + "mlp.b_in"]
-            full[b + "mlp.out.weight"], full[b + "mlp.out.bias"] = sd[b + "mlp.W_out"].T, sd[b + "mlp.b_out"]
-    return full
+def _convert(cfg: ModelConfig, tensors: Mapping[str, Tensor], to_hooked: bool) -> dict[str, Tensor]:
+    """Bridge-named, `nn.Linear`-layout tensors (`_complete`) as HookedTransformer parameters, or back (a
+    HookedTransformer's buffers ignored; names it lacks left out)."""
+    out = {}
+    for bridge, hooked, pattern in _hooked_names(cfg):
+        if not to_hooked:
+            bridge, hooked, pattern = hooked, bridge, " -> ".join(reversed(pattern.split(" -> ")))
+        if bridge not in tensors:  # reading back a model of another config: `_reduce` names what is missing
+            continue
+        lengths = {"h": cfg.max_heads} if "h" in pattern else {}
+        out[hooked] = rearrange(tensors[bridge], pattern, **lengths).contiguous()
+    return out
 
 
 # ------------------------------------------------------------------------------------------ configs
@@ -217,7 +209,7 @@ def tl_state_dict(cfg: ModelConfig, state: Mapping[str, Tensor]) -> dict[str, Te
     full = _complete(cfg, state)
     if hooked_kind() == "TransformerBridge":
         return {k: v.clone() for k, v in full.items()}
-    params = _to_hooked_names(cfg, full)
+    params = _convert(cfg, full, to_hooked=True)
     buffers = {name: b for name, b in _empty_hooked(cfg).state_dict().items() if name not in params}
     return {**{k: v.clone() for k, v in params.items()}, **buffers}
 
@@ -227,8 +219,8 @@ def _empty_hooked(cfg: ModelConfig) -> Any:
     from transformer_lens import HookedTransformer
 
     # TL 3.x deprecates HookedTransformer in favour of TL 4's bridge, which is what TL 4 gets here: the warning
-    # says nothing to our users
-    with warnings.catch_warnings():
+    # says nothing to our users. Constructors may draw from the global RNG: it is left as it was.
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
         return HookedTransformer(tl_config(cfg), move_to_device=False)
 
@@ -237,7 +229,8 @@ def _booted(cfg: ModelConfig) -> Any:
     """`TransformerBridge.boot_native` with the config's biases, output bias and tying set on its native modules."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    bridge = TransformerBridge.boot_native(tl_config(cfg))
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's constructor draws from the global RNG
+        bridge = TransformerBridge.boot_native(tl_config(cfg))
     native = bridge.original_model  # its submodules are bridge components around the native torch modules
     blocks = list(native.layers)
     norms = [raw(native.ln_out)] + [raw(b.ln1) for b in blocks] + [raw(b.ln2) for b in blocks if not cfg.attn_only]
@@ -258,12 +251,11 @@ def _booted(cfg: ModelConfig) -> Any:
 
 def build(cfg: ModelConfig, state: Mapping[str, Tensor]) -> Any:
     """TL's model of the installed version holding the on-disk `state` (checked by the caller), on the CPU, in
-    eval mode; the global RNG is neither read nor advanced (constructors draw from it)."""
+    eval mode; the global RNG is neither read nor advanced."""
     full = _complete(cfg, state)
-    with torch.random.fork_rng(devices=[]):
-        model = _empty_hooked(cfg) if hooked_kind() == "HookedTransformer" else _booted(cfg)
+    model = _empty_hooked(cfg) if hooked_kind() == "HookedTransformer" else _booted(cfg)
     target = model.state_dict()
-    new = {k: full[k] for k in target} if is_bridge(model) else _to_hooked_names(cfg, full)
+    new = {k: full[k] for k in target} if is_bridge(model) else _convert(cfg, full, to_hooked=True)
     model.load_state_dict({**target, **new}, strict=True)
     return model.eval()
 
@@ -272,5 +264,5 @@ def disk_state(model: Any, cfg: ModelConfig) -> dict[str, Tensor]:
     """The on-disk state of a hooked model of either kind (`build`'s, or TL's own booted from `tl_config(cfg)`):
     contiguous CPU copies; ValueError where `cfg` cannot hold the model (see `_reduce`)."""
     sd = model.state_dict()
-    full = dict(sd) if is_bridge(model) else _from_hooked_names(cfg, sd)
+    full = dict(sd) if is_bridge(model) else _convert(cfg, sd, to_hooked=False)
     return _reduce(cfg, full, type(model).__name__)
