@@ -267,7 +267,7 @@ def test_changed_probes_reprobe_without_retraining(tmp_path, monkeypatch):
     weights = tmp_path / "runs" / cid / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     assert sweep.run(spec, tmp_path, workers=1, progress=False).n_run == 0
-    monkeypatch.setattr(sweep, "_probe_settings", lambda: {"version": 1, "probes_source": "edited"})
+    monkeypatch.setattr("markov_interp.sweep.runner.probe_settings", lambda: {"version": 1, "probes_source": "edited"})
     again = sweep.run(spec, tmp_path, workers=1, progress=False)
     assert again.n_run == 1 and again.rows[0].result.probe.mechanism == first.rows[0].result.probe.mechanism
     assert weights.stat().st_mtime_ns == stamp  # the training was reused, only the probes ran again

@@ -42,7 +42,7 @@ def sweep_folder(run_dir: "str | Path") -> Optional[Path]:
     """The sweep folder a run folder belongs to (`<sweep>/runs/<cell_id>` with `<sweep>/results.csv`), or None."""
     run_dir = Path(run_dir).resolve()
     root = run_dir.parent.parent
-    if run_dir.parent.name != sweep._RUNS_DIR or not (root / "results.csv").is_file():
+    if run_dir.parent.name != sweep.RUNS_DIR or not (root / "results.csv").is_file():
         return None
     return root
 
