@@ -71,7 +71,17 @@ def _failed(err: Exception, prefix: str = "") -> CellRecord:
 
 
 def execute_cell(cell: Cell, runs_dir: str, probe: bool, cell_fn: Optional[CellFn] = None) -> CellRecord:
-    """Run one cell, catching any exception into a failed record (this is what a worker executes)."""
+    """Run one cell, catching any exception into a failed record (this is what a worker executes).
+
+    Args:
+        cell: the cell.
+        runs_dir: the sweep's runs/ folder.
+        probe: probe the trained model.
+        cell_fn: a stand-in for `run_cell` (tests).
+
+    Returns:
+        Its record: "ok" with the result, "diverged" (`TrainingDiverged`), or "failed" with the traceback.
+    """
     try:
         result = (cell_fn or run_cell)(cell, runs_dir, probe=probe)
         return CellRecord(status="ok", result=result)
@@ -113,7 +123,17 @@ def execute_group(cells: Sequence[Cell], runs_dir: str, probes: Sequence[bool],
                   cell_fn: Optional[CellFn] = None) -> list[CellRecord]:
     """Run a group of cells: one cell alone, several as a stack; a stack that raises is retried cell by cell
     (each resumes from the checkpoints its stack wrote, which are solo checkpoints), so one bad cell cannot
-    fail its neighbours."""
+    fail its neighbours.
+
+    Args:
+        cells: one group of `group_cells`.
+        runs_dir: the sweep's runs/ folder.
+        probes: per cell, whether to probe it.
+        cell_fn: a stand-in for `run_cell` (tests).
+
+    Returns:
+        One record per cell, in order (a retried stack's carry its `stack_note`).
+    """
     if len(cells) == 1:
         return [execute_cell(cells[0], runs_dir, probes[0], cell_fn)]
     try:
@@ -132,7 +152,14 @@ DEFAULT_GROUP = {"cpu": 1, "cuda": 64}
 
 
 def default_group(cells: Sequence[Cell]) -> int:
-    """The stack size for `cells` when the caller gives none: from the device their runs ask for."""
+    """The stack size for `cells` when the caller gives none: from the device their runs ask for.
+
+    Args:
+        cells: the cells to run.
+
+    Returns:
+        `DEFAULT_GROUP["cuda"]` when any cell runs on a GPU (asked for, or "auto" with one present), else the CPU's.
+    """
     import torch
 
     devices = {c.config.train.device for c in cells}

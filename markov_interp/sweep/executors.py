@@ -37,7 +37,17 @@ def _start_method() -> str:
 def run_local(groups: list[list[Cell]], runs_dir: str, probe_for: dict[str, bool], save: Save, progress: bool,
               workers: Optional[int], cell_fn: Optional[CellFn]) -> None:
     """Run `groups` in child processes (one fresh process per group, `workers` at a time; default all cores;
-    `workers=1`: in this process), saving each cell's record as it arrives."""
+    `workers=1`: in this process), saving each cell's record as it arrives.
+
+    Args:
+        groups: the groups of `cells.group_cells`.
+        runs_dir: the sweep's runs/ folder.
+        probe_for: per cell id, whether to probe it.
+        save: writes a cell's record.
+        progress: a progress bar over cells.
+        workers: processes at once (None: all cores).
+        cell_fn: a stand-in for `cells.run_cell` (tests).
+    """
     asked = workers or os.cpu_count() or 1
     n = min(asked, len(groups))  # with asked > 1 even a single cell runs in a child: its death stays its own
     bar = _bar(sum(len(g) for g in groups), progress, "sweep")
@@ -87,7 +97,11 @@ def _record_group(cells: list[Cell], get: Callable[[], list[CellRecord]], lost: 
 def run_ray(groups: list[list[Cell]], runs_dir: str, probe_for: dict[str, bool], save: Save, progress: bool,
             cell_fn: Optional[CellFn]) -> None:
     """Run `groups` as Ray tasks (num_cpus=1, one retry of a dead worker) on the cluster `ray.init()` connects
-    to, saving each cell's record as its task finishes."""
+    to, saving each cell's record as its task finishes.
+
+    Args:
+        groups, runs_dir, probe_for, save, progress, cell_fn: as `run_local`'s.
+    """
     try:
         import ray
     except ModuleNotFoundError:

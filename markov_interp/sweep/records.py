@@ -92,7 +92,14 @@ def record_path(out: Path, cell_id: str) -> Path:
 def read_record(path: Path) -> Optional[CellRecord]:
     """The record of a finished cell, or None (the cell runs again; its training is reused) when there is none
     or it cannot be used: not JSON, an older format, or valid JSON that is incomplete (a status it does not
-    know, an "ok" without a readable result)."""
+    know, an "ok" without a readable result).
+
+    Args:
+        path: the record file (`record_path`).
+
+    Returns:
+        The typed record, or None.
+    """
     if not path.exists():
         return None
     try:
@@ -112,7 +119,16 @@ def write_record(out: Path, record: CellRecord) -> Path:
 
 def is_done(record: Optional[CellRecord], probe: bool, settings: dict[str, Any]) -> bool:
     """Whether a restart skips the cell: diverged (deterministic: the same config diverges again), or "ok" and
-    probed with `settings` when `probe`."""
+    probed with `settings` when `probe`.
+
+    Args:
+        record: the cell's record (`read_record`), None when there is none.
+        probe: whether this run probes the cell.
+        settings: the current `probe_settings()`.
+
+    Returns:
+        True when the cell need not run.
+    """
     if record is not None and record.status == "diverged":
         return True
     if record is None or record.status != "ok":

@@ -30,6 +30,14 @@ def outcome(eval_loss: float, optimum: float, unigram: float) -> Optional[str]:
     (the plateau of the tied single-layer model's bad local minimum, H(pi)); "above" beyond. None when the gap
     is below MIN_GAP nats (p + q near 1: the chain is nearly i.i.d. and the two solutions coincide).
 
+    Args:
+        eval_loss: the final evaluation loss (nats).
+        optimum: the entropy rate, or the in-context Bayes loss for random kernels.
+        unigram: the unigram loss H(pi).
+
+    Returns:
+        "optimum", "unigram", "above", or None (undecided).
+
     >>> outcome(0.665, 0.619, 0.666), outcome(0.620, 0.619, 0.666), outcome(0.693, 0.619, 0.666)
     ('unigram', 'optimum', 'above')
     """

@@ -86,12 +86,25 @@ def run(
     "worker died" and the signal; workers end when the sweep's process ends (even by `kill -9`).
     `backend="ray"` submits one Ray task per cell (num_cpus=1, one retry of a dead worker) to the cluster
     `ray.init()` connects to (RAY_ADDRESS, or a local instance); out_dir must then be on a filesystem every
-    node sees. A cell whose training diverges (non-finite loss) gets status "diverged" and outcome "diverged":
+    node sees. A cell whose training diverges (non-finite loss) gets status "diverged" (its error names the step):
     counted apart from failures (`SweepResult.n_diverged`) and not run again. `group` (default
     `default_group`: 1 on a CPU, 64 on a GPU) trains up to that many compatible cells as one stacked model
     (`training.train_many`); a stack that raises, or whose process dies, is retried cell by cell. Same seeds and
     group give the same table on either backend. Writes out_dir/results.csv (and results.parquet when pyarrow
-    is present); returns the rows. `_cell_fn` (tests) replaces `cells.run_cell` and runs every cell alone.
+    is present). See docs/sweeps.md.
+
+    Args:
+        spec: a `SweepSpec`, a spec file (TOML / JSON), a dict, or a list of those (distinct names).
+        out_dir: the sweep folder (created; locked while this runs).
+        backend: "local" (supervised child processes) or "ray".
+        workers: local processes at once (default: all cores; 1: in this process).
+        progress: a progress bar over cells.
+        retry_failed: run cells whose record says "failed" again.
+        group: the most compatible cells per stacked model (default `default_group`).
+        _cell_fn: tests only: replaces `cells.run_cell` and runs every cell alone.
+
+    Returns:
+        The `SweepResult`: one `Row` per cell in spec order, the table's path and the counts.
     """
     _check_options(backend, workers, group)
     specs = _as_specs(spec)

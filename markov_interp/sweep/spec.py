@@ -85,7 +85,8 @@ class SweepSpec(Config):
             raise ValueError(f"exclude must be a list of tables, got {self.exclude!r}")
         for entry in exclude:
             if not isinstance(entry, dict) or not entry:
-                raise ValueError(f"exclude: each entry must be a non-empty table of 'section.field' = value, got {entry!r}")
+                raise ValueError(
+                    f"exclude: each entry must be a non-empty table of 'section.field' = value, got {entry!r}")
             for key in entry:
                 _check_key(key, "exclude")
         object.__setattr__(self, "exclude", exclude)
@@ -133,7 +134,14 @@ def _build_run(base: dict[str, dict], point: dict[str, Any], seed: int) -> RunCo
 
 def cell_id(config: RunConfig) -> str:
     """A deterministic 16-hex-digit id of a run config (sha256 of its sorted JSON, the device left out: where
-    a run executes does not change what it is)."""
+    a run executes does not change what it is).
+
+    Args:
+        config: the run config.
+
+    Returns:
+        The id, also the name of the cell's run folder.
+    """
     data = config.to_dict()
     data["train"] = {k: v for k, v in data["train"].items() if k != "device"}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
@@ -152,7 +160,11 @@ class Cell:
 def load_spec(path: "str | os.PathLike") -> SweepSpec:
     """Read a sweep spec from a TOML file (or JSON when the name ends in .json).
 
-    Errors name the file and the bad key or value.
+    Args:
+        path: the spec file; its stem is the sweep's name unless the file gives one.
+
+    Returns:
+        The validated `SweepSpec`. Errors (FileNotFoundError, ValueError) name the file and the bad key or value.
     """
     path = Path(path)
     if not path.exists():

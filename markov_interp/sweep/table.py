@@ -203,7 +203,15 @@ def write_table(out: Path, rows: list[Row]) -> Path:
 
 
 def read_table(path: "str | os.PathLike") -> list[Row]:
-    """The rows of a sweep's results.csv (a sweep folder or the file) as typed `Row`s (`Row.from_columns`)."""
+    """The rows of a sweep's results.csv as typed `Row`s (`Row.from_columns`).
+
+    Args:
+        path: a sweep folder or its results.csv.
+
+    Returns:
+        The rows in table order. FileNotFoundError without a table; ValueError for a row that does not decode
+        (naming the cell and column) or whose config columns give another cell id.
+    """
     import csv
 
     path = Path(path)
