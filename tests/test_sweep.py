@@ -294,6 +294,8 @@ def test_cell_records_round_trip_and_refuse_what_they_cannot_be(tmp_path):
     died = records.failure("worker died", worker_signal="SIGKILL", cell_id=cell.cell_id)
     records.write_record(tmp_path, died)
     assert records.read_record(path) == died and died.failed and not records.is_done(died, False, {})
+    with pytest.raises(ValueError, match="names no cell"):
+        records.write_record(tmp_path, records.failure("no cell"))
     with pytest.raises(ValueError, match="status must be one of"):
         records.CellRecord(status="done")
     with pytest.raises(ValueError, match="exactly when its status is 'ok'"):

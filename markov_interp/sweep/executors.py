@@ -6,6 +6,7 @@ retried as solo cells, a dead solo cell once more), and a progress bar counts ce
 
 import functools
 import os
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -79,8 +80,6 @@ def _record_group(cells: list[Cell], get: Callable[[], list[CellRecord]], lost: 
                   failed: int) -> int:
     """Save the records `get()` returns for a group of cells (failure records if the worker was lost); returns
     how many of them failed."""
-    import traceback
-
     try:
         records = get()
     except Exception as err:

@@ -111,8 +111,17 @@ def read_record(path: Path) -> Optional[CellRecord]:
 
 
 def write_record(out: Path, record: CellRecord) -> Path:
-    """Write `record` (stamped with its cell id) atomically to its file."""
-    assert record.cell_id is not None, "a record is written for a cell"
+    """Write `record` atomically to its file.
+
+    Args:
+        out: the sweep folder.
+        record: the record, stamped with its cell's id (ValueError without one).
+
+    Returns:
+        The record file's path.
+    """
+    if record.cell_id is None:
+        raise ValueError("write_record: the record names no cell (cell_id is None)")
     return atomic_write(record_path(out, record.cell_id), json.dumps(record.to_json(), indent=1, sort_keys=True,
                                                                      default=str))
 
