@@ -279,6 +279,24 @@ def test_changed_probes_reprobe_without_retraining(tmp_path, monkeypatch):
     assert again.rows[0].result.final_eval_loss == first.rows[0].result.final_eval_loss
 
 
+def probe_logging_cell(cell, runs_dir, *, probe):
+    with open(Path(runs_dir).parent / "calls.log", "a") as handle:
+        handle.write(f"{cell.cell_id}:{probe}\n")
+    return sweep.run_cell(cell, runs_dir, probe=False)  # the flag is what is under test, not the probes
+
+
+def test_a_cell_two_sweeps_share_runs_once_probed_if_either_asks(tmp_path):
+    plain, probed = tiny_spec(name="plain", probe=False), tiny_spec(name="probed", probe=True, seeds=(1,))
+    result = sweep.run([plain, probed], tmp_path, workers=1, progress=False, _cell_fn=probe_logging_cell)
+    assert len(result.rows) == 6 and result.n_run == 4 and result.n_failed == 0
+    shared = {c.cell_id for c in probed.cells()}
+    assert sorted(calls(tmp_path)) == sorted(f"{c.cell_id}:{c.cell_id in shared}" for c in plain.cells())
+    assert [r.sweep for r in result.rows] == ["plain"] * 4 + ["probed"] * 2
+    for cell in plain.cells():
+        record = json.loads((tmp_path / "results" / f"{cell.cell_id}.json").read_text())
+        assert (record["probe_settings"] is not None) == (cell.cell_id in shared)
+
+
 def test_cell_records_round_trip_and_refuse_what_they_cannot_be(tmp_path):
     """A cell's record file: typed `CellRecord` written and read back; inconsistent records refused; a file
     that is not a usable format-2 record reads as absent (the cell runs again)."""

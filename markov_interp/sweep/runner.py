@@ -109,12 +109,8 @@ def run(
     _check_options(backend, workers, group)
     specs = _as_specs(spec)
     cells = _distinct_cells(specs)
-    probe_of = {s.name: s.probe for s in specs}
+    probe_for = _probe_for(specs, cells)
     out = Path(out_dir)
-    # one execution per distinct run; a cell shared by two sweeps runs once (probed if any sweep asks)
-    probe_for: dict[str, bool] = {}
-    for c in cells:
-        probe_for[c.cell_id] = probe_for.get(c.cell_id, False) or probe_of[c.sweep]
     settings = probe_settings()
     # one sweep at a time per folder: a second is refused at once, naming the first, before it writes anything
     with runfolder.lock(out):
@@ -143,6 +139,15 @@ def run(
     n_failed = sum(1 for r in rows if r.status != "ok") - n_diverged
     return SweepResult(rows=rows, table=table, n_run=len(pending), n_skipped=n_skipped, n_failed=n_failed,
                        n_diverged=n_diverged)
+
+
+def _probe_for(specs: list[SweepSpec], cells: list[Cell]) -> dict[str, bool]:
+    """Per distinct cell id, whether to probe it: a cell shared by two sweeps runs once, probed if any asks."""
+    probe_of = {s.name: s.probe for s in specs}
+    probe_for: dict[str, bool] = {}
+    for c in cells:
+        probe_for[c.cell_id] = probe_for.get(c.cell_id, False) or probe_of[c.sweep]
+    return probe_for
 
 
 def _pending(cells: list[Cell], out: Path, probe_for: dict[str, bool], settings: dict[str, Any],
