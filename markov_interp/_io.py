@@ -21,7 +21,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["UnsafePath", "atomic_path", "atomic_write", "check_target", "describe_kind", "csv_cell", "csv_uncell"]
+__all__ = ["UnsafePath", "atomic_path", "atomic_write", "check_target", "describe_kind", "naming_error", "write_all",
+           "csv_cell", "csv_uncell"]
 
 
 class UnsafePath(ValueError):
@@ -87,7 +88,7 @@ def atomic_path(path: "str | os.PathLike") -> Iterator[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as err:
-        raise _naming(err, path) from None
+        raise naming_error(err, path) from None
     os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
@@ -98,7 +99,7 @@ def atomic_path(path: "str | os.PathLike") -> Iterator[Path]:
         os.replace(tmp, path)
     except OSError as err:
         _remove(tmp)
-        raise _naming(err, path) from err
+        raise naming_error(err, path) from err
     except BaseException:
         _remove(tmp)
         raise
@@ -109,8 +110,9 @@ def _remove(tmp: str) -> None:
         os.unlink(tmp)
 
 
-def _naming(err: OSError, path: Path) -> OSError:
-    """`err` itself when it names a file, else the same error naming `path` (the file being written)."""
+def naming_error(err: OSError, path: "str | os.PathLike") -> OSError:
+    """`err` itself when it names a file, else the same error naming `path` (the file being written): ENOSPC
+    from `write` or `fsync` carries no file name."""
     if err.filename is not None or err.errno is None:
         return err
     return type(err)(err.errno, err.strerror or os.strerror(err.errno), str(path))
@@ -126,16 +128,22 @@ def atomic_write(path: "str | os.PathLike", data: "bytes | str") -> Path:
     Returns:
         `path` as a `Path`.
     """
-    payload = memoryview(data.encode("utf-8") if isinstance(data, str) else data)
     with atomic_path(path) as tmp:
         fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_BINARY", 0))
         try:
-            while payload:  # os.write may write less than asked
-                payload = payload[os.write(fd, payload):]
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
     return Path(path)
+
+
+def write_all(fd: int, data: "bytes | str") -> None:
+    """Write all of `data` (bytes, or text as UTF-8) to the descriptor `fd` (`os.write` may write less than
+    asked)."""
+    payload = memoryview(data.encode("utf-8") if isinstance(data, str) else data)
+    while payload:
+        payload = payload[os.write(fd, payload):]
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")

@@ -310,6 +310,7 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
             else:
                 print(f"diverged: {runfolder.diverged_message(run_dir, diverged)}")
             return EXIT_DIVERGED
+        _check_probe_size(run, args, device, "probe")
         model = runfolder.load_model(run_dir, device=device, expect=run.model)
         # the length rule is the probes' (probes._common.probe_length): the loaded model knows its training length
         report = classify_mechanism(model, run.source.build(), seq_len=args.seq_len, n_sequences=args.n_sequences,
@@ -321,6 +322,15 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         return 0
 
     p.set_defaults(handler=handler)
+
+
+def _check_probe_size(run: Any, args: argparse.Namespace, device: Any, command: str) -> None:
+    """Refuse `--n-sequences` x `--seq-len` (default: the run's training length) that cannot fit, before the
+    model is loaded (`models.memory.check_probe`)."""
+    from markov_interp.models.memory import check_probe
+
+    seq_len = args.seq_len if args.seq_len is not None else run.train.seq_len
+    check_probe(run.model, n_sequences=args.n_sequences, seq_len=seq_len, device=device, where=command)
 
 
 def _print_probe(report: Any) -> None:
@@ -384,8 +394,8 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         from markov_interp.training import resolve_device, runfolder
 
         # everything that can fail cheaply is checked before the probes run
-        runfolder.read_config(args.run_dir)
-        resolve_device(args.device)
+        run = runfolder.read_config(args.run_dir)
+        _check_probe_size(run, args, resolve_device(args.device), "report")
         target = Path(args.out) if args.out else Path(args.run_dir) / REPORT_FILE
         check_target(target, "--out")  # a folder, link, FIFO or device is refused, never replaced
         runfolder.check_writable_dir(target.parent, "report folder")

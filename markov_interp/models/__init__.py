@@ -5,6 +5,7 @@ Read left to right, each module importing only those before it:
 - `config`: `ModelConfig` (architecture and init, heads per layer), `preset`, `PRESETS`;
 - `hooks`: every hook name (`act_name`, as TransformerLens's `get_act_name`) and the intervention points;
 - `init`: `initial_state(cfg, seed)`, a model's first weights in the on-disk layout (`state_shapes`);
+- `memory`: the memory a model, its training and its forward need, estimated before allocating (`PlanTooLarge`);
 - `hooked`: the TransformerLens model of the installed version (HookedTransformer on TL 2 / 3, TransformerBridge
   on TL 4; the conversions in `_tl`), built in one place (`hooked_model(cfg, state)`; `build`, `load`), `save`;
 - `stack`: K models of one shape as stacked tensors and `stacked_forward`, the only training forward (K >= 1);
@@ -13,7 +14,7 @@ Read left to right, each module importing only those before it:
 `from markov_interp.models import build, preset, ModelConfig, save, load, heads_per_layer` is the public face.
 """
 
-from markov_interp.models import config, hooks, init, hooked, stack, optim  # noqa: F401  (submodules by name)
+from markov_interp.models import config, hooks, init, memory, hooked, stack, optim  # noqa: F401  (submodules by name)
 from markov_interp.models.config import INIT_FIELDS, PRESETS, ModelConfig, preset, shape_config
 from markov_interp.models.hooked import (
     WEIGHTS_FILE,
@@ -27,6 +28,9 @@ from markov_interp.models.hooked import (
     is_bridge,
     load,
     read_weights,
+    read_weights_file,
+    weights_step,
+    canonical_safetensors,
     save,
     save_state,
     state_dict_for_save,
@@ -51,6 +55,9 @@ __all__ = [
     "save_state",
     "load",
     "read_weights",
+    "read_weights_file",
+    "weights_step",
+    "canonical_safetensors",
     "state_dict_for_save",
     "check_state",
     "check_tied",

@@ -51,6 +51,9 @@ __all__ = [
     "save_state",
     "load",
     "read_weights",
+    "read_weights_file",
+    "weights_step",
+    "canonical_safetensors",
     "state_dict_for_save",
     "check_state",
     "check_tied",
@@ -66,6 +69,7 @@ __all__ = [
 WEIGHTS_FILE = "model.safetensors"
 _CONFIG_KEY = "markov_interp.model_config"
 _TRAIN_SEQ_LEN_KEY = "markov_interp.train_seq_len"  # written by training: the probes' default length
+_STEP_KEY = "markov_interp.step"  # written by training: the step the weights are from
 
 
 @runtime_checkable
@@ -229,9 +233,12 @@ def check_state(cfg: ModelConfig, state: Mapping[str, Tensor], *, source: str = 
 
 # ------------------------------------------------------------------------------------------ save / load
 def save_state(cfg: ModelConfig, state: Mapping[str, Tensor], path: "str | os.PathLike", *,
-               train_seq_len: Optional[int] = None) -> Path:
+               train_seq_len: Optional[int] = None, step: Optional[int] = None) -> Path:
     """Write weights in the on-disk layout with `cfg` in the file's metadata, atomically: the one writer of
     weight files (`save`, training's checkpoints and final weights).
+
+    The same weights and metadata always give the same bytes (`canonical_safetensors`), so identical runs write
+    byte-identical files.
 
     Args:
         cfg: the model config (embedded as JSON; `load` needs nothing else).
@@ -239,6 +246,8 @@ def save_state(cfg: ModelConfig, state: Mapping[str, Tensor], path: "str | os.Pa
         path: a `.safetensors` file, or a folder that gets `model.safetensors`.
         train_seq_len: the sequence length the weights were trained at (training writes it; `load` gives it
             back as `model.markov_train_seq_len`, the probes' default length), or None.
+        step: the training step of the weights (training writes it: a checkpoint copied to another step's name
+            is recognised, `read_weights_file`), or None.
 
     Returns:
         The file written.
@@ -254,8 +263,43 @@ def save_state(cfg: ModelConfig, state: Mapping[str, Tensor], path: "str | os.Pa
     metadata = {_CONFIG_KEY: cfg.to_json(), "format": "pt"}
     if train_seq_len is not None:
         metadata[_TRAIN_SEQ_LEN_KEY] = str(int(train_seq_len))
-    atomic_write(path, st_save(tensors, metadata=metadata))
+    if step is not None:
+        metadata[_STEP_KEY] = str(int(step))
+    atomic_write(path, canonical_safetensors(st_save(tensors, metadata=metadata)))
     return path
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """`data` (a safetensors file) with its header JSON written with sorted keys and no spaces, padded with spaces
+    to a multiple of 8 bytes as safetensors pads it: safetensors writes `__metadata__` from a hash map, in an
+    order that changes from process to process, so two writes of the same weights differed in bytes.
+
+    Args:
+        data: the bytes of a safetensors file.
+
+    Returns:
+        The same file with its header in one canonical form (the tensors' bytes untouched).
+    """
+    header, body = _split_header(data, "safetensors data")
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + body
+
+
+def _split_header(data: bytes, source: str) -> tuple[dict, bytes]:
+    """(header JSON, tensor bytes) of a safetensors file; ValueError naming `source` when the header is cut
+    short or not a JSON object."""
+    size = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if size < 0 or 8 + size > len(data):
+        raise ValueError(f"{source} is not a readable safetensors file (its header is cut short: "
+                         f"{len(data)} bytes; truncated?)")
+    try:
+        header = json.loads(data[8:8 + size])
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{source} is not a readable safetensors file (header: {err})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{source} is not a readable safetensors file (its header is not a JSON object)")
+    return header, data[8 + size:]
 
 
 def save(model: HookedModel, path: "str | os.PathLike", cfg: Optional[ModelConfig] = None) -> Path:
@@ -283,22 +327,39 @@ def _resolve_weights_path(path: "str | os.PathLike") -> Path:
 
 def read_weights(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tensor]]:
     """The config and raw tensors of a file written by `save`; corrupt files raise ValueError."""
-    cfg, state, _ = _read(path)
+    cfg, state, _ = read_weights_file(path)
     return cfg, state
 
 
-def _read(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tensor], dict[str, str]]:
-    """`read_weights` plus the file's metadata."""
-    from safetensors import safe_open
+def read_weights_file(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tensor], dict[str, str]]:
+    """The config, raw tensors and metadata of a weights file written by `save` / `save_state`.
+
+    The file is read by Python first, so a file this process may not read raises PermissionError naming it
+    (safetensors' own open reports "No such file" for it).
+
+    Args:
+        path: a `.safetensors` file, or a folder holding `model.safetensors`.
+
+    Returns:
+        (config, {name: tensor}, metadata); the metadata holds the training length and step when training wrote
+        the file (`weights_step`).
+
+    Raises:
+        FileNotFoundError: nothing there. PermissionError: not readable. ValueError: a truncated or corrupt
+        file, or one without a markov-interp config, naming the file.
+    """
+    from safetensors.torch import load as st_load
 
     path = _resolve_weights_path(path)
+    with open(path, "rb") as handle:
+        data = handle.read()
+    header, _ = _split_header(data, str(path))
     try:
-        with safe_open(str(path), framework="pt", device="cpu") as handle:
-            metadata = handle.metadata() or {}
-            state = {name: handle.get_tensor(name) for name in handle.keys()}
+        state = st_load(data)
     except Exception as err:  # safetensors raises its own error types on corrupt headers / truncation
         raise ValueError(f"{path} is not a readable safetensors file ({type(err).__name__}: {err})") from None
-    if _CONFIG_KEY not in metadata:
+    metadata = header.get("__metadata__") or {}
+    if not isinstance(metadata, dict) or _CONFIG_KEY not in metadata:
         raise ValueError(f"{path} has no markov-interp model config in its metadata (not written by models.save?)")
     try:
         cfg = ModelConfig.from_dict(json.loads(metadata[_CONFIG_KEY]))
@@ -307,6 +368,12 @@ def _read(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tensor], di
     except (ValueError, TypeError) as err:
         raise ValueError(f"{path}: invalid model config in metadata: {err}") from None
     return cfg, state, metadata
+
+
+def weights_step(metadata: Mapping[str, str]) -> Optional[int]:
+    """The training step recorded in a weights file's metadata (`read_weights_file`), None when none is."""
+    value = metadata.get(_STEP_KEY)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None) -> HookedModel:
@@ -319,7 +386,7 @@ def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[Mode
     written before training recorded it, `training.runfolder.load_model` reads it from the folder's config):
     the probes' default length (`probes._common.probe_length`).
     """
-    cfg, state, metadata = _read(path)
+    cfg, state, metadata = read_weights_file(path)
     if expect is not None and expect != cfg:
         diff = {k: (v, getattr(expect, k)) for k, v in cfg.to_dict().items() if getattr(expect, k) != v}
         raise ValueError(f"{path}: model config differs from the expected one (saved, expected): {diff}")

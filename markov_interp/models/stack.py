@@ -110,11 +110,12 @@ class Stack:
         """Member k's weights in the on-disk layout (CPU copies)."""
         return {name: p[k].detach().to("cpu").contiguous().clone() for name, p in self.params.items()}
 
-    def save_member(self, k: int, path: "str | Path", *, train_seq_len: Optional[int] = None) -> Path:
-        """Write member k as `models.save` would (`models.hooked.save_state`, with the training length when
-        given) to `path`, a `.safetensors` file or a folder that gets `model.safetensors`; `models.load` reads
-        it."""
-        return hooked.save_state(self.configs[k], self.member_state(k), path, train_seq_len=train_seq_len)
+    def save_member(self, k: int, path: "str | Path", *, train_seq_len: Optional[int] = None,
+                    step: Optional[int] = None) -> Path:
+        """Write member k as `models.save` would (`models.hooked.save_state`, with the training length and step
+        when given) to `path`, a `.safetensors` file or a folder that gets `model.safetensors`; `models.load`
+        reads it."""
+        return hooked.save_state(self.configs[k], self.member_state(k), path, train_seq_len=train_seq_len, step=step)
 
     def hooked_model(self, k: int, device: Any = None) -> hooked.HookedModel:
         """Member k as a hooked TransformerLens model (`models.hooked.hooked_model` of its weights)."""

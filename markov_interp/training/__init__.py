@@ -3,7 +3,8 @@
 Read left to right, each module importing only those before it:
 
 - `config`: `TrainConfig`, `RunConfig`, dotted options (`split_key`, `build_run`, `default_run`, `override_run`);
-- `schedule`: the learning-rate schedule, evaluation, logging and checkpoint steps;
+- `schedule`: the learning-rate schedule, evaluation, logging and checkpoint steps (`StepPlan`, by arithmetic);
+- `plan`: the plan check, refusing runs that cannot fit (memory, disk, open files) before anything is written;
 - `runfolder`: the run folder's layout (file names, config, metrics, checkpoints, status), lock and checks;
 - `results`: `TrainResult` and its typed `FinalLosses`;
 - `batches`: a run's data streams (`derive_seed`, `member_sampler`);
@@ -12,7 +13,7 @@ Read left to right, each module importing only those before it:
 `from markov_interp.training import train, train_many, RunConfig, TrainConfig, default_run` is the public face.
 """
 
-from markov_interp.training import batches, config, loop, results, runfolder, schedule  # noqa: F401
+from markov_interp.training import batches, config, loop, plan, results, runfolder, schedule  # noqa: F401
 from markov_interp.training.config import (
     RunConfig,
     TrainConfig,
@@ -33,6 +34,7 @@ from markov_interp.training.loop import (
     train,
     train_many,
 )
+from markov_interp.training.plan import PlanTooLarge
 from markov_interp.training.results import FinalLosses, TrainResult
 from markov_interp.training.runfolder import (
     CHECKPOINT_DIR,
@@ -61,6 +63,7 @@ __all__ = [
     "check_compatible",
     "stack_key",
     "TrainingDiverged",
+    "PlanTooLarge",
     "RunFolderBusy",
     "RunFolderError",
     "one_cycle_lr",

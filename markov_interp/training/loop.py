@@ -39,6 +39,7 @@ import dataclasses
 import json
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -52,12 +53,12 @@ from markov_interp.models import INIT_FIELDS, HookedModel, shape_config, state_d
 from markov_interp.models.optim import StackedOptimizer
 from markov_interp.models.stack import Stack, build_stack, stacked_forward, stacked_loss
 from markov_interp.theory import ReferenceLosses
-from markov_interp.training import runfolder
+from markov_interp.training import plan, runfolder
 from markov_interp.training.batches import derive_seed, member_sampler
 from markov_interp.training.config import PRECISIONS, RunConfig, TrainConfig, resolve_device
 from markov_interp.training.results import FinalLosses, TrainResult
 from markov_interp.training.runfolder import TrainingDiverged
-from markov_interp.training.schedule import checkpoint_steps, evaluation_steps, lr_at
+from markov_interp.training.schedule import StepPlan, lr_at
 
 __all__ = [
     "train",
@@ -80,6 +81,7 @@ PAIRED_KEYS = ("eval_loss", "eval_true_loss", "eval_plateau_loss")
 # torch.amp.GradScaler's defaults (what loss_scaling=True uses)
 _SCALER = {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 _NON_FINITE = "non-finite training loss or gradient"
+_LR_CHUNK = 4096  # learning rates moved to the device this many steps at a time (never a table of every step)
 
 
 # ------------------------------------------------------------------------------------------ compatibility
@@ -188,6 +190,7 @@ def train_many(runs: Sequence[RunConfig], out_dirs: Optional[Sequence["str | os.
         if len(set(resolved)) != len(resolved):
             raise ValueError(f"out_dirs must be distinct folders, got {[str(o) for o in outs]}")
     device = resolve_device(runs[0].train.device)
+    plan.check_plan(runs, outs, device)  # before any folder is created or config.json written
     with contextlib.ExitStack() as locks:  # every run folder locked for the whole training
         for out in outs:
             if out is not None:
@@ -204,9 +207,10 @@ def _train_locked(runs: list[RunConfig], outs: list[Optional[Path]], device: tor
         if out is not None:
             runfolder.prepare(out, run)
             status = runfolder.divergence(out)
-            # final weights beside incomplete metrics (a damaged folder) resume: see _Group._resume
+            # final weights beside incomplete metrics (a damaged folder), or damaged final weights, resume from a
+            # checkpoint: see _Group._resume
             finished = (out / runfolder.WEIGHTS_FILE).exists() and runfolder.metrics_complete(
-                run.train, runfolder.load_metrics(out))
+                run.train, runfolder.load_metrics(out)) and _final_weights_problem(out, run) is None
             if status is not None or finished:
                 results[i] = _finished(out, run, device, models_out, status)
                 continue
@@ -216,6 +220,12 @@ def _train_locked(runs: list[RunConfig], outs: list[Optional[Path]], device: tor
         for i, result in zip(todo, group.train(progress, models_out)):
             results[i] = result
     return results  # type: ignore[return-value]
+
+
+def _final_weights_problem(out: Path, run: RunConfig) -> Optional[str]:
+    """Why a folder's model.safetensors is unusable (truncated, another model, non-finite, another step), or None:
+    the finished check opens the weights instead of trusting that the file exists."""
+    return runfolder.weights_problem(out / runfolder.WEIGHTS_FILE, run.model, step=run.train.steps)
 
 
 def _references(run: RunConfig) -> dict[str, float]:
@@ -346,6 +356,7 @@ class _Group:
     scale: Optional[torch.Tensor] = None  # fp16 loss scaling: [member] scales, one GradScaler per member
     growth_tracker: Optional[torch.Tensor] = None
     clamps: intervene.ClampState = dataclasses.field(default_factory=intervene.ClampState)  # [member, ...] means
+    logs: list[Optional[runfolder.MetricsLog]] = dataclasses.field(default_factory=list)  # per member: metrics.jsonl
 
     @classmethod
     def create(cls, runs: list[RunConfig], outs: list[Optional[Path]], device: torch.device) -> "_Group":
@@ -384,21 +395,20 @@ class _Group:
         wd = torch.tensor([r.train.weight_decay for r in self.runs], dtype=torch.float64, device=self.device)
         alive = torch.tensor([f is None for f in self.failed], device=self.device)
         failed_at = torch.tensor([-1 if f is None else f for f in self.failed], device=self.device)
-        ckpt_steps = set(checkpoint_steps(tc.steps, tc.n_checkpoints))
-        eval_steps = evaluation_steps(tc)
-        # the whole schedule on the device up front: no host-to-device copy inside the step loop
-        lr_table = torch.tensor([[lr_at(r.train, s) for r in self.runs] for s in range(tc.steps)],
-                                dtype=torch.float64, device=self.device)
+        steps = StepPlan.of(tc)  # membership by arithmetic: nothing of size O(steps)
         bar = tqdm(total=tc.steps, initial=self.start, disable=not progress, desc=f"train x{len(self.runs)}",
                    unit="step", dynamic_ncols=True)
+        self.logs = [None if out is None else runfolder.MetricsLog(out) for out in self.outs]
         try:
             for step in range(self.start + 1, tc.steps + 1):
-                losses, ok = self._step(lr_table[step - 1], wd, alive, step - 1)
+                if (step - self.start - 1) % _LR_CHUNK == 0:  # the schedule on the device a chunk at a time
+                    lr_table, lr_from = self._lr_chunk(step - 1), step - 1
+                losses, ok = self._step(lr_table[step - 1 - lr_from], wd, alive, step - 1)
                 failed_at = torch.where(alive & ~ok, step, failed_at)
                 alive = alive & ok
                 self.pending.append(losses)
                 bar.update(1)
-                is_eval, is_log, is_ckpt = step in eval_steps, step % tc.log_every == 0, step in ckpt_steps
+                is_eval, is_log, is_ckpt = steps.evaluates(step), step % tc.log_every == 0, steps.checkpoints(step)
                 if is_log or is_eval or is_ckpt:
                     self._note_failures(failed_at, step, weights=is_ckpt or step == tc.steps)
                 if is_log or is_eval:
@@ -410,9 +420,21 @@ class _Group:
                 if is_ckpt:
                     self._checkpoint(step)
                 _on_step(step)
+            for log in self.logs:
+                if log is not None:
+                    log.sync()
         finally:
             bar.close()
+            for log in self.logs:
+                if log is not None:
+                    log.close()
         return self._finish(build_models)
+
+    def _lr_chunk(self, first: int) -> torch.Tensor:
+        """[step, member] learning rates of updates first .. first + _LR_CHUNK - 1 (on the device)."""
+        last = min(first + _LR_CHUNK, self.tc.steps)
+        return torch.tensor([[lr_at(r.train, s) for r in self.runs] for s in range(first, last)],
+                            dtype=torch.float64, device=self.device)
 
     def _hooks(self, t: int, update: bool) -> dict[str, Callable]:
         """The clamps active at time t as stacked-forward hooks (members share their interventions)."""
@@ -492,7 +514,8 @@ class _Group:
         self.rows[k].append({"step": step, FAILED_KEY: True, "reason": reason})
         out = self.outs[k]
         if out is not None:  # probe / report / sweeps read status.json: "diverged", not a mechanism
-            runfolder.write_metrics(out, self.rows[k])
+            self.logs[k].append(self.rows[k][-1])
+            self.logs[k].sync()
             kept = [c for c, _ in runfolder.list_checkpoints(out) if c < step]
             runfolder.mark_diverged(out, step=step, reason=reason, checkpoint=kept[-1] if kept else None)
 
@@ -513,8 +536,8 @@ class _Group:
                 row.update(evals[k])
                 row.update(self.references[k])
             self.rows[k].append(row)
-            if self.outs[k] is not None:
-                runfolder.write_metrics(self.outs[k], self.rows[k])
+            if self.logs[k] is not None:
+                self.logs[k].append(row)
 
     def _evaluate(self, step: int) -> list[dict[str, float]]:
         """Each member's evaluation columns on its own fresh batches, with the clamps active at `step` (running
@@ -527,6 +550,7 @@ class _Group:
         for k, out in enumerate(self.outs):
             if out is None or self.failed[k] is not None:
                 continue
+            self.logs[k].sync()  # the rows up to this checkpoint are on disk before it is
             tc = self.runs[k].train
             state = {
                 "step": step,
@@ -543,26 +567,37 @@ class _Group:
                                       train_seq_len=tc.seq_len)
 
     def _resume(self) -> None:
-        """Continue from the newest checkpoint step every member folder holds and its metrics cover (none: a
-        fresh start; `runfolder.resume_step` refuses metrics that reach no checkpoint, saying how to recover)."""
+        """Continue from the newest checkpoint step every member folder holds, its metrics cover and whose files
+        are sound (a damaged one is skipped with a warning for the next older; none: a fresh start;
+        `runfolder.resume_step` refuses metrics that reach no checkpoint, saying how to recover)."""
         if any(out is None for out in self.outs):
             return
         common = set.intersection(*(_resumable(out, run) for out, run in zip(self.outs, self.runs)))
-        if not common:
-            for out in self.outs:
-                if (out / runfolder.METRICS_FILE).exists():
-                    runfolder.write_metrics(out, [])
+        for step in sorted(common, reverse=True):
+            try:
+                loaded = [runfolder.read_checkpoint(out, step, run.model) for out, run in zip(self.outs, self.runs)]
+            except runfolder.CheckpointDamaged as err:
+                older = max((s for s in common if s < step), default=None)
+                then = f"resuming from the checkpoint of step {older}" if older else "training from step 0"
+                warnings.warn(f"{err}; {then}", stacklevel=4)
+                continue
+            self._load(step, loaded)
             return
-        step = max(common)
+        for out in self.outs:  # a fresh start: rows of an earlier attempt go (checkpoints were listed, none usable)
+            if (out / runfolder.METRICS_FILE).exists():
+                runfolder.write_metrics(out, [])
+
+    def _load(self, step: int, loaded: list[tuple[dict, dict]]) -> None:
+        """Set every member to its checkpoint of `step` (weights, training state), its metrics cut to that step."""
         clamp_states: list = []
-        pending = [self._load_member(k, out, step, clamp_states) for k, out in enumerate(self.outs)]
+        pending = [self._load_member(k, out, step, *loaded[k], clamp_states) for k, out in enumerate(self.outs)]
         self.clamps.load_member_states(clamp_states, device=self.device)
         self.pending = [torch.stack(col) for col in zip(*pending)]
         self.optimizer.step_count = step
         self.start = self.resumed_from = step
 
-    def _load_member(self, k: int, out: Path, step: int, clamp_states: list) -> list[torch.Tensor]:
-        weights, state = runfolder.read_checkpoint(out, step)
+    def _load_member(self, k: int, out: Path, step: int, weights: dict, state: dict,
+                     clamp_states: list) -> list[torch.Tensor]:
         self.stack.load_member(k, weights)
         self.optimizer.load_member_state(k, state["optimizer"])
         if self.scale is not None:
@@ -573,6 +608,7 @@ class _Group:
         clamp_states.append(state.get("clamp_state", {}))
         failed_at = int(state.get("stack_failed_at", -1))  # written by the stacked engine before it was the only one
         self.failed[k] = None if failed_at < 0 else failed_at
+        # the rows up to the checkpoint; the rest (and a row torn by a crash) is cut off and retrained
         self.rows[k] = [r for r in runfolder.load_metrics(out) if r["step"] <= step]
         runfolder.write_metrics(out, self.rows[k])
         return [t.to(self.device) for t in state["pending_losses"].unbind()]
@@ -585,7 +621,7 @@ class _Group:
                 model.eval()
             if self.failed[k] is None:
                 if out is not None:
-                    self.stack.save_member(k, out, train_seq_len=run.train.seq_len)
+                    self.stack.save_member(k, out, train_seq_len=run.train.seq_len, step=run.train.steps)
                 final, failed = _final(self.rows[k]), None
             else:
                 final = _failed_final(self.failed[k], self.references[k])
@@ -597,8 +633,11 @@ class _Group:
 
 def _resumable(out: Path, run: RunConfig) -> set[int]:
     """The checkpoint steps of a run folder that its metrics cover (`runfolder.resume_step`: a resume never
-    leaves a gap in metrics.jsonl; RunFolderError, saying how to recover, when none is covered)."""
+    leaves a gap in metrics.jsonl; RunFolderError, saying how to recover, when none is covered). Damaged final
+    weights of a finished folder are restored from them (with a warning)."""
     steps = [s for s, _ in runfolder.list_checkpoints(out)]
-    newest = runfolder.resume_step(out, run.train, steps, runfolder.load_metrics(out),
-                                   final_weights=(out / runfolder.WEIGHTS_FILE).exists())
+    rows = runfolder.load_metrics(out)
+    has_weights = (out / runfolder.WEIGHTS_FILE).exists()
+    damaged = _final_weights_problem(out, run) if has_weights and runfolder.metrics_complete(run.train, rows) else None
+    newest = runfolder.resume_step(out, run.train, steps, rows, final_weights=has_weights, damaged=damaged)
     return {s for s in steps if newest is not None and s <= newest}

@@ -37,6 +37,7 @@ guards against:
 import contextlib
 import datetime
 import errno
+import io
 import json
 import math
 import os
@@ -50,14 +51,16 @@ from typing import Any, Optional
 
 import torch
 
-from markov_interp._io import UnsafePath, atomic_path, atomic_write, check_target, describe_kind
-from markov_interp.models import WEIGHTS_FILE, HookedModel, ModelConfig, load, read_weights, save_state
+from markov_interp._io import UnsafePath, atomic_write, check_target, describe_kind, naming_error, write_all
+from markov_interp.models import (WEIGHTS_FILE, HookedModel, ModelConfig, check_state, load, read_weights_file,
+                                  save_state, weights_step)
 from markov_interp.training.config import RunConfig, TrainConfig
-from markov_interp.training.schedule import logged_steps
+from markov_interp.training.schedule import StepPlan, logged_steps
 
 __all__ = [
     "RunFolderError",
     "RunFolderBusy",
+    "CheckpointDamaged",
     "TrainingDiverged",
     "lock",
     "holder",
@@ -76,6 +79,8 @@ __all__ = [
     "load_model",
     "load_metrics",
     "write_metrics",
+    "MetricsLog",
+    "weights_problem",
     "list_checkpoints",
     "checkpoint_paths",
     "save_checkpoint",
@@ -103,6 +108,11 @@ class RunFolderError(RuntimeError):
 
 class RunFolderBusy(RunFolderError):
     """Another process holds the run folder's lock (it is writing the run)."""
+
+
+class CheckpointDamaged(ValueError):
+    """A checkpoint's files are unreadable, truncated, of another model or not finite (resume falls back to an
+    older checkpoint)."""
 
 
 class TrainingDiverged(RuntimeError):
@@ -241,47 +251,67 @@ def check_contents(folder: "str | os.PathLike", depth: int = 2) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ resume checks
-def _covered(rows: list[dict], expected: list[int], step: int) -> bool:
-    return [r.get("step") for r in rows if isinstance(r.get("step"), int) and r["step"] <= step] == expected
+def _covered(rows: list[dict], train_cfg: TrainConfig, step: int) -> bool:
+    """Whether the rows up to `step` are exactly the logged steps up to it, compared as a stream against the
+    generated steps (`StepPlan.logged`: nothing of size O(steps) is built)."""
+    expected = StepPlan.of(train_cfg).logged(step)
+    for row in rows:
+        got = row.get("step")
+        if isinstance(got, int) and got <= step and got != next(expected, None):
+            return False
+    return next(expected, None) is None
 
 
 def resume_step(run_dir: Path, train_cfg: TrainConfig, checkpoints: list[int], rows: list[dict], *,
-                final_weights: bool = False) -> Optional[int]:
+                final_weights: bool = False, damaged: Optional[str] = None) -> Optional[int]:
     """The checkpoint step a run in `run_dir` resumes from: the newest of `checkpoints` whose metrics rows
     (`rows`, as read from metrics.jsonl) are all present up to it; the resumed run rewrites the rows after it
     (and the final weights) bit-identically. None when there are no checkpoints (train from step 0).
 
     `final_weights`: the folder holds model.safetensors although its metrics are incomplete (a folder damaged
-    by an unlocked second writer); it is repaired from a checkpoint, with a warning. Raises `RunFolderError`
-    with the way to recover when the metrics reach no checkpoint, or there is none to repair final weights.
+    by an unlocked second writer); it is repaired from a checkpoint, with a warning. `damaged`: why the final
+    weights of a finished folder are unusable (`weights_problem`); they are restored from the newest checkpoint
+    (the last step's when there is one), with a warning. Raises `RunFolderError` with the way to recover when
+    the metrics reach no checkpoint, or there is none to repair final weights from.
     """
     last = max((r["step"] for r in rows if isinstance(r.get("step"), int)), default=0)
+    weights = run_dir / WEIGHTS_FILE
     if not checkpoints:
+        if damaged is not None:
+            raise RunFolderError(
+                f"{weights} is damaged ({damaged}) and {run_dir} has no checkpoint to restore it from; delete "
+                f"{weights} and {run_dir / METRICS_FILE} to retrain from step 0 (the same weights), or delete the folder")
         if final_weights:
             raise RunFolderError(
                 f"{run_dir} has final weights but its metrics.jsonl ends at step {last} of {train_cfg.steps} and "
-                f"there is no checkpoint to repair it from; delete {run_dir / 'model.safetensors'} and "
-                f"{run_dir / 'metrics.jsonl'} to retrain, or delete the folder"
+                f"there is no checkpoint to repair it from; delete {weights} and "
+                f"{run_dir / METRICS_FILE} to retrain, or delete the folder"
             )
         return None
     newest = max(checkpoints)
     for step in sorted(checkpoints, reverse=True):
-        if _covered(rows, logged_steps(train_cfg, step), step):
-            if final_weights or step != newest:
+        if _covered(rows, train_cfg, step):
+            if damaged is not None:
+                warnings.warn(f"{weights} is damaged ({damaged}); restoring it from the checkpoint of step {step}",
+                              stacklevel=3)
+            elif final_weights or step != newest:
                 warnings.warn(f"{run_dir}: metrics.jsonl ends at step {last} (incomplete); resuming from the "
                               f"checkpoint of step {step} to rewrite the rest", stacklevel=3)
             return step
     raise RunFolderError(
         f"{run_dir}: metrics.jsonl has rows up to step {last} but lacks rows before every checkpoint "
-        f"(steps {sorted(checkpoints)}), so training cannot resume consistently; delete {run_dir / 'checkpoints'} "
-        f"and {run_dir / 'model.safetensors'} to retrain from step 0, or delete the folder"
+        f"(steps {sorted(checkpoints)}), so training cannot resume consistently; delete {run_dir / CHECKPOINT_DIR} "
+        f"and {weights} to retrain from step 0, or delete the folder"
     )
 
 
 def metrics_complete(train_cfg: TrainConfig, rows: list[dict]) -> bool:
     """Whether `rows` hold exactly the metrics rows of a finished run (every logged step up to the last)."""
-    return _covered(rows, logged_steps(train_cfg, train_cfg.steps), train_cfg.steps) and len(rows) == len(
-        logged_steps(train_cfg, train_cfg.steps))
+    expected = StepPlan.of(train_cfg).logged(train_cfg.steps)
+    for row in rows:
+        if row.get("step") != next(expected, None):
+            return False
+    return next(expected, None) is None
 
 
 # ------------------------------------------------------------------------------------------------ status
@@ -368,10 +398,21 @@ def load_model(path: "str | os.PathLike", *, device: Any = None, expect: Optiona
 
     Returns:
         The hooked model, `markov_train_seq_len` set when the run folder says it.
+
+    Raises:
+        RunFolderError: the weights hold NaN or infinity (a diverged run writes none, so they are damaged; probe
+            and report refuse them rather than name a mechanism).
     """
     model = load(path, device=device, expect=expect)
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:  # a diverged run records it (status.json) and writes no final weights: these are damaged
+        where = path if not Path(path).is_dir() else Path(path) / WEIGHTS_FILE
+        raise RunFolderError(
+            f"{where} holds non-finite weights ({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}) although the "
+            f"run is not recorded as diverged: the file is damaged; `markov-interp train --config "
+            f"{folder / CONFIG_FILE} --out {folder}` restores it from the run's checkpoints")
     if model.markov_train_seq_len is None:
-        folder = Path(path) if Path(path).is_dir() else Path(path).parent
         model.markov_train_seq_len = training_seq_len(folder)
     return model
 
@@ -420,11 +461,27 @@ def _comparable(run: RunConfig) -> dict:
     return data
 
 
+def _not_started(out_dir: Path) -> bool:
+    """A folder holding a config.json and nothing of a run's progress (no metrics row, checkpoint, weights or
+    divergence record; the lock and temporary files aside): its run never started, so its config may be replaced
+    (a command refused after writing it, or killed before step 1)."""
+    for entry in os.scandir(out_dir):
+        if entry.name in (CONFIG_FILE, LOCK_FILE) or (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+            continue
+        if entry.name == METRICS_FILE and entry.is_file(follow_symlinks=False) and entry.stat().st_size == 0:
+            continue
+        if entry.name == CHECKPOINT_DIR and entry.is_dir(follow_symlinks=False) and not any(os.scandir(entry.path)):
+            continue
+        return False
+    return True
+
+
 def prepare(out_dir: Path, run: RunConfig) -> None:
     """Make `out_dir` the folder of `run`: write its config.json, or check that the one there is `run`'s (the
-    device aside). A folder holding another run, or foreign files and no config, is refused (ValueError)."""
+    device aside). A folder holding another run, or foreign files and no config, is refused (ValueError); a
+    folder whose run never started (`_not_started`: only its config.json) takes `run`'s config, with a warning."""
     config_path = out_dir / CONFIG_FILE
-    if config_path.exists():
+    if config_path.exists() and not _not_started(out_dir):
         try:
             saved = RunConfig.from_json(config_path.read_text())
         except ValueError as err:
@@ -435,6 +492,11 @@ def prepare(out_dir: Path, run: RunConfig) -> None:
                 f"{out_dir} holds a run with a different config; refusing to overwrite it. Differences: "
                 + "; ".join(diffs)
             )
+        return
+    if config_path.exists() and config_path.read_bytes() != run.to_json().encode():
+        warnings.warn(f"{out_dir} holds the config.json of a run that never started (no metrics, checkpoints or "
+                      "weights); replacing it with this run's", stacklevel=3)
+        atomic_write(config_path, run.to_json().encode())
         return
     if out_dir.exists() and any(p.name not in OWN_FILES for p in out_dir.iterdir()):
         raise ValueError(f"{out_dir} is not empty and has no {CONFIG_FILE}; refusing to write a run into it")
@@ -450,18 +512,77 @@ def write_metrics(run_dir: "str | os.PathLike", rows: list[dict]) -> None:
 
 
 def load_metrics(run_dir: "str | os.PathLike") -> list[dict]:
-    """The rows of a run folder's metrics.jsonl (an unreadable trailing line raises ValueError)."""
+    """The rows of a run folder's metrics.jsonl.
+
+    A last line without its newline that is not JSON is a row torn by a crash while it was appended
+    (`MetricsLog`): it is left out (a resume rewrites the file without it). Any other line that is not JSON
+    raises ValueError naming the file and line.
+    """
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
+    text = path.read_text()
+    lines = text.split("\n")
     rows = []
-    for i, line in enumerate(path.read_text().splitlines()):
+    for i, line in enumerate(lines):
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
+                if i == len(lines) - 1:  # no newline after it: torn by a crash mid-append
+                    break
                 raise ValueError(f"{path} line {i + 1} is not JSON: {err}") from None
     return rows
+
+
+class MetricsLog:
+    """A run folder's metrics.jsonl, open for appending while the run trains: one JSON line per row.
+
+    Opened once (`O_APPEND`, never following a link, refused unless a regular file), so logging costs O(1) per
+    row whatever the run's length (the file used to be rewritten whole at every row). `sync` makes the rows
+    written so far durable; training calls it before each checkpoint is written and at the end, so a checkpoint
+    on disk always has its rows on disk. A crash mid-append can leave a torn last line, which `load_metrics`
+    skips and a resume cuts off. ENOSPC and other write errors name the file.
+    """
+
+    def __init__(self, run_dir: "str | os.PathLike") -> None:
+        self.path = check_target(Path(run_dir) / METRICS_FILE, "metrics file")
+        flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                 | getattr(os, "O_CLOEXEC", 0))
+        try:
+            self.fd = os.open(self.path, flags, 0o666)
+        except OSError as err:
+            if err.errno == errno.ELOOP:  # a link planted since the check
+                check_target(self.path, "metrics file")
+            raise naming_error(err, self.path) from None
+        mode = os.fstat(self.fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(self.fd)
+            raise UnsafePath(f"metrics file {self.path} is {describe_kind(mode)}, not a regular file; remove it")
+        self.dirty = False
+
+    def append(self, row: dict) -> None:
+        """Write `row` as one line (sorted JSON)."""
+        try:
+            write_all(self.fd, json.dumps(row, sort_keys=True) + "\n")
+        except OSError as err:
+            raise naming_error(err, self.path) from None
+        self.dirty = True
+
+    def sync(self) -> None:
+        """fsync the rows appended since the last sync."""
+        if self.dirty:
+            try:
+                os.fsync(self.fd)
+            except OSError as err:
+                raise naming_error(err, self.path) from None
+            self.dirty = False
+
+    def close(self) -> None:
+        """Close the file (without a sync: call `sync` first where durability matters)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 # -------------------------------------------------------------------------------------------- checkpoints
@@ -474,15 +595,21 @@ def checkpoint_paths(run_dir: "str | os.PathLike", step: int) -> tuple[Path, Pat
 def list_checkpoints(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
     """(step, weights file) of every complete checkpoint in a run folder (weights and training state), by step.
 
-    The checkpoints sit at log-spaced steps, for studying the training dynamics (probe each one).
+    The checkpoints sit at log-spaced steps, for studying the training dynamics (probe each one). The folder is
+    listed with `os.scandir`, so an unreadable checkpoints/ raises PermissionError naming it (`Path.glob` read
+    it as empty, and training then started over).
     """
     folder = Path(run_dir) / CHECKPOINT_DIR
+    if not folder.is_dir():
+        return []
+    with os.scandir(folder) as entries:
+        names = {entry.name for entry in entries}
     found = []
-    for path in folder.glob("step_*.pt") if folder.is_dir() else ():
-        step_text = path.stem.split("_", 1)[1]
+    for name in names:
+        step_text = name[len("step_"):-len(".pt")] if name.startswith("step_") and name.endswith(".pt") else ""
         if step_text.isdigit():
             weights, _ = checkpoint_paths(run_dir, int(step_text))
-            if weights.exists():
+            if weights.name in names:
                 found.append((int(step_text), weights))
     return sorted(found)
 
@@ -494,7 +621,7 @@ def save_checkpoint(run_dir: "str | os.PathLike", step: int, cfg: ModelConfig, w
 
     Args:
         run_dir: the run folder.
-        step: the step (updates done).
+        step: the step (updates done; recorded in the weights file's metadata and in `state["step"]`).
         cfg: the model config (in the weights file's metadata).
         weights: the weights in the on-disk layout (`models.save_state`).
         state: optimiser, scaler, generators, pending losses, clamp means (tensors and plain values, `torch.save`;
@@ -503,26 +630,84 @@ def save_checkpoint(run_dir: "str | os.PathLike", step: int, cfg: ModelConfig, w
     """
     weights_path, state_path = checkpoint_paths(run_dir, step)
     weights_path.parent.mkdir(exist_ok=True)
-    save_state(cfg, weights, weights_path, train_seq_len=train_seq_len)
-    with atomic_path(state_path) as tmp:
-        torch.save(state, tmp)
+    save_state(cfg, weights, weights_path, train_seq_len=train_seq_len, step=step)
+    buffer = io.BytesIO()  # serialised in memory, then written by the one atomic writer (errors name the file)
+    torch.save(state, buffer)
+    atomic_write(state_path, buffer.getvalue())
 
 
-def read_checkpoint(run_dir: "str | os.PathLike", step: int) -> tuple[dict[str, torch.Tensor], dict]:
-    """Read the checkpoint of `step`.
+def weights_problem(path: "str | os.PathLike", cfg: ModelConfig, *, step: Optional[int] = None) -> Optional[str]:
+    """Why the weights file at `path` cannot be the weights of a model of `cfg` (at `step`), or None if it can:
+    unreadable or truncated, another model's names or shapes, non-finite values, or another step recorded.
+
+    Args:
+        path: a weights file written by training.
+        cfg: the run's model config.
+        step: the step the file should hold (checked when the file records one), or None.
+
+    Returns:
+        The problem in words, or None. A file this process may not read raises PermissionError naming it.
+    """
+    try:
+        saved, state, metadata = read_weights_file(path)
+    except ValueError as err:
+        return str(err)
+    recorded = weights_step(metadata)
+    if step is not None and recorded is not None and recorded != step:
+        return f"the weights of step {recorded}"
+    return _content_problem(path, cfg, saved, state)
+
+
+def _content_problem(path: "str | os.PathLike", cfg: ModelConfig, saved: ModelConfig,
+                     state: dict[str, torch.Tensor]) -> Optional[str]:
+    """What makes weights read from `path` unusable for a model of `cfg`, or None."""
+    if saved != cfg:
+        return "the weights of another model config"
+    try:
+        check_state(cfg, state, source=str(path))
+    except ValueError as err:
+        return str(err)
+    bad = [name for name, tensor in state.items() if not torch.isfinite(tensor).all()]
+    if bad:
+        return f"non-finite values in {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}"
+    return None
+
+
+def read_checkpoint(run_dir: "str | os.PathLike", step: int,
+                    cfg: Optional[ModelConfig] = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read the checkpoint of `step`, checked.
 
     Args:
         run_dir: the run folder.
         step: the checkpoint's step.
+        cfg: the run's model config: the weights must fit it and be finite (None: not checked).
 
     Returns:
-        (weights in the on-disk layout, training state as `save_checkpoint` wrote it); unreadable files raise
-        ValueError naming the file.
+        (weights in the on-disk layout, training state as `save_checkpoint` wrote it).
+
+    Raises:
+        CheckpointDamaged: a file is unreadable, truncated or of another model, or the weights are not finite
+            (naming the file; a resume falls back to an older checkpoint).
+        RunFolderError: the checkpoint holds another step (a file copied from another step's name): refused.
     """
     weights_path, state_path = checkpoint_paths(run_dir, step)
-    _, weights = read_weights(weights_path)
+    try:
+        saved, weights, metadata = read_weights_file(weights_path)
+    except ValueError as err:
+        raise CheckpointDamaged(f"checkpoint {err}") from None
+    problem = _content_problem(weights_path, cfg, saved, weights) if cfg is not None else None
+    if problem is not None:
+        raise CheckpointDamaged(f"checkpoint {weights_path} is unusable: {problem}")
     try:
         state = torch.load(state_path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types on corrupt / truncated files
-        raise ValueError(f"checkpoint {state_path} is unreadable ({type(err).__name__}: {err})") from None
+        raise CheckpointDamaged(f"checkpoint {state_path} is unreadable ({type(err).__name__}: {err})") from None
+    if not isinstance(state, dict) or "optimizer" not in state:
+        raise CheckpointDamaged(f"checkpoint {state_path} holds no training state")
+    for path, recorded in ((weights_path, weights_step(metadata)), (state_path, state.get("step"))):
+        if recorded is not None and recorded != step:
+            raise RunFolderError(
+                f"{path} holds the checkpoint of step {recorded}, not {step} (copied from another step?); training "
+                f"cannot resume from it: remove {weights_path.name} and {state_path.name} from "
+                f"{weights_path.parent} to resume from an older checkpoint")
     return weights, state

@@ -1,0 +1,122 @@
+"""Long runs: the step rate stays flat now that metrics.jsonl is appended (issue 25, item 5).
+
+metrics.jsonl used to be rewritten in full, with fsync, at every log step, so a log step cost O(rows so far):
+over 40,000 steps the speed fell from 288 to 129 steps/s. Now `runfolder.MetricsLog` appends one line per row.
+
+Two runs of the same tiny model in this process, each timed step by step (`loop._on_step`):
+
+  (a) the package as it is: rows appended;
+  (b) the reference: the same run with the old cost put back, every appended row followed by a rewrite of the
+      whole file with fsync (`runfolder.write_metrics`, what the loop used to call at every row).
+
+For each it prints the step rate over the first and the last 10% of the steps and their ratio (1.0: flat), and
+the ratio of (a)'s last-window rate to (b)'s. On a busy machine the step rate's noise can hide the logging cost,
+so (c) times the logging alone, per row, in a file already holding n rows (n = 100, 1000, 4000, 10000):
+appending a row (with and without fsync) against rewriting the n rows with fsync. Everything runs in one
+process, so the machine's load touches both sides; quote the load average with the numbers.
+
+    python benchmarks/bench_long_run.py [--steps 20000] [--log-every 10] [--rows-only]
+"""
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from markov_interp.models import preset
+from markov_interp.training import RunConfig, TrainConfig, loop, runfolder, train
+from markov_interp.data import SourceConfig
+
+
+def timed_run(steps: int, log_every: int, rewrite: bool) -> list[float]:
+    """Seconds at the end of every step of one run (rows appended, or appended and rewritten in full)."""
+    run = RunConfig(source=SourceConfig(kind="binary", p=0.2, q=0.3), model=preset("paper-1layer", n_ctx=8),
+                    train=TrainConfig(steps=steps, batch_size=2, seq_len=8, log_every=log_every, eval_every=0,
+                                      eval_log_points=0, n_checkpoints=0, eval_batches=1, device="cpu"))
+    stamps: list[float] = []
+    real_append = runfolder.MetricsLog.append
+    rows: list[dict] = []
+
+    def append_and_rewrite(self, row):  # the old loop: every row so far rewritten, with fsync, at every row
+        rows.append(row)  # (not appended too: the rewrite replaces the file the log holds open)
+        runfolder.write_metrics(self.path.parent, rows)
+
+    loop._on_step = lambda step: stamps.append(time.perf_counter())
+    if rewrite:
+        runfolder.MetricsLog.append = append_and_rewrite
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            train(run, Path(folder) / "run", progress=False)
+    finally:
+        runfolder.MetricsLog.append = real_append
+        loop._on_step = lambda step: None
+    return stamps
+
+
+def window_rates(stamps: list[float]) -> tuple[float, float]:
+    """Steps per second over the first and the last 10% of the steps."""
+    n = max(2, len(stamps) // 10)
+    first = (n - 1) / (stamps[n - 1] - stamps[0])
+    last = (n - 1) / (stamps[-1] - stamps[-n])
+    return first, last
+
+
+def logging_costs(sizes: tuple = (100, 1000, 4000, 10000), repeats: int = 20) -> None:
+    """(c): seconds per row of appending (MetricsLog) and of rewriting in full (write_metrics), at n rows."""
+    row = {"step": 0, "train_loss": 0.123456789, "lr": 0.001, "eval_loss": 0.3456, "eval_true_loss": 0.3,
+           "entropy_rate": 0.5, "unigram_loss": 0.69, "grad_norm": 1.2345, "eval_plateau_loss": 0.6}
+    print(f"(c) logging one row into a file of n rows ({len(json_line(row))} bytes a row), median of {repeats}:")
+    for n in sizes:
+        rows = [{**row, "step": i} for i in range(n)]
+        with tempfile.TemporaryDirectory() as folder:
+            runfolder.write_metrics(folder, rows)
+            log = runfolder.MetricsLog(folder)
+            append = median_time(lambda: log.append(row), repeats)
+            synced = median_time(lambda: (log.append(row), log.sync()), repeats)
+            log.close()
+            rewrite = median_time(lambda: runfolder.write_metrics(folder, rows), repeats)
+        print(f"  n={n:6d}: append {append * 1e6:8.1f} us, append+fsync {synced * 1e3:7.2f} ms, rewrite+fsync "
+              f"{rewrite * 1e3:7.2f} ms ({rewrite / synced:5.1f}x append+fsync)")
+
+
+def json_line(row: dict) -> str:
+    import json
+
+    return json.dumps(row, sort_keys=True) + "\n"
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20000)
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--rows-only", action="store_true", help="only (c), the logging cost per row")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, one thread; load average {os.getloadavg()[0]:.1f}")
+    logging_costs()
+    if args.rows_only:
+        return
+    print(f"{args.steps} steps, a row every {args.log_every} steps:")
+    rates = {}
+    for name, rewrite in (("appended (package)", False), ("rewritten in full (reference)", True)):
+        first, last = window_rates(timed_run(args.steps, args.log_every, rewrite))
+        rates[name] = last
+        print(f"{name:32s} first 10%: {first:7.1f} steps/s   last 10%: {last:7.1f} steps/s   last/first {last / first:.2f}")
+    a, b = rates.values()
+    print(f"last-window rate, appended / rewritten: {a / b:.2f}x; load average now {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The plan check: refuse a training plan that cannot fit, before anything is allocated or written.
+
+`check_plan(runs, outs, device)` runs first in `train_many` (so in `train`, `markov-interp train`, `--seeds`,
+sweeps and `reproduce`), before a run folder is created or its config.json written, so a refused command leaves
+nothing behind that would then refuse the corrected one. It estimates (`models.memory`):
+
+- the parameters with their gradients and optimiser state, and the activations of a step, for the whole stack;
+- the data: the transition kernels and the sampler's arrays (fixed chains: [member, batch, seq, context, vocab]
+  comparisons; random chains: one kernel per sequence, the sampler's blocks), and theory's reference losses
+  (a stationary solve per kernel; 1024 kernels at once for random sources);
+- the metrics rows held in memory (`schedule.max_rows`, by arithmetic);
+
+and refuses (`models.memory.PlanTooLarge`, a ValueError) when they exceed the device's memory, naming the field
+behind the largest need and the memory it would take. It also refuses more than `MAX_CHECKPOINTS` checkpoints
+per run, plans whose files (metrics, checkpoints, final weights) exceed the free disk under the run folder, and
+more run folders than the open-file limit allows (each holds a lock and a metrics file open while it trains;
+the soft limit is raised towards the hard one first). docs/faults.md states the guarantees and their tests.
+"""
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from markov_interp.chains import BLOCK_BYTES, kernel_bytes
+from markov_interp.models.memory import (Need, PlanTooLarge, check_needs, forward_needs, human_bytes, memory_limit,
+                                         model_needs, parameter_count)
+from markov_interp.training.config import RunConfig
+from markov_interp.training.schedule import max_rows
+
+__all__ = ["check_plan", "MAX_CHECKPOINTS", "FILES_PER_RUN", "PlanTooLarge"]
+
+MAX_CHECKPOINTS = 10_000  # checkpoints one run may plan (two files each)
+FILES_PER_RUN = 2  # descriptors a run folder holds open while it trains: its lock and its metrics file
+_SPARE_FILES = 64  # descriptors left for torch, tqdm, checkpoint writes and the caller
+_ROW_BYTES = 1024  # a metrics row in memory (a dict of about a dozen floats)
+_ROW_FILE_BYTES = 400  # a metrics row in metrics.jsonl
+_REFERENCE_KERNELS = 1024  # kernels theory's in-context Monte Carlo holds at once (docs/faults.md)
+
+
+def check_plan(runs: Sequence[RunConfig], outs: Sequence[Optional[Path]], device: torch.device) -> None:
+    """Refuse a stack of compatible `runs` (one per folder of `outs`, None: in memory) that cannot fit.
+
+    Args:
+        runs: the runs of one stack (`loop.check_compatible` already passed).
+        outs: their run folders.
+        device: where they train.
+
+    Raises:
+        PlanTooLarge: naming the field, the memory (or disk, or open files) it would need and what there is.
+    """
+    run, members = runs[0], len(runs)
+    tc = run.train
+    if all(o is not None and _nothing_to_train(o) for o in outs):
+        return  # finished or diverged folders are loaded, not trained: their plan ran where they were trained
+    n_checkpoints = min(tc.n_checkpoints, tc.steps)
+    if n_checkpoints > MAX_CHECKPOINTS:
+        raise PlanTooLarge(f"train: train.n_checkpoints={tc.n_checkpoints} is too large: at most {MAX_CHECKPOINTS} "
+                           f"checkpoints a run (each writes two files); lower train.n_checkpoints")
+    optimiser_floats = 3 if tc.optimizer == "adamw" else (2 if tc.momentum else 1)
+    rows = max_rows(tc)
+    needs = [model_needs(run.model, members=members, state_floats=optimiser_floats),
+             forward_needs(run.model, batch=tc.batch_size, seq_len=tc.seq_len, members=members),
+             *_data_needs(run, members),
+             Need.of("the metrics rows", rows * members * _ROW_BYTES, _row_fields(run, members))]
+    check_needs(needs, memory_limit(device), where="train")
+    written = [o for o in outs if o is not None]
+    if written:
+        params = parameter_count(run.model) * 4
+        disk = [Need.of("metrics.jsonl", rows * len(written) * _ROW_FILE_BYTES, _row_fields(run, len(written))),
+                # a checkpoint: the weights and the optimiser state (as many floats as gradients and state less one)
+                Need.of("the checkpoints", n_checkpoints * len(written) * params * optimiser_floats,
+                        [("train.n_checkpoints", n_checkpoints), *model_needs(run.model).fields]),
+                Need.of("the final weights", len(written) * params, model_needs(run.model).fields)]
+        base = _existing(written[0])
+        free = shutil.disk_usage(base).free
+        check_needs(disk, (free, f"the {human_bytes(free)} free at {base}"), where="train", disk=True)
+        check_open_files(len(written))
+
+
+def _nothing_to_train(out: Path) -> bool:
+    """A folder holding final weights or a divergence record (what `loop` loads instead of training)."""
+    return (out / "model.safetensors").is_file() or (out / "status.json").is_file()
+
+
+def _row_fields(run: RunConfig, members: int) -> list[tuple[str, int]]:
+    tc = run.train
+    fields = [("train.steps", tc.steps), ("train.log_every", tc.log_every), ("train.eval_every", tc.eval_every),
+              ("train.eval_log_points", tc.eval_log_points)]
+    return fields + ([("members", members)] if members > 1 else [])
+
+
+def _data_needs(run: RunConfig, members: int) -> list[Need]:
+    """The transition kernels, the sampler's arrays and theory's reference losses of `run`'s source."""
+    source, tc = run.source, run.train
+    vocab, order = source.vocab_size, source.order
+    contexts = vocab**order
+    batch, length = tc.batch_size, tc.seq_len + 1
+    field = "source.kernel" if source.kind == "markov" else "source.vocab"
+    fields = [(field, vocab), ("source.order", order), ("train.batch_size", batch), ("train.seq_len", tc.seq_len)]
+    fields += [("members", members)] if members > 1 else []
+    per_kernel = kernel_bytes(contexts, vocab)
+    if source.kind == "random":  # a kernel per sequence (Gamma draws and their sums), the sampler in blocks
+        sampler = members * batch * contexts * vocab * 8 * 4 + max(BLOCK_BYTES, 8 * length * contexts * vocab)
+        pool = (source.pool_size or 0) * contexts * vocab * 8
+        references = _REFERENCE_KERNELS * contexts * vocab * 8 + per_kernel + pool
+    else:  # fixed kernels: the batched sampler compares [member, batch, seq, context, vocab] uniforms at once
+        sampler = members * batch * length * contexts * (vocab + 8)
+        references = 2 * per_kernel
+    return [Need.of("the data sampler", sampler, fields),
+            Need.of("the reference losses", references, [(field, vocab), ("source.order", order)])]
+
+
+def _existing(path: Path) -> Path:
+    """`path` or its nearest existing ancestor (where the run folder's files will go)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def check_open_files(n_folders: int) -> None:
+    """Make sure this process may hold `n_folders` run folders open (`FILES_PER_RUN` descriptors each) beside
+    what it holds already: raise the soft open-file limit towards the hard one if needed, else refuse.
+
+    Args:
+        n_folders: run folders trained at once.
+
+    Raises:
+        PlanTooLarge: naming how many files the folders need and the limit (`ulimit -n`).
+    """
+    try:
+        import resource
+    except ModuleNotFoundError:  # pragma: no cover - Windows: no such limit to check
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    besides = _open_files() + _SPARE_FILES
+    needed = besides + FILES_PER_RUN * n_folders
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    if hard == resource.RLIM_INFINITY or needed <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        return
+    raise PlanTooLarge(
+        f"train: {n_folders} run folders trained at once hold {FILES_PER_RUN * n_folders} files open (a lock and a "
+        f"metrics file each), {needed} with what this process holds and needs besides, but the open-file limit "
+        f"(ulimit -n) is {hard}; raise it (ulimit -n {needed}) or train fewer runs at once (e.g. --seeds in "
+        f"batches of {max(1, (hard - besides) // FILES_PER_RUN)}) (refused before "
+        "anything was written)"
+    )
+
+
+def _open_files() -> int:
+    """Descriptors this process holds now (Linux and macOS list them; elsewhere a guess)."""
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(folder))
+        except OSError:
+            continue
+    return 16
