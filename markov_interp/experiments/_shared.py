@@ -1,5 +1,5 @@
-"""What the experiments share: statistics over seeds, training a grid of runs through `sweep`, per-run
-measurement caches and writing results.
+"""What the experiments share: statistics over seeds, training a grid of runs through `sweep` and per-run
+measurement caches (the summary itself is written by `_base`).
 
 The experiments train through `sweep.run` (stacks of compatible runs, worker processes, restartable run folders
 and records), then load each finished model from its run folder and measure it in this process; a measurement is
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp import dynamics
-from markov_interp._io import atomic_path, atomic_write
+from markov_interp._io import atomic_write
 
-__all__ = ["mean", "mean_interval", "proportion", "train_grid", "cached_measure", "write_outputs", "log2_label"]
+__all__ = ["mean", "mean_interval", "proportion", "train_grid", "cached_measure", "log2_label"]
 
 MEASURES_DIR = "measures"
 
@@ -80,20 +80,6 @@ def cached_measure(work: Path, cell_id: str, key: str, measure: Callable[[], dic
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps({"key": key, "value": value}, sort_keys=True))
     return value
-
-
-def write_outputs(out: Path, texts: dict[str, str], figures: dict[str, Any]) -> list[Path]:
-    """Write text files and matplotlib figures (PNG) into `out`, each atomically; returns their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in texts.items():
-        atomic_write(out / name, text)
-        paths.append(out / name)
-    for name, fig in figures.items():
-        with atomic_path(out / name) as tmp:
-            fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
-        paths.append(out / name)
-    return paths
 
 
 def log2_label(n: Optional[int]) -> str:

@@ -12,9 +12,9 @@ bigram statistics of the context, used to retrieve a chain of the pool or to inf
   and `budget.depths`' others; `budget.seeds` seeds per cell, every N and seed of a depth one stack;
 - per model, on a probe batch of its own pool (in pool) and one of fresh kernels (out of pool, the same for all):
   its loss against the pool's Bayes predictor (`theory.pool_bayes_predictions`, retrieval) and the in-context
-  Bayes predictor (add-alpha, inference); the **kernel-swap fraction** on the out-of-pool batch
-  f = (L(pool Bayes) - L(model)) / (L(pool Bayes) - L(in-context Bayes)): 0 for a model that retrieves, 1 for one
-  that infers (the definition of the circuits branch's `probes.kernel_swap` for pools);
+  Bayes predictor (add-alpha, inference); the **kernel-swap fraction** (`probes.kernel_swap`, raw: not clipped)
+  on fresh kernels outside the pool f = (L(pool Bayes) - L(model)) / (L(pool Bayes) - L(in-context Bayes)): 0 for
+  a model that retrieves, 1 for one that infers;
 - **Park et al.'s four algorithms** on the in-pool batch: unigram retrieval (`theory.pool_unigram_predictions`),
   bigram retrieval (the pool's Bayes predictor), unigram inference (in-context add-alpha state counts), bigram
   inference (in-context add-alpha transition counts); KL(algorithm || model) for each and the closest one, the
@@ -23,18 +23,13 @@ bigram statistics of the context, used to retrieve a chain of the pool or to inf
   every larger N, interpolated in log2 N, with a bootstrap interval over seeds (`transition_point`,
   `transition_interval`); and the N where half the seeds are closest to an inference algorithm.
 
-`python -m markov_interp.experiments diversity [--quick]` writes results.json, cells.csv, summary.md and the
-figure.
+`python -m markov_interp.experiments --only diversity [--quick]` (or `markov-interp experiment diversity`) writes
+results.json, cells.csv, summary.md and the figure.
 """
 
-import argparse
 import dataclasses
-import json
 import math
-import platform
 import statistics
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
@@ -43,12 +38,13 @@ import numpy as np
 import torch
 
 from markov_interp import theory
-from markov_interp.experiments import _shared
+from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
 from markov_interp.sweep import SweepSpec
 
-__all__ = ["DiversityBudget", "QUICK", "FULL", "TINY", "ALGORITHMS", "INFERENCE", "diversity_specs",
-           "algorithm_laws", "measure_model", "transition_point", "transition_interval", "run_diversity",
-           "summary_markdown", "main"]
+__all__ = ["DiversityBudget", "QUICK", "FULL", "TINY", "EXPERIMENT", "ALGORITHMS", "INFERENCE", "diversity_specs",
+           "algorithm_laws", "measure_model", "transition_point", "transition_interval", "Transition",
+           "cell_summaries", "transitions", "cells_table", "references_table", "transitions_table", "cells_csv",
+           "DiversityResult", "run"]
 
 # Park et al.'s four algorithms (retrieval / inference x unigram / bigram statistics of the context)
 ALGORITHMS = ("unigram retrieval", "bigram retrieval", "unigram inference", "bigram inference")
@@ -57,17 +53,14 @@ _PROBE_SEED = 8_000  # in-pool batch of pool size N: seed _PROBE_SEED + log2 N; 
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DiversityBudget:
+class DiversityBudget(Budget):
     """Seeds, pool sizes, depths and recipe of the task-diversity sweep (`cuts` says what a smaller budget leaves
     out)."""
 
-    name: str
-    seeds: int = 16
-    pool_sizes: tuple = tuple(2 ** i for i in range(11))  # and the fresh-kernel source (N = ∞)
-    depths: tuple = (2, 1, 3)
+    pool_sizes: tuple[int, ...] = tuple(2 ** i for i in range(11))  # and the fresh-kernel source (N = ∞)
+    depths: tuple[int, ...] = (2, 1, 3)
     vocab: int = 3
     alpha: float = 1.0
-    steps: int = 3000
     seq_len: int = 64
     batch_size: int = 32
     lr: float = 1e-2
@@ -75,24 +68,19 @@ class DiversityBudget:
     eval_every: int = 50
     eval_batches: int = 4
     probe_sequences: int = 128
-    device: str = "cpu"
     group: Optional[int] = None  # runs per stack (default: every pool size and seed of a depth)
-    cuts: str = ""
+    workers: Optional[int] = None  # training processes (default: every core)
 
-    def __post_init__(self) -> None:
-        for name in ("seeds", "steps", "seq_len", "batch_size", "d_model", "eval_every", "eval_batches",
-                     "probe_sequences", "vocab"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.seeds < 2:
-            raise ValueError(f"seeds must be at least 2 (a distribution over seeds), got {self.seeds}")
+    def check(self) -> None:
+        if self.vocab < 2:
+            raise ValueError(f"budget {self.name!r}: vocab must be at least 2, got {self.vocab}")
         sizes = list(self.pool_sizes)
-        if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes) or \
-                sizes != sorted(set(sizes)):
-            raise ValueError(f"pool_sizes must be increasing integers >= 1, got {self.pool_sizes!r}")
-        if not self.depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in self.depths):
-            raise ValueError(f"depths must be integers >= 1, got {self.depths!r}")
+        if sizes != sorted(set(sizes)):
+            raise ValueError(f"budget {self.name!r}: pool_sizes must be increasing, got {self.pool_sizes!r}")
+        for name in ("group", "workers"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"budget {self.name!r}: {name} must be None or an integer >= 1, got {value!r}")
 
     @property
     def sizes(self) -> tuple:
@@ -104,13 +92,15 @@ class DiversityBudget:
         return self.group or len(self.sizes) * self.seeds
 
 
-FULL = DiversityBudget(name="full", seeds=64, device="cuda")
-QUICK = DiversityBudget(name="quick", depths=(2, 1), steps=1000,
-                        cuts="depths 2 and 1 (no depth 3), 1000 steps, 16 seeds, one pool per N (pool seed 0), as every budget")
+FULL = DiversityBudget(name="full", seeds=64, steps=3000)
+QUICK = DiversityBudget(
+    name="quick", seeds=5, steps=500, pool_sizes=(1, 4, 16, 64, 512), depths=(2, 1), eval_batches=2, workers=1,
+    cuts="pool sizes 1, 4, 16, 64, 512 and fresh kernels (full: every power of two to 1024), depths 2 and 1 (no "
+         "depth 3), 5 seeds, 500 steps (full: 3000), one training process: N* at 500 steps, which moves with the "
+         "training length (Raventos et al.), so it is not the full budget's")
 TINY = DiversityBudget(name="tiny", seeds=2, pool_sizes=(1, 4), depths=(1,), steps=6, seq_len=16, batch_size=4,
                        eval_every=3, eval_batches=1, probe_sequences=8,
                        cuts="a smoke test of the code path; its numbers show nothing")
-BUDGETS = {"quick": QUICK, "full": FULL, "tiny": TINY}
 
 
 def diversity_specs(budget: DiversityBudget) -> list[SweepSpec]:
@@ -171,8 +161,9 @@ def measure_model(model: Any, inside: Any, outside: Any, source: Any) -> dict:
         source: the training source.
 
     Returns:
-        {"in": {"model", "pool_bayes", "in_context_bayes": losses}, "out": {...}, "swap_fraction": f (None for
-        the fresh source), "kl": {algorithm: KL(algorithm || model) on the in-pool batch}, "phase": the closest
+        {"in": {"model", "pool_bayes", "in_context_bayes": losses}, "out": {...}, "swap_fraction": f, the raw
+        in-context fraction of `probes.kernel_swap` on fresh kernels outside the pool (None for the fresh source),
+        "swap_se", "kl": {algorithm: KL(algorithm || model) on the in-pool batch}, "phase": the closest
         algorithm}.
     """
     from markov_interp import probes
@@ -186,9 +177,11 @@ def measure_model(model: Any, inside: Any, outside: Any, source: Any) -> dict:
         if source.pool is not None:
             losses["pool_bayes"] = _loss(theory.true_predictions(source, tokens), tokens)
         result[name] = losses
-    out = result["out"]
-    result["swap_fraction"] = None if source.pool is None else (
-        (out["pool_bayes"] - out["model"]) / (out["pool_bayes"] - out["in_context_bayes"]))
+    swap = None if source.pool is None else probes.kernel_swap(
+        model, source, seq_len=outside.tokens.shape[1], n_sequences=outside.tokens.shape[0], seed=_PROBE_SEED - 1)
+    # the raw fraction (not clipped to [0, 1]): its mean over seeds is unbiased
+    result["swap_fraction"] = None if swap is None else swap.raw_fraction
+    result["swap_se"] = None if swap is None else swap.se
     probs = probes.next_state_probs(model, inside.tokens)
     result["kl"] = {name: _kl(law, probs) for name, law in algorithm_laws(source, inside.tokens).items()}
     result["phase"] = min(result["kl"], key=result["kl"].get)
@@ -398,163 +391,137 @@ def _fmt_p(p: dict) -> str:
     return f"{p['k']}/{p['n']} [{p['interval'][0]:.2f}, {p['interval'][1]:.2f}]"
 
 
-def _cells_table(cells: list[dict]) -> list[str]:
-    lines = ["| depth | N | seeds | in pool: model - pool Bayes | in pool: model - in-context Bayes | fresh: model - "
-             "in-context Bayes | kernel-swap fraction | closest algorithm (seeds) | seeds closest to an inference "
-             "algorithm |", "|---|---|---|---|---|---|---|---|---|"]
+def cells_table(cells: list[dict]) -> Table:
+    """Every (depth, N) cell: the model's excess over the references, the kernel-swap fraction and the closest of
+    Park et al.'s algorithms."""
+    rows = []
     for c in cells:
         counts = ", ".join(f"{a} {p['k']}" for a, p in c["phases"].items() if p["k"])
-        lines.append(f"| L{c['depth']} | {_shared.log2_label(c['pool_size'])} | {c['n']} | "
-                     f"{_fmt(c['in'].get('excess_pool_bayes'))} | {_fmt(c['in']['excess_in_context_bayes'])} | "
-                     f"{_fmt(c['out']['excess_in_context_bayes'])} | {_fmt(c.get('swap_fraction'), 2)} | "
-                     f"{counts or '—'} | {_fmt_p(c['inference'])} |")
-    return lines
+        rows.append((f"L{c['depth']}", _shared.log2_label(c["pool_size"]), str(c["n"]),
+                     _fmt(c["in"].get("excess_pool_bayes")), _fmt(c["in"]["excess_in_context_bayes"]),
+                     _fmt(c["out"]["excess_in_context_bayes"]), _fmt(c.get("swap_fraction"), 2), counts or "—",
+                     _fmt_p(c["inference"])))
+    return Table(("depth", "N", "seeds", "in pool: model - pool Bayes", "in pool: model - in-context Bayes",
+                  "fresh: model - in-context Bayes", "kernel-swap fraction", "closest algorithm (seeds)",
+                  "seeds closest to an inference algorithm"), rows)
 
 
-def _references_table(cells: list[dict]) -> list[str]:
+def references_table(cells: list[dict]) -> Table:
     """The references on the probe batches (the same for every seed and depth)."""
-    lines = ["| N | in pool: pool Bayes | in pool: in-context Bayes | fresh: pool Bayes | fresh: in-context Bayes |",
-             "|---|---|---|---|---|"]
-    seen = set()
+    rows, seen = [], set()
     for c in cells:
         if c["pool_size"] in seen:
             continue
         seen.add(c["pool_size"])
         cols = [c["in"].get("pool_bayes"), c["in"].get("in_context_bayes"), c["out"].get("pool_bayes"),
                 c["out"].get("in_context_bayes")]
-        lines.append(f"| {_shared.log2_label(c['pool_size'])} | " +
-                     " | ".join("—" if v is None else f"{v:.4f}" for v in cols) + " |")
-    return lines
+        rows.append((_shared.log2_label(c["pool_size"]), *("—" if v is None else f"{v:.4f}" for v in cols)))
+    return Table(("N", "in pool: pool Bayes", "in pool: in-context Bayes", "fresh: pool Bayes",
+                  "fresh: in-context Bayes"), rows)
 
 
-def summary_markdown(cells: list[dict], trans: dict, budget: DiversityBudget, *, header: str = "") -> str:
-    """N* per depth, every (depth, N) cell, and the reference losses on the probe batches."""
-    lines = [header] if header else []
-    lines += ["", "## The transition N*", "", "| depth | kernel-swap fraction crosses 1/2 | half the seeds closest "
-              "to an inference algorithm |", "|---|---|---|"]
-    for depth, t in trans.items():
-        lines.append(f"| L{depth} | {t['swap_fraction']['describe']} | {t['inference_phase']['describe']} |")
-    lines += ["", "N*: where the mean over seeds first reaches 1/2 and stays there for every larger N (interpolated "
-              "in log2 N); 95% percentile bootstrap over seeds (2000 resamples); \"not reached\": the crossing lies "
-              f"beyond N = {budget.pool_sizes[-1]} in more than 2.5% of the resamples.", "", "## Every cell", "",
-              "Losses in nats per prediction on the probe batches, model minus reference, mean over seeds with a "
-              "bootstrap 95% interval; kernel-swap fraction f = (L(pool Bayes) - L(model)) / (L(pool Bayes) - "
-              "L(in-context Bayes)) on fresh kernels; closest algorithm: the smallest mean KL(algorithm || model) "
-              "on the in-pool batch (Wilson 95% intervals).", "", *_cells_table(cells), "",
-              "## Reference losses on the probe batches", "", *_references_table(cells)]
-    return "\n".join(lines) + "\n"
+def transitions_table(trans: dict) -> Table:
+    """N* per depth: of the kernel-swap fraction and of the fraction of seeds closest to an inference algorithm."""
+    return Table(("depth", "kernel-swap fraction crosses 1/2", "half the seeds closest to an inference algorithm"),
+                 [(f"L{depth}", t["swap_fraction"]["describe"], t["inference_phase"]["describe"])
+                  for depth, t in trans.items()])
 
 
-def _cells_csv(cells: list[dict]) -> str:
-    import csv
-    import io
+def cells_csv(cells: list[dict]) -> Table:
+    """cells.csv: one row per (depth, N), numbers only."""
+    def number(value: Any) -> str:
+        return "" if value is None or not math.isfinite(value) else f"{value:.4g}"
 
-    columns = ["depth", "pool_size", "n", "in_excess_pool_bayes", "in_excess_in_context_bayes",
-               "out_excess_in_context_bayes", "swap_fraction", "swap_lo", "swap_hi", "inference_fraction",
-               *(f"phase_{a.replace(' ', '_')}" for a in ALGORITHMS)]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
+    rows = []
     for c in cells:
         swap = c.get("swap_fraction") or {"mean": None, "interval": [None, None]}
-        writer.writerow({"depth": c["depth"], "pool_size": "inf" if c["pool_size"] is None else c["pool_size"],
-                         "n": c["n"], "in_excess_pool_bayes": c["in"].get("excess_pool_bayes", {}).get("mean"),
-                         "in_excess_in_context_bayes": c["in"]["excess_in_context_bayes"]["mean"],
-                         "out_excess_in_context_bayes": c["out"]["excess_in_context_bayes"]["mean"],
-                         "swap_fraction": swap["mean"], "swap_lo": swap["interval"][0], "swap_hi": swap["interval"][1],
-                         "inference_fraction": c["inference"]["fraction"],
-                         **{f"phase_{a.replace(' ', '_')}": c["phases"][a]["fraction"] for a in ALGORITHMS}})
-    return buffer.getvalue()
+        rows.append((str(c["depth"]), "inf" if c["pool_size"] is None else str(c["pool_size"]), str(c["n"]),
+                     number(c["in"].get("excess_pool_bayes", {}).get("mean")),
+                     number(c["in"]["excess_in_context_bayes"]["mean"]),
+                     number(c["out"]["excess_in_context_bayes"]["mean"]), number(swap["mean"]),
+                     number(swap["interval"][0]), number(swap["interval"][1]), number(c["inference"]["fraction"]),
+                     *(number(c["phases"][a]["fraction"]) for a in ALGORITHMS)))
+    return Table(("depth", "pool_size", "n", "in_excess_pool_bayes", "in_excess_in_context_bayes",
+                  "out_excess_in_context_bayes", "swap_fraction", "swap_lo", "swap_hi", "inference_fraction",
+                  *(f"phase_{a.replace(' ', '_')}" for a in ALGORITHMS)), rows)
+
+
+def setup_text(budget: DiversityBudget) -> str:
+    """The sources, models, training and probes of `budget`, in words."""
+    return (f"Sources: RandomMarkov(vocab {budget.vocab}, order 1, alpha {budget.alpha:g}, pool_size N, pool seed "
+            f"0) for N in {', '.join(map(str, budget.pool_sizes))}, and fresh kernels (N = ∞); the same pool for "
+            f"every seed and depth. Models: the attention-only preset (pre-LayerNorm, no MLP, untied, one head, "
+            f"d_model {budget.d_model}) at depths {', '.join(map(str, budget.depths))}. Training: {budget.steps} "
+            f"steps, batch {budget.batch_size} x {budget.seq_len} states, AdamW lr {budget.lr:g} constant, "
+            f"{budget.seeds} seeds per cell (seeds 0..{budget.seeds - 1}), every N and seed of a depth one stack. "
+            f"Probes: {budget.probe_sequences} sequences of {budget.seq_len} states from each pool and from fresh "
+            "kernels.")
+
+
+_TRANSITION_TEXT = ("N*: where the mean over seeds first reaches 1/2 and stays there for every larger N (interpolated "
+                    "in log2 N); 95% percentile bootstrap over seeds (2000 resamples); \"not reached\": the crossing "
+                    "lies beyond the largest N in more than 2.5% of the resamples.")
+_CELLS_TEXT = ("Losses in nats per prediction on the probe batches, model minus reference, mean over seeds with a "
+               "bootstrap 95% interval; kernel-swap fraction f = (L(pool Bayes) - L(model)) / (L(pool Bayes) - "
+               "L(in-context Bayes)) on fresh kernels (`probes.kernel_swap`, raw); closest algorithm: the smallest "
+               "mean KL(algorithm || model) on the in-pool batch (Wilson 95% intervals).")
 
 
 @dataclasses.dataclass(frozen=True)
-class DiversityResult:
-    """The sweep at one budget: per-run records, per-cell summaries, N* per depth, the time it took."""
+class DiversityResult(Summary):
+    """The sweep at one budget: per-run records, per-cell summaries, N* per depth."""
 
     budget: DiversityBudget
     records: tuple
     cells: list
     transitions: dict
-    seconds: float
-    failed: int
+    n_failed: int
+
+    @property
+    def failed(self) -> int:
+        return self.n_failed
+
+    def sections(self) -> list[Section]:
+        return [Section("Setup", setup_text(self.budget)),
+                Section("The transition N*", "", transitions_table(self.transitions), _TRANSITION_TEXT),
+                Section("Every cell", _CELLS_TEXT, cells_table(self.cells), figures=("diversity.png",)),
+                Section("Reference losses on the probe batches", "", references_table(self.cells))]
+
+    def figures(self) -> dict[str, Any]:
+        from markov_interp.report import figures
+
+        return {"diversity.png": figures.diversity_figure(
+            self.cells, self.transitions,
+            title=f"{self.budget.name} budget: {self.budget.steps} steps, {self.budget.seeds} seeds per cell")}
+
+    def tables(self) -> dict[str, Table]:
+        return {"cells.csv": cells_csv(self.cells)}
 
     def to_json(self) -> dict:
         runs = [{"depth": r.depth, "pool_size": r.pool_size, "seed": r.seed, "status": r.status, **(r.measure or {})}
                 for r in self.records]
-        return {"budget": dataclasses.asdict(self.budget), "seconds": round(self.seconds, 1), "cells": self.cells,
-                "transitions": self.transitions, "runs": runs}
+        return {"cells": self.cells, "transitions": self.transitions, "runs": runs}
 
 
-def run_diversity(budget: DiversityBudget = QUICK, work: "str | Path" = "runs/diversity", *,
-                  workers: Optional[int] = None, progress: bool = False) -> DiversityResult:
-    """Train the sweep of `budget` into `work` (restartable), measure every run, summarise every cell and
+def run(budget: DiversityBudget, out: Path, *, progress: bool = False) -> DiversityResult:
+    """Train the sweep of `budget` into out/runs (restartable), measure every run, summarise every cell and
     estimate N* per depth.
 
     Args:
         budget: pool sizes, depths and recipe.
-        work: the sweep folder (runs, records, measures).
-        workers: training processes (default: all cores; one torch thread each).
+        out: the experiment's folder (the sweep in out/runs, measures cached in out/runs/measures).
         progress: tqdm bars.
 
     Returns:
         A `DiversityResult`.
     """
-    work = Path(work)
-    start = time.perf_counter()
-    result = _shared.train_grid(diversity_specs(budget), work, workers=workers, group=budget.stack_size,
+    work = Path(out) / "runs"
+    result = _shared.train_grid(diversity_specs(budget), work, workers=budget.workers, group=budget.stack_size,
                                 progress=progress)
     records = measure_rows(result.rows, work, budget, progress=progress)
     return DiversityResult(budget=budget, records=tuple(records), cells=cell_summaries(records),
-                           transitions=transitions(records, budget), seconds=time.perf_counter() - start,
-                           failed=result.n_failed)
+                           transitions=transitions(records, budget), n_failed=result.n_failed)
 
 
-def _header(budget: DiversityBudget, command: str, seconds: float) -> str:
-    return (f"# Task diversity: finite kernel pools ({budget.name} budget)\n\nMade by `{command}` in "
-            f"{seconds / 60:.1f} min on {platform.machine()} ({budget.device}), torch {torch.__version__}, fp32. "
-            f"Sources: RandomMarkov(vocab {budget.vocab}, order 1, alpha {budget.alpha:g}, pool_size N, pool seed "
-            f"0) for N in {', '.join(map(str, budget.pool_sizes))}, and fresh kernels (N = ∞); the same pool for "
-            f"every seed and depth. Models: the attention-only preset (pre-LayerNorm, no MLP, untied, one head, "
-            f"d_model {budget.d_model}) at depths {', '.join(map(str, budget.depths))}. Training: {budget.steps} "
-            f"steps, batch {budget.batch_size} x {budget.seq_len} states, AdamW lr {budget.lr:g} constant, "
-            f"{budget.seeds} seeds per cell, every N and seed of a depth one stack. Probes: "
-            f"{budget.probe_sequences} sequences of {budget.seq_len} states from each pool and from fresh kernels."
-            + (f"\n\nCuts: {budget.cuts}." if budget.cuts else ""))
-
-
-def write_results(result: DiversityResult, out: "str | Path", *, command: str) -> list[Path]:
-    """results.json, cells.csv, summary.md and diversity.png into `out`."""
-    from markov_interp.report import figures
-
-    header = _header(result.budget, command, result.seconds)
-    texts = {"summary.md": summary_markdown(result.cells, result.transitions, result.budget, header=header),
-             "results.json": json.dumps(result.to_json(), indent=1, default=str),
-             "cells.csv": _cells_csv(result.cells)}
-    figs = {"diversity.png": figures.diversity_figure(result.cells, result.transitions,
-                                                      title=f"{result.budget.name} budget: {result.budget.steps} "
-                                                      f"steps, {result.budget.seeds} seeds per cell")}
-    return _shared.write_outputs(Path(out), texts, figs)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m markov_interp.experiments diversity [--budget quick|full|tiny] [--out DIR] [--work DIR]`."""
-    parser = argparse.ArgumentParser(prog="python -m markov_interp.experiments diversity", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", choices=sorted(BUDGETS), default="quick")
-    parser.add_argument("--quick", action="store_const", const="quick", dest="budget", help="= --budget quick")
-    parser.add_argument("--out", default=None, help="results and figure (default WORK/report)")
-    parser.add_argument("--work", default=None, help="sweep folder (default runs/diversity-BUDGET)")
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--seeds", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--device", default=None)
-    args = parser.parse_args(argv)
-    budget = BUDGETS[args.budget]
-    changes = {k: getattr(args, k) for k in ("seeds", "steps", "device") if getattr(args, k) is not None}
-    budget = dataclasses.replace(budget, **changes) if changes else budget
-    work = Path(args.work or f"runs/diversity-{budget.name}")
-    result = run_diversity(budget, work, workers=args.workers, progress=sys.stderr.isatty())
-    command = "python -m markov_interp.experiments diversity " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_results(result, args.out or work / "report", command=command.strip())
-    print(summary_markdown(result.cells, result.transitions, budget))
-    return 1 if result.failed else 0
+EXPERIMENT = register(Experiment(name="diversity", title="Task diversity: finite kernel pools",
+                                 budgets={"quick": QUICK, "full": FULL, "tiny": TINY}, run=run, precision="fp32"))

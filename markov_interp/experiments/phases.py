@@ -23,7 +23,7 @@ every model):
 
 - **gain fractions** g_j = (L(in-context law of order j - 1) - L(model)) / (L(order j - 1) - L(order j)) for
   j = 0..k, "order -1" the uniform law: the share of each step up the ladder of in-context add-alpha laws the
-  model has climbed (`gain_fractions`, the definition of the circuits branch's `probes.graded_gains`).
+  model has climbed (`probes.graded_gains`).
 - **order reached**: the highest j with g_j >= `REACH` (1/2: closer in loss to the order-j law than to the
   order-(j-1) law); -1 when not even the unigram step is half climbed.
 - **escape**: `dynamics` on the paired evaluations (the excess over the order-k law relative to the in-context
@@ -31,57 +31,53 @@ every model):
 - **circuit**: heads below the last layer whose previous-token score at lag l is `HEAD_EXCESS` above chance
   (lag heads, l = 1..k), and the highest order j <= k of an induction score `HEAD_EXCESS` above its baseline in
   a layer >= 1 (`probes.attention_scores`); "full circuit" = a lag head for every l <= k and an order-k
-  induction head.
+  induction head (attention evidence, every seed);
+- **classifier**: `probes.classify_mechanism` (the causal verdict: law check, graded gains, kernel swap, path
+  patching) on the first `budget.classified` seeds of every cell: its label ("induction" needs a previous-token ->
+  induction K-edge among the kept edges) and the head pair.
 
 Per cell: the fraction of seeds reaching each order with Wilson intervals, the gains' means with bootstrap
 intervals, the escape survival (median crossing with its interval) and median excess curve, the circuit counts.
-`python -m markov_interp.experiments phases [--quick]` writes results.json, cells.csv, summary.md (with the
-table set beside each paper's claim) and the figures.
+`python -m markov_interp.experiments --only phases [--quick]` (or `markov-interp experiment phases`) writes
+results.json, cells.csv, summary.md (with the table set beside each paper's claim) and the figures.
 """
 
-import argparse
 import dataclasses
-import json
 import math
-import platform
 import statistics
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from markov_interp import dynamics, theory
-from markov_interp.experiments import _shared
-from markov_interp.models import preset
+from markov_interp import dynamics
+from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
+from markov_interp.probes.classify import Thresholds
 from markov_interp.sweep import SweepSpec
 
-__all__ = ["PhaseBudget", "QUICK", "FULL", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES", "shape_label",
-           "phase_specs", "gain_fractions", "order_reached", "circuit_summary", "measure_model", "cell_summaries",
-           "claims", "run_phases", "summary_markdown", "main"]
+__all__ = ["PhaseBudget", "QUICK", "FULL", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES", "EXPERIMENT", "shape_label",
+           "phase_specs", "order_reached", "circuit_summary", "measure_model", "cell_summaries", "claims",
+           "cells_table", "claims_table", "cells_csv", "PhaseResult", "run"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
-HEAD_EXCESS = 0.2  # a lag / induction head: its score this far above chance on the 0-1 scale (circuits' threshold)
+HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
 FAMILIES = {"attention-only": None, "layernorm": "LN"}  # family name -> ModelConfig.normalization
 _PROBE_SEED = 7_000  # the probe batch of order k: sample_batch(seed=_PROBE_SEED + k)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PhaseBudget:
+class PhaseBudget(Budget):
     """Seeds, grid and recipe of the phase diagram (`cuts` says what a smaller budget leaves out)."""
 
-    name: str
-    seeds: int = 16
-    orders: tuple = (1, 2, 3)
+    orders: tuple[int, ...] = (1, 2, 3)
     # heads per layer, one tuple per shape (its length is the depth)
-    shapes: tuple = ((1,), (3,), (1, 1), (2, 1), (3, 1), (2, 2), (3, 3), (1, 1, 1), (2, 1, 1), (3, 1, 1),
-                     (2, 2, 2), (3, 3, 3), (1, 1, 1, 1), (2, 2, 2, 2), (3, 3, 3, 3), (2, 1, 1, 1))
-    families: tuple = ("attention-only", "layernorm")
+    shapes: tuple[tuple[int, ...], ...] = (
+        (1,), (3,), (1, 1), (2, 1), (3, 1), (2, 2), (3, 3), (1, 1, 1), (2, 1, 1), (3, 1, 1), (2, 2, 2), (3, 3, 3),
+        (1, 1, 1, 1), (2, 2, 2, 2), (3, 3, 3, 3), (2, 1, 1, 1))
+    families: tuple[str, ...] = ("attention-only", "layernorm")
     vocab: int = 2
     alpha: float = 1.0
-    steps: int = 3000
     seq_len: int = 64
     batch_size: int = 32
     lr: float = 1e-2
@@ -90,45 +86,41 @@ class PhaseBudget:
     eval_every: int = 50
     eval_batches: int = 4
     probe_sequences: int = 128
-    device: str = "cpu"
+    classified: int = 4  # seeds per cell named by `probes.classify_mechanism` (path patching: the costly probe)
     group: Optional[int] = None  # runs per stack (default: every order and seed of a shape)
-    cuts: str = ""
+    workers: Optional[int] = None  # training processes (default: every core)
 
-    def __post_init__(self) -> None:
-        for name in ("seeds", "steps", "seq_len", "batch_size", "d_model", "d_head", "eval_every", "eval_batches",
-                     "probe_sequences", "vocab"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.seeds < 2:
-            raise ValueError(f"seeds must be at least 2 (a distribution over seeds), got {self.seeds}")
-        if not self.orders or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.orders):
-            raise ValueError(f"orders must be integers >= 1, got {self.orders!r}")
-        for heads in self.shapes:
-            if not isinstance(heads, tuple) or not heads or any(not isinstance(h, int) or h < 1 for h in heads):
-                raise ValueError(f"each shape must be a tuple of head counts >= 1 (one per layer), got {heads!r}")
+    ZERO_OK = ("classified",)
+
+    def check(self) -> None:
+        if self.vocab < 2:
+            raise ValueError(f"budget {self.name!r}: vocab must be at least 2, got {self.vocab}")
         unknown = [f for f in self.families if f not in FAMILIES]
-        if unknown or not self.families:
-            raise ValueError(f"families must be some of {list(FAMILIES)}, got {self.families!r}")
+        if unknown:
+            raise ValueError(f"budget {self.name!r}: families must be some of {list(FAMILIES)}, got {unknown!r}")
         if self.seq_len <= max(self.orders) + 1:
-            raise ValueError(f"seq_len ({self.seq_len}) must exceed the highest order + 1")
+            raise ValueError(f"budget {self.name!r}: seq_len ({self.seq_len}) must exceed the highest order + 1")
+        for name in ("group", "workers"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"budget {self.name!r}: {name} must be None or an integer >= 1, got {value!r}")
 
     @property
     def stack_size(self) -> int:
         return self.group or len(self.orders) * self.seeds
 
 
-FULL = PhaseBudget(name="full", seeds=64, device="cuda", cuts="")
+FULL = PhaseBudget(name="full", seeds=64, steps=3000, classified=16)
 QUICK = PhaseBudget(
-    name="quick", seeds=16, orders=(1, 2), shapes=((1,), (3,), (1, 1), (2, 1), (2, 2), (1, 1, 1)), steps=1000,
-    eval_every=50,
-    cuts="orders 1-2 (no order 3), six shapes (depth 1 with 1 or 3 heads; depth 2 with (1, 1), (2, 1), (2, 2); "
-         "depth 3 with one head per layer), 1000 steps, 16 seeds: order-2 laws are not reached in 1000 steps by "
-         "any shape here, so the order-2 cells measure how far each shape climbs, not whether it gets there")
+    name="quick", seeds=6, steps=500, orders=(1, 2), shapes=((1,), (1, 1), (2, 1), (1, 1, 1)), families=("layernorm",),
+    eval_batches=2, classified=2, workers=1,
+    cuts="orders 1-2 (no order 3), the LayerNorm family only, four shapes (one layer; two layers with one head each "
+         "or two heads in layer 0; three layers with one head each), 6 seeds, 500 steps (full: 3000), the classifier "
+         "on 2 seeds per cell, one training process: it tells one layer from two and shows where each shape is after "
+         "500 steps; it cannot say whether a shape reaches the order-2 law when trained long enough")
 TINY = PhaseBudget(name="tiny", seeds=2, orders=(1, 2), shapes=((1,), (2, 1)), steps=6, seq_len=16,
                    batch_size=4, eval_every=3, eval_batches=1, probe_sequences=8, families=("layernorm",),
-                   cuts="a smoke test of the code path; its numbers show nothing")
-BUDGETS = {"quick": QUICK, "full": FULL, "tiny": TINY}
+                   classified=1, cuts="a smoke test of the code path; its numbers show nothing")
 
 
 def shape_label(heads: tuple) -> str:
@@ -162,37 +154,6 @@ def phase_specs(budget: PhaseBudget) -> list[SweepSpec]:
 
 
 # --------------------------------------------------------------------------------------------- measures
-def gain_fractions(probs: torch.Tensor, tokens: torch.Tensor, vocab: int, *, beta: float,
-                   top: int) -> dict[int, float]:
-    """g_j for j = 0..top: the share of the step from the in-context add-beta law of order j - 1 to that of
-    order j (order -1: the uniform law) that `probs` climbs, as a ratio of mean losses over the batch.
-
-    Args:
-        probs: the model's next-state laws [batch pos vocab].
-        tokens: the states [batch pos].
-        vocab: number of states.
-        beta: add-beta smoothing of the in-context laws (the source's alpha: then the order-k law is the
-            posterior predictive).
-        top: highest order.
-
-    Returns:
-        {j: g_j}: 1 at the order-j law, 0 at the order-(j-1) law.
-
-    >>> t = torch.tensor([[0, 1, 1, 0, 1, 1, 0, 1, 1, 0]])
-    >>> law = theory.add_beta_predictions(t, 2, order=1, beta=1.0)
-    >>> {j: round(g, 6) for j, g in gain_fractions(law, t, 2, beta=1.0, top=1).items()}
-    {0: 1.1, 1: 1.0}
-    """
-    tokens = tokens.cpu()
-    loss = lambda p: float(theory.target_log_loss(p.detach().cpu().double(), tokens).mean())  # noqa: E731
-    laws = {-1: loss(torch.full((*tokens.shape, vocab), 1.0 / vocab, dtype=torch.float64))}
-    for j in range(top + 1):
-        laws[j] = loss(theory.add_beta_predictions(tokens, vocab, order=j, beta=beta))
-    model = loss(probs)
-    return {j: (laws[j - 1] - model) / (laws[j - 1] - laws[j]) if laws[j - 1] != laws[j] else math.nan
-            for j in range(top + 1)}
-
-
 def order_reached(gains: dict[int, float], *, reach: float = REACH) -> int:
     """The highest order j such that every step up to it is climbed at least `reach` (g_0, ..., g_j >= reach);
     -1 when g_0 is not. On order-k data the in-context laws improve up to order k, so g_j >= reach already
@@ -240,29 +201,46 @@ def circuit_summary(scores: Any, heads: tuple[int, ...], order: int, *,
             "induction_order": top, "full": bool(full)}
 
 
+def _classified(report: Any) -> dict:
+    """What the phase diagram keeps of a `probes.MechanismReport`: the label and its circuit."""
+    pair = lambda h: None if h is None else f"L{h[0]}H{h[1]}"  # noqa: E731
+    return {"mechanism": report.mechanism, "order": report.order, "confident": report.confident,
+            "circuit_confirmed": report.circuit_confirmed, "previous_token_head": pair(report.previous_token_head),
+            "induction_head": pair(report.induction_head), "in_context_fraction": report.in_context_fraction,
+            "reason": report.reasons[0] if report.reasons else ""}
+
+
 @torch.no_grad()
-def measure_model(model: Any, batch: Any, *, order: int, alpha: float) -> dict:
-    """Gain fractions, order reached and circuit of one trained model on its order's probe batch.
+def measure_model(model: Any, batch: Any, source: Any, *, classify: bool = False) -> dict:
+    """Gain fractions, order reached, attention-score heads and (optionally) the causal classification of one
+    trained model on its order's probe batch.
 
     Args:
         model: a trained hooked model.
         batch: `probes.sample_batch` of the model's source at its training length.
-        order: the source's order.
-        alpha: the source's Dirichlet concentration (the in-context laws' smoothing).
+        source: that source (its alpha smooths the in-context laws: the order-k law is then the posterior
+            predictive).
+        classify: also run `probes.classify_mechanism` (path patching and kernel swap on 32 of the sequences).
 
     Returns:
-        {"gains": {j: g_j}, "reached": j, "model_loss": nats, "circuit": `circuit_summary`}.
+        {"gains": {j: g_j}, "reached": j, "model_loss": nats, "circuit": `circuit_summary`, "classified":
+        the classifier's label and circuit (None unless `classify`)}.
     """
     from markov_interp import probes
     from markov_interp.models import heads_per_layer
 
+    order = source.order
     probs = probes.next_state_probs(model, batch.tokens)
-    gains = gain_fractions(probs, batch.tokens, batch.vocab, beta=alpha, top=order)
+    gains = probes.graded_gains(probs, batch, beta=source.alpha, max_order=order)
     scores = probes.attention_scores(model, batch.tokens, max_order=order)
     circuit = circuit_summary(scores, tuple(heads_per_layer(model)), order)
-    loss = float(theory.target_log_loss(probs.cpu().double(), batch.tokens.cpu()).mean())
-    return {"gains": {str(j): g for j, g in gains.items()}, "reached": order_reached(gains), "model_loss": loss,
-            "circuit": circuit}
+    classified = None
+    if classify:
+        small = probes.sample_batch(source, n_sequences=min(32, batch.tokens.shape[0]), seq_len=batch.tokens.shape[1],
+                                    seed=_PROBE_SEED + 100 + order)
+        classified = _classified(probes.classify_mechanism(model, source, batch=small, circuit_sequences=8, seed=0))
+    return {"gains": {str(j): g for j, g in gains.items()}, "reached": order_reached(dict(gains)),
+            "model_loss": gains.model_loss, "circuit": circuit, "classified": classified}
 
 
 # ------------------------------------------------------------------------------------------------- runs
@@ -293,7 +271,7 @@ def _probe_batches(budget: PhaseBudget) -> dict[int, Any]:
 
 
 def _measure_key(budget: PhaseBudget) -> str:
-    return (f"phases-1:{budget.probe_sequences}x{budget.seq_len}:seed{_PROBE_SEED}:reach{REACH}:"
+    return (f"phases-2:{budget.probe_sequences}x{budget.seq_len}:seed{_PROBE_SEED}:reach{REACH}:"
             f"head{HEAD_EXCESS}")
 
 
@@ -315,11 +293,13 @@ def measure_rows(rows: list, work: Path, budget: PhaseBudget, *, progress: bool 
             continue
         folder = work / row.run_dir
 
+        classify = cfg.train.seed < budget.classified
+
         def measure() -> dict:
             model = runfolder.load_model(folder, device="cpu")
-            return measure_model(model, batches[cfg.source.order], order=cfg.source.order, alpha=cfg.source.alpha)
+            return measure_model(model, batches[cfg.source.order], cfg.source.build(), classify=classify)
 
-        value = _shared.cached_measure(work, row.cell_id, _measure_key(budget), measure)
+        value = _shared.cached_measure(work, row.cell_id, _measure_key(budget) + f":classify{classify}", measure)
         records.append(RunRecord(**where, measure=value, dynamics=dynamics.from_metrics(runfolder.load_metrics(folder))))
     return records
 
@@ -344,7 +324,18 @@ def _circuit_json(measures: list[dict], order: int) -> dict:
             "lag_heads": {str(lag): _shared.proportion(sum(bool(c["lags"][str(lag)]) for c in circuits), n)
                           for lag in range(1, order + 1)},
             "induction_order": dict(sorted(Counter(c["induction_order"] for c in circuits).items())),
-            "signatures": dict(signature.most_common())}
+            "signatures": dict(signature.most_common()), "classified": _classified_json(measures)}
+
+
+def _classified_json(measures: list[dict]) -> dict:
+    """The classifier's labels over the classified seeds of a cell: counts of "mechanism (order k)", the
+    fraction labelled induction (Wilson 95%) and the most common previous-token -> induction head pair."""
+    done = [m["classified"] for m in measures if m.get("classified")]
+    labels = Counter(c["mechanism"] + (f" {c['order']}" if c["order"] is not None else "") for c in done)
+    pairs = Counter(f"{c['previous_token_head']} -> {c['induction_head']}" for c in done if c["circuit_confirmed"])
+    return {"n": len(done), "labels": dict(labels.most_common()),
+            "induction": _shared.proportion(sum(c["mechanism"] == "induction" for c in done), len(done)),
+            "pairs": dict(pairs.most_common())}
 
 
 def _cell_json(key: tuple, records: list[RunRecord]) -> dict:
@@ -443,7 +434,7 @@ def claims(cells: list[dict]) -> list[dict]:
     """One row per cited claim and cell bearing on it: the fraction of seeds reaching the order-k law (Wilson
     95%), the fraction with a full circuit, and the verdict at this budget: "reproduced", "not reproduced at
     this budget", "mixed" (the interval straddles 1/2), for comparisons "ahead" / "behind" / "not resolved"
-    (Wilson intervals apart or overlapping), "not run" where the budget has no such cell."""
+    (Wilson intervals apart or overlapping); a claim whose cells the budget does not run has no row."""
     rows = []
     for paper, claim, kind, spec in _CLAIMS:
         orders = sorted({k for _, _, ks in spec for k in ks})
@@ -462,7 +453,8 @@ def claims(cells: list[dict]) -> list[dict]:
                     verdict = _LEARN[majority]
                     if kind == "represent" and majority == "no":
                         verdict += " (a construction: training need not find it)"
-                rows.append(_claim_row(paper, claim, cell, family, heads, k, verdict))
+                if all(f[2] is not None for f in (found if kind == "versus" else [found[i]])):
+                    rows.append(_claim_row(paper, claim, cell, family, heads, k, verdict))
     return rows
 
 
@@ -470,70 +462,69 @@ def claims(cells: list[dict]) -> list[dict]:
 _ORDER_NAMES = {-1: "none", 0: "unigram", 1: "bigram", 2: "trigram", 3: "4-gram", 4: "5-gram"}
 
 
-def _cells_table(cells: list[dict]) -> list[str]:
-    lines = ["| family | shape | order k | seeds | reach order 0 | reach order 1 | reach order k | median order "
-             "reached | g_k mean [95% CI] | escape: median crossing of 0.5 | censored | full circuit | most common "
-             "circuit |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def _fmt_labels(classified: Optional[dict]) -> str:
+    if not classified or not classified["n"]:
+        return "not classified"
+    return ", ".join(f"{label} {n}" for label, n in classified["labels"].items()) + f" (of {classified['n']})"
+
+
+def cells_table(cells: list[dict]) -> Table:
+    """Every cell: seeds reaching orders 0, 1 and k (Wilson 95%), the median order reached, g_k (bootstrap 95%),
+    the escape, the full attention circuit and the classifier's labels."""
+    columns = ("family", "shape", "order k", "seeds", "reach order 0", "reach order 1", "reach order k",
+               "median order reached", "g_k mean [95% CI]", "escape: median crossing of 0.5", "censored",
+               "full circuit (attention)", "classifier (seeds)")
+    rows = []
     for c in cells:
         k = c["order"]
         g = c["gains"][str(k)]
         circuit = c["circuit"] or {}
-        common = next(iter(circuit.get("signatures", {}).items()), ("—", 0))
         median = c["median_order"]
-        lines.append(
-            f"| {c['family']} | {c['label']} | {k} | {c['n']} | {_fmt_p(c['reached']['0'])} | "
-            f"{_fmt_p(c['reached']['1'])} | {_fmt_p(c['reached'][str(k)])} | "
-            f"{'—' if median is None else f'{median} ({_ORDER_NAMES[median]})'} | "
-            f"{g['mean']:.2f} [{g['interval'][0]:.2f}, {g['interval'][1]:.2f}] | {c['escape']['describe']} | "
-            f"{_fmt_p(c['escape']['censored'])} | {_fmt_p(circuit.get('full'))} | {common[0]} ({common[1]}) |")
-    return lines
+        rows.append((c["family"], c["label"], str(k), str(c["n"]), _fmt_p(c["reached"]["0"]),
+                     _fmt_p(c["reached"]["1"]), _fmt_p(c["reached"][str(k)]),
+                     "—" if median is None else f"{median} ({_ORDER_NAMES[median]})",
+                     f"{g['mean']:.2f} [{g['interval'][0]:.2f}, {g['interval'][1]:.2f}]", c["escape"]["describe"],
+                     _fmt_p(c["escape"]["censored"]), _fmt_p(circuit.get("full")),
+                     _fmt_labels(circuit.get("classified"))))
+    return Table(columns, rows)
 
 
-def _claims_table(rows: list[dict]) -> list[str]:
-    lines = ["| paper | claim | cell | order k | seeds reaching order k [95% CI] | full circuit | at this budget |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['paper']} | {r['claim']} | {r['family']} {r['shape']} | {r['order']} | "
-                     f"{_fmt_p(r['reached'])} | {_fmt_p(r['full_circuit'])} | {r['verdict']} |")
-    return lines
+def claims_table(rows: list[dict]) -> Table:
+    """One row per cited claim and cell (`claims`)."""
+    return Table(("paper", "claim", "cell", "order k", "seeds reaching order k [95% CI]", "full circuit",
+                  "at this budget"),
+                 [(r["paper"], r["claim"], f"{r['family']} {r['shape']}", str(r["order"]), _fmt_p(r["reached"]),
+                   _fmt_p(r["full_circuit"]), r["verdict"]) for r in rows])
 
 
-def summary_markdown(cells: list[dict], claim_rows: list[dict], budget: PhaseBudget, *, header: str = "") -> str:
-    """The claims table, then every cell (fractions of seeds reaching each order, gains, escape, circuits)."""
-    lines = [header] if header else []
-    lines += ["", "## Beside each paper's claim", "", *_claims_table(claim_rows), "",
-              "## Every cell", "", f"Reach order j: the seeds whose gain fraction g_j >= {REACH} (Wilson 95% "
-              "interval); g_k: the share of the step from the order-(k-1) to the order-k in-context law the seeds "
-              "climb (mean, bootstrap 95% interval); escape: `dynamics` on the paired evaluations (median crossing "
-              "of half the in-context unigram plateau's excess over the order-k law, Kaplan-Meier 95% interval); "
-              f"full circuit: a lag head (previous-token excess >= {HEAD_EXCESS}) below the last layer for every "
-              f"lag 1..k and an order-k induction head (excess >= {HEAD_EXCESS}) above layer 0.", "",
-              *_cells_table(cells)]
-    return "\n".join(lines) + "\n"
+def _number(value: Any) -> str:
+    return "" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.4g}"
 
 
-def _cells_csv(cells: list[dict]) -> str:
-    import csv
-    import io
-
-    columns = ["family", "shape", "order", "n", "median_order"] + [f"reached_{j}" for j in range(-1, 5)] + \
-        [f"reached_{j}_lo" for j in range(-1, 5)] + [f"reached_{j}_hi" for j in range(-1, 5)] + \
-        [f"g{j}_mean" for j in range(5)] + ["escape_median", "escape_describe", "censored", "full_circuit"]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
+def cells_csv(cells: list[dict]) -> Table:
+    """cells.csv: one row per cell, numbers only (fractions, interval ends, gain means)."""
+    orders = range(-1, max((c["order"] for c in cells), default=1) + 1)
+    columns = ["family", "shape", "order", "n", "median_order"] + [f"reached_{j}{e}" for j in orders
+                                                                  for e in ("", "_lo", "_hi")]
+    columns += [f"g{j}_mean" for j in orders if j >= 0] + ["escape_median", "censored", "full_circuit",
+                                                           "classified", "classified_induction"]
+    rows = []
     for c in cells:
-        row = {"family": c["family"], "shape": c["label"], "order": c["order"], "n": c["n"],
-               "median_order": c["median_order"], "escape_median": c["escape"]["median"],
-               "escape_describe": c["escape"]["describe"], "censored": c["escape"]["censored"]["fraction"],
-               "full_circuit": (c["circuit"] or {}).get("full", {}).get("fraction")}
+        row = {"family": c["family"], "shape": c["label"], "order": str(c["order"]), "n": str(c["n"]),
+               "median_order": _number(c["median_order"]), "escape_median": _number(c["escape"]["median"]),
+               "censored": _number(c["escape"]["censored"]["fraction"])}
+        circuit = c["circuit"] or {}
+        row["full_circuit"] = _number((circuit.get("full") or {}).get("fraction"))
+        classified = circuit.get("classified") or {"n": 0, "induction": {}}
+        row["classified"], row["classified_induction"] = str(classified["n"]), _number(
+            classified["induction"].get("fraction"))
         for j, p in c["reached"].items():
-            row[f"reached_{j}"] = p["fraction"]
-            row[f"reached_{j}_lo"], row[f"reached_{j}_hi"] = p["interval"] or (None, None)
+            lo, hi = p["interval"] or (None, None)
+            row[f"reached_{j}"], row[f"reached_{j}_lo"], row[f"reached_{j}_hi"] = map(_number, (p["fraction"], lo, hi))
         for j, g in c["gains"].items():
-            row[f"g{j}_mean"] = round(g["mean"], 4) if math.isfinite(g["mean"]) else None
-        writer.writerow(row)
-    return buffer.getvalue()
+            row[f"g{j}_mean"] = _number(g["mean"])
+        rows.append([row.get(col, "") for col in columns])
+    return Table(columns, rows)
 
 
 def curve_panels(records: list[RunRecord]) -> dict[str, dict[str, dynamics.MedianCurve]]:
@@ -548,95 +539,87 @@ def curve_panels(records: list[RunRecord]) -> dict[str, dict[str, dynamics.Media
     return panels
 
 
+def setup_text(budget: PhaseBudget) -> str:
+    """The source, models, training and probes of `budget`, in words."""
+    return (f"Source: RandomMarkov(vocab {budget.vocab}, order k, alpha {budget.alpha:g}): a fresh Dirichlet kernel "
+            f"per sequence. Models: d_model {budget.d_model}, d_head {budget.d_head}, untied, no MLP; families "
+            f"{', '.join(budget.families)} (attention-only: no normalisation; layernorm: pre-LayerNorm). Training: "
+            f"{budget.steps} steps, batch {budget.batch_size} x {budget.seq_len} states, AdamW lr {budget.lr:g} "
+            f"constant, {budget.seeds} seeds per cell (seeds 0..{budget.seeds - 1}), every order and seed of a "
+            f"shape one stack. Probes: {budget.probe_sequences} sequences of {budget.seq_len} states per order (the "
+            f"training length), the same batch for every model of that order; `probes.classify_mechanism` on 32 "
+            f"sequences (path patching on 8) for seeds 0..{budget.classified - 1} of every cell.")
+
+
+_CELLS_TEXT = (f"Reach order j: the seeds whose gain fraction g_j >= {REACH} for every rung up to j (Wilson 95% "
+               "interval); g_k: the share of the step from the order-(k-1) to the order-k in-context law the seeds "
+               "climb (mean, bootstrap 95% interval); escape: `dynamics` on the paired evaluations (median crossing "
+               "of half the in-context unigram plateau's excess over the order-k law, Kaplan-Meier 95% interval); "
+               f"full circuit (attention): a lag head (previous-token excess >= {HEAD_EXCESS}) below the last layer "
+               f"for every lag 1..k and an order-k induction head (excess >= {HEAD_EXCESS}) above layer 0; "
+               "classifier: `probes.classify_mechanism`'s labels (causal: the law check, graded gains, kernel swap "
+               "and path patching).")
+
+
 @dataclasses.dataclass(frozen=True)
-class PhaseResult:
-    """The phase diagram at one budget: per-run records, per-cell summaries, the claims, the time it took."""
+class PhaseResult(Summary):
+    """The phase diagram at one budget: per-run records, per-cell summaries, the claims."""
 
     budget: PhaseBudget
     records: tuple
     cells: list
     claims: list
-    seconds: float
-    failed: int
+    n_failed: int
+
+    @property
+    def failed(self) -> int:
+        return self.n_failed
+
+    def sections(self) -> list[Section]:
+        return [Section("Setup", setup_text(self.budget)),
+                Section("Beside each paper's claim", "", claims_table(self.claims)),
+                Section("Every cell", _CELLS_TEXT, cells_table(self.cells),
+                        figures=("phase_diagram.png", "escape_curves.png"))]
+
+    def figures(self) -> dict[str, Any]:
+        from markov_interp.report import figures
+
+        return {"phase_diagram.png": figures.phase_diagram_figure(
+                    self.cells, title=f"{self.budget.name} budget: {self.budget.steps} steps"),
+                "escape_curves.png": figures.excess_curves_panels_figure(
+                    curve_panels(list(self.records)), columns=len(self.budget.orders),
+                    title="median excess over the order-k law relative to the in-context unigram plateau's")}
+
+    def tables(self) -> dict[str, Table]:
+        return {"cells.csv": cells_csv(self.cells)}
 
     def to_json(self) -> dict:
         runs = [{"family": r.family, "heads": list(r.heads), "order": r.order, "seed": r.seed, "status": r.status,
                  **(r.measure or {}), "crossings": r.dynamics.to_json() if r.dynamics else None}
                 for r in self.records]
-        return {"budget": dataclasses.asdict(self.budget), "seconds": round(self.seconds, 1), "cells": self.cells,
-                "claims": self.claims, "runs": runs}
+        return {"cells": self.cells, "claims": self.claims, "runs": runs}
 
 
-def run_phases(budget: PhaseBudget = QUICK, work: "str | Path" = "runs/phases", *, workers: Optional[int] = None,
-               progress: bool = False) -> PhaseResult:
-    """Train the grid of `budget` into `work` (restartable: finished runs and measures are reused), measure every
-    run and summarise every cell.
+def run(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResult:
+    """Train the grid of `budget` into out/runs (restartable: finished runs and measures are reused), measure
+    every run and summarise every cell.
 
     Args:
         budget: the grid and recipe.
-        work: the sweep folder (runs, records, measures).
-        workers: training processes (default: all cores; one torch thread each).
+        out: the experiment's folder (the sweep in out/runs, measures cached in out/runs/measures).
         progress: tqdm bars.
 
     Returns:
         A `PhaseResult`.
     """
-    work = Path(work)
-    start = time.perf_counter()
-    result = _shared.train_grid(phase_specs(budget), work, workers=workers, group=budget.stack_size,
+    work = Path(out) / "runs"
+    result = _shared.train_grid(phase_specs(budget), work, workers=budget.workers, group=budget.stack_size,
                                 progress=progress)
     records = measure_rows(result.rows, work, budget, progress=progress)
     cells = cell_summaries(records)
     return PhaseResult(budget=budget, records=tuple(records), cells=cells, claims=claims(cells),
-                       seconds=time.perf_counter() - start, failed=result.n_failed)
+                       n_failed=result.n_failed)
 
 
-def _header(budget: PhaseBudget, command: str, seconds: float) -> str:
-    return (f"# Order x depth x heads phase diagram ({budget.name} budget)\n\nMade by `{command}` in {seconds / 60:.1f} "
-            f"min on {platform.machine()} ({budget.device}), torch {torch.__version__}, fp32. Source: "
-            f"RandomMarkov(vocab {budget.vocab}, order k, alpha {budget.alpha:g}): a fresh Dirichlet kernel per "
-            f"sequence. Models: d_model {budget.d_model}, d_head {budget.d_head}, untied, no MLP; families "
-            f"{', '.join(budget.families)}. Training: {budget.steps} steps, batch {budget.batch_size} x "
-            f"{budget.seq_len} states, AdamW lr {budget.lr:g} constant, {budget.seeds} seeds per cell, every order "
-            f"and seed of a shape one stack. Probes: {budget.probe_sequences} sequences of {budget.seq_len} states "
-            f"per order (the training length)." + (f"\n\nCuts: {budget.cuts}." if budget.cuts else ""))
-
-
-def write_results(result: PhaseResult, out: "str | Path", *, command: str) -> list[Path]:
-    """results.json, cells.csv, summary.md, phase_diagram.png and escape_curves.png into `out`."""
-    from markov_interp.report import figures
-
-    header = _header(result.budget, command, result.seconds)
-    texts = {"summary.md": summary_markdown(result.cells, result.claims, result.budget, header=header),
-             "results.json": json.dumps(result.to_json(), indent=1, default=str),
-             "cells.csv": _cells_csv(result.cells)}
-    figs = {"phase_diagram.png": figures.phase_diagram_figure(result.cells, title=f"{result.budget.name} budget: "
-                                                               f"{result.budget.steps} steps"),
-            "escape_curves.png": figures.excess_curves_panels_figure(
-                curve_panels(list(result.records)), columns=len(result.budget.orders),
-                title="median excess over the order-k law relative to the in-context unigram plateau's")}
-    return _shared.write_outputs(Path(out), texts, figs)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m markov_interp.experiments phases [--budget quick|full|tiny] [--out DIR] [--work DIR]`."""
-    parser = argparse.ArgumentParser(prog="python -m markov_interp.experiments phases", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", choices=sorted(BUDGETS), default="quick")
-    parser.add_argument("--quick", action="store_const", const="quick", dest="budget", help="= --budget quick")
-    parser.add_argument("--out", default=None, help="results and figures (default WORK/report)")
-    parser.add_argument("--work", default=None, help="sweep folder (default runs/phases-BUDGET)")
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--seeds", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--device", default=None)
-    args = parser.parse_args(argv)
-    budget = BUDGETS[args.budget]
-    changes = {k: getattr(args, k) for k in ("seeds", "steps", "device") if getattr(args, k) is not None}
-    budget = dataclasses.replace(budget, **changes) if changes else budget
-    work = Path(args.work or f"runs/phases-{budget.name}")
-    result = run_phases(budget, work, workers=args.workers, progress=sys.stderr.isatty())
-    command = "python -m markov_interp.experiments phases " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_results(result, args.out or work / "report", command=command.strip())
-    print(summary_markdown(result.cells, result.claims, budget))
-    return 1 if result.failed else 0
+EXPERIMENT = register(Experiment(name="phases", title="Order x depth x heads phase diagram",
+                                 budgets={"quick": QUICK, "full": FULL, "tiny": TINY}, run=run, precision="fp32"))
