@@ -41,10 +41,10 @@ from markov_interp import theory
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
 from markov_interp.sweep import SweepSpec
 
-__all__ = ["DiversityBudget", "QUICK", "FULL", "TINY", "EXPERIMENT", "ALGORITHMS", "INFERENCE", "diversity_specs",
-           "algorithm_laws", "measure_model", "transition_point", "transition_interval", "Transition",
-           "cell_summaries", "transitions", "cells_table", "references_table", "transitions_table", "cells_csv",
-           "DiversityResult", "run"]
+__all__ = ["DiversityBudget", "QUICK", "FULL", "GPU", "TINY", "EXPERIMENT", "ALGORITHMS", "INFERENCE",
+           "diversity_specs", "algorithm_laws", "measure_model", "transition_point", "transition_interval",
+           "Transition", "cell_summaries", "transitions", "cells_table", "references_table", "transitions_table",
+           "cells_csv", "DiversityResult", "run"]
 
 # Park et al.'s four algorithms (retrieval / inference x unigram / bigram statistics of the context)
 ALGORITHMS = ("unigram retrieval", "bigram retrieval", "unigram inference", "bigram inference")
@@ -100,6 +100,10 @@ QUICK = DiversityBudget(
          "seeds, 300 steps (full: 3000), 64 probe sequences, one training process (a shared 2-core machine): it shows "
          "retrieval against inference at both ends of the pool sizes after 300 steps; its N* is that of 300 steps, "
          "which moves with the training length (Raventos et al.), not the full budget's")
+GPU = DiversityBudget(
+    name="gpu", seeds=16, steps=2000, depths=(2, 1), workers=2, device="cuda",
+    cuts="sized for one lent GPU call of about 10 minutes (not yet measured): depths 2 and 1 (no depth 3), 16 seeds "
+         "per cell in stacks of 192 (12 pool sizes x 16 seeds), 2000 steps")
 TINY = DiversityBudget(name="tiny", seeds=2, pool_sizes=(1, 4), depths=(1,), steps=6, seq_len=16, batch_size=4,
                        eval_every=3, eval_batches=1, probe_sequences=8,
                        cuts="a smoke test of the code path; its numbers show nothing")
@@ -526,4 +530,5 @@ def run(budget: DiversityBudget, out: Path, *, progress: bool = False) -> Divers
 
 
 EXPERIMENT = register(Experiment(name="diversity", title="Task diversity: finite kernel pools",
-                                 budgets={"quick": QUICK, "full": FULL, "tiny": TINY}, run=run, precision="fp32"))
+                                 budgets={"quick": QUICK, "full": FULL, "gpu": GPU, "tiny": TINY}, run=run,
+                                 precision="fp32"))

@@ -56,9 +56,9 @@ from markov_interp.experiments import Budget, Experiment, Section, Summary, Tabl
 from markov_interp.probes.classify import Thresholds
 from markov_interp.sweep import SweepSpec
 
-__all__ = ["PhaseBudget", "QUICK", "FULL", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES", "EXPERIMENT", "shape_label",
-           "phase_specs", "order_reached", "circuit_summary", "measure_model", "cell_summaries", "claims",
-           "cells_table", "claims_table", "cells_csv", "PhaseResult", "run"]
+__all__ = ["PhaseBudget", "QUICK", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES", "EXPERIMENT",
+           "shape_label", "phase_specs", "order_reached", "circuit_summary", "measure_model", "cell_summaries",
+           "claims", "cells_table", "claims_table", "cells_csv", "PhaseResult", "run"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
 HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
@@ -112,13 +112,19 @@ class PhaseBudget(Budget):
 
 FULL = PhaseBudget(name="full", seeds=64, steps=3000, classified=16)
 QUICK = PhaseBudget(
-    name="quick", seeds=4, steps=300, orders=(1, 2), shapes=((1,), (1, 1), (2, 1)), families=("layernorm",),
-    eval_batches=2, probe_sequences=64, classified=1, workers=1,
-    cuts="orders 1-2 (no order 3), the LayerNorm family only, three shapes (one layer; two layers with one head each "
-         "or with two heads in layer 0), 4 seeds, 300 steps (full: 3000), the classifier on 1 seed per cell, 64 probe "
-         "sequences, one training process (a shared 2-core machine): it shows where each shape is after 300 steps "
-         "and checks the measures against theory (a single layer is never an induction circuit); it cannot say "
-         "whether a shape reaches the bigram or trigram law when trained long enough")
+    name="quick", seeds=4, steps=300, orders=(1, 2), shapes=((1,), (1, 1)), families=("layernorm",), eval_batches=2,
+    probe_sequences=64, classified=1, workers=1,
+    cuts="orders 1-2 (no order 3), the LayerNorm family only, two shapes (one layer; two layers with one head each), "
+         "4 seeds, 300 steps (full: 3000), the classifier on 1 seed per cell, 64 probe sequences, one training "
+         "process (a shared 2-core machine): it shows where one and two layers are after 300 steps and checks the "
+         "measures against theory (a single layer is never an induction circuit); it cannot say whether a shape "
+         "reaches the bigram or trigram law when trained long enough, nor compare head counts")
+GPU = PhaseBudget(
+    name="gpu", seeds=16, steps=2000, shapes=((1,), (3,), (1, 1), (2, 1), (3, 1), (2, 2), (1, 1, 1), (2, 1, 1)),
+    classified=2, workers=4, device="cuda",
+    cuts="sized for one lent GPU call of about 10 minutes (not yet measured): eight shapes to depth 3 (no depth 4, no "
+         "(3, 3), (2, 2, 2) or (3, 3, 3)), 16 seeds per cell in stacks of 48 (three orders x 16 seeds), 2000 steps, "
+         "the classifier on 2 seeds per cell")
 TINY = PhaseBudget(name="tiny", seeds=2, orders=(1, 2), shapes=((1,), (2, 1)), steps=6, seq_len=16,
                    batch_size=4, eval_every=3, eval_batches=1, probe_sequences=8, families=("layernorm",),
                    classified=1, cuts="a smoke test of the code path; its numbers show nothing")
@@ -301,7 +307,8 @@ def measure_rows(rows: list, work: Path, budget: PhaseBudget, *, progress: bool 
             return measure_model(model, batches[cfg.source.order], cfg.source.build(), classify=classify)
 
         value = _shared.cached_measure(work, row.cell_id, _measure_key(budget) + f":classify{classify}", measure)
-        records.append(RunRecord(**where, measure=value, dynamics=dynamics.from_metrics(runfolder.load_metrics(folder))))
+        curves = dynamics.from_metrics(runfolder.load_metrics(folder))
+        records.append(RunRecord(**where, measure=value, dynamics=curves))
     return records
 
 
@@ -623,4 +630,5 @@ def run(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResul
 
 
 EXPERIMENT = register(Experiment(name="phases", title="Order x depth x heads phase diagram",
-                                 budgets={"quick": QUICK, "full": FULL, "tiny": TINY}, run=run, precision="fp32"))
+                                 budgets={"quick": QUICK, "full": FULL, "gpu": GPU, "tiny": TINY}, run=run,
+                                 precision="fp32"))

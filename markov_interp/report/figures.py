@@ -885,8 +885,8 @@ def phase_diagram_figure(cells: Sequence[Mapping[str, Any]], *, title: str = "")
         The figure.
     """
     families = list(dict.fromkeys(c["family"] for c in cells))
-    fig = Figure(figsize=(3.2 + 1.6 * len({c["order"] for c in cells}) * len(families), 1.2 + 0.55 *
-                          len({c["label"] for c in cells})))
+    fig = Figure(figsize=(3.2 + 1.6 * len({c["order"] for c in cells}) * len(families), 2.0 + 0.55 *
+                          len({c["label"] for c in cells})), layout="constrained")
     axes = fig.subplots(1, max(len(families), 1), squeeze=False)[0]
     for ax, family in zip(axes, families):
         mine = [c for c in cells if c["family"] == family]
@@ -909,7 +909,7 @@ def phase_diagram_figure(cells: Sequence[Mapping[str, Any]], *, title: str = "")
     names = {-1: "none", 0: "unigram", 1: "bigram", 2: "trigram", 3: "4-gram", 4: "5-gram"}
     handles = [_Rectangle((0, 0), 1, 1, facecolor=ORDER_COLOURS[j]) for j in sorted(ORDER_COLOURS)]
     fig.legend(handles, [f"{j}: {names[j]}" for j in sorted(ORDER_COLOURS)], title="median order reached",
-               loc="lower center", ncol=len(handles), fontsize=7, title_fontsize=7, bbox_to_anchor=(0.5, -0.08))
+               loc="outside lower center", ncol=len(handles), fontsize=7, title_fontsize=7)
     fig.suptitle((title + "\n" if title else "") + "text: seeds reaching the order-k law (g_k >= 1/2), 95% Wilson "
                  "interval", fontsize=9)
     return fig
