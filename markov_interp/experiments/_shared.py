@@ -6,6 +6,7 @@ and records), then load each finished model from its run folder and measure it i
 cached in `work/measures/<cell_id>.json` under a key naming what was measured, so a rerun measures only what is new.
 """
 
+import dataclasses
 import json
 import math
 import random
@@ -16,8 +17,9 @@ from typing import Any, Optional
 
 from markov_interp import dynamics
 from markov_interp._io import atomic_write
+from markov_interp.experiments._base import Summary
 
-__all__ = ["mean", "mean_interval", "proportion", "train_grid", "cached_measure", "log2_label"]
+__all__ = ["mean", "mean_interval", "proportion", "train_grid", "cached_measure", "GridResult", "log2_label"]
 
 MEASURES_DIR = "measures"
 
@@ -80,6 +82,21 @@ def cached_measure(work: Path, cell_id: str, key: str, measure: Callable[[], dic
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps({"key": key, "value": value}, sort_keys=True))
     return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GridResult(Summary):
+    """What a grid experiment's result holds (an experiment's result subclasses it): the budget, one record per
+    run, one summary per cell, and the sweep's failed cells."""
+
+    budget: Any
+    records: tuple
+    cells: list
+    n_failed: int
+
+    @property
+    def failed(self) -> int:
+        return self.n_failed
 
 
 def log2_label(n: Optional[int]) -> str:

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from markov_interp import theory
-from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
+from markov_interp.experiments import Budget, Experiment, Section, Table, _shared, register
 from markov_interp.sweep import SweepSpec
 
 __all__ = ["DiversityBudget", "QUICK", "FULL", "GPU", "TINY", "EXPERIMENT", "ALGORITHMS", "INFERENCE",
@@ -473,19 +473,11 @@ _CELLS_TEXT = ("Losses in nats per prediction on the probe batches, model minus 
                "mean KL(algorithm || model) on the in-pool batch (Wilson 95% intervals).")
 
 
-@dataclasses.dataclass(frozen=True)
-class DiversityResult(Summary):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DiversityResult(_shared.GridResult):
     """The sweep at one budget: per-run records, per-cell summaries, N* per depth."""
 
-    budget: DiversityBudget
-    records: tuple
-    cells: list
     transitions: dict
-    n_failed: int
-
-    @property
-    def failed(self) -> int:
-        return self.n_failed
 
     def sections(self) -> list[Section]:
         return [Section("Setup", setup_text(self.budget)),

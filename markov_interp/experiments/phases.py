@@ -52,7 +52,7 @@ from typing import Any, Optional
 import torch
 
 from markov_interp import dynamics
-from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
+from markov_interp.experiments import Budget, Experiment, Section, Table, _shared, register
 from markov_interp.probes.classify import Thresholds
 from markov_interp.sweep import SweepSpec
 
@@ -569,19 +569,11 @@ _CELLS_TEXT = (f"Reach order j: the seeds whose gain fraction g_j >= {REACH} for
                "and path patching).")
 
 
-@dataclasses.dataclass(frozen=True)
-class PhaseResult(Summary):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PhaseResult(_shared.GridResult):
     """The phase diagram at one budget: per-run records, per-cell summaries, the claims."""
 
-    budget: PhaseBudget
-    records: tuple
-    cells: list
     claims: list
-    n_failed: int
-
-    @property
-    def failed(self) -> int:
-        return self.n_failed
 
     def sections(self) -> list[Section]:
         return [Section("Setup", setup_text(self.budget)),
