@@ -379,6 +379,43 @@ def pool_bayes_predictions(kernels: PoolKernels, initial: PoolLaws,
     return probs
 
 
+def pool_unigram_predictions(kernels: PoolKernels, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
+    """Unigram retrieval from a finite pool (Park et al. 2024's "uni-ret"): a predictor that reads only the state
+    counts of x_0..x_t, takes each kernel n of the pool as an i.i.d. source with its stationary law pi_n, and
+    predicts the posterior mixture of those laws.
+
+        w_n(t) proportional to prod_{s <= t} pi_n(x_s),   prediction = sum_n w_n(t) pi_n
+
+    It is the retrieval counterpart of the in-context unigram estimator, as `pool_bayes_predictions` (bigram
+    retrieval) is of the in-context bigram law: what a model that memorised the pool's state frequencies, but not
+    its transitions, predicts. Kernels with a state of stationary probability 0 are never chosen once that state
+    is seen.
+
+    >>> pool = torch.tensor([[[0.9, 0.1], [0.9, 0.1]], [[0.1, 0.9], [0.1, 0.9]]])  # pi = (0.9, 0.1), (0.1, 0.9)
+    >>> pool_unigram_predictions(pool, torch.tensor([[0, 0]]))[0]
+    tensor([[0.8200, 0.1800],
+            [0.8902, 0.1098]], dtype=torch.float64)
+    """
+    n_kernels, n_ctx, vocab = kernels.shape
+    _check_tokens(tokens, vocab)
+    laws = stationary_state_laws(kernels.cpu().to(torch.float64)).to(tokens.device)  # [kernel, vocab]
+    log_laws = torch.where(laws > 0, laws, 1.0).log().T  # [vocab, kernel]
+    impossible = (laws <= 0).T.to(torch.float64)
+    batch, seq = tokens.shape
+    chunk = max(1, _CHUNK_ELEMENTS // (max(seq, 1) * max(n_kernels, vocab)))
+    parts = []
+    for lo in range(0, batch, chunk):
+        counts = torch.nn.functional.one_hot(tokens[lo: lo + chunk], vocab).to(torch.float64).cumsum(1)
+        log_lik = (counts @ log_laws).masked_fill_(counts @ impossible > 0, -math.inf)
+        parts.append(torch.softmax(log_lik, -1) @ laws)
+    if not parts:
+        return torch.empty(0, seq, vocab, dtype=torch.float64, device=tokens.device)
+    probs = torch.cat(parts)
+    if bool(probs.isnan().any()):
+        raise ValueError("some sequence has a state of stationary probability 0 under every kernel of the pool")
+    return probs
+
+
 
 def true_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
     """The best predictor of x_{t+1} from x_0..x_t that the data allow, at every position.

@@ -9,6 +9,8 @@ Python versions, precision and wall time; the budget's cuts; then the experiment
 
 Registered today:
 - `interventions`: freezes and clamps during training (issue 14's three experiments).
+- `phases`: the order x depth x heads phase diagram on order-k random kernels (issue 23).
+- `diversity`: task diversity, finite kernel pools against fresh kernels, and the transition N* (issue 23).
 
 Writing a new experiment: one module `markov_interp/experiments/NAME.py` (no edit anywhere else; modules whose
 name starts with "_" are not experiments) that provides

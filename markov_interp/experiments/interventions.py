@@ -30,13 +30,12 @@ figures (what docs/reproduction/interventions/ holds).
 
 import dataclasses
 import math
-import statistics
 from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp import dynamics
 from markov_interp.data import SourceConfig
-from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, register
+from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, TrainResult, train_many
 
@@ -272,26 +271,11 @@ def circuit_scores_at_end(trained: list[TrainResult]) -> CircuitScores:
         induction.append(float(att.induction[1].max()))
         chance = (float(att.previous_token_chance), float(att.induction_chance))
     return CircuitScores(step=trained[0].config.train.steps if trained else 0, previous_token=tuple(previous),
-                         previous_token_mean=_mean(previous), previous_token_interval=_mean_interval(previous),
-                         induction=tuple(induction), induction_mean=_mean(induction),
-                         induction_interval=_mean_interval(induction), previous_token_chance=chance[0],
+                         previous_token_mean=_shared.mean(previous),
+                         previous_token_interval=_shared.mean_interval(previous),
+                         induction=tuple(induction), induction_mean=_shared.mean(induction),
+                         induction_interval=_shared.mean_interval(induction), previous_token_chance=chance[0],
                          induction_chance=chance[1])
-
-
-def _mean(values: list[float]) -> float:
-    return statistics.fmean(values) if values else math.nan
-
-
-def _mean_interval(values: list[float], confidence: float = 0.95, n_boot: int = 2000) -> tuple[float, float]:
-    """Percentile bootstrap interval for the mean of `values` over seeds (fixed resamples; nan below two)."""
-    import random
-
-    if len(values) < 2:
-        return math.nan, math.nan
-    rng = random.Random(0)
-    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(n_boot))
-    tail = (1 - confidence) / 2
-    return means[math.floor(tail * (n_boot - 1))], means[math.ceil((1 - tail) * (n_boot - 1))]
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -330,7 +314,7 @@ def _escape_table(r: ExperimentResult) -> Table:
             shift, p = c.difference_text(), "—" if c.p_value is None else f"{c.p_value:.2g}"
         losses = [x for x in a.final_losses if x is not None and math.isfinite(x)]
         rows.append((a.arm.name, f"{s.n - s.n_censored}/{s.n}", s.median().describe(),
-                     f"{s.n_censored}/{s.n} [{lo:.2f}, {hi:.2f}]", shift, p, f"{_mean(losses):.4f}"))
+                     f"{s.n_censored}/{s.n} [{lo:.2f}, {hi:.2f}]", shift, p, f"{_shared.mean(losses):.4f}"))
     return Table(("arm", "escaped", "median escape [95% CI]", "censored [95% CI]",
                   "vs free: median shift [95% CI]", "log-rank p", "final eval loss (mean)"), rows)
 

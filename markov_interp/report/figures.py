@@ -15,6 +15,7 @@ import torch
 from einops import rearrange
 from jaxtyping import Float, Int
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle as _Rectangle
 from torch import Tensor
 
 from markov_interp.dynamics import FRACTIONS, MedianCurve, StepInterval, Survival
@@ -654,7 +655,8 @@ def reproduction_mechanism_figure(panels: Mapping[str, Sequence[tuple[str, Mappi
     return fig
 
 
-_COLOURS = ["tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:grey"]
+_COLOURS = ["tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:grey", "tab:pink",
+            "tab:olive", "tab:cyan"]
 
 
 def _draw_survival(ax: Any, curve: Survival, colour: str, label: str) -> None:
@@ -716,6 +718,22 @@ def crossing_survival_figure(conditions: Mapping[str, Mapping[float, Survival]],
     return fig
 
 
+def _finite(values: Sequence[float]) -> list[float]:
+    """A diverged run's inf is left out of a drawing (nan)."""
+    return [x if math.isfinite(x) else math.nan for x in values]
+
+
+def _draw_excess_curves(ax: Any, curves: Mapping[str, MedianCurve], fractions: Sequence[float]) -> None:
+    for colour, (label, m) in zip(_COLOURS, curves.items()):
+        ax.plot(m.steps, _finite(m.median), color=colour, lw=1.5, label=f"{label} (median of {m.n})")
+        ax.fill_between(m.steps, _finite(m.lower), _finite(m.upper), color=colour, alpha=0.15, lw=0)
+    for f in fractions:
+        ax.axhline(f, color="grey", ls=":", lw=0.8)
+    top = max([1.05, *(x for m in curves.values() for x in m.upper if math.isfinite(x))])
+    ax.set_ylim(min(-0.05, *(x for m in curves.values() for x in m.lower if math.isfinite(x))), min(top, 2.0))
+    ax.set_xlabel("step")
+
+
 def excess_curves_figure(curves: Mapping[str, MedianCurve], *, fractions: Sequence[float] = FRACTIONS,
                          title: str = "") -> Figure:
     """Median excess curves with their bands across seeds, one per condition ({condition:
@@ -723,22 +741,34 @@ def excess_curves_figure(curves: Mapping[str, MedianCurve], *, fractions: Sequen
     0: at the true law), with the lines at `fractions` dotted. A second plateau shows as a flat stretch."""
     fig = Figure(figsize=(6.4, 4.0))
     ax = fig.subplots()
-    def finite(values: Sequence[float]) -> list[float]:  # a diverged run's inf is left out of the drawing
-        return [x if math.isfinite(x) else math.nan for x in values]
-
-    for colour, (label, m) in zip(_COLOURS, curves.items()):
-        ax.plot(m.steps, finite(m.median), color=colour, lw=1.5, label=f"{label} (median of {m.n})")
-        ax.fill_between(m.steps, finite(m.lower), finite(m.upper), color=colour, alpha=0.15, lw=0)
-    for f in fractions:
-        ax.axhline(f, color="grey", ls=":", lw=0.8)
-    top = max([1.05, *(x for m in curves.values() for x in m.upper if math.isfinite(x))])
-    ax.set_ylim(min(-0.05, *(x for m in curves.values() for x in m.lower if math.isfinite(x))), min(top, 2.0))
-    ax.set_xlabel("step")
+    _draw_excess_curves(ax, curves, fractions)
     ax.set_ylabel("fraction of the plateau excess left")
     bands = ", ".join(sorted({f"{m.band[0]:g}-{m.band[1]:g}" for m in curves.values()}))
     ax.set_title((title + "\n" if title else "") + f"excess over the true law relative to the plateau's (bands: the "
                  f"seeds' {bands} quantiles)", fontsize=9)
     ax.legend(fontsize=7)
+    return fig
+
+
+def excess_curves_panels_figure(panels: Mapping[str, Mapping[str, MedianCurve]], *,
+                                fractions: Sequence[float] = FRACTIONS, columns: int = 3, title: str = "") -> Figure:
+    """`excess_curves_figure` for several groups of conditions, one panel each ({panel title: {condition:
+    `dynamics.MedianCurve`}}), `columns` panels per row, one y scale."""
+    n = max(len(panels), 1)
+    cols = min(columns, n)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(4.6 * cols, 3.4 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    for ax, (name, curves) in zip(axes.flat, panels.items()):
+        _draw_excess_curves(ax, curves, fractions)
+        ax.set_title(name, fontsize=9)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("fraction of the plateau excess left")
+    if title:
+        fig.suptitle(title, fontsize=10)
     return fig
 
 
@@ -835,4 +865,134 @@ def run_escape_figure(curve: Survival, *, budget: int, crossing: Optional[StepIn
     ax.set_ylabel("fraction of seeds not yet escaped")
     ax.set_title(title or "this run's escape against its condition", fontsize=9)
     ax.legend(fontsize=7)
+    return fig
+
+
+# order reached (-1: not even the unigram step half climbed) -> colour; one hue per rung of the ladder
+ORDER_COLOURS = {-1: "#eeeeee", 0: "#f4c27a", 1: "#8cc08c", 2: "#5b9bd5", 3: "#8e6bbf", 4: "#c0504d"}
+
+
+def phase_diagram_figure(cells: Sequence[Mapping[str, Any]], *, title: str = "") -> Figure:
+    """The order x depth x heads phase diagram: one panel per family, a row per shape and a column per source
+    order k; each cell coloured by the median over seeds of the order reached, and labelled with the seeds
+    reaching the order-k law, k/n, and its 95% interval.
+
+    Args:
+        cells: `experiments.phases.cell_summaries` (keys family, label, order, median_order, reached).
+        title: above the panels.
+
+    Returns:
+        The figure.
+    """
+    families = list(dict.fromkeys(c["family"] for c in cells))
+    fig = Figure(figsize=(3.2 + 1.6 * len({c["order"] for c in cells}) * len(families), 2.0 + 0.55 *
+                          len({c["label"] for c in cells})), layout="constrained")
+    axes = fig.subplots(1, max(len(families), 1), squeeze=False)[0]
+    for ax, family in zip(axes, families):
+        mine = [c for c in cells if c["family"] == family]
+        shapes = list(dict.fromkeys(c["label"] for c in mine))
+        orders = sorted({c["order"] for c in mine})
+        for c in mine:
+            x, y = orders.index(c["order"]), shapes.index(c["label"])
+            reached = c["reached"][str(c["order"])]
+            colour = ORDER_COLOURS.get(c["median_order"], "white") if c["median_order"] is not None else "white"
+            ax.add_patch(_Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=colour, edgecolor="white", lw=2))
+            if reached["n"]:
+                lo, hi = reached["interval"]
+                ax.text(x, y, f"{reached['k']}/{reached['n']}\n[{lo:.2f}, {hi:.2f}]", ha="center", va="center",
+                        fontsize=7)
+        ax.set_xlim(-0.5, len(orders) - 0.5)
+        ax.set_ylim(len(shapes) - 0.5, -0.5)
+        ax.set_xticks(range(len(orders)), [f"order {k}" for k in orders], fontsize=8)
+        ax.set_yticks(range(len(shapes)), shapes, fontsize=8)
+        ax.set_title(family, fontsize=9)
+    names = {-1: "none", 0: "unigram", 1: "bigram", 2: "trigram", 3: "4-gram", 4: "5-gram"}
+    handles = [_Rectangle((0, 0), 1, 1, facecolor=ORDER_COLOURS[j]) for j in sorted(ORDER_COLOURS)]
+    fig.legend(handles, [f"{j}: {names[j]}" for j in sorted(ORDER_COLOURS)], title="median order reached",
+               loc="outside lower center", ncol=len(handles), fontsize=7, title_fontsize=7)
+    fig.suptitle((title + "\n" if title else "") + "text: seeds reaching the order-k law (g_k >= 1/2), 95% Wilson "
+                 "interval", fontsize=9)
+    return fig
+
+
+_PHASE_COLOURS = {"unigram retrieval": "#f4c27a", "bigram retrieval": "#c0504d", "unigram inference": "#8cc08c",
+                  "bigram inference": "#3b7dbf"}
+
+
+def _pool_axis(ax: Any, sizes: Sequence[Optional[int]]) -> list[float]:
+    """x positions for pool sizes on a log2 axis, the fresh source (None) one step right of the largest."""
+    finite = [math.log2(n) for n in sizes if n is not None]
+    right = (max(finite) if finite else 0) + 1.5
+    xs = [right if n is None else math.log2(n) for n in sizes]
+    ax.set_xticks(xs, ["∞" if n is None else str(n) for n in sizes], fontsize=7)
+    ax.set_xlabel("pool size N (kernels)")
+    return xs
+
+
+def _mean_band(ax: Any, xs: Sequence[float], stats: Sequence[Mapping[str, Any]], colour: str, label: str,
+               ls: str = "-") -> None:
+    mean = [s["mean"] for s in stats]
+    lo = [s["interval"][0] for s in stats]
+    hi = [s["interval"][1] for s in stats]
+    ax.plot(xs, mean, color=colour, ls=ls, marker="o", ms=3, lw=1.3, label=label)
+    ax.fill_between(xs, lo, hi, color=colour, alpha=0.15, lw=0)
+
+
+def diversity_figure(cells: Sequence[Mapping[str, Any]], transitions: Mapping[str, Mapping[str, Any]], *,
+                     title: str = "") -> Figure:
+    """The task-diversity sweep: the model's excess loss over the pool's Bayes and the in-context Bayes predictor
+    in the pool, its excess over the in-context Bayes predictor on fresh kernels, the kernel-swap fraction with
+    N* and its interval, and per depth the fraction of seeds closest to each of Park et al.'s four algorithms.
+
+    Args:
+        cells: `experiments.diversity.cell_summaries`.
+        transitions: `experiments.diversity.transitions` ({depth: {"swap_fraction": {...}, ...}}).
+        title: above the panels.
+
+    Returns:
+        The figure.
+    """
+    depths = list(dict.fromkeys(c["depth"] for c in cells))
+    fig = Figure(figsize=(15, 8.0))
+    grid = fig.add_gridspec(2, max(3, len(depths)))
+    top = [fig.add_subplot(grid[0, i]) for i in range(3)]
+    for colour, depth in zip(_COLOURS, depths):
+        mine = [c for c in cells if c["depth"] == depth]
+        xs = _pool_axis(top[0], [c["pool_size"] for c in mine])
+        pooled = [(x, c) for x, c in zip(xs, mine) if "excess_pool_bayes" in c["in"]]
+        _mean_band(top[0], [x for x, _ in pooled], [c["in"]["excess_pool_bayes"] for _, c in pooled], colour,
+                   f"L{depth}: over the pool's Bayes")
+        _mean_band(top[0], xs, [c["in"]["excess_in_context_bayes"] for c in mine], colour,
+                   f"L{depth}: over in-context Bayes", ls="--")
+        _pool_axis(top[1], [c["pool_size"] for c in mine])
+        _mean_band(top[1], xs, [c["out"]["excess_in_context_bayes"] for c in mine], colour, f"L{depth}")
+        _pool_axis(top[2], [c["pool_size"] for c in mine])
+        _mean_band(top[2], [x for x, _ in pooled], [c["swap_fraction"] for _, c in pooled], colour,
+                   f"L{depth}: {transitions.get(str(depth), {}).get('swap_fraction', {}).get('describe', '')}")
+        t = transitions.get(str(depth), {}).get("swap_fraction")
+        if t and t.get("interval") and t["relation"] == "=":
+            lo, hi = (math.log2(v) if math.isfinite(v) else xs[-1] for v in t["interval"])
+            top[2].axvspan(lo, hi, color=colour, alpha=0.08, lw=0)
+            top[2].axvline(math.log2(t["estimate"]), color=colour, ls=":", lw=1)
+    for ax, name in zip(top, ("in the pool: model minus reference (nats)",
+                              "fresh kernels: model minus in-context Bayes (nats)",
+                              "kernel-swap fraction (0 retrieval, 1 inference)")):
+        ax.set_title(name, fontsize=9)
+        ax.axhline(0.5 if ax is top[2] else 0.0, color="grey", ls=":", lw=0.8)
+        ax.legend(fontsize=6)
+    for i, depth in enumerate(depths):
+        ax = fig.add_subplot(grid[1, i])
+        mine = [c for c in cells if c["depth"] == depth]
+        xs = _pool_axis(ax, [c["pool_size"] for c in mine])
+        bottom = np.zeros(len(mine))
+        for name, colour in _PHASE_COLOURS.items():
+            share = np.array([c["phases"][name]["fraction"] or 0.0 for c in mine])
+            ax.bar(xs, share, bottom=bottom, width=0.8, color=colour, label=name)
+            bottom += share
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("fraction of seeds closest")
+        ax.set_title(f"L{depth}: closest of Park et al.'s algorithms (KL on in-pool sequences)", fontsize=9)
+        ax.legend(fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=10)
     return fig

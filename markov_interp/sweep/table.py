@@ -157,6 +157,19 @@ def _decode(value: Any, annotation: Any, column: str, cell: Optional[str]) -> An
     raise ValueError(f"results row {cell}: column {column!r} holds {value!r}, which is not a {annotation}")
 
 
+def _parquet_rows(flat: list[dict], columns: list[str]) -> list[dict]:
+    """The rows as Parquet cells. A Parquet column has one type, so a column mixing text with numbers (a grid over
+    `model.n_heads` holds 2 and [2, 1], the list as JSON text) is JSON text throughout, as the CSV holds it."""
+    cells = [{k: _cell_text(row.get(k)) for k in columns} for row in flat]
+    for k in columns:
+        kinds = {type(c[k]) for c in cells if c[k] is not None}
+        if str in kinds and len(kinds) > 1:
+            for c in cells:
+                if c[k] is not None and not isinstance(c[k], str):
+                    c[k] = json.dumps(c[k])
+    return cells
+
+
 def _cell_text(value: Any) -> Any:
     """A value as a CSV / Parquet cell: lists, tuples and dicts (kernels, head coordinates, crossings) as JSON,
     None as empty."""
@@ -196,7 +209,7 @@ def write_table(out: Path, rows: list[Row]) -> Path:
         import pyarrow.parquet as pq
     except ModuleNotFoundError:
         return path
-    table = pa.Table.from_pylist([{k: _cell_text(row.get(k)) for k in columns} for row in flat])
+    table = pa.Table.from_pylist(_parquet_rows(flat, columns))
     with atomic_path(out / "results.parquet") as tmp:
         pq.write_table(table, tmp)
     return path

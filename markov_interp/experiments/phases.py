@@ -1,0 +1,626 @@
+"""The order x depth x heads phase diagram: which in-context law do transformers of a given depth and head count
+reach on order-k Markov data with a fresh kernel per sequence?
+
+The papers this answers, each with a claim about depth, heads and order:
+
+- Rajaraman et al. (NeurIPS 2024, "Transformers on Markov data: constant depth suffices"): trained long enough, a
+  fixed-depth transformer with one head per layer reaches low loss on order-k sources as k grows; three layers
+  with one head and LayerNorm can represent the in-context order-k law for any k; attention-only models need
+  Omega(log k) layers or Omega(k) heads (a conditional lower bound; O(log k) layers suffice).
+- Ekbote et al. (arXiv 2508.07208): two layers with one head each can represent the order-k in-context law.
+- Nichani et al. (2024): for a k-parent causal structure the first layer learns one head per parent (here: one
+  previous-token head per lag 1..k), read by an induction head in the second.
+- Edelman et al. (2024, ICL-MC): learning passes through uniform -> in-context unigram -> bigram stages.
+
+Grid: order k in `budget.orders`, depth x heads per layer in `budget.shapes` (one count for every layer, plus
+extra heads in layer 0 only, e.g. (2, 1): "heads" apart from "depth"), two families: attention-only without
+normalisation (the theory's setting) and attention with pre-LayerNorm (the package's attention-only preset, as
+the papers train), every cell over `budget.seeds` seeds, all orders and seeds of one shape trained as one stack
+(`training.train_many` through `sweep.run`).
+
+Per run (measured on a probe batch of its order's source at the training length, one batch per order shared by
+every model):
+
+- **gain fractions** g_j = (L(in-context law of order j - 1) - L(model)) / (L(order j - 1) - L(order j)) for
+  j = 0..k, "order -1" the uniform law: the share of each step up the ladder of in-context add-alpha laws the
+  model has climbed (`probes.graded_gains`).
+- **order reached**: the highest j with g_j >= `REACH` (1/2: closer in loss to the order-j law than to the
+  order-(j-1) law); -1 when not even the unigram step is half climbed.
+- **escape**: `dynamics` on the paired evaluations (the excess over the order-k law relative to the in-context
+  unigram plateau's), crossings of 0.9 / 0.75 / 0.5 / 0.25.
+- **circuit**: heads below the last layer whose previous-token score at lag l is `HEAD_EXCESS` above chance
+  (lag heads, l = 1..k), and the highest order j <= k of an induction score `HEAD_EXCESS` above its baseline in
+  a layer >= 1 (`probes.attention_scores`); "full circuit" = a lag head for every l <= k and an order-k
+  induction head (attention evidence, every seed);
+- **classifier**: `probes.classify_mechanism` (the causal verdict: law check, graded gains, kernel swap, path
+  patching) on the first `budget.classified` seeds of every cell: its label ("induction" needs a previous-token ->
+  induction K-edge among the kept edges) and the head pair.
+
+Per cell: the fraction of seeds reaching each order with Wilson intervals, the gains' means with bootstrap
+intervals, the escape survival (median crossing with its interval) and median excess curve, the circuit counts.
+`python -m markov_interp.experiments --only phases [--quick]` (or `markov-interp experiment phases`) writes
+results.json, cells.csv, summary.md (with the table set beside each paper's claim) and the figures.
+"""
+
+import dataclasses
+import math
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from markov_interp import dynamics
+from markov_interp.experiments import Budget, Experiment, Section, Table, _shared, register
+from markov_interp.probes.classify import Thresholds
+from markov_interp.sweep import SweepSpec
+
+__all__ = ["PhaseBudget", "QUICK", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES", "EXPERIMENT",
+           "shape_label", "phase_specs", "order_reached", "circuit_summary", "measure_model", "cell_summaries",
+           "claims", "cells_table", "claims_table", "cells_csv", "PhaseResult", "run"]
+
+REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
+HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
+FAMILIES = {"attention-only": None, "layernorm": "LN"}  # family name -> ModelConfig.normalization
+_PROBE_SEED = 7_000  # the probe batch of order k: sample_batch(seed=_PROBE_SEED + k)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PhaseBudget(Budget):
+    """Seeds, grid and recipe of the phase diagram (`cuts` says what a smaller budget leaves out)."""
+
+    orders: tuple[int, ...] = (1, 2, 3)
+    # heads per layer, one tuple per shape (its length is the depth)
+    shapes: tuple[tuple[int, ...], ...] = (
+        (1,), (3,), (1, 1), (2, 1), (3, 1), (2, 2), (3, 3), (1, 1, 1), (2, 1, 1), (3, 1, 1), (2, 2, 2), (3, 3, 3),
+        (1, 1, 1, 1), (2, 2, 2, 2), (3, 3, 3, 3), (2, 1, 1, 1))
+    families: tuple[str, ...] = ("attention-only", "layernorm")
+    vocab: int = 2
+    alpha: float = 1.0
+    seq_len: int = 64
+    batch_size: int = 32
+    lr: float = 1e-2
+    d_model: int = 16
+    d_head: int = 8
+    eval_every: int = 50
+    eval_batches: int = 4
+    probe_sequences: int = 128
+    classified: int = 4  # seeds per cell named by `probes.classify_mechanism` (path patching: the costly probe)
+    group: Optional[int] = None  # runs per stack (default: every order and seed of a shape)
+    workers: Optional[int] = None  # training processes (default: every core)
+
+    ZERO_OK = ("classified",)
+
+    def check(self) -> None:
+        if self.vocab < 2:
+            raise ValueError(f"budget {self.name!r}: vocab must be at least 2, got {self.vocab}")
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown:
+            raise ValueError(f"budget {self.name!r}: families must be some of {list(FAMILIES)}, got {unknown!r}")
+        if self.seq_len <= max(self.orders) + 1:
+            raise ValueError(f"budget {self.name!r}: seq_len ({self.seq_len}) must exceed the highest order + 1")
+        for name in ("group", "workers"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"budget {self.name!r}: {name} must be None or an integer >= 1, got {value!r}")
+
+    @property
+    def stack_size(self) -> int:
+        return self.group or len(self.orders) * self.seeds
+
+
+FULL = PhaseBudget(name="full", seeds=64, steps=3000, classified=16)
+QUICK = PhaseBudget(
+    name="quick", seeds=4, steps=300, orders=(1, 2), shapes=((1,), (1, 1)), families=("layernorm",), eval_batches=2,
+    probe_sequences=64, classified=1, workers=1,
+    cuts="orders 1-2 (no order 3), the LayerNorm family only, two shapes (one layer; two layers with one head each), "
+         "4 seeds, 300 steps (full: 3000), the classifier on 1 seed per cell, 64 probe sequences, one training "
+         "process (a shared 2-core machine): it shows where one and two layers are after 300 steps and checks the "
+         "measures against theory (a single layer is never an induction circuit); it cannot say whether a shape "
+         "reaches the bigram or trigram law when trained long enough, nor compare head counts")
+GPU = PhaseBudget(
+    name="gpu", seeds=16, steps=2000, shapes=((1,), (3,), (1, 1), (2, 1), (3, 1), (2, 2), (1, 1, 1), (2, 1, 1)),
+    classified=2, workers=4, device="cuda",
+    cuts="sized for one lent GPU call of about 10 minutes (not yet measured): eight shapes to depth 3 (no depth 4, no "
+         "(3, 3), (2, 2, 2) or (3, 3, 3)), 16 seeds per cell in stacks of 48 (three orders x 16 seeds), 2000 steps, "
+         "the classifier on 2 seeds per cell")
+TINY = PhaseBudget(name="tiny", seeds=2, orders=(1, 2), shapes=((1,), (2, 1)), steps=6, seq_len=16,
+                   batch_size=4, eval_every=3, eval_batches=1, probe_sequences=8, families=("layernorm",),
+                   classified=1, cuts="a smoke test of the code path; its numbers show nothing")
+
+
+def shape_label(heads: tuple) -> str:
+    """"L2 (2,1)": depth and heads per layer; one count for all layers reads "L2 x1"."""
+    if len(set(heads)) == 1:
+        return f"L{len(heads)} x{heads[0]}"
+    return f"L{len(heads)} ({','.join(map(str, heads))})"
+
+
+def _spec(budget: PhaseBudget, family: str, depth: int) -> Optional[SweepSpec]:
+    shapes = [list(h) for h in budget.shapes if len(h) == depth]
+    if not shapes:
+        return None
+    model = {"preset": "attn-only-2layer", "n_layers": depth, "d_model": budget.d_model, "d_head": budget.d_head,
+             "n_ctx": budget.seq_len, "normalization": FAMILIES[family]}
+    train = {"steps": budget.steps, "seq_len": budget.seq_len, "batch_size": budget.batch_size, "lr": budget.lr,
+             "schedule": "constant", "eval_every": budget.eval_every, "eval_batches": budget.eval_batches,
+             "log_every": budget.eval_every, "n_checkpoints": 0, "device": budget.device}
+    return SweepSpec(name=f"phases-{family}-L{depth}",
+                     base={"source": {"kind": "random", "vocab": budget.vocab, "alpha": budget.alpha},
+                           "model": model, "train": train},
+                     grid={"source.order": list(budget.orders), "model.n_heads": shapes},
+                     seeds=tuple(range(budget.seeds)), probe=False)
+
+
+def phase_specs(budget: PhaseBudget) -> list[SweepSpec]:
+    """One sweep spec per family and depth, its grid the orders x that depth's shapes, `budget.seeds` seeds."""
+    depths = sorted({len(h) for h in budget.shapes})
+    specs = [_spec(budget, family, depth) for family in budget.families for depth in depths]
+    return [s for s in specs if s is not None]
+
+
+# --------------------------------------------------------------------------------------------- measures
+def order_reached(gains: dict[int, float], *, reach: float = REACH) -> int:
+    """The highest order j such that every step up to it is climbed at least `reach` (g_0, ..., g_j >= reach);
+    -1 when g_0 is not. On order-k data the in-context laws improve up to order k, so g_j >= reach already
+    implies g_i > 1 for i < j; requiring every rung keeps a model from "reaching" a step whose higher law is
+    the worse one (short sequences), where g_j is a ratio of two negative numbers.
+
+    >>> order_reached({0: 1.3, 1: 0.8, 2: 0.1})
+    1
+    >>> order_reached({0: 0.2, 1: 4.0})  # worse than the unigram law: not at the bigram law
+    -1
+    """
+    top = -1
+    for j in sorted(gains):
+        g = gains[j]
+        if g is None or not math.isfinite(g) or g < reach:
+            break
+        top = j
+    return top
+
+
+def circuit_summary(scores: Any, heads: tuple[int, ...], order: int, *,
+                    threshold: float = HEAD_EXCESS) -> dict:
+    """The lag heads and the induction order an `AttentionScores` shows (module docstring).
+
+    Args:
+        scores: `probes.attention_scores(model, tokens, max_order=order)`.
+        heads: the model's real heads per layer (`models.heads_per_layer`): padded heads are never counted.
+        order: the source's order k (lags 1..k, induction orders 1..k).
+        threshold: excess over chance (0-1 scale) that makes a head.
+
+    Returns:
+        {"lags": {l: ["L0H1", ...]}, "induction": {j: [...]}, "induction_order": j (0: none), "full": bool}.
+    """
+    n_layers = len(heads)
+
+    def found(grid: torch.Tensor, layers: range) -> list[str]:
+        return [f"L{layer}H{h}" for layer in layers for h in range(heads[layer])
+                if math.isfinite(float(grid[layer, h])) and float(grid[layer, h]) >= threshold]
+
+    lags = {lag: found(scores.lag_excess(lag), range(n_layers - 1)) for lag in range(1, order + 1)}
+    induction = {j: found(scores.induction_excess(j), range(1, n_layers)) for j in range(1, order + 1)}
+    top = max((j for j, h in induction.items() if h), default=0)
+    full = n_layers >= 2 and top == order and all(lags.values())
+    return {"lags": {str(k): v for k, v in lags.items()}, "induction": {str(k): v for k, v in induction.items()},
+            "induction_order": top, "full": bool(full)}
+
+
+def _classified(report: Any) -> dict:
+    """What the phase diagram keeps of a `probes.MechanismReport`: the label and its circuit."""
+    pair = lambda h: None if h is None else f"L{h[0]}H{h[1]}"  # noqa: E731
+    return {"mechanism": report.mechanism, "order": report.order, "confident": report.confident,
+            "circuit_confirmed": report.circuit_confirmed, "previous_token_head": pair(report.previous_token_head),
+            "induction_head": pair(report.induction_head), "in_context_fraction": report.in_context_fraction,
+            "reason": report.reasons[0] if report.reasons else ""}
+
+
+@torch.no_grad()
+def measure_model(model: Any, batch: Any, source: Any, *, classify: bool = False) -> dict:
+    """Gain fractions, order reached, attention-score heads and (optionally) the causal classification of one
+    trained model on its order's probe batch.
+
+    Args:
+        model: a trained hooked model.
+        batch: `probes.sample_batch` of the model's source at its training length.
+        source: that source (its alpha smooths the in-context laws: the order-k law is then the posterior
+            predictive).
+        classify: also run `probes.classify_mechanism` (path patching and kernel swap on 32 of the sequences).
+
+    Returns:
+        {"gains": {j: g_j}, "reached": j, "model_loss": nats, "circuit": `circuit_summary`, "classified":
+        the classifier's label and circuit (None unless `classify`)}.
+    """
+    from markov_interp import probes
+    from markov_interp.models import heads_per_layer
+
+    order = source.order
+    probs = probes.next_state_probs(model, batch.tokens)
+    gains = probes.graded_gains(probs, batch, beta=source.alpha, max_order=order)
+    scores = probes.attention_scores(model, batch.tokens, max_order=order)
+    circuit = circuit_summary(scores, tuple(heads_per_layer(model)), order)
+    classified = None
+    if classify:
+        small = probes.sample_batch(source, n_sequences=min(32, batch.tokens.shape[0]), seq_len=batch.tokens.shape[1],
+                                    seed=_PROBE_SEED + 100 + order)
+        classified = _classified(probes.classify_mechanism(model, source, batch=small, circuit_sequences=8, seed=0))
+    return {"gains": {str(j): g for j, g in gains.items()}, "reached": order_reached(dict(gains)),
+            "model_loss": gains.model_loss, "circuit": circuit, "classified": classified}
+
+
+# ------------------------------------------------------------------------------------------------- runs
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """One trained run of the grid: where it sits, its status, measures and dynamics (None unless it finished)."""
+
+    family: str
+    heads: tuple
+    order: int
+    seed: int
+    status: str
+    measure: Optional[dict]
+    dynamics: Optional[dynamics.RunDynamics]
+
+
+def _family(normalization: Optional[str]) -> str:
+    return next(name for name, norm in FAMILIES.items() if norm == normalization)
+
+
+def _probe_batches(budget: PhaseBudget) -> dict[int, Any]:
+    from markov_interp import probes
+    from markov_interp.data import RandomMarkov
+
+    return {k: probes.sample_batch(RandomMarkov(budget.vocab, order=k, alpha=budget.alpha),
+                                   n_sequences=budget.probe_sequences, seq_len=budget.seq_len, seed=_PROBE_SEED + k)
+            for k in budget.orders}
+
+
+def _measure_key(budget: PhaseBudget) -> str:
+    return (f"phases-2:{budget.probe_sequences}x{budget.seq_len}:seed{_PROBE_SEED}:reach{REACH}:"
+            f"head{HEAD_EXCESS}")
+
+
+def measure_rows(rows: list, work: Path, budget: PhaseBudget, *, progress: bool = False) -> list[RunRecord]:
+    """Each sweep row as a `RunRecord`: the finished runs loaded from their folders and measured (cached in
+    work/measures), their dynamics read from their metrics."""
+    from tqdm.auto import tqdm
+
+    from markov_interp.training import runfolder
+
+    batches = _probe_batches(budget)
+    records = []
+    for row in tqdm(rows, disable=not progress, desc="measure", unit="run"):
+        cfg = row.config
+        where = dict(family=_family(cfg.model.normalization), heads=tuple(cfg.model.heads_per_layer),
+                     order=cfg.source.order, seed=cfg.train.seed, status=row.status)
+        if row.status != "ok":
+            records.append(RunRecord(**where, measure=None, dynamics=None))
+            continue
+        folder = work / row.run_dir
+
+        classify = cfg.train.seed < budget.classified
+
+        def measure() -> dict:
+            model = runfolder.load_model(folder, device="cpu")
+            return measure_model(model, batches[cfg.source.order], cfg.source.build(), classify=classify)
+
+        value = _shared.cached_measure(work, row.cell_id, _measure_key(budget) + f":classify{classify}", measure)
+        curves = dynamics.from_metrics(runfolder.load_metrics(folder))
+        records.append(RunRecord(**where, measure=value, dynamics=curves))
+    return records
+
+
+def _escape_json(runs: list) -> dict:
+    """The escape (the 0.5 crossing) over a cell's runs: median crossing and interval, censored fraction."""
+    if not runs:
+        return {"median": None, "describe": "no runs", "censored": _shared.proportion(0, 0)}
+    cond = dynamics.condition(runs)
+    median = cond.escape.median()
+    return {"median": median.by, "after": median.estimate.after, "describe": median.describe(),
+            "interval": None if median.interval is None else [median.interval.after, median.interval.by],
+            "censored": _shared.proportion(cond.escape.n_censored, cond.escape.n)}
+
+
+def _circuit_json(measures: list[dict], order: int) -> dict:
+    n = len(measures)
+    circuits = [m["circuit"] for m in measures]
+    signature = Counter(f"lags {'+'.join(l for l, h in c['lags'].items() if h) or 'none'}, induction order "
+                        f"{c['induction_order']}" for c in circuits)
+    return {"full": _shared.proportion(sum(c["full"] for c in circuits), n),
+            "lag_heads": {str(lag): _shared.proportion(sum(bool(c["lags"][str(lag)]) for c in circuits), n)
+                          for lag in range(1, order + 1)},
+            "induction_order": dict(sorted(Counter(c["induction_order"] for c in circuits).items())),
+            "signatures": dict(signature.most_common()), "classified": _classified_json(measures)}
+
+
+def _classified_json(measures: list[dict]) -> dict:
+    """The classifier's labels over the classified seeds of a cell: counts of "mechanism (order k)", the
+    fraction labelled induction (Wilson 95%) and the most common previous-token -> induction head pair."""
+    done = [m["classified"] for m in measures if m.get("classified")]
+    labels = Counter(c["mechanism"] + (f" {c['order']}" if c["order"] is not None else "") for c in done)
+    pairs = Counter(f"{c['previous_token_head']} -> {c['induction_head']}" for c in done if c["circuit_confirmed"])
+    return {"n": len(done), "labels": dict(labels.most_common()),
+            "induction": _shared.proportion(sum(c["mechanism"] == "induction" for c in done), len(done)),
+            "pairs": dict(pairs.most_common())}
+
+
+def _cell_json(key: tuple, records: list[RunRecord]) -> dict:
+    family, heads, order = key
+    done = [r for r in records if r.measure is not None]
+    measures = [r.measure for r in done]
+    reached = [m["reached"] for m in measures]
+    n = len(done)
+    cell = {"family": family, "heads": list(heads), "label": shape_label(heads), "order": order,
+            "n": n, "not_ok": dict(Counter(r.status for r in records if r.status != "ok")),
+            "reached": {str(j): _shared.proportion(sum(x >= j for x in reached), n) for j in range(-1, order + 1)},
+            "order_reached": dict(sorted(Counter(reached).items())),
+            "median_order": int(statistics.median_low(reached)) if reached else None,
+            "gains": {}, "escape": _escape_json([r.dynamics for r in done if r.dynamics is not None]),
+            "circuit": _circuit_json(measures, order) if measures else None}
+    for j in range(order + 1):
+        values = [m["gains"][str(j)] for m in measures]
+        cell["gains"][str(j)] = {"mean": _shared.mean(values), "interval": list(_shared.mean_interval(values)),
+                                 "median": statistics.median(values) if values else None}
+    return cell
+
+
+def cell_summaries(records: list[RunRecord]) -> list[dict]:
+    """One summary per (family, shape, order) cell, in grid order: the fraction of seeds reaching each order
+    (`reached[j]`: g_j >= REACH, Wilson 95% interval; j = -1 counts every finished seed), the median order
+    reached, the gain fractions' means (bootstrap 95% interval) and medians, the escape (median crossing of 0.5
+    with its 95% interval, censored fraction) and the circuit counts."""
+    cells: dict[tuple, list[RunRecord]] = {}
+    for r in records:
+        cells.setdefault((r.family, r.heads, r.order), []).append(r)
+    return [_cell_json(key, rs) for key, rs in cells.items()]
+
+
+# ------------------------------------------------------------------------------------------------ claims
+def _find(cells: list[dict], family: str, heads: tuple, order: int) -> Optional[dict]:
+    return next((c for c in cells if c["family"] == family and tuple(c["heads"]) == heads and c["order"] == order),
+                None)
+
+
+def _majority(p: Optional[dict]) -> str:
+    """Whether most seeds do it: 'yes' (Wilson interval above 1/2), 'no' (below), 'mixed'."""
+    if not p or p["n"] == 0:
+        return "not run"
+    lo, hi = p["interval"]
+    return "yes" if lo > 0.5 else "no" if hi < 0.5 else "mixed"
+
+
+def _fmt_p(p: Optional[dict]) -> str:
+    if not p or not p["n"]:
+        return "not run"
+    lo, hi = p["interval"]
+    return f"{p['k']}/{p['n']} [{lo:.2f}, {hi:.2f}]"
+
+
+def _compare(a: Optional[dict], b: Optional[dict]) -> str:
+    """'ahead' when proportion a's Wilson interval lies above b's, 'behind' when below, else 'not resolved'."""
+    if not a or not b or not a["n"] or not b["n"]:
+        return "not run"
+    if a["interval"][0] > b["interval"][1]:
+        return "ahead"
+    return "behind" if a["interval"][1] < b["interval"][0] else "not resolved"
+
+
+# (paper, claim, kind, cells): a cell is (family, heads(k), orders). Kinds: "learn" (the paper trained it: does
+# most of the grid's seeds reach the order-k law?), "represent" (a construction; training need not find it),
+# "learn-not" (the paper says it does not), "versus" (the first cell against the second at each order).
+_CLAIMS = (
+    ("Rajaraman et al. 2024", "trained long enough, a fixed depth with one head per layer reaches the order-k law "
+     "as k grows", "learn", [("layernorm", lambda k: (1, 1), (2, 3)), ("layernorm", lambda k: (1, 1, 1), (2, 3))]),
+    ("Rajaraman et al. 2024", "three layers with one head each and LayerNorm represent the order-k law for any k",
+     "represent", [("layernorm", lambda k: (1, 1, 1), (1, 2, 3))]),
+    ("Rajaraman et al. 2024", "LayerNorm is what lets constant depth suffice: attention-only models need more "
+     "layers or heads as k grows (LayerNorm cell against the attention-only cell of the same shape)", "versus",
+     [("layernorm", lambda k: (1, 1), (1, 2, 3)), ("attention-only", lambda k: (1, 1), (1, 2, 3))]),
+    ("Ekbote et al. 2025", "two layers with one head each represent the order-k law", "represent",
+     [("layernorm", lambda k: (1, 1), (1, 2, 3)), ("attention-only", lambda k: (1, 1), (1, 2, 3))]),
+    ("Nichani et al. 2024", "one layer-0 head per parent (lag) feeding an induction head: k heads in layer 0 "
+     "against one", "versus", [("layernorm", lambda k: (k, 1), (2, 3)), ("layernorm", lambda k: (1, 1), (2, 3))]),
+    ("Edelman et al. 2024", "one layer cannot form an induction head: depth 1 does not reach the bigram law",
+     "learn-not", [("layernorm", lambda k: (1,), (1,)), ("layernorm", lambda k: (3,), (1,))]),
+    ("Edelman et al. 2024", "two layers learn the in-context bigram law with an induction head", "learn",
+     [("layernorm", lambda k: (1, 1), (1,)), ("attention-only", lambda k: (1, 1), (1,))]),
+)
+_LEARN = {"yes": "reproduced", "no": "not reproduced at this budget", "mixed": "mixed", "not run": "not run"}
+
+
+def _claim_row(paper: str, claim: str, cell: Optional[dict], family: str, heads: tuple, k: int,
+               verdict: str) -> dict:
+    circuit = cell["circuit"] if cell else None
+    return {"paper": paper, "claim": claim, "family": family, "shape": shape_label(heads), "order": k,
+            "reached": cell["reached"][str(k)] if cell else None,
+            "full_circuit": circuit["full"] if circuit else None, "verdict": verdict}
+
+
+def claims(cells: list[dict]) -> list[dict]:
+    """One row per cited claim and cell bearing on it: the fraction of seeds reaching the order-k law (Wilson
+    95%), the fraction with a full circuit, and the verdict at this budget: "reproduced", "not reproduced at
+    this budget", "mixed" (the interval straddles 1/2), for comparisons "ahead" / "behind" / "not resolved"
+    (Wilson intervals apart or overlapping); a claim whose cells the budget does not run has no row."""
+    rows = []
+    for paper, claim, kind, spec in _CLAIMS:
+        orders = sorted({k for _, _, ks in spec for k in ks})
+        for k in orders:
+            found = [(family, heads(k), _find(cells, family, heads(k), k)) for family, heads, ks in spec if k in ks]
+            for i, (family, heads, cell) in enumerate(found):
+                reached = cell["reached"][str(k)] if cell else None
+                majority = _majority(reached)
+                if kind == "versus":
+                    other = found[1 - i][2] if len(found) == 2 else None
+                    verdict = (f"{_compare(reached, other['reached'][str(k)] if other else None)} of "
+                               f"{found[1 - i][0]} {shape_label(found[1 - i][1])}") if i == 0 else "(comparison)"
+                elif kind == "learn-not":
+                    verdict = {"no": "reproduced", "yes": "not reproduced", "mixed": "mixed"}.get(majority, majority)
+                else:
+                    verdict = _LEARN[majority]
+                    if kind == "represent" and majority == "no":
+                        verdict += " (a construction: training need not find it)"
+                if all(f[2] is not None for f in (found if kind == "versus" else [found[i]])):
+                    rows.append(_claim_row(paper, claim, cell, family, heads, k, verdict))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ output
+_ORDER_NAMES = {-1: "none", 0: "unigram", 1: "bigram", 2: "trigram", 3: "4-gram", 4: "5-gram"}
+
+
+def _fmt_labels(classified: Optional[dict]) -> str:
+    if not classified or not classified["n"]:
+        return "not classified"
+    return ", ".join(f"{label} {n}" for label, n in classified["labels"].items()) + f" (of {classified['n']})"
+
+
+def cells_table(cells: list[dict]) -> Table:
+    """Every cell: seeds reaching orders 0, 1 and k (Wilson 95%), the median order reached, g_k (bootstrap 95%),
+    the escape, the full attention circuit and the classifier's labels."""
+    columns = ("family", "shape", "order k", "seeds", "reach order 0", "reach order 1", "reach order k",
+               "median order reached", "g_k mean [95% CI]", "escape: median crossing of 0.5", "censored",
+               "full circuit (attention)", "classifier (seeds)")
+    rows = []
+    for c in cells:
+        k = c["order"]
+        g = c["gains"][str(k)]
+        circuit = c["circuit"] or {}
+        median = c["median_order"]
+        rows.append((c["family"], c["label"], str(k), str(c["n"]), _fmt_p(c["reached"]["0"]),
+                     _fmt_p(c["reached"]["1"]), _fmt_p(c["reached"][str(k)]),
+                     "—" if median is None else f"{median} ({_ORDER_NAMES[median]})",
+                     f"{g['mean']:.2f} [{g['interval'][0]:.2f}, {g['interval'][1]:.2f}]", c["escape"]["describe"],
+                     _fmt_p(c["escape"]["censored"]), _fmt_p(circuit.get("full")),
+                     _fmt_labels(circuit.get("classified"))))
+    return Table(columns, rows)
+
+
+def claims_table(rows: list[dict]) -> Table:
+    """One row per cited claim and cell (`claims`)."""
+    return Table(("paper", "claim", "cell", "order k", "seeds reaching order k [95% CI]", "full circuit",
+                  "at this budget"),
+                 [(r["paper"], r["claim"], f"{r['family']} {r['shape']}", str(r["order"]), _fmt_p(r["reached"]),
+                   _fmt_p(r["full_circuit"]), r["verdict"]) for r in rows])
+
+
+def _number(value: Any) -> str:
+    return "" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.4g}"
+
+
+def cells_csv(cells: list[dict]) -> Table:
+    """cells.csv: one row per cell, numbers only (fractions, interval ends, gain means)."""
+    orders = range(-1, max((c["order"] for c in cells), default=1) + 1)
+    columns = ["family", "shape", "order", "n", "median_order"] + [f"reached_{j}{e}" for j in orders
+                                                                  for e in ("", "_lo", "_hi")]
+    columns += [f"g{j}_mean" for j in orders if j >= 0] + ["escape_median", "censored", "full_circuit",
+                                                           "classified", "classified_induction"]
+    rows = []
+    for c in cells:
+        row = {"family": c["family"], "shape": c["label"], "order": str(c["order"]), "n": str(c["n"]),
+               "median_order": _number(c["median_order"]), "escape_median": _number(c["escape"]["median"]),
+               "censored": _number(c["escape"]["censored"]["fraction"])}
+        circuit = c["circuit"] or {}
+        row["full_circuit"] = _number((circuit.get("full") or {}).get("fraction"))
+        classified = circuit.get("classified") or {"n": 0, "induction": {}}
+        row["classified"], row["classified_induction"] = str(classified["n"]), _number(
+            classified["induction"].get("fraction"))
+        for j, p in c["reached"].items():
+            lo, hi = p["interval"] or (None, None)
+            row[f"reached_{j}"], row[f"reached_{j}_lo"], row[f"reached_{j}_hi"] = map(_number, (p["fraction"], lo, hi))
+        for j, g in c["gains"].items():
+            row[f"g{j}_mean"] = _number(g["mean"])
+        rows.append([row.get(col, "") for col in columns])
+    return Table(columns, rows)
+
+
+def curve_panels(records: list[RunRecord]) -> dict[str, dict[str, dynamics.MedianCurve]]:
+    """{"family, order k": {shape: median excess curve}} over each cell's finished runs."""
+    groups: dict[tuple, list] = {}
+    for r in records:
+        if r.dynamics is not None:
+            groups.setdefault((r.family, r.order, r.heads), []).append(r.dynamics.curve)
+    panels: dict[str, dict] = {}
+    for (family, order, heads), curves in groups.items():
+        panels.setdefault(f"{family}, order {order}", {})[shape_label(heads)] = dynamics.median_curve(curves)
+    return panels
+
+
+def setup_text(budget: PhaseBudget) -> str:
+    """The source, models, training and probes of `budget`, in words."""
+    return (f"Source: RandomMarkov(vocab {budget.vocab}, order k, alpha {budget.alpha:g}): a fresh Dirichlet kernel "
+            f"per sequence. Models: d_model {budget.d_model}, d_head {budget.d_head}, untied, no MLP; families "
+            f"{', '.join(budget.families)} (attention-only: no normalisation; layernorm: pre-LayerNorm). Training: "
+            f"{budget.steps} steps, batch {budget.batch_size} x {budget.seq_len} states, AdamW lr {budget.lr:g} "
+            f"constant, {budget.seeds} seeds per cell (seeds 0..{budget.seeds - 1}), every order and seed of a "
+            f"shape one stack. Probes: {budget.probe_sequences} sequences of {budget.seq_len} states per order (the "
+            f"training length), the same batch for every model of that order; `probes.classify_mechanism` on 32 "
+            f"sequences (path patching on 8) for seeds 0..{budget.classified - 1} of every cell.")
+
+
+_CELLS_TEXT = (f"Reach order j: the seeds whose gain fraction g_j >= {REACH} for every rung up to j (Wilson 95% "
+               "interval); g_k: the share of the step from the order-(k-1) to the order-k in-context law the seeds "
+               "climb (mean, bootstrap 95% interval); escape: `dynamics` on the paired evaluations (median crossing "
+               "of half the in-context unigram plateau's excess over the order-k law, Kaplan-Meier 95% interval); "
+               f"full circuit (attention): a lag head (previous-token excess >= {HEAD_EXCESS}) below the last layer "
+               f"for every lag 1..k and an order-k induction head (excess >= {HEAD_EXCESS}) above layer 0; "
+               "classifier: `probes.classify_mechanism`'s labels (causal: the law check, graded gains, kernel swap "
+               "and path patching).")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PhaseResult(_shared.GridResult):
+    """The phase diagram at one budget: per-run records, per-cell summaries, the claims."""
+
+    claims: list
+
+    def sections(self) -> list[Section]:
+        return [Section("Setup", setup_text(self.budget)),
+                Section("Beside each paper's claim", "", claims_table(self.claims)),
+                Section("Every cell", _CELLS_TEXT, cells_table(self.cells),
+                        figures=("phase_diagram.png", "escape_curves.png"))]
+
+    def figures(self) -> dict[str, Any]:
+        from markov_interp.report import figures
+
+        return {"phase_diagram.png": figures.phase_diagram_figure(
+                    self.cells, title=f"{self.budget.name} budget: {self.budget.steps} steps"),
+                "escape_curves.png": figures.excess_curves_panels_figure(
+                    curve_panels(list(self.records)), columns=len(self.budget.orders),
+                    title="median excess over the order-k law relative to the in-context unigram plateau's")}
+
+    def tables(self) -> dict[str, Table]:
+        return {"cells.csv": cells_csv(self.cells)}
+
+    def to_json(self) -> dict:
+        runs = [{"family": r.family, "heads": list(r.heads), "order": r.order, "seed": r.seed, "status": r.status,
+                 **(r.measure or {}), "crossings": r.dynamics.to_json() if r.dynamics else None}
+                for r in self.records]
+        return {"cells": self.cells, "claims": self.claims, "runs": runs}
+
+
+def run(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResult:
+    """Train the grid of `budget` into out/runs (restartable: finished runs and measures are reused), measure
+    every run and summarise every cell.
+
+    Args:
+        budget: the grid and recipe.
+        out: the experiment's folder (the sweep in out/runs, measures cached in out/runs/measures).
+        progress: tqdm bars.
+
+    Returns:
+        A `PhaseResult`.
+    """
+    work = Path(out) / "runs"
+    result = _shared.train_grid(phase_specs(budget), work, workers=budget.workers, group=budget.stack_size,
+                                progress=progress)
+    records = measure_rows(result.rows, work, budget, progress=progress)
+    cells = cell_summaries(records)
+    return PhaseResult(budget=budget, records=tuple(records), cells=cells, claims=claims(cells),
+                       n_failed=result.n_failed)
+
+
+EXPERIMENT = register(Experiment(name="phases", title="Order x depth x heads phase diagram",
+                                 budgets={"quick": QUICK, "full": FULL, "gpu": GPU, "tiny": TINY}, run=run,
+                                 precision="fp32"))
