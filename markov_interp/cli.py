@@ -277,12 +277,12 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
     # Owned by the probes work (issue 4).
     p = sub.add_parser(
         "probe",
-        help="name the mechanism of a trained model (uniform, unigram, in_context_unigram, kernel, induction or "
-        "other) with the evidence",
+        help="name the mechanism of a trained model (uniform, unigram, in_context_unigram, state_and_counts, "
+        "kernel, induction or other) with the evidence",
         description="Load the model of a run folder and run markov_interp.probes.classify_mechanism on fresh "
         "sequences from the run's source: the law the model follows (KL to every candidate law and the gaps "
-        "between them), the circuit's role sets with their set-ablation costs, per-head scores beside chance, "
-        "head ablations, implied kernel.",
+        "between them), graded gains, the kernel-swap in-context fraction, the circuit found by path patching "
+        "(every edge's effect, the kept edges), per-head scores beside chance, head ablations, implied kernel.",
     )
     p.add_argument("run_dir", help="run folder written by `markov-interp train` (config.json, model.safetensors)")
     p.add_argument("--json", action="store_true", help="print the full report as JSON instead of a summary")
@@ -336,10 +336,15 @@ def _print_probe(report: Any) -> None:
     for name, value in sim.divergences.items():
         alias = f"  (= {sim.aliases[name]})" if name in sim.aliases else ""
         print(f"{name:26s} {value:16.4f}  {sim.gaps[name]:18.4f}{alias}")
-    for role in report.circuit.roles:
+    graph = report.circuit
+    print(f"circuit: {len(graph.kept)} of {len(graph.edges)} edges kept ({graph.corruption} corruption, "
+          f"faithfulness {graph.faithfulness:.2f}); edge  effect +- se (nats)")
+    for edge in graph.kept:
+        print(f"  {edge.name:24s} {edge.effect:+.4f} +- {edge.se:.4f}")
+    for role in report.induction.roles:
         heads = ", ".join(f"{h.name} {x:.2f}" for h, x in zip(role.heads, role.scores)) or "none"
-        cost = "n/a" if role.ablation is None else f"{role.ablation:+.4f}"
-        print(f"role {role.name}: {heads}; set ablation {cost}{' (confirmed)' if role.confirmed else ''}")
+        effect = "n/a" if role.effect is None else f"{role.effect:+.4f}"
+        print(f"role {role.name}: {heads}; K-edge effect {effect}{' (confirmed)' if role.confirmed else ''}")
     scores, heads = report.attention, report.ablation.head_grid()
     print(f"head  prev-token (chance {scores.previous_token_chance:.3f})  induction excess over baseline  "
           f"same-token (chance {scores.same_token_chance:.3f})  mean-ablation dloss")
@@ -400,7 +405,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_sweep(sub: argparse._SubParsersAction) -> None:
-    # Owned by the sweep work (issue 7): `sweep SPEC` and `reproduce [--quick]`.
+    # Owned by the sweep work (issue 7): `sweep SPEC`, `reproduce [--quick]` and `experiment NAME`.
     p = sub.add_parser(
         "sweep",
         help="train every cell of a grid spec (TOML) in parallel into one results table (restartable)",
@@ -444,15 +449,18 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 
     p.set_defaults(handler=handler)
 
+
+def _add_reproduce(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser(
         "reproduce",
         help="reproduce the paper's headline findings: results table, summary and phase-diagram figures",
         description="Run the seven sweeps of the reproduction (tied / untied (p, q) grids, a line across "
         "p + q = 1, depth, random kernels, precision, the exact reduction), then write results.csv, summary.csv, "
-        "summary.md (escape times with intervals) and PNG figures to --out. --quick: 13 CPU-minutes, 14-19 min "
-        "of wall time on a shared 2-core machine, with shorter sequences and runs (summary.md says what it cut). "
-        "--extras adds the three intervention experiments (16 seeds per arm; 5-9 min of wall time on 2 CPU "
-        "cores) in OUT/interventions. Training runs go to --work and are reused by a rerun.",
+        "summary.md (escape times with intervals), results.json and PNG figures to --out. --quick: 13 "
+        "CPU-minutes, 14-19 min of wall time on a shared 2-core machine, with shorter sequences and runs "
+        "(summary.md says what it cut). --extras adds every registered experiment (markov_interp.experiments; "
+        "`markov-interp experiment --list`) at its full budget, each in OUT/NAME. Training runs go to --work and "
+        "are reused by a rerun.",
     )
     r.add_argument("--quick", action="store_true", help="the reduced budget (short sequences, few seeds and steps)")
     r.add_argument("--out", default=None, help="folder for tables and figures (default runs/reproduce[-quick]/report)")
@@ -462,10 +470,10 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--group", type=int, default=None,
                    help="seeds trained as one stacked model (default 16 on a CPU, 64 on a GPU)")
     r.add_argument("--extras", action="store_true",
-                   help="also the intervention experiments (markov_interp.experiments) into OUT/interventions")
+                   help="also every registered experiment (markov_interp.experiments) into OUT/NAME")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    def reproduce_handler(args: argparse.Namespace) -> int:
+    def handler(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         from markov_interp.reproduce import QUICK, FULL, reproduce
@@ -474,18 +482,55 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         work = args.work or str(Path("runs") / ("reproduce-quick" if args.quick else "reproduce"))
         out = args.out or str(Path(work) / "report")
         print(f"reproduce ({budget.name}): {budget.cuts}", file=sys.stderr)
-        command = "markov-interp " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
-        result = reproduce(out, quick=args.quick, work_dir=work, backend=args.backend, workers=args.workers,
-                           progress=not args.no_progress, command=command, group=args.group)
-        print(f"reproduction ({budget.name}) in {result['seconds'] / 60:.1f} min, {result['failed']} failed cells "
-              f"-> {out}/summary.md")
+        command = _command_line("reproduce")
+        finished = reproduce(out, quick=args.quick, work_dir=work, backend=args.backend, workers=args.workers,
+                             progress=not args.no_progress, command=command, group=args.group)
+        print(f"reproduction ({budget.name}) in {finished.provenance.seconds / 60:.1f} min, {finished.failed} "
+              f"failed cells -> {out}/summary.md")
+        failed = finished.failed
         if args.extras:
             from markov_interp import experiments
 
-            experiments.main(["--out", str(Path(out) / "interventions")])
-        return 1 if result["failed"] else 0
+            done = experiments.run_many(list(experiments.registered()), out, progress=not args.no_progress,
+                                        command=command or "markov-interp reproduce --extras")
+            failed += sum(f.failed for f in done)
+        return 1 if failed else 0
 
-    r.set_defaults(handler=reproduce_handler)
+    r.set_defaults(handler=handler)
+
+
+def _command_line(command: str) -> "str | None":
+    """This process's command line as `markov-interp COMMAND ...` when it was started as that command."""
+    return "markov-interp " + " ".join(sys.argv[1:]) if sys.argv[1:2] == [command] else None
+
+
+def _add_experiment(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "experiment",
+        help="run a registered experiment (markov_interp.experiments) into OUT/NAME: summary, results, figures",
+        description="Run the named experiments (each a module of markov_interp.experiments; --list names them) "
+        "at their full budget (--quick: the quick one, whose cuts summary.md states), each into OUT/NAME: run "
+        "folders (reused by a rerun), summary.md with its provenance, results.json, figures. Exit code 1 if a "
+        "run failed.",
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help="experiments to run (default: all)")
+    p.add_argument("--list", action="store_true", help="list the registered experiments and their budgets")
+    from markov_interp.experiments import add_arguments
+
+    add_arguments(p)
+
+    def handler(args: argparse.Namespace) -> int:
+        from markov_interp import experiments
+
+        if args.list:
+            print("\n".join(experiments.describe_registered()))
+            return 0
+        names = args.names or list(experiments.registered())
+        done = experiments.run_many(names, args.out, args=args, progress=not args.no_progress,
+                                    command=_command_line("experiment") or "markov-interp experiment")
+        return 1 if any(f.failed for f in done) else 0
+
+    p.set_defaults(handler=handler)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -494,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train transformers on Markov chains and probe how they predict.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_train, _add_probe, _add_report, _add_sweep):
+    for add in (_add_train, _add_probe, _add_report, _add_sweep, _add_reproduce, _add_experiment):
         add(sub)
     debug_help = "show the full traceback of an error instead of one line"
     parser.add_argument("--debug", action="store_true", help=debug_help)

@@ -32,46 +32,44 @@ import dataclasses
 import json
 import math
 import os
-import sys
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from markov_interp._io import atomic_path, atomic_write
 from markov_interp import dynamics, sweep
+from markov_interp._io import atomic_write
+from markov_interp.experiments import Budget, Finished, Provenance, Section, Summary, Table, describe_device, \
+    write_summary
 from markov_interp.sweep import Row, SweepResult, SweepSpec
 from markov_interp.training import RunConfig
 
-__all__ = ["Budget", "QUICK", "FULL", "experiment_specs", "reproduce", "summarise", "THEORY_SMALL_INIT"]
+__all__ = ["ReproductionBudget", "QUICK", "FULL", "ConditionSummary", "Reproduction", "experiment_specs",
+           "reproduce", "summarise", "THEORY_SMALL_INIT", "GROUP"]
 
 THEORY_SMALL_INIT = 0.05  # (e0, w0) at which the landscape's prediction stands for the standard init
 _PQ = 0.5, 0.8  # the paper's depth / precision chain
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Budget:
+class ReproductionBudget(Budget):
     """How much compute the reproduction spends; `cuts` says what differs from the paper's setup.
 
-    The key conditions (p = 0.5, q = 0.8, tied: fp32, fp16 without and with loss scaling, every depth) and the
-    line p = `line_p` across p + q = 1 (tied and untied) get `key_seeds` / `line_seeds` seeds at `steps`; a
-    coarse (p, q) grid gets `grid_seeds`; the exact-reduction experiment (canonical init, no normalisation)
-    `exact_seeds` per initial w0."""
+    The key conditions (p = 0.5, q = 0.8, tied: fp32, fp16 without and with loss scaling, every depth) get
+    `seeds` seeds at `steps`; the line p = `line_p` across p + q = 1 (tied and untied) `line_seeds`; a coarse
+    (p, q) grid `grid_seeds`; the exact-reduction experiment (canonical init, no normalisation) `exact_seeds`
+    per initial w0. Fields are checked by `experiments.Budget` (and the probabilities here)."""
 
-    name: str
     seq_len: int  # training sequence length (the paper: 1024 for the (p, q) grid, 512 for depth)
-    steps: int  # the key conditions', the line's and the exact experiment's budget
-    key_seeds: int  # seeds per precision and per depth at p = 0.5, q = 0.8
-    depth_layers: tuple
+    depth_layers: tuple[int, ...]
     line_p: float = 0.5  # the line across p + q = 1: p fixed, q in line_q (tied and untied)
-    line_q: tuple
+    line_q: tuple[float, ...]
     line_seeds: int
-    grid_values: tuple  # values of p and of q (cells with p + q = 1 are left out: both solutions coincide)
+    grid_values: tuple[float, ...]  # values of p and of q (cells with p + q = 1 are left out: the solutions coincide)
     grid_seeds: int
     grid_steps: int
     exact_e: float = 0.1  # the exact experiment's canonical e0 (b0 = 0, no normalisation, relu MLP)
-    exact_w: tuple  # its canonical w0, on both sides of the predicted basin boundary
+    exact_w: tuple[float, ...]  # its canonical w0, on both sides of the predicted basin boundary
     exact_seeds: int
     random_seeds: int
     random_steps: int
@@ -80,14 +78,23 @@ class Budget:
     random_seq_len: int = 32  # short sequences, big batches: the circuit forms in a few hundred steps on a CPU
     random_batch: int = 64
     eval_batches: int = 8
-    cuts: str = ""
+
+    def check(self) -> None:
+        for name, values in (("line_p", (self.line_p,)), ("line_q", self.line_q), ("grid_values", self.grid_values)):
+            if not all(0 < v < 1 for v in values):
+                raise ValueError(f"budget {self.name!r}: {name} must lie in (0, 1), got {values}")
+        for name in ("exact_e", "random_lr"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"budget {self.name!r}: {name} must be > 0, got {getattr(self, name)}")
+        if self.random_vocab < 2:
+            raise ValueError(f"budget {self.name!r}: random_vocab must be at least 2, got {self.random_vocab}")
 
 
-QUICK = Budget(
+QUICK = ReproductionBudget(
     name="quick",
     seq_len=128,
     steps=400,
-    key_seeds=16,
+    seeds=16,
     depth_layers=(1, 2, 4),
     line_q=(0.2, 0.4, 0.6, 0.8),
     line_seeds=16,
@@ -108,11 +115,11 @@ QUICK = Budget(
     "8 fresh batches of 16",
 )
 
-FULL = Budget(
+FULL = ReproductionBudget(
     name="full",
     seq_len=512,
     steps=2000,
-    key_seeds=16,
+    seeds=16,
     depth_layers=(1, 2, 4, 8),
     line_q=(0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9),
     line_seeds=16,
@@ -134,20 +141,20 @@ FULL = Budget(
 GROUP = {"cpu": 16, "cuda": 64}
 
 
-def _train_base(budget: Budget, steps: int) -> dict:
+def _train_base(budget: ReproductionBudget, steps: int) -> dict:
     # paired evaluations at a cadence of 1/20 of the budget plus 8 log-spaced early ones: escape times to 5%
     return {"steps": steps, "seq_len": budget.seq_len, "eval_every": max(steps // 20, 1), "eval_log_points": 8,
-            "eval_batches": budget.eval_batches, "n_checkpoints": 0, "log_every": 10}
+            "eval_batches": budget.eval_batches, "n_checkpoints": 0, "log_every": 10, "device": budget.device}
 
 
-def _exact_model(budget: Budget) -> dict:
+def _exact_model(budget: ReproductionBudget) -> dict:
     """The model on which the canonical (e, w, b) reduction is exact: the paper's one-layer shape without
     normalisation, a relu MLP and the canonical init with zero value matrix (see `models.build`)."""
     return {"preset": "paper-1layer", "n_ctx": budget.seq_len, "normalization": None, "act_fn": "relu",
             "init": "canonical", "canonical_e": budget.exact_e, "canonical_b": 0.0, "canonical_v_std": 0.0}
 
 
-def experiment_specs(budget: Budget) -> list[SweepSpec]:
+def experiment_specs(budget: ReproductionBudget) -> list[SweepSpec]:
     """The sweeps of the reproduction at `budget` (names: pq-tied, pq-untied (the coarse grid), pq-line, depth,
     random, precision, exact)."""
     values = list(budget.grid_values)
@@ -169,7 +176,7 @@ def experiment_specs(budget: Budget) -> list[SweepSpec]:
         SweepSpec(name="pq-line", base={"source": binary, "model": model, "train": key_train}, grid=line,
                   exclude=[{"source.q": 1 - budget.line_p}], seeds=_seeds(budget.line_seeds), probe=False),
         SweepSpec(name="depth", base={"source": binary, "model": model, "train": key_train},
-                  grid={"model.n_layers": list(budget.depth_layers)}, seeds=_seeds(budget.key_seeds)),
+                  grid={"model.n_layers": list(budget.depth_layers)}, seeds=_seeds(budget.seeds)),
         SweepSpec(name="random", base={"source": {"kind": "random", "vocab": budget.random_vocab, "alpha": 1.0},
                                        "model": {"preset": "attn-only-2layer", "n_ctx": budget.random_seq_len},
                                        "train": {**_train_base(budget, budget.random_steps),
@@ -179,7 +186,7 @@ def experiment_specs(budget: Budget) -> list[SweepSpec]:
                   grid={"model.n_layers": [1, 2]}, seeds=_seeds(budget.random_seeds)),
         SweepSpec(name="precision", base={"source": binary, "model": model, "train": key_train},
                   grid={"train.precision": ["fp32", "fp16"], "train.loss_scaling": [False, True]},
-                  exclude=[{"train.precision": "fp32", "train.loss_scaling": True}], seeds=_seeds(budget.key_seeds),
+                  exclude=[{"train.precision": "fp32", "train.loss_scaling": True}], seeds=_seeds(budget.seeds),
                   probe=False),
         SweepSpec(name="exact", base={"source": binary, "model": _exact_model(budget), "train": key_train},
                   grid={"model.canonical_w": list(budget.exact_w)}, seeds=_seeds(budget.exact_seeds), probe=False),
@@ -223,7 +230,7 @@ def _mean(values: list) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
-def _group(rows: list[Row], sweep_name: str, key: Callable[[RunConfig], tuple]) -> dict:
+def _group(rows: list[Row], sweep_name: str, key: Callable[[RunConfig], tuple]) -> dict[tuple, list[Row]]:
     """The rows of one sweep grouped by `key(config)` (a tuple of setting values), in sorted order."""
     groups: dict = defaultdict(list)
     for row in rows:
@@ -242,77 +249,139 @@ def _probe_mean(results: list[sweep.CellResult], name: str) -> Optional[float]:
     return _mean([getattr(r.probe, name) for r in results if r.probe is not None])
 
 
-def _summary_row(experiment: str, setting: dict, cells: list[Row]) -> dict:
-    """One summary row; `mechanisms` is a {label: count} dict (written as "label n, ..." only in tables)."""
-    ok = [r.result for r in cells if r.status == "ok"]
-    stuck = [r.stuck_at_unigram for r in ok if r.stuck_at_unigram is not None]
-    mechanisms = Counter(_mechanism_label(r.probe) for r in ok)
-    references = ok[0] if ok else None
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConditionSummary:
+    """One setting of one of the reproduction's sweeps, over its seeds (a row of summary.csv).
+
+    Escape times with interval and right censoring (paired evaluation; `dynamics`): `n_censored` of `n_runs`
+    runs without a confirmed escape at the budget, with its Wilson interval; the Kaplan-Meier `median_escape`
+    (the step by which half the seeds had escaped; None: not reached) and its interval (after, by] (None: fewer
+    than `dynamics.MIN_RUNS` seeds; by None: not reached). Losses in nats."""
+
+    experiment: str  # the sweep: pq-tied, pq-untied, pq-line, depth, random, precision, exact
+    p: Optional[float] = None  # the setting (None where the sweep does not vary or fix it)
+    q: Optional[float] = None
+    tied: Optional[bool] = None
+    n_layers: Optional[int] = None
+    init: Optional[str] = None
+    precision: Optional[str] = None
+    seeds: int
+    failed: int
+    diverged: int  # non-finite loss: neither stuck nor escaped
+    budget: int  # training steps
+    n_runs: int  # runs with a known escape (finished with a paired evaluation)
+    n_censored: int
+    median_escape: Optional[int]
+    median_escape_ci: Optional[tuple[int, Optional[int]]]
+    censored_ci: Optional[tuple[float, float]]
+    escape_curve: Optional[dynamics.Survival]  # for the survival figure (not a table column)
+    stuck_fraction: Optional[float]
+    above_unigram: int
+    final_loss: Optional[float]
+    entropy_rate: Optional[float]
+    unigram_loss: Optional[float]
+    bayes_loss: Optional[float]
+    escape_step: Optional[float]  # mean over seeds of the escape's `by` step (or censoring step)
+    theory: Optional[str]  # `landscape.predict_outcome`: "unigram" or "bigram"; None where the theory is silent
+    theory_exact: Optional[bool]
+    theory_agreement: Optional[str]  # "k/n" seeds whose outcome is the predicted one
+    p_hat: Optional[float]
+    mechanisms: tuple[tuple[str, int], ...]  # (label, seeds), sorted by label
+    previous_token_excess: Optional[float]
+    induction_excess: Optional[float]
+    circuit_confirmed: int
+
+    @property
+    def censored(self) -> Optional[str]:
+        """"k/n" runs censored (None without runs)."""
+        return f"{self.n_censored}/{self.n_runs}" if self.n_runs else None
+
+    def value(self, column: str) -> Any:
+        """The value of a summary column (a field or `censored`)."""
+        return getattr(self, column)
+
+    def to_json(self) -> dict:
+        """Every field but the survival curve, JSON-ready."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "escape_curve"}
+
+
+def _escapes(ok: list[sweep.CellResult], theory: Optional[str]) -> dict[str, Any]:
+    """The escape fields of a condition from its finished cells."""
     escapes = [e for e in (r.crossing() for r in ok) if e is not None]
-    budget = cells[0].config.train.steps
     spread = dynamics.survival(escapes) if escapes else None
     median = spread.median() if spread else None
-    theory = _theory(cells[0])
     return {
-        "experiment": experiment,
-        **setting,
-        "seeds": len(cells),
-        "failed": sum(r.status not in ("ok", "diverged") for r in cells),
-        "diverged": sum(r.status == "diverged" for r in cells),  # non-finite loss: neither stuck nor escaped
-        "stuck_fraction": (sum(stuck) / len(stuck)) if stuck else None,
-        "above_unigram": sum(r.outcome == "above" for r in ok),
-        "final_loss": _mean([r.final_eval_loss for r in ok]),
-        "entropy_rate": references.entropy_rate if references else None,
-        "unigram_loss": references.unigram_loss if references else None,
-        "bayes_loss": _mean([r.bayes_loss for r in ok]),
-        "escape_step": _mean([r.escape_step for r in ok]),
-        "budget": budget,
-        "censored": f"{spread.n_censored}/{spread.n}" if spread else None,
-        # escapes with interval and right censoring (paired evaluation; `dynamics`): the step by which half the
-        # seeds had escaped (None: not reached), its interval (after, by] (None: fewer than dynamics.MIN_RUNS
-        # seeds; by None: not reached), the censored fraction's Wilson interval
+        "n_runs": spread.n if spread else 0, "n_censored": spread.n_censored if spread else 0,
         "median_escape": median.by if median else None,
         "median_escape_ci": ((median.interval.after, median.interval.by) if median and median.interval else None),
         "censored_ci": dynamics.wilson_interval(spread.n_censored, spread.n) if spread else None,
-        "escape_curve": spread,  # for the survival figure (not a table column)
-        "theory": theory,
-        "theory_exact": _theory_exact(cells[0]),
+        "escape_curve": spread,
         # the seeds whose observed outcome is the predicted one: "unigram" = censored at the budget (still on the
         # plateau), "bigram" = escaped (the models' training is Adam on a schedule, not the theory's flow)
         "theory_agreement": (f"{sum((e.censored) == (theory == 'unigram') for e in escapes)}/{len(escapes)}"
                              if theory and escapes else None),
-        "p_hat": _probe_mean(ok, "p_hat"),
-        "mechanisms": dict(sorted(mechanisms.items())),
-        "previous_token_excess": _probe_mean(ok, "previous_token_excess"),
-        "induction_excess": _probe_mean(ok, "induction_excess"),
-        "circuit_confirmed": sum(bool(r.probe and r.probe.circuit_confirmed) for r in ok),
     }
 
 
-def summarise(rows: list[Row]) -> list[dict]:
-    """One summary row per setting of each experiment (over seeds): escape times with censoring (censored k/n with
+def _condition(experiment: str, setting: dict, cells: list[Row]) -> ConditionSummary:
+    """One condition's summary from its cells."""
+    ok = [r.result for r in cells if r.status == "ok"]
+    stuck = [r.stuck_at_unigram for r in ok if r.stuck_at_unigram is not None]
+    mechanisms = Counter(_mechanism_label(r.probe) for r in ok)
+    references = ok[0] if ok else None
+    theory = _theory(cells[0])
+    return ConditionSummary(
+        experiment=experiment, **setting, seeds=len(cells),
+        failed=sum(r.status not in ("ok", "diverged") for r in cells),
+        diverged=sum(r.status == "diverged" for r in cells),
+        budget=cells[0].config.train.steps,
+        stuck_fraction=(sum(stuck) / len(stuck)) if stuck else None,
+        above_unigram=sum(r.outcome == "above" for r in ok),
+        final_loss=_mean([r.final_eval_loss for r in ok]),
+        entropy_rate=references.entropy_rate if references else None,
+        unigram_loss=references.unigram_loss if references else None,
+        bayes_loss=_mean([r.bayes_loss for r in ok]),
+        escape_step=_mean([r.escape_step for r in ok]),
+        theory=theory, theory_exact=_theory_exact(cells[0]),
+        p_hat=_probe_mean(ok, "p_hat"),
+        mechanisms=tuple(sorted(mechanisms.items())),
+        previous_token_excess=_probe_mean(ok, "previous_token_excess"),
+        induction_excess=_probe_mean(ok, "induction_excess"),
+        circuit_confirmed=sum(bool(r.probe and r.probe.circuit_confirmed) for r in ok),
+        **_escapes(ok, theory),
+    )
+
+
+def summarise(rows: list[Row]) -> list[ConditionSummary]:
+    """One summary per setting of each experiment (over seeds): escape times with censoring (censored k/n with
     its Wilson interval, Kaplan-Meier median escape with its interval, at the budget), mean final loss beside
     the references, the landscape's prediction (exact or heuristic) and its agreement with the seeds, the mean
-    learned P(1|0) ("p_hat"), mechanism counts and mean head scores."""
+    learned P(1|0) ("p_hat"), mechanism counts and mean head scores.
+
+    Args:
+        rows: the reproduction's sweep rows (`sweep.run` or `sweep.read_table`).
+
+    Returns:
+        The conditions, experiment by experiment (`ConditionSummary`)."""
     out = []
     for name in ("pq-tied", "pq-untied"):
         for (p, q), cells in _group(rows, name, lambda c: (c.source.p, c.source.q)).items():
-            out.append(_summary_row(name, {"p": p, "q": q, "tied": name == "pq-tied"}, cells))
-    for (tied, q), cells in _group(rows, "pq-line", lambda c: (not c.model.tie_weights, c.source.q)).items():
-        out.append(_summary_row("pq-line", {"p": cells[0].config.source.p, "q": q, "tied": not tied}, cells))
+            out.append(_condition(name, {"p": p, "q": q, "tied": name == "pq-tied"}, cells))
+    for (untied, q), cells in _group(rows, "pq-line", lambda c: (not c.model.tie_weights, c.source.q)).items():
+        out.append(_condition("pq-line", {"p": cells[0].config.source.p, "q": q, "tied": not untied}, cells))
     for (layers,), cells in _group(rows, "depth", lambda c: (c.model.n_layers,)).items():
-        out.append(_summary_row("depth", {"p": _PQ[0], "q": _PQ[1], "n_layers": layers}, cells))
+        out.append(_condition("depth", {"p": _PQ[0], "q": _PQ[1], "n_layers": layers}, cells))
     for (layers,), cells in _group(rows, "random", lambda c: (c.model.n_layers,)).items():
-        out.append(_summary_row("random", {"n_layers": layers}, cells))
+        out.append(_condition("random", {"n_layers": layers}, cells))
     precisions = _group(rows, "precision", lambda c: (c.train.precision, c.train.loss_scaling))
     for (precision, scaling), cells in sorted(precisions.items(), key=lambda kv: (kv[0][0] != "fp32", kv[0])):
         label = precision + (" + loss scaling" if scaling else "")
-        out.append(_summary_row("precision", {"p": _PQ[0], "q": _PQ[1], "init": "standard N(0, 0.02)",
-                                              "precision": label}, cells))
+        out.append(_condition("precision", {"p": _PQ[0], "q": _PQ[1], "init": "standard N(0, 0.02)",
+                                            "precision": label}, cells))
     for (w,), cells in sorted(_group(rows, "exact", lambda c: (c.model.canonical_w,)).items(), reverse=True):
         e = cells[0].config.model.canonical_e
-        out.append(_summary_row("exact", {"p": _PQ[0], "q": _PQ[1], "init": f"canonical e0={e} w0={w}"}, cells))
-    out.sort(key=lambda r: _EXPERIMENTS.index(r["experiment"]))  # stable: each experiment's rows keep their order
+        out.append(_condition("exact", {"p": _PQ[0], "q": _PQ[1], "init": f"canonical e0={e} w0={w}"}, cells))
+    out.sort(key=lambda r: _EXPERIMENTS.index(r.experiment))  # stable: each experiment's rows keep their order
     return out
 
 
@@ -327,45 +396,51 @@ _SUMMARY_COLUMNS = ("experiment", "p", "q", "tied", "n_layers", "init", "precisi
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
+    """A value as a markdown cell."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
-    if isinstance(value, dict):  # mechanism counts
-        return ", ".join(f"{k} {n}" for k, n in value.items())
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):  # mechanism counts
+        return ", ".join(f"{k} {n}" for k, n in value)
     if isinstance(value, tuple):  # an interval; None: beyond the budget
         return "[" + ", ".join(">budget" if v is None else _fmt(v, digits) for v in value) + "]"
+    return str(value)
+
+
+def _csv_text(value: Any) -> str:
+    """A value as a summary.csv cell: None empty, intervals as JSON (null: beyond the budget), mechanism counts
+    as "label n, ..."."""
+    if value is None:
+        return ""
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):
+        return ", ".join(f"{k} {n}" for k, n in value)
+    if isinstance(value, tuple):
+        return json.dumps(list(value))
     return str(value)
 
 
 _DIGITS = {"stuck_fraction": 2, "p": 2, "q": 2, "escape_step": 0, "p_hat": 3, "censored_ci": 2}
 
 
-def _markdown(summary: list[dict], experiment: str, columns: tuple) -> str:
-    rows = [r for r in summary if r["experiment"] == experiment]
-    if not rows:
-        return "(no cells)\n"
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
-        cells = [_fmt(r.get(c), _DIGITS.get(c, 4)) for c in columns]
-        if "median_escape" in columns and r.get("median_escape") is None and r.get("censored"):
-            cells[columns.index("median_escape")] = ">budget"  # the curve never reached one half
-        if "median_escape_ci" in columns and r.get("median_escape_ci"):  # (after, by]: a grid interval
-            after, by = r["median_escape_ci"]
-            cells[columns.index("median_escape_ci")] = f"({after}, {'>budget' if by is None else f'{by}]'}"
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+def _markdown_cells(r: ConditionSummary, columns: tuple[str, ...]) -> tuple[str, ...]:
+    cells = [_fmt(r.value(c), _DIGITS.get(c, 4)) for c in columns]
+    if "median_escape" in columns and r.median_escape is None and r.censored:
+        cells[columns.index("median_escape")] = ">budget"  # the curve never reached one half
+    if "median_escape_ci" in columns and r.median_escape_ci:  # (after, by]: a grid interval
+        after, by = r.median_escape_ci
+        cells[columns.index("median_escape_ci")] = f"({after}, {'>budget' if by is None else f'{by}]'}"
+    return tuple(cells)
+
+
+def _table(summary: list[ConditionSummary], experiment: str, columns: tuple[str, ...]) -> Table:
+    """One experiment's conditions as a markdown table."""
+    return Table(columns, [_markdown_cells(r, columns) for r in summary if r.experiment == experiment])
 
 
 # ---------------------------------------------------------------------------------------------- figures
-def _save(fig: Any, path: Path) -> Path:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    return path
-
-
 def _depth_curves(rows: list[Row], work_dir: Path) -> tuple[dict, dict]:
     """The depth experiment's training curves ({n_layers: [(steps, losses) per finished seed]}) and the
     chain's reference losses, read from the run folders, for `report.figures.reproduction_depth_figure`."""
@@ -381,123 +456,137 @@ def _depth_curves(rows: list[Row], work_dir: Path) -> tuple[dict, dict]:
     return dict(curves), refs
 
 
-def _mechanism_counts(summary: list[dict], name: str) -> list[tuple[str, dict]]:
-    """(n_layers, {mechanism: seeds}) per setting of one experiment, from the summary's "mechanisms" counts."""
-    return [(str(r["n_layers"]), dict(r["mechanisms"])) for r in summary if r["experiment"] == name]
+def _mechanism_counts(summary: list[ConditionSummary], name: str) -> list[tuple[str, dict]]:
+    """(n_layers, {mechanism: seeds}) per setting of one experiment."""
+    return [(str(r.n_layers), dict(r.mechanisms)) for r in summary if r.experiment == name]
 
 
-def _figures(summary: list[dict], rows: list[Row], work: Path, budget: Budget) -> dict:
+def _survival_panels(summary: list[ConditionSummary], budget: ReproductionBudget) -> dict[str, dict]:
+    """The survival figure's panels: {title: {condition label: escape curve}}."""
+    def curves(name: str, label: Callable[[ConditionSummary], Optional[str]]) -> dict:
+        return {label(r): r.escape_curve for r in summary
+                if r.experiment == name and r.escape_curve and label(r) is not None}
+
+    at = f"p = {_PQ[0]}, q = {_PQ[1]}"
+    return {
+        f"tied, p = {budget.line_p}, q across 1 - p": curves("pq-line", lambda r: f"q = {r.q}" if r.tied else None),
+        f"precision at {at} (device: {_precision_device()})": curves("precision", lambda r: r.precision),
+        f"depth at {at}": curves("depth", lambda r: f"{r.n_layers} layer(s)"),
+        f"exact reduction at {at}": curves("exact", lambda r: f"{r.init.split(' ', 1)[1]} ({r.theory})"),
+    }
+
+
+def _figures(summary: list[ConditionSummary], rows: list[Row], work: Path, budget: ReproductionBudget) -> dict:
     """The reproduction's figures (drawn by `markov_interp.report.figures`), by file name."""
     from markov_interp.report import figures
 
-    def experiment(name):
-        return [r for r in summary if r["experiment"] == name]
-
-    def curves(name, label):
-        return {label(r): r["escape_curve"] for r in experiment(name) if r["escape_curve"]}
+    def experiment(name: str) -> list[ConditionSummary]:
+        return [r for r in summary if r.experiment == name]
 
     curves_depth, refs = _depth_curves(rows, work)
     phase = {"one layer, tied": experiment("pq-tied"), "one layer, untied": experiment("pq-untied")}
     mechanisms = {f"binary chain p={_PQ[0]}, q={_PQ[1]}": _mechanism_counts(summary, "depth"),
                   "random kernels (in-context task)": _mechanism_counts(summary, "random")}
-    at = f"p = {_PQ[0]}, q = {_PQ[1]}"
-    panels = {
-        f"tied, p = {budget.line_p}, q across 1 - p": curves("pq-line", lambda r: f"q = {r['q']}" if r["tied"]
-                                                            else None),
-        f"precision at {at} (device: {_precision_device()})": curves("precision", lambda r: r["precision"]),
-        f"depth at {at}": curves("depth", lambda r: f"{r['n_layers']} layer(s)"),
-        f"exact reduction at {at}": curves("exact", lambda r: f"{r['init'].split(' ', 1)[1]} ({r['theory']})"),
-    }
-    panels = {title: {k: v for k, v in c.items() if k is not None} for title, c in panels.items()}
     return {
         "phase_pq.png": figures.reproduction_phase_figure(phase, budget.grid_values),
         "boundary.png": figures.reproduction_boundary_figure(experiment("pq-line"), p=budget.line_p),
         "depth.png": figures.reproduction_depth_figure(curves_depth, refs, p=_PQ[0], q=_PQ[1]),
         "mechanisms.png": figures.reproduction_mechanism_figure(mechanisms),
-        "survival.png": figures.escape_survival_figure(panels, budget=budget.steps),
+        "survival.png": figures.escape_survival_figure(_survival_panels(summary, budget), budget=budget.steps),
     }
 
 
 def _precision_device() -> str:
     """Where this process's runs train with device "auto" (the precision runs' setting): "cuda (NAME)" or "cpu"."""
-    import torch
-
-    from markov_interp.training import resolve_device
-
-    device = resolve_device("auto")
-    return f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else device.type
+    return describe_device("auto")
 
 
 # -------------------------------------------------------------------------------------------- reproduce
+@dataclasses.dataclass(frozen=True)
+class Reproduction(Summary):
+    """The reproduction at one budget: its conditions, the sweep result they summarise and the sweep folder
+    (what summary.md, summary.csv, results.json and the figures hold)."""
+
+    budget: ReproductionBudget
+    conditions: tuple[ConditionSummary, ...]
+    sweep: SweepResult
+    work: Path
+
+    @property
+    def failed(self) -> int:
+        return self.sweep.n_failed
+
+    def sections(self) -> list[Section]:
+        return _sections(list(self.conditions), self.budget, self.sweep, self.work)
+
+    def figures(self) -> dict[str, Any]:
+        return _figures(list(self.conditions), self.sweep.rows, self.work, self.budget)
+
+    def tables(self) -> dict[str, Table]:
+        rows = [tuple(_csv_text(r.value(c)) for c in _SUMMARY_COLUMNS) for r in self.conditions]
+        return {"summary.csv": Table(_SUMMARY_COLUMNS, rows)}
+
+    def to_json(self) -> dict:
+        return {"cells": len(self.sweep.rows), "failed": self.sweep.n_failed, "diverged": self.sweep.n_diverged,
+                "executed": self.sweep.n_run, "reused": self.sweep.n_skipped, "work": str(self.work),
+                "conditions": [r.to_json() for r in self.conditions]}
+
+
 def reproduce(
     out_dir: "str | os.PathLike",
     *,
     quick: bool = False,
+    budget: Optional[ReproductionBudget] = None,
     work_dir: "str | os.PathLike | None" = None,
     backend: str = "local",
     workers: Optional[int] = None,
     progress: bool = True,
     command: Optional[str] = None,
     group: Optional[int] = None,
-) -> dict:
+) -> Finished:
     """Run the seven sweeps and write the reproduction's tables and figures into `out_dir`.
 
     Training runs live in `work_dir` (default runs/reproduce-quick or runs/reproduce; a rerun skips finished
     cells). Writes results.csv (every cell: config, losses, references, stuck flag, mechanism, probe scores),
-    summary.csv and summary.md (per setting over seeds, beside the landscape's prediction; the command, the
-    budget's cuts and the precision runs' device stated at the top) and phase_pq.png, boundary.png, depth.png,
-    mechanisms.png, survival.png. `group`: seeds trained as one stacked model (default `GROUP`: 16 on a CPU,
-    64 on a GPU; `sweep.run`).
-    Returns {"summary": rows, "files": paths, "seconds": wall time, "failed": n}.
+    summary.csv and summary.md (per setting over seeds, beside the landscape's prediction; the provenance, the
+    budget's cuts and the precision runs' device stated at the top), results.json and phase_pq.png,
+    boundary.png, depth.png, mechanisms.png, survival.png, through the experiments' one summary path
+    (`experiments.write_summary`).
+
+    Args:
+        out_dir: the folder for tables and figures.
+        quick: the `QUICK` budget (else `FULL`), unless `budget` is given.
+        budget: a budget of its own (e.g. `QUICK.replace(...)`).
+        work_dir: the sweep folder of the training runs.
+        backend, workers: `sweep.run`'s.
+        progress: a progress bar.
+        command: the command line named in the header (default a `markov-interp reproduce` line).
+        group: seeds trained as one stacked model (default `GROUP`: 16 on a CPU, 64 on a GPU; `sweep.run`).
+
+    Returns:
+        `experiments.Finished`: the typed `Reproduction` (`.result`), budget, provenance and files written.
     """
-    budget = QUICK if quick else FULL
+    import time
+
+    budget = budget if budget is not None else (QUICK if quick else FULL)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir is not None else Path("runs") / ("reproduce-quick" if quick else "reproduce")
     start = time.perf_counter()
     if group is None:
-        group = GROUP["cuda" if _precision_device().startswith("cuda") else "cpu"]
+        group = GROUP["cuda" if describe_device(budget.device).startswith("cuda") else "cpu"]
     result = sweep.run(experiment_specs(budget), work, backend=backend, workers=workers, progress=progress,
                        group=group)
-    seconds = time.perf_counter() - start
-    rows = result.rows
-    summary = summarise(rows)
-    files = [_copy_table(work, out)]
-    files.append(_write_csv(out / "summary.csv", summary, _SUMMARY_COLUMNS))
-    files += [_save(fig, out / name) for name, fig in _figures(summary, rows, work, budget).items()]
+    reproduction = Reproduction(budget, tuple(summarise(result.rows)), result, work)
+    files = [atomic_write(out / "results.csv", (work / "results.csv").read_text())]
     command = command or "markov-interp reproduce" + (" --quick" if quick else "") + f" --out {out_dir}"
-    text = _summary_markdown(summary, budget, command, seconds, result, work)
-    atomic_write(out / "summary.md", text)
-    files.append(out / "summary.md")
-    return {"summary": summary, "files": files, "seconds": seconds, "failed": result.n_failed}
+    provenance = Provenance.capture(command=command, device=budget.device, precision=_PRECISION,
+                                    seconds=time.perf_counter() - start)
+    files += write_summary(out, title="Reproduction", provenance=provenance, budget=budget, summary=reproduction)
+    return Finished("reproduce", budget, reproduction, provenance, tuple(files))
 
 
-def _copy_table(work: Path, out: Path) -> Path:
-    text = (work / "results.csv").read_text()
-    atomic_write(out / "results.csv", text)
-    return out / "results.csv"
-
-
-def _write_csv(path: Path, rows: list[dict], columns: tuple) -> Path:
-    import csv
-    import io
-
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({c: _cell(row.get(c)) for c in columns})
-    atomic_write(path, buffer.getvalue())
-    return path
-
-
-def _cell(value: Any) -> Any:
-    """A summary value as a CSV cell: None empty, mechanism counts as "label n, ..."."""
-    if value is None:
-        return ""
-    if isinstance(value, tuple):  # an interval, as JSON (null: beyond the budget)
-        return json.dumps(list(value))
-    return ", ".join(f"{k} {n}" for k, n in value.items()) if isinstance(value, dict) else value
+_PRECISION = "fp32, and fp16 autocast with and without loss scaling in the precision sweep"
 
 
 def _training_span(work: Path, rows: list[Row]) -> tuple[Optional[float], float]:
@@ -551,85 +640,60 @@ _LEGEND = (
 _KEY = ("seeds", "budget", "censored", "censored_ci", "median_escape", "median_escape_ci")
 
 
-def _header(command: str, seconds: float, result: SweepResult, work: Path) -> str:
-    """Who made the summary, on what, how long the training took and what this call reused."""
-    import platform
-
-    import torch
-
+def _run_note(result: SweepResult, work: Path) -> str:
+    """How many cells, how long their training took and what this call reused."""
     span, _ = _training_span(work, result.rows)  # summed minutes overcount stacks (members share a process)
     return (
-        f"Made by `{command}` on {platform.machine()} with {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-        f"Python {sys.version.split()[0]}: {len(result.rows)} cells ({result.n_failed} failed)"
+        f"{len(result.rows)} cells ({result.n_failed} failed)"
         + (f", trained within {span:.1f} minutes of wall-clock time (from the first run's start to the last "
            "run's end; probing comes on top)" if span is not None else "")
-        + f". This call took {seconds / 60:.1f} minutes, executed {result.n_run} cells (a finished training run "
-        f"is loaded, not retrained; probes re-run when their code changed) and reused {result.n_skipped} results "
-        f"from {work}. Seeds of a condition train as one stacked model (`sweep.run(group=...)`)."
+        + f". This call executed {result.n_run} cells (a finished training run is loaded, not retrained; probes "
+        f"re-run when their code changed) and reused {result.n_skipped} results from {work}. Seeds of a "
+        "condition train as one stacked model (`sweep.run(group=...)`)."
     )
 
 
-def _summary_markdown(summary: list[dict], budget: Budget, command: str, seconds: float, result: SweepResult,
-                      work: Path) -> str:
+def _sections(summary: list[ConditionSummary], budget: ReproductionBudget, result: SweepResult,
+              work: Path) -> list[Section]:
+    """summary.md after its header: what this call did, the precision note, the legend, then the seven sweeps."""
     grid_cols = ("p", "q", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "theory", "theory_exact",
                  "p_hat", "mechanisms")
-    return "\n".join([
-        f"# Reproduction ({budget.name})",
-        "",
-        _header(command, seconds, result, work),
-        "",
-        f"Budget: {budget.cuts}." if budget.cuts else "",
-        "",
-        _precision_note(),
-        "",
-        _LEGEND,
-        "",
-        f"## 1. The p + q = 1 boundary: p = {budget.line_p}, q across {1 - budget.line_p:g}, one layer",
-        "",
-        _markdown(summary, "pq-line", ("q", "tied", *_KEY, "final_loss", "entropy_rate", "unigram_loss",
-                                       "theory", "theory_exact")),
-        "![boundary](boundary.png)",
-        "",
-        "## 2. A coarse (p, q) grid, tied",
-        "",
-        _markdown(summary, "pq-tied", grid_cols),
-        "## 3. The same grid, untied",
-        "",
-        _markdown(summary, "pq-untied", grid_cols),
-        "![phase diagram](phase_pq.png)",
-        "",
-        f"## 4. Depth at p = {_PQ[0]}, q = {_PQ[1]} (tied)",
-        "",
-        _markdown(summary, "depth", ("n_layers", *_KEY, "final_loss", "entropy_rate", "unigram_loss",
-                                     "mechanisms", "previous_token_excess", "induction_excess")),
-        "![depth](depth.png)",
-        "",
-        f"## 5. Random kernels (in-context task, {budget.random_vocab} states, Dirichlet(1) rows): one vs two "
-        "attention-only layers",
-        "",
-        "The plateau here is the in-context unigram estimator (unigram_loss column); bayes_loss is the in-context "
-        "Bayes predictor's loss.",
-        "",
-        _markdown(summary, "random", ("n_layers", *_KEY, "final_loss", "bayes_loss", "unigram_loss",
-                                      "mechanisms", "previous_token_excess", "induction_excess",
-                                      "circuit_confirmed")),
-        "![mechanisms](mechanisms.png)",
-        "",
-        f"## 6. Precision at p = {_PQ[0]}, q = {_PQ[1]} (one layer, tied, standard init; device: "
-        f"{_precision_device()})",
-        "",
-        _markdown(summary, "precision", ("precision", *_KEY, "final_loss", "theory", "theory_exact")),
-        f"## 7. The exact reduction: canonical init, no normalisation, at p = {_PQ[0]}, q = {_PQ[1]} (tied)",
-        "",
-        "The one model on which `landscape.predict_outcome` is exact at the start (theory_exact = yes): the paper's "
-        f"one-layer shape without LayerNorm, relu MLP, canonical init with e0 = {budget.exact_e}, b0 = 0, zero "
-        "value matrix. The reduced (e, w, b) start is the same for every seed; a seed draws the direction u "
-        "(a random sign vector), the attention's query/key/output weights and the data. theory_agreement = "
-        "seeds whose outcome is the predicted one (\"unigram\": censored at the budget; \"bigram\": escaped). The "
-        "theory is gradient flow; training is AdamW on a one-cycle schedule.",
-        "",
-        _markdown(summary, "exact", ("init", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "theory",
-                                     "theory_exact", "theory_agreement")),
-        "![escape times](survival.png)",
-        "",
-    ])
+    return [
+        Section(text=_run_note(result, work)), Section(text=_precision_note()), Section(text=_LEGEND),
+        Section(f"1. The p + q = 1 boundary: p = {budget.line_p}, q across {1 - budget.line_p:g}, one layer",
+                table=_table(summary, "pq-line", ("q", "tied", *_KEY, "final_loss", "entropy_rate", "unigram_loss",
+                                                  "theory", "theory_exact")), figures=("boundary.png",)),
+        Section("2. A coarse (p, q) grid, tied", table=_table(summary, "pq-tied", grid_cols)),
+        Section("3. The same grid, untied", table=_table(summary, "pq-untied", grid_cols),
+                figures=("phase_pq.png",)),
+        Section(f"4. Depth at p = {_PQ[0]}, q = {_PQ[1]} (tied)", figures=("depth.png",), table=_table(
+            summary, "depth", ("n_layers", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "mechanisms",
+                               "previous_token_excess", "induction_excess"))),
+        *_later_sections(summary, budget),
+    ]
+
+
+def _later_sections(summary: list[ConditionSummary], budget: ReproductionBudget) -> list[Section]:
+    """Sections 5-7: random kernels, precision, the exact reduction."""
+    return [
+        Section(f"5. Random kernels (in-context task, {budget.random_vocab} states, Dirichlet(1) rows): one vs two "
+                "attention-only layers",
+                text="The plateau here is the in-context unigram estimator (unigram_loss column); bayes_loss is the "
+                "in-context Bayes predictor's loss.", figures=("mechanisms.png",),
+                table=_table(summary, "random", ("n_layers", *_KEY, "final_loss", "bayes_loss", "unigram_loss",
+                                                 "mechanisms", "previous_token_excess", "induction_excess",
+                                                 "circuit_confirmed"))),
+        Section(f"6. Precision at p = {_PQ[0]}, q = {_PQ[1]} (one layer, tied, standard init; device: "
+                f"{_precision_device()})",
+                table=_table(summary, "precision", ("precision", *_KEY, "final_loss", "theory", "theory_exact"))),
+        Section(f"7. The exact reduction: canonical init, no normalisation, at p = {_PQ[0]}, q = {_PQ[1]} (tied)",
+                text="The one model on which `landscape.predict_outcome` is exact at the start (theory_exact = yes): "
+                f"the paper's one-layer shape without LayerNorm, relu MLP, canonical init with e0 = {budget.exact_e}, "
+                "b0 = 0, zero value matrix. The reduced (e, w, b) start is the same for every seed; a seed draws the "
+                "direction u (a random sign vector), the attention's query/key/output weights and the data. "
+                "theory_agreement = seeds whose outcome is the predicted one (\"unigram\": censored at the budget; "
+                "\"bigram\": escaped). The theory is gradient flow; training is AdamW on a one-cycle schedule.",
+                table=_table(summary, "exact", ("init", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "theory",
+                                                "theory_exact", "theory_agreement")),
+                figures=("survival.png",)),
+    ]

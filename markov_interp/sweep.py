@@ -321,7 +321,8 @@ class ProbeColumns:
     """A cell's mechanism and key probe scores, read off `probes.classify_mechanism`'s `MechanismReport`.
 
     The decision and its evidence ratios, the best previous-token / induction heads' scores above chance,
-    the circuit heads and their ablations, and the kernel readout (for binary chains the learned P(1|0)
+    the circuit heads and their ablations, the causal evidence (the gain g_1, the kernel-swap in-context
+    fraction, the circuit's faithfulness), and the kernel readout (for binary chains the learned P(1|0)
     "p_hat" and P(0|1) "q_hat", the paper's comparison with p and q). In a table: `mechanism` and
     `probe.<field>` columns.
     """
@@ -344,6 +345,9 @@ class ProbeColumns:
     readout_weighted_kl: Optional[float] = None
     p_hat: Optional[float] = None  # binary chains: learned P(1 | 0)
     q_hat: Optional[float] = None  # binary chains: learned P(0 | 1)
+    gain_1: Optional[float] = None  # fraction of the in-context unigram -> bigram step climbed (`gains`)
+    in_context_fraction: Optional[float] = None  # kernel swap: 0 in weights, 1 in context
+    faithfulness: Optional[float] = None  # of the circuit path patching kept
 
     @classmethod
     def from_report(cls, report: MechanismReport) -> "ProbeColumns":
@@ -372,6 +376,9 @@ class ProbeColumns:
             readout_weighted_kl=_finite(report.readout.weighted_kl),
             p_hat=_finite(implied[0, 1]) if binary else None,
             q_hat=_finite(implied[1, 0]) if binary else None,
+            gain_1=_finite(report.gains.get(1)),
+            in_context_fraction=_finite(report.in_context_fraction),
+            faithfulness=_finite(report.circuit.faithfulness),
         )
 
 

@@ -49,10 +49,11 @@ RUNS = Path("runs", "tutorial")  # run folders, relative to the folder the noteb
 # %%
 import dataclasses
 
-from markov_interp import dynamics, experiments, report
+from markov_interp import dynamics, report
+from markov_interp.experiments import interventions
 
-budget = experiments.QUICK if QUICK else experiments.FULL
-base, arms = experiments.experiment_arms("previous-token-clamp", budget)
+budget = interventions.QUICK if QUICK else interventions.FULL
+base, arms = interventions.experiment_arms("previous-token-clamp", budget)
 clamped = dataclasses.replace(base, train=dataclasses.replace(base.train, interventions=arms[1].interventions))
 print(clamped.train.interventions)
 
@@ -79,8 +80,8 @@ report.loss_curves_figure(result.metrics, result.final.references)
 # %%
 from IPython.display import Markdown, display
 
-first = experiments.run_experiment("previous-token-clamp", budget, RUNS / "experiments")
-display(Markdown(experiments.summary_markdown([first])))
+first = interventions.run_experiment("previous-token-clamp", budget, RUNS / "experiments")
+display(Markdown(interventions.summary_markdown([first])))
 
 # %% [markdown]
 # ## 2. Layer 1 frozen until step 150, then released
@@ -89,8 +90,8 @@ display(Markdown(experiments.summary_markdown([first])))
 # score after 150 updates (frozen reader against free), and the escape times once layer 1 is released.
 
 # %%
-second = experiments.run_experiment("reader-frozen", budget, RUNS / "experiments")
-display(Markdown(experiments.summary_markdown([second])))
+second = interventions.run_experiment("reader-frozen", budget, RUNS / "experiments")
+display(Markdown(interventions.summary_markdown([second])))
 
 # %% [markdown]
 # ## 3. Does the one-layer plateau need attention?
@@ -99,6 +100,6 @@ display(Markdown(experiments.summary_markdown([second])))
 # the pattern clamped to uniform causal attention, and the attention weights frozen at their initial values.
 
 # %%
-third = experiments.run_experiment("attention-in-one-layer", budget, RUNS / "experiments")
-display(Markdown(experiments.summary_markdown([third])))
-experiments.survival_figure([first, second, third])
+third = interventions.run_experiment("attention-in-one-layer", budget, RUNS / "experiments")
+display(Markdown(interventions.summary_markdown([third])))
+interventions.survival_figure([first, second, third])

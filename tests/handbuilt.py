@@ -289,3 +289,31 @@ def constant_model(law=None, *, vocab: int = 2, n_ctx: int = 48, n_layers: int =
     V = len(law) if law is not None else vocab
     bias = None if law is None else torch.as_tensor(law, dtype=torch.float64).log()
     return circuit_model(V, {}, n_layers=n_layers, n_heads=n_heads, n_ctx=n_ctx, bias=bias, with_mlp=with_mlp)
+
+
+def skipping_circuit(vocab: int, *, order: int = 1, n_ctx: int = 48):
+    """An order-`order` induction circuit that skips a layer: previous-token heads at lags 1..order in layer 0,
+    decoys in layer 1 (a previous-token and a self-attending head writing into the unread slot), the induction
+    head in layer 2. The intended edges run from layer 0 straight to layer 2."""
+    heads = {(0, lag - 1): ("prev", lag, 1.0) for lag in range(1, order + 1)}
+    heads[(1, 0)] = ("prev-decoy", 1)
+    heads[(1, 1)] = ("self",)
+    heads[(2, 0)] = ("induction", order, 2.0)
+    return circuit_model(vocab, heads, n_layers=3, n_heads=max(2, order), n_ctx=n_ctx, max_lag=max(order, 2))
+
+
+def intended_induction_edges(order: int, *, prev: dict, induction: tuple) -> set:
+    """The edge names an order-`order` hand-built induction circuit needs: each previous-token head copies its
+    state (embed -> prev.v), the induction heads' keys read every previous-token head (prev -> ind.k), their
+    queries read the current state (embed -> ind.q) and, for order 2, the lag-1 copy (lag-1 heads -> ind.q),
+    their values copy the key's state (embed -> ind.v) and they write the logits. `prev` maps lag -> head names."""
+    out = set()
+    for lag, names in prev.items():
+        for p in names:
+            out.add(f"embed->{p}.v")
+            out |= {f"{p}->{i}.k" for i in induction}
+            if lag < order:  # the query holds x_{i-m} for m < order, read from the lag-m copies
+                out |= {f"{p}->{i}.q" for i in induction}
+    for i in induction:
+        out |= {f"embed->{i}.q", f"embed->{i}.v", f"{i}->logits"}
+    return out

@@ -1,7 +1,8 @@
 """`classify_mechanism` on models whose mechanism is known by construction (tests/handbuilt.py), on binary,
 3-state and order-2 sources, with several variants each; then on briefly trained models (slow).
 
-Every label must check its own law; circuits are role sets confirmed by ablating each set at once.
+Every label must check its own law; an induction label needs a kept previous-token -> induction K-edge in the
+circuit found by path patching; fixed-chain kernels are told from in-context estimation by the kernel swap.
 """
 
 import json
@@ -22,7 +23,6 @@ from markov_interp import theory
 from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.probes import (
     MECHANISMS,
-    Component,
     StrategySimilarity,
     Thresholds,
     ablation_table,
@@ -109,28 +109,29 @@ def test_context_free_model_with_a_wrong_law_is_other(law):
 # ------------------------------------------------------------------------------------------- kernels
 @pytest.mark.parametrize("source,layers", [("sticky", 1), ("sticky", 2), ("sticky3", 1), ("binary", 2)])
 def test_kernel_model_with_decoy_heads_is_kernel(source, layers):
-    """Previous-token, self and same-token decoys write into dimensions nobody reads: behaviour says kernel,
-    and the decoys take no induction role (their excess over the token-statistics baseline is ~0)."""
+    """Previous-token, self and same-token decoys write into dimensions nobody reads: the law is the kernel, the
+    kernel swap finds it held in the weights, and path patching keeps no head edge."""
     src = {"sticky": STICKY, "sticky3": STICKY3, "binary": BINARY}[source]
     report = classify(decoy_kernel_model(src.kernel, n_layers=layers), src)
     assert report.mechanism == "kernel" and report.order == 1 and report.confident, report.reasons
     assert report.attention.excess("previous_token")[0, 0] > 0.99  # the decoy is a real previous-token head
-    assert report.attention.induction_excess(1).max() < 0.15
-    induction_role = report.circuit.role("induction", 1)
-    assert induction_role.heads == () and not report.circuit_confirmed
+    assert report.in_context_fraction < 0.05
+    assert report.circuit.kept_names == ("embed->logits",)
+    assert not report.circuit_confirmed and report.induction.role("induction").heads == ()
 
 
 @pytest.mark.parametrize("vocab", [2, 3])
 def test_order_two_kernel_in_the_weights_is_kernel_order_two(vocab):
     """A one-layer model whose previous-token head feeds an MLP pair detector: the order-2 kernel stored in the
-    weights. Its previous-token head matters (ablating it costs), yet the law is the kernel, not induction."""
+    weights. Its previous-token head matters (its edges are kept), yet the law is the kernel, not induction."""
     kernel = _K2 if vocab == 2 else RandomMarkov(3, order=2).sample_kernels(1, torch.Generator().manual_seed(0))[0]
     src = MarkovChain(kernel, order=2)
     report = classify(pair_kernel_model(src.kernel), src)
     assert report.mechanism == "kernel" and report.order == 2 and report.confident, report.reasons
     assert report.law.fit_ratio < 0.1  # only the first position differs (the kernel needs two states)
     assert report.attention.lag_excess(1)[0, 0] > 0.99 and report.ablation["L0H0"] > 0.05
-    assert "single-layer" in report.circuit.missing()  # no layer below it for an induction head to read
+    assert "L0H0->L0.mlp" in report.circuit.kept_names and report.in_context_fraction < 0.05
+    assert "single-layer" in report.induction.missing()  # no layer below it for an induction head to read
 
 
 @pytest.mark.parametrize("kernel", [[[0.3, 0.7], [0.8, 0.2]], [[0.5, 0.5], [0.5, 0.5]]])
@@ -144,13 +145,18 @@ def test_state_dependent_model_with_a_wrong_kernel_is_not_kernel(kernel):
 @pytest.mark.parametrize("source,variant", [("binary", "plain"), ("ternary", "plain"), ("random3", "plain"),
                                             ("random2", "split"), ("random3", "decoys"), ("random2-o2", "plain")])
 def test_uniform_attention_counter_is_in_context_unigram(source, variant):
+    """A uniform-attention counter (logits = V x state frequencies) is the in-context unigram law. On random
+    kernels the state-and-counts law is close to it (0.016 nats on 3 states) and this crude linear read-out sits
+    between the two: labelled right, not always confidently."""
     src = SOURCES[source]
     kw = {"plain": {}, "split": {"n_heads": 2, "split": 2}, "decoys": {"n_layers": 2, "n_heads": 2,
                                                                         "decoys": True}}[variant]
     report = classify(counting_circuit(src.vocab, **kw), src)
     assert report.mechanism == "in_context_unigram" and report.order is None, report.reasons
-    assert report.confident, report.reasons
-    assert report.law.runner_up is not None and report.law.margin_ratio < 0.4
+    assert report.strategies.closest == "in_context_unigram" and report.law.margin_ratio < 0.5
+    if not report.law.passed:  # between laws: named by the law it is moving to
+        assert not report.confident and report.law.runner_up == "state_and_counts"
+    assert not report.circuit_confirmed
 
 
 # ----------------------------------------------------------------------------------------- induction
@@ -159,80 +165,85 @@ SEQ = 128
 
 @pytest.mark.parametrize("vocab,per_role,spread", [(2, 2, False), (3, 2, False), (3, 1, False), (3, 2, True)])
 def test_first_order_circuit_spread_over_heads_is_induction(vocab, per_role, spread):
-    """Each role held by `per_role` heads writing 1/per_role of it (in different layers with `spread`):
-    ablating one head leaves the other, so only the set ablation finds the circuit."""
-    model = induction_circuit(vocab, per_role=per_role, n_layers=3 if spread else 2, spread_layers=spread)
-    report = classify(model, RandomMarkov(vocab), seq_len=SEQ)
+    """Each role held by `per_role` heads writing 1/per_role of it (in different layers with `spread`): every
+    previous-token -> induction K-edge is kept, whichever head carries the role."""
+    n_ctx = 64 if spread else SEQ  # three layers of hand-built heads as wide as the context: keep it short
+    model = induction_circuit(vocab, per_role=per_role, n_layers=3 if spread else 2, spread_layers=spread,
+                              n_ctx=n_ctx)
+    report = classify(model, RandomMarkov(vocab), seq_len=n_ctx)
     assert report.mechanism == "induction" and report.order == 1 and report.circuit_confirmed, report.reasons
-    prev, ind = report.circuit.role("previous_token", 1), report.circuit.role("induction", 1)
+    prev, ind = report.induction.role("previous_token"), report.induction.role("induction")
     assert len(prev.heads) == per_role and len(ind.heads) == per_role
     last = model.cfg.n_layers - 1
     assert all(h.layer == last for h in ind.heads) and all(h.layer < last for h in prev.heads)
     if spread:
         assert {h.layer for h in prev.heads} == {0, 1}
-    assert prev.ablation >= report.circuit.required and ind.ablation >= report.circuit.required
-    if per_role == 2:  # one head at a time misses the previous-token role
-        singles = [report.ablation[h] for h in prev.heads]
-        assert max(singles) < report.circuit.required < prev.ablation
+    assert len(report.induction.k_edges) == per_role * per_role  # every sender into every induction head's keys
+    assert report.circuit.faithfulness >= 0.9 and report.in_context_fraction > 0.7
     json.dumps(report.to_dict(), allow_nan=False)
 
 
 @pytest.mark.parametrize("vocab", [2, 3])
 def test_second_order_circuit_on_order_two_kernels_is_induction_order_two(vocab):
+    """Lag-1 and lag-2 previous-token heads feeding an order-2 induction head (queries and keys read both)."""
     report = classify(induction_circuit(vocab, order=2), RandomMarkov(vocab, order=2), seq_len=SEQ)
     assert report.mechanism == "induction" and report.order == 2, report.reasons
     assert report.law.law == "in_context_trigram"
-    roles = {(r.kind, r.index): r for r in report.circuit.roles}
-    assert set(roles) == {("previous_token", 1), ("previous_token", 2), ("induction", 2)}
-    assert roles["previous_token", 1].heads == (Component(kind="head", layer=0, head=0),)
-    assert roles["previous_token", 2].heads == (Component(kind="head", layer=0, head=1),)
-    assert all(r.confirmed for r in roles.values())
+    assert {e.name for e in report.induction.k_edges} == {"L0H0->L1H0.k", "L0H1->L1H0.k"}
+    lags = report.induction.lag_profile
+    assert lags["L0H0"][0] > 0.9 and lags["L0H1"][1] > 0.9  # one head per lag
+    assert {"L0H0->L1H0.q", "embed->L1H0.q"} <= set(report.circuit.kept_names)  # the query reads x_i and x_{i-1}
+    assert report.gains[2] > 0.2  # it climbs part of the bigram -> trigram step
 
 
 @pytest.mark.parametrize("vocab", [2, 3])
 def test_first_order_circuit_on_order_two_data_is_induction_order_one(vocab):
     report = classify(induction_circuit(vocab, order=1), RandomMarkov(vocab, order=2), seq_len=SEQ)
     assert report.mechanism == "induction" and report.order == 1, report.reasons
-    assert report.law.law == "in_context_bigram" and report.law.runner_up in ("in_context_trigram",
-                                                                              "in_context_unigram")
-    # the model's own gain is what an order-1 circuit gives over the in-context unigram, not the order-2 gain
-    assert 0 < report.circuit.model_gain < report.behaviour.in_context_unigram_loss - report.behaviour.add_beta_loss
+    assert report.law.law == "in_context_bigram"
+    assert report.gains[1] > 0.2  # it climbs the unigram -> bigram step (the trigram law is not its law)
 
 
-def test_in_context_law_without_a_confirmed_circuit_is_other():
-    """No head may take a role (head_excess above 1): the model follows the in-context bigram law, but the
-    label is never "induction" with a missing head."""
+def test_in_context_law_without_a_circuit_is_other_and_says_what_is_missing():
+    """No sender may count as a previous-token head (head_excess above 1): the model follows the in-context
+    bigram law, but the label is never "induction" without the K-edge, and the reasons say why."""
     strict = Thresholds(head_excess=1.01)
     report = classify(induction_circuit(3), RandomMarkov(3), seq_len=SEQ, thresholds=strict)
     assert report.law.law == "in_context_bigram" and report.law.passed
     assert report.mechanism == "other" and report.order is None and not report.circuit_confirmed
-    assert "no head takes the role" in report.reasons[0]
+    assert "no kept K-edge comes from a previous-token head" in report.reasons[0]
+    assert "in-context bigram" in report.reasons[0]  # the nearest law is named
     assert report.previous_token_head is None and report.induction_head is None
-    # and a demanding destroy fraction: roles are found but their ablations are not enough
-    demanding = classify(induction_circuit(3), RandomMarkov(3), seq_len=SEQ,
-                         thresholds=Thresholds(destroy_fraction=50.0))
-    assert demanding.mechanism == "other" and "does not remove the gain" in demanding.reasons[0]
+    # and a kept-edge rule nothing passes: no K-edge at all
+    nothing = classify(induction_circuit(3), RandomMarkov(3), seq_len=SEQ,
+                       thresholds=Thresholds(edge_min=10.0))
+    assert nothing.mechanism == "other" and nothing.circuit.kept == ()
+    assert "no kept edge feeds a head's keys" in nothing.reasons[0]
 
 
 def test_a_one_layer_model_is_never_induction():
     report = classify(counting_circuit(3, n_layers=1), RandomMarkov(3))
-    assert report.circuit.n_layers == 1 and not report.circuit_confirmed
+    assert report.induction.n_layers == 1 and not report.circuit_confirmed
     assert report.mechanism != "induction"
 
 
 # ------------------------------------------------------------------------------ evidence, reuse, inputs
 def test_report_carries_all_evidence_as_json():
-    report = classify(induction_circuit(3, per_role=2), RandomMarkov(3), seq_len=SEQ)
+    report = classify(induction_circuit(3, per_role=2, n_ctx=64), RandomMarkov(3), seq_len=64)
     d = json.loads(json.dumps(report.to_dict(), allow_nan=False))
     assert d["mechanism"] == "induction" and d["order"] == 1 and d["mechanism"] in MECHANISMS
-    assert set(d["strategies"]["divergences"]) == {"uniform", "in_context_unigram", "in_context_bigram"}
+    assert set(d["strategies"]["divergences"]) == {"uniform", "in_context_unigram", "state_and_counts",
+                                                   "in_context_bigram"}
     assert set(d["strategies"]["gaps"]) == set(d["strategies"]["divergences"])
     assert d["law"]["law"] == "in_context_bigram" and 0 < d["law"]["fit_ratio"] <= d["thresholds"]["fit"]
-    roles = d["circuit"]["roles"]
-    assert [r["name"] for r in roles] == ["previous-token lag 1", "induction order 1"]
-    assert roles[0]["heads"] == ["L0H0", "L0H1"] and len(roles[0]["scores"]) == 2
-    assert all(r["ablation"] > d["circuit"]["required"] for r in roles)
-    assert set(d["circuit"]["layer_ablation"]) == {"L0.attn", "L1.attn"}
+    assert set(d["gains"]["fractions"]) == {"0", "1", "2"} and set(d["gains"]["se"]) == {"0", "1", "2"}
+    assert 0 <= d["in_context_fraction"] <= 1 and d["kernel_swap"]["se"] > 0
+    assert len(d["circuit"]["edges"]) == 3 * 2 + 3 * 2 * 3 + 5 and d["circuit"]["faithfulness"] >= 0.9
+    assert {e["name"] for e in d["induction"]["k_edges"]} == {"L0H0->L1H0.k", "L0H1->L1H0.k", "L0H0->L1H1.k",
+                                                               "L0H1->L1H1.k"}
+    roles = d["induction"]["roles"]
+    assert [r["name"] for r in roles] == ["previous-token", "induction order 1"]
+    assert roles[0]["heads"] == ["L0H0", "L0H1"] and roles[1]["heads"] == ["L1H0", "L1H1"]
     assert d["heads"]["induction_order_excess"][0][1][0] > 0.5
     # the divergence of the named law is the KL the law check used
     assert d["strategies"]["divergences"]["in_context_bigram"] == pytest.approx(d["law"]["divergence"])
@@ -263,9 +274,10 @@ def _train(source, model, *, steps, lr, seq_len, batch_size, seed=0):
 
 
 @pytest.mark.slow
-def test_trained_one_layer_attention_only_model_on_random_kernels_is_in_context_unigram():
-    """200 steps (about 5 s on one core); at 200 and 400 steps, seeds 0 and 1 all gave in_context_unigram with
-    fit 0.17-0.22 and margin 0.22-0.29."""
+def test_trained_one_layer_attention_only_model_on_random_kernels_follows_state_and_counts():
+    """One layer cannot match a key's previous state with the current one: it is named by the law of the
+    current state and the state counts, and climbs only part of the unigram -> bigram step (200 steps, about 5 s
+    on one core; docs/circuits.md has the distribution over 16 seeds at 1500 steps)."""
     from markov_interp.data import SourceConfig
     from markov_interp.models import preset
 
@@ -273,7 +285,8 @@ def test_trained_one_layer_attention_only_model_on_random_kernels_is_in_context_
     model = _train(source, preset("attn-only-2layer", n_layers=1, d_vocab=3, n_ctx=32), steps=200, lr=1e-2,
                    seq_len=32, batch_size=64)
     report = classify(model, source.build(), seq_len=32, n_sequences=64, seed=1)
-    assert report.mechanism == "in_context_unigram" and report.confident, report.reasons
+    assert report.mechanism == "state_and_counts", report.reasons
+    assert 0 < report.gains[1] < 0.4 and not report.circuit_confirmed
 
 
 @pytest.mark.slow

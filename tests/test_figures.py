@@ -8,9 +8,11 @@ from markov_interp.report import figures
 
 
 def test_phase_figure_colours_cells_by_fraction_stuck_and_marks_the_theory():
-    rows = [{"p": 0.1, "q": 0.3, "stuck_fraction": 0.0, "theory": "bigram"},
-            {"p": 0.5, "q": 0.7, "stuck_fraction": 1.0, "theory": "unigram"},
-            {"p": 0.9, "q": 0.7, "stuck_fraction": None, "theory": "unigram"}]
+    from tests.test_reproduce import condition
+
+    rows = [condition(p=0.1, q=0.3, stuck_fraction=0.0, theory="bigram"),
+            condition(p=0.5, q=0.7, stuck_fraction=1.0, theory="unigram"),
+            condition(p=0.9, q=0.7, stuck_fraction=None, theory="unigram")]
     fig = figures.reproduction_phase_figure({"tied": rows, "untied": rows[:1]}, (0.1, 0.3, 0.5, 0.7, 0.9))
     tied, untied = fig.axes[:2]
     assert [t.get_text() for t in tied.texts if t.get_text()[0] in "0n1"] == ["0.00", "1.00", "n/a"]
@@ -47,9 +49,11 @@ def test_mechanism_figure_stacks_the_counts():
 
 
 def test_init_precision_figure_draws_the_fractions():
-    rows = [{"init": "standard", "precision": "fp32", "stuck_fraction": 2 / 3, "theory": "unigram"},
-            {"init": "standard", "precision": "fp16", "stuck_fraction": 1.0, "theory": "unigram"},
-            {"init": "canonical w0=-1", "precision": "fp32", "stuck_fraction": 0.0, "theory": "bigram"}]
+    from tests.test_reproduce import condition
+
+    rows = [condition(init="standard", precision="fp32", stuck_fraction=2 / 3, theory="unigram"),
+            condition(init="standard", precision="fp16", stuck_fraction=1.0, theory="unigram"),
+            condition(init="canonical w0=-1", precision="fp32", stuck_fraction=0.0, theory="bigram")]
     ax = figures.reproduction_init_precision_figure(rows, p=0.5, q=0.8).axes[0]
     assert sorted(b.get_height() for b in ax.patches) == pytest.approx([0.0, 2 / 3, 1.0])
     assert {t.get_text() for t in ax.texts} >= {"theory: unigram", "theory: bigram", "0.67", "1.00"}

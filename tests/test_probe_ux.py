@@ -117,7 +117,7 @@ def test_results_have_short_reprs_summaries_and_html(circuit, mech, batch):
     assert repr(batch).startswith("<ProbeBatch: 8 sequences x 32 states over 3 states")
     assert "L1H0" in repr(mech.circuit) and "L0H1" in repr(mech.circuit)
     page = mech._repr_html_()
-    for field in ("strategies", "circuit", "attention", "ablation", "readout"):  # every table-like piece
+    for field in ("strategies", "circuit", "induction", "attention", "ablation", "readout"):  # every table
         assert f".{field}: " in page
 
 
@@ -137,8 +137,12 @@ def test_dataframes_hold_the_probe_numbers(mech):
     laws = mech.strategies.to_dataframe()
     assert laws.index[0] == mech.strategies.closest == "in_context_bigram"
     assert laws["divergence"].to_dict() == pytest.approx(mech.strategies.divergences)
-    roles = mech.circuit.to_dataframe()
+    roles = mech.induction.to_dataframe()
     assert roles.loc["induction order 1", "heads"] == "L1H0" and bool(roles["confirmed"].all())
+    edges = mech.circuit.to_dataframe()
+    assert set(edges.index) == {e.name for e in mech.circuit.edges}
+    assert edges["kept"].sum() == len(mech.circuit.kept) and edges.loc["L0H1->L1H0.k", "kept"]
+    assert edges["effect"].to_dict() == pytest.approx({e.name: e.effect for e in mech.circuit.edges})
     curves = mech.behaviour.to_dataframe()
     assert len(curves) == mech.seq_len and curves["loss"].iloc[:-1].mean() == pytest.approx(mech.eval_loss)
     assert curves["loss"].isna().tolist() == [False] * (mech.seq_len - 1) + [True]  # the last state has no target

@@ -258,7 +258,7 @@ def test_component_names_round_trip_and_errors(induction3):
         Component.parse("layer0")
     with pytest.raises(ValueError, match="no MLP"):
         Component.parse("L0.mlp").check(induction3)
-    with pytest.raises(ValueError, match="heads per layer"):
+    with pytest.raises(ValueError, match="only 2 heads"):
         Component.parse("L0H2").check(induction3)
     mlp_model = kernel_model(BINARY.kernel, with_mlp=True)
     assert [c.name for c in model_components(mlp_model)] == ["L0H0", "L0.attn", "L0.mlp"]
@@ -418,9 +418,10 @@ def test_classify_handbuilt_induction_on_random_kernels(vocab):
     assert {"mechanism", "order", "law", "strategies", "circuit", "eval_loss", "entropy_rate", "unigram_loss",
             "heads"} <= set(json.loads(text))
     assert d["heads"]["previous_token"][0][1] > 0.99
-    roles = {r["name"]: r for r in d["circuit"]["roles"]}
-    assert roles["previous-token lag 1"]["heads"] == ["L0H1"] and roles["induction order 1"]["heads"] == ["L1H0"]
-    assert all(r["ablation"] >= d["circuit"]["required"] > 0 for r in roles.values())
+    roles = {r["name"]: r for r in d["induction"]["roles"]}
+    assert roles["previous-token"]["heads"] == ["L0H1"] and roles["induction order 1"]["heads"] == ["L1H0"]
+    assert [e["name"] for e in d["induction"]["k_edges"]] == ["L0H1->L1H0.k"]
+    assert all(r["effect"] > 0 and r["confirmed"] for r in roles.values())
     assert d["law"]["law"] == "in_context_bigram" and d["law"]["passed"]
 
 
@@ -513,7 +514,8 @@ def test_trained_two_layer_attention_only_model_is_named_induction():
     report = classify_mechanism(model, source.build(), seq_len=32, n_sequences=64, seed=1)
     assert report.mechanism == "induction" and report.order == 1 and report.confident, report.reasons
     assert report.previous_token_head == (0, 0) and report.induction_head == (1, 0)
-    assert all(r.confirmed and len(r.heads) == 1 for r in report.circuit.roles)
+    assert all(r.confirmed and len(r.heads) == 1 for r in report.induction.roles)
+    assert "L0H0->L1H0.k" in report.circuit.kept_names and report.circuit.faithfulness > 0.8
     assert report.circuit_confirmed and report.behaviour.icl_score < -0.03
     assert report.attention.excess("previous_token")[0, 0] > 0.5 and report.attention.excess("induction")[1, 0] > 0.5
     assert report.eval_loss < report.behaviour.in_context_unigram_loss  # it beats every state-free predictor
@@ -528,7 +530,8 @@ def test_cli_probe_prints_json_and_summary(kernel_run_dir, capsys):
     assert data["mechanism"] == "kernel" and data["order"] == 1 and data["law"]["law"] == "kernel"
     assert set(data["strategies"]["divergences"]) == {"uniform", "stationary", "kernel", "in_context_unigram",
                                                       "in_context_bigram"}
-    assert [r["name"] for r in data["circuit"]["roles"]] == ["previous-token lag 1", "induction order 1"]
+    assert [r["name"] for r in data["induction"]["roles"]] == ["previous-token", "induction order 1"]
+    assert data["circuit"]["kept"] and data["in_context_fraction"] < 0.2  # the kernel, held in the weights
     for key in ("eval_loss", "entropy_rate", "unigram_loss"):
         assert math.isfinite(data[key])
     assert data["entropy_rate"] == pytest.approx(theory.entropy_rate(BINARY.kernel))
@@ -536,5 +539,6 @@ def test_cli_probe_prints_json_and_summary(kernel_run_dir, capsys):
     assert main(["probe", str(kernel_run_dir), "--n-sequences", "16", "--seq-len", "32"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("mechanism: kernel (order 1)") and "L0H0" in text and "role induction order 1" in text
+    assert "edges kept" in text
     assert main(["probe", str(kernel_run_dir / "missing")]) == 2
     assert "config.json" in capsys.readouterr().err

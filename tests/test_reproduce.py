@@ -20,6 +20,14 @@ def _rows(specs):
                 run_dir=f"runs/{c.cell_id}") for s in specs for c in s.cells() if c.config.train.seed == 0]
 
 
+def condition(**fields):
+    """A `reproduce.ConditionSummary` with `fields` and neutral values elsewhere (for the figures' tests)."""
+    base = {f.name: None for f in dataclasses.fields(rep.ConditionSummary)}
+    base.update(experiment="pq-line", seeds=4, failed=0, diverged=0, budget=400, n_runs=4, n_censored=0,
+                above_unigram=0, mechanisms=(), circuit_confirmed=0)
+    return rep.ConditionSummary(**{**base, **fields})
+
+
 def _seeds_per_condition(spec, key):
     return Counter(key(c.config) for c in spec.cells())
 
@@ -36,7 +44,7 @@ def test_key_conditions_have_16_seeds(budget):
     depth = _seeds_per_condition(specs["depth"], lambda c: c.model.n_layers)
     assert {1, 2, 4} <= set(depth) and min(depth.values()) >= 16
     line = _seeds_per_condition(specs["pq-line"], lambda c: (c.source.p, c.source.q, c.model.tie_weights))
-    assert min(line.values()) >= 16
+    assert min(line.values()) >= 16 and budget.seeds >= 16
     for tied in (True, False):  # the line crosses p + q = 1 on both sides, tied and untied
         sums = {p + q for (p, q, t) in line if t is tied}
         assert min(sums) < 1 < max(sums)
@@ -91,7 +99,7 @@ def test_summary_states_where_the_precision_runs_ran(monkeypatch):
 
 
 def _tiny_budget():
-    return dataclasses.replace(rep.QUICK, seq_len=32, steps=4, key_seeds=2, depth_layers=(1, 2), line_q=(0.2, 0.8),
+    return rep.QUICK.replace(seq_len=32, steps=4, seeds=2, depth_layers=(1, 2), line_q=(0.2, 0.8),
                                line_seeds=2, grid_values=(0.2, 0.9), grid_seeds=1, grid_steps=4, exact_w=(0.1, -1.0),
                                exact_seeds=2, random_seeds=1, random_steps=4, eval_batches=1)
 
@@ -99,34 +107,40 @@ def _tiny_budget():
 @pytest.mark.slow
 def test_reproduce_tiny_budget(tmp_path, monkeypatch):
     tiny = _tiny_budget()
-    monkeypatch.setattr(rep, "QUICK", tiny)
     monkeypatch.setattr(rep, "_precision_device", lambda: "cpu")
     out = tmp_path / "report"
-    result = rep.reproduce(out, quick=True, work_dir=tmp_path / "work", workers=2, progress=False)
-    assert result["failed"] == 0
-    for name in ("results.csv", "summary.csv", "summary.md", "phase_pq.png", "boundary.png", "depth.png",
-                 "mechanisms.png", "survival.png"):
+    finished = rep.reproduce(out, budget=tiny, quick=True, work_dir=tmp_path / "work", workers=2, progress=False)
+    assert finished.failed == 0 and finished.budget is tiny
+    for name in ("results.csv", "summary.csv", "summary.md", "results.json", "phase_pq.png", "boundary.png",
+                 "depth.png", "mechanisms.png", "survival.png"):
         assert (out / name).stat().st_size > 0, name
-    summary = {(r["experiment"], r.get("p"), r.get("q"), r.get("tied"), r.get("n_layers"), r.get("init"),
-                r.get("precision")): r for r in result["summary"]}
-    assert summary[("pq-tied", 0.2, 0.9, True, None, None, None)]["theory"] == "unigram"
-    assert summary[("pq-tied", 0.2, 0.2, True, None, None, None)]["theory"] == "bigram"
-    assert summary[("pq-untied", 0.2, 0.9, False, None, None, None)]["theory"] == "bigram"
-    assert summary[("pq-tied", 0.2, 0.9, True, None, None, None)]["theory_exact"] is False
-    assert summary[("depth", 0.5, 0.8, None, 2, None, None)]["theory_exact"] is None
-    exact = [r for r in result["summary"] if r["experiment"] == "exact"]
-    assert len(exact) == 2 and all(r["theory_exact"] is True for r in exact)
+    conditions = finished.result.conditions
+    summary = {(r.experiment, r.p, r.q, r.tied, r.n_layers, r.init, r.precision): r for r in conditions}
+    assert summary[("pq-tied", 0.2, 0.9, True, None, None, None)].theory == "unigram"
+    assert summary[("pq-tied", 0.2, 0.2, True, None, None, None)].theory == "bigram"
+    assert summary[("pq-untied", 0.2, 0.9, False, None, None, None)].theory == "bigram"
+    assert summary[("pq-tied", 0.2, 0.9, True, None, None, None)].theory_exact is False
+    assert summary[("depth", 0.5, 0.8, None, 2, None, None)].theory_exact is None
+    exact = [r for r in conditions if r.experiment == "exact"]
+    assert len(exact) == 2 and all(r.theory_exact is True for r in exact)
     # at 4 steps every seed is on the plateau: censored 2/2, agreement only where "unigram" was predicted
     for r in exact:
-        assert r["censored"] == "2/2" and r["theory_agreement"] == ("2/2" if r["theory"] == "unigram" else "0/2")
-    precision = {r["precision"]: r for r in result["summary"] if r["experiment"] == "precision"}
+        assert r.censored == "2/2" and r.theory_agreement == ("2/2" if r.theory == "unigram" else "0/2")
+    precision = {r.precision: r for r in conditions if r.experiment == "precision"}
     assert set(precision) == {"fp32", "fp16", "fp16 + loss scaling"}
     depth1 = summary[("depth", 0.5, 0.8, None, 1, None, None)]
-    assert depth1["seeds"] == 2 and depth1["budget"] == 4 and depth1["median_escape"] is None
-    assert depth1["censored_ci"] == pytest.approx(dynamics.wilson_interval(2, 2))
+    assert depth1.seeds == 2 and depth1.budget == 4 and depth1.median_escape is None
+    assert depth1.censored_ci == pytest.approx(dynamics.wilson_interval(2, 2))
     text = (out / "summary.md").read_text()
-    assert "markov-interp reproduce --quick" in text and tiny.cuts in text
+    assert text.startswith("# Reproduction (quick)\n\nMade by `markov-interp reproduce --quick")
+    assert tiny.cuts in text and f"torch {torch.__version__}" in text and "wall time" in text
     assert "ran on cpu" in text and "docs/reproduction/gpu/" in text and "theory_exact = no" in text
+    # summary.csv: one line per condition, the columns of the typed summary
+    lines = (out / "summary.csv").read_text().splitlines()
+    assert lines[0].startswith("experiment,p,q,tied,n_layers") and len(lines) == len(conditions) + 1
+    data = __import__("json").loads((out / "results.json").read_text())
+    assert data["budget"]["seeds"] == 2 and len(data["result"]["conditions"]) == len(conditions)
+    assert data["provenance"]["command"].startswith("markov-interp reproduce --quick")
     # the seeds of a condition trained as stacks (group 16 on a CPU); one engine: a stacked cell's weights are
     # those its run gets alone (`training.train`), bit for bit
     stacked = [r for r in result_rows(tmp_path / "work") if r.stack_size and r.stack_size > 1 and r.status == "ok"]
@@ -192,12 +206,12 @@ def test_boundary_figure_draws_medians_and_censored_fractions():
     from markov_interp.report import figures
 
     def row(q, tied, median, censored, n=16):
-        return {"q": q, "tied": tied, "median_escape": median, "median_escape_ci": (None if median is None else
-                median - 10, None), "censored": f"{censored}/{n}", "censored_ci": dynamics.wilson_interval(censored, n),
-                "budget": 400}
+        return condition(q=q, tied=tied, median_escape=median, median_escape_ci=(None if median is None else
+                         (median - 10, None)), n_runs=n, n_censored=censored,
+                         censored_ci=dynamics.wilson_interval(censored, n), budget=400)
 
     rows = [row(0.2, True, 30, 0), row(0.8, True, None, 12), row(0.2, False, 20, 0), row(0.8, False, 25, 0)]
-    rows.append({**row(0.5, False, 22, 0, n=3), "median_escape_ci": None})  # 3 seeds: no interval, no bar
+    rows.append(dataclasses.replace(row(0.5, False, 22, 0, n=3), median_escape_ci=None))  # 3 seeds: no bar
     left, right = figures.reproduction_boundary_figure(rows, p=0.5).axes
     tied_line = next(line for line in left.lines if line.get_label() == "tied")
     # a median beyond the budget is drawn at the budget

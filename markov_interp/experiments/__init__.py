@@ -1,8 +1,208 @@
-"""Experiments beyond the paper's grids: each a module of this package, run by `python -m markov_interp.experiments`
-(or `markov-interp reproduce --extras`).
+"""Experiments beyond the paper's grids: each one module of this package that registers itself.
 
+`python -m markov_interp.experiments [--only NAME[,NAME]] [--quick]`, `markov-interp experiment NAME` and
+`markov-interp reproduce --extras` find every registered experiment here, run it into OUT/NAME (run folders
+under it: a rerun reuses what is finished) and write its summary through the one path that `reproduce` also
+uses (`_base`): OUT/NAME/summary.md (a header with the provenance: the command, machine, device, torch and
+Python versions, precision and wall time; the budget's cuts; then the experiment's sections), results.json
+({"title", "provenance", "budget", "result"}), its figures (PNG) and CSV tables, every file written atomically.
+
+Registered today:
 - `interventions`: freezes and clamps during training (issue 14's three experiments).
+
+Writing a new experiment: one module `markov_interp/experiments/NAME.py` (no edit anywhere else; modules whose
+name starts with "_" are not experiments) that provides
+
+1. **Its budget**: a frozen, keyword-only dataclass deriving from `Budget` (fields `name`, `seeds`, `steps`,
+   `device` = "auto", `cuts`), adding its own fields, and the budgets `QUICK` and `FULL`:
+
+       @dataclasses.dataclass(frozen=True, kw_only=True)
+       class FooBudget(Budget):
+           heads: tuple[int, ...] = (1, 2)
+           def check(self) -> None:  # rules across fields; each field is already checked by its annotation
+               ...
+
+       FULL = FooBudget(name="full", seeds=16, steps=2000)
+       QUICK = FooBudget(name="quick", seeds=4, steps=60, cuts="4 seeds, 60 steps: a smoke test")
+
+   `Budget` validates every field by its annotation (int: >= 1 unless named in `ZERO_OK`; float: finite; str;
+   tuple[X, ...]: non-empty, each an X; `Optional[...]` is left to `check`), requires seeds >= 2, and refuses
+   a budget not named "full" whose `cuts` is empty. Runs train on `budget.device`.
+2. **Its typed result**: a frozen dataclass deriving from `Summary` with `failed` (an int: failed runs),
+   `sections() -> list[Section]` (each a title, text, a `Table` of text cells, text after it, figure file
+   names), `to_json() -> dict` (every seed's numbers), and optionally `figures() -> {file name: matplotlib
+   Figure}` and `tables() -> {file name: Table}` (CSV files). No dicts read back by key: nested results are
+   dataclasses too.
+3. **Its run function**: `run(budget: FooBudget, out: Path, *, progress: bool = False) -> FooResult`, which
+   trains with `training.train_many` (or `sweep.run`) into folders under `out` and returns the result.
+4. **Its registration**, at module level:
+
+       EXPERIMENT = register(Experiment(name="foo", title="Foo: what it asks", budgets={"quick": QUICK,
+                                        "full": FULL}, run=run, precision="fp32"))
+
+Then `python -m markov_interp.experiments --only foo --quick`, `markov-interp experiment foo --quick`,
+`--seeds N`, `--steps N`, `--device D` and `--set FIELD=VALUE` (any budget field; JSON or text, lists as
+a,b,c) work for it, and `reproduce --extras` runs it at its full budget into OUT/foo.
 """
 
-from markov_interp.experiments.interventions import *  # noqa: F401,F403 -- the public names of the first experiment
-from markov_interp.experiments.interventions import __all__, main  # noqa: F401
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Optional
+
+from markov_interp.experiments._base import (RESULTS_FILE, SUMMARY_FILE, Budget, Experiment, Finished, Provenance,
+                                             Section, Summary, Table, describe_device, render_markdown, run,
+                                             write_summary)
+
+__all__ = ["Budget", "Table", "Section", "Summary", "Provenance", "Experiment", "Finished", "register", "get",
+           "registered", "describe_registered", "budget_for", "run", "run_many", "write_summary", "render_markdown", "describe_device", "add_arguments",
+           "main", "SUMMARY_FILE", "RESULTS_FILE"]
+
+_REGISTRY: dict[str, Experiment] = {}
+
+
+def register(experiment: Experiment) -> Experiment:
+    """Add `experiment` to the registry (at its module's import) and return it.
+
+    Args:
+        experiment: the experiment; its name must be new (the same module imported again replaces its own).
+
+    Returns:
+        `experiment`.
+    """
+    known = _REGISTRY.get(experiment.name)
+    if known is not None and getattr(known.run, "__module__", None) != getattr(experiment.run, "__module__", None):
+        raise ValueError(f"experiment {experiment.name!r} is registered twice ({known.run.__module__} and "
+                         f"{experiment.run.__module__})")
+    _REGISTRY[experiment.name] = experiment
+    return experiment
+
+
+def _discover() -> None:
+    """Import every experiment module of this package (each registers itself at import)."""
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+def registered() -> dict[str, Experiment]:
+    """Every registered experiment by name, in name order (importing the package's experiment modules)."""
+    _discover()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get(name: str) -> Experiment:
+    """The registered experiment `name`; ValueError listing the registered names otherwise."""
+    experiments = registered()
+    if name not in experiments:
+        raise ValueError(f"unknown experiment {name!r}; the experiments are {list(experiments)}")
+    return experiments[name]
+
+
+# ---------------------------------------------------------------------------------------- the command line
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every experiment takes (`python -m markov_interp.experiments` and `markov-interp experiment`)."""
+    parser.add_argument("--out", default="runs/experiments",
+                        help="each experiment goes to OUT/NAME: run folders, summary.md, results.json, figures")
+    parser.add_argument("--quick", action="store_true", help="the quick budget (its cuts say what it leaves out)")
+    parser.add_argument("--budget", default=None, help="a named budget (default full; --quick: quick)")
+    parser.add_argument("--seeds", type=int, default=None, help="override the budget's seeds per condition")
+    parser.add_argument("--steps", type=int, default=None, help="override the budget's steps")
+    parser.add_argument("--device", default=None, help="override the budget's device (auto, cpu, cuda, ...)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override any budget field (JSON or text; a list as a,b,c); repeatable")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def budget_for(experiment: Experiment, args: Optional[argparse.Namespace] = None) -> Budget:
+    """The budget the options of `add_arguments` name (--quick / --budget, then --seeds, --steps, --device,
+    --set), validated; the full budget without options."""
+    if args is None:
+        return experiment.budget("full")
+    if args.quick and args.budget not in (None, "quick"):
+        raise ValueError(f"--quick contradicts --budget {args.budget}")
+    name = "quick" if args.quick else (args.budget or "full")
+    changes = {k: getattr(args, k) for k in ("seeds", "steps", "device") if getattr(args, k) is not None}
+    base = experiment.budget(name)
+    for item in args.set:
+        field, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set takes FIELD=VALUE, got {item!r}")
+        changes[field.strip()] = _parse_value(type(base), field.strip(), text)
+    return experiment.budget(name, **changes)
+
+
+def _parse_value(cls: type, field: str, text: str) -> Any:
+    """A --set value: JSON when it is JSON, else text; for a tuple field, text "a,b" is the list [a, b]."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    kind = typing.get_type_hints(cls).get(field)
+    if typing.get_origin(kind) is tuple:  # a list field: "a,b" or a JSON list
+        if isinstance(value, str):
+            value = [_parse_value_item(part.strip()) for part in value.split(",")]
+        value = tuple(value) if isinstance(value, list) else value
+    return value
+
+
+def _parse_value_item(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def run_many(names: list[str], out_dir: "str | Path", *, command: str, args: Optional[argparse.Namespace] = None,
+             progress: bool = False) -> list[Finished]:
+    """Run the named experiments, each into out_dir/NAME, printing a line each on stderr.
+
+    Args:
+        names: registered experiment names.
+        out_dir: the parent folder.
+        command: the command line named in each summary's header.
+        args: the options of `add_arguments` (None: full budgets); every budget is built and validated before
+            anything trains.
+        progress: progress bars.
+
+    Returns:
+        Each experiment's `Finished`."""
+    plan = [(get(name), name) for name in names]
+    budgets = [budget_for(experiment, args) for experiment, _ in plan]
+    done = []
+    for (experiment, name), budget in zip(plan, budgets):
+        finished = run(experiment, Path(out_dir) / name, budget=budget, command=command, progress=progress)
+        print(f"{name} ({budget.name}): {finished.provenance.seconds / 60:.1f} min, {finished.failed} failed -> "
+              f"{Path(out_dir) / name / SUMMARY_FILE}", file=sys.stderr)
+        done.append(finished)
+    return done
+
+
+def describe_registered() -> list[str]:
+    """One line per registered experiment: its name, title and budgets (what --list prints)."""
+    return [f"{name}: {e.title} (budgets: {', '.join(e.budgets)})" for name, e in registered().items()]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`python -m markov_interp.experiments`: run the registered experiments (all, or --only NAME[,NAME]).
+
+    Returns:
+        0, or 1 when a run failed (a bad option raises ValueError)."""
+    parser = argparse.ArgumentParser(prog="python -m markov_interp.experiments", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=None, metavar="NAME[,NAME]", help="run only these experiments")
+    parser.add_argument("--list", action="store_true", help="list the registered experiments and their budgets")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(describe_registered()))
+        return 0
+    names = args.only.split(",") if args.only else list(registered())
+    line = " ".join(argv if argv is not None else sys.argv[1:])
+    finished = run_many(names, args.out, args=args, command=f"python -m markov_interp.experiments {line}".strip(),
+                        progress=not args.no_progress and sys.stderr.isatty())
+    return 1 if any(f.failed for f in finished) else 0

@@ -22,69 +22,62 @@ right-censored at the budget), summarised per arm and compared with the free arm
 `run_experiment(name, budget, out_dir)` trains one experiment (restartable through its run folders) and
 returns an `ExperimentResult` (per arm: each run's dynamics, the arm's `dynamics.ConditionDynamics`, the
 comparison with the free arm, final losses); `survival_figure` draws the escape survival, `dynamics_figures` the
-median excess curves and the survival at every line. `python -m markov_interp.experiments --out DIR` runs all
-three and writes results.json (with every run's curve), summary.md and the figures (what
-docs/reproduction/interventions/ holds).
+median excess curves and the survival at every line. Registered as the experiment "interventions" (`run`
+runs the parts its budget names into one `InterventionsResult`): `python -m markov_interp.experiments --only
+interventions --out DIR` writes DIR/interventions/results.json (with every run's curve), summary.md and the
+figures (what docs/reproduction/interventions/ holds).
 """
 
-import argparse
 import dataclasses
-import json
 import math
-import platform
 import statistics
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp import dynamics
-from markov_interp._io import atomic_path, atomic_write
 from markov_interp.data import SourceConfig
+from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, register
 from markov_interp.models import preset
-from markov_interp.training import RunConfig, TrainConfig, train_many
+from markov_interp.training import RunConfig, TrainConfig, TrainResult, train_many
 
-__all__ = ["ExperimentBudget", "QUICK", "FULL", "EXPERIMENTS", "Arm", "ArmResult", "ExperimentResult",
-           "experiment_arms", "run_experiment", "previous_token_at_release", "circuit_scores_at_end",
-           "survival_figure", "dynamics_figures", "summary_markdown", "to_json", "main"]
+__all__ = ["InterventionsBudget", "QUICK", "FULL", "EXPERIMENTS", "Arm", "CircuitScores", "ArmResult",
+           "ExperimentResult", "InterventionsResult", "experiment_arms", "run_experiment", "run",
+           "previous_token_at_release", "circuit_scores_at_end", "survival_figure", "dynamics_figures",
+           "experiment_sections", "summary_markdown", "EXPERIMENT"]
+
+EXPERIMENTS = ("previous-token-clamp", "reader-frozen", "attention-in-one-layer")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ExperimentBudget:
-    """Seeds, steps and sequence lengths of the three experiments (`cuts` says what a small budget leaves out)."""
+class InterventionsBudget(Budget):
+    """Seeds, steps and sequence lengths of the three experiments (`cuts` says what a small budget leaves out).
 
-    name: str
+    `steps` is the random-kernel experiments' (1 and 2; constant lr: a shorter run is a prefix of a longer one;
+    free runs escape at steps 160-280 over 16 seeds on a CPU), `chain_steps` the one-layer chain's (3, one-cycle
+    schedule as the paper); `parts` the experiments to run."""
+
     seeds: int = 16
-    # experiments 1 and 2 (constant lr: a shorter run is a prefix of a longer one); free runs escape at steps
-    # 160-280 (16 seeds, CPU)
-    random_steps: int = 500
+    steps: int = 500
     release: int = 150  # experiment 2: layer 1 is frozen for the first `release` updates
-    chain_steps: int = 600  # experiment 3 (one-cycle schedule, as the paper)
+    chain_steps: int = 600
     chain_seq_len: int = 128
     eval_every: int = 10
     eval_batches: int = 4
     device: str = "cpu"
-    cuts: str = ""
+    parts: tuple[str, ...] = EXPERIMENTS
 
-    def __post_init__(self) -> None:
-        for name in ("seeds", "random_steps", "release", "chain_steps", "chain_seq_len", "eval_every",
-                     "eval_batches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.seeds < 2:
-            raise ValueError(f"seeds must be at least 2 (a distribution over seeds), got {self.seeds}")
-        if self.release >= self.random_steps:
-            raise ValueError(f"release ({self.release}) must come before the end of training "
-                             f"(random_steps = {self.random_steps})")
+    def check(self) -> None:
+        if self.release >= self.steps:
+            raise ValueError(f"release ({self.release}) must come before the end of training (steps = {self.steps})")
+        unknown = [p for p in self.parts if p not in EXPERIMENTS]
+        if unknown:
+            raise ValueError(f"parts: unknown experiments {unknown}; the experiments are {list(EXPERIMENTS)}")
 
 
-FULL = ExperimentBudget(name="full")
-QUICK = ExperimentBudget(name="quick", seeds=4, random_steps=60, release=20, chain_steps=60, chain_seq_len=32,
-                         eval_every=10, eval_batches=2,
-                         cuts="4 seeds, 60 steps: a smoke test of the code path; its numbers show nothing")
-EXPERIMENTS = ("previous-token-clamp", "reader-frozen", "attention-in-one-layer")
+FULL = InterventionsBudget(name="full")
+QUICK = InterventionsBudget(name="quick", seeds=4, steps=60, release=20, chain_steps=60, chain_seq_len=32,
+                            eval_every=10, eval_batches=2,
+                            cuts="4 seeds, 60 steps: a smoke test of the code path; its numbers show nothing")
 _PATTERN0 = "blocks.0.attn.hook_pattern"
 
 
@@ -96,7 +89,7 @@ class Arm:
     interventions: tuple = ()
 
 
-def _random_kernel_base(budget: ExperimentBudget, steps: int) -> RunConfig:
+def _random_kernel_base(budget: InterventionsBudget, steps: int) -> RunConfig:
     return RunConfig(
         source=SourceConfig(kind="random", vocab=3, alpha=1.0),
         model=preset("attn-only-2layer", n_ctx=32, d_vocab=3),
@@ -105,7 +98,7 @@ def _random_kernel_base(budget: ExperimentBudget, steps: int) -> RunConfig:
                           n_checkpoints=0, device=budget.device))
 
 
-def _chain_base(budget: ExperimentBudget) -> RunConfig:
+def _chain_base(budget: InterventionsBudget) -> RunConfig:
     return RunConfig(
         source=SourceConfig(kind="binary", p=0.5, q=0.8),
         model=preset("paper-1layer", n_ctx=budget.chain_seq_len),
@@ -114,16 +107,16 @@ def _chain_base(budget: ExperimentBudget) -> RunConfig:
                           n_checkpoints=0, device=budget.device))
 
 
-def experiment_arms(name: str, budget: ExperimentBudget) -> tuple[RunConfig, list[Arm]]:
+def experiment_arms(name: str, budget: InterventionsBudget) -> tuple[RunConfig, list[Arm]]:
     """The base run (seed 0, no intervention) and the arms of experiment `name`; the first arm is "free"."""
     free = Arm("free")
     if name == "previous-token-clamp":
-        return _random_kernel_base(budget, budget.random_steps), [
+        return _random_kernel_base(budget, budget.steps), [
             free, Arm("layer 0 clamped to previous-token", ({"clamp": _PATTERN0, "value": "previous_token"},)),
             Arm(f"layer 0 clamped to previous-token until {budget.release}",
                 ({"clamp": _PATTERN0, "value": "previous_token", "end": budget.release},))]
     if name == "reader-frozen":
-        return _random_kernel_base(budget, budget.random_steps), [
+        return _random_kernel_base(budget, budget.steps), [
             free, Arm(f"layer 1 frozen until {budget.release}", ({"freeze": "blocks.1.*", "end": budget.release},))]
     if name == "attention-in-one-layer":
         return _chain_base(budget), [
@@ -146,18 +139,36 @@ def _folder(out: Optional[Path], base: RunConfig, arm: Arm, seed: int, suffix: s
     return out / "runs" / task / f"{slug}{suffix}" / f"seed{seed}"
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CircuitScores:
+    """Layer 0's previous-token and layer 1's induction score of each finished run of an arm (the best head of
+    the layer), with bootstrap intervals of their means over seeds and the uniform-attention chance levels."""
+
+    step: int  # the update after which the runs were scored
+    previous_token: tuple[float, ...]
+    previous_token_mean: float
+    previous_token_interval: tuple[float, float]
+    induction: tuple[float, ...]
+    induction_mean: float
+    induction_interval: tuple[float, float]
+    previous_token_chance: float
+    induction_chance: float
+
+
 @dataclasses.dataclass(frozen=True)
 class ArmResult:
     """One arm over seeds: each run's `dynamics.RunDynamics` (None: a failed run), the arm's
     `dynamics.ConditionDynamics`, final evaluation losses, and its comparison with the free arm (None for the
-    free arm itself)."""
+    free arm itself); on the random-kernel task the circuit scores at the end and, for experiment 2, after
+    `release` updates."""
 
     arm: Arm
     runs: tuple
     condition: dynamics.ConditionDynamics
     final_losses: tuple
     against_free: Optional[dynamics.Comparison]
-    extra: dict = dataclasses.field(default_factory=dict)
+    at_end: Optional[CircuitScores] = None
+    at_release: Optional[CircuitScores] = None
 
     @property
     def escapes(self) -> tuple:
@@ -169,19 +180,25 @@ class ArmResult:
         """The survival of the escape over the arm's runs."""
         return self.condition.escape
 
+    @property
+    def failed(self) -> int:
+        return sum(r is None for r in self.runs)
+
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentResult:
+    """One of the three experiments: its arms (the free arm first) at `steps`, with notes on failed runs."""
+
     name: str
-    budget: ExperimentBudget
+    budget: InterventionsBudget
     steps: int
     arms: tuple  # ArmResult, the free arm first
     seconds: float
     notes: tuple = ()
 
 
-def _train_arm(base: RunConfig, arm: Arm, budget: ExperimentBudget, out: Optional[Path],
-               progress: bool, **train: Any) -> list:
+def _train_arm(base: RunConfig, arm: Arm, budget: InterventionsBudget, out: Optional[Path],
+               progress: bool, **train: Any) -> list[TrainResult]:
     runs = [_with(base, arm, s, **train) for s in range(budget.seeds)]
     folders = None if out is None else [_folder(out, base, arm, s, "" if not train else "-prefix")
                                         for s in range(budget.seeds)]
@@ -189,10 +206,21 @@ def _train_arm(base: RunConfig, arm: Arm, budget: ExperimentBudget, out: Optiona
     return train_many(runs, folders, progress=progress, models_out=models_out)
 
 
-def run_experiment(name: str, budget: ExperimentBudget = FULL, out_dir: "str | Path | None" = None, *,
+def run_experiment(name: str, budget: InterventionsBudget = FULL, out_dir: "str | Path | None" = None, *,
                    progress: bool = False) -> ExperimentResult:
     """Train every arm of experiment `name` over `budget.seeds` seeds (run folders under `out_dir/runs`, so a
-    rerun skips what is finished) and compare each arm's escape times with the free arm's."""
+    rerun skips what is finished) and compare each arm's escape times with the free arm's.
+
+    Args:
+        name: one of `EXPERIMENTS`.
+        budget: seeds, steps, device.
+        out_dir: where the run folders go (None: nothing is written).
+        progress: a progress bar per arm.
+
+    Returns:
+        The arms' dynamics and comparisons (`ExperimentResult`)."""
+    import time
+
     base, arms = experiment_arms(name, budget)
     out = None if out_dir is None else Path(out_dir)
     start = time.perf_counter()
@@ -204,40 +232,33 @@ def run_experiment(name: str, budget: ExperimentBudget = FULL, out_dir: "str | P
         known = [r for r in runs if r is not None]
         versus = None if free_runs is None else dynamics.compare(free_runs, known)
         free_runs = known if free_runs is None else free_runs
-        extra = {}
-        if base.source.kind == "random":
-            extra["at_end"] = circuit_scores_at_end(trained)
-        if name == "reader-frozen":
-            extra.update(previous_token_at_release(base, arm, budget, out, progress))
+        at_end = circuit_scores_at_end(trained) if base.source.kind == "random" else None
+        at_release = previous_token_at_release(base, arm, budget, out, progress) if name == "reader-frozen" else None
         results.append(ArmResult(arm, tuple(runs), dynamics.condition(known), tuple(r.final.eval_loss for r in trained),
-                                 versus, extra))
+                                 versus, at_end, at_release))
         if any(r is None for r in runs):
             notes.append(f"{arm.name}: {sum(r is None for r in runs)} runs failed (left out)")
     return ExperimentResult(name, budget, base.train.steps, tuple(results), time.perf_counter() - start,
                             tuple(notes))
 
 
-def previous_token_at_release(base: RunConfig, arm: Arm, budget: ExperimentBudget,
-                              out: Optional[Path], progress: bool = False) -> dict:
-    """Layer 0's previous-token score after `budget.release` updates, per seed, as {"previous_token": [...],
-    "mean": m, "interval": (lo, hi)} (a bootstrap interval over seeds). With a constant learning rate the first
-    `release` steps of a run are a run of `release` steps (same data streams), so those short runs are that
-    prefix: trained again here with their models kept, not read from checkpoints, and scored by
-    `circuit_scores_at_end`."""
-    trained = _train_arm(base, arm, budget, out, progress, steps=budget.release)
-    scores = circuit_scores_at_end(trained)
-    return {"previous_token": scores["previous_token"], "mean": scores["previous_token_mean"],
-            "interval": scores["previous_token_interval"],
-            "chance": scores["chance"].get("previous_token", math.nan), "step": budget.release}
+def previous_token_at_release(base: RunConfig, arm: Arm, budget: InterventionsBudget,
+                              out: Optional[Path], progress: bool = False) -> CircuitScores:
+    """The circuit scores after `budget.release` updates (layer 0's previous-token score is the question).
+
+    With a constant learning rate the first `release` steps of a run are a run of `release` steps (same data
+    streams), so those short runs are that prefix: trained again here with their models kept, not read from
+    checkpoints, and scored by `circuit_scores_at_end`."""
+    return circuit_scores_at_end(_train_arm(base, arm, budget, out, progress, steps=budget.release))
 
 
-def circuit_scores_at_end(trained: list) -> dict:
+def circuit_scores_at_end(trained: list[TrainResult]) -> CircuitScores:
     """Layer 0's previous-token and layer 1's induction score of each finished run (two-layer random-kernel
     arms), measured under the interventions active at its last update (`intervene.applied`: a clamped layer is
     probed clamped), with bootstrap intervals of their means and the uniform-attention chance levels."""
     from markov_interp import intervene, probes
 
-    previous, induction, chance = [], [], {}
+    previous, induction, chance = [], [], (math.nan, math.nan)
     for seed, result in enumerate(trained):
         if result.failed or result.model is None:
             continue
@@ -249,10 +270,12 @@ def circuit_scores_at_end(trained: list) -> dict:
         att = probes.attention_scores(result.model, batch.tokens, cache=cache)
         previous.append(float(att.previous_token[0].max()))
         induction.append(float(att.induction[1].max()))
-        chance = {"previous_token": float(att.previous_token_chance), "induction": float(att.induction_chance)}
-    return {"previous_token": previous, "previous_token_mean": _mean(previous),
-            "previous_token_interval": _mean_interval(previous), "induction": induction,
-            "induction_mean": _mean(induction), "induction_interval": _mean_interval(induction), "chance": chance}
+        chance = (float(att.previous_token_chance), float(att.induction_chance))
+    return CircuitScores(step=trained[0].config.train.steps if trained else 0, previous_token=tuple(previous),
+                         previous_token_mean=_mean(previous), previous_token_interval=_mean_interval(previous),
+                         induction=tuple(induction), induction_mean=_mean(induction),
+                         induction_interval=_mean_interval(induction), previous_token_chance=chance[0],
+                         induction_chance=chance[1])
 
 
 def _mean(values: list[float]) -> float:
@@ -295,10 +318,9 @@ def _title(result: ExperimentResult) -> str:
     return f"{result.name} ({result.budget.seeds} seeds, {result.steps} steps)"
 
 
-def _escape_table(r: ExperimentResult) -> list[str]:
+def _escape_table(r: ExperimentResult) -> Table:
     """Per arm: escaped k/n, the median escape [interval], censored [Wilson], the shift from free, log-rank."""
-    lines = ["| arm | escaped | median escape [95% CI] | censored [95% CI] | vs free: median shift [95% CI] "
-             "| log-rank p | final eval loss (mean) |", "|---|---|---|---|---|---|---|"]
+    rows = []
     for a in r.arms:
         s = a.summary
         lo, hi = dynamics.wilson_interval(s.n_censored, s.n)
@@ -307,17 +329,17 @@ def _escape_table(r: ExperimentResult) -> list[str]:
             c = a.against_free.escape
             shift, p = c.difference_text(), "—" if c.p_value is None else f"{c.p_value:.2g}"
         losses = [x for x in a.final_losses if x is not None and math.isfinite(x)]
-        lines.append(f"| {a.arm.name} | {s.n - s.n_censored}/{s.n} | {s.median().describe()} | "
-                     f"{s.n_censored}/{s.n} [{lo:.2f}, {hi:.2f}] | {shift} | {p} | {statistics.fmean(losses):.4f} |")
-    return lines
+        rows.append((a.arm.name, f"{s.n - s.n_censored}/{s.n}", s.median().describe(),
+                     f"{s.n_censored}/{s.n} [{lo:.2f}, {hi:.2f}]", shift, p, f"{_mean(losses):.4f}"))
+    return Table(("arm", "escaped", "median escape [95% CI]", "censored [95% CI]",
+                  "vs free: median shift [95% CI]", "log-rank p", "final eval loss (mean)"), rows)
 
 
-def _lines_table(r: ExperimentResult) -> list[str]:
+def _lines_table(r: ExperimentResult) -> Table:
     """Per arm and line: the median crossing, and for an intervention its ratio to free [bootstrap CI]; the
     area between the median excess curves (intervention - free)."""
     fractions = list(r.arms[0].condition.survival)
-    lines = ["| arm | " + " | ".join(f"{f:g} left" for f in fractions) + " | area vs free [95% CI] |",
-             "|---|" + "---|" * (len(fractions) + 1)]
+    rows = []
     for a in r.arms:
         cells = []
         for f in fractions:
@@ -332,41 +354,48 @@ def _lines_table(r: ExperimentResult) -> list[str]:
             iv = "no interval" if ar.interval is None else ", ".join("?" if x is None else f"{x:+.3g}"
                                                                      for x in ar.interval)
             area = f"{ar.area:+.3g} [{iv}] (steps {ar.span[0]}-{ar.span[1]})"
-        lines.append(f"| {a.arm.name} | " + " | ".join(cells) + f" | {area} |")
-    return lines
+        rows.append((a.arm.name, *cells, area))
+    return Table(("arm", *(f"{f:g} left" for f in fractions), "area vs free [95% CI]"), rows)
 
 
-def _extra_lines(r: ExperimentResult) -> list[str]:
+def _scores_line(arm: str, scores: CircuitScores, what: str) -> str:
+    lo, hi = scores.previous_token_interval
+    text = (f"{arm}, {what}: layer 0 previous-token {scores.previous_token_mean:.3f} [{lo:.3f}, {hi:.3f}]")
+    if what.startswith("at step"):
+        ilo, ihi = scores.induction_interval
+        text += f", layer 1 induction {scores.induction_mean:.3f} [{ilo:.3f}, {ihi:.3f}]"
+    return (text + f" over {len(scores.previous_token)} seeds (uniform attention: {scores.previous_token_chance:.3f}"
+            + (f" and {scores.induction_chance:.3f})" if what.startswith("at step") else ")"))
+
+
+def _score_lines(r: ExperimentResult) -> str:
     lines = []
     for a in r.arms:
-        e = a.extra
-        if "step" in e:
-            lines.append(f"\n{a.arm.name}: layer 0's previous-token score after {e['step']} updates: mean "
-                         f"{e['mean']:.3f} [{e['interval'][0]:.3f}, {e['interval'][1]:.3f}] over "
-                         f"{len(e['previous_token'])} seeds (uniform attention: {e['chance']:.3f})")
-        if "at_end" in e:
-            end = e["at_end"]
-            lines.append(f"\n{a.arm.name}, at step {r.steps} (under its interventions, if any): layer 0 "
-                         f"previous-token "
-                         f"{end['previous_token_mean']:.3f} [{end['previous_token_interval'][0]:.3f}, "
-                         f"{end['previous_token_interval'][1]:.3f}], layer 1 induction {end['induction_mean']:.3f} "
-                         f"[{end['induction_interval'][0]:.3f}, {end['induction_interval'][1]:.3f}] (uniform "
-                         f"attention: {end['chance'].get('previous_token', math.nan):.3f} and "
-                         f"{end['chance'].get('induction', math.nan):.3f})")
-    return lines + [f"\n{n}" for n in r.notes]
+        if a.at_release is not None:
+            lines.append(_scores_line(a.arm.name, a.at_release, f"after {a.at_release.step} updates"))
+        if a.at_end is not None:
+            lines.append(_scores_line(a.arm.name, a.at_end, f"at step {r.steps} (under its interventions, if any)"))
+    return "\n\n".join(lines + list(r.notes))
 
 
-def summary_markdown(results: list[ExperimentResult], *, header: str = "") -> str:
+_CROSSINGS = ("Crossings of every line (fraction of the plateau excess left): the median crossing's grid interval; for "
+              "an intervention its ratio to free with a bootstrap interval; area = the integral of (median excess "
+              "curve - free's) over steps.")
+
+
+def experiment_sections(r: ExperimentResult) -> list[Section]:
     """Two tables per experiment: per arm escaped k/n, the median escape [95% CI], censored fraction [Wilson
     CI], the median shift from the free arm [bootstrap CI], log-rank p and final loss; then the median crossing
-    of every line with its ratio to free [bootstrap CI] and the area between the median excess curves."""
-    lines = [header] if header else []
-    for r in results:
-        lines += ["", f"## {_title(r)}", "", *_escape_table(r), "", "Crossings of every line (fraction of the "
-                  "plateau excess left): the median crossing's grid interval; for an intervention its ratio to "
-                  "free with a bootstrap interval; area = the integral of (median excess curve - free's) over "
-                  "steps.", "", *_lines_table(r), *_extra_lines(r)]
-    return "\n".join(lines) + "\n"
+    of every line with its ratio to free [bootstrap CI] and the area between the median excess curves, and the
+    circuit scores."""
+    return [Section(_title(r), table=_escape_table(r)),
+            Section(text=_CROSSINGS, table=_lines_table(r), after=_score_lines(r),
+                    figures=(f"curves-{r.name}.png", f"crossings-{r.name}.png"))]
+
+
+def summary_markdown(results: list[ExperimentResult]) -> str:
+    """The sections of `results` as markdown (what summary.md holds after its header)."""
+    return "\n\n".join(s.markdown() for r in results for s in experiment_sections(r)) + "\n"
 
 
 def _comparison_json(c: dynamics.Comparison) -> dict:
@@ -377,7 +406,7 @@ def _comparison_json(c: dynamics.Comparison) -> dict:
                          "ratio_interval": x.ratio_interval, "logrank_p": x.p_value} for f, x in c.fractions.items()}}
     if c.area is not None:
         out["area"] = {"span": list(c.area.span), "area": c.area.area, "interval": c.area.interval}
-    return json.loads(json.dumps(out))  # tuples as lists
+    return out
 
 
 def _arm_json(a: ArmResult) -> dict:
@@ -394,65 +423,62 @@ def _arm_json(a: ArmResult) -> dict:
             "curves": [None if r is None else {"steps": list(r.curve.steps), "excess": list(r.curve.excess),
                                                "plateau_excess": list(r.curve.plateau_excess)} for r in a.runs],
             **(_comparison_json(a.against_free) if a.against_free else {}),
-            **a.extra}
+            "at_end": None if a.at_end is None else dataclasses.asdict(a.at_end),
+            "at_release": None if a.at_release is None else dataclasses.asdict(a.at_release)}
 
 
-def to_json(results: list[ExperimentResult]) -> dict:
-    """Every seed's escape, crossings, excess curve and final loss, per arm and experiment, with the arms'
-    comparisons with free (what results.json holds)."""
-    return {r.name: {"steps": r.steps, "seconds": round(r.seconds, 1), "arms": {a.arm.name: _arm_json(a)
-                                                                              for a in r.arms}} for r in results}
+_PREAMBLE = (
+    "A run crosses a line f (a fraction of the plateau's excess over the true predictor: the in-context unigram "
+    "estimator's for random kernels, the stationary law's for the fixed chain) at the first evaluation that starts "
+    f"{dynamics.DWELL} in a row below f, known to lie in (previous evaluation, evaluation]; escape = the crossing of "
+    "0.5, censored when not seen within the budget (`dynamics`). Intervals are 95%: median crossings (Kaplan-Meier "
+    "on the evaluation grid, log-log band; none from fewer than 5 seeds), censored fraction (Wilson), shifts, "
+    "ratios and areas against the free arm (bootstrap over seeds; ?: beyond the budget), mean scores (bootstrap). "
+    "Attention scores are measured on 64 fresh sequences with the arm's clamps applied (`intervene.applied`).")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="runs/interventions", help="run folders, results.json, summary.md, "
-                        "survival.png")
-    parser.add_argument("--quick", action="store_true", help="tiny budget: a smoke test of the code path")
-    parser.add_argument("--experiments", default=",".join(EXPERIMENTS))
-    parser.add_argument("--seeds", type=int, default=None)
-    parser.add_argument("--device", default=None)
-    for field in ("random_steps", "release", "chain_steps"):
-        parser.add_argument("--" + field.replace("_", "-"), type=int, default=None,
-                            help=f"override the budget's {field}")
-    args = parser.parse_args(argv)
-    budget = QUICK if args.quick else FULL
-    changes = {f: getattr(args, f) for f in ("seeds", "device", "random_steps", "release", "chain_steps")
-               if getattr(args, f) is not None}
-    if changes:
-        budget = dataclasses.replace(budget, **changes)
-    out = Path(args.out)
-    results = []
-    for name in args.experiments.split(","):
-        results.append(run_experiment(name, budget, out, progress=sys.stderr.isatty()))
-        print(f"{name}: {results[-1].seconds:.0f} s", file=sys.stderr)
-    import torch
+@dataclasses.dataclass(frozen=True)
+class InterventionsResult(Summary):
+    """The experiments run at one budget (`run`): what summary.md, results.json and the figures hold."""
 
-    header = (f"# Interventions during training ({budget.name})\n\nMade by `python -m markov_interp.experiments "
-              f"{' '.join(argv if argv is not None else sys.argv[1:])}` on {platform.machine()}, device "
-              f"{budget.device}, torch {torch.__version__}, fp32; {budget.seeds} seeds per arm"
-              + (f". Cuts: {budget.cuts}" if budget.cuts else "") + ". A run crosses a line f (a fraction of the "
-              "plateau's excess over the true predictor: the in-context unigram estimator's for random kernels, "
-              "the stationary law's for the fixed chain) at the first evaluation that starts "
-              f"{dynamics.DWELL} in a row below f, known to lie in (previous evaluation, evaluation]; escape = "
-              "the crossing of 0.5, censored when not seen within the budget; evaluations every "
-              + str(budget.eval_every) + " steps (`dynamics`). Intervals are 95%: median crossings (Kaplan-Meier "
-              "on the evaluation grid, log-log band; none from fewer than 5 seeds), censored fraction (Wilson), "
-              "shifts, ratios and areas against the free arm (bootstrap over seeds; ?: beyond the budget), mean "
-              "scores (bootstrap). Attention scores are measured on 64 fresh sequences with the arm's clamps "
-              "applied (`intervene.applied`).")
-    markdown = summary_markdown(results, header=header)
-    atomic_write(out / "summary.md", markdown)
-    atomic_write(out / "results.json", json.dumps(to_json(results), indent=1))
-    drawn = {"survival.png": survival_figure(results)}
-    for r in results:
-        drawn.update(dynamics_figures(r))
-    for name, fig in drawn.items():
-        with atomic_path(out / name) as tmp:
-            fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
-    print(markdown)
-    return 0
+    budget: InterventionsBudget
+    parts: tuple[ExperimentResult, ...]
+
+    @property
+    def failed(self) -> int:
+        return sum(a.failed for r in self.parts for a in r.arms)
+
+    def sections(self) -> list[Section]:
+        intro = Section(text=f"{self.budget.seeds} seeds per arm; evaluations every {self.budget.eval_every} steps. "
+                        + _PREAMBLE, figures=("survival.png",))
+        return [intro] + [s for r in self.parts for s in experiment_sections(r)]
+
+    def figures(self) -> dict[str, Any]:
+        drawn = {"survival.png": survival_figure(list(self.parts))}
+        for r in self.parts:
+            drawn.update(dynamics_figures(r))
+        return drawn
+
+    def to_json(self) -> dict:
+        """Every seed's escape, crossings, excess curve and final loss, per arm and experiment, with the arms'
+        comparisons with free."""
+        return {r.name: {"steps": r.steps, "seconds": round(r.seconds, 1),
+                         "arms": {a.arm.name: _arm_json(a) for a in r.arms}} for r in self.parts}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run(budget: InterventionsBudget, out: Path, *, progress: bool = False) -> InterventionsResult:
+    """Run the experiments `budget.parts` into `out` (run folders under out/runs; a rerun loads them).
+
+    Args:
+        budget: seeds, steps, device and which experiments.
+        out: the experiment's folder.
+        progress: progress bars.
+
+    Returns:
+        The typed result (`InterventionsResult`)."""
+    return InterventionsResult(budget, tuple(run_experiment(name, budget, out, progress=progress)
+                                             for name in budget.parts))
+
+
+EXPERIMENT = register(Experiment(name="interventions", title="Interventions during training",
+                                 budgets={"quick": QUICK, "full": FULL}, run=run, precision="fp32"))

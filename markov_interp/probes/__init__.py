@@ -7,15 +7,24 @@ never write files, plot, or write into a cache. One module per idea:
   in-context learning score; state and context dependence.
 - `attention`: previous-token scores at lags 1..k, induction scores of order k, same-token scores per head,
   beside chance levels that hold on any chain.
-- `interventions`: the one engine: `Component` (head, attention layer, MLP, with its hook name), one setter,
-  one loop.
+- `interventions`: the one engine: `Component` (head, attention layer, MLP, embedding, a head's q/k/v input,
+  residual stream, with its hook name), one setter, one forward pass with replacements and recordings.
 - `ablation`: zero / mean / resample ablation of components and sets of components; a table over all of them.
-- `patching`: activation patching between two sequences; Q/K/V composition scores.
+- `patching`: activation patching between two sequences (per component, per layer x position); Q/K/V
+  composition scores.
+- `paths`: the model's graph of sender -> receiver-input edges; forward passes with any sets of edges corrupted
+  (path patching); edge attribution patching (the gradient estimate).
+- `discovery`: `discover_circuit`, every edge's exact path-patching effect, the kept edges, faithfulness and
+  minimality, as a `CircuitGraph`.
+- `circuit`: the induction circuit read off a graph (previous-token -> induction K-edges).
+- `gains`: graded gains, the fraction of each step up the ladder of in-context laws the model has climbed.
+- `kernel_swap`: in weights or in context, from sequences of kernels the model was not trained on.
+- `weights`: per-head OV and QK circuits as V x V matrices, direct logit attribution.
 - `readout`: the transition matrix implied by the model's predictions.
-- `strategies`: KL from the model to the uniform, stationary, true-kernel and in-context k-gram laws.
-- `circuit`: induction circuits as role sets of heads, confirmed by ablating each set.
+- `strategies`: KL from the model to the uniform, stationary, true-kernel, state-and-counts and in-context
+  k-gram laws.
 - `classify`: `classify_mechanism`, which names the law the model predicts with ("uniform", "unigram",
-  "in_context_unigram", "kernel", "induction", "other") and checks it.
+  "in_context_unigram", "state_and_counts", "kernel", "induction", "other") from the causal evidence.
 
 >>> # from markov_interp.probes import classify_mechanism
 >>> # classify_mechanism(model, RandomMarkov(3), seed=0).mechanism
@@ -69,7 +78,7 @@ from markov_interp.probes.behaviour import (
     model_predictor,
     state_dependence,
 )
-from markov_interp.probes.circuit import Circuit, Role, find_circuit
+from markov_interp.probes.circuit import Circuit, Role, read_circuit, spread_previous_token_excess
 from markov_interp.probes.classify import (
     MECHANISMS,
     LawCheck,
@@ -79,40 +88,51 @@ from markov_interp.probes.classify import (
     classify_mechanism,
     probe_hook_names,
 )
-from markov_interp.probes.interventions import intervened_probs, set_component
+from markov_interp.probes.discovery import CORRUPTIONS, CircuitGraph, Edge, discover_circuit, kept_edges
+from markov_interp.probes.gains import Gains, graded_gains
+from markov_interp.probes.interventions import intervened_probs, intervened_run, set_component
+from markov_interp.probes.kernel_swap import KernelSwap, SwapPlan, kernel_swap, swap_plan
+from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_attributions, graph_edges
 from markov_interp.probes.patching import (
     PatchingResult,
+    PositionPatching,
+    patching_by_position,
     activation_patching,
     composition_scores,
     head_composition,
     patched_probs,
     patching_pair,
 )
+from markov_interp.probes.weights import LogitAttribution, direct_logit_attribution, ov_circuits, qk_circuits
 from markov_interp.probes.readout import KernelReadout, implied_kernel, kernel_readout
 from markov_interp.probes.strategies import (
+    STATE_AND_COUNTS,
     STRATEGIES,
     STRATEGY_LABELS,
     StrategySimilarity,
     in_context_name,
     in_context_order,
+    state_and_counts_probs,
     strategy_probs,
     strategy_similarity,
 )
 
 __all__ = [
     "DEFAULT_PROBE_LENGTH", "ProbeLengthWarning", "probe_length", "state_labels", "training_length",
-    "AblationTable", "AttentionScores", "BehaviourReport", "Circuit", "Component", "KernelReadout", "LawCheck",
-    "MECHANISMS", "METHODS", "MechanismReport", "PatchingResult", "ProbeBatch", "Role", "STRATEGIES",
-    "STRATEGY_LABELS", "StrategySimilarity", "Thresholds", "ablated_probs", "ablation_hooks", "check_law",
-    "find_circuit", "in_context_name", "in_context_order", "induction_baseline", "induction_keys",
-    "intervened_probs", "probe_hook_names", "set_ablation_losses", "set_component",
-    "ablation_loss_change", "ablation_table", "activation_patching", "add_beta_predictor", "attention_scores",
-    "behaviour", "classify_mechanism", "composition_scores", "context_dependence", "head_composition",
-    "implied_kernel", "in_context_learning_score", "in_context_unigram_probs", "induction_score",
-    "kernel_predictor", "kernel_probs", "kernel_readout", "kl_curve", "loss_curve", "model_components",
-    "model_predictor", "reference_activations", "next_state_probs", "patched_probs", "patching_pair",
-    "previous_token_score",
-    "same_token_score", "sample_batch", "state_dependence", "stationary_probs", "strategy_probs",
-    "strategy_similarity", "total_variation",
-    "uniform_causal_pattern",
+    "AblationTable", "AttentionScores", "BehaviourReport", "CORRUPTIONS", "Circuit", "CircuitGraph", "Component",
+    "Edge", "EdgeKey", "EdgeRunner", "Gains", "KernelReadout", "KernelSwap", "LawCheck", "MECHANISMS", "METHODS",
+    "MechanismReport", "PatchingResult", "ProbeBatch", "Role", "STATE_AND_COUNTS", "STRATEGIES", "STRATEGY_LABELS",
+    "StrategySimilarity", "SwapPlan", "Thresholds", "ablated_probs", "ablation_hooks", "ablation_loss_change",
+    "ablation_table", "activation_patching", "add_beta_predictor", "attention_scores", "behaviour", "check_law",
+    "classify_mechanism", "composition_scores", "context_dependence", "discover_circuit", "edge_attributions",
+    "graded_gains", "graph_edges", "head_composition", "implied_kernel", "in_context_learning_score",
+    "in_context_name", "in_context_order", "in_context_unigram_probs", "induction_baseline", "induction_keys",
+    "induction_score", "intervened_probs", "intervened_run", "kept_edges", "kernel_predictor", "kernel_probs",
+    "kernel_readout", "kernel_swap", "kl_curve", "loss_curve", "model_components", "model_predictor",
+    "next_state_probs", "patched_probs", "patching_pair", "previous_token_score", "probe_hook_names",
+    "read_circuit", "reference_activations", "same_token_score", "sample_batch", "set_ablation_losses",
+    "set_component", "spread_previous_token_excess", "state_and_counts_probs", "state_dependence",
+    "stationary_probs", "strategy_probs", "strategy_similarity", "swap_plan", "total_variation",
+    "uniform_causal_pattern", "PositionPatching", "patching_by_position", "LogitAttribution",
+    "direct_logit_attribution", "ov_circuits", "qk_circuits",
 ]

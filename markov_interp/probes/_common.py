@@ -361,3 +361,20 @@ def json_safe(value: Any) -> Any:
 def default_beta(source: Any) -> float:
     """The add-beta smoothing used for in-context references: the source's alpha for RandomMarkov, else 1/2."""
     return float(source.alpha) if isinstance(source, RandomMarkov) else 0.5
+
+
+def ratio_of_means(numerator: Float[Tensor, " batch"], denominator: Float[Tensor, " batch"]) -> tuple[float, float]:
+    """mean(numerator) / mean(denominator) over sequences and its standard error (delta method: the SE of
+    mean(numerator - r x denominator) / mean(denominator)); NaN when the denominator's mean is 0.
+
+    >>> ratio_of_means(torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0]))
+    (1.0, 0.5)
+    """
+    num, den = numerator.double(), denominator.double()
+    mean_den = float(den.mean())
+    if mean_den == 0 or not math.isfinite(mean_den):
+        return math.nan, math.nan
+    ratio = float(num.mean()) / mean_den
+    n = num.shape[0]
+    spread = float((num - ratio * den).std()) if n > 1 else math.nan
+    return ratio, spread / math.sqrt(n) / abs(mean_den)

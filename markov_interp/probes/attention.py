@@ -35,6 +35,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from markov_interp.models import heads_per_layer
 from markov_interp.probes._common import (
     Model,
     Tokens,
@@ -48,6 +49,7 @@ from markov_interp.probes._display import ProbeResult, dataframe
 
 Pattern = Float[Tensor, "batch head query_pos key_pos"]
 KeyMask = Bool[Tensor, "batch query_pos key_pos"]
+nan = float("nan")
 _SMALL_LAGS = 4  # lags 1..4 are their own strata; longer ones share buckets growing by 1.5x
 
 
@@ -476,20 +478,27 @@ def attention_scores(
     by_layer = lambda grids: torch.stack(grids, dim=1).cpu()  # noqa: E731  [lag/order, layer, head]
     lag_chance = tuple(float(previous_token_score(uniform, cpu, lag=lag)[0]) for lag in range(1, max_lag + 1))
     order_chance = tuple(_uniform_induction_chance(cpu, t) for t in terms)
-    lag_grids, order_grids = by_layer(lags), by_layer(orders)
+    absent = _absent_heads(model)  # surplus heads of layers with fewer heads: NaN, never a role
+    lag_grids, order_grids = by_layer(lags).masked_fill(absent, nan), by_layer(orders).masked_fill(absent, nan)
     return AttentionScores(
         previous_token=lag_grids[0],
         induction=order_grids[0],
-        same_token=torch.stack(same).cpu(),
+        same_token=torch.stack(same).cpu().masked_fill(absent, nan),
         previous_token_chance=lag_chance[0],
         induction_chance=order_chance[0],
         same_token_chance=float(same_token_score(uniform, cpu)[0]),
         previous_token_lags=lag_grids,
         previous_token_lag_chance=lag_chance,
         induction_orders=order_grids,
-        induction_baselines=by_layer(bases),
+        induction_baselines=by_layer(bases).masked_fill(absent, nan),
         induction_order_chance=order_chance,
     )
+
+
+def _absent_heads(model: Model) -> Bool[Tensor, "layer head"]:
+    """True for the heads a layer does not have (`models.heads_per_layer` below the grid's width)."""
+    counts = torch.tensor(heads_per_layer(model))
+    return torch.arange(int(model.cfg.n_heads))[None, :] >= counts[:, None]
 
 
 def _uniform_induction_chance(tokens: Tokens, terms: _InductionTerms) -> float:

@@ -5,13 +5,16 @@ patching (replace it by its value on a clean run) are the same operation with di
 run the model with some components' outputs overwritten and read the next-state laws. Here:
 
 - `Component`: a head (one slice of `blocks.L.attn.hook_z`, its output before W_O), a whole attention layer
-  (`blocks.L.hook_attn_out`) or an MLP (`blocks.L.hook_mlp_out`), with its TransformerLens hook name;
+  (`blocks.L.hook_attn_out`), an MLP (`blocks.L.hook_mlp_out`), the token embedding (`hook_embed`), one input
+  of a head after its projection (its queries, keys or values: a slice of `blocks.L.attn.hook_q/k/v`) or the
+  residual stream a block reads (`blocks.L.hook_resid_pre`), with its TransformerLens hook name;
 - `set_component`: the setter, which writes a replacement into a component's slice of an activation
   (optionally at some positions only);
-- `intervened_probs`: the loop, which runs the model once per group of components with each group's
-  replacements set together and returns the next-state laws of every run.
+- `intervened_run`: the loop body, one forward pass with some components replaced together, which can also
+  record what other hooks computed in that pass (path patching reads a receiver's input that way);
+  `intervened_probs` runs it once per group of components and returns the next-state laws of every run.
 
-`ablation` and `patching` only choose the replacement values.
+`ablation`, `patching` and `paths` (path patching of edges) only choose the replacement values.
 """
 
 import dataclasses
@@ -23,80 +26,106 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from markov_interp.models import heads_per_layer
+from markov_interp.models.hooks import act_name
 from markov_interp.probes._common import (
     Model,
     Probs,
     Tokens,
-    attn_out_hook,
+    check_tokens,
     has_mlp,
-    mlp_out_hook,
-    next_state_probs,
-    z_hook,
 )
 from markov_interp.probes._display import ProbeResult, dataframe
 
-_NAME = re.compile(r"^L(\d+)(?:H(\d+)|\.(attn|mlp))$")
+_NAME = re.compile(r"^(?:(embed)|L(\d+)(?:H(\d+)(?:\.([qkv]))?|\.(attn|mlp|resid)))$")
+Kind = Literal["head", "attn", "mlp", "embed", "q", "k", "v", "resid"]
+KINDS = ("head", "attn", "mlp", "embed", "q", "k", "v", "resid")
+HEAD_KINDS = ("head", "q", "k", "v")  # kinds that are one head's slice (axis 2) of their hook
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Component:
-    """One part of the model that writes to the residual stream: a head, a whole attention layer or an MLP.
+    """One part of the model an intervention overwrites.
 
-    Named "L{layer}H{head}", "L{layer}.attn" or "L{layer}.mlp" (`Component.parse` reads those names back).
+    Writers to the residual stream: a head "L{layer}H{head}" (its output before W_O), a whole attention layer
+    "L{layer}.attn", an MLP "L{layer}.mlp", the token embedding "embed" (positions are never corrupted: clean and
+    corrupted sequences share them). Readers: a head's queries, keys or values "L{layer}H{head}.q" / ".k" / ".v"
+    (after the projection, so one head's input alone), and the residual stream a block reads "L{layer}.resid".
+    `Component.parse` reads those names back.
 
     >>> Component.parse("L1H0")
     Component(kind='head', layer=1, head=0)
     >>> Component(kind="mlp", layer=0).hook_name
     'blocks.0.hook_mlp_out'
+    >>> Component.parse("L1H0.k").hook_name, Component.parse("embed").name
+    ('blocks.1.attn.hook_k', 'embed')
     """
 
-    kind: Literal["head", "attn", "mlp"]
-    layer: int
+    kind: Kind
+    layer: int = 0
     head: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("head", "attn", "mlp"):
-            raise ValueError(f"component kind must be 'head', 'attn' or 'mlp', got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"component kind must be one of {KINDS}, got {self.kind!r}")
         if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
             raise ValueError(f"component layer must be an integer >= 0, got {self.layer!r}")
-        if (self.kind == "head") != (self.head is not None):
-            raise ValueError(f"a {self.kind!r} component {'needs' if self.kind == 'head' else 'takes no'} head index")
+        if self.kind == "embed" and self.layer != 0:
+            raise ValueError(f"the embedding has no layer, got layer={self.layer!r}")
+        if (self.kind in HEAD_KINDS) != (self.head is not None):
+            needs = "needs" if self.kind in HEAD_KINDS else "takes no"
+            raise ValueError(f"a {self.kind!r} component {needs} head index")
         if self.head is not None and (isinstance(self.head, bool) or not isinstance(self.head, int) or self.head < 0):
             raise ValueError(f"component head must be an integer >= 0, got {self.head!r}")
 
     @property
     def name(self) -> str:
-        return f"L{self.layer}H{self.head}" if self.kind == "head" else f"L{self.layer}.{self.kind}"
+        if self.kind == "embed":
+            return "embed"
+        if self.kind == "head":
+            return f"L{self.layer}H{self.head}"
+        if self.kind in HEAD_KINDS:
+            return f"L{self.layer}H{self.head}.{self.kind}"
+        return f"L{self.layer}.{self.kind}"
 
     def __str__(self) -> str:
         return self.name
 
     @property
     def hook_name(self) -> str:
-        """The TransformerLens hook whose value an intervention on this component overwrites."""
-        if self.kind == "head":
-            return z_hook(self.layer)
-        return attn_out_hook(self.layer) if self.kind == "attn" else mlp_out_hook(self.layer)
+        """The TransformerLens hook whose value an intervention on this component overwrites
+        (`models.hooks.act_name`)."""
+        if self.kind == "embed":
+            return act_name("embed")
+        kind = {"head": "z", "attn": "attn_out", "mlp": "mlp_out", "resid": "resid_pre"}.get(self.kind, self.kind)
+        return act_name(kind, self.layer)
 
     @classmethod
     def parse(cls, name: "str | Component") -> "Component":
-        """The component named "L0H1", "L1.attn" or "L0.mlp" (a `Component` is returned as is)."""
+        """The component named "L0H1", "L1.attn", "L0.mlp", "embed", "L1H0.k" or "L1.resid" (a `Component` is
+        returned as is)."""
         if isinstance(name, Component):
             return name
         match = _NAME.match(name) if isinstance(name, str) else None
         if match is None:
-            raise ValueError(f"component name must look like 'L0H1', 'L1.attn' or 'L0.mlp', got {name!r}")
-        layer = int(match.group(1))
-        if match.group(2) is not None:
-            return cls(kind="head", layer=layer, head=int(match.group(2)))
-        return cls(kind=match.group(3), layer=layer)
+            raise ValueError(f"component name must look like 'L0H1', 'L1.attn', 'L0.mlp', 'embed', 'L1H0.q' or "
+                             f"'L1.resid', got {name!r}")
+        embed, layer, head, channel, block = match.groups()
+        if embed:
+            return cls(kind="embed")
+        if head is not None:
+            return cls(kind=channel or "head", layer=int(layer), head=int(head))
+        return cls(kind=block, layer=int(layer))
 
     def check(self, model: Model) -> None:
-        """Raise ValueError if the model has no such component."""
+        """Raise ValueError if the model has no such component (heads counted per layer:
+        `models.heads_per_layer`)."""
+        if self.kind == "embed":
+            return
         if self.layer >= model.cfg.n_layers:
             raise ValueError(f"{self.name}: the model has only {model.cfg.n_layers} layers")
-        if self.kind == "head" and self.head >= model.cfg.n_heads:
-            raise ValueError(f"{self.name}: the model has only {model.cfg.n_heads} heads per layer")
+        if self.kind in HEAD_KINDS and self.head >= heads_per_layer(model)[self.layer]:
+            raise ValueError(f"{self.name}: layer {self.layer} has only {heads_per_layer(model)[self.layer]} heads")
         if self.kind == "mlp" and not has_mlp(model, self.layer):
             raise ValueError(f"{self.name}: layer {self.layer} has no MLP (attention-only model)")
 
@@ -147,11 +176,13 @@ class ComponentValues(ProbeResult):
 
 
 def model_components(model: Model, *, kinds: Sequence[str] = ("head", "attn", "mlp")) -> tuple[Component, ...]:
-    """Every head, attention layer and MLP of the model (restricted to `kinds`), layer by layer."""
+    """Every head, attention layer and MLP of the model (restricted to `kinds`), layer by layer (the heads each
+    layer really has: `models.heads_per_layer`)."""
     out = []
+    heads = heads_per_layer(model)
     for layer in range(model.cfg.n_layers):
         if "head" in kinds:
-            out += [Component(kind="head", layer=layer, head=h) for h in range(model.cfg.n_heads)]
+            out += [Component(kind="head", layer=layer, head=h) for h in range(heads[layer])]
         if "attn" in kinds:
             out.append(Component(kind="attn", layer=layer))
         if "mlp" in kinds and has_mlp(model, layer):
@@ -175,7 +206,8 @@ def set_component(
 
     `replacement` broadcasts against `activation` (a 0-d tensor, a per-position mean [pos, ...] or a full
     [batch, pos, ...] tensor; longer in pos than the run is fine); for a head only its slice (axis 2 of
-    hook_z) is written; `positions` restricts the write to those sequence positions.
+    hook_z, or of hook_q / hook_k / hook_v for a head's input) is written; `positions` restricts the write to
+    those sequence positions.
     """
     if replacement.ndim == activation.ndim and replacement.shape[0] != activation.shape[0]:
         raise ValueError(
@@ -185,10 +217,10 @@ def set_component(
     seq = activation.shape[1]
     new = replacement
     if new.ndim:  # a 0-d replacement (zero ablation) broadcasts as it is
-        new = new[..., :seq, :, :] if component.kind == "head" else new[..., :seq, :]
+        new = new[..., :seq, :, :] if component.kind in HEAD_KINDS else new[..., :seq, :]
     new = new.to(activation.dtype).expand_as(activation)
     pos = slice(None) if positions is None else list(positions)
-    if component.kind == "head":
+    if component.kind in HEAD_KINDS:
         out[:, pos, component.head] = new[:, pos, component.head]
     else:
         out[:, pos] = new[:, pos]
@@ -197,9 +229,12 @@ def set_component(
 
 def replacement_hooks(
     components: Sequence[Component], replacements: Mapping[str, Tensor], *,
-    positions: Optional[Sequence[int]] = None,
+    positions: Optional[Sequence[int]] = None, record: Optional[dict[str, Tensor]] = None,
 ) -> list[tuple[str, Callable]]:
-    """Forward hooks (for `run_with_hooks`) writing `replacements[hook name]` into each component together."""
+    """Forward hooks (for `run_with_hooks`) writing `replacements[hook name]` into each component together.
+
+    With `record` (a dict), each hook first stores the value the model computed there under its hook name.
+    """
     missing = sorted({c.hook_name for c in components} - set(replacements))
     if missing:
         raise ValueError(f"no replacement values for hooks {missing}")
@@ -209,6 +244,8 @@ def replacement_hooks(
 
     def make(name: str, comps: list[Component]) -> Callable:
         def hook(activation: Tensor, hook: Any = None) -> Tensor:
+            if record is not None:
+                record[name] = activation
             for c in comps:
                 activation = set_component(activation, c, replacements[name], positions=positions)
             return activation
@@ -218,7 +255,39 @@ def replacement_hooks(
     return [(name, make(name, comps)) for name, comps in by_hook.items()]
 
 
+def _recorder(name: str, record: dict[str, Tensor]) -> Callable:
+    def hook(activation: Tensor, hook: Any = None) -> Tensor:
+        record[name] = activation
+        return activation
+
+    return hook
+
+
 # ------------------------------------------------------------------------------------------------- loop
+def intervened_run(
+    model: Model,
+    tokens: Tokens,
+    components: Sequence[Component],
+    replacements: Mapping[str, Tensor],
+    *,
+    positions: Optional[Sequence[int]] = None,
+    record: Sequence[str] = (),
+) -> tuple[Float[Tensor, "batch pos vocab"], dict[str, Tensor]]:
+    """One forward pass of `tokens` with `components` replaced together: (logits, {hook name: value}).
+
+    `record` names hooks whose value this pass computed is returned (for a replaced hook, the value before the
+    replacement): path patching reads a receiver's input in a pass whose senders are set this way.
+    """
+    store: dict[str, Tensor] = {}
+    hooks = replacement_hooks(components, replacements, positions=positions, record=store)
+    hooked = {name for name, _ in hooks}
+    hooks += [(name, _recorder(name, store)) for name in dict.fromkeys(record) if name not in hooked]
+    logits = model.run_with_hooks(check_tokens(model, tokens), fwd_hooks=hooks) if hooks else model(
+        check_tokens(model, tokens))
+    return logits, {name: store[name] for name in record}
+
+
+@torch.no_grad()
 def intervened_probs(
     model: Model,
     tokens: Tokens,
@@ -233,6 +302,6 @@ def intervened_probs(
     patch (replacements: a clean run's activations).
     """
     return [
-        next_state_probs(model, tokens, fwd_hooks=replacement_hooks(group, replacements, positions=positions))
+        torch.softmax(intervened_run(model, tokens, group, replacements, positions=positions)[0].double(), dim=-1)
         for group in groups
     ]

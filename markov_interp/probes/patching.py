@@ -36,6 +36,7 @@ from markov_interp.probes.interventions import (
 
 
 _MIN_BASELINE_KL = 1e-9
+_PATTERN_ENTRIES = 1 << 23  # attention-pattern entries of one position-patching pass (chunks of positions)
 
 
 def patching_pair(tokens: TokensOrBatch, *, seed: int = 0) -> tuple[Tokens, Tokens]:
@@ -183,6 +184,65 @@ def activation_patching(
         n_layers=int(model.cfg.n_layers),
         n_heads=int(model.cfg.n_heads),
     )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class PositionPatching:
+    """Recovery of the clean prediction at `position` when the residual stream a layer reads is patched from
+    the clean run at one earlier position (`recovery[layer, pos]`, 1 - KL(clean || patched) / KL(clean ||
+    corrupted), a ratio of means over the batch): where, and before which layer, the information the prediction
+    needs sits. For an induction circuit on a `patching_pair` the positions that followed earlier visits to the
+    final state light up before the induction layer, and only the final position after it."""
+
+    recovery: Float[Tensor, "layer pos"]
+    baseline_kl: float
+    position: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe({"recovery": self.recovery, "baseline_kl": self.baseline_kl, "position": self.position})
+
+
+@torch.no_grad()
+def patching_by_position(
+    model: Model, clean_tokens: TokensOrBatch, corrupted_tokens: TokensOrBatch, *, position: int = -1
+) -> PositionPatching:
+    """Activation patching by layer x position: the residual stream before each layer (`L{layer}.resid`) taken
+    from the clean run at one position at a time, the rest corrupted (see `PositionPatching`). All positions of a
+    layer run in one pass, stacked along the batch.
+
+    Args:
+        model: a hooked model.
+        clean_tokens, corrupted_tokens: a `patching_pair` (same shape, not identical).
+        position: where the prediction is read (default the last).
+
+    Returns:
+        A `PositionPatching` with a [layer, pos] grid.
+
+    >>> # clean, corrupted = patching_pair(tokens); patching_by_position(model, clean, corrupted).recovery
+    """
+    clean_tokens, corrupted_tokens = as_tokens(clean_tokens), as_tokens(corrupted_tokens)
+    check_pair(clean_tokens, corrupted_tokens)
+    comps = [Component(kind="resid", layer=layer) for layer in range(int(model.cfg.n_layers))]
+    names = [c.hook_name for c in comps]
+    logits, clean_cache = model.run_with_cache(check_tokens(model, clean_tokens), names_filter=names)
+    corrupted_logits, corrupted_cache = model.run_with_cache(check_tokens(model, corrupted_tokens), names_filter=names)
+    clean = torch.softmax(logits.double(), dim=-1)[:, position]
+    baseline = float(theory.kl_divergence(clean, torch.softmax(corrupted_logits.double(), -1)[:, position]).mean())
+    batch, seq = corrupted_tokens.shape
+    grid = torch.full((len(comps), seq), float("nan"))
+    if baseline <= _MIN_BASELINE_KL:  # the context does not matter: nothing to restore
+        return PositionPatching(recovery=grid, baseline_kl=baseline, position=position)
+    chunk = max(1, _PATTERN_ENTRIES // (batch * seq * seq * int(model.cfg.n_heads)))  # positions per pass
+    for comp, name in zip(comps, names):
+        for start in range(0, seq, chunk):
+            idx = torch.arange(start, min(seq, start + chunk))
+            stacked = corrupted_cache[name].repeat(len(idx), 1, 1).unflatten(0, (len(idx), batch))
+            stacked[torch.arange(len(idx)), :, idx] = clean_cache[name][:, idx].transpose(0, 1)  # copy i: position i
+            patched = intervened_probs(model, corrupted_tokens.repeat(len(idx), 1), [[comp]],
+                                       {name: stacked.flatten(0, 1)})[0][:, position]
+            kl = theory.kl_divergence(clean.repeat(len(idx), 1), patched).unflatten(0, (len(idx), batch)).mean(1)
+            grid[comp.layer, idx] = (1.0 - kl / baseline).float()
+    return PositionPatching(recovery=grid, baseline_kl=baseline, position=position)
 
 
 def composition_scores(model: Model, mode: str) -> Float[Tensor, "src_layer src_head dst_layer dst_head"]:

@@ -8,6 +8,11 @@ between the model's predictions and each strategy. This module measures the same
 batch, plus, for a fixed chain, the two predictors a model can store in its weights: the stationary law pi
 (the unigram solution of Makkuva et al.) and the true kernel.
 
+For random kernels one more law is a candidate: `state_and_counts`, the best prediction from the current state
+and the in-context state counts alone (what one attention layer can compute: its query sees the current state,
+its attention averages over the states so far, but no head can match a key's previous state with the current
+one). It sits between the in-context unigram and bigram laws (see `state_and_counts_probs`).
+
 Direction: KL(strategy || model), the excess log-loss the model would pay if the strategy's law were the
 truth (the same direction as `kl_curve` and `theory.kl_divergence(true, predicted)`). It stays finite
 whatever the strategy, because a softmax puts mass on every state, whereas KL(model || kernel) is infinite for
@@ -15,9 +20,12 @@ a kernel with zero entries.
 """
 
 import dataclasses
+import functools
 from typing import Any, Optional
 
 import torch
+from jaxtyping import Int
+from torch import Tensor
 
 from markov_interp import theory
 from markov_interp.probes._common import (
@@ -52,15 +60,66 @@ def in_context_order(name: str) -> Optional[int]:
     return None
 
 
-# Every strategy name, in the order ties are broken (simplest first); stationary / kernel: fixed chains only.
-STRATEGIES = ("uniform", "stationary", "kernel", *(in_context_name(k) for k in range(MAX_ORDER + 1)))
+STATE_AND_COUNTS = "state_and_counts"
+# Every strategy name, in the order ties are broken (simplest first); stationary / kernel: fixed chains only;
+# state_and_counts: random kernels only.
+STRATEGIES = ("uniform", "stationary", "kernel", in_context_name(0), STATE_AND_COUNTS,
+              *(in_context_name(k) for k in range(1, MAX_ORDER + 1)))
 STRATEGY_LABELS = {
     "uniform": "uniform 1/V",
     "stationary": "stationary law pi",
     "kernel": "true kernel",
+    STATE_AND_COUNTS: "current state and in-context state counts",
     **{in_context_name(k): f"in-context {_GRAM.get(k, f'{k + 1}-gram')} (order {k})" for k in range(MAX_ORDER + 1)},
 }
 MIN_GAP = 1e-4  # nats: two candidate laws closer than this on the probe tokens are one law (the simpler name)
+N_PRIOR_KERNELS = 4096  # prior kernels the state-and-counts law averages over
+_CHUNK = 16  # sequences per chunk of the state-and-counts weights ([chunk, pos, N_PRIOR_KERNELS] float64)
+
+
+@functools.lru_cache(maxsize=8)
+def _state_laws(vocab: int, order: int, alpha: float, n_kernels: int, seed: int) -> tuple:
+    """log pi [M, V] and the next-state law given the current state q [M, V, V] of `n_kernels` prior kernels."""
+    from markov_interp.data import RandomMarkov
+
+    kernels = RandomMarkov(vocab, order=order, alpha=alpha).sample_kernels(
+        n_kernels, torch.Generator().manual_seed(seed))
+    contexts = theory.stationary_context_laws(kernels)  # [M, V**order], the current state is the last digit
+    joint = (contexts[..., None] * kernels).reshape(n_kernels, -1, vocab, vocab).sum(1)  # [M, state, next]
+    pi = joint.sum(-1)
+    return pi.clamp_min(1e-30).log().float(), (joint / pi[..., None].clamp_min(1e-300)).float()
+
+
+def state_and_counts_probs(
+    tokens: Int[Tensor, "batch pos"], vocab: int, *, order: int, alpha: float, n_kernels: int = N_PRIOR_KERNELS,
+    seed: int = 0,
+) -> Probs:
+    """The prediction of the next state from the current state x_t and the in-context state counts n (of
+    x_0..x_t) alone, under the random-kernel prior: sum over prior kernels P of w(P) P(next | x_t), with
+    P(next | x_t) the kernel's next-state law given the current state (older states averaged under its stationary
+    context law) and w(P) proportional to prod_v pi_P(v)^n_v, the probability of the counts if the states were drawn
+    independently from the kernel's stationary law pi_P. The prior is Dirichlet(alpha) rows of order `order`, read
+    off `n_kernels` seeded draws (a fixed law: the same `seed` gives the same numbers).
+
+    At t = 0 this is the prior's law given the first state; as the counts grow it follows the kernels whose
+    stationary law matches them, so it uses the current state (unlike the in-context unigram law) without
+    counting transitions (unlike the bigram law). On binary kernels with alpha = 1, at long contexts with
+    balanced counts it predicts a switch with probability 2/3: kernels with pi = (1/2, 1/2) have p = q, and under
+    the prior's weighting p is 2/3 on average.
+
+    >>> probs = state_and_counts_probs(torch.tensor([[0, 1, 0, 1]]), 2, order=1, alpha=1.0)
+    >>> bool(probs[0, 3, 0] > 0.5)  # balanced counts, now in state 1: a switch back to 0 is the better guess
+    True
+    """
+    log_pi, q = _state_laws(vocab, order, float(alpha), n_kernels, seed)
+    tokens = tokens.cpu()
+    counts = torch.nn.functional.one_hot(tokens, vocab).to(torch.float32).cumsum(1)
+    # float32 weights: log-weights are at most a few thousand nats, softmax subtracts their maximum
+    mixed = torch.cat([torch.softmax(counts[start:start + _CHUNK] @ log_pi.T, dim=-1) @ q.reshape(n_kernels, -1)
+                       for start in range(0, tokens.shape[0], _CHUNK)])  # [batch, pos, state * next]
+    rows = mixed.double().reshape(*tokens.shape, vocab, vocab)
+    rows = rows / rows.sum(-1, keepdim=True)
+    return torch.gather(rows, 2, tokens[..., None, None].expand(-1, -1, 1, vocab))[:, :, 0]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
@@ -81,6 +140,7 @@ class StrategySimilarity(ProbeResult):
     aliases: dict[str, str]
     order: int  # the source's order (highest in-context estimator)
     beta: float  # add-beta smoothing of the in-context strategies
+    losses: dict[str, float] = dataclasses.field(default_factory=dict)  # each law's mean loss on the batch, nats
 
     @property
     def candidates(self) -> tuple[str, ...]:
@@ -130,10 +190,10 @@ class StrategySimilarity(ProbeResult):
         return f"{head}\nall candidates (nats): {rest}"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: divergences, gaps, aliases, order, beta, closest."""
+        """JSON-ready dict: divergences, gaps, aliases, order, beta, closest, each law's loss."""
         return json_safe({
             "divergences": dict(self.divergences), "gaps": dict(self.gaps), "aliases": dict(self.aliases),
-            "order": self.order, "beta": self.beta, "closest": self.closest,
+            "order": self.order, "beta": self.beta, "closest": self.closest, "losses": dict(self.losses),
         })
 
 
@@ -158,6 +218,8 @@ def strategy_probs(batch: ProbeBatch, *, beta: float | int | None = None) -> dic
         laws["kernel"] = kernel_probs(batch).cpu()
     for k in range(batch.order + 1):
         laws[in_context_name(k)] = theory.add_beta_predictions(tokens, batch.vocab, order=k, beta=beta)
+        if k == 0 and batch.random_kernel:
+            laws[STATE_AND_COUNTS] = state_and_counts_probs(tokens, batch.vocab, order=batch.order, alpha=beta)
     return laws
 
 
@@ -195,5 +257,7 @@ def strategy_similarity(
     laws = strategy_probs(batch, beta=beta)
     divergences = {name: float(theory.kl_divergence(law, probs).mean()) for name, law in laws.items()}
     gaps, aliases = _gaps(laws)
+    tokens = batch.tokens.cpu()
+    losses = {name: float(theory.target_log_loss(law, tokens).mean()) for name, law in laws.items()}
     return StrategySimilarity(divergences=divergences, gaps=gaps, aliases=aliases, order=int(batch.order),
-                              beta=float(beta))
+                              beta=float(beta), losses=losses)

@@ -7,17 +7,34 @@ verdict with its evidence, per-head scores against chance, attention patterns (c
 inlined once per file), the ablation table, the learned kernel against the true one, the canonical
 landscape (single-layer binary runs) and probe scores over training (runs with checkpoints); for a run of a
 sweep (`<sweep>/runs/<cell_id>` beside `<sweep>/results.csv`) also its escape against the survival curve of
-its condition's seeds (section "condition", `report._condition`).
+its condition's seeds (section "condition", `report._condition`). The "circuit" section draws the circuit that
+`probes.discover_circuit` found (an SVG diagram), per-head OV and QK matrices, direct logit attribution and
+activation patching by layer x position (`report.circuits`). `from_model(model, source)` builds the sections that
+need no run folder for any model.
 
 The figure functions in `markov_interp.report.figures` return matplotlib figures (or a circuitsvis figure)
-from probe results, the canonical landscape and the reproduction's tables, for use in notebooks; every figure
-of the package lives there, and nothing in this package computes a probe number itself.
+from probe results, the canonical landscape and the reproduction's tables, for use in notebooks (the circuit
+figures live in `markov_interp.report.circuits`); nothing in this package computes a probe number itself.
 
 >>> # from markov_interp import report
 >>> # report.build("runs/binary").save()   # -> runs/binary/report.html
 """
 
-from markov_interp.report._build import REPORT_FILE, SECTION_IDS, Report, build, checkpoint_files
+from markov_interp.report._build import (
+    MODEL_SECTION_IDS,
+    REPORT_FILE,
+    SECTION_IDS,
+    Report,
+    build,
+    checkpoint_files,
+    from_model,
+)
+from markov_interp.report.circuits import (
+    circuit_diagram,
+    logit_attribution_figure,
+    ov_qk_figure,
+    position_patching_figure,
+)
 from markov_interp.report._html import (
     CircuitsFigure,
     Section,
@@ -52,6 +69,8 @@ from markov_interp.report.figures import (
 )
 
 __all__ = [
+    "MODEL_SECTION_IDS", "circuit_diagram", "from_model", "logit_attribution_figure", "ov_qk_figure",
+    "position_patching_figure",
     "REPORT_FILE", "SECTION_IDS", "CircuitsFigure", "Report", "Section", "ablation_figure", "atomic_write_text",
     "attention_patterns_figure", "build", "checkpoint_files", "circuits_figure", "circuitsvis_bundle", "document",
     "figure_svg", "head_scores_figure", "in_context_tracking_figure", "kernel_figure", "landscape_figure",

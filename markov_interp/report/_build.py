@@ -21,10 +21,13 @@ from markov_interp import dynamics, models, probes, theory
 from markov_interp.theory import ReferenceLosses
 from markov_interp.training import RunConfig, runfolder
 from markov_interp.report import figures
+from markov_interp.report.circuits import circuit_section
 from markov_interp.report._html import Section, atomic_write_text, document, iframe, paragraph, table
 
 REPORT_FILE = "report.html"
-SECTION_IDS = ("config", "loss", "mechanism", "heads", "attention", "ablation", "kernel", "landscape", "training")
+SECTION_IDS = ("config", "loss", "mechanism", "circuit", "heads", "attention", "ablation", "kernel", "landscape",
+               "training")
+MODEL_SECTION_IDS = ("mechanism", "circuit", "heads", "attention", "ablation", "kernel")  # `from_model`: no run
 CONDITION_SECTION = "condition"  # added after SECTION_IDS for a run that belongs to a sweep
 
 
@@ -158,11 +161,11 @@ def _mechanism_section(mech: Any) -> Section:
                    ("closest" if n == law.law else ""))
                   for n in sim.divergences], header=("candidate law", "mean KL(law || model), nats",
                                                       "gap to nearest other law, nats", ""))
+    induction = mech.induction
     role_rows = [(r.name, ", ".join(h.name for h in r.heads) or "none", ", ".join(f"{x:.2f}" for x in r.scores),
-                  r.ablation, "yes" if r.confirmed else "no") for r in circuit.roles]
-    layer_rows = [(f"whole layer {c.name}", "", "", v, "") for c, v in circuit.layer_ablation]
-    roles = table(role_rows + layer_rows, header=(f"role (order {circuit.order} circuit)", "heads", "excess scores",
-                                                  "set ablation: loss change, nats", "confirmed"))
+                  r.effect, "yes" if r.confirmed else "no") for r in induction.roles]
+    roles = table(role_rows, header=(f"role (order {induction.order} circuit)", "heads", "scores",
+                                     "kept K-edges' path-patching effect, nats", "found"))
     rows = [
         ("eval loss on the probe batch (nats)", b.eval_loss),
         *[(f"reference: {figures.REFERENCE_STYLE[k][0]}",
@@ -170,8 +173,10 @@ def _mechanism_section(mech: Any) -> Section:
           if mech.reference(k) is not None],
         ("own-law check: fit (KL / gap) and margin (KL / runner-up's KL)",
          f"{law.fit_ratio:.3f} (<= {mech.thresholds.fit}), {law.margin_ratio:.3f} (<= {mech.thresholds.margin})"),
-        ("model's in-context gain of the circuit's order (nats)", circuit.model_gain),
-        ("each role's set ablation must cost (nats)", circuit.required),
+        ("graded gains (fraction of each in-context step climbed)", mech.gains.describe()),
+        ("kernel swap: in-context fraction", f"{mech.in_context_fraction:.3f} +- {mech.kernel_swap.se:.3f}"),
+        ("circuit: kept edges, faithfulness", f"{len(circuit.kept)} of {len(circuit.edges)}, "
+                                              f"{circuit.faithfulness:.3f}"),
         ("state dependence / optimal predictor's", f"{b.state_dependence:.4f} / {b.reference_state_dependence:.4f} "
                                                    f"= {mech.state_ratio:.3f}"),
         ("context dependence / add-beta's", f"{b.context_dependence:.4f} / {b.reference_context_dependence:.4f} "
@@ -377,6 +382,25 @@ def _condition_section(run_dir: Path) -> Optional[Section]:
 
 
 # --------------------------------------------------------------------------------------------------- build
+def _model_sections(model: Any, source: Any, *, n_sequences: int, seq_len: Optional[int], seed: int,
+                    sample_len: int) -> tuple[Any, Any, tuple[Section, ...]]:
+    """(probe batch, `MechanismReport`, the sections `MODEL_SECTION_IDS`): what a model alone gives."""
+    seq_len = probes.probe_length(model, seq_len)
+    batch = probes.sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
+    _, cache = model.run_with_cache(batch.tokens.to(_device(model)), names_filter=probes.probe_hook_names(model))
+    mech = probes.classify_mechanism(model, source, batch=batch, cache=cache, seed=seed)  # table reused below
+    sections = (
+        _mechanism_section(mech),
+        circuit_section(model, mech, batch),
+        _heads_section(mech),
+        _attention_section(model, batch.tokens[0, : min(sample_len, seq_len)], cache),
+        _ablation_section(mech.ablation, mech),
+        _kernel_section(model, mech, batch),
+    )
+    assert tuple(s.id for s in sections) == MODEL_SECTION_IDS
+    return batch, mech, sections
+
+
 def build(
     run_dir: "str | os.PathLike",
     *,
@@ -405,20 +429,15 @@ def build(
     model = runfolder.load_model(run_dir, device=device, expect=run.model)
     metrics = runfolder.load_metrics(run_dir)
     source = run.source.build()
-    seq_len = probes.probe_length(model, seq_len)  # the one rule: the training length (from the run folder)
-    batch = probes.sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    _, cache = model.run_with_cache(batch.tokens.to(_device(model)), names_filter=probes.probe_hook_names(model))
-    mech = probes.classify_mechanism(model, source, batch=batch, cache=cache, seed=seed)  # table reused below
+    # the one length rule (the training length, from the run folder), one probe batch, one cache
+    batch, mech, probed = _model_sections(model, source, n_sequences=n_sequences, seq_len=seq_len, seed=seed,
+                                          sample_len=sample_len)
     checkpoints = checkpoint_files(run_dir)
     logged = _logged_references(metrics)
     sections = (
         _config_section(run, run_dir, model),
         _loss_section(metrics, logged, mech, [s for s, _ in checkpoints]),
-        _mechanism_section(mech),
-        _heads_section(mech),
-        _attention_section(model, batch.tokens[0, : min(sample_len, seq_len)], cache),
-        _ablation_section(mech.ablation, mech),
-        _kernel_section(model, mech, batch),
+        *probed,
         _landscape_section(run, model, checkpoints),
         _training_section(run, model, checkpoints, batch, mech, metrics, logged, max_checkpoints),
     )
@@ -431,3 +450,38 @@ def build(
     )
     return Report(title=f"markov-interp report: {run_dir.resolve().name}", sections=sections, mechanism=mech,
                   run_dir=run_dir, intro=intro)
+
+
+def from_model(
+    model: Any,
+    source: Any,
+    *,
+    n_sequences: int = 64,
+    seq_len: Optional[int] = None,
+    seed: int = 0,
+    sample_len: int = 40,
+    title: Optional[str] = None,
+) -> Report:
+    """A report for a model that has no run folder (hand-built, trained in memory, loaded from weights alone):
+    the sections of `build` that need no run (`MODEL_SECTION_IDS`: mechanism, circuit, heads, attention,
+    ablations, kernel). `save(path)` needs a path.
+
+    Args:
+        model: a hooked model.
+        source: the source to probe it on (`BinaryChain`, `MarkovChain`, `RandomMarkov`).
+        n_sequences, seq_len, seed: the probe batch (`seq_len` by `probes.probe_length`).
+        sample_len: states of the first sequence shown in the attention patterns.
+        title: the page title.
+
+    Returns:
+        A `Report`.
+
+    >>> # report.from_model(model, RandomMarkov(3)).save("model-report.html")
+    """
+    _, mech, sections = _model_sections(model, source, n_sequences=n_sequences, seq_len=seq_len, seed=seed,
+                                        sample_len=sample_len)
+    intro = why_panel(mech) + paragraph(
+        f"{repr(source)}; eval loss {mech.eval_loss:.4f} nats on the probe batch. A model without a run folder: "
+        "no training curves. Generated by markov-interp; opens without a network.")
+    return Report(title=title or f"markov-interp report: a model on {source!r}", sections=sections, mechanism=mech,
+                  intro=intro)

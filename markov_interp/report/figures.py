@@ -8,7 +8,7 @@ from `markov_interp.theory` via the run's metrics); these functions only draw th
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -545,12 +545,31 @@ def landscape_figure(*, p: float, q: float, w_range: tuple[float, float] = (-2.5
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def reproduction_phase_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]], values: Sequence[float]) -> Figure:
-    """The (p, q) square, one panel per setting ({title: summary rows}), each cell coloured by the fraction of
+@runtime_checkable
+class ConditionRow(Protocol):
+    """What the reproduction's figures read of one condition's summary (`reproduce.ConditionSummary`)."""
+
+    p: Optional[float]
+    q: Optional[float]
+    tied: Optional[bool]
+    init: Optional[str]
+    precision: Optional[str]
+    budget: int  # training steps
+    n_runs: int  # runs with a known escape
+    n_censored: int
+    median_escape: Optional[int]
+    median_escape_ci: Optional[tuple[int, Optional[int]]]
+    censored_ci: Optional[tuple[float, float]]
+    stuck_fraction: Optional[float]
+    theory: Optional[str]
+
+
+def reproduction_phase_figure(panels: Mapping[str, Sequence[ConditionRow]], values: Sequence[float]) -> Figure:
+    """The (p, q) square, one panel per setting ({title: conditions}), each cell coloured by the fraction of
     seeds stuck at the unigram loss, with the theory's boundary p + q = 1 and its predicted unigram cells (x).
 
-    A row holds "p", "q", "stuck_fraction" (None: no finished seed) and "theory" (`landscape.predict_outcome`);
-    `values` are the grid's p (= q) values, which size the cells.
+    A condition's `p`, `q`, `stuck_fraction` (None: no finished seed) and `theory` (`landscape.predict_outcome`)
+    are drawn; `values` are the grid's p (= q) values, which size the cells.
     """
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
@@ -564,11 +583,11 @@ def reproduction_phase_figure(panels: Mapping[str, Sequence[Mapping[str, Any]]],
     for ax, (title, rows) in zip(axes, panels.items()):
         ax.set_facecolor("#f4f4f4")
         for r in rows:
-            frac, x, y = r["stuck_fraction"], r["p"], r["q"]
+            frac, x, y = r.stuck_fraction, r.p, r.q
             colour = "#bbbbbb" if frac is None else cmap(norm(frac))
             ax.add_patch(Rectangle((x - step / 2, y - step / 2), step, step, facecolor=colour, edgecolor="white"))
             ax.annotate("n/a" if frac is None else f"{frac:.2f}", (x, y), ha="center", va="center", fontsize=8)
-            if r["theory"] == "unigram":
+            if r.theory == "unigram":
                 ax.plot([x], [y - step * 0.3], marker="x", color="black", markersize=5, ls="none")
         ax.plot([0, 1], [1, 0], color="black", lw=1.5, ls="--", label="theory boundary p + q = 1")
         ax.plot([], [], marker="x", color="black", ls="none", label="landscape predicts unigram")
@@ -610,6 +629,7 @@ def reproduction_depth_figure(curves: Mapping[int, Sequence[tuple[Sequence[int],
 
 
 _MECHANISM_COLOURS = {"uniform": "lightgrey", "unigram": "tab:red", "in_context_unigram": "tab:orange",
+                      "state_and_counts": "gold",
                       "kernel": "tab:blue", "induction": "tab:green", "other": "tab:purple", "?": "grey"}
 
 
@@ -722,26 +742,27 @@ def excess_curves_figure(curves: Mapping[str, MedianCurve], *, fractions: Sequen
     return fig
 
 
-def reproduction_init_precision_figure(rows: Sequence[Mapping[str, Any]], *, p: float, q: float) -> Figure:
-    """Fraction of seeds stuck at the unigram loss by initialisation and precision (one layer, tied): rows hold
-    "init", "precision" ("fp32" / "fp16"), "stuck_fraction" and "theory" (the landscape's prediction)."""
+def reproduction_init_precision_figure(rows: Sequence[ConditionRow], *, p: float, q: float) -> Figure:
+    """Fraction of seeds stuck at the unigram loss by initialisation and precision (one layer, tied): each
+    condition's `init`, `precision` ("fp32" / "fp16"), `stuck_fraction` and `theory` (the landscape's
+    prediction)."""
     fig = Figure(figsize=(7, 3.8))
     ax = fig.subplots()
-    inits = sorted({r["init"] for r in rows})
+    inits = sorted({r.init for r in rows})
     for k, precision in enumerate(("fp32", "fp16")):
         xs, ys = [], []
         for i, init in enumerate(inits):
-            match = [r for r in rows if r["init"] == init and r["precision"] == precision]
-            if match and match[0]["stuck_fraction"] is not None:
+            match = [r for r in rows if r.init == init and r.precision == precision]
+            if match and match[0].stuck_fraction is not None:
                 xs.append(i + (k - 0.5) * 0.38)
-                ys.append(match[0]["stuck_fraction"])
+                ys.append(match[0].stuck_fraction)
         label = precision + (" autocast, no loss scaling" if precision == "fp16" else "")
         bars = ax.bar(xs, ys, width=0.36, label=label)
         ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=7)
     for i, init in enumerate(inits):
-        match = [r for r in rows if r["init"] == init]
-        if match and match[0]["theory"]:
-            ax.annotate(f"theory: {match[0]['theory']}", (i, 1.04), ha="center", fontsize=8)
+        match = [r for r in rows if r.init == init]
+        if match and match[0].theory:
+            ax.annotate(f"theory: {match[0].theory}", (i, 1.04), ha="center", fontsize=8)
     ax.set_xticks(range(len(inits)), inits, fontsize=8)
     ax.set_ylim(0, 1.12)
     ax.set_ylabel("fraction of seeds stuck at H(pi)")
@@ -750,36 +771,36 @@ def reproduction_init_precision_figure(rows: Sequence[Mapping[str, Any]], *, p: 
     return fig
 
 
-def reproduction_boundary_figure(rows: Sequence[Mapping[str, Any]], *, p: float) -> Figure:
+def reproduction_boundary_figure(rows: Sequence[ConditionRow], *, p: float) -> Figure:
     """Escape times along a line p fixed, q varied, across p + q = 1, tied beside untied: the Kaplan-Meier median
     escape step with its 95% interval (left; an open marker at the budget where the median was not reached) and
-    the fraction of seeds censored at the budget with its Wilson interval (right). `rows` are summary rows with
-    "q", "tied", "median_escape", "median_escape_ci", "censored", "censored_ci" and "budget"."""
+    the fraction of seeds censored at the budget with its Wilson interval (right). `rows` are the line's
+    conditions (`q`, `tied`, `median_escape`, `median_escape_ci`, `n_censored` of `n_runs`, `censored_ci`,
+    `budget`)."""
     fig = Figure(figsize=(10, 3.8))
     left, right = fig.subplots(1, 2)
     for k, (tied, colour) in enumerate(((True, "tab:red"), (False, "tab:blue"))):
-        line = sorted((r for r in rows if r["tied"] == tied), key=lambda r: r["q"])
+        line = sorted((r for r in rows if r.tied == tied and r.n_runs), key=lambda r: r.q)
         if not line:
             continue
         label = "tied" if tied else "untied"
         shift = (k - 0.5) * 0.01  # tied and untied side by side at each q
         for r in line:
-            budget, median = r["budget"], r["median_escape"]
-            x = r["q"] + shift
+            budget, median = r.budget, r.median_escape
+            x = r.q + shift
             y = budget if median is None else median
-            lo, hi = r["median_escape_ci"] or (y, y)  # no interval (fewer than dynamics.MIN_RUNS seeds): no bar
+            lo, hi = r.median_escape_ci or (y, y)  # no interval (fewer than dynamics.MIN_RUNS seeds): no bar
             ax_lo, ax_hi = (budget if lo is None else lo), (budget if hi is None else hi)
             left.errorbar([x], [y], yerr=[[y - ax_lo], [ax_hi - y]], fmt="o", color=colour, capsize=3,
                           mfc="white" if median is None else colour, ms=5)
-        left.plot([r["q"] + shift for r in line],
-                  [r["budget"] if r["median_escape"] is None else r["median_escape"] for r in line],
-                  color=colour, lw=1, label=label)
-        fractions = [int(r["censored"].split("/")[0]) / int(r["censored"].split("/")[1]) for r in line]
-        los = [f - r["censored_ci"][0] for f, r in zip(fractions, line)]
-        his = [r["censored_ci"][1] - f for f, r in zip(fractions, line)]
-        right.errorbar([r["q"] + shift for r in line], fractions, yerr=[los, his], fmt="o-", color=colour,
+        left.plot([r.q + shift for r in line], [r.budget if r.median_escape is None else r.median_escape
+                                                for r in line], color=colour, lw=1, label=label)
+        fractions = [r.n_censored / r.n_runs for r in line]
+        los = [f - r.censored_ci[0] for f, r in zip(fractions, line)]
+        his = [r.censored_ci[1] - f for f, r in zip(fractions, line)]
+        right.errorbar([r.q + shift for r in line], fractions, yerr=[los, his], fmt="o-", color=colour,
                        capsize=3, ms=5, lw=1, label=label)
-    budget = max((r["budget"] for r in rows), default=0)
+    budget = max((r.budget for r in rows), default=0)
     for ax in (left, right):
         ax.axvline(1 - p, color="grey", ls="--", lw=1)
         ax.set_xlabel(f"q (p = {p}; dashed: p + q = 1)")

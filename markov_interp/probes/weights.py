@@ -1,0 +1,142 @@
+"""Circuits read off the weights: per-head OV and QK circuits over the states, direct logit attribution.
+
+With V states the full circuits of a head (Elhage et al. 2021) are V x V matrices, the most legible objects these
+models have:
+
+- **OV circuit** W_E W_V W_O W_U [attended state, next state]: the logits a head adds when it attends to a key
+  holding that state (an induction head copies: a large diagonal; a previous-token head writes into the
+  residual stream for a later head to read, so its own OV circuit may look like nothing);
+- **QK circuit** W_E W_Q W_K^T W_E^T / sqrt(d_head) [query state, key state]: how much a query holding one state
+  prefers keys holding another, from the token embeddings alone (positions and LayerNorm left out, as in
+  TransformerLens's `model.OV` / `model.QK`).
+
+**Direct logit attribution** (`direct_logit_attribution`): the residual stream the unembedding reads is the sum of
+what every component wrote (token and position embeddings, each head, each MLP, the biases); with the final
+LayerNorm's centring and scale frozen at their values in the run, each component's share of the logits is exact
+and the shares add up to the logits. The attribution of a component is its share of the logit of the state that
+came next minus its mean share over all states, averaged over every prediction: how much it pushes the model
+towards what happened.
+"""
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from markov_interp.models import heads_per_layer
+from markov_interp.models.hooks import act_name
+from markov_interp.probes._common import (
+    Model,
+    TokensOrBatch,
+    as_tokens,
+    check_tokens,
+    has_mlp,
+    json_safe,
+    mlp_out_hook,
+    z_hook,
+)
+
+Circuits = Float[Tensor, "layer head vocab vocab"]
+
+
+def _absent(model: Model, grid: Tensor) -> Tensor:
+    """`grid` [layer, head, ...] with the heads a layer does not have set to NaN."""
+    for layer, n in enumerate(heads_per_layer(model)):
+        grid[layer, n:] = math.nan
+    return grid
+
+
+@torch.no_grad()
+def ov_circuits(model: Model) -> Circuits:
+    """W_E W_V W_O W_U per head, [layer, head, attended state, next state] (NaN for absent heads).
+
+    >>> # ov_circuits(model)[1, 0].diagonal()  # large for an induction head that copies the attended state
+    """
+    w_e, w_u = model.W_E.detach().float(), model.W_U.detach().float()
+    ov = torch.einsum("vd,lhde,lhef,fw->lhvw", w_e, model.W_V.detach().float(), model.W_O.detach().float(), w_u)
+    return _absent(model, ov.cpu())
+
+
+@torch.no_grad()
+def qk_circuits(model: Model) -> Circuits:
+    """W_E W_Q W_K^T W_E^T / sqrt(d_head) per head, [layer, head, query state, key state] (NaN for absent heads).
+
+    >>> # qk_circuits(model)[1, 0]  # an attention score bias between the states, before positions
+    """
+    w_e = model.W_E.detach().float()
+    q = torch.einsum("vd,lhde->lhve", w_e, model.W_Q.detach().float())
+    k = torch.einsum("vd,lhde->lhve", w_e, model.W_K.detach().float())
+    qk = torch.einsum("lhve,lhwe->lhvw", q, k) / math.sqrt(int(model.cfg.d_head))
+    return _absent(model, qk.cpu())
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class LogitAttribution:
+    """Direct logit attribution (module docstring), in logits (nats of log-odds) averaged over predictions.
+
+    `heads[layer, head]` (NaN for absent heads), `mlps[layer]` (NaN without an MLP), `embed` (token embedding),
+    `rest` (positions and biases); `total` = their sum = the mean logit of the next state minus the mean logit.
+    """
+
+    heads: Float[Tensor, "layer head"]
+    mlps: Float[Tensor, " layer"]
+    embed: float
+    rest: float
+    total: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe({"heads": self.heads, "mlps": self.mlps, "embed": self.embed, "rest": self.rest,
+                          "total": self.total})
+
+
+def _unembed_share(model: Model, values: Tensor, scale: Tensor, targets: Tensor) -> Tensor:
+    """Each prediction's share of (logit of the next state - mean logit) from residual contributions `values`
+    [..., batch, pos, d_model], through the final LayerNorm frozen at `scale` (centring and weight kept)."""
+    if getattr(model.cfg, "normalization_type", None) in ("LN", "LNPre"):
+        values = values - values.mean(-1, keepdim=True)
+    values = values / scale
+    weight = getattr(getattr(model, "ln_final", None), "w", None)
+    if weight is not None and getattr(model.cfg, "normalization_type", None) == "LN":
+        values = values * weight.detach()
+    w_u = model.W_U.detach()
+    logits = values @ w_u  # [..., batch, pos, vocab]
+    centred = logits - logits.mean(-1, keepdim=True)
+    return torch.gather(centred[..., :-1, :], -1, targets.expand(*centred.shape[:-2], -1, -1)).squeeze(-1)
+
+
+@torch.no_grad()
+def direct_logit_attribution(model: Model, tokens: TokensOrBatch) -> LogitAttribution:
+    """How much each head, MLP and the embedding push the logits towards the next state (module docstring).
+
+    Args:
+        model: a hooked model.
+        tokens: the sequences ([batch, pos] states, or a `ProbeBatch`).
+
+    Returns:
+        A `LogitAttribution`; its parts add up to `total`, the mean centred logit of the next state.
+
+    >>> # direct_logit_attribution(model, batch).heads  # large for the head that writes the prediction
+    """
+    tokens = check_tokens(model, as_tokens(tokens))
+    n_layers = int(model.cfg.n_layers)
+    names = [act_name("embed"), "ln_final.hook_scale"] + [z_hook(layer) for layer in range(n_layers)]
+    names += [mlp_out_hook(layer) for layer in range(n_layers) if has_mlp(model, layer)]
+    logits, cache = model.run_with_cache(tokens, names_filter=names)
+    scale = cache["ln_final.hook_scale"] if "ln_final.hook_scale" in cache else torch.ones(1)
+    targets = tokens[:, 1:, None]
+    share = lambda values: float(_unembed_share(model, values.float(), scale, targets).mean())  # noqa: E731
+    heads = torch.full((n_layers, int(model.cfg.n_heads)), math.nan)
+    for layer, n in enumerate(heads_per_layer(model)):
+        out = torch.einsum("bphd,hde->hbpe", cache[z_hook(layer)][:, :, :n], model.W_O[layer, :n].detach())
+        heads[layer, :n] = _unembed_share(model, out, scale, targets).mean((-1, -2)).cpu()
+    mlps = torch.tensor([share(cache[mlp_out_hook(layer)]) if has_mlp(model, layer) else math.nan
+                         for layer in range(n_layers)])
+    centred = logits - logits.mean(-1, keepdim=True)
+    total = float(torch.gather(centred[:, :-1], -1, targets).mean())
+    embed = share(cache[act_name("embed")])
+    rest = total - embed - float(heads.nansum()) - float(mlps.nansum())
+    return LogitAttribution(heads=heads, mlps=mlps, embed=embed, rest=rest, total=total)
+

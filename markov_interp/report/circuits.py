@@ -1,0 +1,223 @@
+"""Circuit figures: the discovered circuit as an SVG diagram, per-head OV / QK matrices, direct logit attribution,
+activation patching by layer x position. Every number comes from `markov_interp.probes`; this module only draws.
+
+The diagram is plain SVG written here (no JavaScript, no network): nodes by layer (the embedding at the bottom,
+each layer's heads in a row with its MLP above them, the logits at the top), the kept edges as curves whose width
+grows with their path-patching effect, coloured and labelled by the receiver's input (q, k, v, mlp, logits); the
+dropped edges are left out (the caption counts them). Hovering an edge shows its name, effect and SE.
+"""
+
+import html
+import math
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import numpy as np
+from matplotlib.figure import Figure
+
+INPUT_COLOURS = {"q": "#1f77b4", "k": "#d62728", "v": "#2ca02c", "mlp": "#9467bd", "logits": "#555555"}
+_WIDTH, _ROW, _MARGIN, _RADIUS = 720, 110, 40, 20
+
+
+def _layout(graph: Any) -> dict[str, tuple[float, float]]:
+    """(x, y) of every node: rows from the logits (top) down to the embedding."""
+    layers = graph.n_layers
+    rows: list[list[str]] = [["logits"]]
+    for layer in reversed(range(layers)):
+        rows.append([n for n in graph.nodes if n == f"L{layer}.mlp"])
+        rows.append([n for n in graph.nodes if n.startswith(f"L{layer}H")])
+    rows.append(["embed"])
+    rows = [r for r in rows if r]
+    pos = {}
+    for i, row in enumerate(rows):
+        for j, name in enumerate(row):
+            x = _MARGIN + (_WIDTH - 2 * _MARGIN) * (j + 1) / (len(row) + 1)
+            pos[name] = (float(x), float(_MARGIN + i * _ROW))
+    return pos
+
+
+def _edge_path(a: tuple[float, float], b: tuple[float, float], bend: float) -> tuple[str, float, float]:
+    """A quadratic curve from sender `a` (below) to receiver `b` (above) and its midpoint."""
+    (x1, y1), (x2, y2) = a, b
+    cx, cy = (x1 + x2) / 2 + bend, (y1 + y2) / 2
+    mx, my = 0.25 * x1 + 0.5 * cx + 0.25 * x2, 0.25 * y1 + 0.5 * cy + 0.25 * y2
+    return f"M{x1:.1f},{y1 - _RADIUS:.1f} Q{cx:.1f},{cy:.1f} {x2:.1f},{y2 + _RADIUS:.1f}", mx, my
+
+
+def _bend(a: tuple[float, float], b: tuple[float, float], n: int) -> float:
+    """Sideways bow of an edge: edges that skip rows bow out (so they do not run through the nodes between),
+    and the n-th edge between the same two nodes (q, k, v of one head) fans out further."""
+    rows = round(abs(a[1] - b[1]) / _ROW)
+    side = -1.0 if a[0] <= b[0] else 1.0
+    skip = 70.0 * (rows - 1) if rows > 1 else 0.0
+    fan = 26.0 * ((n + 1) // 2) * (1 if n % 2 else -1) if n else 0.0
+    return side * skip + fan
+
+
+def circuit_diagram(graph: Any, *, title: Optional[str] = None) -> str:
+    """The kept edges of a `probes.CircuitGraph` as an inline `<svg>` (module docstring).
+
+    Args:
+        graph: a `CircuitGraph` (`probes.discover_circuit`, or `MechanismReport.circuit`).
+        title: a caption above the diagram (default: faithfulness and the number of kept edges).
+
+    Returns:
+        SVG markup (a string), self-contained.
+    """
+    pos = _layout(graph)
+    height = max(y for _, y in pos.values()) + _MARGIN
+    biggest = max((e.effect for e in graph.kept), default=1.0) or 1.0
+    on_circuit = {n for e in graph.kept for n in (e.sender, e.receiver)}
+    caption = title or (f"{len(graph.kept)} of {len(graph.edges)} edges kept ({graph.corruption} corruption), "
+                        f"faithfulness {graph.faithfulness:.2f}; width: path-patching effect (largest "
+                        f"{biggest:.3f} nats)")
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height + 20:.0f}" '
+             f'viewBox="0 0 {_WIDTH} {height + 20:.0f}" font-family="sans-serif" font-size="12" '
+             f'class="circuit-diagram"><title>{html.escape(caption)}</title>',
+             f'<text x="{_WIDTH / 2}" y="{height + 12:.0f}" text-anchor="middle" fill="#444">'
+             f'{html.escape(caption)}</text>']
+    by_pair: dict[tuple[str, str], int] = {}
+    for edge in sorted(graph.kept, key=lambda e: -e.effect):
+        pair = (edge.sender, edge.receiver)
+        n = by_pair.get(pair, 0)
+        by_pair[pair] = n + 1
+        path, mx, my = _edge_path(pos[edge.sender], pos[edge.receiver], _bend(pos[edge.sender], pos[edge.receiver], n))
+        width = 1.0 + 9.0 * max(edge.effect, 0.0) / biggest
+        colour = INPUT_COLOURS.get(edge.input, "#555555")
+        tip = f"{edge.name}: effect {edge.effect:+.4f} nats (SE {edge.se:.4f})"
+        parts.append(f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="{width:.2f}" '
+                     f'stroke-opacity="0.75" class="edge"><title>{html.escape(tip)}</title></path>')
+        if edge.input in ("q", "k", "v"):
+            parts.append(f'<text x="{mx + 4:.1f}" y="{my:.1f}" fill="{colour}" font-weight="bold">'
+                         f'{edge.input}</text>')
+    for name, (x, y) in pos.items():
+        active = name in on_circuit
+        fill = "#fff3c4" if active and "H" in name else ("#e8eefc" if active else "#f2f2f2")
+        stroke = "#333" if active else "#bbb"
+        shape = (f'<rect x="{x - 34:.1f}" y="{y - _RADIUS:.1f}" width="68" height="{2 * _RADIUS}" rx="6"'
+                 if name in ("embed", "logits") or name.endswith(".mlp") else
+                 f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{_RADIUS}"')
+        parts.append(f'{shape} fill="{fill}" stroke="{stroke}" class="node"><title>{html.escape(name)}</title>'
+                     f'</{"rect" if shape.startswith("<rect") else "circle"}>')
+        parts.append(f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="{"#111" if active else "#999"}">'
+                     f'{html.escape(name)}</text>')
+    legend = "".join(f'<tspan fill="{c}" font-weight="bold">{k}</tspan> ' for k, c in INPUT_COLOURS.items())
+    parts.append(f'<text x="{_MARGIN}" y="16" fill="#444">receiver input: {legend}</text>')
+    return "".join(parts) + "</svg>"
+
+
+def _heatmap(ax: Any, values: np.ndarray, labels: Sequence[str], title: str, *, ylabel: str, xlabel: str) -> None:
+    finite = np.abs(values[np.isfinite(values)])
+    lim = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    ax.imshow(values, cmap="RdBu_r", vmin=-lim, vmax=lim)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.set_title(title, fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=7)
+    ax.set_ylabel(ylabel, fontsize=7)
+    if values.shape[0] <= 4:
+        for (i, j), v in np.ndenumerate(values):
+            if math.isfinite(v):
+                ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=6)
+
+
+def ov_qk_figure(ov: Any, qk: Any, heads: Sequence[tuple[int, int]]) -> Figure:
+    """Each head's OV circuit ([attended state, next state]: the logits it adds) and QK circuit ([query state,
+    key state]: its attention bias) as V x V heatmaps, one row per head in `heads` ((layer, head) pairs).
+
+    Args:
+        ov: `probes.ov_circuits(model)`, [layer, head, V, V].
+        qk: `probes.qk_circuits(model)`, [layer, head, V, V].
+        heads: the heads to draw.
+    """
+    vocab = ov.shape[-1]
+    labels = [str(s) for s in range(vocab)]
+    fig = Figure(figsize=(5.2, 2.3 * len(heads) + 0.3))
+    axes = fig.subplots(len(heads), 2, squeeze=False)
+    for row, (layer, head) in zip(axes, heads):
+        _heatmap(row[0], np.asarray(ov[layer, head], dtype=float), labels, f"L{layer}H{head} OV: W_E W_OV W_U",
+                 ylabel="attended state", xlabel="next state (logit)")
+        _heatmap(row[1], np.asarray(qk[layer, head], dtype=float), labels, f"L{layer}H{head} QK: W_E W_QK W_E^T",
+                 ylabel="query state", xlabel="key state")
+    fig.tight_layout()
+    return fig
+
+
+def logit_attribution_figure(attribution: Any) -> Figure:
+    """Direct logit attribution per component (`probes.direct_logit_attribution`): bars for the embedding, every
+    head and every MLP, and the rest (positions, biases); they add up to the total."""
+    names, values = ["embed"], [attribution.embed]
+    heads = np.asarray(attribution.heads, dtype=float)
+    for layer in range(heads.shape[0]):
+        for head in range(heads.shape[1]):
+            if math.isfinite(heads[layer, head]):
+                names.append(f"L{layer}H{head}")
+                values.append(float(heads[layer, head]))
+        mlp = float(attribution.mlps[layer])
+        if math.isfinite(mlp):
+            names.append(f"L{layer}.mlp")
+            values.append(mlp)
+    names.append("rest")
+    values.append(attribution.rest)
+    fig = Figure(figsize=(max(4.0, 0.55 * len(names) + 1.5), 2.8))
+    ax = fig.subplots()
+    ax.bar(names, values, color=["tab:green" if v >= 0 else "tab:red" for v in values])
+    ax.axhline(0, color="#888", linewidth=0.8)
+    ax.set_ylabel("logit of the next state\n(minus the mean logit)", fontsize=8)
+    ax.set_title(f"direct logit attribution (total {attribution.total:.3f})", fontsize=9)
+    ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def position_patching_figure(result: Any) -> Figure:
+    """Recovery of the clean prediction by layer x patched position (`probes.patching_by_position`)."""
+    grid = np.asarray(result.recovery, dtype=float)
+    fig = Figure(figsize=(min(11.0, 1.5 + 0.18 * grid.shape[1]), 0.6 * grid.shape[0] + 1.4))
+    ax = fig.subplots()
+    image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=min(0.0, float(np.nanmin(grid))) if
+                      np.isfinite(grid).any() else 0.0, vmax=1.0)
+    ax.set_yticks(range(grid.shape[0]), [f"before L{i}" for i in range(grid.shape[0])], fontsize=8)
+    ax.set_xlabel("patched position (clean residual stream there, corrupted elsewhere)", fontsize=8)
+    ax.set_title(f"activation patching by layer x position: recovery at position {result.position}", fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    return fig
+
+
+def circuit_section(model: Any, mech: Any, batch: Any, *, max_positions: int = 48) -> Any:
+    """The report's "circuit" section: the diagram of the circuit `classify_mechanism` found, its strongest
+    edges, the OV / QK circuits of the heads on it (all heads when none is), direct logit attribution and
+    activation patching by layer x position (on a `patching_pair` of the probe batch's first 16 sequences,
+    cut to the last `max_positions` states)."""
+    from markov_interp import probes
+    from markov_interp.report._html import Section, paragraph, table
+
+    graph = mech.circuit
+    intro = paragraph(
+        f"Every edge of the model's graph (sender -> receiver input) was corrupted on its own ({graph.corruption} "
+        f"corruption: the sender's output from another sequence, only where that receiver input reads it) on "
+        f"{graph.n_sequences} sequences of {graph.seq_len} states; its effect is the rise of the loss. "
+        f"{graph.rule}. Faithfulness {graph.faithfulness:.3f}: the kept edges alone recover that fraction of what "
+        f"corrupting everything costs ({graph.total_effect:.4f} nats).")
+    top = sorted(graph.edges, key=lambda e: -e.effect)[:12]
+    kept = set(graph.kept_names)
+    rows = [(e.name, e.effect, e.se, e.attribution, "yes" if e.name in kept else "", graph.minimality.get(e.name))
+            for e in top]
+    edges = table(rows, header=("edge", "effect (nats)", "SE", "gradient estimate", "kept",
+                                "own contribution in the circuit"))
+    disagree = paragraph("Edges the gradient estimate (edge attribution patching) would decide differently: "
+                         + (", ".join(graph.disagreements) or "none") + ".", cls="note")
+    on = [n for n in graph.kept_heads()] or [n for n in graph.nodes if "H" in n]
+    heads = [(int(n[1:].split("H")[0]), int(n.split("H")[1])) for n in on][:6]
+    parts = [intro, circuit_diagram(graph), edges, disagree,
+             paragraph("OV and QK circuits of the heads on the circuit (token embeddings only: positions, "
+                       "LayerNorm and what earlier heads write are left out, so a head whose keys read a "
+                       "previous-token head shows its match in the diagram's K-edge, not here)."),
+             ov_qk_figure(probes.ov_circuits(model), probes.qk_circuits(model), heads),
+             logit_attribution_figure(probes.direct_logit_attribution(model, batch))]
+    tokens = batch.tokens[:16, -min(max_positions, batch.tokens.shape[1]):]
+    clean, corrupted = probes.patching_pair(tokens, seed=mech.seed)
+    if not bool((clean == corrupted).all()):
+        parts.append(position_patching_figure(probes.patching_by_position(model, clean, corrupted)))
+    return Section("circuit", "Circuit found by path patching", tuple(parts))
