@@ -221,22 +221,28 @@ def test_clamps_follow_their_step_range_and_means_move_only_in_training():
     torch.testing.assert_close(state.means[key], expected)
 
 
-@pytest.mark.parametrize("lag", [1, 2])
-def test_previous_token_clamp_copies_v_from_lag_back(lag):
-    """Hand-built check: layer 0 clamped to previous_token makes z at q equal v at q - lag (position 0 for the
-    first lag queries), with v read from the unclamped hooked model."""
+def _clamped_z_and_v(value: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer 0's z in the fused forward with its pattern clamped to `value`, and its v from the unclamped hooked
+    model ([batch, pos, head, d_head]: layer 0's v does not depend on its pattern)."""
     model = models.build(CFG, seed=0)
     tokens = _tokens()
-    items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern=previous_token:{lag}"])
+    items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern={value}"])
     seen = {}
     hooks = dict(intervene.clamp_hooks(items, CFG, 0, state=ClampState(), update=True))
     hooks["blocks.0.attn.hook_z"] = lambda z: seen.setdefault("z", z)
     with torch.no_grad():
         _fused(model, tokens, hooks)
         _, cache = model.run_with_cache(tokens)
-    v = cache["blocks.0.attn.hook_v"]  # [batch, pos, head, d_head]: layer 0's v does not depend on its pattern
-    source = torch.clamp(torch.arange(tokens.shape[1]) - lag, min=0)
-    torch.testing.assert_close(seen["z"], v[:, source], rtol=0, atol=1e-6)
+    return seen["z"], cache["blocks.0.attn.hook_v"]
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_previous_token_clamp_copies_v_from_lag_back(lag):
+    """Hand-built check: layer 0 clamped to previous_token makes z at q equal v at q - lag (position 0 for the
+    first lag queries), with v read from the unclamped hooked model."""
+    z, v = _clamped_z_and_v(f"previous_token:{lag}")
+    source = torch.clamp(torch.arange(v.shape[1]) - lag, min=0)
+    torch.testing.assert_close(z, v[:, source], rtol=0, atol=1e-6)
     assert intervene.pattern_value("previous_token", 4, lag=2).tolist() == [
         [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0]]
     assert intervene.pattern_value("uniform", 3)[2].tolist() == pytest.approx([1 / 3] * 3)
@@ -245,20 +251,11 @@ def test_previous_token_clamp_copies_v_from_lag_back(lag):
 @pytest.mark.parametrize("lag", [1, 2])
 def test_mixed_clamp_is_half_previous_token_half_uniform(lag):
     """Hand-built check: under `mixed` z at q is (v[q - lag] + mean of v[0..q]) / 2."""
-    model = models.build(CFG, seed=0)
-    tokens = _tokens()
-    items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern=mixed:{lag}"])
-    seen = {}
-    hooks = dict(intervene.clamp_hooks(items, CFG, 0, state=ClampState(), update=True))
-    hooks["blocks.0.attn.hook_z"] = lambda z: seen.setdefault("z", z)
-    with torch.no_grad():
-        _fused(model, tokens, hooks)
-        _, cache = model.run_with_cache(tokens)
-    v = cache["blocks.0.attn.hook_v"]
-    seq = tokens.shape[1]
+    z, v = _clamped_z_and_v(f"mixed:{lag}")
+    seq = v.shape[1]
     source = torch.clamp(torch.arange(seq) - lag, min=0)
     running = v.cumsum(1) / torch.arange(1, seq + 1)[None, :, None, None]
-    torch.testing.assert_close(seen["z"], (v[:, source] + running) / 2, rtol=0, atol=1e-6)
+    torch.testing.assert_close(z, (v[:, source] + running) / 2, rtol=0, atol=1e-6)
     value = intervene.pattern_value("mixed", 5, lag=lag)
     assert torch.allclose(value.sum(-1), torch.ones(5)) and torch.equal(value, value.tril())
 
