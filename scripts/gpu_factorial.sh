@@ -21,7 +21,8 @@ DEVICE=${DEVICE:-cuda}  # a dry run of the wiring elsewhere: DEVICE=cpu EXTRA="-
 EXTRA=${EXTRA:-}        # budget's fields stay the full one's unless EXTRA overrides them)
 mkdir -p "$OUT" "$WORK"
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-  python -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.cuda.is_available()); sys.exit(0 if torch.cuda.is_available() or sys.argv[1] != 'cuda' else 1)" "$DEVICE"
+  python -c "import torch, sys; ok = torch.cuda.is_available(); print('torch', torch.__version__, 'cuda', ok)
+sys.exit(0 if ok or sys.argv[1] != 'cuda' else 1)" "$DEVICE"
   git rev-parse HEAD 2>/dev/null || true; } | tee "$OUT/provenance.txt"
 
 stage() {  # stage NAME SECONDS [--set ...]: the full budget on $DEVICE into $WORK/NAME, its summary copied to $OUT/NAME

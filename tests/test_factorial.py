@@ -26,7 +26,8 @@ def test_arms_change_what_their_names_say():
     assert list(arms) == list(factorial.ARMS) and arms["free"].interventions == () and arms["free"].model == ()
     assert arms["clamped"].interventions[0]["value"] == "previous_token"
     assert arms["mixed"].interventions[0]["value"] == "mixed"
-    assert dict(arms["head-start"].model) == {"init_attention": "previous_token"} and not arms["head-start"].interventions
+    assert dict(arms["head-start"].model) == {"init_attention": "previous_token"}
+    assert not arms["head-start"].interventions
     assert dict(arms["position-code"].model) == {"init_attention": "position_code"}
 
 
