@@ -9,6 +9,8 @@ Python versions, precision and wall time; the budget's cuts; then the experiment
 
 Registered today:
 - `interventions`: freezes and clamps during training (issue 14's three experiments).
+- `factorial`: the previous-token clamp × layer-1 heads {1, 2} × data {Dirichlet, zero diagonal}, with a mixed
+  clamp and a head start (issue 22; docs/findings-dynamics.md).
 
 Writing a new experiment: one module `markov_interp/experiments/NAME.py` (no edit anywhere else; modules whose
 name starts with "_" are not experiments) that provides
