@@ -410,13 +410,10 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         "sweep",
         help="train every cell of a grid spec (TOML) in parallel into one results table (restartable)",
         description="Run the grid of training runs a spec file names (TOML: base config, [grid] of "
-        "'section.field' = [values], seeds; see markov_interp.sweep). Cells already finished are skipped, so "
+        "'section.field' = [values], seeds; see docs/sweeps.md). Cells already finished are skipped, so "
         "the same command resumes a stopped sweep; a failing cell is recorded with its error and the others go "
         "on. Writes OUT/results.csv (and results.parquet with pyarrow). Exit code 1 if any cell failed.",
     )
-    def _params(row) -> str:  # row: sweep.Row
-        return " ".join(f"{k}={v}" for k, v in row.params.items())
-
     p.add_argument("spec", help="sweep spec file (.toml, or .json)")
     p.add_argument("--out", default=None, help="sweep folder (default runs/sweep-<spec file name>)")
     p.add_argument("--backend", choices=["local", "ray"], default="local",
@@ -426,28 +423,29 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--group", type=int, default=None,
                    help="train up to N compatible cells as one stacked model (default: 1 on a CPU, 64 on a GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_run_sweep)
 
-    def handler(args: argparse.Namespace) -> int:
-        from pathlib import Path
 
-        from markov_interp import sweep
-        from markov_interp.training import runfolder
+def _run_sweep(args: argparse.Namespace) -> int:
+    """`markov-interp sweep`: run the spec, print the counts, and each failed or diverged cell to stderr."""
+    from pathlib import Path
 
-        spec = sweep.load_spec(args.spec)
-        out = args.out or str(Path("runs") / f"sweep-{Path(args.spec).stem}")
-        runfolder.check_writable_dir(out, "sweep folder")
-        result = sweep.run(spec, out, backend=args.backend, workers=args.workers, progress=not args.no_progress,
-                           retry_failed=not args.no_retry, group=args.group)
-        n_ok = len(result.rows) - result.n_failed - result.n_diverged
-        print(f"{len(result.rows)} cells: {n_ok} ok ({result.n_run} run now, {result.n_skipped} already done), "
-              f"{result.n_failed} failed, {result.n_diverged} diverged -> {result.table}")
-        for row in result.failed:
-            print(f"  failed {row.cell_id} {_params(row)}: {row.error}", file=sys.stderr)
-        for row in result.diverged:
-            print(f"  diverged {row.cell_id} {_params(row)}: {row.error}", file=sys.stderr)
-        return 1 if result.n_failed else 0
+    from markov_interp import sweep
+    from markov_interp.training import runfolder
 
-    p.set_defaults(handler=handler)
+    spec = sweep.load_spec(args.spec)
+    out = args.out or str(Path("runs") / f"sweep-{Path(args.spec).stem}")
+    runfolder.check_writable_dir(out, "sweep folder")
+    result = sweep.run(spec, out, backend=args.backend, workers=args.workers, progress=not args.no_progress,
+                       retry_failed=not args.no_retry, group=args.group)
+    n_ok = len(result.rows) - result.n_failed - result.n_diverged
+    print(f"{len(result.rows)} cells: {n_ok} ok ({result.n_run} run now, {result.n_skipped} already done), "
+          f"{result.n_failed} failed, {result.n_diverged} diverged -> {result.table}")
+    for kind, rows in (("failed", result.failed), ("diverged", result.diverged)):
+        for row in rows:
+            params = " ".join(f"{k}={v}" for k, v in row.params.items())
+            print(f"  {kind} {row.cell_id} {params}: {row.error}", file=sys.stderr)
+    return 1 if result.n_failed else 0
 
 
 def _add_reproduce(sub: argparse._SubParsersAction) -> None:

@@ -59,7 +59,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp.config import Config, check_int
-from markov_interp.models import HookedModel, ModelConfig, state_shapes
+from markov_interp.models import HookedModel, ModelConfig, hooked_kind, is_bridge, state_shapes
 from markov_interp.models.hooks import PER_HEAD, feature_shape, intervention_points, parse_name
 
 __all__ = [
@@ -530,20 +530,27 @@ def _compose(first: Callable, second: Callable) -> Callable:
 
 
 def tl_hooks(interventions: Iterable[Intervention], cfg: ModelConfig, t: int, *, state: ClampState,
-             update: bool = False) -> list[tuple[str, Callable]]:
+             update: bool = False, model: Optional[HookedModel] = None) -> list[tuple[str, Callable]]:
     """The same clamps as TransformerLens `fwd_hooks` (`model.run_with_hooks(tokens, fwd_hooks=...)`).
 
-    One translation: TransformerLens's bridge fires `hook_resid_mid` on the MLP's input only (it is
-    `ln2.hook_in`; attention-only blocks have none), while the fused paths replace the residual stream itself
-    (HookedTransformer's meaning). A resid_mid clamp therefore also corrects `hook_resid_post` by the change it
-    made (attention-only: it is applied at `hook_resid_post`), so both give the same model. And in a layer with
-    fewer heads than the hooked model's largest count, a per-head clamp sees the layer's real heads only (the
-    surplus heads pass unchanged), as in the fused forward.
+    One translation: TransformerLens's bridge (TL 4) fires `hook_resid_mid` on the MLP's input only (it is
+    `ln2.hook_in`), while the fused paths replace the residual stream itself (HookedTransformer's meaning, TL 2/3).
+    For a bridge, a resid_mid clamp therefore also corrects `hook_resid_post` by the change it made. Attention-only
+    blocks of either kind have no `hook_resid_mid`: the clamp is applied at `hook_resid_post`. Either way the
+    hooked model computes what the fused paths compute. And in a layer with fewer heads than the hooked model's
+    largest count, a per-head clamp sees the layer's real heads only (the surplus heads pass unchanged), as in the
+    fused forward.
+
+    `model`: the hooked model the hooks are for (its kind decides); default the kind `models.hooked_model` builds
+    on the installed TransformerLens (`models.hooked_kind()`).
     """
+    bridge = is_bridge(model) if model is not None else hooked_kind() == "TransformerBridge"
     hooks = dict(clamp_hooks(interventions, cfg, t, state=state, update=update))
     for name in [n for n in hooks if _is_per_head(n) and _layer_heads(cfg, n) < cfg.max_heads]:
         hooks[name] = _on_real_heads(hooks[name], _layer_heads(cfg, name), 3 if name.endswith("hook_pattern") else 2)
     for mid in [n for n in hooks if n.endswith("hook_resid_mid")]:
+        if not bridge and not cfg.attn_only:
+            continue  # HookedTransformer: hook_resid_mid is the residual stream
         fn, post_name = hooks.pop(mid), mid.replace("hook_resid_mid", "hook_resid_post")
         post = hooks.get(post_name)
         if cfg.attn_only:
@@ -595,6 +602,6 @@ def applied(model: HookedModel, interventions: Iterable[Any], t: int, *,
     items = parse_interventions(interventions)
     cfg = model.markov_config
     check_interventions(items, cfg)
-    hooks = tl_hooks(items, cfg, t, state=state if state is not None else ClampState())
+    hooks = tl_hooks(items, cfg, t, state=state if state is not None else ClampState(), model=model)
     with model.hooks(fwd_hooks=hooks):
         yield model

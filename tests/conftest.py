@@ -8,7 +8,20 @@ neither read a developer's `~/.cache/markov-interp` (stale entries would hide a 
 import os
 import tempfile
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
 os.environ.setdefault("MARKOV_INTERP_CACHE", tempfile.mkdtemp(prefix="markov-interp-cache-"))
+
+# The probe / model / report tier: CI runs these files again under TransformerLens 2.18 and 3.2
+# (`pytest -m "tlcompat and not slow"` in .ci/tlcompat; docs/transformerlens.md has the matrix).
+TLCOMPAT_FILES = ("test_tl.py", "test_models.py", "test_probes.py", "test_probe_ux.py", "test_classify.py",
+                  "test_strategies.py", "test_intervene.py", "test_report.py", "test_circuits.py",
+                  "test_readme.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in TLCOMPAT_FILES:
+            item.add_marker(pytest.mark.tlcompat)

@@ -18,23 +18,17 @@ from typing import Optional
 
 import torch
 
-from markov_interp.models import ModelConfig, build
+from markov_interp.models import ModelConfig, hooked_model, state_shapes
 
 
-def _params(model) -> dict:
-    """The native model's parameters by their plain names (the bridge's wrappers stripped)."""
-    return {
-        name.replace("._original_component", ""): param for name, param in model.original_model.named_parameters()
-    }
-
-
-@torch.no_grad()
-def _set(model, values: dict) -> None:
-    params = _params(model)
-    for param in params.values():
-        param.zero_()
+def hand_set(cfg: ModelConfig, values: dict):
+    """The hooked model of `cfg` (the installed TransformerLens's kind: the same on every version) whose weights
+    are `values` ({on-disk name: tensor}, `models.state_shapes`) and zero everywhere else."""
+    state = {name: torch.zeros(shape) for name, shape in state_shapes(cfg).items()}
     for name, value in values.items():
-        params[name].copy_(value)
+        assert state[name].shape == value.shape, (name, tuple(value.shape), state[name].shape)
+        state[name] = value.float()
+    return hooked_model(cfg, state)
 
 
 @torch.no_grad()
@@ -48,7 +42,6 @@ def induction_model(vocab: int, *, n_ctx: int = 48, n_heads: int = 2, prev_head:
     d_model = 3 * V + N
     cfg = ModelConfig(n_layers=2, n_heads=n_heads, d_model=d_model, d_head=dh, attn_only=True, normalization=None,
                       tie_weights=False, unembed_bias=True, d_vocab=V, n_ctx=N)
-    model = build(cfg, seed=0)
     big = sharpness * math.sqrt(dh)
     hd = n_heads * dh
     emb = torch.zeros(V, d_model)
@@ -78,15 +71,14 @@ def induction_model(vocab: int, *, n_ctx: int = 48, n_heads: int = 2, prev_head:
     k1[base + V, POS] = -1
     unembed = torch.zeros(V, d_model)
     unembed[torch.arange(V), O + torch.arange(V)] = 1
-    _set(model, {
-        "tok_embed.weight": emb, "pos.weight": pos,
-        "layers.0.attn.q.weight": q0, "layers.0.attn.k.weight": k0,
-        "layers.0.attn.v.weight": v0, "layers.0.attn.o.weight": o0,
-        "layers.1.attn.q.weight": q1, "layers.1.attn.k.weight": k1,
-        "layers.1.attn.v.weight": v1, "layers.1.attn.o.weight": o1,
-        "head.weight": unembed,
+    return hand_set(cfg, {
+        "embed.weight": emb, "pos_embed.weight": pos,
+        "blocks.0.attn.q.weight": q0, "blocks.0.attn.k.weight": k0,
+        "blocks.0.attn.v.weight": v0, "blocks.0.attn.o.weight": o0,
+        "blocks.1.attn.q.weight": q1, "blocks.1.attn.k.weight": k1,
+        "blocks.1.attn.v.weight": v1, "blocks.1.attn.o.weight": o1,
+        "unembed.weight": unembed,
     })
-    return model
 
 
 @torch.no_grad()
@@ -97,13 +89,11 @@ def kernel_model(kernel, *, n_ctx: int = 128, n_heads: int = 1, with_mlp: bool =
     d_model = V + 2
     cfg = ModelConfig(n_layers=1, n_heads=n_heads, d_model=d_model, d_head=2, attn_only=not with_mlp,
                       normalization=None, tie_weights=False, unembed_bias=True, d_vocab=V, n_ctx=n_ctx)
-    model = build(cfg, seed=0)
     emb = torch.zeros(V, d_model)
     emb[torch.arange(V), torch.arange(V)] = 1
     unembed = torch.zeros(V, d_model)
     unembed[:, :V] = kernel.clamp_min(1e-12).log().T.float()  # logits[x] = sum_s onehot(s) log P[s, x]
-    _set(model, {"tok_embed.weight": emb, "head.weight": unembed})
-    return model
+    return hand_set(cfg, {"embed.weight": emb, "unembed.weight": unembed})
 
 
 @torch.no_grad()
@@ -113,9 +103,7 @@ def unigram_model(pi, *, n_ctx: int = 128, n_layers: int = 1, n_heads: int = 1):
     V = pi.shape[0]
     cfg = ModelConfig(n_layers=n_layers, n_heads=n_heads, d_model=V + 2, d_head=2, attn_only=True,
                       normalization=None, tie_weights=False, unembed_bias=True, d_vocab=V, n_ctx=n_ctx)
-    model = build(cfg, seed=0)
-    _set(model, {"head.bias": pi.log().float()})
-    return model
+    return hand_set(cfg, {"unembed.bias": pi.log().float()})
 
 
 # ---------------------------------------------------------------------------------- general circuit builder
@@ -140,16 +128,15 @@ def circuit_model(vocab: int, heads: dict, *, n_layers: int, n_heads: int, n_ctx
     cfg = ModelConfig(n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_head=dh, attn_only=not with_mlp,
                       normalization=None, tie_weights=False, unembed_bias=True, d_vocab=V, n_ctx=N, act_fn="relu",
                       d_mlp=V * V)
-    model = build(cfg, seed=0)
     big = sharpness * math.sqrt(dh)
     hd = n_heads * dh
-    values = {"tok_embed.weight": torch.zeros(V, d_model), "pos.weight": torch.zeros(N, d_model)}
-    values["tok_embed.weight"][torch.arange(V), T + torch.arange(V)] = 1
-    values["pos.weight"][torch.arange(N), POS + torch.arange(N)] = 1
+    values = {"embed.weight": torch.zeros(V, d_model), "pos_embed.weight": torch.zeros(N, d_model)}
+    values["embed.weight"][torch.arange(V), T + torch.arange(V)] = 1
+    values["pos_embed.weight"][torch.arange(N), POS + torch.arange(N)] = 1
     for layer in range(n_layers):
         for name in "qkv":
-            values[f"layers.{layer}.attn.{name}.weight"] = torch.zeros(hd, d_model)
-        values[f"layers.{layer}.attn.o.weight"] = torch.zeros(d_model, hd)
+            values[f"blocks.{layer}.attn.{name}.weight"] = torch.zeros(hd, d_model)
+        values[f"blocks.{layer}.attn.o.weight"] = torch.zeros(d_model, hd)
     slots = dict(T=T, P=P, O=O, U=U, POS=POS, V=V, N=N, big=big, dh=dh)
     for (layer, head), role in heads.items():
         assert layer < n_layers and head < n_heads, (layer, head)
@@ -159,18 +146,17 @@ def circuit_model(vocab: int, heads: dict, *, n_layers: int, n_heads: int, n_ctx
     if kernel is not None:
         kern = torch.as_tensor(kernel, dtype=torch.float64)
         unembed[:, T:T + V] = kern.clamp_min(1e-12).log().T.float()
-    values["head.weight"] = unembed
+    values["unembed.weight"] = unembed
     if bias is not None:
-        values["head.bias"] = torch.as_tensor(bias, dtype=torch.float32)
+        values["unembed.bias"] = torch.as_tensor(bias, dtype=torch.float32)
     if extra is not None:  # a caller's own weights (e.g. an MLP), given the residual layout
         values.update(extra(slots, d_model))
-    _set(model, values)
-    return model
+    return hand_set(cfg, values)
 
 
 def _write_head(values: dict, layer: int, base: int, role: tuple, s: dict) -> None:
-    q, k, v = (values[f"layers.{layer}.attn.{n}.weight"] for n in "qkv")
-    o = values[f"layers.{layer}.attn.o.weight"]
+    q, k, v = (values[f"blocks.{layer}.attn.{n}.weight"] for n in "qkv")
+    o = values[f"blocks.{layer}.attn.o.weight"]
     V, N, big, T, POS = s["V"], s["N"], s["big"], s["T"], s["POS"]
     ar = torch.arange
     kind = role[0]
@@ -277,7 +263,7 @@ def pair_kernel_model(kernel, *, n_ctx: int = 48):
                 fc_out[unread + unit, unit] = 1
         head = torch.zeros(V, d_model)
         head[:, unread: unread + V * V] = log_kernel.T.float()
-        return {"layers.0.mlp.fc_in.weight": fc_in, "layers.0.mlp.fc_out.weight": fc_out, "head.weight": head}
+        return {"blocks.0.mlp.in.weight": fc_in, "blocks.0.mlp.out.weight": fc_out, "unembed.weight": head}
 
     return circuit_model(V, {(0, 0): ("prev", 1, 1.0)}, n_layers=1, n_heads=1, n_ctx=n_ctx, with_mlp=True,
                          max_lag=V + 1, extra=mlp)

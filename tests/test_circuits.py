@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from handbuilt import (
-    _params,
     counting_circuit,
     decoy_kernel_model,
     induction_circuit,
@@ -48,20 +47,20 @@ SEQ = 48
 
 # ------------------------------------------------------------------------------------------ brute force
 def _scaled(model, factor: float, seed: int = 0):
-    """`model` with every weight multiplied by `factor` and its biases drawn (so that attention, LayerNorm and
-    the MLP work far from linear)."""
+    """`model` rebuilt with every weight multiplied by `factor` and its biases drawn (so that attention, LayerNorm
+    and the MLP work far from linear). Through the on-disk state, so the same on every TransformerLens version."""
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in _params(model).items():
-            p.mul_(factor) if not name.endswith("bias") else p.copy_(torch.randn(p.shape, generator=gen))
-    return model
+    state = models.state_dict_for_save(model)
+    for name, p in state.items():
+        state[name] = p * factor if not name.endswith("bias") else torch.randn(p.shape, generator=gen)
+    return models.hooked_model(model.markov_config, state)
 
 
 def _brute_losses(model, tokens, corrupted, bad: set) -> torch.Tensor:
     """Each sequence's mean loss with the edges named in `bad` corrupted, computed from the weights alone: every
     sender's output and every receiver input formed by hand (ACDC's edge-level forward), independently of the
     hooks and of `probes.paths`."""
-    p, cfg = _params(model), model.markov_config
+    p, cfg = models.state_dict_for_save(model), model.markov_config
     heads, dh = model.markov_config.heads_per_layer, cfg.d_head
 
     def norm(x, w):
@@ -70,8 +69,8 @@ def _brute_losses(model, tokens, corrupted, bad: set) -> torch.Tensor:
         return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + cfg.eps) * w
 
     def forward(tok, corrupt_out, cut):
-        out = {"embed": p["tok_embed.weight"][tok]}
-        pos = p["pos.weight"][: tok.shape[1]]
+        out = {"embed": p["embed.weight"][tok]}
+        pos = p["pos_embed.weight"][: tok.shape[1]]
 
         def read(receiver, suffix, upstream):
             total = pos.expand_as(out["embed"]).clone()
@@ -84,24 +83,24 @@ def _brute_losses(model, tokens, corrupted, bad: set) -> torch.Tensor:
             new = []
             for h in range(heads[layer]):
                 name, rows = f"L{layer}H{h}", slice(h * dh, (h + 1) * dh)
-                w1 = p.get(f"layers.{layer}.ln1.weight")
-                q, k, v = (norm(read(name, f".{c}", done), w1) @ p[f"layers.{layer}.attn.{c}.weight"][rows].T
+                w1 = p.get(f"blocks.{layer}.ln1.weight")
+                q, k, v = (norm(read(name, f".{c}", done), w1) @ p[f"blocks.{layer}.attn.{c}.weight"][rows].T
                            for c in "qkv")
                 scores = q @ k.transpose(-1, -2) / math.sqrt(dh)
                 mask = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
                 pattern = torch.softmax(scores.masked_fill(mask, -torch.inf), dim=-1)
-                out[name] = (pattern @ v) @ p[f"layers.{layer}.attn.o.weight"][:, rows].T
+                out[name] = (pattern @ v) @ p[f"blocks.{layer}.attn.o.weight"][:, rows].T
                 new.append(name)
             done += new
             if not cfg.attn_only:
                 name = f"L{layer}.mlp"
-                x = norm(read(name, "", done), p.get(f"layers.{layer}.ln2.weight"))
-                act = F.gelu(x @ p[f"layers.{layer}.mlp.fc_in.weight"].T) if cfg.act_fn == "gelu" else F.relu(
-                    x @ p[f"layers.{layer}.mlp.fc_in.weight"].T)
-                out[name] = act @ p[f"layers.{layer}.mlp.fc_out.weight"].T
+                x = norm(read(name, "", done), p.get(f"blocks.{layer}.ln2.weight"))
+                act = F.gelu(x @ p[f"blocks.{layer}.mlp.in.weight"].T) if cfg.act_fn == "gelu" else F.relu(
+                    x @ p[f"blocks.{layer}.mlp.in.weight"].T)
+                out[name] = act @ p[f"blocks.{layer}.mlp.out.weight"].T
                 done.append(name)
-        unembed = p["tok_embed.weight"] if cfg.tie_weights else p["head.weight"]
-        logits = norm(read("logits", "", done), p.get("ln_out.weight")) @ unembed.T + p["head.bias"]
+        unembed = p["embed.weight"] if cfg.tie_weights else p["unembed.weight"]
+        logits = norm(read("logits", "", done), p.get("ln_final.weight")) @ unembed.T + p["unembed.bias"]
         return out, logits
 
     with torch.no_grad():
@@ -444,14 +443,14 @@ def test_logit_attribution_of_a_kernel_model_is_the_embedding_and_adds_up_with_l
     centred = logits - logits.mean(-1, keepdim=True)
     assert dla.total == pytest.approx(float(torch.gather(centred[:, :-1], -1, tokens[:, 1:, None]).mean()), rel=1e-5)
     # positions and the output bias are all the rest: recompute them by hand from the weights
-    p = {k: v.detach() for k, v in _params(model).items()}
+    p = models.state_dict_for_save(model)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
     scale = cache["ln_final.hook_scale"].double()
-    pos = p["pos.weight"][:12].double().expand(4, -1, -1)
-    pos_logits = ((pos - pos.mean(-1, keepdim=True)) / scale * p["ln_out.weight"].double()) @ p[
-        "tok_embed.weight"].double().T
-    bias = p["head.bias"].double()
+    pos = p["pos_embed.weight"][:12].double().expand(4, -1, -1)
+    pos_logits = ((pos - pos.mean(-1, keepdim=True)) / scale * p["ln_final.weight"].double()) @ p[
+        "embed.weight"].double().T
+    bias = p["unembed.bias"].double()
     rest = (pos_logits + bias) - (pos_logits + bias).mean(-1, keepdim=True)
     assert dla.rest == pytest.approx(float(torch.gather(rest[:, :-1], -1, tokens[:, 1:, None]).mean()), abs=2e-4)
 

@@ -214,7 +214,7 @@ def test_table_rows_round_trip_through_the_one_typed_reader(tmp_path):
     cells = spec.cells()
     rows = [_row(cells[0]), _row(cells[1], probe=False), _row(cells[2], status="failed")] + [
         _row(c) for c in cells[3:]]
-    sweep._write_table(tmp_path, rows)
+    sweep.write_table(tmp_path, rows)
     back = sweep.read_table(tmp_path)
     assert back == rows
     assert back[0].result.probe.previous_token_head == (0, 0) and back[0].params["train.lr"] == 1
@@ -227,7 +227,7 @@ def test_table_rows_round_trip_through_the_one_typed_reader(tmp_path):
 
 def test_the_reader_refuses_a_row_whose_config_is_not_its_cell(tmp_path):
     (cell,) = sweep.SweepSpec(base={"train": {"steps": 5, "seq_len": 32}, "model": {"n_ctx": 32}}).cells()
-    sweep._write_table(tmp_path, [_row(cell)])
+    sweep.write_table(tmp_path, [_row(cell)])
     path = tmp_path / "results.csv"
     path.write_text(path.read_text().replace(",0.2,0.3,", ",0.25,0.3,"))
     with pytest.raises(ValueError, match="config columns give another cell id"):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from markov_interp import report
+from markov_interp import models, report
 from markov_interp.cli import main as cli_main
 from markov_interp.probes import MECHANISMS, AblationTable, AttentionScores, KernelReadout
 from markov_interp.report._html import _json_for_script, circuits_figure
@@ -266,6 +266,9 @@ def test_report_sections_fit_the_run(runs):
     assert "Not applicable" in two.section("landscape").body()  # two layers: no canonical landscape
     assert "Not applicable" not in one.section("landscape").body()
     assert "Not applicable" in two.section("kernel").body()  # random kernels: no kernel to average
+    for run_dir, rep, _ in runs.values():  # the config's count, not what TL holds beside it (TL 2 / 3: zero
+        # biases and a tied copy)
+        assert f"{models.read_weights(run_dir)[0].n_params:,}" in rep.section("config").body(), run_dir
     assert "<svg" in one.section("landscape").body()
     for rep in (one, two):  # both runs have checkpoints
         assert "<svg" in rep.section("training").body()

@@ -415,7 +415,7 @@ def test_sweep_with_stacks_matches_solo_cells_and_restarts(tmp_path, monkeypatch
     def broken_stack(cells, runs_dir, *, probes):
         raise RuntimeError("stack lost")
 
-    monkeypatch.setattr(sweep, "run_stack", broken_stack)  # a stack that raises is retried as solo cells
+    monkeypatch.setattr("markov_interp.sweep.cells.run_stack", broken_stack)  # a stack that raises is retried as solo cells
     isolated = sweep.run(_sweep_spec(seeds=(2,)), tmp_path / "iso", workers=1, progress=False, group=4)
     assert isolated.n_failed == 0 and all("stack of 2 raised RuntimeError" in r.stack_note for r in isolated.rows)
 

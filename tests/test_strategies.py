@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from handbuilt import _set, induction_model, kernel_model, unigram_model
+from handbuilt import hand_set, induction_model, kernel_model, unigram_model
 from markov_interp import models, theory
 from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.models import ModelConfig
@@ -39,7 +39,6 @@ def counting_model(vocab: int, *, n_ctx: int = SEQ, logit_scale: float = 4.0):
     frequencies into the logits: an in-context unigram counter (it ignores which state is current)."""
     cfg = ModelConfig(n_layers=1, n_heads=1, d_model=2 * vocab, d_head=vocab, attn_only=True, normalization=None,
                       tie_weights=False, unembed_bias=True, d_vocab=vocab, n_ctx=n_ctx)
-    model = models.build(cfg, seed=0)
     eye = torch.eye(vocab)
     emb = torch.zeros(vocab, 2 * vocab)
     emb[:, :vocab] = eye  # current state one-hot; queries and keys stay zero, so attention is uniform
@@ -49,9 +48,8 @@ def counting_model(vocab: int, *, n_ctx: int = SEQ, logit_scale: float = 4.0):
     o[vocab:] = eye  # frequencies into the output slot
     head = torch.zeros(vocab, 2 * vocab)
     head[:, vocab:] = logit_scale * eye
-    _set(model, {"tok_embed.weight": emb, "layers.0.attn.v.weight": v, "layers.0.attn.o.weight": o,
-                 "head.weight": head})
-    return model
+    return hand_set(cfg, {"embed.weight": emb, "blocks.0.attn.v.weight": v, "blocks.0.attn.o.weight": o,
+                          "unembed.weight": head})
 
 
 def test_kernel_model_is_closest_to_the_true_kernel(fixed_batch):

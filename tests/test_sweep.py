@@ -247,8 +247,13 @@ def test_results_table_columns_and_probes(tmp_path):
     assert 0 <= res.probe.p_hat <= 1
     probed = json.loads((tmp_path / "results" / f"{row.cell_id}.probe.json").read_text())
     assert probed["seq_len"] == row.config.train.seq_len  # sweeps probe at the training length, like `probe`
+    # the causal columns are the report's own numbers (the circuits' evidence carried into the table)
+    assert res.probe.in_context_fraction == pytest.approx(probed["in_context_fraction"])
+    assert res.probe.gain_1 == pytest.approx(probed["gains"]["fractions"]["1"])
+    assert res.probe.faithfulness == pytest.approx(probed["circuit"]["faithfulness"])
     columns = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
-    assert {"param.seed", "source.p", "model.n_layers", "final_eval_loss", "mechanism", "probe.p_hat"} <= set(columns)
+    assert {"param.seed", "source.p", "model.n_layers", "final_eval_loss", "mechanism", "probe.p_hat",
+            "probe.gain_1", "probe.in_context_fraction", "probe.faithfulness"} <= set(columns)
     try:
         import pyarrow.parquet as pq
     except ModuleNotFoundError:
@@ -267,11 +272,56 @@ def test_changed_probes_reprobe_without_retraining(tmp_path, monkeypatch):
     weights = tmp_path / "runs" / cid / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     assert sweep.run(spec, tmp_path, workers=1, progress=False).n_run == 0
-    monkeypatch.setattr(sweep, "_probe_settings", lambda: {"version": 1, "probes_source": "edited"})
+    monkeypatch.setattr("markov_interp.sweep.runner.probe_settings", lambda: {"version": 1, "probes_source": "edited"})
     again = sweep.run(spec, tmp_path, workers=1, progress=False)
     assert again.n_run == 1 and again.rows[0].result.probe.mechanism == first.rows[0].result.probe.mechanism
     assert weights.stat().st_mtime_ns == stamp  # the training was reused, only the probes ran again
     assert again.rows[0].result.final_eval_loss == first.rows[0].result.final_eval_loss
+
+
+def probe_logging_cell(cell, runs_dir, *, probe):
+    with open(Path(runs_dir).parent / "calls.log", "a") as handle:
+        handle.write(f"{cell.cell_id}:{probe}\n")
+    return sweep.run_cell(cell, runs_dir, probe=False)  # the flag is what is under test, not the probes
+
+
+def test_a_cell_two_sweeps_share_runs_once_probed_if_either_asks(tmp_path):
+    plain, probed = tiny_spec(name="plain", probe=False), tiny_spec(name="probed", probe=True, seeds=(1,))
+    result = sweep.run([plain, probed], tmp_path, workers=1, progress=False, _cell_fn=probe_logging_cell)
+    assert len(result.rows) == 6 and result.n_run == 4 and result.n_failed == 0
+    shared = {c.cell_id for c in probed.cells()}
+    assert sorted(calls(tmp_path)) == sorted(f"{c.cell_id}:{c.cell_id in shared}" for c in plain.cells())
+    assert [r.sweep for r in result.rows] == ["plain"] * 4 + ["probed"] * 2
+    for cell in plain.cells():
+        record = json.loads((tmp_path / "results" / f"{cell.cell_id}.json").read_text())
+        assert (record["probe_settings"] is not None) == (cell.cell_id in shared)
+
+
+def test_cell_records_round_trip_and_refuse_what_they_cannot_be(tmp_path):
+    """A cell's record file: typed `CellRecord` written and read back; inconsistent records refused; a file
+    that is not a usable format-2 record reads as absent (the cell runs again)."""
+    from markov_interp.sweep import records
+
+    (cell,) = tiny_spec(grid={}, seeds=(0,)).cells()
+    result = sweep.run(tiny_spec(grid={}, seeds=(0,)), tmp_path, workers=1, progress=False).rows[0].result
+    ok = records.CellRecord(status="ok", result=result, stack_size=4, cell_id=cell.cell_id,
+                            probe_settings={"version": 1})
+    path = records.write_record(tmp_path, ok)
+    assert path == records.record_path(tmp_path, cell.cell_id) and records.read_record(path) == ok
+    assert records.is_done(ok, True, {"version": 1}) and not records.is_done(ok, True, {"version": 2})
+    died = records.failure("worker died", worker_signal="SIGKILL", cell_id=cell.cell_id)
+    records.write_record(tmp_path, died)
+    assert records.read_record(path) == died and died.failed and not records.is_done(died, False, {})
+    with pytest.raises(ValueError, match="names no cell"):
+        records.write_record(tmp_path, records.failure("no cell"))
+    with pytest.raises(ValueError, match="status must be one of"):
+        records.CellRecord(status="done")
+    with pytest.raises(ValueError, match="exactly when its status is 'ok'"):
+        records.CellRecord(status="ok")
+    for text in ("{not json", json.dumps({"format": 1, "status": "ok"}), json.dumps({"format": 2, "status": "ok"}),
+                 json.dumps({"format": 2, "status": "running"}), json.dumps([1, 2])):
+        path.write_text(text)
+        assert records.read_record(path) is None, text
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ Read left to right, each module importing only those before it:
 - `config`: `ModelConfig` (architecture and init, heads per layer), `preset`, `PRESETS`;
 - `hooks`: every hook name (`act_name`, as TransformerLens's `get_act_name`) and the intervention points;
 - `init`: `initial_state(cfg, seed)`, a model's first weights in the on-disk layout (`state_shapes`);
-- `hooked`: the TransformerLens model, built in one place (`hooked_model(cfg, state)`; `build`, `load`), `save`;
+- `hooked`: the TransformerLens model of the installed version (HookedTransformer on TL 2 / 3, TransformerBridge
+  on TL 4; the conversions in `_tl`), built in one place (`hooked_model(cfg, state)`; `build`, `load`), `save`;
 - `stack`: K models of one shape as stacked tensors and `stacked_forward`, the only training forward (K >= 1);
 - `optim`: the weight-decay rule (by parameter name) and the stacked AdamW / SGD.
 
@@ -21,12 +22,17 @@ from markov_interp.models.hooked import (
     check_state,
     check_tied,
     heads_per_layer,
+    hooked_kind,
     hooked_model,
+    is_bridge,
     load,
     read_weights,
     save,
     save_state,
     state_dict_for_save,
+    tl_config,
+    tl_state_dict,
+    tl_version,
 )
 from markov_interp.models.init import initial_state, state_shapes
 
@@ -49,5 +55,10 @@ __all__ = [
     "check_state",
     "check_tied",
     "heads_per_layer",
+    "hooked_kind",
+    "is_bridge",
+    "tl_version",
+    "tl_config",
+    "tl_state_dict",
     "WEIGHTS_FILE",
 ]

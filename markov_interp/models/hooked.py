@@ -3,19 +3,27 @@
 `hooked_model(cfg, state)` is the one place a hooked model is built: from a state dict in the on-disk layout
 (`models.init.state_shapes`: what `save` writes, what `initial_state` and training give). `build(cfg, seed=...)`
 is `hooked_model(cfg, initial_state(cfg, seed))` and `load(path)` reads the weights and calls it. The model is
-a `transformer_lens` `TransformerBridge` around TransformerLens's native model (`TransformerBridge.boot_native`'s
-architecture), so every TransformerLens tool works on it: `run_with_cache`, `cache["pattern", 0]`,
-`run_with_hooks` with `blocks.0.attn.hook_pattern`, ... The native model has biases everywhere and an untied,
-bias-free head, so the paper's modules are swapped in before wrapping (LayerNorm without bias is
-`nn.LayerNorm(bias=False)`, which TransformerLens's NormalizationBridge supports). Tying is one shared
-`nn.Parameter` (`model.embed.W_E` and `model.unembed.W_U.T` are the same storage); it survives `.to(device)` and
-`save`/`load` (safetensors refuses shared tensors, so `save` writes one copy and `load` re-ties). Move models
-with `model.to(device, print_details=False)` to keep TransformerLens quiet.
+TransformerLens's own, of the installed version (`transformer-lens>=2.16,<5`; `hooked_kind()`), so every
+TransformerLens tool works on it: `run_with_cache`, `cache["pattern", 0]`, `run_with_hooks` with
+`blocks.0.attn.hook_pattern`, ...
+
+- TL 4.x: a `TransformerBridge` from the public `TransformerBridge.boot_native`, with the paper's choices set on
+  its native modules (bias-free modules, a trainable output bias). Tying is one shared `nn.Parameter`
+  (`model.embed.W_E` and `model.unembed.W_U.T` are the same storage); it survives `.to(device)` and `save` /
+  `load` (safetensors refuses shared tensors, so `save` writes one copy and `load` re-ties).
+- TL 2.x / 3.x: a `HookedTransformer`: zero biases where the config has none; TL has no tying, so a tied model
+  holds an equal copy (`W_U = W_E.T`), which makes it a model for analysis (`state_dict_for_save` refuses
+  copies that have drifted apart). Training never uses this model (it trains `models.stack`), so training ties
+  properly and gives the same weights on every TL version.
+
+`markov_interp.models._tl` holds the version-specific conversions (public TransformerLens API only);
+`tl_config` / `tl_state_dict` convert a saved model for TransformerLens's unmodified model of the installed
+version (strict `load_state_dict`), and `state_dict_for_save(model, cfg)` reads such a model back.
 
 Heads per layer: TransformerLens models have one head count. A config whose layers differ (`n_heads=(1, 2)`)
 is built with the largest count in every layer and the surplus heads' weights zero (present in `hook_pattern`
 / `hook_z`, writing nothing); `heads_per_layer(model)` gives the real counts, and `save` writes each layer's
-real shapes. Training never uses this model (it trains `models.stack`), so the surplus heads stay zero.
+real shapes. Move models with `model.to(device, print_details=False)` to keep TransformerLens quiet.
 
 The hooked model carries its config as `model.markov_config` (a `ModelConfig`).
 """
@@ -24,23 +32,16 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
+from typing import Any, Optional, Protocol, runtime_checkable
 
 import torch
-import torch.nn as nn
 from torch import Tensor
 
 from markov_interp._io import atomic_write
+from markov_interp.models import _tl
+from markov_interp.models._tl import hooked_kind, is_bridge, tl_version
 from markov_interp.models.config import ModelConfig
 from markov_interp.models.init import initial_state, state_shapes
-
-if TYPE_CHECKING:
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge.sources.native import NativeModel
-else:
-    # transformer_lens takes seconds to import (datasets, transformers); it is imported where a hooked model is
-    # built, so a process that builds none (training, `markov-interp train`) never pays for it.
-    TransformerBridgeConfig = NativeModel = Any
 
 __all__ = [
     "HookedModel",
@@ -54,6 +55,11 @@ __all__ = [
     "check_state",
     "check_tied",
     "heads_per_layer",
+    "hooked_kind",
+    "is_bridge",
+    "tl_version",
+    "tl_config",
+    "tl_state_dict",
     "WEIGHTS_FILE",
 ]
 
@@ -64,8 +70,8 @@ _TRAIN_SEQ_LEN_KEY = "markov_interp.train_seq_len"  # written by training: the p
 
 @runtime_checkable
 class HookedModel(Protocol):
-    """What the package uses of a hooked TransformerLens model (a `TransformerBridge` built by `hooked_model`;
-    TransformerLens's `HookedTransformer` has the same surface): its TransformerLens config `cfg`, the forward,
+    """What the package uses of a hooked TransformerLens model (`hooked_model` builds a `TransformerBridge` on
+    TL 4, a `HookedTransformer` on TL 2 / 3: the same surface): its TransformerLens config `cfg`, the forward,
     `run_with_cache` / `run_with_hooks` / `hooks`, and the torch module methods. Models built here also carry
     `markov_config` (their `ModelConfig`)."""
 
@@ -83,64 +89,6 @@ class HookedModel(Protocol):
 
 
 # ------------------------------------------------------------------------------------------------- build
-def _tl_config(cfg: ModelConfig) -> TransformerBridgeConfig:
-    from transformer_lens.config import TransformerBridgeConfig
-
-    return TransformerBridgeConfig(
-        d_model=cfg.d_model,
-        d_head=cfg.d_head,
-        n_layers=cfg.n_layers,
-        n_ctx=cfg.n_ctx,
-        n_heads=cfg.max_heads,
-        d_mlp=cfg.d_mlp,
-        d_vocab=cfg.d_vocab,
-        act_fn=cfg.act_fn,
-        eps=cfg.eps,
-        normalization_type=cfg.normalization,
-        positional_embedding_type=cfg.positional,
-        attn_only=cfg.attn_only,
-        initializer_range=cfg.init_std,
-        tie_word_embeddings=cfg.tie_weights,
-        default_prepend_bos=False,
-        tokenizer_prepends_bos=False,
-        model_name="markov-interp",
-    )
-
-
-def _norm(cfg: ModelConfig) -> nn.Module:
-    if cfg.normalization == "LN":
-        return nn.LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.layernorm_bias)
-    if cfg.normalization is None:
-        return nn.Identity()
-    from transformer_lens.model_bridge.sources.native.model import NativeLayerNormPre
-
-    return NativeLayerNormPre(eps=cfg.eps)
-
-
-def _native_model(cfg: ModelConfig, tl_cfg: TransformerBridgeConfig) -> NativeModel:
-    """TransformerLens's native model with the paper's bias / norm / head choices swapped in (every layer with
-    the largest head count)."""
-    from transformer_lens.model_bridge.sources.native import NativeModel
-
-    native = NativeModel(tl_cfg)
-    h = cfg.max_heads * cfg.d_head
-    for block in native.layers:
-        block.ln1 = _norm(cfg)
-        block.attn.q = nn.Linear(cfg.d_model, h, bias=cfg.attn_bias)
-        block.attn.k = nn.Linear(cfg.d_model, h, bias=cfg.attn_bias)
-        block.attn.v = nn.Linear(cfg.d_model, h, bias=cfg.attn_bias)
-        block.attn.o = nn.Linear(h, cfg.d_model, bias=cfg.attn_bias)
-        if not cfg.attn_only:
-            block.ln2 = _norm(cfg)
-            block.mlp.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
-            block.mlp.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
-    native.ln_out = _norm(cfg)
-    native.head = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.unembed_bias)
-    if cfg.tie_weights:
-        native.head.weight = native.tok_embed.weight
-    return native
-
-
 def hooked_model(cfg: ModelConfig, state: Mapping[str, Tensor], device: Any = None,
                  *, source: str = "weights") -> HookedModel:
     """The hooked model of `cfg` holding the weights `state` (the on-disk layout, `models.init.state_shapes`).
@@ -155,25 +103,16 @@ def hooked_model(cfg: ModelConfig, state: Mapping[str, Tensor], device: Any = No
         device: where the model lives (default CPU).
 
     Returns:
-        A `TransformerBridge` with `markov_config = cfg`; a tied model shares one Parameter between
-        `model.embed` and `model.unembed`; layers with fewer heads than the largest count have zero surplus heads.
+        TransformerLens's model of the installed version (`hooked_kind()`) with `markov_config = cfg`, in eval
+        mode: a tied `TransformerBridge` shares one Parameter between `model.embed` and `model.unembed` (a
+        `HookedTransformer` holds an equal copy); layers with fewer heads than the largest count have zero
+        surplus heads. The global RNG is neither read nor advanced.
     """
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
     check_state(cfg, state, source=source)
-    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
-
-    tl_cfg = _tl_config(cfg)
-    with torch.random.fork_rng(devices=[]):  # nn.Linear's constructor draws from the global RNG
-        native = _native_model(cfg, tl_cfg)
-    model = build_bridge_from_module(
-        native, architecture="TransformerLensNative", tl_config=tl_cfg, model_name="markov-interp"
-    )
+    model = _tl.build(cfg, state)
     object.__setattr__(model, "markov_config", cfg)
-    targets = model.state_dict(keep_vars=True)
-    with torch.no_grad():
-        for name, tensor in _padded(cfg, state).items():
-            targets[name].copy_(tensor.to(dtype=targets[name].dtype))
     if device is not None:
         model.to(torch.device(device), print_details=False)
     check_tied(model)
@@ -210,63 +149,68 @@ def heads_per_layer(model: HookedModel) -> tuple[int, ...]:
     return (int(model.cfg.n_heads),) * int(model.cfg.n_layers)
 
 
-def _raw(module: nn.Module) -> nn.Module:
-    """The native module behind a bridge component."""
-    inner = getattr(module, "original_component", None)
-    return inner if isinstance(inner, nn.Module) else module
+def tl_config(cfg: ModelConfig) -> Any:
+    """TransformerLens's config for `cfg` on the installed version, for its unmodified model.
+
+    Args:
+        cfg: the model config.
+
+    Returns:
+        A `HookedTransformerConfig` (TL 2 / 3: `HookedTransformer(tl_config(cfg))`) or a `TransformerBridgeConfig`
+        (TL 4: `TransformerBridge.boot_native(tl_config(cfg))`), every layer with the largest head count.
+    """
+    return _tl.tl_config(cfg)
+
+
+def tl_state_dict(cfg: ModelConfig, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Saved weights as the state dict of TransformerLens's unmodified model of the installed version.
+
+    A `model.safetensors` holds only the tensors the config has; TL's own model (`tl_config(cfg)`) insists on
+    zero biases, the tied unembedding as a copy and zero heads padding smaller layers: this adds them, so
+    `load_state_dict(tl_state_dict(cfg, state), strict=True)` works and the model computes `hooked_model`'s
+    logits. `state_dict_for_save(model, cfg)` is the way back.
+
+    Args:
+        cfg: the model config.
+        state: on-disk tensors (`read_weights(path)`); ValueError naming any missing, unexpected or misshapen.
+
+    Returns:
+        {TransformerLens name: tensor} (copies; a HookedTransformer's buffers included).
+    """
+    check_state(cfg, state)
+    return _tl.tl_state_dict(cfg, state)
 
 
 # ------------------------------------------------------------------------------------------- tying check
 def check_tied(model: HookedModel) -> None:
-    """Assert that a tied model's embedding and unembedding are one Parameter (internal invariant)."""
+    """Assert a tied model's embedding and unembedding are one Parameter (a bridge) or equal copies (a
+    HookedTransformer: TL has no tying), and an untied bridge's are not shared (internal invariant)."""
     cfg: ModelConfig = model.markov_config
-    embed, head = _raw(model.embed).weight, _raw(model.unembed).weight
+    if not is_bridge(model):
+        same = torch.allclose(model.W_U.T, model.W_E, rtol=0, atol=0, equal_nan=True)  # a diverged run is data
+        assert not cfg.tie_weights or same, "tied copies W_U.T and W_E differ"
+        return
+    embed, head = _tl.raw(model.embed).weight, _tl.raw(model.unembed).weight
     if cfg.tie_weights:
         assert embed is head, "weight tying broken: embedding and unembedding are different tensors"
     else:
         assert embed is not head, "untied model shares embedding and unembedding"
 
 
-# ------------------------------------------------------------------------------------------- head layout
-def _head_slices(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """{name: (axis, real width)} of the attention tensors whose layer has fewer heads than the largest count."""
-    out = {}
-    for i, heads in enumerate(cfg.heads_per_layer):
-        if heads == cfg.max_heads:
-            continue
-        width, b = heads * cfg.d_head, f"blocks.{i}.attn."
-        out.update({f"{b}{n}.weight": (0, width) for n in "qkv"} | {f"{b}o.weight": (1, width)})
-        if cfg.attn_bias:
-            out.update({f"{b}{n}.bias": (0, width) for n in "qkv"})
-    return out
+def state_dict_for_save(model: HookedModel, cfg: Optional[ModelConfig] = None) -> dict[str, Tensor]:
+    """The model's weights in the on-disk layout (`models.init.state_shapes`), from either kind.
 
+    Args:
+        model: a hooked model (`hooked_model`'s), or TransformerLens's own model booted from `tl_config(cfg)`.
+        cfg: its config; default `model.markov_config`.
 
-def _padded(cfg: ModelConfig, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """`state` (real shapes) with every layer widened to the largest head count by zero heads."""
-    out = dict(state)
-    for name, (axis, width) in _head_slices(cfg).items():
-        shape = list(state[name].shape)
-        shape[axis] = cfg.max_heads * cfg.d_head
-        out[name] = state[name].new_zeros(shape)
-        out[name].narrow(axis, 0, width).copy_(state[name])
-    return out
-
-
-def state_dict_for_save(model: HookedModel) -> dict[str, Tensor]:
-    """The model's weights in the on-disk layout: TransformerLens names, contiguous CPU copies, each layer's real
-    heads only (surplus heads dropped), a tied unembedding stored once (as `embed.weight`) and the synthetic
-    zero head bias of a bias-free head left out."""
-    cfg: ModelConfig = model.markov_config
-    state = {}
-    for name, tensor in model.state_dict().items():
-        if cfg.tie_weights and name == "unembed.weight":
-            continue
-        if name == "unembed.bias" and not cfg.unembed_bias:
-            continue
-        state[name] = tensor.detach().to("cpu").contiguous().clone()
-    for name, (axis, width) in _head_slices(cfg).items():
-        state[name] = state[name].narrow(axis, 0, width).contiguous()
-    return state
+    Returns:
+        {name: tensor}: contiguous CPU copies, each layer's real heads only, a tied unembedding stored once (as
+        `embed.weight`), only the biases the config has. ValueError where the config cannot hold the model: a
+        non-zero bias it lacks, non-zero weights in a padded head, a tied unembedding that differs from the
+        embedding (a trained HookedTransformer's copies).
+    """
+    return _tl.disk_state(model, cfg if cfg is not None else model.markov_config)
 
 
 def check_state(cfg: ModelConfig, state: Mapping[str, Tensor], *, source: str = "weights") -> None:

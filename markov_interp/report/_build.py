@@ -106,7 +106,7 @@ def _logged_references(metrics: list[dict]) -> Optional[ReferenceLosses]:
 
 
 # ----------------------------------------------------------------------------------------------- sections
-def _config_section(run: Any, run_dir: Optional[Path], model: Any) -> Section:
+def _config_section(run: Any, run_dir: Optional[Path]) -> Section:
     src, mc, tc = run.source, run.model, run.train
     rows = [
         ("run folder", str(run_dir) if run_dir else "(in memory)"),
@@ -114,7 +114,9 @@ def _config_section(run: Any, run_dir: Optional[Path], model: Any) -> Section:
         ("model", f"{mc.n_layers} layer(s) x {mc.n_heads} head(s), d_model {mc.d_model}, "
                   f"{'attention-only' if mc.attn_only else f'MLP {mc.d_mlp}'}, "
                   f"{'tied' if mc.tie_weights else 'untied'} unembedding, init {mc.init}"),
-        ("parameters", f"{sum(p.numel() for p in model.parameters()):,}"),
+        # the config's count: a hooked model has surplus zero heads (heads per layer) and, on TL 2 / 3, zero biases
+        # and a tied copy that are not parameters of the model
+        ("parameters", f"{mc.n_params:,}"),
         ("training", f"{tc.steps} steps of {tc.batch_size} x {tc.seq_len} states, {tc.optimizer} lr {tc.lr:g} "
                      f"({tc.schedule}), {tc.precision}{' + loss scaling' if tc.loss_scaling else ''}, seed {tc.seed}"),
     ]
@@ -435,7 +437,7 @@ def build(
     checkpoints = checkpoint_files(run_dir)
     logged = _logged_references(metrics)
     sections = (
-        _config_section(run, run_dir, model),
+        _config_section(run, run_dir),
         _loss_section(metrics, logged, mech, [s for s, _ in checkpoints]),
         *probed,
         _landscape_section(run, model, checkpoints),

@@ -42,7 +42,7 @@ def sweep_folder(run_dir: "str | Path") -> Optional[Path]:
     """The sweep folder a run folder belongs to (`<sweep>/runs/<cell_id>` with `<sweep>/results.csv`), or None."""
     run_dir = Path(run_dir).resolve()
     root = run_dir.parent.parent
-    if run_dir.parent.name != sweep._RUNS_DIR or not (root / "results.csv").is_file():
+    if run_dir.parent.name != sweep.RUNS_DIR or not (root / sweep.TABLE).is_file():
         return None
     return root
 
@@ -59,7 +59,7 @@ def condition_escapes(run_dir: "str | Path") -> Optional[ConditionEscapes]:
     root = sweep_folder(run_dir)
     if root is None:
         return None
-    rows = sweep.read_table(root / "results.csv")
+    rows = sweep.read_table(root / sweep.TABLE)
     cell = Path(run_dir).resolve().name
     mine = [r for r in rows if Path(r.run_dir).name == cell and r.status == "ok"]
     if not mine or mine[0].result is None or mine[0].result.crossing() is None:

@@ -1,0 +1,187 @@
+"""`run`: a sweep from its specs to its table. The distinct cells, those still to run (restart), grouping into
+stacks, an executor (local processes or Ray), each record saved as it arrives, then one table."""
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from markov_interp._io import atomic_write
+from markov_interp.sweep import executors
+from markov_interp.sweep.cells import CellFn, default_group, group_cells
+from markov_interp.sweep.records import (RESULTS_DIR, RUNS_DIR, CellRecord, is_done, probe_settings, read_record,
+                                         record_path, write_record)
+from markov_interp.sweep.spec import Cell, SweepSpec, load_spec
+from markov_interp.sweep.table import Row, write_table
+from markov_interp.training import runfolder
+
+__all__ = ["run", "SweepResult", "SpecLike"]
+
+
+@dataclasses.dataclass
+class SweepResult:
+    """What `run` returns: the table rows (one per cell, spec order), the table's path and counts."""
+
+    rows: list[Row]
+    table: Path
+    n_run: int  # cells executed in this call
+    n_skipped: int  # cells already finished before this call
+    n_failed: int  # cells whose record says failed after this call (diverged cells are not failures)
+    n_diverged: int = 0  # cells whose training diverged (non-finite loss): a result of the recipe, not a fault
+
+    @property
+    def failed(self) -> list[Row]:
+        return [r for r in self.rows if r.status not in ("ok", "diverged")]
+
+    @property
+    def diverged(self) -> list[Row]:
+        return [r for r in self.rows if r.status == "diverged"]
+
+
+SpecLike = Union[SweepSpec, str, os.PathLike, dict, Sequence]  # a spec, a spec file, a table, or a list of those
+
+
+def _as_specs(spec: SpecLike) -> list[SweepSpec]:
+    if isinstance(spec, SweepSpec):
+        return [spec]
+    if isinstance(spec, (str, os.PathLike)):
+        return [load_spec(spec)]
+    if isinstance(spec, dict):
+        return [SweepSpec.from_dict(spec)]
+    if isinstance(spec, (list, tuple)) and spec:
+        return [s for item in spec for s in _as_specs(item)]
+    raise ValueError(f"spec must be a SweepSpec, a spec file path, a dict or a list of those, got {spec!r}")
+
+
+def _check_options(backend: str, workers: Optional[int], group: Optional[int]) -> None:
+    if backend not in executors.BACKENDS:
+        raise ValueError(f"backend must be one of {list(executors.BACKENDS)}, got {backend!r}")
+    for name, value in (("workers", workers), ("group", group)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
+
+
+def run(
+    spec: SpecLike,
+    out_dir: "str | os.PathLike",
+    *,
+    backend: str = "local",
+    workers: Optional[int] = None,
+    progress: bool = True,
+    retry_failed: bool = True,
+    group: Optional[int] = None,
+    _cell_fn: Optional[CellFn] = None,
+) -> SweepResult:
+    """Run every cell of `spec` (a `SweepSpec`, a spec file, or a list of specs) into `out_dir`.
+
+    Each cell is a training run of `training.train` in out_dir/runs/<cell_id>, followed by
+    `probes.classify_mechanism` (unless the spec says probe = false). Cells already finished are skipped,
+    so a stopped sweep restarted with the same command only runs what is left; a cell that raises is recorded
+    with its error and traceback (status "failed", retried on the next call unless `retry_failed=False`) and
+    the other cells go on. `backend="local"` runs each cell in a fresh child process, `workers` at a time
+    (default: all cores, one torch thread each; `workers=1` runs in this process): a worker that dies (killed
+    for memory) costs only its cell, which runs once more in a fresh process and is then recorded failed with
+    "worker died" and the signal; workers end when the sweep's process ends (even by `kill -9`).
+    `backend="ray"` submits one Ray task per cell (num_cpus=1, one retry of a dead worker) to the cluster
+    `ray.init()` connects to (RAY_ADDRESS, or a local instance); out_dir must then be on a filesystem every
+    node sees. A cell whose training diverges (non-finite loss) gets status "diverged" (its error names the step):
+    counted apart from failures (`SweepResult.n_diverged`) and not run again. `group` (default
+    `default_group`: 1 on a CPU, 64 on a GPU) trains up to that many compatible cells as one stacked model
+    (`training.train_many`); a stack that raises, or whose process dies, is retried cell by cell. Same seeds and
+    group give the same table on either backend. Writes out_dir/results.csv (and results.parquet when pyarrow
+    is present). See docs/sweeps.md.
+
+    Args:
+        spec: a `SweepSpec`, a spec file (TOML / JSON), a dict, or a list of those (distinct names).
+        out_dir: the sweep folder (created; locked while this runs).
+        backend: "local" (supervised child processes) or "ray".
+        workers: local processes at once (default: all cores; 1: in this process).
+        progress: a progress bar over cells.
+        retry_failed: run cells whose record says "failed" again.
+        group: the most compatible cells per stacked model (default `default_group`).
+        _cell_fn: tests only: replaces `cells.run_cell` and runs every cell alone.
+
+    Returns:
+        The `SweepResult`: one `Row` per cell in spec order, the table's path and the counts.
+    """
+    _check_options(backend, workers, group)
+    specs = _as_specs(spec)
+    cells = _distinct_cells(specs)
+    probe_for = _probe_for(specs, cells)
+    out = Path(out_dir)
+    settings = probe_settings()
+    # one sweep at a time per folder: a second is refused at once, naming the first, before it writes anything
+    with runfolder.lock(out):
+        runfolder.remove_stale_tmp(out, subfolders=(RESULTS_DIR,))
+        (out / RUNS_DIR).mkdir(exist_ok=True)
+        (out / RESULTS_DIR).mkdir(exist_ok=True)
+        atomic_write(out / "spec.json", json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True,
+                                                   default=str))
+        pending, n_skipped = _pending(cells, out, probe_for, settings, retry_failed)
+
+        def save(c: Cell, record: CellRecord) -> None:
+            write_record(out, dataclasses.replace(record, cell_id=c.cell_id,
+                                                  probe_settings=settings if probe_for[c.cell_id] else None))
+
+        if pending:
+            runs_dir = str(out / RUNS_DIR)
+            size = 1 if _cell_fn is not None else (group if group is not None else default_group(pending))
+            groups = group_cells(pending, size, runs_dir)
+            if backend == "ray":
+                executors.run_ray(groups, runs_dir, probe_for, save, progress, _cell_fn)
+            else:
+                executors.run_local(groups, runs_dir, probe_for, save, progress, workers, _cell_fn)
+        rows = [Row.of(c, read_record(record_path(out, c.cell_id))) for c in cells]
+        table = write_table(out, rows)
+    n_diverged = sum(1 for r in rows if r.status == "diverged")
+    n_failed = sum(1 for r in rows if r.status != "ok") - n_diverged
+    return SweepResult(rows=rows, table=table, n_run=len(pending), n_skipped=n_skipped, n_failed=n_failed,
+                       n_diverged=n_diverged)
+
+
+def _probe_for(specs: list[SweepSpec], cells: list[Cell]) -> dict[str, bool]:
+    """Per distinct cell id, whether to probe it: a cell shared by two sweeps runs once, probed if any asks."""
+    probe_of = {s.name: s.probe for s in specs}
+    probe_for: dict[str, bool] = {}
+    for c in cells:
+        probe_for[c.cell_id] = probe_for.get(c.cell_id, False) or probe_of[c.sweep]
+    return probe_for
+
+
+def _pending(cells: list[Cell], out: Path, probe_for: dict[str, bool], settings: dict[str, Any],
+             retry_failed: bool) -> tuple[list[Cell], int]:
+    """The distinct cells still to run (not done with these probe settings; failed ones unless
+    `retry_failed=False`) and how many cells are skipped."""
+    todo: dict[str, Cell] = {}
+    n_skipped = 0
+    for c in cells:
+        if c.cell_id in todo:
+            continue
+        record = read_record(record_path(out, c.cell_id))
+        if is_done(record, probe_for[c.cell_id], settings) or (
+            record is not None and record.failed and not retry_failed
+        ):
+            n_skipped += 1
+            continue
+        todo[c.cell_id] = c
+    return list(todo.values()), n_skipped
+
+
+def _distinct_cells(specs: list[SweepSpec]) -> list[Cell]:
+    """Every cell of `specs`; ValueError for two sweeps of one name or two cells of one sweep that are one run."""
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"sweep names must be distinct, got {names}")
+    cells = [c for s in specs for c in s.cells()]
+    seen: dict[str, Cell] = {}
+    for c in cells:
+        other = seen.get(c.cell_id)
+        if other is not None and other.sweep == c.sweep:
+            raise ValueError(
+                f"sweep {c.sweep!r}: cells {other.params} and {c.params} are the same run (same config); "
+                "remove the duplicate grid values"
+            )
+        seen.setdefault(c.cell_id, c)
+    return cells

@@ -1,0 +1,223 @@
+"""The results table: one typed `Row` per cell (its sweep, id, status, grid values, run config and, once
+finished, its `CellResult`), flattened to columns only where the table is written (results.csv, and
+results.parquet when pyarrow is installed) and read back through one typed reader (`Row.from_columns`, each
+column decoded by the type of the field it holds; tables written by older versions read too)."""
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from markov_interp._io import atomic_path, atomic_write, csv_cell, csv_uncell
+from markov_interp.data import SourceConfig
+from markov_interp.models import ModelConfig
+from markov_interp.sweep.records import RUNS_DIR, CellRecord
+from markov_interp.sweep.results import CellResult, ProbeColumns
+from markov_interp.sweep.spec import SECTIONS, Cell, cell_id
+from markov_interp.training import RunConfig, TrainConfig, split_key
+
+__all__ = ["Row", "read_table", "write_table", "TABLE"]
+
+TABLE = "results.csv"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Row:
+    """One cell of a sweep as the results table holds it: its sweep, id, status, grid values, run config and,
+    once finished, its `CellResult`.
+
+    `columns()` flattens it to the table's columns (`param.<key>`, `source.*`, `model.*`, `train.*`, the
+    result's fields, `mechanism` and `probe.*`); `Row.from_columns` is the one reader back (`read_table`),
+    decoding each column by the type of the field it holds.
+    """
+
+    sweep: str
+    cell_id: str
+    status: str  # "ok", "failed", "diverged" (error says at which step) or "missing"
+    error: Optional[str]
+    params: dict  # grid values and seed: {"model.tie_weights": True, "seed": 0}
+    config: RunConfig
+    result: Optional[CellResult]  # None unless status == "ok"
+    run_dir: str  # the run folder, relative to the sweep folder
+    stack_size: Optional[int] = None  # cells trained together as one stacked model (None: solo)
+    stack_note: Optional[str] = None  # why a stack was retried as solo cells
+
+    @classmethod
+    def of(cls, cell: Cell, record: Optional[CellRecord]) -> "Row":
+        """The row of `cell` from its record (status "missing" when none was written)."""
+        common = dict(sweep=cell.sweep, cell_id=cell.cell_id, params=dict(cell.params), config=cell.config,
+                      run_dir=str(Path(RUNS_DIR) / cell.cell_id))
+        if record is None:
+            return cls(status="missing", error="no record written", result=None, **common)
+        return cls(status=record.status, error=record.error, result=record.result, stack_size=record.stack_size,
+                   stack_note=record.stack_note, **common)
+
+    def columns(self) -> dict[str, Any]:
+        """The row as flat table columns (None where a value is absent)."""
+        out: dict[str, Any] = {"sweep": self.sweep, "cell_id": self.cell_id, "status": self.status,
+                               "error": self.error}
+        out.update({f"param.{k}": v for k, v in self.params.items()})
+        if self.result is not None:
+            for f in dataclasses.fields(CellResult):
+                if f.name != "probe":
+                    out[f.name] = getattr(self.result, f.name)
+            if self.result.probe is not None:
+                for f in dataclasses.fields(ProbeColumns):
+                    name = f.name if f.name == "mechanism" else f"probe.{f.name}"
+                    out[name] = getattr(self.result.probe, f.name)
+        for section, values in self.config.to_dict().items():
+            out.update({f"{section}.{k}": v for k, v in values.items()})
+        out["run_dir"] = self.run_dir
+        out["stack_size"], out["stack_note"] = self.stack_size, self.stack_note
+        return out
+
+    @classmethod
+    def from_columns(cls, columns: Mapping[str, Any]) -> "Row":
+        """The row written as `columns` (CSV text or values); the config columns must give back the cell id."""
+        cell = columns.get("cell_id")
+
+        def get(name: str, kind: Any) -> Any:
+            return _decode(columns.get(name), kind, name, cell)
+
+        sections: dict[str, dict] = {s: {} for s in SECTIONS}
+        params = {}
+        for name in columns:
+            head, _, rest = name.partition(".")
+            if head in SECTIONS:
+                sections[head][rest] = get(name, _field_type(name))
+            elif head == "param":
+                params[rest] = get(name, _field_type("train.seed" if rest == "seed" else rest))
+        config = RunConfig.from_dict(sections)
+        if cell_id(config) != cell:
+            raise ValueError(f"results row {cell}: its config columns give another cell id ({cell_id(config)})")
+        result = None
+        if get("status", str) == "ok":
+            probe = None
+            if columns.get("mechanism") not in (None, ""):
+                probe = ProbeColumns(**{f.name: get(f.name if f.name == "mechanism" else f"probe.{f.name}", f.type)
+                                        for f in dataclasses.fields(ProbeColumns)})
+            result = CellResult(probe=probe, **{f.name: get(f.name, f.type) for f in dataclasses.fields(CellResult)
+                                                if f.name != "probe"})
+        return cls(sweep=get("sweep", str), cell_id=cell, status=get("status", str), error=get("error", Optional[str]),
+                   params=params, config=config, result=result, run_dir=get("run_dir", str),
+                   stack_size=get("stack_size", Optional[int]), stack_note=get("stack_note", Optional[str]))
+
+
+def _field_type(key: str) -> Any:
+    """The annotation of the run-config field a dotted key names ("model.preset": str)."""
+    section, field = split_key(key, where="results table")
+    if (section, field) == ("model", "preset"):
+        return str
+    cls = {"source": SourceConfig, "model": ModelConfig, "train": TrainConfig}[section]
+    return {f.name: f.type for f in dataclasses.fields(cls)}[field]
+
+
+def _kinds(annotation: Any) -> set:
+    """The plain types an annotation admits (Optional[int] -> {int, NoneType}, tuple[int, int] -> {tuple})."""
+    if annotation is Any:
+        return {bool, int, float, list, str, type(None)}
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        return set().union(*(_kinds(a) for a in typing.get_args(annotation)))
+    if origin is not None:
+        return {origin}
+    return {annotation}
+
+
+def _decode(value: Any, annotation: Any, column: str, cell: Optional[str]) -> Any:
+    """A table cell back to the value of the field it holds: CSV text decoded by the field's type."""
+    if not isinstance(value, str):
+        return value
+    if value.startswith("'"):  # quoted text (`_io.csv_cell`): only strings are quoted
+        return csv_uncell(value)
+    kinds = _kinds(annotation)
+    if value == "":
+        return None
+    if bool in kinds and value in ("True", "False"):
+        return value == "True"
+    for kind in (int, float):
+        if kind in kinds:
+            try:
+                return kind(value)
+            except ValueError:
+                pass
+    if value == "null" and str not in kinds:  # tables written before typed rows stored absent heads as JSON null
+        return None
+    if dict in kinds and value.startswith("{"):  # the crossings column
+        return json.loads(value)
+    if kinds & {list, tuple} and value.startswith("["):
+        decoded = json.loads(value)
+        return tuple(decoded) if tuple in kinds and list not in kinds else decoded
+    if str in kinds:
+        return value
+    raise ValueError(f"results row {cell}: column {column!r} holds {value!r}, which is not a {annotation}")
+
+
+def _cell_text(value: Any) -> Any:
+    """A value as a CSV / Parquet cell: lists, tuples and dicts (kernels, head coordinates, crossings) as JSON,
+    None as empty."""
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value)
+    return value
+
+
+def write_table(out: Path, rows: list[Row]) -> Path:
+    """Write `rows` as out/results.csv (text a spreadsheet would run as a formula is quoted) and, when pyarrow is
+    installed, out/results.parquet; both atomically.
+
+    Args:
+        out: the sweep folder.
+        rows: the rows, in table order.
+
+    Returns:
+        The path of results.csv.
+    """
+    import csv
+    import io
+
+    flat = [row.columns() for row in rows]
+    columns: list[str] = []
+    for row in flat:
+        columns += [key for key in row if key not in columns]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in flat:
+        # text a spreadsheet would run as a formula (a sweep named "=cmd|...") is quoted; _decode unquotes it
+        writer.writerow({k: "" if row.get(k) is None else csv_cell(_cell_text(row[k])) for k in columns})
+    path = out / TABLE
+    atomic_write(path, buffer.getvalue())
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError:
+        return path
+    table = pa.Table.from_pylist([{k: _cell_text(row.get(k)) for k in columns} for row in flat])
+    with atomic_path(out / "results.parquet") as tmp:
+        pq.write_table(table, tmp)
+    return path
+
+
+def read_table(path: "str | os.PathLike") -> list[Row]:
+    """The rows of a sweep's results.csv as typed `Row`s (`Row.from_columns`).
+
+    Args:
+        path: a sweep folder or its results.csv.
+
+    Returns:
+        The rows in table order. FileNotFoundError without a table; ValueError for a row that does not decode
+        (naming the cell and column) or whose config columns give another cell id.
+    """
+    import csv
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / TABLE
+    if not path.exists():
+        raise FileNotFoundError(f"no results table at {path}")
+    with path.open(newline="") as handle:
+        return [Row.from_columns(row) for row in csv.DictReader(handle)]
