@@ -6,11 +6,13 @@ Three sources, one interface (`.sample(batch, seq_len, generator=...)` -> `Int[T
 - `MarkovChain(kernel, order=k)`: any number of states; for order k the kernel is indexed by the last k states.
 - `RandomMarkov(vocab, order, alpha)`: a fresh kernel per sequence, rows ~ Dirichlet(alpha): the in-context
   learning task of the induction-head literature (Edelman et al. 2024). With `pool_size=N` every sequence draws
-  one of N kernels fixed once (a finite pool: the task-diversity setting of Raventos et al. 2023).
+  one of N kernels fixed once (a finite pool: the task-diversity setting of Raventos et al. 2023). With
+  `zero_diagonal=True` no state follows itself: each row is Dirichlet(alpha) over the other V - 1 states.
 
-What theory, probes and training need from a source is the `Source` protocol: vocab, order, the prior's `alpha`,
-the finite `pool` of kernels (a fixed chain is a pool of one), `sample(..., return_kernels=True)` for the kernels
-of a batch and `initial_context_laws(kernels)` for the law of each sequence's first states. A new source kind is
+What theory, probes and training need from a source is the `Source` protocol: vocab, order, the prior's `alpha`
+and the transitions it allows (`support`), the finite `pool` of kernels (a fixed chain is a pool of one),
+`sample(..., return_kernels=True)` for the kernels of a batch and `initial_context_laws(kernels)` for the law of
+each sequence's first states. A new source kind is
 one class that satisfies it plus a builder in `SourceConfig`.
 
 Sampling is vectorised over positions as well as sequences. A chain step is a map from states to states,
@@ -27,10 +29,10 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Optional, Protocol, Union, runtime_checkable
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from markov_interp.config import Config, check_choice, check_int, check_number, check_probability
+from markov_interp.config import Config, check_bool, check_choice, check_int, check_number, check_probability
 from markov_interp.chains import block_sizes
 from markov_interp.chains import context_kernel as _context_kernel
 from markov_interp.chains import solve_stationary as _solve_stationary
@@ -228,6 +230,9 @@ class Source(Protocol):
     - `alpha`: the Dirichlet concentration of the prior each sequence's kernel comes from, None for a fixed chain.
       A source with a prior is a random-kernel source: its plateau and in-context references are add-alpha
       estimators (`theory.plateau_predictions`, `theory.reference_losses`).
+    - `support`: for a source with a prior, the transitions it gives positive probability as a boolean
+      [V**order, V] (each row's Dirichlet(alpha) is over that row's allowed states); None when every transition
+      is allowed, and for fixed chains (their kernel says it). The in-context estimators of `theory` count over it.
     - `pool`: the finite set of kernels a sequence draws from, uniformly, as [N, V**order, V] float64 (a fixed
       chain is a pool of one kernel); None when every sequence draws a fresh kernel from the prior. The exact
       Bayes predictor of a finite pool is `theory.pool_bayes_predictions`.
@@ -242,6 +247,9 @@ class Source(Protocol):
 
     @property
     def alpha(self) -> Optional[float]: ...
+
+    @property
+    def support(self) -> Optional[Bool[Tensor, "context vocab"]]: ...
 
     @property
     def pool(self) -> Optional[Float[Tensor, "kernel context vocab"]]: ...
@@ -278,6 +286,8 @@ class MarkovChain:
     def initial_context_law(self) -> Tensor:
         """The law of the first `order` states, over contexts (base-V index, oldest state most significant)."""
         return self._initial
+
+    support = None  # the `Source` protocol: a fixed chain has no prior (its kernel's zeros say what is allowed)
 
     @property
     def pool(self) -> Float[Tensor, "1 context vocab"]:
@@ -354,10 +364,15 @@ class RandomMarkov:
     """
 
     def __init__(self, vocab: int, order: int = 1, alpha: float | int = 1.0, *, initial: InitialLaw = "stationary",
-                 pool_size: Optional[int] = None, pool_seed: Optional[int] = None):
+                 pool_size: Optional[int] = None, pool_seed: Optional[int] = None, zero_diagonal: bool = False):
         check_int("vocab", vocab, minimum=2)
         check_int("order", order, minimum=1)
         check_number("alpha", alpha, positive=True)
+        check_bool("zero_diagonal", zero_diagonal)
+        if zero_diagonal and (order != 1 or vocab < 3):
+            raise ValueError(f"zero_diagonal=True needs order 1 and vocab >= 3 (got order={order}, vocab={vocab}): "
+                             "with 2 states the chain would alternate deterministically")
+        self.zero_diagonal = zero_diagonal
         if pool_size is not None:
             check_int("pool_size", pool_size, minimum=1)
         if pool_seed is not None:
@@ -372,7 +387,16 @@ class RandomMarkov:
 
     def __repr__(self) -> str:
         pool = "" if self.pool_size is None else f", pool_size={self.pool_size}, pool_seed={self.pool_seed}"
-        return f"RandomMarkov(vocab={self.vocab}, order={self.order}, alpha={self.alpha}{pool})"
+        diagonal = ", zero_diagonal=True" if self.zero_diagonal else ""
+        return f"RandomMarkov(vocab={self.vocab}, order={self.order}, alpha={self.alpha}{pool}{diagonal})"
+
+    @property
+    def support(self) -> Optional[Bool[Tensor, "context vocab"]]:
+        """The transitions the prior allows, [V**order, V] booleans (the `Source` protocol): with zero_diagonal
+        every x != c (no state follows itself), else None (all)."""
+        if not self.zero_diagonal:
+            return None
+        return ~torch.eye(self.vocab, dtype=torch.bool)
 
     @property
     def initial(self) -> str | tuple[float, ...]:
@@ -400,7 +424,7 @@ class RandomMarkov:
         the pool predicts on them is `theory.true_predictions(self, tokens)` (the pool's Bayes predictor), what
         one that estimates in context predicts is `theory.true_predictions(self.out_of_pool(), tokens)`.
         """
-        return RandomMarkov(self.vocab, self.order, self.alpha, initial=self._initial)
+        return RandomMarkov(self.vocab, self.order, self.alpha, initial=self._initial, zero_diagonal=self.zero_diagonal)
 
     def initial_context_laws(self, kernels: Kernels) -> Float[Tensor, "batch context"]:
         """The law of each sequence's first `order` states given its kernel: the kernel's stationary context law
@@ -412,13 +436,15 @@ class RandomMarkov:
     def sample_kernels(
         self, batch: int, generator: torch.Generator | None = None, *, device: Any = None
     ) -> Float[Tensor, "batch context vocab"]:
-        """Draw `batch` kernels from the prior (rows ~ Dirichlet(alpha); never the pool) as [batch, V**order, V]
-        float64."""
+        """Draw `batch` kernels from the prior (rows ~ Dirichlet(alpha) over the allowed states, `support`;
+        never the pool) as [batch, V**order, V] float64."""
         dev = _resolve_device(generator, device)
         # Dirichlet via normalised Gamma draws; torch's Gamma sampler has no generator argument, so use
         # Marsaglia-Tsang on generator-driven normals and uniforms (exact for shape >= 1; boost for < 1).
         shape = (batch, self.vocab**self.order, self.vocab)
         gamma = _gamma(self.alpha, shape, generator, dev)
+        if self.zero_diagonal:  # Gamma draws of the other states normalised: Dirichlet over them
+            gamma = gamma * self.support.to(dev)
         return gamma / gamma.sum(-1, keepdim=True)
 
     def sample(
@@ -480,10 +506,11 @@ _BUILDERS: dict[str, Callable[[Any, InitialLaw], Source]] = {
     "binary": lambda c, initial: BinaryChain(c.p, c.q, initial=initial),
     "markov": lambda c, initial: MarkovChain(c.kernel, c.order, initial=initial),
     "random": lambda c, initial: RandomMarkov(c.vocab, c.order, c.alpha, initial=initial, pool_size=c.pool_size,
-                                              pool_seed=c.pool_seed),
+                                              pool_seed=c.pool_seed, zero_diagonal=c.zero_diagonal),
 }
 _KINDS = tuple(_BUILDERS)
-_KIND_FIELDS = {"binary": ("p", "q"), "markov": ("kernel",), "random": ("vocab", "alpha", "pool_size", "pool_seed")}
+_KIND_FIELDS = {"binary": ("p", "q"), "markov": ("kernel",),
+                "random": ("vocab", "alpha", "pool_size", "pool_seed", "zero_diagonal")}
 _OPTIONAL_FIELDS = ("p", "q", "kernel", "vocab", "pool_size", "pool_seed")  # None unless the kind uses them
 
 
@@ -491,13 +518,14 @@ _OPTIONAL_FIELDS = ("p", "q", "kernel", "vocab", "pool_size", "pool_seed")  # No
 class SourceConfig(Config):
     """A serialisable description of a source: what a run folder records and `build()` turns into a source.
 
-    kind "binary" uses p, q; "markov" uses kernel (nested lists) and order; "random" uses vocab, order, alpha and,
-    for a finite pool of kernels, pool_size (and pool_seed, default 0). Serialisation, unknown-key refusal and
-    `replace` come from `config.Config`; pool_size and pool_seed are left out of the JSON while None, so configs
-    written before pools existed (and sweep cell ids) are unchanged.
+    kind "binary" uses p, q; "markov" uses kernel (nested lists) and order; "random" uses vocab, order, alpha,
+    zero_diagonal (no self-transitions) and, for a finite pool of kernels, pool_size (and pool_seed, default 0).
+    Serialisation, unknown-key refusal and `replace` come from `config.Config`; pool_size and pool_seed are left
+    out of the JSON while None and zero_diagonal while False, so configs written before they existed (and sweep
+    cell ids) are unchanged.
     """
 
-    _LATER_FIELDS: ClassVar[dict] = {"pool_size": None, "pool_seed": None}
+    _LATER_FIELDS: ClassVar[dict] = {"pool_size": None, "pool_seed": None, "zero_diagonal": False}
 
     kind: str = "binary"  # "binary", "markov" or "random"
     p: float | int | None = None  # binary: P(0 -> 1)
@@ -509,6 +537,7 @@ class SourceConfig(Config):
     initial: str | tuple | list = "stationary"  # "stationary", "uniform" or a law over the V**order first contexts
     pool_size: int | None = None  # random: N kernels drawn once, one per sequence (None: a fresh kernel each)
     pool_seed: int | None = None  # random with pool_size: seed of the pool's draw (None: 0)
+    zero_diagonal: bool = False  # random: no state follows itself (rows Dirichlet over the other V - 1 states)
 
     def __post_init__(self) -> None:
         if self.kernel is not None and not isinstance(self.kernel, tuple):
@@ -518,6 +547,7 @@ class SourceConfig(Config):
         check_choice("source kind", self.kind, _KINDS)
         foreign = [name for name in _OPTIONAL_FIELDS if getattr(self, name) is not None]
         foreign += ["alpha"] if self.alpha != 1.0 else []
+        foreign += ["zero_diagonal"] if self.zero_diagonal is not False else []
         foreign = [name for name in foreign if name not in _KIND_FIELDS[self.kind]]
         if foreign:  # an option of another kind would be stored but never used
             raise ValueError(f"a {self.kind} source does not use {foreign}; it takes {list(_KIND_FIELDS[self.kind])}")

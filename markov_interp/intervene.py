@@ -14,7 +14,8 @@ changed while it forms. Two tools, on the TransformerLens names the rest of the 
   formation): `Clamp(clamp=HOOK, value=...)` replaces the activation at a hook point by a fixed value.
   Attention patterns (`blocks.i.attn.hook_pattern`, `[batch, head, query_pos, key_pos]`) take
   `previous_token` (lag k: query q attends to q - k; a query q < k, which has no such key, attends to position
-  0), `uniform` (causal uniform, 1 / (q + 1)), `self` (the identity) or a safetensors file holding one tensor
+  0), `uniform` (causal uniform, 1 / (q + 1)), `mixed` (half of each: (previous_token + uniform) / 2, lag k
+  too), `self` (the identity) or a safetensors file holding one tensor
   `[q, k]` or `[head, q, k]` (cut to the sequence length; rows must be causal and sum to 1). Other points
   (`attn.hook_z` and q / k / v per head, `hook_attn_out`, `hook_mlp_out`, `mlp.hook_pre/post`,
   `hook_resid_pre/mid/post`, `hook_embed`, `hook_pos_embed`) take `zero`, `mean` or a file. `mean` is a running
@@ -83,7 +84,8 @@ __all__ = [
     "ACTIVATION_VALUES",
 ]
 
-PATTERN_VALUES = ("previous_token", "uniform", "self")
+PATTERN_VALUES = ("previous_token", "uniform", "self", "mixed")
+_LAGGED = ("previous_token", "mixed")  # the pattern values that take a lag
 ACTIVATION_VALUES = ("zero", "mean")
 MOMENTUM = 0.1  # running-mean update weight, as torch's BatchNorm
 
@@ -116,8 +118,8 @@ class Clamp(Config):
     """The activation at hook point `clamp` is replaced by `value` while start <= t < end (module docstring)."""
 
     clamp: str  # TransformerLens hook name, e.g. "blocks.0.attn.hook_pattern"
-    value: str  # "previous_token", "uniform", "self" (patterns); "zero", "mean" (activations); or a file
-    lag: int = 1  # previous_token's lag k
+    value: str  # "previous_token", "uniform", "self", "mixed" (patterns); "zero", "mean" (activations); or a file
+    lag: int = 1  # previous_token's (and mixed's) lag k
     heads: Optional[tuple | list] = None  # pattern / per-head points: only these heads (None: all)
     start: int = 0
     end: Optional[int] = None
@@ -202,9 +204,9 @@ def parse_clamp(text: str) -> Clamp:
         raise ValueError(f"clamp {text!r} must be HOOK[HEADS]=VALUE[@START:END], e.g. "
                          "'blocks.0.attn.hook_pattern=previous_token@:200' or 'blocks.0.attn.hook_z[1]=zero'")
     value, lag = match["value"].strip(), 1
-    lagged = re.match(r"^previous_token:(\d+)$", value)
+    lagged = re.match(r"^(previous_token|mixed):(\d+)$", value)
     if lagged:
-        value, lag = "previous_token", int(lagged[1])
+        value, lag = lagged[1], int(lagged[2])
     heads = None
     if match["heads"] is not None:
         try:
@@ -246,7 +248,7 @@ def spec_text(item: Intervention) -> str:
     if isinstance(item, Freeze):
         return item.freeze + span
     heads = "" if item.heads is None else f"[{','.join(map(str, item.heads))}]"
-    lag = f":{item.lag}" if item.value == "previous_token" and item.lag != 1 else ""
+    lag = f":{item.lag}" if item.value in _LAGGED and item.lag != 1 else ""
     return f"{item.clamp}{heads}={item.value}{lag}{span}"
 
 
@@ -297,8 +299,8 @@ def check_interventions(interventions: Iterable[Intervention], cfg: ModelConfig,
             if bad:
                 raise ValueError(f"clamp {item.clamp!r}: heads {bad} out of range; valid heads are "
                                  f"{list(range(n_heads))} (its layer has {n_heads})")
-        if item.value != "previous_token" and item.lag != 1:
-            raise ValueError(f"clamp {item.clamp!r}: lag applies only to previous_token")
+        if item.value not in _LAGGED and item.lag != 1:
+            raise ValueError(f"clamp {item.clamp!r}: lag applies only to {' and '.join(_LAGGED)}")
         if item.is_file and files:
             _check_file_shape(item, _read_tensor(item), cfg)
 
@@ -378,7 +380,12 @@ def pattern_value(value: str, seq: int, *, lag: int = 1, device: Any = None,
 
     >>> pattern_value("previous_token", 3, lag=1).tolist()
     [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    >>> pattern_value("mixed", 2, lag=1).tolist()
+    [[1.0, 0.0], [0.75, 0.25]]
     """
+    if value == "mixed":  # half a previous-token head, half uniform causal attention
+        return 0.5 * (pattern_value("previous_token", seq, lag=lag, device=device, dtype=dtype)
+                      + pattern_value("uniform", seq, device=device, dtype=dtype))
     query = torch.arange(seq, device=device)
     if value == "previous_token":  # a query without a key `lag` back attends to position 0
         keys = (query - lag).clamp(min=0)

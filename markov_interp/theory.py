@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from markov_interp._io import atomic_write, describe_kind
@@ -151,7 +151,8 @@ def context_index(tokens: Int[Tensor, "batch pos"], vocab: int, order: int) -> I
 
 
 def add_beta_predictions(
-    tokens: Int[Tensor, "batch pos"], vocab: int, *, order: int = 1, beta: float | int = 1.0
+    tokens: Int[Tensor, "batch pos"], vocab: int, *, order: int = 1, beta: float | int = 1.0,
+    support: Bool[Tensor, "context vocab"] | None = None,
 ) -> Float[Tensor, "batch pos vocab"]:
     """In-context add-beta estimate of P(x_{t+1} | x_0..x_t) at every position t.
 
@@ -161,8 +162,26 @@ def add_beta_predictions(
     this is the Bayes posterior predictive; positions with fewer than `order` states predict uniformly.
     order = 0 is the in-context unigram estimator (state counts over x_0..x_t): Edelman et al.'s unigram phase.
 
+    `support` (a source's `support`, [V**order, V] booleans; [V, V] with order 0): only the allowed states of
+    the current context are counted and predicted, (n(c_t, x) + beta) / (n(c_t) + |allowed(c_t)| beta) for an
+    allowed x and 0 otherwise: the posterior predictive when each row is Dirichlet(beta) over its allowed states.
+    With order 0 the row of the current state restricts the state counts (the unigram estimator that knows
+    which states can follow the current one).
+
+    Args:
+        tokens: the states.
+        vocab: the number of states V.
+        order: the context length k (0: state counts).
+        beta: the pseudo-count.
+        support: the allowed transitions, or None (all).
+
+    Returns:
+        The predicted law of x_{t+1} at every position t (float64).
+
     >>> add_beta_predictions(torch.tensor([[0, 1, 0]]), 2)[0, 2]  # after 0->1, 1->0 and now in state 0
     tensor([0.3333, 0.6667], dtype=torch.float64)
+    >>> add_beta_predictions(torch.tensor([[0, 1, 0]]), 3, support=~torch.eye(3, dtype=torch.bool))[0, 2]
+    tensor([0.0000, 0.6667, 0.3333], dtype=torch.float64)
     """
     if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 2:
         raise ValueError(f"vocab must be an integer >= 2, got {vocab!r}")
@@ -172,9 +191,12 @@ def add_beta_predictions(
         raise ValueError(f"beta must be > 0, got {beta!r}")
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
         raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values in {tokens.min()}..{tokens.max()}")
+    allowed = _check_support(support, vocab, order, tokens.device)
     if order == 0:  # in-context unigram: state counts over x_0..x_t, whatever the current state
         counts = torch.nn.functional.one_hot(tokens, vocab).to(torch.float64).cumsum(1)
-        return (counts + beta) / (counts.sum(-1, keepdim=True) + vocab * beta)
+        if allowed is None:
+            return (counts + beta) / (counts.sum(-1, keepdim=True) + vocab * beta)
+        return _restricted(counts, allowed[tokens], beta)
     batch, seq = tokens.shape
     n_ctx = vocab**order
     ctx = context_index(tokens, vocab, order)
@@ -185,9 +207,34 @@ def add_beta_predictions(
     onehot.scatter_(2, (pair % (n_ctx * vocab + 1)).unsqueeze(-1), 1.0)  # -1 lands in the spare last slot
     counts = onehot[..., :-1].cumsum(1).reshape(batch, seq, n_ctx, vocab)
     current = torch.gather(counts, 2, ctx.clamp_min(0)[..., None, None].expand(batch, seq, 1, vocab))[:, :, 0]
-    probs = (current + beta) / (current.sum(-1, keepdim=True) + vocab * beta)
+    if allowed is None:
+        probs = (current + beta) / (current.sum(-1, keepdim=True) + vocab * beta)
+    else:
+        probs = _restricted(current, allowed[ctx.clamp_min(0)], beta)
     probs[ctx < 0] = 1.0 / vocab
     return probs
+
+
+def _check_support(support: Any, vocab: int, order: int, device: torch.device) -> Tensor | None:
+    """`support` as booleans on `device` after checking its shape ([V**order, V]; [V, V] for order 0) and that
+    every row allows a state; None stays None."""
+    if support is None:
+        return None
+    rows = vocab ** max(order, 1)
+    if not isinstance(support, Tensor) or support.dtype != torch.bool or tuple(support.shape) != (rows, vocab):
+        shape = tuple(support.shape) if isinstance(support, Tensor) else type(support).__name__
+        raise ValueError(f"support must be a boolean tensor [{rows}, {vocab}] ([V**order, V]), got {shape}")
+    if not bool(support.any(-1).all()):
+        raise ValueError("support has a row that allows no state")
+    return support.to(device)
+
+
+def _restricted(counts: Float[Tensor, "batch pos vocab"], allowed: Bool[Tensor, "batch pos vocab"],
+                beta: float) -> Float[Tensor, "batch pos vocab"]:
+    """(counts + beta) over the allowed states, normalised; 0 elsewhere."""
+    mask = allowed.to(counts.dtype)
+    weights = (counts + beta) * mask
+    return weights / weights.sum(-1, keepdim=True)
 
 
 def target_log_loss(
@@ -423,8 +470,9 @@ def true_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[
     Fixed chains: `kernel_predictions` with the chain's kernel and initial context law (the kernel row of the
     current context; before the context is full, the exact law of the next state given the states so far).
     A finite pool of kernels: `pool_bayes_predictions`, exact. Fresh Dirichlet kernels: the in-context add-alpha
-    estimator, the Bayes posterior predictive up to what the first state reveals about the kernel (about 0.003
-    nats per target on 3 states at 32 targets; see `RandomMarkov`).
+    estimator over the source's `support` (all states, or the other states for `zero_diagonal`), the Bayes
+    posterior predictive up to what the first state reveals about the kernel (about 0.003 nats per target on 3
+    states at 32 targets; see `RandomMarkov`).
 
     >>> from markov_interp.data import BinaryChain
     >>> true_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0]
@@ -434,7 +482,7 @@ def true_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[
     _check_source(source)
     pool = source.pool
     if pool is None:  # a fresh kernel per sequence
-        return add_beta_predictions(tokens, source.vocab, order=source.order, beta=source.alpha)
+        return add_beta_predictions(tokens, source.vocab, order=source.order, beta=source.alpha, support=source.support)
     initial = source.initial_context_laws(pool)
     if pool.shape[0] == 1:  # one kernel: its rows (the posterior over a pool of one is that kernel)
         return kernel_predictions(pool, tokens.cpu(), initial).to(tokens.device)
@@ -445,7 +493,9 @@ def plateau_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Flo
     """The plateau a model sits on before it learns the context: the stationary law pi (the unigram solution of
     Makkuva et al.; `stationary_predictions`) for fixed chains; the in-context unigram (add-alpha state count)
     estimator for random kernels (fresh or from a finite pool), the best a model can do without using the current
-    state.
+    state's transitions. Where the prior rules transitions out (`support`, e.g. `zero_diagonal`: no state follows
+    itself), the counts are restricted to the states the current state can move to: knowing that costs no
+    in-context learning, so the plateau includes it.
 
     >>> from markov_interp.data import BinaryChain
     >>> plateau_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0, 0]
@@ -453,7 +503,7 @@ def plateau_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Flo
     """
     _check_source(source)
     if source.alpha is not None:  # kernels from a prior
-        return add_beta_predictions(tokens, source.vocab, order=0, beta=source.alpha)
+        return add_beta_predictions(tokens, source.vocab, order=0, beta=source.alpha, support=source.support)
     return stationary_predictions(source.pool, tokens)
 
 
@@ -489,7 +539,7 @@ def in_context_loss_curve(
     while done < n_sequences:
         chunk = min(512, n_sequences - done)
         tokens = source.sample(chunk, seq_len, generator)
-        probs = add_beta_predictions(tokens, source.vocab, order=source.order, beta=beta)
+        probs = add_beta_predictions(tokens, source.vocab, order=source.order, beta=beta, support=source.support)
         total += target_log_loss(probs, tokens).sum(0).cpu()
         done += chunk
     return total / n_sequences
@@ -708,24 +758,31 @@ def _control_variate_mean(moments: np.ndarray, n: int, known: np.ndarray, n_targ
 
 
 def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol: float,
-                            max_kernels: int = 1 << 24) -> KernelExpectations:
+                            max_kernels: int = 1 << 24, zero_diagonal: bool = False) -> KernelExpectations:
     """E[entropy rate] and E[H(pi)] over Dirichlet(alpha) kernels by Monte Carlo, in chunks of 2**18 kernels
     until both standard errors are below `tol`. Two controls with exact means cut the variance about 3x:
     the mean row entropy (E = psi(V alpha + 1) - psi(alpha + 1)) and the spread sum_x (m_x - 1/V)**2 of the
-    mean row m (E = (V - 1) / (V (V alpha + 1) V**k))."""
+    mean row m (E = (V - 1) / (V (V alpha + 1) V**k)). `zero_diagonal` (order 1): rows Dirichlet(alpha) over
+    the other V - 1 states; the means become psi(W alpha + 1) - psi(alpha + 1) and (V - 2) / (V W (W alpha + 1))
+    with W = V - 1 (each m_x averages the V - 1 entries P(c, x), c != x, of variance (W - 1) / (W^2 (W alpha + 1)),
+    over V rows)."""
     n_ctx = vocab**order
+    width = vocab - 1 if zero_diagonal else vocab  # states per row
+    spread = ((vocab - 2) / (vocab * width * (width * alpha + 1)) if zero_diagonal
+              else (vocab - 1) / (vocab * (vocab * alpha + 1) * n_ctx))
     known = np.array([
-        float(torch.special.digamma(torch.tensor(vocab * alpha + 1.0, dtype=torch.float64))
+        float(torch.special.digamma(torch.tensor(width * alpha + 1.0, dtype=torch.float64))
               - torch.special.digamma(torch.tensor(alpha + 1.0, dtype=torch.float64))),
-        (vocab - 1) / (vocab * (vocab * alpha + 1) * n_ctx),
+        spread,
     ])
+    mask = 1.0 - np.eye(vocab) if zero_diagonal else 1.0
     rng = np.random.default_rng([seed, 16])
     moments, n, chunk = np.zeros((5, 5)), 0, 1 << 18
     while True:
         # the chunk's kernels are drawn and reduced block by block (memory ~ chains.BLOCK_BYTES, not 2**18 V**(k+1));
         # numpy draws them as one call would, so z and the estimates are the unblocked ones, bit for bit
         sizes = block_sizes(chunk, kernel_bytes(n_ctx, vocab))
-        z = torch.cat([_kernel_moment_rows(rng.standard_gamma(alpha, size=(size, n_ctx, vocab)).clip(1e-300))
+        z = torch.cat([_kernel_moment_rows(rng.standard_gamma(alpha, size=(size, n_ctx, vocab)).clip(1e-300) * mask)
                        for size in sizes]).numpy()
         moments += z.T @ z
         n += chunk
@@ -735,8 +792,9 @@ def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol
 
 
 def _kernel_moment_rows(gam: np.ndarray) -> Float[Tensor, "kernel 5"]:
-    """Per kernel (normalised Gamma draws `gam` [kernel, context, V]) the row (1, mean row entropy, spread of the
-    mean row, entropy rate, H(pi)) of `_mc_kernel_expectations`' moments."""
+    """Per kernel (normalised Gamma draws `gam` [kernel, context, V], zero where a transition is not allowed) the
+    row (1, mean row entropy, spread of the mean row, entropy rate, H(pi)) of `_mc_kernel_expectations`'
+    moments."""
     vocab = gam.shape[-1]
     kernels = torch.from_numpy(gam / gam.sum(-1, keepdims=True))
     pi = _solve_stationary(kernels)
@@ -758,7 +816,20 @@ def expected_kernel_references(source: Source, *, seed: int = 0, tol: float = 1e
         raise ValueError(f"tol must be > 0, got {tol!r}")
     if source.pool is not None:
         return _pool_expectations(source.pool)
-    return _kernel_expectations_cached(source.vocab, source.order, source.alpha, seed, float(tol))
+    return _kernel_expectations_cached(source.vocab, source.order, source.alpha, seed, float(tol),
+                                       _zero_diagonal(source))
+
+
+def _zero_diagonal(source: Source) -> bool:
+    """Whether the source's prior rules out exactly the self-transitions (`RandomMarkov(zero_diagonal=True)`);
+    False for every transition allowed; a ValueError for other supports (no reference computation for them)."""
+    support = source.support
+    if support is None:
+        return False
+    if source.order == 1 and torch.equal(support.cpu(), ~torch.eye(source.vocab, dtype=torch.bool)):
+        return True
+    raise ValueError("reference losses are computed for priors over every transition or over all but the "
+                     f"self-transitions (zero_diagonal), not for the support {support.int().tolist()}")
 
 
 def _pool_expectations(pool: PoolKernels) -> KernelExpectations:
@@ -770,14 +841,16 @@ def _pool_expectations(pool: PoolKernels) -> KernelExpectations:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int, tol: float) -> KernelExpectations:
-    if vocab == 2 and order == 1:
+def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int, tol: float,
+                                zero_diagonal: bool = False) -> KernelExpectations:
+    if vocab == 2 and order == 1 and not zero_diagonal:
         return _binary_kernel_expectations(alpha)
-    key = {"what": "kernel-expectations", "vocab": vocab, "order": order, "alpha": alpha, "seed": seed, "tol": tol}
+    key = {"what": "kernel-expectations", "vocab": vocab, "order": order, "alpha": alpha, "seed": seed, "tol": tol,
+           **({"zero_diagonal": True} if zero_diagonal else {})}  # full support: the keys as before
     cached = _disk_cache_read(key, _check_kernel_entry(vocab))
     if cached is not None:
         return KernelExpectations.from_cache_dict(cached)
-    out = _mc_kernel_expectations(vocab, order, alpha, seed, tol)
+    out = _mc_kernel_expectations(vocab, order, alpha, seed, tol, zero_diagonal=zero_diagonal)
     _disk_cache_write(key, out.cache_dict())
     return out
 
@@ -972,9 +1045,10 @@ def _first_state_gain(source: RandomMarkov, tokens: Tensor, rng: np.random.Gener
     pair = ctx[:, order - 1:-1] * vocab + tokens[:, order:]
     counts.scatter_add_(1, pair, torch.ones_like(pair, dtype=torch.float64))
     shape = counts.reshape(batch, vocab**order, vocab).numpy() + source.alpha
+    allowed = 1.0 if source.support is None else source.support.numpy().astype(np.float64)
     first = []  # [draws, batch], a block of draws at a time: numpy draws them as one call would
     for size in block_sizes(draws, batch * kernel_bytes(vocab**order, vocab)):
-        gam = rng.standard_gamma(shape, size=(size, *shape.shape)).clip(1e-300)
+        gam = rng.standard_gamma(shape, size=(size, *shape.shape)).clip(1e-300) * allowed  # posterior rows
         pi = _solve_stationary(torch.from_numpy(gam / gam.sum(-1, keepdims=True)))  # [size, batch, contexts]
         first.append(torch.gather(pi, 2, ctx[:, order - 1].expand(size, batch)[..., None])[..., 0])
     first = torch.cat(first)
@@ -1014,8 +1088,10 @@ def _in_context_block(source: RandomMarkov, tokens: Int[Tensor, "batch pos"],
     rows = torch.gather(kernels, 1, ctx.clamp_min(0)[..., None].expand(-1, -1, vocab))  # [batch, target, V]
     pi_ctx = _solve_stationary(kernels)
     pi = pi_ctx.reshape(batch, -1, vocab).sum(1)  # law of one state
-    add_alpha = cross_entropy(add_beta_predictions(tokens, vocab, order=order, beta=alpha)[:, :-1], rows)
-    uni_probs = add_beta_predictions(tokens, vocab, order=0, beta=alpha)
+    support = source.support  # counts over the allowed transitions (zero_diagonal: the other states)
+    add_alpha = cross_entropy(add_beta_predictions(tokens, vocab, order=order, beta=alpha, support=support)[:, :-1],
+                              rows)
+    uni_probs = add_beta_predictions(tokens, vocab, order=0, beta=alpha, support=support)
     unigram = torch.where(valid, cross_entropy(uni_probs[:, :-1], rows), target_log_loss(uni_probs, tokens))
     if isinstance(source._initial, str):
         # pi is floored: a state of law ~1e-300 (tiny alpha) would make the control infinite
@@ -1204,20 +1280,21 @@ def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5
                                     or n_sequences < 2):
         raise ValueError(f"n_sequences must be an integer >= 2 or None, got {n_sequences!r}")
     return _random_references(source.vocab, source.order, source.alpha, source.initial, seq_len, seed, float(tol),
-                              n_sequences, source.pool_size, source.pool_seed)
+                              n_sequences, source.pool_size, source.pool_seed, source.zero_diagonal)
 
 
 @functools.lru_cache(maxsize=64)
 def _random_references(vocab: int, order: int, alpha: float, initial: Any, seq_len: int, seed: int, tol: float,
                        n_sequences: int | None, pool_size: int | None = None,
-                       pool_seed: int | None = None) -> ReferenceLosses:
+                       pool_seed: int | None = None, zero_diagonal: bool = False) -> ReferenceLosses:
     source = RandomMarkov(vocab, order, alpha, initial=initial if isinstance(initial, str) else list(initial),
-                          pool_size=pool_size, pool_seed=pool_seed)
+                          pool_size=pool_size, pool_seed=pool_seed, zero_diagonal=zero_diagonal)
     kernel = expected_kernel_references(source, seed=seed)
     pool = {} if pool_size is None else {"pool_size": pool_size, "pool_seed": pool_seed}  # fresh kernels: keys as before
+    diagonal = {"zero_diagonal": True} if zero_diagonal else {}  # every transition allowed: the keys as before
     key = {"what": "in-context", "vocab": vocab, "order": order, "alpha": alpha, "initial": initial,
            "seq_len": seq_len, "seed": seed, "tol": tol, "n_sequences": n_sequences,
-           "kernel": kernel.cache_dict(), **pool}
+           "kernel": kernel.cache_dict(), **pool, **diagonal}
     found = _disk_cache_read(key, _check_in_context_entry(vocab, alpha, seq_len, n_sequences, pool=bool(pool)))
     if found is None:
         found = _in_context_references(source, seq_len, kernel, seed=seed, tol=tol, n_sequences=n_sequences)

@@ -64,6 +64,8 @@ def test_default_config_json_and_cell_ids_are_unchanged():
                                                              value="previous_token", end=200)),
     ("blocks.0.attn.hook_pattern=previous_token:2", Clamp(clamp="blocks.0.attn.hook_pattern",
                                                           value="previous_token", lag=2)),
+    ("blocks.0.attn.hook_pattern=mixed:3@:50", Clamp(clamp="blocks.0.attn.hook_pattern", value="mixed", lag=3,
+                                                     end=50)),
     ("blocks.0.attn.hook_pattern[0,1]=uniform@5:", Clamp(clamp="blocks.0.attn.hook_pattern", value="uniform",
                                                          heads=(0, 1), start=5)),
     ("blocks.0.hook_attn_out=mean", Clamp(clamp="blocks.0.hook_attn_out", value="mean")),
@@ -84,7 +86,7 @@ def test_string_and_dict_forms_round_trip(text, expected):
     ("blocks.1.*@5:3", "empty step range"),
     ("blocks.9.*", "matches no parameter; valid names are ['embed.weight'"),
     ("blocks.0.attn.hook_patern=uniform", "unknown hook name; valid names are ['hook_embed'"),
-    ("blocks.0.attn.hook_pattern=mean", "valid values are ['previous_token', 'uniform', 'self']"),
+    ("blocks.0.attn.hook_pattern=mean", "valid values are ['previous_token', 'uniform', 'self', 'mixed']"),
     ("blocks.0.hook_attn_out=uniform", "valid values are ['zero', 'mean']"),
     ("blocks.0.hook_attn_out=no_such_value", "neither one of"),
     ("blocks.0.hook_attn_out[0]=zero", "heads apply only to per-head points"),
@@ -150,6 +152,8 @@ def _clamp_specs(tmp_path) -> dict:
     return {
         "previous_token": "blocks.0.attn.hook_pattern=previous_token",
         "previous_token lag 2": "blocks.0.attn.hook_pattern=previous_token:2",
+        "mixed": "blocks.0.attn.hook_pattern=mixed",
+        "mixed lag 2, one head": "blocks.1.attn.hook_pattern[0]=mixed:2",
         "uniform": "blocks.1.attn.hook_pattern=uniform",
         "self": "blocks.0.attn.hook_pattern=self",
         "file pattern": f"blocks.0.attn.hook_pattern={_pattern_file(tmp_path, heads_pattern)}",
@@ -217,25 +221,43 @@ def test_clamps_follow_their_step_range_and_means_move_only_in_training():
     torch.testing.assert_close(state.means[key], expected)
 
 
-@pytest.mark.parametrize("lag", [1, 2])
-def test_previous_token_clamp_copies_v_from_lag_back(lag):
-    """Hand-built check: layer 0 clamped to previous_token makes z at q equal v at q - lag (position 0 for the
-    first lag queries), with v read from the unclamped hooked model."""
+def _clamped_z_and_v(value: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer 0's z in the fused forward with its pattern clamped to `value`, and its v from the unclamped hooked
+    model ([batch, pos, head, d_head]: layer 0's v does not depend on its pattern)."""
     model = models.build(CFG, seed=0)
     tokens = _tokens()
-    items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern=previous_token:{lag}"])
+    items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern={value}"])
     seen = {}
     hooks = dict(intervene.clamp_hooks(items, CFG, 0, state=ClampState(), update=True))
     hooks["blocks.0.attn.hook_z"] = lambda z: seen.setdefault("z", z)
     with torch.no_grad():
         _fused(model, tokens, hooks)
         _, cache = model.run_with_cache(tokens)
-    v = cache["blocks.0.attn.hook_v"]  # [batch, pos, head, d_head]: layer 0's v does not depend on its pattern
-    source = torch.clamp(torch.arange(tokens.shape[1]) - lag, min=0)
-    torch.testing.assert_close(seen["z"], v[:, source], rtol=0, atol=1e-6)
+    return seen["z"], cache["blocks.0.attn.hook_v"]
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_previous_token_clamp_copies_v_from_lag_back(lag):
+    """Hand-built check: layer 0 clamped to previous_token makes z at q equal v at q - lag (position 0 for the
+    first lag queries), with v read from the unclamped hooked model."""
+    z, v = _clamped_z_and_v(f"previous_token:{lag}")
+    source = torch.clamp(torch.arange(v.shape[1]) - lag, min=0)
+    torch.testing.assert_close(z, v[:, source], rtol=0, atol=1e-6)
     assert intervene.pattern_value("previous_token", 4, lag=2).tolist() == [
         [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0]]
     assert intervene.pattern_value("uniform", 3)[2].tolist() == pytest.approx([1 / 3] * 3)
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_mixed_clamp_is_half_previous_token_half_uniform(lag):
+    """Hand-built check: under `mixed` z at q is (v[q - lag] + mean of v[0..q]) / 2."""
+    z, v = _clamped_z_and_v(f"mixed:{lag}")
+    seq = v.shape[1]
+    source = torch.clamp(torch.arange(seq) - lag, min=0)
+    running = v.cumsum(1) / torch.arange(1, seq + 1)[None, :, None, None]
+    torch.testing.assert_close(z, (v[:, source] + running) / 2, rtol=0, atol=1e-6)
+    value = intervene.pattern_value("mixed", 5, lag=lag)
+    assert torch.allclose(value.sum(-1), torch.ones(5)) and torch.equal(value, value.tril())
 
 
 # ------------------------------------------------------------------------------------------- training
@@ -356,7 +378,7 @@ def test_cli_flags_land_in_config_json(tmp_path, capsys):
         "blocks.0.mlp.*@:2", "blocks.0.attn.hook_pattern=uniform@1:", "blocks.0.hook_attn_out=mean"]
     code = main(["train", "--out", str(tmp_path / "bad"), "--clamp", "blocks.0.attn.hook_pattern=zero"])
     err = capsys.readouterr().err
-    assert code != 0 and "valid values are ['previous_token', 'uniform', 'self']" in err
+    assert code != 0 and "valid values are ['previous_token', 'uniform', 'self', 'mixed']" in err
     assert len(err.strip().splitlines()) == 1
 
 

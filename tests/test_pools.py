@@ -382,7 +382,7 @@ def test_fixed_chains_refuse_pool_options(kind, fields):
 class Dirichlet2:
     """A random-kernel source of a class of its own: it satisfies the protocol without deriving from data."""
 
-    vocab, order, alpha, pool = 2, 1, 1.0, None
+    vocab, order, alpha, pool, support = 2, 1, 1.0, None, None
 
     def sample(self, batch, seq_len, generator=None, *, device=None, return_kernels=False):
         return RandomMarkov(2).sample(batch, seq_len, generator, device=device, return_kernels=return_kernels)

@@ -11,6 +11,8 @@ Registered today:
 - `interventions`: freezes and clamps during training (issue 14's three experiments).
 - `phases`: the order x depth x heads phase diagram on order-k random kernels (issue 23).
 - `diversity`: task diversity, finite kernel pools against fresh kernels, and the transition N* (issue 23).
+- `factorial`: the previous-token clamp × layer-1 heads {1, 2} × data {Dirichlet, zero diagonal}, with a mixed
+  clamp and a head start (issue 22; docs/findings-dynamics.md).
 
 Writing a new experiment: one module `markov_interp/experiments/NAME.py` (no edit anywhere else; modules whose
 name starts with "_" are not experiments) that provides

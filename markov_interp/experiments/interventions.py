@@ -42,7 +42,7 @@ from markov_interp.training import RunConfig, TrainConfig, TrainResult, train_ma
 __all__ = ["InterventionsBudget", "QUICK", "FULL", "EXPERIMENTS", "Arm", "CircuitScores", "ArmResult",
            "ExperimentResult", "InterventionsResult", "experiment_arms", "run_experiment", "run",
            "previous_token_at_release", "circuit_scores_at_end", "survival_figure", "dynamics_figures",
-           "experiment_sections", "summary_markdown", "EXPERIMENT"]
+           "experiment_sections", "summary_markdown", "run_arms", "arm_json", "EXPERIMENT"]
 
 EXPERIMENTS = ("previous-token-clamp", "reader-frozen", "attention-in-one-layer")
 
@@ -82,10 +82,12 @@ _PATTERN0 = "blocks.0.attn.hook_pattern"
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """One condition of an experiment: a name and the interventions every seed trains under."""
+    """One condition of an experiment: a name, the interventions every seed trains under and changes to the
+    model config (e.g. the head start `init_attention`)."""
 
     name: str
     interventions: tuple = ()
+    model: tuple = ()  # (field, value) pairs replaced in the base run's ModelConfig
 
 
 def _random_kernel_base(budget: InterventionsBudget, steps: int) -> RunConfig:
@@ -125,23 +127,28 @@ def experiment_arms(name: str, budget: InterventionsBudget) -> tuple[RunConfig, 
 
 
 def _with(base: RunConfig, arm: Arm, seed: int, **train: Any) -> RunConfig:
-    return dataclasses.replace(base, train=dataclasses.replace(base.train, seed=seed,
-                                                               interventions=arm.interventions, **train))
+    return dataclasses.replace(base, model=base.model.replace(**dict(arm.model)) if arm.model else base.model,
+                               train=dataclasses.replace(base.train, seed=seed, interventions=arm.interventions,
+                                                         **train))
 
 
-def _folder(out: Optional[Path], base: RunConfig, arm: Arm, seed: int, suffix: str = "") -> Optional[Path]:
-    """runs/TASK/ARM/seedN: keyed by the task, not the experiment, so experiments 1 and 2 share the free arm."""
+def _folder(out: Optional[Path], base: RunConfig, arm: Arm, seed: int, suffix: str = "",
+            task: Optional[str] = None) -> Optional[Path]:
+    """runs/TASK/ARM/seedN: keyed by the task, not the experiment, so experiments 1 and 2 share the free arm
+    (`task` names it where the source kind alone does not, e.g. the factorial's cells)."""
     if out is None:
         return None
-    task = "random-kernels" if base.source.kind == "random" else f"chain-p{base.source.p}-q{base.source.q}"
+    if task is None:
+        task = "random-kernels" if base.source.kind == "random" else f"chain-p{base.source.p}-q{base.source.q}"
     slug = "".join(c if c.isalnum() else "-" for c in arm.name).strip("-")
     return out / "runs" / task / f"{slug}{suffix}" / f"seed{seed}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CircuitScores:
-    """Layer 0's previous-token and layer 1's induction score of each finished run of an arm (the best head of
-    the layer), with bootstrap intervals of their means over seeds and the uniform-attention chance levels."""
+    """Layer 0's previous-token and layer 1's induction and same-token score of each finished run of an arm (the
+    best head the layer has), with bootstrap intervals of their means over seeds and the uniform-attention
+    chance levels."""
 
     step: int  # the update after which the runs were scored
     previous_token: tuple[float, ...]
@@ -152,6 +159,10 @@ class CircuitScores:
     induction_interval: tuple[float, float]
     previous_token_chance: float
     induction_chance: float
+    same_token: tuple[float, ...] = ()  # layer 1's same-token score (attention on keys with x_j = x_i)
+    same_token_mean: float = math.nan
+    same_token_interval: tuple[float, float] = (math.nan, math.nan)
+    same_token_chance: float = math.nan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,17 +200,17 @@ class ExperimentResult:
     """One of the three experiments: its arms (the free arm first) at `steps`, with notes on failed runs."""
 
     name: str
-    budget: InterventionsBudget
+    budget: Budget  # an `InterventionsBudget`, or the factorial's
     steps: int
     arms: tuple  # ArmResult, the free arm first
     seconds: float
     notes: tuple = ()
 
 
-def _train_arm(base: RunConfig, arm: Arm, budget: InterventionsBudget, out: Optional[Path],
-               progress: bool, **train: Any) -> list[TrainResult]:
+def _train_arm(base: RunConfig, arm: Arm, budget: Budget, out: Optional[Path],
+               progress: bool, task: Optional[str] = None, **train: Any) -> list[TrainResult]:
     runs = [_with(base, arm, s, **train) for s in range(budget.seeds)]
-    folders = None if out is None else [_folder(out, base, arm, s, "" if not train else "-prefix")
+    folders = None if out is None else [_folder(out, base, arm, s, "" if not train else "-prefix", task)
                                         for s in range(budget.seeds)]
     models_out = bool(train) or base.source.kind == "random"  # the random-kernel arms are probed at the end
     return train_many(runs, folders, progress=progress, models_out=models_out)
@@ -218,15 +229,34 @@ def run_experiment(name: str, budget: InterventionsBudget = FULL, out_dir: "str 
 
     Returns:
         The arms' dynamics and comparisons (`ExperimentResult`)."""
+    base, arms = experiment_arms(name, budget)
+    return run_arms(name, base, arms, budget, out_dir, progress=progress)
+
+
+def run_arms(name: str, base: RunConfig, arms: list[Arm], budget: Budget, out_dir: "str | Path | None" = None, *,
+             progress: bool = False, task: Optional[str] = None) -> ExperimentResult:
+    """Train `arms` (the first is the reference, "free") over `budget.seeds` seeds from `base` and compare each
+    with the first: the one arm loop of `run_experiment` and of the factorial (`experiments.factorial`).
+
+    Args:
+        name: the experiment's name (figure file names use it).
+        base: the run every arm starts from (its seed is replaced).
+        arms: the arms, the reference first.
+        budget: seeds (and `release` for "reader-frozen").
+        out_dir: where the run folders go (None: nothing is written).
+        progress: a progress bar per arm.
+        task: the run folders' key (runs/TASK/ARM/seedN; default from the source).
+
+    Returns:
+        The arms' dynamics and comparisons (`ExperimentResult`)."""
     import time
 
-    base, arms = experiment_arms(name, budget)
     out = None if out_dir is None else Path(out_dir)
     start = time.perf_counter()
     results, notes = [], []
     free_runs = None
     for arm in arms:
-        trained = _train_arm(base, arm, budget, out, progress)
+        trained = _train_arm(base, arm, budget, out, progress, task)
         runs = [None if r.failed else dynamics.from_metrics(r.metrics) for r in trained]
         known = [r for r in runs if r is not None]
         versus = None if free_runs is None else dynamics.compare(free_runs, known)
@@ -256,8 +286,9 @@ def circuit_scores_at_end(trained: list[TrainResult]) -> CircuitScores:
     arms), measured under the interventions active at its last update (`intervene.applied`: a clamped layer is
     probed clamped), with bootstrap intervals of their means and the uniform-attention chance levels."""
     from markov_interp import intervene, probes
+    from markov_interp.models import heads_per_layer
 
-    previous, induction, chance = [], [], (math.nan, math.nan)
+    previous, induction, same, chance = [], [], [], (math.nan, math.nan, math.nan)
     for seed, result in enumerate(trained):
         if result.failed or result.model is None:
             continue
@@ -267,15 +298,18 @@ def circuit_scores_at_end(trained: list[TrainResult]) -> CircuitScores:
         with intervene.applied(result.model, run.train.interventions, run.train.steps - 1):
             _, cache = result.model.run_with_cache(batch.tokens)
         att = probes.attention_scores(result.model, batch.tokens, cache=cache)
-        previous.append(float(att.previous_token[0].max()))
-        induction.append(float(att.induction[1].max()))
-        chance = (float(att.previous_token_chance), float(att.induction_chance))
+        heads = heads_per_layer(result.model)  # the [layer, head] grids hold NaN for absent heads
+        previous.append(float(att.previous_token[0, : heads[0]].max()))
+        induction.append(float(att.induction[1, : heads[1]].max()))
+        same.append(float(att.same_token[1, : heads[1]].max()))
+        chance = (float(att.previous_token_chance), float(att.induction_chance), float(att.same_token_chance))
     return CircuitScores(step=trained[0].config.train.steps if trained else 0, previous_token=tuple(previous),
                          previous_token_mean=_shared.mean(previous),
                          previous_token_interval=_shared.mean_interval(previous),
                          induction=tuple(induction), induction_mean=_shared.mean(induction),
                          induction_interval=_shared.mean_interval(induction), previous_token_chance=chance[0],
-                         induction_chance=chance[1])
+                         induction_chance=chance[1], same_token=tuple(same), same_token_mean=_shared.mean(same),
+                         same_token_interval=_shared.mean_interval(same), same_token_chance=chance[2])
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -393,9 +427,11 @@ def _comparison_json(c: dynamics.Comparison) -> dict:
     return out
 
 
-def _arm_json(a: ArmResult) -> dict:
+def arm_json(a: ArmResult) -> dict:
+    """One arm's results.json entry: every seed's escape, crossings, excess curve and final loss, its comparison
+    with the free arm and its circuit scores."""
     median = a.summary.median()
-    return {"interventions": list(a.arm.interventions),
+    return {"interventions": list(a.arm.interventions), **({"model": dict(a.arm.model)} if a.arm.model else {}),
             "escape_steps": [e.step if e else None for e in a.escapes],
             "censored": [e.censored if e else None for e in a.escapes],
             "final_eval_loss": list(a.final_losses),
@@ -447,7 +483,7 @@ class InterventionsResult(Summary):
         """Every seed's escape, crossings, excess curve and final loss, per arm and experiment, with the arms'
         comparisons with free."""
         return {r.name: {"steps": r.steps, "seconds": round(r.seconds, 1),
-                         "arms": {a.arm.name: _arm_json(a) for a in r.arms}} for r in self.parts}
+                         "arms": {a.arm.name: arm_json(a) for a in r.arms}} for r in self.parts}
 
 
 def run(budget: InterventionsBudget, out: Path, *, progress: bool = False) -> InterventionsResult:

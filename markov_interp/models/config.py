@@ -11,7 +11,7 @@ same in every block; by default it is d_model // (the largest count).
 """
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_keys, check_number
 
@@ -22,7 +22,10 @@ _POSITIONAL = ("standard", "rotary")
 _INITS = ("standard", "canonical")
 _ACTIVATIONS = ("gelu", "gelu_new", "relu")
 # ModelConfig fields that only change the initial weights: the members of one stack may differ in them.
-INIT_FIELDS = ("init", "init_std", "canonical_e", "canonical_w", "canonical_b", "canonical_v_std", "canonical_a")
+INIT_FIELDS = ("init", "init_std", "canonical_e", "canonical_w", "canonical_b", "canonical_v_std", "canonical_a",
+               "init_attention")
+_ATTENTION_INITS = ("previous_token", "position_code")
+POSITION_FREQUENCIES = 3  # frequencies of init_attention's position code (2 dimensions each)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,7 +44,15 @@ class ModelConfig(Config):
       - "canonical": the low-rank init of the follow-up paper ("Local to Global", arXiv 2406.03072) along
         one random direction. Its negative-product variant (MLP in-weights +c, out-weights -c) is
         `canonical_w < 0`; w < -1/sqrt(2) starts the reduced model in the global basin.
+
+    `init_attention` (on top of the standard init, learned positions): "previous_token" starts layer 0's first
+    head as a previous-token head (the positions carry a code that its Q/K read so that query i attends to
+    i - 1; a head start that training then changes freely), "position_code" the same positions and embeddings
+    with standard Q/K (its control). See `models.init.initial_state`.
     """
+
+    # Fields added after configs were first written: left out of the JSON at these values (same files, cell ids).
+    _LATER_FIELDS: ClassVar[dict] = {"init_attention": None}
 
     n_layers: int = 1  # number of transformer blocks
     n_heads: int | tuple | list = 1  # attention heads: one count for every block, or one per block (layer 0 first)
@@ -67,6 +78,7 @@ class ModelConfig(Config):
     canonical_b: float | int = 0.0  # canonical init: output bias b (logit of state 1 minus logit of state 0)
     canonical_v_std: float | int = 0.0  # canonical init: std of v in the rank-one value matrix u v^T (0: no attn)
     canonical_a: float | int | None = None  # canonical init, untied: output scale a (W_U row 1 = a u); None -> a = e
+    init_attention: Optional[str] = None  # "previous_token": layer 0 starts as a previous-token head; "position_code"
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "d_vocab", "n_ctx"):
@@ -108,6 +120,19 @@ class ModelConfig(Config):
         check_number("canonical_v_std", self.canonical_v_std, minimum=0)
         if self.init == "canonical":
             self._check_canonical()
+        if self.init_attention is not None:
+            self._check_attention_init()
+
+    def _check_attention_init(self) -> None:
+        check_choice("init_attention", self.init_attention, _ATTENTION_INITS)
+        if self.init != "standard" or self.positional != "standard":
+            raise ValueError(f"init_attention={self.init_attention!r} needs init='standard' and learned positions "
+                             f"(positional='standard'), got init={self.init!r}, positional={self.positional!r}")
+        code = 2 * POSITION_FREQUENCIES
+        if self.d_head < code or self.d_model < code + 1 + self.d_vocab:
+            raise ValueError(f"init_attention={self.init_attention!r} needs d_head >= {code} and d_model >= "
+                             f"{code + 1 + self.d_vocab} (a {code}-dimensional position code beside the states), got "
+                             f"d_head={self.d_head}, d_model={self.d_model}")
 
     def _check_canonical(self) -> None:
         if self.d_vocab != 2:

@@ -9,15 +9,22 @@ hooked model (`models.hooked.hooked_model`) both start from this dict, so every 
 same weights; nothing here imports transformer_lens.
 """
 
+import functools
+import itertools
 import math
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from markov_interp.models.config import ModelConfig
+from markov_interp.models.config import POSITION_FREQUENCIES, ModelConfig
 
-__all__ = ["state_shapes", "initial_state"]
+__all__ = ["state_shapes", "initial_state", "position_frequencies"]
+
+# the head-start position code's norm, in standard position rows (init_std sqrt(d_model)): at 2, AdamW at lr 1e-2
+# scrambles it within 10 steps (previous-token score 0.99 -> 0.63-0.76 on the 3-state task); at 8 it stays >= 0.87
+# through 200 steps (3 seeds, batch 64)
+HEAD_START_RADIUS = 8.0
 
 
 def state_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -79,6 +86,19 @@ def initial_state(cfg: ModelConfig, seed: int) -> dict[str, Float[Tensor, "..."]
     which normalises the scale e away, so use normalization=None to study the landscape; (2) untied with a = e,
     gradient flow keeps a = e (it conserves e^2 - a^2), so pass canonical_a != e to leave that symmetric start.
 
+    Attention head start (`cfg.init_attention`, after the standard init; learned positions). The positions
+    carry a code in a 2K-dimensional subspace S (K = `POSITION_FREQUENCIES`; an orthonormal basis B drawn from
+    the generator, orthogonal to the all-ones vector, so LayerNorm's centring leaves it alone): W_pos[n] =
+    (r / sqrt(K)) B c(n) with c(n) = (cos theta_k n, sin theta_k n)_k and r = 8 init_std sqrt(d_model) (eight
+    standard rows' norm, `HEAD_START_RADIUS`, so that the first optimiser steps do not scramble it). The
+    frequencies theta_k = 2 pi m_k / (n_ctx + 1) are the K integers m_k that maximise the margin
+    K - max_{m != 0} sum_k cos(theta_k m) over the lags m = i - 1 - j a causal query sees. The token embeddings are projected off S. "previous_token" then sets the first 2K rows of layer 0's head-0 W_K to
+    g B^T and of W_Q to g Rot(-theta) B^T, so the score of query i on key j is proportional to
+    sum_k cos(theta_k (i - 1 - j)): largest at j = i - 1, by at least a logit gap log(9 n_ctx) (g is set from
+    the margin and the expected normalised size of the code). Every other weight keeps its standard draw, and
+    nothing is clamped: training changes Q and K freely. "position_code" is the same init with the standard
+    Q / K (the control for what the positions and embeddings alone do).
+
     Args:
         cfg: the model config.
         seed: the generator's seed (an integer).
@@ -100,6 +120,8 @@ def initial_state(cfg: ModelConfig, seed: int) -> dict[str, Float[Tensor, "..."]
         state[name] = torch.randn(shapes[name], generator=gen) * std
     if cfg.init == "canonical":
         _canonical(state, cfg, gen)
+    if cfg.init_attention is not None:
+        _attention_head_start(state, cfg, gen)
     return state
 
 
@@ -142,3 +164,55 @@ def _canonical(state: dict[str, Tensor], cfg: ModelConfig, gen: torch.Generator)
     if "unembed.bias" in state:
         state["unembed.bias"].zero_()
         state["unembed.bias"][1] = b
+
+
+@functools.lru_cache(maxsize=16)
+def position_frequencies(n_ctx: int, k: int = POSITION_FREQUENCIES) -> tuple[tuple[float, ...], float]:
+    """The K angular frequencies of the head-start position code and their margin.
+
+    theta = 2 pi m / (n_ctx + 1) for the K integers m in 1..min(24, n_ctx // 2) that maximise
+    margin = K - max over lags l in [-1, n_ctx - 1], l != 0, of sum_k cos(theta_k l): how much more a query's
+    code rotated back one step matches key i - 1 than any other key it can see.
+
+    Args:
+        n_ctx: the longest sequence.
+        k: the number of frequencies.
+
+    Returns:
+        (the frequencies, the margin).
+    """
+    lags = torch.tensor([m for m in range(-1, n_ctx) if m != 0], dtype=torch.float64)
+    best = (-math.inf, ())
+    for combo in itertools.combinations(range(1, max(k, min(24, n_ctx // 2)) + 1), k):
+        theta = 2 * math.pi * torch.tensor(combo, dtype=torch.float64) / (n_ctx + 1)
+        margin = k - float(torch.cos(torch.outer(lags, theta)).sum(1).max())
+        best = max(best, (margin, combo))
+    theta = tuple(2 * math.pi * m / (n_ctx + 1) for m in best[1])
+    return theta, best[0]
+
+
+def _attention_head_start(state: dict[str, Tensor], cfg: ModelConfig, gen: torch.Generator) -> None:
+    """Overwrite positions, embeddings and (for "previous_token") layer 0's head-0 Q / K with the head start of
+    `initial_state`'s docstring."""
+    d, k = cfg.d_model, POSITION_FREQUENCIES
+    theta, margin = position_frequencies(cfg.n_ctx, k)
+    ones = torch.ones(d, 1) / math.sqrt(d)
+    raw = torch.randn(d, 2 * k, generator=gen)
+    basis, _ = torch.linalg.qr(raw - ones @ (ones.T @ raw))  # [d, 2K], orthonormal, orthogonal to 1
+    angles = torch.arange(cfg.n_ctx, dtype=torch.float64)[:, None] * torch.tensor(theta, dtype=torch.float64)
+    code = torch.stack([angles.cos(), angles.sin()], dim=-1).flatten(1).float()  # [n_ctx, 2K]: (cos, sin) pairs
+    radius = HEAD_START_RADIUS * cfg.init_std * math.sqrt(d)
+    state["pos_embed.weight"] = (radius / math.sqrt(k)) * code @ basis.T
+    state["embed.weight"] = state["embed.weight"] - state["embed.weight"] @ basis @ basis.T
+    if cfg.init_attention != "previous_token":
+        return
+    # the code's norm after the first LayerNorm (centring leaves it, the scale divides by the input's std)
+    rest = (d - 1 - 2 * k) * cfg.init_std**2  # expected squared norm of a centred embedding off S
+    size = radius if cfg.normalization is None else radius * math.sqrt(d / (radius**2 + rest))
+    gain = math.sqrt(math.log(9 * cfg.n_ctx) * math.sqrt(cfg.d_head) * k / (size**2 * margin))
+    c, s = torch.tensor(theta).cos().float(), torch.tensor(theta).sin().float()
+    back = torch.zeros(2 * k, 2 * k)  # rotates each (cos, sin) pair by -theta_k: c(i) -> c(i - 1)
+    for i in range(k):
+        back[2 * i: 2 * i + 2, 2 * i: 2 * i + 2] = torch.tensor([[c[i], s[i]], [-s[i], c[i]]])
+    state["blocks.0.attn.k.weight"][: 2 * k] = gain * basis.T
+    state["blocks.0.attn.q.weight"][: 2 * k] = gain * back @ basis.T

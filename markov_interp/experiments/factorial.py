@@ -1,0 +1,199 @@
+"""Finding 1 as a factorial (issue 22): does clamping layer 0 to a previous-token head slow the escape from the
+in-context unigram plateau, and in which cells?
+
+Cells: layer-1 heads {1, 2} (layer 0 one head; d_head fixed, so a second head adds width only in layer 1) ×
+data {"dirichlet": a Dirichlet(1) kernel per sequence, "zero-diagonal": no self-transitions, each row
+Dirichlet(1) over the other states, so self-transition counts carry no information and a same-token head in
+layer 1 cannot help}. In every cell the same seeds train under each arm:
+
+- "free": nothing changed (the reference every arm is compared with);
+- "clamped": layer 0's attention pattern clamped to a perfect previous-token head for the whole run;
+- "mixed": clamped to half previous-token, half uniform causal attention (`intervene.pattern_value("mixed")`);
+- "head-start": layer 0's Q/K *initialised* as a previous-token head and trained freely
+  (`ModelConfig.init_attention="previous_token"`);
+- "position-code": the head start's positions and embeddings with standard Q/K (the head start's control).
+
+A clamp stops gradient to layer 0's Q/K, so "clamped" and "head-start" ask different questions: the first
+whether a fixed perfect previous-token head helps, the second whether starting with one does.
+
+Each arm's runs are summarised by `dynamics` (crossings of 0.9 / 0.75 / 0.5 / 0.25 of the plateau excess,
+interval-censored, survival, median excess curves) and compared with the cell's free arm at every line and by
+the area between median curves (bootstrap over seeds); layer 0's previous-token score and layer 1's induction
+and same-token scores are measured at the end (under the arm's clamp). The arm loop, scoring, tables and
+figures are `experiments.interventions`' (`run_arms`); this module only lays out the cells and the overview.
+
+Registered as "factorial": `python -m markov_interp.experiments --only factorial [--quick]`.
+"""
+
+import dataclasses
+import itertools
+import math
+from pathlib import Path
+from typing import Any
+
+from markov_interp import dynamics
+from markov_interp.data import SourceConfig
+from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, register
+from markov_interp.experiments.interventions import (Arm, ExperimentResult, arm_json, dynamics_figures,
+                                                     experiment_sections, run_arms)
+from markov_interp.models import preset
+from markov_interp.training import RunConfig, TrainConfig
+
+__all__ = ["FactorialBudget", "QUICK", "FULL", "ARMS", "DATA", "cell_base", "cell_arms", "FactorialResult", "run",
+           "EXPERIMENT"]
+
+ARMS = ("free", "clamped", "mixed", "head-start", "position-code")
+DATA = ("dirichlet", "zero-diagonal")
+_PATTERN0 = "blocks.0.attn.hook_pattern"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FactorialBudget(Budget):
+    """Seeds per arm and cell, steps (constant lr: a shorter run is a prefix of a longer one), the cells
+    (`heads`: layer-1 head counts; `data`) and the `arms` ("free" first)."""
+
+    seeds: int = 16
+    steps: int = 600
+    heads: tuple[int, ...] = (1, 2)
+    data: tuple[str, ...] = DATA
+    arms: tuple[str, ...] = ARMS
+    d_head: int = 8  # fixed across cells: a second layer-1 head adds width
+    eval_every: int = 10
+    eval_batches: int = 4
+    device: str = "cpu"
+
+    def check(self) -> None:
+        for field, value, known in (("data", self.data, DATA), ("arms", self.arms, ARMS)):
+            unknown = [v for v in value if v not in known]
+            if unknown:
+                raise ValueError(f"{field}: unknown {unknown}; expected some of {list(known)}")
+        if self.arms[0] != "free" or len(set(self.arms)) != len(self.arms):
+            raise ValueError(f"arms must start with 'free' (the reference) and not repeat, got {list(self.arms)}")
+        if len(set(self.heads)) != len(self.heads):
+            raise ValueError(f"heads must not repeat, got {list(self.heads)}")
+
+
+FULL = FactorialBudget(name="full")
+QUICK = FactorialBudget(name="quick", seeds=5, steps=150, arms=("free", "clamped"), eval_batches=2,
+                        cuts="5 seeds (the fewest that give an interval), 150 steps (free runs cross 0.5 at about "
+                             "160-290 steps, so the 0.5 line is mostly censored: read 0.9 and 0.75), arms free and "
+                             "clamped only (no mixed clamp, head start or its control), 2 evaluation batches")
+
+
+def cell_base(budget: FactorialBudget, data: str, heads: int) -> RunConfig:
+    """The free run of one cell (seed 0): two attention-only layers, 3 states, sequences of 32, layer 0 one head
+    and layer 1 `heads` heads of width `budget.d_head`; Adam at a constant 1e-2, batch 64."""
+    return RunConfig(
+        source=SourceConfig(kind="random", vocab=3, alpha=1.0, zero_diagonal=data == "zero-diagonal"),
+        model=preset("attn-only-2layer", n_ctx=32, d_vocab=3, n_heads=(1, heads), d_head=budget.d_head),
+        train=TrainConfig(steps=budget.steps, seq_len=32, batch_size=64, lr=1e-2, schedule="constant",
+                          eval_every=budget.eval_every, eval_batches=budget.eval_batches, log_every=budget.eval_every,
+                          n_checkpoints=0, device=budget.device))
+
+
+def cell_arms(budget: FactorialBudget) -> list[Arm]:
+    """The arms `budget.arms` names, "free" first."""
+    every = {"free": Arm("free"),
+             "clamped": Arm("clamped", ({"clamp": _PATTERN0, "value": "previous_token"},)),
+             "mixed": Arm("mixed", ({"clamp": _PATTERN0, "value": "mixed"},)),
+             "head-start": Arm("head-start", model=(("init_attention", "previous_token"),)),
+             "position-code": Arm("position-code", model=(("init_attention", "position_code"),))}
+    return [every[name] for name in budget.arms]
+
+
+def _cell_name(data: str, heads: int) -> str:
+    return f"{data}-h{heads}"
+
+
+def _fmt_interval(interval: Any, digits: int = 2) -> str:
+    lo, hi = interval
+    return "—" if not (math.isfinite(lo) and math.isfinite(hi)) else f"[{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def _overview_rows(cell: ExperimentResult) -> list[tuple[str, ...]]:
+    """Per arm of a cell: escaped k/n, the median crossing of 0.75 and 0.5, the ratio to free at 0.75 and 0.5
+    [bootstrap CI], and layer 1's induction and same-token scores at the end [bootstrap CI of the mean]."""
+    rows = []
+    for a in cell.arms:
+        s = a.condition.survival
+        ratios = []
+        for f in (0.75, 0.5):
+            c = a.against_free.fractions.get(f) if a.against_free else None
+            ratios.append("—" if c is None else c.ratio_text())
+        scores = a.at_end
+        rows.append((cell.name, a.arm.name, f"{a.summary.n - a.summary.n_censored}/{a.summary.n}",
+                     s[0.75].median().describe(), s[0.5].median().describe(), *ratios,
+                     f"{scores.previous_token_mean:.2f}" if scores else "—",
+                     f"{scores.induction_mean:.2f} {_fmt_interval(scores.induction_interval)}" if scores else "—",
+                     f"{scores.same_token_mean:.2f} {_fmt_interval(scores.same_token_interval)}" if scores else "—"))
+    return rows
+
+
+_OVERVIEW = ("One row per cell (data, layer-1 heads) and arm. Crossing = the first evaluation starting "
+             f"{dynamics.DWELL} in a row below the line (a fraction of the in-context unigram plateau's excess "
+             "over the true law), a grid interval; medians by Kaplan-Meier with a 95% log-log band (none from "
+             f"fewer than {dynamics.MIN_RUNS} seeds; '?' = not reached within the budget); ratios = arm / free "
+             "median crossing with a 95% percentile bootstrap over seeds. Scores are measured at the last step on "
+             "64 fresh sequences, the best head of the layer (layer 0 under the arm's clamp); chance levels are "
+             "in the per-cell sections.")
+
+
+@dataclasses.dataclass(frozen=True)
+class FactorialResult(Summary):
+    """The cells (one `interventions.ExperimentResult` each, named DATA-hHEADS) at one budget."""
+
+    budget: FactorialBudget
+    cells: tuple[ExperimentResult, ...]
+
+    @property
+    def failed(self) -> int:
+        return sum(a.failed for c in self.cells for a in c.arms)
+
+    def overview(self) -> Table:
+        """The cells × arms table of `_overview_rows` (also written as overview.csv)."""
+        return Table(("cell", "arm", "escaped (0.5)", "median 0.75 [95% CI]", "median 0.5 [95% CI]",
+                      "x free at 0.75 [95% CI]", "x free at 0.5 [95% CI]", "L0 prev-token",
+                      "L1 induction [95% CI]", "L1 same-token [95% CI]"),
+                     [row for c in self.cells for row in _overview_rows(c)])
+
+    def sections(self) -> list[Section]:
+        intro = Section(text=f"{self.budget.seeds} seeds per arm and cell, {self.budget.steps} steps, evaluations "
+                        f"every {self.budget.eval_every} steps ({self.budget.eval_batches} batches of 64); "
+                        f"d_head {self.budget.d_head}; arms {', '.join(self.budget.arms)}.")
+        return [intro, Section("Overview", _OVERVIEW, self.overview())] + [
+            s for c in self.cells for s in experiment_sections(c)]
+
+    def figures(self) -> dict[str, Any]:
+        drawn: dict[str, Any] = {}
+        for c in self.cells:
+            drawn.update(dynamics_figures(c))
+        return drawn
+
+    def tables(self) -> dict[str, Table]:
+        return {"overview.csv": self.overview()}
+
+    def to_json(self) -> dict:
+        """Every seed's crossings, excess curve, final loss and scores, per arm and cell, with the comparisons."""
+        return {c.name: {"steps": c.steps, "seconds": round(c.seconds, 1),
+                         "arms": {a.arm.name: arm_json(a) for a in c.arms}} for c in self.cells}
+
+
+def run(budget: FactorialBudget, out: Path, *, progress: bool = False) -> FactorialResult:
+    """Train every cell's arms into `out` (run folders out/runs/DATA-hHEADS/ARM/seedN; a rerun loads them).
+
+    Args:
+        budget: seeds, steps, cells, arms and device.
+        out: the experiment's folder.
+        progress: progress bars.
+
+    Returns:
+        The typed result (`FactorialResult`)."""
+    arms = cell_arms(budget)
+    cells = [run_arms(_cell_name(data, heads), cell_base(budget, data, heads), arms, budget, out,
+                      progress=progress, task=_cell_name(data, heads))
+             for data, heads in itertools.product(budget.data, budget.heads)]
+    return FactorialResult(budget, tuple(cells))
+
+
+EXPERIMENT = register(Experiment(name="factorial", title="Finding 1 as a factorial: clamp x layer-1 heads x data",
+                                 budgets={"quick": QUICK, "full": FULL}, run=run, precision="fp32"))

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The clamp factorial (issue 22, `markov_interp.experiments.factorial`) at its full budget on a lent GPU:
+# 16 seeds per arm and cell, 600 steps, fp32, 4 cells (layer-1 heads {1, 2} x data {Dirichlet, zero diagonal}).
+# Not yet run. From the repository root (the device tool puts a folder in $OUT; elsewhere pass one):
+#
+#     bash scripts/gpu_factorial.sh            # writes $OUT/stage1 and $OUT/stage2, ~5 min expected, < 10 min
+#
+# Stage 1: arms free and clamped only (the factorial proper: 8 stacks of 16 runs). Stage 2: every arm (adds the
+# mixed clamp, the head start and its position-code control); it reuses stage 1's finished run folders (a run's
+# folder does not depend on the device setting or on which other arms run). Each stage writes summary.md,
+# results.json (every seed's curve and crossings), overview.csv and figures; the run folders stay on the
+# device machine ($WORK). Each stage has its own time limit so that a slow stage 2 cannot cost stage 1.
+# Expected cost (not measured for this model): stacks of 16 tiny models (d_model 16, seq 32, batch 64) are
+# launch-bound, ~5-10 ms/step on an H100/H200 -> ~5-10 s per stack, 20 stacks, plus imports and scoring.
+set -euo pipefail
+OUT=${1:-${OUT:?pass an output folder or set OUT}}
+WORK=${WORK:-/tmp/gpu-factorial}
+STAGE1_S=${STAGE1_S:-240}
+STAGE2_S=${STAGE2_S:-300}
+DEVICE=${DEVICE:-cuda}  # a dry run of the wiring elsewhere: DEVICE=cpu EXTRA="--seeds 2 --steps 4 ..." (the quick
+EXTRA=${EXTRA:-}        # budget's fields stay the full one's unless EXTRA overrides them)
+mkdir -p "$OUT" "$WORK"
+{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+  python -c "import torch, sys; ok = torch.cuda.is_available(); print('torch', torch.__version__, 'cuda', ok)
+sys.exit(0 if ok or sys.argv[1] != 'cuda' else 1)" "$DEVICE"
+  git rev-parse HEAD 2>/dev/null || true; } | tee "$OUT/provenance.txt"
+
+stage() {  # stage NAME SECONDS [--set ...]: the full budget on $DEVICE into $WORK/NAME, its summary copied to $OUT/NAME
+  local name=$1 seconds=$2; shift 2
+  local start=$SECONDS rc=0
+  # shellcheck disable=SC2086
+  timeout "$seconds" python -m markov_interp.experiments --only factorial --device "$DEVICE" --no-progress \
+    --out "$WORK/$name" $EXTRA "$@" || rc=$?
+  echo "$name: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/provenance.txt"
+  mkdir -p "$OUT/$name"
+  cp "$WORK/$name"/factorial/{summary.md,results.json,overview.csv,*.png} "$OUT/$name/" 2>/dev/null || true
+}
+
+stage stage1 "$STAGE1_S" --set arms=free,clamped
+# stage 2 reuses stage 1's run folders for free and clamped
+mkdir -p "$WORK/stage2/factorial" && cp -rn "$WORK/stage1/factorial/runs" "$WORK/stage2/factorial/" 2>/dev/null || true
+stage stage2 "$STAGE2_S"
