@@ -786,14 +786,15 @@ def _percentile(values: list[float], undefined: int, confidence: float) -> Bound
 
 
 def _shift(ma: float, mb: float) -> tuple[Optional[float], Optional[float]]:
-    """(b - a, b / a) of two median steps; inf where only b is not reached, -inf / 0 where only a; None where
-    both are not reached (nothing known)."""
+    """(b - a, b / a) of two median steps; inf where only b is not reached, -inf where only a (the ratio too: it
+    is somewhere in (0, b / a's budget), not 0, so it reads as a bound, never as '0x'); None where both are not
+    reached (nothing known)."""
     if math.isinf(ma) and math.isinf(mb):
         return None, None
     if math.isinf(mb):
         return math.inf, math.inf
     if math.isinf(ma):
-        return -math.inf, 0.0
+        return -math.inf, -math.inf
     return mb - ma, (mb / ma if ma > 0 else None)
 
 

@@ -424,6 +424,9 @@ def test_compare_gives_no_interval_from_fewer_than_five_runs_and_open_bounds_bey
     assert c.ratio_text().startswith(">3.3x") and c.difference_text().startswith(">+70")  # 100 / 30, 100 - 30
     neither = dynamics.compare_crossings(stuck, stuck, n_boot=50)
     assert neither.difference_text() == "? (neither median reached) [?, ?]"
+    faster = dynamics.compare_crossings(stuck, escaped, n_boot=200)  # b reached, a censored: a bound, never "0x"
+    assert faster.ratio is None and faster.ratio_text().startswith("<0.3x") and "0x" not in faster.ratio_text()
+    assert faster.ratio_interval[0] is None and faster.difference_text().startswith("<-70")  # 30 - 100
 
 
 def test_area_between_median_curves_by_hand_and_antisymmetric():
