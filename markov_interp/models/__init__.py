@@ -16,28 +16,8 @@ Read left to right, each module importing only those before it:
 
 from markov_interp.models import config, hooks, init, memory, hooked, stack, optim  # noqa: F401  (submodules by name)
 from markov_interp.models.config import INIT_FIELDS, PRESETS, ModelConfig, preset, shape_config
-from markov_interp.models.hooked import (
-    WEIGHTS_FILE,
-    HookedModel,
-    build,
-    check_state,
-    check_tied,
-    heads_per_layer,
-    hooked_kind,
-    hooked_model,
-    is_bridge,
-    load,
-    read_weights,
-    read_weights_file,
-    weights_step,
-    canonical_safetensors,
-    save,
-    save_state,
-    state_dict_for_save,
-    tl_config,
-    tl_state_dict,
-    tl_version,
-)
+from markov_interp.models.hooked import *  # noqa: F403  (its __all__: build, save, load, hooked_model, ...)
+from markov_interp.models.hooked import __all__ as _hooked_all
 from markov_interp.models.init import initial_state, state_shapes
 
 __all__ = [
@@ -48,24 +28,5 @@ __all__ = [
     "shape_config",
     "initial_state",
     "state_shapes",
-    "HookedModel",
-    "hooked_model",
-    "build",
-    "save",
-    "save_state",
-    "load",
-    "read_weights",
-    "read_weights_file",
-    "weights_step",
-    "canonical_safetensors",
-    "state_dict_for_save",
-    "check_state",
-    "check_tied",
-    "heads_per_layer",
-    "hooked_kind",
-    "is_bridge",
-    "tl_version",
-    "tl_config",
-    "tl_state_dict",
-    "WEIGHTS_FILE",
+    *_hooked_all,
 ]
