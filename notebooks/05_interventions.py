@@ -72,10 +72,12 @@ report.loss_curves_figure(result.metrics, result.final.references)
 #
 # Random kernels (a fresh Dirichlet(1) kernel on 3 states per sequence), two attention-only layers, 16 seeds
 # per arm. Free, against layer 0's pattern clamped to the previous position for the whole run, and clamped for
-# the first 150 updates and then trained. One would expect a head start; read the table: at this budget both
-# clamped arms stay on the plateau, and under the clamp layer 1 does not become an induction head (see
-# docs/reproduction/interventions/ for 1500 steps). A hypothesis, not tested here: a free layer 0 starts
-# near-uniform and carries the in-context state counts of the plateau, which the clamp takes away from it.
+# the first 150 updates and then trained. The released arm is *not* a head start: under a pattern clamp layer 0's
+# Q/K get no gradient, so at release it is back at its near-uniform init (a real head start,
+# `ModelConfig.init_attention`, is an arm of the `factorial` experiment). Read the crossings table: the clamped
+# runs are slower from the first line (0.9) on, and under the clamp layer 1 does not become an induction head (see
+# docs/reproduction/interventions/ for 1500 steps). On kernels without self-transitions the same clamp speeds the
+# descent instead (docs/findings-dynamics.md).
 
 # %%
 from IPython.display import Markdown, display
@@ -84,10 +86,11 @@ first = interventions.run_experiment("previous-token-clamp", budget, RUNS / "exp
 display(Markdown(interventions.summary_markdown([first])))
 
 # %% [markdown]
-# ## 2. Layer 1 frozen until step 150, then released
+# ## 2. Layer 1 frozen until step 150, then released; and frozen throughout
 #
 # Does layer 0 become a previous-token head while the head that would read it cannot learn? Its previous-token
-# score after 150 updates (frozen reader against free), and the escape times once layer 1 is released.
+# score after 150 updates (frozen reader against free), the escape times once layer 1 is released, and the control:
+# layer 1 frozen for the whole run, read at the end, when free runs have formed their previous-token head.
 
 # %%
 second = interventions.run_experiment("reader-frozen", budget, RUNS / "experiments")
@@ -97,7 +100,8 @@ display(Markdown(interventions.summary_markdown([second])))
 # ## 3. Does the one-layer plateau need attention?
 #
 # One layer, tied embeddings, p = 0.5, q = 0.8 (the chain the paper reports stuck at the unigram loss): free,
-# the pattern clamped to uniform causal attention, and the attention weights frozen at their initial values.
+# the pattern clamped to uniform causal attention, the attention weights frozen at their initial values, and the
+# control that splits attention in two: Q/K (the pattern) or V/O (the values) frozen at init.
 
 # %%
 third = interventions.run_experiment("attention-in-one-layer", budget, RUNS / "experiments")

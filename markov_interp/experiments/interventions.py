@@ -118,11 +118,16 @@ def experiment_arms(name: str, budget: InterventionsBudget) -> tuple[RunConfig, 
                 ({"clamp": _PATTERN0, "value": "previous_token", "end": budget.release},))]
     if name == "reader-frozen":
         return _random_kernel_base(budget, budget.steps), [
-            free, Arm(f"layer 1 frozen until {budget.release}", ({"freeze": "blocks.1.*", "end": budget.release},))]
+            free, Arm(f"layer 1 frozen until {budget.release}", ({"freeze": "blocks.1.*", "end": budget.release},)),
+            # issue 22's control: layer 0 read at the end, when free runs have formed their previous-token head
+            Arm("layer 1 frozen throughout", ({"freeze": "blocks.1.*"},))]
     if name == "attention-in-one-layer":
         return _chain_base(budget), [
             free, Arm("pattern clamped to uniform", ({"clamp": _PATTERN0, "value": "uniform"},)),
-            Arm("attention frozen at init", ({"freeze": "blocks.0.attn.*"},))]
+            Arm("attention frozen at init", ({"freeze": "blocks.0.attn.*"},)),
+            # issue 22's control: which half of attention lengthens the plateau, the pattern (Q/K) or the values (V/O)
+            Arm("Q/K frozen at init", ({"freeze": "blocks.0.attn.[qk].weight"},)),
+            Arm("V/O frozen at init", ({"freeze": "blocks.0.attn.[vo].weight"},))]
     raise ValueError(f"unknown experiment {name!r}; the experiments are {list(EXPERIMENTS)}")
 
 
