@@ -39,8 +39,8 @@ def test_experiments_run_share_the_free_arm_and_write_their_summary(tmp_path):
     task = out / "runs" / "random-kernels"
     assert sorted(p.name for p in task.iterdir()) == sorted(
         ["free", "free-prefix", "layer-0-clamped-to-previous-token", "layer-0-clamped-to-previous-token-until-20",
-         "layer-1-frozen-until-20",
-         "layer-1-frozen-until-20-prefix"])
+         "layer-1-frozen-until-20", "layer-1-frozen-until-20-prefix", "layer-1-frozen-throughout",
+         "layer-1-frozen-throughout-prefix"])
     written = json.loads((out / "results.json").read_text())
     assert written["budget"]["seeds"] == 2 and written["budget"]["parts"] == ["previous-token-clamp", "reader-frozen"]
     assert written["provenance"]["command"].startswith("python -m markov_interp.experiments --only interventions")
