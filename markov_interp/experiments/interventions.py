@@ -36,7 +36,7 @@ from typing import Any, Optional
 from markov_interp import dynamics
 from markov_interp.data import SourceConfig
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
-from markov_interp.models import preset
+from markov_interp.models import heads_per_layer, preset
 from markov_interp.training import RunConfig, TrainConfig, TrainResult, train_many
 
 __all__ = ["InterventionsBudget", "QUICK", "FULL", "EXPERIMENTS", "Arm", "CircuitScores", "ArmResult",
@@ -287,11 +287,10 @@ def previous_token_at_release(base: RunConfig, arm: Arm, budget: InterventionsBu
 
 
 def circuit_scores_at_end(trained: list[TrainResult]) -> CircuitScores:
-    """Layer 0's previous-token and layer 1's induction score of each finished run (two-layer random-kernel
-    arms), measured under the interventions active at its last update (`intervene.applied`: a clamped layer is
+    """Layer 0's previous-token and layer 1's induction and same-token score of each finished run (two-layer
+    random-kernel arms), measured under the interventions active at its last update (`intervene.applied`: a clamped layer is
     probed clamped), with bootstrap intervals of their means and the uniform-attention chance levels."""
     from markov_interp import intervene, probes
-    from markov_interp.models import heads_per_layer
 
     previous, induction, same, chance = [], [], [], (math.nan, math.nan, math.nan)
     for seed, result in enumerate(trained):
