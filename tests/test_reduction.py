@@ -75,6 +75,35 @@ def test_the_projected_gradient_is_the_reduced_loss_gradient(e0, w0, b0):
     assert float(stack.params["unembed.bias"].grad[0, 0]) == 0.0
 
 
+def test_gradient_descent_on_the_exact_loss_through_the_network_is_the_flow():
+    """Plain GD on the network's exact expected loss, gradients projected: the same (e, w, b) path as
+    `landscape.gradient_flow` step for step (no sampling noise, so to float32 rounding), across the escape."""
+    cfg = exact_model(-1.0, 0.1, 0.0)
+    steps, lr = 60, 0.5
+    stack = Stack.from_states([cfg], [initial_state(cfg, 1)])
+    constraint = CanonicalConstraint([cfg], [1], (), device=torch.device("cpu"))
+    fixed = constraint.fixed_names(stack.params)
+    pi = torch.tensor([Q, P]) / (P + Q)
+    kernel = torch.tensor([[1 - P, P], [Q, 1 - Q]])
+    path = []
+    for _ in range(steps + 1):
+        path.append(landscape.canonical_coordinates({k: v[0].detach() for k, v in stack.params.items()},
+                                                    direction=constraint.u[0].numpy()))
+        logits = stacked_forward(stack, torch.tensor([[[0], [1]]]))[0, :, 0]
+        loss = -(pi[:, None] * kernel * torch.log_softmax(logits, -1)).sum()
+        for param in stack.params.values():
+            param.grad = None
+        loss.backward()
+        constraint.project_(stack.params)
+        with torch.no_grad():
+            for name, param in stack.params.items():
+                if name not in fixed:
+                    param -= lr * param.grad
+    flow = landscape.gradient_flow(0.1, -1.0, 0.0, p=P, q=Q, steps=steps, lr=lr)
+    np.testing.assert_allclose(np.array(path), flow.points, atol=2e-5)
+    assert flow.points[-1][0] > 0.3  # the path left the unigram line: the test covers the escape, not only the start
+
+
 def _family_residual(state: dict, u: torch.Tensor) -> float:
     """How far a state is from the canonical family along u (0 on it): the largest deviation of any tensor."""
     e = float(state["embed.weight"][1] @ u)

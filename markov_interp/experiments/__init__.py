@@ -13,6 +13,8 @@ Registered today:
 - `diversity`: task diversity, finite kernel pools against fresh kernels, and the transition N* (issue 23).
 - `factorial`: the previous-token clamp × layer-1 heads {1, 2} × data {Dirichlet, zero diagonal}, with a mixed
   clamp and a head start (issue 22; docs/findings-dynamics.md).
+- `reduction`: the canonical (e, w, b) reduction kept exact by training on the family, and which freedom
+  (positions, embedding row 0, attention, MLP, output bias, Adam) moves the separatrix (issue 22; docs/landscape.md).
 
 Writing a new experiment: one module `markov_interp/experiments/NAME.py` (no edit anywhere else; modules whose
 name starts with "_" are not experiments) that provides
