@@ -107,3 +107,49 @@ display(Markdown(interventions.summary_markdown([second])))
 third = interventions.run_experiment("attention-in-one-layer", budget, RUNS / "experiments")
 display(Markdown(interventions.summary_markdown([third])))
 interventions.survival_figure([first, second, third])
+
+# %% [markdown]
+# ## 4. Finding 1's scope: the factorial
+#
+# The experiment `factorial` crosses the clamp with layer 1's head count {1, 2} and the data: Dirichlet(1) kernels,
+# or kernels with a zero diagonal (no self-transitions, so counting self-transitions carries no information and a
+# same-token head in layer 1 cannot help). Here one cell, zero diagonal with one layer-1 head, free against clamped
+# at the quick budget (5 seeds, 150 steps): there the clamp *speeds* the descent. The whole factorial (16 seeds,
+# 600 steps, the mixed clamp and a real head start) is `python -m markov_interp.experiments --only factorial`, or
+# `scripts/gpu_factorial.sh` on a GPU; docs/findings-dynamics.md has the quick budget's four cells.
+
+# %%
+from markov_interp.experiments import factorial
+
+cell_budget = factorial.QUICK.replace(data=("zero-diagonal",), heads=(1,))
+if QUICK:
+    cell_budget = cell_budget.replace(steps=20, eval_every=5)
+cell = factorial.run(cell_budget, RUNS / "factorial")
+display(Markdown(cell.overview().markdown()))
+cell.figures()[f"curves-{cell.cells[0].name}.png"]
+
+# %% [markdown]
+# ## 5. The exact reduction, kept exact
+#
+# Notebook 04's landscape predicts, from the canonical init (e0, w0, b0), whether a one-layer tied model without
+# LayerNorm reaches the entropy rate or sticks at the unigram line. That prediction is for gradient flow on the
+# three scalars; free training leaves the (e, w, b) family. `TrainConfig(reduction="canonical")` projects every
+# gradient onto the family (the chain rule of the map from (e, w, b) to the weights), so plain SGD on the network
+# *is* gradient descent on (e, w, b); `release=[...]` frees one part at a time. Which freedom moves the
+# separatrix? Below: the reduced network, positions released and nothing constrained, against the flow and Adam on
+# (e, w, b) itself (3 seeds per w0 here; the experiment `reduction` runs 8 seeds and every arm).
+
+# %%
+from markov_interp.experiments import reduction
+
+red_budget = reduction.FULL.replace(seeds=3, arms=("reduced", "positions", "free-sgd", "free-adam"))
+if QUICK:
+    red_budget = reduction.QUICK.replace(steps=20, eval_every=5)
+red = reduction.run(red_budget, RUNS / "reduction")
+display(Markdown(red.outcome_table().markdown()))
+print("arms whose separatrix is not the flow's:", red.moved())
+red.figures()["separatrix.png"]
+
+# %%
+display(Markdown(red.gap_table().markdown()))
+red.figures()["paths.png"]

@@ -76,6 +76,7 @@ from markov_interp.landscape.canonical import (
 )
 from markov_interp.landscape.flow import (
     RegimeMap,
+    adam_descent,
     conserved_quantity,
     gradient_descent_outcomes,
     gradient_flow,
@@ -97,6 +98,6 @@ __all__ = [
     "untied_loss", "untied_gradient", "untied_hessian", "optimal_bias", "profile_loss", "BigramMinima",
     "bigram_minima", "unigram_e_curvature", "UnigramPointAnalysis", "unigram_point_analysis",
     "classify_unigram_point", "conserved_quantity", "separatrix", "predict_outcome", "Trajectory",
-    "gradient_flow", "gradient_descent_outcomes", "RegimeMap", "regime_map_pq", "regime_map_init",
+    "gradient_flow", "gradient_descent_outcomes", "adam_descent", "RegimeMap", "regime_map_pq", "regime_map_init",
     "CanonicalProjection", "canonical_projection", "canonical_coordinates", "coordinates_trajectory",
 ]

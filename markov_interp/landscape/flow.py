@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from markov_interp.landscape.canonical import (
     _IID_TOL,
@@ -31,6 +32,7 @@ from markov_interp.landscape.canonical import (
     _tied_loss_np,
     _untied_grad_np,
     _untied_loss_np,
+    canonical_loss,
     delta,
 )
 
@@ -330,6 +332,45 @@ def gradient_descent_outcomes(e0: ArrayLike, w0: ArrayLike, b0: ArrayLike = 0.0,
         x = x - lr * grad_fn(x, p, q)
     rate, h_pi = _losses_closed_form(p, q)
     return loss_fn(x, p, q) < h_pi - 1e-3 * (h_pi - rate)
+
+
+def adam_descent(e0: ArrayLike, w0: ArrayLike, b0: ArrayLike = 0.0, *, p: Real, q: Real, steps: int, lr: Real,
+                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8) -> Trajectory:
+    """Adam on the canonical loss itself, from many (e0, w0, b0) at once (broadcast): the 3-parameter model
+    trained by Adam instead of gradient descent.
+
+    Adam's per-coordinate step (about lr whatever the gradient's size) is no reparametrisation of gradient flow,
+    so its basins need not be `predict_outcome`'s: the experiment `reduction` compares them. It is torch's
+    `torch.optim.Adam` (no weight decay) on `canonical_loss` with autograd, in float64; each init is its own
+    run (Adam acts coordinate by coordinate).
+
+    Args:
+        e0, w0, b0: the inits (broadcast together).
+        p, q: the chain.
+        steps: Adam steps.
+        lr: its learning rate.
+        betas: its betas (the package's AdamW default).
+        eps: its epsilon.
+
+    Returns:
+        A `Trajectory` with points [steps + 1, *inits, 3] (names e, w, b) and the loss [steps + 1, *inits].
+    """
+    p, q = _check_pq(p, q)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+    if not float(lr) > 0:
+        raise ValueError(f"lr must be > 0, got {lr!r}")
+    x = torch.tensor(np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (e0, w0, b0))), -1),
+                     requires_grad=True)
+    opt = torch.optim.Adam([x], lr=float(lr), betas=tuple(float(b) for b in betas), eps=float(eps))
+    points = [x.detach().clone()]
+    for _ in range(steps):
+        opt.zero_grad()
+        canonical_loss(x[..., 0], x[..., 1], x[..., 2], p=p, q=q).sum().backward()
+        opt.step()
+        points.append(x.detach().clone())
+    pts = torch.stack(points).numpy()
+    return Trajectory(names=("e", "w", "b"), points=pts, loss=_tied_loss_np(pts, p, q))
 
 
 # ---------------------------------------------------------------------------------------------------------------

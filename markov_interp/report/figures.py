@@ -541,6 +541,45 @@ def landscape_figure(*, p: float, q: float, w_range: tuple[float, float] = (-2.5
     return fig
 
 
+def separatrix_figure(w0: Sequence[float], escaped: Mapping[str, Sequence[float]], *, boundary: float,
+                      title: str = "") -> Figure:
+    """The escaped fraction against w0 for each arm of the experiment `reduction` (one line per arm), with the
+    flow's separatrix as a vertical line."""
+    fig = Figure(figsize=(7.5, 4.2))
+    ax = fig.add_subplot()
+    for i, (name, values) in enumerate(escaped.items()):
+        ax.plot(list(w0), list(values), marker="o", ms=3, lw=1.4 if i > 1 else 2.2,
+                ls="--" if i < 2 else "-", label=name)
+    ax.axvline(boundary, color="k", lw=0.8, ls=":", label=f"flow separatrix {boundary:.3f}")
+    ax.set_xlabel("w0 (canonical init)")
+    ax.set_ylabel("fraction escaped (0.5 line)")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(title, fontsize="medium")
+    ax.legend(fontsize="x-small", ncol=2)
+    return fig
+
+
+def paths_on_landscape_figure(paths: Mapping[str, Sequence[np.ndarray]], flows: Sequence[landscape.Trajectory], *,
+                              p: float, q: float) -> Figure:
+    """Runs' (e, w, b) paths (arrays [checkpoint, 3]) drawn in the (w, |e|) plane on the canonical landscape,
+    one colour per arm, with gradient flow's paths (black) from the same inits."""
+    every = [x for pts in paths.values() for x in pts] + [f.points for f in flows]
+    w_all = np.concatenate([x[:, 1] for x in every])
+    e_all = np.concatenate([np.abs(x[:, 0]) for x in every])
+    fig = landscape_figure(p=p, q=q, w_range=(float(w_all.min()) - 0.1, float(max(w_all.max(), 0.0)) + 0.1),
+                           e_range=(0.0, float(e_all.max()) * 1.1 + 0.05), n=121)
+    ax = fig.axes[0]
+    for f in flows:
+        ax.plot(f.w, np.abs(f.e), color="k", lw=2.2)
+    colours = [f"C{i}" for i in range(10)]
+    for i, (name, pts) in enumerate(paths.items()):
+        for j, x in enumerate(pts):
+            ax.plot(x[:, 1], np.abs(x[:, 0]), color=colours[i % 10], lw=0.8, alpha=0.7, marker=".", ms=2,
+                    label=name if j == 0 else None)
+    ax.legend(loc="upper right", fontsize="x-small")
+    return fig
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the reproduction (markov_interp.reproduce): fractions stuck, depth, mechanisms, initialisation and precision
 # ---------------------------------------------------------------------------------------------------------------

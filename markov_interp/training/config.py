@@ -24,6 +24,7 @@ from markov_interp import intervene
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_number
 from markov_interp.data import SourceConfig
 from markov_interp.models import ModelConfig, preset
+from markov_interp.models.reduction import check_reduction
 
 __all__ = [
     "TrainConfig",
@@ -66,10 +67,12 @@ class TrainConfig(Config):
     eval_log_points: int = 0  # extra evaluations at log-spaced steps (dense early, where plateaus are left)
     n_checkpoints: int = 8  # checkpoints at log-spaced steps (the last step always included); 0: none
     interventions: tuple | list = ()  # freezes and clamps during training (`intervene.Freeze` / `Clamp`)
+    reduction: Optional[str] = None  # "canonical": train on the (e, w, b) family only (`models.reduction`)
+    release: tuple | list = ()  # parts a reduction sets free (`models.reduction.RELEASABLE`)
 
     # Fields added after run folders and sweep ids were first written: left out of config.json (and so of cell
     # ids) at these values, so earlier files round-trip byte for byte and earlier sweeps keep their cells.
-    _LATER_FIELDS: ClassVar[dict] = {"eval_log_points": 0, "interventions": ()}
+    _LATER_FIELDS: ClassVar[dict] = {"eval_log_points": 0, "interventions": (), "reduction": None, "release": ()}
 
     def __post_init__(self) -> None:
         for name, minimum in (("steps", 1), ("batch_size", 1), ("seq_len", 1), ("log_every", 1),
@@ -97,6 +100,10 @@ class TrainConfig(Config):
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device must be a string such as 'auto', 'cpu' or 'cuda', got {self.device!r}")
         object.__setattr__(self, "interventions", intervene.parse_interventions(self.interventions))
+        if isinstance(self.release, str) or not isinstance(self.release, (list, tuple)) or not all(
+                isinstance(r, str) for r in self.release):
+            raise ValueError(f"release must be a list of part names, got {self.release!r}")
+        object.__setattr__(self, "release", tuple(self.release))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -125,6 +132,8 @@ class RunConfig(Config):
                 f"seq_len={self.train.seq_len} exceeds the model's n_ctx={self.model.n_ctx}"
             )
         intervene.check_interventions(self.train.interventions, self.model, files=False)
+        check_reduction(self.train.reduction, self.train.release, self.model,
+                                  optimizer=self.train.optimizer)
 
     def to_json(self, *, indent: Optional[int] = 2) -> str:
         """Sorted JSON, indented (the form of a run folder's config.json)."""

@@ -51,6 +51,7 @@ from markov_interp import intervene, theory
 from markov_interp.data import Source
 from markov_interp.models import INIT_FIELDS, HookedModel, shape_config, state_dict_for_save
 from markov_interp.models.optim import StackedOptimizer
+from markov_interp.models.reduction import CanonicalConstraint
 from markov_interp.models.stack import Stack, build_stack, stacked_forward, stacked_loss
 from markov_interp.theory import ReferenceLosses
 from markov_interp.training import plan, runfolder
@@ -356,6 +357,7 @@ class _Group:
     scale: Optional[torch.Tensor] = None  # fp16 loss scaling: [member] scales, one GradScaler per member
     growth_tracker: Optional[torch.Tensor] = None
     clamps: intervene.ClampState = dataclasses.field(default_factory=intervene.ClampState)  # [member, ...] means
+    constraint: Optional[CanonicalConstraint] = None  # train.reduction: gradients projected onto (e, w, b)
     logs: list[Optional[runfolder.MetricsLog]] = dataclasses.field(default_factory=list)  # per member: metrics.jsonl
 
     @classmethod
@@ -378,6 +380,9 @@ class _Group:
                     sample_train=member_sampler(sources, gens[0], tc.batch_size, length),
                     sample_eval=member_sampler(sources, gens[1], tc.batch_size, length),
                     rows=[[] for _ in runs], failed=[None] * len(runs))
+        if tc.reduction is not None:
+            group.constraint = CanonicalConstraint([r.model for r in runs], [r.train.seed for r in runs],
+                                                   tc.release, device=device)
         if tc.loss_scaling:  # GradScaler's defaults: init scale 2**16, growth 2, backoff 0.5, interval 2000
             optimizer.count_members()
             group.scale = torch.full((len(runs),), _SCALER["scale"], device=device)
@@ -457,6 +462,8 @@ class _Group:
         self.optimizer.zero_grad()
         frozen = frozenset(intervene.frozen_names(tc.interventions, self.runs[0].model, t)) if tc.interventions \
             else frozenset()
+        if self.constraint is not None:
+            frozen = frozen | self.constraint.fixed_names(self.stack.params)
         if self.scale is None:
             losses.sum().backward()
             ok = torch.isfinite(losses)
@@ -472,6 +479,8 @@ class _Group:
             update = alive & ok
         else:
             update, ok = self._unscale(losses, alive)
+        if self.constraint is not None:
+            self.constraint.project_(self.stack.params)
         if tc.grad_clip is not None:
             self.optimizer.clip_grad_norm(tc.grad_clip)
         self.optimizer.step(lr, wd, update, frozen)
