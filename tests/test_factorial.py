@@ -54,7 +54,7 @@ def test_registered_with_a_quick_budget_that_says_what_it_cuts():
     assert experiment.budgets["full"].seeds == 16 and experiment.budgets["full"].arms == factorial.ARMS
 
 
-@pytest.mark.slow  # ~60 s on 2 loaded cores: six small stacks, scored at 3 checkpoints, one circuit per arm
+@pytest.mark.slow  # ~20 s on 2 loaded cores: six small stacks, scored at 3 checkpoints, one circuit per arm
 def test_a_tiny_factorial_runs_scores_every_head_and_writes_its_summary(tmp_path):
     budget = factorial.QUICK.replace(name="tiny", seeds=2, steps=4, heads=(2,), data=("zero-diagonal",),
                                      arms=("free", "clamped", "head-start"), eval_every=2, eval_batches=1,
@@ -175,3 +175,27 @@ def test_scores_over_training_figure_draws_one_line_per_arm_and_score():
     assert math.isclose(axes[2].get_lines()[-1].get_ydata()[0], 0.4)  # the chance line
     with pytest.raises(ValueError, match="CircuitScores"):
         figures.scores_over_training_figure({"free": [{"step": 1}]})
+
+
+def _results(n, failed=(), out_dir=None):
+    """`TrainResult`s of untrained cell models (seed k: model seed k), runs `failed` marked diverged."""
+    from markov_interp.theory import ReferenceLosses
+    from markov_interp.training import FinalLosses, TrainResult
+
+    run = factorial.cell_base(factorial.QUICK, "dirichlet", 1)
+    final = FinalLosses(step=0, eval_loss=math.nan, train_loss=math.nan,
+                        references=ReferenceLosses(entropy_rate=math.nan, unigram_loss=math.nan))
+    return [TrainResult(model=None if k in failed else build(run.model, seed=k), metrics=[], final=final,
+                        config=run.replace(train=run.train.replace(seed=k)), out_dir=out_dir,
+                        failed="diverged at step 3: test" if k in failed else None) for k in range(n)]
+
+
+def test_discovery_reads_the_first_finished_seeds_and_scores_at_a_step_need_its_checkpoint(tmp_path):
+    found = interventions.discovered_circuits(_results(4, failed=(1,)), 2)
+    assert [seed for seed, _ in found] == [0, 2] and all(g.seed == 10_000 + seed for seed, g in found)
+    assert interventions.discovered_circuits(_results(2, failed=(0, 1)), 2) == ()
+    with pytest.raises(ValueError, match="no checkpoint of step 5"):
+        interventions.circuit_scores_at(_results(1, out_dir=tmp_path), 5)
+    with pytest.raises(ValueError, match="no run folder"):
+        interventions.circuit_scores_at(_results(1), 5)
+    assert interventions.circuit_scores_over_training(_results(2)) == ()  # no run folders: nothing to read
