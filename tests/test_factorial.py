@@ -1,13 +1,21 @@
 """The clamp factorial (`experiments.factorial`): its cells, arms, budgets, and one tiny run end to end."""
 
+import dataclasses
 import json
+import math
 
 import pytest
 import torch
 
-from markov_interp import experiments
-from markov_interp.experiments import factorial
-from markov_interp.models import heads_per_layer
+from markov_interp import experiments, intervene, probes
+from markov_interp.data import RandomMarkov
+from markov_interp.experiments import factorial, interventions
+from markov_interp.models import build, heads_per_layer
+from markov_interp.report import figures
+from markov_interp.training import checkpoint_steps
+from tests.handbuilt import induction_circuit, intended_induction_edges
+
+_CLAMP0 = ({"clamp": "blocks.0.attn.hook_pattern", "value": "previous_token"},)
 
 
 def test_cells_vary_only_layer1_heads_and_the_data():
@@ -34,7 +42,7 @@ def test_arms_change_what_their_names_say():
 @pytest.mark.parametrize("change, match", [
     ({"arms": ("clamped", "free")}, "must start with 'free'"), ({"arms": ("free", "nope")}, "nope"),
     ({"data": ("dirichlet", "uniform")}, "uniform"), ({"heads": (2, 2)}, "repeat"), ({"seeds": 1}, "at least 2"),
-    ({"d_head": 0}, "d_head")])
+    ({"d_head": 0}, "d_head"), ({"discovered": 6}, "discovered"), ({"score_checkpoints": -1}, "score_checkpoints")])
 def test_bad_budgets_are_refused(change, match):
     with pytest.raises(ValueError, match=match):
         factorial.QUICK.replace(**change)
@@ -46,11 +54,11 @@ def test_registered_with_a_quick_budget_that_says_what_it_cuts():
     assert experiment.budgets["full"].seeds == 16 and experiment.budgets["full"].arms == factorial.ARMS
 
 
-@pytest.mark.slow  # ~45 s on 2 loaded cores: six small stacks, scored at the end
+@pytest.mark.slow  # ~20 s on 2 loaded cores: six small stacks, scored at 3 checkpoints, one circuit per arm
 def test_a_tiny_factorial_runs_scores_every_head_and_writes_its_summary(tmp_path):
     budget = factorial.QUICK.replace(name="tiny", seeds=2, steps=4, heads=(2,), data=("zero-diagonal",),
                                      arms=("free", "clamped", "head-start"), eval_every=2, eval_batches=1,
-                                     cuts="a test")
+                                     score_checkpoints=3, discovered=1, cuts="a test")
     done = experiments.run(experiments.get("factorial"), tmp_path, budget=budget)
     (cell,) = done.result.cells
     assert cell.name == "zero-diagonal-h2" and [a.arm.name for a in cell.arms] == ["free", "clamped", "head-start"]
@@ -69,6 +77,45 @@ def test_a_tiny_factorial_runs_scores_every_head_and_writes_its_summary(tmp_path
     assert "## Overview" in (tmp_path / "summary.md").read_text()
     trained = tmp_path / "runs" / "zero-diagonal-h2"
     assert sorted(p.name for p in trained.iterdir()) == ["clamped", "free", "head-start"]
+    _check_scores_over_training(cell, data, budget)
+    _check_discovered_circuits(cell, data)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "zero-diagonal-h2: attention scores over training" in summary and "| step 4 |" in summary
+    assert "zero-diagonal-h2: circuits discovered at the end" in summary
+    assert (tmp_path / "scores-zero-diagonal-h2.png").stat().st_size > 0
+
+
+def _check_scores_over_training(cell, data, budget):
+    """Scores at every checkpoint step; the last is the end-of-run score (`circuit_scores_at_end`)."""
+    free, clamped, start = cell.arms
+    for arm in cell.arms:
+        assert [x.step for x in arm.over_training] == checkpoint_steps(budget.steps, budget.score_checkpoints)
+        for x in arm.over_training:
+            for values in (x.previous_token, x.induction, x.same_token):
+                assert len(values) == budget.seeds and all(0.0 <= v <= 1.0 for v in values)
+            lo, hi = x.induction_interval
+            assert lo <= x.induction_mean <= hi
+        last, end = dataclasses.asdict(arm.over_training[-1]), dataclasses.asdict(arm.at_end)
+        assert last.keys() == end.keys()
+        for key in last:
+            assert last[key] == pytest.approx(end[key], abs=1e-6, nan_ok=True), key
+        assert len(data[arm.arm.name]["over_training"]) == budget.score_checkpoints
+    for x in clamped.over_training:  # read back from each checkpoint and probed under its clamp
+        assert x.previous_token == pytest.approx((1.0, 1.0), abs=1e-6)
+    assert start.over_training[0].previous_token_mean > free.over_training[0].previous_token_mean
+
+
+def _check_discovered_circuits(cell, data):
+    """One seed's circuit per arm (`discovered=1`); under the clamp layer 0's queries and keys carry nothing."""
+    for arm in cell.arms:
+        ((seed, graph),) = arm.circuits
+        assert seed == 0 and graph.kept and 0.0 < graph.faithfulness <= 1.5
+        stored = data[arm.arm.name]["circuits"]
+        assert [c["run_seed"] for c in stored] == [0] and stored[0]["kept"] == list(graph.kept_names)
+    (_, clamped), (_, free) = cell.arms[1].circuits[0], cell.arms[0].circuits[0]
+    into_l0 = [e for e in clamped.edges if e.receiver == "L0H0" and e.input in ("q", "k")]
+    assert into_l0 and all(e.effect == 0.0 and e.attribution == 0.0 for e in into_l0)
+    assert any(e.effect != 0.0 for e in free.edges if e.receiver == "L0H0" and e.input in ("q", "k"))
 
 
 def test_hooked_models_of_a_cell_have_the_heads_the_config_says():
@@ -76,3 +123,79 @@ def test_hooked_models_of_a_cell_have_the_heads_the_config_says():
 
     model = build(factorial.cell_base(factorial.QUICK, "dirichlet", 2).model, seed=0)
     assert heads_per_layer(model) == (1, 2)
+
+
+def test_budget_sets_the_checkpoints_scored_and_over_training_scores_need_run_folders():
+    assert factorial.cell_base(factorial.FULL, "dirichlet", 1).train.n_checkpoints == factorial.FULL.score_checkpoints
+    none = factorial.QUICK.replace(score_checkpoints=0, discovered=0)
+    assert factorial.cell_base(none, "dirichlet", 1).train.n_checkpoints == 0
+    base = factorial.cell_base(factorial.QUICK, "dirichlet", 1)
+    with pytest.raises(ValueError, match="out_dir"):  # refused before any training
+        interventions.run_arms("x", base, factorial.cell_arms(factorial.QUICK), factorial.QUICK, None,
+                               over_training=True)
+
+
+def test_discovery_under_a_clamp_gives_layer_0_queries_and_keys_nothing():
+    """The factorial discovers clamped arms' circuits under their clamp: a random model's layer-0 Q/K edges
+    matter a little free and exactly nothing clamped (their gradient estimate too), and a hand-built induction
+    circuit whose layer 0 already is a previous-token head keeps its intended edges under the same clamp."""
+    model = build(factorial.cell_base(factorial.QUICK, "dirichlet", 1).model, seed=0)
+    source = RandomMarkov(3)
+    free = probes.discover_circuit(model, source, seq_len=32, n_sequences=16)
+    with intervene.applied(model, _CLAMP0, 0):
+        clamped = probes.discover_circuit(model, source, seq_len=32, n_sequences=16)
+    qk = [e.name for e in free.edges if e.receiver == "L0H0" and e.input in ("q", "k")]
+    assert qk and any(abs(free.edge(n).effect) > 1e-7 for n in qk)
+    assert all(clamped.edge(n).effect == 0.0 and clamped.edge(n).attribution == 0.0 for n in qk)
+    hand = induction_circuit(3, n_ctx=32)
+    with intervene.applied(hand, _CLAMP0, 0):
+        graph = probes.discover_circuit(hand, source, seq_len=32, n_sequences=16)
+    assert set(graph.kept_names) == intended_induction_edges(1, prev={1: ["L0H0"]}, induction=("L1H0",))
+
+
+def _scores(step, prev, ind, same):
+    def around(v):
+        return (v - 0.05, v + 0.05)
+    return interventions.CircuitScores(
+        step=step, previous_token=(prev,), previous_token_mean=prev, previous_token_interval=around(prev),
+        induction=(ind,), induction_mean=ind, induction_interval=around(ind), previous_token_chance=0.1,
+        induction_chance=0.4, same_token=(same,), same_token_mean=same, same_token_interval=around(same),
+        same_token_chance=0.4)
+
+
+def test_scores_over_training_figure_draws_one_line_per_arm_and_score():
+    arms = {"free": [_scores(s, 0.1 + 0.1 * i, 0.4, 0.4) for i, s in enumerate((1, 10, 100))],
+            "clamped": [_scores(s, 1.0, 0.4 - 0.1 * i, 0.5) for i, s in enumerate((1, 10, 100))]}
+    fig = figures.scores_over_training_figure(arms, title="cell")
+    axes = fig.axes
+    assert len(axes) == 3 and [ax.get_title() for ax in axes] == list(figures.SCORES_OVER_TRAINING.values())
+    prev = {line.get_label(): list(line.get_ydata()) for line in axes[0].get_lines()}
+    assert prev["free"] == pytest.approx([0.1, 0.2, 0.3]) and prev["clamped"] == [1.0, 1.0, 1.0]
+    assert list(axes[1].get_lines()[1].get_xdata()) == [1, 10, 100] and axes[1].get_xscale() == "log"
+    assert math.isclose(axes[2].get_lines()[-1].get_ydata()[0], 0.4)  # the chance line
+    with pytest.raises(ValueError, match="CircuitScores"):
+        figures.scores_over_training_figure({"free": [{"step": 1}]})
+
+
+def _results(n, failed=(), out_dir=None):
+    """`TrainResult`s of untrained cell models (seed k: model seed k), runs `failed` marked diverged."""
+    from markov_interp.theory import ReferenceLosses
+    from markov_interp.training import FinalLosses, TrainResult
+
+    run = factorial.cell_base(factorial.QUICK, "dirichlet", 1)
+    final = FinalLosses(step=0, eval_loss=math.nan, train_loss=math.nan,
+                        references=ReferenceLosses(entropy_rate=math.nan, unigram_loss=math.nan))
+    return [TrainResult(model=None if k in failed else build(run.model, seed=k), metrics=[], final=final,
+                        config=run.replace(train=run.train.replace(seed=k)), out_dir=out_dir,
+                        failed="diverged at step 3: test" if k in failed else None) for k in range(n)]
+
+
+def test_discovery_reads_the_first_finished_seeds_and_scores_at_a_step_need_its_checkpoint(tmp_path):
+    found = interventions.discovered_circuits(_results(4, failed=(1,)), 2)
+    assert [seed for seed, _ in found] == [0, 2] and all(g.seed == 10_000 + seed for seed, g in found)
+    assert interventions.discovered_circuits(_results(2, failed=(0, 1)), 2) == ()
+    with pytest.raises(ValueError, match="no checkpoint of step 5"):
+        interventions.circuit_scores_at(_results(1, out_dir=tmp_path), 5)
+    with pytest.raises(ValueError, match="no run folder"):
+        interventions.circuit_scores_at(_results(1), 5)
+    assert interventions.circuit_scores_over_training(_results(2)) == ()  # no run folders: nothing to read

@@ -19,12 +19,17 @@ whether a fixed perfect previous-token head helps, the second whether starting w
 Each arm's runs are summarised by `dynamics` (crossings of 0.9 / 0.75 / 0.5 / 0.25 of the plateau excess,
 interval-censored, survival, median excess curves) and compared with the cell's free arm at every line and by
 the area between median curves (bootstrap over seeds); layer 0's previous-token score and layer 1's induction
-and same-token scores are measured at the end (under the arm's clamp). The arm loop, scoring, tables and
-figures are `experiments.interventions`' (`run_arms`); this module only lays out the cells and the overview.
+and same-token scores are measured at the end and at `score_checkpoints` log-spaced checkpoint steps (read back
+after training, under the arm's clamp: `interventions.circuit_scores_over_training`), and the circuit of the
+first `discovered` seeds of every arm is found by path patching at the end (`probes.discover_circuit`, under
+the clamp, so edges into a clamped layer's queries and keys carry nothing). The arm loop, scoring, tables and
+figures are `experiments.interventions`' (`run_arms`); this module only lays out the cells, the overview and
+the per-cell tables of scores over training and discovered circuits.
 
 Registered as "factorial": `python -m markov_interp.experiments --only factorial [--quick]`.
 """
 
+import collections
 import dataclasses
 import itertools
 import math
@@ -33,7 +38,7 @@ from typing import Any
 
 from markov_interp import dynamics
 from markov_interp.data import SourceConfig
-from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, register
+from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
 from markov_interp.experiments.interventions import (Arm, ExperimentResult, arm_json, dynamics_figures,
                                                      experiment_sections, run_arms)
 from markov_interp.models import preset
@@ -61,6 +66,10 @@ class FactorialBudget(Budget):
     eval_every: int = 10
     eval_batches: int = 4
     device: str = "cpu"
+    score_checkpoints: int = 6  # log-spaced checkpoints (the last step among them) scored after training; 0: none
+    discovered: int = 3  # seeds per arm whose circuit is discovered at the end (seconds each); 0: none
+
+    ZERO_OK = ("score_checkpoints", "discovered")
 
     def check(self) -> None:
         for field, value, known in (("data", self.data, DATA), ("arms", self.arms, ARMS)):
@@ -71,6 +80,8 @@ class FactorialBudget(Budget):
             raise ValueError(f"arms must start with 'free' (the reference) and not repeat, got {list(self.arms)}")
         if len(set(self.heads)) != len(self.heads):
             raise ValueError(f"heads must not repeat, got {list(self.heads)}")
+        if self.discovered > self.seeds:
+            raise ValueError(f"discovered ({self.discovered}) must be at most seeds ({self.seeds})")
 
 
 FULL = FactorialBudget(name="full")
@@ -88,7 +99,7 @@ def cell_base(budget: FactorialBudget, data: str, heads: int) -> RunConfig:
         model=preset("attn-only-2layer", n_ctx=32, d_vocab=3, n_heads=(1, heads), d_head=budget.d_head),
         train=TrainConfig(steps=budget.steps, seq_len=32, batch_size=64, lr=1e-2, schedule="constant",
                           eval_every=budget.eval_every, eval_batches=budget.eval_batches, log_every=budget.eval_every,
-                          n_checkpoints=0, device=budget.device))
+                          n_checkpoints=budget.score_checkpoints, device=budget.device))
 
 
 def cell_arms(budget: FactorialBudget) -> list[Arm]:
@@ -138,6 +149,58 @@ _OVERVIEW = ("One row per cell (data, layer-1 heads) and arm. Crossing = the fir
              "in the per-cell sections.")
 
 
+_SCORES = (("previous_token", "L0 previous-token"), ("induction", "L1 induction"), ("same_token", "L1 same-token"))
+
+
+def _over_training_table(cell: ExperimentResult) -> Table:
+    """Per arm and score: the mean over seeds at every scored step [bootstrap 95% CI]."""
+    steps = [x.step for x in cell.arms[0].over_training]
+    rows = [(a.arm.name, label, *(f"{getattr(x, key + '_mean'):.2f} {_fmt_interval(getattr(x, key + '_interval'))}"
+                                  for x in a.over_training))
+            for a in cell.arms for key, label in _SCORES]
+    return Table(("arm", "score", *(f"step {s}" for s in steps)), rows)
+
+
+def _circuits_table(cell: ExperimentResult) -> Table:
+    """Per arm: the seeds read, faithfulness (mean [bootstrap CI]), the kept edges and the heads on the circuit
+    with how many of those seeds keep each."""
+    rows = []
+    for a in cell.arms:
+        n = len(a.circuits)
+        edges = collections.Counter(name for _, g in a.circuits for name in g.kept_names)
+        heads = collections.Counter(h for _, g in a.circuits for h in g.kept_heads())
+        faithful = [g.faithfulness for _, g in a.circuits]
+        rows.append((a.arm.name, ", ".join(str(seed) for seed, _ in a.circuits),
+                     f"{_shared.mean(faithful):.2f} {_fmt_interval(_shared.mean_interval(faithful))}",
+                     ", ".join(f"{e} {k}/{n}" for e, k in edges.most_common()) or "none",
+                     ", ".join(f"{h} {k}/{n}" for h, k in heads.most_common()) or "none"))
+    return Table(("arm", "seeds", "faithfulness [95% CI]", "kept edges (seeds keeping it)", "heads on the circuit"),
+                 rows)
+
+
+def _cell_sections(cell: ExperimentResult) -> list[Section]:
+    """The cell's scores over training (table and figure) and its discovered circuits, where measured."""
+    out = []
+    if cell.arms[0].over_training:
+        a = cell.arms[0].over_training[-1]
+        out.append(Section(f"{cell.name}: attention scores over training", _OVER_TRAINING.format(
+            prev=a.previous_token_chance, ind=a.induction_chance, same=a.same_token_chance), _over_training_table(cell),
+            figures=(f"scores-{cell.name}.png",)))
+    if cell.arms[0].circuits:
+        out.append(Section(f"{cell.name}: circuits discovered at the end", _CIRCUITS, _circuits_table(cell)))
+    return out
+
+
+_OVER_TRAINING = ("The best head's score of each layer (layer 0 previous-token, layer 1 induction and same-token), "
+                  "mean over seeds [95% bootstrap CI], at the log-spaced checkpoint steps, each read back after "
+                  "training and probed under the arm's clamp on the same 64 fresh sequences per seed at every step "
+                  "(`interventions.circuit_scores_at`; the last step is the end-of-run score). Uniform attention "
+                  "gives {prev:.2f} / {ind:.2f} / {same:.2f}.")
+_CIRCUITS = ("`probes.discover_circuit` at the last step on 32 fresh sequences (resample corruption), under the "
+             "arm's clamp: every edge's path-patching effect, the kept edges by its stated rule and their "
+             "faithfulness (1: the kept edges alone give the clean loss). k/n = of the n seeds read, k keep it.")
+
+
 @dataclasses.dataclass(frozen=True)
 class FactorialResult(Summary):
     """The cells (one `interventions.ExperimentResult` each, named DATA-hHEADS) at one budget."""
@@ -161,12 +224,18 @@ class FactorialResult(Summary):
                         f"every {self.budget.eval_every} steps ({self.budget.eval_batches} batches of 64); "
                         f"d_head {self.budget.d_head}; arms {', '.join(self.budget.arms)}.")
         return [intro, Section("Overview", _OVERVIEW, self.overview())] + [
-            s for c in self.cells for s in experiment_sections(c)]
+            s for c in self.cells for s in experiment_sections(c) + _cell_sections(c)]
 
     def figures(self) -> dict[str, Any]:
+        from markov_interp.report import figures
+
         drawn: dict[str, Any] = {}
         for c in self.cells:
             drawn.update(dynamics_figures(c))
+            if any(a.over_training for a in c.arms):
+                drawn[f"scores-{c.name}.png"] = figures.scores_over_training_figure(
+                    {a.arm.name: a.over_training for a in c.arms},
+                    title=f"{c.name}: attention scores over training ({c.budget.seeds} seeds)")
         return drawn
 
     def tables(self) -> dict[str, Table]:
@@ -190,7 +259,8 @@ def run(budget: FactorialBudget, out: Path, *, progress: bool = False) -> Factor
         The typed result (`FactorialResult`)."""
     arms = cell_arms(budget)
     cells = [run_arms(_cell_name(data, heads), cell_base(budget, data, heads), arms, budget, out,
-                      progress=progress, task=_cell_name(data, heads))
+                      progress=progress, task=_cell_name(data, heads),
+                      over_training=budget.score_checkpoints > 0, discovered=budget.discovered)
              for data, heads in itertools.product(budget.data, budget.heads)]
     return FactorialResult(budget, tuple(cells))
 

@@ -37,11 +37,12 @@ from markov_interp import dynamics
 from markov_interp.data import SourceConfig
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
 from markov_interp.models import heads_per_layer, preset
-from markov_interp.training import RunConfig, TrainConfig, TrainResult, train_many
+from markov_interp.training import RunConfig, TrainConfig, TrainResult, runfolder, train_many
 
 __all__ = ["InterventionsBudget", "QUICK", "FULL", "EXPERIMENTS", "Arm", "CircuitScores", "ArmResult",
            "ExperimentResult", "InterventionsResult", "experiment_arms", "run_experiment", "run",
-           "previous_token_at_release", "circuit_scores_at_end", "survival_figure", "dynamics_figures",
+           "previous_token_at_release", "circuit_scores_at_end", "circuit_scores_at",
+           "circuit_scores_over_training", "discovered_circuits", "survival_figure", "dynamics_figures",
            "experiment_sections", "summary_markdown", "run_arms", "arm_json", "EXPERIMENT"]
 
 EXPERIMENTS = ("previous-token-clamp", "reader-frozen", "attention-in-one-layer")
@@ -175,7 +176,8 @@ class ArmResult:
     """One arm over seeds: each run's `dynamics.RunDynamics` (None: a failed run), the arm's
     `dynamics.ConditionDynamics`, final evaluation losses, and its comparison with the free arm (None for the
     free arm itself); on the random-kernel task the circuit scores at the end and, for experiment 2, after
-    `release` updates."""
+    `release` updates; where asked (the factorial), the scores at every checkpoint step (`over_training`) and
+    the circuits discovered at the end in a few seeds (`circuits`: (seed, `probes.CircuitGraph`) pairs)."""
 
     arm: Arm
     runs: tuple
@@ -184,6 +186,8 @@ class ArmResult:
     against_free: Optional[dynamics.Comparison]
     at_end: Optional[CircuitScores] = None
     at_release: Optional[CircuitScores] = None
+    over_training: tuple = ()  # CircuitScores, one per checkpoint step
+    circuits: tuple = ()  # (seed, probes.CircuitGraph)
 
     @property
     def escapes(self) -> tuple:
@@ -239,7 +243,8 @@ def run_experiment(name: str, budget: InterventionsBudget = FULL, out_dir: "str 
 
 
 def run_arms(name: str, base: RunConfig, arms: list[Arm], budget: Budget, out_dir: "str | Path | None" = None, *,
-             progress: bool = False, task: Optional[str] = None) -> ExperimentResult:
+             progress: bool = False, task: Optional[str] = None, over_training: bool = False,
+             discovered: int = 0) -> ExperimentResult:
     """Train `arms` (the first is the reference, "free") over `budget.seeds` seeds from `base` and compare each
     with the first: the one arm loop of `run_experiment` and of the factorial (`experiments.factorial`).
 
@@ -251,10 +256,18 @@ def run_arms(name: str, base: RunConfig, arms: list[Arm], budget: Budget, out_di
         out_dir: where the run folders go (None: nothing is written).
         progress: a progress bar per arm.
         task: the run folders' key (runs/TASK/ARM/seedN; default from the source).
+        over_training: also score every checkpoint step `base.train.n_checkpoints` saves
+            (`circuit_scores_over_training`; needs `out_dir`).
+        discovered: also discover the circuit of this many seeds per arm at the end (`discovered_circuits`).
 
     Returns:
         The arms' dynamics and comparisons (`ExperimentResult`)."""
     import time
+
+    if over_training and (out_dir is None or base.train.n_checkpoints == 0):
+        raise ValueError("over_training scores read the runs' checkpoints: it needs an out_dir and "
+                         f"base.train.n_checkpoints > 0 (got out_dir={out_dir!r}, "
+                         f"n_checkpoints={base.train.n_checkpoints})")
 
     out = None if out_dir is None else Path(out_dir)
     start = time.perf_counter()
@@ -269,7 +282,9 @@ def run_arms(name: str, base: RunConfig, arms: list[Arm], budget: Budget, out_di
         at_end = circuit_scores_at_end(trained) if base.source.kind == "random" else None
         at_release = previous_token_at_release(base, arm, budget, out, progress) if name == "reader-frozen" else None
         results.append(ArmResult(arm, tuple(runs), dynamics.condition(known), tuple(r.final.eval_loss for r in trained),
-                                 versus, at_end, at_release))
+                                 versus, at_end, at_release,
+                                 circuit_scores_over_training(trained) if over_training else (),
+                                 discovered_circuits(trained, discovered) if discovered else ()))
         if any(r is None for r in runs):
             notes.append(f"{arm.name}: {sum(r is None for r in runs)} runs failed (left out)")
     return ExperimentResult(name, budget, base.train.steps, tuple(results), time.perf_counter() - start,
@@ -288,32 +303,105 @@ def previous_token_at_release(base: RunConfig, arm: Arm, budget: InterventionsBu
 
 def circuit_scores_at_end(trained: list[TrainResult]) -> CircuitScores:
     """Layer 0's previous-token and layer 1's induction and same-token score of each finished run (two-layer
-    random-kernel arms), measured under the interventions active at its last update (`intervene.applied`: a clamped layer is
-    probed clamped), with bootstrap intervals of their means and the uniform-attention chance levels."""
+    random-kernel arms) at its last update: `circuit_scores_at` of the runs' final models."""
+    return circuit_scores_at(trained)
+
+
+def circuit_scores_at(trained: list[TrainResult], step: Optional[int] = None) -> CircuitScores:
+    """Layer 0's previous-token and layer 1's induction and same-token score of each finished run (two-layer
+    random-kernel arms) after `step` updates, measured under the interventions active at that update
+    (`intervene.applied`: a clamped layer is probed clamped), with bootstrap intervals of their means and the
+    uniform-attention chance levels. Every step probes run k on the same 64 sequences (seed 10_000 + k).
+
+    Args:
+        trained: the arm's runs, seed order (failed runs are left out).
+        step: the update to score at (None: the end, each run's own final model; else each run's checkpoint of
+            that step, read from its run folder).
+
+    Returns:
+        The scores (`CircuitScores`, `step` the update scored)."""
     from markov_interp import intervene, probes
 
     previous, induction, same, chance = [], [], [], (math.nan, math.nan, math.nan)
+    end = trained[0].config.train.steps if trained else 0
     for seed, result in enumerate(trained):
         if result.failed or result.model is None:
             continue
-        run = result.config
-        batch = probes.sample_batch(run.source.build(), n_sequences=64, seq_len=probes.probe_length(result.model),
+        run, model = result.config, result.model if step is None else _checkpoint_model(result, step)
+        batch = probes.sample_batch(run.source.build(), n_sequences=64, seq_len=probes.probe_length(model),
                                     seed=10_000 + seed)  # the training length: the one probe-length rule
-        with intervene.applied(result.model, run.train.interventions, run.train.steps - 1):
-            _, cache = result.model.run_with_cache(batch.tokens)
-        att = probes.attention_scores(result.model, batch.tokens, cache=cache)
-        heads = heads_per_layer(result.model)  # the [layer, head] grids hold NaN for absent heads
+        with intervene.applied(model, run.train.interventions, (end if step is None else step) - 1):
+            _, cache = model.run_with_cache(batch.tokens)
+        att = probes.attention_scores(model, batch.tokens, cache=cache)
+        heads = heads_per_layer(model)  # the [layer, head] grids hold NaN for absent heads
         previous.append(float(att.previous_token[0, : heads[0]].max()))
         induction.append(float(att.induction[1, : heads[1]].max()))
         same.append(float(att.same_token[1, : heads[1]].max()))
         chance = (float(att.previous_token_chance), float(att.induction_chance), float(att.same_token_chance))
-    return CircuitScores(step=trained[0].config.train.steps if trained else 0, previous_token=tuple(previous),
+    return CircuitScores(step=end if step is None else step, previous_token=tuple(previous),
                          previous_token_mean=_shared.mean(previous),
                          previous_token_interval=_shared.mean_interval(previous),
                          induction=tuple(induction), induction_mean=_shared.mean(induction),
                          induction_interval=_shared.mean_interval(induction), previous_token_chance=chance[0],
                          induction_chance=chance[1], same_token=tuple(same), same_token_mean=_shared.mean(same),
                          same_token_interval=_shared.mean_interval(same), same_token_chance=chance[2])
+
+
+def _checkpoint_model(result: TrainResult, step: int) -> Any:
+    """The run's model as of its checkpoint of `step`, on the final model's device, probed at the training
+    length (as `TrainResult` sets it)."""
+    if result.out_dir is None:
+        raise ValueError(f"scores at step {step} read checkpoints, but seed {result.config.train.seed}'s run has no "
+                         "run folder (train with an out_dir)")
+    path, _ = runfolder.checkpoint_paths(result.out_dir, step)
+    if not path.exists():
+        raise ValueError(f"{result.out_dir} has no checkpoint of step {step}; it has "
+                         f"{[s for s, _ in runfolder.list_checkpoints(result.out_dir)]}")
+    model = runfolder.load_model(path, device=next(result.model.parameters()).device, expect=result.config.model)
+    model.markov_train_seq_len = result.config.train.seq_len
+    return model
+
+
+def circuit_scores_over_training(trained: list[TrainResult]) -> tuple[CircuitScores, ...]:
+    """`circuit_scores_at` every checkpoint step the runs share (`TrainConfig.n_checkpoints`, log-spaced, the
+    last step included), in step order; () when the runs keep no checkpoints.
+
+    Args:
+        trained: the arm's runs, seed order, trained into run folders.
+
+    Returns:
+        One `CircuitScores` per checkpoint step."""
+    finished = [r for r in trained if not r.failed and r.model is not None and r.out_dir is not None]
+    if not finished:
+        return ()
+    steps = set.intersection(*({s for s, _ in runfolder.list_checkpoints(r.out_dir)} for r in finished))
+    return tuple(circuit_scores_at(trained, step) for step in sorted(steps))
+
+
+def discovered_circuits(trained: list[TrainResult], n: int) -> tuple:
+    """`probes.discover_circuit` (resample corruption, 32 fresh sequences, seed 10_000 + k) of the first `n`
+    finished runs at their last update, under the interventions active then (a clamped layer stays clamped,
+    so edges into its queries and keys carry nothing).
+
+    Args:
+        trained: the arm's runs, seed order.
+        n: how many runs to read (the discovery costs seconds a model).
+
+    Returns:
+        (seed, `probes.CircuitGraph`) pairs."""
+    from markov_interp import intervene, probes
+
+    found = []
+    for seed, result in enumerate(trained):
+        if len(found) == n:
+            break
+        if result.failed or result.model is None:
+            continue
+        run = result.config
+        with intervene.applied(result.model, run.train.interventions, run.train.steps - 1):
+            graph = probes.discover_circuit(result.model, run.source.build(), n_sequences=32, seed=10_000 + seed)
+        found.append((seed, graph))
+    return tuple(found)
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -448,7 +536,10 @@ def arm_json(a: ArmResult) -> dict:
                                                "plateau_excess": list(r.curve.plateau_excess)} for r in a.runs],
             **(_comparison_json(a.against_free) if a.against_free else {}),
             "at_end": None if a.at_end is None else dataclasses.asdict(a.at_end),
-            "at_release": None if a.at_release is None else dataclasses.asdict(a.at_release)}
+            "at_release": None if a.at_release is None else dataclasses.asdict(a.at_release),
+            **({"over_training": [dataclasses.asdict(x) for x in a.over_training]} if a.over_training else {}),
+            **({"circuits": [{"run_seed": seed, **graph.to_dict()} for seed, graph in a.circuits]}
+               if a.circuits else {})}
 
 
 _PREAMBLE = (

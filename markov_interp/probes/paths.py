@@ -364,8 +364,9 @@ def _input_gradients(model: Model, store: dict[str, Tensor], loss: Tensor) -> di
     layers = range(int(model.cfg.n_layers))
     heads = heads_per_layer(model)
     names = [act_name(c, l) for l in layers for c in "qkv"] + [mlp_out_hook(l) for l in layers if has_mlp(model, l)]
-    grads = dict(zip(names + [last], torch.autograd.grad(loss, [store[n] for n in names + [last]],
-                                                         retain_graph=True)))
+    # an input the loss does not read (q and k under a clamped pattern, `intervene.applied`) has gradient zero
+    grads = dict(zip(names + [last], torch.autograd.grad(loss, [store[n] for n in names + [last]], retain_graph=True,
+                                                         allow_unused=True, materialize_grads=True)))
     out = {("logits", "logits"): grads[last]}
     for layer in layers:
         for c in "qkv":
