@@ -68,6 +68,38 @@ def test_the_installed_version_decides_the_kind():
     assert model.markov_config == CONFIGS["paper-1layer"] and not model.training
 
 
+
+def _protocol_members(protocol: type) -> set[str]:
+    """The names a Protocol class declares (annotations, methods, properties), as `isinstance` checks them."""
+    own = {k for k in vars(protocol) if not k.startswith("_") or k == "__call__"} - {"_is_protocol"}
+    return own | set(getattr(protocol, "__annotations__", {}))
+
+
+@pytest.mark.parametrize("maker", ["hooked_model", "tl_own_model"])
+def test_both_kinds_satisfy_the_hooked_model_protocol(maker):
+    """`models.HookedModel` is what the probes use of a model: the package's model and TransformerLens's own
+    unmodified model of the installed kind (a `TransformerBridge` on TL 4, a `HookedTransformer` on TL 2 / 3)
+    both satisfy it, with every member the protocol names present and its config's `HookedConfig` fields
+    integers; a torch module with TL's config but no hooks does not."""
+    cfg = CONFIGS["rotary-heads-per-layer-biases"]
+    model = models.hooked_model(cfg, moved(cfg)) if maker == "hooked_model" else tl_model(cfg)
+    assert type(model).__name__ == KIND
+    assert isinstance(model, models.HookedModel)
+    members = _protocol_members(models.HookedModel)
+    assert {"cfg", "hook_dict", "run_with_cache", "run_with_hooks", "hooks", "W_E", "W_O", "parameters"} <= members
+    assert all(hasattr(model, name) for name in members), sorted(n for n in members if not hasattr(model, n))
+    fields = set(models.HookedConfig.__annotations__)
+    assert {"n_layers", "n_heads", "d_vocab", "n_ctx"} <= fields
+    assert all(isinstance(getattr(model.cfg, f), int) for f in fields), {f: getattr(model.cfg, f) for f in fields}
+    assert (model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_vocab) == (cfg.n_layers, max(cfg.heads_per_layer),
+                                                                           cfg.d_vocab)
+    assert model.W_O.shape == (cfg.n_layers, max(cfg.heads_per_layer), cfg.d_head, cfg.d_model)
+
+    plain = torch.nn.Linear(2, 2)
+    plain.cfg = model.cfg  # TL's config alone does not make a hooked model
+    assert not isinstance(plain, models.HookedModel)
+
+
 def _tl_imports(tree: ast.AST) -> list[tuple[str, list[str]]]:
     """(module, imported names) of every transformer_lens import in `tree`."""
     found = []
@@ -236,6 +268,7 @@ def test_docs_probe_your_own_transformer_lens_model():
     exec(compile(_doc_example(KIND), "docs/transformerlens.md", "exec"), namespace)
     report = namespace["report"]
     assert type(namespace["model"]).__name__ == KIND
+    assert isinstance(namespace["model"], models.HookedModel)  # a plain TL model has what the probes use
     assert (report.mechanism, report.order) == ("kernel", 1), report.reasons
     refs = report.references  # trained past halfway from the unigram plateau to the entropy rate
     assert report.eval_loss < refs.unigram_loss - 0.5 * (refs.unigram_loss - refs.entropy_rate)
