@@ -150,7 +150,7 @@ def _train_run(args: argparse.Namespace):  # -> training.RunConfig (imported laz
     return _with_interventions(default_run(**options), args)
 
 
-def _with_interventions(run, args: argparse.Namespace):
+def _with_interventions(run: "RunConfig", args: argparse.Namespace) -> "RunConfig":
     """`run` with the --freeze and --clamp entries appended to train.interventions (in the order given)."""
     from markov_interp import intervene
 
