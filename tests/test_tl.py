@@ -9,6 +9,7 @@ tests/conftest.py) under TL 2.18, 3.2 and 4.x (.ci/tlcompat)."""
 import ast
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -69,12 +70,6 @@ def test_the_installed_version_decides_the_kind():
 
 
 
-def _protocol_members(protocol: type) -> set[str]:
-    """The names a Protocol class declares (annotations, methods, properties), as `isinstance` checks them."""
-    own = {k for k in vars(protocol) if not k.startswith("_") or k == "__call__"} - {"_is_protocol"}
-    return own | set(getattr(protocol, "__annotations__", {}))
-
-
 @pytest.mark.parametrize("maker", ["hooked_model", "tl_own_model"])
 def test_both_kinds_satisfy_the_hooked_model_protocol(maker):
     """`models.HookedModel` is what the probes use of a model: the package's model and TransformerLens's own
@@ -85,7 +80,7 @@ def test_both_kinds_satisfy_the_hooked_model_protocol(maker):
     model = models.hooked_model(cfg, moved(cfg)) if maker == "hooked_model" else tl_model(cfg)
     assert type(model).__name__ == KIND
     assert isinstance(model, models.HookedModel)
-    members = _protocol_members(models.HookedModel)
+    members = models.protocol_members(models.HookedModel)
     assert {"cfg", "hook_dict", "run_with_cache", "run_with_hooks", "hooks", "W_E", "W_O", "parameters"} <= members
     assert all(hasattr(model, name) for name in members), sorted(n for n in members if not hasattr(model, n))
     fields = set(models.HookedConfig.__annotations__)
@@ -98,6 +93,16 @@ def test_both_kinds_satisfy_the_hooked_model_protocol(maker):
     plain = torch.nn.Linear(2, 2)
     plain.cfg = model.cfg  # TL's config alone does not make a hooked model
     assert not isinstance(plain, models.HookedModel)
+
+
+def test_the_protocol_check_sees_instance_members_and_misses_one_absent():
+    """`isinstance` looks members up without running them (TL's weight views are properties that compute):
+    members held by the instance count, and any one missing fails the check."""
+    members = sorted(models.protocol_members(models.HookedModel))
+    assert isinstance(SimpleNamespace(**{name: None for name in members}), models.HookedModel)
+    for gone in members:
+        held = SimpleNamespace(**{name: None for name in members if name != gone})
+        assert not isinstance(held, models.HookedModel), gone
 
 
 def _tl_imports(tree: ast.AST) -> list[tuple[str, list[str]]]:
