@@ -12,7 +12,11 @@ import argparse
 import os
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for annotations only: the commands import what they run, so `--help` stays fast
+    from markov_interp.probes import MechanismReport
+    from markov_interp.training import RunConfig
 
 EXIT_ERROR = 2
 EXIT_DIVERGED = 3
@@ -146,7 +150,7 @@ def _train_run(args: argparse.Namespace):  # -> training.RunConfig (imported laz
     return _with_interventions(default_run(**options), args)
 
 
-def _with_interventions(run, args: argparse.Namespace):
+def _with_interventions(run: "RunConfig", args: argparse.Namespace) -> "RunConfig":
     """`run` with the --freeze and --clamp entries appended to train.interventions (in the order given)."""
     from markov_interp import intervene
 
@@ -324,7 +328,7 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handler)
 
 
-def _check_probe_size(run: Any, args: argparse.Namespace, device: Any, command: str) -> None:
+def _check_probe_size(run: "RunConfig", args: argparse.Namespace, device: Any, command: str) -> None:
     """Refuse `--n-sequences` x `--seq-len` (default: the run's training length) that cannot fit, before the
     model is loaded (`models.memory.check_probe`)."""
     from markov_interp.models.memory import check_probe
@@ -333,7 +337,7 @@ def _check_probe_size(run: Any, args: argparse.Namespace, device: Any, command: 
     check_probe(run.model, n_sequences=args.n_sequences, seq_len=seq_len, device=device, where=command)
 
 
-def _print_probe(report: Any) -> None:
+def _print_probe(report: "MechanismReport") -> None:
     """The `probe` summary: the label and why, every candidate law, the circuit's roles, per-head scores."""
     order = f" (order {report.order})" if report.order is not None else ""
     print(f"mechanism: {report.mechanism}{order}{'' if report.confident else ' (not confident)'}")

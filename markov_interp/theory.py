@@ -517,7 +517,7 @@ def paired_losses(source: Source, tokens: Int[Tensor, "batch pos"]) -> tuple[flo
 
 
 def in_context_loss_curve(
-    source: Any,
+    source: Source,
     seq_len: int,
     *,
     beta: float | int | None = None,
@@ -1245,6 +1245,8 @@ def _mean_se(total: Tensor, total_sq: Tensor, n: int) -> tuple[Tensor, Tensor]:
     return mean, (var / n).sqrt()
 
 
+# source: Any, not Source: a non-source gets `_check_source`'s ValueError (the test run's type checker would
+# answer first with a TypeError)
 def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5e-4,
                      n_sequences: int | None = None) -> ReferenceLosses:
     """The losses a model trained on `source` is compared with, averaged over the targets t = 0..seq_len-2.

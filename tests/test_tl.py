@@ -9,6 +9,7 @@ tests/conftest.py) under TL 2.18, 3.2 and 4.x (.ci/tlcompat)."""
 import ast
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -66,6 +67,42 @@ def test_the_installed_version_decides_the_kind():
     assert type(model).__name__ == KIND
     assert KIND == ("TransformerBridge" if models.tl_version()[0] >= 4 else "HookedTransformer")
     assert model.markov_config == CONFIGS["paper-1layer"] and not model.training
+
+
+
+@pytest.mark.parametrize("maker", ["hooked_model", "tl_own_model"])
+def test_both_kinds_satisfy_the_hooked_model_protocol(maker):
+    """`models.HookedModel` is what the probes use of a model: the package's model and TransformerLens's own
+    unmodified model of the installed kind (a `TransformerBridge` on TL 4, a `HookedTransformer` on TL 2 / 3)
+    both satisfy it, with every member the protocol names present and its config's `HookedConfig` fields
+    integers; a torch module with TL's config but no hooks does not."""
+    cfg = CONFIGS["rotary-heads-per-layer-biases"]
+    model = models.hooked_model(cfg, moved(cfg)) if maker == "hooked_model" else tl_model(cfg)
+    assert type(model).__name__ == KIND
+    assert isinstance(model, models.HookedModel)
+    members = models.protocol_members(models.HookedModel)
+    assert {"cfg", "hook_dict", "run_with_cache", "run_with_hooks", "hooks", "W_E", "W_O", "parameters"} <= members
+    assert all(hasattr(model, name) for name in members), sorted(n for n in members if not hasattr(model, n))
+    fields = set(models.HookedConfig.__annotations__)
+    assert {"n_layers", "n_heads", "d_vocab", "n_ctx"} <= fields
+    assert all(isinstance(getattr(model.cfg, f), int) for f in fields), {f: getattr(model.cfg, f) for f in fields}
+    assert (model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_vocab) == (cfg.n_layers, max(cfg.heads_per_layer),
+                                                                           cfg.d_vocab)
+    assert model.W_O.shape == (cfg.n_layers, max(cfg.heads_per_layer), cfg.d_head, cfg.d_model)
+
+    plain = torch.nn.Linear(2, 2)
+    plain.cfg = model.cfg  # TL's config alone does not make a hooked model
+    assert not isinstance(plain, models.HookedModel)
+
+
+def test_the_protocol_check_sees_instance_members_and_misses_one_absent():
+    """`isinstance` looks members up without running them (TL's weight views are properties that compute):
+    members held by the instance count, and any one missing fails the check."""
+    members = sorted(models.protocol_members(models.HookedModel))
+    assert isinstance(SimpleNamespace(**{name: None for name in members}), models.HookedModel)
+    for gone in members:
+        held = SimpleNamespace(**{name: None for name in members if name != gone})
+        assert not isinstance(held, models.HookedModel), gone
 
 
 def _tl_imports(tree: ast.AST) -> list[tuple[str, list[str]]]:
@@ -236,6 +273,7 @@ def test_docs_probe_your_own_transformer_lens_model():
     exec(compile(_doc_example(KIND), "docs/transformerlens.md", "exec"), namespace)
     report = namespace["report"]
     assert type(namespace["model"]).__name__ == KIND
+    assert isinstance(namespace["model"], models.HookedModel)  # a plain TL model has what the probes use
     assert (report.mechanism, report.order) == ("kernel", 1), report.reasons
     refs = report.references  # trained past halfway from the unigram plateau to the entropy rate
     assert report.eval_loss < refs.unigram_loss - 0.5 * (refs.unigram_loss - refs.entropy_rate)

@@ -32,7 +32,7 @@ import math
 import statistics
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
@@ -40,6 +40,11 @@ import torch
 from markov_interp import theory
 from markov_interp.experiments import Budget, Experiment, Section, Table, _shared, register
 from markov_interp.sweep import SweepSpec
+
+if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLens, which `--help` need not
+    from markov_interp.data import RandomMarkov
+    from markov_interp.models import HookedModel
+    from markov_interp.probes import ProbeBatch
 
 __all__ = ["DiversityBudget", "QUICK", "FULL", "GPU", "TINY", "EXPERIMENT", "ALGORITHMS", "INFERENCE",
            "diversity_specs", "algorithm_laws", "measure_model", "transition_point", "transition_interval",
@@ -125,7 +130,7 @@ def diversity_specs(budget: DiversityBudget) -> list[SweepSpec]:
 
 
 # --------------------------------------------------------------------------------------------- measures
-def algorithm_laws(source: Any, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+def algorithm_laws(source: "RandomMarkov", tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """Park et al.'s four algorithms' next-state laws on `tokens` ([batch pos vocab] each) for a pool `source`
     (`RandomMarkov(pool_size=N)`); for the fresh-kernel source (no pool) only the two inference laws.
 
@@ -157,7 +162,7 @@ def _kl(law: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def measure_model(model: Any, inside: Any, outside: Any, source: Any) -> dict:
+def measure_model(model: "HookedModel", inside: "ProbeBatch", outside: "ProbeBatch", source: "RandomMarkov") -> dict:
     """One trained model on its pool's probe batch (`inside`) and on the fresh-kernel batch (`outside`).
 
     Args:
@@ -293,7 +298,7 @@ def _batches(budget: DiversityBudget) -> tuple[dict, Any]:
     from markov_interp import probes
     from markov_interp.data import RandomMarkov
 
-    def batch(source: Any, seed: int) -> Any:
+    def batch(source: RandomMarkov, seed: int) -> probes.ProbeBatch:
         return probes.sample_batch(source, n_sequences=budget.probe_sequences, seq_len=budget.seq_len, seed=seed)
 
     fresh = RandomMarkov(budget.vocab, alpha=budget.alpha)

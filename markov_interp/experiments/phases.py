@@ -47,7 +47,7 @@ import math
 import statistics
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -55,6 +55,11 @@ from markov_interp import dynamics
 from markov_interp.experiments import Budget, Experiment, Section, Table, _shared, register
 from markov_interp.probes.classify import Thresholds
 from markov_interp.sweep import SweepSpec
+
+if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLens, which `--help` need not
+    from markov_interp.data import Source
+    from markov_interp.models import HookedModel
+    from markov_interp.probes import ProbeBatch
 
 __all__ = ["PhaseBudget", "QUICK", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES", "EXPERIMENT",
            "shape_label", "phase_specs", "order_reached", "circuit_summary", "measure_model", "cell_summaries",
@@ -218,7 +223,7 @@ def _classified(report: Any) -> dict:
 
 
 @torch.no_grad()
-def measure_model(model: Any, batch: Any, source: Any, *, classify: bool = False) -> dict:
+def measure_model(model: "HookedModel", batch: "ProbeBatch", source: "Source", *, classify: bool = False) -> dict:
     """Gain fractions, order reached, attention-score heads and (optionally) the causal classification of one
     trained model on its order's probe batch.
 

@@ -28,13 +28,16 @@ real shapes. Move models with `model.to(device, print_details=False)` to keep Tr
 The hooked model carries its config as `model.markov_config` (a `ModelConfig`).
 """
 
+import functools
+import inspect
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, ContextManager, Optional, Protocol, runtime_checkable
 
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp._io import atomic_write
@@ -44,6 +47,8 @@ from markov_interp.models.config import ModelConfig
 from markov_interp.models.init import initial_state, state_shapes
 
 __all__ = [
+    "HookedConfig",
+    "protocol_members",
     "HookedModel",
     "hooked_model",
     "build",
@@ -72,24 +77,116 @@ _TRAIN_SEQ_LEN_KEY = "markov_interp.train_seq_len"  # written by training: the p
 _STEP_KEY = "markov_interp.step"  # written by training: the step the weights are from
 
 
+@functools.cache
+def protocol_members(protocol: type) -> frozenset[str]:
+    """The names a Protocol class declares (annotations, methods, properties; its bases' too), what
+    `isinstance(x, protocol)` requires of `x`."""
+    names: set[str] = set()
+    for base in protocol.__mro__:
+        if base in (Protocol, object) or base.__module__ == "typing":
+            continue
+        names |= set(getattr(base, "__annotations__", {}))
+        names |= {k for k in vars(base) if not k.startswith("_") or k == "__call__"}
+    return frozenset(names - {"_is_protocol", "_is_runtime_protocol"})
+
+
+_MISSING = object()
+
+
+@functools.cache
+def _instance_members(protocol: type, kind: type) -> tuple[str, ...]:
+    """The members of `protocol` that the class `kind` itself lacks (an instance must hold them)."""
+    on_class = {name for base in kind.__mro__ for name in vars(base)}  # not the metaclass's (`type.__call__`)
+    return tuple(sorted(protocol_members(protocol) - on_class))
+
+
+class _StaticMembers(type(Protocol)):
+    """`isinstance` against a runtime-checkable Protocol, with members looked up as Python 3.12 does
+    (`inspect.getattr_static`, the class's members once per class): 3.11's `hasattr` runs properties, and
+    TransformerLens's weight views (`W_Q`, ...) stack tensors, ~1.5 ms a check, while the test run's type
+    checker checks every typed call."""
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        own = _instance_members(cls, type(instance))
+        return all(inspect.getattr_static(instance, name, _MISSING) is not _MISSING for name in own)
+
+
+class HookedConfig(Protocol):
+    """What the package reads of a hooked model's TransformerLens config (`HookedTransformerConfig` on TL 2 / 3,
+    `TransformerBridgeConfig` on TL 4). `attn_only` and `normalization_type` are read with a default
+    (`getattr(model.cfg, "attn_only", False)`), so a config may lack them."""
+
+    n_layers: int
+    n_heads: int  # TL's one count: the largest layer's (`heads_per_layer(model)` gives each layer's)
+    d_head: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+
+
 @runtime_checkable
-class HookedModel(Protocol):
-    """What the package uses of a hooked TransformerLens model (`hooked_model` builds a `TransformerBridge` on
-    TL 4, a `HookedTransformer` on TL 2 / 3: the same surface): its TransformerLens config `cfg`, the forward,
-    `run_with_cache` / `run_with_hooks` / `hooks`, and the torch module methods. Models built here also carry
-    `markov_config` (their `ModelConfig`)."""
+class HookedModel(Protocol, metaclass=_StaticMembers):
+    """What the package's probes, reports, interventions and experiments use of a hooked TransformerLens model:
+    `hooked_model` builds a `TransformerBridge` on TL 4 and a `HookedTransformer` on TL 2 / 3, and both (or any
+    TransformerLens model of either family) have this surface.
 
-    cfg: Any
+    - `cfg`: the TransformerLens config (`HookedConfig`); `hook_dict`: {hook name: hook point}.
+    - the forward (`model(tokens)`: logits [batch, pos, vocab]), `run_with_cache(tokens, names_filter=...)` ->
+      (logits, cache), `run_with_hooks(tokens, fwd_hooks=[(name, fn)])` -> logits, `hooks(fwd_hooks=...)` (a
+      context manager holding the hooks), `all_composition_scores(mode)`.
+    - TransformerLens's weight views `W_E` [vocab, d_model], `W_U` [d_model, vocab], `W_Q` / `W_K` / `W_V`
+      [layer, head, d_model, d_head], `W_O` [layer, head, d_head, d_model].
+    - the torch module methods (`parameters`, `named_parameters`, `state_dict`, `load_state_dict`, `to`, `eval`).
 
-    def __call__(self, tokens: Tensor, *args: Any, **kwargs: Any) -> Any: ...
+    Models built here also carry `markov_config` (their `ModelConfig`) and, when trained or loaded from a run
+    folder, `markov_train_seq_len`; neither is part of the protocol (the probes read them with a default, so a
+    hand-built TransformerLens model works too). `isinstance(model, HookedModel)` checks the names only.
+    """
 
-    def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
+    cfg: HookedConfig
 
-    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
+    @property
+    def hook_dict(self) -> Mapping[str, Any]: ...
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any: ...
+    @property
+    def W_E(self) -> Float[Tensor, "vocab d_model"]: ...
 
-    def parameters(self, *args: Any, **kwargs: Any) -> Any: ...
+    @property
+    def W_U(self) -> Float[Tensor, "d_model vocab"]: ...
+
+    @property
+    def W_Q(self) -> Float[Tensor, "layer head d_model d_head"]: ...
+
+    @property
+    def W_K(self) -> Float[Tensor, "layer head d_model d_head"]: ...
+
+    @property
+    def W_V(self) -> Float[Tensor, "layer head d_model d_head"]: ...
+
+    @property
+    def W_O(self) -> Float[Tensor, "layer head d_head d_model"]: ...
+
+    def __call__(self, tokens: Int[Tensor, "batch pos"], *args: Any, **kwargs: Any) -> Any: ...
+
+    def run_with_cache(self, tokens: Int[Tensor, "batch pos"], *args: Any, **kwargs: Any) -> tuple[Any, Any]: ...
+
+    def run_with_hooks(self, tokens: Int[Tensor, "batch pos"], *args: Any, **kwargs: Any) -> Any: ...
+
+    def hooks(self, *args: Any, **kwargs: Any) -> ContextManager[Any]: ...
+
+    def all_composition_scores(self, mode: str) -> Float[Tensor, "layer head layer2 head2"]: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, torch.nn.Parameter]]: ...
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Tensor]: ...
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def to(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def eval(self) -> Any: ...
 
 
 # ------------------------------------------------------------------------------------------------- build

@@ -17,17 +17,17 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp import theory
-from markov_interp.data import MarkovChain, RandomMarkov
+from markov_interp.data import MarkovChain, RandomMarkov, Source
+from markov_interp.models import HookedModel
 # the hook-name functions of the probes; their one home is `models.hooks` (TransformerLens's names)
 from markov_interp.models.hooks import attn_out_hook, mlp_out_hook, pattern_hook, z_hook  # noqa: F401
 
 Tokens = Int[Tensor, "batch pos"]
 Probs = Float[Tensor, "batch pos vocab"]
 HeadScores = Float[Tensor, "layer head"]
-Model = Any  # a TransformerLens hooked model (TransformerBridge or HookedTransformer)
 
 
-def has_mlp(model: Model, layer: int) -> bool:
+def has_mlp(model: HookedModel, layer: int) -> bool:
     """Whether block `layer` has an MLP (attention-only models have none)."""
     return not getattr(model.cfg, "attn_only", False) and mlp_out_hook(layer) in model.hook_dict
 
@@ -39,7 +39,7 @@ class ProbeLengthWarning(UserWarning):
     """A probe ran on sequences longer than the model was trained on (positions it never saw in training)."""
 
 
-def training_length(model: Model) -> Optional[int]:
+def training_length(model: HookedModel) -> Optional[int]:
     """The sequence length the model was trained at (`model.markov_train_seq_len`), None when unknown.
 
     `models.load` sets it when the weights sit in a run folder (config.json beside them), and so does
@@ -56,7 +56,7 @@ def training_length(model: Model) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def probe_length(model: Model, seq_len: Optional[int] = None) -> int:
+def probe_length(model: HookedModel, seq_len: Optional[int] = None) -> int:
     """The sequence length a probe runs at: `seq_len` when given, else the model's training length when known
     (`model.markov_train_seq_len`, set when a model is loaded from a run folder), else
     min(n_ctx, DEFAULT_PROBE_LENGTH). Every entry point (Python probes, `probe`, `report`, sweeps) uses this rule.
@@ -80,7 +80,7 @@ def probe_length(model: Model, seq_len: Optional[int] = None) -> int:
     return min(int(model.cfg.n_ctx), DEFAULT_PROBE_LENGTH)
 
 
-def check_probe_length(model: Model, seq_len: int) -> None:
+def check_probe_length(model: HookedModel, seq_len: int) -> None:
     """Refuse sequences longer than the model's n_ctx; warn (once per model) beyond its training length.
 
     Args:
@@ -117,14 +117,14 @@ def as_tokens(value: Any) -> Any:
     return value.tokens if isinstance(value, ProbeBatch) else value
 
 
-def model_device(model: Model) -> torch.device:
+def model_device(model: HookedModel) -> torch.device:
     """The device the model's weights live on (tokens are moved there before a forward pass)."""
     for param in model.parameters():
         return param.device
     return torch.device("cpu")
 
 
-def check_tokens(model: Model, tokens: Any) -> Tensor:
+def check_tokens(model: HookedModel, tokens: Any) -> Tensor:
     """Validate a token batch against the model (2-D integer states in 0..V-1, at most n_ctx long) and move it
     to the model's device; a `ProbeBatch` stands for its tokens. Beyond the model's training length it warns
     once (`check_probe_length`)."""
@@ -194,7 +194,7 @@ def _describe(value: Any) -> str:
 
 # ------------------------------------------------------------------------------------------ predictions
 @torch.no_grad()
-def next_state_probs(model: Model, tokens: "TokensOrBatch", *, fwd_hooks: Optional[list] = None) -> Probs:
+def next_state_probs(model: HookedModel, tokens: "TokensOrBatch", *, fwd_hooks: Optional[list] = None) -> Probs:
     """The model's predicted law of x_{t+1} after x_0..x_t at every position t (float64, rows sum to 1).
 
     `fwd_hooks` (TransformerLens `(hook_name, fn)` pairs) run during the forward pass, e.g. ablations.
@@ -266,7 +266,7 @@ def check_batch(batch: Any, where: str) -> ProbeBatch:
     return batch
 
 
-def sample_batch(source: Any, *, n_sequences: int, seq_len: int, seed: int) -> ProbeBatch:
+def sample_batch(source: Source, *, n_sequences: int, seq_len: int, seed: int) -> ProbeBatch:
     """Draw `n_sequences` sequences of `seq_len` states from `source` with a CPU generator seeded by `seed`."""
     for name, value, minimum in (("n_sequences", n_sequences, 2), ("seq_len", seq_len, 2)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -291,7 +291,7 @@ def sample_batch(source: Any, *, n_sequences: int, seq_len: int, seed: int) -> P
     raise ValueError(f"source must be a MarkovChain, BinaryChain or RandomMarkov, got {type(source).__name__}")
 
 
-def check_source_matches(model: Model, source: Any) -> None:
+def check_source_matches(model: HookedModel, source: Source) -> None:
     """Refuse a source whose number of states differs from the model's vocabulary."""
     if int(source.vocab) != int(model.cfg.d_vocab):
         raise ValueError(f"source has {source.vocab} states but the model's d_vocab is {model.cfg.d_vocab}")
@@ -358,7 +358,7 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def default_beta(source: Any) -> float:
+def default_beta(source: Source) -> float:
     """The add-beta smoothing used for in-context references: the source's alpha for RandomMarkov, else 1/2."""
     return float(source.alpha) if isinstance(source, RandomMarkov) else 0.5
 

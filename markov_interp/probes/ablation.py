@@ -21,8 +21,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
-    Model,
     Probs,
     Tokens,
     TokensOrBatch,
@@ -56,7 +56,7 @@ def derangement(batch: int, *, seed: int) -> torch.Tensor:
 
 @torch.no_grad()
 def reference_activations(
-    model: Model,
+    model: HookedModel,
     components: Sequence[Any],
     *,
     method: Method = "mean",
@@ -100,7 +100,7 @@ def reference_activations(
 
 
 def ablation_hooks(
-    model: Model, components: Sequence[Any], *, method: Method = "mean", reference: dict[str, Tensor]
+    model: HookedModel, components: Sequence[Any], *, method: Method = "mean", reference: dict[str, Tensor]
 ) -> list[tuple[str, Callable]]:
     """Forward hooks that ablate `components` together (for `run_with_hooks(fwd_hooks=...)`).
 
@@ -118,7 +118,7 @@ def ablation_hooks(
 
 
 def ablated_probs(
-    model: Model,
+    model: HookedModel,
     tokens: TokensOrBatch,
     components: Sequence[Any],
     *,
@@ -203,7 +203,7 @@ def _mean_loss(probs: Probs, tokens: Tokens) -> float:
 
 
 def ablation_loss_change(
-    model: Model,
+    model: HookedModel,
     tokens: TokensOrBatch,
     components: Sequence[Any],
     *,
@@ -219,7 +219,7 @@ def ablation_loss_change(
 
 
 def set_ablation_losses(
-    model: Model,
+    model: HookedModel,
     tokens: TokensOrBatch,
     groups: Sequence[Sequence[Any]],
     *,
@@ -248,7 +248,7 @@ def set_ablation_losses(
 
 
 def ablation_table(
-    model: Model,
+    model: HookedModel,
     tokens: TokensOrBatch,
     *,
     method: Method = "mean",

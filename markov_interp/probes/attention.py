@@ -35,9 +35,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from markov_interp.models import heads_per_layer
+from markov_interp.models import HookedModel, heads_per_layer
 from markov_interp.probes._common import (
-    Model,
     Tokens,
     TokensOrBatch,
     as_tokens,
@@ -439,14 +438,14 @@ class AttentionScores(ProbeResult):
         return json_safe(out)
 
 
-def attention_hook_names(model: Model) -> list[str]:
+def attention_hook_names(model: HookedModel) -> list[str]:
     """The hooks `attention_scores` reads: every layer's attention pattern."""
     return [pattern_hook(layer) for layer in range(model.cfg.n_layers)]
 
 
 @torch.no_grad()
 def attention_scores(
-    model: Model, tokens: TokensOrBatch, *, cache: Optional[Any] = None, max_order: int = 1,
+    model: HookedModel, tokens: TokensOrBatch, *, cache: Optional[Any] = None, max_order: int = 1,
     max_lag: Optional[int] = None,
 ) -> AttentionScores:
     """Previous-token scores at lags 1..`max_lag` (default `max_order`), induction scores of orders
@@ -495,7 +494,7 @@ def attention_scores(
     )
 
 
-def _absent_heads(model: Model) -> Bool[Tensor, "layer head"]:
+def _absent_heads(model: HookedModel) -> Bool[Tensor, "layer head"]:
     """True for the heads a layer does not have (`models.heads_per_layer` below the grid's width)."""
     counts = torch.tensor(heads_per_layer(model))
     return torch.arange(int(model.cfg.n_heads))[None, :] >= counts[:, None]

@@ -17,8 +17,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp import theory
+from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
-    Model,
     ProbeBatch,
     Probs,
     Tokens,
@@ -139,7 +139,7 @@ def state_dependence(
     return total / count
 
 
-def model_predictor(model: Model, *, fwd_hooks: Optional[list] = None) -> Predictor:
+def model_predictor(model: HookedModel, *, fwd_hooks: Optional[list] = None) -> Predictor:
     """The model as a `Predictor` (token batch -> next-state laws), optionally with hooks (ablations)."""
     return lambda tokens: next_state_probs(model, tokens, fwd_hooks=fwd_hooks)
 
@@ -230,7 +230,7 @@ class BehaviourReport(ProbeResult):
 
 
 def behaviour(
-    model: Model,
+    model: HookedModel,
     batch: ProbeBatch,
     *,
     beta: float | int | None = None,

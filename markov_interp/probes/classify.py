@@ -53,8 +53,9 @@ from typing import Any, Optional
 import torch
 
 from markov_interp import theory
+from markov_interp.data import Source
+from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
-    Model,
     ProbeBatch,
     check_source_matches,
     check_tokens,
@@ -433,7 +434,7 @@ def _decide(ev: _Evidence, th: Thresholds) -> tuple[str, Optional[int], bool, li
     return mech, order, False, reasons
 
 
-def probe_hook_names(model: Model) -> list[str]:
+def probe_hook_names(model: HookedModel) -> list[str]:
     """Every hook `classify_mechanism` reads from its cache (patterns and every component's output)."""
     return attention_hook_names(model) + sorted({c.hook_name for c in model_components(model)})
 
@@ -441,8 +442,8 @@ def probe_hook_names(model: Model) -> list[str]:
 # ------------------------------------------------------------------------------------------------ entry
 @torch.no_grad()
 def classify_mechanism(
-    model: Model,
-    source: Any,
+    model: HookedModel,
+    source: Source,
     *,
     batch: Optional[ProbeBatch] = None,
     cache: Optional[Any] = None,

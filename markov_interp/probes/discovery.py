@@ -34,8 +34,9 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from markov_interp.data import Source
+from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
-    Model,
     ProbeBatch,
     Tokens,
     check_source_matches,
@@ -173,7 +174,7 @@ def head_of_batch(batch: ProbeBatch, n: int) -> ProbeBatch:
                                initial=None if batch.initial is None else batch.initial[:n])
 
 
-def corrupted_tokens(batch: ProbeBatch, source: Any, corruption: str, *, seed: int) -> Tokens:
+def corrupted_tokens(batch: ProbeBatch, source: Source, corruption: str, *, seed: int) -> Tokens:
     """The corrupted version of every sequence of `batch` (module docstring), same shape, seeded."""
     from markov_interp.probes.ablation import derangement
 
@@ -218,8 +219,8 @@ def _threshold(total: float, min_effect: float, min_fraction: float) -> float:
 # ------------------------------------------------------------------------------------------------ discover
 @torch.no_grad()
 def discover_circuit(
-    model: Model,
-    source: Any,
+    model: HookedModel,
+    source: Source,
     *,
     seq_len: Optional[int] = None,
     n_sequences: int = 32,

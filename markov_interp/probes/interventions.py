@@ -26,10 +26,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from markov_interp.models import heads_per_layer
+from markov_interp.models import HookedModel, heads_per_layer
 from markov_interp.models.hooks import act_name
 from markov_interp.probes._common import (
-    Model,
     Probs,
     Tokens,
     check_tokens,
@@ -117,7 +116,7 @@ class Component:
             return cls(kind=channel or "head", layer=int(layer), head=int(head))
         return cls(kind=block, layer=int(layer))
 
-    def check(self, model: Model) -> None:
+    def check(self, model: HookedModel) -> None:
         """Raise ValueError if the model has no such component (heads counted per layer:
         `models.heads_per_layer`)."""
         if self.kind == "embed":
@@ -175,7 +174,7 @@ class ComponentValues(ProbeResult):
         return grid
 
 
-def model_components(model: Model, *, kinds: Sequence[str] = ("head", "attn", "mlp")) -> tuple[Component, ...]:
+def model_components(model: HookedModel, *, kinds: Sequence[str] = ("head", "attn", "mlp")) -> tuple[Component, ...]:
     """Every head, attention layer and MLP of the model (restricted to `kinds`), layer by layer (the heads each
     layer really has: `models.heads_per_layer`)."""
     out = []
@@ -190,7 +189,7 @@ def model_components(model: Model, *, kinds: Sequence[str] = ("head", "attn", "m
     return tuple(out)
 
 
-def as_components(model: Model, components: Sequence[Any]) -> list[Component]:
+def as_components(model: HookedModel, components: Sequence[Any]) -> list[Component]:
     """`components` (Components or their names) as checked `Component`s of `model`."""
     out = [Component.parse(c) for c in components]
     for c in out:
@@ -265,7 +264,7 @@ def _recorder(name: str, record: dict[str, Tensor]) -> Callable:
 
 # ------------------------------------------------------------------------------------------------- loop
 def intervened_run(
-    model: Model,
+    model: HookedModel,
     tokens: Tokens,
     components: Sequence[Component],
     replacements: Mapping[str, Tensor],
@@ -289,7 +288,7 @@ def intervened_run(
 
 @torch.no_grad()
 def intervened_probs(
-    model: Model,
+    model: HookedModel,
     tokens: Tokens,
     groups: Sequence[Sequence[Component]],
     replacements: Mapping[str, Tensor],

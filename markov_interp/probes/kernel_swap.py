@@ -37,9 +37,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp import theory
-from markov_interp.data import MarkovChain, RandomMarkov
+from markov_interp.data import MarkovChain, RandomMarkov, Source
+from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
-    Model,
     ProbeBatch,
     Probs,
     check_source_matches,
@@ -118,7 +118,7 @@ def _fixed_kernel(kernel: Tensor, order: int, swap: str, seed: int) -> Tensor:
     return new
 
 
-def _fixed_plan(source: Any, swap: str, n_sequences: int, seq_len: int, seed: int) -> SwapPlan:
+def _fixed_plan(source: Source, swap: str, n_sequences: int, seq_len: int, seed: int) -> SwapPlan:
     kernel = source.pool[0].reshape([source.vocab] * (source.order + 1))  # the one kernel
     if swap in ("auto", "random"):
         batch = sample_batch(RandomMarkov(source.vocab, order=source.order, alpha=1.0), n_sequences=n_sequences,
@@ -138,7 +138,7 @@ def _fixed_plan(source: Any, swap: str, n_sequences: int, seq_len: int, seed: in
                                 f"law: in-context add-{beta:g} estimator of order {source.order}")
 
 
-def _pool_plan(source: Any, swap: str, n_sequences: int, seq_len: int, seed: int) -> SwapPlan:
+def _pool_plan(source: Source, swap: str, n_sequences: int, seq_len: int, seed: int) -> SwapPlan:
     if swap not in ("auto", "pool"):
         raise ValueError(f"swap for a pool of kernels must be 'auto' or 'pool', got {swap!r}")
     fresh = source.out_of_pool()
@@ -150,7 +150,7 @@ def _pool_plan(source: Any, swap: str, n_sequences: int, seq_len: int, seed: int
                                 "context law: the in-context Bayes predictor (inference)")
 
 
-def _prior_plan(source: Any, swap: str, n_sequences: int, seq_len: int, seed: int) -> SwapPlan:
+def _prior_plan(source: Source, swap: str, n_sequences: int, seq_len: int, seed: int) -> SwapPlan:
     if swap not in ("auto", "prior"):
         raise ValueError(f"swap for random kernels must be 'auto' or 'prior', got {swap!r}")
     alpha = source.alpha / OOD_ALPHA_DIVISOR
@@ -165,7 +165,7 @@ def _prior_plan(source: Any, swap: str, n_sequences: int, seq_len: int, seed: in
                                 f"in-context add-{source.alpha:g} estimator of order {source.order}")
 
 
-def swap_plan(source: Any, *, n_sequences: int, seq_len: int, seed: int = 0, swap: str = "auto") -> SwapPlan:
+def swap_plan(source: Source, *, n_sequences: int, seq_len: int, seed: int = 0, swap: str = "auto") -> SwapPlan:
     """The swap sequences and reference laws for `source` (module docstring); a source's own
     `kernel_swap_plan(n_sequences=, seq_len=, seed=)` method is used when it has one and `swap` is "auto"."""
     if swap not in SWAPS:
@@ -190,8 +190,8 @@ def _per_sequence(probs: Float[Tensor, "batch pos vocab"], tokens: Tensor) -> Fl
 
 @torch.no_grad()
 def kernel_swap(
-    model: Model,
-    source: Any,
+    model: HookedModel,
+    source: Source,
     *,
     seq_len: Optional[int] = None,
     n_sequences: int = 64,

@@ -24,7 +24,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp import theory
-from markov_interp.probes._common import (Model, Probs, Tokens, TokensOrBatch, as_tokens, check_tokens, json_safe,
+from markov_interp.models import HookedModel
+from markov_interp.probes._common import (Probs, Tokens, TokensOrBatch, as_tokens, check_tokens, json_safe,
                                           next_state_probs)
 from markov_interp.probes.interventions import (
     Component,
@@ -79,7 +80,7 @@ def check_pair(clean_tokens: Tokens, corrupted_tokens: Tokens, *, allow_identica
 
 @torch.no_grad()
 def patched_probs(
-    model: Model,
+    model: HookedModel,
     clean_tokens: TokensOrBatch,
     corrupted_tokens: TokensOrBatch,
     components: Sequence[Any],
@@ -149,7 +150,7 @@ class PatchingResult(ComponentValues):
 
 @torch.no_grad()
 def activation_patching(
-    model: Model,
+    model: HookedModel,
     clean_tokens: TokensOrBatch,
     corrupted_tokens: TokensOrBatch,
     *,
@@ -204,7 +205,7 @@ class PositionPatching:
 
 @torch.no_grad()
 def patching_by_position(
-    model: Model, clean_tokens: TokensOrBatch, corrupted_tokens: TokensOrBatch, *, position: int = -1
+    model: HookedModel, clean_tokens: TokensOrBatch, corrupted_tokens: TokensOrBatch, *, position: int = -1
 ) -> PositionPatching:
     """Activation patching by layer x position: the residual stream before each layer (`L{layer}.resid`) taken
     from the clean run at one position at a time, the rest corrupted (see `PositionPatching`). All positions of a
@@ -245,7 +246,7 @@ def patching_by_position(
     return PositionPatching(recovery=grid, baseline_kl=baseline, position=position)
 
 
-def composition_scores(model: Model, mode: str) -> Float[Tensor, "src_layer src_head dst_layer dst_head"]:
+def composition_scores(model: HookedModel, mode: str) -> Float[Tensor, "src_layer src_head dst_layer dst_head"]:
     """Q-, K- or V-composition score from every head (src) to every later head (dst) (Elhage et al. 2021).
 
     ||W_OV^src W_QK^dst|| / (||W_OV^src|| ||W_QK^dst||) with Frobenius norms (for "K" the key side of the
@@ -259,7 +260,7 @@ def composition_scores(model: Model, mode: str) -> Float[Tensor, "src_layer src_
     return torch.nan_to_num(torch.as_tensor(getattr(scores, "scores", scores)).detach().float().cpu(), nan=0.0)
 
 
-def head_composition(model: Model, src: tuple[int, int], dst: tuple[int, int]) -> dict[str, float]:
+def head_composition(model: HookedModel, src: tuple[int, int], dst: tuple[int, int]) -> dict[str, float]:
     """{"Q", "K", "V"} composition scores from head src = (layer, head) to a later head dst."""
     if src[0] >= dst[0]:
         raise ValueError(

@@ -37,10 +37,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from markov_interp.models import heads_per_layer
+from markov_interp.models import HookedModel, heads_per_layer
 from markov_interp.models.hooks import act_name
 from markov_interp.probes._common import (
-    Model,
     Tokens,
     check_tokens,
     has_mlp,
@@ -78,7 +77,7 @@ class _Stage:
     layer: int
 
 
-def senders(model: Model) -> tuple[Component, ...]:
+def senders(model: HookedModel) -> tuple[Component, ...]:
     """Every sender: the token embedding, then each layer's heads (the ones it has) and MLP."""
     out = [Component(kind="embed")]
     for layer, n_heads in enumerate(heads_per_layer(model)):
@@ -96,7 +95,7 @@ def _upstream(sender: Component, stage: _Stage) -> bool:
     return sender.layer < stage.layer  # an MLP feeds the stages of later layers
 
 
-def _stages(model: Model) -> tuple[_Stage, ...]:
+def _stages(model: HookedModel) -> tuple[_Stage, ...]:
     out = []
     for layer in range(model.cfg.n_layers):
         out.append(_Stage("attn", layer))
@@ -105,7 +104,7 @@ def _stages(model: Model) -> tuple[_Stage, ...]:
     return (*out, _Stage("logits", int(model.cfg.n_layers)))
 
 
-def _receivers(model: Model, stage: _Stage) -> tuple[tuple[str, str, Optional[Component]], ...]:
+def _receivers(model: HookedModel, stage: _Stage) -> tuple[tuple[str, str, Optional[Component]], ...]:
     """(receiver name, input, the component whose hook holds that input) of one stage."""
     if stage.kind == "logits":
         return (("logits", "logits", None),)
@@ -116,7 +115,7 @@ def _receivers(model: Model, stage: _Stage) -> tuple[tuple[str, str, Optional[Co
                  for c in ("q", "k", "v"))
 
 
-def graph_edges(model: Model) -> tuple[EdgeKey, ...]:
+def graph_edges(model: HookedModel) -> tuple[EdgeKey, ...]:
     """Every edge of the model's graph, stage by stage (receivers in order, senders in order)."""
     out = []
     for stage in _stages(model):
@@ -132,7 +131,7 @@ def sequence_losses(logits: Float[Tensor, "batch pos vocab"], tokens: Tokens) ->
     return -torch.gather(logp, 2, nxt)[..., 0].mean(1)
 
 
-def _value_hooks(model: Model) -> list[str]:
+def _value_hooks(model: HookedModel) -> list[str]:
     names = [act_name("embed")]
     for layer in range(model.cfg.n_layers):
         names += [z_hook(layer)] + [act_name(c, layer) for c in "qkv"]
@@ -150,7 +149,7 @@ class EdgeRunner:
     >>> # runner.losses({EdgeKey("L0H0", "L1H0", "k")}) - runner.clean_losses  # that edge's path-patching effect
     """
 
-    def __init__(self, model: Model, tokens: Tokens, corrupted_tokens: Tokens, *, max_rows: int = 1 << 17):
+    def __init__(self, model: HookedModel, tokens: Tokens, corrupted_tokens: Tokens, *, max_rows: int = 1 << 17):
         if tokens.shape != corrupted_tokens.shape:
             raise ValueError(f"clean and corrupted tokens must have the same shape, got {tuple(tokens.shape)} and "
                              f"{tuple(corrupted_tokens.shape)}")
@@ -335,7 +334,7 @@ def _is(spec: Any, word: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------- gradient estimate
-def _attribution_hooks(model: Model, store: dict[str, Tensor]) -> list[tuple[str, Any]]:
+def _attribution_hooks(model: HookedModel, store: dict[str, Tensor]) -> list[tuple[str, Any]]:
     """Hooks recording, with their autograd graph, every value the attributions differentiate."""
 
     def keep(name: str, leaf: bool = False) -> tuple[str, Any]:
@@ -357,7 +356,7 @@ def _attribution_hooks(model: Model, store: dict[str, Tensor]) -> list[tuple[str
     return hooks
 
 
-def _input_gradients(model: Model, store: dict[str, Tensor], loss: Tensor) -> dict[tuple[str, str], Tensor]:
+def _input_gradients(model: HookedModel, store: dict[str, Tensor], loss: Tensor) -> dict[tuple[str, str], Tensor]:
     """d loss / d (the residual stream as each receiver input reads it), [batch pos d_model] per input: one
     backward pass per layer and input kind, batched over the layer's heads (`is_grads_batched`)."""
     last = act_name("resid_post", int(model.cfg.n_layers) - 1)

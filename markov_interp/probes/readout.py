@@ -15,8 +15,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp import theory
+from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
-    Model,
     ProbeBatch,
     Probs,
     Tokens,
@@ -109,7 +109,9 @@ class KernelReadout(ProbeResult):
         })
 
 
-def kernel_readout(model: Model, batch: ProbeBatch, *, probs: Optional[Probs] = None, skip: int = 0) -> KernelReadout:
+def kernel_readout(
+    model: HookedModel, batch: ProbeBatch, *, probs: Optional[Probs] = None, skip: int = 0
+) -> KernelReadout:
     """Implied transition matrix of the model on `batch` compared with the source's kernel.
 
     >>> # kernel_readout(model, sample_batch(BinaryChain(0.2, 0.3), n_sequences=64, seq_len=128, seed=0)).implied

@@ -28,8 +28,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from markov_interp import theory
+from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
-    Model,
     ProbeBatch,
     Probs,
     check_batch,
@@ -238,7 +238,7 @@ def _gaps(laws: dict[str, Probs]) -> tuple[dict[str, float], dict[str, str]]:
 
 
 def strategy_similarity(
-    model: Model, batch: ProbeBatch, *, beta: float | int | None = None, probs: Optional[Probs] = None
+    model: HookedModel, batch: ProbeBatch, *, beta: float | int | None = None, probs: Optional[Probs] = None
 ) -> StrategySimilarity:
     """How close the model's next-state laws are to each strategy (see `StrategySimilarity`).
 

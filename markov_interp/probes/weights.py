@@ -26,10 +26,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from markov_interp.models import heads_per_layer
+from markov_interp.models import HookedModel, heads_per_layer
 from markov_interp.models.hooks import act_name
 from markov_interp.probes._common import (
-    Model,
     TokensOrBatch,
     as_tokens,
     check_tokens,
@@ -42,7 +41,7 @@ from markov_interp.probes._common import (
 Circuits = Float[Tensor, "layer head vocab vocab"]
 
 
-def _absent(model: Model, grid: Tensor) -> Tensor:
+def _absent(model: HookedModel, grid: Tensor) -> Tensor:
     """`grid` [layer, head, ...] with the heads a layer does not have set to NaN."""
     for layer, n in enumerate(heads_per_layer(model)):
         grid[layer, n:] = math.nan
@@ -50,7 +49,7 @@ def _absent(model: Model, grid: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def ov_circuits(model: Model) -> Circuits:
+def ov_circuits(model: HookedModel) -> Circuits:
     """W_E W_V W_O W_U per head, [layer, head, attended state, next state] (NaN for absent heads).
 
     >>> # ov_circuits(model)[1, 0].diagonal()  # large for an induction head that copies the attended state
@@ -61,7 +60,7 @@ def ov_circuits(model: Model) -> Circuits:
 
 
 @torch.no_grad()
-def qk_circuits(model: Model) -> Circuits:
+def qk_circuits(model: HookedModel) -> Circuits:
     """W_E W_Q W_K^T W_E^T / sqrt(d_head) per head, [layer, head, query state, key state] (NaN for absent heads).
 
     >>> # qk_circuits(model)[1, 0]  # an attention score bias between the states, before positions
@@ -92,7 +91,7 @@ class LogitAttribution:
                           "total": self.total})
 
 
-def _unembed_share(model: Model, values: Tensor, scale: Tensor, targets: Tensor) -> Tensor:
+def _unembed_share(model: HookedModel, values: Tensor, scale: Tensor, targets: Tensor) -> Tensor:
     """Each prediction's share of (logit of the next state - mean logit) from residual contributions `values`
     [..., batch, pos, d_model], through the final LayerNorm frozen at `scale` (centring and weight kept)."""
     if getattr(model.cfg, "normalization_type", None) in ("LN", "LNPre"):
@@ -108,7 +107,7 @@ def _unembed_share(model: Model, values: Tensor, scale: Tensor, targets: Tensor)
 
 
 @torch.no_grad()
-def direct_logit_attribution(model: Model, tokens: TokensOrBatch) -> LogitAttribution:
+def direct_logit_attribution(model: HookedModel, tokens: TokensOrBatch) -> LogitAttribution:
     """How much each head, MLP and the embedding push the logits towards the next state (module docstring).
 
     Args:

@@ -18,6 +18,7 @@ from typing import Any, Optional
 import torch
 
 from markov_interp import dynamics, models, probes, theory
+from markov_interp.data import Source
 from markov_interp.theory import ReferenceLosses
 from markov_interp.training import RunConfig, runfolder
 from markov_interp.report import figures
@@ -41,7 +42,7 @@ class Report:
 
     title: str
     sections: tuple[Section, ...]
-    mechanism: Any  # probes.MechanismReport
+    mechanism: probes.MechanismReport
     run_dir: Optional[Path] = None
     intro: str = ""
 
@@ -106,7 +107,7 @@ def _logged_references(metrics: list[dict]) -> Optional[ReferenceLosses]:
 
 
 # ----------------------------------------------------------------------------------------------- sections
-def _config_section(run: Any, run_dir: Optional[Path]) -> Section:
+def _config_section(run: RunConfig, run_dir: Optional[Path]) -> Section:
     src, mc, tc = run.source, run.model, run.train
     rows = [
         ("run folder", str(run_dir) if run_dir else "(in memory)"),
@@ -130,7 +131,8 @@ def _config_section(run: Any, run_dir: Optional[Path]) -> Section:
     return Section("config", "Run configuration", (table(rows), f"<pre>{html.escape(pretty)}</pre>"))
 
 
-def _loss_section(metrics: list[dict], logged: Optional[ReferenceLosses], mech: Any, steps: list[int]) -> Section:
+def _loss_section(metrics: list[dict], logged: Optional[ReferenceLosses], mech: probes.MechanismReport,
+                  steps: list[int]) -> Section:
     refs = logged or mech.references
     text = paragraph(
         "Loss in nats. Reference lines come from markov_interp.theory: the entropy rate is the loss of the true "
@@ -144,7 +146,7 @@ def _loss_section(metrics: list[dict], logged: Optional[ReferenceLosses], mech: 
     return Section("loss", "Loss curves", tuple(parts))
 
 
-def why_panel(mech: Any) -> str:
+def why_panel(mech: probes.MechanismReport) -> str:
     """The report's opening panel: the label, and in two or three sentences why (the law it follows, how
     close, and for in-context laws the circuit found or what is missing)."""
     order = f", order {mech.order}" if mech.order is not None else ""
@@ -154,7 +156,7 @@ def why_panel(mech: Any) -> str:
     return f'<div class="why"><h2>Why this label</h2>{head}<ul>{items}</ul></div>'
 
 
-def _mechanism_section(mech: Any) -> Section:
+def _mechanism_section(mech: probes.MechanismReport) -> Section:
     b, law, circuit = mech.behaviour, mech.law, mech.circuit
     reasons = "<ol>" + "".join(f"<li>{html.escape(r)}</li>" for r in mech.reasons) + "</ol>"
     sim = mech.strategies
@@ -189,7 +191,7 @@ def _mechanism_section(mech: Any) -> Section:
     return Section("mechanism", "Mechanism verdict", (reasons, laws, roles, table(rows, header=("evidence", "value"))))
 
 
-def _device(model: Any) -> torch.device:
+def _device(model: models.HookedModel) -> torch.device:
     return next(iter(model.parameters())).device
 
 
@@ -197,7 +199,7 @@ def _num(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value:+.4f}"
 
 
-def _heads_section(mech: Any) -> Section:
+def _heads_section(mech: probes.MechanismReport) -> Section:
     text = paragraph(
         "Attention scores per head (Olsson et al.), each beside chance: the same score for uniform causal "
         "attention on the same tokens. Colour: excess over chance; numbers: raw scores."
@@ -206,7 +208,7 @@ def _heads_section(mech: Any) -> Section:
 
 
 @torch.no_grad()
-def _attention_section(model: Any, tokens: torch.Tensor, cache: Optional[Any] = None) -> Section:
+def _attention_section(model: models.HookedModel, tokens: torch.Tensor, cache: Optional[Any] = None) -> Section:
     from markov_interp.probes.attention import attention_hook_names
 
     names = attention_hook_names(model)
@@ -222,7 +224,7 @@ def _attention_section(model: Any, tokens: torch.Tensor, cache: Optional[Any] = 
                    (text, figures.attention_patterns_figure(patterns, tokens.cpu())))
 
 
-def _ablation_section(table_: Any, mech: Any) -> Section:
+def _ablation_section(table_: probes.AblationTable, mech: probes.MechanismReport) -> Section:
     text = paragraph(
         "Each component mean-ablated on its own (its output replaced by its mean over the probe batch at the "
         "same position); bars are the resulting increase of the loss."
@@ -231,7 +233,7 @@ def _ablation_section(table_: Any, mech: Any) -> Section:
 
 
 @torch.no_grad()
-def _kernel_section(model: Any, mech: Any, batch: Any) -> Section:
+def _kernel_section(model: models.HookedModel, mech: probes.MechanismReport, batch: probes.ProbeBatch) -> Section:
     if not batch.random_kernel:
         return Section("kernel", "Learned kernel against the true one", (figures.kernel_figure(mech.readout),))
     parts: list = [paragraph(
@@ -247,7 +249,7 @@ def _kernel_section(model: Any, mech: Any, batch: Any) -> Section:
     return Section("kernel", "Learned kernel against the true one", tuple(parts))
 
 
-def _landscape_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]]) -> Section:
+def _landscape_section(run: RunConfig, model: models.HookedModel, checkpoints: list[tuple[int, Path]]) -> Section:
     from markov_interp import landscape
 
     src, mc = run.source, run.model
@@ -285,8 +287,9 @@ def _landscape_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]]
     return Section("landscape", "Canonical landscape", (text, fig))
 
 
-def _training_section(run: Any, model: Any, checkpoints: list[tuple[int, Path]], batch: Any, mech: Any,
-                      metrics: list[dict], logged: Optional[ReferenceLosses], max_checkpoints: int) -> Section:
+def _training_section(run: RunConfig, model: models.HookedModel, checkpoints: list[tuple[int, Path]],
+                      batch: probes.ProbeBatch, mech: probes.MechanismReport, metrics: list[dict],
+                      logged: Optional[ReferenceLosses], max_checkpoints: int) -> Section:
     if not checkpoints:
         return Section("training", "Probe scores over training",
                        (paragraph("Not available: the run folder has no checkpoints.", cls="note"),))
@@ -384,8 +387,8 @@ def _condition_section(run_dir: Path) -> Optional[Section]:
 
 
 # --------------------------------------------------------------------------------------------------- build
-def _model_sections(model: Any, source: Any, *, n_sequences: int, seq_len: Optional[int], seed: int,
-                    sample_len: int) -> tuple[Any, Any, tuple[Section, ...]]:
+def _model_sections(model: models.HookedModel, source: Source, *, n_sequences: int, seq_len: Optional[int], seed: int,
+                    sample_len: int) -> tuple[probes.ProbeBatch, probes.MechanismReport, tuple[Section, ...]]:
     """(probe batch, `MechanismReport`, the sections `MODEL_SECTION_IDS`): what a model alone gives."""
     seq_len = probes.probe_length(model, seq_len)
     batch = probes.sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
@@ -455,8 +458,8 @@ def build(
 
 
 def from_model(
-    model: Any,
-    source: Any,
+    model: models.HookedModel,
+    source: Source,
     *,
     n_sequences: int = 64,
     seq_len: Optional[int] = None,

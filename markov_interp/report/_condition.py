@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp import dynamics, sweep
+from markov_interp.training import RunConfig
 
 __all__ = ["ConditionEscapes", "condition_escapes", "sweep_folder"]
 
@@ -47,7 +48,7 @@ def sweep_folder(run_dir: "str | Path") -> Optional[Path]:
     return root
 
 
-def _condition_key(config: Any) -> str:
+def _condition_key(config: RunConfig) -> str:
     data = config.to_dict()
     data["train"].pop("seed", None)
     return json.dumps(data, sort_keys=True, default=str)

@@ -10,10 +10,15 @@ dropped edges are left out (the caption counts them). Hovering an edge shows its
 import html
 import math
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 from matplotlib.figure import Figure
+
+if TYPE_CHECKING:  # for annotations only (the section imports probes when it is drawn)
+    from markov_interp import probes
+    from markov_interp.models import HookedModel
+    from markov_interp.report._html import Section
 
 INPUT_COLOURS = {"q": "#1f77b4", "k": "#d62728", "v": "#2ca02c", "mlp": "#9467bd", "logits": "#555555"}
 _WIDTH, _ROW, _MARGIN, _RADIUS = 720, 110, 40, 20
@@ -185,7 +190,8 @@ def position_patching_figure(result: Any) -> Figure:
     return fig
 
 
-def circuit_section(model: Any, mech: Any, batch: Any, *, max_positions: int = 48) -> Any:
+def circuit_section(model: "HookedModel", mech: "probes.MechanismReport", batch: "probes.ProbeBatch", *,
+                    max_positions: int = 48) -> "Section":
     """The report's "circuit" section: the diagram of the circuit `classify_mechanism` found, its strongest
     edges, the OV / QK circuits of the heads on it (all heads when none is), direct logit attribution and
     activation patching by layer x position (on a `patching_pair` of the probe batch's first 16 sequences,
