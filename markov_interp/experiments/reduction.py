@@ -270,7 +270,8 @@ class ReductionResult(Summary):
             "Each run's checkpoints projected on (e, w, b) along its init direction u "
             "(`landscape.coordinates_trajectory`), against plain GD on the reduced loss at the same lr and steps: "
             "Δ = the largest |run - flow| over checkpoints per run, then the max and median over runs and w0. For "
-            "released arms the projection is a summary (the weights leave the family)."), self.gap_table(),
+            "released arms the projection is a summary (the weights leave the family). The figure draws seed 0's "
+            "path at every w0."), self.gap_table(),
             figures=("paths.png",))
         return [intro, outcome, gaps]
 
@@ -280,7 +281,7 @@ class ReductionResult(Summary):
         b = self.budget
         fig = figures.separatrix_figure(b.w0, {a.arm: a.fractions() for a in self.arms}, boundary=self.boundary,
                                         title=f"p={b.p:g}, q={b.q:g}, e0={b.e0:g}, {b.steps} steps")
-        paths = {a.arm: [np.array(r["points"]) for r in a.runs] for a in self.arms if a.runs}
+        paths = {a.arm: [np.array(r["points"]) for r in a.runs if r["seed"] == 0] for a in self.arms if a.runs}
         flows = [landscape.gradient_flow(b.e0, w, 0.0, p=b.p, q=b.q, steps=b.steps, lr=b.lr) for w in b.w0]
         return {"separatrix.png": fig, "paths.png": figures.paths_on_landscape_figure(paths, flows, p=b.p, q=b.q)}
 

@@ -560,23 +560,36 @@ def separatrix_figure(w0: Sequence[float], escaped: Mapping[str, Sequence[float]
 
 
 def paths_on_landscape_figure(paths: Mapping[str, Sequence[np.ndarray]], flows: Sequence[landscape.Trajectory], *,
-                              p: float, q: float) -> Figure:
-    """Runs' (e, w, b) paths (arrays [checkpoint, 3]) drawn in the (w, |e|) plane on the canonical landscape,
-    one colour per arm, with gradient flow's paths (black) from the same inits."""
+                              p: float, q: float, columns: int = 4) -> Figure:
+    """Runs' (e, w, b) paths (arrays [checkpoint, 3]) in the (w, |e|) plane, one panel per arm (small multiples on
+    shared axes), each with gradient flow's paths from the same inits (black), the global-minimum curve (red),
+    the unigram line and the saddle w = -1/sqrt(2)."""
     every = [x for pts in paths.values() for x in pts] + [f.points for f in flows]
-    w_all = np.concatenate([x[:, 1] for x in every])
-    e_all = np.concatenate([np.abs(x[:, 0]) for x in every])
-    fig = landscape_figure(p=p, q=q, w_range=(float(w_all.min()) - 0.1, float(max(w_all.max(), 0.0)) + 0.1),
-                           e_range=(0.0, float(e_all.max()) * 1.1 + 0.05), n=121)
-    ax = fig.axes[0]
-    for f in flows:
-        ax.plot(f.w, np.abs(f.e), color="k", lw=2.2)
-    colours = [f"C{i}" for i in range(10)]
-    for i, (name, pts) in enumerate(paths.items()):
-        for j, x in enumerate(pts):
-            ax.plot(x[:, 1], np.abs(x[:, 0]), color=colours[i % 10], lw=0.8, alpha=0.7, marker=".", ms=2,
-                    label=name if j == 0 else None)
-    ax.legend(loc="upper right", fontsize="x-small")
+    w_lo = float(min(x[:, 1].min() for x in every)) - 0.1
+    w_hi = float(max(x[:, 1].max() for x in every)) + 0.1
+    e_hi = float(max(np.abs(x[:, 0]).max() for x in every)) * 1.1 + 0.05
+    n = max(len(paths), 1)
+    rows = math.ceil(n / columns)
+    fig = Figure(figsize=(3.0 * min(n, columns), 2.6 * rows + 0.4))
+    axes = fig.subplots(rows, min(n, columns), sharex=True, sharey=True, squeeze=False).ravel()
+    ws = np.linspace(w_lo, w_hi, 200)
+    minima = landscape.bigram_minima(ws, p=p, q=q).e
+    for k, (ax, (name, pts)) in enumerate(zip(axes, paths.items())):
+        ax.plot(ws, minima, color="r", lw=1.0)
+        ax.axhline(0.0, color="orange", lw=1.5)
+        ax.plot([landscape.W_SADDLE], [0.0], "kx", ms=6)
+        for f in flows:
+            ax.plot(f.w, np.abs(f.e), color="k", lw=1.6)
+        for x in pts:
+            ax.plot(x[:, 1], np.abs(x[:, 0]), color=f"C{k % 10}", lw=1.0, marker=".", ms=3)
+        ax.set_title(name, fontsize="small")
+        ax.set_xlim(w_lo, w_hi)
+        ax.set_ylim(0.0, e_hi)
+    for ax in axes[len(paths):]:
+        ax.set_visible(False)
+    fig.supxlabel("w (MLP scale)", fontsize="small")
+    fig.supylabel("|e| (embedding scale)", fontsize="small")
+    fig.suptitle(f"(e, w) paths against gradient flow (black), p={float(p):g}, q={float(q):g}", fontsize="medium")
     return fig
 
 
