@@ -2,6 +2,7 @@
 experiment registry: budgets validated by their annotations, the summary files and their header, and a toy
 experiment registered and run through the command line (no training: fast)."""
 
+import argparse
 import dataclasses
 import importlib
 import json
@@ -132,6 +133,13 @@ def test_toy_experiment_runs_from_the_command_line_and_writes_its_summary(toy_re
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # atomic writes leave no temporary files
     # a failed run makes the exit code 1
     assert experiments.main(["--only", "toy", "--out", str(tmp_path), "--set", "label=break"]) == 1
+
+
+def test_set_gives_a_list_field_one_value_as_a_list_of_one(toy_registered):
+    for text, expected in (("8", (8,)), ("4,8", (4, 8)), ("[4, 8]", (4, 8)), ("[8]", (8,))):
+        args = argparse.Namespace(quick=False, budget=None, seeds=None, steps=None, device=None,
+                                  set=[f"widths={text}"])
+        assert experiments.budget_for(TOY, args).widths == expected, text
 
 
 def test_bad_options_are_refused_before_anything_runs(toy_registered, tmp_path):

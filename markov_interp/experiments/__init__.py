@@ -143,7 +143,8 @@ def budget_for(experiment: Experiment, args: Optional[argparse.Namespace] = None
 
 
 def _parse_value(cls: type, field: str, text: str) -> Any:
-    """A --set value: JSON when it is JSON, else text; for a tuple field, text "a,b" is the list [a, b]."""
+    """A --set value: JSON when it is JSON, else text; for a tuple field, text "a,b" is the list [a, b] and one
+    value is a list of one."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
@@ -152,7 +153,7 @@ def _parse_value(cls: type, field: str, text: str) -> Any:
     if typing.get_origin(kind) is tuple:  # a list field: "a,b" or a JSON list
         if isinstance(value, str):
             value = [_parse_value_item(part.strip()) for part in value.split(",")]
-        value = tuple(value) if isinstance(value, list) else value
+        value = tuple(value) if isinstance(value, list) else (value,)  # one JSON scalar ("2") is a list of one
     return value
 
 
