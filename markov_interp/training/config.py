@@ -132,8 +132,7 @@ class RunConfig(Config):
                 f"seq_len={self.train.seq_len} exceeds the model's n_ctx={self.model.n_ctx}"
             )
         intervene.check_interventions(self.train.interventions, self.model, files=False)
-        check_reduction(self.train.reduction, self.train.release, self.model,
-                                  optimizer=self.train.optimizer)
+        check_reduction(self.train.reduction, self.train.release, self.model, optimizer=self.train.optimizer)
 
     def to_json(self, *, indent: Optional[int] = 2) -> str:
         """Sorted JSON, indented (the form of a run folder's config.json)."""
