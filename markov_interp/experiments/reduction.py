@@ -5,8 +5,8 @@ to three scalars (e, w, b) and predicts, from (e0, w0, b0), whether gradient flo
 ("bigram") or sticks at the unigram line; on a binary chain with p + q > 1 the boundary in w0 (the
 separatrix) sits at w0 = -0.609 for e0 = 0.1, b0 = 0, p = 0.5, q = 0.8. That prediction is exact only while
 training stays on the (e, w, b) family, and free training does not: positions, embedding row 0, attention and
-the bias's row 0 all get gradients. Here every arm trains the same network from the same canonical inits (a grid of w0, several
-seeds: a seed draws the direction u and the data) by SGD on sampled batches:
+the bias's row 0 all get gradients. Here every arm trains the same network from the same canonical inits (a
+grid of w0, several seeds: a seed draws the direction u and the data) by SGD on sampled batches:
 
 - "reduced": `train.reduction="canonical"`, the gradient projected onto the family (`models.reduction`): SGD
   on (e, w, b) exactly, so its whole trajectory must follow `landscape.gradient_flow` up to sampling noise;
