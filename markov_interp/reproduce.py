@@ -41,6 +41,7 @@ from markov_interp import dynamics, sweep
 from markov_interp._io import atomic_write
 from markov_interp.experiments import Budget, Finished, Provenance, Section, Summary, Table, describe_device, \
     write_summary
+from markov_interp.models.reduction import exact_model_options
 from markov_interp.sweep import Row, SweepResult, SweepSpec
 from markov_interp.training import RunConfig
 
@@ -147,13 +148,6 @@ def _train_base(budget: ReproductionBudget, steps: int) -> dict:
             "eval_batches": budget.eval_batches, "n_checkpoints": 0, "log_every": 10, "device": budget.device}
 
 
-def _exact_model(budget: ReproductionBudget) -> dict:
-    """The model on which the canonical (e, w, b) reduction is exact: the paper's one-layer shape without
-    normalisation, a relu MLP and the canonical init with zero value matrix (see `models.build`)."""
-    return {"preset": "paper-1layer", "n_ctx": budget.seq_len, "normalization": None, "act_fn": "relu",
-            "init": "canonical", "canonical_e": budget.exact_e, "canonical_b": 0.0, "canonical_v_std": 0.0}
-
-
 def experiment_specs(budget: ReproductionBudget) -> list[SweepSpec]:
     """The sweeps of the reproduction at `budget` (names: pq-tied, pq-untied (the coarse grid), pq-line, depth,
     random, precision, exact)."""
@@ -188,7 +182,8 @@ def experiment_specs(budget: ReproductionBudget) -> list[SweepSpec]:
                   grid={"train.precision": ["fp32", "fp16"], "train.loss_scaling": [False, True]},
                   exclude=[{"train.precision": "fp32", "train.loss_scaling": True}], seeds=_seeds(budget.seeds),
                   probe=False),
-        SweepSpec(name="exact", base={"source": binary, "model": _exact_model(budget), "train": key_train},
+        SweepSpec(name="exact", base={"source": binary, "train": key_train,
+                                      "model": exact_model_options(n_ctx=budget.seq_len, e0=budget.exact_e)},
                   grid={"model.canonical_w": list(budget.exact_w)}, seeds=_seeds(budget.exact_seeds), probe=False),
     ]
 
@@ -214,18 +209,16 @@ def _theory(row: Row) -> Optional[str]:
 
 def _theory_exact(row: Row) -> Optional[bool]:
     """Whether the canonical (e, w, b) reduction behind `_theory` holds for this cell throughout training, not only
-    at its start: the exact model (one layer, no normalisation, relu MLP, canonical init with e0 > 0 and a zero
-    value matrix) trained on the family (`train.reduction="canonical"`, nothing released) by plain SGD (no
-    momentum), whose steps are gradient descent on (e, w, b) itself. Free training leaves the family (positions,
-    embedding row 0, attention and the bias's row 0 all move), so there the prediction holds at the start only;
-    with LayerNorm (the paper's model) or a Gaussian init it is a heuristic (see `landscape.projection`)."""
+    at its start: the run trains on the family (`train.reduction="canonical"`, nothing released) by plain SGD (no
+    momentum), whose steps are gradient descent on (e, w, b) itself. `RunConfig` accepts that reduction only for
+    the model on which it is exact (`models.reduction.check_reduction`), so the model needs no second check here.
+    Free training leaves the family (positions, embedding row 0, attention and the bias's row 0 all move), so
+    there the prediction holds at the start only; with LayerNorm (the paper's model) or a Gaussian init it is a
+    heuristic (see `landscape.projection`)."""
     if _theory(row) is None:
         return None
-    model, train = row.config.model, row.config.train
-    exact_model = (model.normalization is None and model.init == "canonical" and model.act_fn == "relu"
-                   and model.canonical_v_std == 0 and model.canonical_e > 0)
-    return (exact_model and train.reduction == "canonical" and not train.release and train.optimizer == "sgd"
-            and train.momentum == 0)
+    train = row.config.train
+    return train.reduction == "canonical" and not train.release and train.optimizer == "sgd" and train.momentum == 0
 
 
 # ---------------------------------------------------------------------------------------------- summary

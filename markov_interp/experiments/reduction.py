@@ -37,7 +37,7 @@ from markov_interp import dynamics, landscape
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, register
 from markov_interp.experiments import _shared
 from markov_interp.models import initial_state
-from markov_interp.models.reduction import RELEASABLE
+from markov_interp.models.reduction import RELEASABLE, exact_model_options
 from markov_interp.sweep import SweepSpec
 
 __all__ = ["ReductionBudget", "QUICK", "FULL", "NETWORK_ARMS", "THEORY_ARMS", "arm_spec", "separatrix_interval",
@@ -93,8 +93,7 @@ QUICK = ReductionBudget(name="quick", seeds=2, steps=200, w0=(-0.8, -0.65, -0.55
 
 def arm_spec(budget: ReductionBudget, arm: str) -> SweepSpec:
     """The sweep of one network arm: the exact model at every w0 x seed, trained by the arm's recipe."""
-    model = {"preset": "paper-1layer", "n_ctx": budget.seq_len, "normalization": None, "act_fn": "relu",
-             "init": "canonical", "canonical_e": budget.e0, "canonical_b": 0.0, "canonical_v_std": 0.0}
+    model = exact_model_options(n_ctx=budget.seq_len, e0=budget.e0)
     train: dict[str, Any] = {
         "steps": budget.steps, "seq_len": budget.seq_len, "batch_size": budget.batch_size, "lr": budget.lr,
         "optimizer": "sgd", "weight_decay": 0.0, "schedule": "constant", "eval_every": budget.eval_every,

@@ -282,6 +282,14 @@ def predict_outcome(e0: Real, w0: Real, b0: Real | None = 0.0, *, p: Real, q: Re
     return "bigram" if bool(bigram) else "unigram"
 
 
+def _check_descent(steps: Any, lr: Any) -> None:
+    """Refuse a descent's budget unless steps is an integer >= 0 and lr > 0 (ValueError naming the value)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+    if not float(lr) > 0:
+        raise ValueError(f"lr must be > 0, got {lr!r}")
+
+
 def gradient_flow(e0: Real, w0: Real, b0: Real = 0.0, *, p: Real, q: Real, steps: int, lr: Real,
                   tied: bool = True, a0: Real = 0.0) -> Trajectory:
     """Plain gradient descent (the Euler discretisation of gradient flow) on the canonical loss from (e0, w0, b0).
@@ -295,10 +303,7 @@ def gradient_flow(e0: Real, w0: Real, b0: Real = 0.0, *, p: Real, q: Real, steps
     0.619
     """
     p, q = _check_pq(p, q)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
-    if not float(lr) > 0:
-        raise ValueError(f"lr must be > 0, got {lr!r}")
+    _check_descent(steps, lr)
     if tied:
         x, names = np.array([e0, w0, b0], dtype=np.float64), ("e", "w", "b")
         grad_fn, loss_fn = _tied_grad_np, _tied_loss_np
@@ -356,10 +361,7 @@ def adam_descent(e0: ArrayLike, w0: ArrayLike, b0: ArrayLike = 0.0, *, p: Real, 
         A `Trajectory` with points [steps + 1, *inits, 3] (names e, w, b) and the loss [steps + 1, *inits].
     """
     p, q = _check_pq(p, q)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
-    if not float(lr) > 0:
-        raise ValueError(f"lr must be > 0, got {lr!r}")
+    _check_descent(steps, lr)
     x = torch.tensor(np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (e0, w0, b0))), -1),
                      requires_grad=True)
     opt = torch.optim.Adam([x], lr=float(lr), betas=tuple(float(b) for b in betas), eps=float(eps))

@@ -37,13 +37,29 @@ from torch import Tensor
 from markov_interp.models.config import ModelConfig
 from markov_interp.models.init import initial_state
 
-__all__ = ["REDUCTIONS", "RELEASABLE", "check_reduction", "CanonicalConstraint"]
+__all__ = ["REDUCTIONS", "RELEASABLE", "exact_model_options", "check_reduction", "CanonicalConstraint"]
 
 REDUCTIONS = ("canonical",)
 RELEASABLE = ("positions", "embedding_row0", "attention", "mlp", "output_bias")
 
 _EMBED, _POS, _BIAS = "embed.weight", "pos_embed.weight", "unembed.bias"
 _IN, _OUT = "blocks.0.mlp.in.weight", "blocks.0.mlp.out.weight"
+
+
+def exact_model_options(*, n_ctx: int, e0: float) -> dict:
+    """The model options (a `ModelConfig` preset and its changes; add `canonical_w`) on which the reduction is
+    exact: the paper's one-layer shape without normalisation, a relu MLP, the canonical init from (e0, w, b0 = 0)
+    with a zero value matrix. What `check_reduction` asks of a model, as a sweep's "model" section.
+
+    Args:
+        n_ctx: the longest sequence.
+        e0: the canonical init's embedding scale.
+
+    Returns:
+        {"preset": "paper-1layer", ...}.
+    """
+    return {"preset": "paper-1layer", "n_ctx": n_ctx, "normalization": None, "act_fn": "relu", "init": "canonical",
+            "canonical_e": e0, "canonical_b": 0.0, "canonical_v_std": 0.0}
 
 
 def check_reduction(reduction: object, release: Sequence[str], model: ModelConfig, *, optimizer: str) -> None:
