@@ -207,6 +207,7 @@ def test_reduced_runs_are_the_same_alone_in_a_stack_and_after_a_resume(tmp_path,
     (dict(init="standard"), {}, "init='canonical'"),
     ({}, dict(optimizer="adamw"), "optimizer='sgd'"),
     ({}, dict(release=["bogus"]), "unknown part"),
+    ({}, dict(release=[1]), "release must be a list of part names"),
     ({}, dict(reduction="linear"), "reduction must be"),
     ({}, dict(reduction=None, release=["positions"]), "set reduction='canonical'"),
 ])
