@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
     from markov_interp.models import HookedModel
     from markov_interp.probes import ProbeBatch
 
-__all__ = ["DiversityBudget", "QUICK", "FULL", "GPU", "TINY", "EXPERIMENT", "ALGORITHMS", "INFERENCE",
+__all__ = ["DiversityBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "EXPERIMENT", "ALGORITHMS", "INFERENCE",
            "diversity_specs", "algorithm_laws", "measure_model", "transition_point", "transition_interval",
            "Transition", "cell_summaries", "transitions", "cells_table", "references_table", "transitions_table",
            "cells_csv", "DiversityResult", "run"]
@@ -109,6 +109,12 @@ GPU = DiversityBudget(
     name="gpu", seeds=16, steps=2000, depths=(2, 1), workers=2, device="cuda",
     cuts="sized for one lent GPU call of about 10 minutes (not yet measured): depths 2 and 1 (no depth 3), 16 seeds "
          "per cell in stacks of 192 (12 pool sizes x 16 seeds), 2000 steps")
+STANDARD = DiversityBudget(
+    name="standard", seeds=8, steps=3000, pool_sizes=(1, 2, 4, 8, 16, 32, 64, 256, 1024), depths=(2, 1),
+    probe_sequences=512, workers=1,
+    cuts="the smallest budget at which the positive control learns (two layers on fresh kernels, N = ∞, reach the "
+         "in-context bigram law): pool sizes 1-64, 256 and 1024 and fresh kernels, depths 2 and 1 (no 3), 8 seeds "
+         "per cell (full: 64), 3000 steps, 512 probe sequences, one training process (a 2-core CPU)")
 TINY = DiversityBudget(name="tiny", seeds=2, pool_sizes=(1, 4), depths=(1,), steps=6, seq_len=16, batch_size=4,
                        eval_every=3, eval_batches=1, probe_sequences=8,
                        cuts="a smoke test of the code path; its numbers show nothing")
@@ -527,5 +533,5 @@ def run(budget: DiversityBudget, out: Path, *, progress: bool = False) -> Divers
 
 
 EXPERIMENT = register(Experiment(name="diversity", title="Task diversity: finite kernel pools",
-                                 budgets={"quick": QUICK, "full": FULL, "gpu": GPU, "tiny": TINY}, run=run,
+                                 budgets={"quick": QUICK, "standard": STANDARD, "full": FULL, "gpu": GPU, "tiny": TINY}, run=run,
                                  precision="fp32"))

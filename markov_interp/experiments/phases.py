@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
     from markov_interp.models import HookedModel
     from markov_interp.probes import ProbeBatch
 
-__all__ = ["PhaseBudget", "QUICK", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES", "EXPERIMENT",
+__all__ = ["PhaseBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES", "EXPERIMENT",
            "shape_label", "phase_specs", "order_reached", "circuit_summary", "measure_model", "cell_summaries",
            "claims", "cells_table", "claims_table", "cells_csv", "PhaseResult", "run"]
 
@@ -130,6 +130,14 @@ GPU = PhaseBudget(
     cuts="sized for one lent GPU call of about 10 minutes (not yet measured): eight shapes to depth 3 (no depth 4, no "
          "(3, 3), (2, 2, 2) or (3, 3, 3)), 16 seeds per cell in stacks of 48 (three orders x 16 seeds), 2000 steps, "
          "the classifier on 2 seeds per cell")
+STANDARD = PhaseBudget(
+    name="standard", seeds=8, steps=3000, orders=(1, 2, 3),
+    shapes=((1,), (2,), (1, 1), (2, 1), (2, 2), (1, 1, 1), (2, 1, 1), (2, 2, 2)), families=("layernorm",),
+    probe_sequences=512, classified=8, workers=1,
+    cuts="the smallest budget at which the positive control learns (two layers x two heads on order 2 reach the "
+         "trigram law): orders 1-3, depth 1-3 with heads {1, 2} and an extra layer-0 head, the LayerNorm family "
+         "only, 8 seeds per cell (full: 64), 3000 steps, every seed classified on 512 probe sequences, one "
+         "training process (a 2-core CPU)")
 TINY = PhaseBudget(name="tiny", seeds=2, orders=(1, 2), shapes=((1,), (2, 1)), steps=6, seq_len=16,
                    batch_size=4, eval_every=3, eval_batches=1, probe_sequences=8, families=("layernorm",),
                    classified=1, cuts="a smoke test of the code path; its numbers show nothing")
@@ -627,5 +635,6 @@ def run(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResul
 
 
 EXPERIMENT = register(Experiment(name="phases", title="Order x depth x heads phase diagram",
-                                 budgets={"quick": QUICK, "full": FULL, "gpu": GPU, "tiny": TINY}, run=run,
+                                 budgets={"quick": QUICK, "standard": STANDARD, "full": FULL, "gpu": GPU,
+                                          "tiny": TINY}, run=run,
                                  precision="fp32"))
