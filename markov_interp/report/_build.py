@@ -22,7 +22,7 @@ from markov_interp.data import Source
 from markov_interp.theory import ReferenceLosses
 from markov_interp.training import RunConfig, runfolder
 from markov_interp.report import figures
-from markov_interp.report.circuits import circuit_section
+from markov_interp.report.circuits import axes_panel, circuit_section
 from markov_interp.report._html import Section, atomic_write_text, document, iframe, paragraph, table
 
 REPORT_FILE = "report.html"
@@ -188,7 +188,8 @@ def _mechanism_section(mech: probes.MechanismReport) -> Section:
         ("in-context learning score (late - early loss, nats)", b.icl_score),
         ("probe batch", f"{mech.n_sequences} sequences x {mech.seq_len} states, seed {mech.seed}"),
     ]
-    return Section("mechanism", "Mechanism verdict", (reasons, laws, roles, table(rows, header=("evidence", "value"))))
+    return Section("mechanism", "Mechanism verdict", (axes_panel(mech), reasons, laws, roles,
+                                                      table(rows, header=("evidence", "value"))))
 
 
 def _device(model: models.HookedModel) -> torch.device:
