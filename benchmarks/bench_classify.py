@@ -61,6 +61,8 @@ def forward_backward(model, tokens) -> None:
 def classify_table(args: argparse.Namespace) -> None:
     print(f"classify_mechanism: {args.n_sequences} probe sequences, median of {args.repeats}")
     for label, name, overrides, source, seq_len in CASES:
+        if seq_len > args.max_length:
+            continue
         model = models.build(models.preset(name, **overrides), seed=0)
         batch = sample_batch(source, n_sequences=args.n_sequences, seq_len=seq_len, seed=0)
         with torch.no_grad():
@@ -108,6 +110,7 @@ def main() -> None:
     parser.add_argument("--n-sequences", type=int, default=64)
     parser.add_argument("--exact-edges", type=int, default=2000, help="skip the exact method above this many edges")
     parser.add_argument("--only", choices=("classify", "discovery"), default=None)
+    parser.add_argument("--max-length", type=int, default=1024, help="classify: skip longer probe lengths")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
