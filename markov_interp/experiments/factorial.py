@@ -44,11 +44,15 @@ from markov_interp.experiments.interventions import (Arm, ExperimentResult, arm_
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig
 
-__all__ = ["FactorialBudget", "QUICK", "FULL", "ARMS", "DATA", "cell_base", "cell_arms", "FactorialResult", "run",
+__all__ = ["FactorialBudget", "QUICK", "FULL", "RECIPES", "ARMS", "DATA", "INITS", "FIRST_STATES", "NORMS",
+           "Recipe", "recipes", "cells_of", "cell_base", "cell_arms", "FactorialResult", "run",
            "EXPERIMENT"]
 
 ARMS = ("free", "clamped", "mixed", "head-start", "position-code")
 DATA = ("dirichlet", "zero-diagonal")
+INITS = ("standard", "plain")
+FIRST_STATES = ("stationary", "uniform")
+NORMS = ("LN", "none")
 _PATTERN0 = "blocks.0.attn.hook_pattern"
 
 
@@ -68,6 +72,10 @@ class FactorialBudget(Budget):
     device: str = "cpu"
     score_checkpoints: int = 6  # log-spaced checkpoints (the last step among them) scored after training; 0: none
     discovered: int = 3  # seeds per arm whose circuit is discovered at the end (seconds each); 0: none
+    # the recipe factors (issue 31), crossed with the cells; the first value of each is the package's recipe
+    inits: tuple[str, ...] = ("standard",)  # ModelConfig.init: "standard" (output projections / sqrt(2 L)), "plain"
+    first_states: tuple[str, ...] = ("stationary",)  # the first state's law: each kernel's stationary law or uniform
+    norms: tuple[str, ...] = ("LN",)  # pre-LayerNorm ("LN") or none ("none")
 
     ZERO_OK = ("score_checkpoints", "discovered")
 
@@ -80,6 +88,10 @@ class FactorialBudget(Budget):
             raise ValueError(f"arms must start with 'free' (the reference) and not repeat, got {list(self.arms)}")
         if len(set(self.heads)) != len(self.heads):
             raise ValueError(f"heads must not repeat, got {list(self.heads)}")
+        for field, value, known in (("inits", self.inits, INITS), ("first_states", self.first_states, FIRST_STATES),
+                                    ("norms", self.norms, NORMS)):
+            if [v for v in value if v not in known] or len(set(value)) != len(value):
+                raise ValueError(f"{field} must be distinct values of {list(known)}, got {list(value)}")
         if self.discovered > self.seeds:
             raise ValueError(f"discovered ({self.discovered}) must be at most seeds ({self.seeds})")
 
@@ -91,12 +103,43 @@ QUICK = FactorialBudget(name="quick", seeds=5, steps=150, arms=("free", "clamped
                              "clamped only (no mixed clamp, head start or its control), 2 evaluation batches")
 
 
-def cell_base(budget: FactorialBudget, data: str, heads: int) -> RunConfig:
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """One combination of the recipe factors: the init, the first state's law and the normalisation."""
+
+    init: str = "standard"
+    first_state: str = "stationary"
+    norm: str = "LN"
+
+    @property
+    def suffix(self) -> str:
+        """"" for the package's recipe, else "-plain-uniform-noLN" naming what differs (cell and folder names)."""
+        parts = [self.init if self.init != "standard" else "", self.first_state if self.first_state != "stationary"
+                 else "", "noLN" if self.norm == "none" else ""]
+        return "".join(f"-{p}" for p in parts if p)
+
+
+def recipes(budget: FactorialBudget) -> list[Recipe]:
+    """Every combination of the budget's recipe factors, the package's recipe first."""
+    return [Recipe(i, f, n) for i, f, n in itertools.product(budget.inits, budget.first_states, budget.norms)]
+
+RECIPES = FactorialBudget(
+    name="recipes", steps=1500, data=("dirichlet",), arms=("free", "clamped"), inits=INITS,
+    first_states=FIRST_STATES, norms=NORMS, discovered=0,
+    cuts="Dirichlet kernels only (no zero diagonal), arms free and clamped, the recipe factors crossed (init: the "
+         "package's or plain N(0, 0.02); the first state's law: stationary or uniform; LayerNorm on or off), 16 "
+         "seeds, 1500 steps, no circuits discovered: does Finding 1 hold across recipes?")
+
+
+def cell_base(budget: FactorialBudget, data: str, heads: int, recipe: Recipe = Recipe()) -> RunConfig:
     """The free run of one cell (seed 0): two attention-only layers, 3 states, sequences of 32, layer 0 one head
-    and layer 1 `heads` heads of width `budget.d_head`; Adam at a constant 1e-2, batch 64."""
+    and layer 1 `heads` heads of width `budget.d_head`; Adam at a constant 1e-2, batch 64; `recipe` sets the
+    init, the first state's law and the normalisation (default: the package's)."""
     return RunConfig(
-        source=SourceConfig(kind="random", vocab=3, alpha=1.0, zero_diagonal=data == "zero-diagonal"),
-        model=preset("attn-only-2layer", n_ctx=32, d_vocab=3, n_heads=(1, heads), d_head=budget.d_head),
+        source=SourceConfig(kind="random", vocab=3, alpha=1.0, zero_diagonal=data == "zero-diagonal",
+                            initial=recipe.first_state),
+        model=preset("attn-only-2layer", n_ctx=32, d_vocab=3, n_heads=(1, heads), d_head=budget.d_head,
+                     init=recipe.init, normalization=None if recipe.norm == "none" else recipe.norm),
         train=TrainConfig(steps=budget.steps, seq_len=32, batch_size=64, lr=1e-2, schedule="constant",
                           eval_every=budget.eval_every, eval_batches=budget.eval_batches, log_every=budget.eval_every,
                           n_checkpoints=budget.score_checkpoints, device=budget.device))
@@ -112,8 +155,8 @@ def cell_arms(budget: FactorialBudget) -> list[Arm]:
     return [every[name] for name in budget.arms]
 
 
-def _cell_name(data: str, heads: int) -> str:
-    return f"{data}-h{heads}"
+def _cell_name(data: str, heads: int, recipe: Recipe = Recipe()) -> str:
+    return f"{data}-h{heads}{recipe.suffix}"
 
 
 def _fmt_interval(interval: Any, digits: int = 2) -> str:
@@ -247,6 +290,11 @@ class FactorialResult(Summary):
                          "arms": {a.arm.name: arm_json(a) for a in c.arms}} for c in self.cells}
 
 
+def cells_of(budget: FactorialBudget) -> list[tuple[str, int, Recipe]]:
+    """(data, layer-1 heads, recipe) of every cell, in the order they train."""
+    return list(itertools.product(budget.data, budget.heads, recipes(budget)))
+
+
 def run(budget: FactorialBudget, out: Path, *, progress: bool = False) -> FactorialResult:
     """Train every cell's arms into `out` (run folders out/runs/DATA-hHEADS/ARM/seedN; a rerun loads them).
 
@@ -258,12 +306,12 @@ def run(budget: FactorialBudget, out: Path, *, progress: bool = False) -> Factor
     Returns:
         The typed result (`FactorialResult`)."""
     arms = cell_arms(budget)
-    cells = [run_arms(_cell_name(data, heads), cell_base(budget, data, heads), arms, budget, out,
-                      progress=progress, task=_cell_name(data, heads),
+    cells = [run_arms(_cell_name(data, heads, recipe), cell_base(budget, data, heads, recipe), arms, budget, out,
+                      progress=progress, task=_cell_name(data, heads, recipe),
                       over_training=budget.score_checkpoints > 0, discovered=budget.discovered)
-             for data, heads in itertools.product(budget.data, budget.heads)]
+             for data, heads, recipe in cells_of(budget)]
     return FactorialResult(budget, tuple(cells))
 
 
 EXPERIMENT = register(Experiment(name="factorial", title="Finding 1 as a factorial: clamp x layer-1 heads x data",
-                                 budgets={"quick": QUICK, "full": FULL}, run=run, precision="fp32"))
+                                 budgets={"quick": QUICK, "full": FULL, "recipes": RECIPES}, run=run, precision="fp32"))
