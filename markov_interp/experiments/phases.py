@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
     from markov_interp.probes import ProbeBatch
 
 __all__ = ["PhaseBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES", "EXPERIMENT",
-           "shape_label", "phase_specs", "order_reached", "circuit_summary", "measure_model", "cell_summaries",
+           "shape_label", "phase_specs", "formation_specs", "order_reached", "circuit_summary", "measure_model", "cell_summaries",
            "claims", "cells_table", "claims_table", "cells_csv", "PhaseResult", "run"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
@@ -94,8 +94,10 @@ class PhaseBudget(Budget):
     classified: int = 4  # seeds per cell named by `probes.classify_mechanism` (path patching: the costly probe)
     group: Optional[int] = None  # runs per stack (default: every order and seed of a shape)
     workers: Optional[int] = None  # training processes (default: every core)
+    formation_seeds: int = 0  # seeds per cell trained again with checkpoints: the circuit at every checkpoint
+    formation_checkpoints: int = 24  # log-spaced checkpoints of those runs (the last step included)
 
-    ZERO_OK = ("classified",)
+    ZERO_OK = ("classified", "formation_seeds")
 
     def check(self) -> None:
         if self.vocab < 2:
@@ -133,11 +135,12 @@ GPU = PhaseBudget(
 STANDARD = PhaseBudget(
     name="standard", seeds=8, steps=3000, orders=(1, 2, 3),
     shapes=((1,), (2,), (1, 1), (2, 1), (2, 2), (1, 1, 1), (2, 1, 1), (2, 2, 2)), families=("layernorm",),
-    probe_sequences=512, classified=8, workers=1,
+    probe_sequences=512, classified=8, workers=1, formation_seeds=1,
     cuts="the smallest budget at which the positive control learns (two layers x two heads on order 2 reach the "
          "trigram law): orders 1-3, depth 1-3 with heads {1, 2} and an extra layer-0 head, the LayerNorm family "
          "only, 8 seeds per cell (full: 64), 3000 steps, every seed classified on 512 probe sequences, one "
-         "training process (a 2-core CPU)")
+         "training process (a 2-core CPU); seed 0 of every cell trained again with 24 checkpoints for its circuit over "
+         "training")
 TINY = PhaseBudget(name="tiny", seeds=2, orders=(1, 2), shapes=((1,), (2, 1)), steps=6, seq_len=16,
                    batch_size=4, eval_every=3, eval_batches=1, probe_sequences=8, families=("layernorm",),
                    classified=1, cuts="a smoke test of the code path; its numbers show nothing")
@@ -150,7 +153,9 @@ def shape_label(heads: tuple) -> str:
     return f"L{len(heads)} ({','.join(map(str, heads))})"
 
 
-def _spec(budget: PhaseBudget, family: str, depth: int) -> Optional[SweepSpec]:
+def _spec(budget: PhaseBudget, family: str, depth: int, *, formation: bool = False) -> Optional[SweepSpec]:
+    """The sweep of one family and depth; `formation`: its first `formation_seeds` seeds again, with checkpoints
+    (the same runs otherwise: same seeds, same data, same weights at every step)."""
     shapes = [list(h) for h in budget.shapes if len(h) == depth]
     if not shapes:
         return None
@@ -158,18 +163,29 @@ def _spec(budget: PhaseBudget, family: str, depth: int) -> Optional[SweepSpec]:
              "n_ctx": budget.seq_len, "normalization": FAMILIES[family]}
     train = {"steps": budget.steps, "seq_len": budget.seq_len, "batch_size": budget.batch_size, "lr": budget.lr,
              "schedule": "constant", "eval_every": budget.eval_every, "eval_batches": budget.eval_batches,
-             "log_every": budget.eval_every, "n_checkpoints": 0, "device": budget.device}
-    return SweepSpec(name=f"phases-{family}-L{depth}",
+             "log_every": budget.eval_every, "n_checkpoints": budget.formation_checkpoints if formation else 0,
+             "device": budget.device}
+    return SweepSpec(name=f"phases-{family}-L{depth}" + ("-formation" if formation else ""),
                      base={"source": {"kind": "random", "vocab": budget.vocab, "alpha": budget.alpha},
                            "model": model, "train": train},
                      grid={"source.order": list(budget.orders), "model.n_heads": shapes},
-                     seeds=tuple(range(budget.seeds)), probe=False)
+                     seeds=tuple(range(budget.formation_seeds if formation else budget.seeds)), probe=False)
 
 
 def phase_specs(budget: PhaseBudget) -> list[SweepSpec]:
     """One sweep spec per family and depth, its grid the orders x that depth's shapes, `budget.seeds` seeds."""
     depths = sorted({len(h) for h in budget.shapes})
     specs = [_spec(budget, family, depth) for family in budget.families for depth in depths]
+    return [s for s in specs if s is not None]
+
+
+def formation_specs(budget: PhaseBudget) -> list[SweepSpec]:
+    """The runs whose circuit is followed over training: `budget.formation_seeds` seeds of every cell, trained
+    again with `formation_checkpoints` log-spaced checkpoints ([] when formation_seeds is 0)."""
+    if budget.formation_seeds == 0:
+        return []
+    depths = sorted({len(h) for h in budget.shapes})
+    specs = [_spec(budget, family, depth, formation=True) for family in budget.families for depth in depths]
     return [s for s in specs if s is not None]
 
 
