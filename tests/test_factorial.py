@@ -29,6 +29,25 @@ def test_cells_vary_only_layer1_heads_and_the_data():
     assert (tokens[:, 1:] != tokens[:, :-1]).all()  # the zero-diagonal cell's data never repeat a state
 
 
+def test_recipes_cross_the_factors_and_change_only_what_they_name():
+    budget = factorial.RECIPES
+    cells = factorial.cells_of(budget)
+    assert len(cells) == len(budget.heads) * 8 and len({(h, r) for _, h, r in cells}) == len(cells)
+    package = factorial.Recipe()
+    assert factorial.recipes(budget)[0] == package and package.suffix == ""  # the package's recipe first
+    base = factorial.cell_base(budget, "dirichlet", 1)
+    assert base == factorial.cell_base(budget, "dirichlet", 1, package)
+    other = factorial.cell_base(budget, "dirichlet", 1, factorial.Recipe("plain", "uniform", "none"))
+    assert factorial.Recipe("plain", "uniform", "none").suffix == "-plain-uniform-noLN"
+    assert (other.model.init, other.model.normalization, other.source.initial) == ("plain", None, "uniform")
+    assert other.model.replace(init="standard", normalization="LN") == base.model
+    assert other.source.replace(initial="stationary") == base.source and other.train == base.train
+    tokens = other.source.build().sample(4000, 2, torch.Generator().manual_seed(0))
+    assert abs((tokens[:, 0] == 0).float().mean().item() - 1 / 3) < 0.03  # the uniform first state
+    with pytest.raises(ValueError, match="norms"):
+        factorial.FULL.replace(norms=("LN", "RMS"))
+
+
 def test_arms_change_what_their_names_say():
     arms = {a.name: a for a in factorial.cell_arms(factorial.FULL)}
     assert list(arms) == list(factorial.ARMS) and arms["free"].interventions == () and arms["free"].model == ()

@@ -533,5 +533,6 @@ def run(budget: DiversityBudget, out: Path, *, progress: bool = False) -> Divers
 
 
 EXPERIMENT = register(Experiment(name="diversity", title="Task diversity: finite kernel pools",
-                                 budgets={"quick": QUICK, "standard": STANDARD, "full": FULL, "gpu": GPU, "tiny": TINY}, run=run,
+                                 budgets={"quick": QUICK, "standard": STANDARD, "full": FULL, "gpu": GPU,
+                                          "tiny": TINY}, run=run,
                                  precision="fp32"))

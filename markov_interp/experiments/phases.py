@@ -61,9 +61,10 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
     from markov_interp.models import HookedModel
     from markov_interp.probes import ProbeBatch
 
-__all__ = ["PhaseBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES", "EXPERIMENT",
-           "shape_label", "phase_specs", "formation_specs", "order_reached", "circuit_summary", "measure_model", "cell_summaries",
-           "claims", "cells_table", "claims_table", "cells_csv", "PhaseResult", "run"]
+__all__ = ["PhaseBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES",
+           "EXPERIMENT", "shape_label", "phase_specs", "formation_specs", "order_reached", "circuit_summary",
+           "measure_model", "cell_summaries", "claims", "cells_table", "claims_table", "cells_csv", "PhaseResult",
+           "run"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
 HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
