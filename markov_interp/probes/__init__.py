@@ -17,6 +17,7 @@ never write files, plot, or write into a cache. One module per idea:
 - `discovery`: `discover_circuit`, every edge's exact path-patching effect, the kept edges, faithfulness and
   minimality, as a `CircuitGraph`.
 - `circuit`: the induction circuit read off a graph (previous-token -> induction K-edges).
+- `formation`: `circuit_formation`, the circuit at every checkpoint of a run and when each edge enters it.
 - `gains`: graded gains, the fraction of each step up the ladder of in-context laws the model has climbed.
 - `kernel_swap`: in weights or in context, from sequences of kernels the model was not trained on.
 - `weights`: per-head OV and QK circuits as V x V matrices, direct logit attribution.
@@ -89,6 +90,7 @@ from markov_interp.probes.classify import (
     probe_hook_names,
 )
 from markov_interp.probes.discovery import CORRUPTIONS, CircuitGraph, Edge, discover_circuit, kept_edges
+from markov_interp.probes.formation import CircuitFormation, circuit_formation, entry_step
 from markov_interp.probes.gains import Gains, graded_gains
 from markov_interp.probes.interventions import intervened_probs, intervened_run, set_component
 from markov_interp.probes.kernel_swap import KernelSwap, SwapPlan, kernel_swap, swap_plan
@@ -118,6 +120,7 @@ from markov_interp.probes.strategies import (
 )
 
 __all__ = [
+    "CircuitFormation", "circuit_formation", "entry_step",
     "DEFAULT_PROBE_LENGTH", "ProbeLengthWarning", "probe_length", "state_labels", "training_length",
     "AblationTable", "AttentionScores", "BehaviourReport", "CORRUPTIONS", "Circuit", "CircuitGraph", "Component",
     "Edge", "EdgeKey", "EdgeRunner", "Gains", "KernelReadout", "KernelSwap", "LawCheck", "MECHANISMS", "METHODS",
