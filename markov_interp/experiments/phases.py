@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from markov_interp import dynamics
-from markov_interp.experiments import Budget, Experiment, Section, Table, _shared, register
+from markov_interp.experiments import Budget, Experiment, Section, Table, _formation, _shared, register
 from markov_interp.probes.classify import Thresholds
 from markov_interp.sweep import SweepSpec
 
@@ -62,9 +62,9 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
     from markov_interp.probes import ProbeBatch
 
 __all__ = ["PhaseBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES",
-           "EXPERIMENT", "shape_label", "phase_specs", "formation_specs", "order_reached", "circuit_summary",
-           "measure_model", "cell_summaries", "claims", "cells_table", "claims_table", "cells_csv", "PhaseResult",
-           "run"]
+           "EXPERIMENT", "shape_label", "phase_specs", "formation_specs", "formation_rows", "order_reached",
+           "circuit_summary", "measure_model", "cell_summaries", "claims", "cells_table", "claims_table", "cells_csv",
+           "PhaseResult", "run"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
 HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
@@ -144,7 +144,7 @@ STANDARD = PhaseBudget(
          "training")
 TINY = PhaseBudget(name="tiny", seeds=2, orders=(1, 2), shapes=((1,), (2, 1)), steps=6, seq_len=16,
                    batch_size=4, eval_every=3, eval_batches=1, probe_sequences=8, families=("layernorm",),
-                   classified=1, cuts="a smoke test of the code path; its numbers show nothing")
+                   classified=1, formation_seeds=1, formation_checkpoints=3, cuts="a smoke test of the code path; its numbers show nothing")
 
 
 def shape_label(heads: tuple) -> str:
@@ -599,26 +599,56 @@ _CELLS_TEXT = (f"Reach order j: the seeds whose gain fraction g_j >= {REACH} for
                "and path patching).")
 
 
+_FORMATION_TEXT = ("Seed 0 of every cell trained again with {n} log-spaced checkpoints (the same run: same seed, same "
+                   "data) and its circuit found at every checkpoint by path patching on one batch of {seqs} sequences "
+                   "(`probes.circuit_formation`). A K-edge (a head into another head's keys: the induction "
+                   "composition) enters at the first checkpoint from which it stays kept; set against the run's own "
+                   "crossings of the excess-loss lines (a crossing is a grid interval between evaluations).")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PhaseResult(_shared.GridResult):
     """The phase diagram at one budget: per-run records, per-cell summaries, the claims."""
 
     claims: list
+    formation: tuple = ()  # `_formation.FormationRecord`s: seed 0 of every cell, its circuit at every checkpoint
+
+    def _formation_labels(self) -> dict:
+        return {id(r): f"{r.where['family']} {shape_label(tuple(r.where['heads']))} order {r.where['order']}"
+                for r in self.formation}
+
+    def _formation_shown(self) -> dict[str, _formation.FormationRecord]:
+        """The figures' runs: two layers with one head on order 1 (the textbook circuit) and two heads on
+        order 2, where run."""
+        wanted = {"circuit_formation.png": ((1, 1), 1), "circuit_formation_order2.png": ((2, 2), 2)}
+        return {name: r for name, (heads, order) in wanted.items() for r in self.formation
+                if tuple(r.where["heads"]) == heads and r.where["order"] == order and r.where["seed"] == 0}
 
     def sections(self) -> list[Section]:
-        return [Section("Setup", setup_text(self.budget)),
-                Section("Beside each paper's claim", "", claims_table(self.claims)),
-                Section("Every cell", _CELLS_TEXT, cells_table(self.cells),
-                        figures=("phase_diagram.png", "escape_curves.png"))]
+        out = [Section("Setup", setup_text(self.budget)),
+               Section("Beside each paper's claim", "", claims_table(self.claims)),
+               Section("Every cell", _CELLS_TEXT, cells_table(self.cells),
+                       figures=("phase_diagram.png", "escape_curves.png"))]
+        if self.formation:
+            out.append(Section("Circuits over training", _FORMATION_TEXT.format(
+                n=self.budget.formation_checkpoints, seqs=_formation.FORMATION_SEQUENCES),
+                _formation.formation_table(list(self.formation), self._formation_labels()),
+                figures=tuple(self._formation_shown())))
+        return out
 
     def figures(self) -> dict[str, Any]:
         from markov_interp.report import figures
 
-        return {"phase_diagram.png": figures.phase_diagram_figure(
-                    self.cells, title=f"{self.budget.name} budget: {self.budget.steps} steps"),
-                "escape_curves.png": figures.excess_curves_panels_figure(
-                    curve_panels(list(self.records)), columns=len(self.budget.orders),
-                    title="median excess over the order-k law relative to the in-context unigram plateau's")}
+        drawn = {"phase_diagram.png": figures.phase_diagram_figure(
+                     self.cells, title=f"{self.budget.name} budget: {self.budget.steps} steps"),
+                 "escape_curves.png": figures.excess_curves_panels_figure(
+                     curve_panels(list(self.records)), columns=len(self.budget.orders),
+                     title="median excess over the order-k law relative to the in-context unigram plateau's")}
+        labels = self._formation_labels()
+        for name, record in self._formation_shown().items():
+            drawn[name] = _formation.formation_figure(record, f"{labels[id(record)]}, seed 0: the circuit over "
+                                                              "training")
+        return drawn
 
     def tables(self) -> dict[str, Table]:
         return {"cells.csv": cells_csv(self.cells)}
@@ -627,7 +657,9 @@ class PhaseResult(_shared.GridResult):
         runs = [{"family": r.family, "heads": list(r.heads), "order": r.order, "seed": r.seed, "status": r.status,
                  **(r.measure or {}), "crossings": r.dynamics.to_json() if r.dynamics else None}
                 for r in self.records]
-        return {"cells": self.cells, "claims": self.claims, "runs": runs}
+        formation = [{**r.where, "formation": r.formation,
+                      "crossings": r.dynamics.to_json() if r.dynamics else None} for r in self.formation]
+        return {"cells": self.cells, "claims": self.claims, "runs": runs, "formation": formation}
 
 
 def run(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResult:
@@ -647,8 +679,32 @@ def run(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResul
                                 progress=progress)
     records = measure_rows(result.rows, work, budget, progress=progress)
     cells = cell_summaries(records)
+    formation = formation_rows(budget, work, progress=progress)
     return PhaseResult(budget=budget, records=tuple(records), cells=cells, claims=claims(cells),
-                       n_failed=result.n_failed)
+                       n_failed=result.n_failed, formation=tuple(formation))
+
+
+def formation_rows(budget: PhaseBudget, work: Path, *, progress: bool = False) -> list[_formation.FormationRecord]:
+    """Train the formation runs (`formation_specs`) into `work` and read each one's circuit at every checkpoint."""
+    from tqdm.auto import tqdm
+
+    from markov_interp.training import runfolder
+
+    specs = formation_specs(budget)
+    if not specs:
+        return []
+    trained = _shared.train_grid(specs, work, workers=budget.workers,
+                                 group=len(budget.orders) * budget.formation_seeds, progress=progress)
+    found = []
+    for row in tqdm([r for r in trained.rows if r.status == "ok"], disable=not progress, desc="formation",
+                    unit="run"):
+        cfg, folder = row.config, work / row.run_dir
+        where = dict(family=_family(cfg.model.normalization), heads=list(cfg.model.heads_per_layer),
+                     order=cfg.source.order, seed=cfg.train.seed)
+        found.append(_formation.FormationRecord(
+            where=where, formation=_formation.measure_formation(folder, work, row.cell_id, seed=_PROBE_SEED),
+            dynamics=dynamics.from_metrics(runfolder.load_metrics(folder))))
+    return found
 
 
 EXPERIMENT = register(Experiment(name="phases", title="Order x depth x heads phase diagram",
