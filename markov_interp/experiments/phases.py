@@ -138,10 +138,10 @@ STANDARD = PhaseBudget(
     shapes=((1,), (2,), (1, 1), (2, 1), (2, 2), (1, 1, 1), (2, 1, 1), (2, 2, 2)), families=("layernorm",),
     probe_sequences=512, classified=8, workers=1, formation_seeds=1,
     cuts="the smallest budget at which the positive control learns (two layers x two heads on order 2 reach the "
-         "trigram law): orders 1 and 2 (order 3 does not fit a 2-core CPU's day), depth 1-3 with heads {1, 2} and an extra layer-0 head, the LayerNorm family "
-         "only, 8 seeds per cell (full: 64), 3000 steps, every seed classified on 512 probe sequences, one "
-         "training process (a 2-core CPU); seed 0 of every cell trained again with 24 checkpoints for its circuit over "
-         "training")
+         "trigram law): orders 1 and 2 (order 3 does not fit a 2-core CPU's day), depth 1-3 with heads {1, 2} and "
+         "an extra layer-0 head, the LayerNorm family only, 8 seeds per cell (full: 64), 3000 steps, every seed "
+         "classified on 512 probe sequences, one training process (a 2-core CPU); seed 0 of every cell trained again "
+         "with 24 checkpoints for its circuit over training")
 TINY = PhaseBudget(name="tiny", seeds=2, orders=(1, 2), shapes=((1,), (2, 1)), steps=6, seq_len=16,
                    batch_size=4, eval_every=3, eval_batches=1, probe_sequences=8, families=("layernorm",),
                    classified=1, formation_seeds=1, formation_checkpoints=3, cuts="a smoke test of the code path; its numbers show nothing")
