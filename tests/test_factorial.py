@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from markov_interp import experiments, intervene, probes
+from markov_interp import dynamics, experiments, intervene, probes
 from markov_interp.data import RandomMarkov
 from markov_interp.experiments import factorial, interventions
 from markov_interp.models import build, heads_per_layer
@@ -218,3 +218,20 @@ def test_discovery_reads_the_first_finished_seeds_and_scores_at_a_step_need_its_
     with pytest.raises(ValueError, match="no run folder"):
         interventions.circuit_scores_at(_results(1), 5)
     assert interventions.circuit_scores_over_training(_results(2)) == ()  # no run folders: nothing to read
+
+
+def _runs(escape_steps):
+    """Runs whose excess fraction falls from 1 to 0.1 at `step` (evaluated every 10 steps up to 600)."""
+    steps = tuple(range(10, 601, 10))
+    return [dynamics.run_dynamics(dynamics.ExcessCurve(steps, tuple(0.1 if s >= e else 1.0 for s in steps),
+                                                       tuple(1.0 for _ in steps))) for e in escape_steps]
+
+
+@pytest.mark.parametrize("free, clamped, effect", [
+    ((100, 110, 120, 130, 140, 150), (300, 320, 340, 360, 380, 400), "slows"),
+    ((300, 320, 340, 360, 380, 400), (100, 110, 120, 130, 140, 150), "speeds"),
+    ((100, 200, 300, 400, 500, 150), (110, 190, 310, 390, 510, 160), "no clear effect"),
+])
+def test_clamp_effect_reads_the_comparison(free, clamped, effect):
+    assert factorial.clamp_effect(dynamics.compare(_runs(free), _runs(clamped))) == effect
+    assert factorial.clamp_effect(None) == "—"

@@ -245,6 +245,66 @@ _CIRCUITS = ("`probes.discover_circuit` at the last step on 32 fresh sequences (
              "faithfulness (1: the kept edges alone give the clean loss). k/n = of the n seeds read, k keep it.")
 
 
+def clamp_effect(comparison: Any) -> str:
+    """What the clamp does to the descent, read from the comparison with free where the data decide it: "slows"
+    when the area between the median excess curves (clamped - free) has its 95% interval above 0 or the median
+    crossing of 0.5 its ratio interval above 1, "speeds" when both are below, "no clear effect" otherwise."""
+    if comparison is None:
+        return "—"
+    votes = set()
+    area = comparison.area.interval if comparison.area is not None else None
+    if area is not None and area[0] is not None and area[0] > 0:
+        votes.add("slows")
+    if area is not None and area[1] is not None and area[1] < 0:
+        votes.add("speeds")
+    ratio = comparison.fractions[0.5].ratio_interval if 0.5 in comparison.fractions else None
+    if ratio is not None and ratio[0] is not None and ratio[0] > 1:
+        votes.add("slows")
+    if ratio is not None and ratio[1] is not None and ratio[1] < 1:
+        votes.add("speeds")
+    return votes.pop() if len(votes) == 1 else "no clear effect" if not votes else "mixed"
+
+
+def _recipe_rows(budget: FactorialBudget, cells: tuple) -> list[tuple[str, ...]]:
+    """Per cell with a clamped arm: heads, the recipe, escaped counts, ratios at 0.75 / 0.5, log-rank p at 0.5,
+    the area between median curves and `clamp_effect`."""
+    rows = []
+    for (data, heads, recipe), cell in zip(cells_of(budget), cells):
+        free = cell.arms[0]
+        for arm in cell.arms[1:]:
+            c = arm.against_free
+            half = c.fractions.get(0.5) if c else None
+            area = c.area if c else None
+            area_text = "—" if area is None else f"{area.area:+.0f} " + (
+                "[no interval]" if area.interval is None else
+                "[" + ", ".join("?" if x is None else f"{x:+.0f}" for x in area.interval) + "]")
+            rows.append((data, str(heads), recipe.init, recipe.first_state, recipe.norm, arm.arm.name,
+                         f"{free.summary.n - free.summary.n_censored}/{free.summary.n}",
+                         f"{arm.summary.n - arm.summary.n_censored}/{arm.summary.n}",
+                         c.fractions[0.75].ratio_text() if c and 0.75 in c.fractions else "—",
+                         half.ratio_text() if half else "—",
+                         "—" if half is None or half.p_value is None else f"{half.p_value:.2g}", area_text,
+                         clamp_effect(c)))
+    return rows
+
+
+_RECIPES_TEXT = ("Each cell's clamped arm against its free arm, per recipe (the same seeds in both). Escaped = seeds "
+                 "whose excess fell below half the plateau's within the budget; ratios = clamped / free median "
+                 "crossing [95% bootstrap]; area = the integral over steps of the clamped median excess-fraction "
+                 "curve minus the free one [95% bootstrap] (> 0: clamped slower). Effect: 'slows' / 'speeds' where "
+                 "the area's or the 0.5 ratio's interval excludes no change, and both agree.")
+
+
+def recipe_verdicts(rows: list[tuple[str, ...]]) -> str:
+    """One line per layer-1 head count: how many recipes the clamp slows, speeds or leaves unclear."""
+    lines = []
+    for heads in sorted({r[1] for r in rows}, key=int):
+        effects = collections.Counter(r[-1] for r in rows if r[1] == heads)
+        lines.append(f"- {heads} layer-1 head(s): " + ", ".join(f"{k} in {n}/{sum(effects.values())} recipes"
+                                                             for k, n in effects.most_common()))
+    return "\n".join(lines)
+
+
 @dataclasses.dataclass(frozen=True)
 class FactorialResult(Summary):
     """The cells (one `interventions.ExperimentResult` each, named DATA-hHEADS) at one budget."""
@@ -267,8 +327,19 @@ class FactorialResult(Summary):
         intro = Section(text=f"{self.budget.seeds} seeds per arm and cell, {self.budget.steps} steps, evaluations "
                         f"every {self.budget.eval_every} steps ({self.budget.eval_batches} batches of 64); "
                         f"d_head {self.budget.d_head}; arms {', '.join(self.budget.arms)}.")
-        return [intro, Section("Overview", _OVERVIEW, self.overview())] + [
+        out = [intro]
+        if len(recipes(self.budget)) > 1:
+            rows = _recipe_rows(self.budget, self.cells)
+            out.append(Section("Across recipes", _RECIPES_TEXT, self.recipes_table(),
+                               after=recipe_verdicts(rows)))
+        return out + [Section("Overview", _OVERVIEW, self.overview())] + [
             s for c in self.cells for s in experiment_sections(c) + _cell_sections(c)]
+
+    def recipes_table(self) -> Table:
+        """The clamp's effect per recipe (`_recipe_rows`; also written as recipes.csv)."""
+        return Table(("data", "layer-1 heads", "init", "first state", "norm", "arm", "free escaped (0.5)",
+                      "arm escaped (0.5)", "x free at 0.75 [95% CI]", "x free at 0.5 [95% CI]", "log-rank p (0.5)",
+                      "area vs free [95% CI]", "effect"), _recipe_rows(self.budget, self.cells))
 
     def figures(self) -> dict[str, Any]:
         from markov_interp.report import figures
@@ -283,7 +354,10 @@ class FactorialResult(Summary):
         return drawn
 
     def tables(self) -> dict[str, Table]:
-        return {"overview.csv": self.overview()}
+        found = {"overview.csv": self.overview()}
+        if len(recipes(self.budget)) > 1:
+            found["recipes.csv"] = self.recipes_table()
+        return found
 
     def to_json(self) -> dict:
         """Every seed's crossings, excess curve, final loss and scores, per arm and cell, with the comparisons."""
