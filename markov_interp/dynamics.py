@@ -572,7 +572,10 @@ def _grid(curves: Sequence[ExcessCurve], steps: Optional[Sequence[int]] = None
     grid = sorted(shared)
     if not grid:
         raise ValueError("the runs share no evaluation step")
-    rows = [[dict(zip(c.steps, c.left))[s] for s in grid] for c in curves]
+    rows = []
+    for c in curves:  # each curve's fractions computed once (not once per step: that was quadratic)
+        left = dict(zip(c.steps, c.left))
+        rows.append([left[s] for s in grid])
     return grid, np.nan_to_num(np.array(rows, dtype=float), nan=math.inf)
 
 
