@@ -173,7 +173,10 @@ def test_the_gpu_blocks_follow_their_file_and_refuse_a_contradicted_finding(tmp_
 
 
 def test_summary_csv_is_the_current_summary_of_the_committed_results_csv():
-    conditions = reproduce.summarise(sweep.read_table(REPRO / "results.csv"))
+    from markov_interp.findings._sources import reproduction  # `reproduce.summarise` of the table, read once
+
+    conditions = reproduction(REPRO / "results.csv")
+    assert len(conditions) == 32 and {c.experiment for c in conditions} == set(reproduce.SECTION_COLUMNS)
     assert (REPRO / "summary.csv").read_text() == reproduce.summary_table(conditions).csv()
 
 
@@ -218,6 +221,25 @@ def test_load_refuses_what_is_not_a_readable_results_json(tmp_path):
         experiments.load(tmp_path / "missing.json")
 
 
+def test_load_finds_the_experiment_by_title_and_refuses_one_without_a_read_back(monkeypatch, tmp_path):
+    from markov_interp.experiments import factorial
+
+    monkeypatch.setattr(experiments, "_REGISTRY", dict(experiments.registered()))
+    mute = experiments.Experiment(name="mute", title="Mute", budgets=dict(factorial.EXPERIMENT.budgets),
+                                  run=factorial.run)
+    monkeypatch.setitem(experiments._REGISTRY, "mute", mute)
+    data = json.loads((REPRO / "factorial-dirichlet-h1" / "results.json").read_text())
+    assert experiments.load(REPRO / "factorial-dirichlet-h1").name == "factorial"  # by its title
+    (tmp_path / "results.json").write_text(json.dumps({**data, "title": "Mute"}))
+    with pytest.raises(ValueError, match="experiment 'mute' cannot read back its results.json"):
+        experiments.load(tmp_path)
+    finished = experiments.load(tmp_path, name="factorial")  # named explicitly: its title is not looked at
+    assert finished.budget == factorial.FULL.replace(heads=(1,), data=("dirichlet",), arms=("free", "clamped"),
+                                                     device="cpu")
+    assert finished.provenance.seconds == data["provenance"]["seconds"] and finished.files == (tmp_path /
+                                                                                                 "results.json",)
+
+
 # ---------------------------------------------------------------------------------- quick is a smoke test
 def _provenance() -> experiments.Provenance:
     return experiments.Provenance(command="c", machine="m", device="cpu", torch="t", python="p", precision="fp32",
@@ -242,7 +264,11 @@ def test_committed_quick_summaries_say_smoke_at_their_top():
 
 
 def test_a_recorded_escape_is_read_on_the_runs_grid():
-    row = next(r for r in sweep.read_table(REPRO / "results.csv") if r.status == "ok" and not r.result.censored)
+    import csv
+
+    with (REPRO / "results.csv").open(newline="") as handle:
+        row = sweep.Row.from_columns(next(csv.DictReader(handle)))
+    assert row.status == "ok" and not row.result.censored
     assert row.result.crossings is None and row.result.escape_step == 20  # the first session's table
     grid = sorted(evaluation_steps(row.config.train))
     found = row.result.crossing(evaluations=grid)

@@ -46,6 +46,10 @@ name starts with "_" are not experiments) that provides
        EXPERIMENT = register(Experiment(name="foo", title="Foo: what it asks", budgets={"quick": QUICK,
                                         "full": FULL}, run=run, precision="fp32"))
 
+5. Optionally **its read-back**: `read(budget, result) -> FooResult`, the typed result rebuilt from results.json's
+   "result" with every statistic recomputed from the per-run rows (`Experiment(..., read=read)`); `load(path)`
+   then gives it without training, and `markov_interp.findings` renders docs from it.
+
 Then `python -m markov_interp.experiments --only foo --quick`, `markov-interp experiment foo --quick`,
 `--seeds N`, `--steps N`, `--device D` and `--set FIELD=VALUE` (any budget field; JSON or text, lists as
 a,b,c) work for it, and `reproduce --extras` runs it at its full budget into OUT/foo.

@@ -58,9 +58,9 @@ def recorded_escapes(data: dict, *, budget: int, every: int) -> list[dynamics.St
 
 def provenance_text(provenance: Any) -> str:
     """Where and how a result was made, from its provenance: "`COMMAND`; x86_64 with 2 CPU cores, device cpu,
-    torch 2.13.0+cpu, fp32; 6.9 min of wall time"."""
+    torch 2.13.0+cpu, fp32; 6.9 min of wall time for that call" (a call that reused trained runs is short)."""
     return (f"`{provenance.command}`; {provenance.machine}, device {provenance.device}, torch {provenance.torch}, "
-            f"{provenance.precision}; {provenance.seconds / 60:.1f} min of wall time")
+            f"{provenance.precision}; {provenance.seconds / 60:.1f} min of wall time for that call")
 
 
 def bounds_text(interval: Sequence[Optional[float]], digits: int = 2) -> str:

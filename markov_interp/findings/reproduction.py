@@ -120,7 +120,7 @@ def reduction_findings(path: Path) -> str:
 
     released = [a for a in b.arms if a in PART_NAMES]
     return "\n".join([
-        f"Made by {provenance_text(finished.provenance)} (a rerun that reused the trained runs); {b.seeds} seeds "
+        f"Made by {provenance_text(finished.provenance)}; {b.seeds} seeds "
         f"per arm and w0, w0 from {min(b.w0):g} to {max(b.w0):g}, {b.steps} steps, SGD at lr {b.lr:g}, batches of "
         f"{b.batch_size} x {b.seq_len}. The flow's separatrix at e0 = {b.e0:g}, b0 = 0: w0 = {r.boundary:.4f}.",
         "",
