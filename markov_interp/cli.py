@@ -545,13 +545,28 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handler)
 
 
+def _add_findings(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "findings",
+        help="render the findings in README.md and docs/ from the committed results (--check: compare only)",
+        description="Remake every rendered region (<!-- rendered: NAME (source: FILE) --> ... <!-- /rendered -->) "
+        "of README.md, docs/findings*.md and docs/reproduction/summary.md from the committed result files it "
+        "names, with the package's current statistics (markov_interp.findings); nothing trains. --check writes "
+        "nothing and exits with 1 when a file differs from its rendering, printing the diff.",
+    )
+    from markov_interp.findings import add_arguments, run_command
+
+    add_arguments(p)
+    p.set_defaults(handler=run_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="markov-interp",
         description="Train transformers on Markov chains and probe how they predict.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_train, _add_probe, _add_report, _add_sweep, _add_reproduce, _add_experiment):
+    for add in (_add_train, _add_probe, _add_report, _add_sweep, _add_reproduce, _add_experiment, _add_findings):
         add(sub)
     debug_help = "show the full traceback of an error instead of one line"
     parser.add_argument("--debug", action="store_true", help=debug_help)

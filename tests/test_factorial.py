@@ -102,6 +102,11 @@ def test_a_tiny_factorial_runs_scores_every_head_and_writes_its_summary(tmp_path
     assert "zero-diagonal-h2: attention scores over training" in summary and "| step 4 |" in summary
     assert "zero-diagonal-h2: circuits discovered at the end" in summary
     assert (tmp_path / "scores-zero-diagonal-h2.png").stat().st_size > 0
+    # read back with no training (`experiments.load`): the same statistics from the recorded curves and scores
+    back = experiments.load(tmp_path).result.to_json()["zero-diagonal-h2"]["arms"]
+    for name, arm in data.items():
+        mine = json.dumps({k: v for k, v in back[name].items() if k != "circuits"}, sort_keys=True, default=list)
+        assert mine == json.dumps({k: v for k, v in arm.items() if k != "circuits"}, sort_keys=True), name
 
 
 def _check_scores_over_training(cell, data, budget):

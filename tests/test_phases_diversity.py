@@ -269,3 +269,7 @@ def test_tiny_budget_end_to_end_through_the_registry(tmp_path, name):
     again = experiments.run(experiment, tmp_path, budget=experiment.budget("tiny", workers=1))
     assert json.loads((tmp_path / "results.json").read_text())["result"]["runs"] == data["result"]["runs"]
     assert again.failed == 0
+    # read back with no training (`experiments.load`): every cell summary recomputed from the recorded runs
+    back = experiments.load(tmp_path)
+    assert back.name == name and back.budget == experiment.budget("tiny", workers=1)
+    assert json.dumps(back.result.to_json(), sort_keys=True) == json.dumps(data["result"], sort_keys=True)

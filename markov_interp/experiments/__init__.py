@@ -46,6 +46,10 @@ name starts with "_" are not experiments) that provides
        EXPERIMENT = register(Experiment(name="foo", title="Foo: what it asks", budgets={"quick": QUICK,
                                         "full": FULL}, run=run, precision="fp32"))
 
+5. Optionally **its read-back**: `read(budget, result) -> FooResult`, the typed result rebuilt from results.json's
+   "result" with every statistic recomputed from the per-run rows (`Experiment(..., read=read)`); `load(path)`
+   then gives it without training, and `markov_interp.findings` renders docs from it.
+
 Then `python -m markov_interp.experiments --only foo --quick`, `markov-interp experiment foo --quick`,
 `--seeds N`, `--steps N`, `--device D` and `--set FIELD=VALUE` (any budget field; JSON or text, lists as
 a,b,c) work for it, and `reproduce --extras` runs it at its full budget into OUT/foo.
@@ -60,13 +64,13 @@ import typing
 from pathlib import Path
 from typing import Any, Optional
 
-from markov_interp.experiments._base import (RESULTS_FILE, SUMMARY_FILE, Budget, Experiment, Finished, Provenance,
-                                             Section, Summary, Table, describe_device, render_markdown, run,
-                                             write_summary)
+from markov_interp.experiments._base import (RESULTS_FILE, SMOKE, SUMMARY_FILE, Budget, Experiment, Finished,
+                                             Provenance, Section, Summary, Table, describe_device, render_markdown,
+                                             run, smoke_note, write_summary)
 
 __all__ = ["Budget", "Table", "Section", "Summary", "Provenance", "Experiment", "Finished", "register", "get",
-           "registered", "describe_registered", "budget_for", "run", "run_many", "write_summary", "render_markdown", "describe_device", "add_arguments",
-           "main", "SUMMARY_FILE", "RESULTS_FILE"]
+           "registered", "describe_registered", "budget_for", "run", "run_many", "write_summary", "render_markdown",
+           "describe_device", "add_arguments", "load", "smoke_note", "main", "SMOKE", "SUMMARY_FILE", "RESULTS_FILE"]
 
 _REGISTRY: dict[str, Experiment] = {}
 
@@ -107,6 +111,44 @@ def get(name: str) -> Experiment:
     if name not in experiments:
         raise ValueError(f"unknown experiment {name!r}; the experiments are {list(experiments)}")
     return experiments[name]
+
+
+def load(path: "str | Path", name: Optional[str] = None) -> Finished:
+    """An experiment's committed results.json read back as its typed result, with no training: every statistic
+    recomputed by the current code from the per-run rows the file keeps (`Experiment.read`), so tables made from
+    it are what this code gives on those rows.
+
+    Args:
+        path: a results.json or the folder holding one.
+        name: the experiment (default: the one whose title the file names).
+
+    Returns:
+        `Finished` with the typed result, the file's budget and provenance, and the file (`files`).
+        FileNotFoundError without the file; ValueError for a file that is not an experiment's results.json, or an
+        experiment that cannot be read back.
+    """
+    file = Path(path) / RESULTS_FILE if Path(path).is_dir() else Path(path)
+    try:
+        data = json.loads(file.read_text())
+        title, budget_data, provenance, result = (data["title"], data["budget"], data["provenance"],
+                                                  data["result"])
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}: not JSON ({err})") from None
+    except (KeyError, TypeError):
+        raise ValueError(f"{file}: not an experiment's results.json (it needs title, provenance, budget and "
+                         "result)") from None
+    if name is None:
+        by_title = {e.title: e for e in registered().values()}
+        if title not in by_title:
+            raise ValueError(f"{file}: no registered experiment is titled {title!r}; name it (the experiments are "
+                             f"{list(registered())})")
+        experiment = by_title[title]
+    else:
+        experiment = get(name)
+    if experiment.read is None:
+        raise ValueError(f"experiment {experiment.name!r} cannot read back its results.json (no `read`)")
+    budget = type(experiment.budgets["full"]).from_dict(budget_data, where=f"{file}: budget")
+    return Finished(experiment.name, budget, experiment.read(budget, result), Provenance(**provenance), (file,))
 
 
 # ---------------------------------------------------------------------------------------- the command line

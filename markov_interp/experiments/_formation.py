@@ -39,7 +39,25 @@ class FormationRecord:
 
     where: dict
     formation: dict
-    dynamics: Optional[dynamics.RunDynamics]
+    dynamics: Optional[dynamics.RunDynamics]  # None when read back from results.json (it keeps no curves)
+    stored_crossings: Optional[dict] = None  # read back: the crossings as results.json keeps them
+
+    @property
+    def crossings(self) -> dict:
+        """{fraction: StepInterval} of the run's loss ({} when it has no plateau to leave)."""
+        if self.dynamics is not None:
+            return self.dynamics.crossings
+        return {} if self.stored_crossings is None else dynamics.crossings_from_json(self.stored_crossings)[0]
+
+    def to_json(self) -> dict:
+        """The record as results.json keeps it (`from_json` reads it back)."""
+        crossings = self.dynamics.to_json() if self.dynamics is not None else self.stored_crossings
+        return {**self.where, "formation": self.formation, "crossings": crossings}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "FormationRecord":
+        where = {k: v for k, v in data.items() if k not in ("formation", "crossings")}
+        return cls(where=where, formation=data["formation"], dynamics=None, stored_crossings=data.get("crossings"))
 
     @property
     def k_edge_entry(self) -> Optional[tuple[str, int]]:
@@ -98,7 +116,7 @@ def formation_table(records: list[FormationRecord], labels: dict) -> Table:
     """
     rows = []
     for r in records:
-        crossings = r.dynamics.crossings if r.dynamics is not None else {}
+        crossings = r.crossings
         entry = r.k_edge_entry
         half = crossings.get(0.5)
         when = ("—" if entry is None or half is None else

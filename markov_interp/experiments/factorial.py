@@ -33,6 +33,7 @@ import collections
 import dataclasses
 import itertools
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +41,13 @@ from markov_interp import dynamics
 from markov_interp.data import SourceConfig
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
 from markov_interp.experiments.interventions import (Arm, ExperimentResult, arm_json, dynamics_figures,
-                                                     experiment_sections, run_arms)
+                                                     experiment_from_json, experiment_sections, run_arms)
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig
 
 __all__ = ["FactorialBudget", "QUICK", "STANDARD", "FULL", "RECIPES", "ARMS", "DATA", "INITS", "FIRST_STATES",
-           "NORMS", "Recipe", "recipes", "cells_of", "cell_base", "cell_arms", "FactorialResult", "run", "EXPERIMENT"]
+           "NORMS", "Recipe", "recipes", "cells_of", "cell_base", "cell_arms", "FactorialResult", "over_training_table",
+           "run", "read", "EXPERIMENT"]
 
 ARMS = ("free", "clamped", "mixed", "head-start", "position-code")
 DATA = ("dirichlet", "zero-diagonal")
@@ -196,7 +198,7 @@ _OVERVIEW = ("One row per cell (data, layer-1 heads) and arm. Crossing = the fir
 _SCORES = (("previous_token", "L0 previous-token"), ("induction", "L1 induction"), ("same_token", "L1 same-token"))
 
 
-def _over_training_table(cell: ExperimentResult) -> Table:
+def over_training_table(cell: ExperimentResult) -> Table:
     """Per arm and score: the mean over seeds at every scored step [bootstrap 95% CI]."""
     steps = [x.step for x in cell.arms[0].over_training]
     rows = [(a.arm.name, label, *(f"{getattr(x, key + '_mean'):.2f} {_fmt_interval(getattr(x, key + '_interval'))}"
@@ -228,7 +230,7 @@ def _cell_sections(cell: ExperimentResult) -> list[Section]:
     if cell.arms[0].over_training:
         a = cell.arms[0].over_training[-1]
         out.append(Section(f"{cell.name}: attention scores over training", _OVER_TRAINING.format(
-            prev=a.previous_token_chance, ind=a.induction_chance, same=a.same_token_chance), _over_training_table(cell),
+            prev=a.previous_token_chance, ind=a.induction_chance, same=a.same_token_chance), over_training_table(cell),
             figures=(f"scores-{cell.name}.png",)))
     if cell.arms[0].circuits:
         out.append(Section(f"{cell.name}: circuits discovered at the end", _CIRCUITS, _circuits_table(cell)))
@@ -370,6 +372,12 @@ def cells_of(budget: FactorialBudget) -> list[tuple[str, int, Recipe]]:
     return list(itertools.product(budget.data, budget.heads, recipes(budget)))
 
 
+def read(budget: FactorialBudget, result: Mapping) -> FactorialResult:
+    """results.json's "result" read back as the typed result, every statistic recomputed from the seeds' curves
+    (`interventions.experiment_from_json`; `experiments.load`). The discovered circuits stay in the file."""
+    return FactorialResult(budget, tuple(experiment_from_json(name, cell, budget) for name, cell in result.items()))
+
+
 def run(budget: FactorialBudget, out: Path, *, progress: bool = False) -> FactorialResult:
     """Train every cell's arms into `out` (run folders out/runs/DATA-hHEADS/ARM/seedN; a rerun loads them).
 
@@ -390,4 +398,4 @@ def run(budget: FactorialBudget, out: Path, *, progress: bool = False) -> Factor
 
 EXPERIMENT = register(Experiment(name="factorial", title="Finding 1 as a factorial: clamp x layer-1 heads x data",
                                  budgets={"quick": QUICK, "standard": STANDARD, "full": FULL,
-                                          "recipes": RECIPES}, run=run, precision="fp32"))
+                                          "recipes": RECIPES}, run=run, read=read, precision="fp32"))

@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
 __all__ = ["PhaseBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES",
            "EXPERIMENT", "shape_label", "phase_specs", "formation_specs", "formation_rows", "order_reached",
            "circuit_summary", "measure_model", "cell_summaries", "claims", "cells_table", "claims_table", "cells_csv",
-           "PhaseResult", "run"]
+           "PhaseResult", "run", "read"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
 HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
@@ -291,7 +291,16 @@ class RunRecord:
     seed: int
     status: str
     measure: Optional[dict]
-    dynamics: Optional[dynamics.RunDynamics]
+    dynamics: Optional[dynamics.RunDynamics]  # None also when read back from results.json (it keeps no curves)
+    crossings: Optional[dict] = None  # read back: the crossings as results.json keeps them (`crossings_to_json`)
+
+    @property
+    def escape(self) -> Optional[dynamics.StepInterval]:
+        """The run's escape (the crossing of 0.5), None unless finished."""
+        if self.dynamics is not None:
+            return self.dynamics.escape
+        return None if self.crossings is None else dynamics.crossings_from_json(self.crossings)[0].get(
+            dynamics.ESCAPE_FRACTION)
 
 
 def _family(normalization: Optional[str]) -> str:
@@ -342,15 +351,15 @@ def measure_rows(rows: list, work: Path, budget: PhaseBudget, *, progress: bool 
     return records
 
 
-def _escape_json(runs: list) -> dict:
+def _escape_json(escapes: list[dynamics.StepInterval]) -> dict:
     """The escape (the 0.5 crossing) over a cell's runs: median crossing and interval, censored fraction."""
-    if not runs:
+    if not escapes:
         return {"median": None, "describe": "no runs", "censored": _shared.proportion(0, 0)}
-    cond = dynamics.condition(runs)
-    median = cond.escape.median()
+    spread = dynamics.survival(escapes)
+    median = spread.median()
     return {"median": median.by, "after": median.estimate.after, "describe": median.describe(),
             "interval": None if median.interval is None else [median.interval.after, median.interval.by],
-            "censored": _shared.proportion(cond.escape.n_censored, cond.escape.n)}
+            "censored": _shared.proportion(spread.n_censored, spread.n)}
 
 
 def _circuit_json(measures: list[dict], order: int) -> dict:
@@ -387,7 +396,7 @@ def _cell_json(key: tuple, records: list[RunRecord]) -> dict:
             "reached": {str(j): _shared.proportion(sum(x >= j for x in reached), n) for j in range(-1, order + 1)},
             "order_reached": dict(sorted(Counter(reached).items())),
             "median_order": int(statistics.median_low(reached)) if reached else None,
-            "gains": {}, "escape": _escape_json([r.dynamics for r in done if r.dynamics is not None]),
+            "gains": {}, "escape": _escape_json([r.escape for r in done if r.escape is not None]),
             "circuit": _circuit_json(measures, order) if measures else None}
     for j in range(order + 1):
         values = [m["gains"][str(j)] for m in measures]
@@ -655,11 +664,36 @@ class PhaseResult(_shared.GridResult):
 
     def to_json(self) -> dict:
         runs = [{"family": r.family, "heads": list(r.heads), "order": r.order, "seed": r.seed, "status": r.status,
-                 **(r.measure or {}), "crossings": r.dynamics.to_json() if r.dynamics else None}
-                for r in self.records]
-        formation = [{**r.where, "formation": r.formation,
-                      "crossings": r.dynamics.to_json() if r.dynamics else None} for r in self.formation]
-        return {"cells": self.cells, "claims": self.claims, "runs": runs, "formation": formation}
+                 **(r.measure or {}), "crossings": _crossings_json(r)} for r in self.records]
+        return {"cells": self.cells, "claims": self.claims, "runs": runs,
+                "formation": [r.to_json() for r in self.formation]}
+
+
+def _crossings_json(r: RunRecord) -> Optional[dict]:
+    return r.dynamics.to_json() if r.dynamics is not None else r.crossings
+
+
+_RUN_KEYS = ("family", "heads", "order", "seed", "status", "crossings")
+
+
+def _record_from_json(run: dict) -> RunRecord:
+    """One run of results.json as a `RunRecord`: its measures, the order reached recomputed from its gains by the
+    current `REACH`, its crossings (no curve: results.json keeps none)."""
+    measure = {k: v for k, v in run.items() if k not in _RUN_KEYS} if run["status"] == "ok" else None
+    if measure is not None:
+        measure["reached"] = order_reached({int(j): g for j, g in measure["gains"].items()})
+    return RunRecord(family=run["family"], heads=tuple(run["heads"]), order=int(run["order"]), seed=int(run["seed"]),
+                     status=run["status"], measure=measure, dynamics=None, crossings=run.get("crossings"))
+
+
+def read(budget: PhaseBudget, result: dict) -> PhaseResult:
+    """results.json's "result" read back (`experiments.load`): the runs' measures and crossings as records, every
+    cell summary and claim recomputed by the current code (no figure of the excess curves: the file keeps none)."""
+    records = [_record_from_json(run) for run in result["runs"]]
+    cells = cell_summaries(records)
+    return PhaseResult(budget=budget, records=tuple(records), cells=cells, claims=claims(cells),
+                       n_failed=sum(r.status not in ("ok", "diverged") for r in records),
+                       formation=tuple(_formation.FormationRecord.from_json(f) for f in result.get("formation", ())))
 
 
 def run(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResult:
@@ -709,5 +743,5 @@ def formation_rows(budget: PhaseBudget, work: Path, *, progress: bool = False) -
 
 EXPERIMENT = register(Experiment(name="phases", title="Order x depth x heads phase diagram",
                                  budgets={"quick": QUICK, "standard": STANDARD, "full": FULL, "gpu": GPU,
-                                          "tiny": TINY}, run=run,
+                                          "tiny": TINY}, run=run, read=read,
                                  precision="fp32"))

@@ -41,7 +41,7 @@ from markov_interp.models.reduction import RELEASABLE, exact_model_options
 from markov_interp.sweep import SweepSpec
 
 __all__ = ["ReductionBudget", "QUICK", "STANDARD", "FULL", "NETWORK_ARMS", "THEORY_ARMS", "arm_spec",
-           "separatrix_interval", "predicted_boundary", "ArmResult", "ReductionResult", "run", "EXPERIMENT"]
+           "separatrix_interval", "predicted_boundary", "ArmResult", "ReductionResult", "run", "read", "EXPERIMENT"]
 
 NETWORK_ARMS = ("reduced", *RELEASABLE, "free-sgd", "free-adam")
 THEORY_ARMS = ("flow", "adam-ewb")
@@ -164,14 +164,21 @@ def _network_arm(arm: str, rows: list, work: Path, budget: ReductionBudget, prog
         value = _shared.cached_measure(work, row.cell_id, _MEASURE_KEY, lambda: _measure(work / row.run_dir, cfg,
                                                                                        budget))
         per_w[cfg.model.canonical_w].append({"w0": cfg.model.canonical_w, "seed": cfg.train.seed, **value})
+    return _tally(arm, [r for w in budget.w0 for r in per_w[w]], budget)
+
+
+def _tally(arm: str, runs: list[dict], budget: ReductionBudget) -> ArmResult:
+    """A network arm's runs (w0, seed and `_measure`'s numbers each) tallied per w0: escaped k/n and the median
+    distance from the flow; after training and when results.json is read back (`read`)."""
     escaped, n, gaps = [], [], []
     for w in budget.w0:
-        found = [dynamics.crossings_from_json(r["escape"])[0][0.5] for r in per_w[w] if r["escape"]]
+        mine = [r for r in runs if r["w0"] == w]
+        found = [dynamics.crossings_from_json(r["escape"])[0][dynamics.ESCAPE_FRACTION] for r in mine if r["escape"]]
         escaped.append(sum(f.escaped for f in found))
         n.append(len(found))
-        g = np.array([r["flow_gap"] for r in per_w[w]]) if per_w[w] else np.full((1, 3), np.nan)
+        g = np.array([r["flow_gap"] for r in mine]) if mine else np.full((1, 3), np.nan)
         gaps.append(tuple(float(x) for x in np.median(g, 0)))
-    return ArmResult(arm, tuple(escaped), tuple(n), tuple(gaps), tuple(r for w in budget.w0 for r in per_w[w]))
+    return ArmResult(arm, tuple(escaped), tuple(n), tuple(gaps), tuple(runs))
 
 
 def _theory_arm(arm: str, budget: ReductionBudget) -> ArmResult:
@@ -296,6 +303,16 @@ class ReductionResult(Summary):
                          for a in self.arms}}
 
 
+def read(budget: ReductionBudget, result: dict) -> ReductionResult:
+    """results.json's "result" read back (`experiments.load`): the network arms tallied from their recorded runs
+    (each run's escape as measured); the theory arms and the flow's separatrix as recorded (deterministic
+    functions of the budget, seconds to recompute: `_theory_arm`, `predicted_boundary`)."""
+    theory = [ArmResult(name, tuple(result["arms"][name]["escaped"]), tuple(result["arms"][name]["n"]), None, ())
+              for name in THEORY_ARMS]
+    network = [_tally(name, list(result["arms"][name]["runs"]), budget) for name in budget.arms]
+    return ReductionResult(budget, tuple(theory + network), float(result["boundary"]), 0)
+
+
 def run(budget: ReductionBudget, out: Path, *, progress: bool = False) -> ReductionResult:
     """Train every network arm into out/runs (restartable), measure every run, compute the theory arms.
 
@@ -320,4 +337,5 @@ def run(budget: ReductionBudget, out: Path, *, progress: bool = False) -> Reduct
 
 EXPERIMENT = register(Experiment(name="reduction", title="The exact reduction that stays exact: which freedom moves "
                                  "the separatrix", budgets={"quick": QUICK, "standard": STANDARD,
-                                                                       "full": FULL}, run=run, precision="fp32"))
+                                                                       "full": FULL}, run=run, read=read,
+                                 precision="fp32"))
