@@ -134,11 +134,15 @@ class Result:
         """A few lines for people: the headline first, then the numbers that support it."""
         return self._headline()
 
+    def _summary(self) -> str:
+        """`summary()` read off the class (a dataclass may hold a field called `summary`)."""
+        return type(self).summary(self)
+
     def _headline(self) -> str:
         """One line: the first of the class's own `summary()`, else its `describe()` when that needs no argument,
         else its fields."""
         if type(self).summary is not Result.summary:
-            return self.summary().splitlines()[0] if self.summary() else ""
+            return (self._summary().splitlines() or [""])[0]
         describe = _no_argument_method(self, "describe")
         return describe() if describe is not None else fields_line(self)
 
@@ -146,7 +150,7 @@ class Result:
         return f"<{type(self).__name__}: {headline(self)}>"
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # IPython's plain-text display: the summary
-        printer.text(repr(self) if cycle else self.summary())
+        printer.text(repr(self) if cycle else self._summary())
 
     def _html_tables(self) -> list[tuple[str, Any]]:
         """(caption, DataFrame) pairs shown under the summary in Jupyter: the result's own table if it has one."""
@@ -160,7 +164,7 @@ class Result:
         return f"<table>{cells}</table>" if cells else ""
 
     def _repr_html_(self) -> str:
-        lines = self.summary().splitlines() or [""]
+        lines = self._summary().splitlines() or [""]
         first, rest = (self._headline(), lines) if len(lines) == 1 else (lines[0], lines[1:])
         parts = [f"<div class=\"markov-interp-result\"><p><b>{html.escape(type(self).__name__)}</b>: "
                  f"{html.escape(first)}</p>"]
@@ -188,7 +192,7 @@ class Result:
 
 
 _ALWAYS = ("__repr__", "_repr_pretty_")  # put over the dataclass's own
-_UNLESS_WRITTEN = ("summary", "_headline", "_html_tables", "_html_fields", "_repr_html_", "to_dict")
+_UNLESS_WRITTEN = ("summary", "_summary", "_headline", "_html_tables", "_html_fields", "_repr_html_", "to_dict")
 
 
 def displayed(cls: Optional[type] = None, *, line: Optional[Callable[[Any], str]] = None) -> Any:

@@ -450,9 +450,9 @@ def checked(fn: Any) -> Any:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as err:  # a missing or unknown argument: Python's own message, with the probe's name
+        try:  # the types of what was given first; a missing argument is then Python's own error
+            bound = signature.bind_partial(*args, **kwargs)
+        except TypeError as err:  # an unknown or surplus argument: Python's own message, with the probe's name
             raise TypeError(f"{fn.__name__}: {err}") from None
         for name, value in bound.arguments.items():
             spec = checks.get(name)

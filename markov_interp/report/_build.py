@@ -64,7 +64,7 @@ class Report:
 
     @functools.cached_property
     def html(self) -> str:
-        return document(self.title, self.sections, intro=self.intro, lead=_LEAD)
+        return document(self.title, self.sections, intro=self.intro, lead=min(_LEAD, len(self.sections)))
 
     def section(self, section_id: str) -> Section:
         """The section called `section_id` (one of `SECTION_IDS`)."""
