@@ -26,7 +26,7 @@ from markov_interp import dynamics, models, probes, theory
 from markov_interp._display import displayed, headline
 from markov_interp.data import Source
 from markov_interp.theory import ReferenceLosses
-from markov_interp.training import RunConfig, runfolder
+from markov_interp.training import RunConfig, resolve_device, runfolder
 from markov_interp.report import figures
 from markov_interp.report.circuits import (
     circuit_diagram,
@@ -626,7 +626,7 @@ def build(
     seed: int = 0,
     sample_len: int = 40,
     max_checkpoints: int = 8,
-    device: Any = "cpu",
+    device: Any = "auto",
     progress: bool = False,
 ) -> Report:
     """Probe the run saved in `run_dir` and lay out its report (nothing is written; call `.save()`).
@@ -641,7 +641,8 @@ def build(
         n_sequences, seq_len, seed: the probe batch.
         sample_len: states of the first sequence shown in the attention patterns.
         max_checkpoints: checkpoints re-probed (evenly spread, first and last kept).
-        device: where the model is probed ("cpu", "cuda", ...).
+        device: where the model is probed: "auto" (cuda when available, else cpu; the command line's default too),
+            "cpu", "cuda", ...
         progress: show a progress bar over the stages (tqdm).
 
     Returns:
@@ -652,6 +653,7 @@ def build(
     _check_counts(n_sequences=n_sequences, sample_len=sample_len, max_checkpoints=max_checkpoints)
     run_dir = Path(run_dir)
     run = _load_run(run_dir)
+    device = resolve_device(device) if isinstance(device, str) else device
     bar = _progress(len(SECTION_IDS) + 1, progress, "report")
     with bar:
         model = runfolder.load_model(run_dir, device=device, expect=run.model)
@@ -680,6 +682,7 @@ def build(
                   run_dir=run_dir)
 
 
+@probes.checked  # a wrong argument type: a TypeError naming the parameter, as for the probes
 def from_model(
     model: models.HookedModel,
     source: Source,
@@ -708,7 +711,6 @@ def from_model(
 
     >>> # report.from_model(model, RandomMarkov(3)).save("model-report.html")
     """
-    probes.check_argument("model", model, models.HookedModel, "a TransformerLens hooked model")
     _check_counts(n_sequences=n_sequences, sample_len=sample_len)
     with _progress(len(MODEL_SECTION_IDS), progress, "report") as bar:
         batch, mech, cache = _probe(model, source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
