@@ -193,8 +193,8 @@ def position_patching_figure(result: Any) -> Figure:
 def circuit_section(model: "HookedModel", mech: "probes.MechanismReport", batch: "probes.ProbeBatch", *,
                     max_positions: int = 48) -> "Section":
     """The report's "circuit" section: the diagram of the circuit `classify_mechanism` found and its strongest
-    edges (the OV / QK, direct logit attribution and patching-by-position sections are `report._build`'s)."""
-    from markov_interp import probes
+    edges (the OV / QK, direct logit attribution and patching-by-position sections are `report._build`'s; `model`,
+    `batch` and `max_positions` are kept for callers of the earlier signature)."""
     from markov_interp.report._html import Section, paragraph, table
 
     graph = mech.circuit
