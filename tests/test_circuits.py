@@ -517,10 +517,11 @@ def test_circuit_section_draws_in_a_real_browser_without_the_network(tmp_path):
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(path.resolve().as_uri(), wait_until="load")
             page.wait_for_timeout(300)
-            edges = page.evaluate("() => [...document.querySelectorAll('svg.circuit-diagram path.edge')]"
-                                  ".map(p => p.getBBox().height)")
-            labels = page.evaluate("() => [...document.querySelectorAll('svg.circuit-diagram text')]"
-                                   ".map(t => t.textContent)")
+            # the circuit section's diagram (the first screen shows the same one)
+            edges = page.evaluate("() => [...document.querySelectorAll('#section-circuit svg.circuit-diagram "
+                                  "path.edge')].map(p => p.getBBox().height)")
+            labels = page.evaluate("() => [...document.querySelectorAll('#section-circuit svg.circuit-diagram "
+                                   "text')].map(t => t.textContent)")
         finally:
             browser.close()
     assert len(edges) == len(rep.mechanism.circuit.kept) == 8 and min(edges) > 10  # drawn, not degenerate

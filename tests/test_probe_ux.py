@@ -251,7 +251,8 @@ def _result_types() -> dict[str, type]:
 def test_every_result_type_is_enumerated(examples):
     names = set(_result_types())
     assert {"MechanismReport", "LogitAttribution", "PositionPatching", "KernelSwap", "Gains", "LawCheck", "Edge",
-            "SwapPlan", "Role", "ProbeBatch", "TokenStatistics", "TrainResult", "Survival", "Report"} <= names
+            "SwapPlan", "Role", "ProbeBatch", "TokenStatistics", "CircuitFormation", "TrainResult", "Survival",
+            "Report"} <= names
     assert set(examples) == names, set(examples) ^ names
 
 
@@ -268,6 +269,8 @@ def _probe_examples(circuit, mech, batch) -> dict:
         "PatchingResult": probes.activation_patching(circuit, clean, corrupted),
         "SwapPlan": probes.swap_plan(TERNARY, n_sequences=4, seq_len=16, seed=0),
         "TokenStatistics": probes.token_statistics(batch, vocab=3),
+        "CircuitFormation": probes.circuit_formation([(1, circuit), (2, circuit)], TERNARY, n_sequences=4,
+                                                     seq_len=16),
     }
 
 
