@@ -4,7 +4,7 @@ measured the same way on the same machine.
 
     python benchmarks/bench_report.py [RUN_DIR] [--repeat 3] [--threads 1]
 
-Without RUN_DIR the quickstart run is trained first (`markov-interp train --out TMP/quickstart`, the README's
+No progress bar is drawn (stderr is not a terminal). Without RUN_DIR the quickstart run is trained first (`markov-interp train --out TMP/quickstart`, the README's
 command). Each measurement is a fresh process (`os.wait4`: user + system CPU seconds and the peak resident set);
 the best of `--repeat` runs is printed, then the report's excess over the floor and their ratio, which is what to
 hold as the machine changes (the floor is the part a report cannot avoid while it probes a TransformerLens model).
@@ -49,8 +49,7 @@ def main() -> None:
         floor, report = [], []
         for _ in range(args.repeat):  # interleaved: both sides see the same load
             floor.append(measure([sys.executable, "-c", FLOOR.format(run=run)], env))
-            report.append(measure(cli + ["report", run, "--out", str(Path(tmp) / "report.html"), "--no-progress"],
-                                  env))
+            report.append(measure(cli + ["report", run, "--out", str(Path(tmp) / "report.html")], env))
     (f_cpu, f_mb), (r_cpu, r_mb) = min(floor), min(report)
     print(f"floor (imports + the hooked model): {f_cpu:.2f} s CPU, {f_mb:.0f} MB peak")
     print(f"markov-interp report:                {r_cpu:.2f} s CPU, {r_mb:.0f} MB peak")

@@ -185,9 +185,11 @@ def gains_text(mech: probes.MechanismReport, *, short: bool = False) -> str:
     if short:
         return f"not shown: a fixed chain has no in-context component (the kernel swap decides instead: {fraction})"
     return ("not shown: every sequence of this source has the same kernel, so the task has no in-context "
-            "component; the in-context laws of every order converge to that kernel and the steps between them "
-            "are too small to grade. Whether the model holds the kernel in its weights is the kernel swap's "
-            f"question: {fraction} on sequences of another kernel (0: from the weights, 1: from the context).")
+            "component. A model that holds the kernel in its weights does better than the in-context laws from the "
+            "first position, so g_k would grade the kernel, not in-context learning (g_1 above 1), and where the "
+            "step between two laws is narrow (uniform to in-context unigram, for a nearly uniform pi) its ratio is "
+            "noise. Whether the model predicts from its weights or from the context is the kernel swap's question: "
+            f"{fraction} on sequences of another kernel (0: from the weights, 1: from the context).")
 
 
 def shown_reasons(mech: probes.MechanismReport) -> list[str]:
