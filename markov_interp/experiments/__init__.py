@@ -57,6 +57,7 @@ a,b,c) work for it, and `reproduce --extras` runs it at its full budget into OUT
 
 import argparse
 import importlib
+import json
 import pkgutil
 import sys
 import typing
