@@ -37,6 +37,8 @@ from typing import Any, Optional
 import numpy as np
 from jaxtyping import Float
 
+from markov_interp._display import displayed
+
 __all__ = [
     "FRACTIONS", "ESCAPE_FRACTION", "DWELL", "MIN_RUNS", "MIN_GAP",
     "StepInterval", "ExcessCurve", "curve_from_metrics",
@@ -92,6 +94,8 @@ class StepInterval:
         return str(self.by) if self.by == self.after + 1 else f"({self.after}, {self.by}]"
 
 
+@displayed(line=lambda c: f"{len(c.steps)} evaluations, steps {c.steps[0]}..{c.steps[-1]}; fraction of the plateau "
+                          f"excess left at the last {c.left[-1]:.3f}")
 @dataclasses.dataclass(frozen=True)
 class ExcessCurve:
     """A run's paired excess losses (nats) at its evaluation `steps`: `excess[i]` = model - true law and
@@ -196,6 +200,8 @@ def crossings(curve: ExcessCurve, fractions: Sequence[float] = FRACTIONS, *,
     return {float(f): crossing(curve, f, dwell=dwell) for f in fractions}
 
 
+@displayed(line=lambda r: f"escape {r.escape} (dwell {r.dwell}); crossings "
+                          + ", ".join(f"{f:g}: {x}" for f, x in r.crossings.items()))
 @dataclasses.dataclass(frozen=True)
 class RunDynamics:
     """One run: its excess curve and its crossing of each line (`crossings`) under one `dwell`."""
@@ -411,6 +417,7 @@ def _loglog_band(s: float, greenwood: float, z: float) -> tuple[float, float]:
     return s ** math.exp(half), s ** math.exp(-half)
 
 
+@displayed
 @dataclasses.dataclass(frozen=True)
 class Quantile:
     """Where a condition's survival falls to 1 - p (p = ½: the median crossing), as the grid interval it is.
@@ -441,6 +448,7 @@ class Quantile:
         return f"{self.estimate}, {self.confidence:.0%} CI ({lo}, {'not reached)' if hi is None else f'{hi}]'}"
 
 
+@displayed(line=lambda s: f"{s.n} runs, {s.n_censored} censored; median crossing {s.median().describe()}")
 @dataclasses.dataclass(frozen=True)
 class Survival:
     """One condition's S(t) = P(a run's crossing comes after step t), estimated over its runs.
@@ -547,6 +555,8 @@ def wilson_interval(successes: int, n: int, *, confidence: float = 0.95) -> tupl
 
 
 # ------------------------------------------------------------------------------------------- curves
+@displayed(line=lambda m: f"median over {m.n} runs at {len(m.steps)} steps; fraction of the plateau excess left at "
+                          f"the last {m.median[-1]:.3f}")
 @dataclasses.dataclass(frozen=True)
 class MedianCurve:
     """A condition's median excess curve: at each evaluation step all its runs share, the median over runs of
@@ -604,6 +614,7 @@ def median_curve(curves: Sequence[ExcessCurve], *, band: tuple[float, float] = (
                        (float(band[0]), float(band[1])), len(curves))
 
 
+@displayed
 @dataclasses.dataclass(frozen=True)
 class ConditionDynamics:
     """One condition over its runs: survival of the crossing at each line and the median excess curve."""
@@ -684,6 +695,7 @@ def logrank_test(a: Sequence[StepInterval], b: Sequence[StepInterval]) -> tuple[
 Bounds = tuple[Optional[float], Optional[float]]
 
 
+@displayed
 @dataclasses.dataclass(frozen=True)
 class FractionComparison:
     """Two conditions' crossings of one line: their median crossings (`Quantile`), the difference `b - a` and
@@ -738,6 +750,7 @@ def _fmt_bounds(bounds: Optional[Bounds], unit: str) -> str:
     return "[no interval]" if bounds is None else f"[{one(bounds[0])}, {one(bounds[1])}]"
 
 
+@displayed(line=lambda a: f"area {a.area:+.3g} between the median curves over steps {a.span[0]}-{a.span[1]}")
 @dataclasses.dataclass(frozen=True)
 class AreaComparison:
     """The area between two conditions' median excess curves, ∫ (median_b - median_a) dt over `span` (the
@@ -765,6 +778,7 @@ class AreaComparison:
         return f"{self.area:+.3g} [" + ", ".join("?" if x is None else f"{x:+.3g}" for x in self.interval) + "]"
 
 
+@displayed
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """Two conditions compared at every line (`fractions`) and by the area between their median curves."""

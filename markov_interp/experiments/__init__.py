@@ -64,6 +64,7 @@ import typing
 from pathlib import Path
 from typing import Any, Optional
 
+from markov_interp.config import parse_setting, parse_value
 from markov_interp.experiments._base import (RESULTS_FILE, SMOKE, SUMMARY_FILE, Budget, Experiment, Finished,
                                              Provenance, Section, Summary, Table, describe_device, render_markdown,
                                              run, smoke_note, write_summary)
@@ -154,15 +155,17 @@ def load(path: "str | Path", name: Optional[str] = None) -> Finished:
 # ---------------------------------------------------------------------------------------- the command line
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every experiment takes (`python -m markov_interp.experiments` and `markov-interp experiment`)."""
-    parser.add_argument("--out", default="runs/experiments",
-                        help="each experiment goes to OUT/NAME: run folders, summary.md, results.json, figures")
+    parser.add_argument("--out", default="runs/experiments", metavar="DIR",
+                        help="each experiment goes to DIR/NAME: run folders, summary.md, results.json, figures")
     parser.add_argument("--quick", action="store_true", help="the quick budget (its cuts say what it leaves out)")
     parser.add_argument("--budget", default=None, help="a named budget (default full; --quick: quick)")
     parser.add_argument("--seeds", type=int, default=None, help="override the budget's seeds per condition")
     parser.add_argument("--steps", type=int, default=None, help="override the budget's steps")
-    parser.add_argument("--device", default=None, help="override the budget's device (auto, cpu, cuda, ...)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override any budget field (JSON or text; a list as a,b,c); repeatable")
+    parser.add_argument("--device", default="auto", metavar="DEVICE",
+                        help="where the runs train: auto (default: cuda when available, else cpu), cpu, cuda, cuda:1")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any budget field, e.g. --set seeds=4 (values as JSON or text; a list as "
+                        "a,b,c); repeatable")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -177,33 +180,20 @@ def budget_for(experiment: Experiment, args: Optional[argparse.Namespace] = None
     changes = {k: getattr(args, k) for k in ("seeds", "steps", "device") if getattr(args, k) is not None}
     base = experiment.budget(name)
     for item in args.set:
-        field, sep, text = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set takes FIELD=VALUE, got {item!r}")
-        changes[field.strip()] = _parse_value(type(base), field.strip(), text)
+        field, value = parse_setting(item)
+        changes[field] = _parse_value(type(base), field, value)
     return experiment.budget(name, **changes)
 
 
-def _parse_value(cls: type, field: str, text: str) -> Any:
-    """A --set value: JSON when it is JSON, else text; for a tuple field, text "a,b" is the list [a, b] and one
-    value is a list of one."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = text
+def _parse_value(cls: type, field: str, value: Any) -> Any:
+    """A --set value (`config.parse_value`'s) for `field` of the budget class `cls`: for a tuple field, text "a,b"
+    is the list [a, b] and one value is a list of one."""
     kind = typing.get_type_hints(cls).get(field)
     if typing.get_origin(kind) is tuple:  # a list field: "a,b" or a JSON list
         if isinstance(value, str):
-            value = [_parse_value_item(part.strip()) for part in value.split(",")]
+            value = [parse_value(part.strip()) for part in value.split(",")]
         value = tuple(value) if isinstance(value, list) else (value,)  # one JSON scalar ("2") is a list of one
     return value
-
-
-def _parse_value_item(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def run_many(names: list[str], out_dir: "str | Path", *, command: str, args: Optional[argparse.Namespace] = None,

@@ -31,10 +31,13 @@ never write files, plot, or write into a cache. One module per idea:
 >>> # classify_mechanism(model, RandomMarkov(3), seed=0).mechanism
 """
 
+import inspect
+
 from markov_interp.probes._common import (
     DEFAULT_PROBE_LENGTH,
     ProbeBatch,
     ProbeLengthWarning,
+    checked,
     in_context_unigram_probs,
     kernel_probs,
     next_state_probs,
@@ -59,14 +62,17 @@ from markov_interp.probes.ablation import (
 )
 from markov_interp.probes.attention import (
     AttentionScores,
+    TokenStatistics,
     attention_scores,
     induction_baseline,
     induction_keys,
     induction_score,
     previous_token_score,
     same_token_score,
+    token_statistics,
     uniform_causal_pattern,
 )
+from markov_interp.probes._display import ProbeResult, headline
 from markov_interp.probes.behaviour import (
     BehaviourReport,
     add_beta_predictor,
@@ -137,5 +143,14 @@ __all__ = [
     "set_component", "spread_previous_token_excess", "state_and_counts_probs", "state_dependence",
     "stationary_probs", "strategy_probs", "strategy_similarity", "swap_plan", "total_variation",
     "uniform_causal_pattern", "PositionPatching", "patching_by_position", "LogitAttribution",
-    "direct_logit_attribution", "ov_circuits", "qk_circuits",
+    "direct_logit_attribution", "ov_circuits", "qk_circuits", "TokenStatistics", "token_statistics", "checked",
+    "ProbeResult", "headline",
 ]
+
+# Every public probe is exported with its argument types checked (`checked`: a TypeError naming the parameter
+# and what it takes); the modules keep the unwrapped functions for the package's own calls.
+for _name in __all__:
+    _value = globals()[_name]
+    if inspect.isfunction(_value) and _name not in ("checked", "headline"):
+        globals()[_name] = checked(_value)
+del _name, _value

@@ -41,7 +41,7 @@ def entry_step(steps: Sequence[int], kept: Sequence[bool]) -> Optional[int]:
     return entered
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)  # repr: ProbeResult's one line, not every graph
 class CircuitFormation(ProbeResult):
     """The circuit at every checkpoint (`graphs`, one `CircuitGraph` per step of `steps`, all on one probe batch).
 

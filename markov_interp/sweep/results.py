@@ -9,6 +9,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Optional
 
 from markov_interp import dynamics
+from markov_interp._display import displayed
 from markov_interp.training import TrainResult
 
 __all__ = ["outcome", "ProbeColumns", "CellResult", "STUCK_FRACTION", "MIN_GAP", "finite"]
@@ -57,6 +58,7 @@ def finite(value: Any) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
+@displayed(line=lambda p: f"{p.mechanism} (order {p.order}, confident {p.confident}), faithfulness {p.faithfulness}")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ProbeColumns:
     """A cell's mechanism and key probe scores, read off `probes.classify_mechanism`'s `MechanismReport`.
@@ -91,6 +93,8 @@ class ProbeColumns:
     faithfulness: Optional[float] = None  # of the circuit path patching kept
 
 
+@displayed(line=lambda r: f"{r.outcome}: eval loss {r.final_eval_loss:.4f} at step {r.final_step}, escape {r.crossing()}"
+                          + (f", {r.probe.mechanism}" if r.probe is not None else ""))
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CellResult:
     """What a finished cell adds to its row: final losses beside `theory`'s references, where the final loss
