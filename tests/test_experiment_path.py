@@ -195,7 +195,7 @@ def test_cli_experiment_runs_a_registered_experiment_and_lists_them(toy_register
 
     assert cli.main(["experiment", "--list"]) == 0
     listed = capsys.readouterr().out
-    assert "interventions: Interventions during training (budgets: quick, full)" in listed
+    assert "interventions: Interventions during training (budgets: quick, standard, full)" in listed
     assert "toy: Toy experiment" in listed
     assert cli.main(["experiment", "toy", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
     assert json.loads((tmp_path / "toy" / "results.json").read_text())["budget"]["name"] == "quick"

@@ -51,7 +51,7 @@ name starts with "_" are not experiments) that provides
    then gives it without training, and `markov_interp.findings` renders docs from it.
 
 Then `python -m markov_interp.experiments --only foo --quick`, `markov-interp experiment foo --quick`,
-`--seeds N`, `--steps N`, `--device D` and `--set FIELD=VALUE` (any budget field; JSON or text, lists as
+`--seeds N`, `--steps N`, `--device D` and `--set KEY=VALUE` (any budget field; JSON or text, lists as
 a,b,c) work for it, and `reproduce --extras` runs it at its full budget into OUT/foo.
 """
 
