@@ -150,12 +150,23 @@ def test_cell_summaries_count_seeds_with_wilson_intervals_and_claims_follow_them
     assert two["median_order"] == 1 and one["median_order"] == 0
     assert one["circuit"]["classified"]["labels"] == {"state_and_counts": 1}
     rows = phases.claims(cells)
-    verdicts = {(r["paper"], r["shape"]): r["verdict"] for r in rows}
-    # depth 1 never reaches the bigram law: the learn-not claim reproduces; 5/6 at depth 2 is "mixed" (Wilson
-    # interval [0.44, 0.97] straddles 1/2); claims on cells this grid lacks have no row
-    assert verdicts[("Edelman et al. 2024", "L1 x1")] == "reproduced"
-    assert verdicts[("Edelman et al. 2024", "L2 x1")] == "mixed"
-    assert all(r["shape"] in ("L1 x1", "L2 x1") and r["order"] == 1 for r in rows)
+    verdicts = {(r["paper"], r["family"], r["shape"], r["order"]): r["verdict"] for r in rows}
+    # depth 1 never reaches the bigram law: the learn-not claim holds; 5/6 at depth 2 is not resolved (Wilson
+    # interval [0.44, 0.97] straddles 1/2); claims on cells this grid lacks are "not tested"
+    assert verdicts[("Edelman et al. 2024", "layernorm", "L1 x1", 1)] == "holds"
+    assert verdicts[("Edelman et al. 2024", "layernorm", "L2 x1", 1)] == "not resolved (mixed)"
+    assert verdicts[("Edelman et al. 2024", "attention-only", "L2 x1", 1)] == phases.NOT_TESTED
+    assert verdicts[("Rajaraman et al. 2024", "layernorm", "L3 x1", 3)] == phases.NOT_TESTED
+    tested = [r for r in rows if r["verdict"] not in (phases.NOT_TESTED, "(the comparison)")]
+    assert all(r["shape"] in ("L1 x1", "L2 x1") and r["order"] == 1 for r in tested)
+    assert {r["paper"] for r in rows} == {"Rajaraman et al. 2024", "Ekbote et al. 2025", "Nichani et al. 2024",
+                                          "Edelman et al. 2024"}  # every cited claim has its rows
+    # a comparison: 5/6 against 0/6 at order 1 (LayerNorm against attention-only, Rajaraman) is resolved
+    versus = phases.claims(phases.cell_summaries(
+        records + [_record("attention-only", (1, 1), 1, s, 0) for s in range(6)]))
+    row = next(r for r in versus if r["claim"].startswith("LayerNorm is what") and r["order"] == 1
+               and r["family"] == "layernorm")
+    assert row["verdict"].startswith("holds (ahead of attention-only L2 x1)")
     table, csv = phases.cells_table(cells), phases.cells_csv(cells)
     assert len(table.rows) == len(csv.rows) == 2
     assert dict(zip(csv.columns, csv.rows[1]))["reached_1"] == f"{5 / 6:.4g}"
