@@ -256,6 +256,17 @@ def test_transitions_and_cells_from_records():
     assert [c["inference"]["k"] for c in cells] == [0, 0, 3]
     assert cells[0]["in"]["excess_pool_bayes"]["mean"] == pytest.approx(0.2)
     assert len(diversity.cells_csv(cells).rows) == 3 and len(diversity.references_table(cells).rows) == 3
+    # the claims: N* reached inside the grid (Raventós); retrieval at N = 1 and inference at N = 16 are each 3/3,
+    # whose Wilson intervals [0.44, 1] straddle 1/2: not resolved with 3 seeds, held with 8
+    claims = {paper: verdict for paper, _, _, verdict in diversity.claims(cells, trans)}
+    assert claims["Raventós et al. 2023"] == "holds" and claims["Park et al. 2024"] == "not resolved (mixed)"
+    more = [record(n, s, v) for n, v in ((1, 0.0), (4, 0.0), (16, 1.0)) for s in range(8)]
+    more_claims = diversity.claims(diversity.cell_summaries(more), diversity.transitions(more, budget))
+    assert {paper: verdict for paper, _, _, verdict in more_claims}["Park et al. 2024"] == "holds"
+    never = [record(n, s, 0.0) for n in (1, 4, 16) for s in range(8)]
+    never_claims = diversity.claims(diversity.cell_summaries(never), diversity.transitions(never, budget))
+    assert {p: v for p, _, _, v in never_claims}["Raventós et al. 2023"].startswith("fails")
+    assert diversity.claims([], {})[0][-1] == "not tested at this budget"
 
 
 # ------------------------------------------------------------------------------------------- end to end
