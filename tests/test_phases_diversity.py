@@ -3,6 +3,7 @@ mechanism is known, the per-cell statistics, the claims' verdicts, the transitio
 crossing, the pool's unigram-retrieval law against enumeration, and (slow) both experiments end to end at their
 smoke-test budget through the registry."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -55,6 +56,26 @@ def test_phase_specs_cover_every_order_shape_and_seed():
              for h, k, seed in itertools.product(s.grid["model.n_heads"], s.grid["source.order"], s.seeds)]
     assert len(cells) == len(set(cells)) == 2 * 3 * 2 * 2
     assert {c[1] for c in cells} == {(1,), (2, 1), (1, 1)}
+
+
+def test_formation_runs_are_the_grid_runs_with_checkpoints():
+    """The formation specs repeat the grid's first seeds with checkpoints, and saving checkpoints does not change
+    training: the same config with and without them ends at the same weights, bit for bit."""
+    from markov_interp.training import train_many
+
+    budget = phases.TINY.replace(seeds=3, formation_seeds=2)
+    grid = {(c.config.train.replace(n_checkpoints=0), c.config.model, c.config.source)
+            for s in phases.phase_specs(budget) for c in s.cells()}
+    formation = [c.config for s in phases.formation_specs(budget) for c in s.cells()]
+    assert len(formation) == 2 * 2 * 2 and {r.train.seed for r in formation} == {0, 1}
+    assert all(r.train.n_checkpoints == budget.formation_checkpoints for r in formation)
+    assert all((r.train.replace(n_checkpoints=0), r.model, r.source) in grid for r in formation)
+    assert phases.formation_specs(budget.replace(formation_seeds=0)) == []
+    run = formation[-1]
+    (plain,) = train_many([dataclasses.replace(run, train=run.train.replace(n_checkpoints=0))], models_out=True)
+    (saved,) = train_many([run], models_out=True)
+    for (name, a), b in zip(plain.model.state_dict().items(), saved.model.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_diversity_specs_grid_the_pool_sizes_and_fresh_kernels():
@@ -129,12 +150,23 @@ def test_cell_summaries_count_seeds_with_wilson_intervals_and_claims_follow_them
     assert two["median_order"] == 1 and one["median_order"] == 0
     assert one["circuit"]["classified"]["labels"] == {"state_and_counts": 1}
     rows = phases.claims(cells)
-    verdicts = {(r["paper"], r["shape"]): r["verdict"] for r in rows}
-    # depth 1 never reaches the bigram law: the learn-not claim reproduces; 5/6 at depth 2 is "mixed" (Wilson
-    # interval [0.44, 0.97] straddles 1/2); claims on cells this grid lacks have no row
-    assert verdicts[("Edelman et al. 2024", "L1 x1")] == "reproduced"
-    assert verdicts[("Edelman et al. 2024", "L2 x1")] == "mixed"
-    assert all(r["shape"] in ("L1 x1", "L2 x1") and r["order"] == 1 for r in rows)
+    verdicts = {(r["paper"], r["family"], r["shape"], r["order"]): r["verdict"] for r in rows}
+    # depth 1 never reaches the bigram law: the learn-not claim holds; 5/6 at depth 2 is not resolved (Wilson
+    # interval [0.44, 0.97] straddles 1/2); claims on cells this grid lacks are "not tested"
+    assert verdicts[("Edelman et al. 2024", "layernorm", "L1 x1", 1)] == "holds"
+    assert verdicts[("Edelman et al. 2024", "layernorm", "L2 x1", 1)] == "not resolved (mixed)"
+    assert verdicts[("Edelman et al. 2024", "attention-only", "L2 x1", 1)] == phases.NOT_TESTED
+    assert verdicts[("Rajaraman et al. 2024", "layernorm", "L3 x1", 3)] == phases.NOT_TESTED
+    tested = [r for r in rows if r["verdict"] not in (phases.NOT_TESTED, "(the comparison)")]
+    assert all(r["shape"] in ("L1 x1", "L2 x1") and r["order"] == 1 for r in tested)
+    assert {r["paper"] for r in rows} == {"Rajaraman et al. 2024", "Ekbote et al. 2025", "Nichani et al. 2024",
+                                          "Edelman et al. 2024"}  # every cited claim has its rows
+    # a comparison: 5/6 against 0/6 at order 1 (LayerNorm against attention-only, Rajaraman) is resolved
+    versus = phases.claims(phases.cell_summaries(
+        records + [_record("attention-only", (1, 1), 1, s, 0) for s in range(6)]))
+    row = next(r for r in versus if r["claim"].startswith("LayerNorm is what") and r["order"] == 1
+               and r["family"] == "layernorm")
+    assert row["verdict"].startswith("holds (ahead of attention-only L2 x1)")
     table, csv = phases.cells_table(cells), phases.cells_csv(cells)
     assert len(table.rows) == len(csv.rows) == 2
     assert dict(zip(csv.columns, csv.rows[1]))["reached_1"] == f"{5 / 6:.4g}"
@@ -224,6 +256,17 @@ def test_transitions_and_cells_from_records():
     assert [c["inference"]["k"] for c in cells] == [0, 0, 3]
     assert cells[0]["in"]["excess_pool_bayes"]["mean"] == pytest.approx(0.2)
     assert len(diversity.cells_csv(cells).rows) == 3 and len(diversity.references_table(cells).rows) == 3
+    # the claims: N* reached inside the grid (Raventós); retrieval at N = 1 and inference at N = 16 are each 3/3,
+    # whose Wilson intervals [0.44, 1] straddle 1/2: not resolved with 3 seeds, held with 8
+    claims = {paper: verdict for paper, _, _, verdict in diversity.claims(cells, trans)}
+    assert claims["Raventós et al. 2023"] == "holds" and claims["Park et al. 2024"] == "not resolved (mixed)"
+    more = [record(n, s, v) for n, v in ((1, 0.0), (4, 0.0), (16, 1.0)) for s in range(8)]
+    more_claims = diversity.claims(diversity.cell_summaries(more), diversity.transitions(more, budget))
+    assert {paper: verdict for paper, _, _, verdict in more_claims}["Park et al. 2024"] == "holds"
+    never = [record(n, s, 0.0) for n in (1, 4, 16) for s in range(8)]
+    never_claims = diversity.claims(diversity.cell_summaries(never), diversity.transitions(never, budget))
+    assert {p: v for p, _, _, v in never_claims}["Raventós et al. 2023"].startswith("fails")
+    assert diversity.claims([], {})[0][-1] == "not tested at this budget"
 
 
 # ------------------------------------------------------------------------------------------- end to end
@@ -239,7 +282,16 @@ def test_tiny_budget_end_to_end_through_the_registry(tmp_path, name):
     assert data["budget"]["name"] == "tiny" and data["result"]["runs"]
     assert all(r["status"] == "ok" for r in data["result"]["runs"])
     assert "smoke test" in (tmp_path / "summary.md").read_text()
+    if name == "phases":  # seed 0 of every cell followed over training: one row per cell, a circuit per checkpoint
+        formation = data["result"]["formation"]
+        assert len(formation) == len({(tuple(r["heads"]), r["order"]) for r in data["result"]["runs"]})
+        assert all(len(f["formation"]["faithfulness"]) == len(f["formation"]["steps"]) >= 3 for f in formation)
+        assert "## Circuits over training" in (tmp_path / "summary.md").read_text()
     # a rerun reuses the finished runs and their cached measures
     again = experiments.run(experiment, tmp_path, budget=experiment.budget("tiny", workers=1))
     assert json.loads((tmp_path / "results.json").read_text())["result"]["runs"] == data["result"]["runs"]
     assert again.failed == 0
+    # read back with no training (`experiments.load`): every cell summary recomputed from the recorded runs
+    back = experiments.load(tmp_path)
+    assert back.name == name and back.budget == experiment.budget("tiny", workers=1)
+    assert json.dumps(back.result.to_json(), sort_keys=True) == json.dumps(data["result"], sort_keys=True)

@@ -61,7 +61,7 @@ from markov_interp.probes._common import (
     probe_length,
     sample_batch,
 )
-from markov_interp.probes._display import ProbeResult, evidence_tables
+from markov_interp.probes._display import ProbeResult, displayed, evidence_tables, headline
 from markov_interp.probes.ablation import AblationTable, ablation_table, model_components
 from markov_interp.probes.attention import AttentionScores, attention_hook_names, attention_scores
 from markov_interp.probes.behaviour import BehaviourReport, behaviour
@@ -103,6 +103,7 @@ _LABEL_OF_LAW = {"uniform": "uniform", "stationary": "unigram", "in_context_unig
                  STATE_AND_COUNTS: "state_and_counts"}
 
 
+@displayed
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Thresholds:
     """The documented cut-offs of `classify_mechanism` (module docstring), with the distributions they were read

@@ -76,7 +76,7 @@ from markov_interp.probes._common import (
     probe_length,
     sample_batch,
 )
-from markov_interp.probes._display import ProbeResult, dataframe
+from markov_interp.probes._display import ProbeResult, dataframe, displayed
 from markov_interp.probes.joint import (
     CANCEL_FRACTION,
     MAX_PAIR_EDGES,
@@ -104,6 +104,7 @@ __all__ = ["CANCEL_FRACTION", "CANDIDATE_FRACTION", "CIRCUIT_SEQUENCES", "CORRUP
            "POSITIONS", "PassResult", "TARGET_FAITHFULNESS", "discover_circuit", "kept_edges"]
 
 
+@displayed(line=lambda e: f"{e.name}: effect {e.effect:+.4f} +- {e.se:.4f} nats, gradient {e.attribution:+.4f}")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Edge:
     """One edge with its path-patching effects: corrupting `sender` where `receiver` reads it through `input`

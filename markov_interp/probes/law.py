@@ -30,6 +30,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from markov_interp._display import displayed
 from markov_interp.probes._common import Tokens, json_safe
 from markov_interp.probes.gains import Gains
 from markov_interp.probes.strategies import StrategySimilarity
@@ -39,6 +40,7 @@ STATUSES = ("reached", "miscalibrated", "between")
 _BISECTIONS = 60
 
 
+@displayed(line=lambda c: f"{c.law}: fit {c.fit_ratio:.3f}, margin {c.margin_ratio:.3f}, passed {c.passed}")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LawCheck:
     """The closest law and the two checks it must pass to be the model's law (module docstring)."""
