@@ -35,7 +35,7 @@ from markov_interp.probes._common import Tokens, json_safe
 from markov_interp.probes.gains import Gains
 from markov_interp.probes.strategies import StrategySimilarity
 
-TEMPERATURE_RANGE = (0.1, 10.0)  # the temperatures a fit may take; at an edge the fitted check is not used
+TEMPERATURE_RANGE = (0.01, 100.0)  # the temperatures a fit may take; at an edge the fitted check is not used
 STATUSES = ("reached", "miscalibrated", "between")
 _BISECTIONS = 60
 
@@ -124,7 +124,7 @@ def fit_temperature(logits: Float[Tensor, "batch pos vocab"], tokens: Tokens) ->
 
     >>> logits = torch.tensor([[[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]]])
     >>> round(fit_temperature(logits, torch.tensor([[0, 1, 1]])), 3)  # one miss in two: no confidence at all
-    10.0
+    100.0
     """
     z = logits.detach().double()[:, :-1]
     z = z - z.mean(-1, keepdim=True)
