@@ -215,7 +215,7 @@ CIRCUITS = {
 @pytest.mark.parametrize("name", list(CIRCUITS))
 def test_kept_edges_of_handbuilt_induction_circuits_are_exactly_the_intended_ones(name):
     make, source, order, prev, induction = CIRCUITS[name]
-    graph = _discover(make(), source)
+    graph = _discover(make(), source, method="exact")  # every edge measured (auto: test_attribution_then_verify_...)
     intended = intended_induction_edges(order, prev=prev, induction=induction)
     # the positional pass adds the previous-token heads' position reads (their queries and keys)
     assert set(graph.kept_names) == intended | position_edges(prev), graph.summary()
