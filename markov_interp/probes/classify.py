@@ -470,6 +470,18 @@ def probe_hook_names(model: HookedModel) -> list[str]:
     return attention_hook_names(model) + sorted({c.hook_name for c in model_components(model)})
 
 
+def _probe_batch(model: HookedModel, source: Source, batch: Optional[ProbeBatch], *, n_sequences: int,
+                 seq_len: Optional[int], seed: int) -> ProbeBatch:
+    """The caller's probe batch, checked against `source`, or a fresh seeded one."""
+    if batch is None:
+        return sample_batch(source, n_sequences=n_sequences, seq_len=probe_length(model, seq_len), seed=seed)
+    if not isinstance(batch, ProbeBatch):
+        raise TypeError(f"batch must be a ProbeBatch (probes.sample_batch), got {type(batch).__name__}")
+    if batch.vocab != source.vocab or batch.order != source.order:
+        raise ValueError(f"the probe batch ({batch.vocab} states, order {batch.order}) is not from {source!r}")
+    return batch
+
+
 # ------------------------------------------------------------------------------------------------ entry
 @torch.no_grad()
 def classify_mechanism(
@@ -512,12 +524,7 @@ def classify_mechanism(
     check_source_matches(model, source)
     if not isinstance(thresholds, Thresholds):
         raise TypeError(f"thresholds must be a Thresholds, got {type(thresholds).__name__}")
-    if batch is None:
-        batch = sample_batch(source, n_sequences=n_sequences, seq_len=probe_length(model, seq_len), seed=seed)
-    elif not isinstance(batch, ProbeBatch):
-        raise TypeError(f"batch must be a ProbeBatch (probes.sample_batch), got {type(batch).__name__}")
-    elif batch.vocab != source.vocab or batch.order != source.order:
-        raise ValueError(f"the probe batch ({batch.vocab} states, order {batch.order}) is not from {source!r}")
+    batch = _probe_batch(model, source, batch, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     tokens = check_tokens(model, batch.tokens)
     names = probe_hook_names(model)
     if cache is None or any(name not in cache for name in names):

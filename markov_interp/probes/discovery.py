@@ -141,6 +141,8 @@ class Edge:
         return json_safe({**dataclasses.asdict(self), "name": self.name})
 
 
+@displayed(line=lambda p: f"{p.corruption} pass: total effect {p.total_effect:.4f} nats, {len(p.kept)} edges kept, "
+                          f"faithfulness {p.faithfulness:.2f}, completeness {p.completeness:.2f}")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PassResult:
     """One corruption pass over the circuit: its losses (nats), the threshold its rule reached and the edges it

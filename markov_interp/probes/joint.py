@@ -28,6 +28,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from markov_interp._display import displayed
 from markov_interp.probes._common import json_safe
 from markov_interp.probes.paths import EdgeKey, EdgeRunner
 
@@ -35,6 +36,8 @@ CANCEL_FRACTION = 0.25  # a pair cancels when corrupting both costs less than th
 MAX_PAIR_EDGES = 24  # pairs are tested among at most this many kept edges (the strongest): 276 pairs
 
 
+@displayed(line=lambda j: f"{j.receiver}: {len(j.edges)} kept edges together {j.effect:+.4f} +- {j.se:.4f} nats, "
+                          f"alone {sum(j.alone):+.4f} summed")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JointTest:
     """The kept edges into `receiver`, corrupted together: `effect` nats (SE `se`), against each edge's own
@@ -50,6 +53,7 @@ class JointTest:
         return json_safe(dataclasses.asdict(self))
 
 
+@displayed(line=lambda c: c.describe())
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Cancelling:
     """A set of kept edges whose pairs cancel: each costs `alone` nats corrupted on its own, all together `effect`

@@ -79,6 +79,7 @@ def check_law(sim: StrategySimilarity, th: Any) -> LawCheck:
                     passed=passed, near=not (clear_pass or clear_fail))
 
 
+@displayed(line=lambda v: f"{v.describe()}; fit {v.fit_ratio:.3f}, margin {v.margin_ratio:.3f}")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LawVerdict(LawCheck):
     """The law axis (module docstring). Its `LawCheck` fields are the check the decision read: `raw` (the model's
