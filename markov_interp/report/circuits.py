@@ -251,6 +251,7 @@ def axes_panel(mech: "probes.MechanismReport") -> str:
     """The verdict's two axes side by side (module docstring): an HTML table, circuit on the left, law on the
     right, the gains g_k with their SEs."""
     from markov_interp import probes
+    from markov_interp.report._build import gains_text  # on a fixed chain: why there are none (issue 32)
 
     c, law, g = mech.circuit, mech.law, mech.gains
     raw = law.raw
@@ -261,7 +262,8 @@ def axes_panel(mech: "probes.MechanismReport") -> str:
     law_rows = [law.describe(), f"temperature {law.temperature:.2f}: fit {law.fit_ratio:.3f}, margin "
                 f"{law.margin_ratio:.3f}; raw ({probes.STRATEGY_LABELS.get(raw.law, raw.law)}): fit "
                 f"{raw.fit_ratio:.3f}, margin {raw.margin_ratio:.3f}",
-                "gains: " + ", ".join(f"g_{k} {v:.2f} ± {g.se[k]:.2f}" for k, v in g.items()),
+                "gains: " + (", ".join(f"g_{k} {v:.2f} ± {g.se[k]:.2f}" for k, v in g.items())
+                             if mech.references.in_context else gains_text(mech, short=True)),
                 f"kernel swap: in-context fraction {mech.in_context_fraction:.2f} ± {mech.kernel_swap.se:.2f}"]
     cells = "".join(f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>"
                     for a, b in zip(circuit_rows, law_rows))
