@@ -35,12 +35,16 @@ def derive_seed(seed: int, stream: str) -> int:
 
 def member_sampler(sources: Sequence[Source], generators: Sequence[torch.Generator], batch: int,
                    length: int) -> Callable[[], Int[Tensor, "member batch pos"]]:
-    """A function drawing one batch per member, `[member, batch, length]`: member k's rows are exactly
-    `sources[k].sample(batch, length, generator=generators[k])` (each generator draws what it would alone).
+    """A function drawing one batch per member, `[member, batch, length]`: member k's rows are what
+    `sources[k].sample(batch, length, generator=generators[k])` draws (bit for bit on the CPU; see below), and
+    each generator draws what it would alone.
 
-    For fixed-kernel chains of one vocab and order the uniforms are drawn per member and the chain is
-    built for all members at once (one pass instead of K: on a GPU, K small samplers cost as much as the
-    stacked model's step); other sources are sampled member by member.
+    For fixed-kernel chains of one vocab and order every member's uniforms come from one draw of its own
+    generator (into one [member, ...] tensor) and the chains of all members are built at once (one pass instead
+    of K: on a GPU, K small samplers cost as much as the stacked model's step); other sources are sampled member
+    by member. On the CPU one draw gives the bits of `MarkovChain.sample`'s two (its first states, then its
+    steps: the CPU generator fills in order); a CUDA generator's stream depends on how a draw is split, so there
+    a member's training batches are this sampler's own (still the same alone and in any stack).
     """
     batched = _batched_chain_sampler(sources, generators, batch, length)
     if batched is not None:
@@ -59,8 +63,9 @@ def _batched_chain_sampler(sources: Sequence[Source], generators: Sequence[torch
         return None
     device = generators[0].device
     try:  # the sampler's internals (data.MarkovChain.sample); any change there falls back to the plain path
-        init_cdf = torch.stack([s._initial.to(device).cumsum(-1) for s in sources])  # [member, context]
-        cdf = torch.stack([s._cdf.to(device) for s in sources])  # [member, context, vocab]
+        # [member, context] and [member, context, vocab], each moved to the device in one copy
+        init_cdf = torch.stack([s._initial for s in sources]).to(device).cumsum(-1)
+        cdf = torch.stack([s._cdf for s in sources]).to(device)
         apply_binary, compose = data._apply_binary_maps, data._compose_prefix
     except AttributeError:
         return None
@@ -69,13 +74,14 @@ def _batched_chain_sampler(sources: Sequence[Source], generators: Sequence[torch
     context_ids = torch.arange(n_ctx, device=device)
 
     def sample() -> Int[Tensor, "member batch pos"]:
-        u0, u = [], []
-        for g in generators:  # member k's generator: its first state, then its step uniforms (solo order)
-            u0.append(torch.rand(batch, 1, generator=g, device=device, dtype=torch.float64))
-            u.append(torch.rand(batch, steps, 1, 1, generator=g, device=device, dtype=torch.float64))
-        first = (init_cdf[:, None, :] <= torch.stack(u0)).sum(-1).clamp_(max=n_ctx - 1).reshape(-1)
+        draws = torch.empty(n_members, batch * (steps + 1), device=device, dtype=torch.float64)
+        for row, g in zip(draws, generators):  # the one per-member operation: a draw from member k's generator
+            row.uniform_(generator=g)  # its first states, then its step uniforms (solo order, one call)
+        u0 = draws[:, :batch, None]  # [member, batch, 1]
+        u = draws[:, batch:].reshape(n_members * batch, steps, 1, 1)
+        first = (init_cdf[:, None, :] <= u0).sum(-1).clamp_(max=n_ctx - 1).reshape(-1)
         per_seq = cdf[:, None].expand(-1, batch, -1, -1).reshape(n_members * batch, n_ctx, vocab)
-        nxt = (per_seq[:, None, :, :] <= torch.cat(u)).sum(-1).clamp_(max=vocab - 1)
+        nxt = (per_seq[:, None, :, :] <= u).sum(-1).clamp_(max=vocab - 1)
         if n_ctx == 2:
             later = apply_binary(nxt, first)
         else:
