@@ -103,16 +103,21 @@ def test_unknown_intervention_point_is_refused():
     [SourceConfig(kind="markov", kernel=torch.full((3, 3, 3), 1 / 3).tolist(), order=2),
      SourceConfig(kind="markov", kernel=torch.softmax(torch.arange(27.0).reshape(3, 3, 3), -1).tolist(), order=2)],
     [SourceConfig(kind="random", vocab=3), SourceConfig(kind="random", vocab=3, alpha=0.5)],
+    [SourceConfig(kind="random", vocab=3, alpha=0.5), SourceConfig(kind="random", vocab=3, zero_diagonal=True),
+     SourceConfig(kind="random", vocab=3, pool_size=4), SourceConfig(kind="random", vocab=3, alpha=0.5)],
+    [SourceConfig(kind="random", vocab=2, order=2), SourceConfig(kind="random", vocab=2, order=2, pool_size=2,
+                                                                  initial="uniform")],
 ])
 def test_member_sampler_draws_each_solo_stream(configs):
     """The stack's batches are, member by member, what `source.sample` draws from the same generator."""
     sources = [c.build() for c in configs]
-    gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    seeds = range(3, 3 + len(sources))
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
     sample = batches.member_sampler(sources, gens, 5, 40)
-    solo_gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    solo_gens = [torch.Generator().manual_seed(s) for s in seeds]
     for _ in range(2):  # the streams stay aligned over consecutive batches
         tokens = sample()
-        assert tokens.shape == (2, 5, 40)
+        assert tokens.shape == (len(sources), 5, 40)
         for k, source in enumerate(sources):
             assert torch.equal(tokens[k], source.sample(5, 40, generator=solo_gens[k]))
 
