@@ -39,12 +39,20 @@ Two modes:
       activation shape [K, batch, seq, d_model]: `F.layer_norm` against the two-reduction formulation
       (`mean`, then `rsqrt(mean(square))`) and `torch.var_mean`, with their largest difference.
 
+  host (`--host --baseline CHECKOUT`): this code's host-side work against another checkout's, in one process,
+      calls interleaved one by one (medians of --repeats x 10): a stack's sampling step for random kernels
+      (3 states; order 2; a pool of 64) and a binary chain (attn-only-2layer shapes: seq 64, batch 64), an
+      evaluation of a stack of seeds (paper-1layer, --seq-len, 4 batches), a training step (paper-1layer,
+      --seq-len, batch --batch-size) and the set-up of a stack of 256 (one source; 256 distinct); each also checks
+      that both give the same numbers.
+
   setup (`--setup`): host time to set up a stack (`training.loop._Group.create`: sources, reference losses, the
       stacked initial weights, generators, samplers) of --members paper-1layer members at --seq-len, all of one
       source (a stack of seeds) and of as many distinct (p, q); issue 29 asks < 5 s for 256 members.
 
     python benchmarks/bench_many.py --engine --clock cpu --repeats 5 [--baseline /work/main]
     python benchmarks/bench_many.py --setup --members 256 --seq-len 1024 --clock cpu
+    python benchmarks/bench_many.py --host --baseline /tmp/main-checkout --clock cpu
     python benchmarks/bench_many.py --layernorm [--device cuda --members 256 --seq-len 1024]
 """
 
@@ -264,19 +272,89 @@ def _renamed_training(checkout: Path):
     return importlib.import_module("markov_interp_baseline.training")
 
 
-def setup_mode(args: argparse.Namespace) -> None:
-    """Seconds of `_Group.create` for a stack of --members (one source / distinct sources), medians of --repeats."""
+def host_mode(args: argparse.Namespace) -> None:
+    """Sampling, evaluation, a step and set-up of this code against --baseline's, interleaved call by call."""
+    import importlib
+
     from markov_interp.training import loop
 
-    k = args.members
+    baseline = _renamed_training(Path(args.baseline))
+    base_loop = importlib.import_module("markov_interp_baseline.training.loop")
+    k, device = args.members, torch.device(args.device)
+
+    def groups(runs: list) -> tuple:
+        ours = loop._Group.create(runs, [None] * len(runs), device)
+        theirs = base_loop._Group.create([baseline.RunConfig.from_json(r.to_json()) for r in runs],
+                                         [None] * len(runs), device)
+        return ours, theirs
+
+    def compare(name: str, ours, theirs) -> None:
+        times = ([], [])
+        for _ in range(10 * args.repeats):
+            for side, fn in enumerate((ours, theirs)):
+                times[side].append(timed(fn, args.device))
+        same = _same_output(ours(), theirs())
+        a, b = _median(times[0]), _median(times[1])
+        print(f"  {name:58s}: {b * 1e3:9.2f} ms -> {a * 1e3:9.2f} ms  ({b / a:.2f}x; same numbers: {same})")
+
+    print(f"this code against {args.baseline}, K = {k} (set-up: 256), medians of {10 * args.repeats} calls each:")
+    for source in (SourceConfig(kind="random", vocab=3), SourceConfig(kind="random", vocab=2, order=2),
+                   SourceConfig(kind="random", vocab=3, pool_size=64), SourceConfig(kind="binary", p=0.5, q=0.8)):
+        model = preset("attn-only-2layer", d_vocab=source.vocab_size, n_ctx=64)
+        runs = [RunConfig(source=source, model=model, train=TrainConfig(steps=10, batch_size=64, seq_len=64,
+                                                                        device=args.device, seed=s))
+                for s in range(k)]
+        ours, theirs = groups(runs)
+        compare(f"sampling a step, {_describe(source)}", ours.sample_train, theirs.sample_train)
+    seeds = [r.replace(source=SourceConfig(kind="binary", p=0.5, q=0.8))
+             for r in make_runs(k, 10, args.seq_len, args.batch_size, args.device, eval_every=0)]
+    ours, theirs = groups(seeds)
+    compare("an evaluation of a stack of seeds (4 batches)", lambda: ours._evaluate(10), lambda: theirs._evaluate(10))
+    lr = torch.full((k,), 1e-3, dtype=torch.float64, device=device)
+    alive = torch.ones(k, dtype=torch.bool, device=device)
+    compare("a training step", lambda: ours._step(lr, lr, alive, 0), lambda: theirs._step(lr, lr, alive, 0))
+    for name, runs in _setup_runs(args, 256).items():
+        base_runs = [baseline.RunConfig.from_json(r.to_json()) for r in runs]
+        compare(f"set-up of a stack of {len(runs)}, {name}",
+                lambda: loop._Group.create(runs, [None] * len(runs), device) and None,
+                lambda: base_loop._Group.create(base_runs, [None] * len(runs), device) and None)
+
+
+def _describe(source: SourceConfig) -> str:
+    if source.kind == "binary":
+        return f"binary ({source.p}, {source.q})"
+    pool = f", pool {source.pool_size}" if source.pool_size else ""
+    return f"random, {source.vocab} states, order {source.order}{pool}"
+
+
+def _same_output(a, b) -> "bool | str":
+    """Whether two calls' outputs agree: tensors exactly, evaluation rows and steps' (losses, ok) likewise."""
+    if a is None or b is None:
+        return "n/a"
+    if isinstance(a, torch.Tensor):
+        return bool(torch.equal(a, b))
+    if isinstance(a, tuple):
+        return all(_same_output(x, y) is True for x, y in zip(a, b))
+    return a == b
+
+
+def _setup_runs(args: argparse.Namespace, k: int) -> dict[str, list]:
+    """k paper-1layer runs at --seq-len: one source (a stack of seeds), and as many distinct (p, q)."""
     same = make_runs(k, 1, args.seq_len, args.batch_size, args.device, eval_every=0)
     same = [r.replace(source=SourceConfig(kind="binary", p=0.5, q=0.8)) for r in same]
     grid = [round(0.05 + 0.9 * i / 15, 4) for i in range(16)]
     distinct = [r.replace(source=SourceConfig(kind="binary", p=grid[i % 16], q=grid[(i // 16) % 16]))
                 for i, r in enumerate(same)]
-    loop._Group.create(same[:2], [None, None], torch.device(args.device))  # warm-up: lazy imports
-    for name, runs in (("one source (a stack of seeds)", same), (f"{len({r.source for r in distinct})} distinct "
-                                                                  "sources", distinct)):
+    return {"one source (a stack of seeds)": same, f"{len(set(r.source for r in distinct))} distinct sources": distinct}
+
+
+def setup_mode(args: argparse.Namespace) -> None:
+    """Seconds of `_Group.create` for a stack of --members (one source / distinct sources), medians of --repeats."""
+    from markov_interp.training import loop
+
+    k = args.members
+    loop._Group.create(make_runs(2, 1, 8, 2, args.device, eval_every=0), [None, None], torch.device(args.device))
+    for name, runs in _setup_runs(args, k).items():  # after a warm-up (lazy imports)
         times = [timed(lambda: loop._Group.create(runs, [None] * k, torch.device(args.device)), args.device)
                  for _ in range(args.repeats)]
         print(f"set-up of a stack of {k}, {name}: median {_median(times):.3f} s "
@@ -346,6 +424,8 @@ def main() -> None:
                         help="engine mode: also time another checkout's eager package in this process")
     parser.add_argument("--layernorm", action="store_true", help="LayerNorm formulations on the stack's shapes")
     parser.add_argument("--setup", action="store_true", help="host time to set up a stack of --members")
+    parser.add_argument("--host", action="store_true", help="host work against --baseline's (sampling, evaluation, "
+                        "a step, set-up), interleaved")
     parser.add_argument("--d-model", type=int, default=8, help="layernorm mode: row length")
     parser.add_argument("--bf16", action="store_true", help="layernorm mode: bf16 activations")
     parser.add_argument("--anchor-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "anchors"),
@@ -364,6 +444,8 @@ def main() -> None:
         return layernorm_mode(args)
     if args.setup:
         return setup_mode(args)
+    if args.host:
+        return host_mode(args)
     if args.engine:
         return engine_mode(args)
     (marginal if args.marginal else full_runs)(args)

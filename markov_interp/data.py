@@ -172,8 +172,9 @@ def _sample_chain(
         # the comparison below sums steps * contexts * V int64 per sequence: a block of sequences at a time
         # bounds the memory (chains.block_sizes); each sequence is computed alone, so the tokens are the same
         sizes = block_sizes(batch, 8 * steps * n_ctx * vocab)
-        later = torch.cat([_chain_block(c, x, f, vocab=vocab, order=order)
-                           for c, x, f in zip(cdf.split(sizes), u.split(sizes), first.split(sizes))])
+        parts = [_chain_block(c, x, f, vocab=vocab, order=order)
+                 for c, x, f in zip(cdf.split(sizes), u.split(sizes), first.split(sizes))]
+        later = parts[0] if len(parts) == 1 else torch.cat(parts)
     else:
         later = torch.empty(batch, 0, dtype=torch.long, device=device)
     digits = vocab ** torch.arange(order - 1, -1, -1, device=device)
