@@ -2,8 +2,11 @@
 
     python benchmarks/gpu_engine_check.py | tee docs/reproduction/gpu/engine-$(date +%F).txt
 
-NOT RUN YET: no GPU was lent to the change that wrote it (it was built and tested on the CPU only). What it
-prints, in this order (cheap and decisive parts first, every line flushed, so a run cut short still says
+NOT RUN ON A GPU YET: no GPU was lent to the change that wrote it. Its wiring was checked on the CPU with
+`--device cpu --members 4 --seq-len 64 --short 2 --long 5 --check-steps 6 --invariance` (numbers meaningless
+there). On a GPU it compiles about ten graphs (two precisions x training, evaluation and update, then K = 256),
+which is most of its time; at the defaults it is expected, not measured, to take 3-5 minutes. What it prints, in
+this order (cheap and decisive parts first, every line flushed, so a run cut short still says
 something):
 
 1. The device, torch version and date.
@@ -41,38 +44,46 @@ from markov_interp.training import RunConfig, TrainConfig
 HERE = Path(__file__).resolve().parent
 
 
+DEVICE = ["cuda"]  # --device cpu: a smoke run of the script's wiring on a CPU (its numbers mean nothing)
+
+
 def _run(seed: int, steps: int, seq_len: int, precision: str = "fp32", compile: str = "off") -> RunConfig:
     return RunConfig(source=SourceConfig(kind="binary", p=0.5, q=0.8), model=preset("paper-1layer", n_ctx=seq_len),
                      train=TrainConfig(steps=steps, seq_len=seq_len, batch_size=16, eval_every=0, n_checkpoints=0,
-                                       device="cuda", seed=seed, precision=precision, compile=compile))
+                                       device=DEVICE[0], seed=seed, precision=precision, compile=compile))
 
 
 def _with(runs: list, **changes) -> list:
     return [r.replace(train=r.train.replace(**changes)) for r in runs]
 
 
-def compiled_against_eager(precision: str) -> None:
-    runs = [_run(s, 60, 256, precision) for s in range(4)]
+def compiled_against_eager(precision: str, seq_len: int, steps: int) -> None:
+    runs = [_run(s, steps, seq_len, precision) for s in range(4)]
     eager = training.train_many(runs, progress=False, models_out=False)
     compiled = training.train_many(_with(runs, compile="default"), progress=False, models_out=False)
     again = training.train_many(_with(runs, compile="default"), progress=False, models_out=False)
     diff = max(abs(a["train_loss"] - b["train_loss"]) for e, c in zip(eager, compiled)
                for a, b in zip(e.metrics, c.metrics) if "train_loss" in a)
     same = [r.metrics for r in again] == [r.metrics for r in compiled]
-    print(f"{precision}: compiled vs eager, stack of 4, 60 steps: largest |d train loss| {diff:.3g}; compiled twice: "
+    print(f"{precision}: compiled vs eager, stack of 4, {steps} steps: largest |d train loss| {diff:.3g}; compiled twice: "
           f"{'bit-identical' if same else 'NOT bit-identical'}", flush=True)
 
 
+def _sync() -> None:
+    if DEVICE[0].startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def _timed(fn) -> float:
-    torch.cuda.synchronize()
+    _sync()
     start = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    _sync()
     return time.perf_counter() - start
 
 
-def package_per_step(k: int, precision: str, compile: str, short: int, long: int) -> float:
-    runs = [_run(s, long, 1024, precision, compile) for s in range(k)]
+def package_per_step(k: int, precision: str, compile: str, short: int, long: int, seq_len: int) -> float:
+    runs = [_run(s, long, seq_len, precision, compile) for s in range(k)]
 
     def train(steps: int) -> None:
         training.train_many(_with(runs, steps=steps), progress=False, models_out=False)
@@ -81,35 +92,35 @@ def package_per_step(k: int, precision: str, compile: str, short: int, long: int
     return (_timed(lambda: train(long)) - _timed(lambda: train(short))) / (long - short)
 
 
-def speed(members: list[int], anchor_dir: Path, short: int, long: int) -> None:
+def speed(members: list[int], anchor_dir: Path, short: int, long: int, seq_len: int) -> None:
     sys.path.insert(0, str(anchor_dir))
     from stacked_loop import time_stacked  # the hand-written reference (not project code)
 
     for k in members:
         for precision in ("bf16", "fp32"):
-            package = package_per_step(k, precision, "default", short, long)
-            anchor = time_stacked(k, steps=30, seq_len=1024, batch=16, device="cuda", compile=True,
+            package = package_per_step(k, precision, "default", short, long, seq_len)
+            anchor = time_stacked(k, steps=long - short, seq_len=seq_len, batch=16, device=DEVICE[0], compile=True,
                                   bf16=precision == "bf16")
             print(f"K = {k:3d} {precision} compiled: package {package * 1e3:7.2f} ms/step {k / package:9.0f} "
                   f"model-steps/s; anchor {anchor * 1e3:7.2f} ms/step {k / anchor:9.0f}; package / anchor "
                   f"{anchor / package:.2f} (target >= 0.9)", flush=True)
-        eager = package_per_step(k, "bf16", "off", short, long)
+        eager = package_per_step(k, "bf16", "off", short, long, seq_len)
         print(f"K = {k:3d} bf16 eager   : package {eager * 1e3:7.2f} ms/step {k / eager:9.0f} model-steps/s",
               flush=True)
 
 
-def layernorm() -> None:
+def layernorm(k: int, seq_len: int) -> None:
     for flag in ([], ["--bf16"]):
-        done = subprocess.run([sys.executable, str(HERE / "bench_many.py"), "--layernorm", "--device", "cuda",
-                               "--members", "256", "--seq-len", "1024", "--repeats", "5", "--long", "20", *flag],
+        done = subprocess.run([sys.executable, str(HERE / "bench_many.py"), "--layernorm", "--device", DEVICE[0],
+                               "--members", str(k), "--seq-len", str(seq_len), "--repeats", "5", "--long", "20", *flag],
                               capture_output=True, text=True, timeout=120)
-        print(f"LayerNorm, [256, 16, 1024, 8] {'bf16' if flag else 'fp32'}:\n{done.stdout.strip()}{done.stderr[-500:]}",
-              flush=True)
+        print(f"LayerNorm, [{k}, 16, {seq_len}, 8] {'bf16' if flag else 'fp32'}:\n{done.stdout.strip()}"
+              f"{done.stderr[-500:]}", flush=True)
 
 
-def invariance() -> None:
+def invariance(seq_len: int, steps: int) -> None:
     for compile in ("off", "default"):
-        run = _run(0, 60, 256, "fp32", compile)
+        run = _run(0, steps, seq_len, "fp32", compile)
         alone = training.train_many([run], progress=False)[0]
         runs = _with([run] * 8, compile=compile)
         runs = [r.replace(train=r.train.replace(seed=100 + i)) for i, r in enumerate(runs)]
@@ -132,14 +143,20 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=10)
     parser.add_argument("--long", type=int, default=40)
     parser.add_argument("--invariance", action="store_true", help="also: a run alone and inside a stack of 8")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the wiring (use small sizes)")
+    parser.add_argument("--seq-len", type=int, default=1024, help="of the timed stacks (the checks use a quarter)")
+    parser.add_argument("--check-steps", type=int, default=60, help="steps of the compiled-against-eager checks")
     args = parser.parse_args()
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {datetime.date.today()}", flush=True)
+    DEVICE[0] = args.device
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU (a smoke run)"
+    print(f"{name}, torch {torch.__version__}, {datetime.date.today()}", flush=True)
+    members = [int(k) for k in args.members.split(",")]
     for precision in ("fp32", "bf16"):
-        compiled_against_eager(precision)
-    speed([int(k) for k in args.members.split(",")], Path(args.anchor_dir), args.short, args.long)
-    layernorm()
+        compiled_against_eager(precision, args.seq_len // 4, args.check_steps)
+    speed(members, Path(args.anchor_dir), args.short, args.long, args.seq_len)
+    layernorm(members[0], args.seq_len)
     if args.invariance:
-        invariance()
+        invariance(args.seq_len // 4, args.check_steps)
 
 
 if __name__ == "__main__":
