@@ -79,7 +79,7 @@ _TRAIN_SHORTCUTS = (
     ("training", "--compile", "train.compile", dict(
         choices=["off", "default", "max"],
         help="torch.compile the training step: off (default, eager), default or max (autotuned); equal to eager up "
-        "to float rounding, faster on a GPU (docs/training.md#compiled-steps)")),
+        "to float rounding (docs/training.md#compiled-steps)")),
     ("training", "--device", "train.device", dict(help="auto (default: cuda if available), cpu, cuda, cuda:1, ...")),
     ("training", "--eval-every", "train.eval_every", dict(
         type=int, help="evaluate every N steps (default 100; 0: only at the end)")),
