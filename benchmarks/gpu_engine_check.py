@@ -1,13 +1,23 @@
-"""The compiled engine on a GPU (issue 29): one prepared script of at most ~5 minutes for a lent GPU.
+"""The compiled engine on a GPU (issue 29): one prepared script for a lent GPU.
 
     python benchmarks/gpu_engine_check.py | tee docs/reproduction/gpu/engine-$(date +%F).txt
 
 NOT RUN ON A GPU YET: no GPU was lent to the change that wrote it. Its wiring was checked on the CPU with
 `--device cpu --members 4 --seq-len 64 --short 2 --long 5 --check-steps 6 --invariance` (numbers meaningless
-there). On a GPU it compiles about ten graphs (two precisions x training, evaluation and update, then K = 256),
-which is most of its time; at the defaults it is expected, not measured, to take 3-5 minutes. What it prints, in
-this order (cheap and decisive parts first, every line flushed, so a run cut short still says
-something):
+there). On a GPU its time is mostly compiling, not measured: the checks compile 6 graphs (training, evaluation
+and update, fp32 and bf16, K = 4), the timings 6 more at K = 256 plus the anchor's 2; on the loaded 2-core CPU
+three graphs took 60-110 s with a cold inductor cache, and a GPU host (16 cores, idle) with Triton's kernel
+builds is guessed at 15-40 s per three graphs, so 3-7 minutes in all with the timed steps (53 steps of each of
+five K = 256 stacks, under 5 s each at the measured eager speeds). Run it with a 600 s limit; every line is
+flushed and says the seconds elapsed, so a run cut short keeps what it printed (the checks come first: cheap
+and decisive).
+
+The anchor (`stacked_loop.py`) lives in ../shared/anchors beside the checkout, which does not travel to a lent
+GPU machine: copy it into a git-ignored folder of the checkout, carry that folder, and pass it (`mkdir -p
+.anchors && cp ../shared/anchors/stacked_loop.py .anchors/ && echo /.anchors/ >> .git/info/exclude`, then
+`--anchor-dir .anchors`). Without it the script times the package alone and says so.
+
+What it prints, in this order (the K = 256 bf16 line, issue 29's target, is the first timing):
 
 1. The device, torch version and date.
 2. Compiled against eager on CUDA: a stack of 4 (paper-1layer, p = 0.5, q = 0.8, seq 256, batch 16, 60 steps,
@@ -45,6 +55,12 @@ HERE = Path(__file__).resolve().parent
 
 
 DEVICE = ["cuda"]  # --device cpu: a smoke run of the script's wiring on a CPU (its numbers mean nothing)
+START = time.perf_counter()
+
+
+def _say(line: str) -> None:
+    """Print `line` at once, with the seconds since the script started (what the next estimate needs)."""
+    print(f"[{time.perf_counter() - START:6.0f} s] {line}", flush=True)
 
 
 def _run(seed: int, steps: int, seq_len: int, precision: str = "fp32", compile: str = "off") -> RunConfig:
@@ -65,8 +81,8 @@ def compiled_against_eager(precision: str, seq_len: int, steps: int) -> None:
     diff = max(abs(a["train_loss"] - b["train_loss"]) for e, c in zip(eager, compiled)
                for a, b in zip(e.metrics, c.metrics) if "train_loss" in a)
     same = [r.metrics for r in again] == [r.metrics for r in compiled]
-    print(f"{precision}: compiled vs eager, stack of 4, {steps} steps: largest |d train loss| {diff:.3g}; compiled twice: "
-          f"{'bit-identical' if same else 'NOT bit-identical'}", flush=True)
+    _say(f"{precision}: compiled vs eager, stack of 4, {steps} steps: largest |d train loss| {diff:.3g}; compiled "
+         f"twice: {'bit-identical' if same else 'NOT bit-identical'}")
 
 
 def _sync() -> None:
@@ -92,21 +108,32 @@ def package_per_step(k: int, precision: str, compile: str, short: int, long: int
     return (_timed(lambda: train(long)) - _timed(lambda: train(short))) / (long - short)
 
 
-def speed(members: list[int], anchor_dir: Path, short: int, long: int, seq_len: int) -> None:
+def _anchor(anchor_dir: Path):
+    """The anchor's `time_stacked`, or None (said in the output) where stacked_loop.py is not in `anchor_dir`."""
+    if not (anchor_dir / "stacked_loop.py").is_file():
+        _say(f"anchor: no stacked_loop.py in {anchor_dir} (see the docstring: copy and carry it); package only")
+        return None
     sys.path.insert(0, str(anchor_dir))
     from stacked_loop import time_stacked  # the hand-written reference (not project code)
 
+    return time_stacked
+
+
+def speed(members: list[int], anchor_dir: Path, short: int, long: int, seq_len: int) -> None:
+    time_stacked = _anchor(anchor_dir)
     for k in members:
         for precision in ("bf16", "fp32"):
             package = package_per_step(k, precision, "default", short, long, seq_len)
-            anchor = time_stacked(k, steps=long - short, seq_len=seq_len, batch=16, device=DEVICE[0], compile=True,
-                                  bf16=precision == "bf16")
-            print(f"K = {k:3d} {precision} compiled: package {package * 1e3:7.2f} ms/step {k / package:9.0f} "
-                  f"model-steps/s; anchor {anchor * 1e3:7.2f} ms/step {k / anchor:9.0f}; package / anchor "
-                  f"{anchor / package:.2f} (target >= 0.9)", flush=True)
+            line = (f"K = {k:3d} {precision} compiled: package {package * 1e3:7.2f} ms/step {k / package:9.0f} "
+                    "model-steps/s")
+            if time_stacked is not None:
+                anchor = time_stacked(k, steps=long - short, seq_len=seq_len, batch=16, device=DEVICE[0],
+                                      compile=True, bf16=precision == "bf16")
+                line += (f"; anchor {anchor * 1e3:7.2f} ms/step {k / anchor:9.0f}; package / anchor "
+                         f"{anchor / package:.2f} (target >= 0.9)")
+            _say(line)
         eager = package_per_step(k, "bf16", "off", short, long, seq_len)
-        print(f"K = {k:3d} bf16 eager   : package {eager * 1e3:7.2f} ms/step {k / eager:9.0f} model-steps/s",
-              flush=True)
+        _say(f"K = {k:3d} bf16 eager   : package {eager * 1e3:7.2f} ms/step {k / eager:9.0f} model-steps/s")
 
 
 def layernorm(k: int, seq_len: int) -> None:
@@ -114,8 +141,8 @@ def layernorm(k: int, seq_len: int) -> None:
         done = subprocess.run([sys.executable, str(HERE / "bench_many.py"), "--layernorm", "--device", DEVICE[0],
                                "--members", str(k), "--seq-len", str(seq_len), "--repeats", "5", "--long", "20", *flag],
                               capture_output=True, text=True, timeout=120)
-        print(f"LayerNorm, [{k}, 16, {seq_len}, 8] {'bf16' if flag else 'fp32'}:\n{done.stdout.strip()}"
-              f"{done.stderr[-500:]}", flush=True)
+        _say(f"LayerNorm, [{k}, 16, {seq_len}, 8] {'bf16' if flag else 'fp32'}:\n{done.stdout.strip()}"
+             f"{done.stderr[-500:]}")
 
 
 def invariance(seq_len: int, steps: int) -> None:
@@ -131,8 +158,7 @@ def invariance(seq_len: int, steps: int) -> None:
         a, b = models.state_dict_for_save(alone.model), models.state_dict_for_save(member.model)
         diff = max((a[n] - b[n]).abs().max().item() for n in a)
         same = diff == 0 and alone.metrics == member.metrics
-        print(f"compile={compile}: alone vs member 3 of 8: {'bit-identical' if same else f'max |dw| {diff:.3g}'}",
-              flush=True)
+        _say(f"compile={compile}: alone vs member 3 of 8: {'bit-identical' if same else f'max |dw| {diff:.3g}'}")
 
 
 def main() -> None:
@@ -149,7 +175,7 @@ def main() -> None:
     args = parser.parse_args()
     DEVICE[0] = args.device
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU (a smoke run)"
-    print(f"{name}, torch {torch.__version__}, {datetime.date.today()}", flush=True)
+    _say(f"{name}, torch {torch.__version__}, {datetime.date.today()}")
     members = [int(k) for k in args.members.split(",")]
     for precision in ("fp32", "bf16"):
         compiled_against_eager(precision, args.seq_len // 4, args.check_steps)

@@ -41,8 +41,8 @@ __all__ = [
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}  # autocast dtype of each precision
 # TrainConfig.compile: "off" runs the step eagerly (the reference); "default" compiles the forward, loss and
-# backward and the optimiser update with torch.compile; "max" adds torch.compile's "max-autotune-no-cudagraphs"
-# search (CUDA: also CUDA graphs). See training.loop and docs/training.md#compiled-steps.
+# backward and the optimiser update with torch.compile; "max" is torch.compile's "max-autotune" (kernel search;
+# on CUDA also CUDA graphs). See models._compile and docs/training.md#compiled-steps.
 COMPILE_MODES = ("off", "default", "max")
 
 
