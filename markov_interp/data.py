@@ -581,28 +581,40 @@ def _stacked_tables(sources: Sequence[Source], batch: int, generators: Sequence[
     """Every sequence's cumulative kernel [(member batch), context, vocab] and cumulative first-context law
     [(member batch), context], with each member's random draws made as `sample` makes them: fixed chains none;
     pools an index per sequence; fresh kernels the Gamma rounds of `_gamma_many`, shared by the members of one
-    alpha."""
-    cdf: list = [None] * len(sources)
-    laws: list = [None] * len(sources)
-    fresh: dict[float, list[int]] = {}
-    for k, (source, g) in enumerate(zip(sources, generators)):
-        if isinstance(source, MarkovChain):
-            cdf[k] = source._cdf.to(device).expand(batch, -1, -1)
-            laws[k] = source.initial_context_law.to(device).expand(batch, -1)
-        elif source.pool is not None:
-            index = torch.randint(source.pool_size, (batch,), generator=g, device=device)
-            cdf[k] = source.pool.to(device)[index].cumsum(-1)
-            laws[k] = source._pool_initial.to(device)[index]
-        else:
-            fresh.setdefault(source.alpha, []).append(k)
-    for alpha, members in fresh.items():
-        shape = sources[members[0]]._kernel_shape(batch)
-        gamma = _gamma_many(alpha, shape, [generators[k] for k in members], device)
-        for k, draws in zip(members, gamma):
-            kernels = sources[k]._normalised(draws)
-            cdf[k], laws[k] = kernels.cumsum(-1), sources[k].initial_context_laws(kernels)
-    return torch.cat(cdf), torch.cat(laws).cumsum(-1)
+    alpha. The arithmetic after the draws runs once per source object for all its members (a stack of seeds is
+    one source): row by row the same as one member's (`solve_stationary` solves each kernel alone)."""
+    groups: dict[int, list[int]] = {}  # members of one source object
+    for k, source in enumerate(sources):
+        groups.setdefault(id(source), []).append(k)
+    n_ctx, vocab = sources[0].vocab ** sources[0].order, sources[0].vocab
+    cdf = torch.empty(len(sources), batch, n_ctx, vocab, dtype=torch.float64, device=device)
+    laws = torch.empty(len(sources), batch, n_ctx, dtype=torch.float64, device=device)
 
+    def place(members: list[int], kernels_cdf: Tensor, initial: Tensor) -> None:
+        at = torch.tensor(members, device=device)
+        cdf[at] = kernels_cdf.to(cdf).reshape(len(members), batch, n_ctx, vocab)
+        laws[at] = initial.to(laws).reshape(len(members), batch, n_ctx)
+
+    fresh: dict[float, list[int]] = {}
+    for members in groups.values():
+        source = sources[members[0]]
+        if isinstance(source, MarkovChain):
+            place(members, source._cdf.to(device).expand(len(members) * batch, -1, -1),
+                  source.initial_context_law.to(device).expand(len(members) * batch, -1))
+        elif source.pool is not None:
+            index = torch.cat([torch.randint(source.pool_size, (batch,), generator=generators[k], device=device)
+                               for k in members])
+            place(members, source.pool.to(device)[index].cumsum(-1), source._pool_initial.to(device)[index])
+        else:
+            fresh.setdefault(source.alpha, []).extend(members)
+    for alpha, members in fresh.items():
+        gamma = _gamma_many(alpha, sources[members[0]]._kernel_shape(batch), [generators[k] for k in members], device)
+        row = {k: i for i, k in enumerate(members)}
+        for group in (g for g in groups.values() if g[0] in row):
+            source = sources[group[0]]
+            kernels = source._normalised(gamma[[row[k] for k in group]].flatten(0, 1))
+            place(group, kernels.cumsum(-1), source.initial_context_laws(kernels))
+    return cdf.flatten(0, 1), laws.flatten(0, 1).cumsum(-1)
 
 
 # ---------------------------------------------------------------------------------------------- config

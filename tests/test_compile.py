@@ -14,8 +14,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from markov_interp import data
 from markov_interp.cli import _train_run, build_parser
-from markov_interp.data import SourceConfig
+from markov_interp.data import RandomMarkov, SourceConfig
 from markov_interp.models import _compile, preset
 from markov_interp.training import RunConfig, TrainConfig, loop, train_many
 
@@ -191,6 +192,27 @@ def test_a_step_does_the_same_host_work_for_any_number_of_members(recipe, monkey
     assert ops2.pop("aten.uniform_") == 2 and ops6.pop("aten.uniform_") == 6
     assert ops2 == ops6
     assert reads2 == reads6 <= 1
+
+
+_DRAWS = ("aten.uniform_", "aten.randn", "aten.rand", "aten.randint")  # each member's own generator's draws
+
+
+@pytest.mark.parametrize("source", [RandomMarkov(3), RandomMarkov(2, order=2, alpha=0.5),
+                                    RandomMarkov(3, pool_size=8)], ids=repr)
+def test_sampling_random_kernels_does_the_same_host_work_for_any_number_of_members(source, monkeypatch):
+    """A stack of seeds on random kernels: besides each member's draws from its own generator, a sampling step
+    dispatches the same operations and reads as many values on the host for 2 and 6 members, per rejection round
+    of the Gamma sampler (the rounds run for all members together: one `nonzero` and one host read each; the
+    same number of rounds here for both stacks, which the test checks first)."""
+    counts = {}
+    for k in (2, 6):
+        sample = data.stacked_sampler([source] * k, 8, 17, [torch.Generator().manual_seed(s) for s in range(k)])
+        sample()
+        ops, reads = _counts(sample, monkeypatch)
+        counts[k] = ({op: n for op, n in ops.items() if op not in _DRAWS}, reads)
+    (ops2, reads2), (ops6, reads6) = counts[2], counts[6]
+    assert ops2.get("aten.nonzero") == ops6.get("aten.nonzero")  # the same rejection rounds
+    assert ops2 == ops6 and reads2 == reads6
 
 
 def test_an_evaluation_does_the_same_host_work_for_any_number_of_members(monkeypatch):
