@@ -24,8 +24,8 @@ def readme_findings(gpu: Path, recipes: Path, h2: Path, interventions: Path, red
     clamp2 = part(h2, "dirichlet-h2").arms[1]
     holds(_ratio(clamp2, 0.5).ratio_interval[1] < 1, "the clamp speeds two layer-1 heads in the package's recipe")
     two = (heads_sentence(effects, 2) if any(e.heads == 2 for e in effects) else
-           "with two layer-1 heads, so far run in the package's recipe only, it speeds the descent: "
-           f"{_ratio(clamp2, 0.5).ratio_text()} at 0.5 over {part(h2, 'dirichlet-h2').steps} steps")
+           f"with two layer-1 heads it speeds the descent ({_ratio(clamp2, 0.5).ratio_text()} at 0.5; the package's "
+           f"recipe only so far, {part(h2, 'dirichlet-h2').steps} steps)")
     one_layer = part(interventions, "attention-in-one-layer")
     vo, qk = arm(one_layer, "V/O frozen at init"), arm(one_layer, "Q/K frozen at init")
     holds(_ratio(vo, 0.5).ratio_interval[1] < 1, "V/O frozen shortens the plateau")
@@ -40,10 +40,9 @@ def readme_findings(gpu: Path, recipes: Path, h2: Path, interventions: Path, red
         f"plateau (median escape step {' → '.join(str(s.median().estimate) for s in depth)} for 1, 2, 4, 8 "
         "layers). The paper's \"most runs stuck\" is what fp16 autocast **without loss scaling** gives at a "
         f"400-step budget ({short16.n_censored}/{short16.n} censored); loss scaling or bf16 removes the delay.",
-        "- Whether clamping layer 0 to a perfect previous-token head slows or speeds the descent is a property of the "
-        f"training recipe, not of the architecture: {heads_sentence(effects, 1)}; {two}. Dirichlet kernels, 16 "
-        f"seeds per arm, {experiment(recipes).budget.steps} steps, init x first-state law x LayerNorm crossed, CPU "
-        "([docs/findings-dynamics.md](docs/findings-dynamics.md)). In a one-layer "
+        "- The previous-token clamp's effect on the descent is the recipe's, not the architecture's: "
+        f"over {experiment(recipes).budget.steps} steps {heads_sentence(effects, 1)}; {two} (16 seeds per arm, CPU; "
+        "[findings-dynamics.md](docs/findings-dynamics.md)). In a one-layer "
         "model, training attention's value path (V/O), not its pattern, is what lengthens the plateau (V/O frozen "
         f"at init: {_ratio(vo, 0.5).ratio_text()} of the free median escape; Q/K frozen: "
         f"{_ratio(qk, 0.5).ratio_text()}; 16 seeds, CPU).",
