@@ -12,8 +12,9 @@ Three sources, one interface (`.sample(batch, seq_len, generator=...)` -> `Int[T
 What theory, probes and training need from a source is the `Source` protocol: vocab, order, the prior's `alpha`
 and the transitions it allows (`support`), the finite `pool` of kernels (a fixed chain is a pool of one),
 `sample(..., return_kernels=True)` for the kernels of a batch and `initial_context_laws(kernels)` for the law of
-each sequence's first states. A new source kind is
-one class that satisfies it plus a builder in `SourceConfig`.
+each sequence's first states; the sources of this module also say how their first states were given (`initial`)
+and which `SourceConfig` builds them (`config`, what theory keys its Monte Carlo references on). A new source kind
+is one class that satisfies the protocol plus a builder in `_BUILDERS` (the kinds are `SOURCE_KINDS`).
 
 Sampling is vectorised over positions as well as sequences. A chain step is a map from states to states,
 `x_t = F_t(x_{t-1})`, where `F_t` is drawn up front for every possible current state from one uniform per
@@ -240,6 +241,13 @@ class Source(Protocol):
       `return_kernels` also each sequence's kernel [batch, V**order, V].
     - `initial_context_laws(kernels)`: the law of each sequence's first `order` states over contexts, given
       its kernel (the stationary law of that kernel, or a fixed law).
+
+    Optional (every source of this module has them; a source without them is used everywhere except where
+    `theory.reference_losses` runs its cached Monte Carlo for random kernels):
+
+    - `initial`: the first-context law as given, "stationary" (each kernel's own stationary law) or a tuple over
+      the V**order contexts.
+    - `config`: the `SourceConfig` that builds an equal source (references are keyed on its JSON).
     """
 
     vocab: int
@@ -280,12 +288,28 @@ class MarkovChain:
         self.order = order
         self.vocab = int(self.kernel.shape[-1])
         self._initial = _initial_context_law(initial, self.kernel, self.vocab, order)
-        self._cdf = _context_kernel(self.kernel).cumsum(-1)
+        self._stationary_start = isinstance(initial, str) and initial == "stationary"
+        self._cdf = _context_kernel(self.kernel).cumsum(-1)  # `kernel_cdf` (the private name stays for callers)
 
     @property
     def initial_context_law(self) -> Tensor:
         """The law of the first `order` states, over contexts (base-V index, oldest state most significant)."""
         return self._initial
+
+    @property
+    def initial(self) -> str | tuple[float, ...]:
+        """The first-context law as given: "stationary" (the kernel's) or the law over contexts as a tuple."""
+        return "stationary" if self._stationary_start else tuple(self._initial.tolist())
+
+    @property
+    def kernel_cdf(self) -> Float[Tensor, "context vocab"]:
+        """The cumulative kernel rows [V**order, V] the sampler inverts (float64). Do not modify it in place."""
+        return self._cdf
+
+    @property
+    def config(self) -> "SourceConfig":
+        """The `SourceConfig` that builds this chain (kind "markov")."""
+        return SourceConfig(kind="markov", kernel=self.kernel.tolist(), order=self.order, initial=self.initial)
 
     support = None  # the `Source` protocol: a fixed chain has no prior (its kernel's zeros say what is allowed)
 
@@ -337,6 +361,11 @@ class BinaryChain(MarkovChain):
 
     def __repr__(self) -> str:
         return f"BinaryChain(p={self.p}, q={self.q})"
+
+    @property
+    def config(self) -> "SourceConfig":
+        """The `SourceConfig` that builds this chain (kind "binary")."""
+        return SourceConfig(kind="binary", p=self.p, q=self.q, initial=self.initial)
 
 
 class RandomMarkov:
@@ -402,6 +431,12 @@ class RandomMarkov:
     def initial(self) -> str | tuple[float, ...]:
         """The first-context law as given: "stationary" (each kernel's own) or the law over contexts as a tuple."""
         return self._initial if isinstance(self._initial, str) else tuple(self._initial.tolist())
+
+    @property
+    def config(self) -> "SourceConfig":
+        """The `SourceConfig` that builds this source (kind "random"; a pool's seed as drawn, 0 when not given)."""
+        return SourceConfig(kind="random", vocab=self.vocab, order=self.order, alpha=self.alpha, initial=self.initial,
+                            pool_size=self.pool_size, pool_seed=self.pool_seed, zero_diagonal=self.zero_diagonal)
 
     @functools.cached_property
     def pool(self) -> Optional[Float[Tensor, "kernel context vocab"]]:
@@ -508,7 +543,13 @@ _BUILDERS: dict[str, Callable[[Any, InitialLaw], Source]] = {
     "random": lambda c, initial: RandomMarkov(c.vocab, c.order, c.alpha, initial=initial, pool_size=c.pool_size,
                                               pool_seed=c.pool_seed, zero_diagonal=c.zero_diagonal),
 }
-_KINDS = tuple(_BUILDERS)
+SOURCE_KINDS = tuple(_BUILDERS)  # the source kinds a `SourceConfig` builds (the CLI's --source choices)
+_KINDS = SOURCE_KINDS
+KIND_HELP = {  # one line per kind, for the CLI's help
+    "binary": "fixed two-state chain (--p, --q; default p=0.2, q=0.3)",
+    "markov": "any fixed kernel (--kernel, --order)",
+    "random": "a fresh Dirichlet kernel per sequence (default 2 states)",
+}
 _KIND_FIELDS = {"binary": ("p", "q"), "markov": ("kernel",),
                 "random": ("vocab", "alpha", "pool_size", "pool_seed", "zero_diagonal")}
 _OPTIONAL_FIELDS = ("p", "q", "kernel", "vocab", "pool_size", "pool_seed")  # None unless the kind uses them
@@ -566,6 +607,12 @@ class SourceConfig(Config):
         """The source object this config describes."""
         initial = self.initial if isinstance(self.initial, str) else list(self.initial)
         return _BUILDERS[self.kind](self, initial)
+
+    @property
+    def in_context(self) -> bool:
+        """Whether each sequence draws its own kernel from a prior (fresh or from a finite pool): the in-context
+        task, whose defaults and references differ from a fixed chain's (the source's `alpha` is set)."""
+        return self.build().alpha is not None
 
     @property
     def vocab_size(self) -> int:

@@ -49,7 +49,7 @@ from markov_interp.chains import context_kernel as _context_kernel
 from markov_interp.chains import block_sizes, context_transition_matrix, kernel_bytes
 from markov_interp.chains import solve_stationary as _solve_stationary
 from markov_interp.chains import stationary_context_law
-from markov_interp.data import RandomMarkov, Source, validate_kernel
+from markov_interp.data import Source, SourceConfig, validate_kernel
 
 Kernel = Any  # a [V]*k + [V] array-like or a fixed chain; validated by data.validate_kernel
 _CHUNK_ELEMENTS = 1 << 22  # float64 entries of the largest temporary an exact pool computation holds (32 MiB)
@@ -1034,7 +1034,7 @@ def _check_in_context_entry(vocab: int, alpha: float, seq_len: int, n_sequences:
     return check
 
 
-def _first_state_gain(source: RandomMarkov, tokens: Tensor, rng: np.random.Generator, draws: int) -> Tensor:
+def _first_state_gain(source: Source, tokens: Tensor, rng: np.random.Generator, draws: int) -> Tensor:
     """log(V**k g) per sequence, g = E[pi_{c_0}(P) | transitions]: the log-loss (summed over the sequence)
     the Bayes predictor saves over add-alpha by using what a stationary first context c_0 says about P.
 
@@ -1060,7 +1060,7 @@ def _first_state_gain(source: RandomMarkov, tokens: Tensor, rng: np.random.Gener
     return torch.log(vocab**order * g) + var / (2 * draws * g**2)
 
 
-def _in_context_chunk(source: RandomMarkov, seq_len: int, batch: int, gen: torch.Generator,
+def _in_context_chunk(source: Source, seq_len: int, batch: int, gen: torch.Generator,
                       rng: np.random.Generator, gain_draws: int) -> tuple[Tensor, Tensor, Tensor]:
     """Per sequence and target ([2, batch, target]: add-alpha, in-context unigram) the Rao-Blackwellised losses
     and their control variates, and per sequence the first-state gain (0 if the start ignores P).
@@ -1076,12 +1076,12 @@ def _in_context_chunk(source: RandomMarkov, seq_len: int, batch: int, gen: torch
     sizes = block_sizes(batch, 8 * seq_len * (source.vocab ** (source.order + 1) + 1))
     parts = [_in_context_block(source, t, k) for t, k in zip(tokens.split(sizes), kernels.split(sizes))]
     values, controls = (torch.cat(column, 1) for column in zip(*parts))
-    stationary = isinstance(source._initial, str)
+    stationary = source.initial == "stationary"
     gain = _first_state_gain(source, tokens, rng, gain_draws) if stationary else torch.zeros(batch, dtype=torch.float64)
     return values, controls, gain
 
 
-def _in_context_block(source: RandomMarkov, tokens: Int[Tensor, "batch pos"],
+def _in_context_block(source: Source, tokens: Int[Tensor, "batch pos"],
                       kernels: Float[Tensor, "batch context vocab"]) -> tuple[Tensor, Tensor]:
     """`_in_context_chunk`'s losses ([2, batch, target]: add-alpha, in-context unigram) and their controls for
     the sequences `tokens` drawn from `kernels`."""
@@ -1097,7 +1097,7 @@ def _in_context_block(source: RandomMarkov, tokens: Int[Tensor, "batch pos"],
                               rows)
     uni_probs = add_beta_predictions(tokens, vocab, order=0, beta=alpha, support=support)
     unigram = torch.where(valid, cross_entropy(uni_probs[:, :-1], rows), target_log_loss(uni_probs, tokens))
-    if isinstance(source._initial, str):
+    if source.initial == "stationary":
         # pi is floored: a state of law ~1e-300 (tiny alpha) would make the control infinite
         cv_rate, cv_uni = entropy(rows), cross_entropy(pi.clamp_min(1e-300)[:, None, :].expand_as(rows), rows)
     else:
@@ -1108,13 +1108,13 @@ def _in_context_block(source: RandomMarkov, tokens: Int[Tensor, "batch pos"],
     return torch.stack([add_alpha, unigram]), controls
 
 
-def _fixed_start_gain(source: RandomMarkov) -> float:
+def _fixed_start_gain(source: Source) -> float:
     """Total log-loss the Bayes predictor saves over add-alpha inside a fixed first-context law mu (order > 1:
     add-alpha predicts uniformly there, Bayes by mu's conditionals): (k - 1) log V - H(mu) + H(mu's first state)."""
     vocab, order = source.vocab, source.order
     if order == 1:
         return 0.0
-    mu = source._initial
+    mu = torch.tensor(source.initial, dtype=torch.float64)
     first = mu.reshape(vocab, -1).sum(1)
     return float((order - 1) * math.log(vocab) - entropy(mu) + entropy(first))
 
@@ -1153,7 +1153,7 @@ def _control_coefficients(values: Tensor, controls: Tensor) -> Tensor:
     return torch.where(var > 0, (v * c).mean(1) / var.clamp_min(1e-300), torch.zeros_like(var))
 
 
-def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExpectations, *, seed: int,
+def _in_context_references(source: Source, seq_len: int, kernel: KernelExpectations, *, seed: int,
                            tol: float, n_sequences: int | None) -> dict:
     """Monte Carlo (Rao-Blackwellised, with control variates) of the in-context losses: draw chunks of
     sequences until every averaged value's standard error is below `tol` (at least 1024 sequences, at most
@@ -1164,7 +1164,7 @@ def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExp
     moments, coef = _Moments(), None
     means = torch.tensor([kernel.entropy_rate, kernel.oracle_unigram_loss], dtype=torch.float64)[:, None]
     mean_ses = torch.tensor([kernel.entropy_rate_se, kernel.oracle_unigram_loss_se], dtype=torch.float64)[:, None]
-    fixed_gain = 0.0 if isinstance(source._initial, str) else _fixed_start_gain(source) / (seq_len - 1)
+    fixed_gain = 0.0 if source.initial == "stationary" else _fixed_start_gain(source) / (seq_len - 1)
     while True:
         size = chunk if n_sequences is None else min(chunk, n_sequences - moments.n)
         values, controls, gain = _in_context_chunk(source, seq_len, size, gen, rng, gain_draws=32)
@@ -1211,7 +1211,7 @@ def _pool_oracle_curve(pool: PoolKernels, initial: PoolLaws, seq_len: int) -> Fl
     return out
 
 
-def _pool_bayes_references(source: RandomMarkov, seq_len: int, *, seed: int, tol: float,
+def _pool_bayes_references(source: Source, seq_len: int, *, seed: int, tol: float,
                            n_sequences: int | None) -> dict:
     """Monte Carlo of the pool-Bayes loss, Rao-Blackwellised: at target t the expected loss given the sequence
     and its kernel is H(true law) + KL(true law || pool-Bayes prediction). The first term's mean is exact
@@ -1278,30 +1278,35 @@ def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5
     _check_source(source)
     if source.alpha is None:  # one fixed kernel: exact
         return ReferenceLosses(entropy_rate=entropy_rate(source), unigram_loss=unigram_loss(source))
-    if not isinstance(source, RandomMarkov):  # the Monte Carlo below is keyed on RandomMarkov's parameters
-        raise ValueError(f"reference losses of random kernels need a RandomMarkov source, got {type(source).__name__}")
+    config = getattr(source, "config", None)
+    if not isinstance(config, SourceConfig):  # the Monte Carlo below is cached under the source's config
+        raise ValueError(f"reference losses of random kernels are keyed on the source's config: "
+                         f"{type(source).__name__} has no `config` property giving its data.SourceConfig")
     if not tol > 0:
         raise ValueError(f"tol must be > 0, got {tol!r}")
     if n_sequences is not None and (isinstance(n_sequences, bool) or not isinstance(n_sequences, int)
                                     or n_sequences < 2):
         raise ValueError(f"n_sequences must be an integer >= 2 or None, got {n_sequences!r}")
-    return _random_references(source.vocab, source.order, source.alpha, source.initial, seq_len, seed, float(tol),
-                              n_sequences, source.pool_size, source.pool_seed, source.zero_diagonal)
+    return _random_references(config.to_json(), seq_len, seed, float(tol), n_sequences)
+
+
+def _source_key(config: SourceConfig) -> dict:
+    """The fields of a random-kernel source in a cache key: its config's set fields (kind "random" left out, so
+    the keys of Dirichlet sources are what they were when they were keyed on RandomMarkov's parameters)."""
+    fields = {k: v for k, v in config.to_dict().items() if v is not None and k != "kind"}
+    return fields if config.kind == "random" else {"kind": config.kind, **fields}
 
 
 @functools.lru_cache(maxsize=64)
-def _random_references(vocab: int, order: int, alpha: float, initial: Any, seq_len: int, seed: int, tol: float,
-                       n_sequences: int | None, pool_size: int | None = None,
-                       pool_seed: int | None = None, zero_diagonal: bool = False) -> ReferenceLosses:
-    source = RandomMarkov(vocab, order, alpha, initial=initial if isinstance(initial, str) else list(initial),
-                          pool_size=pool_size, pool_seed=pool_seed, zero_diagonal=zero_diagonal)
+def _random_references(config_json: str, seq_len: int, seed: int, tol: float,
+                       n_sequences: int | None) -> ReferenceLosses:
+    config = SourceConfig.from_json(config_json)
+    source = config.build()
     kernel = expected_kernel_references(source, seed=seed)
-    pool = {} if pool_size is None else {"pool_size": pool_size, "pool_seed": pool_seed}  # fresh kernels: keys as before
-    diagonal = {"zero_diagonal": True} if zero_diagonal else {}  # every transition allowed: the keys as before
-    key = {"what": "in-context", "vocab": vocab, "order": order, "alpha": alpha, "initial": initial,
-           "seq_len": seq_len, "seed": seed, "tol": tol, "n_sequences": n_sequences,
-           "kernel": kernel.cache_dict(), **pool, **diagonal}
-    found = _disk_cache_read(key, _check_in_context_entry(vocab, alpha, seq_len, n_sequences, pool=bool(pool)))
+    pool = source.pool is not None
+    key = {"what": "in-context", **_source_key(config), "seq_len": seq_len, "seed": seed, "tol": tol,
+           "n_sequences": n_sequences, "kernel": kernel.cache_dict()}
+    found = _disk_cache_read(key, _check_in_context_entry(source.vocab, source.alpha, seq_len, n_sequences, pool=pool))
     if found is None:
         found = _in_context_references(source, seq_len, kernel, seed=seed, tol=tol, n_sequences=n_sequences)
         if pool:

@@ -396,7 +396,7 @@ def test_theory_dispatches_through_the_protocol():
     assert isinstance(source, Source)
     assert torch.equal(theory.true_predictions(source, tokens), theory.add_beta_predictions(tokens, 2))
     assert torch.equal(theory.plateau_predictions(source, tokens), theory.add_beta_predictions(tokens, 2, order=0))
-    with pytest.raises(ValueError, match="need a RandomMarkov source"):  # the Monte Carlo is keyed on its parameters
+    with pytest.raises(ValueError, match="keyed on the source.s config"):  # the Monte Carlo is keyed on its config
         theory.reference_losses(source, 8)
     with pytest.raises(ValueError, match="no single kernel"):
         theory.entropy_rate(RandomMarkov(2, pool_size=2))

@@ -245,7 +245,7 @@ def default_run(source: Optional[SourceConfig] = None, **overrides: Any) -> RunC
     else:
         base = source.to_dict()
     source = SourceConfig.from_dict({**base, **source_opts}, where="source")
-    random = source.kind == "random"
+    random = source.in_context  # the in-context task: a kernel per sequence
     sections = {
         "source": source.to_dict(),
         "model": {"preset": "attn-only-2layer" if random else "paper-1layer"},
