@@ -762,24 +762,29 @@ def _control_variate_mean(moments: np.ndarray, n: int, known: np.ndarray, n_targ
 
 
 def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol: float,
-                            max_kernels: int = 1 << 24, zero_diagonal: bool = False) -> KernelExpectations:
+                            max_kernels: int = 1 << 24, zero_diagonal: bool = False,
+                            support: tuple | None = None) -> KernelExpectations:
     """E[entropy rate] and E[H(pi)] over Dirichlet(alpha) kernels by Monte Carlo, in chunks of 2**18 kernels
     until both standard errors are below `tol`. Two controls with exact means cut the variance about 3x:
     the mean row entropy (E = psi(V alpha + 1) - psi(alpha + 1)) and the spread sum_x (m_x - 1/V)**2 of the
     mean row m (E = (V - 1) / (V (V alpha + 1) V**k)). `zero_diagonal` (order 1): rows Dirichlet(alpha) over
     the other V - 1 states; the means become psi(W alpha + 1) - psi(alpha + 1) and (V - 2) / (V W (W alpha + 1))
     with W = V - 1 (each m_x averages the V - 1 entries P(c, x), c != x, of variance (W - 1) / (W^2 (W alpha + 1)),
-    over V rows)."""
+    over V rows). Any other `support` ([V**k, V] booleans, W allowed states in every row, `_prior_support`): the
+    first mean with that W, the second `_spread_mean`'s."""
     n_ctx = vocab**order
     width = vocab - 1 if zero_diagonal else vocab  # states per row
     spread = ((vocab - 2) / (vocab * width * (width * alpha + 1)) if zero_diagonal
               else (vocab - 1) / (vocab * (vocab * alpha + 1) * n_ctx))
+    if support is not None:
+        allowed = np.array(support, dtype=np.float64)
+        width, spread = int(allowed[0].sum()), _spread_mean(allowed, alpha)
     known = np.array([
         float(torch.special.digamma(torch.tensor(width * alpha + 1.0, dtype=torch.float64))
               - torch.special.digamma(torch.tensor(alpha + 1.0, dtype=torch.float64))),
         spread,
     ])
-    mask = 1.0 - np.eye(vocab) if zero_diagonal else 1.0
+    mask = 1.0 - np.eye(vocab) if zero_diagonal else 1.0 if support is None else allowed
     rng = np.random.default_rng([seed, 16])
     moments, n, chunk = np.zeros((5, 5)), 0, 1 << 18
     while True:
@@ -793,6 +798,19 @@ def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol
         est, se = _control_variate_mean(moments, n, known, 2)
         if se.max() < tol or n >= max_kernels:
             return KernelExpectations(float(est[0]), float(se[0]), float(est[1]), float(se[1]), "monte carlo")
+
+
+def _spread_mean(allowed: np.ndarray, alpha: float) -> float:
+    """E[sum_x (m_x - 1/V)**2], m the mean row of a kernel whose row c is Dirichlet(alpha) over the W states
+    `allowed[c]` allows (every row W). Each P(c, x) allowed has mean 1/W and variance (W - 1) / (W**2 (W alpha + 1))
+    and the rows are independent, so m_x has mean a_x = n_x / (C W) and variance n_x (W - 1) / (C**2 W**2 (W alpha
+    + 1)), with n_x the rows allowing x and C the rows; the expectation is sum_x var(m_x) + (a_x - 1/V)**2. (For
+    every state allowed or all but the diagonal this is the closed form `_mc_kernel_expectations` states.)"""
+    n_ctx, vocab = allowed.shape
+    width = allowed[0].sum()
+    n_x = allowed.sum(0)
+    var = n_x * (width - 1) / (n_ctx**2 * width**2 * (width * alpha + 1))
+    return float((var + (n_x / (n_ctx * width) - 1.0 / vocab) ** 2).sum())
 
 
 def _kernel_moment_rows(gam: np.ndarray) -> Float[Tensor, "kernel 5"]:
@@ -820,20 +838,32 @@ def expected_kernel_references(source: Source, *, seed: int = 0, tol: float = 1e
         raise ValueError(f"tol must be > 0, got {tol!r}")
     if source.pool is not None:
         return _pool_expectations(source.pool)
+    support = _prior_support(source)
     return _kernel_expectations_cached(source.vocab, source.order, source.alpha, seed, float(tol),
-                                       _zero_diagonal(source))
+                                       support is True, None if isinstance(support, bool) else support)
 
 
-def _zero_diagonal(source: Source) -> bool:
-    """Whether the source's prior rules out exactly the self-transitions (`RandomMarkov(zero_diagonal=True)`);
-    False for every transition allowed; a ValueError for other supports (no reference computation for them)."""
+def _prior_support(source: Source) -> bool | tuple:
+    """The support of the source's prior, as the kernel expectations are keyed on it: False for every transition
+    allowed, True for all but the self-transitions (`RandomMarkov(zero_diagonal=True)`), else the [V**k, V] booleans
+    as nested tuples (e.g. `CyclicMarkov`'s). The Monte Carlo's control variate needs every row to allow the same
+    number of states; a ValueError for other supports."""
     support = source.support
     if support is None:
         return False
-    if source.order == 1 and torch.equal(support.cpu(), ~torch.eye(source.vocab, dtype=torch.bool)):
+    support = support.cpu()
+    if source.order == 1 and torch.equal(support, ~torch.eye(source.vocab, dtype=torch.bool)):
         return True
-    raise ValueError("reference losses are computed for priors over every transition or over all but the "
-                     f"self-transitions (zero_diagonal), not for the support {support.int().tolist()}")
+    widths = support.sum(-1)
+    if not (widths == widths[0]).all() or int(widths[0]) < 2:
+        raise ValueError("reference losses are computed for priors whose rows each allow the same number (>= 2) of "
+                         f"states, not for the support {support.int().tolist()}")
+    return tuple(tuple(bool(x) for x in row) for row in support.tolist())
+
+
+def _zero_diagonal(source: Source) -> bool:
+    """Whether the source's prior rules out exactly the self-transitions (`RandomMarkov(zero_diagonal=True)`)."""
+    return _prior_support(source) is True
 
 
 def _pool_expectations(pool: PoolKernels) -> KernelExpectations:
@@ -846,15 +876,16 @@ def _pool_expectations(pool: PoolKernels) -> KernelExpectations:
 
 @functools.lru_cache(maxsize=64)
 def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int, tol: float,
-                                zero_diagonal: bool = False) -> KernelExpectations:
-    if vocab == 2 and order == 1 and not zero_diagonal:
+                                zero_diagonal: bool = False, support: tuple | None = None) -> KernelExpectations:
+    if vocab == 2 and order == 1 and not zero_diagonal and support is None:
         return _binary_kernel_expectations(alpha)
     key = {"what": "kernel-expectations", "vocab": vocab, "order": order, "alpha": alpha, "seed": seed, "tol": tol,
-           **({"zero_diagonal": True} if zero_diagonal else {})}  # full support: the keys as before
+           **({"zero_diagonal": True} if zero_diagonal else {}),  # full support: the keys as before
+           **({"support": support} if support is not None else {})}
     cached = _disk_cache_read(key, _check_kernel_entry(vocab))
     if cached is not None:
         return KernelExpectations.from_cache_dict(cached)
-    out = _mc_kernel_expectations(vocab, order, alpha, seed, tol, zero_diagonal=zero_diagonal)
+    out = _mc_kernel_expectations(vocab, order, alpha, seed, tol, zero_diagonal=zero_diagonal, support=support)
     _disk_cache_write(key, out.cache_dict())
     return out
 
