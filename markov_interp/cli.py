@@ -195,11 +195,11 @@ def _train_run(args: argparse.Namespace):  # -> training.RunConfig (imported laz
 
 def _with_interventions(run: "RunConfig", args: argparse.Namespace) -> "RunConfig":
     """`run` with the --freeze and --clamp entries appended to train.interventions (in the order given)."""
-    from markov_interp import intervene
+    from markov_interp import clamps
 
     added = []
-    for flag, parse, items in (("--freeze", intervene.parse_freeze, args.freeze),
-                               ("--clamp", intervene.parse_clamp, args.clamp)):
+    for flag, parse, items in (("--freeze", clamps.parse_freeze, args.freeze),
+                               ("--clamp", clamps.parse_clamp, args.clamp)):
         for item in items or []:
             try:
                 added.append(parse(item))

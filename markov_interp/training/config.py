@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
-from markov_interp import intervene
+from markov_interp import clamps as intervene  # renamed (issue 34); the old name below merges cleanly
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_number
 from markov_interp.data import SourceConfig
 from markov_interp.models import ModelConfig, preset
