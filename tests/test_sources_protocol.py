@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from markov_interp import probes, theory, training
-from markov_interp.data import SOURCE_KINDS, BinaryChain, MarkovChain, RandomMarkov, Source, SourceConfig
+from markov_interp.data import SOURCE_KINDS, BinaryChain, MarkovChain, RandomMarkov, SourceConfig
 
 ORDER2 = [[[0.9, 0.1], [0.5, 0.5]], [[0.3, 0.7], [0.2, 0.8]]]
 
@@ -117,31 +117,6 @@ def test_the_cli_offers_the_builders_kinds():
                   if "--source" in a.option_strings)
     assert tuple(action.choices) == SOURCE_KINDS and len(SOURCE_KINDS) >= 3
     assert all(kind in action.choices for kind in SOURCE_KINDS) and "bogus" not in action.choices
-
-
-class Dirichlet2:
-    """A random-kernel source of a class of its own: the protocol's required members only (no config)."""
-
-    vocab, order, alpha, pool, support = 2, 1, 1.0, None, None
-
-    def sample(self, batch, seq_len, generator=None, *, device=None, return_kernels=False):
-        return RandomMarkov(2).sample(batch, seq_len, generator, device=device, return_kernels=return_kernels)
-
-    def initial_context_laws(self, kernels):
-        return RandomMarkov(2).initial_context_laws(kernels)
-
-
-def test_probes_take_any_protocol_source():
-    """`probes.sample_batch` goes through the protocol: a source of a class of its own gives the batch its
-    equal RandomMarkov gives; theory's Monte Carlo references need the source's config and say so."""
-    mine, theirs = (probes.sample_batch(s, n_sequences=6, seq_len=10, seed=2) for s in (Dirichlet2(), RandomMarkov(2)))
-    assert isinstance(Dirichlet2(), Source)
-    assert torch.equal(mine.tokens, theirs.tokens) and torch.equal(mine.kernels, theirs.kernels)
-    assert (mine.random_kernel, mine.beta) == (True, 1.0) and torch.equal(mine.initial, theirs.initial)
-    with pytest.raises(ValueError, match="keyed on the source's config: Dirichlet2 has no `config`"):
-        theory.reference_losses(Dirichlet2(), 8)
-    with pytest.raises(TypeError, match="source must be a Markov source"):
-        probes.sample_batch("binary", n_sequences=4, seq_len=4, seed=0)
 
 
 def test_in_context_decides_the_defaults():

@@ -386,7 +386,8 @@ _TAKES = {  # what a parameter of each annotated type takes, in words
     ProbeBatch: "a ProbeBatch (probes.sample_batch(source, n_sequences=..., seq_len=..., seed=...))",
     Tensor: "a torch tensor",
 }
-_SOURCE_TAKES = "a Markov source (BinaryChain, MarkovChain or RandomMarkov, e.g. SourceConfig(...).build())"
+_SOURCE_TAKES = ("a Markov source (a data.Source: BinaryChain, MarkovChain, RandomMarkov, CyclicMarkov, ...; e.g. "
+                 "SourceConfig(...).build())")
 _SKIP = (int, float, str, bool, type(None))  # plain values: the probes' own ValueErrors name bad ones
 
 
