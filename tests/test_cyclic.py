@@ -208,6 +208,18 @@ def test_the_cli_builds_a_cyclic_run():
     assert run.model.n_layers == 2 and run.model.d_vocab == 3
 
 
+def test_training_batches_are_the_sources_own():
+    """The engine's sampler draws what `sample` draws (here: cyclic steps only), alone and beside a Dirichlet
+    source in one stack (a sampler that treated the kind as `RandomMarkov` would draw full-support kernels)."""
+    from markov_interp.training.batches import member_sampler
+
+    cyclic, dirichlet = CyclicMarkov(4, alpha=0.5), SourceConfig(kind="random", vocab=4, alpha=0.5).build()
+    for sources in ([cyclic], [cyclic, dirichlet]):
+        tokens = member_sampler(sources, [gen(7 + k) for k in range(len(sources))], 8, 33)()
+        assert torch.equal(tokens[0], cyclic.sample(8, 33, generator=gen(7)))
+        assert set(((tokens[0, :, 1:] - tokens[0, :, :-1]) % 4).unique().tolist()) <= {0, 1}
+
+
 @pytest.mark.slow
 def test_training_on_cyclic_chains(tmp_path):
     run = training.default_run(kind="cyclic", vocab=3, **{
