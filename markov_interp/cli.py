@@ -96,6 +96,10 @@ _TRAIN_SHORTCUTS = (
         help="fp32 (default) or autocast fp16 / bf16; precision changes the paper's outcome")),
     ("training", "--loss-scaling", "train.loss_scaling", dict(action="store_const", const=True,
                                                               help="fp16 with dynamic loss scaling")),
+    ("training", "--compile", "train.compile", dict(
+        choices=["off", "default", "max"],
+        help="torch.compile the training step: off (default, eager), default or max (autotuned); equal to eager up "
+        "to float rounding (docs/training.md#compiled-steps)")),
     ("training", "--device", "train.device", dict(help="auto (default: cuda if available), cpu, cuda, cuda:1, ...")),
     ("training", "--eval-every", "train.eval_every", dict(
         type=int, help="evaluate every N steps (default 100; 0: only at the end)")),

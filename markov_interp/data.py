@@ -29,7 +29,7 @@ for two states, where a map is a reset, the identity or a flip, with a cumulativ
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Optional, Protocol, Union, runtime_checkable
 
 import torch
@@ -160,21 +160,25 @@ def _sample_chain(
     seq_len: int,
     generator: torch.Generator | None,
     device: torch.device,
+    u: Optional[Float[Tensor, "batch steps 1 1"]] = None,
 ) -> Tokens:
     """Sample order-k chains given per-sequence cumulative kernels and the first context index.
 
     The chain state is the context c = base-V number of the last k tokens (oldest first); the next context is
-    (c * V + x) mod V**k. `first` is the context made of the first k tokens.
+    (c * V + x) mod V**k. `first` is the context made of the first k tokens. `u`: the step uniforms, when drawn
+    already (else drawn here from `generator`).
     """
     batch, n_ctx, _ = cdf.shape
     steps = max(seq_len - order, 0)
     if steps:
-        u = torch.rand(batch, steps, 1, 1, generator=generator, device=device, dtype=torch.float64)
+        if u is None:
+            u = torch.rand(batch, steps, 1, 1, generator=generator, device=device, dtype=torch.float64)
         # the comparison below sums steps * contexts * V int64 per sequence: a block of sequences at a time
         # bounds the memory (chains.block_sizes); each sequence is computed alone, so the tokens are the same
         sizes = block_sizes(batch, 8 * steps * n_ctx * vocab)
-        later = torch.cat([_chain_block(c, x, f, vocab=vocab, order=order)
-                           for c, x, f in zip(cdf.split(sizes), u.split(sizes), first.split(sizes))])
+        parts = [_chain_block(c, x, f, vocab=vocab, order=order)
+                 for c, x, f in zip(cdf.split(sizes), u.split(sizes), first.split(sizes))]
+        later = parts[0] if len(parts) == 1 else torch.cat(parts)
     else:
         later = torch.empty(batch, 0, dtype=torch.long, device=device)
     digits = vocab ** torch.arange(order - 1, -1, -1, device=device)
@@ -216,9 +220,13 @@ def _initial_context_law(initial: InitialLaw, kernel: Tensor | None, vocab: int,
     return law
 
 
-def _draw(law: Tensor, batch: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
+def _draw(law: Tensor, batch: int, generator: torch.Generator | None, device: torch.device,
+          u: Optional[Float[Tensor, "batch 1"]] = None) -> Tensor:
+    """Indices drawn from `law` (one law, or one per row), by inverse CDF of the uniforms `u` (drawn here if
+    None)."""
     cdf = law.to(device).cumsum(-1)
-    u = torch.rand(batch, 1, generator=generator, device=device, dtype=torch.float64)
+    if u is None:
+        u = torch.rand(batch, 1, generator=generator, device=device, dtype=torch.float64)
     return (cdf <= u).sum(-1).clamp_(max=law.shape[-1] - 1)
 
 
@@ -479,11 +487,16 @@ class RandomMarkov:
         dev = _resolve_device(generator, device)
         # Dirichlet via normalised Gamma draws; torch's Gamma sampler has no generator argument, so use
         # Marsaglia-Tsang on generator-driven normals and uniforms (exact for shape >= 1; boost for < 1).
-        shape = (batch, self.vocab**self.order, self.vocab)
-        gamma = _gamma(self.alpha, shape, generator, dev)
+        return self._normalised(_gamma(self.alpha, self._kernel_shape(batch), generator, dev))
+
+    def _kernel_shape(self, batch: int) -> tuple[int, int, int]:
+        return batch, self.vocab**self.order, self.vocab
+
+    def _normalised(self, gamma: Float[Tensor, "*lead context vocab"]) -> Float[Tensor, "*lead context vocab"]:
+        """Kernels from Gamma(alpha) draws: each row normalised over its allowed states (Dirichlet(alpha))."""
         support = self.support
         if support is not None:  # Gamma draws of the allowed states normalised: Dirichlet over them
-            gamma = gamma * support.to(dev)
+            gamma = gamma * support.to(gamma.device)
         return gamma / gamma.sum(-1, keepdim=True)
 
     def sample(
@@ -557,27 +570,132 @@ class CyclicMarkov(RandomMarkov):
 
 def _gamma(alpha: float, shape: tuple, generator: torch.Generator | None, device: torch.device) -> Tensor:
     """Gamma(alpha, 1) draws from an explicit generator (Marsaglia & Tsang 2000, with rejection)."""
+    return _gamma_many(alpha, shape, [generator], device)[0]
+
+
+def _gamma_many(alpha: float, shape: tuple, generators: Sequence[Optional[torch.Generator]],
+                device: torch.device) -> Float[Tensor, "member ..."]:
+    """`_gamma(alpha, shape, g)` for every generator g at once, [member, *shape]: member k's numbers are those of
+    `generators[k]` alone, bit for bit (each draws its normals and uniforms in the order `_gamma` does; the
+    elementwise acceptance runs for all members together, with one host read per rejection round)."""
     boost = alpha < 1
     a = alpha + 1 if boost else alpha
     d = a - 1.0 / 3
     c = 1.0 / math.sqrt(9 * d)
-    out = torch.empty(shape, dtype=torch.float64, device=device)
-    todo = torch.ones(shape, dtype=torch.bool, device=device)
-    while todo.any():
-        n = int(todo.sum())
-        z = torch.randn(n, generator=generator, device=device, dtype=torch.float64)
-        u = torch.rand(n, generator=generator, device=device, dtype=torch.float64)
+    out = torch.empty((len(generators), *shape), dtype=torch.float64, device=device)
+    todo = torch.ones_like(out, dtype=torch.bool)
+    counts = [math.prod(shape)] * len(generators)
+    while any(counts):
+        draws = [(torch.randn(n, generator=g, device=device, dtype=torch.float64),
+                  torch.rand(n, generator=g, device=device, dtype=torch.float64))
+                 for n, g in zip(counts, generators) if n]
+        z, u = (torch.cat(part) for part in zip(*draws))  # members in order: todo.nonzero's order
         v = (1 + c * z) ** 3
         ok = (v > 0) & (torch.log(u.clamp_min(1e-300)) < 0.5 * z**2 + d - d * v + d * torch.log(v.clamp_min(1e-300)))
         idx = todo.nonzero(as_tuple=True)
         accepted = tuple(i[ok] for i in idx)
         out[accepted] = (d * v)[ok]
         todo[accepted] = False
+        counts = todo.flatten(1).sum(1).tolist()
     if boost:
-        u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+        u = torch.stack([torch.rand(shape, generator=g, device=device, dtype=torch.float64) for g in generators])
         out = out * u.clamp_min(1e-300) ** (1.0 / alpha)
     return out.clamp_min(1e-300)
 
+
+def stacked_sampler(sources: Sequence[Source], batch: int, seq_len: int,
+                    generators: Sequence[torch.Generator]) -> Callable[[], Int[Tensor, "member batch pos"]]:
+    """A function drawing one batch per source, `[member, batch, seq_len]`, member k's with `generators[k]`: what
+    a stack trains on (`training.batches.member_sampler`).
+
+    For fixed chains and random kernels of one vocab and order every member makes its own random draws in
+    `sample`'s order -- its kernels (Dirichlet rejection rounds shared by all members of one alpha, or pool
+    indices), then its first states' and steps' uniforms in one draw -- and the stationary laws, first states
+    and chains of all members are computed at once (fixed chains' tables once for all calls). Other sources are
+    sampled one by one. On the CPU member k's rows are `sources[k].sample(batch, seq_len,
+    generator=generators[k])` bit for bit (the CPU generator fills in order, so one draw is `sample`'s two); a
+    CUDA generator's stream depends on how a draw is split, so there they are this function's own (still the
+    same for a member alone and in any stack).
+
+    Args:
+        sources: one source per member.
+        batch, seq_len: sequences per member and their length.
+        generators: one per member, all on the device the tokens are drawn on.
+
+    Returns:
+        The sampler: each call draws the next batch of every member (int64 tokens).
+
+    >>> sample = stacked_sampler([BinaryChain(0.2, 0.3), BinaryChain(0.5, 0.8)], 4, 10,
+    ...                          [torch.Generator().manual_seed(s) for s in (0, 1)])
+    >>> sample().shape
+    torch.Size([2, 4, 10])
+    """
+    _check_sizes(batch, seq_len)
+    if not sources or len(sources) != len(generators):
+        raise ValueError(f"need one generator per source and at least one source, got {len(sources)} sources and "
+                         f"{len(generators)} generators")
+    kinds = {(isinstance(s, RandomMarkov), s.vocab, s.order) for s in sources}
+    if len(kinds) != 1 or not all(isinstance(s, (MarkovChain, RandomMarkov)) for s in sources):
+        return lambda: torch.stack([s.sample(batch, seq_len, generator=g) for s, g in zip(sources, generators)])
+    device = generators[0].device
+    vocab, order = sources[0].vocab, sources[0].order
+    steps = max(seq_len - order, 0)
+    fixed = None if isinstance(sources[0], RandomMarkov) else _stacked_tables(sources, batch, generators, device)
+
+    def sample() -> Int[Tensor, "member batch pos"]:
+        cdf, first_cdf = fixed if fixed is not None else _stacked_tables(sources, batch, generators, device)
+        draws = torch.empty(len(sources), batch * (1 + steps), dtype=torch.float64, device=device)
+        for row, g in zip(draws, generators):  # after its kernels, a member's one draw from its own generator
+            row.uniform_(generator=g)
+        u0 = draws[:, :batch].reshape(-1, 1)
+        first = (first_cdf <= u0).sum(-1).clamp_(max=first_cdf.shape[-1] - 1)  # `_draw`, laws given
+        u = draws[:, batch:].reshape(len(sources) * batch, steps, 1, 1)
+        tokens = _sample_chain(cdf, first, vocab=vocab, order=order, seq_len=seq_len, generator=None,
+                               device=device, u=u)
+        return tokens.view(len(sources), batch, seq_len)
+
+    return sample
+
+
+def _stacked_tables(sources: Sequence[Source], batch: int, generators: Sequence[torch.Generator],
+                    device: torch.device) -> tuple[Tensor, Tensor]:
+    """Every sequence's cumulative kernel [(member batch), context, vocab] and cumulative first-context law
+    [(member batch), context], with each member's random draws made as `sample` makes them: fixed chains none;
+    pools an index per sequence; fresh kernels the Gamma rounds of `_gamma_many`, shared by the members of one
+    alpha. The arithmetic after the draws runs once per source object for all its members (a stack of seeds is
+    one source): row by row the same as one member's (`solve_stationary` solves each kernel alone)."""
+    groups: dict[int, list[int]] = {}  # members of one source object
+    for k, source in enumerate(sources):
+        groups.setdefault(id(source), []).append(k)
+    n_ctx, vocab = sources[0].vocab ** sources[0].order, sources[0].vocab
+    cdf = torch.empty(len(sources), batch, n_ctx, vocab, dtype=torch.float64, device=device)
+    laws = torch.empty(len(sources), batch, n_ctx, dtype=torch.float64, device=device)
+
+    def place(members: list[int], kernels_cdf: Tensor, initial: Tensor) -> None:
+        at = torch.tensor(members, device=device)
+        cdf[at] = kernels_cdf.to(cdf).reshape(len(members), batch, n_ctx, vocab)
+        laws[at] = initial.to(laws).reshape(len(members), batch, n_ctx)
+
+    fresh: dict[float, list[int]] = {}
+    for members in groups.values():
+        source = sources[members[0]]
+        if isinstance(source, MarkovChain):
+            place(members, source.kernel_cdf.to(device).expand(len(members) * batch, -1, -1),
+                  source.initial_context_law.to(device).expand(len(members) * batch, -1))
+        elif source.pool is not None:
+            index = torch.cat([torch.randint(source.pool_size, (batch,), generator=generators[k], device=device)
+                               for k in members])
+            place(members, source.pool.to(device)[index].cumsum(-1), source._pool_initial.to(device)[index])
+        else:
+            fresh.setdefault(source.alpha, []).extend(members)
+    for alpha, members in fresh.items():
+        gamma = _gamma_many(alpha, sources[members[0]]._kernel_shape(batch), [generators[k] for k in members], device)
+        row = {k: i for i, k in enumerate(members)}
+        for group in (g for g in groups.values() if g[0] in row):
+            source = sources[group[0]]
+            kernels = source._normalised(gamma[[row[k] for k in group]].flatten(0, 1))
+            place(group, kernels.cumsum(-1), source.initial_context_laws(kernels))
+    return cdf.flatten(0, 1), laws.flatten(0, 1).cumsum(-1)
 
 
 # ---------------------------------------------------------------------------------------------- config

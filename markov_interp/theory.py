@@ -861,11 +861,6 @@ def _prior_support(source: Source) -> bool | tuple:
     return tuple(tuple(bool(x) for x in row) for row in support.tolist())
 
 
-def _zero_diagonal(source: Source) -> bool:
-    """Whether the source's prior rules out exactly the self-transitions (`RandomMarkov(zero_diagonal=True)`)."""
-    return _prior_support(source) is True
-
-
 def _pool_expectations(pool: PoolKernels) -> KernelExpectations:
     """The entropy rate and H(pi) averaged over the kernels of a pool (each drawn with probability 1/N): exact."""
     pi = _solve_stationary(pool.to(torch.float64))
