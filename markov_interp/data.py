@@ -1,6 +1,6 @@
 """Markov sources: the data a model is trained and probed on.
 
-Three sources, one interface (`.sample(batch, seq_len, generator=...)` -> `Int[Tensor, "batch pos"]`):
+Four sources, one interface (`.sample(batch, seq_len, generator=...)` -> `Int[Tensor, "batch pos"]`):
 
 - `BinaryChain(p, q)`: the two-state chain of Makkuva et al. with P(0 -> 1) = p and P(1 -> 0) = q.
 - `MarkovChain(kernel, order=k)`: any number of states; for order k the kernel is indexed by the last k states.
@@ -8,12 +8,16 @@ Three sources, one interface (`.sample(batch, seq_len, generator=...)` -> `Int[T
   learning task of the induction-head literature (Edelman et al. 2024). With `pool_size=N` every sequence draws
   one of N kernels fixed once (a finite pool: the task-diversity setting of Raventos et al. 2023). With
   `zero_diagonal=True` no state follows itself: each row is Dirichlet(alpha) over the other V - 1 states.
+- `CyclicMarkov(vocab, alpha)`: a fresh cyclic chain per sequence, each state staying with probability
+  s_x ~ Beta(alpha, alpha) or moving on to the next state mod V (stationary law, entropy rate and in-context Bayes
+  law in closed form).
 
 What theory, probes and training need from a source is the `Source` protocol: vocab, order, the prior's `alpha`
 and the transitions it allows (`support`), the finite `pool` of kernels (a fixed chain is a pool of one),
 `sample(..., return_kernels=True)` for the kernels of a batch and `initial_context_laws(kernels)` for the law of
-each sequence's first states. A new source kind is
-one class that satisfies it plus a builder in `SourceConfig`.
+each sequence's first states; the sources of this module also say how their first states were given (`initial`)
+and which `SourceConfig` builds them (`config`, what theory keys its Monte Carlo references on). A new source kind
+is one class that satisfies the protocol plus a builder in `_BUILDERS` (the kinds are `SOURCE_KINDS`).
 
 Sampling is vectorised over positions as well as sequences. A chain step is a map from states to states,
 `x_t = F_t(x_{t-1})`, where `F_t` is drawn up front for every possible current state from one uniform per
@@ -248,6 +252,13 @@ class Source(Protocol):
       `return_kernels` also each sequence's kernel [batch, V**order, V].
     - `initial_context_laws(kernels)`: the law of each sequence's first `order` states over contexts, given
       its kernel (the stationary law of that kernel, or a fixed law).
+
+    Optional (every source of this module has them; a source without them is used everywhere except where
+    `theory.reference_losses` runs its cached Monte Carlo for random kernels):
+
+    - `initial`: the first-context law as given, "stationary" (each kernel's own stationary law) or a tuple over
+      the V**order contexts.
+    - `config`: the `SourceConfig` that builds an equal source (references are keyed on its JSON).
     """
 
     vocab: int
@@ -288,12 +299,28 @@ class MarkovChain:
         self.order = order
         self.vocab = int(self.kernel.shape[-1])
         self._initial = _initial_context_law(initial, self.kernel, self.vocab, order)
-        self._cdf = _context_kernel(self.kernel).cumsum(-1)
+        self._stationary_start = isinstance(initial, str) and initial == "stationary"
+        self._cdf = _context_kernel(self.kernel).cumsum(-1)  # `kernel_cdf` (the private name stays for callers)
 
     @property
     def initial_context_law(self) -> Tensor:
         """The law of the first `order` states, over contexts (base-V index, oldest state most significant)."""
         return self._initial
+
+    @property
+    def initial(self) -> str | tuple[float, ...]:
+        """The first-context law as given: "stationary" (the kernel's) or the law over contexts as a tuple."""
+        return "stationary" if self._stationary_start else tuple(self._initial.tolist())
+
+    @property
+    def kernel_cdf(self) -> Float[Tensor, "context vocab"]:
+        """The cumulative kernel rows [V**order, V] the sampler inverts (float64). Do not modify it in place."""
+        return self._cdf
+
+    @property
+    def config(self) -> "SourceConfig":
+        """The `SourceConfig` that builds this chain (kind "markov")."""
+        return SourceConfig(kind="markov", kernel=self.kernel.tolist(), order=self.order, initial=self.initial)
 
     support = None  # the `Source` protocol: a fixed chain has no prior (its kernel's zeros say what is allowed)
 
@@ -345,6 +372,11 @@ class BinaryChain(MarkovChain):
 
     def __repr__(self) -> str:
         return f"BinaryChain(p={self.p}, q={self.q})"
+
+    @property
+    def config(self) -> "SourceConfig":
+        """The `SourceConfig` that builds this chain (kind "binary")."""
+        return SourceConfig(kind="binary", p=self.p, q=self.q, initial=self.initial)
 
 
 class RandomMarkov:
@@ -411,6 +443,12 @@ class RandomMarkov:
         """The first-context law as given: "stationary" (each kernel's own) or the law over contexts as a tuple."""
         return self._initial if isinstance(self._initial, str) else tuple(self._initial.tolist())
 
+    @property
+    def config(self) -> "SourceConfig":
+        """The `SourceConfig` that builds this source (kind "random"; a pool's seed as drawn, 0 when not given)."""
+        return SourceConfig(kind="random", vocab=self.vocab, order=self.order, alpha=self.alpha, initial=self.initial,
+                            pool_size=self.pool_size, pool_seed=self.pool_seed, zero_diagonal=self.zero_diagonal)
+
     @functools.cached_property
     def pool(self) -> Optional[Float[Tensor, "kernel context vocab"]]:
         """The pool's kernels [pool_size, V**order, V] (float64, drawn once with `pool_seed`), None without a
@@ -456,8 +494,9 @@ class RandomMarkov:
 
     def _normalised(self, gamma: Float[Tensor, "*lead context vocab"]) -> Float[Tensor, "*lead context vocab"]:
         """Kernels from Gamma(alpha) draws: each row normalised over its allowed states (Dirichlet(alpha))."""
-        if self.zero_diagonal:  # Gamma draws of the other states normalised: Dirichlet over them
-            gamma = gamma * self.support.to(gamma.device)
+        support = self.support
+        if support is not None:  # Gamma draws of the allowed states normalised: Dirichlet over them
+            gamma = gamma * support.to(gamma.device)
         return gamma / gamma.sum(-1, keepdim=True)
 
     def sample(
@@ -485,6 +524,48 @@ class RandomMarkov:
             generator=generator, device=dev,
         )
         return (tokens, kernels) if return_kernels else tokens
+
+
+class CyclicMarkov(RandomMarkov):
+    """A random cyclic chain per sequence: from state x the chain stays at x or moves on to x + 1 (mod V), and
+    P(stay at x) = s_x ~ Beta(alpha, alpha), independently per state (each row Dirichlet(alpha) over its two allowed
+    states, `support`). Its in-context task has one unknown per state, where `RandomMarkov`'s has V - 1.
+
+    Closed forms, checked against theory in tests/test_cyclic.py: the stationary law pi_x is proportional to
+    1 / (1 - s_x) (each lap spends a geometric time of mean 1 / (1 - s_x) at x); the entropy rate is
+    sum_x pi_x h(s_x) (h the binary entropy); with a uniform first state the Bayes predictor is
+    P(stay at x | the sequence so far) = (alpha + n_stay(x)) / (2 alpha + n(x)) over the n(x) steps taken from x
+    (`theory.add_beta_predictions` over the support), and the Bayes loss of a sequence is the Beta-Binomial
+    marginal likelihood -sum_x log B(alpha + n_stay(x), alpha + n_move(x)) / B(alpha, alpha).
+
+    >>> CyclicMarkov(3).support.int().tolist()
+    [[1, 1, 0], [0, 1, 1], [1, 0, 1]]
+    >>> tokens = CyclicMarkov(4).sample(2, 12, generator=torch.Generator().manual_seed(0))
+    >>> bool((((tokens[:, 1:] - tokens[:, :-1]) % 4) <= 1).all())  # every step stays or moves on by one
+    True
+    """
+
+    def __init__(self, vocab: int, alpha: float | int = 1.0, *, initial: InitialLaw = "stationary"):
+        check_int("vocab", vocab, minimum=3)  # two states would be every transition: RandomMarkov(2)
+        super().__init__(vocab, 1, alpha, initial=initial)
+
+    def __repr__(self) -> str:
+        return f"CyclicMarkov(vocab={self.vocab}, alpha={self.alpha})"
+
+    @property
+    def support(self) -> Bool[Tensor, "context vocab"]:
+        """x -> x (stay) and x -> x + 1 mod V (move on), [V, V] booleans (the `Source` protocol)."""
+        stay = torch.eye(self.vocab, dtype=torch.bool)
+        return stay | stay.roll(1, dims=1)
+
+    @property
+    def config(self) -> "SourceConfig":
+        """The `SourceConfig` that builds this source (kind "cyclic")."""
+        return SourceConfig(kind="cyclic", vocab=self.vocab, alpha=self.alpha, initial=self.initial)
+
+    def out_of_pool(self) -> "CyclicMarkov":
+        """This source (it has no pool: every sequence draws a fresh kernel)."""
+        return CyclicMarkov(self.vocab, self.alpha, initial=self._initial)
 
 
 def _gamma(alpha: float, shape: tuple, generator: torch.Generator | None, device: torch.device) -> Tensor:
@@ -599,7 +680,7 @@ def _stacked_tables(sources: Sequence[Source], batch: int, generators: Sequence[
     for members in groups.values():
         source = sources[members[0]]
         if isinstance(source, MarkovChain):
-            place(members, source._cdf.to(device).expand(len(members) * batch, -1, -1),
+            place(members, source.kernel_cdf.to(device).expand(len(members) * batch, -1, -1),
                   source.initial_context_law.to(device).expand(len(members) * batch, -1))
         elif source.pool is not None:
             index = torch.cat([torch.randint(source.pool_size, (batch,), generator=generators[k], device=device)
@@ -625,10 +706,17 @@ _BUILDERS: dict[str, Callable[[Any, InitialLaw], Source]] = {
     "markov": lambda c, initial: MarkovChain(c.kernel, c.order, initial=initial),
     "random": lambda c, initial: RandomMarkov(c.vocab, c.order, c.alpha, initial=initial, pool_size=c.pool_size,
                                               pool_seed=c.pool_seed, zero_diagonal=c.zero_diagonal),
+    "cyclic": lambda c, initial: CyclicMarkov(c.vocab, c.alpha, initial=initial),
 }
-_KINDS = tuple(_BUILDERS)
+SOURCE_KINDS = tuple(_BUILDERS)  # the source kinds a `SourceConfig` builds (the CLI's --source choices)
+_KINDS = SOURCE_KINDS
+KIND_HELP = {  # one line per kind, for the CLI's help
+    "binary": "fixed two-state chain (--p, --q; default p=0.2, q=0.3)",
+    "markov": "any fixed kernel (--kernel, --order)",
+    "random": "a fresh Dirichlet kernel per sequence (default 2 states)",
+}
 _KIND_FIELDS = {"binary": ("p", "q"), "markov": ("kernel",),
-                "random": ("vocab", "alpha", "pool_size", "pool_seed", "zero_diagonal")}
+                "random": ("vocab", "alpha", "pool_size", "pool_seed", "zero_diagonal"), "cyclic": ("vocab", "alpha")}
 _OPTIONAL_FIELDS = ("p", "q", "kernel", "vocab", "pool_size", "pool_seed")  # None unless the kind uses them
 
 
@@ -637,7 +725,8 @@ class SourceConfig(Config):
     """A serialisable description of a source: what a run folder records and `build()` turns into a source.
 
     kind "binary" uses p, q; "markov" uses kernel (nested lists) and order; "random" uses vocab, order, alpha,
-    zero_diagonal (no self-transitions) and, for a finite pool of kernels, pool_size (and pool_seed, default 0).
+    zero_diagonal (no self-transitions) and, for a finite pool of kernels, pool_size (and pool_seed, default 0);
+    "cyclic" (`CyclicMarkov`) uses vocab and alpha.
     Serialisation, unknown-key refusal and `replace` come from `config.Config`; pool_size and pool_seed are left
     out of the JSON while None and zero_diagonal while False, so configs written before they existed (and sweep
     cell ids) are unchanged.
@@ -645,7 +734,7 @@ class SourceConfig(Config):
 
     _LATER_FIELDS: ClassVar[dict] = {"pool_size": None, "pool_seed": None, "zero_diagonal": False}
 
-    kind: str = "binary"  # "binary", "markov" or "random"
+    kind: str = "binary"  # "binary", "markov", "random" or "cyclic" (SOURCE_KINDS)
     p: float | int | None = None  # binary: P(0 -> 1)
     q: float | int | None = None  # binary: P(1 -> 0)
     kernel: tuple | list | None = None  # markov: nested tuples, shape [V]*order + [V]
@@ -676,14 +765,20 @@ class SourceConfig(Config):
                 raise ValueError(f"a binary chain has order 1, got order={self.order}")
         elif self.kind == "markov" and self.kernel is None:
             raise ValueError("a markov source needs a kernel")
-        elif self.kind == "random" and self.vocab is None:
-            raise ValueError("a random source needs vocab")
+        elif self.kind in ("random", "cyclic") and self.vocab is None:
+            raise ValueError(f"a {self.kind} source needs vocab")
         self.build()  # validates every value once, with the sources' own messages
 
     def build(self) -> Source:
         """The source object this config describes."""
         initial = self.initial if isinstance(self.initial, str) else list(self.initial)
         return _BUILDERS[self.kind](self, initial)
+
+    @property
+    def in_context(self) -> bool:
+        """Whether each sequence draws its own kernel from a prior (fresh or from a finite pool): the in-context
+        task, whose defaults and references differ from a fixed chain's (the source's `alpha` is set)."""
+        return self.build().alpha is not None
 
     @property
     def vocab_size(self) -> int:

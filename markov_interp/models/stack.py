@@ -13,7 +13,7 @@ not depend on the other members or on K (every operation acts on each member alo
 tested bit for bit on the CPU), so a run gives the same weights alone or in any stack. Its
 named intervention points are TransformerLens hook names (`models.hooks.intervention_points`), so code written
 for the hooked model's activations applies: pass `{hook name: fn}` and each `fn` replaces that activation (with
-a leading member axis) by its return value (`intervene.clamp_hooks(..., member_axis=True)` builds clamps). The
+a leading member axis) by its return value (`clamps.clamp_hooks(..., member_axis=True)` builds clamps). The
 logits equal the hooked model's (`models.hooked`, tested at 1e-5) for every architecture option.
 """
 

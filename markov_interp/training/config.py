@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
-from markov_interp import intervene
+from markov_interp import clamps as intervene  # renamed (issue 34); the old name below merges cleanly
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_number
 from markov_interp.data import SourceConfig
 from markov_interp.models import ModelConfig, preset
@@ -253,7 +253,7 @@ def default_run(source: Optional[SourceConfig] = None, **overrides: Any) -> RunC
     else:
         base = source.to_dict()
     source = SourceConfig.from_dict({**base, **source_opts}, where="source")
-    random = source.kind == "random"
+    random = source.in_context  # the in-context task: a kernel per sequence
     sections = {
         "source": source.to_dict(),
         "model": {"preset": "attn-only-2layer" if random else "paper-1layer"},

@@ -56,7 +56,8 @@ from typing import Any, Optional
 import torch
 from tqdm.auto import tqdm
 
-from markov_interp import intervene, theory
+from markov_interp import clamps as intervene  # renamed (issue 34); the old name below merges cleanly
+from markov_interp import theory
 from markov_interp.data import Source
 from markov_interp.models import INIT_FIELDS, HookedModel, shape_config, state_dict_for_save
 from markov_interp.models.optim import StackedOptimizer
