@@ -1,21 +1,26 @@
-"""`classify_mechanism` wall time on the README's models, against one forward pass of the same batch.
+"""`classify_mechanism` and `discover_circuit` wall time, against one forward (and one forward + backward) pass of
+the same batch, measured in the same process.
 
-The models are the README's (untrained weights: the probes do the same work whatever the weights; the kept-edge
-rule may try a few more circuit-only runs on a model whose edges all matter a little): the paper's one-layer
-model on the binary chain
-(probe length 128, the default for a model whose training length is unknown; 256, `train`'s default length and
-so the probe default for its runs, from Python, `probe`, `report` and sweeps alike; 1024, the training length
-of the full reproduction's (p, q) grid, which its sweeps now probe at), and the two-layer attention-only model
-on random 3-state kernels (length 32, as in the README's example, and 128). Prints the median seconds of
-`--repeats` calls and the ratio to one forward pass on the same probe batch, measured in the same process, and
-the share of it spent in circuit discovery (exhaustive path patching of every edge on 16 of the sequences, the
-gradient estimate, faithfulness and minimality: `probes.discover_circuit`). The issue's bar: under 5 s on one
-thread at lengths 128 / 256 (paper model) and 32 / 128 (two-layer model).
+Two tables:
 
-    python benchmarks/bench_classify.py [--repeats 5] [--threads 1] [--n-sequences 64]
+1. **classify**: the README's models (untrained weights: the probes do the same work whatever the weights; the
+   kept-edge rule may try a few more circuit-only runs on a model whose edges all matter a little): the paper's
+   one-layer model on the binary chain at lengths 128 / 256 / 1024 and the two-layer attention-only model on
+   random 3-state kernels at 32 and 128, `--n-sequences` (64) probe sequences. The issue's bar: the two-layer
+   model at length 128 under 2 s on one thread.
+2. **discovery**: `discover_circuit` on random-init attention-only models on RandomMarkov(3) (the issue's table:
+   2 x 2 d16, 4 x 4 d32, 6 x 4 d64 at seq 64; 2 x 2 at seq 128; 12 x 12 d256 (d_head 21) at seq 128, GPT-2-small's layers and heads)
+   with its default 16 sequences, by each method ("exact" where it fits the `--exact-limit` seconds, else
+   skipped; "attribution+verify"; "auto", the default); the ratio to one forward + backward pass of the same batch
+   is the number to hold as the machine changes. The bars: 6 x 4 at seq 64 under 5 s, 12 x 12 at seq 128 under
+   60 s, 2 x 2 at seq 128 under 1 s (default method, one thread). Whether attribution+verify keeps exactly the
+   edges exact patching keeps is printed where both ran.
+
+    python benchmarks/bench_classify.py [--repeats 3] [--threads 1] [--only classify|discovery]
 """
 
 import argparse
+import os
 import statistics
 import time
 
@@ -23,7 +28,7 @@ import torch
 
 from markov_interp import models
 from markov_interp.data import BinaryChain, RandomMarkov
-from markov_interp.probes import classify_mechanism, discover_circuit, sample_batch
+from markov_interp.probes import classify_mechanism, discover_circuit, graph_edges, sample_batch
 
 CASES = (
     ("paper-1layer, binary p=0.2 q=0.3", "paper-1layer", {}, BinaryChain(0.2, 0.3), 128),
@@ -31,6 +36,9 @@ CASES = (
     ("paper-1layer, binary p=0.2 q=0.3", "paper-1layer", {}, BinaryChain(0.2, 0.3), 1024),
     ("attn-only-2layer, RandomMarkov(3)", "attn-only-2layer", dict(d_vocab=3, n_ctx=32), RandomMarkov(3), 32),
     ("attn-only-2layer, RandomMarkov(3)", "attn-only-2layer", dict(d_vocab=3), RandomMarkov(3), 128),
+)
+DISCOVERY = (  # (layers, heads, d_model, seq_len)
+    (2, 2, 16, 64), (4, 4, 32, 64), (6, 4, 64, 64), (2, 2, 16, 128), (12, 12, 256, 128),
 )
 
 
@@ -44,23 +52,75 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--n-sequences", type=int, default=64)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"torch threads {torch.get_num_threads()}, {args.n_sequences} probe sequences, median of {args.repeats}")
+def forward_backward(model, tokens) -> None:
+    logits = model(tokens)
+    torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)).backward()
+    model.zero_grad(set_to_none=True)
+
+
+def classify_table(args: argparse.Namespace) -> None:
+    print(f"classify_mechanism: {args.n_sequences} probe sequences, median of {args.repeats}")
     for label, name, overrides, source, seq_len in CASES:
+        if seq_len > args.max_length:
+            continue
         model = models.build(models.preset(name, **overrides), seed=0)
         batch = sample_batch(source, n_sequences=args.n_sequences, seq_len=seq_len, seed=0)
-        forward = median_time(lambda: model(batch.tokens), args.repeats)
-        full = median_time(lambda: classify_mechanism(model, source, batch=batch), args.repeats)
-        graph = median_time(lambda: discover_circuit(model, source, batch=batch, n_sequences=16), args.repeats)
+        with torch.no_grad():
+            forward = median_time(lambda: model(batch.tokens), args.repeats)
+        full = median_time(lambda: classify_mechanism(model, source, batch=batch, progress=False), args.repeats)
+        graph = median_time(lambda: discover_circuit(model, source, batch=batch, progress=False), args.repeats)
         print(f"{label:36s} length {seq_len:4d}: classify {full:6.3f} s = {full / forward:6.1f} forward passes "
-              f"({forward * 1e3:.1f} ms each); circuit discovery {graph:6.3f} s ({graph / full:.0%})")
+              f"({forward * 1e3:.1f} ms each); circuit discovery {graph:6.3f} s ({graph / full:.0%})", flush=True)
+
+
+def discovery_table(args: argparse.Namespace) -> None:
+    print(f"discover_circuit: random-init attention-only models, RandomMarkov(3), 16 sequences, median of "
+          f"{args.repeats} (one run for calls over 20 s)")
+    source = RandomMarkov(3)
+    for layers, heads, d_model, seq in DISCOVERY:
+        model = models.build(models.preset("attn-only-2layer", n_layers=layers, n_heads=heads, d_model=d_model,
+                                           d_head=d_model // heads, d_vocab=3, n_ctx=seq), seed=0)
+        batch = sample_batch(source, n_sequences=64, seq_len=seq, seed=0)
+        tokens = batch.tokens[:16]
+        fb = median_time(lambda: forward_backward(model, tokens), args.repeats)
+        n_edges = len(graph_edges(model))
+        row = f"{layers:2d} x {heads:2d} d{d_model:<3d} seq {seq:3d}, {n_edges:6d} edges: fwd+bwd {fb * 1e3:7.1f} ms;"
+        kept = {}
+        for method in ("exact", "attribution+verify", "auto"):
+            if method == "exact" and n_edges > args.exact_edges:
+                row += " exact skipped;"
+                continue
+            call = lambda m=method: discover_circuit(model, source, batch=batch, method=m, progress=False)  # noqa: E731
+            start = time.perf_counter()
+            graph = call()
+            first = time.perf_counter() - start
+            seconds = first if first > 20 else median_time(call, args.repeats)
+            kept[method] = set(graph.kept_names)
+            row += (f" {method} {seconds:7.2f} s = {seconds / fb:7.1f} fwd+bwd ({graph.n_verified} measured, "
+                    f"{len(graph.kept)} kept);")
+        if "exact" in kept:
+            row += f" verify keeps the exact set: {kept['attribution+verify'] == kept['exact']}"
+        print(row, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--n-sequences", type=int, default=64)
+    parser.add_argument("--exact-edges", type=int, default=2000, help="skip the exact method above this many edges")
+    parser.add_argument("--only", choices=("classify", "discovery"), default=None)
+    parser.add_argument("--max-length", type=int, default=1024, help="classify: skip longer probe lengths")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, load average "
+          f"{load:.1f} at the start")
+    if args.only in (None, "classify"):
+        classify_table(args)
+    if args.only in (None, "discovery"):
+        discovery_table(args)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end" if hasattr(os, "getloadavg") else "")
 
 
 if __name__ == "__main__":

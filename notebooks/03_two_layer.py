@@ -66,8 +66,10 @@ report.loss_curves_figure(result.metrics, result.final.references)
 # %% [markdown]
 # ## The mechanism and the heads
 #
-# The label checks its own law (the model's predictions against the in-context estimators, the kernel and the
-# uniform law) and, for `induction`, that each role's set of heads carries the in-context gain when ablated.
+# The verdict has two axes. The **circuit**: what path patching of every edge shows (a previous-token head's
+# output read by a later head's keys is an induction circuit, its order read from the lags its previous-token
+# heads carry). The **law**: which candidate law the outputs reach, as they are and up to one fitted temperature,
+# with the graded gains g_k (the share of each step up the ladder of in-context laws climbed, with its SE).
 # Previous-token scores come with their chance level (uniform causal attention); induction scores with a
 # baseline that keeps the tokens' statistics. The colour is the excess over those.
 
@@ -76,7 +78,7 @@ mech = probes.classify_mechanism(result.model, source, n_sequences=16 if QUICK e
 mech  # the verdict, the law check, the circuit, the references; the evidence as tables below it
 
 # %%
-mech.circuit.to_dataframe()  # each role's heads, the cost of ablating the set at once, and what confirmation needs
+mech.circuit.to_dataframe()  # every edge: its effect in the token and the positional pass, kept or not
 
 # %%
 mech.to_dataframe()  # per head: scores, excess over chance (0 chance, 1 perfect), loss change when mean-ablated
@@ -110,3 +112,36 @@ report.position_loss_figure(mech.behaviour, mech.references)  # an in-context le
 rep = report.build(RUNS / "two-layer", n_sequences=16 if QUICK else 64, max_checkpoints=3 if QUICK else 8)
 rep.save()
 rep.section("training")
+
+# %% [markdown]
+# ## The circuit before the law
+#
+# Mid-training the two axes part: the previous-token -> induction K-edge is already kept by path patching while
+# the outputs still sit between the unigram and the bigram laws (g_1 well below 1). The label then names the
+# circuit with a qualifier, `induction (order 1, partial)`, never the lower law the outputs happen to be near.
+# Every checkpoint of the run above:
+
+# %%
+import pandas
+
+from markov_interp import models
+
+verdicts = {}
+for path in sorted((RUNS / "two-layer" / "checkpoints").glob("step_*.safetensors")):
+    checkpoint = models.load(path)
+    checkpoint.markov_train_seq_len = SEQ_LEN
+    verdicts[int(path.stem.removeprefix("step_"))] = probes.classify_mechanism(
+        checkpoint, source, n_sequences=16 if QUICK else 64, seed=0, progress=False)
+pandas.DataFrame([{"step": step, "label": m.label, "circuit": m.circuit.kind, "law": m.law.status,
+                   "g_1": m.gains[1], "g_1 SE": m.gains.se[1], "faithfulness": m.graph.faithfulness}
+                  for step, m in verdicts.items()]).set_index("step")
+
+# %%
+# the first checkpoint whose circuit is found before its law is reached (None if no checkpoint caught it)
+early = next((m for m in verdicts.values() if m.circuit.kind == "induction" and m.law.status != "reached"), None)
+print(early.summary() if early is not None else "no checkpoint between the circuit and the law")
+
+# %%
+from IPython.display import SVG
+
+SVG(report.circuit_diagram((early or mech).graph))  # dashed: position information (the positional pass)

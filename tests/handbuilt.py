@@ -108,22 +108,29 @@ def unigram_model(pi, *, n_ctx: int = 128, n_layers: int = 1, n_heads: int = 1):
 
 # ---------------------------------------------------------------------------------- general circuit builder
 # Residual stream of `circuit_model`: [T: x_i one-hot | P_1..P_K: x_{i-l} one-hots (written by lag-l heads) |
-# O: output (read by the unembedding) | U: unread scratch (decoys write here) | POS: position one-hot].
+# O: output (read by the unembedding) | U: unread scratch (decoys write here) | POS: position one-hot |
+# S: a position one-hot written by a "position" head (only with `position_slot`)].
 # A head is given by a role tuple:
 #   ("prev", lag, weight)       attends from i to i - lag, writes weight * onehot(x_{i-lag}) into P_lag
 #   ("induction", order, w)     query [x_i, x_{i-1}, ..]; key [x_{j-1}, .., x_{j-order}] from P_1..P_order; value
 #                               x_j; writes w * onehot(x_j) into O (w = logit scale; keys j < order pushed away)
 #   ("count", w)                uniform causal attention, writes w * onehot(x_j) into O: an in-context counter
 #   ("self",), ("same",), ("prev-decoy", lag), ("uniform",)   decoys writing into U (nobody reads it)
+#   ("position",)               attends to itself and copies its position one-hot into S (needs `position_slot`)
+#   ("prev-slot", lag, w)       as "prev", but its query reads the position from S (a position head's output)
+#   ("prev-mix", lags, w)       attends equally to every lag in `lags`, writes w x the mix into P_1 (one role
+#                               spread over lags)
 # `kernel` (order 1) adds logits log P[x_i, .] read straight from T: the kernel stored in the weights.
 @torch.no_grad()
 def circuit_model(vocab: int, heads: dict, *, n_layers: int, n_heads: int, n_ctx: int = 48, max_lag: int = 2,
-                  sharpness: float = 25.0, kernel=None, bias=None, with_mlp: bool = False, extra=None):
+                  sharpness: float = 25.0, kernel=None, bias=None, with_mlp: bool = False, extra=None,
+                  position_slot: bool = False):
     V, N, K = vocab, n_ctx, max_lag
     T, P, O = 0, V, V + K * V
     U = O + V
     POS = U + V
-    d_model, dh = POS + N, N
+    S = POS + N
+    d_model, dh = S + (N if position_slot else 0), N
     assert N > K * V + 1
     cfg = ModelConfig(n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_head=dh, attn_only=not with_mlp,
                       normalization=None, tie_weights=False, unembed_bias=True, d_vocab=V, n_ctx=N, act_fn="relu",
@@ -137,7 +144,7 @@ def circuit_model(vocab: int, heads: dict, *, n_layers: int, n_heads: int, n_ctx
         for name in "qkv":
             values[f"blocks.{layer}.attn.{name}.weight"] = torch.zeros(hd, d_model)
         values[f"blocks.{layer}.attn.o.weight"] = torch.zeros(d_model, hd)
-    slots = dict(T=T, P=P, O=O, U=U, POS=POS, V=V, N=N, big=big, dh=dh)
+    slots = dict(T=T, P=P, O=O, U=U, POS=POS, S=S, V=V, N=N, big=big, dh=dh)
     for (layer, head), role in heads.items():
         assert layer < n_layers and head < n_heads, (layer, head)
         _write_head(values, layer, head * dh, role, slots)
@@ -160,10 +167,20 @@ def _write_head(values: dict, layer: int, base: int, role: tuple, s: dict) -> No
     V, N, big, T, POS = s["V"], s["N"], s["big"], s["T"], s["POS"]
     ar = torch.arange
     kind = role[0]
-    if kind in ("prev", "prev-decoy"):  # query i carries position i - lag, key j carries position j
+    if kind in ("prev", "prev-decoy", "prev-slot"):  # query i carries position i - lag, key j carries position j
         lag = role[1]
-        q[base + ar(N - lag), POS + ar(lag, N)] = big
+        q[base + ar(N - lag), (s["S"] if kind == "prev-slot" else POS) + ar(lag, N)] = big
         k[base + ar(N), POS + ar(N)] = 1
+    elif kind == "prev-mix":  # query i carries positions i - l for every l: the lags share its attention
+        for lag in role[1]:
+            q[base + ar(N - lag), POS + ar(lag, N)] = big
+        k[base + ar(N), POS + ar(N)] = 1
+    elif kind == "position":  # attends to itself, copies its position one-hot into S
+        q[base + ar(N), POS + ar(N)] = big
+        k[base + ar(N), POS + ar(N)] = 1
+        v[base + ar(N), POS + ar(N)] = 1
+        o[s["S"] + ar(N), base + ar(N)] = 1
+        return
     elif kind == "self":
         q[base + ar(N), POS + ar(N)] = big
         k[base + ar(N), POS + ar(N)] = 1
@@ -179,10 +196,11 @@ def _write_head(values: dict, layer: int, base: int, role: tuple, s: dict) -> No
         q[base + order * V, T + ar(V)] = big  # a constant query (the state one-hot sums to 1) ...
         k[base + order * V, POS + ar(order)] = -float(order) - 1  # ... pushes away keys j < order
     # "count" and "uniform": zero query and key, attention uniform over 0..i
-    if kind in ("prev", "induction", "count"):
+    if kind in ("prev", "prev-slot", "prev-mix", "induction", "count"):
         v[base + ar(V), T + ar(V)] = 1
         weight = role[-1]
-        target = s["P"] + (role[1] - 1) * V if kind == "prev" else s["O"]
+        target = s["P"] + (role[1] - 1) * V if kind in ("prev", "prev-slot") else s["P"] if kind == "prev-mix" \
+            else s["O"]
         o[target + ar(V), base + ar(V)] = weight
     else:  # decoys: copy the attended state into the unread slot
         v[base + ar(V), T + ar(V)] = 1
@@ -303,3 +321,34 @@ def intended_induction_edges(order: int, *, prev: dict, induction: tuple) -> set
     for i in induction:
         out |= {f"embed->{i}.q", f"embed->{i}.v", f"{i}->logits"}
     return out
+
+
+# ------------------------------------------------------------------------- circuits for the verdict's axes
+def cancelling_circuit(vocab: int, *, n_ctx: int = 48, weight: float = 3.0):
+    """The order-1 induction circuit plus two counting heads in layer 1 (L1H1, L1H2) whose outputs cancel
+    exactly (+weight and -weight times the in-context state frequencies): each costs much when corrupted alone,
+    nothing together."""
+    heads = {(0, 0): ("prev", 1, 1.0), (1, 0): ("induction", 1, 2.0), (1, 1): ("count", weight),
+             (1, 2): ("count", -weight)}
+    return circuit_model(vocab, heads, n_layers=2, n_heads=3, n_ctx=n_ctx)
+
+
+def position_circuit(vocab: int, *, n_ctx: int = 32):
+    """An order-1 induction circuit whose previous-token head (L1H0) finds the previous position through a
+    position head (L0H0: it copies each position's one-hot into S, a head output that depends on the positions
+    alone); the induction head is L2H0. Under token corruptions L0H0's output never changes."""
+    heads = {(0, 0): ("position",), (1, 0): ("prev-slot", 1, 1.0), (2, 0): ("induction", 1, 2.0)}
+    return circuit_model(vocab, heads, n_layers=3, n_heads=1, n_ctx=n_ctx, position_slot=True)
+
+
+def mixed_lag_circuit(vocab: int, *, n_ctx: int = 48, lags: tuple = (1, 2)):
+    """One layer-0 head attending equally to lags 1 and 2 (one previous-token role spread over two lags) feeding
+    an order-1 induction head's keys: one lag channel, whatever the data's order."""
+    heads = {(0, 0): ("prev-mix", tuple(lags), 1.0), (1, 0): ("induction", 1, 2.0)}
+    return circuit_model(vocab, heads, n_layers=2, n_heads=1, n_ctx=n_ctx, max_lag=max(lags))
+
+
+def position_edges(prev: dict) -> set:
+    """The position edges of previous-token heads (`prev`: lag -> head names): their queries and keys read the
+    position embedding."""
+    return {f"pos->{p}.{c}" for names in prev.values() for p in names for c in "qk"}

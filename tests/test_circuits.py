@@ -14,6 +14,7 @@ from handbuilt import (
     decoy_kernel_model,
     induction_circuit,
     intended_induction_edges,
+    position_edges,
     kernel_model,
     pair_kernel_model,
     skipping_circuit,
@@ -56,10 +57,11 @@ def _scaled(model, factor: float, seed: int = 0):
     return models.hooked_model(model.markov_config, state)
 
 
-def _brute_losses(model, tokens, corrupted, bad: set) -> torch.Tensor:
+def _brute_losses(model, tokens, corrupted, bad: set, positions=None) -> torch.Tensor:
     """Each sequence's mean loss with the edges named in `bad` corrupted, computed from the weights alone: every
-    sender's output and every receiver input formed by hand (ACDC's edge-level forward), independently of the
-    hooks and of `probes.paths`."""
+    sender's output (the token embedding "embed", the position embedding "pos", heads, MLPs) and every receiver
+    input formed by hand (ACDC's edge-level forward), independently of the hooks and of `probes.paths`. The
+    corrupted run reads `corrupted` tokens at `positions` (default: their own)."""
     p, cfg = models.state_dict_for_save(model), model.markov_config
     heads, dh = model.markov_config.heads_per_layer, cfg.d_head
 
@@ -68,17 +70,16 @@ def _brute_losses(model, tokens, corrupted, bad: set) -> torch.Tensor:
             return x
         return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + cfg.eps) * w
 
-    def forward(tok, corrupt_out, cut):
-        out = {"embed": p["embed.weight"][tok]}
-        pos = p["pos_embed.weight"][: tok.shape[1]]
+    def forward(tok, where, corrupt_out, cut):
+        out = {"embed": p["embed.weight"][tok], "pos": p["pos_embed.weight"][where]}
 
         def read(receiver, suffix, upstream):
-            total = pos.expand_as(out["embed"]).clone()
+            total = torch.zeros_like(out["embed"])
             for s in upstream:
                 total = total + (corrupt_out[s] if f"{s}->{receiver}{suffix}" in cut else out[s])
             return total
 
-        done = ["embed"]
+        done = ["embed", "pos"]
         for layer in range(cfg.n_layers):
             new = []
             for h in range(heads[layer]):
@@ -103,9 +104,10 @@ def _brute_losses(model, tokens, corrupted, bad: set) -> torch.Tensor:
         logits = norm(read("logits", "", done), p.get("ln_final.weight")) @ unembed.T + p["unembed.bias"]
         return out, logits
 
+    own = torch.arange(tokens.shape[1]).expand_as(tokens)
     with torch.no_grad():
-        corrupt_out, _ = forward(corrupted, {}, set())
-        _, logits = forward(tokens, corrupt_out, bad)
+        corrupt_out, _ = forward(corrupted, own if positions is None else positions, {}, set())
+        _, logits = forward(tokens, own, corrupt_out, bad)
     logp = torch.log_softmax(logits.double(), -1)[:, :-1]
     return -torch.gather(logp, 2, tokens[:, 1:, None])[..., 0].mean(1)
 
@@ -121,42 +123,56 @@ def _uneven_model():
                                               d_model=8), seed=4), 8.0)
 
 
-@pytest.mark.parametrize("make,vocab", [(_ln_mlp_model, 2), (_uneven_model, 3)])
-def test_path_patching_agrees_with_a_brute_force_edge_forward(make, vocab):
+@pytest.mark.parametrize("make,vocab,corrupt", [(_ln_mlp_model, 2, "tokens"), (_uneven_model, 3, "tokens"),
+                                                (_ln_mlp_model, 2, "positions"), (_uneven_model, 3, "both")])
+def test_path_patching_agrees_with_a_brute_force_edge_forward(make, vocab, corrupt):
+    """Single edges, pairs, every kept edge into a receiver and random joint sets, corrupting the tokens, the
+    positions (the positional pass) or both, against the forward written by hand from the weights."""
     model = make()
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, vocab, (6, 12), generator=gen)
-    corrupted = torch.randint(0, vocab, (6, 12), generator=gen)
-    runner = EdgeRunner(model, tokens, corrupted)
+    corrupted = torch.randint(0, vocab, (6, 12), generator=gen) if corrupt != "positions" else tokens
+    positions = torch.stack([torch.randperm(12, generator=gen) for _ in range(6)]) if corrupt != "tokens" else None
+    runner = EdgeRunner(model, tokens, corrupted, corrupted_positions=positions)
     edges = runner.edges
     subsets = [[], list(edges)] + [[e] for e in edges]
     subsets += [[e for e in edges if torch.rand((), generator=gen) < frac] for frac in (0.2, 0.5, 0.8)]
+    pick = torch.randperm(len(edges), generator=gen)[:8].tolist()
+    subsets += [[edges[i], edges[j]] for i, j in itertools.combinations(pick, 2)]  # pairs, as the joint tests run
+    subsets += [[e for e in edges if e.receiver == r] for r in ("L1H0", "logits")]  # a receiver's edges together
     together = runner.many_losses(subsets)  # every set in one stacked run
     for subset, ours in zip(subsets, together):
-        brute = _brute_losses(model, tokens, corrupted, {e.name for e in subset})
+        brute = _brute_losses(model, tokens, corrupted, {e.name for e in subset}, positions)
         assert torch.allclose(ours, brute, atol=2e-5, rtol=1e-4), [e.name for e in subset]
     assert torch.allclose(runner.losses(subsets[-1]), together[-1], atol=1e-6)  # alone or stacked: the same
-    # the effects are not all zero: the test could fail
-    assert max(float((runner.losses([e]) - runner.clean_losses).abs().max()) for e in edges) > 0.05
+    # the effects are not all zero: the test could fail; edges out of a sender the corruption leaves alone are 0
+    single = {e: float((runner.losses([e]) - runner.clean_losses).abs().max()) for e in edges}
+    assert max(single.values()) > 0.05
+    still = {"tokens": "pos", "positions": "embed", "both": None}[corrupt]
+    if still:
+        assert not runner.varies(still) and all(v == 0 for e, v in single.items() if e.sender == still)
+    else:
+        assert runner.varies("embed") and runner.varies("pos")
 
 
 def test_graph_edges_follow_the_stages_and_skip_absent_heads():
     model = _uneven_model()
     names = [e.name for e in graph_edges(model)]
     assert "L1H1" not in " ".join(names)  # the absent head is neither sender nor receiver
-    assert names[:6] == ["embed->L0H0.q", "embed->L0H0.k", "embed->L0H0.v", "embed->L0H1.q", "embed->L0H1.k",
-                         "embed->L0H1.v"]
+    assert names[:6] == ["embed->L0H0.q", "pos->L0H0.q", "embed->L0H0.k", "pos->L0H0.k", "embed->L0H0.v",
+                         "pos->L0H0.v"]
     assert "L0H0->L2H0.k" in names and "L2H0->logits" in names and "L1H0->L1H0.q" not in names
-    # 6 edges into layer 0, 3 x 3 into L1H0, 2 x 3 x 4 into layer 2, 6 into the logits
-    assert len(names) == 6 + 9 + 24 + 6
+    # senders embed, pos, then heads: 2 x 3 x 2 edges into layer 0, 3 x 4 into L1H0, 2 x 3 x 5 into layer 2, 7 into
+    # the logits
+    assert len(names) == 12 + 12 + 30 + 7
     assert [c.name for c in model_components(model, kinds=("head",))] == ["L0H0", "L0H1", "L1H0", "L2H0", "L2H1"]
     with pytest.raises(ValueError, match="only 1 heads"):
         Component.parse("L1H1").check(model)
     scores = attention_scores(model, torch.randint(0, 3, (2, 10)))
     assert math.isnan(float(scores.previous_token[1, 1])) and not math.isnan(float(scores.previous_token[1, 0]))
     mlp = _ln_mlp_model()
-    assert [e.name for e in graph_edges(mlp) if e.receiver == "L0.mlp"] == ["embed->L0.mlp", "L0H0->L0.mlp",
-                                                                              "L0H1->L0.mlp"]
+    assert [e.name for e in graph_edges(mlp) if e.receiver == "L0.mlp"] == ["embed->L0.mlp", "pos->L0.mlp",
+                                                                              "L0H0->L0.mlp", "L0H1->L0.mlp"]
 
 
 def test_recording_returns_what_the_pass_computed_before_its_replacement():
@@ -176,6 +192,7 @@ def test_recording_returns_what_the_pass_computed_before_its_replacement():
 
 # ------------------------------------------------------------------------------------- hand-built circuits
 def _discover(model, source, **kw):
+    kw.setdefault("progress", False)
     return discover_circuit(model, source, seq_len=min(SEQ, model.cfg.n_ctx), n_sequences=16, **kw)
 
 
@@ -198,12 +215,24 @@ CIRCUITS = {
 @pytest.mark.parametrize("name", list(CIRCUITS))
 def test_kept_edges_of_handbuilt_induction_circuits_are_exactly_the_intended_ones(name):
     make, source, order, prev, induction = CIRCUITS[name]
-    graph = _discover(make(), source)
-    assert set(graph.kept_names) == intended_induction_edges(order, prev=prev, induction=induction), graph.summary()
-    assert graph.faithfulness >= 0.9
-    assert all(graph.minimality[e] > 0.01 for e in graph.kept_names)  # every kept edge matters inside the circuit
+    graph = _discover(make(), source, method="exact")  # every edge measured (auto: test_attribution_then_verify_...)
+    intended = intended_induction_edges(order, prev=prev, induction=induction)
+    # the positional pass adds the previous-token heads' position reads (their queries and keys)
+    assert set(graph.kept_names) == intended | position_edges(prev), graph.summary()
+    assert set(graph.position.kept) >= position_edges(prev) and not set(graph.position.kept) & {
+        e for e in intended if e.startswith("embed")}  # no token edge moves in the positional pass
+    assert graph.faithfulness >= 0.9 and graph.position.faithfulness >= 0.9 and graph.completeness >= 0.9
+    token_kept = [e for e in graph.kept_names if not e.startswith("pos")]
+    # every kept edge matters inside the circuit (redundant copies of a role least: 0.004 nats each, split over layers)
+    assert all(graph.minimality[e] > 1e-3 for e in token_kept)
+    assert all(graph.position.minimality[e] > 0.01 for e in position_edges(prev))
+    assert graph.cancelling == ()  # nothing cancels in these circuits
     dropped = [e for e in graph.edges if e.name not in graph.kept_names]
     assert max(abs(e.effect) for e in dropped) < 1e-6  # decoys and unread slots: exactly nothing
+    # positions of dropped edges: nothing, but for the induction head's keys, which push away key 0 by position
+    # (moving that push elsewhere helps a little: a negative effect, never kept)
+    assert max(abs(e.position_effect) for e in dropped if not e.name.startswith("pos->L")) < 1e-6
+    assert max(e.position_effect for e in dropped) < graph.position.threshold
     assert all(e.se >= 0 for e in graph.edges)
     json.dumps(graph.to_dict(), allow_nan=False)
 
@@ -222,7 +251,8 @@ def test_order_two_kernel_in_the_weights_keeps_the_previous_token_head_and_mlp()
     kernel = torch.tensor([[[0.5, 0.5], [0.9, 0.1]], [[0.3, 0.7], [0.2, 0.8]]], dtype=torch.float64)
     source = MarkovChain(kernel, order=2)
     graph = _discover(pair_kernel_model(kernel, n_ctx=SEQ), source)
-    assert set(graph.kept_names) == {"embed->L0H0.v", "embed->L0.mlp", "L0H0->L0.mlp", "L0.mlp->logits"}
+    assert set(graph.kept_names) == {"embed->L0H0.v", "embed->L0.mlp", "L0H0->L0.mlp", "L0.mlp->logits",
+                                     "pos->L0H0.q", "pos->L0H0.k"}
     assert graph.faithfulness >= 0.9
 
 
@@ -262,7 +292,7 @@ def test_edge_attribution_tracks_path_patching_on_a_near_linear_model_and_flags_
     # a hand-built circuit saturates its softmax: the gradient misses it, and the graph says so
     graph = _discover(induction_circuit(3, n_ctx=SEQ), RandomMarkov(3))
     assert "L0H0->L1H0.k" in graph.disagreements
-    assert abs(graph.edge("L0H0->L1H0.k").attribution) < 0.5 * graph.edge("L0H0->L1H0.k").effect
+    assert abs(graph.edge("L0H0->L1H0.k").attribution) < 0.6 * graph.edge("L0H0->L1H0.k").effect
 
 
 def test_corruptions_resample_swap_and_shuffle():
@@ -482,7 +512,8 @@ def test_report_from_a_model_without_a_run_folder(tmp_path):
     rep = report.from_model(model, RandomMarkov(3), n_sequences=16, seq_len=SEQ)
     assert tuple(s.id for s in rep.sections) == report.MODEL_SECTION_IDS
     body = rep.section("circuit").body()
-    assert body.count('class="edge"') == len(rep.mechanism.circuit.kept) == 5
+    assert body.count('class="edge') == len(rep.mechanism.graph.kept) == 7  # 5 token edges, 2 position reads
+    assert body.count('class="edge position"') == 2 and "dashed: position information" in body
     assert 'class="circuit-diagram"' in body and "L0H0-&gt;L1H0.k" in body and "faithfulness" in body
     assert sum(rep.section(i).body().count("<svg") for i in ("circuit", "weights", "attribution", "patching")) >= 4
     with pytest.raises(ValueError, match="path"):
@@ -524,6 +555,59 @@ def test_circuit_section_draws_in_a_real_browser_without_the_network(tmp_path):
                                    "text')].map(t => t.textContent)")
         finally:
             browser.close()
-    assert len(edges) == len(rep.mechanism.circuit.kept) == 8 and min(edges) > 10  # drawn, not degenerate
+    assert len(edges) == len(rep.mechanism.graph.kept) == 12 and min(edges) > 10  # drawn, not degenerate
     assert {"L0H0", "L0H1", "L1H0", "embed", "logits"} <= set(labels) and "k" in labels and "q" in labels
     assert fetched == [] and errors == []
+
+
+# ------------------------------------------------------------------------- attribution, then verification
+VERIFIED = ["order 1", "order 2", "split over heads", "skipping a layer"]
+
+
+@pytest.mark.parametrize("name", VERIFIED + ["cancelling", "position", "kernel decoys", "pair kernel"])
+def test_attribution_then_verify_keeps_exactly_the_exact_set(name):
+    """The gradient estimates choose what to measure, never what to keep: the kept set is exact patching's on every
+    hand-built circuit (saturated softmaxes, where the estimates miss the K-edge, included)."""
+    from handbuilt import cancelling_circuit, position_circuit
+
+    k2 = torch.tensor([[[0.5, 0.5], [0.9, 0.1]], [[0.3, 0.7], [0.2, 0.8]]], dtype=torch.float64)
+    make, source = {
+        "cancelling": (lambda: cancelling_circuit(3, n_ctx=SEQ), RandomMarkov(3)),
+        "position": (lambda: position_circuit(3, n_ctx=32), RandomMarkov(3)),
+        "kernel decoys": (lambda: decoy_kernel_model(BINARY.kernel, n_ctx=SEQ, n_layers=2), BINARY),
+        "pair kernel": (lambda: pair_kernel_model(k2, n_ctx=SEQ), MarkovChain(k2, order=2)),
+    }.get(name, CIRCUITS.get(name, (None, None))[:2])
+    model = make()
+    exact = _discover(model, source, method="exact")
+    fast = _discover(model, source, method="attribution+verify")
+    assert fast.kept_names == exact.kept_names and fast.method == "attribution+verify"
+    assert all(e.verified for e in fast.kept) and fast.n_verified <= exact.n_verified
+    assert [c.edges for c in fast.cancelling] == [c.edges for c in exact.cancelling]
+    for e in fast.edges:  # what was measured is measured alike; the rest is marked as an estimate
+        if e.verified:
+            assert e.effect == pytest.approx(exact.edge(e.name).effect, abs=1e-9)
+        else:  # an estimate in one pass at least: no SE there
+            assert math.isnan(e.se) or math.isnan(e.position_se)
+
+
+def test_methods_and_the_edge_cap():
+    model, source = induction_circuit(3, n_ctx=SEQ), RandomMarkov(3)
+    graph = _discover(model, source, method="attribution")  # estimates decide; the kept edges are then measured
+    assert graph.method == "attribution" and not all(e.verified for e in graph.edges)
+    assert all(e.verified for e in graph.kept) and graph.faithfulness == graph.faithfulness
+    capped = _discover(model, source, method="attribution+verify", max_edges=3)
+    assert capped.n_verified <= 2 * (3 + len(capped.kept))  # three per pass, and the circuit's own edges
+    with pytest.raises(ValueError, match="attribution\\+verify"):
+        _discover(model, source, method="exact", max_edges=5)
+    with pytest.raises(ValueError, match="method"):
+        _discover(model, source, method="fast")
+    with pytest.raises(ValueError, match="max_edges"):
+        _discover(model, source, max_edges=0)
+    with pytest.raises(TypeError, match="positions"):
+        _discover(model, source, positions="yes")
+    assert _discover(model, source).method == "exact"  # "auto": a small graph is measured exactly
+
+
+def test_no_progress_bar_when_asked_for_none(capsys):
+    _discover(induction_circuit(2, n_ctx=SEQ), RandomMarkov(2), progress=False)
+    assert "path patching" not in capsys.readouterr().err

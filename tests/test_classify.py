@@ -238,7 +238,9 @@ def test_report_carries_all_evidence_as_json():
     assert d["law"]["law"] == "in_context_bigram" and 0 < d["law"]["fit_ratio"] <= d["thresholds"]["fit"]
     assert set(d["gains"]["fractions"]) == {"0", "1", "2"} and set(d["gains"]["se"]) == {"0", "1", "2"}
     assert 0 <= d["in_context_fraction"] <= 1 and d["kernel_swap"]["se"] > 0
-    assert len(d["circuit"]["edges"]) == 3 * 2 + 3 * 2 * 3 + 5 and d["circuit"]["faithfulness"] >= 0.9
+    # senders embed, pos and the heads: 2 x 3 x 2 edges into layer 0, 2 x 3 x 4 into layer 1, 6 into the logits
+    assert len(d["circuit"]["edges"]) == 12 + 24 + 6 and d["circuit"]["faithfulness"] >= 0.9
+    assert d["circuit"]["kind"] == "induction" and d["circuit"]["lags"] == [1] and d["label"] == "induction (order 1)"
     assert {e["name"] for e in d["induction"]["k_edges"]} == {"L0H0->L1H0.k", "L0H1->L1H0.k", "L0H0->L1H1.k",
                                                                "L0H1->L1H1.k"}
     roles = d["induction"]["roles"]

@@ -16,6 +16,7 @@ import torch
 from handbuilt import induction_model
 from markov_interp import cli, models, probes, report
 from markov_interp.data import RandomMarkov, SourceConfig
+from markov_interp.probes.joint import Cancelling
 
 TERNARY = RandomMarkov(3)
 
@@ -259,8 +260,12 @@ def test_every_result_type_is_enumerated(examples):
 def _probe_examples(circuit, mech, batch) -> dict:
     clean, corrupted = probes.patching_pair(batch)
     return {
-        "MechanismReport": mech, "LawCheck": mech.law, "Thresholds": mech.thresholds, "Gains": mech.gains,
-        "KernelSwap": mech.kernel_swap, "CircuitGraph": mech.circuit, "Edge": mech.circuit.edges[0],
+        "MechanismReport": mech, "LawCheck": mech.law.raw, "LawVerdict": mech.law, "Thresholds": mech.thresholds,
+        "Gains": mech.gains, "KernelSwap": mech.kernel_swap, "CircuitGraph": mech.graph,
+        "CircuitVerdict": mech.circuit, "Edge": mech.circuit.edges[0], "PassResult": mech.graph.position,
+        "JointTest": mech.graph.joint[0],
+        "Cancelling": Cancelling(edges=("L1H1->logits", "L1H2->logits"), effect=0.0, se=0.0, alone=(0.249, 0.259),
+                                 corruption="resample", dropped=True),  # (tests/test_verdicts.py finds real ones)
         "Circuit": mech.induction, "Role": mech.induction.roles[0], "BehaviourReport": mech.behaviour,
         "AttentionScores": mech.attention, "AblationTable": mech.ablation, "KernelReadout": mech.readout,
         "StrategySimilarity": mech.strategies, "ProbeBatch": batch,

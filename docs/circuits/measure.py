@@ -1,14 +1,18 @@
 """Classify every model trained by docs/circuits/train_models.py, at several training steps, and tabulate.
 
 For each run folder <runs>/<setting>/seed<k> and each snapshot step (its checkpoints at those steps, or the final
-weights), runs `probes.classify_mechanism` (probe batch 64 x the training length, seed 1; path patching on 16 of
-those sequences) and writes one JSON line per model: the label, the law check, the graded gains with their SEs,
-the kernel-swap in-context fraction, the kept edges, faithfulness, the previous-token -> induction K-edges and the
-spread previous-token excess of every head. `--table` turns the lines into the markdown tables of
-docs/circuits.md.
+weights), runs `probes.classify_mechanism` (probe batch `--n-sequences` (512) x the training length, seed 1; path
+patching on the first `--circuit-sequences` (64) of them) and writes one JSON line per model: the label with its
+qualifier, the two axes (circuit: kind, order, lags, kept edges, faithfulness, completeness, cancelling sets,
+position edges; law: raw and temperature-fitted checks, the temperature, status), the graded gains with their
+SEs, the kernel-swap in-context fraction, the previous-token -> induction K-edges, the spread previous-token
+excess of every head, and (`--verify`) whether `discover_circuit(method="attribution+verify")` keeps the same
+edges as the exact method on the same batch. `--table` turns the lines into the markdown tables of
+docs/circuits.md; `--compare OLD.jsonl` counts the labels that changed against another results file (the same
+models probed by an older classifier) and lists why.
 
     nice python docs/circuits/measure.py --runs /path/to/runs --out docs/circuits/results.jsonl --steps 186 528 1500
-    python docs/circuits/measure.py --table docs/circuits/results.jsonl
+    python docs/circuits/measure.py --table docs/circuits/results.jsonl [--compare old.jsonl]
 """
 
 import argparse
@@ -21,8 +25,9 @@ from pathlib import Path
 
 import torch
 
-from markov_interp import models, runfolder
-from markov_interp.probes import classify_mechanism, spread_previous_token_excess
+from markov_interp import models
+from markov_interp.training import runfolder
+from markov_interp.probes import classify_mechanism, discover_circuit, spread_previous_token_excess
 
 
 def snapshot(run_dir: Path, step: int):
@@ -38,33 +43,61 @@ def snapshot(run_dir: Path, step: int):
     return model, config
 
 
-def record(run_dir: Path, step: int) -> dict | None:
+def record(run_dir: Path, step: int, args: argparse.Namespace) -> dict | None:
     model, config = snapshot(run_dir, step)
     if model is None:
         return None
+    source = config.source.build()
     start = time.perf_counter()
-    report = classify_mechanism(model, config.source.build(), seed=1)
+    report = classify_mechanism(model, source, seed=1, n_sequences=args.n_sequences,
+                                circuit_sequences=args.circuit_sequences, method="exact", progress=False)
+    seconds = time.perf_counter() - start
     spread = spread_previous_token_excess(report.attention, config.source.order + 1)
     senders = {e.sender for e in report.induction.k_edges}
     heads = {f"L{l}H{h}": float(spread[l, h]) for l in range(spread.shape[0]) for h in range(spread.shape[1])
              if not math.isnan(float(spread[l, h]))}
-    return {
+    law, graph, circuit = report.law, report.graph, report.circuit
+    row = {
         "setting": run_dir.parent.name, "seed": int(run_dir.name.removeprefix("seed")), "step": step,
         "source_order": config.source.order, "layers": config.model.n_layers, "heads": config.model.n_heads,
         "mechanism": report.mechanism, "order": report.order, "confident": report.confident,
-        "law": report.law.law, "law_passed": report.law.passed, "fit": report.law.fit_ratio,
-        "law_losses": dict(report.strategies.losses),
-        "margin": report.law.margin_ratio, "eval_loss": report.eval_loss,
+        "qualifier": report.qualifier, "circuit_kind": circuit.kind, "circuit_order": circuit.order,
+        "lags": list(circuit.lags), "head_lags": {h: list(v) for h, v in circuit.head_lags.items()},
+        "law": law.law, "law_passed": law.passed, "law_status": law.status, "fit": law.fit_ratio,
+        "margin": law.margin_ratio, "near": law.near, "temperature": law.temperature,
+        "fitted_law": law.fitted.law, "fitted_passed": law.fitted.passed, "fitted_fit": law.fitted.fit_ratio,
+        "fitted_margin": law.fitted.margin_ratio,
+        "raw_law": law.raw.law, "raw_passed": law.raw.passed, "raw_fit": law.raw.fit_ratio,
+        "raw_margin": law.raw.margin_ratio, "law_losses": dict(report.strategies.losses),
+        "eval_loss": report.eval_loss,
         "gains": {str(k): [v, report.gains.se[k]] for k, v in report.gains.items()},
         "in_context_fraction": report.in_context_fraction, "swap_se": report.kernel_swap.se,
-        "kept": list(report.circuit.kept_names), "n_edges": len(report.circuit.edges),
-        "faithfulness": report.circuit.faithfulness, "disagreements": len(report.circuit.disagreements),
+        "kept": list(graph.kept_names), "n_edges": len(graph.edges), "faithfulness": graph.faithfulness,
+        "completeness": graph.completeness,
+        "position_faithfulness": None if graph.position is None else graph.position.faithfulness,
+        "position_kept": [e.name for e in graph.position_edges],
+        "cancelling": [c.to_dict() for c in graph.cancelling], "disagreements": len(graph.disagreements),
         "induction_found": report.induction.found,
-        "k_edges": {e.name: e.effect for e in report.induction.k_edges},
-        "other_k_edges": {e.name: e.effect for e in report.induction.other_k_edges},
+        "k_edges": {e.name: [e.effect, e.se] for e in report.induction.k_edges},
+        "other_k_edges": {e.name: [e.effect, e.se] for e in report.induction.other_k_edges},
         "spread_excess": heads, "k_senders": sorted(senders), "reason": report.reasons[0],
-        "seconds": time.perf_counter() - start,
+        "n_sequences": report.n_sequences, "circuit_sequences": graph.n_sequences, "seconds": seconds,
     }
+    if args.verify:
+        batch = probes_batch(report, model, source, args)
+        start = time.perf_counter()
+        fast = discover_circuit(model, source, batch=batch, n_sequences=args.circuit_sequences, seed=1,
+                                method="attribution+verify", progress=False)
+        row["verify"] = {"kept": list(fast.kept_names), "agrees": set(fast.kept_names) == set(graph.kept_names),
+                         "n_verified": fast.n_verified, "seconds": time.perf_counter() - start}
+    return row
+
+
+def probes_batch(report, model, source, args):
+    """The probe batch `classify_mechanism` drew for `report` (same seed, length and size)."""
+    from markov_interp.probes import sample_batch
+
+    return sample_batch(source, n_sequences=args.n_sequences, seq_len=report.seq_len, seed=1)
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -78,12 +111,13 @@ def measure(args: argparse.Namespace) -> None:
             for step in args.steps:
                 if (run_dir.parent.name, int(run_dir.name.removeprefix("seed")), step) in done:
                     continue
-                row = record(run_dir, step)
+                row = record(run_dir, step, args)
                 if row is not None:
                     handle.write(json.dumps(row) + "\n")
                     handle.flush()
                     print(f"{row['setting']} seed {row['seed']} step {step}: {row['mechanism']} "
-                          f"{row['order'] or ''} {'' if row['confident'] else '(not confident) '}"
+                          f"{row['order'] or ''} {row['qualifier'] or ''} "
+                          f"{'' if row['confident'] else '(not confident) '}"
                           f"g_1 {row['gains']['1'][0]:.2f} f {row['in_context_fraction']:.2f} "
                           f"{row['seconds']:.0f} s", flush=True)
 
@@ -103,7 +137,7 @@ def table(path: Path) -> str:
     lines = ["| setting | step | n | labels | g_1 median [min, max] | g_2 | in-context fraction | faithfulness | "
              "K-edge found |", "|---|---|---|---|---|---|---|---|---|"]
     for (setting, step), rs in sorted(groups.items()):
-        labels = Counter(f"{r['mechanism']}{r['order'] or ''}{'' if r['confident'] else '?'}" for r in rs)
+        labels = Counter(_label(r) for r in rs)
         label_text = ", ".join(f"{k} {v}" for k, v in sorted(labels.items(), key=lambda kv: -kv[1]))
         g = lambda k: [r["gains"][k][0] for r in rs if k in r["gains"]]  # noqa: E731
         faith = [r["faithfulness"] for r in rs if r["faithfulness"] is not None and math.isfinite(r["faithfulness"])]
@@ -114,7 +148,7 @@ def table(path: Path) -> str:
 
 
 def _labels(rs: list[dict]) -> str:
-    counts = Counter(f"{r['mechanism']}{r['order'] or ''}{'' if r['confident'] else '?'}" for r in rs)
+    counts = Counter(_label(r) for r in rs)
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -195,17 +229,42 @@ def _gain_check(rows: list[dict]) -> str:
     return head + (":\n" + "\n".join(bad) if bad else ".")
 
 
+def _label(r: dict) -> str:
+    """"induction1", "induction1 partial?", "state_and_counts?" (? = not confident); older rows have no qualifier."""
+    qualifier = f" {r['qualifier']}" if r.get("qualifier") else ""
+    return f"{r['mechanism']}{r['order'] or ''}{qualifier}{'' if r['confident'] else '?'}"
+
+
+def compare(path: Path, old_path: Path) -> str:
+    """How many labels of `old_path`'s models changed in `path` (same setting, seed, step), and the transitions."""
+    new = {(r["setting"], r["seed"], r["step"]): r for r in map(json.loads, path.read_text().splitlines())}
+    old = {(r["setting"], r["seed"], r["step"]): r for r in map(json.loads, old_path.read_text().splitlines())}
+    both = sorted(set(new) & set(old))
+    mech = Counter((old[k]["mechanism"], new[k]["mechanism"]) for k in both if old[k]["mechanism"] != new[k]["mechanism"])
+    full = sum(_label(old[k]) != _label(new[k]) for k in both)
+    lines = [f"{len(both)} models in both files; mechanism changed in {sum(mech.values())}, label (with order, "
+             f"qualifier, confidence) in {full}", "", "| old mechanism | new mechanism | models |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {n} |" for (a, b), n in sorted(mech.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs")
     parser.add_argument("--out", default="docs/circuits/results.jsonl")
     parser.add_argument("--steps", type=int, nargs="+", default=[186, 528, 1500])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--n-sequences", type=int, default=512, help="probe batch (the SEs are over it)")
+    parser.add_argument("--circuit-sequences", type=int, default=64, help="sequences path patching runs on")
+    parser.add_argument("--verify", action="store_true", help="also run attribution+verify and compare kept sets")
     parser.add_argument("--table", default=None, help="print the tables of a results file and exit")
+    parser.add_argument("--compare", default=None, help="with --table: count label changes against this file")
     args = parser.parse_args()
     if args.table:
         path = Path(args.table)
         print(condensed(path) + "\n\n" + table(path) + "\n\n" + evidence(path))
+        if args.compare:
+            print("\n" + compare(path, Path(args.compare)))
         return
     torch.set_num_threads(args.threads)
     measure(args)

@@ -16,7 +16,11 @@ never write files, plot, or write into a cache. One module per idea:
   (path patching); edge attribution patching (the gradient estimate).
 - `discovery`: `discover_circuit`, every edge's exact path-patching effect, the kept edges, faithfulness and
   minimality, as a `CircuitGraph`.
-- `circuit`: the induction circuit read off a graph (previous-token -> induction K-edges).
+- `joint`: joint tests of a circuit's kept edges (cancelling pairs, receivers together); `verify`: which edges
+  `discover_circuit(method="attribution+verify")` measures exactly.
+- `circuit`: the induction circuit read off a graph (previous-token -> induction K-edges), and the circuit axis
+  (`CircuitVerdict`: induction of the order its lags carry, kernel, state counting, none).
+- `law`: the law axis (`LawVerdict`: the law check raw and after a fitted temperature).
 - `formation`: `circuit_formation`, the circuit at every checkpoint of a run and when each edge enters it.
 - `gains`: graded gains, the fraction of each step up the ladder of in-context laws the model has climbed.
 - `kernel_swap`: in weights or in context, from sequences of kernels the model was not trained on.
@@ -85,22 +89,39 @@ from markov_interp.probes.behaviour import (
     model_predictor,
     state_dependence,
 )
-from markov_interp.probes.circuit import Circuit, Role, read_circuit, spread_previous_token_excess
+from markov_interp.probes.circuit import (
+    CIRCUIT_KINDS,
+    Circuit,
+    CircuitVerdict,
+    Role,
+    circuit_verdict,
+    lag_channels,
+    read_circuit,
+    spread_previous_token_excess,
+)
 from markov_interp.probes.classify import (
     MECHANISMS,
-    LawCheck,
+    QUALIFIERS,
     MechanismReport,
     Thresholds,
-    check_law,
     classify_mechanism,
     probe_hook_names,
 )
-from markov_interp.probes.discovery import CORRUPTIONS, CircuitGraph, Edge, discover_circuit, kept_edges
+from markov_interp.probes.law import LawCheck, LawVerdict, check_law, fit_temperature
+from markov_interp.probes.discovery import (
+    CORRUPTIONS,
+    CircuitGraph,
+    Edge,
+    PassResult,
+    discover_circuit,
+    kept_edges,
+)
+from markov_interp.probes.joint import Cancelling, JointTest
 from markov_interp.probes.formation import CircuitFormation, circuit_formation, entry_step
 from markov_interp.probes.gains import Gains, graded_gains
 from markov_interp.probes.interventions import intervened_probs, intervened_run, set_component
 from markov_interp.probes.kernel_swap import KernelSwap, SwapPlan, kernel_swap, swap_plan
-from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_attributions, graph_edges
+from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_attributions, edge_estimates, graph_edges
 from markov_interp.probes.patching import (
     PatchingResult,
     PositionPatching,
@@ -128,7 +149,9 @@ from markov_interp.probes.strategies import (
 __all__ = [
     "CircuitFormation", "circuit_formation", "entry_step",
     "DEFAULT_PROBE_LENGTH", "ProbeLengthWarning", "probe_length", "state_labels", "training_length",
-    "AblationTable", "AttentionScores", "BehaviourReport", "CORRUPTIONS", "Circuit", "CircuitGraph", "Component",
+    "AblationTable", "AttentionScores", "BehaviourReport", "CORRUPTIONS", "Cancelling", "Circuit", "CircuitGraph",
+    "Component", "JointTest", "PassResult", "edge_estimates", "CIRCUIT_KINDS", "CircuitVerdict", "circuit_verdict",
+    "lag_channels", "QUALIFIERS", "LawVerdict", "fit_temperature",
     "Edge", "EdgeKey", "EdgeRunner", "Gains", "KernelReadout", "KernelSwap", "LawCheck", "MECHANISMS", "METHODS",
     "MechanismReport", "PatchingResult", "ProbeBatch", "Role", "STATE_AND_COUNTS", "STRATEGIES", "STRATEGY_LABELS",
     "StrategySimilarity", "SwapPlan", "Thresholds", "ablated_probs", "ablation_hooks", "ablation_loss_change",

@@ -38,6 +38,7 @@ def has_mlp(model: HookedModel, layer: int) -> bool:
 
 
 DEFAULT_PROBE_LENGTH = 128  # probe length for a model whose training length is unknown (capped at n_ctx)
+PROBE_SEQUENCES = 64  # sequences of the default probe batch (classify_mechanism; discover_circuit reads its head)
 
 
 class ProbeLengthWarning(UserWarning):

@@ -175,3 +175,127 @@ def read_circuit(graph: CircuitGraph, scores: AttentionScores, *, order: int, he
     )
     return Circuit(order=order, k_edges=tuple(k_edges), other_k_edges=tuple(others), roles=roles,
                    lag_profile=profile, n_layers=graph.n_layers, found=bool(k_edges))
+
+
+# ---------------------------------------------------------------------------------------- the circuit axis
+CIRCUIT_KINDS = ("induction", "kernel", "state_counting", "none")
+LAG_SHARE = 0.5  # a head carries every lag whose excess is at least this share of its largest
+RANK_TOL = 1 / 3  # lag channels: singular values of the heads' lag profiles above this share of the largest
+
+
+def lag_channels(profiles: dict[str, tuple[float, ...]]) -> tuple[int, dict[str, tuple[int, ...]]]:
+    """(the number of independent lag channels, each head's lags) of previous-token heads' lag profiles
+    ({head: excess at lags 1..L}).
+
+    The channels are the numerical rank of the [head, lag] matrix of excesses (negative ones read as 0), with
+    singular values below `RANK_TOL` of the largest dropped: two heads at lags 1 and 2 are two channels (an order-2
+    circuit), one head spread over lags 1 and 2, or two copies of a lag-1 head, one.
+
+    >>> lag_channels({"L0H0": (0.95, 0.0), "L0H1": (0.02, 0.9)})
+    (2, {'L0H0': (1,), 'L0H1': (2,)})
+    >>> lag_channels({"L0H0": (0.5, 0.45)})
+    (1, {'L0H0': (1, 2)})
+    """
+    if not profiles:
+        return 0, {}
+    grid = torch.tensor([list(p) for p in profiles.values()], dtype=torch.float64).clamp_min(0)
+    values = torch.linalg.svdvals(grid)
+    rank = int((values > RANK_TOL * values[0]).sum()) if float(values[0]) > 0 else 0
+    lags = {name: tuple(i + 1 for i, x in enumerate(row) if x > 0 and x >= LAG_SHARE * max(row))
+            for name, row in zip(profiles, grid.tolist())}
+    return rank, lags
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class CircuitVerdict(ProbeResult):
+    """The circuit axis of `classify_mechanism`: what structure the causal evidence shows, read off the graph.
+
+    `kind`: "induction" (a kept previous-token -> induction K-edge: `reading`), "kernel" (the kernel swap finds
+    the prediction in the weights), "state_counting" (kept edges carry the context through heads, with no
+    previous-token -> induction K-edge: counts of states), "none" (no kept edge carries the context).
+    `order`: for induction, the number of independent lag channels its previous-token heads carry into the keys
+    (`lag_channels`: the order read from the lags, not from the law); for kernel, the source's order. `lags`:
+    every lag the previous-token heads carry; `head_lags` per head. Every attribute of the `graph` it was read
+    from reads through (`kept_names`, `faithfulness`, `edges`, `to_dataframe()`, ...), so code written when
+    `MechanismReport.circuit` was the graph keeps working.
+    """
+
+    kind: str
+    order: Optional[int]
+    lags: tuple[int, ...]
+    head_lags: dict[str, tuple[int, ...]]
+    reading: Circuit
+    graph: CircuitGraph
+    in_context_fraction: float
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("graph", "reading"):
+            raise AttributeError(name)
+        return getattr(self.graph, name)
+
+    @property
+    def mixed_heads(self) -> tuple[str, ...]:
+        """Previous-token heads that spread over more than one lag."""
+        return tuple(h for h, lags in self.head_lags.items() if len(lags) > 1)
+
+    def describe(self) -> str:
+        """One clause: "induction circuit of order 2: L0H0 (lag 1), L0H1 (lag 2) -> keys of L1H0"."""
+        if self.kind == "induction":
+            heads = ", ".join(f"{h} (lag{'s' if len(l) > 1 else ''} {', '.join(map(str, l)) or '-'})"
+                              for h, l in self.head_lags.items())
+            into = ", ".join(h.name for h in self.reading.role("induction").heads)
+            return f"induction circuit of order {self.order}: {heads} -> keys of {into}"
+        if self.kind == "kernel":
+            return (f"kernel in the weights (kernel swap: in-context fraction {self.in_context_fraction:.2f}); "
+                    f"{len(self.graph.kept)} kept edges")
+        if self.kind == "state_counting":
+            heads = ", ".join(self.graph.kept_heads())
+            return f"state counting: heads {heads} carry the context, no previous-token -> induction K-edge"
+        return "no circuit carries the context (no kept edge from a head)"
+
+    def summary(self) -> str:
+        cancel = [c.describe() for c in self.graph.cancelling]
+        lines = [self.describe(), self.graph.summary(), self.reading.summary()]
+        return "\n".join(lines + ([f"cancelling: {'; '.join(cancel)}"] if cancel else []))
+
+    def to_dataframe(self) -> Any:
+        """The graph's edge table (`CircuitGraph.to_dataframe`)."""
+        return self.graph.to_dataframe()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The graph's dict (every edge, the kept ones, the losses) with the reading: kind, order, lags."""
+        return json_safe({**self.graph.to_dict(), "kind": self.kind, "order": self.order, "lags": list(self.lags),
+                          "head_lags": {h: list(v) for h, v in self.head_lags.items()},
+                          "mixed_heads": list(self.mixed_heads), "in_context_fraction": self.in_context_fraction,
+                          "description": self.describe()})
+
+
+def circuit_verdict(graph: CircuitGraph, reading: Circuit, *, in_weights: bool, in_context_fraction: float,
+                    source_order: int) -> CircuitVerdict:
+    """The circuit axis (`CircuitVerdict`) of a graph and its induction reading.
+
+    Args:
+        graph: a `discover_circuit` result.
+        reading: `read_circuit` of it.
+        in_weights: the kernel swap found the prediction in the weights.
+        in_context_fraction: that swap's in-context fraction.
+        source_order: the source's order (the kernel's order).
+
+    Returns:
+        A `CircuitVerdict`.
+    """
+    order, head_lags = lag_channels(reading.lag_profile)
+    if reading.found:
+        kind = "induction"
+    elif not graph.kept:
+        kind, order = "none", None
+    elif in_weights:
+        kind, order = "kernel", source_order
+    elif any("H" in e.sender for e in graph.kept):
+        kind, order = "state_counting", None
+    else:
+        kind, order = "none", None
+    lags = tuple(sorted({lag for v in head_lags.values() for lag in v})) if kind == "induction" else ()
+    return CircuitVerdict(kind=kind, order=order if kind != "induction" else max(order, 1), lags=lags,
+                          head_lags=head_lags if kind == "induction" else {}, reading=reading, graph=graph,
+                          in_context_fraction=in_context_fraction)

@@ -1,6 +1,18 @@
-"""`classify_mechanism`: which law does a model predict with, and through which causal circuit?
+"""`classify_mechanism`: which circuit does a model compute with, and which law do its outputs reach?
 
-**Labels** (`MECHANISMS`), each naming a law:
+Two axes, reported apart:
+
+- **circuit** (`MechanismReport.circuit`, a `circuit.CircuitVerdict`): what structure the causal evidence shows.
+  Path patching of every edge (`discovery.discover_circuit`: a token pass and a positional pass, joint tests that
+  drop cancelling pairs) gives the kept edges; `circuit.read_circuit` finds the previous-token -> induction
+  K-edges among them. Kinds: `induction` (with its **order read from the lags** its previous-token heads carry:
+  `circuit.lag_channels`), `kernel` (the kernel swap finds the prediction in the weights), `state_counting`
+  (heads carry the context, no K-edge), `none`;
+- **law** (`MechanismReport.law`, a `law.LawVerdict`): which candidate law the outputs reach, compared raw and
+  after fitting one temperature per model on the probe batch (`law.fit_temperature`), with the graded gains g_k and
+  their SEs (`gains.graded_gains`).
+
+**Labels** (`MECHANISMS`, `.mechanism`), each naming a law or a circuit:
 
 - `uniform`: the untrained law 1/V;
 - `unigram`: the stationary law pi, whatever the context (Makkuva et al.'s bad minimum; fixed chains);
@@ -9,41 +21,26 @@
   one attention layer can compute (`strategies.state_and_counts_probs`);
 - `kernel`: the source's kernel held in the weights (fixed chains): the model follows the kernel *and* keeps
   following it on sequences of another kernel (`kernel_swap`); `order` = the source's order;
-- `induction`: an in-context law of order k >= 1 *and* an induction circuit among the edges kept by exhaustive
-  path patching (`discovery.discover_circuit`, read by `circuit.read_circuit`: a kept edge from a previous-token
-  head into a later head's keys); `order` = k;
+- `induction`: an induction circuit among the kept edges (a kept edge from a previous-token head into a later
+  head's keys); `order` = its lag channels;
 - `other`: the model follows no candidate law and moves towards none whose requirements it meets (or follows an
   in-context law with no circuit to carry it); the reasons name the nearest law and the circuit found.
 
-**Evidence** (all on one probe batch, plus the kernel-swap sequences):
+**Decision.** The headline names the circuit where one is found: a model whose induction circuit is kept is
+`induction` of the circuit's order, whatever its law, and `qualifier` says where the law lags the circuit:
+"partial" when the outputs sit between laws or at a lower law (mid-training), "miscalibrated" when they reach the
+circuit's law only once the temperature is fitted; then `confident` is False. Without an induction circuit the
+label is the law's, with its requirement: on a fixed chain the kernel and the in-context laws (which converge at
+long contexts) are told apart by the kernel swap (f below `in_weights`: `kernel`); an in-context law of order >= 1
+needs the K-edge, else `other`. When the law check fails the model sits between laws, and the label is that of
+the law it is moving to, with `confident=False`: the best (lowest-loss) candidate law whose step it has begun (its
+loss below the law one step down) and whose requirement it meets, up to a quarter of the step past it (`BEYOND`).
+`other` when there is none. `confident=False` also when a ratio lies within a factor `near` of its cut.
 
-1. *law check* (`check_law`): d(s) = mean KL(s || model) for every candidate law s; the closest law s* is the
-   model's law when d(s*) <= `fit` x gap(s*) (gap: the KL from the nearest other law to s*, on the same tokens)
-   and d(s*) <= `margin` x d(runner-up);
-2. *graded gains* (`gains.graded_gains`): g_k, the fraction of the step from the in-context law of order k - 1 to
-   that of order k the model has climbed;
-3. *kernel swap* (`kernel_swap.kernel_swap`): the in-context fraction f on sequences of kernels the model was not
-   trained on (0: it predicts from its weights, 1: it follows the context);
-4. *circuit* (`discovery.discover_circuit` with resample corruption): every edge's path-patching effect, the kept
-   edges, and the previous-token -> induction K-edges among them (`circuit.read_circuit`).
-
-**Decision.** When the law check passes, the label is the law's, with its requirement: on a fixed chain the
-kernel and the in-context laws (which converge to each other at long contexts) are told apart by f (below
-`in_weights`: `kernel`; above: the in-context law of the source's order); an in-context law of order >= 1 needs
-the K-edge (`induction`), else `other`. When it fails the model sits between laws (mid-transition), and the label
-is that of the law it is moving to, with `confident=False`: the best (lowest-loss) candidate law whose step it has
-begun (its loss below the law one step down: g_k > 0 for the in-context law of order k) and whose requirement it
-meets (the kernel: held in weights; an in-context law of order k >= 1: the K-edge); so a one-layer model is named by
-the state-and-counts law, a two-layer one with the circuit by the in-context law its circuit computes, even when it
-already does a little better than the law (a one-layer model that uses a little more than the law), up to a quarter
-of the step to the next better law (`BEYOND`; one-layer models were measured up to 0.18 of it, docs/circuits.md).
-`other` when there is none (a model worse than the uniform law, or one well past every law it qualifies for: an in-
-context gain without a circuit the graph shows). `confident=False` also when a ratio lies within a factor `near` of
-its cut.
-
-Thresholds (`Thresholds`) were set from the distributions measured over trained models (docs/circuits.md: 112
-runs, attention-only models of depth 1-3 with 1-2 heads per layer on random kernels of order 1 and 2 and two
-fixed-chain controls, 8 seeds each, probed at four training steps: 408 models); see `Thresholds` for the numbers.
+Thresholds (`Thresholds`) were set from the distributions measured over trained models (docs/circuits.md); see
+`Thresholds` for the numbers. The probe batch is `PROBE_SEQUENCES` sequences by default, path patching runs on
+its first `circuit_sequences`: `discover_circuit` with the same seed draws the same sequences, so the graph (and
+its faithfulness) is the same in both.
 """
 
 import dataclasses
@@ -56,6 +53,7 @@ from markov_interp import theory
 from markov_interp.data import Source
 from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
+    PROBE_SEQUENCES,
     ProbeBatch,
     check_source_matches,
     check_tokens,
@@ -67,10 +65,25 @@ from markov_interp.probes._display import ProbeResult, displayed, evidence_table
 from markov_interp.probes.ablation import AblationTable, ablation_table, model_components
 from markov_interp.probes.attention import AttentionScores, attention_hook_names, attention_scores
 from markov_interp.probes.behaviour import BehaviourReport, behaviour
-from markov_interp.probes.circuit import Circuit, read_circuit
-from markov_interp.probes.discovery import MIN_EFFECT, MIN_FRACTION, CircuitGraph, discover_circuit
+from markov_interp.probes.circuit import Circuit, CircuitVerdict, circuit_verdict, read_circuit
+from markov_interp.probes.discovery import (
+    CIRCUIT_SEQUENCES,
+    MIN_EFFECT,
+    MIN_FRACTION,
+    CircuitGraph,
+    discover_circuit,
+    head_of_batch,
+)
 from markov_interp.probes.gains import Gains, graded_gains
 from markov_interp.probes.kernel_swap import KernelSwap, kernel_swap
+from markov_interp.probes.law import (  # noqa: F401 (LawCheck, check_law: their public home was here)
+    LawCheck,
+    LawVerdict,
+    check_law,
+    fitted_similarity,
+    law_verdict,
+    with_target,
+)
 from markov_interp.probes.readout import KernelReadout, kernel_readout
 from markov_interp.probes.strategies import (
     STATE_AND_COUNTS,
@@ -78,11 +91,14 @@ from markov_interp.probes.strategies import (
     StrategySimilarity,
     in_context_name,
     in_context_order,
+    strategy_probs,
     strategy_similarity,
 )
 
 MECHANISMS = ("uniform", "unigram", "in_context_unigram", "state_and_counts", "kernel", "induction", "other")
+QUALIFIERS = ("partial", "miscalibrated")
 BEYOND = 0.25  # a model past the best law it qualifies for keeps its label up to a quarter of the next step
+BEHAVIOUR_SEQUENCES = 128  # the behaviour evidence (not read by the decision) compares sequences pairwise: its cost
 _LABEL_OF_LAW = {"uniform": "uniform", "stationary": "unigram", "in_context_unigram": "in_context_unigram",
                  STATE_AND_COUNTS: "state_and_counts"}
 
@@ -91,19 +107,18 @@ _LABEL_OF_LAW = {"uniform": "uniform", "stationary": "unigram", "in_context_unig
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Thresholds:
     """The documented cut-offs of `classify_mechanism` (module docstring), with the distributions they were read
-    from: 408 trained models (docs/circuits.md: attention-only, depth 1-3, 1-2 heads per layer, random kernels of
-    order 1 and 2, 8 seeds each, at steps 65 / 186 / 528 / 1500, and fixed-chain controls).
+    from (docs/circuits.md: attention-only models of depth 1-3, 1-2 heads per layer, on random kernels of order
+    1 and 2 and fixed-chain controls, probed at four training steps).
 
-    - `fit` 0.75, `margin` 0.6 (law check): every trained model whose law check passed had fit <= 0.72 and margin
-      <= 0.58 (90% below 0.59 and 0.50); models between laws sit above them (medians 1.54 and 0.76). Exact
-      hand-built laws are below 1e-3, hand-built circuits (a linear read-out of counts) 0.2-0.45.
-    - `in_weights` 0.5 (kernel swap, fixed chains): trained fixed-chain models have f <= 0.10 (64 models), the
-      hand-built induction circuit on a fixed chain 0.89, so the middle of [0, 1] is the cut.
-    - `head_excess` 0.2: the spread previous-token excess of heads below the last layer is bimodal (446 of 536
-      measurements below 0.05, 68 at or above 0.2, 22 between); senders of kept K-edges in `induction` models are
-      all >= 0.20, other heads below 0.02 in 90% of cases (once 0.42).
+    - `fit` 0.75, `margin` 0.6 (law check, on the temperature-fitted distances): models whose law check passed sit
+      below them, models between laws above (docs/circuits.md has the quantiles). Exact hand-built laws are below
+      1e-3.
+    - `in_weights` 0.5 (kernel swap, fixed chains): trained fixed-chain models have f <= 0.10, the hand-built
+      induction circuit on a fixed chain 0.89, so the middle of [0, 1] is the cut.
+    - `head_excess` 0.2: the spread previous-token excess of heads below the last layer is bimodal; senders of
+      kept K-edges in `induction` models are >= 0.20, other heads near 0.
     - `edge_min`, `edge_fraction` (`discovery`): the kept-edge rule, effect >= max(edge_min, edge_fraction x
-      total effect), lowered until faithfulness 0.9: reached in 380 of the 408 models (median 0.98).
+      total effect), lowered until faithfulness 0.9.
     - `near` 1.5: a ratio within a factor 1.5 of its cut makes the call unconfident.
     """
 
@@ -127,40 +142,6 @@ class Thresholds:
         return dataclasses.asdict(self)
 
 
-@displayed(line=lambda c: f"{c.law}: fit {c.fit_ratio:.3f}, margin {c.margin_ratio:.3f}, passed {c.passed}")
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LawCheck:
-    """The closest law and the two checks it must pass to be the model's law (module docstring)."""
-
-    law: str  # the closest candidate strategy
-    divergence: float  # d(law) = mean KL(law || model), nats
-    gap: float  # mean KL(nearest other law || law) on the same tokens, nats
-    runner_up: Optional[str]  # the next closest candidate
-    runner_up_divergence: Optional[float]
-    fit_ratio: float  # divergence / gap (<= Thresholds.fit)
-    margin_ratio: float  # divergence / runner_up_divergence (<= Thresholds.margin)
-    passed: bool
-    near: bool  # neither a clear pass (both ratios <= cut / near) nor a clear failure (one > cut x near)
-
-    def to_dict(self) -> dict[str, Any]:
-        return json_safe(dataclasses.asdict(self))
-
-
-def check_law(sim: StrategySimilarity, th: "Thresholds") -> LawCheck:
-    """The closest candidate law of `sim` and whether it passes the fit and margin checks of `th`."""
-    ranking = sim.ranking
-    law, runner = ranking[0], (ranking[1] if len(ranking) > 1 else None)
-    d = sim.divergences[law]
-    d2 = sim.divergences[runner] if runner is not None else float("inf")
-    fit, margin = _ratio(d, sim.gaps[law]), _ratio(d, d2)
-    passed = fit <= th.fit and margin <= th.margin
-    clear_pass = fit <= th.fit / th.near and margin <= th.margin / th.near
-    clear_fail = fit > th.fit * th.near or margin > th.margin * th.near
-    return LawCheck(law=law, divergence=d, gap=sim.gaps[law], runner_up=runner,
-                    runner_up_divergence=None if runner is None else d2, fit_ratio=fit, margin_ratio=margin,
-                    passed=passed, near=not (clear_pass or clear_fail))
-
-
 def _ratio(value: float, reference: float) -> float:
     return value / reference if reference > 0 else (0.0 if value <= 0 else float("inf"))
 
@@ -173,21 +154,23 @@ def _pair(head: Optional[tuple[int, int]]) -> Optional[list[int]]:
 class MechanismReport(ProbeResult):
     """What `classify_mechanism` decided and all the evidence behind it (module docstring).
 
-    `gains` (k -> g_k with `.se`), `in_context_fraction` (kernel swap, with `kernel_swap.se`), `circuit` (the
-    discovered `CircuitGraph`) and `induction` (the previous-token -> induction reading of it) are the causal
-    evidence; `strategies` and `law` the law check; the rest is supporting evidence (attention scores, single
-    component ablations, behaviour, the implied kernel).
+    The two axes: `circuit` (a `CircuitVerdict`: kind, order from the lags, the kept edges of the graph it reads
+    through) and `law` (a `LawVerdict`: the law reached raw and after the temperature fit, the gains g_k with
+    SEs). `mechanism`, `order`, `qualifier` and `confident` are the headline (`label` in words). `graph` is the
+    discovered `CircuitGraph`, `induction` its previous-token -> induction reading; `strategies` the raw law
+    comparison and `fitted_strategies` the fitted one; the rest is supporting evidence (attention scores, single
+    component ablations, behaviour on the batch's first `BEHAVIOUR_SEQUENCES` sequences, the implied kernel).
     """
 
     mechanism: str  # one of MECHANISMS
     order: Optional[int]  # k for "kernel" and "induction", None otherwise
     confident: bool
     reasons: tuple[str, ...]  # one sentence per step of the decision, with the numbers
-    law: LawCheck
+    law: LawVerdict
     strategies: StrategySimilarity
     gains: Gains
     kernel_swap: KernelSwap
-    circuit: CircuitGraph
+    circuit: CircuitVerdict
     induction: Circuit
     behaviour: BehaviourReport
     attention: AttentionScores
@@ -199,6 +182,20 @@ class MechanismReport(ProbeResult):
     seq_len: int
     n_sequences: int
     seed: int
+    qualifier: Optional[str] = None  # "partial" / "miscalibrated": the law lags the circuit
+    fitted_strategies: Optional[StrategySimilarity] = None
+
+    @property
+    def graph(self) -> CircuitGraph:
+        """The discovered graph (every edge's effects, the kept edges, faithfulness, joint tests)."""
+        return self.circuit.graph
+
+    @property
+    def label(self) -> str:
+        """The headline in words: "induction (order 2, partial)", "kernel (order 1)", "state_and_counts"."""
+        bits = [f"order {self.order}"] if self.order is not None else []
+        bits += [self.qualifier] if self.qualifier else []
+        return self.mechanism + (f" ({', '.join(bits)})" if bits else "")
 
     @property
     def in_context_fraction(self) -> float:
@@ -207,7 +204,8 @@ class MechanismReport(ProbeResult):
 
     @property
     def eval_loss(self) -> float:
-        return self.behaviour.eval_loss
+        """The model's mean next-state loss (nats) on the whole probe batch."""
+        return self.gains.model_loss
 
     @property
     def state_ratio(self) -> float:
@@ -262,19 +260,29 @@ class MechanismReport(ProbeResult):
         return None if value is None else float(value)
 
     # ------------------------------------------------------------------ display (notebooks, printing)
+    def headline(self) -> str:
+        """One line: the label and confidence, the gains g_k +- SE, the kernel swap."""
+        bits = ([f"order {self.order}"] if self.order is not None else []) + ([self.qualifier] if self.qualifier
+                                                                              else [])
+        bits.append("confident" if self.confident else "not confident")
+        swap = f"in-context fraction {self.in_context_fraction:.2f} +- {self.kernel_swap.se:.2f}"
+        return f"{self.mechanism} ({', '.join(bits)}): {self.gains.describe()}; {swap}"
+
     def summary(self) -> str:
-        """The verdict, the law check behind it, the gains, the kernel swap, the circuit, and why (a few lines)."""
-        order = f"order {self.order}, " if self.order is not None else ""
-        law = self.law
+        """The headline, then the two axes (circuit, law), the law check's numbers, and why (a few lines)."""
+        law, th = self.law, self.thresholds
         lines = [
-            f"{self.mechanism} ({order}{'confident' if self.confident else 'not confident'}): eval loss "
-            f"{self.eval_loss:.4f} nats on {self.n_sequences} x {self.seq_len} states of {self.source}",
-            f"closest law: {STRATEGY_LABELS.get(law.law, law.law)}, fit {law.fit_ratio:.3f} (needs <= "
-            f"{self.thresholds.fit}), margin {law.margin_ratio:.3f} (needs <= {self.thresholds.margin})",
-            f"gains {self.gains.describe()}; in-context fraction {self.in_context_fraction:.2f}",
-            f"circuit: {headline(self.circuit)}",
+            self.headline(),
+            f"circuit: {self.circuit.describe()}; {self.graph._headline()}",
+            f"law: {law.describe()}; fit {law.fit_ratio:.3f} (needs <= {th.fit}), margin {law.margin_ratio:.3f} "
+            f"(needs <= {th.margin}) after temperature {law.temperature:.2f}; raw: "
+            f"{STRATEGY_LABELS.get(law.raw.law, law.raw.law)}, fit {law.raw.fit_ratio:.3f}",
+            f"eval loss {self.eval_loss:.4f} nats on {self.n_sequences} x {self.seq_len} states of {self.source}",
         ]
         return "\n".join(lines + [f"why: {self.reasons[0]}"] if self.reasons else lines)
+
+    def _headline(self) -> str:
+        return self.headline()
 
     def to_dataframe(self) -> Any:
         """The per-head evidence, one row per head (index "L0H1"): the attention scores with their excess over
@@ -293,15 +301,18 @@ class MechanismReport(ProbeResult):
         return evidence_tables(self) + [("per head: scores, excess over chance, ablation cost", self.to_dataframe())]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary: the label and its reasons, the law check, gains, kernel swap, the circuit graph
-        (every edge) and its induction reading, per-head scores, ablations, behaviour."""
+        """JSON-ready summary: the label, qualifier and reasons, the two axes (circuit: every edge of the graph
+        with the reading; law: raw and fitted checks, temperature, gains), kernel swap, per-head scores,
+        ablations, behaviour."""
         b = self.behaviour
         return json_safe({
             "mechanism": self.mechanism, "order": self.order, "confident": self.confident,
+            "qualifier": self.qualifier, "label": self.label,
             "reasons": list(self.reasons), "law": self.law.to_dict(), "strategies": self.strategies.to_dict(),
+            "fitted_strategies": None if self.fitted_strategies is None else self.fitted_strategies.to_dict(),
             "gains": self.gains.to_dict(), "in_context_fraction": self.in_context_fraction,
             "kernel_swap": self.kernel_swap.to_dict(), "circuit": self.circuit.to_dict(),
-            "induction": self.induction.to_dict(), "eval_loss": b.eval_loss,
+            "induction": self.induction.to_dict(), "eval_loss": self.eval_loss,
             "entropy_rate": self.reference("entropy_rate"), "unigram_loss": self.reference("unigram_loss"),
             "references": self.references.as_row(), "state_ratio": self.state_ratio,
             "context_ratio": self.context_ratio, "bigram_gain": self.bigram_gain,
@@ -318,58 +329,48 @@ class MechanismReport(ProbeResult):
 # -------------------------------------------------------------------------------------------- decision
 @dataclasses.dataclass(frozen=True)
 class _Evidence:
-    law: LawCheck
-    sim: StrategySimilarity
+    law: LawVerdict
+    sim: StrategySimilarity  # raw
     gains: Gains
     swap: KernelSwap
     induction: Circuit
-    graph: CircuitGraph
+    circuit: CircuitVerdict
     random_kernel: bool
     source_order: int
 
 
 def _in_weights(ev: _Evidence, th: Thresholds) -> tuple[bool, bool]:
-    """(the model predicts from its weights, that call is near the cut) from the kernel swap."""
+    """(the model predicts from its weights, that call is near the cut) from the kernel swap (fixed chains)."""
+    if ev.random_kernel:
+        return False, False
     f = ev.swap.in_context_fraction
     return f < th.in_weights, th.in_weights / th.near <= f <= th.in_weights * th.near
 
 
 def _label(name: str, ev: _Evidence, th: Thresholds) -> tuple[str, Optional[int], bool, Optional[str]]:
-    """(mechanism, order, near, why-not) for the candidate law `name`; why-not says what requirement fails."""
+    """(mechanism, order, near, why-not) for the candidate law `name` of a model without a kept induction circuit;
+    why-not says what requirement fails."""
     if name in _LABEL_OF_LAW:
         return _LABEL_OF_LAW[name], None, False, None
-    k = in_context_order(name)
-    near = False
-    if not ev.random_kernel:  # kernel and in-context laws of a fixed chain: weights or context?
-        weights, near = _in_weights(ev, th)
-        if weights:
-            return "kernel", ev.source_order, near, None
-        k = k or ev.source_order
-    if ev.induction.found:
-        return "induction", k, near, None
+    weights, near = _in_weights(ev, th)
+    if weights:  # kernel and in-context laws of a fixed chain: the weights
+        return "kernel", ev.source_order, near, None
     return "other", None, near, f"it follows the {STRATEGY_LABELS[name]} without an induction circuit: " \
                                 f"{ev.induction.missing()}"
 
 
 def _eligible(name: str, ev: _Evidence, th: Thresholds) -> bool:
-    """Whether a model between laws can be moving to law `name`: it has begun the step to it (its loss is below
-    the law one step down the ladder: uniform for pi and the in-context unigram, the in-context unigram for the
-    state-and-counts law, pi for the kernel, the order k - 1 law for the order k one) and meets its requirement
-    (the kernel: predicted from the weights; an in-context law of order k >= 1: the K-edge kept, and on fixed
-    chains the context read)."""
+    """Whether a model between laws (and without an induction circuit) can be moving to law `name`: it has begun
+    the step to it (its loss is below the law one step down the ladder: uniform for pi and the in-context unigram,
+    the in-context unigram for the state-and-counts law, pi for the kernel) and meets its requirement (the kernel:
+    predicted from the weights; in-context laws of order >= 1 need the circuit, which this model lacks)."""
     if name == "uniform":
         return False
-    k = in_context_order(name)
     lower = {"stationary": "uniform", in_context_name(0): "uniform", STATE_AND_COUNTS: in_context_name(0),
-             "kernel": "stationary"}.get(name, in_context_name(k - 1) if k else "uniform")
-    if not ev.gains.model_loss < ev.sim.losses.get(lower, math.inf):
+             "kernel": "stationary"}.get(name)
+    if lower is None or not ev.gains.model_loss < ev.sim.losses.get(lower, math.inf):
         return False
-    if name in _LABEL_OF_LAW:
-        return True
-    weights = not ev.random_kernel and _in_weights(ev, th)[0]
-    if name == "kernel":
-        return weights
-    return ev.induction.found and not weights
+    return _in_weights(ev, th)[0] if name == "kernel" else True
 
 
 def _target(ev: _Evidence, th: Thresholds) -> tuple[Optional[str], bool]:
@@ -384,61 +385,101 @@ def _target(ev: _Evidence, th: Thresholds) -> tuple[Optional[str], bool]:
     if loss < model:
         return name, False
     better = [x for n, x in ev.sim.losses.items() if n in ev.sim.candidates and x < loss]
-    if better and loss - model > BEYOND * (loss - max(better)):  # past half the next step: not that law any more
+    if better and loss - model > BEYOND * (loss - max(better)):  # past a quarter of the next step: not that law
         return None, False
     return name, True
 
 
 def _nearest(ev: _Evidence) -> str:
-    d = ev.sim.divergences
-    return f"{STRATEGY_LABELS[ev.law.law]} (mean KL {d[ev.law.law]:.4f} nats)"
+    return f"{STRATEGY_LABELS[ev.law.law]} (mean KL {ev.law.divergence:.4f} nats)"
+
+
+def _check_text(check: LawCheck, th: Thresholds) -> str:
+    return (f"{STRATEGY_LABELS[check.law]}, mean KL {check.divergence:.4f} nats = {check.fit_ratio:.3f} x the gap to "
+            f"the nearest other law ({check.gap:.4f}; fit needs <= {th.fit}) and {check.margin_ratio:.3f} x the "
+            f"divergence to the runner-up {STRATEGY_LABELS.get(check.runner_up, check.runner_up)} (margin needs <= "
+            f"{th.margin})")
 
 
 def _evidence_reasons(ev: _Evidence, th: Thresholds) -> list[str]:
     law, swap = ev.law, ev.swap
-    out = [
-        f"closest law: {STRATEGY_LABELS[law.law]}, mean KL {law.divergence:.4f} nats = {law.fit_ratio:.3f} x the gap "
-        f"to the nearest other law ({law.gap:.4f}; fit needs <= {th.fit}) and {law.margin_ratio:.3f} x the "
-        f"divergence to the runner-up {STRATEGY_LABELS.get(law.runner_up, law.runner_up)} (margin needs <= "
-        f"{th.margin})",
+    return [
+        f"circuit: {ev.circuit.describe()}",
+        f"law: {law.describe()}; closest law as the outputs are: {_check_text(law.raw, th)}; at the fitted "
+        f"temperature {law.temperature:.2f}: {_check_text(law.fitted, th)}",
         f"graded gains (fraction of each step up the in-context ladder; g_1: unigram -> bigram): "
         f"{ev.gains.describe()}",
         f"kernel swap: in-context fraction {swap.in_context_fraction:.2f} +- {swap.se:.2f} ({swap.description})",
-        ev.graph.summary() + "; " + ev.induction.summary(),
+        ev.circuit.graph.summary() + "; " + ev.induction.summary(),
     ]
-    return out
 
 
-def _decide(ev: _Evidence, th: Thresholds) -> tuple[str, Optional[int], bool, list[str]]:
-    """(mechanism, order, confident, reasons) from the evidence (module docstring)."""
+def _induction(ev: _Evidence, reasons: list[str]) -> tuple:
+    """The headline of a model whose induction circuit is kept: its order from the lags, and a qualifier where
+    the law lags the circuit (module docstring)."""
+    order, law = ev.circuit.order, ev.law
+    reached = None if law.status == "between" else (ev.source_order if law.law == "kernel" else
+                                                     in_context_order(law.law))
+    if reached is None or reached < order:
+        qualifier = "partial"
+        why = (f"the outputs lag the circuit: {law.describe()}; g_{order} = {ev.gains.get(order, math.nan):.2f} +- "
+               f"{ev.gains.se.get(order, math.nan):.2f} of the step to the order-{order} law")
+    elif law.status == "miscalibrated":
+        qualifier, why = "miscalibrated", f"the outputs reach the circuit's law only up to calibration: {law.describe()}"
+    else:
+        qualifier, why = None, f"the outputs reach the circuit's law: {law.describe()}"
+    reasons.insert(0, f"induction (order {order}{', ' + qualifier if qualifier else ''}): {ev.circuit.describe()}; "
+                      f"{why}")
+    target = in_context_name(order) if order <= 4 and law.status == "between" else None
+    return "induction", order, qualifier, qualifier is None and not law.near, reasons, target
+
+
+def _decide(ev: _Evidence, th: Thresholds) -> tuple:
+    """(mechanism, order, qualifier, confident, reasons, target law) from the evidence (module docstring)."""
     reasons = _evidence_reasons(ev, th)
+    if ev.circuit.kind == "induction" and not _in_weights(ev, th)[0]:
+        return _induction(ev, reasons)
     if ev.law.passed:
         mech, order, near, why_not = _label(ev.law.law, ev, th)
         if why_not is None:
             reasons.insert(0, f"{mech}{'' if order is None else f' (order {order})'}: the model follows the "
-                              f"{STRATEGY_LABELS[ev.law.law]}" + (" through a kept previous-token -> induction "
-                                                                  "K-edge" if mech == "induction" else ""))
+                              f"{STRATEGY_LABELS[ev.law.law]}" + (" up to calibration (temperature "
+                                                                  f"{ev.law.temperature:.2f})" if
+                                                                  ev.law.status == "miscalibrated" else ""))
         else:
             reasons.insert(0, f"other: {why_not}; nearest law {_nearest(ev)}")
-        return mech, order, not (ev.law.near or near), reasons
+        qualifier = "miscalibrated" if ev.law.status == "miscalibrated" and why_not is None else None
+        return mech, order, qualifier, not (ev.law.near or near or qualifier), reasons, None
     target, beyond = _target(ev, th)
     if target is None:  # confident only for a model worse than the uniform law: no law at all
         worse = ev.gains.model_loss >= ev.sim.losses.get("uniform", math.inf)
         reasons.insert(0, f"other: the model follows no candidate law and moves towards none whose requirement it "
                           f"meets; nearest law {_nearest(ev)}; {ev.induction.summary()}")
-        return "other", None, worse and not ev.law.near, reasons
+        return "other", None, None, worse and not ev.law.near, reasons, None
     mech, order, _, _ = _label(target, ev, th)
     where = (f"does better than the {STRATEGY_LABELS[target]} (loss {ev.sim.losses[target]:.4f}) without meeting "
              "the requirement of any better law" if beyond else
              f"moves towards the {STRATEGY_LABELS[target]} (loss {ev.sim.losses[target]:.4f})")
     reasons.insert(0, f"{mech}{'' if order is None else f' (order {order})'}, not confident: the model sits "
                       f"between laws (loss {ev.gains.model_loss:.4f} nats) and {where}; nearest law {_nearest(ev)}")
-    return mech, order, False, reasons
+    return mech, order, None, False, reasons, target
 
 
 def probe_hook_names(model: HookedModel) -> list[str]:
     """Every hook `classify_mechanism` reads from its cache (patterns and every component's output)."""
     return attention_hook_names(model) + sorted({c.hook_name for c in model_components(model)})
+
+
+def _probe_batch(model: HookedModel, source: Source, batch: Optional[ProbeBatch], *, n_sequences: int,
+                 seq_len: Optional[int], seed: int) -> ProbeBatch:
+    """The caller's probe batch, checked against `source`, or a fresh seeded one."""
+    if batch is None:
+        return sample_batch(source, n_sequences=n_sequences, seq_len=probe_length(model, seq_len), seed=seed)
+    if not isinstance(batch, ProbeBatch):
+        raise TypeError(f"batch must be a ProbeBatch (probes.sample_batch), got {type(batch).__name__}")
+    if batch.vocab != source.vocab or batch.order != source.order:
+        raise ValueError(f"the probe batch ({batch.vocab} states, order {batch.order}) is not from {source!r}")
+    return batch
 
 
 # ------------------------------------------------------------------------------------------------ entry
@@ -450,13 +491,16 @@ def classify_mechanism(
     batch: Optional[ProbeBatch] = None,
     cache: Optional[Any] = None,
     seq_len: Optional[int] = None,
-    n_sequences: int = 64,
-    circuit_sequences: int = 16,
+    n_sequences: int = PROBE_SEQUENCES,
+    circuit_sequences: int = CIRCUIT_SEQUENCES,
     seed: int = 0,
     beta: float | int | None = None,
     thresholds: Thresholds = Thresholds(),
+    method: str = "auto",
+    max_edges: Optional[int] = None,
+    progress: Optional[bool] = None,
 ) -> MechanismReport:
-    """Name the law `model` predicts `source` with and the causal circuit behind it (module docstring).
+    """Name the circuit `model` computes with and the law its outputs reach on `source` (module docstring).
 
     Args:
         model: a hooked model.
@@ -464,22 +508,23 @@ def classify_mechanism(
         batch: a `ProbeBatch` from `sample_batch(source, ...)` to probe on (default: a fresh seeded batch of
             `n_sequences` x `seq_len` states, `seq_len` from `probe_length(model)`).
         cache: a `run_with_cache` of `batch` holding `probe_hook_names(model)` (only read).
-        circuit_sequences: how many of the batch's sequences path patching runs on (every edge costs about two
-            forward passes of them).
-        seed: seed of the probe batch, the corruption and the kernel-swap sequences.
+        circuit_sequences: how many of the batch's sequences path patching runs on (its first ones: with the
+            default batch, the sequences `discover_circuit(model, source, seed=seed)` uses).
+        seed: seed of the probe batch, the corruptions and the kernel-swap sequences.
         beta: add-beta smoothing of the in-context laws (default: the source's alpha, or 1/2).
         thresholds: the cut-offs (`Thresholds`).
+        method, max_edges, progress: how the circuit is discovered (`discover_circuit`: "auto", "exact",
+            "attribution" or "attribution+verify"; a cap on exact measurements; a tqdm bar for long calls).
 
     Returns:
-        A `MechanismReport` (label, order, confidence, reasons and every piece of evidence).
+        A `MechanismReport` (label, qualifier, confidence, reasons, the circuit and law axes, all the evidence).
 
-    >>> # report = classify_mechanism(model, RandomMarkov(3), seed=0); report.mechanism, report.order
+    >>> # report = classify_mechanism(model, RandomMarkov(3), seed=0); report.label, report.law.gains[1]
     """
     check_source_matches(model, source)
-    if batch is None:
-        batch = sample_batch(source, n_sequences=n_sequences, seq_len=probe_length(model, seq_len), seed=seed)
-    elif batch.vocab != source.vocab or batch.order != source.order:
-        raise ValueError(f"the probe batch ({batch.vocab} states, order {batch.order}) is not from {source!r}")
+    if not isinstance(thresholds, Thresholds):
+        raise TypeError(f"thresholds must be a Thresholds, got {type(thresholds).__name__}")
+    batch = _probe_batch(model, source, batch, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     tokens = check_tokens(model, batch.tokens)
     names = probe_hook_names(model)
     if cache is None or any(name not in cache for name in names):
@@ -487,22 +532,31 @@ def classify_mechanism(
     else:
         logits = model(tokens)
     probs = torch.softmax(logits.double(), dim=-1)
-    sim = strategy_similarity(model, batch, beta=beta, probs=probs)
+    laws = strategy_probs(batch, beta=beta)
+    sim = strategy_similarity(model, batch, beta=beta, probs=probs, laws=laws)
+    fitted, temperature = fitted_similarity(model, batch, logits, laws, beta=beta)
     seq = int(batch.tokens.shape[1])
     graph = discover_circuit(model, source, batch=batch, n_sequences=min(circuit_sequences, batch.tokens.shape[0]),
-                             seed=seed, min_effect=thresholds.edge_min, min_fraction=thresholds.edge_fraction)
+                             seed=seed, min_effect=thresholds.edge_min, min_fraction=thresholds.edge_fraction,
+                             method=method, max_edges=max_edges, progress=progress)
     scores = attention_scores(model, batch.tokens, cache=cache, max_order=batch.order, max_lag=batch.order + 1)
-    ev = _Evidence(law=check_law(sim, thresholds), sim=sim, gains=graded_gains(probs, batch, beta=sim.beta),
-                   swap=kernel_swap(model, source, seq_len=seq, n_sequences=batch.tokens.shape[0], seed=seed),
-                   induction=read_circuit(graph, scores, order=batch.order, head_excess=thresholds.head_excess),
-                   graph=graph, random_kernel=batch.random_kernel, source_order=batch.order)
-    mechanism, order, confident, reasons = _decide(ev, thresholds)
+    gains = graded_gains(probs, batch, beta=sim.beta)
+    swap = kernel_swap(model, source, seq_len=seq, n_sequences=batch.tokens.shape[0], seed=seed)
+    reading = read_circuit(graph, scores, order=batch.order, head_excess=thresholds.head_excess)
+    in_weights = not batch.random_kernel and swap.in_context_fraction < thresholds.in_weights
+    circuit = circuit_verdict(graph, reading, in_weights=in_weights, in_context_fraction=swap.in_context_fraction,
+                              source_order=batch.order)
+    ev = _Evidence(law=law_verdict(sim, fitted, temperature, gains, thresholds), sim=sim, gains=gains, swap=swap,
+                   induction=reading, circuit=circuit, random_kernel=batch.random_kernel, source_order=batch.order)
+    mechanism, order, qualifier, confident, reasons, target = _decide(ev, thresholds)
     return MechanismReport(
-        mechanism=mechanism, order=order, confident=bool(confident), reasons=tuple(reasons), law=ev.law,
-        strategies=sim, gains=ev.gains, kernel_swap=ev.swap, circuit=graph, induction=ev.induction,
-        behaviour=behaviour(model, batch, beta=beta, probs=probs, n_flip_positions=4), attention=scores,
-        ablation=ablation_table(model, tokens, method="mean", cache=cache, clean_probs=probs),
+        mechanism=mechanism, order=order, confident=bool(confident), reasons=tuple(reasons),
+        law=with_target(ev.law, target), strategies=sim, gains=gains, kernel_swap=swap, circuit=circuit,
+        induction=reading, behaviour=behaviour(model, head_of_batch(batch, BEHAVIOUR_SEQUENCES), beta=beta,
+                                               probs=probs[:BEHAVIOUR_SEQUENCES], n_flip_positions=4),
+        attention=scores, ablation=ablation_table(model, tokens, method="mean", cache=cache, clean_probs=probs),
         readout=kernel_readout(model, batch, probs=probs),
         references=theory.reference_losses(source, seq),  # of the source: cached
         thresholds=thresholds, source=repr(source), seq_len=seq, n_sequences=int(batch.tokens.shape[0]), seed=seed,
+        qualifier=qualifier, fitted_strategies=fitted,
     )

@@ -1,34 +1,65 @@
-"""`discover_circuit`: the circuit of a model found by exhaustive path patching of every edge of its graph.
+"""`discover_circuit`: the circuit of a model found by path patching of the edges of its graph.
 
 Every edge (sender -> receiver input, `paths`) is corrupted on its own and its **effect** is the increase of the
-mean next-state loss (nats) over the probe batch, with its standard error over the batch's sequences. These graphs
-have tens of edges (a two-layer model with one head per layer has 12), so every edge is measured exactly rather
-than approximated; the gradient approximation (edge attribution patching, `paths.edge_attributions`) is computed
-beside it and the edges where the two would decide differently are listed (`CircuitGraph.disagreements`).
+mean next-state loss (nats) over the probe batch, with its standard error over the batch's sequences. Two passes
+corrupt two kinds of information: the **token pass** (`corruption`: the tokens of another sequence) and the
+**positional pass** (the same tokens read at permuted positions: `positions=True`), so a head that computes
+positions used downstream shows its edges, which no token corruption can give it ("pos" is a sender beside
+"embed"). An edge out of a sender a pass leaves unchanged (the positions in the token pass, the tokens in the
+positional one) has no effect in it, exactly, and is not run.
 
-**The kept edges** (the circuit) follow one stated rule: an edge is kept when its effect is at least a threshold
-t, starting at t = max(`min_effect`, `min_fraction` x total effect), the total effect being L(all edges
+**Methods.** "exact" measures every edge by path patching (a handful of forward passes for all of them, stacked
+along the batch); "attribution" estimates every edge from gradients (`paths.edge_estimates`: edge attribution
+patching along the way from the clean to the corrupted run, a few forward and backward passes in all) and keeps
+edges by the same rule on the estimates; "attribution+verify" measures exactly only the candidates: the edges
+whose estimate reaches a quarter of the threshold, the 16 largest estimates, and every edge whose estimate is
+unreliable (its gradient at the clean run and along the way disagree by half, or it feeds the queries or keys of
+a head whose softmax is saturated, where gradients vanish); the threshold the kept rule reaches decides whether
+more are verified. "auto" is "exact" up to `EXACT_UP_TO` edges and "attribution+verify" above
+(benchmarks/bench_classify.py measured where the second becomes faster). `max_edges` caps the exact
+measurements: "exact" refuses a larger graph, "attribution+verify" verifies at most that many edges per pass (the
+kept edges, which the joint tests need measured in every pass, come on top).
+
+**The kept edges** (the circuit) follow one stated rule per pass: an edge is kept when its effect is at least a
+threshold t, starting at t = max(`min_effect`, `min_fraction` x total effect), the total effect being L(all edges
 corrupted) - L(clean); edges that cannot carry anything to the logits are dropped until none is left (an edge
-into a node that sends nothing further, or out of a node that receives nothing; the embedding and the logits are
-the two ends). When the kept edges alone fall short (faithfulness below `target_faithfulness`), t is lowered to
-the next edge's effect, never below `min_effect`, until they do: redundant copies of a role (two heads that each
-carry half of it) each cost little when corrupted alone, and this is how they get in. Unlike ACDC (Conmy et al.
-2023), which removes edges one at a time in a fixed order and measures each against the edges removed so far,
-the rule reads the exhaustive single-edge effects, so it does not depend on an order; whether the kept edges
-together carry the model's behaviour is then measured, not assumed:
+into a node that sends nothing further, or out of a node that receives nothing). When the kept edges alone fall
+short (faithfulness below `target_faithfulness`), t is lowered to the next edge's effect, never below
+`min_effect`, until they do: redundant copies of a role each cost little when corrupted alone, and this is how
+they get in. The circuit is the union of the two passes' kept edges. Unlike ACDC (Conmy et al. 2023), which
+removes edges one at a time in a fixed order, the rule reads the single-edge effects, so it does not depend on an
+order.
 
-- **faithfulness** = (L_all_corrupted - L_circuit_only) / (L_all_corrupted - L_clean), where "circuit only"
-  corrupts every edge that is not kept (1: the kept edges alone give the clean loss; 0: they give nothing);
+**Joint tests** (`joint=True`), on the kept edges of each pass:
+
+- *pairs*: every pair of kept edges (the `MAX_PAIR_EDGES` strongest) is corrupted together; a pair whose joint
+  effect is below `CANCEL_FRACTION` of the larger single effect **cancels** (two heads whose outputs cancel each
+  cost much alone and nothing together). Cancelling pairs are joined into sets; a set whose joint effect is below
+  the pass's threshold is dropped from the circuit (it carries nothing together) and listed with its joint
+  effect (`CircuitGraph.cancelling`, drawn apart in the report);
+- *receivers*: all kept edges into each receiver are corrupted together ("necessary jointly", beside each edge's
+  own effect, "necessary alone");
+- **faithfulness** = (L_all_corrupted - L_circuit_only) / (L_all_corrupted - L_clean), "circuit only" corrupting
+  every edge that is not kept (1: the kept edges alone give the clean loss);
+- **completeness** = (L_kept_corrupted - L_clean) / (L_all_corrupted - L_clean), corrupting the kept edges
+  alone (1: nothing outside the circuit matters once the circuit is corrupted);
 - **minimality**: for every kept edge, how much the loss rises when it is corrupted too, on top of the edges
-  already corrupted (its own contribution inside the circuit; about 0 for an edge the circuit does not need).
+  already corrupted in the circuit-only run (its own contribution inside the circuit).
+
+**The probe batch.** `discover_circuit(model, source, seed=s)` measures on the first `CIRCUIT_SEQUENCES` sequences
+of the probe batch that `classify_mechanism(model, source, seed=s)` draws (`PROBE_SEQUENCES` sequences), and
+`classify_mechanism` passes its batch here: the two report the same graph, the same faithfulness, by one
+definition.
 
 Corruptions (`CORRUPTIONS`): "resample" (each sequence's corrupted version is another sequence of the batch),
 "kernel_swap" (same length, drawn from another kernel: `kernel_swap.swap_plan`), "shuffle" (the sequence's own
-states in a random order: its state counts kept, its transitions destroyed).
+states in a random order: its state counts kept, its transitions destroyed); the positional pass permutes each
+sequence's positions at random.
 """
 
 import dataclasses
 import math
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 import torch
@@ -37,6 +68,7 @@ from torch import Tensor
 from markov_interp.data import Source
 from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
+    PROBE_SEQUENCES,
     ProbeBatch,
     Tokens,
     check_source_matches,
@@ -45,22 +77,41 @@ from markov_interp.probes._common import (
     sample_batch,
 )
 from markov_interp.probes._display import ProbeResult, dataframe, displayed
-from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_attributions, senders
+from markov_interp.probes.joint import (
+    CANCEL_FRACTION,
+    MAX_PAIR_EDGES,
+    Cancelling,
+    JointTest,
+    cancelling_sets,
+    prune,
+    receiver_tests,
+)
+from markov_interp.probes.paths import EdgeKey, EdgeRunner, senders
+from markov_interp.probes.verify import CANDIDATE_FRACTION, IG_STEPS, Estimates, estimate, verify_plan
 
 CORRUPTIONS = ("resample", "kernel_swap", "shuffle")
+POSITIONS = "positions"  # the positional pass's corruption
+METHODS = ("auto", "exact", "attribution", "attribution+verify")
 MIN_EFFECT = 2e-3  # nats: an edge whose corruption costs less is never kept
 MIN_FRACTION = 0.04  # of the total effect L(all corrupted) - L(clean)
 TARGET_FAITHFULNESS = 0.9  # the threshold is lowered edge by edge until the kept edges reach this
+CIRCUIT_SEQUENCES = 16  # path patching runs on this many sequences of the probe batch by default
+EXACT_UP_TO = 32  # method "auto": exact path patching up to this many edge measurements (bench_classify)
 _MAX_LOWERINGS = 16  # at most this many lowered thresholds are tried (each costs one circuit-only run)
 _NO_TOTAL = 1e-6  # nats: below this the corruption changes nothing, and faithfulness is undefined
+__all__ = ["CANCEL_FRACTION", "CANDIDATE_FRACTION", "CIRCUIT_SEQUENCES", "CORRUPTIONS", "Cancelling", "CircuitGraph",
+           "EXACT_UP_TO", "Edge", "IG_STEPS", "JointTest", "MAX_PAIR_EDGES", "METHODS", "MIN_EFFECT", "MIN_FRACTION",
+           "POSITIONS", "PassResult", "TARGET_FAITHFULNESS", "discover_circuit", "kept_edges"]
 
 
 @displayed(line=lambda e: f"{e.name}: effect {e.effect:+.4f} +- {e.se:.4f} nats, gradient {e.attribution:+.4f}")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Edge:
-    """One edge with its path-patching effect: corrupting `sender` where `receiver` reads it through `input`
-    raises the mean loss by `effect` nats (`se`: its standard error over the batch); `attribution` is the
-    gradient estimate of the same number (edge attribution patching)."""
+    """One edge with its path-patching effects: corrupting `sender` where `receiver` reads it through `input`
+    raises the mean loss by `effect` nats in the token pass (`se`: its standard error over the batch) and by
+    `position_effect` in the positional pass (NaN where that pass did not run it); `attribution` is the gradient
+    estimate of `effect` (edge attribution patching). `verified` is False for an edge only estimated (methods
+    "attribution" and "attribution+verify"): its `effect` is then the estimate and `se` NaN."""
 
     sender: str
     receiver: str
@@ -68,6 +119,9 @@ class Edge:
     effect: float
     se: float
     attribution: float = math.nan
+    position_effect: float = math.nan
+    position_se: float = math.nan
+    verified: bool = True
 
     @property
     def key(self) -> EdgeKey:
@@ -77,19 +131,52 @@ class Edge:
     def name(self) -> str:
         return self.key.name
 
+    @property
+    def strength(self) -> float:
+        """The larger of its two effects (what the kept rule of its passes read), NaN-safe."""
+        values = [v for v in (self.effect, self.position_effect) if v == v]
+        return max(values) if values else -math.inf
+
     def to_dict(self) -> dict[str, Any]:
         return json_safe({**dataclasses.asdict(self), "name": self.name})
+
+
+@displayed(line=lambda p: f"{p.corruption} pass: total effect {p.total_effect:.4f} nats, {len(p.kept)} edges kept, "
+                          f"faithfulness {p.faithfulness:.2f}, completeness {p.completeness:.2f}")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PassResult:
+    """One corruption pass over the circuit: its losses (nats), the threshold its rule reached and the edges it
+    kept on its own, and the circuit (the union of the passes, less cancelling sets) measured under it."""
+
+    corruption: str
+    clean_loss: float
+    corrupted_loss: float
+    circuit_loss: float  # every edge but the circuit's corrupted
+    kept_loss: float  # the circuit's edges corrupted, every other edge clean
+    faithfulness: float
+    completeness: float
+    threshold: float
+    start_threshold: float  # before any lowering: max(min_effect, min_fraction x total effect)
+    kept: tuple[str, ...]  # what this pass's rule kept on its own
+    minimality: dict[str, float]
+
+    @property
+    def total_effect(self) -> float:
+        return self.corrupted_loss - self.clean_loss
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe(dataclasses.asdict(self))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
 class CircuitGraph(ProbeResult):
     """The model's graph with every edge's path-patching effect, and the circuit kept from it (module docstring).
 
-    `nodes`: "embed", the heads ("L0H1"), the MLPs ("L0.mlp"), "logits". `edges`: every edge, in stage order.
-    `kept`: the circuit's edges. Losses in nats on the probe batch: `clean_loss`, `corrupted_loss` (every edge
-    corrupted: the corrupted run) and `circuit_loss` (every edge but the kept ones corrupted). `minimality[name]`:
-    loss increase when that kept edge is corrupted on top of the others. `disagreements`: names of the edges the
-    gradient estimate would keep and exhaustive patching does not, or the reverse.
+    `nodes`: "embed", "pos", the heads ("L0H1"), the MLPs ("L0.mlp"), "logits". `edges`: every edge, in stage
+    order. `kept`: the circuit's edges. The losses, faithfulness, completeness, minimality and threshold at the
+    top are the token pass's (`corruption`); `position` holds the positional pass's (None when it did not run).
+    `joint`: the receiver tests; `cancelling`: the cancelling sets found (dropped ones are not in `kept`).
+    `disagreements`: names of the edges the gradient estimate would keep and patching does not, or the reverse.
     """
 
     nodes: tuple[str, ...]
@@ -102,16 +189,23 @@ class CircuitGraph(ProbeResult):
     faithfulness: float
     minimality: dict[str, float]
     disagreements: tuple[str, ...]
-    threshold: float  # the effect an edge needed (nats)
+    threshold: float  # the effect an edge needed in the token pass (nats)
     rule: str
     n_layers: int
     n_sequences: int
     seq_len: int
     seed: int
+    completeness: float = math.nan
+    position: Optional[PassResult] = None
+    joint: tuple[JointTest, ...] = ()
+    cancelling: tuple[Cancelling, ...] = ()
+    method: str = "exact"
+    n_verified: int = 0  # edges measured by exact path patching (both passes)
+    start_threshold: float = math.nan  # the token pass's threshold before any lowering
 
     @property
     def total_effect(self) -> float:
-        """L(all edges corrupted) - L(clean), nats."""
+        """L(all edges corrupted) - L(clean) in the token pass, nats."""
         return self.corrupted_loss - self.clean_loss
 
     def edge(self, name: str) -> Edge:
@@ -125,6 +219,12 @@ class CircuitGraph(ProbeResult):
     def kept_names(self) -> tuple[str, ...]:
         return tuple(e.name for e in self.kept)
 
+    @property
+    def position_edges(self) -> tuple[Edge, ...]:
+        """Kept edges that only the positional pass kept (position information: drawn apart in the report)."""
+        own = set(self.position.kept) if self.position is not None else set()
+        return tuple(e for e in self.kept if e.name in own and not e.effect >= self.threshold)
+
     def kept_into(self, receiver: str, input: Optional[str] = None) -> tuple[Edge, ...]:
         """The kept edges into `receiver` (through `input` when given)."""
         return tuple(e for e in self.kept if e.receiver == receiver and (input is None or e.input == input))
@@ -134,23 +234,39 @@ class CircuitGraph(ProbeResult):
         heads = {n for e in self.kept for n in (e.sender, e.receiver) if "H" in n}
         return tuple(n for n in self.nodes if n in heads)
 
+    def necessary_alone(self, name: str) -> bool:
+        """Whether the edge `name` passes the starting threshold of a pass on its own (a kept edge that does not
+        got in when the threshold was lowered: a redundant copy, necessary only jointly with the others)."""
+        e = self.edge(name)
+        return e.effect >= self.start_threshold or (self.position is not None
+                                                    and e.position_effect >= self.position.start_threshold)
+
     def summary(self) -> str:
-        """One sentence: the kept edges with their effects, and faithfulness."""
-        kept = ", ".join(f"{e.name} {e.effect:+.3f}" for e in self.kept) or "no edge"
-        return (f"circuit ({self.corruption} corruption, total effect {self.total_effect:.4f} nats): {kept}; "
-                f"faithfulness {self.faithfulness:.2f}")
+        """The kept edges with their effects, faithfulness and completeness, and what the joint tests found."""
+        kept = ", ".join(f"{e.name} {e.strength:+.3f}" for e in self.kept) or "no edge"
+        text = (f"circuit ({self.corruption} corruption, total effect {self.total_effect:.4f} nats): {kept}; "
+                f"faithfulness {self.faithfulness:.2f}, completeness {self.completeness:.2f}")
+        if self.position is not None:
+            text += (f"; positional pass: total effect {self.position.total_effect:.4f} nats, faithfulness "
+                     f"{self.position.faithfulness:.2f}")
+        dropped = [c for c in self.cancelling if c.dropped]
+        if self.cancelling:
+            text += "; cancelling: " + "; ".join(c.describe() for c in self.cancelling)
+        return text + (f" ({len(dropped)} set(s) dropped)" if dropped else "")
 
     def to_dataframe(self) -> Any:
-        """One row per edge (index its name, strongest first): sender, receiver, input, effect and SE (nats), the
-        gradient estimate, kept or not, and the kept edge's own contribution inside the circuit (minimality).
+        """One row per edge (index its name, strongest first): sender, receiver, input, effect and SE in the token
+        pass, effect in the positional pass, the gradient estimate, whether it was verified, kept or not, and the
+        kept edge's own contribution inside the circuit (minimality).
 
         Returns:
             A pandas DataFrame.
         """
         kept = set(self.kept_names)
-        rows = sorted(self.edges, key=lambda e: -e.effect)
+        rows = sorted(self.edges, key=lambda e: -e.strength)
         return dataframe(({"edge": e.name, "sender": e.sender, "receiver": e.receiver, "input": e.input,
-                           "effect": e.effect, "se": e.se, "attribution": e.attribution, "kept": e.name in kept,
+                           "effect": e.effect, "se": e.se, "position_effect": e.position_effect,
+                           "attribution": e.attribution, "verified": e.verified, "kept": e.name in kept,
                            "minimality": self.minimality.get(e.name, math.nan)} for e in rows), index="edge")
 
     def _headline(self) -> str:
@@ -158,13 +274,17 @@ class CircuitGraph(ProbeResult):
                 + (", ".join(e.name for e in self.kept) or "none"))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: every edge with its effect, SE and gradient estimate, the kept edges, the losses."""
+        """JSON-ready: every edge with its effects, SE and gradient estimate, the kept edges, the losses, the
+        positional pass, the joint tests and cancelling sets."""
         return json_safe({
             "nodes": list(self.nodes), "edges": [e.to_dict() for e in self.edges], "kept": list(self.kept_names),
             "corruption": self.corruption, "clean_loss": self.clean_loss, "corrupted_loss": self.corrupted_loss,
-            "circuit_loss": self.circuit_loss, "faithfulness": self.faithfulness, "minimality": self.minimality,
-            "disagreements": list(self.disagreements), "threshold": self.threshold, "rule": self.rule,
-            "n_layers": self.n_layers, "n_sequences": self.n_sequences, "seq_len": self.seq_len, "seed": self.seed,
+            "circuit_loss": self.circuit_loss, "faithfulness": self.faithfulness, "completeness": self.completeness,
+            "minimality": self.minimality, "disagreements": list(self.disagreements), "threshold": self.threshold,
+            "rule": self.rule, "n_layers": self.n_layers, "n_sequences": self.n_sequences, "seq_len": self.seq_len,
+            "seed": self.seed, "position": None if self.position is None else self.position.to_dict(),
+            "joint": [j.to_dict() for j in self.joint], "cancelling": [c.to_dict() for c in self.cancelling],
+            "method": self.method, "n_verified": self.n_verified, "start_threshold": self.start_threshold,
         })
 
 
@@ -175,6 +295,15 @@ def head_of_batch(batch: ProbeBatch, n: int) -> ProbeBatch:
                                initial=None if batch.initial is None else batch.initial[:n])
 
 
+def circuit_batch(model: HookedModel, source: Source, *, n_sequences: int, seq_len: Optional[int], seed: int
+                  ) -> ProbeBatch:
+    """The first `n_sequences` of the probe batch `classify_mechanism` draws with the same seed and length
+    (`PROBE_SEQUENCES` sequences; more when `n_sequences` asks for more)."""
+    length = probe_length(model, seq_len)
+    return head_of_batch(sample_batch(source, n_sequences=max(n_sequences, PROBE_SEQUENCES), seq_len=length,
+                                      seed=seed), n_sequences)
+
+
 def corrupted_tokens(batch: ProbeBatch, source: Source, corruption: str, *, seed: int) -> Tokens:
     """The corrupted version of every sequence of `batch` (module docstring), same shape, seeded."""
     from markov_interp.probes.ablation import derangement
@@ -183,9 +312,7 @@ def corrupted_tokens(batch: ProbeBatch, source: Source, corruption: str, *, seed
     if corruption == "resample":
         return tokens[derangement(tokens.shape[0], seed=seed).to(tokens.device)]
     if corruption == "shuffle":
-        gen = torch.Generator().manual_seed(seed)
-        order = torch.stack([torch.randperm(tokens.shape[1], generator=gen) for _ in range(tokens.shape[0])])
-        return torch.gather(tokens, 1, order.to(tokens.device))
+        return torch.gather(tokens, 1, permuted_positions(tokens, seed=seed).to(tokens.device))
     if corruption == "kernel_swap":
         from markov_interp.probes.kernel_swap import swap_plan
 
@@ -194,18 +321,16 @@ def corrupted_tokens(batch: ProbeBatch, source: Source, corruption: str, *, seed
     raise ValueError(f"corruption must be one of {CORRUPTIONS}, got {corruption!r}")
 
 
+def permuted_positions(tokens: Tokens, *, seed: int) -> Tensor:
+    """A seeded random permutation of the positions 0..pos-1 for every sequence, [batch, pos]."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(tokens.shape[1], generator=gen) for _ in range(tokens.shape[0])])
+
+
 # ---------------------------------------------------------------------------------------------- kept rule
 def kept_edges(effects: dict[EdgeKey, float], threshold: float) -> tuple[EdgeKey, ...]:
-    """The edges whose effect is >= `threshold`, then pruned to those on a path embed -> ... -> logits."""
-    kept = {e for e, v in effects.items() if v >= threshold}
-    while True:
-        sends = {e.sender for e in kept}
-        gets = {e.receiver for e in kept}
-        dead = {e for e in kept if (e.receiver != "logits" and e.receiver not in sends)
-                or (e.sender != "embed" and e.sender not in gets)}
-        if not dead:
-            return tuple(e for e in effects if e in kept)
-        kept -= dead
+    """The edges whose effect is >= `threshold`, then pruned to those on a path embed / pos -> ... -> logits."""
+    return prune({e for e, v in effects.items() if v >= threshold}, tuple(effects))
 
 
 def _mean_se(values: Tensor) -> tuple[float, float]:
@@ -217,6 +342,95 @@ def _threshold(total: float, min_effect: float, min_fraction: float) -> float:
     return max(min_effect, min_fraction * total)
 
 
+def _faithfulness(total: float, corrupted: float, circuit: float) -> float:
+    return (corrupted - circuit) / total if abs(total) > _NO_TOTAL else math.nan
+
+
+def _progress(enabled: Optional[bool]) -> Any:
+    """A tqdm bar over the patched runs (its total grows as runs are asked for), shown only for calls that last
+    over a second (`delay`), never when `enabled` is False."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=0, desc="path patching", unit="run", delay=1.0, leave=False, disable=enabled is False)
+
+
+# --------------------------------------------------------------------------------------------------- a pass
+@dataclasses.dataclass
+class _Pass:
+    """One corruption pass while it is measured: the runner, the edges it can move, their measured rises of the
+    loss ([batch] per verified edge), the estimates, what its rule kept."""
+
+    name: str
+    runner: EdgeRunner
+    active: tuple[EdgeKey, ...]
+    rows: dict[EdgeKey, Tensor] = dataclasses.field(default_factory=dict)
+    estimates: Optional[Estimates] = None
+    keys: tuple[EdgeKey, ...] = ()
+    threshold: float = math.inf
+    start: float = math.inf
+
+    @property
+    def clean(self) -> Tensor:
+        return self.runner.clean_losses
+
+    @property
+    def total(self) -> float:
+        return float(self.runner.corrupted_losses.mean() - self.clean.mean())
+
+    def effects(self) -> dict[EdgeKey, float]:
+        """Measured mean effects (nats) of the verified edges."""
+        return {e: float(row.mean()) for e, row in self.rows.items()}
+
+    def measure(self, edges: Sequence[EdgeKey], bar: Any) -> None:
+        edges = [e for e in edges if e not in self.rows]
+        if edges:
+            self.rows.update(zip(edges, self.runner.many_losses([[e] for e in edges], progress=bar) - self.clean))
+
+    def choose(self, rule: tuple, bar: Any) -> Tensor:
+        """Keep edges by the rule of the module docstring (measured effects; estimates for "attribution");
+        returns the circuit-only losses of the edges kept."""
+        min_effect, min_fraction, target = rule
+        effects = self.effects() if self.rows or self.estimates is None else dict(self.estimates.mean)
+        total, corrupted = self.total, float(self.runner.corrupted_losses.mean())
+        start = self.start = _threshold(total, min_effect, min_fraction)
+        levels = [start, *sorted({v for v in effects.values() if min_effect <= v < start}, reverse=True)]
+        chosen = [(t, kept_edges(effects, t)) for t in levels[:_MAX_LOWERINGS + 1]]
+        circuits = self.runner.many_losses([_complement(self.runner, keys) for _, keys in chosen], progress=bar)
+        for (threshold, keys), circuit in zip(chosen, circuits):
+            if not _faithfulness(total, corrupted, float(circuit.mean())) < target:  # reached, or undefined
+                break
+        self.keys, self.threshold = keys, threshold
+        return circuit
+
+
+def _complement(runner: EdgeRunner, keys: Iterable[EdgeKey]) -> list[EdgeKey]:
+    """Every edge of the runner that is not in `keys` and whose sender varies (the others change nothing)."""
+    keep = set(keys)
+    return [e for e in runner.edges if e not in keep and runner.varies(e.sender)]
+
+
+def _measure(p: _Pass, method: str, rule: tuple, max_edges: Optional[int], bar: Any) -> None:
+    """Fill the pass's single-edge effects by `method` and apply its kept rule."""
+    if method == "exact":
+        p.measure(p.active, bar)
+        p.choose(rule, bar)
+        return
+    p.estimates = estimate(p.runner, p.active, min_effect=rule[0])
+    if method == "attribution":
+        p.choose(rule, bar)
+        return
+    min_effect, min_fraction, _ = rule
+    todo = verify_plan(p.estimates, _threshold(p.total, min_effect, min_fraction), min_effect)
+    for _ in range(4):  # verify, keep, verify what the lowered threshold makes a candidate, keep again
+        room = len(todo) if max_edges is None else max(0, max_edges - len(p.rows))
+        p.measure([e for e in todo if e not in p.rows][:room], bar)
+        p.choose(rule, bar)
+        todo = [e for e in p.estimates.ranked if e not in p.rows and abs(p.estimates.mean[e])
+                >= CANDIDATE_FRACTION * p.threshold]
+        if not todo or (max_edges is not None and len(p.rows) >= max_edges):
+            return
+
+
 # ------------------------------------------------------------------------------------------------ discover
 @torch.no_grad()
 def discover_circuit(
@@ -224,7 +438,7 @@ def discover_circuit(
     source: Source,
     *,
     seq_len: Optional[int] = None,
-    n_sequences: int = 32,
+    n_sequences: int = CIRCUIT_SEQUENCES,
     corruption: str = "resample",
     seed: int = 0,
     batch: Optional[ProbeBatch] = None,
@@ -232,90 +446,167 @@ def discover_circuit(
     min_fraction: float | int = MIN_FRACTION,
     target_faithfulness: float | int = TARGET_FAITHFULNESS,
     attribution: bool = True,
+    positions: bool = True,
+    joint: bool = True,
+    method: str = "auto",
+    max_edges: Optional[int] = None,
+    progress: Optional[bool] = None,
 ) -> CircuitGraph:
-    """Find the circuit of `model` on `source` by exhaustive path patching (module docstring).
+    """Find the circuit of `model` on `source` by path patching (module docstring).
 
     Args:
         model: a hooked model (`models.build` / `models.load`, or any TransformerLens model).
         source: the data source (`BinaryChain`, `MarkovChain`, `RandomMarkov`) the probe batch comes from.
         seq_len: probe length (default `probe_length(model)`: the training length when known).
-        n_sequences: probe sequences (the SEs are over them).
-        corruption: "resample", "kernel_swap" or "shuffle".
-        seed: seed of the probe batch and of the corruption.
-        batch: a `ProbeBatch` to use instead of a fresh one (its first `n_sequences` sequences).
+        n_sequences: sequences path patching runs on (the SEs are over them): the first of the probe batch.
+        corruption: the token pass's corruption, "resample", "kernel_swap" or "shuffle".
+        seed: seed of the probe batch and of the corruptions (the same batch as `classify_mechanism`'s).
+        batch: a `ProbeBatch` to use instead of the seeded one (its first `n_sequences` sequences).
         min_effect, min_fraction, target_faithfulness: the kept-edge rule (module docstring).
         attribution: also compute the gradient estimate of every edge (edge attribution patching).
+        positions: run the positional pass too (position information and the heads that compute it).
+        joint: test the kept edges jointly (cancelling pairs and sets, receivers).
+        method: "exact", "attribution", "attribution+verify" or "auto" (exact up to `EXACT_UP_TO` edges).
+        max_edges: at most this many single edges measured by path patching per pass (None: no cap): "exact"
+            refuses a larger graph, "attribution+verify" verifies at most that many (plus the kept edges).
+        progress: a tqdm bar for calls that last over a second (None or True), or none (False).
 
     Returns:
-        A `CircuitGraph`: every edge's effect (nats) and SE, the kept edges, faithfulness and minimality.
+        A `CircuitGraph`: every edge's effects and SE, the kept edges, faithfulness, completeness, minimality,
+        joint tests and cancelling sets.
 
     >>> # graph = discover_circuit(model, RandomMarkov(3)); graph.kept_names
-    >>> # ('embed->L0H0.v', 'L0H0->L1H0.k', 'embed->L1H0.q', 'embed->L1H0.v', 'L1H0->logits')
+    >>> # ('embed->L0H0.v', 'pos->L0H0.q', 'L0H0->L1H0.k', 'embed->L1H0.q', 'embed->L1H0.v', 'L1H0->logits')
     """
     check_source_matches(model, source)
-    if corruption not in CORRUPTIONS:
-        raise ValueError(f"corruption must be one of {CORRUPTIONS}, got {corruption!r}")
-    for name, value in (("min_effect", min_effect), ("min_fraction", min_fraction),
-                        ("target_faithfulness", target_faithfulness)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-    if isinstance(n_sequences, bool) or not isinstance(n_sequences, int) or n_sequences < 2:
-        raise ValueError(f"n_sequences must be an integer >= 2, got {n_sequences!r}")
+    method = _check(corruption=corruption, method=method, max_edges=max_edges, n_sequences=n_sequences,
+                    rule=(min_effect, min_fraction, target_faithfulness), flags=(attribution, positions, joint))
     if batch is None:
-        batch = sample_batch(source, n_sequences=n_sequences, seq_len=probe_length(model, seq_len), seed=seed)
+        batch = circuit_batch(model, source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     else:
         batch = head_of_batch(batch, n_sequences)
-    runner = EdgeRunner(model, batch.tokens, corrupted_tokens(batch, source, corruption, seed=seed))
-    return _graph(runner, corruption=corruption, seed=seed, rule=(min_effect, min_fraction, target_faithfulness),
-                  attribution=attribution)
+    passes = [_Pass(corruption, EdgeRunner(model, batch.tokens, corrupted_tokens(batch, source, corruption,
+                                                                                seed=seed)), ())]
+    if positions and any(s.kind == "pos" for s in senders(model)):
+        passes.append(_Pass(POSITIONS, EdgeRunner(model, batch.tokens, corrupted_positions=permuted_positions(
+            batch.tokens, seed=seed + 1)), ()))
+    for p in passes:
+        p.active = tuple(e for e in p.runner.edges if p.runner.varies(e.sender))
+    n_active = sum(len(p.active) for p in passes)
+    if method == "auto":
+        method = "exact" if n_active <= EXACT_UP_TO else "attribution+verify"
+    if method == "exact" and max_edges is not None and n_active > max_edges:
+        raise ValueError(f"method='exact' would measure {n_active} edges, more than max_edges={max_edges}; use "
+                         "method='attribution+verify' (or a larger max_edges)")
+    rule = (float(min_effect), float(min_fraction), float(target_faithfulness))
+    with _progress(progress) as bar:
+        for p in passes:
+            _measure(p, method, rule, max_edges, bar)
+        return _graph(passes, rule=rule, seed=seed, method=method, attribution=attribution, joint=joint, bar=bar)
 
 
-def _faithfulness(total: float, corrupted: float, circuit: float) -> float:
-    return (corrupted - circuit) / total if abs(total) > _NO_TOTAL else math.nan
+def _check(*, corruption: str, method: str, max_edges: Any, n_sequences: Any, rule: tuple, flags: tuple) -> str:
+    if corruption not in CORRUPTIONS:
+        raise ValueError(f"corruption must be one of {CORRUPTIONS}, got {corruption!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    for name, value in zip(("min_effect", "min_fraction", "target_faithfulness"), rule):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+    if max_edges is not None and (isinstance(max_edges, bool) or not isinstance(max_edges, int) or max_edges < 1):
+        raise ValueError(f"max_edges must be an integer >= 1 or None, got {max_edges!r}")
+    if isinstance(n_sequences, bool) or not isinstance(n_sequences, int) or n_sequences < 2:
+        raise ValueError(f"n_sequences must be an integer >= 2, got {n_sequences!r}")
+    for name, value in zip(("attribution", "positions", "joint"), flags):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    return method
 
 
-def _choose(runner: EdgeRunner, effects: dict[EdgeKey, float], total: float, rule: tuple) -> tuple:
-    """(kept edges, threshold, circuit-only losses) by the rule of the module docstring."""
-    min_effect, min_fraction, target = rule
-    corrupted = float(runner.corrupted_losses.mean())
-    start = _threshold(total, min_effect, min_fraction)
-    levels = [start, *sorted({v for v in effects.values() if min_effect <= v < start}, reverse=True)]
-    chosen = [(t, kept_edges(effects, t)) for t in levels[:_MAX_LOWERINGS + 1]]
-    circuits = runner.many_losses([[e for e in runner.edges if e not in set(keys)] for _, keys in chosen])
-    for (threshold, keys), circuit in zip(chosen, circuits):
-        if not _faithfulness(total, corrupted, float(circuit.mean())) < target:  # reached, or undefined
-            break
-    return keys, threshold, circuit
-
-
-def _graph(runner: EdgeRunner, *, corruption: str, seed: int, rule: tuple, attribution: bool) -> CircuitGraph:
-    clean = runner.clean_losses
-    single = runner.many_losses([[e] for e in runner.edges]) - clean  # every edge alone: [edge, batch]
-    stats = {e: _mean_se(row) for e, row in zip(runner.edges, single)}
-    grads = edge_attributions(runner) if attribution else {}
-    edges = tuple(Edge(sender=e.sender, receiver=e.receiver, input=e.input, effect=m, se=s,
-                       attribution=grads.get(e, math.nan)) for e, (m, s) in stats.items())
-    clean_loss, corrupted_loss = float(clean.mean()), float(runner.corrupted_losses.mean())
-    total = corrupted_loss - clean_loss
-    keys, threshold, circuit = _choose(runner, {e: m for e, (m, _) in stats.items()}, total, rule)
-    dropped = [e for e in runner.edges if e not in set(keys)]
-    more = runner.many_losses([dropped + [e] for e in keys]) if keys else []
-    minimality = {e.name: float((row - circuit).mean()) for e, row in zip(keys, more)}
-    circuit_loss = float(circuit.mean())
-    faithful = _faithfulness(total, corrupted_loss, circuit_loss)
-    disagree = ()
-    if attribution:
-        by_grad = set(kept_edges(grads, threshold))
-        disagree = tuple(e.name for e in runner.edges if (e in by_grad) != (e in set(keys)))
-    model = runner.model
-    nodes = tuple(s.name for s in senders(model)) + ("logits",)
-    min_effect, min_fraction, target = rule
-    rule_text = (f"kept: effect >= {threshold:.4f} nats (from max({min_effect:g}, {min_fraction:g} x total effect "
-                 f"{total:.4f}), lowered edge by edge while faithfulness < {target:g}), on a path embed -> logits")
+def _graph(passes: list[_Pass], *, rule: tuple, seed: int, method: str, attribution: bool, joint: bool,
+           bar: Any) -> CircuitGraph:
+    """The circuit (the union of the passes' kept edges, less cancelling sets) measured under every pass."""
+    token = passes[0]
+    runner = token.runner
+    union = prune({e for p in passes for e in p.keys}, runner.edges)
+    for p in passes:  # every kept edge is measured exactly, whatever the method
+        p.measure([e for e in union if e in set(p.active)], bar)
+    cancelling: list[Cancelling] = []
+    if joint:
+        for p in passes:
+            found = cancelling_sets(p.runner, [e for e in union if e in set(p.active)], p.effects(), p.threshold,
+                                    corruption=p.name, progress=bar)
+            cancelling += found
+            by_name = {e.name: e for e in runner.edges}
+            union = prune(set(union) - {by_name[n] for c in found if c.dropped for n in c.edges}, runner.edges)
+    results = [_evaluate(p, union, bar) for p in passes]
+    grads = token.estimates.first if token.estimates is not None else None
+    if attribution and grads is None:
+        grads = estimate(runner, token.active, steps=1).first
+    edges = _edges(passes, grads or {})
+    rows = token.effects()
+    by_grad = set(kept_edges({e: grads.get(e, 0.0) for e in token.active}, token.threshold)) if grads else set()
+    disagree = tuple(e.name for e in token.active if e in rows and (e in by_grad) != (e in set(token.keys))) \
+        if grads else ()
+    tests = receiver_tests(runner, [e for e in union if runner.varies(e.sender)], rows, progress=bar) if joint else ()
+    model, main = runner.model, results[0]
     return CircuitGraph(
-        nodes=nodes, edges=edges, kept=tuple(e for e in edges if e.key in set(keys)), corruption=corruption,
-        clean_loss=clean_loss, corrupted_loss=corrupted_loss, circuit_loss=circuit_loss, faithfulness=faithful,
-        minimality=minimality, disagreements=disagree, threshold=threshold, rule=rule_text,
-        n_layers=int(model.cfg.n_layers), n_sequences=int(runner.tokens.shape[0]),
-        seq_len=int(runner.tokens.shape[1]), seed=seed,
+        nodes=tuple(s.name for s in senders(model)) + ("logits",), edges=edges,
+        kept=tuple(e for e in edges if e.key in set(union)), corruption=token.name, clean_loss=main.clean_loss,
+        corrupted_loss=main.corrupted_loss, circuit_loss=main.circuit_loss, faithfulness=main.faithfulness,
+        minimality=main.minimality, disagreements=disagree, threshold=token.threshold,
+        rule=_rule_text(rule, token.threshold, token.total), n_layers=int(model.cfg.n_layers),
+        n_sequences=int(runner.tokens.shape[0]), seq_len=int(runner.tokens.shape[1]), seed=seed,
+        completeness=main.completeness, position=results[1] if len(results) > 1 else None, joint=tuple(tests),
+        cancelling=tuple(cancelling), method=method, n_verified=sum(len(p.rows) for p in passes),
+        start_threshold=token.start,
     )
+
+
+def _evaluate(p: _Pass, union: Sequence[EdgeKey], bar: Any) -> PassResult:
+    """The circuit `union` under pass `p`: circuit-only and kept-corrupted losses, minimality."""
+    runner = p.runner
+    mine = [e for e in union if runner.varies(e.sender)]
+    base = _complement(runner, union)
+    sets = [base, mine] + [base + [e] for e in mine]
+    losses = runner.many_losses(sets, progress=bar)
+    circuit, kept = losses[0], losses[1]
+    clean, corrupted = float(p.clean.mean()), float(runner.corrupted_losses.mean())
+    total = corrupted - clean
+    return PassResult(
+        corruption=p.name, clean_loss=clean, corrupted_loss=corrupted, circuit_loss=float(circuit.mean()),
+        kept_loss=float(kept.mean()), faithfulness=_faithfulness(total, corrupted, float(circuit.mean())),
+        completeness=(float(kept.mean()) - clean) / total if abs(total) > _NO_TOTAL else math.nan,
+        threshold=p.threshold, start_threshold=p.start, kept=tuple(e.name for e in p.keys),
+        minimality={e.name: float((row - circuit).mean()) for e, row in zip(mine, losses[2:])},
+    )
+
+
+def _edges(passes: list[_Pass], grads: dict[EdgeKey, float]) -> tuple[Edge, ...]:
+    """Every edge with its effects in each pass (measured, or the estimate where it was not verified)."""
+    token, position = passes[0], (passes[1] if len(passes) > 1 else None)
+
+    def stats(p: Optional[_Pass], e: EdgeKey) -> tuple[float, float, bool]:
+        if p is None:
+            return math.nan, math.nan, True
+        if e in p.rows:
+            return (*_mean_se(p.rows[e]), True)
+        if e not in set(p.active):
+            return 0.0, 0.0, True  # its sender is the same in both runs of the pass: no effect, exactly
+        return (p.estimates.mean.get(e, math.nan) if p.estimates is not None else math.nan), math.nan, False
+
+    out = []
+    for e in token.runner.edges:
+        effect, se, ok = stats(token, e)
+        pos_effect, pos_se, pos_ok = stats(position, e)
+        out.append(Edge(sender=e.sender, receiver=e.receiver, input=e.input, effect=effect, se=se,
+                        attribution=grads.get(e, math.nan), position_effect=pos_effect, position_se=pos_se,
+                        verified=ok and pos_ok))
+    return tuple(out)
+
+
+def _rule_text(rule: tuple, threshold: float, total: float) -> str:
+    min_effect, min_fraction, target = rule
+    return (f"kept: effect >= {threshold:.4f} nats (from max({min_effect:g}, {min_fraction:g} x total effect "
+            f"{total:.4f}), lowered edge by edge while faithfulness < {target:g}), on a path embed/pos -> logits, "
+            f"in each pass; cancelling sets dropped")

@@ -36,9 +36,9 @@ from markov_interp.probes._common import (
 )
 from markov_interp.probes._display import ProbeResult, dataframe
 
-_NAME = re.compile(r"^(?:(embed)|L(\d+)(?:H(\d+)(?:\.([qkv]))?|\.(attn|mlp|resid)))$")
-Kind = Literal["head", "attn", "mlp", "embed", "q", "k", "v", "resid"]
-KINDS = ("head", "attn", "mlp", "embed", "q", "k", "v", "resid")
+_NAME = re.compile(r"^(?:(embed|pos)|L(\d+)(?:H(\d+)(?:\.([qkv]))?|\.(attn|mlp|resid)))$")
+Kind = Literal["head", "attn", "mlp", "embed", "pos", "q", "k", "v", "resid"]
+KINDS = ("head", "attn", "mlp", "embed", "pos", "q", "k", "v", "resid")
 HEAD_KINDS = ("head", "q", "k", "v")  # kinds that are one head's slice (axis 2) of their hook
 
 
@@ -47,8 +47,8 @@ class Component:
     """One part of the model an intervention overwrites.
 
     Writers to the residual stream: a head "L{layer}H{head}" (its output before W_O), a whole attention layer
-    "L{layer}.attn", an MLP "L{layer}.mlp", the token embedding "embed" (positions are never corrupted: clean and
-    corrupted sequences share them). Readers: a head's queries, keys or values "L{layer}H{head}.q" / ".k" / ".v"
+    "L{layer}.attn", an MLP "L{layer}.mlp", the token embedding "embed" and the position embedding "pos" (what
+    `hook_pos_embed` adds; path patching corrupts it in its positional pass). Readers: a head's queries, keys or values "L{layer}H{head}.q" / ".k" / ".v"
     (after the projection, so one head's input alone), and the residual stream a block reads "L{layer}.resid".
     `Component.parse` reads those names back.
 
@@ -69,8 +69,8 @@ class Component:
             raise ValueError(f"component kind must be one of {KINDS}, got {self.kind!r}")
         if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
             raise ValueError(f"component layer must be an integer >= 0, got {self.layer!r}")
-        if self.kind == "embed" and self.layer != 0:
-            raise ValueError(f"the embedding has no layer, got layer={self.layer!r}")
+        if self.kind in ("embed", "pos") and self.layer != 0:
+            raise ValueError(f"the {self.kind} embedding has no layer, got layer={self.layer!r}")
         if (self.kind in HEAD_KINDS) != (self.head is not None):
             needs = "needs" if self.kind in HEAD_KINDS else "takes no"
             raise ValueError(f"a {self.kind!r} component {needs} head index")
@@ -79,8 +79,8 @@ class Component:
 
     @property
     def name(self) -> str:
-        if self.kind == "embed":
-            return "embed"
+        if self.kind in ("embed", "pos"):
+            return self.kind
         if self.kind == "head":
             return f"L{self.layer}H{self.head}"
         if self.kind in HEAD_KINDS:
@@ -94,24 +94,24 @@ class Component:
     def hook_name(self) -> str:
         """The TransformerLens hook whose value an intervention on this component overwrites
         (`models.hooks.act_name`)."""
-        if self.kind == "embed":
-            return act_name("embed")
+        if self.kind in ("embed", "pos"):
+            return act_name("embed" if self.kind == "embed" else "pos_embed")
         kind = {"head": "z", "attn": "attn_out", "mlp": "mlp_out", "resid": "resid_pre"}.get(self.kind, self.kind)
         return act_name(kind, self.layer)
 
     @classmethod
     def parse(cls, name: "str | Component") -> "Component":
-        """The component named "L0H1", "L1.attn", "L0.mlp", "embed", "L1H0.k" or "L1.resid" (a `Component` is
-        returned as is)."""
+        """The component named "L0H1", "L1.attn", "L0.mlp", "embed", "pos", "L1H0.k" or "L1.resid" (a `Component`
+        is returned as is)."""
         if isinstance(name, Component):
             return name
         match = _NAME.match(name) if isinstance(name, str) else None
         if match is None:
-            raise ValueError(f"component name must look like 'L0H1', 'L1.attn', 'L0.mlp', 'embed', 'L1H0.q' or "
-                             f"'L1.resid', got {name!r}")
+            raise ValueError(f"component name must look like 'L0H1', 'L1.attn', 'L0.mlp', 'embed', 'pos', 'L1H0.q' "
+                             f"or 'L1.resid', got {name!r}")
         embed, layer, head, channel, block = match.groups()
         if embed:
-            return cls(kind="embed")
+            return cls(kind=embed)
         if head is not None:
             return cls(kind=channel or "head", layer=int(layer), head=int(head))
         return cls(kind=block, layer=int(layer))
@@ -120,6 +120,10 @@ class Component:
         """Raise ValueError if the model has no such component (heads counted per layer:
         `models.heads_per_layer`)."""
         if self.kind == "embed":
+            return
+        if self.kind == "pos":
+            if self.hook_name not in model.hook_dict:
+                raise ValueError("pos: the model has no position-embedding hook (hook_pos_embed)")
             return
         if self.layer >= model.cfg.n_layers:
             raise ValueError(f"{self.name}: the model has only {model.cfg.n_layers} layers")
@@ -247,10 +251,26 @@ def replacement_hooks(
     return [(name, make(name, comps)) for name, comps in by_hook.items()]
 
 
-def _recorder(name: str, record: dict[str, Tensor]) -> Callable:
+class _Recorded(Exception):
+    """Raised by a recording hook once every hook a pass was asked to record has fired (the rest is not needed)."""
+
+
+def _recorder(name: str, record: dict[str, Tensor], stop_when: Optional[set] = None) -> Callable:
     def hook(activation: Tensor, hook: Any = None) -> Tensor:
         record[name] = activation
+        if stop_when is not None and stop_when <= record.keys():
+            raise _Recorded
         return activation
+
+    return hook
+
+
+def _stopping(fn: Callable, store: dict[str, Tensor], wanted: set) -> Callable:
+    def hook(activation: Tensor, hook: Any = None) -> Tensor:
+        out = fn(activation, hook)
+        if wanted <= store.keys():
+            raise _Recorded
+        return out
 
     return hook
 
@@ -264,18 +284,26 @@ def intervened_run(
     *,
     positions: Optional[Sequence[int]] = None,
     record: Sequence[str] = (),
-) -> tuple[Float[Tensor, "batch pos vocab"], dict[str, Tensor]]:
+    stop: bool = False,
+) -> tuple[Optional[Float[Tensor, "batch pos vocab"]], dict[str, Tensor]]:
     """One forward pass of `tokens` with `components` replaced together: (logits, {hook name: value}).
 
     `record` names hooks whose value this pass computed is returned (for a replaced hook, the value before the
-    replacement): path patching reads a receiver's input in a pass whose senders are set this way.
+    replacement): path patching reads a receiver's input in a pass whose senders are set this way. With `stop`,
+    the pass ends as soon as every recorded hook has fired (nothing later is computed) and the logits are None.
     """
     store: dict[str, Tensor] = {}
     hooks = replacement_hooks(components, replacements, positions=positions, record=store)
     hooked = {name for name, _ in hooks}
-    hooks += [(name, _recorder(name, store)) for name in dict.fromkeys(record) if name not in hooked]
-    logits = model.run_with_hooks(check_tokens(model, tokens), fwd_hooks=hooks) if hooks else model(
-        check_tokens(model, tokens))
+    wanted = set(record) if stop and record else None
+    if wanted:  # a replacement hook records before it replaces; the last wanted hook to fire stops the pass
+        hooks = [(name, _stopping(fn, store, wanted)) if name in wanted else (name, fn) for name, fn in hooks]
+    hooks += [(name, _recorder(name, store, wanted)) for name in dict.fromkeys(record) if name not in hooked]
+    tokens = check_tokens(model, tokens)
+    try:
+        logits = model.run_with_hooks(tokens, fwd_hooks=hooks) if hooks else model(tokens)
+    except _Recorded:
+        logits = None
     return logits, {name: store[name] for name in record}
 
 

@@ -1,36 +1,40 @@
 """Path patching of edges: run the model with any set of sender -> receiver-input edges corrupted.
 
 The computational graph of a transformer read as a circuit (Conmy et al. 2023, ACDC; Wang et al. 2022, path
-patching): **senders** write into the residual stream ("embed" = the token embedding, every head "L{l}H{h}", every
-MLP "L{l}.mlp"); **receivers** read it through an input: a head through its queries, keys or values ("q", "k",
-"v": each head input is projected from the residual stream on its own), an MLP through its input ("mlp"), the
-unembedding ("logits"). An edge is (sender, receiver, input) for every sender upstream of the receiver (heads
-read the senders of earlier layers, an MLP also the heads of its own layer).
+patching): **senders** write into the residual stream ("embed" = the token embedding, "pos" = the position
+embedding, every head "L{l}H{h}", every MLP "L{l}.mlp"); **receivers** read it through an input: a head through
+its queries, keys or values ("q", "k", "v": each head input is projected from the residual stream on its own), an
+MLP through its input ("mlp"), the unembedding ("logits"). An edge is (sender, receiver, input) for every sender
+upstream of the receiver (heads read the senders of earlier layers, an MLP also the heads of its own layer).
 
-**Corrupting an edge** replaces, in what that receiver input reads, the sender's output by its value on the
-corrupted sequence; every other input reads what it reads in this run. `EdgeRunner.run(corrupted)` runs the
-model with a set of edges corrupted at once (all of them: the corrupted run; none: the clean run), stage by stage
-(the attention of layer 0, its MLP, the attention of layer 1, ..., the logits):
+**Corrupting an edge** replaces, in what that receiver input reads, the sender's output by its value in the
+corrupted run; every other input reads what it reads in this run. The corrupted run is the model on other tokens
+(`corrupted_tokens`: the token pass) and/or with the position embedding of other positions (`corrupted_positions`:
+the positional pass, where a head that computes positions changes its output and so shows its edges; under token
+corruptions alone its output never changes). `EdgeRunner.run(corrupted)` runs the model with a set of edges
+corrupted at once (all of them: the corrupted run; none: the clean run), stage by stage (the attention of layer
+0, its MLP, the attention of layer 1, ..., the logits):
 
 1. a receiver input whose senders all hold their clean values and whose edges are all kept reads its clean value;
    one whose edges are all corrupted, or whose kept senders already hold their corrupted values, reads its
-   corrupted value; any other reads the residual stream made of its own choice of sender values, obtained by one
-   forward pass with every upstream sender's output set to that choice (`interventions.intervened_run`) and the
-   input recorded there (inputs with the same choice share the pass);
+   corrupted value (a sender that is the same in both runs, e.g. the positions in the token pass, counts as
+   either); any other reads the residual stream made of its own choice of sender values, obtained by one forward
+   pass with every upstream sender's output set to that choice (`interventions.intervened_run`, stopped once the
+   input is recorded) and the input recorded there (inputs with the same choice share the pass);
 2. a head whose inputs are not all clean (or all corrupted) gets its output from one more pass with its queries,
    keys and values set to the recorded ones;
 3. once every edge into the remaining stages is kept, one last pass with the senders' outputs so far set to what
    they are in this run gives the logits (the model's own forward does the rest).
 
-The positions are never corrupted (clean and corrupted sequences have the same length), so "embed" stands for the
-token embedding alone. Everything runs through the one intervention engine (`interventions`); nothing here
-re-implements the model's layers. `edge_attributions` is the gradient approximation (edge attribution patching,
-Syed et al. 2023): (corrupted - clean sender output) . (gradient of the loss with respect to the receiver's input
-in the clean run), from one forward and backward pass.
+Everything runs through the one intervention engine (`interventions`); nothing here re-implements the model's
+layers. `edge_attributions` is the gradient approximation (edge attribution patching, Syed et al. 2023):
+(corrupted - clean sender output) . (gradient of the loss with respect to the receiver's input in the clean run),
+from one forward and backward pass; with `steps` > 1 the gradient is averaged along the straight line from the
+clean to the corrupted sender outputs (integrated gradients, as EAP-IG, Hanna et al. 2024).
 """
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Optional
 
 import torch
@@ -78,8 +82,11 @@ class _Stage:
 
 
 def senders(model: HookedModel) -> tuple[Component, ...]:
-    """Every sender: the token embedding, then each layer's heads (the ones it has) and MLP."""
+    """Every sender: the token embedding, the position embedding (when the model has one), then each layer's heads
+    (the ones it has) and MLP."""
     out = [Component(kind="embed")]
+    if act_name("pos_embed") in model.hook_dict:
+        out.append(Component(kind="pos"))
     for layer, n_heads in enumerate(heads_per_layer(model)):
         out += [Component(kind="head", layer=layer, head=h) for h in range(n_heads)]
         if has_mlp(model, layer):
@@ -88,7 +95,7 @@ def senders(model: HookedModel) -> tuple[Component, ...]:
 
 
 def _upstream(sender: Component, stage: _Stage) -> bool:
-    if sender.kind == "embed" or stage.kind == "logits":
+    if sender.kind in ("embed", "pos") or stage.kind == "logits":
         return True
     if sender.kind == "head":
         return sender.layer < stage.layer or (sender.layer == stage.layer and stage.kind == "mlp")
@@ -132,7 +139,7 @@ def sequence_losses(logits: Float[Tensor, "batch pos vocab"], tokens: Tokens) ->
 
 
 def _value_hooks(model: HookedModel) -> list[str]:
-    names = [act_name("embed")]
+    names = [s.hook_name for s in senders(model) if s.kind in ("embed", "pos")]
     for layer in range(model.cfg.n_layers):
         names += [z_hook(layer)] + [act_name(c, layer) for c in "qkv"]
         names += [mlp_out_hook(layer)] if has_mlp(model, layer) else []
@@ -145,11 +152,18 @@ class EdgeRunner:
     sequence's next states; `many_losses(sets)` does the same for many sets of edges at once, stacked along the
     batch (one pass of every step serves them all: the way every edge's effect is measured).
 
+    The corrupted run reads `corrupted_tokens` (default: the clean tokens) at the positions `corrupted_positions`
+    ([batch, pos] indices into the position embedding; default: each position its own), so a runner corrupts the
+    tokens, the positions, or both. `varies(sender)` says whether a sender's output differs between the two runs
+    (an edge out of a sender that does not vary has no effect, exactly).
+
     >>> # runner = EdgeRunner(model, tokens, corrupted_tokens)
     >>> # runner.losses({EdgeKey("L0H0", "L1H0", "k")}) - runner.clean_losses  # that edge's path-patching effect
     """
 
-    def __init__(self, model: HookedModel, tokens: Tokens, corrupted_tokens: Tokens, *, max_rows: int = 1 << 17):
+    def __init__(self, model: HookedModel, tokens: Tokens, corrupted_tokens: Optional[Tokens] = None, *,
+                 corrupted_positions: Optional[Tensor] = None, max_rows: int = 1 << 17):
+        corrupted_tokens = tokens if corrupted_tokens is None else corrupted_tokens
         if tokens.shape != corrupted_tokens.shape:
             raise ValueError(f"clean and corrupted tokens must have the same shape, got {tuple(tokens.shape)} and "
                              f"{tuple(corrupted_tokens.shape)}")
@@ -163,40 +177,72 @@ class EdgeRunner:
         names = _value_hooks(model)
         with torch.no_grad():
             logits, clean = model.run_with_cache(self.tokens, names_filter=names)
-            corrupted_logits, corrupted = model.run_with_cache(self.corrupted_tokens, names_filter=names)
-        self.clean = {n: clean[n] for n in names}
-        self.corrupted = {n: corrupted[n] for n in names}
+            self.clean = {n: clean[n] for n in names}
+            corrupted_logits, self.corrupted = self._corrupted_run(names, corrupted_positions)
         self.clean_logits, self.corrupted_logits = logits, corrupted_logits
         self.clean_losses = sequence_losses(logits, self.tokens)
         self.corrupted_losses = sequence_losses(corrupted_logits, self.tokens)
+        self._same = {s.name for s in self.senders if torch.equal(self.clean[s.hook_name], self.corrupted[s.hook_name])}
+
+    def _corrupted_run(self, names: list[str], positions: Optional[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """The logits and value hooks of the corrupted run (the corrupted tokens at the corrupted positions)."""
+        if positions is None:
+            logits, cache = self.model.run_with_cache(self.corrupted_tokens, names_filter=names)
+            return logits, {n: cache[n] for n in names}
+        pos = Component(kind="pos")
+        if pos.hook_name not in self.clean:
+            raise ValueError("corrupted_positions needs a model with a position embedding (hook_pos_embed)")
+        positions = positions.to(self.tokens.device, torch.long)
+        if positions.shape != self.tokens.shape or int(positions.min()) < 0 or int(positions.max()) >= int(
+                self.model.cfg.n_ctx):
+            raise ValueError(f"corrupted_positions must be indices in 0..n_ctx-1 of shape {tuple(self.tokens.shape)}")
+        moved = self.model.W_pos.detach()[positions].to(self.clean[pos.hook_name].dtype)  # other positions' embedding
+        logits, recorded = intervened_run(self.model, self.corrupted_tokens, [pos], {pos.hook_name: moved},
+                                          record=[n for n in names if n != pos.hook_name])
+        return logits, {**recorded, pos.hook_name: moved}
+
+    def varies(self, sender: str) -> bool:
+        """Whether `sender`'s output differs between the clean and the corrupted run."""
+        return sender not in self._same
 
     def losses(self, corrupted: Iterable[EdgeKey]) -> SequenceLoss:
         """Each sequence's mean loss (nats) with the edges `corrupted` corrupted and all others kept."""
         return self.many_losses([corrupted])[0]
 
-    def many_losses(self, sets: Sequence[Iterable[EdgeKey]]) -> Float[Tensor, "set batch"]:
-        """`losses` of every set of corrupted edges in `sets`, [set, batch]."""
-        logits = self.run_many(sets)
-        return torch.stack([sequence_losses(x, self.tokens) for x in logits])
+    def many_losses(self, sets: Sequence[Iterable[EdgeKey]], *, progress: Any = None) -> Float[Tensor, "set batch"]:
+        """`losses` of every set of corrupted edges in `sets`, [set, batch] (`progress`: a tqdm bar to advance)."""
+        logits = self.run_many(sets, progress=progress)
+        return torch.stack([sequence_losses(x, self.tokens) for x in logits]) if len(logits) else logits.new_zeros(
+            0, self.tokens.shape[0], dtype=torch.float64)
 
     def run(self, corrupted: Iterable[EdgeKey]) -> Float[Tensor, "batch pos vocab"]:
         """The logits with the edges `corrupted` corrupted together (module docstring)."""
         return self.run_many([corrupted])[0]
 
     @torch.no_grad()
-    def run_many(self, sets: Sequence[Iterable[EdgeKey]]) -> Float[Tensor, "set batch pos vocab"]:
-        """The logits of every set of corrupted edges, [set, batch, pos, vocab] (passes chunked by `max_rows`)."""
+    def run_many(self, sets: Sequence[Iterable[EdgeKey]], *, progress: Any = None) -> Float[Tensor,
+                                                                                            "set batch pos vocab"]:
+        """The logits of every set of corrupted edges, [set, batch, pos, vocab] (passes chunked by `max_rows`);
+        `progress` (a tqdm bar) is advanced by the sets done."""
         bads = [set(s) for s in sets]
         unknown = set().union(*bads) - set(self.edges) if bads else set()
         if unknown:
             raise ValueError(f"no such edges in this model's graph: {sorted(e.name for e in unknown)}")
-        out = [self._run_chunk(bads[i:i + self._chunk]) for i in range(0, len(bads), self._chunk)]
+        out = []
+        if progress is not None:  # a bar over every run asked for so far
+            progress.total = (progress.total or 0) + len(bads)
+            progress.refresh()
+        for i in range(0, len(bads), self._chunk):
+            out.append(self._run_chunk(bads[i:i + self._chunk]))
+            if progress is not None:
+                progress.update(len(out[-1]))
         return torch.cat(out) if out else torch.empty(0, *self.clean_logits.shape)
 
     # ------------------------------------------------------------------------------------------ stages
     def _run_chunk(self, bads: list[set[EdgeKey]]) -> Tensor:
         """The stage algorithm of the module docstring for several copies of the batch at once."""
-        state: dict[str, list] = {"embed": ["clean"] * len(bads)}  # sender -> per copy: "clean", "corrupt", tensor
+        # sender -> per copy: "clean", "corrupt" or a tensor; the embeddings start clean
+        state: dict[str, list] = {s.name: ["clean"] * len(bads) for s in self.senders if s.kind in ("embed", "pos")}
         for i, stage in enumerate(self.stages):
             if self._tail_kept(bads, i):
                 return self._finish(state, None, len(bads))
@@ -227,21 +273,23 @@ class EdgeRunner:
             for receiver, inp, comp in receivers:
                 choice = tuple("corrupt" if EdgeKey(s.name, receiver, inp) in bad else state[s.name][c] for s in ups)
                 key = f"{receiver}.{inp}"
-                if all(_is(x, "clean") for x in choice) or all(_is(x, "corrupt") for x in choice):
-                    values[key][c] = choice[0]
+                whole = _whole([x for s, x in zip(ups, choice) if s.name not in self._same])
+                if whole is not None:
+                    values[key][c] = whole
                 else:
                     sig = tuple(id(x) if isinstance(x, Tensor) else x for x in choice)
                     mine.setdefault(sig, (choice, []))[1].append((key, comp))
             groups.append(list(mine.values()))
         for j in range(max((len(g) for g in groups), default=0)):
-            choices = [g[j][0] if j < len(g) else ("clean",) * len(ups) for g in groups]
-            comps, repl = self._sender_replacements(ups, choices)
-            record = sorted({comp.hook_name for g in groups if j < len(g) for _, comp in g[j][1] if comp is not None})
-            logits, recorded = intervened_run(self.model, self._tiled(len(bads)), comps, repl, record=record)
-            for c, g in enumerate(groups):
-                for key, comp in (g[j][1] if j < len(g) else []):
-                    values[key][c] = logits.unflatten(0, (len(bads), -1))[c] if comp is None else self._block(
-                        recorded[comp.hook_name], c, len(bads), comp.head)
+            members = [c for c, g in enumerate(groups) if j < len(g)]  # only the copies that need this pass
+            comps, repl = self._sender_replacements(ups, [groups[c][j][0] for c in members])
+            record = sorted({comp.hook_name for c in members for _, comp in groups[c][j][1] if comp is not None})
+            logits, recorded = intervened_run(self.model, self._tiled(len(members)), comps, repl, record=record,
+                                              stop=stage.kind != "logits")
+            for m, c in enumerate(members):
+                for key, comp in groups[c][j][1]:
+                    values[key][c] = logits.unflatten(0, (len(members), -1))[m] if comp is None else self._block(
+                        recorded[comp.hook_name], m, len(members), comp.head)
         if stage.kind == "logits":
             return torch.stack([self._logits(v) for v in values["logits.logits"]])
         return values
@@ -278,75 +326,93 @@ class EdgeRunner:
                 repl[name] = torch.cat([self._value(name, choice[i], None) for choice in choices])
         return list(ups), repl
 
-    def _channel_replacements(self, layer: int, pending: dict, copies: int) -> tuple[list, dict]:
-        """Components and tensors setting the queries, keys and values of a layer's heads to `pending`."""
+    def _channel_replacements(self, layer: int, pending: dict, members: Sequence[int]) -> tuple[list, dict]:
+        """Components and tensors setting the queries, keys and values of a layer's heads to `pending`, for the
+        copies `members` (stacked in that order)."""
         comps, repl = [], {}
         for c in "qkv":
             name = act_name(c, layer)
-            full = self.clean[name].repeat(copies, *[1] * (self.clean[name].ndim - 1))
-            blocks = full.unflatten(0, (copies, -1))
+            full = self.clean[name].repeat(len(members), *[1] * (self.clean[name].ndim - 1))
+            blocks = full.unflatten(0, (len(members), -1))
             for h in range(heads_per_layer(self.model)[layer]):
                 specs = pending[f"L{layer}H{h}.{c}"]
-                for k, spec in enumerate(specs):
-                    if not _is(spec, "clean"):
-                        blocks[k, :, :, h] = self._value(name, spec, h)
+                for m, k in enumerate(members):
+                    if not _is(specs[k], "clean"):
+                        blocks[m, :, :, h] = self._value(name, specs[k], h)
                 comps.append(Component(kind=c, layer=layer, head=h))
             repl[name] = full
         return comps, repl
 
     def _head_outputs(self, layer: int, pending: dict, copies: int) -> dict[str, list]:
-        """Each head's output in this run from its inputs (one pass when some head's inputs are mixed)."""
+        """Each head's output in this run from its inputs (one pass, of the copies where some head's inputs are
+        mixed)."""
         heads = range(heads_per_layer(self.model)[layer])
         out = {f"L{layer}H{h}": [None] * copies for h in heads}
         mixed = []
         for h in heads:
             for k in range(copies):
-                specs = [pending[f"L{layer}H{h}.{c}"][k] for c in "qkv"]
-                if all(_is(x, "clean") for x in specs) or all(_is(x, "corrupt") for x in specs):
-                    out[f"L{layer}H{h}"][k] = specs[0]
+                whole = _whole([pending[f"L{layer}H{h}.{c}"][k] for c in "qkv"])
+                if whole is not None:
+                    out[f"L{layer}H{h}"][k] = whole
                 else:
                     mixed.append((h, k))
         if mixed:
-            comps, repl = self._channel_replacements(layer, pending, copies)
-            z = intervened_run(self.model, self._tiled(copies), comps, repl, record=[z_hook(layer)])[1][z_hook(layer)]
+            members = sorted({k for _, k in mixed})
+            comps, repl = self._channel_replacements(layer, pending, members)
+            z = intervened_run(self.model, self._tiled(len(members)), comps, repl, record=[z_hook(layer)],
+                               stop=True)[1][z_hook(layer)]
             for h, k in mixed:
-                out[f"L{layer}H{h}"][k] = self._block(z, k, copies, h)
+                out[f"L{layer}H{h}"][k] = self._block(z, members.index(k), len(members), h)
         return out
 
     def _finish(self, state: dict, heads: Optional[tuple[int, dict]], copies: int) -> Tensor:
         """The logits of one pass with every sender of the stages done set to its value in this run and, with
         `heads` = (layer, inputs), that layer's head inputs set: the model computes everything downstream itself.
-        (A sender still at its clean value has only clean senders upstream, so setting it changes nothing.)"""
+        (A sender still at its clean value has only clean senders upstream, so setting it changes nothing; a copy
+        with nothing but clean values gets the clean logits without a pass.)"""
         done = [s for s in self.senders if s.name in state]
-        if heads is None and all(_is(x, "clean") for s in done for x in state[s.name]):
-            return self.clean_logits.expand(copies, *self.clean_logits.shape)
-        choices = [tuple(state[s.name][k] for s in done) for k in range(copies)]
-        comps, repl = self._sender_replacements(done, choices)
+        channels = [] if heads is None else [v for v in heads[1].values()]
+        members = [k for k in range(copies) if not all(_is(state[s.name][k], "clean") for s in done)
+                   or not all(_is(v[k], "clean") for v in channels)]
+        out = self.clean_logits.expand(copies, *self.clean_logits.shape).clone()
+        if not members:
+            return out
+        comps, repl = self._sender_replacements(done, [tuple(state[s.name][k] for s in done) for k in members])
         if heads is not None:
-            more, more_repl = self._channel_replacements(*heads, copies)
+            more, more_repl = self._channel_replacements(*heads, members)
             comps, repl = comps + more, {**repl, **more_repl}
-        logits = intervened_run(self.model, self._tiled(copies), comps, repl)[0]
-        return logits.unflatten(0, (copies, -1))
+        logits = intervened_run(self.model, self._tiled(len(members)), comps, repl)[0]
+        out[members] = logits.unflatten(0, (len(members), -1)).to(out.dtype)
+        return out
 
 
 def _is(spec: Any, word: str) -> bool:
     return isinstance(spec, str) and spec == word
 
 
-# ------------------------------------------------------------------------------------- gradient estimate
-def _attribution_hooks(model: HookedModel, store: dict[str, Tensor]) -> list[tuple[str, Any]]:
-    """Hooks recording, with their autograd graph, every value the attributions differentiate."""
+def _whole(choice: Sequence[Any]) -> Optional[str]:
+    """"clean" / "corrupt" when every spec of `choice` is that word (an empty choice is clean), else None."""
+    if all(_is(x, "clean") for x in choice):
+        return "clean"
+    return "corrupt" if all(_is(x, "corrupt") for x in choice) else None
 
-    def keep(name: str, leaf: bool = False) -> tuple[str, Any]:
+
+# ------------------------------------------------------------------------------------- gradient estimate
+def _attribution_hooks(model: HookedModel, store: dict[str, Tensor], inputs: dict[str, Tensor]
+                       ) -> list[tuple[str, Any]]:
+    """Hooks recording, with their autograd graph, every value the attributions differentiate; the embeddings
+    are replaced by `inputs` ({hook name: value}; the token embedding's value is the graph's leaf)."""
+
+    def keep(name: str) -> tuple[str, Any]:
         def hook(act: Tensor, hook: Any = None) -> Tensor:
-            if leaf:  # the graph starts here: no parameter gradient is needed
-                act = act.detach().requires_grad_(True)
+            if name in inputs:  # the graph starts here: no parameter gradient is needed
+                act = inputs[name].detach().to(act.dtype).requires_grad_(name == act_name("embed"))
             store[name] = act
             return act
 
         return name, hook
 
-    hooks = [keep(act_name("embed"), leaf=True)]
+    hooks = [keep(name) for name in inputs]
     for layer in range(model.cfg.n_layers):
         hooks += [keep(act_name("resid_pre", layer))]
         hooks += [keep(act_name(c, layer)) for c in "qkv"]
@@ -356,51 +422,95 @@ def _attribution_hooks(model: HookedModel, store: dict[str, Tensor]) -> list[tup
     return hooks
 
 
-def _input_gradients(model: HookedModel, store: dict[str, Tensor], loss: Tensor) -> dict[tuple[str, str], Tensor]:
-    """d loss / d (the residual stream as each receiver input reads it), [batch pos d_model] per input: one
-    backward pass per layer and input kind, batched over the layer's heads (`is_grads_batched`)."""
-    last = act_name("resid_post", int(model.cfg.n_layers) - 1)
-    layers = range(int(model.cfg.n_layers))
-    heads = heads_per_layer(model)
-    names = [act_name(c, l) for l in layers for c in "qkv"] + [mlp_out_hook(l) for l in layers if has_mlp(model, l)]
-    # an input the loss does not read (q and k under a clamped pattern, `intervene.applied`) has gradient zero
-    grads = dict(zip(names + [last], torch.autograd.grad(loss, [store[n] for n in names + [last]], retain_graph=True,
-                                                         allow_unused=True, materialize_grads=True)))
-    out = {("logits", "logits"): grads[last]}
-    for layer in layers:
-        for c in "qkv":
-            name, n = act_name(c, layer), heads[layer]
-            per_head = grads[name].new_zeros(n, *grads[name].shape)
-            for h in range(n):
-                per_head[h, :, :, h] = grads[name][:, :, h]
-            back = torch.autograd.grad(store[name], store[act_name("resid_pre", layer)], grad_outputs=per_head,
-                                       retain_graph=True, is_grads_batched=True)[0]
-            out.update({(f"L{layer}H{h}", c): back[h] for h in range(n)})
-        if has_mlp(model, layer):
-            name = mlp_out_hook(layer)
-            out[f"L{layer}.mlp", "mlp"] = torch.autograd.grad(store[name], store[act_name("resid_mid", layer)],
-                                                             grad_outputs=grads[name], retain_graph=True)[0]
-    return out
+def _gradient_blocks(runner: EdgeRunner, alpha: float) -> Iterator[tuple[list[tuple[str, str]], Tensor]]:
+    """d loss / d (the residual stream as each receiver input reads it), in the run whose embeddings are the clean
+    ones moved `alpha` of the way to the corrupted ones (alpha 0: the clean run): one block per layer and input
+    kind ([(receiver, input) per head], [head, batch x pos x d_model]), one backward pass each, batched over the
+    layer's heads (`is_grads_batched`), then the MLPs' and the logits'. Yielded one block at a time, so that the
+    gradients of a large model are never all held at once."""
+    model = runner.model
+    inputs = {s.hook_name: runner.clean[s.hook_name] + alpha * (runner.corrupted[s.hook_name] - runner.clean[
+        s.hook_name]) for s in runner.senders if s.kind in ("embed", "pos")}
+    store: dict[str, Tensor] = {}
+    with torch.enable_grad():
+        logits = model.run_with_hooks(runner.tokens, fwd_hooks=_attribution_hooks(model, store, inputs))
+        loss = sequence_losses(logits, runner.tokens).mean()
+        last = act_name("resid_post", int(model.cfg.n_layers) - 1)
+        layers = range(int(model.cfg.n_layers))
+        heads = heads_per_layer(model)
+        names = [act_name(c, l) for l in layers for c in "qkv"] + [mlp_out_hook(l) for l in layers
+                                                                    if has_mlp(model, l)]
+        # an input the loss does not read (q and k under a clamped pattern, `intervene.applied`) has gradient 0
+        grads = dict(zip(names + [last], torch.autograd.grad(loss, [store[n] for n in names + [last]],
+                                                             retain_graph=True, allow_unused=True,
+                                                             materialize_grads=True)))
+        yield [("logits", "logits")], grads[last].detach().reshape(1, -1)
+        for layer in layers:
+            for c in "qkv":
+                name, n = act_name(c, layer), heads[layer]
+                per_head = grads[name].new_zeros(n, *grads[name].shape)
+                for h in range(n):
+                    per_head[h, :, :, h] = grads[name][:, :, h]
+                back = torch.autograd.grad(store[name], store[act_name("resid_pre", layer)], grad_outputs=per_head,
+                                           retain_graph=True, is_grads_batched=True)[0]
+                yield [(f"L{layer}H{h}", c) for h in range(n)], back.detach().reshape(n, -1)
+            if has_mlp(model, layer):
+                name = mlp_out_hook(layer)
+                back = torch.autograd.grad(store[name], store[act_name("resid_mid", layer)],
+                                           grad_outputs=grads[name], retain_graph=True)[0]
+                yield [(f"L{layer}.mlp", "mlp")], back.detach().reshape(1, -1)
 
 
-def edge_attributions(runner: EdgeRunner) -> dict[EdgeKey, float]:
+def _sender_deltas(runner: EdgeRunner) -> Float[Tensor, "sender flat"]:
+    """(corrupted - clean) output of every sender, in `runner.senders` order, as written into the residual stream
+    (a head's output through its W_O), flattened over batch, position and d_model."""
+    w_o, out = runner.model.W_O.detach(), []
+    for sender in runner.senders:
+        delta = (runner.corrupted[sender.hook_name] - runner.clean[sender.hook_name]).float()
+        if sender.kind == "head":
+            delta = delta[:, :, sender.head] @ w_o[sender.layer, sender.head].float()
+        out.append(delta.reshape(-1))
+    return torch.stack(out)
+
+
+def edge_estimates(runner: EdgeRunner, *, steps: int = 1) -> tuple[dict[EdgeKey, float], dict[EdgeKey, float]]:
+    """(edge attribution patching, its integrated-gradients version) of every edge of `runner`, nats.
+
+    Both are sum over batch, positions and d_model of (corrupted - clean sender output) x (gradient of the mean
+    loss with respect to the receiver's input): the first with the gradient of the clean run (Syed et al. 2023),
+    the second with it averaged over `steps` runs whose embeddings move in equal steps from the clean to the
+    corrupted ones (trapezoid rule; EAP-IG, Hanna et al. 2024). With `steps` 1 both are the first. Their gap is a
+    measure of how far from linear the edge's path is (`discovery` verifies such edges exactly). Every receiver
+    input's estimates come from one matrix product of the senders' outputs with its gradients.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    alphas = [0.0] if steps == 1 else [i / (steps - 1) for i in range(steps)]
+    weights = [1.0] if steps == 1 else [(0.5 if i in (0, steps - 1) else 1.0) / (steps - 1) for i in range(steps)]
+    edges = set(runner.edges)
+    deltas = _sender_deltas(runner)
+    first: dict[EdgeKey, float] = {}
+    mean: dict[EdgeKey, float] = {}
+    for alpha, weight in zip(alphas, weights):
+        for inputs, grads in _gradient_blocks(runner, alpha):
+            receiver, inp = inputs[0]  # the senders upstream of a block come first in `runner.senders`
+            ups = sum(EdgeKey(x.name, receiver, inp) in edges for x in runner.senders)
+            products = (deltas[:ups] @ grads.float().T).tolist()  # [sender, receiver input]
+            for i, sender in enumerate(runner.senders[:ups]):
+                for j, (receiver, inp) in enumerate(inputs):
+                    edge = EdgeKey(sender.name, receiver, inp)
+                    if edge in edges:
+                        if alpha == 0.0:
+                            first[edge] = products[i][j]
+                        mean[edge] = mean.get(edge, 0.0) + weight * products[i][j]
+    return first, mean
+
+
+def edge_attributions(runner: EdgeRunner, *, steps: int = 1) -> dict[EdgeKey, float]:
     """Edge attribution patching (Syed et al. 2023): for every edge, (corrupted - clean output of the sender) .
     (gradient of the mean loss with respect to the receiver's input, in the clean run), summed over the batch and
     positions: the first-order estimate of the edge's path-patching effect (nats) from one forward and backward
-    pass. Where a receiver responds non-linearly (a softmax that switches keys) the estimate can be far off."""
-    model, store = runner.model, {}
-    w_o = model.W_O.detach()  # [layer, head, d_head, d_model]: a head writes z W_O
-    with torch.enable_grad():
-        logits = model.run_with_hooks(runner.tokens, fwd_hooks=_attribution_hooks(model, store))
-        loss = sequence_losses(logits, runner.tokens).mean()
-        grads = _input_gradients(model, store, loss)
-    out = {}
-    for edge in runner.edges:
-        grad = grads[edge.receiver, edge.input].detach()
-        sender = Component.parse(edge.sender)
-        name = sender.hook_name
-        delta = (runner.corrupted[name] - runner.clean[name]).to(grad.dtype)
-        if sender.kind == "head":
-            delta = delta[:, :, sender.head] @ w_o[sender.layer, sender.head].to(grad.dtype)
-        out[edge] = float((delta * grad).sum())
-    return out
+    pass. Where a receiver responds non-linearly (a softmax that switches keys) the estimate can be far off;
+    `steps` > 1 averages the gradient along the way from the clean to the corrupted run (`edge_estimates`)."""
+    first, mean = edge_estimates(runner, steps=steps)
+    return first if steps == 1 else mean

@@ -238,12 +238,14 @@ def _gaps(laws: dict[str, Probs]) -> tuple[dict[str, float], dict[str, str]]:
 
 
 def strategy_similarity(
-    model: HookedModel, batch: ProbeBatch, *, beta: float | int | None = None, probs: Optional[Probs] = None
+    model: HookedModel, batch: ProbeBatch, *, beta: float | int | None = None, probs: Optional[Probs] = None,
+    laws: Optional[dict[str, Probs]] = None,
 ) -> StrategySimilarity:
     """How close the model's next-state laws are to each strategy (see `StrategySimilarity`).
 
     Mean KL(strategy || model) in nats over every position and sequence of `batch`; `probs` reuses a forward
-    pass already made, `beta` defaults to `batch.beta`. Along training on random kernels, `closest` moves from
+    pass already made, `laws` the strategies' laws already computed (`strategy_probs(batch, beta=beta)`), `beta`
+    defaults to `batch.beta`. Along training on random kernels, `closest` moves from
     "uniform" to "in_context_unigram" to "in_context_bigram" as the induction head forms (Edelman et al.).
 
     >>> # batch = sample_batch(RandomMarkov(3), n_sequences=64, seq_len=32, seed=0)
@@ -254,7 +256,7 @@ def strategy_similarity(
     if probs is None:
         probs = next_state_probs(model, batch.tokens)
     probs = probs.cpu().to(torch.float64)
-    laws = strategy_probs(batch, beta=beta)
+    laws = strategy_probs(batch, beta=beta) if laws is None else laws
     divergences = {name: float(theory.kl_divergence(law, probs).mean()) for name, law in laws.items()}
     gaps, aliases = _gaps(laws)
     tokens = batch.tokens.cpu()

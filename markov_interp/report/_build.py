@@ -29,6 +29,7 @@ from markov_interp.theory import ReferenceLosses
 from markov_interp.training import RunConfig, resolve_device, runfolder
 from markov_interp.report import figures
 from markov_interp.report.circuits import (
+    axes_panel,
     circuit_diagram,
     circuit_section,
     logit_attribution_figure,
@@ -311,7 +312,7 @@ def _mechanism_section(mech: probes.MechanismReport) -> Section:
         ("probe batch", f"{mech.n_sequences} sequences x {mech.seq_len} states, seed {mech.seed}"),
     ]
     return Section("mechanism", "Mechanism verdict: the evidence",
-                   (reasons, laws, roles, table(rows, header=("evidence", "value"))))
+                   (axes_panel(mech), reasons, laws, roles, table(rows, header=("evidence", "value"))))
 
 
 def _weights_section(model: models.HookedModel, mech: probes.MechanismReport) -> Section:

@@ -1,10 +1,16 @@
 """Circuit figures: the discovered circuit as an SVG diagram, per-head OV / QK matrices, direct logit attribution,
 activation patching by layer x position. Every number comes from `markov_interp.probes`; this module only draws.
 
-The diagram is plain SVG written here (no JavaScript, no network): nodes by layer (the embedding at the bottom,
-each layer's heads in a row with its MLP above them, the logits at the top), the kept edges as curves whose width
-grows with their path-patching effect, coloured and labelled by the receiver's input (q, k, v, mlp, logits); the
-dropped edges are left out (the caption counts them). Hovering an edge shows its name, effect and SE.
+The diagram is plain SVG written here (no JavaScript, no network): nodes by layer (the token and position
+embeddings at the bottom, each layer's heads in a row with its MLP above them, the logits at the top), the kept
+edges as curves whose width grows with their path-patching effect, coloured and labelled by the receiver's input
+(q, k, v, mlp, logits); edges that carry position information (out of "pos", or kept by the positional pass alone)
+are dashed; cancelling sets the joint tests dropped are drawn dotted and grey, with their joint effect; the other
+dropped edges are left out (the caption counts them). Hovering an edge shows its name, effects and SE.
+
+`axes_panel` is the mechanism verdict's two axes side by side: the circuit (kind, order from the lags, kept
+edges, faithfulness and completeness, cancelling sets) and the law (reached raw or after the temperature fit,
+the gains g_k with SEs, the kernel swap).
 """
 
 import html
@@ -31,7 +37,7 @@ def _layout(graph: Any) -> dict[str, tuple[float, float]]:
     for layer in reversed(range(layers)):
         rows.append([n for n in graph.nodes if n == f"L{layer}.mlp"])
         rows.append([n for n in graph.nodes if n.startswith(f"L{layer}H")])
-    rows.append(["embed"])
+    rows.append([n for n in ("embed", "pos") if n in graph.nodes])
     rows = [r for r in rows if r]
     pos = {}
     for i, row in enumerate(rows):
@@ -59,48 +65,64 @@ def _bend(a: tuple[float, float], b: tuple[float, float], n: int) -> float:
     return side * skip + fan
 
 
+def _edge_svg(edge: Any, a: tuple[float, float], b: tuple[float, float], n: int, width: float, style: str,
+              tip: str) -> list[str]:
+    """One edge: its curve (style "solid", "position": dashed, "cancelling": dotted grey) and its input label."""
+    path, mx, my = _edge_path(a, b, _bend(a, b, n))
+    colour = "#999999" if style == "cancelling" else INPUT_COLOURS.get(edge.input, "#555555")
+    dash = {"position": ' stroke-dasharray="7,4"', "cancelling": ' stroke-dasharray="2,4"'}.get(style, "")
+    out = [f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="{width:.2f}" stroke-opacity="0.75"'
+           f'{dash} class="edge{"" if style == "solid" else " " + style}"><title>{html.escape(tip)}</title></path>']
+    if edge.input in ("q", "k", "v"):
+        out.append(f'<text x="{mx + 4:.1f}" y="{my:.1f}" fill="{colour}" font-weight="bold">{edge.input}</text>')
+    return out
+
+
 def circuit_diagram(graph: Any, *, title: Optional[str] = None) -> str:
     """The kept edges of a `probes.CircuitGraph` as an inline `<svg>` (module docstring).
 
     Args:
-        graph: a `CircuitGraph` (`probes.discover_circuit`, or `MechanismReport.circuit`).
+        graph: a `CircuitGraph` (`probes.discover_circuit`, or `MechanismReport.graph`).
         title: a caption above the diagram (default: faithfulness and the number of kept edges).
 
     Returns:
         SVG markup (a string), self-contained.
     """
+    graph = getattr(graph, "graph", graph)  # a CircuitVerdict draws its graph
     pos = _layout(graph)
     height = max(y for _, y in pos.values()) + _MARGIN
-    biggest = max((e.effect for e in graph.kept), default=1.0) or 1.0
+    biggest = max((e.strength for e in graph.kept), default=1.0) or 1.0
     on_circuit = {n for e in graph.kept for n in (e.sender, e.receiver)}
-    caption = title or (f"{len(graph.kept)} of {len(graph.edges)} edges kept ({graph.corruption} corruption), "
-                        f"faithfulness {graph.faithfulness:.2f}; width: path-patching effect (largest "
-                        f"{biggest:.3f} nats)")
+    cancelling = [(c, graph.edge(name)) for c in graph.cancelling if c.dropped for name in c.edges]
+    positional = {e.name for e in graph.position_edges} | {e.name for e in graph.kept if e.sender == "pos"}
+    caption = title or (f"{len(graph.kept)} of {len(graph.edges)} edges kept ({graph.corruption} corruption"
+                        f"{' and permuted positions' if graph.position is not None else ''}), faithfulness "
+                        f"{graph.faithfulness:.2f}; width: path-patching effect (largest {biggest:.3f} nats); "
+                        f"dashed: position information; dotted grey: cancelling sets dropped")
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height + 20:.0f}" '
              f'viewBox="0 0 {_WIDTH} {height + 20:.0f}" font-family="sans-serif" font-size="12" '
              f'class="circuit-diagram"><title>{html.escape(caption)}</title>',
              f'<text x="{_WIDTH / 2}" y="{height + 12:.0f}" text-anchor="middle" fill="#444">'
              f'{html.escape(caption)}</text>']
     by_pair: dict[tuple[str, str], int] = {}
-    for edge in sorted(graph.kept, key=lambda e: -e.effect):
+    drawn = [(e, "position" if e.name in positional else "solid", None) for e in graph.kept]
+    drawn += [(e, "cancelling", c) for c, e in cancelling]
+    for edge, style, group in sorted(drawn, key=lambda x: -x[0].strength):
         pair = (edge.sender, edge.receiver)
         n = by_pair.get(pair, 0)
         by_pair[pair] = n + 1
-        path, mx, my = _edge_path(pos[edge.sender], pos[edge.receiver], _bend(pos[edge.sender], pos[edge.receiver], n))
-        width = 1.0 + 9.0 * max(edge.effect, 0.0) / biggest
-        colour = INPUT_COLOURS.get(edge.input, "#555555")
-        tip = f"{edge.name}: effect {edge.effect:+.4f} nats (SE {edge.se:.4f})"
-        parts.append(f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="{width:.2f}" '
-                     f'stroke-opacity="0.75" class="edge"><title>{html.escape(tip)}</title></path>')
-        if edge.input in ("q", "k", "v"):
-            parts.append(f'<text x="{mx + 4:.1f}" y="{my:.1f}" fill="{colour}" font-weight="bold">'
-                         f'{edge.input}</text>')
+        width = 1.0 + 9.0 * max(edge.strength, 0.0) / biggest if style != "cancelling" else 1.5
+        tip = (f"{edge.name}: effect {edge.effect:+.4f} nats (SE {edge.se:.4f})"
+               + (f", positional pass {edge.position_effect:+.4f}" if edge.position_effect == edge.position_effect
+                  else "")
+               + (f"; cancelling set, joint effect {group.effect:+.4f} nats (dropped)" if group else ""))
+        parts += _edge_svg(edge, pos[edge.sender], pos[edge.receiver], n, width, style, tip)
     for name, (x, y) in pos.items():
         active = name in on_circuit
         fill = "#fff3c4" if active and "H" in name else ("#e8eefc" if active else "#f2f2f2")
         stroke = "#333" if active else "#bbb"
         shape = (f'<rect x="{x - 34:.1f}" y="{y - _RADIUS:.1f}" width="68" height="{2 * _RADIUS}" rx="6"'
-                 if name in ("embed", "logits") or name.endswith(".mlp") else
+                 if name in ("embed", "pos", "logits") or name.endswith(".mlp") else
                  f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{_RADIUS}"')
         parts.append(f'{shape} fill="{fill}" stroke="{stroke}" class="node"><title>{html.escape(name)}</title>'
                      f'</{"rect" if shape.startswith("<rect") else "circle"}>')
@@ -197,19 +219,54 @@ def circuit_section(model: "HookedModel", mech: "probes.MechanismReport", batch:
     `batch` and `max_positions` are kept for callers of the earlier signature)."""
     from markov_interp.report._html import Section, paragraph, table
 
-    graph = mech.circuit
+    graph = mech.graph
+    positional = (f" A second, positional pass reads the same tokens at permuted positions (total effect "
+                  f"{graph.position.total_effect:.4f} nats, faithfulness {graph.position.faithfulness:.3f}): the "
+                  f"edges that carry position information." if graph.position is not None else "")
     intro = paragraph(
         f"Every edge of the model's graph (sender -> receiver input) was corrupted on its own ({graph.corruption} "
         f"corruption: the sender's output from another sequence, only where that receiver input reads it) on "
-        f"{graph.n_sequences} sequences of {graph.seq_len} states; its effect is the rise of the loss. "
-        f"{graph.rule}. Faithfulness {graph.faithfulness:.3f}: the kept edges alone recover that fraction of what "
-        f"corrupting everything costs ({graph.total_effect:.4f} nats).")
-    top = sorted(graph.edges, key=lambda e: -e.effect)[:12]
+        f"{graph.n_sequences} sequences of {graph.seq_len} states ({graph.method}: {graph.n_verified} edge "
+        f"measurements by path patching); its effect is the rise of the loss. {graph.rule}. Faithfulness "
+        f"{graph.faithfulness:.3f}: the kept edges alone recover that fraction of what corrupting everything costs "
+        f"({graph.total_effect:.4f} nats); completeness {graph.completeness:.3f}: corrupting the kept edges alone "
+        f"costs that fraction of it.{positional}")
+    top = sorted(graph.edges, key=lambda e: -e.strength)[:12]
     kept = set(graph.kept_names)
-    rows = [(e.name, e.effect, e.se, e.attribution, "yes" if e.name in kept else "", graph.minimality.get(e.name))
+    joint = {name: j.effect for j in graph.joint for name in j.edges}
+    rows = [(e.name, e.effect, e.se, e.position_effect, e.attribution, "yes" if e.name in kept else "",
+             "yes" if graph.necessary_alone(e.name) else "", joint.get(e.name), graph.minimality.get(e.name))
             for e in top]
-    edges = table(rows, header=("edge", "effect (nats)", "SE", "gradient estimate", "kept",
-                                "own contribution in the circuit"))
+    edges = table(rows, header=("edge", "effect (nats)", "SE", "positional pass", "gradient estimate", "kept",
+                                "necessary alone", "receiver's kept edges jointly", "own contribution in the circuit"))
+    cancel = [paragraph("Cancelling sets (each edge costs much alone, all together little): "
+                        + "; ".join(c.describe() for c in graph.cancelling) + ".", cls="note")] \
+        if graph.cancelling else []
     disagree = paragraph("Edges the gradient estimate (edge attribution patching) would decide differently: "
                          + (", ".join(graph.disagreements) or "none") + ".", cls="note")
-    return Section("circuit", "Circuit found by path patching", (intro, circuit_diagram(graph), edges, disagree))
+    return Section("circuit", "Circuit found by path patching", (intro, circuit_diagram(graph), edges, *cancel, disagree))
+
+
+def axes_panel(mech: "probes.MechanismReport") -> str:
+    """The verdict's two axes side by side (module docstring): an HTML table, circuit on the left, law on the
+    right, the gains g_k with their SEs."""
+    from markov_interp import probes
+    from markov_interp.report._build import gains_text  # on a fixed chain: why there are none (issue 32)
+
+    c, law, g = mech.circuit, mech.law, mech.gains
+    raw = law.raw
+    circuit_rows = [c.describe(), f"{len(c.graph.kept)} of {len(c.graph.edges)} edges kept; faithfulness "
+                    f"{c.graph.faithfulness:.2f}, completeness {c.graph.completeness:.2f}",
+                    f"kept only by the positional pass: {', '.join(e.name for e in c.graph.position_edges) or 'none'}",
+                    "cancelling: " + ("; ".join(x.describe() for x in c.graph.cancelling) or "none")]
+    law_rows = [law.describe(), f"temperature {law.temperature:.2f}: fit {law.fit_ratio:.3f}, margin "
+                f"{law.margin_ratio:.3f}; raw ({probes.STRATEGY_LABELS.get(raw.law, raw.law)}): fit "
+                f"{raw.fit_ratio:.3f}, margin {raw.margin_ratio:.3f}",
+                "gains: " + (", ".join(f"g_{k} {v:.2f} ± {g.se[k]:.2f}" for k, v in g.items())
+                             if mech.references.in_context else gains_text(mech, short=True)),
+                f"kernel swap: in-context fraction {mech.in_context_fraction:.2f} ± {mech.kernel_swap.se:.2f}"]
+    cells = "".join(f"<tr><td>{html.escape(a)}</td><td>{html.escape(b)}</td></tr>"
+                    for a, b in zip(circuit_rows, law_rows))
+    head = html.escape(f"{mech.label}{'' if mech.confident else ' (not confident)'}")
+    return (f'<table class="axes"><caption>{head}</caption><thead><tr><th>circuit: {html.escape(c.kind)}</th>'
+            f'<th>law: {html.escape(law.status)}</th></tr></thead><tbody>{cells}</tbody></table>')

@@ -1,0 +1,99 @@
+"""Which edges `discover_circuit(method="attribution+verify")` measures exactly: the gradient estimates of every
+edge, and the candidates among them.
+
+Edge attribution patching (`paths.edge_estimates`) estimates every edge's path-patching effect from a few forward
+and backward passes, but it is a first-order estimate: at a trained model the loss is curved and the estimates can
+be far off, and where a head's softmax is saturated the gradient through its queries and keys vanishes however
+much the edge matters (a hand-built induction head's key edge is estimated near 0). So the estimates choose what
+to measure, never what to keep:
+
+- every edge whose integrated-gradients estimate (`IG_STEPS` runs from the clean to the corrupted embeddings; 2 on
+  graphs of over `LARGE_GRAPH` edges) reaches `CANDIDATE_FRACTION` of the kept rule's threshold;
+- the `TOP_CANDIDATES` largest estimates;
+- every **unreliable** edge: its clean-run gradient estimate and the integrated one disagree by more than
+  `DISAGREE` of the larger (the path is far from linear) while one of them reaches `CANDIDATE_FRACTION` of
+  `min_effect`; or it feeds the queries or keys of a head whose attention is saturated (mean over queries of
+  its largest attention weight at least `SATURATED`).
+
+`discovery` then applies the kept rule to the measured effects and verifies more where the threshold it reaches
+makes more edges candidates.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Optional
+
+import torch
+
+from markov_interp.models.hooks import pattern_hook
+from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_estimates
+
+IG_STEPS = 5  # runs along the way from the clean to the corrupted embeddings (trapezoid rule) ...
+LARGE_GRAPH = 4000  # ... and 2 (the clean and the corrupted ends) for graphs with more edges than this
+CANDIDATE_FRACTION = 0.25  # an estimate at this share of the threshold makes an edge a candidate
+TOP_CANDIDATES = 16  # the largest estimates are always verified
+DISAGREE = 0.5  # clean-run and integrated estimates further apart than this share of the larger: unreliable
+SATURATED = 0.9  # mean largest attention weight of a head whose softmax counts as saturated
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimates:
+    """The gradient estimates of the active edges of one pass (nats): `first` at the clean run (edge attribution
+    patching), `mean` integrated along the way to the corrupted run; `ranked` by |mean|, largest first;
+    `unreliable` (module docstring); `saturated` the heads whose softmax is saturated."""
+
+    first: dict[EdgeKey, float]
+    mean: dict[EdgeKey, float]
+    ranked: tuple[EdgeKey, ...]
+    unreliable: frozenset
+    saturated: tuple[str, ...]
+
+
+def saturated_heads(runner: EdgeRunner) -> tuple[str, ...]:
+    """Heads whose attention on the clean batch puts, on average over queries, at least `SATURATED` on one key
+    (queries after the first, which has one key only)."""
+    model = runner.model
+    names = [pattern_hook(layer) for layer in range(int(model.cfg.n_layers))]
+    _, cache = model.run_with_cache(runner.tokens, names_filter=names)
+    out = []
+    for layer, name in enumerate(names):
+        top = cache[name][:, :, 1:].max(-1).values.mean((0, 2))  # [head]
+        out += [f"L{layer}H{h}" for h, value in enumerate(top.tolist()) if value >= SATURATED]
+    return tuple(out)
+
+
+@torch.no_grad()
+def estimate(runner: EdgeRunner, active: Sequence[EdgeKey], *, steps: Optional[int] = None,
+             min_effect: float = 2e-3) -> Estimates:
+    """The estimates of the edges `active` of `runner` (module docstring).
+
+    Args:
+        runner: the pass's `EdgeRunner`.
+        active: the edges the pass can move.
+        steps: runs of the integrated estimate (1: only the clean-run one; default `IG_STEPS`, 2 above
+            `LARGE_GRAPH` edges: each run is about six forward passes' worth of work on a 12 x 12 model).
+        min_effect: the kept rule's floor (nats), which scales the unreliability test.
+
+    Returns:
+        `Estimates`.
+    """
+    if steps is None:
+        steps = IG_STEPS if len(runner.edges) <= LARGE_GRAPH else 2
+    first, mean = edge_estimates(runner, steps=steps)
+    first = {e: first[e] for e in active}
+    mean = {e: mean[e] for e in active}
+    saturated = saturated_heads(runner) if steps > 1 else ()
+    floor = CANDIDATE_FRACTION * min_effect
+    unreliable = {e for e in active if max(abs(first[e]), abs(mean[e])) >= floor
+                  and abs(first[e] - mean[e]) > DISAGREE * max(abs(first[e]), abs(mean[e]))}
+    unreliable |= {e for e in active if e.input in ("q", "k") and e.receiver in saturated}
+    return Estimates(first=first, mean=mean, ranked=tuple(sorted(active, key=lambda e: -abs(mean[e]))),
+                     unreliable=frozenset(unreliable), saturated=saturated)
+
+
+def verify_plan(est: Estimates, start: float, min_effect: float) -> list[EdgeKey]:
+    """The edges to measure first, in order: estimates reaching `CANDIDATE_FRACTION` of the starting threshold
+    `start`, the unreliable edges, the `TOP_CANDIDATES` largest estimates."""
+    big = [e for e in est.ranked if abs(est.mean[e]) >= CANDIDATE_FRACTION * start]
+    shaky = [e for e in est.ranked if e in est.unreliable]
+    return list(dict.fromkeys(big + shaky + list(est.ranked[:TOP_CANDIDATES])))
