@@ -15,7 +15,12 @@ so (c) times the logging alone, per row, in a file already holding n rows (n = 1
 appending a row (with and without fsync) against rewriting the n rows with fsync. Everything runs in one
 process, so the machine's load touches both sides; quote the load average with the numbers.
 
-    python benchmarks/bench_long_run.py [--steps 20000] [--log-every 10] [--rows-only]
+(d) `--long 40000`: one run of the package as a user runs it (the default logging, an evaluation every 100 steps,
+8 log-spaced checkpoints) at 40,000 steps of a tiny model, timed step by step: the step rate over the first and the
+last 10% of the steps, as a mean (steps / seconds) and from the median step time (which a checkpoint's or an
+evaluation's step does not move), and last / first. Issue 33's bar: the end within 10% of the start.
+
+    python benchmarks/bench_long_run.py [--steps 20000] [--log-every 10] [--rows-only] [--long 40000]
 """
 
 import argparse
@@ -54,6 +59,32 @@ def timed_run(steps: int, log_every: int, rewrite: bool) -> list[float]:
         runfolder.MetricsLog.append = real_append
         loop._on_step = lambda step: None
     return stamps
+
+
+def long_run(steps: int) -> None:
+    """(d): one run with the default logging, evaluation and checkpoints, its step rate at the start and end."""
+    run = RunConfig(source=SourceConfig(kind="binary", p=0.2, q=0.3), model=preset("paper-1layer", n_ctx=8),
+                    train=TrainConfig(steps=steps, batch_size=2, seq_len=8, device="cpu"))
+    tc = run.train
+    print(f"(d) one run of {steps} steps (batch 2 x 8, log every {tc.log_every}, evaluate every {tc.eval_every} "
+          f"x {tc.eval_batches} batches, {tc.n_checkpoints} checkpoints); load average {os.getloadavg()[0]:.1f}")
+    stamps: list[float] = []
+    loop._on_step = lambda step: stamps.append(time.perf_counter())
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            train(run, Path(folder) / "run", progress=False)
+    finally:
+        loop._on_step = lambda step: None
+    n = len(stamps) // 10
+    windows = {"first 10%": stamps[:n + 1], "last 10%": stamps[-n - 1:]}
+    rates = {}
+    for name, window in windows.items():
+        gaps = sorted(b - a for a, b in zip(window, window[1:]))
+        rates[name] = (n / (window[-1] - window[0]), 1 / gaps[len(gaps) // 2])
+        print(f"  {name}: {rates[name][0]:7.1f} steps/s (mean), {rates[name][1]:7.1f} steps/s (median step)")
+    (mean0, median0), (mean1, median1) = rates.values()
+    print(f"  last / first: {mean1 / mean0:.3f} (mean), {median1 / median0:.3f} (median step); "
+          f"load average now {os.getloadavg()[0]:.1f}")
 
 
 def window_rates(stamps: list[float]) -> tuple[float, float]:
@@ -102,9 +133,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20000)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--rows-only", action="store_true", help="only (c), the logging cost per row")
+    parser.add_argument("--long", type=int, default=None, metavar="STEPS", help="only (d), one run of STEPS steps")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, one thread; load average {os.getloadavg()[0]:.1f}")
+    if args.long is not None:
+        long_run(args.long)
+        return
     logging_costs()
     if args.rows_only:
         return

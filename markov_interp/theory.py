@@ -782,9 +782,8 @@ def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol
     while True:
         # the chunk's kernels are drawn and reduced block by block (memory ~ chains.BLOCK_BYTES, not 2**18 V**(k+1));
         # numpy draws them as one call would, so z and the estimates are the unblocked ones, bit for bit
-        # a block's draws, solve and entropies hold about _KERNEL_ARRAYS arrays of its size at once
-        sizes = block_sizes(chunk, _KERNEL_ARRAYS * kernel_bytes(n_ctx, vocab))
-        z = torch.cat([_kernel_moment_rows(_gamma_draws(rng, alpha, (size, n_ctx, vocab), mask))
+        sizes = block_sizes(chunk, kernel_bytes(n_ctx, vocab))
+        z = torch.cat([_kernel_moment_rows(rng.standard_gamma(alpha, size=(size, n_ctx, vocab)).clip(1e-300) * mask)
                        for size in sizes]).numpy()
         moments += z.T @ z
         n += chunk
@@ -793,25 +792,12 @@ def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol
             return KernelExpectations(float(est[0]), float(se[0]), float(est[1]), float(se[1]), "monte carlo")
 
 
-_KERNEL_ARRAYS = 8  # arrays of a block's size alive at once in `_kernel_moment_rows` (kernels, system, LU, entropies)
-
-
-def _gamma_draws(rng: np.random.Generator, alpha: float, shape: tuple, mask: "np.ndarray | float") -> np.ndarray:
-    """Gamma(alpha) draws clipped at 1e-300 and masked, in place (no copy of the block: the same bits as
-    `rng.standard_gamma(alpha, size=shape).clip(1e-300) * mask`)."""
-    gam = rng.standard_gamma(alpha, size=shape)
-    np.clip(gam, 1e-300, None, out=gam)
-    gam *= mask
-    return gam
-
-
 def _kernel_moment_rows(gam: np.ndarray) -> Float[Tensor, "kernel 5"]:
     """Per kernel (normalised Gamma draws `gam` [kernel, context, V], zero where a transition is not allowed) the
     row (1, mean row entropy, spread of the mean row, entropy rate, H(pi)) of `_mc_kernel_expectations`'
     moments."""
     vocab = gam.shape[-1]
-    gam /= gam.sum(-1, keepdims=True)  # normalised in place (the caller's block is not used again)
-    kernels = torch.from_numpy(gam)
+    kernels = torch.from_numpy(gam / gam.sum(-1, keepdims=True))
     pi = _solve_stationary(kernels)
     rows_h = entropy(kernels)
     rate = (pi * rows_h).sum(-1)

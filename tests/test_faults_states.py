@@ -419,3 +419,76 @@ def test_cells_of_a_dead_stack_say_so_in_their_row(tmp_path, monkeypatch):
         assert row.stack_size == 1 and row.stack_note == "the worker of its stack of 2 died; retried as a solo cell"
     table = sweep.read_table(tmp_path)
     assert [r.stack_size for r in table] == [1, 1, 1, 1]
+
+
+# -------------------------------------------------------------------- sweep and train --seeds overlapping
+SEEDS_RUN = ["--layers", "1", "--d-model", "8", "--n-ctx", "32", "--seq-len", "16", "--batch-size", "4", "--steps",
+             "30", "--checkpoints", "3", "--no-progress", "--threads", "1"]
+
+
+def _cli(*argv: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "markov_interp.cli", *argv], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _files(folder: Path) -> dict:
+    """Every weights and metrics file under `folder`, by relative path, as bytes."""
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*")
+            if p.name in (models.WEIGHTS_FILE, runfolder.METRICS_FILE)}
+
+
+@pytest.mark.slow
+def test_sweep_and_train_seeds_into_overlapping_folders(tmp_path):
+    # a sweep into D while `train --seeds` writes D/seed-N, and another into D/runs/seed-N (beside the sweep's
+    # cell folders): all run at once, each refuses nothing of the others', and every file equals the same work
+    # done apart, byte for byte
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(tiny_spec().to_json())
+    apart = [_cli("sweep", str(spec_file), "--out", str(tmp_path / "apart-sweep"), "--workers", "1",
+                  "--no-progress"),
+             _cli("train", *SEEDS_RUN, "--seeds", "0-1", "--out", str(tmp_path / "apart-seeds"))]
+    for child in apart:
+        assert child.wait(timeout=900) == 0, child.communicate()[1]
+    shared = tmp_path / "D"
+    together = [_cli("sweep", str(spec_file), "--out", str(shared), "--workers", "1", "--no-progress"),
+                _cli("train", *SEEDS_RUN, "--seeds", "0-1", "--out", str(shared)),
+                _cli("train", *SEEDS_RUN, "--seeds", "0-1", "--out", str(shared / "runs"))]
+    for child in together:
+        out, err = child.communicate(timeout=900)
+        assert child.returncode == 0, err
+    sweep_files = {p: b for p, b in _files(shared).items() if not p.parts[0].startswith("seed-")
+                   and not (p.parts[0] == "runs" and p.parts[1].startswith("seed-"))}
+    assert sweep_files == _files(tmp_path / "apart-sweep")
+    seeds = _files(tmp_path / "apart-seeds")
+    assert {p: b for p, b in _files(shared).items() if p.parts[0].startswith("seed-")} == seeds
+    assert _files(shared / "runs" / "seed-0") == {p.relative_to("seed-0"): b for p, b in seeds.items()
+                                                 if p.parts[0] == "seed-0"}
+    table = sweep.read_table(shared)
+    assert [r.status for r in table] == ["ok"] * 4
+    # the sweep again: its cells are done, the seed folders beside them are not its business
+    again = sweep.run(tiny_spec(), shared, workers=1, progress=False)
+    assert (again.n_run, again.n_skipped) == (0, 4)
+
+
+@pytest.mark.slow
+def test_train_into_a_cell_folder_while_the_sweep_trains_it(tmp_path):
+    # the same run folder written by two commands at once: one waits for nothing and is refused (naming the
+    # holder), or they do not overlap in time and the second finds the run finished; either way one run, intact
+    spec = tiny_spec(base={**tiny_spec().base, "train": {**tiny_spec().base["train"], "steps": 60}})
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec.to_json())
+    cell = spec.cells()[0]
+    config = tmp_path / "cell.json"
+    config.write_text(cell.config.to_json())
+    shared = tmp_path / "D"
+    sweeper = _cli("sweep", str(spec_file), "--out", str(shared), "--workers", "1", "--no-progress")
+    _wait = time.monotonic() + 900
+    while not (shared / "runs" / cell.cell_id).exists() and time.monotonic() < _wait:
+        time.sleep(0.01)
+    trainer = _cli("train", "--config", str(config), "--out", str(shared / "runs" / cell.cell_id), "--no-progress")
+    _, err = trainer.communicate(timeout=900)
+    assert trainer.returncode == 0 or (trainer.returncode == 2 and "is being written by pid" in err), err
+    assert sweeper.wait(timeout=900) == 0, sweeper.communicate()[1]
+    apart = sweep.run(spec, tmp_path / "apart", workers=1, progress=False)
+    assert _files(shared) == _files(tmp_path / "apart")
+    assert [r.status for r in apart.rows] == [r.status for r in sweep.read_table(shared)] == ["ok"] * 4

@@ -270,7 +270,11 @@ def check_contents(folder: "str | os.PathLike", depth: int = 2, *, writing: bool
                 raise UnsafePath(f"{entry.path} is {kind}{target}; markov-interp does not follow links or open "
                                  "special files inside a run or sweep folder: remove it (put the real file there)")
             elif writing:
-                check_single_link(entry.path, entry.stat(follow_symlinks=False).st_nlink)
+                try:
+                    n_links = entry.stat(follow_symlinks=False).st_nlink
+                except FileNotFoundError:  # renamed away meanwhile (a temporary file of a writer next door)
+                    continue
+                check_single_link(entry.path, n_links)
     return folder
 
 
