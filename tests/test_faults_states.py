@@ -22,6 +22,7 @@ from markov_interp.training.plan import PlanTooLarge
 from markov_interp.training.runfolder import RunFolderError
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_faults_io import _can_mount_tmpfs  # noqa: E402
 from test_sweep import tiny_spec  # noqa: E402
 from test_training import tiny_run  # noqa: E402
 
@@ -231,7 +232,8 @@ def _whole_plan(out: Path) -> tuple[int, int]:
     """(bytes of the whole plan of tiny_run(), bytes left after the checkpoint of step 5)."""
     params = models.memory.parameter_count(tiny_run().model) * 4
     rows = plan.max_rows(tiny_run().train) * plan._ROW_FILE_BYTES
-    return rows + 4 * 3 * params + params, rows + 1 * 3 * params + params
+    checkpoint = 3 * params + plan._CHECKPOINT_EXTRA
+    return rows + 4 * checkpoint + params, rows + 1 * checkpoint + params
 
 
 def test_the_disk_check_counts_only_what_is_left_to_write(tmp_path, monkeypatch, reference):
@@ -261,14 +263,6 @@ def test_a_refused_resume_names_free_space_not_a_setting(tmp_path, monkeypatch):
     assert not fresh.exists()
 
 
-def _can_mount_tmpfs() -> bool:
-    if shutil.which("unshare") is None or not sys.platform.startswith("linux"):
-        return False
-    probe = subprocess.run(["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                           capture_output=True)
-    return probe.returncode == 0
-
-
 # The issue's run: 400 steps, 12 checkpoints of a model whose positions (n_ctx 1024) make each checkpoint ~80 KB.
 ISSUE_RUN = ["--layers", "1", "--d-model", "8", "--seq-len", "32", "--batch-size", "8", "--steps", "400",
              "--checkpoints", "12", "--no-progress", "--threads", "1"]
@@ -277,19 +271,22 @@ ISSUE_RUN = ["--layers", "1", "--d-model", "8", "--seq-len", "32", "--batch-size
 @pytest.mark.slow
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs user namespaces to mount a private tmpfs")
 def test_a_run_stopped_by_a_really_full_disk_resumes_once_space_is_freed(tmp_path):
-    # a private 1.5 MB tmpfs: the run starts (its plan fits), a filler takes the rest of the disk as soon as the
-    # checkpoint of step 9 exists, the run stops with ENOSPC naming its file; the filler is deleted, leaving less
-    # free space than the whole plan but more than what is left, and the same command finishes the run, which
-    # ends byte-identical to an unbroken one
+    # a private tmpfs two checkpoints larger than the whole run: the run starts (its plan fits), a filler takes the
+    # rest of the disk as soon as the checkpoint of step 9 exists, the run stops with ENOSPC naming its file; the
+    # filler is deleted, leaving less free space than the whole run but more than what is left, and the same
+    # command finishes the run, which ends byte-identical to an unbroken one
     clean = subprocess.run([sys.executable, "-m", "markov_interp.cli", "train", *ISSUE_RUN, "--out",
                             str(tmp_path / "clean")], env=ENV, capture_output=True, text=True, timeout=600)
     assert clean.returncode == 0, clean.stderr
+    pages = [-(-p.stat().st_size // 4096) * 4096 for p in (tmp_path / "clean").rglob("*") if p.is_file()]
+    pair = sum(p.stat().st_size for p in (tmp_path / "clean" / "checkpoints").glob("step_0000400.*"))
+    size_kb = (sum(pages) + 2 * pair) // 1024 + 96  # + the lock, config and a rewritten metrics file
     disk, copy = tmp_path / "disk", tmp_path / "copy"
     disk.mkdir()
     train_cmd = " ".join([f'"{sys.executable}"', "-m", "markov_interp.cli", "train", *ISSUE_RUN, "--out",
                           '"$1/st"'])
     script = f"""
-mount -t tmpfs -o size=1500k tmpfs "$1" || exit 90
+mount -t tmpfs -o size={size_kb}k tmpfs "$1" || exit 90
 {train_cmd} 2> "$2.first" &
 pid=$!
 while [ ! -e "$1/st/checkpoints/step_0000009.pt" ] && kill -0 $pid 2>/dev/null; do sleep 0.005; done
@@ -307,8 +304,7 @@ cp -r "$1/st" "$2"
     assert lines.get("first") == "2", (done.stdout, done.stderr, first_err)
     assert "[Errno 28] No space left on device" in first_err and len(first_err.strip().splitlines()) == 1
     assert lines.get("second") == "0", Path(f"{copy}.second").read_text()
-    whole = sum(p.stat().st_size for p in (tmp_path / "clean").rglob("*") if p.is_file())
-    assert int(lines["free"]) < whole  # the old check, which counted the whole plan, refused this resume
+    assert int(lines["free"]) < sum(pages)  # less than the whole run takes: what is left fits, the whole would not
     _same_run(copy, tmp_path / "clean")
 
 

@@ -55,7 +55,7 @@ def run_local(groups: list[list[Cell]], runs_dir: str, probe_for: dict[str, bool
     bar = _bar(sum(len(g) for g in groups), progress, "sweep")
     failed = 0
 
-    stacked = {c.cell_id: len(g) for g in groups if len(g) > 1}  # a dead stack comes back as solo cells
+    stacked = {c.cell_id: len(g) for g in groups if len(g) > 1 for c in g}  # a dead stack comes back as solo cells
 
     def done(g: tuple[Cell, ...], records: Optional[list[CellRecord]], death: Optional[WorkerDeath]) -> None:
         nonlocal failed

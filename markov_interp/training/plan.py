@@ -40,6 +40,9 @@ FILES_PER_RUN = 2  # descriptors a run folder holds open while it trains: its lo
 _SPARE_FILES = 64  # descriptors left for torch, tqdm, checkpoint writes and the caller
 _ROW_BYTES = 1024  # a metrics row in memory (a dict of about a dozen floats)
 _ROW_FILE_BYTES = 400  # a metrics row in metrics.jsonl
+# A checkpoint's bytes beyond weights and optimiser state: measured 21 KB for the one-layer paper model (two CPU
+# generators' states of 5 KB each, pending losses, torch.save's archive)
+_CHECKPOINT_EXTRA = 32 * 1024
 _REFERENCE_KERNELS = 1024  # kernels theory's in-context Monte Carlo holds at once (docs/faults.md)
 
 
@@ -100,8 +103,9 @@ def check_disk(run: RunConfig, outs: Sequence[Path], n_checkpoints: int, optimis
     done = [_newest_checkpoint(out) for out in outs]
     left = sum(sum(1 for step in planned if step > newest) for newest in done)
     parts = [("metrics.jsonl", max_rows(tc) * len(outs) * _ROW_FILE_BYTES),
-             # a checkpoint: the weights and the optimiser state (as many floats as gradients and state less one)
-             (f"{left} checkpoint(s)", left * params * optimiser_floats),
+             # a checkpoint: the weights and the optimiser state (as many floats as gradients and state less one),
+             # and the rest of its training state (generators, pending losses, the format's own bytes)
+             (f"{left} checkpoint(s)", left * (params * optimiser_floats + _CHECKPOINT_EXTRA)),
              ("the final weights", len(outs) * params)]
     total = sum(size for _, size in parts)
     base = _existing(outs[0])

@@ -31,7 +31,13 @@ guards against:
   for metrics.jsonl): `check_contents` refuses symbolic links, FIFOs, sockets and devices in the folder and its
   subfolders (`_io.UnsafePath`); `lock` runs it on every folder it locks (runs and sweeps) and `read_config` on
   every folder it reads, and the lock file itself is opened without following a link. So nothing the package
-  opens, replaces or deletes inside a run or sweep folder leads out of it (docs/faults.md).
+  opens, replaces or deletes inside a run or sweep folder leads out of it (docs/faults.md);
+- a hard link (`ln ~/victim RUN/.lock`): a file about to be written is refused when it has other names
+  (`check_contents(..., writing=True)` in `lock`, and the lock and `MetricsLog`, the two files written in place,
+  check their own descriptor); every other file is written fresh and renamed (`_io.atomic_write`);
+- a run killed before its first checkpoint (an empty metrics.jsonl, rows without a checkpoint, half a checkpoint):
+  `prepare` reads the folder by `OWN_FILES`, the one list of the package's files, and the same command starts the
+  run from scratch; damaged checkpoints skipped at a resume give one warning (`read_newest_checkpoint`).
 """
 
 import contextlib
