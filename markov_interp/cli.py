@@ -85,24 +85,47 @@ _TRAIN_SHORTCUTS = (
 
 
 def _parse_set(items: list[str]) -> dict:
-    """`--set section.field=value` pairs as {dotted key: value}; a value is read as JSON when it is JSON
-    (numbers, true / false, null, lists, quoted strings), else taken as text."""
-    import json
-
+    """`--set section.field=value` pairs as {dotted key: value} (`config.parse_setting`, the one `--set` form: a
+    value is read as JSON when it is JSON, else taken as text)."""
+    from markov_interp.config import parse_setting
     from markov_interp.training import split_key
 
     out = {}
     for item in items:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set takes section.field=value, got {item!r}")
-        split_key(key.strip(), where="--set")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
-        out[key.strip()] = value
+        key, value = parse_setting(item)
+        split_key(key, where="--set")
+        out[key] = value
     return out
+
+
+_SET_HELP = "values as JSON or text; repeatable"  # the one `--set KEY=VALUE` form, for every command that has it
+
+
+def _add_process_options(p: argparse.ArgumentParser, *, device: bool = True) -> Any:
+    """The options of this process, the same in every command that has them: --device (default auto), --threads,
+    --no-progress. Returns their argument group."""
+    group = p.add_argument_group("this process")
+    if device:
+        group.add_argument("--device", default="auto", metavar="DEVICE",
+                           help="auto (default: cuda when available, else cpu), cpu, cuda, cuda:1, ...")
+    group.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="CPU threads for torch (default: torch's choice; 1 is often fastest for tiny models)")
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return group
+
+
+def _set_threads(args: argparse.Namespace) -> None:
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Progress bars for `probe` and `report`: on a terminal, unless --no-progress."""
+    return not args.no_progress and sys.stderr.isatty()
 
 
 def _train_overrides(args: argparse.Namespace) -> dict:
@@ -179,12 +202,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "Re-running on the same --out resumes from the newest checkpoint; a finished run is not retrained; "
         "a folder holding a different config is refused.",
     )
-    p.add_argument("--out", required=True, help="run folder (config.json, metrics.jsonl, model.safetensors)")
+    p.add_argument("--out", required=True, metavar="RUN_DIR",
+                   help="run folder (config.json, metrics.jsonl, model.safetensors)")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="a run config (JSON, e.g. a run folder's config.json) to start from instead of the defaults")
-    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
-                   help="set any run option, e.g. --set train.lr=0.01 --set model.n_heads=2 --set "
-                   "source.initial='\"uniform\"' (sections source, model, train; values as JSON or text)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="set any run option SECTION.FIELD, e.g. --set train.lr=0.01 --set model.n_heads=2 --set "
+                   f"source.initial='\"uniform\"' (sections source, model, train; {_SET_HELP})")
     p.add_argument("--freeze", action="append", metavar="GLOB[@START:END]",
                    help="freeze the parameters matching GLOB (state-dict names, e.g. 'blocks.1.*') for updates "
                    "START..END-1 (default: all); repeatable; appended to train.interventions")
@@ -197,21 +221,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         ("training", "training (shortcuts for train.*)"))}
     for group, flag, key, kwargs in _TRAIN_SHORTCUTS:
         groups[group].add_argument(flag, default=None, **kwargs)
-    run = p.add_argument_group("this process")
-    run.add_argument("--seeds", default=None,
-                     help="train several seeds as one stacked model into OUT/seed-N/, e.g. 0-7 or 0,3,5 (overrides "
-                     "--seed; each seed gets the weights it gets alone)")
-    run.add_argument("--threads", type=int, default=None,
-                     help="CPU threads for torch (default: torch's choice; 1 is often fastest for tiny models)")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run = _add_process_options(p, device=False)  # --device is the shortcut for train.device above
+    run.add_argument("--seeds", default=None, metavar="SEEDS",
+                     help="train several seeds as one stacked model into RUN_DIR/seed-N/, e.g. 0-7 or 0,3,5 "
+                     "(overrides --seed; each seed gets the weights it gets alone)")
 
     def handler(args: argparse.Namespace) -> int:
-        import torch
-
-        if args.threads is not None:
-            if args.threads < 1:
-                raise ValueError(f"--threads must be >= 1, got {args.threads}")
-            torch.set_num_threads(args.threads)
+        _set_threads(args)
         run = _train_run(args)
         # One run or many, through the one engine (a single run is a stack of one; a seed gives the same weights
         # alone or among others): it writes the run folders, locks them, records a diverged run and, needing no
@@ -288,22 +304,26 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         "between them), graded gains, the kernel-swap in-context fraction, the circuit found by path patching "
         "(every edge's effect, the kept edges), per-head scores beside chance, head ablations, implied kernel.",
     )
-    p.add_argument("run_dir", help="run folder written by `markov-interp train` (config.json, model.safetensors)")
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help="run folder written by `markov-interp train` (config.json, model.safetensors)")
     p.add_argument("--json", action="store_true", help="print the full report as JSON instead of a summary")
     p.add_argument("--seq-len", type=int, default=None,
                    help="probe sequence length (default: the run's training length; longer warns, beyond "
                    "n_ctx is refused)")
     p.add_argument("--n-sequences", type=int, default=64, help="probe sequences (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe sequences (default 0)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
+    _add_process_options(p)
 
     def handler(args: argparse.Namespace) -> int:
         import json
         from pathlib import Path
 
+        from tqdm.auto import tqdm
+
         from markov_interp.probes import classify_mechanism
         from markov_interp.training import resolve_device, runfolder
 
+        _set_threads(args)
         run_dir = Path(args.run_dir)
         run = runfolder.read_config(run_dir)
         device = resolve_device(args.device)
@@ -315,10 +335,16 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
                 print(f"diverged: {runfolder.diverged_message(run_dir, diverged)}")
             return EXIT_DIVERGED
         _check_probe_size(run, args, device, "probe")
-        model = runfolder.load_model(run_dir, device=device, expect=run.model)
-        # the length rule is the probes' (probes._common.probe_length): the loaded model knows its training length
-        report = classify_mechanism(model, run.source.build(), seq_len=args.seq_len, n_sequences=args.n_sequences,
-                                    seed=args.seed)
+        with tqdm(total=2, desc="probe", unit="stage", disable=not _progress(args), leave=False) as bar:
+            bar.set_postfix_str("loading the model")
+            model = runfolder.load_model(run_dir, device=device, expect=run.model)
+            bar.update()
+            bar.set_postfix_str("classify_mechanism")
+            # the length rule is the probes' (probes._common.probe_length): the loaded model knows its training
+            # length
+            report = classify_mechanism(model, run.source.build(), seq_len=args.seq_len,
+                                        n_sequences=args.n_sequences, seed=args.seed)
+            bar.update()
         if args.json:
             print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
             return 0
@@ -381,14 +407,14 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         "over training (runs with checkpoints).",
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="run folder (config.json, metrics.jsonl, model.safetensors)")
-    p.add_argument("--out", default=None, help="HTML file to write (default RUN_DIR/report.html)")
+    p.add_argument("--out", default=None, metavar="FILE", help="HTML file to write (default RUN_DIR/report.html)")
     p.add_argument("--n-sequences", type=int, default=64, help="sequences in the probe batch (default 64)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="length of the probe sequences (default: the run's training length; longer warns, "
                    "beyond n_ctx is refused)")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe batch (default 0)")
     p.add_argument("--max-checkpoints", type=int, default=8, help="checkpoints re-probed for the dynamics (default 8)")
-    p.add_argument("--device", default="cpu", help="device to probe on (default cpu)")
+    _add_process_options(p)
 
     def handler(args: argparse.Namespace) -> int:
         from pathlib import Path
@@ -398,6 +424,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         from markov_interp.training import resolve_device, runfolder
 
         # everything that can fail cheaply is checked before the probes run
+        _set_threads(args)
         run = runfolder.read_config(args.run_dir)
         _check_probe_size(run, args, resolve_device(args.device), "report")
         target = Path(args.out) if args.out else Path(args.run_dir) / REPORT_FILE
@@ -408,7 +435,8 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
             print(f"diverged: {runfolder.diverged_message(args.run_dir, diverged)}", file=sys.stderr)
             return EXIT_DIVERGED
         report = build(args.run_dir, n_sequences=args.n_sequences, seq_len=args.seq_len, seed=args.seed,
-                       max_checkpoints=args.max_checkpoints, device=args.device)
+                       max_checkpoints=args.max_checkpoints, device=resolve_device(args.device),
+                       progress=_progress(args))
         path = report.save(args.out)
         size = path.stat().st_size / 1e6
         print(f"mechanism: {report.mechanism.mechanism} "
@@ -428,13 +456,13 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         "the same command resumes a stopped sweep; a failing cell is recorded with its error and the others go "
         "on. Writes OUT/results.csv (and results.parquet with pyarrow). Exit code 1 if any cell failed.",
     )
-    p.add_argument("spec", help="sweep spec file (.toml, or .json)")
-    p.add_argument("--out", default=None, help="sweep folder (default runs/sweep-<spec file name>)")
+    p.add_argument("spec", metavar="SPEC", help="sweep spec file (.toml, or .json)")
+    p.add_argument("--out", default=None, metavar="SWEEP_DIR", help="sweep folder (default runs/sweep-<spec file name>)")
     p.add_argument("--backend", choices=["local", "ray"], default="local",
                    help="local process pool (default) or Ray tasks on the cluster ray.init() finds")
-    p.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="local processes (default: all cores)")
     p.add_argument("--no-retry", action="store_true", help="do not retry cells that failed in an earlier call")
-    p.add_argument("--group", type=int, default=None,
+    p.add_argument("--group", type=int, default=None, metavar="N",
                    help="train up to N compatible cells as one stacked model (default: 1 on a CPU, 64 on a GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_run_sweep)
@@ -475,11 +503,15 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
         "are reused by a rerun.",
     )
     r.add_argument("--quick", action="store_true", help="the reduced budget (short sequences, few seeds and steps)")
-    r.add_argument("--out", default=None, help="folder for tables and figures (default runs/reproduce[-quick]/report)")
-    r.add_argument("--work", default=None, help="sweep folder for the training runs (default runs/reproduce[-quick])")
+    r.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for tables and figures (default runs/reproduce[-quick]/report)")
+    r.add_argument("--work", default=None, metavar="SWEEP_DIR",
+                   help="sweep folder for the training runs (default runs/reproduce[-quick])")
     r.add_argument("--backend", choices=["local", "ray"], default="local")
-    r.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
-    r.add_argument("--group", type=int, default=None,
+    r.add_argument("--workers", type=int, default=None, metavar="N", help="local processes (default: all cores)")
+    r.add_argument("--device", default="auto", metavar="DEVICE",
+                   help="where the runs train: auto (default: cuda when available, else cpu), cpu, cuda, cuda:1")
+    r.add_argument("--group", type=int, default=None, metavar="N",
                    help="seeds trained as one stacked model (default 16 on a CPU, 64 on a GPU)")
     r.add_argument("--extras", action="store_true",
                    help="also every registered experiment (markov_interp.experiments) into OUT/NAME")
@@ -488,15 +520,17 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
     def handler(args: argparse.Namespace) -> int:
         from pathlib import Path
 
+        import dataclasses
+
         from markov_interp.reproduce import QUICK, FULL, reproduce
 
-        budget = QUICK if args.quick else FULL
+        budget = dataclasses.replace(QUICK if args.quick else FULL, device=args.device)
         work = args.work or str(Path("runs") / ("reproduce-quick" if args.quick else "reproduce"))
         out = args.out or str(Path(work) / "report")
         print(f"reproduce ({budget.name}): {budget.cuts}", file=sys.stderr)
         command = _command_line("reproduce")
-        finished = reproduce(out, quick=args.quick, work_dir=work, backend=args.backend, workers=args.workers,
-                             progress=not args.no_progress, command=command, group=args.group)
+        finished = reproduce(out, quick=args.quick, budget=budget, work_dir=work, backend=args.backend,
+                             workers=args.workers, progress=not args.no_progress, command=command, group=args.group)
         print(f"reproduction ({budget.name}) in {finished.provenance.seconds / 60:.1f} min, {finished.failed} "
               f"failed cells -> {out}/summary.md")
         failed = finished.failed
@@ -545,13 +579,28 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handler)
 
 
+def _add_findings(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "findings",
+        help="render the findings in README.md and docs/ from the committed results (--check: compare only)",
+        description="Remake every rendered region (<!-- rendered: NAME (source: FILE) --> ... <!-- /rendered -->) "
+        "of README.md, docs/findings*.md and docs/reproduction/summary.md from the committed result files it "
+        "names, with the package's current statistics (markov_interp.findings); nothing trains. --check writes "
+        "nothing and exits with 1 when a file differs from its rendering, printing the diff.",
+    )
+    from markov_interp.findings import add_arguments, run_command
+
+    add_arguments(p)
+    p.set_defaults(handler=run_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="markov-interp",
         description="Train transformers on Markov chains and probe how they predict.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_train, _add_probe, _add_report, _add_sweep, _add_reproduce, _add_experiment):
+    for add in (_add_train, _add_probe, _add_report, _add_sweep, _add_reproduce, _add_experiment, _add_findings):
         add(sub)
     debug_help = "show the full traceback of an error instead of one line"
     parser.add_argument("--debug", action="store_true", help=debug_help)

@@ -53,10 +53,38 @@ __all__ = [
     "Checked",
     "check_type",
     "bounds",
+    "parse_value",
+    "parse_setting",
 ]
 
 C = TypeVar("C", bound="Config")
 R = TypeVar("R", bound="Checked")
+
+
+def parse_value(text: str) -> Any:
+    """A value given as text on a command line: JSON when it is JSON (numbers, true / false, null, lists, quoted
+    strings), else the text itself.
+
+    >>> parse_value("0.01"), parse_value("[1, 2]"), parse_value("uniform")
+    (0.01, [1, 2], 'uniform')
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_setting(item: str, *, flag: str = "--set") -> tuple[str, Any]:
+    """The one `--set KEY=VALUE` form of the command line: (key, `parse_value(VALUE)`); ValueError naming `flag`
+    and the item when there is no '=' or no key.
+
+    >>> parse_setting("train.lr=0.01")
+    ('train.lr', 0.01)
+    """
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"{flag} takes KEY=VALUE, got {item!r}")
+    return key.strip(), parse_value(text)
 
 
 def to_jsonable(value: Any) -> Any:

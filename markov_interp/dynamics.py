@@ -37,11 +37,13 @@ from typing import Any, Optional
 import numpy as np
 from jaxtyping import Float
 
+from markov_interp._display import displayed
+
 __all__ = [
     "FRACTIONS", "ESCAPE_FRACTION", "DWELL", "MIN_RUNS", "MIN_GAP",
     "StepInterval", "ExcessCurve", "curve_from_metrics",
     "crossing", "crossings", "RunDynamics", "run_dynamics", "from_metrics", "escape_from_metrics",
-    "crossings_to_json", "crossings_from_json",
+    "crossings_to_json", "crossings_from_json", "recorded_escape",
     "Quantile", "Survival", "survival", "turnbull", "wilson_interval",
     "MedianCurve", "median_curve", "ConditionDynamics", "condition",
     "logrank_test", "FractionComparison", "AreaComparison", "Comparison", "compare", "compare_crossings",
@@ -92,6 +94,8 @@ class StepInterval:
         return str(self.by) if self.by == self.after + 1 else f"({self.after}, {self.by}]"
 
 
+@displayed(line=lambda c: f"{len(c.steps)} evaluations, steps {c.steps[0]}..{c.steps[-1]}; fraction of the plateau "
+                          f"excess left at the last {c.left[-1]:.3f}")
 @dataclasses.dataclass(frozen=True)
 class ExcessCurve:
     """A run's paired excess losses (nats) at its evaluation `steps`: `excess[i]` = model - true law and
@@ -196,6 +200,8 @@ def crossings(curve: ExcessCurve, fractions: Sequence[float] = FRACTIONS, *,
     return {float(f): crossing(curve, f, dwell=dwell) for f in fractions}
 
 
+@displayed(line=lambda r: f"escape {r.escape} (dwell {r.dwell}); crossings "
+                          + ", ".join(f"{f:g}: {x}" for f, x in r.crossings.items()))
 @dataclasses.dataclass(frozen=True)
 class RunDynamics:
     """One run: its excess curve and its crossing of each line (`crossings`) under one `dwell`."""
@@ -259,6 +265,39 @@ def crossings_from_json(data: Mapping[str, Any]) -> tuple[dict[float, StepInterv
         return found, int(data["dwell"])
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise ValueError(f"not a crossings record ({{'dwell': K, '0.5': [after, by], ...}}): {data!r}") from err
+
+
+def recorded_escape(step: int, censored: bool, evaluations: Optional[Sequence[int]] = None) -> StepInterval:
+    """An escape recorded only as one evaluation step and a censoring flag (files written before runs kept
+    their crossings: the first session's results.csv, escape_times.json and interventions/long), read back.
+
+    Such a file says the run was below the line at `step` (an evaluation) and not before it; with the run's
+    `evaluations` known (`training.evaluation_steps`) that is the grid interval (the evaluation before `step`,
+    `step`], without them the exact step (step - 1, step], which claims more than the file knows. A censored
+    run is censored after `step`. (These escapes follow the rule of their day, not `DWELL`: a rerun is what
+    moves them onto the current rule.)
+
+    Args:
+        step: the recorded escape step (its censoring step when censored).
+        censored: the recorded flag.
+        evaluations: the run's evaluation steps, when known.
+
+    Returns:
+        The `StepInterval`.
+
+    >>> recorded_escape(240, False, range(20, 2001, 20)), recorded_escape(31, False)
+    (StepInterval(after=220, by=240), StepInterval(after=30, by=31))
+    >>> recorded_escape(2000, True, range(20, 2001, 20))
+    StepInterval(after=2000, by=None)
+    """
+    if censored:
+        return StepInterval(int(step), None)
+    if evaluations is None:
+        return StepInterval(int(step) - 1, int(step))
+    if step not in set(evaluations):
+        raise ValueError(f"a recorded escape step must be one of the run's evaluations, got {step} (evaluations "
+                         f"{sorted(evaluations)[:5]}...)")
+    return StepInterval(max((s for s in evaluations if s < step), default=0), int(step))
 
 
 # --------------------------------------------------------------------------------------------- over seeds
@@ -378,6 +417,7 @@ def _loglog_band(s: float, greenwood: float, z: float) -> tuple[float, float]:
     return s ** math.exp(half), s ** math.exp(-half)
 
 
+@displayed
 @dataclasses.dataclass(frozen=True)
 class Quantile:
     """Where a condition's survival falls to 1 - p (p = ½: the median crossing), as the grid interval it is.
@@ -408,6 +448,7 @@ class Quantile:
         return f"{self.estimate}, {self.confidence:.0%} CI ({lo}, {'not reached)' if hi is None else f'{hi}]'}"
 
 
+@displayed(line=lambda s: f"{s.n} runs, {s.n_censored} censored; median crossing {s.median().describe()}")
 @dataclasses.dataclass(frozen=True)
 class Survival:
     """One condition's S(t) = P(a run's crossing comes after step t), estimated over its runs.
@@ -514,6 +555,8 @@ def wilson_interval(successes: int, n: int, *, confidence: float = 0.95) -> tupl
 
 
 # ------------------------------------------------------------------------------------------- curves
+@displayed(line=lambda m: f"median over {m.n} runs at {len(m.steps)} steps; fraction of the plateau excess left at "
+                          f"the last {m.median[-1]:.3f}")
 @dataclasses.dataclass(frozen=True)
 class MedianCurve:
     """A condition's median excess curve: at each evaluation step all its runs share, the median over runs of
@@ -539,7 +582,10 @@ def _grid(curves: Sequence[ExcessCurve], steps: Optional[Sequence[int]] = None
     grid = sorted(shared)
     if not grid:
         raise ValueError("the runs share no evaluation step")
-    rows = [[dict(zip(c.steps, c.left))[s] for s in grid] for c in curves]
+    rows = []
+    for c in curves:  # each curve's fractions computed once (not once per step: that was quadratic)
+        left = dict(zip(c.steps, c.left))
+        rows.append([left[s] for s in grid])
     return grid, np.nan_to_num(np.array(rows, dtype=float), nan=math.inf)
 
 
@@ -568,6 +614,7 @@ def median_curve(curves: Sequence[ExcessCurve], *, band: tuple[float, float] = (
                        (float(band[0]), float(band[1])), len(curves))
 
 
+@displayed
 @dataclasses.dataclass(frozen=True)
 class ConditionDynamics:
     """One condition over its runs: survival of the crossing at each line and the median excess curve."""
@@ -648,6 +695,7 @@ def logrank_test(a: Sequence[StepInterval], b: Sequence[StepInterval]) -> tuple[
 Bounds = tuple[Optional[float], Optional[float]]
 
 
+@displayed
 @dataclasses.dataclass(frozen=True)
 class FractionComparison:
     """Two conditions' crossings of one line: their median crossings (`Quantile`), the difference `b - a` and
@@ -702,6 +750,7 @@ def _fmt_bounds(bounds: Optional[Bounds], unit: str) -> str:
     return "[no interval]" if bounds is None else f"[{one(bounds[0])}, {one(bounds[1])}]"
 
 
+@displayed(line=lambda a: f"area {a.area:+.3g} between the median curves over steps {a.span[0]}-{a.span[1]}")
 @dataclasses.dataclass(frozen=True)
 class AreaComparison:
     """The area between two conditions' median excess curves, ∫ (median_b - median_a) dt over `span` (the
@@ -718,7 +767,18 @@ class AreaComparison:
         """The area over the span's length: the mean difference of the fractions left."""
         return self.area / (self.span[1] - self.span[0])
 
+    def text(self) -> str:
+        """The area with its interval, e.g. '+131 [+112, +149]' ('no interval', '?': a bound not known).
 
+        >>> AreaComparison((10, 500), 131.2, (112.4, None)).text()
+        '+131 [+112, ?]'
+        """
+        if self.interval is None:
+            return f"{self.area:+.3g} [no interval]"
+        return f"{self.area:+.3g} [" + ", ".join("?" if x is None else f"{x:+.3g}" for x in self.interval) + "]"
+
+
+@displayed
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """Two conditions compared at every line (`fractions`) and by the area between their median curves."""
@@ -736,11 +796,8 @@ class Comparison:
     def describe(self, names: tuple[str, str] = ("a", "b")) -> str:
         lines = [c.describe(names) for c in self.fractions.values()]
         if self.area is not None:
-            iv = self.area.interval
-            text = "no interval" if iv is None else "[" + ", ".join(
-                "?" if x is None else f"{x:+.3g}" for x in iv) + "]"
             lines.append(f"area between median curves ({names[1]} - {names[0]}, steps {self.area.span[0]}-"
-                         f"{self.area.span[1]}): {self.area.area:+.3g} {text} (mean gap {self.area.mean_gap:+.3f})")
+                         f"{self.area.span[1]}): {self.area.text()} (mean gap {self.area.mean_gap:+.3f})")
         return "\n".join(lines)
 
 

@@ -46,7 +46,7 @@ from markov_interp.sweep import Row, SweepResult, SweepSpec
 from markov_interp.training import RunConfig
 
 __all__ = ["ReproductionBudget", "QUICK", "FULL", "ConditionSummary", "Reproduction", "experiment_specs",
-           "reproduce", "summarise", "THEORY_SMALL_INIT", "GROUP"]
+           "reproduce", "summarise", "section_table", "summary_table", "SECTION_COLUMNS", "THEORY_SMALL_INIT", "GROUP"]
 
 THEORY_SMALL_INIT = 0.05  # (e0, w0) at which the landscape's prediction stands for the standard init
 _PQ = 0.5, 0.8  # the paper's depth / precision chain
@@ -302,9 +302,17 @@ class ConditionSummary:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "escape_curve"}
 
 
-def _escapes(ok: list[sweep.CellResult], theory: Optional[str]) -> dict[str, Any]:
+def _escape(row: Row) -> Optional[dynamics.StepInterval]:
+    """A finished cell's escape; a table written before crossings were kept is read on the run's evaluation
+    grid (`dynamics.recorded_escape`)."""
+    from markov_interp.training import evaluation_steps
+
+    return row.result.crossing(evaluations=evaluation_steps(row.config.train))
+
+
+def _escapes(ok: list[Row], theory: Optional[str]) -> dict[str, Any]:
     """The escape fields of a condition from its finished cells."""
-    escapes = [e for e in (r.crossing() for r in ok) if e is not None]
+    escapes = [e for e in (_escape(r) for r in ok) if e is not None]
     spread = dynamics.survival(escapes) if escapes else None
     median = spread.median() if spread else None
     return {
@@ -345,7 +353,7 @@ def _condition(experiment: str, setting: dict, cells: list[Row]) -> ConditionSum
         previous_token_excess=_probe_mean(ok, "previous_token_excess"),
         induction_excess=_probe_mean(ok, "induction_excess"),
         circuit_confirmed=sum(bool(r.probe and r.probe.circuit_confirmed) for r in ok),
-        **_escapes(ok, theory),
+        **_escapes([r for r in cells if r.status == "ok"], theory),
     )
 
 
@@ -419,22 +427,55 @@ def _csv_text(value: Any) -> str:
     return str(value)
 
 
+_KEY_COLUMNS = ("seeds", "budget", "censored", "censored_ci", "median_escape", "median_escape_ci")
 _DIGITS = {"stuck_fraction": 2, "p": 2, "q": 2, "escape_step": 0, "p_hat": 3, "censored_ci": 2}
 
 
 def _markdown_cells(r: ConditionSummary, columns: tuple[str, ...]) -> tuple[str, ...]:
     cells = [_fmt(r.value(c), _DIGITS.get(c, 4)) for c in columns]
-    if "median_escape" in columns and r.median_escape is None and r.censored:
-        cells[columns.index("median_escape")] = ">budget"  # the curve never reached one half
+    median = r.escape_curve.median() if r.escape_curve is not None else None
+    if "median_escape" in columns and median is not None:  # the grid interval it is ("> 400": not reached)
+        cells[columns.index("median_escape")] = str(median.estimate)
     if "median_escape_ci" in columns and r.median_escape_ci:  # (after, by]: a grid interval
         after, by = r.median_escape_ci
-        cells[columns.index("median_escape_ci")] = f"({after}, {'>budget' if by is None else f'{by}]'}"
+        cells[columns.index("median_escape_ci")] = f"({after}, {'not reached)' if by is None else f'{by}]'}"
+    elif "median_escape_ci" in columns and median is not None:
+        cells[columns.index("median_escape_ci")] = f"none ({r.n_runs} seeds)"  # fewer than dynamics.MIN_RUNS
     return tuple(cells)
 
 
 def _table(summary: list[ConditionSummary], experiment: str, columns: tuple[str, ...]) -> Table:
     """One experiment's conditions as a markdown table."""
     return Table(columns, [_markdown_cells(r, columns) for r in summary if r.experiment == experiment])
+
+
+_GRID_COLUMNS = ("p", "q", *_KEY_COLUMNS, "final_loss", "entropy_rate", "unigram_loss", "theory", "theory_exact",
+                 "p_hat", "mechanisms")
+SECTION_COLUMNS: dict[str, tuple[str, ...]] = {  # the table of each sweep in summary.md
+    "pq-line": ("q", "tied", *_KEY_COLUMNS, "final_loss", "entropy_rate", "unigram_loss", "theory", "theory_exact"),
+    "pq-tied": _GRID_COLUMNS,
+    "pq-untied": _GRID_COLUMNS,
+    "depth": ("n_layers", *_KEY_COLUMNS, "final_loss", "entropy_rate", "unigram_loss", "mechanisms",
+              "previous_token_excess", "induction_excess"),
+    "random": ("n_layers", *_KEY_COLUMNS, "final_loss", "bayes_loss", "unigram_loss", "mechanisms",
+               "previous_token_excess", "induction_excess", "circuit_confirmed"),
+    "precision": ("precision", *_KEY_COLUMNS, "final_loss", "theory", "theory_exact"),
+    "exact": ("init", *_KEY_COLUMNS, "final_loss", "entropy_rate", "unigram_loss", "theory", "theory_exact",
+              "theory_agreement"),
+}
+
+
+def summary_table(conditions: "list[ConditionSummary] | tuple[ConditionSummary, ...]") -> Table:
+    """summary.csv: one row per condition, every column of `ConditionSummary` (intervals as JSON lists)."""
+    return Table(_SUMMARY_COLUMNS, [tuple(_csv_text(r.value(c)) for c in _SUMMARY_COLUMNS) for r in conditions])
+
+
+def section_table(summary: list[ConditionSummary], experiment: str) -> Table:
+    """The table summary.md shows for one of the sweeps (`SECTION_COLUMNS`), e.g. `section_table(summarise(
+    sweep.read_table("docs/reproduction/results.csv")), "pq-line")` re-summarises committed rows."""
+    if experiment not in SECTION_COLUMNS:
+        raise ValueError(f"unknown reproduction sweep {experiment!r}; the sweeps are {list(SECTION_COLUMNS)}")
+    return _table(summary, experiment, SECTION_COLUMNS[experiment])
 
 
 # ---------------------------------------------------------------------------------------------- figures
@@ -520,8 +561,7 @@ class Reproduction(Summary):
         return _figures(list(self.conditions), self.sweep.rows, self.work, self.budget)
 
     def tables(self) -> dict[str, Table]:
-        rows = [tuple(_csv_text(r.value(c)) for c in _SUMMARY_COLUMNS) for r in self.conditions]
-        return {"summary.csv": Table(_SUMMARY_COLUMNS, rows)}
+        return {"summary.csv": summary_table(self.conditions)}
 
     def to_json(self) -> dict:
         return {"cells": len(self.sweep.rows), "failed": self.sweep.n_failed, "diverged": self.sweep.n_diverged,
@@ -604,8 +644,9 @@ def _training_span(work: Path, rows: list[Row]) -> tuple[Optional[float], float]
 
 _GPU_NOTE = ("The CPU's fp16 autocast does not reproduce the GPU effect; the CUDA measurements are in "
              "docs/reproduction/gpu/ (NVIDIA H200, torch 2.11.0+cu130, 16 seeds per condition, 2000 steps, paired "
-             "evaluation every 20 steps): there fp16 autocast without loss scaling escapes about twice as late as fp32 "
-             "and fp16 with loss scaling, and at 2000 steps every seed of every precision escapes.")
+             "evaluation every 20 steps): there fp16 autocast without loss scaling delays the escape against fp32 "
+             "and fp16 with loss scaling, and leaves at most one seed in 16 censored at 2000 steps "
+             "(docs/findings.md).")
 
 
 def _precision_note() -> str:
@@ -621,9 +662,10 @@ _LEGEND = (
     f"{dynamics.DWELL} in a row with its excess below half the plateau's (`dynamics`; the escape lies between "
     "the previous evaluation and it), and is **censored** when that is not seen within the budget (\"stuck\" "
     "means censored, nothing more: a longer budget may see it escape). Per condition: seeds, budget (steps), "
-    "censored = k/n censored with its 95% Wilson interval (censored_ci), median_escape = the evaluation step by "
-    "which half the seeds had escaped (Kaplan-Meier on the evaluation grid) with its 95% interval "
-    "(median_escape_ci = (after, by]; >budget: not reached; none from fewer than 5 seeds). \"theory\" = "
+    "censored = k/n censored with its 95% Wilson interval (censored_ci), median_escape = the grid interval "
+    "(after, by] between two evaluations in which half the seeds had escaped (Kaplan-Meier on the evaluation "
+    "grid; \"> 400\": not reached by the budget) with its 95% interval (median_escape_ci; "
+    f"none from fewer than {dynamics.MIN_RUNS} seeds). \"theory\" = "
     "`landscape.predict_outcome` for the canonical "
     f"one-layer model (a Gaussian init evaluated at e0 = w0 = {THEORY_SMALL_INIT}); it is exact only where "
     "theory_exact says yes (the canonical model without normalisation trained on the (e, w, b) family by plain "
@@ -633,9 +675,6 @@ _LEGEND = (
     "probed; \"other\": no candidate law fits, or an in-context k-gram law without a confirmed circuit); "
     "losses in nats (final_loss: mean final evaluation loss)."
 )
-
-
-_KEY = ("seeds", "budget", "censored", "censored_ci", "median_escape", "median_escape_ci")
 
 
 def _run_note(result: SweepResult, work: Path) -> str:
@@ -654,19 +693,14 @@ def _run_note(result: SweepResult, work: Path) -> str:
 def _sections(summary: list[ConditionSummary], budget: ReproductionBudget, result: SweepResult,
               work: Path) -> list[Section]:
     """summary.md after its header: what this call did, the precision note, the legend, then the seven sweeps."""
-    grid_cols = ("p", "q", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "theory", "theory_exact",
-                 "p_hat", "mechanisms")
     return [
         Section(text=_run_note(result, work)), Section(text=_precision_note()), Section(text=_LEGEND),
         Section(f"1. The p + q = 1 boundary: p = {budget.line_p}, q across {1 - budget.line_p:g}, one layer",
-                table=_table(summary, "pq-line", ("q", "tied", *_KEY, "final_loss", "entropy_rate", "unigram_loss",
-                                                  "theory", "theory_exact")), figures=("boundary.png",)),
-        Section("2. A coarse (p, q) grid, tied", table=_table(summary, "pq-tied", grid_cols)),
-        Section("3. The same grid, untied", table=_table(summary, "pq-untied", grid_cols),
-                figures=("phase_pq.png",)),
-        Section(f"4. Depth at p = {_PQ[0]}, q = {_PQ[1]} (tied)", figures=("depth.png",), table=_table(
-            summary, "depth", ("n_layers", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "mechanisms",
-                               "previous_token_excess", "induction_excess"))),
+                table=section_table(summary, "pq-line"), figures=("boundary.png",)),
+        Section("2. A coarse (p, q) grid, tied", table=section_table(summary, "pq-tied")),
+        Section("3. The same grid, untied", table=section_table(summary, "pq-untied"), figures=("phase_pq.png",)),
+        Section(f"4. Depth at p = {_PQ[0]}, q = {_PQ[1]} (tied)", figures=("depth.png",),
+                table=section_table(summary, "depth")),
         *_later_sections(summary, budget),
     ]
 
@@ -678,12 +712,10 @@ def _later_sections(summary: list[ConditionSummary], budget: ReproductionBudget)
                 "attention-only layers",
                 text="The plateau here is the in-context unigram estimator (unigram_loss column); bayes_loss is the "
                 "in-context Bayes predictor's loss.", figures=("mechanisms.png",),
-                table=_table(summary, "random", ("n_layers", *_KEY, "final_loss", "bayes_loss", "unigram_loss",
-                                                 "mechanisms", "previous_token_excess", "induction_excess",
-                                                 "circuit_confirmed"))),
+                table=section_table(summary, "random")),
         Section(f"6. Precision at p = {_PQ[0]}, q = {_PQ[1]} (one layer, tied, standard init; device: "
                 f"{_precision_device()})",
-                table=_table(summary, "precision", ("precision", *_KEY, "final_loss", "theory", "theory_exact"))),
+                table=section_table(summary, "precision")),
         Section(f"7. The exact reduction: canonical init, no normalisation, at p = {_PQ[0]}, q = {_PQ[1]} (tied)",
                 text="The one model on which `landscape.predict_outcome` is exact at the start: the paper's one-layer "
                 f"shape without LayerNorm, relu MLP, canonical init with e0 = {budget.exact_e}, b0 = 0, zero value "
@@ -694,7 +726,6 @@ def _later_sections(summary: list[ConditionSummary], budget: ReproductionBudget)
                 "the (e, w, b) family, so the prediction is exact at the start only (theory_exact = no). The "
                 "experiment `reduction` (`markov-interp reproduce --extras`) trains the same model on the family by "
                 "plain SGD, where it is exact throughout, and releases one freedom at a time.",
-                table=_table(summary, "exact", ("init", *_KEY, "final_loss", "entropy_rate", "unigram_loss", "theory",
-                                                "theory_exact", "theory_agreement")),
+                table=section_table(summary, "exact"),
                 figures=("survival.png",)),
     ]

@@ -43,6 +43,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from markov_interp._display import displayed
 from markov_interp._io import atomic_write, describe_kind
 from markov_interp.config import Checked, bounds
 from markov_interp.chains import context_kernel as _context_kernel
@@ -551,6 +552,7 @@ def in_context_loss_curve(
 _ROW_VALUES = ("entropy_rate", "unigram_loss", "bayes_loss", "add_alpha_loss", "oracle_unigram_loss", "pool_bayes_loss")
 
 
+@displayed
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ReferenceLosses:
     """The losses (nats per prediction, averaged over the targets of a sequence) a model is compared with.
@@ -661,6 +663,8 @@ def format_loss(value: float, se: float | None = None, digits: int = 4) -> str:
     return text
 
 
+@displayed(line=lambda k: f"E[entropy rate] {k.entropy_rate:.4f} +- {k.entropy_rate_se:.1e}, E[H(pi)] {k.oracle_unigram_loss:.4f} "
+                          f"+- {k.oracle_unigram_loss_se:.1e} ({k.method})")
 @dataclasses.dataclass(frozen=True)
 class KernelExpectations:
     """E[entropy rate] and E[H(pi)] over random kernels, with their errors (`method`: "quadrature" or

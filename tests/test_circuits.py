@@ -484,7 +484,7 @@ def test_report_from_a_model_without_a_run_folder(tmp_path):
     body = rep.section("circuit").body()
     assert body.count('class="edge"') == len(rep.mechanism.circuit.kept) == 5
     assert 'class="circuit-diagram"' in body and "L0H0-&gt;L1H0.k" in body and "faithfulness" in body
-    assert body.count("<svg") >= 4  # diagram, OV/QK, logit attribution, patching by position
+    assert sum(rep.section(i).body().count("<svg") for i in ("circuit", "weights", "attribution", "patching")) >= 4
     with pytest.raises(ValueError, match="path"):
         rep.save()
     path = rep.save(tmp_path / "model.html")
@@ -517,10 +517,11 @@ def test_circuit_section_draws_in_a_real_browser_without_the_network(tmp_path):
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(path.resolve().as_uri(), wait_until="load")
             page.wait_for_timeout(300)
-            edges = page.evaluate("() => [...document.querySelectorAll('svg.circuit-diagram path.edge')]"
-                                  ".map(p => p.getBBox().height)")
-            labels = page.evaluate("() => [...document.querySelectorAll('svg.circuit-diagram text')]"
-                                   ".map(t => t.textContent)")
+            # the circuit section's diagram (the first screen shows the same one)
+            edges = page.evaluate("() => [...document.querySelectorAll('#section-circuit svg.circuit-diagram "
+                                  "path.edge')].map(p => p.getBBox().height)")
+            labels = page.evaluate("() => [...document.querySelectorAll('#section-circuit svg.circuit-diagram "
+                                   "text')].map(t => t.textContent)")
         finally:
             browser.close()
     assert len(edges) == len(rep.mechanism.circuit.kept) == 8 and min(edges) > 10  # drawn, not degenerate

@@ -145,6 +145,19 @@ def test_crossings_round_trip_through_json():
         dynamics.crossings_from_json({"0.5": [10, 20]})
 
 
+def test_a_recorded_escape_step_reads_as_its_grid_interval():
+    grid = [1, 2, 4, 13, 20, 31, 40, 60]  # log-spaced early evaluations, then a cadence (as `evaluation_steps`)
+    assert dynamics.recorded_escape(31, False, grid) == StepInterval(20, 31)
+    assert dynamics.recorded_escape(1, False, grid) == StepInterval(0, 1)
+    assert dynamics.recorded_escape(60, True, grid) == StepInterval(60, None)
+    assert dynamics.recorded_escape(31, False) == StepInterval(30, 31)  # no grid: the exact step
+    with pytest.raises(ValueError, match="must be one of the run's evaluations, got 30"):
+        dynamics.recorded_escape(30, False, grid)
+    # a rule's escape on a grid, recorded as its step: the reading gives back the crossing it was
+    run = dynamics.run_dynamics(curve(STEPS, [1.0, 0.8, 0.6, 0.4, 0.2, 0.2]), dwell=2)
+    assert dynamics.recorded_escape(run.escape.by, False, STEPS) == run.escape
+
+
 # --------------------------------------------------------------------------------------------- over seeds
 def _grid_sample(rng, n, grid=10, budget=150, scale=60.0):
     """Exponential crossing times seen on an evaluation grid, censored at the budget."""

@@ -118,11 +118,12 @@ def test_toy_experiment_runs_from_the_command_line_and_writes_its_summary(toy_re
     text = (out / "summary.md").read_text()
     head = text.split("\n\n")
     assert head[0] == "# Toy experiment (quick)"
-    assert head[1].startswith("Made by `python -m markov_interp.experiments --only toy --quick")
-    assert f"torch {torch.__version__}" in head[1] and ("device cpu" in head[1] or "device cuda" in head[1])
-    assert "precision fp32" in head[1] and "wall time" in head[1] and "CPU cores" in head[1]
-    assert head[2] == "Budget: 2 seeds, 5 steps."
-    assert head[3] == "Toy intro." and "## Values" in text and "![toy](toy.png)" in text
+    assert head[1] == experiments.smoke_note("quick") and "smoke: does not test the claims" in head[1]
+    assert head[2].startswith("Made by `python -m markov_interp.experiments --only toy --quick")
+    assert f"torch {torch.__version__}" in head[2] and ("device cpu" in head[2] or "device cuda" in head[2])
+    assert "precision fp32" in head[2] and "wall time" in head[2] and "CPU cores" in head[2]
+    assert head[3] == "Budget: 2 seeds, 5 steps."
+    assert head[4] == "Toy intro." and "## Values" in text and "![toy](toy.png)" in text
     data = json.loads((out / "results.json").read_text())
     assert data["budget"] == {**TOY.budgets["quick"].to_dict(), "seeds": 3, "widths": [4, 8], "lr": 0.5,
                               "label": "x"}
@@ -194,7 +195,7 @@ def test_cli_experiment_runs_a_registered_experiment_and_lists_them(toy_register
 
     assert cli.main(["experiment", "--list"]) == 0
     listed = capsys.readouterr().out
-    assert "interventions: Interventions during training (budgets: quick, full)" in listed
+    assert "interventions: Interventions during training (budgets: quick, standard, full)" in listed
     assert "toy: Toy experiment" in listed
     assert cli.main(["experiment", "toy", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
     assert json.loads((tmp_path / "toy" / "results.json").read_text())["budget"]["name"] == "quick"

@@ -52,6 +52,8 @@ def test_experiments_run_share_the_free_arm_and_write_their_summary(tmp_path):
     free, clamped = clamp["free"], clamp["layer 0 clamped to previous-token"]
     assert len(free["escape_steps"]) == 2 and "logrank_p" in clamped and "logrank_p" not in free
     assert clamped["interventions"][0]["value"] == "previous_token"
+    back = registry.load(out).result.to_json()  # read back, no training: the same statistics
+    assert json.dumps(back, sort_keys=True, default=list) == json.dumps(data, sort_keys=True)
     assert free["final_eval_loss"] != clamped["final_eval_loss"]  # the clamp changes training
     # scores at the end are measured under the arm's clamps: a clamped layer 0 is a perfect previous-token head
     assert clamped["at_end"]["previous_token"] == pytest.approx([1.0, 1.0], abs=1e-6)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from markov_interp import experiments, intervene, probes
+from markov_interp import dynamics, experiments, intervene, probes
 from markov_interp.data import RandomMarkov
 from markov_interp.experiments import factorial, interventions
 from markov_interp.models import build, heads_per_layer
@@ -27,6 +27,25 @@ def test_cells_vary_only_layer1_heads_and_the_data():
     assert one.train == two.train and one.model.replace(n_heads=(1, 2)) == two.model
     tokens = two.source.build().sample(8, 32, torch.Generator().manual_seed(0))
     assert (tokens[:, 1:] != tokens[:, :-1]).all()  # the zero-diagonal cell's data never repeat a state
+
+
+def test_recipes_cross_the_factors_and_change_only_what_they_name():
+    budget = factorial.RECIPES
+    cells = factorial.cells_of(budget)
+    assert len(cells) == len(budget.heads) * 8 and len({(h, r) for _, h, r in cells}) == len(cells)
+    package = factorial.Recipe()
+    assert factorial.recipes(budget)[0] == package and package.suffix == ""  # the package's recipe first
+    base = factorial.cell_base(budget, "dirichlet", 1)
+    assert base == factorial.cell_base(budget, "dirichlet", 1, package)
+    other = factorial.cell_base(budget, "dirichlet", 1, factorial.Recipe("plain", "uniform", "none"))
+    assert factorial.Recipe("plain", "uniform", "none").suffix == "-plain-uniform-noLN"
+    assert (other.model.init, other.model.normalization, other.source.initial) == ("plain", None, "uniform")
+    assert other.model.replace(init="standard", normalization="LN") == base.model
+    assert other.source.replace(initial="stationary") == base.source and other.train == base.train
+    tokens = other.source.build().sample(4000, 2, torch.Generator().manual_seed(0))
+    assert abs((tokens[:, 0] == 0).float().mean().item() - 1 / 3) < 0.03  # the uniform first state
+    with pytest.raises(ValueError, match="norms"):
+        factorial.FULL.replace(norms=("LN", "RMS"))
 
 
 def test_arms_change_what_their_names_say():
@@ -83,6 +102,11 @@ def test_a_tiny_factorial_runs_scores_every_head_and_writes_its_summary(tmp_path
     assert "zero-diagonal-h2: attention scores over training" in summary and "| step 4 |" in summary
     assert "zero-diagonal-h2: circuits discovered at the end" in summary
     assert (tmp_path / "scores-zero-diagonal-h2.png").stat().st_size > 0
+    # read back with no training (`experiments.load`): the same statistics from the recorded curves and scores
+    back = experiments.load(tmp_path).result.to_json()["zero-diagonal-h2"]["arms"]
+    for name, arm in data.items():
+        mine = json.dumps({k: v for k, v in back[name].items() if k != "circuits"}, sort_keys=True, default=list)
+        assert mine == json.dumps({k: v for k, v in arm.items() if k != "circuits"}, sort_keys=True), name
 
 
 def _check_scores_over_training(cell, data, budget):
@@ -199,3 +223,20 @@ def test_discovery_reads_the_first_finished_seeds_and_scores_at_a_step_need_its_
     with pytest.raises(ValueError, match="no run folder"):
         interventions.circuit_scores_at(_results(1), 5)
     assert interventions.circuit_scores_over_training(_results(2)) == ()  # no run folders: nothing to read
+
+
+def _runs(escape_steps):
+    """Runs whose excess fraction falls from 1 to 0.1 at `step` (evaluated every 10 steps up to 600)."""
+    steps = tuple(range(10, 601, 10))
+    return [dynamics.run_dynamics(dynamics.ExcessCurve(steps, tuple(0.1 if s >= e else 1.0 for s in steps),
+                                                       tuple(1.0 for _ in steps))) for e in escape_steps]
+
+
+@pytest.mark.parametrize("free, clamped, effect", [
+    ((100, 110, 120, 130, 140, 150), (300, 320, 340, 360, 380, 400), "slows"),
+    ((300, 320, 340, 360, 380, 400), (100, 110, 120, 130, 140, 150), "speeds"),
+    ((100, 200, 300, 400, 500, 150), (110, 190, 310, 390, 510, 160), "no clear effect"),
+])
+def test_clamp_effect_reads_the_comparison(free, clamped, effect):
+    assert factorial.clamp_effect(dynamics.compare(_runs(free), _runs(clamped))) == effect
+    assert factorial.clamp_effect(None) == "—"

@@ -112,6 +112,16 @@ def test_standard_init_scales():
     assert torch.all(sd["unembed.bias"] == 0) and torch.all(sd["ln_final.weight"] == 1)
 
 
+def test_plain_init_draws_the_same_weights_without_the_depth_scaling():
+    """init="plain": the standard init's draws (same generator order), with the output projections at init_std."""
+    cfg = preset("paper-1layer", d_model=64, n_ctx=SMALL_CTX, n_layers=2)
+    standard, plain = models.initial_state(cfg, 3), models.initial_state(cfg.replace(init="plain"), 3)
+    for name, tensor in standard.items():
+        scale = 2.0 if name.endswith(("attn.o.weight", "mlp.out.weight")) else 1.0  # sqrt(2 * n_layers) = 2
+        torch.testing.assert_close(plain[name], tensor * scale, rtol=1e-6, atol=0)
+    assert abs(plain["blocks.0.attn.o.weight"].std().item() - 0.02) < 0.002
+
+
 def test_hooks_work():
     model = build(preset("paper-2layer", n_ctx=SMALL_CTX), seed=0)
     toks = tokens()

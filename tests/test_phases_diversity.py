@@ -3,6 +3,7 @@ mechanism is known, the per-cell statistics, the claims' verdicts, the transitio
 crossing, the pool's unigram-retrieval law against enumeration, and (slow) both experiments end to end at their
 smoke-test budget through the registry."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -55,6 +56,26 @@ def test_phase_specs_cover_every_order_shape_and_seed():
              for h, k, seed in itertools.product(s.grid["model.n_heads"], s.grid["source.order"], s.seeds)]
     assert len(cells) == len(set(cells)) == 2 * 3 * 2 * 2
     assert {c[1] for c in cells} == {(1,), (2, 1), (1, 1)}
+
+
+def test_formation_runs_are_the_grid_runs_with_checkpoints():
+    """The formation specs repeat the grid's first seeds with checkpoints, and saving checkpoints does not change
+    training: the same config with and without them ends at the same weights, bit for bit."""
+    from markov_interp.training import train_many
+
+    budget = phases.TINY.replace(seeds=3, formation_seeds=2)
+    grid = {(c.config.train.replace(n_checkpoints=0), c.config.model, c.config.source)
+            for s in phases.phase_specs(budget) for c in s.cells()}
+    formation = [c.config for s in phases.formation_specs(budget) for c in s.cells()]
+    assert len(formation) == 2 * 2 * 2 and {r.train.seed for r in formation} == {0, 1}
+    assert all(r.train.n_checkpoints == budget.formation_checkpoints for r in formation)
+    assert all((r.train.replace(n_checkpoints=0), r.model, r.source) in grid for r in formation)
+    assert phases.formation_specs(budget.replace(formation_seeds=0)) == []
+    run = formation[-1]
+    (plain,) = train_many([dataclasses.replace(run, train=run.train.replace(n_checkpoints=0))], models_out=True)
+    (saved,) = train_many([run], models_out=True)
+    for (name, a), b in zip(plain.model.state_dict().items(), saved.model.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_diversity_specs_grid_the_pool_sizes_and_fresh_kernels():
@@ -239,7 +260,16 @@ def test_tiny_budget_end_to_end_through_the_registry(tmp_path, name):
     assert data["budget"]["name"] == "tiny" and data["result"]["runs"]
     assert all(r["status"] == "ok" for r in data["result"]["runs"])
     assert "smoke test" in (tmp_path / "summary.md").read_text()
+    if name == "phases":  # seed 0 of every cell followed over training: one row per cell, a circuit per checkpoint
+        formation = data["result"]["formation"]
+        assert len(formation) == len({(tuple(r["heads"]), r["order"]) for r in data["result"]["runs"]})
+        assert all(len(f["formation"]["faithfulness"]) == len(f["formation"]["steps"]) >= 3 for f in formation)
+        assert "## Circuits over training" in (tmp_path / "summary.md").read_text()
     # a rerun reuses the finished runs and their cached measures
     again = experiments.run(experiment, tmp_path, budget=experiment.budget("tiny", workers=1))
     assert json.loads((tmp_path / "results.json").read_text())["result"]["runs"] == data["result"]["runs"]
     assert again.failed == 0
+    # read back with no training (`experiments.load`): every cell summary recomputed from the recorded runs
+    back = experiments.load(tmp_path)
+    assert back.name == name and back.budget == experiment.budget("tiny", workers=1)
+    assert json.dumps(back.result.to_json(), sort_keys=True) == json.dumps(data["result"], sort_keys=True)

@@ -8,6 +8,7 @@ context of 128, where the old rules (Python min(n_ctx, 128), `probe` the trainin
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -223,3 +224,171 @@ def test_state_labels():
         probes.state_labels([0, 2], names="ab")
     with pytest.raises(ValueError, match="integer states"):
         probes.state_labels(torch.zeros(3))
+
+
+# ------------------------------------------------------------------------- every result type displays (32)
+def _result_types() -> dict[str, type]:
+    """Every typed result of the package: the probes' exports that are results, and the other stages' results."""
+    import dataclasses as dc
+
+    from markov_interp import dynamics, landscape, sweep, theory
+    from markov_interp.report import Report
+    from markov_interp.report._condition import ConditionEscapes
+    from markov_interp.training import FinalLosses, TrainResult
+
+    not_results = {"Component", "EdgeKey", "EdgeRunner", "ProbeLengthWarning", "ProbeResult"}  # names, engines
+    found = {name: obj for name, obj in vars(probes).items() if isinstance(obj, type) and dc.is_dataclass(obj)
+             and name in probes.__all__ and name not in not_results}
+    found.update({c.__name__: c for c in (
+        theory.ReferenceLosses, theory.KernelExpectations, FinalLosses, TrainResult, dynamics.ExcessCurve,
+        dynamics.RunDynamics, dynamics.Quantile, dynamics.Survival, dynamics.MedianCurve, dynamics.ConditionDynamics,
+        dynamics.FractionComparison, dynamics.AreaComparison, dynamics.Comparison, landscape.CanonicalProjection,
+        landscape.Trajectory, landscape.RegimeMap, landscape.UnigramPointAnalysis, landscape.BigramMinima,
+        sweep.CellResult, sweep.ProbeColumns, sweep.Row, sweep.SweepResult, Report, ConditionEscapes)})
+    return found
+
+
+def test_every_result_type_is_enumerated(examples):
+    names = set(_result_types())
+    assert {"MechanismReport", "LogitAttribution", "PositionPatching", "KernelSwap", "Gains", "LawCheck", "Edge",
+            "SwapPlan", "Role", "ProbeBatch", "TokenStatistics", "CircuitFormation", "TrainResult", "Survival",
+            "Report"} <= names
+    assert set(examples) == names, set(examples) ^ names
+
+
+def _probe_examples(circuit, mech, batch) -> dict:
+    clean, corrupted = probes.patching_pair(batch)
+    return {
+        "MechanismReport": mech, "LawCheck": mech.law, "Thresholds": mech.thresholds, "Gains": mech.gains,
+        "KernelSwap": mech.kernel_swap, "CircuitGraph": mech.circuit, "Edge": mech.circuit.edges[0],
+        "Circuit": mech.induction, "Role": mech.induction.roles[0], "BehaviourReport": mech.behaviour,
+        "AttentionScores": mech.attention, "AblationTable": mech.ablation, "KernelReadout": mech.readout,
+        "StrategySimilarity": mech.strategies, "ProbeBatch": batch,
+        "LogitAttribution": probes.direct_logit_attribution(circuit, batch),
+        "PositionPatching": probes.patching_by_position(circuit, clean, corrupted),
+        "PatchingResult": probes.activation_patching(circuit, clean, corrupted),
+        "SwapPlan": probes.swap_plan(TERNARY, n_sequences=4, seq_len=16, seed=0),
+        "TokenStatistics": probes.token_statistics(batch, vocab=3),
+        "CircuitFormation": probes.circuit_formation([(1, circuit), (2, circuit)], TERNARY, n_sequences=4,
+                                                     seq_len=16),
+    }
+
+
+def _other_examples(mech) -> dict:
+    import math
+
+    from markov_interp import dynamics, landscape, sweep, theory
+    from markov_interp.report import Report
+    from markov_interp.report._condition import ConditionEscapes
+    from markov_interp.training import FinalLosses, RunConfig, TrainResult, default_run
+
+    refs = theory.ReferenceLosses(entropy_rate=0.5446, unigram_loss=0.6730)
+    final = FinalLosses(step=300, eval_loss=0.55, train_loss=0.56, references=refs)
+    run = default_run()
+    curve = dynamics.ExcessCurve((10, 20, 30, 40), (0.05, 0.04, 0.01, 0.0), (0.05,) * 4)
+    other = dynamics.ExcessCurve((10, 20, 30, 40), (0.05, 0.05, 0.04, 0.01), (0.05,) * 4)
+    runs_a = [dynamics.run_dynamics(curve)] * 4
+    runs_b = [dynamics.run_dynamics(other)] * 4
+    surv = dynamics.survival([r.escape for r in runs_a])
+    comparison = dynamics.compare(runs_a, runs_b, n_boot=20, seed=0)
+    cell = sweep.CellResult(final_step=300, final_eval_loss=0.55, final_train_loss=0.56, entropy_rate=0.5446,
+                            unigram_loss=0.6730, bayes_loss=None, excess_loss=0.005, outcome="optimum",
+                            stuck_at_unigram=False, escape_step=30, probe=sweep.ProbeColumns(mechanism="kernel"),
+                            seconds=1.0, censored=False, crossings=runs_a[0].to_json())
+    row = sweep.Row(sweep="grid", cell_id="abc", status="ok", error=None, params={"seed": 0}, config=run,
+                    result=cell, run_dir="runs/abc")
+    trajectory = landscape.Trajectory(("e", "w", "b"), torch.zeros(3, 3).numpy(),
+                                      torch.tensor([0.7, 0.6, 0.5]).numpy())
+    return {
+        "ReferenceLosses": refs, "KernelExpectations": theory.KernelExpectations(1.0, 0.01, 1.1, 0.01, "monte carlo"),
+        "FinalLosses": final,
+        "TrainResult": TrainResult(model=None, metrics=[{"step": 1}], final=final, config=run, out_dir=None),
+        "ExcessCurve": curve, "RunDynamics": runs_a[0], "Quantile": surv.median(), "Survival": surv,
+        "MedianCurve": dynamics.median_curve([curve, other]),
+        "ConditionDynamics": dynamics.condition(runs_a),
+        "FractionComparison": comparison.escape, "AreaComparison": comparison.area, "Comparison": comparison,
+        "CanonicalProjection": landscape.CanonicalProjection(e=1.0, w=0.5, b=0.0, a=1.0, coupling=1.0, tied=True,
+                                                             direction=torch.ones(8).numpy(),
+                                                             embedding_alignment=math.nan),
+        "Trajectory": trajectory,
+        "RegimeMap": landscape.RegimeMap(kind="pq", x=torch.tensor([0.2, 0.8]).numpy(),
+                                         y=torch.tensor([0.3, 0.9]).numpy(), x_label="p", y_label="q",
+                                         bigram=torch.tensor([[True, False], [True, True]]).numpy(), tied=True),
+        "UnigramPointAnalysis": landscape.unigram_point_analysis(-0.2, p=0.5, q=0.8),
+        "BigramMinima": landscape.bigram_minima(torch.tensor([-0.5, 0.0, 0.5]).numpy(), p=0.2, q=0.3),
+        "CellResult": cell, "ProbeColumns": cell.probe, "Row": row,
+        "SweepResult": sweep.SweepResult(rows=[row], table=Path("runs/grid/results.csv"), n_run=1, n_skipped=0,
+                                         n_failed=0),
+        "Report": Report(title="a report", sections=(), mechanism=mech),
+        "ConditionEscapes": ConditionEscapes(sweep_dir=Path("runs/grid"), sweep_name="grid", cell_id="abc",
+                                             escape=runs_a[0].escape, summary=surv, budget=40),
+    }
+
+
+@pytest.fixture(scope="module")
+def examples(circuit, mech, batch):
+    return {**_probe_examples(circuit, mech, batch), **_other_examples(mech)}
+
+
+@pytest.mark.parametrize("name", sorted(_result_types()))
+def test_result_displays_in_one_line_as_html_and_as_json(name, examples):
+    """Every result type: a one-line repr with no tensor values and no NaN, an HTML view, and `to_dict()` that
+    strict JSON accepts."""
+    value = examples[name]
+    assert type(value).__name__ == name
+    text = repr(value)
+    assert text.startswith(f"<{name}: ") and text.endswith(">") and "\n" not in text and len(text) <= 200, text
+    assert "tensor(" not in text and "array(" not in text and "nan" not in text.lower(), text
+    page = value._repr_html_()
+    assert page.lstrip().startswith(("<div", "<iframe")) and "tensor(" not in page, page[:200]
+    json.dumps(value.to_dict(), allow_nan=False)
+
+
+def test_logit_attribution_has_no_mlp_part_for_a_model_without_mlps(circuit, batch):
+    """Issue 32: `LogitAttribution.mlps` showed NaN for an attention-only model; now it is None and every display
+    lists only the parts the model has."""
+    assert circuit.cfg.attn_only
+    dla = probes.direct_logit_attribution(circuit, batch)
+    assert dla.mlps is None and ".mlp" not in "".join(dla.components())
+    assert sum(dla.components().values()) == pytest.approx(dla.total, abs=1e-6)
+    assert "mlp" not in repr(dla) and "nan" not in dla._repr_html_().lower()
+    assert dla.to_dict()["mlps"] is None and set(dla.to_dataframe().index) == set(dla.components())
+
+
+# ---------------------------------------------------------------------------------- argument types (32)
+def _public_probes() -> dict:
+    import inspect
+
+    return {name: getattr(probes, name) for name in probes.__all__
+            if inspect.isfunction(getattr(probes, name)) and name not in ("checked", "headline")}
+
+
+def test_every_public_probe_checks_its_argument_types():
+    assert all(getattr(fn, "__markov_checked__", False) for fn in _public_probes().values())
+
+
+@pytest.mark.parametrize("name", sorted(_public_probes()))
+def test_a_wrong_argument_type_names_the_parameter(name):
+    """Each parameter whose type the probe checks (a model, a source, tokens, a batch, a tensor, a result) given a
+    value of the wrong type (a float): a TypeError naming the probe, the parameter and what it takes."""
+    import inspect
+    import typing
+
+    from markov_interp.probes._common import _expected
+
+    fn = _public_probes()[name]
+    hints = typing.get_type_hints(fn.__wrapped__)
+    checked = [p for p in inspect.signature(fn).parameters if p in hints and _expected(hints[p]) is not None]
+    for param in checked:
+        with pytest.raises(TypeError, match=rf"^{name}: {param} must be .+, got float 0.5$"):
+            fn(**{param: 0.5})
+
+
+def test_the_issue_case_classify_with_tokens_for_the_source(circuit, batch):
+    with pytest.raises(TypeError, match=r"classify_mechanism: source must be a Markov source .*got a torch.int64 "
+                                        r"tensor of shape \(8, 32\)"):
+        probes.classify_mechanism(circuit, batch.tokens)
+    with pytest.raises(TypeError, match="model must be a TransformerLens hooked model"):
+        probes.attention_scores(batch.tokens, batch)
+    with pytest.raises(TypeError, match="batch must be a ProbeBatch"):
+        probes.behaviour(circuit, batch.tokens)

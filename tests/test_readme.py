@@ -61,20 +61,32 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
     assert (tmp_path / "runs" / "icl-3" / "report.html").stat().st_size > 10_000
 
 
-def test_readme_own_model_example_runs_on_the_installed_transformerlens():
-    try:
-        from transformer_lens import HookedTransformer  # noqa: F401  (TL 2/3; TL 4 raises ImportError)
-        hooked = True
-    except ImportError:
-        hooked = False
+def _own_model_example() -> tuple[str, str]:
+    """The README's own-model example as written (TL 4.x uncommented), and its TL 2.16-3.x variant (the commented
+    block uncommented in place of the TL 4 lines above it)."""
     example = _python_blocks()[1]
-    tl2, tl4 = example.split("# TL 4.x:\n", 1)
-    tl4, rest = tl4.split("\n\n", 1)
-    head, tl2 = tl2.split("# TL 2.16-3.x:\n", 1)
-    if hooked:
-        code = head + tl2 + rest
-    else:
-        code = head + "\n".join(line.removeprefix("# ") for line in tl4.splitlines()) + "\n" + rest
+    head, rest = example.split("from transformer_lens.config import", 1)
+    tl4, rest = rest.split("# TL 2.16-3.x (beside sae-lens), instead of the TL 4.x lines above:\n", 1)
+    assert "TransformerBridge.boot_native" in tl4 and "#" not in tl4.split("\n", 1)[1], tl4
+    tl2, tail = rest.split("\n\n", 1)
+    assert all(line.startswith("# ") for line in tl2.splitlines()), tl2
+    return example, head + "\n".join(line.removeprefix("# ") for line in tl2.splitlines()) + "\n\n" + tail
+
+
+def test_readme_own_model_example_runs_on_the_installed_transformerlens():
+    """Issue 32: the default install resolves TL 4.x, so the uncommented block is the TransformerBridge one and it
+    runs exactly as written there; on TL 2 / 3 (CI's compatibility matrix) the commented variant runs."""
+    from markov_interp.models import tl_version
+
+    as_written, tl2_variant = _own_model_example()
+    code = as_written if tl_version()[0] >= 4 else tl2_variant
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["own"].markov_train_seq_len == 32
+    assert type(namespace["own"]).__name__ == ("TransformerBridge" if tl_version()[0] >= 4 else "HookedTransformer")
+
+
+def test_readme_says_where_to_train_and_that_probes_check_types():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Probe your own TransformerLens model", 1)[1].split("\n## ", 1)[0]
+    assert "markov_interp.training" in section and "TypeError" in section and "probe with TL" in section

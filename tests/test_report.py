@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 
 from markov_interp import models, report
 from markov_interp.cli import main as cli_main
+from markov_interp.data import RandomMarkov
 from markov_interp.probes import MECHANISMS, AblationTable, AttentionScores, KernelReadout
 from markov_interp.report._html import _json_for_script, circuits_figure
 
@@ -252,7 +253,12 @@ def test_report_file_has_every_section_and_no_network_reference(runs):
         assert text.count('class="circuitsvis"') == 1
         assert rep.mechanism.mechanism in MECHANISMS
         assert f"Mechanism: <b>{rep.mechanism.mechanism}</b>" in text
-        assert text.index("Why this label") < text.index("<nav>")  # the report opens with the why panel
+        # the first screen, before the contents: the verdict, the circuit diagram, the loss curve
+        nav = text.index("<nav>")
+        assert text.index('<section id="section-summary">') < text.index("Mechanism: <b>") < nav
+        assert text.index('class="circuit-diagram"') < nav and text.index("Loss during training") < nav
+        config = rep.section("config").body()
+        assert "<table>" in config and '<details class="config-json">' in config and "<details open" not in config
 
 
 @pytest.mark.slow
@@ -281,6 +287,81 @@ def test_report_sections_fit_the_run(runs):
         training_body = rep.section("training").body()
         assert "Closest prediction strategy" in training_body and training_body.count("<svg") >= 2
         assert any(name in training_body for name in names)
+
+
+ANALYSES = {"weights": "OV and QK circuits", "attribution": "Direct logit attribution",
+            "patching": "Activation patching by position", "attention": "Attention patterns on a sample sequence",
+            "ablation": "Ablations", "landscape": "Canonical landscape", "training": "Probe scores over training"}
+
+
+@pytest.mark.slow
+def test_every_analysis_has_its_heading_in_the_contents(runs):
+    for name, (_, rep, _) in runs.items():
+        nav = rep.html.split("<nav>", 1)[1].split("</nav>", 1)[0]
+        for section_id, title in ANALYSES.items():
+            assert f'<a href="#section-{section_id}">{title}</a>' in nav, (name, section_id)
+            assert rep.section(section_id).title == title
+        assert "<svg" in rep.section("weights").body() and "<svg" in rep.section("attribution").body()
+
+
+@pytest.mark.slow
+def test_gains_only_where_the_task_has_an_in_context_component(runs):
+    """Issue 32: a fixed binary chain printed "g_0 18.74 +- 5.00"; its report now says why there are no gains."""
+    _, two, _ = runs["two"]
+    _, one, _ = runs["one"]
+    assert two.mechanism.references.in_context and not one.mechanism.references.in_context
+    assert re.search(r"g_1 [-+]?\d", two.section("summary").body()) and "g_1 " in two.section("mechanism").body()
+    value = re.compile(r"g_\d [-+]?\d")  # a gain's value, as "g_0 18.74 +- 5.00"
+    assert not value.search(one.html), value.search(one.html)
+    assert "no in-context component" in one.section("summary").body()
+    assert "no in-context component" in one.section("mechanism").body()
+
+
+@pytest.mark.slow
+def test_checkpoints_probed_through_the_fused_forward_match_the_hooked_model(runs):
+    """The training section runs checkpoints through `models.stack` (no hooked model per checkpoint): its
+    patterns and predictions equal the hooked model's (one forward, tested at 1e-5 in test_stacked)."""
+    from markov_interp import probes
+    from markov_interp.report._build import _checkpoint_outputs
+
+    run, rep, _ = runs["two"]
+    step, path = report.checkpoint_files(run)[-1]
+    hooked = models.load(path)
+    batch = probes.sample_batch(RandomMarkov(3), n_sequences=4, seq_len=24, seed=1)
+    (patterns, probs), = list(_checkpoint_outputs([(step, path)], batch.tokens, 1, torch.device("cpu")))
+    expected = probes.attention_scores(hooked, batch)
+    got = probes.attention_scores(hooked, batch, cache=patterns)
+    for name in ("previous_token", "induction", "same_token"):
+        assert torch.allclose(got.excess(name), expected.excess(name), atol=1e-5), name
+    assert torch.allclose(probs, probes.next_state_probs(hooked, batch), atol=1e-5)
+
+
+def test_verdict_shows_the_axes_when_the_report_has_them():
+    """`why_panel` shows `MechanismReport.circuit` / `.law` as the verdict's axes when they are verdicts (text or a
+    result with a headline) and reads them off the evidence otherwise."""
+    import copy
+
+    from handbuilt import induction_model
+    from markov_interp import probes
+    from markov_interp.report._build import why_panel
+
+    mech = probes.classify_mechanism(induction_model(3), RandomMarkov(3), n_sequences=8, seed=0)
+    panel = why_panel(mech)
+    assert "induction circuit of order 1" in panel and "in-context bigram" in panel and "g_1 " in panel
+    verdict = copy.copy(mech)  # as the two-axis report will hold them (issue 30): verdicts, not the evidence
+    object.__setattr__(verdict, "law", "in-context bigram reached (g_1 0.98 +- 0.02)")
+    object.__setattr__(verdict, "circuit", "an induction circuit at lag 1")
+    panel = why_panel(verdict)
+    assert "in-context bigram reached (g_1 0.98 +- 0.02)" in panel and "an induction circuit at lag 1" in panel
+
+
+def test_document_puts_the_lead_sections_before_the_contents():
+    sections = [report.Section(x, x.upper(), (f"<p>{x}</p>",)) for x in ("first", "second", "third")]
+    doc = report.document("t", sections, lead=1)
+    assert doc.index('id="section-first"') < doc.index("<nav>") < doc.index('id="section-second"')
+    assert '<a href="#section-first">' in doc  # the first screen is in the contents too
+    with pytest.raises(ValueError, match="lead"):
+        report.document("t", sections, lead=4)
 
 
 @pytest.mark.slow
@@ -338,6 +419,27 @@ def _browser():
     return sync_playwright
 
 
+SCREEN_HEIGHT = 800  # a laptop's first screen at 1280 x 800
+
+
+def _check_layout(page, name: str) -> None:
+    """As laid out by the browser: the verdict, the circuit diagram and the loss curve start on the first screen,
+    above the contents, and the sections follow in `SECTION_IDS` order."""
+    found = page.evaluate(
+        "() => { const top = s => document.querySelector(s).getBoundingClientRect().top + window.scrollY;"
+        " return {verdict: top('.verdict'), diagram: top('svg.circuit-diagram'),"
+        " loss: top('.first-screen figure.plot'), nav: top('nav'),"
+        " sections: [...document.querySelectorAll('section[id^=section-]')].map("
+        "   s => [s.id.slice(8), s.getBoundingClientRect().top + window.scrollY])}; }")
+    assert found["verdict"] < found["diagram"] < SCREEN_HEIGHT, (name, found)
+    assert found["verdict"] < found["loss"] < SCREEN_HEIGHT, (name, found)
+    assert max(found["diagram"], found["loss"]) < found["nav"], (name, found)
+    ids = [section_id for section_id, _ in found["sections"]]
+    assert ids == list(report.SECTION_IDS), (name, ids)
+    tops = [y for _, y in found["sections"]]
+    assert tops == sorted(tops) and tops[1] > found["nav"], (name, found["sections"])
+
+
 @pytest.mark.slow
 def test_report_opens_offline_in_a_real_browser(runs):
     sync_playwright = _browser()
@@ -349,7 +451,7 @@ def test_report_opens_offline_in_a_real_browser(runs):
         )
         try:
             for name, (_, _, path) in runs.items():
-                page = browser.new_page()
+                page = browser.new_page(viewport={"width": 1280, "height": SCREEN_HEIGHT})
                 attempted, errors = [], []
 
                 def route(r, attempted=attempted):
@@ -374,6 +476,7 @@ def test_report_opens_offline_in_a_real_browser(runs):
                 )
                 assert drawn["children"] > 0 and drawn["canvases"] > 0, (name, drawn)
                 assert "L0H0" in drawn["text"], (name, drawn["text"][:200])
+                _check_layout(page, name)
                 n_svg = page.evaluate("() => document.querySelectorAll('section svg').length")
                 n_sections = page.evaluate("() => document.querySelectorAll('section[id^=section-]').length")
                 assert n_svg >= 5 and n_sections == len(report.SECTION_IDS), (name, n_svg, n_sections)

@@ -138,7 +138,8 @@ def test_reproduce_tiny_budget(tmp_path, monkeypatch):
     assert depth1.seeds == 2 and depth1.budget == 4 and depth1.median_escape is None
     assert depth1.censored_ci == pytest.approx(dynamics.wilson_interval(2, 2))
     text = (out / "summary.md").read_text()
-    assert text.startswith("# Reproduction (quick)\n\nMade by `markov-interp reproduce --quick")
+    assert text.startswith("# Reproduction (quick)\n\n**smoke: does not test the claims.**")
+    assert text.split("\n\n")[2].startswith("Made by `markov-interp reproduce --quick")
     assert tiny.cuts in text and f"torch {torch.__version__}" in text and "wall time" in text
     assert "ran on cpu" in text and "docs/reproduction/gpu/" in text and "theory_exact = no" in text
     # summary.csv: one line per condition, the columns of the typed summary

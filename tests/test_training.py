@@ -260,7 +260,7 @@ def test_cli_unknown_set_key_is_one_line_listing_the_valid_ones(tmp_path, capsys
     assert "\n" not in err and err.startswith("markov-interp train: error: --set: key 'train.lrr' names no train")
     assert "'lr'" in err and "'steps'" in err
     assert main(["train", "--out", str(tmp_path / "r"), "--set", "train.lr", "--no-progress"]) == 2
-    assert "--set takes section.field=value" in capsys.readouterr().err
+    assert "--set takes KEY=VALUE" in capsys.readouterr().err  # the one --set form (issue 32)
     assert main(["train", "--out", str(tmp_path / "r"), "--lr", "0.1", "--set", "train.lr=0.2"]) == 2
     assert "contradicts" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()

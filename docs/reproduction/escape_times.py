@@ -51,13 +51,15 @@ def plot(path: Path) -> Path:
     one panel per budget, as survival.png beside it."""
     from markov_interp.report import figures
 
-    conditions = json.loads(path.read_text())["conditions"]
+    record = json.loads(path.read_text())
+    every = record.get("settings", {}).get("eval_every", 20)  # the first file (no settings) says "eval every 20"
     panels: dict = {}
-    for key, data in conditions.items():
+    for key, data in record["conditions"].items():
         name, _, budget = key.rpartition(" @ ")
-        # this file holds escape steps only (the previous evaluation was not recorded): read as exact steps
-        escapes = [dynamics.StepInterval(s, None) if c else dynamics.StepInterval(s - 1, s)
-                   for s, c in zip(data["escape_steps"], data["censored"]) if s is not None]
+        # this file holds escape steps only: each read as the grid interval (previous evaluation, step]
+        grid = range(every, int(budget) + 1, every)
+        escapes = [dynamics.recorded_escape(s, c, grid) for s, c in zip(data["escape_steps"], data["censored"])
+                   if s is not None]
         panels.setdefault(int(budget), {})[name] = dynamics.survival(escapes)
     titles = {b: f"p = 0.5, q = 0.8, tied: budget {b} steps" for b in panels}
     fig = figures.escape_survival_figure({titles[b]: panels[b] for b in sorted(panels, reverse=True)},

@@ -46,8 +46,12 @@ name starts with "_" are not experiments) that provides
        EXPERIMENT = register(Experiment(name="foo", title="Foo: what it asks", budgets={"quick": QUICK,
                                         "full": FULL}, run=run, precision="fp32"))
 
+5. Optionally **its read-back**: `read(budget, result) -> FooResult`, the typed result rebuilt from results.json's
+   "result" with every statistic recomputed from the per-run rows (`Experiment(..., read=read)`); `load(path)`
+   then gives it without training, and `markov_interp.findings` renders docs from it.
+
 Then `python -m markov_interp.experiments --only foo --quick`, `markov-interp experiment foo --quick`,
-`--seeds N`, `--steps N`, `--device D` and `--set FIELD=VALUE` (any budget field; JSON or text, lists as
+`--seeds N`, `--steps N`, `--device D` and `--set KEY=VALUE` (any budget field; JSON or text, lists as
 a,b,c) work for it, and `reproduce --extras` runs it at its full budget into OUT/foo.
 """
 
@@ -60,13 +64,14 @@ import typing
 from pathlib import Path
 from typing import Any, Optional
 
-from markov_interp.experiments._base import (RESULTS_FILE, SUMMARY_FILE, Budget, Experiment, Finished, Provenance,
-                                             Section, Summary, Table, describe_device, render_markdown, run,
-                                             write_summary)
+from markov_interp.config import parse_setting, parse_value
+from markov_interp.experiments._base import (RESULTS_FILE, SMOKE, SUMMARY_FILE, Budget, Experiment, Finished,
+                                             Provenance, Section, Summary, Table, describe_device, render_markdown,
+                                             run, smoke_note, write_summary)
 
 __all__ = ["Budget", "Table", "Section", "Summary", "Provenance", "Experiment", "Finished", "register", "get",
-           "registered", "describe_registered", "budget_for", "run", "run_many", "write_summary", "render_markdown", "describe_device", "add_arguments",
-           "main", "SUMMARY_FILE", "RESULTS_FILE"]
+           "registered", "describe_registered", "budget_for", "run", "run_many", "write_summary", "render_markdown",
+           "describe_device", "add_arguments", "load", "smoke_note", "main", "SMOKE", "SUMMARY_FILE", "RESULTS_FILE"]
 
 _REGISTRY: dict[str, Experiment] = {}
 
@@ -109,18 +114,58 @@ def get(name: str) -> Experiment:
     return experiments[name]
 
 
+def load(path: "str | Path", name: Optional[str] = None) -> Finished:
+    """An experiment's committed results.json read back as its typed result, with no training: every statistic
+    recomputed by the current code from the per-run rows the file keeps (`Experiment.read`), so tables made from
+    it are what this code gives on those rows.
+
+    Args:
+        path: a results.json or the folder holding one.
+        name: the experiment (default: the one whose title the file names).
+
+    Returns:
+        `Finished` with the typed result, the file's budget and provenance, and the file (`files`).
+        FileNotFoundError without the file; ValueError for a file that is not an experiment's results.json, or an
+        experiment that cannot be read back.
+    """
+    file = Path(path) / RESULTS_FILE if Path(path).is_dir() else Path(path)
+    try:
+        data = json.loads(file.read_text())
+        title, budget_data, provenance, result = (data["title"], data["budget"], data["provenance"],
+                                                  data["result"])
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}: not JSON ({err})") from None
+    except (KeyError, TypeError):
+        raise ValueError(f"{file}: not an experiment's results.json (it needs title, provenance, budget and "
+                         "result)") from None
+    if name is None:
+        by_title = {e.title: e for e in registered().values()}
+        if title not in by_title:
+            raise ValueError(f"{file}: no registered experiment is titled {title!r}; name it (the experiments are "
+                             f"{list(registered())})")
+        experiment = by_title[title]
+    else:
+        experiment = get(name)
+    if experiment.read is None:
+        raise ValueError(f"experiment {experiment.name!r} cannot read back its results.json (no `read`)")
+    budget = type(experiment.budgets["full"]).from_dict(budget_data, where=f"{file}: budget")
+    return Finished(experiment.name, budget, experiment.read(budget, result), Provenance(**provenance), (file,))
+
+
 # ---------------------------------------------------------------------------------------- the command line
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every experiment takes (`python -m markov_interp.experiments` and `markov-interp experiment`)."""
-    parser.add_argument("--out", default="runs/experiments",
-                        help="each experiment goes to OUT/NAME: run folders, summary.md, results.json, figures")
+    parser.add_argument("--out", default="runs/experiments", metavar="DIR",
+                        help="each experiment goes to DIR/NAME: run folders, summary.md, results.json, figures")
     parser.add_argument("--quick", action="store_true", help="the quick budget (its cuts say what it leaves out)")
     parser.add_argument("--budget", default=None, help="a named budget (default full; --quick: quick)")
     parser.add_argument("--seeds", type=int, default=None, help="override the budget's seeds per condition")
     parser.add_argument("--steps", type=int, default=None, help="override the budget's steps")
-    parser.add_argument("--device", default=None, help="override the budget's device (auto, cpu, cuda, ...)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override any budget field (JSON or text; a list as a,b,c); repeatable")
+    parser.add_argument("--device", default="auto", metavar="DEVICE",
+                        help="where the runs train: auto (default: cuda when available, else cpu), cpu, cuda, cuda:1")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any budget field, e.g. --set seeds=4 (values as JSON or text; a list as "
+                        "a,b,c); repeatable")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -135,33 +180,20 @@ def budget_for(experiment: Experiment, args: Optional[argparse.Namespace] = None
     changes = {k: getattr(args, k) for k in ("seeds", "steps", "device") if getattr(args, k) is not None}
     base = experiment.budget(name)
     for item in args.set:
-        field, sep, text = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set takes FIELD=VALUE, got {item!r}")
-        changes[field.strip()] = _parse_value(type(base), field.strip(), text)
+        field, value = parse_setting(item)
+        changes[field] = _parse_value(type(base), field, value)
     return experiment.budget(name, **changes)
 
 
-def _parse_value(cls: type, field: str, text: str) -> Any:
-    """A --set value: JSON when it is JSON, else text; for a tuple field, text "a,b" is the list [a, b] and one
-    value is a list of one."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = text
+def _parse_value(cls: type, field: str, value: Any) -> Any:
+    """A --set value (`config.parse_value`'s) for `field` of the budget class `cls`: for a tuple field, text "a,b"
+    is the list [a, b] and one value is a list of one."""
     kind = typing.get_type_hints(cls).get(field)
     if typing.get_origin(kind) is tuple:  # a list field: "a,b" or a JSON list
         if isinstance(value, str):
-            value = [_parse_value_item(part.strip()) for part in value.split(",")]
+            value = [parse_value(part.strip()) for part in value.split(",")]
         value = tuple(value) if isinstance(value, list) else (value,)  # one JSON scalar ("2") is a list of one
     return value
-
-
-def _parse_value_item(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def run_many(names: list[str], out_dir: "str | Path", *, command: str, args: Optional[argparse.Namespace] = None,

@@ -32,7 +32,7 @@ from markov_interp._io import atomic_path, atomic_write
 from markov_interp.config import Config, to_jsonable
 
 __all__ = ["Budget", "Table", "Section", "Summary", "Provenance", "Experiment", "Finished", "write_summary",
-           "render_markdown", "describe_device", "run", "SUMMARY_FILE", "RESULTS_FILE"]
+           "render_markdown", "describe_device", "run", "smoke_note", "SMOKE", "SUMMARY_FILE", "RESULTS_FILE"]
 
 SUMMARY_FILE = "summary.md"
 RESULTS_FILE = "results.json"
@@ -82,6 +82,17 @@ class Budget(Config):
 
     def check(self) -> None:
         """A subclass's rules across fields (raise ValueError naming them); none here."""
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: Optional[str] = None) -> "Budget":
+        """`Config.from_dict`, JSON's lists read as the tuples a budget's list fields are (results.json's
+        "budget")."""
+        def tuples(value: Any) -> Any:
+            return tuple(tuples(v) for v in value) if isinstance(value, list) else value
+
+        if isinstance(data, Mapping):
+            data = {k: tuples(v) for k, v in data.items()}
+        return super().from_dict(data, where=where)
 
 
 @functools.lru_cache(maxsize=None)
@@ -253,9 +264,28 @@ class Provenance:
                 f"{self.python}, precision {self.precision}; wall time {self.seconds / 60:.1f} min.")
 
 
+SMOKE = "smoke: does not test the claims"
+SMOKE_BUDGET = "quick"  # a budget of this name checks that the code path runs: its numbers are not findings
+
+
+def smoke_note(budget_name: str) -> Optional[str]:
+    """The line at the top of a summary made at the quick budget (None for any other budget).
+
+    >>> smoke_note("quick").startswith("**smoke: does not test the claims.** The quick budget checks")
+    True
+    >>> smoke_note("full") is None
+    True
+    """
+    if budget_name != SMOKE_BUDGET:
+        return None
+    return (f"**{SMOKE}.** The quick budget checks that the code path runs end to end; its numbers are not findings "
+            "(read those from a standard or full budget).")
+
+
 def render_markdown(title: str, provenance: Provenance, budget: Budget, sections: Sequence[Section]) -> str:
-    """summary.md's text: "# TITLE (BUDGET)", the provenance, the budget's cuts, then the sections."""
-    head = [f"# {title} ({budget.name})", provenance.describe()]
+    """summary.md's text: "# TITLE (BUDGET)", at the quick budget the smoke note (`smoke_note`), the provenance,
+    the budget's cuts, then the sections."""
+    head = [f"# {title} ({budget.name})", *filter(None, [smoke_note(budget.name)]), provenance.describe()]
     if budget.cuts:
         head.append(f"Budget: {budget.cuts.rstrip('.')}.")
     return "\n\n".join(head + [s.markdown() for s in sections if s.markdown()]) + "\n"
@@ -308,6 +338,9 @@ class Experiment:
     budgets: Mapping[str, Budget]  # at least "quick" and "full"
     run: Callable[..., Summary]
     precision: str = "fp32"  # of its runs, stated in the header
+    # read(budget, results.json's "result") -> the typed result with every statistic recomputed from the per-run
+    # rows by the current code, no training (`experiments.load`); None: the experiment cannot be read back
+    read: Optional[Callable[[Budget, Mapping[str, Any]], Summary]] = None
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() and not c.isupper() or c == "-" for c in self.name):

@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
 __all__ = ["DiversityBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "EXPERIMENT", "ALGORITHMS", "INFERENCE",
            "diversity_specs", "algorithm_laws", "measure_model", "transition_point", "transition_interval",
            "Transition", "cell_summaries", "transitions", "cells_table", "references_table", "transitions_table",
-           "cells_csv", "DiversityResult", "run"]
+           "cells_csv", "DiversityResult", "run", "read"]
 
 # Park et al.'s four algorithms (retrieval / inference x unigram / bigram statistics of the context)
 ALGORITHMS = ("unigram retrieval", "bigram retrieval", "unigram inference", "bigram inference")
@@ -512,6 +512,21 @@ class DiversityResult(_shared.GridResult):
         return {"cells": self.cells, "transitions": self.transitions, "runs": runs}
 
 
+_RUN_KEYS = ("depth", "pool_size", "seed", "status")
+
+
+def read(budget: DiversityBudget, result: dict) -> DiversityResult:
+    """results.json's "result" read back (`experiments.load`): the runs' measures as records, every cell summary
+    and N* recomputed by the current code."""
+    records = [DiversityRecord(depth=int(r["depth"]), pool_size=r["pool_size"], seed=int(r["seed"]),
+                               status=r["status"],
+                               measure={k: v for k, v in r.items() if k not in _RUN_KEYS} if r["status"] == "ok"
+                               else None) for r in result["runs"]]
+    return DiversityResult(budget=budget, records=tuple(records), cells=cell_summaries(records),
+                           transitions=transitions(records, budget),
+                           n_failed=sum(r.status not in ("ok", "diverged") for r in records))
+
+
 def run(budget: DiversityBudget, out: Path, *, progress: bool = False) -> DiversityResult:
     """Train the sweep of `budget` into out/runs (restartable), measure every run, summarise every cell and
     estimate N* per depth.
@@ -533,5 +548,5 @@ def run(budget: DiversityBudget, out: Path, *, progress: bool = False) -> Divers
 
 
 EXPERIMENT = register(Experiment(name="diversity", title="Task diversity: finite kernel pools",
-                                 budgets={"quick": QUICK, "standard": STANDARD, "full": FULL, "gpu": GPU, "tiny": TINY}, run=run,
-                                 precision="fp32"))
+                                 budgets={"quick": QUICK, "standard": STANDARD, "full": FULL, "gpu": GPU,
+                                          "tiny": TINY}, run=run, read=read, precision="fp32"))

@@ -33,6 +33,7 @@ import collections
 import dataclasses
 import itertools
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +41,19 @@ from markov_interp import dynamics
 from markov_interp.data import SourceConfig
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
 from markov_interp.experiments.interventions import (Arm, ExperimentResult, arm_json, dynamics_figures,
-                                                     experiment_sections, run_arms)
+                                                     experiment_from_json, experiment_sections, run_arms)
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig
 
-__all__ = ["FactorialBudget", "QUICK", "FULL", "ARMS", "DATA", "cell_base", "cell_arms", "FactorialResult", "run",
-           "EXPERIMENT"]
+__all__ = ["FactorialBudget", "QUICK", "STANDARD", "FULL", "RECIPES", "ARMS", "DATA", "INITS", "FIRST_STATES",
+           "NORMS", "Recipe", "recipes", "cells_of", "cell_base", "cell_arms", "FactorialResult", "over_training_table",
+           "run", "read", "EXPERIMENT"]
 
 ARMS = ("free", "clamped", "mixed", "head-start", "position-code")
 DATA = ("dirichlet", "zero-diagonal")
+INITS = ("standard", "plain")
+FIRST_STATES = ("stationary", "uniform")
+NORMS = ("LN", "none")
 _PATTERN0 = "blocks.0.attn.hook_pattern"
 
 
@@ -68,6 +73,10 @@ class FactorialBudget(Budget):
     device: str = "cpu"
     score_checkpoints: int = 6  # log-spaced checkpoints (the last step among them) scored after training; 0: none
     discovered: int = 3  # seeds per arm whose circuit is discovered at the end (seconds each); 0: none
+    # the recipe factors (issue 31), crossed with the cells; the first value of each is the package's recipe
+    inits: tuple[str, ...] = ("standard",)  # ModelConfig.init: "standard" (output projections / sqrt(2 L)), "plain"
+    first_states: tuple[str, ...] = ("stationary",)  # the first state's law: each kernel's stationary law or uniform
+    norms: tuple[str, ...] = ("LN",)  # pre-LayerNorm ("LN") or none ("none")
 
     ZERO_OK = ("score_checkpoints", "discovered")
 
@@ -80,23 +89,60 @@ class FactorialBudget(Budget):
             raise ValueError(f"arms must start with 'free' (the reference) and not repeat, got {list(self.arms)}")
         if len(set(self.heads)) != len(self.heads):
             raise ValueError(f"heads must not repeat, got {list(self.heads)}")
+        for field, value, known in (("inits", self.inits, INITS), ("first_states", self.first_states, FIRST_STATES),
+                                    ("norms", self.norms, NORMS)):
+            if [v for v in value if v not in known] or len(set(value)) != len(value):
+                raise ValueError(f"{field} must be distinct values of {list(known)}, got {list(value)}")
         if self.discovered > self.seeds:
             raise ValueError(f"discovered ({self.discovered}) must be at most seeds ({self.seeds})")
 
 
 FULL = FactorialBudget(name="full")
+# CPU-sized: free runs leave the plateau in 16/16 seeds by step 600 (docs/reproduction/factorial-dirichlet-h1/)
+STANDARD = FULL.replace(name="standard", cuts="none: the full budget (free runs escape in every seed)")
 QUICK = FactorialBudget(name="quick", seeds=5, steps=150, arms=("free", "clamped"), eval_batches=2,
                         cuts="5 seeds (the fewest that give an interval), 150 steps (free runs cross 0.5 at about "
                              "160-290 steps, so the 0.5 line is mostly censored: read 0.9 and 0.75), arms free and "
                              "clamped only (no mixed clamp, head start or its control), 2 evaluation batches")
 
 
-def cell_base(budget: FactorialBudget, data: str, heads: int) -> RunConfig:
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """One combination of the recipe factors: the init, the first state's law and the normalisation."""
+
+    init: str = "standard"
+    first_state: str = "stationary"
+    norm: str = "LN"
+
+    @property
+    def suffix(self) -> str:
+        """"" for the package's recipe, else "-plain-uniform-noLN" naming what differs (cell and folder names)."""
+        parts = [self.init if self.init != "standard" else "", self.first_state if self.first_state != "stationary"
+                 else "", "noLN" if self.norm == "none" else ""]
+        return "".join(f"-{p}" for p in parts if p)
+
+
+def recipes(budget: FactorialBudget) -> list[Recipe]:
+    """Every combination of the budget's recipe factors, the package's recipe first."""
+    return [Recipe(i, f, n) for i, f, n in itertools.product(budget.inits, budget.first_states, budget.norms)]
+
+RECIPES = FactorialBudget(
+    name="recipes", steps=1500, data=("dirichlet",), arms=("free", "clamped"), inits=INITS,
+    first_states=FIRST_STATES, norms=NORMS, discovered=0,
+    cuts="Dirichlet kernels only (no zero diagonal), arms free and clamped, the recipe factors crossed (init: the "
+         "package's or plain N(0, 0.02); the first state's law: stationary or uniform; LayerNorm on or off), 16 "
+         "seeds, 1500 steps, no circuits discovered: does Finding 1 hold across recipes?")
+
+
+def cell_base(budget: FactorialBudget, data: str, heads: int, recipe: Recipe = Recipe()) -> RunConfig:
     """The free run of one cell (seed 0): two attention-only layers, 3 states, sequences of 32, layer 0 one head
-    and layer 1 `heads` heads of width `budget.d_head`; Adam at a constant 1e-2, batch 64."""
+    and layer 1 `heads` heads of width `budget.d_head`; Adam at a constant 1e-2, batch 64; `recipe` sets the
+    init, the first state's law and the normalisation (default: the package's)."""
     return RunConfig(
-        source=SourceConfig(kind="random", vocab=3, alpha=1.0, zero_diagonal=data == "zero-diagonal"),
-        model=preset("attn-only-2layer", n_ctx=32, d_vocab=3, n_heads=(1, heads), d_head=budget.d_head),
+        source=SourceConfig(kind="random", vocab=3, alpha=1.0, zero_diagonal=data == "zero-diagonal",
+                            initial=recipe.first_state),
+        model=preset("attn-only-2layer", n_ctx=32, d_vocab=3, n_heads=(1, heads), d_head=budget.d_head,
+                     init=recipe.init, normalization=None if recipe.norm == "none" else recipe.norm),
         train=TrainConfig(steps=budget.steps, seq_len=32, batch_size=64, lr=1e-2, schedule="constant",
                           eval_every=budget.eval_every, eval_batches=budget.eval_batches, log_every=budget.eval_every,
                           n_checkpoints=budget.score_checkpoints, device=budget.device))
@@ -112,8 +158,8 @@ def cell_arms(budget: FactorialBudget) -> list[Arm]:
     return [every[name] for name in budget.arms]
 
 
-def _cell_name(data: str, heads: int) -> str:
-    return f"{data}-h{heads}"
+def _cell_name(data: str, heads: int, recipe: Recipe = Recipe()) -> str:
+    return f"{data}-h{heads}{recipe.suffix}"
 
 
 def _fmt_interval(interval: Any, digits: int = 2) -> str:
@@ -152,7 +198,7 @@ _OVERVIEW = ("One row per cell (data, layer-1 heads) and arm. Crossing = the fir
 _SCORES = (("previous_token", "L0 previous-token"), ("induction", "L1 induction"), ("same_token", "L1 same-token"))
 
 
-def _over_training_table(cell: ExperimentResult) -> Table:
+def over_training_table(cell: ExperimentResult) -> Table:
     """Per arm and score: the mean over seeds at every scored step [bootstrap 95% CI]."""
     steps = [x.step for x in cell.arms[0].over_training]
     rows = [(a.arm.name, label, *(f"{getattr(x, key + '_mean'):.2f} {_fmt_interval(getattr(x, key + '_interval'))}"
@@ -184,7 +230,7 @@ def _cell_sections(cell: ExperimentResult) -> list[Section]:
     if cell.arms[0].over_training:
         a = cell.arms[0].over_training[-1]
         out.append(Section(f"{cell.name}: attention scores over training", _OVER_TRAINING.format(
-            prev=a.previous_token_chance, ind=a.induction_chance, same=a.same_token_chance), _over_training_table(cell),
+            prev=a.previous_token_chance, ind=a.induction_chance, same=a.same_token_chance), over_training_table(cell),
             figures=(f"scores-{cell.name}.png",)))
     if cell.arms[0].circuits:
         out.append(Section(f"{cell.name}: circuits discovered at the end", _CIRCUITS, _circuits_table(cell)))
@@ -199,6 +245,66 @@ _OVER_TRAINING = ("The best head's score of each layer (layer 0 previous-token, 
 _CIRCUITS = ("`probes.discover_circuit` at the last step on 32 fresh sequences (resample corruption), under the "
              "arm's clamp: every edge's path-patching effect, the kept edges by its stated rule and their "
              "faithfulness (1: the kept edges alone give the clean loss). k/n = of the n seeds read, k keep it.")
+
+
+def clamp_effect(comparison: Any) -> str:
+    """What the clamp does to the descent, read from the comparison with free where the data decide it: "slows"
+    when the area between the median excess curves (clamped - free) has its 95% interval above 0 or the median
+    crossing of 0.5 its ratio interval above 1, "speeds" when both are below, "no clear effect" otherwise."""
+    if comparison is None:
+        return "—"
+    votes = set()
+    area = comparison.area.interval if comparison.area is not None else None
+    if area is not None and area[0] is not None and area[0] > 0:
+        votes.add("slows")
+    if area is not None and area[1] is not None and area[1] < 0:
+        votes.add("speeds")
+    ratio = comparison.fractions[0.5].ratio_interval if 0.5 in comparison.fractions else None
+    if ratio is not None and ratio[0] is not None and ratio[0] > 1:
+        votes.add("slows")
+    if ratio is not None and ratio[1] is not None and ratio[1] < 1:
+        votes.add("speeds")
+    return votes.pop() if len(votes) == 1 else "no clear effect" if not votes else "mixed"
+
+
+def _recipe_rows(budget: FactorialBudget, cells: tuple) -> list[tuple[str, ...]]:
+    """Per cell with a clamped arm: heads, the recipe, escaped counts, ratios at 0.75 / 0.5, log-rank p at 0.5,
+    the area between median curves and `clamp_effect`."""
+    rows = []
+    for (data, heads, recipe), cell in zip(cells_of(budget), cells):
+        free = cell.arms[0]
+        for arm in cell.arms[1:]:
+            c = arm.against_free
+            half = c.fractions.get(0.5) if c else None
+            area = c.area if c else None
+            area_text = "—" if area is None else f"{area.area:+.0f} " + (
+                "[no interval]" if area.interval is None else
+                "[" + ", ".join("?" if x is None else f"{x:+.0f}" for x in area.interval) + "]")
+            rows.append((data, str(heads), recipe.init, recipe.first_state, recipe.norm, arm.arm.name,
+                         f"{free.summary.n - free.summary.n_censored}/{free.summary.n}",
+                         f"{arm.summary.n - arm.summary.n_censored}/{arm.summary.n}",
+                         c.fractions[0.75].ratio_text() if c and 0.75 in c.fractions else "—",
+                         half.ratio_text() if half else "—",
+                         "—" if half is None or half.p_value is None else f"{half.p_value:.2g}", area_text,
+                         clamp_effect(c)))
+    return rows
+
+
+_RECIPES_TEXT = ("Each cell's clamped arm against its free arm, per recipe (the same seeds in both). Escaped = seeds "
+                 "whose excess fell below half the plateau's within the budget; ratios = clamped / free median "
+                 "crossing [95% bootstrap]; area = the integral over steps of the clamped median excess-fraction "
+                 "curve minus the free one [95% bootstrap] (> 0: clamped slower). Effect: 'slows' / 'speeds' where "
+                 "the area's or the 0.5 ratio's interval excludes no change, and both agree.")
+
+
+def recipe_verdicts(rows: list[tuple[str, ...]]) -> str:
+    """One line per layer-1 head count: how many recipes the clamp slows, speeds or leaves unclear."""
+    lines = []
+    for heads in sorted({r[1] for r in rows}, key=int):
+        effects = collections.Counter(r[-1] for r in rows if r[1] == heads)
+        lines.append(f"- {heads} layer-1 head(s): " + ", ".join(f"{k} in {n}/{sum(effects.values())} recipes"
+                                                             for k, n in effects.most_common()))
+    return "\n".join(lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,8 +329,19 @@ class FactorialResult(Summary):
         intro = Section(text=f"{self.budget.seeds} seeds per arm and cell, {self.budget.steps} steps, evaluations "
                         f"every {self.budget.eval_every} steps ({self.budget.eval_batches} batches of 64); "
                         f"d_head {self.budget.d_head}; arms {', '.join(self.budget.arms)}.")
-        return [intro, Section("Overview", _OVERVIEW, self.overview())] + [
+        out = [intro]
+        if len(recipes(self.budget)) > 1:
+            rows = _recipe_rows(self.budget, self.cells)
+            out.append(Section("Across recipes", _RECIPES_TEXT, self.recipes_table(),
+                               after=recipe_verdicts(rows)))
+        return out + [Section("Overview", _OVERVIEW, self.overview())] + [
             s for c in self.cells for s in experiment_sections(c) + _cell_sections(c)]
+
+    def recipes_table(self) -> Table:
+        """The clamp's effect per recipe (`_recipe_rows`; also written as recipes.csv)."""
+        return Table(("data", "layer-1 heads", "init", "first state", "norm", "arm", "free escaped (0.5)",
+                      "arm escaped (0.5)", "x free at 0.75 [95% CI]", "x free at 0.5 [95% CI]", "log-rank p (0.5)",
+                      "area vs free [95% CI]", "effect"), _recipe_rows(self.budget, self.cells))
 
     def figures(self) -> dict[str, Any]:
         from markov_interp.report import figures
@@ -239,12 +356,26 @@ class FactorialResult(Summary):
         return drawn
 
     def tables(self) -> dict[str, Table]:
-        return {"overview.csv": self.overview()}
+        found = {"overview.csv": self.overview()}
+        if len(recipes(self.budget)) > 1:
+            found["recipes.csv"] = self.recipes_table()
+        return found
 
     def to_json(self) -> dict:
         """Every seed's crossings, excess curve, final loss and scores, per arm and cell, with the comparisons."""
         return {c.name: {"steps": c.steps, "seconds": round(c.seconds, 1),
                          "arms": {a.arm.name: arm_json(a) for a in c.arms}} for c in self.cells}
+
+
+def cells_of(budget: FactorialBudget) -> list[tuple[str, int, Recipe]]:
+    """(data, layer-1 heads, recipe) of every cell, in the order they train."""
+    return list(itertools.product(budget.data, budget.heads, recipes(budget)))
+
+
+def read(budget: FactorialBudget, result: Mapping) -> FactorialResult:
+    """results.json's "result" read back as the typed result, every statistic recomputed from the seeds' curves
+    (`interventions.experiment_from_json`; `experiments.load`). The discovered circuits stay in the file."""
+    return FactorialResult(budget, tuple(experiment_from_json(name, cell, budget) for name, cell in result.items()))
 
 
 def run(budget: FactorialBudget, out: Path, *, progress: bool = False) -> FactorialResult:
@@ -258,12 +389,13 @@ def run(budget: FactorialBudget, out: Path, *, progress: bool = False) -> Factor
     Returns:
         The typed result (`FactorialResult`)."""
     arms = cell_arms(budget)
-    cells = [run_arms(_cell_name(data, heads), cell_base(budget, data, heads), arms, budget, out,
-                      progress=progress, task=_cell_name(data, heads),
+    cells = [run_arms(_cell_name(data, heads, recipe), cell_base(budget, data, heads, recipe), arms, budget, out,
+                      progress=progress, task=_cell_name(data, heads, recipe),
                       over_training=budget.score_checkpoints > 0, discovered=budget.discovered)
-             for data, heads in itertools.product(budget.data, budget.heads)]
+             for data, heads, recipe in cells_of(budget)]
     return FactorialResult(budget, tuple(cells))
 
 
 EXPERIMENT = register(Experiment(name="factorial", title="Finding 1 as a factorial: clamp x layer-1 heads x data",
-                                 budgets={"quick": QUICK, "full": FULL}, run=run, precision="fp32"))
+                                 budgets={"quick": QUICK, "standard": STANDARD, "full": FULL,
+                                          "recipes": RECIPES}, run=run, read=read, precision="fp32"))

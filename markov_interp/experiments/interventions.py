@@ -30,6 +30,7 @@ figures (what docs/reproduction/interventions/ holds).
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -39,11 +40,12 @@ from markov_interp.experiments import Budget, Experiment, Section, Summary, Tabl
 from markov_interp.models import heads_per_layer, preset
 from markov_interp.training import RunConfig, TrainConfig, TrainResult, runfolder, train_many
 
-__all__ = ["InterventionsBudget", "QUICK", "FULL", "EXPERIMENTS", "Arm", "CircuitScores", "ArmResult",
+__all__ = ["InterventionsBudget", "QUICK", "STANDARD", "FULL", "EXPERIMENTS", "Arm", "CircuitScores", "ArmResult",
            "ExperimentResult", "InterventionsResult", "experiment_arms", "run_experiment", "run",
            "previous_token_at_release", "circuit_scores_at_end", "circuit_scores_at",
            "circuit_scores_over_training", "discovered_circuits", "survival_figure", "dynamics_figures",
-           "experiment_sections", "summary_markdown", "run_arms", "arm_json", "EXPERIMENT"]
+           "experiment_sections", "summary_markdown", "run_arms", "arm_result", "arm_json", "arm_from_json",
+           "experiment_from_json", "read", "EXPERIMENT"]
 
 EXPERIMENTS = ("previous-token-clamp", "reader-frozen", "attention-in-one-layer")
 
@@ -75,6 +77,9 @@ class InterventionsBudget(Budget):
 
 
 FULL = InterventionsBudget(name="full")
+# the full budget is CPU-sized: at it the positive control learns (free two-layer runs leave the plateau in 16/16
+# seeds, docs/reproduction/interventions/), so "standard" is the full budget under its own name
+STANDARD = FULL.replace(name="standard", cuts="none: the full budget (free runs escape in every seed)")
 QUICK = InterventionsBudget(name="quick", seeds=4, steps=60, release=20, chain_steps=60, chain_seq_len=32,
                             eval_every=10, eval_batches=2,
                             cuts="4 seeds, 60 steps: a smoke test of the code path; its numbers show nothing")
@@ -271,24 +276,41 @@ def run_arms(name: str, base: RunConfig, arms: list[Arm], budget: Budget, out_di
 
     out = None if out_dir is None else Path(out_dir)
     start = time.perf_counter()
-    results, notes = [], []
-    free_runs = None
+    results: list[ArmResult] = []
     for arm in arms:
         trained = _train_arm(base, arm, budget, out, progress, task)
         runs = [None if r.failed else dynamics.from_metrics(r.metrics) for r in trained]
-        known = [r for r in runs if r is not None]
-        versus = None if free_runs is None else dynamics.compare(free_runs, known)
-        free_runs = known if free_runs is None else free_runs
         at_end = circuit_scores_at_end(trained) if base.source.kind == "random" else None
         at_release = previous_token_at_release(base, arm, budget, out, progress) if name == "reader-frozen" else None
-        results.append(ArmResult(arm, tuple(runs), dynamics.condition(known), tuple(r.final.eval_loss for r in trained),
-                                 versus, at_end, at_release,
-                                 circuit_scores_over_training(trained) if over_training else (),
-                                 discovered_circuits(trained, discovered) if discovered else ()))
-        if any(r is None for r in runs):
-            notes.append(f"{arm.name}: {sum(r is None for r in runs)} runs failed (left out)")
+        results.append(arm_result(arm, runs, [r.final.eval_loss for r in trained], results[0] if results else None,
+                                  at_end=at_end, at_release=at_release,
+                                  over_training=circuit_scores_over_training(trained) if over_training else (),
+                                  circuits=discovered_circuits(trained, discovered) if discovered else ()))
     return ExperimentResult(name, budget, base.train.steps, tuple(results), time.perf_counter() - start,
-                            tuple(notes))
+                            _failure_notes(results))
+
+
+def arm_result(arm: Arm, runs: list, final_losses: list, free: Optional[ArmResult], **scores: Any) -> ArmResult:
+    """One arm's `ArmResult` from its runs' dynamics (None: a failed run): the arm's `dynamics.condition` and,
+    unless it is the reference itself (`free` None), its `dynamics.compare` with the reference arm `free`; the
+    one summary of an arm, after training (`run_arms`) and when results.json is read back (`arm_from_json`).
+
+    Args:
+        arm: the arm.
+        runs: each seed's `dynamics.RunDynamics`, None for a failed run.
+        final_losses: each seed's final evaluation loss.
+        free: the reference arm's result (None: this arm is the reference).
+        scores: `ArmResult`'s score fields (at_end, at_release, over_training, circuits).
+
+    Returns:
+        The `ArmResult`."""
+    known = [r for r in runs if r is not None]
+    versus = None if free is None else dynamics.compare([r for r in free.runs if r is not None], known)
+    return ArmResult(arm, tuple(runs), dynamics.condition(known), tuple(final_losses), versus, **scores)
+
+
+def _failure_notes(arms: list[ArmResult]) -> tuple[str, ...]:
+    return tuple(f"{a.arm.name}: {a.failed} runs failed (left out)" for a in arms if a.failed)
 
 
 def previous_token_at_release(base: RunConfig, arm: Arm, budget: InterventionsBudget,
@@ -461,9 +483,7 @@ def _lines_table(r: ExperimentResult) -> Table:
         area = "—"
         if a.against_free is not None and a.against_free.area is not None:
             ar = a.against_free.area
-            iv = "no interval" if ar.interval is None else ", ".join("?" if x is None else f"{x:+.3g}"
-                                                                     for x in ar.interval)
-            area = f"{ar.area:+.3g} [{iv}] (steps {ar.span[0]}-{ar.span[1]})"
+            area = f"{ar.text()} (steps {ar.span[0]}-{ar.span[1]})"
         rows.append((a.arm.name, *cells, area))
     return Table(("arm", *(f"{f:g} left" for f in fractions), "area vs free [95% CI]"), rows)
 
@@ -542,6 +562,52 @@ def arm_json(a: ArmResult) -> dict:
                if a.circuits else {})}
 
 
+def _scores_from_json(data: Optional[Mapping]) -> Optional[CircuitScores]:
+    if data is None:
+        return None
+    return CircuitScores(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _run_from_json(curve: Optional[Mapping]) -> Optional[dynamics.RunDynamics]:
+    """A run's excess curve from results.json, its crossings recomputed by the current rule (None: failed)."""
+    if curve is None:
+        return None
+    return dynamics.run_dynamics(dynamics.ExcessCurve(tuple(int(s) for s in curve["steps"]),
+                                                      tuple(curve["excess"]), tuple(curve["plateau_excess"])))
+
+
+def arm_from_json(name: str, data: Mapping, free: Optional[ArmResult]) -> ArmResult:
+    """One arm of results.json (`arm_json`) read back: every seed's excess curve, its crossings and the arm's
+    statistics and comparison with `free` recomputed by the current `dynamics`; the circuit scores as recorded.
+    Discovered circuits are not read back (results.json keeps them as dicts: read those directly).
+
+    Args:
+        name: the arm's name (its key in results.json).
+        data: its entry.
+        free: the reference arm, read back first (None: this is it).
+
+    Returns:
+        The `ArmResult`. ValueError for an entry written before results.json kept every seed's curve."""
+    if "curves" not in data:
+        raise ValueError(f"arm {name!r}: results.json holds no excess curves (written before they were kept); "
+                         "read its escape steps with `dynamics.recorded_escape`")
+    arm = Arm(name, tuple(data["interventions"]), tuple(data.get("model", {}).items()))
+    return arm_result(arm, [_run_from_json(c) for c in data["curves"]], data["final_eval_loss"], free,
+                      at_end=_scores_from_json(data.get("at_end")),
+                      at_release=_scores_from_json(data.get("at_release")),
+                      over_training=tuple(_scores_from_json(x) for x in data.get("over_training", ())))
+
+
+def experiment_from_json(name: str, data: Mapping, budget: Budget) -> ExperimentResult:
+    """One experiment (or factorial cell) of results.json read back (`arm_from_json` for each arm, the first
+    the reference), at `budget` (the file's, `experiments.load`)."""
+    arms: list[ArmResult] = []
+    for arm_name, entry in data["arms"].items():
+        arms.append(arm_from_json(arm_name, entry, arms[0] if arms else None))
+    return ExperimentResult(name, budget, int(data["steps"]), tuple(arms), float(data["seconds"]),
+                            _failure_notes(arms))
+
+
 _PREAMBLE = (
     "A run crosses a line f (a fraction of the plateau's excess over the true predictor: the in-context unigram "
     "estimator's for random kernels, the stationary law's for the fixed chain) at the first evaluation that starts "
@@ -581,6 +647,12 @@ class InterventionsResult(Summary):
                          "arms": {a.arm.name: arm_json(a) for a in r.arms}} for r in self.parts}
 
 
+def read(budget: InterventionsBudget, result: Mapping) -> InterventionsResult:
+    """results.json's "result" read back as the typed result, every statistic recomputed (`experiments.load`)."""
+    return InterventionsResult(budget, tuple(experiment_from_json(name, data, budget)
+                                             for name, data in result.items()))
+
+
 def run(budget: InterventionsBudget, out: Path, *, progress: bool = False) -> InterventionsResult:
     """Run the experiments `budget.parts` into `out` (run folders under out/runs; a rerun loads them).
 
@@ -596,4 +668,5 @@ def run(budget: InterventionsBudget, out: Path, *, progress: bool = False) -> In
 
 
 EXPERIMENT = register(Experiment(name="interventions", title="Interventions during training",
-                                 budgets={"quick": QUICK, "full": FULL}, run=run, precision="fp32"))
+                                 budgets={"quick": QUICK, "standard": STANDARD, "full": FULL}, run=run,
+                                 read=read, precision="fp32"))

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from markov_interp import dynamics
-from markov_interp.experiments import Budget, Experiment, Section, Table, _shared, register
+from markov_interp.experiments import Budget, Experiment, Section, Table, _formation, _shared, register
 from markov_interp.probes.classify import Thresholds
 from markov_interp.sweep import SweepSpec
 
@@ -61,9 +61,10 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
     from markov_interp.models import HookedModel
     from markov_interp.probes import ProbeBatch
 
-__all__ = ["PhaseBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES", "EXPERIMENT",
-           "shape_label", "phase_specs", "order_reached", "circuit_summary", "measure_model", "cell_summaries",
-           "claims", "cells_table", "claims_table", "cells_csv", "PhaseResult", "run"]
+__all__ = ["PhaseBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES",
+           "EXPERIMENT", "shape_label", "phase_specs", "formation_specs", "formation_rows", "order_reached",
+           "circuit_summary", "measure_model", "cell_summaries", "claims", "cells_table", "claims_table", "cells_csv",
+           "PhaseResult", "run", "read"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
 HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
@@ -94,8 +95,10 @@ class PhaseBudget(Budget):
     classified: int = 4  # seeds per cell named by `probes.classify_mechanism` (path patching: the costly probe)
     group: Optional[int] = None  # runs per stack (default: every order and seed of a shape)
     workers: Optional[int] = None  # training processes (default: every core)
+    formation_seeds: int = 0  # seeds per cell trained again with checkpoints: the circuit at every checkpoint
+    formation_checkpoints: int = 24  # log-spaced checkpoints of those runs (the last step included)
 
-    ZERO_OK = ("classified",)
+    ZERO_OK = ("classified", "formation_seeds")
 
     def check(self) -> None:
         if self.vocab < 2:
@@ -131,16 +134,17 @@ GPU = PhaseBudget(
          "(3, 3), (2, 2, 2) or (3, 3, 3)), 16 seeds per cell in stacks of 48 (three orders x 16 seeds), 2000 steps, "
          "the classifier on 2 seeds per cell")
 STANDARD = PhaseBudget(
-    name="standard", seeds=8, steps=3000, orders=(1, 2, 3),
+    name="standard", seeds=8, steps=3000, orders=(1, 2),
     shapes=((1,), (2,), (1, 1), (2, 1), (2, 2), (1, 1, 1), (2, 1, 1), (2, 2, 2)), families=("layernorm",),
-    probe_sequences=512, classified=8, workers=1,
+    probe_sequences=512, classified=8, workers=1, formation_seeds=1,
     cuts="the smallest budget at which the positive control learns (two layers x two heads on order 2 reach the "
-         "trigram law): orders 1-3, depth 1-3 with heads {1, 2} and an extra layer-0 head, the LayerNorm family "
-         "only, 8 seeds per cell (full: 64), 3000 steps, every seed classified on 512 probe sequences, one "
-         "training process (a 2-core CPU)")
+         "trigram law): orders 1 and 2 (order 3 does not fit a 2-core CPU's day), depth 1-3 with heads {1, 2} and "
+         "an extra layer-0 head, the LayerNorm family only, 8 seeds per cell (full: 64), 3000 steps, every seed "
+         "classified on 512 probe sequences, one training process (a 2-core CPU); seed 0 of every cell trained again "
+         "with 24 checkpoints for its circuit over training")
 TINY = PhaseBudget(name="tiny", seeds=2, orders=(1, 2), shapes=((1,), (2, 1)), steps=6, seq_len=16,
                    batch_size=4, eval_every=3, eval_batches=1, probe_sequences=8, families=("layernorm",),
-                   classified=1, cuts="a smoke test of the code path; its numbers show nothing")
+                   classified=1, formation_seeds=1, formation_checkpoints=3, cuts="a smoke test of the code path; its numbers show nothing")
 
 
 def shape_label(heads: tuple) -> str:
@@ -150,7 +154,9 @@ def shape_label(heads: tuple) -> str:
     return f"L{len(heads)} ({','.join(map(str, heads))})"
 
 
-def _spec(budget: PhaseBudget, family: str, depth: int) -> Optional[SweepSpec]:
+def _spec(budget: PhaseBudget, family: str, depth: int, *, formation: bool = False) -> Optional[SweepSpec]:
+    """The sweep of one family and depth; `formation`: its first `formation_seeds` seeds again, with checkpoints
+    (the same runs otherwise: same seeds, same data, same weights at every step)."""
     shapes = [list(h) for h in budget.shapes if len(h) == depth]
     if not shapes:
         return None
@@ -158,18 +164,29 @@ def _spec(budget: PhaseBudget, family: str, depth: int) -> Optional[SweepSpec]:
              "n_ctx": budget.seq_len, "normalization": FAMILIES[family]}
     train = {"steps": budget.steps, "seq_len": budget.seq_len, "batch_size": budget.batch_size, "lr": budget.lr,
              "schedule": "constant", "eval_every": budget.eval_every, "eval_batches": budget.eval_batches,
-             "log_every": budget.eval_every, "n_checkpoints": 0, "device": budget.device}
-    return SweepSpec(name=f"phases-{family}-L{depth}",
+             "log_every": budget.eval_every, "n_checkpoints": budget.formation_checkpoints if formation else 0,
+             "device": budget.device}
+    return SweepSpec(name=f"phases-{family}-L{depth}" + ("-formation" if formation else ""),
                      base={"source": {"kind": "random", "vocab": budget.vocab, "alpha": budget.alpha},
                            "model": model, "train": train},
                      grid={"source.order": list(budget.orders), "model.n_heads": shapes},
-                     seeds=tuple(range(budget.seeds)), probe=False)
+                     seeds=tuple(range(budget.formation_seeds if formation else budget.seeds)), probe=False)
 
 
 def phase_specs(budget: PhaseBudget) -> list[SweepSpec]:
     """One sweep spec per family and depth, its grid the orders x that depth's shapes, `budget.seeds` seeds."""
     depths = sorted({len(h) for h in budget.shapes})
     specs = [_spec(budget, family, depth) for family in budget.families for depth in depths]
+    return [s for s in specs if s is not None]
+
+
+def formation_specs(budget: PhaseBudget) -> list[SweepSpec]:
+    """The runs whose circuit is followed over training: `budget.formation_seeds` seeds of every cell, trained
+    again with `formation_checkpoints` log-spaced checkpoints ([] when formation_seeds is 0)."""
+    if budget.formation_seeds == 0:
+        return []
+    depths = sorted({len(h) for h in budget.shapes})
+    specs = [_spec(budget, family, depth, formation=True) for family in budget.families for depth in depths]
     return [s for s in specs if s is not None]
 
 
@@ -274,7 +291,16 @@ class RunRecord:
     seed: int
     status: str
     measure: Optional[dict]
-    dynamics: Optional[dynamics.RunDynamics]
+    dynamics: Optional[dynamics.RunDynamics]  # None also when read back from results.json (it keeps no curves)
+    crossings: Optional[dict] = None  # read back: the crossings as results.json keeps them (`crossings_to_json`)
+
+    @property
+    def escape(self) -> Optional[dynamics.StepInterval]:
+        """The run's escape (the crossing of 0.5), None unless finished."""
+        if self.dynamics is not None:
+            return self.dynamics.escape
+        return None if self.crossings is None else dynamics.crossings_from_json(self.crossings)[0].get(
+            dynamics.ESCAPE_FRACTION)
 
 
 def _family(normalization: Optional[str]) -> str:
@@ -325,15 +351,15 @@ def measure_rows(rows: list, work: Path, budget: PhaseBudget, *, progress: bool 
     return records
 
 
-def _escape_json(runs: list) -> dict:
+def _escape_json(escapes: list[dynamics.StepInterval]) -> dict:
     """The escape (the 0.5 crossing) over a cell's runs: median crossing and interval, censored fraction."""
-    if not runs:
+    if not escapes:
         return {"median": None, "describe": "no runs", "censored": _shared.proportion(0, 0)}
-    cond = dynamics.condition(runs)
-    median = cond.escape.median()
+    spread = dynamics.survival(escapes)
+    median = spread.median()
     return {"median": median.by, "after": median.estimate.after, "describe": median.describe(),
             "interval": None if median.interval is None else [median.interval.after, median.interval.by],
-            "censored": _shared.proportion(cond.escape.n_censored, cond.escape.n)}
+            "censored": _shared.proportion(spread.n_censored, spread.n)}
 
 
 def _circuit_json(measures: list[dict], order: int) -> dict:
@@ -370,7 +396,7 @@ def _cell_json(key: tuple, records: list[RunRecord]) -> dict:
             "reached": {str(j): _shared.proportion(sum(x >= j for x in reached), n) for j in range(-1, order + 1)},
             "order_reached": dict(sorted(Counter(reached).items())),
             "median_order": int(statistics.median_low(reached)) if reached else None,
-            "gains": {}, "escape": _escape_json([r.dynamics for r in done if r.dynamics is not None]),
+            "gains": {}, "escape": _escape_json([r.escape for r in done if r.escape is not None]),
             "circuit": _circuit_json(measures, order) if measures else None}
     for j in range(order + 1):
         values = [m["gains"][str(j)] for m in measures]
@@ -582,35 +608,92 @@ _CELLS_TEXT = (f"Reach order j: the seeds whose gain fraction g_j >= {REACH} for
                "and path patching).")
 
 
+_FORMATION_TEXT = ("Seed 0 of every cell trained again with {n} log-spaced checkpoints (the same run: same seed, same "
+                   "data) and its circuit found at every checkpoint by path patching on one batch of {seqs} sequences "
+                   "(`probes.circuit_formation`). A K-edge (a head into another head's keys: the induction "
+                   "composition) enters at the first checkpoint from which it stays kept; set against the run's own "
+                   "crossings of the excess-loss lines (a crossing is a grid interval between evaluations).")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PhaseResult(_shared.GridResult):
     """The phase diagram at one budget: per-run records, per-cell summaries, the claims."""
 
     claims: list
+    formation: tuple = ()  # `_formation.FormationRecord`s: seed 0 of every cell, its circuit at every checkpoint
+
+    def _formation_labels(self) -> dict:
+        return {id(r): f"{r.where['family']} {shape_label(tuple(r.where['heads']))} order {r.where['order']}"
+                for r in self.formation}
+
+    def _formation_shown(self) -> dict[str, _formation.FormationRecord]:
+        """The figures' runs: two layers with one head on order 1 (the textbook circuit) and two heads on
+        order 2, where run."""
+        wanted = {"circuit_formation.png": ((1, 1), 1), "circuit_formation_order2.png": ((2, 2), 2)}
+        return {name: r for name, (heads, order) in wanted.items() for r in self.formation
+                if tuple(r.where["heads"]) == heads and r.where["order"] == order and r.where["seed"] == 0}
 
     def sections(self) -> list[Section]:
-        return [Section("Setup", setup_text(self.budget)),
-                Section("Beside each paper's claim", "", claims_table(self.claims)),
-                Section("Every cell", _CELLS_TEXT, cells_table(self.cells),
-                        figures=("phase_diagram.png", "escape_curves.png"))]
+        out = [Section("Setup", setup_text(self.budget)),
+               Section("Beside each paper's claim", "", claims_table(self.claims)),
+               Section("Every cell", _CELLS_TEXT, cells_table(self.cells),
+                       figures=("phase_diagram.png", "escape_curves.png"))]
+        if self.formation:
+            out.append(Section("Circuits over training", _FORMATION_TEXT.format(
+                n=self.budget.formation_checkpoints, seqs=_formation.FORMATION_SEQUENCES),
+                _formation.formation_table(list(self.formation), self._formation_labels()),
+                figures=tuple(self._formation_shown())))
+        return out
 
     def figures(self) -> dict[str, Any]:
         from markov_interp.report import figures
 
-        return {"phase_diagram.png": figures.phase_diagram_figure(
-                    self.cells, title=f"{self.budget.name} budget: {self.budget.steps} steps"),
-                "escape_curves.png": figures.excess_curves_panels_figure(
-                    curve_panels(list(self.records)), columns=len(self.budget.orders),
-                    title="median excess over the order-k law relative to the in-context unigram plateau's")}
+        drawn = {"phase_diagram.png": figures.phase_diagram_figure(
+                     self.cells, title=f"{self.budget.name} budget: {self.budget.steps} steps"),
+                 "escape_curves.png": figures.excess_curves_panels_figure(
+                     curve_panels(list(self.records)), columns=len(self.budget.orders),
+                     title="median excess over the order-k law relative to the in-context unigram plateau's")}
+        labels = self._formation_labels()
+        for name, record in self._formation_shown().items():
+            drawn[name] = _formation.formation_figure(record, f"{labels[id(record)]}, seed 0: the circuit over "
+                                                              "training")
+        return drawn
 
     def tables(self) -> dict[str, Table]:
         return {"cells.csv": cells_csv(self.cells)}
 
     def to_json(self) -> dict:
         runs = [{"family": r.family, "heads": list(r.heads), "order": r.order, "seed": r.seed, "status": r.status,
-                 **(r.measure or {}), "crossings": r.dynamics.to_json() if r.dynamics else None}
-                for r in self.records]
-        return {"cells": self.cells, "claims": self.claims, "runs": runs}
+                 **(r.measure or {}), "crossings": _crossings_json(r)} for r in self.records]
+        return {"cells": self.cells, "claims": self.claims, "runs": runs,
+                "formation": [r.to_json() for r in self.formation]}
+
+
+def _crossings_json(r: RunRecord) -> Optional[dict]:
+    return r.dynamics.to_json() if r.dynamics is not None else r.crossings
+
+
+_RUN_KEYS = ("family", "heads", "order", "seed", "status", "crossings")
+
+
+def _record_from_json(run: dict) -> RunRecord:
+    """One run of results.json as a `RunRecord`: its measures, the order reached recomputed from its gains by the
+    current `REACH`, its crossings (no curve: results.json keeps none)."""
+    measure = {k: v for k, v in run.items() if k not in _RUN_KEYS} if run["status"] == "ok" else None
+    if measure is not None:
+        measure["reached"] = order_reached({int(j): g for j, g in measure["gains"].items()})
+    return RunRecord(family=run["family"], heads=tuple(run["heads"]), order=int(run["order"]), seed=int(run["seed"]),
+                     status=run["status"], measure=measure, dynamics=None, crossings=run.get("crossings"))
+
+
+def read(budget: PhaseBudget, result: dict) -> PhaseResult:
+    """results.json's "result" read back (`experiments.load`): the runs' measures and crossings as records, every
+    cell summary and claim recomputed by the current code (no figure of the excess curves: the file keeps none)."""
+    records = [_record_from_json(run) for run in result["runs"]]
+    cells = cell_summaries(records)
+    return PhaseResult(budget=budget, records=tuple(records), cells=cells, claims=claims(cells),
+                       n_failed=sum(r.status not in ("ok", "diverged") for r in records),
+                       formation=tuple(_formation.FormationRecord.from_json(f) for f in result.get("formation", ())))
 
 
 def run(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResult:
@@ -630,11 +713,35 @@ def run(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResul
                                 progress=progress)
     records = measure_rows(result.rows, work, budget, progress=progress)
     cells = cell_summaries(records)
+    formation = formation_rows(budget, work, progress=progress)
     return PhaseResult(budget=budget, records=tuple(records), cells=cells, claims=claims(cells),
-                       n_failed=result.n_failed)
+                       n_failed=result.n_failed, formation=tuple(formation))
+
+
+def formation_rows(budget: PhaseBudget, work: Path, *, progress: bool = False) -> list[_formation.FormationRecord]:
+    """Train the formation runs (`formation_specs`) into `work` and read each one's circuit at every checkpoint."""
+    from tqdm.auto import tqdm
+
+    from markov_interp.training import runfolder
+
+    specs = formation_specs(budget)
+    if not specs:
+        return []
+    trained = _shared.train_grid(specs, work, workers=budget.workers,
+                                 group=len(budget.orders) * budget.formation_seeds, progress=progress)
+    found = []
+    for row in tqdm([r for r in trained.rows if r.status == "ok"], disable=not progress, desc="formation",
+                    unit="run"):
+        cfg, folder = row.config, work / row.run_dir
+        where = dict(family=_family(cfg.model.normalization), heads=list(cfg.model.heads_per_layer),
+                     order=cfg.source.order, seed=cfg.train.seed)
+        found.append(_formation.FormationRecord(
+            where=where, formation=_formation.measure_formation(folder, work, row.cell_id, seed=_PROBE_SEED),
+            dynamics=dynamics.from_metrics(runfolder.load_metrics(folder))))
+    return found
 
 
 EXPERIMENT = register(Experiment(name="phases", title="Order x depth x heads phase diagram",
                                  budgets={"quick": QUICK, "standard": STANDARD, "full": FULL, "gpu": GPU,
-                                          "tiny": TINY}, run=run,
+                                          "tiny": TINY}, run=run, read=read,
                                  precision="fp32"))

@@ -40,8 +40,8 @@ from markov_interp.models import initial_state
 from markov_interp.models.reduction import RELEASABLE, exact_model_options
 from markov_interp.sweep import SweepSpec
 
-__all__ = ["ReductionBudget", "QUICK", "FULL", "NETWORK_ARMS", "THEORY_ARMS", "arm_spec", "separatrix_interval",
-           "predicted_boundary", "ArmResult", "ReductionResult", "run", "EXPERIMENT"]
+__all__ = ["ReductionBudget", "QUICK", "STANDARD", "FULL", "NETWORK_ARMS", "THEORY_ARMS", "arm_spec",
+           "separatrix_interval", "predicted_boundary", "ArmResult", "ReductionResult", "run", "read", "EXPERIMENT"]
 
 NETWORK_ARMS = ("reduced", *RELEASABLE, "free-sgd", "free-adam")
 THEORY_ARMS = ("flow", "adam-ewb")
@@ -85,6 +85,9 @@ class ReductionBudget(Budget):
 
 
 FULL = ReductionBudget(name="full")
+# CPU-sized: the positive control (the reduced arm below the separatrix escapes, 8/8 per w0) learns at it
+STANDARD = FULL.replace(name="standard", cuts="none: the full budget (the reduced arm escapes below the "
+                                               "separatrix in every seed)")
 QUICK = ReductionBudget(name="quick", seeds=2, steps=200, w0=(-0.8, -0.65, -0.55, -0.45),
                         arms=("reduced", "positions", "free-sgd"), eval_batches=2, n_checkpoints=4,
                         cuts="2 seeds, 4 values of w0, 200 steps, arms reduced / positions / free-sgd only: a smoke "
@@ -161,14 +164,21 @@ def _network_arm(arm: str, rows: list, work: Path, budget: ReductionBudget, prog
         value = _shared.cached_measure(work, row.cell_id, _MEASURE_KEY, lambda: _measure(work / row.run_dir, cfg,
                                                                                        budget))
         per_w[cfg.model.canonical_w].append({"w0": cfg.model.canonical_w, "seed": cfg.train.seed, **value})
+    return _tally(arm, [r for w in budget.w0 for r in per_w[w]], budget)
+
+
+def _tally(arm: str, runs: list[dict], budget: ReductionBudget) -> ArmResult:
+    """A network arm's runs (w0, seed and `_measure`'s numbers each) tallied per w0: escaped k/n and the median
+    distance from the flow; after training and when results.json is read back (`read`)."""
     escaped, n, gaps = [], [], []
     for w in budget.w0:
-        found = [dynamics.crossings_from_json(r["escape"])[0][0.5] for r in per_w[w] if r["escape"]]
+        mine = [r for r in runs if r["w0"] == w]
+        found = [dynamics.crossings_from_json(r["escape"])[0][dynamics.ESCAPE_FRACTION] for r in mine if r["escape"]]
         escaped.append(sum(f.escaped for f in found))
         n.append(len(found))
-        g = np.array([r["flow_gap"] for r in per_w[w]]) if per_w[w] else np.full((1, 3), np.nan)
+        g = np.array([r["flow_gap"] for r in mine]) if mine else np.full((1, 3), np.nan)
         gaps.append(tuple(float(x) for x in np.median(g, 0)))
-    return ArmResult(arm, tuple(escaped), tuple(n), tuple(gaps), tuple(r for w in budget.w0 for r in per_w[w]))
+    return ArmResult(arm, tuple(escaped), tuple(n), tuple(gaps), tuple(runs))
 
 
 def _theory_arm(arm: str, budget: ReductionBudget) -> ArmResult:
@@ -293,6 +303,16 @@ class ReductionResult(Summary):
                          for a in self.arms}}
 
 
+def read(budget: ReductionBudget, result: dict) -> ReductionResult:
+    """results.json's "result" read back (`experiments.load`): the network arms tallied from their recorded runs
+    (each run's escape as measured); the theory arms and the flow's separatrix as recorded (deterministic
+    functions of the budget, seconds to recompute: `_theory_arm`, `predicted_boundary`)."""
+    theory = [ArmResult(name, tuple(result["arms"][name]["escaped"]), tuple(result["arms"][name]["n"]), None, ())
+              for name in THEORY_ARMS]
+    network = [_tally(name, list(result["arms"][name]["runs"]), budget) for name in budget.arms]
+    return ReductionResult(budget, tuple(theory + network), float(result["boundary"]), 0)
+
+
 def run(budget: ReductionBudget, out: Path, *, progress: bool = False) -> ReductionResult:
     """Train every network arm into out/runs (restartable), measure every run, compute the theory arms.
 
@@ -316,4 +336,6 @@ def run(budget: ReductionBudget, out: Path, *, progress: bool = False) -> Reduct
 
 
 EXPERIMENT = register(Experiment(name="reduction", title="The exact reduction that stays exact: which freedom moves "
-                                 "the separatrix", budgets={"quick": QUICK, "full": FULL}, run=run, precision="fp32"))
+                                 "the separatrix", budgets={"quick": QUICK, "standard": STANDARD,
+                                                                       "full": FULL}, run=run, read=read,
+                                 precision="fp32"))

@@ -18,6 +18,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp import theory
+from markov_interp._display import displayed
 
 W_SADDLE = -1.0 / math.sqrt(2.0)  # the unigram saddle: delta(w) = 1 + 2 w|w| = 0
 # h(w) = w^2 + sign(w) log|w| at its minimum over w < 0 (w = -1/sqrt(2)): the separatrix level of E.
@@ -346,6 +347,7 @@ def profile_loss(e: ArrayLike, w: ArrayLike, *, p: Real, q: Real) -> Any:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+@displayed(line=lambda m: f"global minima at {len(m.w)} values of w, log-odds {m.log_odds:.4f}")
 @dataclass(frozen=True)
 class BigramMinima:
     """The global minima over given w values: e = +-`e` (NaN where delta(w) e^2 = c has no solution), bias `b`.
@@ -398,6 +400,7 @@ def unigram_e_curvature(w: ArrayLike, *, p: Real, q: Real) -> Any:
     return float(out) if np.ndim(out) == 0 else out
 
 
+@displayed(line=lambda a: f"unigram point at w = {a.w:.4g} (p {a.p:g}, q {a.q:g}): {a.kind}")
 @dataclass(frozen=True)
 class UnigramPointAnalysis:
     """Evidence for the classification of the unigram point (0, w, log(p/q)).
@@ -458,6 +461,8 @@ def classify_unigram_point(w: Real, *, p: Real, q: Real) -> str:
     return unigram_point_analysis(w, p=p, q=q).kind
 
 
+@displayed(line=lambda t: f"{len(t.loss) - 1} steps over ({', '.join(t.names)}), loss {float(t.loss[0]):.4f} -> "
+                          f"{float(t.loss[-1]):.4f}")
 @dataclass(frozen=True)
 class Trajectory:
     """A gradient-descent run on the canonical loss: `points` [steps + 1, 3] (e, w, b) or [steps + 1, 4]

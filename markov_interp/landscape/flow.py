@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from markov_interp._display import displayed
 from markov_interp.landscape.canonical import (
     _IID_TOL,
     H_STAR,
@@ -380,6 +381,8 @@ def adam_descent(e0: ArrayLike, w0: ArrayLike, b0: ArrayLike = 0.0, *, p: Real, 
 # ---------------------------------------------------------------------------------------------------------------
 
 
+@displayed(line=lambda r: f"{r.kind} map, {r.bigram.shape[0]} x {r.bigram.shape[1]} settings, "
+                          f"{float(r.bigram.mean()):.0%} end at the global minimum")
 @dataclass(frozen=True)
 class RegimeMap:
     """Predicted outcomes over a grid: `bigram[i, j]` is True where training from the setting (y[i], x[j]) ends

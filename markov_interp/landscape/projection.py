@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from markov_interp._display import displayed
 from markov_interp.landscape.canonical import ArrayLike, Real, Trajectory, canonical_loss
 
 # A model (a TransformerBridge, a HookedTransformer: anything with `state_dict()`) or its state dict.
@@ -41,6 +42,7 @@ def _read_tensor(state: Mapping[str, Any], key: str) -> tuple[np.ndarray, bool] 
     return None
 
 
+@displayed
 @dataclass(frozen=True)
 class CanonicalProjection:
     """A model's weights projected onto the canonical (e, w, b) coordinates along the unit direction u.

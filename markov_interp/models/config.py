@@ -19,7 +19,7 @@ __all__ = ["ModelConfig", "PRESETS", "preset", "INIT_FIELDS", "shape_config"]
 
 _NORMALIZATIONS = ("LN", "LNPre", None)
 _POSITIONAL = ("standard", "rotary")
-_INITS = ("standard", "canonical")
+_INITS = ("standard", "plain", "canonical")
 _ACTIVATIONS = ("gelu", "gelu_new", "relu")
 # ModelConfig fields that only change the initial weights: the members of one stack may differ in them.
 INIT_FIELDS = ("init", "init_std", "canonical_e", "canonical_w", "canonical_b", "canonical_v_std", "canonical_a",
@@ -41,6 +41,8 @@ class ModelConfig(Config):
       - "standard": every weight N(0, init_std) (embeddings, positions, Q, K, V, MLP in, untied head), the
         output projections (attention O and MLP out) N(0, init_std / sqrt(2 n_layers)), biases 0,
         LayerNorm scales 1 -- the reference code's GPT-2 init.
+      - "plain": every weight N(0, init_std), the output projections too (no 1 / sqrt(2 n_layers)): the
+        init of plain PyTorch replications (a recipe factor of the clamp experiment).
       - "canonical": the low-rank init of the follow-up paper ("Local to Global", arXiv 2406.03072) along
         one random direction. Its negative-product variant (MLP in-weights +c, out-weights -c) is
         `canonical_w < 0`; w < -1/sqrt(2) starts the reduced model in the global basin.
@@ -71,7 +73,7 @@ class ModelConfig(Config):
     unembed_bias: bool = True  # output layer bias
     attn_bias: bool = False  # biases on Q, K, V, O
     mlp_bias: bool = False  # biases on MLP in / out
-    init: str = "standard"  # "standard" or "canonical" (see class docstring)
+    init: str = "standard"  # "standard", "plain" or "canonical" (see class docstring)
     init_std: float | int = 0.02  # std of the standard init (and of the random parts of the canonical one)
     canonical_e: float | int = 0.1  # canonical init: embedding scale e
     canonical_w: float | int = 0.1  # canonical init: signed MLP scale w

@@ -72,7 +72,8 @@ def initial_state(cfg: ModelConfig, seed: int) -> dict[str, Float[Tensor, "..."]
     Draws come from one `torch.Generator` seeded with `seed`, in a fixed order (embedding, positions, then per
     block Q, K, V, O and MLP in / out, then an untied head), so the same (cfg, seed) gives the same weights on
     any device and the global RNG is neither read nor advanced. "standard": those N(0, init_std), the output
-    projections (O, MLP out) N(0, init_std / sqrt(2 n_layers)), biases 0, LayerNorm scales 1.
+    projections (O, MLP out) N(0, init_std / sqrt(2 n_layers)), biases 0, LayerNorm scales 1; "plain": the same
+    draws with the output projections at init_std too.
 
     Canonical init (`cfg.init == "canonical"`, binary chains; after the standard init of everything else):
     draw alpha in {-1, +1}^d_model uniformly and let u = alpha / sqrt(d_model) (unit norm). Then W_E[0] = 0,
@@ -129,7 +130,8 @@ def initial_state(cfg: ModelConfig, seed: int) -> dict[str, Float[Tensor, "..."]
 
 def _standard_draws(cfg: ModelConfig) -> list[tuple[str, float]]:
     """(name, std) of the normally drawn weights, in draw order."""
-    std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
+    std = cfg.init_std
+    out_std = std if cfg.init == "plain" else std / math.sqrt(2 * cfg.n_layers)
     draws = [("embed.weight", std)] + ([("pos_embed.weight", std)] if cfg.positional == "standard" else [])
     for i in range(cfg.n_layers):
         b = f"blocks.{i}."

@@ -17,6 +17,7 @@ never write files, plot, or write into a cache. One module per idea:
 - `discovery`: `discover_circuit`, every edge's exact path-patching effect, the kept edges, faithfulness and
   minimality, as a `CircuitGraph`.
 - `circuit`: the induction circuit read off a graph (previous-token -> induction K-edges).
+- `formation`: `circuit_formation`, the circuit at every checkpoint of a run and when each edge enters it.
 - `gains`: graded gains, the fraction of each step up the ladder of in-context laws the model has climbed.
 - `kernel_swap`: in weights or in context, from sequences of kernels the model was not trained on.
 - `weights`: per-head OV and QK circuits as V x V matrices, direct logit attribution.
@@ -30,10 +31,13 @@ never write files, plot, or write into a cache. One module per idea:
 >>> # classify_mechanism(model, RandomMarkov(3), seed=0).mechanism
 """
 
+import inspect
+
 from markov_interp.probes._common import (
     DEFAULT_PROBE_LENGTH,
     ProbeBatch,
     ProbeLengthWarning,
+    checked,
     in_context_unigram_probs,
     kernel_probs,
     next_state_probs,
@@ -58,14 +62,17 @@ from markov_interp.probes.ablation import (
 )
 from markov_interp.probes.attention import (
     AttentionScores,
+    TokenStatistics,
     attention_scores,
     induction_baseline,
     induction_keys,
     induction_score,
     previous_token_score,
     same_token_score,
+    token_statistics,
     uniform_causal_pattern,
 )
+from markov_interp.probes._display import ProbeResult, headline
 from markov_interp.probes.behaviour import (
     BehaviourReport,
     add_beta_predictor,
@@ -89,6 +96,7 @@ from markov_interp.probes.classify import (
     probe_hook_names,
 )
 from markov_interp.probes.discovery import CORRUPTIONS, CircuitGraph, Edge, discover_circuit, kept_edges
+from markov_interp.probes.formation import CircuitFormation, circuit_formation, entry_step
 from markov_interp.probes.gains import Gains, graded_gains
 from markov_interp.probes.interventions import intervened_probs, intervened_run, set_component
 from markov_interp.probes.kernel_swap import KernelSwap, SwapPlan, kernel_swap, swap_plan
@@ -118,6 +126,7 @@ from markov_interp.probes.strategies import (
 )
 
 __all__ = [
+    "CircuitFormation", "circuit_formation", "entry_step",
     "DEFAULT_PROBE_LENGTH", "ProbeLengthWarning", "probe_length", "state_labels", "training_length",
     "AblationTable", "AttentionScores", "BehaviourReport", "CORRUPTIONS", "Circuit", "CircuitGraph", "Component",
     "Edge", "EdgeKey", "EdgeRunner", "Gains", "KernelReadout", "KernelSwap", "LawCheck", "MECHANISMS", "METHODS",
@@ -134,5 +143,14 @@ __all__ = [
     "set_component", "spread_previous_token_excess", "state_and_counts_probs", "state_dependence",
     "stationary_probs", "strategy_probs", "strategy_similarity", "swap_plan", "total_variation",
     "uniform_causal_pattern", "PositionPatching", "patching_by_position", "LogitAttribution",
-    "direct_logit_attribution", "ov_circuits", "qk_circuits",
+    "direct_logit_attribution", "ov_circuits", "qk_circuits", "TokenStatistics", "token_statistics", "checked",
+    "ProbeResult", "headline",
 ]
+
+# Every public probe is exported with its argument types checked (`checked`: a TypeError naming the parameter
+# and what it takes); the modules keep the unwrapped functions for the package's own calls.
+for _name in __all__:
+    _value = globals()[_name]
+    if inspect.isfunction(_value) and _name not in ("checked", "headline"):
+        globals()[_name] = checked(_value)
+del _name, _value

@@ -7,7 +7,11 @@ both TransformerLens model families share. States are integer tokens 0..V-1; the
 """
 
 import dataclasses
+import functools
+import inspect
 import math
+import types
+import typing
 import warnings
 from collections.abc import Sequence
 from typing import Any, Optional, Union
@@ -17,6 +21,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp import theory
+from markov_interp._display import displayed
 from markov_interp.data import MarkovChain, RandomMarkov, Source
 from markov_interp.models import HookedModel
 # the hook-name functions of the probes; their one home is `models.hooks` (TransformerLens's names)
@@ -221,6 +226,7 @@ def total_variation(p: Float[Tensor, "*#batch vocab"], q: Float[Tensor, "*#batch
 
 
 # ------------------------------------------------------------------------------------------- probe batch
+@displayed
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
 class ProbeBatch:
     """Sequences a probe runs on, with the kernel each sequence was drawn from.
@@ -239,11 +245,11 @@ class ProbeBatch:
     beta: float  # add-beta smoothing of the in-context references: alpha for RandomMarkov, 1/2 otherwise
     initial: Optional[Float[Tensor, "batch context"]] = None
 
-    def __repr__(self) -> str:  # one line, not the tensors
+    def _headline(self) -> str:  # one line, not the tensors
         batch, seq = self.tokens.shape
         kind = "a random kernel per sequence" if self.random_kernel else "one fixed kernel"
-        return (f"<ProbeBatch: {batch} sequences x {seq} states over {self.vocab} states, order {self.order}, {kind}, "
-                f"beta {self.beta:g}>")
+        return (f"{batch} sequences x {seq} states over {self.vocab} states, order {self.order}, {kind}, "
+                f"beta {self.beta:g}")
 
 
 TokensOrBatch = Union[Tokens, ProbeBatch]  # what a probe that reads tokens takes: tokens or a ProbeBatch
@@ -378,3 +384,81 @@ def ratio_of_means(numerator: Float[Tensor, " batch"], denominator: Float[Tensor
     n = num.shape[0]
     spread = float((num - ratio * den).std()) if n > 1 else math.nan
     return ratio, spread / math.sqrt(n) / abs(mean_den)
+
+
+# ---------------------------------------------------------------------------------------- argument types
+_TAKES = {  # what a parameter of each annotated type takes, in words
+    HookedModel: "a TransformerLens hooked model (HookedTransformer or TransformerBridge, e.g. models.load(run))",
+    ProbeBatch: "a ProbeBatch (probes.sample_batch(source, n_sequences=..., seq_len=..., seed=...))",
+    Tensor: "a torch tensor",
+}
+_SOURCE_TAKES = "a Markov source (BinaryChain, MarkovChain or RandomMarkov, e.g. SourceConfig(...).build())"
+_SKIP = (int, float, str, bool, type(None))  # plain values: the probes' own ValueErrors name bad ones
+
+
+def _expected(annotation: Any) -> Optional[tuple[tuple[type, ...], str]]:
+    """(types, words) a parameter annotated `annotation` takes (None included in the types where the annotation
+    allows it), or None for annotations not checked here (plain values, containers, callables, Any)."""
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        parts = [_expected(a) for a in typing.get_args(annotation) if a is not type(None)]
+        if not parts or any(p is None for p in parts):
+            return None
+        allowed = tuple(t for p in parts for t in p[0]) + ((type(None),) if type(None) in typing.get_args(
+            annotation) else ())
+        return allowed, " or ".join(p[1] for p in parts)
+    if annotation is Source:
+        return (MarkovChain, RandomMarkov), _SOURCE_TAKES
+    array_type = getattr(annotation, "array_type", None)  # a jaxtyping array type: Int[Tensor, "batch pos"]
+    if isinstance(array_type, type):
+        kind = {"Int": "an integer tensor", "Float": "a float tensor", "Bool": "a boolean tensor"}.get(
+            annotation.__name__.split("[")[0].rsplit(".", 1)[-1], "a tensor")
+        return (array_type,), f"{kind} [{', '.join(annotation.dim_str.split())}]"
+    if not isinstance(annotation, type) or annotation in _SKIP or typing.get_origin(annotation) is not None:
+        return None
+    if annotation.__module__.split(".")[0] not in ("markov_interp", "torch"):
+        return None
+    return (annotation,), _TAKES.get(annotation, f"a {annotation.__name__}")
+
+
+def _describe_value(value: Any) -> str:
+    return _describe(value) if isinstance(value, Tensor) else f"{type(value).__name__} {value!r}"[:120]
+
+
+def checked(fn: Any) -> Any:
+    """`fn` whose arguments of package, torch and source types are checked first: a wrong type raises TypeError
+    naming the parameter and what it takes (instead of an AttributeError from deep inside). Every public probe
+    is exported through it (`markov_interp.probes`); plain values (ints, strings, ...) keep their ValueErrors.
+
+    Args:
+        fn: a probe function with annotated parameters.
+
+    Returns:
+        The wrapped function (same signature and docstring; `__wrapped__` is `fn`).
+
+    >>> from markov_interp.probes import classify_mechanism
+    >>> classify_mechanism(None, None)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    TypeError: classify_mechanism: model must be a TransformerLens hooked model ..., got NoneType None
+    """
+    signature = inspect.signature(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except (NameError, TypeError):  # an annotation that does not resolve: check only the ones that do
+        hints = {k: v for k, v in fn.__annotations__.items() if not isinstance(v, str)}
+    checks = {name: spec for name in signature.parameters if name in hints
+              for spec in [_expected(hints[name])] if spec is not None}
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:  # the types of what was given first; a missing argument is then Python's own error
+            bound = signature.bind_partial(*args, **kwargs)
+        except TypeError as err:  # an unknown or surplus argument: Python's own message, with the probe's name
+            raise TypeError(f"{fn.__name__}: {err}") from None
+        for name, value in bound.arguments.items():
+            spec = checks.get(name)
+            if spec is not None and not isinstance(value, spec[0]):
+                raise TypeError(f"{fn.__name__}: {name} must be {spec[1]}, got {_describe_value(value)}")
+        return fn(*args, **kwargs)
+
+    wrapper.__markov_checked__ = True
+    return wrapper

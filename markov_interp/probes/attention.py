@@ -44,7 +44,7 @@ from markov_interp.probes._common import (
     json_safe,
     pattern_hook,
 )
-from markov_interp.probes._display import ProbeResult, dataframe
+from markov_interp.probes._display import ProbeResult, dataframe, displayed
 
 Pattern = Float[Tensor, "batch head query_pos key_pos"]
 KeyMask = Bool[Tensor, "batch query_pos key_pos"]
@@ -164,23 +164,24 @@ def _lag_bucket(lag: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class _InductionTerms:
-    """The candidate pairs (i, j = i - lag) of an order-k induction score, lag by lag (no [i, j] tensors).
-
-    For lag l the queries are i = order + l .. seq - 1; `match[l]` and `rate[l]` are [batch, n_l], and
-    `scored` [batch, pos] marks the queries with at least one match.
+    """The candidate pairs (i, j) of an order-k induction score, j = i - lag for lag = 1, 2, ... in turn (queries
+    i = order + lag .. seq - 1), flat: `index` [pair] is i x seq + j, `query` [pair] is i; `match` and `rate` are
+    [batch, pair]; `scored` [batch, pos] marks the queries with at least one match. (No [i, j] tensors: the pairs
+    are half of them, and a pattern is read at them with one gather.)
     """
 
     order: int
-    lags: tuple[int, ...]
-    match: tuple[Tensor, ...]
-    rate: tuple[Tensor, ...]
+    index: Tensor
+    query: Tensor
+    match: Bool[Tensor, "batch pair"]
+    rate: Float[Tensor, "batch pair"]
     scored: Bool[Tensor, "batch pos"]
 
 
 def _induction_terms(tokens: Tokens, order: int, vocab: int) -> _InductionTerms:
     _check_positive("order", order)
     batch, seq = tokens.shape
-    lags = tuple(range(1, seq - order))
+    lags = range(1, seq - order)
     matches, lowers, strata = [], [], []
     scored = torch.zeros(batch, seq, dtype=torch.bool, device=tokens.device)
     for lag in lags:
@@ -196,25 +197,27 @@ def _induction_terms(tokens: Tokens, order: int, vocab: int) -> _InductionTerms:
         matches.append(match)
         lowers.append(lower)
         scored[:, order + lag:] |= match
+    query = torch.cat([torch.arange(order + lag, seq) for lag in lags]) if lags else torch.zeros(0, dtype=torch.long)
+    query = query.to(tokens.device)
+    key = query - torch.cat([torch.full((seq - order - lag,), lag) for lag in lags]).to(tokens.device) if lags \
+        else query
+    match = torch.cat(matches, 1) if lags else torch.zeros(batch, 0, dtype=torch.bool, device=tokens.device)
+    stratum = torch.cat(strata, 1) if lags else torch.zeros(batch, 0, dtype=torch.long, device=tokens.device)
+    keep = scored[:, query]  # rates over the scored queries only (see induction_match_rate)
     n_strata = (_lag_bucket(max(seq, 1)) + 1) * vocab * vocab * 2
     hits = torch.zeros(n_strata, dtype=torch.float64, device=tokens.device)
     counts = torch.zeros(n_strata, dtype=torch.float64, device=tokens.device)
-    for lag, match, stratum in zip(lags, matches, strata):
-        keep = scored[:, order + lag:]  # rates over the scored queries only (see induction_match_rate)
-        hits.index_add_(0, stratum[keep], match[keep].double())
-        counts.index_add_(0, stratum[keep], torch.ones_like(match[keep], dtype=torch.float64))
-    table = hits / counts.clamp_min(1)
-    rates = tuple(table[stratum] for stratum in strata)
-    return _InductionTerms(order=order, lags=lags, match=tuple(matches), rate=rates, scored=scored)
+    hits.index_add_(0, stratum[keep], match[keep].double())
+    counts.index_add_(0, stratum[keep], torch.ones_like(match[keep], dtype=torch.float64))
+    rate = (hits / counts.clamp_min(1))[stratum]
+    return _InductionTerms(order=order, index=query * seq + key, query=query, match=match, rate=rate, scored=scored)
 
 
 def _lag_mass(pattern: Pattern, terms: _InductionTerms, use_rate: bool) -> Float[Tensor, " head"]:
     """Mean over scored queries of sum over candidate keys of a_ij x (match or baseline rate), per head."""
-    total = torch.zeros(pattern.shape[1], dtype=torch.float64, device=pattern.device)
-    for lag, match, rate in zip(terms.lags, terms.match, terms.rate):
-        diag = pattern.diagonal(offset=-lag, dim1=2, dim2=3)[..., terms.order:]  # [batch, head, n]: a_{i, i-lag}
-        weight = (rate if use_rate else match.double()) * terms.scored[:, terms.order + lag:]
-        total += torch.einsum("bhn,bn->h", diag.double(), weight.to(diag.device))
+    at_pairs = pattern.flatten(2).index_select(2, terms.index.to(pattern.device))  # [batch, head, pair]
+    weight = (terms.rate if use_rate else terms.match.double()) * terms.scored[:, terms.query]
+    total = torch.einsum("bhp,bp->h", at_pairs.double(), weight.to(pattern.device))
     n_scored = int(terms.scored.sum())
     return (total / n_scored if n_scored else total).to(pattern.dtype)
 
@@ -227,16 +230,14 @@ def induction_match_rate(
     The stratum is (lag bucket of i - j, x_i, x_j, order-(order-1) match); see the module docstring. Rates
     are taken over the queries the score averages (those with at least one match), so that a head that
     attends by position scores its baseline exactly in expectation. Zero outside the candidate keys of the
-    scored queries. (A dense view for inspection; the scores work lag by lag.)
+    scored queries. (A dense view for inspection; the scores read the pairs alone.)
     """
     vocab = int(tokens.max()) + 1 if vocab is None else vocab
     terms = _induction_terms(tokens, order, vocab)
     batch, seq = tokens.shape
-    out = torch.zeros(batch, seq, seq, dtype=torch.float64, device=tokens.device)
-    for lag, rate in zip(terms.lags, terms.rate):
-        i = torch.arange(order + lag, seq, device=tokens.device)
-        out[:, i, i - lag] = rate * terms.scored[:, order + lag:]
-    return out
+    out = torch.zeros(batch, seq * seq, dtype=torch.float64, device=tokens.device)
+    out[:, terms.index] = terms.rate * terms.scored[:, terms.query]
+    return out.view(batch, seq, seq)
 
 
 def induction_score(pattern: Pattern, tokens: Tokens, *, order: int = 1) -> Float[Tensor, " head"]:
@@ -443,54 +444,107 @@ def attention_hook_names(model: HookedModel) -> list[str]:
     return [pattern_hook(layer) for layer in range(model.cfg.n_layers)]
 
 
-@torch.no_grad()
-def attention_scores(
-    model: HookedModel, tokens: TokensOrBatch, *, cache: Optional[Any] = None, max_order: int = 1,
-    max_lag: Optional[int] = None,
-) -> AttentionScores:
-    """Previous-token scores at lags 1..`max_lag` (default `max_order`), induction scores of orders
-    1..`max_order` with their baselines, and same-token scores of every head (see `AttentionScores`).
+@displayed
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenStatistics:
+    """What the attention scores need of the tokens alone, computed once for every model scored on them (a run's
+    checkpoints): the candidate keys, matches and baseline rates of each induction order, and every chance level.
+    Made by `token_statistics`; `attention_scores(..., statistics=...)` uses it."""
 
-    `cache` may be an `ActivationCache` (or dict) that already holds the patterns of `attention_hook_names`,
-    from a `run_with_cache` on the same `tokens`; it is only read.
+    shape: tuple[int, int]  # the tokens' [batch, pos]
+    max_lag: int
+    terms: tuple[_InductionTerms, ...]  # orders 1..max_order
+    lag_chance: tuple[float, ...]
+    order_chance: tuple[float, ...]
+    same_token_chance: float
 
-    >>> # scores = attention_scores(model, tokens, max_order=2); scores.lag_excess(2)  # lag-2 heads
+    def _headline(self) -> str:
+        return (f"{self.shape[0]} sequences x {self.shape[1]} states, lags 1..{self.max_lag}, orders 1.."
+                f"{len(self.terms)}; chance: previous-token {self.lag_chance[0]:.3f}, induction "
+                f"{self.order_chance[0]:.3f}, same-token {self.same_token_chance:.3f}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe({"shape": list(self.shape), "max_lag": self.max_lag, "max_order": len(self.terms),
+                          "lag_chance": list(self.lag_chance), "order_chance": list(self.order_chance),
+                          "same_token_chance": self.same_token_chance})
+
+
+def token_statistics(tokens: TokensOrBatch, *, vocab: int, max_order: int = 1,
+                     max_lag: Optional[int] = None) -> TokenStatistics:
+    """The token-only part of `attention_scores` on `tokens` (see `TokenStatistics`).
+
+    Args:
+        tokens: the states [batch, pos] (or a `ProbeBatch`) the patterns will be computed on.
+        vocab: the number of states (the model's d_vocab).
+        max_order, max_lag: as in `attention_scores`.
+
+    Returns:
+        A `TokenStatistics`.
     """
     tokens = as_tokens(tokens)
     _check_positive("max_order", max_order)
     max_lag = max_order if max_lag is None else max_lag
     _check_positive("max_lag", max_lag)
+    terms = tuple(_induction_terms(tokens, k, int(vocab)) for k in range(1, max_order + 1))
+    uniform, cpu = uniform_causal_pattern(tokens.cpu()), tokens.cpu()
+    return TokenStatistics(
+        shape=tuple(tokens.shape), max_lag=max_lag, terms=terms,
+        lag_chance=tuple(float(previous_token_score(uniform, cpu, lag=lag)[0]) for lag in range(1, max_lag + 1)),
+        order_chance=tuple(_uniform_induction_chance(cpu, t) for t in terms),
+        same_token_chance=float(same_token_score(uniform, cpu)[0]))
+
+
+@torch.no_grad()
+def attention_scores(
+    model: HookedModel, tokens: TokensOrBatch, *, cache: Optional[Any] = None, max_order: int = 1,
+    max_lag: Optional[int] = None, statistics: Optional[TokenStatistics] = None,
+) -> AttentionScores:
+    """Previous-token scores at lags 1..`max_lag` (default `max_order`), induction scores of orders
+    1..`max_order` with their baselines, and same-token scores of every head (see `AttentionScores`).
+
+    `cache` may be an `ActivationCache` (or dict) that already holds the patterns of `attention_hook_names`,
+    from a `run_with_cache` on the same `tokens`; it is only read. `statistics` (`token_statistics` of the same
+    tokens) saves recomputing the token-only part when several models are scored on one batch; its orders and
+    lags then stand for `max_order` and `max_lag`.
+
+    >>> # scores = attention_scores(model, tokens, max_order=2); scores.lag_excess(2)  # lag-2 heads
+    """
+    tokens = as_tokens(tokens)
+    if statistics is None:
+        statistics = token_statistics(tokens, vocab=int(model.cfg.d_vocab), max_order=max_order, max_lag=max_lag)
+    elif tuple(tokens.shape) != statistics.shape:
+        raise ValueError(f"statistics were computed for tokens of shape {statistics.shape}, got "
+                         f"{tuple(tokens.shape)}")
     names = attention_hook_names(model)
     if cache is None:
         _, cache = model.run_with_cache(check_tokens(model, tokens), names_filter=names)
-    vocab = int(model.cfg.d_vocab)
     tok = tokens.to(cache[names[0]].device)
-    terms = [_induction_terms(tok, k, vocab) for k in range(1, max_order + 1)]  # shared by every layer
+    move = lambda t: dataclasses.replace(  # noqa: E731  (to the patterns' device)
+        t, **{name: getattr(t, name).to(tok.device) for name in ("index", "query", "match", "rate", "scored")})
+    terms = [move(t) for t in statistics.terms]  # shared by every layer
     lags, orders, bases, same = [], [], [], []
     for hook in names:
         pattern = cache[hook].float()
-        lags.append(torch.stack([previous_token_score(pattern, tok, lag=lag) for lag in range(1, max_lag + 1)]))
+        lags.append(torch.stack([previous_token_score(pattern, tok, lag=lag)
+                                 for lag in range(1, statistics.max_lag + 1)]))
         orders.append(torch.stack([_lag_mass(pattern, t, use_rate=False) for t in terms]))
         bases.append(torch.stack([_lag_mass(pattern, t, use_rate=True) for t in terms]))
         same.append(same_token_score(pattern, tok))
-    uniform, cpu = uniform_causal_pattern(tokens.cpu()), tokens.cpu()
     by_layer = lambda grids: torch.stack(grids, dim=1).cpu()  # noqa: E731  [lag/order, layer, head]
-    lag_chance = tuple(float(previous_token_score(uniform, cpu, lag=lag)[0]) for lag in range(1, max_lag + 1))
-    order_chance = tuple(_uniform_induction_chance(cpu, t) for t in terms)
     absent = _absent_heads(model)  # surplus heads of layers with fewer heads: NaN, never a role
     lag_grids, order_grids = by_layer(lags).masked_fill(absent, nan), by_layer(orders).masked_fill(absent, nan)
     return AttentionScores(
         previous_token=lag_grids[0],
         induction=order_grids[0],
         same_token=torch.stack(same).cpu().masked_fill(absent, nan),
-        previous_token_chance=lag_chance[0],
-        induction_chance=order_chance[0],
-        same_token_chance=float(same_token_score(uniform, cpu)[0]),
+        previous_token_chance=statistics.lag_chance[0],
+        induction_chance=statistics.order_chance[0],
+        same_token_chance=statistics.same_token_chance,
         previous_token_lags=lag_grids,
-        previous_token_lag_chance=lag_chance,
+        previous_token_lag_chance=statistics.lag_chance,
         induction_orders=order_grids,
         induction_baselines=by_layer(bases).masked_fill(absent, nan),
-        induction_order_chance=order_chance,
+        induction_order_chance=statistics.order_chance,
     )
 
 

@@ -23,12 +23,13 @@ from typing import Any, Optional
 import torch
 
 from markov_interp.probes._common import json_safe
-from markov_interp.probes._display import ProbeResult, dataframe
+from markov_interp.probes._display import ProbeResult, dataframe, displayed
 from markov_interp.probes.attention import AttentionScores
 from markov_interp.probes.discovery import CircuitGraph, Edge
 from markov_interp.probes.interventions import Component
 
 
+@displayed
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Role:
     """One role of the circuit: its heads, their scores, and the kept K-edges' effect through them."""
@@ -43,6 +44,11 @@ class Role:
     @property
     def name(self) -> str:
         return "previous-token" if self.kind == "previous_token" else f"induction order {self.index}"
+
+    def _headline(self) -> str:
+        heads = ", ".join(f"{h.name} {x:.2f}" for h, x in zip(self.heads, self.scores)) or "no head"
+        effect = "" if self.effect is None else f"; kept K-edges {self.effect:+.4f} nats"
+        return f"{self.name}: {heads}{effect}{' (confirmed)' if self.confirmed else ''}"
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe({"kind": self.kind, "index": self.index, "name": self.name,

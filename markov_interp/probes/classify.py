@@ -63,7 +63,7 @@ from markov_interp.probes._common import (
     probe_length,
     sample_batch,
 )
-from markov_interp.probes._display import ProbeResult, evidence_tables, headline
+from markov_interp.probes._display import ProbeResult, displayed, evidence_tables, headline
 from markov_interp.probes.ablation import AblationTable, ablation_table, model_components
 from markov_interp.probes.attention import AttentionScores, attention_hook_names, attention_scores
 from markov_interp.probes.behaviour import BehaviourReport, behaviour
@@ -87,6 +87,7 @@ _LABEL_OF_LAW = {"uniform": "uniform", "stationary": "unigram", "in_context_unig
                  STATE_AND_COUNTS: "state_and_counts"}
 
 
+@displayed
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Thresholds:
     """The documented cut-offs of `classify_mechanism` (module docstring), with the distributions they were read
@@ -126,6 +127,7 @@ class Thresholds:
         return dataclasses.asdict(self)
 
 
+@displayed(line=lambda c: f"{c.law}: fit {c.fit_ratio:.3f}, margin {c.margin_ratio:.3f}, passed {c.passed}")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LawCheck:
     """The closest law and the two checks it must pass to be the model's law (module docstring)."""

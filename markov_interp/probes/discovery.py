@@ -44,7 +44,7 @@ from markov_interp.probes._common import (
     probe_length,
     sample_batch,
 )
-from markov_interp.probes._display import ProbeResult, dataframe
+from markov_interp.probes._display import ProbeResult, dataframe, displayed
 from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_attributions, senders
 
 CORRUPTIONS = ("resample", "kernel_swap", "shuffle")
@@ -55,6 +55,7 @@ _MAX_LOWERINGS = 16  # at most this many lowered thresholds are tried (each cost
 _NO_TOTAL = 1e-6  # nats: below this the corruption changes nothing, and faithfulness is undefined
 
 
+@displayed(line=lambda e: f"{e.name}: effect {e.effect:+.4f} +- {e.se:.4f} nats, gradient {e.attribution:+.4f}")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Edge:
     """One edge with its path-patching effect: corrupting `sender` where `receiver` reads it through `input`

@@ -27,9 +27,11 @@ from typing import Any, Optional
 import torch
 
 from markov_interp import theory
+from markov_interp._display import displayed
 from markov_interp.probes._common import ProbeBatch, Probs, json_safe, ratio_of_means, target_losses
 
 
+@displayed
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class Gains(Mapping):
     """{k: g_k} (module docstring) with `se[k]`; `law_losses[k]` is the mean loss of the in-context law of order

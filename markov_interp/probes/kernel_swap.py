@@ -39,6 +39,7 @@ from torch import Tensor
 from markov_interp import theory
 from markov_interp.data import MarkovChain, RandomMarkov, Source
 from markov_interp.models import HookedModel
+from markov_interp._display import displayed
 from markov_interp.probes._common import (
     ProbeBatch,
     Probs,
@@ -55,6 +56,7 @@ SWAPS = ("auto", "random", "permute", "flip", "prior", "pool")
 OOD_ALPHA_DIVISOR = 10.0  # random-kernel sources: swap kernels drawn from Dirichlet(alpha / 10)
 
 
+@displayed
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class SwapPlan:
     """The sequences `kernel_swap` feeds (`batch`, with their kernels) and the two laws it compares the model
@@ -66,6 +68,15 @@ class SwapPlan:
     context_law: Probs
     description: str
 
+    def _headline(self) -> str:
+        batch, seq = self.batch.tokens.shape
+        return f"{batch} sequences x {seq} states: {self.description}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the description and the batch's shape (the laws are [batch, pos, vocab] tensors)."""
+        return {"description": self.description, "n_sequences": int(self.batch.tokens.shape[0]),
+                "seq_len": int(self.batch.tokens.shape[1]), "vocab": self.batch.vocab}
+
     def __post_init__(self) -> None:
         shape = (*self.batch.tokens.shape, self.batch.vocab)
         for name in ("weights_law", "context_law"):
@@ -73,6 +84,7 @@ class SwapPlan:
                 raise ValueError(f"{name} must have shape {shape}, got {tuple(getattr(self, name).shape)}")
 
 
+@displayed
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class KernelSwap:
     """How far the model follows the context on sequences whose kernel it was not trained on (module docstring).
@@ -88,6 +100,11 @@ class KernelSwap:
     n_sequences: int
     seq_len: int
     seed: int
+
+    def _headline(self) -> str:
+        return (f"in-context fraction {self.in_context_fraction:.2f} +- {self.se:.2f} (losses: model "
+                f"{self.model_loss:.4f}, from the weights {self.weights_loss:.4f}, from the context "
+                f"{self.context_loss:.4f} nats; {self.description})")
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(dataclasses.asdict(self))

@@ -16,6 +16,7 @@ previous-token head to the induction head.
 """
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -27,6 +28,7 @@ from markov_interp import theory
 from markov_interp.models import HookedModel
 from markov_interp.probes._common import (Probs, Tokens, TokensOrBatch, as_tokens, check_tokens, json_safe,
                                           next_state_probs)
+from markov_interp.probes._display import ProbeResult, dataframe
 from markov_interp.probes.interventions import (
     Component,
     ComponentValues,
@@ -187,17 +189,37 @@ def activation_patching(
     )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class PositionPatching:
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class PositionPatching(ProbeResult):
     """Recovery of the clean prediction at `position` when the residual stream a layer reads is patched from
     the clean run at one earlier position (`recovery[layer, pos]`, 1 - KL(clean || patched) / KL(clean ||
     corrupted), a ratio of means over the batch): where, and before which layer, the information the prediction
     needs sits. For an induction circuit on a `patching_pair` the positions that followed earlier visits to the
-    final state light up before the induction layer, and only the final position after it."""
+    final state light up before the induction layer, and only the final position after it. NaN everywhere when
+    the corruption does not change the prediction (`baseline_kl` below 1e-9 nats: nothing to restore)."""
 
     recovery: Float[Tensor, "layer pos"]
     baseline_kl: float
     position: int
+
+    def summary(self) -> str:
+        n_layers, seq = self.recovery.shape
+        if bool(self.recovery.isnan().all()):
+            return (f"patching by position: nothing to restore (the corruption moves the prediction at position "
+                    f"{self.position} by {self.baseline_kl:.2e} nats)")
+        best = ", ".join(f"before L{layer}: position {int(row.nan_to_num(-math.inf).argmax())} "
+                         f"{float(row.nan_to_num(-math.inf).max()):.2f}" for layer, row in enumerate(self.recovery))
+        return (f"patching by position ({n_layers} layers x {seq} positions, prediction at {self.position}, KL to "
+                f"restore {self.baseline_kl:.4f} nats): best recovery {best}")
+
+    def to_dataframe(self) -> Any:
+        """One row per patched layer input (index "L0.resid") and one column per position: the recovery.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        return dataframe(({"input": f"L{layer}.resid", **{str(pos): float(v) for pos, v in enumerate(row)}}
+                          for layer, row in enumerate(self.recovery)), index="input")
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe({"recovery": self.recovery, "baseline_kl": self.baseline_kl, "position": self.position})

@@ -20,7 +20,7 @@ towards what happened.
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from jaxtyping import Float
@@ -28,6 +28,7 @@ from torch import Tensor
 
 from markov_interp.models import HookedModel, heads_per_layer
 from markov_interp.models.hooks import act_name
+from markov_interp.probes._display import ProbeResult, dataframe
 from markov_interp.probes._common import (
     TokensOrBatch,
     as_tokens,
@@ -72,23 +73,51 @@ def qk_circuits(model: HookedModel) -> Circuits:
     return _absent(model, qk.cpu())
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
-class LogitAttribution:
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class LogitAttribution(ProbeResult):
     """Direct logit attribution (module docstring), in logits (nats of log-odds) averaged over predictions.
 
-    `heads[layer, head]` (NaN for absent heads), `mlps[layer]` (NaN without an MLP), `embed` (token embedding),
-    `rest` (positions and biases); `total` = their sum = the mean logit of the next state minus the mean logit.
+    `heads[layer, head]` (NaN for heads a layer does not have), `mlps[layer]` (None for a model without MLPs),
+    `embed` (token embedding), `rest` (positions and biases); `total` = their sum = the mean logit of the next
+    state minus the mean logit.
     """
 
     heads: Float[Tensor, "layer head"]
-    mlps: Float[Tensor, " layer"]
+    mlps: Optional[Float[Tensor, " layer"]]
     embed: float
     rest: float
     total: float
 
+    def components(self) -> dict[str, float]:
+        """{component: attribution} for the parts the model has: "embed", each head ("L0H1"), each MLP ("L0.mlp"),
+        "rest"; they add up to `total`."""
+        out = {"embed": self.embed}
+        for layer in range(self.heads.shape[0]):
+            for head in range(self.heads.shape[1]):
+                if not math.isnan(float(self.heads[layer, head])):
+                    out[f"L{layer}H{head}"] = float(self.heads[layer, head])
+            if self.mlps is not None:
+                out[f"L{layer}.mlp"] = float(self.mlps[layer])
+        out["rest"] = self.rest
+        return out
+
+    def summary(self) -> str:
+        parts = sorted(((k, v) for k, v in self.components().items() if k != "rest"), key=lambda kv: -abs(kv[1]))
+        top = ", ".join(f"{k} {v:+.3f}" for k, v in parts[:4])
+        return f"direct logit attribution, total {self.total:+.3f}: {top}; rest {self.rest:+.3f}"
+
+    def to_dataframe(self) -> Any:
+        """One row per component the model has (index its name): its attribution in logits.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        return dataframe(({"component": k, "attribution": v} for k, v in self.components().items()),
+                         index="component")
+
     def to_dict(self) -> dict[str, Any]:
         return json_safe({"heads": self.heads, "mlps": self.mlps, "embed": self.embed, "rest": self.rest,
-                          "total": self.total})
+                          "total": self.total, "components": self.components()})
 
 
 def _unembed_share(model: HookedModel, values: Tensor, scale: Tensor, targets: Tensor) -> Tensor:
@@ -131,11 +160,11 @@ def direct_logit_attribution(model: HookedModel, tokens: TokensOrBatch) -> Logit
     for layer, n in enumerate(heads_per_layer(model)):
         out = torch.einsum("bphd,hde->hbpe", cache[z_hook(layer)][:, :, :n], model.W_O[layer, :n].detach())
         heads[layer, :n] = _unembed_share(model, out, scale, targets).mean((-1, -2)).cpu()
-    mlps = torch.tensor([share(cache[mlp_out_hook(layer)]) if has_mlp(model, layer) else math.nan
-                         for layer in range(n_layers)])
+    mlps = torch.tensor([share(cache[mlp_out_hook(layer)]) if has_mlp(model, layer) else 0.0
+                         for layer in range(n_layers)]) if any(has_mlp(model, i) for i in range(n_layers)) else None
     centred = logits - logits.mean(-1, keepdim=True)
     total = float(torch.gather(centred[:, :-1], -1, targets).mean())
     embed = share(cache[act_name("embed")])
-    rest = total - embed - float(heads.nansum()) - float(mlps.nansum())
+    rest = total - embed - float(heads.nansum()) - (float(mlps.sum()) if mlps is not None else 0.0)
     return LogitAttribution(heads=heads, mlps=mlps, embed=embed, rest=rest, total=total)
 

@@ -1,16 +1,18 @@
 """Reports: a run's probes drawn as figures, in one self-contained HTML file that opens with no network.
 
-`build(run_dir)` loads a run folder (config, metrics, final weights, checkpoints), runs
-`markov_interp.probes` on it and returns a `Report`; `Report.save()` writes `<run_dir>/report.html`
-atomically. The file holds the run's config, loss curves beside `theory`'s reference losses, the mechanism
-verdict with its evidence, per-head scores against chance, attention patterns (circuitsvis, its JavaScript
-inlined once per file), the ablation table, the learned kernel against the true one, the canonical
-landscape (single-layer binary runs) and probe scores over training (runs with checkpoints); for a run of a
-sweep (`<sweep>/runs/<cell_id>` beside `<sweep>/results.csv`) also its escape against the survival curve of
-its condition's seeds (section "condition", `report._condition`). The "circuit" section draws the circuit that
-`probes.discover_circuit` found (an SVG diagram), per-head OV and QK matrices, direct logit attribution and
-activation patching by layer x position (`report.circuits`). `from_model(model, source)` builds the sections that
-need no run folder for any model.
+`build(run_dir)` loads a run folder (config, metrics, final weights, checkpoints), runs `markov_interp.probes` on it
+and returns a `Report`; `Report.save()` writes `<run_dir>/report.html` atomically. The report reads top-down: its
+first screen ("summary") holds the verdict on two axes (the circuit the causal evidence shows, the law the outputs
+reach; graded gains only where the task has an in-context component, else why not) beside the circuit diagram and
+the loss curve against `theory`'s reference losses; then the contents, and one section per analysis: the run's
+configuration (a table, its JSON collapsed), the loss along the sequence, the verdict's evidence, the circuit found
+by path patching, OV / QK circuits, direct logit attribution, activation patching by position, per-head scores
+against chance, attention patterns (circuitsvis, its JavaScript inlined once per file), ablations, the learned
+kernel against the true one, the canonical landscape (single-layer binary runs) and probe scores over training
+(runs with checkpoints, run through the package's fused forward); for a run of a sweep (`<sweep>/runs/<cell_id>`
+beside `<sweep>/results.csv`) also its escape against the survival curve of its condition's seeds (section
+"condition", `report._condition`). `from_model(model, source)` builds the sections that need no run folder for any
+model. Each figure is drawn once.
 
 The figure functions in `markov_interp.report.figures` return matplotlib figures (or a circuitsvis figure)
 from probe results, the canonical landscape and the reproduction's tables, for use in notebooks (the circuit

@@ -1,5 +1,9 @@
 """`build(run_dir)`: probe a trained run and lay the results out as report sections; `Report.save` writes them.
 
+The report reads top-down. Its first screen (section "summary") holds the verdict on two axes, the circuit the
+causal evidence shows and the law the outputs reach, beside the circuit diagram and the loss curve against the
+reference losses; then the contents, and one section per analysis (`SECTION_IDS`). Each figure is drawn once.
+
 Every number in the report comes from `markov_interp.probes` (the mechanism verdict, head scores, ablations,
 kernel readout, behaviour along the sequence, probe scores per checkpoint), from the run's `metrics.jsonl`
 (losses during training, with the `theory` reference losses logged beside them) or from
@@ -13,25 +17,37 @@ import html
 import json
 import os
 from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import torch
 
 from markov_interp import dynamics, models, probes, theory
+from markov_interp._display import displayed, headline
 from markov_interp.data import Source
 from markov_interp.theory import ReferenceLosses
-from markov_interp.training import RunConfig, runfolder
+from markov_interp.training import RunConfig, resolve_device, runfolder
 from markov_interp.report import figures
-from markov_interp.report.circuits import circuit_section
-from markov_interp.report._html import Section, atomic_write_text, document, iframe, paragraph, table
+from markov_interp.report.circuits import (
+    circuit_diagram,
+    circuit_section,
+    logit_attribution_figure,
+    ov_qk_figure,
+    position_patching_figure,
+)
+from markov_interp.report._html import Section, atomic_write_text, document, figure_svg, iframe, paragraph, table
 
 REPORT_FILE = "report.html"
-SECTION_IDS = ("config", "loss", "mechanism", "circuit", "heads", "attention", "ablation", "kernel", "landscape",
-               "training")
-MODEL_SECTION_IDS = ("mechanism", "circuit", "heads", "attention", "ablation", "kernel")  # `from_model`: no run
+SECTION_IDS = ("summary", "config", "loss", "mechanism", "circuit", "weights", "attribution", "patching", "heads",
+               "attention", "ablation", "kernel", "landscape", "training")
+# `from_model`: the sections that need no run folder
+MODEL_SECTION_IDS = ("summary", "mechanism", "circuit", "weights", "attribution", "patching", "heads", "attention",
+                     "ablation", "kernel")
+_LEAD = 1  # sections before the contents: the first screen
 CONDITION_SECTION = "condition"  # added after SECTION_IDS for a run that belongs to a sweep
 
 
+@displayed(line=lambda r: f"{r.title}: {len(r.sections)} sections; {headline(r.mechanism)}")
 @dataclasses.dataclass(frozen=True, eq=False)
 class Report:
     """A run's report: titled `sections` (HTML, figures) plus the probe results they were drawn from.
@@ -48,7 +64,7 @@ class Report:
 
     @functools.cached_property
     def html(self) -> str:
-        return document(self.title, self.sections, intro=self.intro)
+        return document(self.title, self.sections, intro=self.intro, lead=min(_LEAD, len(self.sections)))
 
     def section(self, section_id: str) -> Section:
         """The section called `section_id` (one of `SECTION_IDS`)."""
@@ -67,6 +83,13 @@ class Report:
 
     def _repr_html_(self) -> str:
         return iframe(self.html)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the title, the run folder, the sections (id and title) and the verdict with its evidence
+        (`MechanismReport.to_dict`); the figures are in `html`."""
+        return {"title": self.title, "run_dir": None if self.run_dir is None else str(self.run_dir),
+                "sections": [{"id": s.id, "title": s.title} for s in self.sections],
+                "mechanism": self.mechanism.to_dict()}
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -128,37 +151,135 @@ def _config_section(run: RunConfig, run_dir: Optional[Path]) -> Section:
                      + " (the probes below see the trained weights without them; `intervene.applied(model, "
                      "interventions, t)` probes under them)"))
     pretty = json.dumps(run.to_dict(), indent=2, sort_keys=True)
-    return Section("config", "Run configuration", (table(rows), f"<pre>{html.escape(pretty)}</pre>"))
+    raw = ('<details class="config-json"><summary>config.json (the whole run configuration; <code>markov-interp '
+           f'train --config</code> retrains it)</summary><pre>{html.escape(pretty)}</pre></details>')
+    return Section("config", "Run configuration", (table(rows), raw))
 
 
-def _loss_section(metrics: list[dict], logged: Optional[ReferenceLosses], mech: probes.MechanismReport,
-                  steps: list[int]) -> Section:
-    refs = logged or mech.references
+def _loss_section(mech: probes.MechanismReport, refs: ReferenceLosses, *, curve_shown: bool) -> Section:
     text = paragraph(
         "Loss in nats. Reference lines come from markov_interp.theory: the entropy rate is the loss of the true "
         "kernel (global optimum), the unigram loss the plateau of a model that ignores the current state (H(pi); "
         "for random kernels the in-context unigram estimator's loss)"
         + (", the in-context Bayes loss the best possible on random kernels." if refs.in_context else ".")
         + " A reference estimated by Monte Carlo shows its standard error (±)."
+        + (" The loss during training against these references is the figure at the top (Summary)."
+           if curve_shown else "")
     )
-    parts = [text, figures.loss_curves_figure(metrics, refs, checkpoint_steps=steps)]
-    parts.append(figures.position_loss_figure(mech.behaviour, mech.references))
-    return Section("loss", "Loss curves", tuple(parts))
+    return Section("loss", "Loss along the sequence", (text, figures.position_loss_figure(mech.behaviour,
+                                                                                           mech.references)))
+
+
+def _in_context_task(mech: probes.MechanismReport) -> bool:
+    """Whether the task has an in-context component (random kernels, or a pool of them): only there do the
+    graded gains measure something about the task."""
+    return bool(mech.references.in_context)
+
+
+def gains_text(mech: probes.MechanismReport, *, short: bool = False) -> str:
+    """The graded gains g_k +- SE, or, on a fixed chain, why they are not shown (`short`: in one clause)."""
+    if _in_context_task(mech):
+        return mech.gains.describe()
+    swap = mech.kernel_swap
+    fraction = f"in-context fraction {swap.in_context_fraction:.2f} +- {swap.se:.2f}"
+    if short:
+        return f"not shown: a fixed chain has no in-context component (the kernel swap decides instead: {fraction})"
+    return ("not shown: every sequence of this source has the same kernel, so the task has no in-context "
+            "component. A model that holds the kernel in its weights does better than the in-context laws from the "
+            "first position, so g_k would grade the kernel, not in-context learning (g_1 above 1), and where the "
+            "step between two laws is narrow (uniform to in-context unigram, for a nearly uniform pi) its ratio is "
+            "noise. Whether the model predicts from its weights or from the context is the kernel swap's question: "
+            f"{fraction} on sequences of another kernel (0: from the weights, 1: from the context).")
+
+
+def shown_reasons(mech: probes.MechanismReport) -> list[str]:
+    """The classifier's reasons as the report shows them: on a fixed chain the graded-gains reason gives way to
+    why gains are not shown (`gains_text`)."""
+    if _in_context_task(mech):
+        return list(mech.reasons)
+    return [gains_text(mech) if r.startswith("graded gains") else r for r in mech.reasons]
+
+
+def _axis(value: Any, fallback: Callable[[], str]) -> str:
+    """A verdict axis in words: `MechanismReport.circuit` / `.law` when they are verdicts (text, or a result with a
+    headline), else `fallback()`, read from the evidence they hold (the `CircuitGraph`, the `LawCheck`)."""
+    if isinstance(value, str):
+        return value
+    if value is None or isinstance(value, (probes.CircuitGraph, probes.LawCheck)):
+        return fallback()
+    return probes.headline(value)
+
+
+def _graph(mech: probes.MechanismReport) -> probes.CircuitGraph:
+    """The discovered `CircuitGraph`: `mech.circuit` today; where `.circuit` is a verdict, the graph it was read
+    from (`.graph` or `.circuit_graph`)."""
+    for value in (getattr(mech, "circuit", None), getattr(mech, "graph", None), getattr(mech, "circuit_graph", None)):
+        if isinstance(value, probes.CircuitGraph):
+            return value
+    raise ValueError("this MechanismReport holds no CircuitGraph")
+
+
+def _circuit_words(mech: probes.MechanismReport) -> str:
+    """The circuit the causal evidence shows, from the graph and its induction reading."""
+    graph, induction = _graph(mech), mech.induction
+    kept = (f"{len(graph.kept)} of {len(graph.edges)} edges kept by path patching, faithfulness "
+            f"{graph.faithfulness:.2f}")
+    if induction.found:
+        roles = " -> ".join(f"{r.name} {', '.join(h.name for h in r.heads)}" for r in induction.roles)
+        return f"induction circuit of order {induction.order} ({roles}; K-edges {induction.effect:+.3f} nats); {kept}"
+    if not _in_context_task(mech):
+        swap = mech.kernel_swap
+        where = ("the kernel held in the weights" if swap.in_context_fraction < mech.thresholds.in_weights
+                 else "follows the context")
+        return f"{where} (kernel swap: in-context fraction {swap.in_context_fraction:.2f}); {kept}"
+    return f"no induction circuit ({induction.missing()}); {kept}"
+
+
+def _law_check(mech: probes.MechanismReport) -> probes.LawCheck:
+    """The own-law check: `mech.law` today; where `.law` is a verdict, the same check read again from the
+    evidence (`probes.check_law`)."""
+    law = getattr(mech, "law", None)
+    return law if isinstance(law, probes.LawCheck) else probes.check_law(mech.strategies, mech.thresholds)
+
+
+def _law_words(mech: probes.MechanismReport) -> str:
+    """The law the outputs reach: the closest candidate law and its checks."""
+    law, th = _law_check(mech), mech.thresholds
+    checks = "passes" if law.passed else "fails"
+    return (f"{probes.STRATEGY_LABELS.get(law.law, law.law)}: mean KL {law.divergence:.4f} nats, fit "
+            f"{law.fit_ratio:.2f} (<= {th.fit}) and margin {law.margin_ratio:.2f} (<= {th.margin}): {checks} the "
+            "own-law check")
 
 
 def why_panel(mech: probes.MechanismReport) -> str:
-    """The report's opening panel: the label, and in two or three sentences why (the law it follows, how
-    close, and for in-context laws the circuit found or what is missing)."""
+    """The verdict: the label with the decision's first reason, then its two axes (the circuit the causal
+    evidence shows, the law the outputs reach), the graded gains where the task has an in-context component (else
+    why not) and the loss beside its references. `MechanismReport.circuit` / `.law` are shown as the axes when
+    they are verdicts (a headline or text), else the axes are read from the evidence they hold."""
     order = f", order {mech.order}" if mech.order is not None else ""
+    first = shown_reasons(mech)[:1]
     head = (f'<div class="verdict{"" if mech.confident else " unsure"}">Mechanism: <b>{html.escape(mech.mechanism)}'
-            f'</b>{order} ({"confident" if mech.confident else "not confident"})</div>')
-    items = "".join(f"<li>{html.escape(r)}</li>" for r in mech.reasons[:3])
-    return f'<div class="why"><h2>Why this label</h2>{head}<ul>{items}</ul></div>'
+            f'</b>{order} ({"confident" if mech.confident else "not confident"})'
+            + (f'<div class="reason">{html.escape(first[0])}</div>' if first else "") + "</div>")
+    rows = [("circuit", _axis(getattr(mech, "circuit", None), lambda: _circuit_words(mech))),
+            ("law", _axis(getattr(mech, "law", None), lambda: _law_words(mech))),
+            ("graded gains", gains_text(mech, short=True)),
+            ("loss", f"{mech.eval_loss:.4f} nats on {mech.n_sequences} x {mech.seq_len} states; "
+                     f"{mech.references.describe()}")]
+    return f'<div class="why">{head}{table(rows)}</div>'
+
+
+def _summary_section(mech: probes.MechanismReport, loss_figure: Any) -> Section:
+    """The first screen: the verdict, then the circuit diagram beside the loss curve (or, without a run, the
+    loss along the sequence) against the references."""
+    pair = (f'<div class="first-screen"><figure class="diagram">{circuit_diagram(_graph(mech))}</figure>'
+            f'<figure class="plot">{figure_svg(loss_figure, salt="summary-loss")}</figure></div>')
+    return Section("summary", "Summary", (why_panel(mech), pair))
 
 
 def _mechanism_section(mech: probes.MechanismReport) -> Section:
-    b, law, circuit = mech.behaviour, mech.law, mech.circuit
-    reasons = "<ol>" + "".join(f"<li>{html.escape(r)}</li>" for r in mech.reasons) + "</ol>"
+    b, law, circuit = mech.behaviour, _law_check(mech), _graph(mech)
+    reasons = "<ol>" + "".join(f"<li>{html.escape(r)}</li>" for r in shown_reasons(mech)) + "</ol>"
     sim = mech.strategies
     laws = table([(probes.STRATEGY_LABELS.get(n, n), sim.divergences[n], sim.gaps[n],
                    f"same law as {probes.STRATEGY_LABELS.get(sim.aliases[n])}" if n in sim.aliases else
@@ -177,7 +298,7 @@ def _mechanism_section(mech: probes.MechanismReport) -> Section:
           if mech.reference(k) is not None],
         ("own-law check: fit (KL / gap) and margin (KL / runner-up's KL)",
          f"{law.fit_ratio:.3f} (<= {mech.thresholds.fit}), {law.margin_ratio:.3f} (<= {mech.thresholds.margin})"),
-        ("graded gains (fraction of each in-context step climbed)", mech.gains.describe()),
+        ("graded gains (fraction of each in-context step climbed)", gains_text(mech)),
         ("kernel swap: in-context fraction", f"{mech.in_context_fraction:.3f} +- {mech.kernel_swap.se:.3f}"),
         ("circuit: kept edges, faithfulness", f"{len(circuit.kept)} of {len(circuit.edges)}, "
                                               f"{circuit.faithfulness:.3f}"),
@@ -188,15 +309,49 @@ def _mechanism_section(mech: probes.MechanismReport) -> Section:
         ("in-context learning score (late - early loss, nats)", b.icl_score),
         ("probe batch", f"{mech.n_sequences} sequences x {mech.seq_len} states, seed {mech.seed}"),
     ]
-    return Section("mechanism", "Mechanism verdict", (reasons, laws, roles, table(rows, header=("evidence", "value"))))
+    return Section("mechanism", "Mechanism verdict: the evidence",
+                   (reasons, laws, roles, table(rows, header=("evidence", "value"))))
+
+
+def _weights_section(model: models.HookedModel, mech: probes.MechanismReport) -> Section:
+    """Per-head OV and QK circuits of the heads on the circuit (all heads when none is)."""
+    graph = _graph(mech)
+    on = list(graph.kept_heads()) or [n for n in graph.nodes if "H" in n]
+    heads = [(int(n[1:].split("H")[0]), int(n.split("H")[1])) for n in on][:6]
+    text = paragraph("OV and QK circuits of the heads on the circuit (all heads when none is; at most six), as "
+                     "V x V matrices of token embeddings only: positions, LayerNorm and what earlier heads write "
+                     "are left out, so a head whose keys read a previous-token head shows its match in the "
+                     "circuit's K-edge, not here.")
+    return Section("weights", "OV and QK circuits",
+                   (text, ov_qk_figure(probes.ov_circuits(model), probes.qk_circuits(model), heads)))
+
+
+def _attribution_section(model: models.HookedModel, batch: probes.ProbeBatch) -> Section:
+    attribution = probes.direct_logit_attribution(model, batch)
+    text = paragraph("Direct logit attribution: what each component writes straight into the logit of the next "
+                     "state (minus the mean logit), through the final LayerNorm's scale, averaged over the probe "
+                     "batch; the bars add up to the total. Components a model does not have are left out.")
+    return Section("attribution", "Direct logit attribution", (text, logit_attribution_figure(attribution)))
+
+
+def _patching_section(model: models.HookedModel, mech: probes.MechanismReport, batch: probes.ProbeBatch, *,
+                      max_positions: int = 48) -> Section:
+    """Activation patching by layer x position on a `patching_pair` of the probe batch's first 16 sequences, cut
+    to the last `max_positions` states."""
+    tokens = batch.tokens[:16, -min(max_positions, batch.tokens.shape[1]):]
+    clean, corrupted = probes.patching_pair(tokens, seed=mech.seed)
+    if bool((clean == corrupted).all()):
+        return Section("patching", "Activation patching by position",
+                       (paragraph("Not applicable: the corrupted sequences equal the clean ones.", cls="note"),))
+    text = paragraph(f"The residual stream before each layer patched from the clean run into the corrupted one, "
+                     f"one position at a time ({clean.shape[0]} pairs of {clean.shape[1]} states): the fraction "
+                     "of the clean prediction at the last position each patch recovers.")
+    return Section("patching", "Activation patching by position",
+                   (text, position_patching_figure(probes.patching_by_position(model, clean, corrupted))))
 
 
 def _device(model: models.HookedModel) -> torch.device:
     return next(iter(model.parameters())).device
-
-
-def _num(value: Optional[float]) -> str:
-    return "n/a" if value is None else f"{value:+.4f}"
 
 
 def _heads_section(mech: probes.MechanismReport) -> Section:
@@ -287,6 +442,40 @@ def _landscape_section(run: RunConfig, model: models.HookedModel, checkpoints: l
     return Section("landscape", "Canonical landscape", (text, fig))
 
 
+@torch.no_grad()
+def _checkpoint_outputs(checkpoints: list[tuple[int, Path]], tokens: torch.Tensor, n_heads: int,
+                        device: torch.device) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+    """(attention pattern per hook name, next-state probabilities) of each checkpoint on `tokens`.
+
+    The checkpoints run through the package's fused forward (`models.stack`, tested against the hooked model)
+    as one stack member whose weights are reloaded per checkpoint: no hooked model is built per checkpoint and
+    each pattern is formed once. Patterns of a layer with fewer heads are padded to `n_heads` with zero heads
+    (the hooked model's layout; `probes.attention_scores` leaves them out).
+    """
+    from markov_interp.models.stack import Stack, stacked_forward
+
+    stack: Optional[Stack] = None
+    for _, path in checkpoints:
+        cfg, state = models.read_weights(path)
+        if stack is None:
+            stack = Stack.from_states([cfg], [state], device=device)
+        else:
+            stack.load_member(0, state)
+        patterns: dict[str, torch.Tensor] = {}
+
+        def record(name: str) -> Any:
+            def keep(pattern: torch.Tensor) -> torch.Tensor:
+                missing = n_heads - pattern.shape[2]
+                patterns[name] = torch.nn.functional.pad(pattern[0], (0, 0, 0, 0, 0, missing)) if missing else pattern[0]
+                return pattern
+            return keep
+
+        hooks = {models.hooks.pattern_hook(layer): record(models.hooks.pattern_hook(layer))
+                 for layer in range(cfg.n_layers)}
+        logits = stacked_forward(stack, tokens.to(device)[None], hooks)[0]
+        yield patterns, torch.softmax(logits.double(), dim=-1).cpu()
+
+
 def _training_section(run: RunConfig, model: models.HookedModel, checkpoints: list[tuple[int, Path]],
                       batch: probes.ProbeBatch, mech: probes.MechanismReport, metrics: list[dict],
                       logged: Optional[ReferenceLosses], max_checkpoints: int) -> Section:
@@ -305,14 +494,12 @@ def _training_section(run: RunConfig, model: models.HookedModel, checkpoints: li
         series[induction_label] = []
     series["KL(true kernel || model), nats"] = []
     series["in-context learning score, nats"] = []
-    device = _device(model)
     true = probes.kernel_probs(batch)
+    stats = probes.token_statistics(batch.tokens, vocab=batch.vocab)  # shared by every checkpoint
     strategies: list[Any] = []  # probes.StrategySimilarity per checkpoint
-    for _, path in chosen:
-        ckpt = models.load(path, device=device)
-        scores = probes.attention_scores(ckpt, batch.tokens)
-        probs = probes.next_state_probs(ckpt, batch.tokens).cpu()
-        strategies.append(probes.strategy_similarity(ckpt, batch, probs=probs))
+    for patterns, probs in _checkpoint_outputs(chosen, batch.tokens, int(model.cfg.n_heads), _device(model)):
+        scores = probes.attention_scores(model, batch.tokens, cache=patterns, statistics=stats)
+        strategies.append(probes.strategy_similarity(model, batch, probs=probs))
         values = [float(scores.excess("previous_token")[prev])]
         if ind is not None:
             values.append(float(scores.excess("induction")[ind]))
@@ -387,23 +574,50 @@ def _condition_section(run_dir: Path) -> Optional[Section]:
 
 
 # --------------------------------------------------------------------------------------------------- build
-def _model_sections(model: models.HookedModel, source: Source, *, n_sequences: int, seq_len: Optional[int], seed: int,
-                    sample_len: int) -> tuple[probes.ProbeBatch, probes.MechanismReport, tuple[Section, ...]]:
-    """(probe batch, `MechanismReport`, the sections `MODEL_SECTION_IDS`): what a model alone gives."""
+def _probe(model: models.HookedModel, source: Source, *, n_sequences: int, seq_len: Optional[int],
+           seed: int) -> tuple[probes.ProbeBatch, probes.MechanismReport, Any]:
+    """(probe batch, `MechanismReport`, the cache of the probes' hooks): the one length rule
+    (`probes.probe_length`), one probe batch, one forward pass shared by the classifier and the sections."""
     seq_len = probes.probe_length(model, seq_len)
     batch = probes.sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     _, cache = model.run_with_cache(batch.tokens.to(_device(model)), names_filter=probes.probe_hook_names(model))
     mech = probes.classify_mechanism(model, source, batch=batch, cache=cache, seed=seed)  # table reused below
-    sections = (
-        _mechanism_section(mech),
-        circuit_section(model, mech, batch),
-        _heads_section(mech),
-        _attention_section(model, batch.tokens[0, : min(sample_len, seq_len)], cache),
-        _ablation_section(mech.ablation, mech),
-        _kernel_section(model, mech, batch),
+    return batch, mech, cache
+
+
+def _model_sections(model: models.HookedModel, batch: probes.ProbeBatch, mech: probes.MechanismReport, cache: Any,
+                    *, sample_len: int, bar: Any) -> dict[str, Section]:
+    """The sections a model alone gives (`MODEL_SECTION_IDS` but the summary), by id."""
+    makers = (
+        lambda: _mechanism_section(mech),
+        lambda: circuit_section(model, mech, batch),
+        lambda: _weights_section(model, mech),
+        lambda: _attribution_section(model, batch),
+        lambda: _patching_section(model, mech, batch),
+        lambda: _heads_section(mech),
+        lambda: _attention_section(model, batch.tokens[0, : min(sample_len, batch.tokens.shape[1])], cache),
+        lambda: _ablation_section(mech.ablation, mech),
+        lambda: _kernel_section(model, mech, batch),
     )
-    assert tuple(s.id for s in sections) == MODEL_SECTION_IDS
-    return batch, mech, sections
+    out = {}
+    for make in makers:
+        section = make()
+        out[section.id] = section
+        bar.update()
+    assert tuple(out) == MODEL_SECTION_IDS[1:]
+    return out
+
+
+def _progress(total: int, progress: bool, what: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=what, unit="section", disable=not progress, leave=False)
+
+
+def _check_counts(**values: int) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+            raise ValueError(f"{name} must be an integer >= 2, got {value!r}")
 
 
 def build(
@@ -414,49 +628,63 @@ def build(
     seed: int = 0,
     sample_len: int = 40,
     max_checkpoints: int = 8,
-    device: Any = "cpu",
+    device: Any = "auto",
+    progress: bool = False,
 ) -> Report:
     """Probe the run saved in `run_dir` and lay out its report (nothing is written; call `.save()`).
 
     The probes run on one seeded batch of `n_sequences` x `seq_len` states from the run's source (`seq_len`
-    defaults to the run's training length: `probes.probe_length`); attention patterns are shown on the first `sample_len`
-    states of its first sequence; at most `max_checkpoints` checkpoints are re-probed for the training
-    dynamics. Sections: see `SECTION_IDS`.
+    defaults to the run's training length: `probes.probe_length`); attention patterns are shown on the first
+    `sample_len` states of its first sequence; at most `max_checkpoints` checkpoints are re-probed for the
+    training dynamics. Sections: see `SECTION_IDS`.
+
+    Args:
+        run_dir: a run folder written by training.
+        n_sequences, seq_len, seed: the probe batch.
+        sample_len: states of the first sequence shown in the attention patterns.
+        max_checkpoints: checkpoints re-probed (evenly spread, first and last kept).
+        device: where the model is probed: "auto" (cuda when available, else cpu; the command line's default too),
+            "cpu", "cuda", ...
+        progress: show a progress bar over the stages (tqdm).
+
+    Returns:
+        A `Report`.
 
     >>> # report = build("runs/binary"); report.mechanism.mechanism; report.save()  # runs/binary/report.html
     """
-    for name, value, minimum in (("n_sequences", n_sequences, 2), ("sample_len", sample_len, 2),
-                                 ("max_checkpoints", max_checkpoints, 2)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    _check_counts(n_sequences=n_sequences, sample_len=sample_len, max_checkpoints=max_checkpoints)
     run_dir = Path(run_dir)
     run = _load_run(run_dir)
-    model = runfolder.load_model(run_dir, device=device, expect=run.model)
-    metrics = runfolder.load_metrics(run_dir)
-    source = run.source.build()
-    # the one length rule (the training length, from the run folder), one probe batch, one cache
-    batch, mech, probed = _model_sections(model, source, n_sequences=n_sequences, seq_len=seq_len, seed=seed,
-                                          sample_len=sample_len)
-    checkpoints = checkpoint_files(run_dir)
-    logged = _logged_references(metrics)
-    sections = (
-        _config_section(run, run_dir),
-        _loss_section(metrics, logged, mech, [s for s, _ in checkpoints]),
-        *probed,
-        _landscape_section(run, model, checkpoints),
-        _training_section(run, model, checkpoints, batch, mech, metrics, logged, max_checkpoints),
-    )
+    device = resolve_device(device) if isinstance(device, str) else device
+    bar = _progress(len(SECTION_IDS) + 1, progress, "report")
+    with bar:
+        model = runfolder.load_model(run_dir, device=device, expect=run.model)
+        metrics = runfolder.load_metrics(run_dir)
+        batch, mech, cache = _probe(model, run.source.build(), n_sequences=n_sequences, seq_len=seq_len, seed=seed)
+        bar.update()
+        checkpoints = checkpoint_files(run_dir)
+        logged = _logged_references(metrics)
+        refs = logged or mech.references
+        curve = figures.loss_curves_figure(metrics, refs, checkpoint_steps=[s for s, _ in checkpoints])
+        probed = _model_sections(model, batch, mech, cache, sample_len=sample_len, bar=bar)
+        del cache  # the probes' activations: not needed by the checkpoints
+        sections = (
+            _summary_section(mech, curve),
+            _config_section(run, run_dir),
+            _loss_section(mech, refs, curve_shown=True),
+            *probed.values(),
+            _landscape_section(run, model, checkpoints),
+            _training_section(run, model, checkpoints, batch, mech, metrics, logged, max_checkpoints),
+        )
+        bar.update(len(SECTION_IDS) - len(probed))
     assert tuple(s.id for s in sections) == SECTION_IDS
     condition = _condition_section(run_dir)
     sections += (condition,) if condition is not None else ()
-    intro = why_panel(mech) + paragraph(
-        f"Eval loss {mech.eval_loss:.4f} nats on the probe batch. Generated by markov-interp; opens without a "
-        "network."
-    )
     return Report(title=f"markov-interp report: {run_dir.resolve().name}", sections=sections, mechanism=mech,
-                  run_dir=run_dir, intro=intro)
+                  run_dir=run_dir)
 
 
+@probes.checked  # a wrong argument type: a TypeError naming the parameter, as for the probes
 def from_model(
     model: models.HookedModel,
     source: Source,
@@ -466,10 +694,11 @@ def from_model(
     seed: int = 0,
     sample_len: int = 40,
     title: Optional[str] = None,
+    progress: bool = False,
 ) -> Report:
     """A report for a model that has no run folder (hand-built, trained in memory, loaded from weights alone):
-    the sections of `build` that need no run (`MODEL_SECTION_IDS`: mechanism, circuit, heads, attention,
-    ablations, kernel). `save(path)` needs a path.
+    the sections of `build` that need no run (`MODEL_SECTION_IDS`); its summary shows the loss along the
+    sequence instead of the loss during training. `save(path)` needs a path.
 
     Args:
         model: a hooked model.
@@ -477,16 +706,19 @@ def from_model(
         n_sequences, seq_len, seed: the probe batch (`seq_len` by `probes.probe_length`).
         sample_len: states of the first sequence shown in the attention patterns.
         title: the page title.
+        progress: show a progress bar over the stages (tqdm).
 
     Returns:
         A `Report`.
 
     >>> # report.from_model(model, RandomMarkov(3)).save("model-report.html")
     """
-    _, mech, sections = _model_sections(model, source, n_sequences=n_sequences, seq_len=seq_len, seed=seed,
-                                        sample_len=sample_len)
-    intro = why_panel(mech) + paragraph(
-        f"{repr(source)}; eval loss {mech.eval_loss:.4f} nats on the probe batch. A model without a run folder: "
-        "no training curves. Generated by markov-interp; opens without a network.")
-    return Report(title=title or f"markov-interp report: a model on {source!r}", sections=sections, mechanism=mech,
-                  intro=intro)
+    _check_counts(n_sequences=n_sequences, sample_len=sample_len)
+    with _progress(len(MODEL_SECTION_IDS), progress, "report") as bar:
+        batch, mech, cache = _probe(model, source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
+        bar.update()
+        probed = _model_sections(model, batch, mech, cache, sample_len=sample_len, bar=bar)
+    summary = _summary_section(mech, figures.position_loss_figure(mech.behaviour, mech.references))
+    intro = paragraph(f"{source!r}. A model without a run folder: no training curves.")
+    return Report(title=title or f"markov-interp report: a model on {source!r}", sections=(summary, *probed.values()),
+                  mechanism=mech, intro=intro)

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp import dynamics, sweep
+from markov_interp._display import displayed
 from markov_interp.training import RunConfig
 
 __all__ = ["ConditionEscapes", "condition_escapes", "sweep_folder"]
 
 
+@displayed(line=lambda c: f"cell {c.cell_id} of {c.sweep_name!r}: {c.sentence()}")
 @dataclasses.dataclass(frozen=True)
 class ConditionEscapes:
     """One sweep run's escape against its condition's distribution over seeds (the run included)."""

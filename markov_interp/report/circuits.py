@@ -158,7 +158,7 @@ def logit_attribution_figure(attribution: Any) -> Figure:
             if math.isfinite(heads[layer, head]):
                 names.append(f"L{layer}H{head}")
                 values.append(float(heads[layer, head]))
-        mlp = float(attribution.mlps[layer])
+        mlp = math.nan if attribution.mlps is None else float(attribution.mlps[layer])  # None: no MLPs
         if math.isfinite(mlp):
             names.append(f"L{layer}.mlp")
             values.append(mlp)
@@ -192,11 +192,9 @@ def position_patching_figure(result: Any) -> Figure:
 
 def circuit_section(model: "HookedModel", mech: "probes.MechanismReport", batch: "probes.ProbeBatch", *,
                     max_positions: int = 48) -> "Section":
-    """The report's "circuit" section: the diagram of the circuit `classify_mechanism` found, its strongest
-    edges, the OV / QK circuits of the heads on it (all heads when none is), direct logit attribution and
-    activation patching by layer x position (on a `patching_pair` of the probe batch's first 16 sequences,
-    cut to the last `max_positions` states)."""
-    from markov_interp import probes
+    """The report's "circuit" section: the diagram of the circuit `classify_mechanism` found and its strongest
+    edges (the OV / QK, direct logit attribution and patching-by-position sections are `report._build`'s; `model`,
+    `batch` and `max_positions` are kept for callers of the earlier signature)."""
     from markov_interp.report._html import Section, paragraph, table
 
     graph = mech.circuit
@@ -214,16 +212,4 @@ def circuit_section(model: "HookedModel", mech: "probes.MechanismReport", batch:
                                 "own contribution in the circuit"))
     disagree = paragraph("Edges the gradient estimate (edge attribution patching) would decide differently: "
                          + (", ".join(graph.disagreements) or "none") + ".", cls="note")
-    on = [n for n in graph.kept_heads()] or [n for n in graph.nodes if "H" in n]
-    heads = [(int(n[1:].split("H")[0]), int(n.split("H")[1])) for n in on][:6]
-    parts = [intro, circuit_diagram(graph), edges, disagree,
-             paragraph("OV and QK circuits of the heads on the circuit (token embeddings only: positions, "
-                       "LayerNorm and what earlier heads write are left out, so a head whose keys read a "
-                       "previous-token head shows its match in the diagram's K-edge, not here)."),
-             ov_qk_figure(probes.ov_circuits(model), probes.qk_circuits(model), heads),
-             logit_attribution_figure(probes.direct_logit_attribution(model, batch))]
-    tokens = batch.tokens[:16, -min(max_positions, batch.tokens.shape[1]):]
-    clean, corrupted = probes.patching_pair(tokens, seed=mech.seed)
-    if not bool((clean == corrupted).all()):
-        parts.append(position_patching_figure(probes.patching_by_position(model, clean, corrupted)))
-    return Section("circuit", "Circuit found by path patching", tuple(parts))
+    return Section("circuit", "Circuit found by path patching", (intro, circuit_diagram(graph), edges, disagree))

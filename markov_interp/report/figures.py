@@ -1092,3 +1092,55 @@ def diversity_figure(cells: Sequence[Mapping[str, Any]], transitions: Mapping[st
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
+
+
+def circuit_formation_figure(formation: Any, dynamics: Any = None, *, title: str = "") -> Figure:
+    """The circuit over training: each edge's path-patching effect at every checkpoint (one line per edge ever
+    kept; filled markers where it is kept, a star at the step it enters), over the run's excess-loss fraction
+    with its crossings of the dynamics lines, both on one log step axis.
+
+    Args:
+        formation: a `probes.CircuitFormation` (`steps`, `edges`, `effects`, `kept`, `entered`).
+        dynamics: the run's `dynamics.RunDynamics` (its excess curve and crossings), or None.
+        title: the figure's title.
+
+    Returns:
+        The figure."""
+    _need(formation, ("steps", "edges", "effects", "kept", "entered"), "a probes.CircuitFormation",
+          "circuit_formation_figure")
+    fig = Figure(figsize=(8.0, 6.2 if dynamics is not None else 4.2))
+    axes = fig.subplots(2 if dynamics is not None else 1, 1, sharex=True, squeeze=False,
+                        gridspec_kw={"height_ratios": [1, 1.6]} if dynamics is not None else None)[:, 0]
+    ax = axes[-1]
+    steps = list(formation.steps)
+    for name in formation.edges:
+        line, = ax.plot(steps, formation.effects[name], "-", linewidth=1.2, label=name)
+        kept = [(s, e) for s, e, k in zip(steps, formation.effects[name], formation.kept[name]) if k]
+        if kept:
+            ax.plot(*zip(*kept), "o", markersize=4, color=line.get_color())
+        entered = formation.entered[name]
+        if entered is not None:
+            ax.plot([entered], [formation.effects[name][steps.index(entered)]], "*", markersize=11,
+                    color=line.get_color(), markeredgecolor="black", markeredgewidth=0.5)
+    ax.set_ylabel("edge effect (nats; filled: kept, star: enters)")
+    ax.set_xlabel("optimiser step (log scale)")
+    ax.legend(fontsize=6, ncol=2, loc="upper left")
+    if dynamics is not None:
+        top = axes[0]
+        curve = dynamics.curve
+        top.plot(curve.steps, [e / p for e, p in zip(curve.excess, curve.plateau_excess)], color="#333", linewidth=1)
+        top.set_ylabel("excess loss / plateau's")
+        for i, (fraction, crossing) in enumerate(sorted(dynamics.crossings.items(), reverse=True)):
+            colour = f"C{i}"
+            top.axhline(fraction, color=colour, linestyle=":", linewidth=0.8)
+            if crossing.escaped:
+                for axis in axes:
+                    axis.axvline(crossing.by, color=colour, linestyle="--", linewidth=0.8,
+                                 label=f"crosses {fraction:g} by step {crossing.by}" if axis is top else None)
+        top.legend(fontsize=6, loc="upper right")
+        top.grid(alpha=0.25)
+    ax.set_xscale("log")
+    ax.grid(alpha=0.25)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig

@@ -5,11 +5,12 @@ probe scores (`ProbeColumns`; read off a `probes.MechanismReport` by `sweep.prob
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Optional
 
 from markov_interp import dynamics
 from markov_interp.config import Checked, bounds
+from markov_interp._display import displayed
 from markov_interp.training import TrainResult
 
 __all__ = ["outcome", "ProbeColumns", "CellResult", "OUTCOMES", "STUCK_FRACTION", "MIN_GAP", "finite"]
@@ -58,6 +59,7 @@ def finite(value: Any) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
+@displayed(line=lambda p: f"{p.mechanism} (order {p.order}, confident {p.confident}), faithfulness {p.faithfulness}")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ProbeColumns(Checked):
     """A cell's mechanism and key probe scores, read off `probes.classify_mechanism`'s `MechanismReport`.
@@ -101,6 +103,8 @@ _POOL_SLACK = 0.01
 _ROUNDING = 1e-9  # final_eval_loss - excess_loss gives the optimum back up to float rounding
 
 
+@displayed(line=lambda r: f"{r.outcome}: eval loss {r.final_eval_loss:.4f} at step {r.final_step}, escape {r.crossing()}"
+                          + (f", {r.probe.mechanism}" if r.probe is not None else ""))
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CellResult(Checked):
     """What a finished cell adds to its row: final losses beside `theory`'s references, where the final loss
@@ -173,19 +177,21 @@ class CellResult(Checked):
             probe=probe, seconds=seconds,
         )
 
-    def crossing(self, fraction: float = dynamics.ESCAPE_FRACTION) -> Optional[dynamics.StepInterval]:
+    def crossing(self, fraction: float = dynamics.ESCAPE_FRACTION, *,
+                 evaluations: Optional[Collection[int]] = None) -> Optional[dynamics.StepInterval]:
         """The run's crossing of the line `fraction` (`dynamics.StepInterval`), None where not recorded.
 
         Tables written before `crossings` hold only `escape_step` and `censored` (the escape line, with the
-        previous evaluation not recorded): they are read as the exact step they were analysed as,
-        (escape_step - 1, escape_step], or censored at escape_step."""
+        previous evaluation not recorded): `dynamics.recorded_escape` reads them, as the grid interval
+        (previous evaluation, escape_step] when `evaluations` (the run's evaluation steps,
+        `training.evaluation_steps`) is given, else as the exact step (escape_step - 1, escape_step]; censored
+        after escape_step."""
         if self.crossings is not None:
             return dynamics.crossings_from_json(self.crossings)[0].get(float(fraction))
         if fraction != dynamics.ESCAPE_FRACTION or self.escape_step is None or self.censored is None:
             return None
-        if self.censored:
-            return dynamics.StepInterval(self.escape_step, None)
-        return dynamics.StepInterval(self.escape_step - 1, self.escape_step)
+        return dynamics.recorded_escape(self.escape_step, self.censored,
+                                        None if evaluations is None else sorted(evaluations))
 
     def to_dict(self) -> dict:
         """JSON-ready (what a cell's record file holds)."""

@@ -10,6 +10,7 @@ from typing import Any, Optional, Union
 
 from markov_interp._io import atomic_write
 from markov_interp.devices import check_device_name, resolve_device
+from markov_interp._display import displayed
 from markov_interp.sweep import executors
 from markov_interp.sweep.cells import CellFn, default_group, group_cells
 from markov_interp.sweep.records import (RESULTS_DIR, RUNS_DIR, CellRecord, is_done, probe_settings, read_record,
@@ -21,6 +22,8 @@ from markov_interp.training import runfolder
 __all__ = ["run", "SweepResult", "SpecLike"]
 
 
+@displayed(line=lambda r: f"{len(r.rows)} cells ({r.n_run} run now, {r.n_skipped} done before), {r.n_failed} failed, "
+                          f"{r.n_diverged} diverged -> {r.table}")
 @dataclasses.dataclass
 class SweepResult:
     """What `run` returns: the table rows (one per cell, spec order), the table's path and counts."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from markov_interp._io import atomic_path, atomic_write, csv_cell, csv_uncell
+from markov_interp._display import displayed, headline
 from markov_interp.data import SourceConfig
 from markov_interp.models import ModelConfig
 from markov_interp.sweep.records import RUNS_DIR, CellRecord
@@ -25,6 +26,7 @@ __all__ = ["Row", "read_table", "write_table", "TABLE"]
 TABLE = "results.csv"
 
 
+@displayed(line=lambda r: f"{r.sweep}/{r.cell_id} {r.status}: " + (r.error or "") + (headline(r.result) if r.result else ""))
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Row:
     """One cell of a sweep as the results table holds it: its sweep, id, status, grid values, run config and,

@@ -5,6 +5,7 @@ import dataclasses
 from pathlib import Path
 from typing import Optional
 
+from markov_interp._display import displayed, headline, jsonable
 from markov_interp.models import HookedModel
 from markov_interp.theory import ReferenceLosses
 from markov_interp.training.config import RunConfig
@@ -12,6 +13,7 @@ from markov_interp.training.config import RunConfig
 __all__ = ["FinalLosses", "TrainResult"]
 
 
+@displayed(line=lambda f: f"step {f.step}: eval loss {f.eval_loss:.4f} nats ({f.references.describe()})")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FinalLosses:
     """The end of a run: its last evaluation beside the `theory` reference losses at the training length.
@@ -50,6 +52,7 @@ class FinalLosses:
         return self.eval_loss - self.optimum
 
 
+@displayed
 @dataclasses.dataclass
 class TrainResult:
     """What `train` / `train_many` return for one run: the hooked model, the metrics rows, the final evaluation
@@ -67,3 +70,15 @@ class TrainResult:
     def __post_init__(self) -> None:  # the probes default to the training length (probes._common.probe_length)
         if self.model is not None:
             self.model.markov_train_seq_len = self.config.train.seq_len
+
+    def _headline(self) -> str:
+        status = (f"failed ({self.failed})" if self.failed else "already trained" if self.already_done else
+                  f"resumed from step {self.resumed_from}" if self.resumed_from else "trained")
+        return f"{status}: {headline(self.final)}" + (f" -> {self.out_dir}" if self.out_dir is not None else "")
+
+    def to_dict(self) -> dict:
+        """JSON-ready: the final losses, the config, the run folder and status (not the model or the metrics,
+        which the run folder holds)."""
+        return jsonable({"final": self.final, "config": self.config, "out_dir": self.out_dir,
+                         "resumed_from": self.resumed_from, "already_done": self.already_done,
+                         "failed": self.failed, "n_metrics_rows": len(self.metrics)})

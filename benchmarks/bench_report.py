@@ -1,0 +1,61 @@
+"""`markov-interp report` on the README's quickstart run: CPU time and peak memory of the whole process, against
+the floor of loading the model (importing torch, TransformerLens and the package, and building the hooked model)
+measured the same way on the same machine.
+
+    python benchmarks/bench_report.py [RUN_DIR] [--repeat 3] [--threads 1]
+
+No progress bar is drawn (stderr is not a terminal). Without RUN_DIR the quickstart run is trained first (`markov-interp train --out TMP/quickstart`, the README's
+command). Each measurement is a fresh process (`os.wait4`: user + system CPU seconds and the peak resident set);
+the best of `--repeat` runs is printed, then the report's excess over the floor and their ratio, which is what to
+hold as the machine changes (the floor is the part a report cannot avoid while it probes a TransformerLens model).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+FLOOR = ("from markov_interp.training import runfolder; import matplotlib.figure; "
+         "runfolder.load_model({run!r})")
+
+
+def measure(argv: list[str], env: dict) -> tuple[float, float]:
+    """(user + system CPU seconds, peak resident set in MB) of one child process; raises if it fails."""
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
+    if status != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {child.stderr.read().decode()[-2000:]}")
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run folder (default: train the quickstart)")
+    parser.add_argument("--repeat", type=int, default=3, metavar="N", help="runs of each side (the best is kept)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="OMP_NUM_THREADS for both sides (default: torch's choice)")
+    args = parser.parse_args()
+    env = dict(os.environ)
+    if args.threads is not None:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    cli = [sys.executable, "-m", "markov_interp.cli"]
+    with tempfile.TemporaryDirectory() as tmp:
+        run = args.run_dir or str(Path(tmp) / "quickstart")
+        if args.run_dir is None:
+            subprocess.run(cli + ["train", "--out", run, "--no-progress"], env=env, check=True,
+                           stdout=subprocess.DEVNULL)
+        floor, report = [], []
+        for _ in range(args.repeat):  # interleaved: both sides see the same load
+            floor.append(measure([sys.executable, "-c", FLOOR.format(run=run)], env))
+            report.append(measure(cli + ["report", run, "--out", str(Path(tmp) / "report.html")], env))
+    (f_cpu, f_mb), (r_cpu, r_mb) = min(floor), min(report)
+    print(f"floor (imports + the hooked model): {f_cpu:.2f} s CPU, {f_mb:.0f} MB peak")
+    print(f"markov-interp report:                {r_cpu:.2f} s CPU, {r_mb:.0f} MB peak")
+    print(f"the report's own work: {r_cpu - f_cpu:.2f} s CPU ({r_cpu / f_cpu:.2f}x the floor), "
+          f"+{r_mb - f_mb:.0f} MB; load average {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+import sys
+
+from markov_interp.findings import main
+
+if __name__ == "__main__":
+    sys.exit(main())
