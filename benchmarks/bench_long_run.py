@@ -36,12 +36,23 @@ from markov_interp.training import RunConfig, TrainConfig, loop, runfolder, trai
 from markov_interp.data import SourceConfig
 
 
+def stamped(run: RunConfig) -> list[float]:
+    """Train `run` into a temporary folder; the seconds at the end of each of its steps."""
+    stamps: list[float] = []
+    loop._on_step = lambda step: stamps.append(time.perf_counter())
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            train(run, Path(folder) / "run", progress=False)
+    finally:
+        loop._on_step = lambda step: None
+    return stamps
+
+
 def timed_run(steps: int, log_every: int, rewrite: bool) -> list[float]:
     """Seconds at the end of every step of one run (rows appended, or appended and rewritten in full)."""
     run = RunConfig(source=SourceConfig(kind="binary", p=0.2, q=0.3), model=preset("paper-1layer", n_ctx=8),
                     train=TrainConfig(steps=steps, batch_size=2, seq_len=8, log_every=log_every, eval_every=0,
                                       eval_log_points=0, n_checkpoints=0, eval_batches=1, device="cpu"))
-    stamps: list[float] = []
     real_append = runfolder.MetricsLog.append
     rows: list[dict] = []
 
@@ -49,16 +60,12 @@ def timed_run(steps: int, log_every: int, rewrite: bool) -> list[float]:
         rows.append(row)  # (not appended too: the rewrite replaces the file the log holds open)
         runfolder.write_metrics(self.path.parent, rows)
 
-    loop._on_step = lambda step: stamps.append(time.perf_counter())
     if rewrite:
         runfolder.MetricsLog.append = append_and_rewrite
     try:
-        with tempfile.TemporaryDirectory() as folder:
-            train(run, Path(folder) / "run", progress=False)
+        return stamped(run)
     finally:
         runfolder.MetricsLog.append = real_append
-        loop._on_step = lambda step: None
-    return stamps
 
 
 def long_run(steps: int) -> None:
@@ -68,31 +75,31 @@ def long_run(steps: int) -> None:
     tc = run.train
     print(f"(d) one run of {steps} steps (batch 2 x 8, log every {tc.log_every}, evaluate every {tc.eval_every} "
           f"x {tc.eval_batches} batches, {tc.n_checkpoints} checkpoints); load average {os.getloadavg()[0]:.1f}")
-    stamps: list[float] = []
-    loop._on_step = lambda step: stamps.append(time.perf_counter())
-    try:
-        with tempfile.TemporaryDirectory() as folder:
-            train(run, Path(folder) / "run", progress=False)
-    finally:
-        loop._on_step = lambda step: None
-    n = len(stamps) // 10
-    windows = {"first 10%": stamps[:n + 1], "last 10%": stamps[-n - 1:]}
-    rates = {}
-    for name, window in windows.items():
-        gaps = sorted(b - a for a, b in zip(window, window[1:]))
-        rates[name] = (n / (window[-1] - window[0]), 1 / gaps[len(gaps) // 2])
-        print(f"  {name}: {rates[name][0]:7.1f} steps/s (mean), {rates[name][1]:7.1f} steps/s (median step)")
-    (mean0, median0), (mean1, median1) = rates.values()
+    start = time.perf_counter()
+    stamps = stamped(run)
+    (mean0, mean1), (median0, median1) = window_rates(stamps), median_rates(stamps)
+    print(f"  first 10%: {mean0:7.1f} steps/s (mean), {median0:7.1f} steps/s (median step)")
+    print(f"  last 10%:  {mean1:7.1f} steps/s (mean), {median1:7.1f} steps/s (median step)")
     print(f"  last / first: {mean1 / mean0:.3f} (mean), {median1 / median0:.3f} (median step); "
-          f"load average now {os.getloadavg()[0]:.1f}")
+          f"{time.perf_counter() - start:.0f} s in all; load average now {os.getloadavg()[0]:.1f}")
+
+
+def _windows(stamps: list[float]) -> tuple[list[float], list[float]]:
+    """The stamps of the first and the last 10% of the steps."""
+    n = max(2, len(stamps) // 10)
+    return stamps[:n], stamps[-n:]
 
 
 def window_rates(stamps: list[float]) -> tuple[float, float]:
-    """Steps per second over the first and the last 10% of the steps."""
-    n = max(2, len(stamps) // 10)
-    first = (n - 1) / (stamps[n - 1] - stamps[0])
-    last = (n - 1) / (stamps[-1] - stamps[-n])
-    return first, last
+    """Steps per second over the first and the last 10% of the steps (the mean rate)."""
+    return tuple((len(w) - 1) / (w[-1] - w[0]) for w in _windows(stamps))  # type: ignore[return-value]
+
+
+def median_rates(stamps: list[float]) -> tuple[float, float]:
+    """1 / the median step time over the first and the last 10% (a checkpoint's or an evaluation's step does not
+    move it)."""
+    medians = [sorted(b - a for a, b in zip(w, w[1:])) for w in _windows(stamps)]
+    return tuple(1 / gaps[len(gaps) // 2] for gaps in medians)  # type: ignore[return-value]
 
 
 def logging_costs(sizes: tuple = (100, 1000, 4000, 10000), repeats: int = 20) -> None:

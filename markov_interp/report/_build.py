@@ -37,7 +37,7 @@ from markov_interp.report.circuits import (
 )
 from markov_interp.report._html import Section, atomic_write_text, document, figure_svg, iframe, paragraph, table
 
-REPORT_FILE = "report.html"
+REPORT_FILE = runfolder.REPORT_FILE  # the run folder's own file (runfolder.OWN_FILES)
 SECTION_IDS = ("summary", "config", "loss", "mechanism", "circuit", "weights", "attribution", "patching", "heads",
                "attention", "ablation", "kernel", "landscape", "training")
 # `from_model`: the sections that need no run folder

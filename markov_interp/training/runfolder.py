@@ -110,7 +110,7 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 LOCK_FILE = ".lock"
 STATUS_FILE = "status.json"
-REPORT_FILE = "report.html"  # where `report` writes by default (`report.REPORT_FILE`)
+REPORT_FILE = "report.html"  # where `report` writes by default (re-exported as `report.REPORT_FILE`)
 # The one list of what the package puts in a run folder (besides the temporary files of its atomic writes,
 # `.<name>.<random>.tmp`, and checkpoints/step_NNNNNNN.{safetensors,pt}). `prepare` reads a folder by it: a folder
 # holding only these is a run's (resumed, or started from scratch when it never reached a checkpoint), anything
