@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from markov_interp import devices, models, sweep
+from markov_interp import devices, models, report, sweep
 from markov_interp._io import UnsafePath, atomic_write
 from markov_interp.cli import main
 from markov_interp.training import loop, plan, runfolder, train
@@ -360,6 +360,15 @@ def test_every_entry_point_checks_its_device_in_one_line(tmp_path, capsys, refer
     assert not (tmp_path / "sweep").exists()
     with pytest.raises(ValueError, match="device 'meta'"):
         runfolder.load_model(reference, device="meta")
+    with pytest.raises(ValueError, match="device 'meta'"):
+        report.build(reference, device=torch.device("meta"))
+    # the experiments and the reproduction: refused in one line before any folder is made
+    for command in (["experiment", "phases", "--quick", "--out", str(tmp_path / "ex")],
+                    ["reproduce", "--quick", "--work", str(tmp_path / "rq")]):
+        for device in ("meta", "mps:0x") + (() if torch.cuda.is_available() else ("cuda:1",)):
+            err = _one_line_error(capsys, [*command, "--device", device, "--no-progress"])
+            assert f"device {device!r}" in err and "available here: cpu" in err
+    assert not (tmp_path / "ex").exists() and not (tmp_path / "rq").exists()
 
 
 def test_resolve_device_knows_the_kinds():

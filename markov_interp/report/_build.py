@@ -655,7 +655,7 @@ def build(
     _check_counts(n_sequences=n_sequences, sample_len=sample_len, max_checkpoints=max_checkpoints)
     run_dir = Path(run_dir)
     run = _load_run(run_dir)
-    device = resolve_device(device) if isinstance(device, str) else device
+    device = resolve_device(device)  # the one device check: a name or a torch.device of a kind we run on
     bar = _progress(len(SECTION_IDS) + 1, progress, "report")
     with bar:
         model = runfolder.load_model(run_dir, device=device, expect=run.model)
