@@ -150,12 +150,23 @@ def test_cell_summaries_count_seeds_with_wilson_intervals_and_claims_follow_them
     assert two["median_order"] == 1 and one["median_order"] == 0
     assert one["circuit"]["classified"]["labels"] == {"state_and_counts": 1}
     rows = phases.claims(cells)
-    verdicts = {(r["paper"], r["shape"]): r["verdict"] for r in rows}
-    # depth 1 never reaches the bigram law: the learn-not claim reproduces; 5/6 at depth 2 is "mixed" (Wilson
-    # interval [0.44, 0.97] straddles 1/2); claims on cells this grid lacks have no row
-    assert verdicts[("Edelman et al. 2024", "L1 x1")] == "reproduced"
-    assert verdicts[("Edelman et al. 2024", "L2 x1")] == "mixed"
-    assert all(r["shape"] in ("L1 x1", "L2 x1") and r["order"] == 1 for r in rows)
+    verdicts = {(r["paper"], r["family"], r["shape"], r["order"]): r["verdict"] for r in rows}
+    # depth 1 never reaches the bigram law: the learn-not claim holds; 5/6 at depth 2 is not resolved (Wilson
+    # interval [0.44, 0.97] straddles 1/2); claims on cells this grid lacks are "not tested"
+    assert verdicts[("Edelman et al. 2024", "layernorm", "L1 x1", 1)] == "holds"
+    assert verdicts[("Edelman et al. 2024", "layernorm", "L2 x1", 1)] == "not resolved (mixed)"
+    assert verdicts[("Edelman et al. 2024", "attention-only", "L2 x1", 1)] == phases.NOT_TESTED
+    assert verdicts[("Rajaraman et al. 2024", "layernorm", "L3 x1", 3)] == phases.NOT_TESTED
+    tested = [r for r in rows if r["verdict"] not in (phases.NOT_TESTED, "(the comparison)")]
+    assert all(r["shape"] in ("L1 x1", "L2 x1") and r["order"] == 1 for r in tested)
+    assert {r["paper"] for r in rows} == {"Rajaraman et al. 2024", "Ekbote et al. 2025", "Nichani et al. 2024",
+                                          "Edelman et al. 2024"}  # every cited claim has its rows
+    # a comparison: 5/6 against 0/6 at order 1 (LayerNorm against attention-only, Rajaraman) is resolved
+    versus = phases.claims(phases.cell_summaries(
+        records + [_record("attention-only", (1, 1), 1, s, 0) for s in range(6)]))
+    row = next(r for r in versus if r["claim"].startswith("LayerNorm is what") and r["order"] == 1
+               and r["family"] == "layernorm")
+    assert row["verdict"].startswith("holds (ahead of attention-only L2 x1)")
     table, csv = phases.cells_table(cells), phases.cells_csv(cells)
     assert len(table.rows) == len(csv.rows) == 2
     assert dict(zip(csv.columns, csv.rows[1]))["reached_1"] == f"{5 / 6:.4g}"
@@ -245,6 +256,17 @@ def test_transitions_and_cells_from_records():
     assert [c["inference"]["k"] for c in cells] == [0, 0, 3]
     assert cells[0]["in"]["excess_pool_bayes"]["mean"] == pytest.approx(0.2)
     assert len(diversity.cells_csv(cells).rows) == 3 and len(diversity.references_table(cells).rows) == 3
+    # the claims: N* reached inside the grid (Raventós); retrieval at N = 1 and inference at N = 16 are each 3/3,
+    # whose Wilson intervals [0.44, 1] straddle 1/2: not resolved with 3 seeds, held with 8
+    claims = {paper: verdict for paper, _, _, verdict in diversity.claims(cells, trans)}
+    assert claims["Raventós et al. 2023"] == "holds" and claims["Park et al. 2024"] == "not resolved (mixed)"
+    more = [record(n, s, v) for n, v in ((1, 0.0), (4, 0.0), (16, 1.0)) for s in range(8)]
+    more_claims = diversity.claims(diversity.cell_summaries(more), diversity.transitions(more, budget))
+    assert {paper: verdict for paper, _, _, verdict in more_claims}["Park et al. 2024"] == "holds"
+    never = [record(n, s, 0.0) for n in (1, 4, 16) for s in range(8)]
+    never_claims = diversity.claims(diversity.cell_summaries(never), diversity.transitions(never, budget))
+    assert {p: v for p, _, _, v in never_claims}["Raventós et al. 2023"].startswith("fails")
+    assert diversity.claims([], {})[0][-1] == "not tested at this budget"
 
 
 # ------------------------------------------------------------------------------------------- end to end

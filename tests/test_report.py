@@ -278,6 +278,8 @@ def test_report_sections_fit_the_run(runs):
     assert "<svg" in one.section("landscape").body()
     for rep in (one, two):  # both runs have checkpoints
         assert "<svg" in rep.section("training").body()
+        formation = rep.section("formation").body()  # the circuit at the saved checkpoints, entries in a table
+        assert "<svg" in formation and "enters at step" in formation and "*" in formation
     assert "L1H0" in two.section("ablation").body()
     assert "true kernel" in one.section("kernel").body()
     assert "induction head forms" in two.section("training").body() or "Events:" in two.section("training").body()
@@ -291,7 +293,8 @@ def test_report_sections_fit_the_run(runs):
 
 ANALYSES = {"weights": "OV and QK circuits", "attribution": "Direct logit attribution",
             "patching": "Activation patching by position", "attention": "Attention patterns on a sample sequence",
-            "ablation": "Ablations", "landscape": "Canonical landscape", "training": "Probe scores over training"}
+            "ablation": "Ablations", "landscape": "Canonical landscape", "training": "Probe scores over training",
+            "formation": "Circuit over training"}
 
 
 @pytest.mark.slow
@@ -386,6 +389,7 @@ def test_report_without_checkpoints_says_so(runs, tmp_path):
     shutil.rmtree(copy / "checkpoints")
     rep = report.build(copy, n_sequences=8, sample_len=8)
     assert "no checkpoints" in rep.section("training").body()
+    assert "no checkpoints" in rep.section("formation").body()
     assert rep.save(tmp_path / "elsewhere.html").exists()
 
 

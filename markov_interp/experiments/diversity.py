@@ -48,8 +48,8 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
 
 __all__ = ["DiversityBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "EXPERIMENT", "ALGORITHMS", "INFERENCE",
            "diversity_specs", "algorithm_laws", "measure_model", "transition_point", "transition_interval",
-           "Transition", "cell_summaries", "transitions", "cells_table", "references_table", "transitions_table",
-           "cells_csv", "DiversityResult", "run", "read"]
+           "Transition", "cell_summaries", "transitions", "claims", "claims_table", "cells_table", "references_table",
+           "transitions_table", "cells_csv", "DiversityResult", "run", "read"]
 
 # Park et al.'s four algorithms (retrieval / inference x unigram / bigram statistics of the context)
 ALGORITHMS = ("unigram retrieval", "bigram retrieval", "unigram inference", "bigram inference")
@@ -392,6 +392,61 @@ def transitions(records: list[DiversityRecord], budget: DiversityBudget) -> dict
     return out
 
 
+# ------------------------------------------------------------------------------------------------ claims
+def _majority(p: Optional[dict]) -> Optional[bool]:
+    """True when most seeds do it (Wilson interval above 1/2), False when few (below), None otherwise."""
+    if not p or not p["n"]:
+        return None
+    lo, hi = p["interval"]
+    return True if lo > 0.5 else False if hi < 0.5 else None
+
+
+def _word(ok: Optional[bool], fails: str = "fails at this budget") -> str:
+    return "holds" if ok else "not resolved (mixed)" if ok is None else fails
+
+
+def claims(cells: list[dict], trans: dict) -> list[tuple[str, str, str, str]]:
+    """(paper, claim, evidence, verdict) per cited claim and depth this budget runs: "holds", "fails at this
+    budget", "not resolved" (a Wilson interval straddles 1/2) or "not tested at this budget"."""
+    rows = []
+    for depth in sorted({c["depth"] for c in cells}):
+        mine = {c["pool_size"]: c for c in cells if c["depth"] == depth}
+        pools = sorted(n for n in mine if n is not None)
+        fresh = mine.get(None)
+        small, large = (mine[pools[0]], mine[pools[-1]]) if pools else (None, None)
+        if fresh is not None:
+            bigram = fresh["phases"]["bigram inference"]
+            rows.append(("(positive control)", f"L{depth}, fresh kernels (N = ∞): closest to in-context bigram "
+                         "inference", f"{_p(bigram)} seeds", _word(_majority(bigram))))
+        t = trans.get(str(depth), {}).get("swap_fraction")
+        if t is not None:
+            reached = t["relation"] != ">"
+            rows.append(("Raventós et al. 2023", f"L{depth}: a task-diversity threshold N* exists: below it the model "
+                         "retrieves the pool, above it it infers the task in context (kernel-swap fraction crosses "
+                         "1/2)", t["describe"], "holds" if reached else "fails at this budget (not reached)"))
+        if small is not None and large is not None:
+            retrieval = _majority(small["inference"])
+            inference = _majority(large["inference"])
+            ok = None if retrieval is None or inference is None else (retrieval is False and inference is True)
+            rows.append(("Park et al. 2024", f"L{depth}: algorithmic phases: retrieval closest at small N "
+                         f"({pools[0]}), inference at large N ({pools[-1]})",
+                         f"inference closest: {_p(small['inference'])} at N = {pools[0]}, "
+                         f"{_p(large['inference'])} at N = {pools[-1]}", _word(ok, "fails")))
+    if not rows:
+        rows.append(("Raventós et al. 2023 / Park et al. 2024", "the transition and its phases", "—",
+                     "not tested at this budget"))
+    return rows
+
+
+def _p(p: dict) -> str:
+    return "—" if not p["n"] else f"{p['k']}/{p['n']} [{p['interval'][0]:.2f}, {p['interval'][1]:.2f}]"
+
+
+def claims_table(rows: list[tuple[str, str, str, str]]) -> Table:
+    """The claims (`claims`) as a table."""
+    return Table(("paper", "claim", "evidence [95% CI]", "at this budget"), rows)
+
+
 # ------------------------------------------------------------------------------------------------ output
 def _fmt(stat: Optional[dict], digits: int = 3) -> str:
     if not stat or stat["mean"] is None or not math.isfinite(stat["mean"]):
@@ -484,6 +539,12 @@ _CELLS_TEXT = ("Losses in nats per prediction on the probe batches, model minus 
                "mean KL(algorithm || model) on the in-pool batch (Wilson 95% intervals).")
 
 
+_CLAIMS_TEXT = ("Each claim read from this grid: a fraction of seeds with its Wilson 95% interval (a majority when the "
+                "interval lies above 1/2) or N* with its bootstrap interval. Raventós et al. studied in-context "
+                "linear regression; Park et al. in-context Markov chains with finite pools, where the transition "
+                "moves with the training length, so a verdict holds at this budget's steps only.")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DiversityResult(_shared.GridResult):
     """The sweep at one budget: per-run records, per-cell summaries, N* per depth."""
@@ -492,6 +553,7 @@ class DiversityResult(_shared.GridResult):
 
     def sections(self) -> list[Section]:
         return [Section("Setup", setup_text(self.budget)),
+                Section("Beside each paper's claim", _CLAIMS_TEXT, claims_table(claims(self.cells, self.transitions))),
                 Section("The transition N*", "", transitions_table(self.transitions), _TRANSITION_TEXT),
                 Section("Every cell", _CELLS_TEXT, cells_table(self.cells), figures=("diversity.png",)),
                 Section("Reference losses on the probe batches", "", references_table(self.cells))]

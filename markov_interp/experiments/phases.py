@@ -63,8 +63,8 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
 
 __all__ = ["PhaseBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES",
            "EXPERIMENT", "shape_label", "phase_specs", "formation_specs", "formation_rows", "order_reached",
-           "circuit_summary", "measure_model", "cell_summaries", "claims", "cells_table", "claims_table", "cells_csv",
-           "PhaseResult", "run", "read"]
+           "circuit_summary", "measure_model", "cell_summaries", "claims", "NOT_TESTED", "cells_table",
+           "claims_table", "cells_csv", "PhaseResult", "run", "read"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
 HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
@@ -466,7 +466,14 @@ _CLAIMS = (
     ("Edelman et al. 2024", "two layers learn the in-context bigram law with an induction head", "learn",
      [("layernorm", lambda k: (1, 1), (1,)), ("attention-only", lambda k: (1, 1), (1,))]),
 )
-_LEARN = {"yes": "reproduced", "no": "not reproduced at this budget", "mixed": "mixed", "not run": "not run"}
+# verdicts: "holds", "fails" (at this budget: a claim about what training reaches), "not resolved" (the Wilson
+# interval straddles 1/2, or two cells' intervals overlap) and "not tested" (a cell the budget does not run)
+_LEARN = {"yes": "holds", "no": "fails at this budget", "mixed": "not resolved (mixed)"}
+_LEARN_NOT = {"no": "holds", "yes": "fails", "mixed": "not resolved (mixed)"}
+_REPRESENT = {"yes": "holds (training finds it)", "mixed": "not resolved (mixed)",
+              "no": "not shown: training does not find it at this budget (a construction need not be found)"}
+_VERSUS = {"ahead": "holds", "behind": "fails", "not resolved": "not resolved"}
+NOT_TESTED = "not tested at this budget"
 
 
 def _claim_row(paper: str, claim: str, cell: Optional[dict], family: str, heads: tuple, k: int,
@@ -477,31 +484,34 @@ def _claim_row(paper: str, claim: str, cell: Optional[dict], family: str, heads:
             "full_circuit": circuit["full"] if circuit else None, "verdict": verdict}
 
 
+def _verdict(kind: str, found: list, i: int, k: int) -> str:
+    """The verdict of claim `kind` for cell i of `found` ((family, heads, cell) per cell of the claim)."""
+    cell = found[i][2]
+    if kind == "versus":
+        other = found[1 - i] if len(found) == 2 else None
+        if cell is None or other is None or other[2] is None:
+            return NOT_TESTED
+        if i == 1:
+            return "(the comparison)"
+        compared = _compare(cell["reached"][str(k)], other[2]["reached"][str(k)])
+        return f"{_VERSUS[compared]} ({compared} of {other[0]} {shape_label(other[1])})"
+    if cell is None:
+        return NOT_TESTED
+    majority = _majority(cell["reached"][str(k)])
+    return {"learn": _LEARN, "learn-not": _LEARN_NOT, "represent": _REPRESENT}[kind].get(majority, majority)
+
+
 def claims(cells: list[dict]) -> list[dict]:
-    """One row per cited claim and cell bearing on it: the fraction of seeds reaching the order-k law (Wilson
-    95%), the fraction with a full circuit, and the verdict at this budget: "reproduced", "not reproduced at
-    this budget", "mixed" (the interval straddles 1/2), for comparisons "ahead" / "behind" / "not resolved"
-    (Wilson intervals apart or overlapping); a claim whose cells the budget does not run has no row."""
+    """One row per cited claim, order and cell bearing on it: the fraction of seeds reaching the order-k law
+    (Wilson 95%), the fraction with a full circuit, and the verdict at this budget: "holds", "fails" ("at this
+    budget" for what training reaches), "not resolved" (the interval straddles 1/2; for a comparison, the two
+    cells' Wilson intervals overlap) or "not tested at this budget" (a cell the budget does not run)."""
     rows = []
     for paper, claim, kind, spec in _CLAIMS:
-        orders = sorted({k for _, _, ks in spec for k in ks})
-        for k in orders:
+        for k in sorted({k for _, _, ks in spec for k in ks}):
             found = [(family, heads(k), _find(cells, family, heads(k), k)) for family, heads, ks in spec if k in ks]
             for i, (family, heads, cell) in enumerate(found):
-                reached = cell["reached"][str(k)] if cell else None
-                majority = _majority(reached)
-                if kind == "versus":
-                    other = found[1 - i][2] if len(found) == 2 else None
-                    verdict = (f"{_compare(reached, other['reached'][str(k)] if other else None)} of "
-                               f"{found[1 - i][0]} {shape_label(found[1 - i][1])}") if i == 0 else "(comparison)"
-                elif kind == "learn-not":
-                    verdict = {"no": "reproduced", "yes": "not reproduced", "mixed": "mixed"}.get(majority, majority)
-                else:
-                    verdict = _LEARN[majority]
-                    if kind == "represent" and majority == "no":
-                        verdict += " (a construction: training need not find it)"
-                if all(f[2] is not None for f in (found if kind == "versus" else [found[i]])):
-                    rows.append(_claim_row(paper, claim, cell, family, heads, k, verdict))
+                rows.append(_claim_row(paper, claim, cell, family, heads, k, _verdict(kind, found, i, k)))
     return rows
 
 

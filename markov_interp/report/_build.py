@@ -35,11 +35,12 @@ from markov_interp.report.circuits import (
     ov_qk_figure,
     position_patching_figure,
 )
+from markov_interp.report._formation import formation_section
 from markov_interp.report._html import Section, atomic_write_text, document, figure_svg, iframe, paragraph, table
 
 REPORT_FILE = runfolder.REPORT_FILE  # the run folder's own file (runfolder.OWN_FILES)
 SECTION_IDS = ("summary", "config", "loss", "mechanism", "circuit", "weights", "attribution", "patching", "heads",
-               "attention", "ablation", "kernel", "landscape", "training")
+               "attention", "ablation", "kernel", "landscape", "training", "formation")
 # `from_model`: the sections that need no run folder
 MODEL_SECTION_IDS = ("summary", "mechanism", "circuit", "weights", "attribution", "patching", "heads", "attention",
                      "ablation", "kernel")
@@ -675,6 +676,7 @@ def build(
             *probed.values(),
             _landscape_section(run, model, checkpoints),
             _training_section(run, model, checkpoints, batch, mech, metrics, logged, max_checkpoints),
+            formation_section(run, checkpoints, batch, metrics, _spread(checkpoints, max_checkpoints), seed=seed),
         )
         bar.update(len(SECTION_IDS) - len(probed))
     assert tuple(s.id for s in sections) == SECTION_IDS
