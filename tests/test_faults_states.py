@@ -114,6 +114,84 @@ def test_the_issue_command_killed_as_metrics_appear_resumes(tmp_path):
     _same_run(out, tmp_path / "clean")
 
 
+# A `train --seeds` stack (the background training's kind of run: one process, several run folders) SIGKILLed
+# by itself at an exact point: after the N-th call of one of the package's writers, or after step N.
+_DIE_AT = """
+import os, signal, sys
+from markov_interp.training import loop, runfolder
+point, n = sys.argv[1], int(sys.argv[2])
+def die_after(name):
+    calls, writer = [0], getattr(runfolder, name)
+    def wrapped(*args, **kwargs):
+        result = writer(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+    setattr(runfolder, name, wrapped)
+if point == "step":
+    loop._on_step = lambda step: step == n and os.kill(os.getpid(), signal.SIGKILL)
+else:
+    die_after(point)
+from markov_interp.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+_STACK = ["train", "--seeds", "0-2", "--layers", "1", "--d-model", "8", "--seq-len", "16", "--batch-size", "4",
+          "--steps", "12", "--eval-every", "4", "--no-progress", "--threads", "1"]
+
+
+def _folder_state(seed_dir: Path) -> str:
+    names = sorted(p.name for p in seed_dir.iterdir()) if seed_dir.exists() else []
+    checkpoints = seed_dir / runfolder.CHECKPOINT_DIR
+    names += [f"checkpoints/{p.name}" for p in sorted(checkpoints.iterdir())] if checkpoints.is_dir() else []
+    rows = len(runfolder.load_metrics(seed_dir)) if (seed_dir / runfolder.METRICS_FILE).is_file() else 0
+    return f"{names} ({rows} rows)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpoints, point, n, left", [
+    # after the 2nd config.json: seed-0 and seed-1 hold a config, seed-2 only the lock
+    ("3", "prepare", 2, lambda s: not (s[2] / runfolder.CONFIG_FILE).exists() and (s[1] / "config.json").exists()),
+    # after the 3rd metrics.jsonl opened: empty metrics everywhere, no row yet
+    ("3", "MetricsLog", 3, lambda s: all((d / runfolder.METRICS_FILE).stat().st_size == 0 for d in s)),
+    # during the step-1 save: seed-0's checkpoint weights written, not its training state (half a checkpoint)
+    ("3", "save_state", 1, lambda s: runfolder.list_checkpoints(s[0]) == [] and any(
+        (s[0] / runfolder.CHECKPOINT_DIR).iterdir())),
+    # mid-run with checkpoints behind it: resumes from the newest
+    ("3", "step", 7, lambda s: runfolder.list_checkpoints(s[0]) != []),
+    # the background training's runs (no checkpoints) killed mid-run: rows, no checkpoint; restarts from scratch
+    ("0", "step", 9, lambda s: runfolder.load_metrics(s[0]) != [] and not (s[0] / runfolder.CHECKPOINT_DIR).exists()),
+])
+def test_a_stack_killed_at_each_point_resumes_or_restarts_to_the_clean_run(tmp_path, checkpoints, point, n, left):
+    argv = [*_STACK, "--checkpoints", checkpoints]
+    clean = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(tmp_path / "clean")],
+                           env=ENV, capture_output=True, text=True, timeout=300)
+    assert clean.returncode == 0, clean.stderr
+    out = tmp_path / "killed"
+    killed = subprocess.run([sys.executable, "-c", _DIE_AT, point, str(n), *argv, "--out", str(out)], env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    seeds = [out / f"seed-{s}" for s in range(3)]
+    assert left(seeds), [_folder_state(d) for d in seeds]  # the kill left the state this case is about
+    assert all(runfolder.foreign_entries(d) == [] for d in seeds)
+    # a file of the user's in a folder with no config is still refused, and the refusal writes nothing
+    bare = next((d for d in seeds if not (d / runfolder.CONFIG_FILE).exists()), None)
+    if bare is not None:
+        before = [_folder_state(d) for d in seeds]
+        (bare / "notes.txt").write_text("mine")
+        refused = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(out)], env=ENV,
+                                 capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 2 and "holds files that are not a run's (notes.txt)" in refused.stderr
+        (bare / "notes.txt").unlink()
+        assert [_folder_state(d) for d in seeds] == before
+    again = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(out)], env=ENV,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "refusing" not in again.stderr and "never started" not in again.stderr
+    for seed in range(3):
+        _same_run(out / f"seed-{seed}", tmp_path / "clean" / f"seed-{seed}")
+
+
 def test_folders_that_are_not_a_runs_are_refused_saying_what_is_there(tmp_path, reference):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
