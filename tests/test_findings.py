@@ -206,6 +206,14 @@ def test_reading_back_grids_recomputes_their_summaries(folder, keys):
         assert again[key] == committed[key], key
 
 
+def test_a_read_back_phase_grid_draws_no_empty_curve_figure():
+    # results.json keeps no loss curves: the read-back result must not draw (or link) an empty escape-curves panel
+    back = experiments.load(REPRO / "icl/phases-quick").result
+    assert "escape_curves.png" not in back.figures()
+    assert all("escape_curves.png" not in s.figures for s in back.sections())
+    assert "phase_diagram.png" in back.figures()
+
+
 def test_load_refuses_what_is_not_a_readable_results_json(tmp_path):
     bad = tmp_path / "results.json"
     bad.write_text("{not json")

@@ -287,6 +287,7 @@ def test_tiny_budget_end_to_end_through_the_registry(tmp_path, name):
         assert len(formation) == len({(tuple(r["heads"]), r["order"]) for r in data["result"]["runs"]})
         assert all(len(f["formation"]["faithfulness"]) == len(f["formation"]["steps"]) >= 3 for f in formation)
         assert "## Circuits over training" in (tmp_path / "summary.md").read_text()
+        assert "escape_curves.png" in written  # a fresh run has its loss curves (a read-back one does not)
     # a rerun reuses the finished runs and their cached measures
     again = experiments.run(experiment, tmp_path, budget=experiment.budget("tiny", workers=1))
     assert json.loads((tmp_path / "results.json").read_text())["result"]["runs"] == data["result"]["runs"]

@@ -643,11 +643,14 @@ class PhaseResult(_shared.GridResult):
         return {name: r for name, (heads, order) in wanted.items() for r in self.formation
                 if tuple(r.where["heads"]) == heads and r.where["order"] == order and r.where["seed"] == 0}
 
+    def _curves(self) -> dict[str, dict[str, dynamics.MedianCurve]]:
+        return curve_panels(list(self.records))
+
     def sections(self) -> list[Section]:
         out = [Section("Setup", setup_text(self.budget)),
                Section("Beside each paper's claim", "", claims_table(self.claims)),
                Section("Every cell", _CELLS_TEXT, cells_table(self.cells),
-                       figures=("phase_diagram.png", "escape_curves.png"))]
+                       figures=("phase_diagram.png", *(["escape_curves.png"] if self._curves() else [])))]
         if self.formation:
             out.append(Section("Circuits over training", _FORMATION_TEXT.format(
                 n=self.budget.formation_checkpoints, seqs=_formation.FORMATION_SEQUENCES),
@@ -659,10 +662,11 @@ class PhaseResult(_shared.GridResult):
         from markov_interp.report import figures
 
         drawn = {"phase_diagram.png": figures.phase_diagram_figure(
-                     self.cells, title=f"{self.budget.name} budget: {self.budget.steps} steps"),
-                 "escape_curves.png": figures.excess_curves_panels_figure(
-                     curve_panels(list(self.records)), columns=len(self.budget.orders),
-                     title="median excess over the order-k law relative to the in-context unigram plateau's")}
+                     self.cells, title=f"{self.budget.name} budget: {self.budget.steps} steps")}
+        if self._curves():  # read back from results.json there are no curves to draw
+            drawn["escape_curves.png"] = figures.excess_curves_panels_figure(
+                self._curves(), columns=len(self.budget.orders),
+                title="median excess over the order-k law relative to the in-context unigram plateau's")
         labels = self._formation_labels()
         for name, record in self._formation_shown().items():
             drawn[name] = _formation.formation_figure(record, f"{labels[id(record)]}, seed 0: the circuit over "
