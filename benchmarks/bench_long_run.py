@@ -36,10 +36,17 @@ from markov_interp.training import RunConfig, TrainConfig, loop, runfolder, trai
 from markov_interp.data import SourceConfig
 
 
-def stamped(run: RunConfig) -> list[float]:
-    """Train `run` into a temporary folder; the seconds at the end of each of its steps."""
+def stamped(run: RunConfig, cpu: "list[float] | None" = None) -> list[float]:
+    """Train `run` into a temporary folder; the seconds at the end of each of its steps (and, into `cpu` when
+    given, this process's CPU seconds there: what the machine's load does not stretch)."""
     stamps: list[float] = []
-    loop._on_step = lambda step: stamps.append(time.perf_counter())
+
+    def on_step(step: int) -> None:
+        stamps.append(time.perf_counter())
+        if cpu is not None:
+            cpu.append(time.process_time())
+
+    loop._on_step = on_step
     try:
         with tempfile.TemporaryDirectory() as folder:
             train(run, Path(folder) / "run", progress=False)
@@ -75,13 +82,23 @@ def long_run(steps: int) -> None:
     tc = run.train
     print(f"(d) one run of {steps} steps (batch 2 x 8, log every {tc.log_every}, evaluate every {tc.eval_every} "
           f"x {tc.eval_batches} batches, {tc.n_checkpoints} checkpoints); load average {os.getloadavg()[0]:.1f}")
-    start = time.perf_counter()
-    stamps = stamped(run)
-    (mean0, mean1), (median0, median1) = window_rates(stamps), median_rates(stamps)
-    print(f"  first 10%: {mean0:7.1f} steps/s (mean), {median0:7.1f} steps/s (median step)")
-    print(f"  last 10%:  {mean1:7.1f} steps/s (mean), {median1:7.1f} steps/s (median step)")
-    print(f"  last / first: {mean1 / mean0:.3f} (mean), {median1 / median0:.3f} (median step); "
-          f"{time.perf_counter() - start:.0f} s in all; load average now {os.getloadavg()[0]:.1f}")
+    start, cpu = time.perf_counter(), []
+    stamps = stamped(run, cpu)
+    for name, clock in (("wall", stamps), ("CPU", cpu)):  # CPU seconds: the run's own work, whatever the load
+        (mean0, mean1), (median0, median1) = window_rates(clock), median_rates(clock)
+        print(f"  {name} time, first 10%: {mean0:7.1f} steps/s (mean), {median0:7.1f} steps/s (median step)")
+        print(f"  {name} time, last 10%:  {mean1:7.1f} steps/s (mean), {median1:7.1f} steps/s (median step)")
+        print(f"  {name} time, last / first: {mean1 / mean0:.3f} (mean), {median1 / median0:.3f} (median step)")
+        tenths = [(len(w) - 1) / (w[-1] - w[0]) for w in _tenths(clock)]
+        print(f"  {name} time, steps/s in each tenth: " + " ".join(f"{r:.0f}" for r in tenths))
+    print(f"  {time.perf_counter() - start:.0f} s in all; load average now {os.getloadavg()[0]:.1f}")
+
+
+def _tenths(stamps: list[float]) -> list[list[float]]:
+    """The stamps in ten consecutive windows of equal length (a slowdown with length rises across them; the
+    machine's load comes and goes)."""
+    n = len(stamps) // 10
+    return [stamps[i * n:(i + 1) * n] for i in range(10)]
 
 
 def _windows(stamps: list[float]) -> tuple[list[float], list[float]]:
