@@ -30,7 +30,10 @@ ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]),
-       "OMP_NUM_THREADS": "1", "RAY_DISABLE_USAGE_STATS": "1"}
+       "OMP_NUM_THREADS": "1", "RAY_DISABLE_USAGE_STATS": "1",
+       # Ray 2.60 turns token authentication on by default, and then a driver given the head's address failed to
+       # connect ("Failed to connect to Ray cluster"): the head is this test's own, on this machine
+       "RAY_AUTH_MODE": "disabled"}
 DEADLINE = 600
 
 
@@ -119,8 +122,8 @@ class Cluster:
 @pytest.fixture
 def cluster():
     owned = Cluster()
-    owned.start()
     try:
+        owned.start()  # inside: a head that never came up is stopped too, not left running
         yield owned
     finally:
         owned.stop()
