@@ -1,5 +1,5 @@
 """Cost of a clamped attention pattern in stacked training: one training step (forward, backward, optimiser) of a
-stack whose layer-0 pattern is clamped (`intervene.clamp_hooks`: the explicit attention path, scores -> causal
+stack whose layer-0 pattern is clamped (`clamps.clamp_hooks`: the explicit attention path, scores -> causal
 softmax -> hook -> pattern @ v) against the same step with the fused attention, in this process, same shapes.
 
     python benchmarks/bench_intervene.py                                   # CPU, one thread, small shapes
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from markov_interp import intervene
+from markov_interp import clamps
 from markov_interp.models import stack as stacked
 from markov_interp.models.optim import StackedOptimizer
 from markov_interp.models import preset
@@ -68,8 +68,8 @@ def main() -> None:
     tokens = torch.randint(0, cfg.d_vocab, (args.members, args.batch, args.seq_len + 1),
                            generator=torch.Generator().manual_seed(0)).to(args.device)
     heads = f"[{args.heads}]" if args.heads is not None else ""
-    items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern{heads}=previous_token"])
-    hooks = intervene.clamp_hooks(items, cfg, 0, state=intervene.ClampState(), update=True, member_axis=True)
+    items = clamps.parse_interventions([f"blocks.0.attn.hook_pattern{heads}=previous_token"])
+    hooks = clamps.clamp_hooks(items, cfg, 0, state=clamps.ClampState(), update=True, member_axis=True)
     free = step_time(stack, optimizer, tokens, {}, args.steps, args.device)
     clamped = step_time(stack, optimizer, tokens, hooks, args.steps, args.device)
     free_again = step_time(stack, optimizer, tokens, {}, args.steps, args.device)  # drift check

@@ -1,81 +1,188 @@
-"""The one engine on a GPU (issue 20): does a run give the same weights alone and in stacks there too, and what
-do stacks give per step. One short script for a lent GPU (about 3 minutes on an H100):
+"""The compiled engine on a GPU (issue 29): one prepared script for a lent GPU.
 
-    python -m pytest -q tests/test_stacked.py -k cuda && python benchmarks/gpu_engine_check.py
+    python benchmarks/gpu_engine_check.py | tee docs/reproduction/gpu/engine-$(date +%F).txt
 
-1. The same run (paper-1layer, p = 0.5, q = 0.8, seq 256, batch 16, 60 steps, fp32 and bf16) trained alone
-   (a stack of one) and as member 3 of stacks of 8 and of 64 (other seeds): prints whether its weights and
-   metrics are bit-identical, else the largest weight difference. On the CPU this is tested bit for bit
-   (tests/test_engine.py); cuBLAS may pick other kernels for other batch counts, so the GPU answer is measured.
-2. Seconds per step of a stack of 1, 8 and 64 (marginal, two run lengths) and the anchor loop
-   (../shared/anchors/stacked_loop.py, if present) at K = 64, seq 1024, batch 16.
+NOT RUN ON A GPU YET: no GPU was lent to the change that wrote it. Its wiring was checked on the CPU with
+`--device cpu --members 4 --seq-len 64 --short 2 --long 5 --check-steps 6 --invariance` (numbers meaningless
+there). On a GPU its time is mostly compiling, not measured: the checks compile 6 graphs (training, evaluation
+and update, fp32 and bf16, K = 4), the timings 6 more at K = 256 plus the anchor's 2; on the loaded 2-core CPU
+three graphs took 60-110 s with a cold inductor cache, and a GPU host (16 cores, idle) with Triton's kernel
+builds is guessed at 15-40 s per three graphs, so 3-7 minutes in all with the timed steps (53 steps of each of
+five K = 256 stacks, under 5 s each at the measured eager speeds). Run it with a 600 s limit; every line is
+flushed and says the seconds elapsed, so a run cut short keeps what it printed (the checks come first: cheap
+and decisive).
+
+The anchor (`stacked_loop.py`) lives in ../shared/anchors beside the checkout, which does not travel to a lent
+GPU machine: copy it into a git-ignored folder of the checkout, carry that folder, and pass it (`mkdir -p
+.anchors && cp ../shared/anchors/stacked_loop.py .anchors/ && echo /.anchors/ >> .git/info/exclude`, then
+`--anchor-dir .anchors`). Without it the script times the package alone and says so.
+
+What it prints, in this order (the K = 256 bf16 line, issue 29's target, is the first timing):
+
+1. The device, torch version and date.
+2. Compiled against eager on CUDA: a stack of 4 (paper-1layer, p = 0.5, q = 0.8, seq 256, batch 16, 60 steps,
+   fp32 and bf16): the largest difference of a logged training loss (on the CPU, tests/test_compile.py bounds
+   it by 1e-5 in fp32), and whether the compiled run repeated in the same process is bit-identical (what a
+   resume under the same mode needs).
+3. Seconds per step (marginal: a --short and a --long run, so building, compiling and evaluation cancel) of the
+   package with `TrainConfig.compile="default"` against the hand-written anchor in the same mode
+   (`../shared/anchors/stacked_loop.py`, `time_stacked(..., compile=True, bf16=...)`), paper-1layer, seq 1024,
+   batch 16, for each K in --members and each precision: model-steps/s and package / anchor. Issue 29's
+   targets: compiled bf16 at K = 256 >= 0.9x the compiled bf16 anchor (>= 20,000 model-steps/s on an H100), and
+   compiled fp32 >= 0.9x the compiled fp32 anchor. The package's eager bf16 step is printed beside them.
+4. LayerNorm over rows of 8 values on the K = 256 activation shape, forward + backward: `F.layer_norm` against
+   the two-reduction formulation (`benchmarks/bench_many.py --layernorm`), fp32 and bf16. On the CPU the fused
+   kernel is the faster (docs/speed.md), so the package keeps it; this line decides whether eager CUDA should.
+5. With --invariance: the same run alone and as member 3 of a stack of 8, eager and compiled (is a run's result
+   independent of its companions on CUDA?).
 """
 
 import argparse
-import dataclasses
+import datetime
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from markov_interp import models, training
+from markov_interp import training
 from markov_interp.data import SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig
 
+HERE = Path(__file__).resolve().parent
 
-def _run(seed: int, steps: int, seq_len: int, precision: str = "fp32") -> RunConfig:
+
+DEVICE = ["cuda"]  # --device cpu: a smoke run of the script's wiring on a CPU (its numbers mean nothing)
+START = time.perf_counter()
+
+
+def _say(line: str) -> None:
+    """Print `line` at once, with the seconds since the script started (what the next estimate needs)."""
+    print(f"[{time.perf_counter() - START:6.0f} s] {line}", flush=True)
+
+
+def _run(seed: int, steps: int, seq_len: int, precision: str = "fp32", compile: str = "off") -> RunConfig:
     return RunConfig(source=SourceConfig(kind="binary", p=0.5, q=0.8), model=preset("paper-1layer", n_ctx=seq_len),
                      train=TrainConfig(steps=steps, seq_len=seq_len, batch_size=16, eval_every=0, n_checkpoints=0,
-                                       device="cuda", seed=seed, precision=precision))
+                                       device=DEVICE[0], seed=seed, precision=precision, compile=compile))
 
 
-def invariance(precision: str) -> None:
-    run = _run(0, 60, 256, precision)
-    alone = training.train_many([run], progress=False)[0]
-    weights = models.state_dict_for_save(alone.model)
-    for k in (8, 64):
-        runs = [dataclasses.replace(run, train=dataclasses.replace(run.train, seed=s)) for s in range(100, 100 + k)]
+def _with(runs: list, **changes) -> list:
+    return [r.replace(train=r.train.replace(**changes)) for r in runs]
+
+
+def compiled_against_eager(precision: str, seq_len: int, steps: int) -> None:
+    runs = [_run(s, steps, seq_len, precision) for s in range(4)]
+    eager = training.train_many(runs, progress=False, models_out=False)
+    compiled = training.train_many(_with(runs, compile="default"), progress=False, models_out=False)
+    again = training.train_many(_with(runs, compile="default"), progress=False, models_out=False)
+    diff = max(abs(a["train_loss"] - b["train_loss"]) for e, c in zip(eager, compiled)
+               for a, b in zip(e.metrics, c.metrics) if "train_loss" in a)
+    same = [r.metrics for r in again] == [r.metrics for r in compiled]
+    _say(f"{precision}: compiled vs eager, stack of 4, {steps} steps: largest |d train loss| {diff:.3g}; compiled "
+         f"twice: {'bit-identical' if same else 'NOT bit-identical'}")
+
+
+def _sync() -> None:
+    if DEVICE[0].startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(fn) -> float:
+    _sync()
+    start = time.perf_counter()
+    fn()
+    _sync()
+    return time.perf_counter() - start
+
+
+def package_per_step(k: int, precision: str, compile: str, short: int, long: int, seq_len: int) -> float:
+    runs = [_run(s, long, seq_len, precision, compile) for s in range(k)]
+
+    def train(steps: int) -> None:
+        training.train_many(_with(runs, steps=steps), progress=False, models_out=False)
+
+    train(3)  # compiles (once per shapes: the timed calls reuse it)
+    return (_timed(lambda: train(long)) - _timed(lambda: train(short))) / (long - short)
+
+
+def _anchor(anchor_dir: Path):
+    """The anchor's `time_stacked`, or None (said in the output) where stacked_loop.py is not in `anchor_dir`."""
+    if not (anchor_dir / "stacked_loop.py").is_file():
+        _say(f"anchor: no stacked_loop.py in {anchor_dir} (see the docstring: copy and carry it); package only")
+        return None
+    sys.path.insert(0, str(anchor_dir))
+    from stacked_loop import time_stacked  # the hand-written reference (not project code)
+
+    return time_stacked
+
+
+def speed(members: list[int], anchor_dir: Path, short: int, long: int, seq_len: int) -> None:
+    time_stacked = _anchor(anchor_dir)
+    for k in members:
+        for precision in ("bf16", "fp32"):
+            package = package_per_step(k, precision, "default", short, long, seq_len)
+            line = (f"K = {k:3d} {precision} compiled: package {package * 1e3:7.2f} ms/step {k / package:9.0f} "
+                    "model-steps/s")
+            if time_stacked is not None:
+                anchor = time_stacked(k, steps=long - short, seq_len=seq_len, batch=16, device=DEVICE[0],
+                                      compile=True, bf16=precision == "bf16")
+                line += (f"; anchor {anchor * 1e3:7.2f} ms/step {k / anchor:9.0f}; package / anchor "
+                         f"{anchor / package:.2f} (target >= 0.9)")
+            _say(line)
+        eager = package_per_step(k, "bf16", "off", short, long, seq_len)
+        _say(f"K = {k:3d} bf16 eager   : package {eager * 1e3:7.2f} ms/step {k / eager:9.0f} model-steps/s")
+
+
+def layernorm(k: int, seq_len: int) -> None:
+    for flag in ([], ["--bf16"]):
+        done = subprocess.run([sys.executable, str(HERE / "bench_many.py"), "--layernorm", "--device", DEVICE[0],
+                               "--members", str(k), "--seq-len", str(seq_len), "--repeats", "5", "--long", "20", *flag],
+                              capture_output=True, text=True, timeout=120)
+        _say(f"LayerNorm, [{k}, 16, {seq_len}, 8] {'bf16' if flag else 'fp32'}:\n{done.stdout.strip()}"
+             f"{done.stderr[-500:]}")
+
+
+def invariance(seq_len: int, steps: int) -> None:
+    for compile in ("off", "default"):
+        run = _run(0, steps, seq_len, "fp32", compile)
+        alone = training.train_many([run], progress=False)[0]
+        runs = _with([run] * 8, compile=compile)
+        runs = [r.replace(train=r.train.replace(seed=100 + i)) for i, r in enumerate(runs)]
         runs[3] = run
         member = training.train_many(runs, progress=False)[3]
-        theirs = models.state_dict_for_save(member.model)
-        diff = max((weights[n] - theirs[n]).abs().max().item() for n in weights)
+        from markov_interp import models
+
+        a, b = models.state_dict_for_save(alone.model), models.state_dict_for_save(member.model)
+        diff = max((a[n] - b[n]).abs().max().item() for n in a)
         same = diff == 0 and alone.metrics == member.metrics
-        print(f"{precision}: alone vs member of a stack of {k}: {'bit-identical' if same else f'max |dw| {diff:.3g}'}")
-
-
-def per_step(k: int, seq_len: int, short: int = 10, long: int = 40) -> float:
-    runs = [_run(s, long, seq_len) for s in range(k)]
-
-    def timed(steps: int) -> float:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        training.train_many([dataclasses.replace(r, train=dataclasses.replace(r.train, steps=steps)) for r in runs],
-                            progress=False, models_out=False)
-        torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    timed(3)
-    return (timed(long) - timed(short)) / (long - short)
+        _say(f"compile={compile}: alone vs member 3 of 8: {'bit-identical' if same else f'max |dw| {diff:.3g}'}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--anchor-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "anchors"))
+    parser.add_argument("--anchor-dir", default=str(HERE.parents[1] / "shared" / "anchors"))
+    parser.add_argument("--members", default="256",
+                        help="stack sizes to time, comma-separated (each adds two compiles)")
+    parser.add_argument("--short", type=int, default=10)
+    parser.add_argument("--long", type=int, default=40)
+    parser.add_argument("--invariance", action="store_true", help="also: a run alone and inside a stack of 8")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the wiring (use small sizes)")
+    parser.add_argument("--seq-len", type=int, default=1024, help="of the timed stacks (the checks use a quarter)")
+    parser.add_argument("--check-steps", type=int, default=60, help="steps of the compiled-against-eager checks")
     args = parser.parse_args()
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    DEVICE[0] = args.device
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU (a smoke run)"
+    _say(f"{name}, torch {torch.__version__}, {datetime.date.today()}")
+    members = [int(k) for k in args.members.split(",")]
     for precision in ("fp32", "bf16"):
-        invariance(precision)
-    for k in (1, 8, 64):
-        seconds = per_step(k, 1024)
-        print(f"stack of {k:2d}, seq 1024, batch 16: {seconds * 1e3:7.2f} ms/step  {k / seconds:8.1f} model-steps/s")
-    if (Path(args.anchor_dir) / "stacked_loop.py").exists():
-        sys.path.insert(0, args.anchor_dir)
-        from stacked_loop import time_stacked
-
-        seconds = time_stacked(64, steps=30, seq_len=1024, batch=16, device="cuda")
-        print(f"anchor K=64, seq 1024, batch 16: {seconds * 1e3:7.2f} ms/step  {64 / seconds:8.1f} model-steps/s")
+        compiled_against_eager(precision, args.seq_len // 4, args.check_steps)
+    speed(members, Path(args.anchor_dir), args.short, args.long, args.seq_len)
+    layernorm(members[0], args.seq_len)
+    if args.invariance:
+        invariance(args.seq_len // 4, args.check_steps)
 
 
 if __name__ == "__main__":

@@ -32,12 +32,32 @@ def _parse_heads(text: str) -> "int | tuple[int, ...]":
     return counts[0] if len(counts) == 1 else counts
 
 
+class _SourceKinds:
+    """`--source`'s choices: the kinds `data.SourceConfig` builds (`data.SOURCE_KINDS`), read when first used, since
+    importing data imports torch, which the help of the other commands does not need."""
+
+    def _kinds(self) -> tuple:
+        from markov_interp.data import SOURCE_KINDS
+
+        return SOURCE_KINDS
+
+    def __iter__(self) -> Any:
+        return iter(self._kinds())
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._kinds()
+
+    def __len__(self) -> int:
+        return len(self._kinds())
+
+
 # Shortcut flags of `train`: (flag, dotted option, argparse keywords). Each sets one run-config option,
 # exactly as `--set option=value` would; defaults come from `training.default_run`, not from here.
 _TRAIN_SHORTCUTS = (
-    ("data", "--source", "source.kind", dict(choices=["binary", "markov", "random"],
-     help="binary: fixed two-state chain (--p, --q; default p=0.2, q=0.3); markov: any fixed kernel (--kernel, "
-     "--order); random: a fresh Dirichlet kernel per sequence (default 2 states)")),
+    ("data", "--source", "source.kind", dict(choices=_SourceKinds(), metavar="KIND", help=(
+        "one of %(choices)s. binary: fixed two-state chain (--p, --q; default p=0.2, q=0.3); markov: any fixed "
+        "kernel (--kernel, --order); random: a fresh Dirichlet kernel per sequence (default 2 states); other kinds "
+        "take their fields as --set source.FIELD=VALUE"))),
     ("data", "--p", "source.p", dict(type=float, help="binary: P(0 -> 1)")),
     ("data", "--q", "source.q", dict(type=float, help="binary: P(1 -> 0)")),
     ("data", "--vocab", "source.vocab", dict(type=int, help="random: number of states")),
@@ -76,6 +96,10 @@ _TRAIN_SHORTCUTS = (
         help="fp32 (default) or autocast fp16 / bf16; precision changes the paper's outcome")),
     ("training", "--loss-scaling", "train.loss_scaling", dict(action="store_const", const=True,
                                                               help="fp16 with dynamic loss scaling")),
+    ("training", "--compile", "train.compile", dict(
+        choices=["off", "default", "max"],
+        help="torch.compile the training step: off (default, eager), default or max (autotuned); equal to eager up "
+        "to float rounding (docs/training.md#compiled-steps)")),
     ("training", "--device", "train.device", dict(help="auto (default: cuda if available), cpu, cuda, cuda:1, ...")),
     ("training", "--eval-every", "train.eval_every", dict(
         type=int, help="evaluate every N steps (default 100; 0: only at the end)")),
@@ -175,11 +199,11 @@ def _train_run(args: argparse.Namespace):  # -> training.RunConfig (imported laz
 
 def _with_interventions(run: "RunConfig", args: argparse.Namespace) -> "RunConfig":
     """`run` with the --freeze and --clamp entries appended to train.interventions (in the order given)."""
-    from markov_interp import intervene
+    from markov_interp import clamps
 
     added = []
-    for flag, parse, items in (("--freeze", intervene.parse_freeze, args.freeze),
-                               ("--clamp", intervene.parse_clamp, args.clamp)):
+    for flag, parse, items in (("--freeze", clamps.parse_freeze, args.freeze),
+                               ("--clamp", clamps.parse_clamp, args.clamp)):
         for item in items or []:
             try:
                 added.append(parse(item))

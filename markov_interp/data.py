@@ -1,6 +1,6 @@
 """Markov sources: the data a model is trained and probed on.
 
-Three sources, one interface (`.sample(batch, seq_len, generator=...)` -> `Int[Tensor, "batch pos"]`):
+Four sources, one interface (`.sample(batch, seq_len, generator=...)` -> `Int[Tensor, "batch pos"]`):
 
 - `BinaryChain(p, q)`: the two-state chain of Makkuva et al. with P(0 -> 1) = p and P(1 -> 0) = q.
 - `MarkovChain(kernel, order=k)`: any number of states; for order k the kernel is indexed by the last k states.
@@ -8,12 +8,16 @@ Three sources, one interface (`.sample(batch, seq_len, generator=...)` -> `Int[T
   learning task of the induction-head literature (Edelman et al. 2024). With `pool_size=N` every sequence draws
   one of N kernels fixed once (a finite pool: the task-diversity setting of Raventos et al. 2023). With
   `zero_diagonal=True` no state follows itself: each row is Dirichlet(alpha) over the other V - 1 states.
+- `CyclicMarkov(vocab, alpha)`: a fresh cyclic chain per sequence, each state staying with probability
+  s_x ~ Beta(alpha, alpha) or moving on to the next state mod V (stationary law, entropy rate and in-context Bayes
+  law in closed form).
 
 What theory, probes and training need from a source is the `Source` protocol: vocab, order, the prior's `alpha`
 and the transitions it allows (`support`), the finite `pool` of kernels (a fixed chain is a pool of one),
 `sample(..., return_kernels=True)` for the kernels of a batch and `initial_context_laws(kernels)` for the law of
-each sequence's first states. A new source kind is
-one class that satisfies it plus a builder in `SourceConfig`.
+each sequence's first states; the sources of this module also say how their first states were given (`initial`)
+and which `SourceConfig` builds them (`config`, what theory keys its Monte Carlo references on). A new source kind
+is one class that satisfies the protocol plus a builder in `_BUILDERS` (the kinds are `SOURCE_KINDS`).
 
 Sampling is vectorised over positions as well as sequences. A chain step is a map from states to states,
 `x_t = F_t(x_{t-1})`, where `F_t` is drawn up front for every possible current state from one uniform per
@@ -25,7 +29,7 @@ for two states, where a map is a reset, the identity or a flip, with a cumulativ
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Optional, Protocol, Union, runtime_checkable
 
 import torch
@@ -156,21 +160,25 @@ def _sample_chain(
     seq_len: int,
     generator: torch.Generator | None,
     device: torch.device,
+    u: Optional[Float[Tensor, "batch steps 1 1"]] = None,
 ) -> Tokens:
     """Sample order-k chains given per-sequence cumulative kernels and the first context index.
 
     The chain state is the context c = base-V number of the last k tokens (oldest first); the next context is
-    (c * V + x) mod V**k. `first` is the context made of the first k tokens.
+    (c * V + x) mod V**k. `first` is the context made of the first k tokens. `u`: the step uniforms, when drawn
+    already (else drawn here from `generator`).
     """
     batch, n_ctx, _ = cdf.shape
     steps = max(seq_len - order, 0)
     if steps:
-        u = torch.rand(batch, steps, 1, 1, generator=generator, device=device, dtype=torch.float64)
+        if u is None:
+            u = torch.rand(batch, steps, 1, 1, generator=generator, device=device, dtype=torch.float64)
         # the comparison below sums steps * contexts * V int64 per sequence: a block of sequences at a time
         # bounds the memory (chains.block_sizes); each sequence is computed alone, so the tokens are the same
         sizes = block_sizes(batch, 8 * steps * n_ctx * vocab)
-        later = torch.cat([_chain_block(c, x, f, vocab=vocab, order=order)
-                           for c, x, f in zip(cdf.split(sizes), u.split(sizes), first.split(sizes))])
+        parts = [_chain_block(c, x, f, vocab=vocab, order=order)
+                 for c, x, f in zip(cdf.split(sizes), u.split(sizes), first.split(sizes))]
+        later = parts[0] if len(parts) == 1 else torch.cat(parts)
     else:
         later = torch.empty(batch, 0, dtype=torch.long, device=device)
     digits = vocab ** torch.arange(order - 1, -1, -1, device=device)
@@ -212,9 +220,13 @@ def _initial_context_law(initial: InitialLaw, kernel: Tensor | None, vocab: int,
     return law
 
 
-def _draw(law: Tensor, batch: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
+def _draw(law: Tensor, batch: int, generator: torch.Generator | None, device: torch.device,
+          u: Optional[Float[Tensor, "batch 1"]] = None) -> Tensor:
+    """Indices drawn from `law` (one law, or one per row), by inverse CDF of the uniforms `u` (drawn here if
+    None)."""
     cdf = law.to(device).cumsum(-1)
-    u = torch.rand(batch, 1, generator=generator, device=device, dtype=torch.float64)
+    if u is None:
+        u = torch.rand(batch, 1, generator=generator, device=device, dtype=torch.float64)
     return (cdf <= u).sum(-1).clamp_(max=law.shape[-1] - 1)
 
 
@@ -240,6 +252,13 @@ class Source(Protocol):
       `return_kernels` also each sequence's kernel [batch, V**order, V].
     - `initial_context_laws(kernels)`: the law of each sequence's first `order` states over contexts, given
       its kernel (the stationary law of that kernel, or a fixed law).
+
+    Optional (every source of this module has them; a source without them is used everywhere except where
+    `theory.reference_losses` runs its cached Monte Carlo for random kernels):
+
+    - `initial`: the first-context law as given, "stationary" (each kernel's own stationary law) or a tuple over
+      the V**order contexts.
+    - `config`: the `SourceConfig` that builds an equal source (references are keyed on its JSON).
     """
 
     vocab: int
@@ -280,12 +299,28 @@ class MarkovChain:
         self.order = order
         self.vocab = int(self.kernel.shape[-1])
         self._initial = _initial_context_law(initial, self.kernel, self.vocab, order)
-        self._cdf = _context_kernel(self.kernel).cumsum(-1)
+        self._stationary_start = isinstance(initial, str) and initial == "stationary"
+        self._cdf = _context_kernel(self.kernel).cumsum(-1)  # `kernel_cdf` (the private name stays for callers)
 
     @property
     def initial_context_law(self) -> Tensor:
         """The law of the first `order` states, over contexts (base-V index, oldest state most significant)."""
         return self._initial
+
+    @property
+    def initial(self) -> str | tuple[float, ...]:
+        """The first-context law as given: "stationary" (the kernel's) or the law over contexts as a tuple."""
+        return "stationary" if self._stationary_start else tuple(self._initial.tolist())
+
+    @property
+    def kernel_cdf(self) -> Float[Tensor, "context vocab"]:
+        """The cumulative kernel rows [V**order, V] the sampler inverts (float64). Do not modify it in place."""
+        return self._cdf
+
+    @property
+    def config(self) -> "SourceConfig":
+        """The `SourceConfig` that builds this chain (kind "markov")."""
+        return SourceConfig(kind="markov", kernel=self.kernel.tolist(), order=self.order, initial=self.initial)
 
     support = None  # the `Source` protocol: a fixed chain has no prior (its kernel's zeros say what is allowed)
 
@@ -337,6 +372,11 @@ class BinaryChain(MarkovChain):
 
     def __repr__(self) -> str:
         return f"BinaryChain(p={self.p}, q={self.q})"
+
+    @property
+    def config(self) -> "SourceConfig":
+        """The `SourceConfig` that builds this chain (kind "binary")."""
+        return SourceConfig(kind="binary", p=self.p, q=self.q, initial=self.initial)
 
 
 class RandomMarkov:
@@ -403,6 +443,12 @@ class RandomMarkov:
         """The first-context law as given: "stationary" (each kernel's own) or the law over contexts as a tuple."""
         return self._initial if isinstance(self._initial, str) else tuple(self._initial.tolist())
 
+    @property
+    def config(self) -> "SourceConfig":
+        """The `SourceConfig` that builds this source (kind "random"; a pool's seed as drawn, 0 when not given)."""
+        return SourceConfig(kind="random", vocab=self.vocab, order=self.order, alpha=self.alpha, initial=self.initial,
+                            pool_size=self.pool_size, pool_seed=self.pool_seed, zero_diagonal=self.zero_diagonal)
+
     @functools.cached_property
     def pool(self) -> Optional[Float[Tensor, "kernel context vocab"]]:
         """The pool's kernels [pool_size, V**order, V] (float64, drawn once with `pool_seed`), None without a
@@ -441,10 +487,16 @@ class RandomMarkov:
         dev = _resolve_device(generator, device)
         # Dirichlet via normalised Gamma draws; torch's Gamma sampler has no generator argument, so use
         # Marsaglia-Tsang on generator-driven normals and uniforms (exact for shape >= 1; boost for < 1).
-        shape = (batch, self.vocab**self.order, self.vocab)
-        gamma = _gamma(self.alpha, shape, generator, dev)
-        if self.zero_diagonal:  # Gamma draws of the other states normalised: Dirichlet over them
-            gamma = gamma * self.support.to(dev)
+        return self._normalised(_gamma(self.alpha, self._kernel_shape(batch), generator, dev))
+
+    def _kernel_shape(self, batch: int) -> tuple[int, int, int]:
+        return batch, self.vocab**self.order, self.vocab
+
+    def _normalised(self, gamma: Float[Tensor, "*lead context vocab"]) -> Float[Tensor, "*lead context vocab"]:
+        """Kernels from Gamma(alpha) draws: each row normalised over its allowed states (Dirichlet(alpha))."""
+        support = self.support
+        if support is not None:  # Gamma draws of the allowed states normalised: Dirichlet over them
+            gamma = gamma * support.to(gamma.device)
         return gamma / gamma.sum(-1, keepdim=True)
 
     def sample(
@@ -474,29 +526,176 @@ class RandomMarkov:
         return (tokens, kernels) if return_kernels else tokens
 
 
+class CyclicMarkov(RandomMarkov):
+    """A random cyclic chain per sequence: from state x the chain stays at x or moves on to x + 1 (mod V), and
+    P(stay at x) = s_x ~ Beta(alpha, alpha), independently per state (each row Dirichlet(alpha) over its two allowed
+    states, `support`). Its in-context task has one unknown per state, where `RandomMarkov`'s has V - 1.
+
+    Closed forms, checked against theory in tests/test_cyclic.py: the stationary law pi_x is proportional to
+    1 / (1 - s_x) (each lap spends a geometric time of mean 1 / (1 - s_x) at x); the entropy rate is
+    sum_x pi_x h(s_x) (h the binary entropy); with a uniform first state the Bayes predictor is
+    P(stay at x | the sequence so far) = (alpha + n_stay(x)) / (2 alpha + n(x)) over the n(x) steps taken from x
+    (`theory.add_beta_predictions` over the support), and the Bayes loss of a sequence is the Beta-Binomial
+    marginal likelihood -sum_x log B(alpha + n_stay(x), alpha + n_move(x)) / B(alpha, alpha).
+
+    >>> CyclicMarkov(3).support.int().tolist()
+    [[1, 1, 0], [0, 1, 1], [1, 0, 1]]
+    >>> tokens = CyclicMarkov(4).sample(2, 12, generator=torch.Generator().manual_seed(0))
+    >>> bool((((tokens[:, 1:] - tokens[:, :-1]) % 4) <= 1).all())  # every step stays or moves on by one
+    True
+    """
+
+    def __init__(self, vocab: int, alpha: float | int = 1.0, *, initial: InitialLaw = "stationary"):
+        check_int("vocab", vocab, minimum=3)  # two states would be every transition: RandomMarkov(2)
+        super().__init__(vocab, 1, alpha, initial=initial)
+
+    def __repr__(self) -> str:
+        return f"CyclicMarkov(vocab={self.vocab}, alpha={self.alpha})"
+
+    @property
+    def support(self) -> Bool[Tensor, "context vocab"]:
+        """x -> x (stay) and x -> x + 1 mod V (move on), [V, V] booleans (the `Source` protocol)."""
+        stay = torch.eye(self.vocab, dtype=torch.bool)
+        return stay | stay.roll(1, dims=1)
+
+    @property
+    def config(self) -> "SourceConfig":
+        """The `SourceConfig` that builds this source (kind "cyclic")."""
+        return SourceConfig(kind="cyclic", vocab=self.vocab, alpha=self.alpha, initial=self.initial)
+
+    def out_of_pool(self) -> "CyclicMarkov":
+        """This source (it has no pool: every sequence draws a fresh kernel)."""
+        return CyclicMarkov(self.vocab, self.alpha, initial=self._initial)
+
+
 def _gamma(alpha: float, shape: tuple, generator: torch.Generator | None, device: torch.device) -> Tensor:
     """Gamma(alpha, 1) draws from an explicit generator (Marsaglia & Tsang 2000, with rejection)."""
+    return _gamma_many(alpha, shape, [generator], device)[0]
+
+
+def _gamma_many(alpha: float, shape: tuple, generators: Sequence[Optional[torch.Generator]],
+                device: torch.device) -> Float[Tensor, "member ..."]:
+    """`_gamma(alpha, shape, g)` for every generator g at once, [member, *shape]: member k's numbers are those of
+    `generators[k]` alone, bit for bit (each draws its normals and uniforms in the order `_gamma` does; the
+    elementwise acceptance runs for all members together, with one host read per rejection round)."""
     boost = alpha < 1
     a = alpha + 1 if boost else alpha
     d = a - 1.0 / 3
     c = 1.0 / math.sqrt(9 * d)
-    out = torch.empty(shape, dtype=torch.float64, device=device)
-    todo = torch.ones(shape, dtype=torch.bool, device=device)
-    while todo.any():
-        n = int(todo.sum())
-        z = torch.randn(n, generator=generator, device=device, dtype=torch.float64)
-        u = torch.rand(n, generator=generator, device=device, dtype=torch.float64)
+    out = torch.empty((len(generators), *shape), dtype=torch.float64, device=device)
+    todo = torch.ones_like(out, dtype=torch.bool)
+    counts = [math.prod(shape)] * len(generators)
+    while any(counts):
+        draws = [(torch.randn(n, generator=g, device=device, dtype=torch.float64),
+                  torch.rand(n, generator=g, device=device, dtype=torch.float64))
+                 for n, g in zip(counts, generators) if n]
+        z, u = (torch.cat(part) for part in zip(*draws))  # members in order: todo.nonzero's order
         v = (1 + c * z) ** 3
         ok = (v > 0) & (torch.log(u.clamp_min(1e-300)) < 0.5 * z**2 + d - d * v + d * torch.log(v.clamp_min(1e-300)))
         idx = todo.nonzero(as_tuple=True)
         accepted = tuple(i[ok] for i in idx)
         out[accepted] = (d * v)[ok]
         todo[accepted] = False
+        counts = todo.flatten(1).sum(1).tolist()
     if boost:
-        u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+        u = torch.stack([torch.rand(shape, generator=g, device=device, dtype=torch.float64) for g in generators])
         out = out * u.clamp_min(1e-300) ** (1.0 / alpha)
     return out.clamp_min(1e-300)
 
+
+def stacked_sampler(sources: Sequence[Source], batch: int, seq_len: int,
+                    generators: Sequence[torch.Generator]) -> Callable[[], Int[Tensor, "member batch pos"]]:
+    """A function drawing one batch per source, `[member, batch, seq_len]`, member k's with `generators[k]`: what
+    a stack trains on (`training.batches.member_sampler`).
+
+    For fixed chains and random kernels of one vocab and order every member makes its own random draws in
+    `sample`'s order -- its kernels (Dirichlet rejection rounds shared by all members of one alpha, or pool
+    indices), then its first states' and steps' uniforms in one draw -- and the stationary laws, first states
+    and chains of all members are computed at once (fixed chains' tables once for all calls). Other sources are
+    sampled one by one. On the CPU member k's rows are `sources[k].sample(batch, seq_len,
+    generator=generators[k])` bit for bit (the CPU generator fills in order, so one draw is `sample`'s two); a
+    CUDA generator's stream depends on how a draw is split, so there they are this function's own (still the
+    same for a member alone and in any stack).
+
+    Args:
+        sources: one source per member.
+        batch, seq_len: sequences per member and their length.
+        generators: one per member, all on the device the tokens are drawn on.
+
+    Returns:
+        The sampler: each call draws the next batch of every member (int64 tokens).
+
+    >>> sample = stacked_sampler([BinaryChain(0.2, 0.3), BinaryChain(0.5, 0.8)], 4, 10,
+    ...                          [torch.Generator().manual_seed(s) for s in (0, 1)])
+    >>> sample().shape
+    torch.Size([2, 4, 10])
+    """
+    _check_sizes(batch, seq_len)
+    if not sources or len(sources) != len(generators):
+        raise ValueError(f"need one generator per source and at least one source, got {len(sources)} sources and "
+                         f"{len(generators)} generators")
+    kinds = {(isinstance(s, RandomMarkov), s.vocab, s.order) for s in sources}
+    if len(kinds) != 1 or not all(isinstance(s, (MarkovChain, RandomMarkov)) for s in sources):
+        return lambda: torch.stack([s.sample(batch, seq_len, generator=g) for s, g in zip(sources, generators)])
+    device = generators[0].device
+    vocab, order = sources[0].vocab, sources[0].order
+    steps = max(seq_len - order, 0)
+    fixed = None if isinstance(sources[0], RandomMarkov) else _stacked_tables(sources, batch, generators, device)
+
+    def sample() -> Int[Tensor, "member batch pos"]:
+        cdf, first_cdf = fixed if fixed is not None else _stacked_tables(sources, batch, generators, device)
+        draws = torch.empty(len(sources), batch * (1 + steps), dtype=torch.float64, device=device)
+        for row, g in zip(draws, generators):  # after its kernels, a member's one draw from its own generator
+            row.uniform_(generator=g)
+        u0 = draws[:, :batch].reshape(-1, 1)
+        first = (first_cdf <= u0).sum(-1).clamp_(max=first_cdf.shape[-1] - 1)  # `_draw`, laws given
+        u = draws[:, batch:].reshape(len(sources) * batch, steps, 1, 1)
+        tokens = _sample_chain(cdf, first, vocab=vocab, order=order, seq_len=seq_len, generator=None,
+                               device=device, u=u)
+        return tokens.view(len(sources), batch, seq_len)
+
+    return sample
+
+
+def _stacked_tables(sources: Sequence[Source], batch: int, generators: Sequence[torch.Generator],
+                    device: torch.device) -> tuple[Tensor, Tensor]:
+    """Every sequence's cumulative kernel [(member batch), context, vocab] and cumulative first-context law
+    [(member batch), context], with each member's random draws made as `sample` makes them: fixed chains none;
+    pools an index per sequence; fresh kernels the Gamma rounds of `_gamma_many`, shared by the members of one
+    alpha. The arithmetic after the draws runs once per source object for all its members (a stack of seeds is
+    one source): row by row the same as one member's (`solve_stationary` solves each kernel alone)."""
+    groups: dict[int, list[int]] = {}  # members of one source object
+    for k, source in enumerate(sources):
+        groups.setdefault(id(source), []).append(k)
+    n_ctx, vocab = sources[0].vocab ** sources[0].order, sources[0].vocab
+    cdf = torch.empty(len(sources), batch, n_ctx, vocab, dtype=torch.float64, device=device)
+    laws = torch.empty(len(sources), batch, n_ctx, dtype=torch.float64, device=device)
+
+    def place(members: list[int], kernels_cdf: Tensor, initial: Tensor) -> None:
+        at = torch.tensor(members, device=device)
+        cdf[at] = kernels_cdf.to(cdf).reshape(len(members), batch, n_ctx, vocab)
+        laws[at] = initial.to(laws).reshape(len(members), batch, n_ctx)
+
+    fresh: dict[float, list[int]] = {}
+    for members in groups.values():
+        source = sources[members[0]]
+        if isinstance(source, MarkovChain):
+            place(members, source.kernel_cdf.to(device).expand(len(members) * batch, -1, -1),
+                  source.initial_context_law.to(device).expand(len(members) * batch, -1))
+        elif source.pool is not None:
+            index = torch.cat([torch.randint(source.pool_size, (batch,), generator=generators[k], device=device)
+                               for k in members])
+            place(members, source.pool.to(device)[index].cumsum(-1), source._pool_initial.to(device)[index])
+        else:
+            fresh.setdefault(source.alpha, []).extend(members)
+    for alpha, members in fresh.items():
+        gamma = _gamma_many(alpha, sources[members[0]]._kernel_shape(batch), [generators[k] for k in members], device)
+        row = {k: i for i, k in enumerate(members)}
+        for group in (g for g in groups.values() if g[0] in row):
+            source = sources[group[0]]
+            kernels = source._normalised(gamma[[row[k] for k in group]].flatten(0, 1))
+            place(group, kernels.cumsum(-1), source.initial_context_laws(kernels))
+    return cdf.flatten(0, 1), laws.flatten(0, 1).cumsum(-1)
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -507,10 +706,17 @@ _BUILDERS: dict[str, Callable[[Any, InitialLaw], Source]] = {
     "markov": lambda c, initial: MarkovChain(c.kernel, c.order, initial=initial),
     "random": lambda c, initial: RandomMarkov(c.vocab, c.order, c.alpha, initial=initial, pool_size=c.pool_size,
                                               pool_seed=c.pool_seed, zero_diagonal=c.zero_diagonal),
+    "cyclic": lambda c, initial: CyclicMarkov(c.vocab, c.alpha, initial=initial),
 }
-_KINDS = tuple(_BUILDERS)
+SOURCE_KINDS = tuple(_BUILDERS)  # the source kinds a `SourceConfig` builds (the CLI's --source choices)
+_KINDS = SOURCE_KINDS
+KIND_HELP = {  # one line per kind, for the CLI's help
+    "binary": "fixed two-state chain (--p, --q; default p=0.2, q=0.3)",
+    "markov": "any fixed kernel (--kernel, --order)",
+    "random": "a fresh Dirichlet kernel per sequence (default 2 states)",
+}
 _KIND_FIELDS = {"binary": ("p", "q"), "markov": ("kernel",),
-                "random": ("vocab", "alpha", "pool_size", "pool_seed", "zero_diagonal")}
+                "random": ("vocab", "alpha", "pool_size", "pool_seed", "zero_diagonal"), "cyclic": ("vocab", "alpha")}
 _OPTIONAL_FIELDS = ("p", "q", "kernel", "vocab", "pool_size", "pool_seed")  # None unless the kind uses them
 
 
@@ -519,7 +725,8 @@ class SourceConfig(Config):
     """A serialisable description of a source: what a run folder records and `build()` turns into a source.
 
     kind "binary" uses p, q; "markov" uses kernel (nested lists) and order; "random" uses vocab, order, alpha,
-    zero_diagonal (no self-transitions) and, for a finite pool of kernels, pool_size (and pool_seed, default 0).
+    zero_diagonal (no self-transitions) and, for a finite pool of kernels, pool_size (and pool_seed, default 0);
+    "cyclic" (`CyclicMarkov`) uses vocab and alpha.
     Serialisation, unknown-key refusal and `replace` come from `config.Config`; pool_size and pool_seed are left
     out of the JSON while None and zero_diagonal while False, so configs written before they existed (and sweep
     cell ids) are unchanged.
@@ -527,7 +734,7 @@ class SourceConfig(Config):
 
     _LATER_FIELDS: ClassVar[dict] = {"pool_size": None, "pool_seed": None, "zero_diagonal": False}
 
-    kind: str = "binary"  # "binary", "markov" or "random"
+    kind: str = "binary"  # "binary", "markov", "random" or "cyclic" (SOURCE_KINDS)
     p: float | int | None = None  # binary: P(0 -> 1)
     q: float | int | None = None  # binary: P(1 -> 0)
     kernel: tuple | list | None = None  # markov: nested tuples, shape [V]*order + [V]
@@ -558,14 +765,20 @@ class SourceConfig(Config):
                 raise ValueError(f"a binary chain has order 1, got order={self.order}")
         elif self.kind == "markov" and self.kernel is None:
             raise ValueError("a markov source needs a kernel")
-        elif self.kind == "random" and self.vocab is None:
-            raise ValueError("a random source needs vocab")
+        elif self.kind in ("random", "cyclic") and self.vocab is None:
+            raise ValueError(f"a {self.kind} source needs vocab")
         self.build()  # validates every value once, with the sources' own messages
 
     def build(self) -> Source:
         """The source object this config describes."""
         initial = self.initial if isinstance(self.initial, str) else list(self.initial)
         return _BUILDERS[self.kind](self, initial)
+
+    @property
+    def in_context(self) -> bool:
+        """Whether each sequence draws its own kernel from a prior (fresh or from a finite pool): the in-context
+        task, whose defaults and references differ from a fixed chain's (the source's `alpha` is set)."""
+        return self.build().alpha is not None
 
     @property
     def vocab_size(self) -> int:

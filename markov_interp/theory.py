@@ -50,7 +50,7 @@ from markov_interp.chains import context_kernel as _context_kernel
 from markov_interp.chains import block_sizes, context_transition_matrix, kernel_bytes
 from markov_interp.chains import solve_stationary as _solve_stationary
 from markov_interp.chains import stationary_context_law
-from markov_interp.data import RandomMarkov, Source, validate_kernel
+from markov_interp.data import Source, SourceConfig, validate_kernel
 
 Kernel = Any  # a [V]*k + [V] array-like or a fixed chain; validated by data.validate_kernel
 _CHUNK_ELEMENTS = 1 << 22  # float64 entries of the largest temporary an exact pool computation holds (32 MiB)
@@ -763,24 +763,29 @@ def _control_variate_mean(moments: np.ndarray, n: int, known: np.ndarray, n_targ
 
 
 def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol: float,
-                            max_kernels: int = 1 << 24, zero_diagonal: bool = False) -> KernelExpectations:
+                            max_kernels: int = 1 << 24, zero_diagonal: bool = False,
+                            support: tuple | None = None) -> KernelExpectations:
     """E[entropy rate] and E[H(pi)] over Dirichlet(alpha) kernels by Monte Carlo, in chunks of 2**18 kernels
     until both standard errors are below `tol`. Two controls with exact means cut the variance about 3x:
     the mean row entropy (E = psi(V alpha + 1) - psi(alpha + 1)) and the spread sum_x (m_x - 1/V)**2 of the
     mean row m (E = (V - 1) / (V (V alpha + 1) V**k)). `zero_diagonal` (order 1): rows Dirichlet(alpha) over
     the other V - 1 states; the means become psi(W alpha + 1) - psi(alpha + 1) and (V - 2) / (V W (W alpha + 1))
     with W = V - 1 (each m_x averages the V - 1 entries P(c, x), c != x, of variance (W - 1) / (W^2 (W alpha + 1)),
-    over V rows)."""
+    over V rows). Any other `support` ([V**k, V] booleans, W allowed states in every row, `_prior_support`): the
+    first mean with that W, the second `_spread_mean`'s."""
     n_ctx = vocab**order
     width = vocab - 1 if zero_diagonal else vocab  # states per row
     spread = ((vocab - 2) / (vocab * width * (width * alpha + 1)) if zero_diagonal
               else (vocab - 1) / (vocab * (vocab * alpha + 1) * n_ctx))
+    if support is not None:
+        allowed = np.array(support, dtype=np.float64)
+        width, spread = int(allowed[0].sum()), _spread_mean(allowed, alpha)
     known = np.array([
         float(torch.special.digamma(torch.tensor(width * alpha + 1.0, dtype=torch.float64))
               - torch.special.digamma(torch.tensor(alpha + 1.0, dtype=torch.float64))),
         spread,
     ])
-    mask = 1.0 - np.eye(vocab) if zero_diagonal else 1.0
+    mask = 1.0 - np.eye(vocab) if zero_diagonal else 1.0 if support is None else allowed
     rng = np.random.default_rng([seed, 16])
     moments, n, chunk = np.zeros((5, 5)), 0, 1 << 18
     while True:
@@ -794,6 +799,19 @@ def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol
         est, se = _control_variate_mean(moments, n, known, 2)
         if se.max() < tol or n >= max_kernels:
             return KernelExpectations(float(est[0]), float(se[0]), float(est[1]), float(se[1]), "monte carlo")
+
+
+def _spread_mean(allowed: np.ndarray, alpha: float) -> float:
+    """E[sum_x (m_x - 1/V)**2], m the mean row of a kernel whose row c is Dirichlet(alpha) over the W states
+    `allowed[c]` allows (every row W). Each P(c, x) allowed has mean 1/W and variance (W - 1) / (W**2 (W alpha + 1))
+    and the rows are independent, so m_x has mean a_x = n_x / (C W) and variance n_x (W - 1) / (C**2 W**2 (W alpha
+    + 1)), with n_x the rows allowing x and C the rows; the expectation is sum_x var(m_x) + (a_x - 1/V)**2. (For
+    every state allowed or all but the diagonal this is the closed form `_mc_kernel_expectations` states.)"""
+    n_ctx, vocab = allowed.shape
+    width = allowed[0].sum()
+    n_x = allowed.sum(0)
+    var = n_x * (width - 1) / (n_ctx**2 * width**2 * (width * alpha + 1))
+    return float((var + (n_x / (n_ctx * width) - 1.0 / vocab) ** 2).sum())
 
 
 def _kernel_moment_rows(gam: np.ndarray) -> Float[Tensor, "kernel 5"]:
@@ -821,20 +839,27 @@ def expected_kernel_references(source: Source, *, seed: int = 0, tol: float = 1e
         raise ValueError(f"tol must be > 0, got {tol!r}")
     if source.pool is not None:
         return _pool_expectations(source.pool)
+    support = _prior_support(source)
     return _kernel_expectations_cached(source.vocab, source.order, source.alpha, seed, float(tol),
-                                       _zero_diagonal(source))
+                                       support is True, None if isinstance(support, bool) else support)
 
 
-def _zero_diagonal(source: Source) -> bool:
-    """Whether the source's prior rules out exactly the self-transitions (`RandomMarkov(zero_diagonal=True)`);
-    False for every transition allowed; a ValueError for other supports (no reference computation for them)."""
+def _prior_support(source: Source) -> bool | tuple:
+    """The support of the source's prior, as the kernel expectations are keyed on it: False for every transition
+    allowed, True for all but the self-transitions (`RandomMarkov(zero_diagonal=True)`), else the [V**k, V] booleans
+    as nested tuples (e.g. `CyclicMarkov`'s). The Monte Carlo's control variate needs every row to allow the same
+    number of states; a ValueError for other supports."""
     support = source.support
     if support is None:
         return False
-    if source.order == 1 and torch.equal(support.cpu(), ~torch.eye(source.vocab, dtype=torch.bool)):
+    support = support.cpu()
+    if source.order == 1 and torch.equal(support, ~torch.eye(source.vocab, dtype=torch.bool)):
         return True
-    raise ValueError("reference losses are computed for priors over every transition or over all but the "
-                     f"self-transitions (zero_diagonal), not for the support {support.int().tolist()}")
+    widths = support.sum(-1)
+    if not (widths == widths[0]).all() or int(widths[0]) < 2:
+        raise ValueError("reference losses are computed for priors whose rows each allow the same number (>= 2) of "
+                         f"states, not for the support {support.int().tolist()}")
+    return tuple(tuple(bool(x) for x in row) for row in support.tolist())
 
 
 def _pool_expectations(pool: PoolKernels) -> KernelExpectations:
@@ -847,15 +872,16 @@ def _pool_expectations(pool: PoolKernels) -> KernelExpectations:
 
 @functools.lru_cache(maxsize=64)
 def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int, tol: float,
-                                zero_diagonal: bool = False) -> KernelExpectations:
-    if vocab == 2 and order == 1 and not zero_diagonal:
+                                zero_diagonal: bool = False, support: tuple | None = None) -> KernelExpectations:
+    if vocab == 2 and order == 1 and not zero_diagonal and support is None:
         return _binary_kernel_expectations(alpha)
     key = {"what": "kernel-expectations", "vocab": vocab, "order": order, "alpha": alpha, "seed": seed, "tol": tol,
-           **({"zero_diagonal": True} if zero_diagonal else {})}  # full support: the keys as before
+           **({"zero_diagonal": True} if zero_diagonal else {}),  # full support: the keys as before
+           **({"support": support} if support is not None else {})}
     cached = _disk_cache_read(key, _KernelEntry)
     if cached is not None:
         return KernelExpectations.from_cache_dict(cached)
-    out = _mc_kernel_expectations(vocab, order, alpha, seed, tol, zero_diagonal=zero_diagonal)
+    out = _mc_kernel_expectations(vocab, order, alpha, seed, tol, zero_diagonal=zero_diagonal, support=support)
     _disk_cache_write(key, out.cache_dict())
     return out
 
@@ -1059,7 +1085,7 @@ class _InContextEntry(Checked):
             _within(f"{curve}[{t}]", x, -6 * se - 1e-9, high + 6 * se + 1e-9)
 
 
-def _first_state_gain(source: RandomMarkov, tokens: Tensor, rng: np.random.Generator, draws: int) -> Tensor:
+def _first_state_gain(source: Source, tokens: Tensor, rng: np.random.Generator, draws: int) -> Tensor:
     """log(V**k g) per sequence, g = E[pi_{c_0}(P) | transitions]: the log-loss (summed over the sequence)
     the Bayes predictor saves over add-alpha by using what a stationary first context c_0 says about P.
 
@@ -1085,7 +1111,7 @@ def _first_state_gain(source: RandomMarkov, tokens: Tensor, rng: np.random.Gener
     return torch.log(vocab**order * g) + var / (2 * draws * g**2)
 
 
-def _in_context_chunk(source: RandomMarkov, seq_len: int, batch: int, gen: torch.Generator,
+def _in_context_chunk(source: Source, seq_len: int, batch: int, gen: torch.Generator,
                       rng: np.random.Generator, gain_draws: int) -> tuple[Tensor, Tensor, Tensor]:
     """Per sequence and target ([2, batch, target]: add-alpha, in-context unigram) the Rao-Blackwellised losses
     and their control variates, and per sequence the first-state gain (0 if the start ignores P).
@@ -1101,12 +1127,12 @@ def _in_context_chunk(source: RandomMarkov, seq_len: int, batch: int, gen: torch
     sizes = block_sizes(batch, 8 * seq_len * (source.vocab ** (source.order + 1) + 1))
     parts = [_in_context_block(source, t, k) for t, k in zip(tokens.split(sizes), kernels.split(sizes))]
     values, controls = (torch.cat(column, 1) for column in zip(*parts))
-    stationary = isinstance(source._initial, str)
+    stationary = source.initial == "stationary"
     gain = _first_state_gain(source, tokens, rng, gain_draws) if stationary else torch.zeros(batch, dtype=torch.float64)
     return values, controls, gain
 
 
-def _in_context_block(source: RandomMarkov, tokens: Int[Tensor, "batch pos"],
+def _in_context_block(source: Source, tokens: Int[Tensor, "batch pos"],
                       kernels: Float[Tensor, "batch context vocab"]) -> tuple[Tensor, Tensor]:
     """`_in_context_chunk`'s losses ([2, batch, target]: add-alpha, in-context unigram) and their controls for
     the sequences `tokens` drawn from `kernels`."""
@@ -1122,7 +1148,7 @@ def _in_context_block(source: RandomMarkov, tokens: Int[Tensor, "batch pos"],
                               rows)
     uni_probs = add_beta_predictions(tokens, vocab, order=0, beta=alpha, support=support)
     unigram = torch.where(valid, cross_entropy(uni_probs[:, :-1], rows), target_log_loss(uni_probs, tokens))
-    if isinstance(source._initial, str):
+    if source.initial == "stationary":
         # pi is floored: a state of law ~1e-300 (tiny alpha) would make the control infinite
         cv_rate, cv_uni = entropy(rows), cross_entropy(pi.clamp_min(1e-300)[:, None, :].expand_as(rows), rows)
     else:
@@ -1133,13 +1159,13 @@ def _in_context_block(source: RandomMarkov, tokens: Int[Tensor, "batch pos"],
     return torch.stack([add_alpha, unigram]), controls
 
 
-def _fixed_start_gain(source: RandomMarkov) -> float:
+def _fixed_start_gain(source: Source) -> float:
     """Total log-loss the Bayes predictor saves over add-alpha inside a fixed first-context law mu (order > 1:
     add-alpha predicts uniformly there, Bayes by mu's conditionals): (k - 1) log V - H(mu) + H(mu's first state)."""
     vocab, order = source.vocab, source.order
     if order == 1:
         return 0.0
-    mu = source._initial
+    mu = torch.tensor(source.initial, dtype=torch.float64)
     first = mu.reshape(vocab, -1).sum(1)
     return float((order - 1) * math.log(vocab) - entropy(mu) + entropy(first))
 
@@ -1178,7 +1204,7 @@ def _control_coefficients(values: Tensor, controls: Tensor) -> Tensor:
     return torch.where(var > 0, (v * c).mean(1) / var.clamp_min(1e-300), torch.zeros_like(var))
 
 
-def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExpectations, *, seed: int,
+def _in_context_references(source: Source, seq_len: int, kernel: KernelExpectations, *, seed: int,
                            tol: float, n_sequences: int | None) -> dict:
     """Monte Carlo (Rao-Blackwellised, with control variates) of the in-context losses: draw chunks of
     sequences until every averaged value's standard error is below `tol` (at least 1024 sequences, at most
@@ -1189,7 +1215,7 @@ def _in_context_references(source: RandomMarkov, seq_len: int, kernel: KernelExp
     moments, coef = _Moments(), None
     means = torch.tensor([kernel.entropy_rate, kernel.oracle_unigram_loss], dtype=torch.float64)[:, None]
     mean_ses = torch.tensor([kernel.entropy_rate_se, kernel.oracle_unigram_loss_se], dtype=torch.float64)[:, None]
-    fixed_gain = 0.0 if isinstance(source._initial, str) else _fixed_start_gain(source) / (seq_len - 1)
+    fixed_gain = 0.0 if source.initial == "stationary" else _fixed_start_gain(source) / (seq_len - 1)
     while True:
         size = chunk if n_sequences is None else min(chunk, n_sequences - moments.n)
         values, controls, gain = _in_context_chunk(source, seq_len, size, gen, rng, gain_draws=32)
@@ -1236,7 +1262,7 @@ def _pool_oracle_curve(pool: PoolKernels, initial: PoolLaws, seq_len: int) -> Fl
     return out
 
 
-def _pool_bayes_references(source: RandomMarkov, seq_len: int, *, seed: int, tol: float,
+def _pool_bayes_references(source: Source, seq_len: int, *, seed: int, tol: float,
                            n_sequences: int | None) -> dict:
     """Monte Carlo of the pool-Bayes loss, Rao-Blackwellised: at target t the expected loss given the sequence
     and its kernel is H(true law) + KL(true law || pool-Bayes prediction). The first term's mean is exact
@@ -1303,30 +1329,35 @@ def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5
     _check_source(source)
     if source.alpha is None:  # one fixed kernel: exact
         return ReferenceLosses(entropy_rate=entropy_rate(source), unigram_loss=unigram_loss(source))
-    if not isinstance(source, RandomMarkov):  # the Monte Carlo below is keyed on RandomMarkov's parameters
-        raise ValueError(f"reference losses of random kernels need a RandomMarkov source, got {type(source).__name__}")
+    config = getattr(source, "config", None)
+    if not isinstance(config, SourceConfig):  # the Monte Carlo below is cached under the source's config
+        raise ValueError(f"reference losses of random kernels are keyed on the source's config: "
+                         f"{type(source).__name__} has no `config` property giving its data.SourceConfig")
     if not tol > 0:
         raise ValueError(f"tol must be > 0, got {tol!r}")
     if n_sequences is not None and (isinstance(n_sequences, bool) or not isinstance(n_sequences, int)
                                     or n_sequences < 2):
         raise ValueError(f"n_sequences must be an integer >= 2 or None, got {n_sequences!r}")
-    return _random_references(source.vocab, source.order, source.alpha, source.initial, seq_len, seed, float(tol),
-                              n_sequences, source.pool_size, source.pool_seed, source.zero_diagonal)
+    return _random_references(config.to_json(), seq_len, seed, float(tol), n_sequences)
+
+
+def _source_key(config: SourceConfig) -> dict:
+    """The fields of a random-kernel source in a cache key: its config's set fields (kind "random" left out, so
+    the keys of Dirichlet sources are what they were when they were keyed on RandomMarkov's parameters)."""
+    fields = {k: v for k, v in config.to_dict().items() if v is not None and k != "kind"}
+    return fields if config.kind == "random" else {"kind": config.kind, **fields}
 
 
 @functools.lru_cache(maxsize=64)
-def _random_references(vocab: int, order: int, alpha: float, initial: Any, seq_len: int, seed: int, tol: float,
-                       n_sequences: int | None, pool_size: int | None = None,
-                       pool_seed: int | None = None, zero_diagonal: bool = False) -> ReferenceLosses:
-    source = RandomMarkov(vocab, order, alpha, initial=initial if isinstance(initial, str) else list(initial),
-                          pool_size=pool_size, pool_seed=pool_seed, zero_diagonal=zero_diagonal)
+def _random_references(config_json: str, seq_len: int, seed: int, tol: float,
+                       n_sequences: int | None) -> ReferenceLosses:
+    config = SourceConfig.from_json(config_json)
+    source = config.build()
     kernel = expected_kernel_references(source, seed=seed)
-    pool = {} if pool_size is None else {"pool_size": pool_size, "pool_seed": pool_seed}  # fresh kernels: keys as before
-    diagonal = {"zero_diagonal": True} if zero_diagonal else {}  # every transition allowed: the keys as before
-    key = {"what": "in-context", "vocab": vocab, "order": order, "alpha": alpha, "initial": initial,
-           "seq_len": seq_len, "seed": seed, "tol": tol, "n_sequences": n_sequences,
-           "kernel": kernel.cache_dict(), **pool, **diagonal}
-    found = _disk_cache_read(key, _InContextEntry)
+    pool = source.pool is not None
+    key = {"what": "in-context", **_source_key(config), "seq_len": seq_len, "seed": seed, "tol": tol,
+           "n_sequences": n_sequences, "kernel": kernel.cache_dict()}
+    found = _disk_cache_read(key, _InContextEntry)  # its schema checks the values against this key
     if found is None:
         found = _in_context_references(source, seq_len, kernel, seed=seed, tol=tol, n_sequences=n_sequences)
         if pool:

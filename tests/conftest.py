@@ -17,7 +17,7 @@ os.environ.setdefault("MARKOV_INTERP_CACHE", tempfile.mkdtemp(prefix="markov-int
 # The probe / model / report tier: CI runs these files again under TransformerLens 2.18 and 3.2
 # (`pytest -m "tlcompat and not slow"` in .ci/tlcompat; docs/transformerlens.md has the matrix).
 TLCOMPAT_FILES = ("test_tl.py", "test_models.py", "test_probes.py", "test_probe_ux.py", "test_classify.py",
-                  "test_strategies.py", "test_intervene.py", "test_report.py", "test_circuits.py",
+                  "test_strategies.py", "test_clamps.py", "test_report.py", "test_circuits.py",
                   "test_readme.py")
 
 

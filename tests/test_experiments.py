@@ -8,7 +8,7 @@ import json
 import pytest
 
 from markov_interp import experiments as registry
-from markov_interp import intervene
+from markov_interp import clamps
 from markov_interp.experiments import interventions as experiments
 
 @pytest.mark.parametrize("name", experiments.EXPERIMENTS)
@@ -19,8 +19,8 @@ def test_every_arm_is_a_valid_run_whose_first_arm_is_free(name):
     for arm in arms[1:]:
         run = dataclasses.replace(base, train=dataclasses.replace(base.train, interventions=arm.interventions))
         items = run.train.interventions
-        assert all(isinstance(i, (intervene.Freeze, intervene.Clamp)) for i in items)
-        intervene.check_interventions(items, run.model)  # names valid for this model
+        assert all(isinstance(i, (clamps.Freeze, clamps.Clamp)) for i in items)
+        clamps.check_interventions(items, run.model)  # names valid for this model
     assert experiments.FULL.seeds >= 16
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from markov_interp import dynamics, experiments, intervene, probes
+from markov_interp import clamps, dynamics, experiments, probes
 from markov_interp.data import RandomMarkov
 from markov_interp.experiments import factorial, interventions
 from markov_interp.models import build, heads_per_layer
@@ -166,13 +166,13 @@ def test_discovery_under_a_clamp_gives_layer_0_queries_and_keys_nothing():
     model = build(factorial.cell_base(factorial.QUICK, "dirichlet", 1).model, seed=0)
     source = RandomMarkov(3)
     free = probes.discover_circuit(model, source, seq_len=32, n_sequences=16)
-    with intervene.applied(model, _CLAMP0, 0):
+    with clamps.applied(model, _CLAMP0, 0):
         clamped = probes.discover_circuit(model, source, seq_len=32, n_sequences=16)
     qk = [e.name for e in free.edges if e.receiver == "L0H0" and e.input in ("q", "k")]
     assert qk and any(abs(free.edge(n).effect) > 1e-7 for n in qk)
     assert all(clamped.edge(n).effect == 0.0 and clamped.edge(n).attribution == 0.0 for n in qk)
     hand = induction_circuit(3, n_ctx=32)
-    with intervene.applied(hand, _CLAMP0, 0):
+    with clamps.applied(hand, _CLAMP0, 0):
         graph = probes.discover_circuit(hand, source, seq_len=32, n_sequences=16)
     assert set(graph.kept_names) == intended_induction_edges(1, prev={1: ["L0H0"]}, induction=("L1H0",))
 

@@ -282,3 +282,25 @@ def test_a_recorded_escape_is_read_on_the_runs_grid():
     found = row.result.crossing(evaluations=grid)
     assert found == dynamics.StepInterval(grid[grid.index(20) - 1], 20)
     assert row.result.crossing() == dynamics.StepInterval(19, 20)  # without the grid: the exact step, as before
+
+
+def test_recipe_sentences_count_effects_and_name_the_default_recipe():
+    from types import SimpleNamespace as NS
+
+    from markov_interp.experiments.factorial import Recipe
+    from markov_interp.findings.recipes import RecipeEffect, heads_sentence
+
+    def effect(heads, recipe, ratio, word):
+        half = NS(ratio=ratio, ratio_text=lambda: f"{ratio:.2g}x [lo, hi]")
+        return RecipeEffect(heads, recipe, NS(fractions={0.5: half}), word)
+
+    effects = [effect(1, Recipe(), 3.6, "slows"), effect(1, Recipe(norm="none"), 0.29, "speeds"),
+               effect(1, Recipe(first_state="uniform"), 0.56, "no clear effect"),
+               effect(1, Recipe(first_state="uniform", norm="none"), 0.24, "speeds"),
+               effect(2, Recipe(), 0.7, "speeds")]
+    one = heads_sentence(effects, 1)
+    assert one.startswith("with 1 layer-1 head the clamp slows the descent in 1/4 recipes, speeds it in 2/4, "
+                          "no clear effect in 1/4")
+    assert "in the package's recipe it slows the descent (3.6x [lo, hi]" in one
+    assert "without LayerNorm it speeds it in all 2 (0.24x-0.29x)" in one
+    assert heads_sentence(effects, 2).startswith("with 2 layer-1 heads the clamp speeds the descent in 1/1 recipes")

@@ -15,7 +15,7 @@ import jaxtyping
 import pytest
 import torch
 
-from markov_interp import sweep, theory, training
+from markov_interp import probes, sweep, theory, training
 from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov, Source, SourceConfig
 from test_kernel_predictions import _power_stationary as power_stationary  # by power iteration, plain Python
 
@@ -396,12 +396,25 @@ def test_theory_dispatches_through_the_protocol():
     assert isinstance(source, Source)
     assert torch.equal(theory.true_predictions(source, tokens), theory.add_beta_predictions(tokens, 2))
     assert torch.equal(theory.plateau_predictions(source, tokens), theory.add_beta_predictions(tokens, 2, order=0))
-    with pytest.raises(ValueError, match="need a RandomMarkov source"):  # the Monte Carlo is keyed on its parameters
+    with pytest.raises(ValueError, match="keyed on the source.s config"):  # the Monte Carlo is keyed on its config
         theory.reference_losses(source, 8)
     with pytest.raises(ValueError, match="no single kernel"):
         theory.entropy_rate(RandomMarkov(2, pool_size=2))
     one = RandomMarkov(2, pool_size=1)
     assert theory.entropy_rate(one) == theory.entropy_rate(one.pool[0])
+
+
+def test_probes_take_any_protocol_source():
+    """`probes.sample_batch` goes through the protocol: a source of a class of its own gives the batch its
+    equal RandomMarkov gives; theory's Monte Carlo references need the source's config and say so."""
+    mine, theirs = (probes.sample_batch(s, n_sequences=6, seq_len=10, seed=2) for s in (Dirichlet2(), RandomMarkov(2)))
+    assert isinstance(Dirichlet2(), Source)
+    assert torch.equal(mine.tokens, theirs.tokens) and torch.equal(mine.kernels, theirs.kernels)
+    assert (mine.random_kernel, mine.beta) == (True, 1.0) and torch.equal(mine.initial, theirs.initial)
+    with pytest.raises(ValueError, match="keyed on the source's config: Dirichlet2 has no `config`"):
+        theory.reference_losses(Dirichlet2(), 8)
+    with pytest.raises(TypeError, match="source must be a Markov source"):
+        probes.sample_batch("binary", n_sequences=4, seq_len=4, seed=0)
 
 
 # ------------------------------------------------------------------------------------------------- training

@@ -12,7 +12,7 @@ from markov_interp.cli import _parse_seeds, main
 from markov_interp.models import stack as stacked
 from markov_interp.models.optim import StackedOptimizer, decayed
 from markov_interp.training import batches, loop, runfolder
-from markov_interp.data import SourceConfig
+from markov_interp.data import RandomMarkov, SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train, train_many
 
@@ -103,18 +103,39 @@ def test_unknown_intervention_point_is_refused():
     [SourceConfig(kind="markov", kernel=torch.full((3, 3, 3), 1 / 3).tolist(), order=2),
      SourceConfig(kind="markov", kernel=torch.softmax(torch.arange(27.0).reshape(3, 3, 3), -1).tolist(), order=2)],
     [SourceConfig(kind="random", vocab=3), SourceConfig(kind="random", vocab=3, alpha=0.5)],
+    [SourceConfig(kind="random", vocab=3, alpha=0.5), SourceConfig(kind="random", vocab=3, zero_diagonal=True),
+     SourceConfig(kind="random", vocab=3, pool_size=4), SourceConfig(kind="random", vocab=3, alpha=0.5)],
+    [SourceConfig(kind="random", vocab=2, order=2), SourceConfig(kind="random", vocab=2, order=2, pool_size=2,
+                                                                  initial="uniform")],
 ])
 def test_member_sampler_draws_each_solo_stream(configs):
     """The stack's batches are, member by member, what `source.sample` draws from the same generator."""
     sources = [c.build() for c in configs]
-    gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    seeds = range(3, 3 + len(sources))
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
     sample = batches.member_sampler(sources, gens, 5, 40)
-    solo_gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    solo_gens = [torch.Generator().manual_seed(s) for s in seeds]
     for _ in range(2):  # the streams stay aligned over consecutive batches
         tokens = sample()
-        assert tokens.shape == (2, 5, 40)
+        assert tokens.shape == (len(sources), 5, 40)
         for k, source in enumerate(sources):
             assert torch.equal(tokens[k], source.sample(5, 40, generator=solo_gens[k]))
+
+
+def test_member_sampler_shares_the_arithmetic_of_one_source_object_bit_for_bit():
+    """Members of one source object (a stack of seeds) have their kernels normalised, stationary laws solved and
+    pools indexed together; each member's batches are still `source.sample`'s from its own generator, members of
+    two objects interleaved (fresh kernels of one alpha share the Gamma rounds across the objects)."""
+    for a, b in ((RandomMarkov(3), RandomMarkov(3, zero_diagonal=True)),
+                 (RandomMarkov(3, alpha=0.5, pool_size=4), RandomMarkov(3, alpha=0.5)),
+                 (RandomMarkov(2, order=2, alpha=2), RandomMarkov(2, order=2, alpha=2, initial="uniform"))):
+        sources = [a, b, a, a, b]
+        sample = batches.member_sampler(sources, [torch.Generator().manual_seed(s) for s in range(5)], 4, 24)
+        solo = [torch.Generator().manual_seed(s) for s in range(5)]
+        for _ in range(2):
+            tokens = sample()
+            for k, source in enumerate(sources):
+                assert torch.equal(tokens[k], source.sample(4, 24, generator=solo[k])), (a, k)
 
 
 # ------------------------------------------------------------------------------------------- training

@@ -240,19 +240,19 @@ def test_training_builds_the_installed_kind_and_saves_it(tmp_path):
 
 
 def test_applied_clamp_matches_the_fused_forward_on_this_kind():
-    """`intervene.applied` on the hooked model equals the fused forward with the same clamp (resid_mid is hooked
+    """`clamps.applied` on the hooked model equals the fused forward with the same clamp (resid_mid is hooked
     differently by a bridge and a HookedTransformer)."""
-    from markov_interp import intervene
+    from markov_interp import clamps
 
     cfg = preset("paper-2layer", n_ctx=16, n_heads=2)
     state = moved(cfg, scale=0.5)
     model = models.hooked_model(cfg, state)
     toks = tokens(seq=16)
     for spec in ("blocks.0.hook_resid_mid=zero", "blocks.1.attn.hook_pattern[1]=uniform"):
-        items = intervene.parse_interventions([spec])
-        want = fused(cfg, state, toks, intervene.clamp_hooks(items, cfg, 0, state=intervene.ClampState(),
+        items = clamps.parse_interventions([spec])
+        want = fused(cfg, state, toks, clamps.clamp_hooks(items, cfg, 0, state=clamps.ClampState(),
                                                              update=False, member_axis=True))
-        with intervene.applied(model, [spec], 0):
+        with clamps.applied(model, [spec], 0):
             hooked = model(toks)
         torch.testing.assert_close(hooked, want, atol=1e-5, rtol=0)
         assert (hooked - model(toks)).abs().max() > 1e-3, spec  # the clamp acts

@@ -8,7 +8,7 @@ layer 1 cannot help}. In every cell the same seeds train under each arm:
 
 - "free": nothing changed (the reference every arm is compared with);
 - "clamped": layer 0's attention pattern clamped to a perfect previous-token head for the whole run;
-- "mixed": clamped to half previous-token, half uniform causal attention (`intervene.pattern_value("mixed")`);
+- "mixed": clamped to half previous-token, half uniform causal attention (`clamps.pattern_value("mixed")`);
 - "head-start": layer 0's Q/K *initialised* as a previous-token head and trained freely
   (`ModelConfig.init_attention="previous_token"`);
 - "position-code": the head start's positions and embeddings with standard Q/K (the head start's control).
@@ -43,6 +43,7 @@ from markov_interp.experiments import Budget, Experiment, Section, Summary, Tabl
 from markov_interp.experiments.interventions import (Arm, ExperimentResult, arm_json, dynamics_figures,
                                                      experiment_from_json, experiment_sections, run_arms)
 from markov_interp.models import preset
+from markov_interp.models.hooks import act_name
 from markov_interp.training import RunConfig, TrainConfig
 
 __all__ = ["FactorialBudget", "QUICK", "STANDARD", "FULL", "RECIPES", "ARMS", "DATA", "INITS", "FIRST_STATES",
@@ -54,7 +55,7 @@ DATA = ("dirichlet", "zero-diagonal")
 INITS = ("standard", "plain")
 FIRST_STATES = ("stationary", "uniform")
 NORMS = ("LN", "none")
-_PATTERN0 = "blocks.0.attn.hook_pattern"
+_PATTERN0 = act_name("pattern", 0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -38,6 +38,7 @@ from markov_interp import dynamics
 from markov_interp.data import SourceConfig
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
 from markov_interp.models import heads_per_layer, preset
+from markov_interp.models.hooks import act_name
 from markov_interp.training import RunConfig, TrainConfig, TrainResult, runfolder, train_many
 
 __all__ = ["InterventionsBudget", "QUICK", "STANDARD", "FULL", "EXPERIMENTS", "Arm", "CircuitScores", "ArmResult",
@@ -83,7 +84,7 @@ STANDARD = FULL.replace(name="standard", cuts="none: the full budget (free runs 
 QUICK = InterventionsBudget(name="quick", seeds=4, steps=60, release=20, chain_steps=60, chain_seq_len=32,
                             eval_every=10, eval_batches=2,
                             cuts="4 seeds, 60 steps: a smoke test of the code path; its numbers show nothing")
-_PATTERN0 = "blocks.0.attn.hook_pattern"
+_PATTERN0 = act_name("pattern", 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,7 +333,7 @@ def circuit_scores_at_end(trained: list[TrainResult]) -> CircuitScores:
 def circuit_scores_at(trained: list[TrainResult], step: Optional[int] = None) -> CircuitScores:
     """Layer 0's previous-token and layer 1's induction and same-token score of each finished run (two-layer
     random-kernel arms) after `step` updates, measured under the interventions active at that update
-    (`intervene.applied`: a clamped layer is probed clamped), with bootstrap intervals of their means and the
+    (`clamps.applied`: a clamped layer is probed clamped), with bootstrap intervals of their means and the
     uniform-attention chance levels. Every step probes run k on the same 64 sequences (seed 10_000 + k).
 
     Args:
@@ -342,7 +343,7 @@ def circuit_scores_at(trained: list[TrainResult], step: Optional[int] = None) ->
 
     Returns:
         The scores (`CircuitScores`, `step` the update scored)."""
-    from markov_interp import intervene, probes
+    from markov_interp import clamps, probes
 
     previous, induction, same, chance = [], [], [], (math.nan, math.nan, math.nan)
     end = trained[0].config.train.steps if trained else 0
@@ -352,7 +353,7 @@ def circuit_scores_at(trained: list[TrainResult], step: Optional[int] = None) ->
         run, model = result.config, result.model if step is None else _checkpoint_model(result, step)
         batch = probes.sample_batch(run.source.build(), n_sequences=64, seq_len=probes.probe_length(model),
                                     seed=10_000 + seed)  # the training length: the one probe-length rule
-        with intervene.applied(model, run.train.interventions, (end if step is None else step) - 1):
+        with clamps.applied(model, run.train.interventions, (end if step is None else step) - 1):
             _, cache = model.run_with_cache(batch.tokens)
         att = probes.attention_scores(model, batch.tokens, cache=cache)
         heads = heads_per_layer(model)  # the [layer, head] grids hold NaN for absent heads
@@ -411,7 +412,7 @@ def discovered_circuits(trained: list[TrainResult], n: int) -> tuple:
 
     Returns:
         (seed, `probes.CircuitGraph`) pairs."""
-    from markov_interp import intervene, probes
+    from markov_interp import clamps, probes
 
     found = []
     for seed, result in enumerate(trained):
@@ -420,7 +421,7 @@ def discovered_circuits(trained: list[TrainResult], n: int) -> tuple:
         if result.failed or result.model is None:
             continue
         run = result.config
-        with intervene.applied(result.model, run.train.interventions, run.train.steps - 1):
+        with clamps.applied(result.model, run.train.interventions, run.train.steps - 1):
             graph = probes.discover_circuit(result.model, run.source.build(), n_sequences=32, seed=10_000 + seed)
         found.append((seed, graph))
     return tuple(found)
@@ -615,7 +616,7 @@ _PREAMBLE = (
     "0.5, censored when not seen within the budget (`dynamics`). Intervals are 95%: median crossings (Kaplan-Meier "
     "on the evaluation grid, log-log band; none from fewer than 5 seeds), censored fraction (Wilson), shifts, "
     "ratios and areas against the free arm (bootstrap over seeds; ?: beyond the budget), mean scores (bootstrap). "
-    "Attention scores are measured on 64 fresh sequences with the arm's clamps applied (`intervene.applied`).")
+    "Attention scores are measured on 64 fresh sequences with the arm's clamps applied (`clamps.applied`).")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,7 +52,7 @@ class Block:
 
 
 BLOCKS: dict[str, Block] = {}
-BLOCK_MODULES = ("reproduction", "interventions", "icl", "readme")  # modules of this package that register blocks
+BLOCK_MODULES = ("reproduction", "interventions", "recipes", "icl", "readme")  # modules of this package that register blocks
 
 
 def blocks() -> dict[str, Block]:

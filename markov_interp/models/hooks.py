@@ -1,7 +1,7 @@
 """Hook names: the one registry of activation names, TransformerLens's, as its `get_act_name` is.
 
 Every activation the package names -- the hooked model's hook points, the fused forward's intervention points
-(`models.stack.stacked_forward`), clamps during training (`intervene`), the probes' caches -- is named here:
+(`models.stack.stacked_forward`), clamps during training (`clamps`), the probes' caches -- is named here:
 
     >>> act_name("pattern", 0), act_name("resid_post", 1), act_name("embed")
     ('blocks.0.attn.hook_pattern', 'blocks.1.hook_resid_post', 'hook_embed')
@@ -11,10 +11,18 @@ Every activation the package names -- the hooked model's hook points, the fused 
 Per-head activations (q, k, v, z as `[batch, pos, head, d_head]`, the pattern as `[batch, head, query_pos,
 key_pos]`) have the layer's real head count in the fused forward; a hooked model whose layers differ in head
 count has the largest count in every layer (the surplus heads write nothing), see `models.hooked`.
+
+`write` is the one activation writer, as TransformerLens's patch setters are for its patching: it writes a value
+into some heads and positions of an activation of a given kind. Training clamps (`clamps`) and the probes'
+interventions (`probes.interventions.set_component`) both call it, each in its own vocabulary (a clamp's hook and
+heads; a probe's `Component`).
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Optional
+
+import torch
+from torch import Tensor
 
 from markov_interp.models.config import ModelConfig
 
@@ -28,6 +36,7 @@ __all__ = [
     "intervention_points",
     "check_points",
     "feature_shape",
+    "write",
     "PER_HEAD",
 ]
 
@@ -128,3 +137,64 @@ def feature_shape(cfg: ModelConfig, name: str) -> tuple[int, ...]:
     if kind in ("pre", "post"):
         return (cfg.d_mlp,)
     return (cfg.d_model,)
+
+
+def _axes(kind: str) -> tuple[tuple[int, ...], Optional[int]]:
+    """(position axes, head axis), counted from the end, of an activation of `kind`: leading axes (batch, a stack's
+    member axis) are free. A pattern's positions are its query and key positions; `positions` select queries."""
+    if kind == "pattern":  # [..., head, query_pos, key_pos]
+        return (2, 1), 3
+    if kind in PER_HEAD:  # [..., pos, head, d_head]
+        return (3,), 2
+    return (2,), None  # [..., pos, feature]
+
+
+def _selected(size: int, index: Sequence[int], what: str, device: torch.device) -> Tensor:
+    chosen = [int(i) for i in index]
+    if any(i < -size or i >= size for i in chosen):
+        raise ValueError(f"{what} {chosen} out of range: the activation has {size}")
+    mask = torch.zeros(size, dtype=torch.bool, device=device)
+    mask[chosen] = True
+    return mask
+
+
+def write(activation: Tensor, value: Tensor, kind: str, *, heads: Optional[Sequence[int]] = None,
+          positions: Optional[Sequence[int]] = None) -> Tensor:
+    """`activation` with `value` written into the selected heads and positions: the package's one activation
+    writer (training clamps and probe interventions both call it).
+
+    `activation` is never modified. Where everything is written the result is `value` broadcast to the activation
+    (a view: no copy of a clamped pattern per step); otherwise a new tensor (`torch.where`, so gradients reach the
+    part that is not written).
+
+    Args:
+        activation: an activation of `kind`: [..., pos, feature], [..., pos, head, d_head] (q, k, v, z) or
+            [..., head, query_pos, key_pos] (pattern), with any leading axes (batch, a stack's member axis).
+        value: what to write, broadcasting against `activation` (a 0-d zero, a per-position mean [pos, *feature],
+            a full tensor); longer in positions than the activation it is cut to them.
+        kind: the activation's kind, as `act_name` takes it ("z", "pattern", "resid_pre", ...).
+        heads: the heads written (None: all); only for kinds with a head axis (`PER_HEAD`).
+        positions: the positions written (a pattern's query positions; None: all).
+
+    Returns:
+        The written activation, shaped and typed as `activation`.
+
+    >>> z = torch.zeros(1, 3, 2, 1)  # [batch, pos, head, d_head]
+    >>> write(z, torch.ones(()), "z", heads=[1], positions=[0, 2])[0, :, :, 0].tolist()
+    [[0.0, 1.0], [0.0, 0.0], [0.0, 1.0]]
+    """
+    pos_axes, head_axis = _axes(kind)
+    if heads is not None and head_axis is None:
+        raise ValueError(f"a {kind!r} activation has no head axis; heads={list(heads)} cannot be selected")
+    for axis in pos_axes:  # a value longer than the run (a mean over longer sequences, a file) is cut to it
+        if value.ndim >= axis and value.shape[-axis] > activation.shape[-axis]:
+            value = value.narrow(value.ndim - axis, 0, activation.shape[-axis])
+    value = value.to(activation.dtype).expand_as(activation)
+    if heads is None and positions is None:
+        return value
+    mask = torch.ones((), dtype=torch.bool, device=activation.device)
+    for index, axis, what in ((heads, head_axis, "heads"), (positions, pos_axes[0], "positions")):
+        if index is not None:
+            chosen = _selected(activation.shape[-axis], index, what, activation.device)
+            mask = mask & chosen.view(-1, *([1] * (axis - 1)))
+    return torch.where(mask, value, activation)

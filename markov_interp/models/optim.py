@@ -13,6 +13,7 @@ parameter groups: decayed weights, then the rest), which is also what run folder
 hold.
 """
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Optional
@@ -21,6 +22,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from markov_interp.models import _compile
 from markov_interp.models.config import ModelConfig
 from markov_interp.models.init import state_shapes
 from markov_interp.models.stack import Stack
@@ -92,9 +94,64 @@ class _MemberScalars:
         return self._shaped(f"step{bias_correction1!r}", lambda: -(self.lr64 / bias_correction1), like)
 
 
+def _adamw_update(params: list[Tensor], state: list[Tensor], grads: list[Tensor], decay: list[Tensor],
+                  step_sizes: list[Tensor], bias2: list, *, decay_at: tuple, betas: tuple, eps: float) -> None:
+    """AdamW in place, in torch's foreach AdamW's order of operations: decoupled decay of the parameters at
+    `decay_at` by `decay` (1 - lr * wd per member), the moments, then p += step_size * m / (sqrt(v) / bias2 + eps)
+    with step_size = -lr / (1 - beta1^t). `state` is the first moments, then the second."""
+    beta1, beta2 = betas
+    n = len(params)
+    exp_avgs, exp_avg_sqs = state[:n], state[n:]
+    if decay_at:
+        torch._foreach_mul_([params[i] for i in decay_at], decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+    denoms = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denoms, bias2)
+    torch._foreach_add_(denoms, eps)
+    steps = torch._foreach_mul(exp_avgs, step_sizes)
+    torch._foreach_addcdiv_(params, steps, denoms)
+
+
+def _sgd_update(params: list[Tensor], state: list[Tensor], grads: list[Tensor], weight_decay: list[Tensor],
+                negative_lr: list[Tensor], *, decay_at: tuple, first: tuple, momentum: float) -> None:
+    """SGD in place: coupled decay (the gradient plus wd * param at `decay_at`), optional momentum (`state`: the
+    buffers; at `first` a buffer starts as the gradient), then p += -lr * (buffer or gradient)."""
+    grads = [g.clone() if i in decay_at else g for i, g in enumerate(grads)]
+    if decay_at:
+        torch._foreach_add_([grads[i] for i in decay_at],
+                            torch._foreach_mul([params[i] for i in decay_at], weight_decay))
+    if momentum != 0:
+        for i in first:
+            state[i].copy_(grads[i])
+        rest = [i for i in range(len(params)) if i not in first]
+        if rest:
+            torch._foreach_mul_([state[i] for i in rest], momentum)
+            torch._foreach_add_([state[i] for i in rest], [grads[i] for i in rest])
+        grads = state
+    torch._foreach_add_(params, torch._foreach_mul(grads, negative_lr))
+
+
+def _masked_update(update: Callable) -> Callable:
+    """`update` with members not alive restored afterwards (compiled, the masking is fused into the update)."""
+
+    def stacked_optimizer_update(params: list[Tensor], state: list[Tensor], grads: list[Tensor], alive: Tensor,
+                                 inputs: tuple) -> None:
+        before = [t.clone() for t in params + state]
+        update(params, state, grads, *inputs)
+        for tensor, old in zip(params + state, before):
+            tensor.copy_(torch.where(_mask(alive, tensor), tensor, old))
+
+    return stacked_optimizer_update
+
+
 class StackedOptimizer:
     """AdamW (decoupled decay) or SGD (coupled decay, optional momentum) over a stack, one step for all
     members, per-member `lr` and `weight_decay` ([member] tensors) and an `alive` mask.
+
+    `compile` ("off", "default" or "max", `TrainConfig.compile`): the update runs compiled (`models._compile`),
+    the same function as eager with the masking of members not alive fused in.
 
     State: `step_count` (steps taken), `param_steps` (updates per parameter name: a frozen parameter skips steps
     as torch's per-parameter `step` does), with `count_members()` also `member_steps` (per parameter, the updates
@@ -103,10 +160,13 @@ class StackedOptimizer:
     """
 
     def __init__(self, stack: Stack, *, kind: str, betas: tuple = (0.9, 0.95), momentum: float = 0.0,
-                 eps: float = 1e-8):
+                 eps: float = 1e-8, compile: str = "off"):
         if kind not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {kind!r}")
+        if compile not in ("off", *_compile.TORCH_MODES):
+            raise ValueError(f"compile must be 'off', 'default' or 'max', got {compile!r}")
         self.stack, self.kind, self.betas, self.momentum, self.eps = stack, kind, tuple(betas), momentum, eps
+        self.compile = compile
         self.decay = {name for name in stack.params if decayed(name)}
         self.step_count = 0
         self.param_steps: dict[str, int] = {name: 0 for name in stack.params}
@@ -126,9 +186,10 @@ class StackedOptimizer:
         parameters and state unchanged. Parameters named in `frozen` get no update at all (no step, moment,
         step count or decay: what torch's optimisers do for a parameter without a gradient).
 
-        The update runs in place over all parameters at once (`torch._foreach_*`). Where some member is not alive
-        (and always on an accelerator, where reading the mask would wait for the device) the tensors are
-        restored for those members afterwards; either way an alive member's numbers are the same.
+        The update runs in place over all parameters at once (`torch._foreach_*`; with `compile`, the same
+        function compiled into a few fused kernels). Where some member is not alive (and always on an
+        accelerator or compiled, where reading the mask would wait for the device) the tensors are restored for
+        those members afterwards; either way an alive member's numbers are the same.
         """
         self.step_count += 1
         names = [name for name in self.stack.params if name not in frozen]
@@ -140,15 +201,26 @@ class StackedOptimizer:
         assert all(p.grad is not None for p in params), "every updated parameter needs a gradient"
         fresh = {name for name in names if "momentum_buffer" not in self.state[name]}  # SGD: buffer = first grad
         state = self._state_tensors(names)
-        masked = self.stack.device.type != "cpu" or not bool(alive.all())
-        before = [t.clone() for t in params + state] if masked else []
         scalars = _MemberScalars(lr.double(), weight_decay.double())
+        decay_at = tuple(i for i, name in enumerate(names) if name in self.decay)
+        grads = [p.grad for p in params]
         if self.kind == "adamw":
-            self._adamw(names, params, state, scalars)
+            update = functools.partial(_adamw_update, decay_at=decay_at, betas=self.betas, eps=self.eps)
+            inputs = self._adamw_inputs(names, params, scalars, decay_at)
         else:
-            self._sgd(names, params, state, scalars, fresh)
-        for tensor, old in zip(params + state, before):
-            tensor.copy_(torch.where(_mask(alive, tensor), tensor, old))
+            first = tuple(i for i, name in enumerate(names) if name in fresh)
+            update = functools.partial(_sgd_update, decay_at=decay_at, first=first, momentum=self.momentum)
+            inputs = ([scalars.weight_decay(params[i]) for i in decay_at], [scalars.negative_lr(p) for p in params])
+        if self.compile != "off":
+            key = ("optimizer", self.kind, tuple(names), tuple((tuple(p.shape), p.dtype) for p in params),
+                   tuple(sorted(update.keywords.items())), self.member_steps is not None)
+            _compile.compiled(key, _masked_update(update), mode=self.compile, device_type=self.stack.device.type)(
+                params, state, grads, alive, inputs)
+            return
+        if self.stack.device.type != "cpu" or not bool(alive.all()):
+            _masked_update(update)(params, state, grads, alive, inputs)
+        else:
+            update(params, state, grads, *inputs)
 
     def _state_tensors(self, names: list[str]) -> list[Tensor]:
         """The optimiser state of `names` (created at zero on first use): exp_avg then exp_avg_sq (AdamW), or the
@@ -172,43 +244,16 @@ class StackedOptimizer:
         t = self.member_steps[name]  # the same per member (a member that skipped steps has its own count)
         return 1 - torch.pow(beta1, t), _per_member(torch.pow(1 - torch.pow(beta2, t), 0.5), param)
 
-    def _adamw(self, names: list[str], params: list[Tensor], state: list[Tensor], scalars: "_MemberScalars") -> None:
-        """Decoupled decay, the moments, then the step, in torch's foreach AdamW's order of operations."""
-        beta1, beta2 = self.betas
-        n = len(names)
-        exp_avgs, exp_avg_sqs, grads = state[:n], state[n:], [p.grad for p in params]
-        decayed = [i for i, name in enumerate(names) if name in self.decay]
-        if decayed:
-            torch._foreach_mul_([params[i] for i in decayed], [scalars.decay(params[i]) for i in decayed])
-        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+    def _adamw_inputs(self, names: list[str], params: list[Tensor], scalars: "_MemberScalars",
+                      decay_at: tuple) -> tuple[list, list, list]:
+        """The per-step numbers of `_adamw_update`: decay factors, step sizes and sqrt(1 - beta2^t) per parameter.
+        Compiled, the python-float corrections become one tensor (a changing float would be a new program)."""
         corrections = [self._bias_corrections(name, p) for name, p in zip(names, params)]
-        denoms = torch._foreach_sqrt(exp_avg_sqs)
-        torch._foreach_div_(denoms, [c[1] for c in corrections])
-        torch._foreach_add_(denoms, self.eps)
-        steps = torch._foreach_mul(exp_avgs, [scalars.step_size(p, c[0]) for p, c in zip(params, corrections)])
-        torch._foreach_addcdiv_(params, steps, denoms)
-
-    def _sgd(self, names: list[str], params: list[Tensor], state: list[Tensor], scalars: "_MemberScalars",
-             fresh: set[str]) -> None:
-        """Coupled decay (the gradient plus wd * param), optional momentum, then the step."""
-        grads = [p.grad.clone() if name in self.decay else p.grad for name, p in zip(names, params)]
-        decayed = [i for i, name in enumerate(names) if name in self.decay]
-        if decayed:
-            torch._foreach_add_([grads[i] for i in decayed],
-                                torch._foreach_mul([params[i] for i in decayed],
-                                                   [scalars.weight_decay(params[i]) for i in decayed]))
-        if self.momentum != 0:
-            first = [i for i, name in enumerate(names) if name in fresh]  # a first update: the buffer is the gradient
-            for i in first:
-                state[i].copy_(grads[i])
-            rest = [i for i in range(len(names)) if i not in first]
-            if rest:
-                torch._foreach_mul_([state[i] for i in rest], self.momentum)
-                torch._foreach_add_([state[i] for i in rest], [grads[i] for i in rest])
-            grads = state
-        torch._foreach_add_(params, torch._foreach_mul(grads, [scalars.negative_lr(p) for p in params]))
+        bias2 = [c[1] for c in corrections]
+        if self.compile != "off" and self.member_steps is None:  # one host-to-device copy for all of them
+            bias2 = list(torch.tensor(bias2, dtype=params[0].dtype).to(params[0].device).unbind())
+        return ([scalars.decay(params[i]) for i in decay_at],
+                [scalars.step_size(p, c[0]) for p, c in zip(params, corrections)], bias2)
 
     # -- checkpoints: a torch optimiser's state_dict() per member
     def checkpoint_order(self) -> list[str]:

@@ -13,7 +13,7 @@ not depend on the other members or on K (every operation acts on each member alo
 tested bit for bit on the CPU), so a run gives the same weights alone or in any stack. Its
 named intervention points are TransformerLens hook names (`models.hooks.intervention_points`), so code written
 for the hooked model's activations applies: pass `{hook name: fn}` and each `fn` replaces that activation (with
-a leading member axis) by its return value (`intervene.clamp_hooks(..., member_axis=True)` builds clamps). The
+a leading member axis) by its return value (`clamps.clamp_hooks(..., member_axis=True)` builds clamps). The
 logits equal the hooked model's (`models.hooked`, tested at 1e-5) for every architecture option.
 """
 
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from markov_interp.models import hooked
+from markov_interp.models import _compile, hooked
 from markov_interp.models.config import INIT_FIELDS, ModelConfig, shape_config
 from markov_interp.models.hooks import act_name, check_points
 from markov_interp.models.init import initial_state
@@ -38,6 +38,8 @@ __all__ = [
     "build_stack",
     "stacked_forward",
     "stacked_loss",
+    "stacked_losses",
+    "compiled_losses",
     "pattern_input",
     "causal_pattern",
 ]
@@ -303,6 +305,60 @@ def stacked_loss(logits: Float[Tensor, "member batch pos vocab"],
     n_members, _, _, vocab = logits.shape
     flat = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="none")
     return flat.view(n_members, -1).mean(dim=1)
+
+
+def stacked_losses(stack: Stack, tokens: Int[Tensor, "member batch pos"], *, dtype: Optional[torch.dtype] = None,
+                   interventions: Optional[Mapping[str, Callable[[Tensor], Tensor]]] = None,
+                   ) -> Float[Tensor, " member"]:
+    """Each member's next-state loss on its sequences: `stacked_forward` of `tokens[..., :-1]` (under autocast to
+    `dtype`, None: fp32) and `stacked_loss` against `tokens[..., 1:]` (in fp32). What a training step and an
+    evaluation compute, and what `compiled_losses` compiles.
+
+    Args:
+        stack: the models.
+        tokens: one batch of `seq_len + 1` states per member.
+        dtype: the autocast dtype (torch.float16 / torch.bfloat16), or None.
+        interventions: as in `stacked_forward`.
+
+    Returns:
+        [member] mean cross-entropies (nats).
+    """
+    with torch.autocast(stack.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        logits = stacked_forward(stack, tokens[..., :-1], interventions)
+    return stacked_loss(logits, tokens[..., 1:])
+
+
+def compiled_losses(stack: Stack, *, dtype: Optional[torch.dtype], mode: str) -> Callable[[Tensor], Tensor]:
+    """`tokens -> stacked_losses(stack, tokens, dtype=dtype)` compiled with torch.compile (`mode`: "default" or
+    "max", `TrainConfig.compile`), forward, loss and (through AOTAutograd) backward, without interventions.
+
+    Compiled once per (architecture, members, tokens' shape, device, precision, mode) in a process
+    (`models._compile`): a second stack of the same shapes reuses the code. Where torch.compile is unavailable
+    it is `stacked_losses` itself, after one warning. Results equal the eager ones up to float rounding
+    (tests/test_compile.py states the tolerance); the compiled arithmetic is deterministic on the CPU.
+
+    Args:
+        stack: the models (the callable reads `stack.params` at every call: updates in place are seen).
+        dtype: the autocast dtype, or None (fp32).
+        mode: "default" or "max".
+
+    Returns:
+        A function of the tokens `[member, batch, seq_len + 1]` returning the [member] losses.
+    """
+    configs = [stack.cfg] * stack.n_members
+    arch = shape_config(stack.cfg).to_json()
+
+    def stacked_step_losses(params: dict[str, Tensor], tokens: Tensor) -> Tensor:
+        return stacked_losses(Stack(configs, params), tokens, dtype=dtype)
+
+    def call(tokens: Int[Tensor, "member batch pos"]) -> Float[Tensor, " member"]:
+        key = ("stacked_losses", arch, stack.n_members, tuple(tokens.shape), str(dtype))
+        out = _compile.compiled(key, stacked_step_losses, mode=mode, device_type=stack.device.type)(stack.params,
+                                                                                                     tokens)
+        # "max" captures CUDA graphs, whose outputs the next replay overwrites: keep a copy (K numbers)
+        return out.clone() if mode == "max" else out
+
+    return call
 
 
 def pattern_input(fn: Any, q: Float[Tensor, "*batch head query_pos d_head"],

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from markov_interp import theory
 from markov_interp._display import displayed
-from markov_interp.data import MarkovChain, RandomMarkov, Source
+from markov_interp.data import Source
 from markov_interp.models import HookedModel
 # the hook-name functions of the probes; their one home is `models.hooks` (TransformerLens's names)
 from markov_interp.models.hooks import attn_out_hook, mlp_out_hook, pattern_hook, z_hook  # noqa: F401
@@ -241,8 +241,8 @@ class ProbeBatch:
     kernels: Float[Tensor, "batch context vocab"]
     vocab: int
     order: int
-    random_kernel: bool  # True for RandomMarkov sources (no fixed kernel to learn in weights)
-    beta: float  # add-beta smoothing of the in-context references: alpha for RandomMarkov, 1/2 otherwise
+    random_kernel: bool  # True for a source with a prior, a kernel per sequence (none to learn in weights)
+    beta: float  # add-beta smoothing of the in-context references: the prior's alpha, 1/2 for a fixed chain
     initial: Optional[Float[Tensor, "batch context"]] = None
 
     def _headline(self) -> str:  # one line, not the tensors
@@ -279,22 +279,15 @@ def sample_batch(source: Source, *, n_sequences: int, seq_len: int, seed: int) -
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
+    if not isinstance(source, Source):
+        raise ValueError(f"source must be {_SOURCE_TAKES}, got {type(source).__name__}")
     gen = torch.Generator().manual_seed(seed)
-    if isinstance(source, RandomMarkov):
-        tokens, kernels = source.sample(n_sequences, seq_len, gen, return_kernels=True)
-        return ProbeBatch(
-            tokens=tokens, kernels=kernels, vocab=source.vocab, order=source.order, random_kernel=True,
-            beta=default_beta(source), initial=theory.initial_context_laws(source, kernels),
-        )
-    if isinstance(source, MarkovChain):
-        tokens = source.sample(n_sequences, seq_len, gen)
-        flat = source.kernel.reshape(-1, source.vocab)
-        kernels = flat.expand(n_sequences, -1, -1).contiguous()
-        return ProbeBatch(
-            tokens=tokens, kernels=kernels, vocab=source.vocab, order=source.order, random_kernel=False,
-            beta=default_beta(source), initial=theory.initial_context_laws(source, kernels),
-        )
-    raise ValueError(f"source must be a MarkovChain, BinaryChain or RandomMarkov, got {type(source).__name__}")
+    tokens, kernels = source.sample(n_sequences, seq_len, gen, return_kernels=True)
+    kernels = kernels.contiguous()  # a fixed chain gives one kernel expanded over the rows
+    return ProbeBatch(
+        tokens=tokens, kernels=kernels, vocab=source.vocab, order=source.order, random_kernel=source.alpha is not None,
+        beta=default_beta(source), initial=theory.initial_context_laws(source, kernels),
+    )
 
 
 def check_source_matches(model: HookedModel, source: Source) -> None:
@@ -365,8 +358,9 @@ def json_safe(value: Any) -> Any:
 
 
 def default_beta(source: Source) -> float:
-    """The add-beta smoothing used for in-context references: the source's alpha for RandomMarkov, else 1/2."""
-    return float(source.alpha) if isinstance(source, RandomMarkov) else 0.5
+    """The add-beta smoothing used for in-context references: the alpha of a source with a prior (random kernels),
+    else 1/2."""
+    return float(source.alpha) if source.alpha is not None else 0.5
 
 
 def ratio_of_means(numerator: Float[Tensor, " batch"], denominator: Float[Tensor, " batch"]) -> tuple[float, float]:
@@ -392,7 +386,8 @@ _TAKES = {  # what a parameter of each annotated type takes, in words
     ProbeBatch: "a ProbeBatch (probes.sample_batch(source, n_sequences=..., seq_len=..., seed=...))",
     Tensor: "a torch tensor",
 }
-_SOURCE_TAKES = "a Markov source (BinaryChain, MarkovChain or RandomMarkov, e.g. SourceConfig(...).build())"
+_SOURCE_TAKES = ("a Markov source (a data.Source: BinaryChain, MarkovChain, RandomMarkov, CyclicMarkov, ...; e.g. "
+                 "SourceConfig(...).build())")
 _SKIP = (int, float, str, bool, type(None))  # plain values: the probes' own ValueErrors name bad ones
 
 
@@ -407,7 +402,7 @@ def _expected(annotation: Any) -> Optional[tuple[tuple[type, ...], str]]:
             annotation) else ())
         return allowed, " or ".join(p[1] for p in parts)
     if annotation is Source:
-        return (MarkovChain, RandomMarkov), _SOURCE_TAKES
+        return (Source,), _SOURCE_TAKES
     array_type = getattr(annotation, "array_type", None)  # a jaxtyping array type: Int[Tensor, "batch pos"]
     if isinstance(array_type, type):
         kind = {"Int": "an integer tensor", "Float": "a float tensor", "Bool": "a boolean tensor"}.get(

@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp.models import HookedModel, heads_per_layer
-from markov_interp.models.hooks import act_name
+from markov_interp.models.hooks import act_name, parse_name, write
 from markov_interp.probes._common import (
     Probs,
     Tokens,
@@ -201,7 +201,8 @@ def as_components(model: HookedModel, components: Sequence[Any]) -> list[Compone
 def set_component(
     activation: Tensor, component: Component, replacement: Tensor, *, positions: Optional[Sequence[int]] = None
 ) -> Tensor:
-    """A copy of `activation` (the value of `component.hook_name`) with the component's part replaced.
+    """A copy of `activation` (the value of `component.hook_name`) with the component's part replaced: the
+    probes' vocabulary over the package's one activation writer, `models.hooks.write`.
 
     `replacement` broadcasts against `activation` (a 0-d tensor, a per-position mean [pos, ...] or a full
     [batch, pos, ...] tensor; longer in pos than the run is fine); for a head only its slice (axis 2 of
@@ -212,18 +213,10 @@ def set_component(
         raise ValueError(
             f"replacement for {component.name} has {replacement.shape[0]} sequences, the run has {activation.shape[0]}"
         )
-    out = activation.clone()
-    seq = activation.shape[1]
-    new = replacement
-    if new.ndim:  # a 0-d replacement (zero ablation) broadcasts as it is
-        new = new[..., :seq, :, :] if component.kind in HEAD_KINDS else new[..., :seq, :]
-    new = new.to(activation.dtype).expand_as(activation)
-    pos = slice(None) if positions is None else list(positions)
-    if component.kind in HEAD_KINDS:
-        out[:, pos, component.head] = new[:, pos, component.head]
-    else:
-        out[:, pos] = new[:, pos]
-    return out
+    heads = [component.head] if component.kind in HEAD_KINDS else None
+    out = write(activation, replacement, parse_name(component.hook_name)[0], heads=heads, positions=positions)
+    # written whole, `write` gives the replacement broadcast (a view of it): a copy, as the probes' callers expect
+    return out.clone() if heads is None and positions is None else out
 
 
 def replacement_hooks(

@@ -145,11 +145,11 @@ def _config_section(run: RunConfig, run_dir: Optional[Path]) -> Section:
         ("training", f"{tc.steps} steps of {tc.batch_size} x {tc.seq_len} states, {tc.optimizer} lr {tc.lr:g} "
                      f"({tc.schedule}), {tc.precision}{' + loss scaling' if tc.loss_scaling else ''}, seed {tc.seed}"),
     ]
-    if getattr(tc, "interventions", ()):  # freezes / clamps during training (markov_interp.intervene)
-        from markov_interp.intervene import spec_text
+    if getattr(tc, "interventions", ()):  # freezes / clamps during training (markov_interp.clamps)
+        from markov_interp.clamps import spec_text
 
         rows.append(("interventions", "; ".join(spec_text(i) for i in tc.interventions)
-                     + " (the probes below see the trained weights without them; `intervene.applied(model, "
+                     + " (the probes below see the trained weights without them; `clamps.applied(model, "
                      "interventions, t)` probes under them)"))
     pretty = json.dumps(run.to_dict(), indent=2, sort_keys=True)
     raw = ('<details class="config-json"><summary>config.json (the whole run configuration; <code>markov-interp '

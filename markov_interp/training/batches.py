@@ -35,55 +35,10 @@ def derive_seed(seed: int, stream: str) -> int:
 
 def member_sampler(sources: Sequence[Source], generators: Sequence[torch.Generator], batch: int,
                    length: int) -> Callable[[], Int[Tensor, "member batch pos"]]:
-    """A function drawing one batch per member, `[member, batch, length]`: member k's rows are exactly
-    `sources[k].sample(batch, length, generator=generators[k])` (each generator draws what it would alone).
-
-    For fixed-kernel chains of one vocab and order the uniforms are drawn per member and the chain is
-    built for all members at once (one pass instead of K: on a GPU, K small samplers cost as much as the
-    stacked model's step); other sources are sampled member by member.
+    """A function drawing one batch per member, `[member, batch, length]` (`data.stacked_sampler`): member k's
+    rows are what `sources[k].sample(batch, length, generator=generators[k])` draws (bit for bit on the CPU), and
+    each generator draws what it would alone. Fixed chains and random kernels of one vocab and order are drawn
+    in one pass for all members (on a GPU, K small samplers would cost as much as the stacked model's step), the
+    only per-member operations being each member's draws from its own generator.
     """
-    batched = _batched_chain_sampler(sources, generators, batch, length)
-    if batched is not None:
-        return batched
-    return lambda: torch.stack([s.sample(batch, length, generator=g) for s, g in zip(sources, generators)])
-
-
-def _batched_chain_sampler(sources: Sequence[Source], generators: Sequence[torch.Generator], batch: int,
-                           length: int) -> Callable[[], Int[Tensor, "member batch pos"]] | None:
-    """`MarkovChain.sample` for K chains at once (same arithmetic, per-member draws), or None if not applicable."""
-    if not all(isinstance(s, data.MarkovChain) for s in sources):
-        return None
-    vocab, order = sources[0].vocab, sources[0].order
-    steps = length - order
-    if steps < 1 or any(s.vocab != vocab or s.order != order for s in sources):
-        return None
-    device = generators[0].device
-    try:  # the sampler's internals (data.MarkovChain.sample); any change there falls back to the plain path
-        init_cdf = torch.stack([s._initial.to(device).cumsum(-1) for s in sources])  # [member, context]
-        cdf = torch.stack([s._cdf.to(device) for s in sources])  # [member, context, vocab]
-        apply_binary, compose = data._apply_binary_maps, data._compose_prefix
-    except AttributeError:
-        return None
-    n_members, n_ctx = init_cdf.shape
-    digits = vocab ** torch.arange(order - 1, -1, -1, device=device)
-    context_ids = torch.arange(n_ctx, device=device)
-
-    def sample() -> Int[Tensor, "member batch pos"]:
-        u0, u = [], []
-        for g in generators:  # member k's generator: its first state, then its step uniforms (solo order)
-            u0.append(torch.rand(batch, 1, generator=g, device=device, dtype=torch.float64))
-            u.append(torch.rand(batch, steps, 1, 1, generator=g, device=device, dtype=torch.float64))
-        first = (init_cdf[:, None, :] <= torch.stack(u0)).sum(-1).clamp_(max=n_ctx - 1).reshape(-1)
-        per_seq = cdf[:, None].expand(-1, batch, -1, -1).reshape(n_members * batch, n_ctx, vocab)
-        nxt = (per_seq[:, None, :, :] <= torch.cat(u)).sum(-1).clamp_(max=vocab - 1)
-        if n_ctx == 2:
-            later = apply_binary(nxt, first)
-        else:
-            step_maps = nxt if order == 1 else (context_ids * vocab + nxt) % n_ctx
-            contexts = torch.gather(compose(step_maps), -1, first[:, None, None].expand(-1, steps, 1))
-            later = contexts[..., 0] if order == 1 else contexts[..., 0] % vocab
-        head = (first[:, None] // digits) % vocab
-        tokens = torch.cat([head, later], dim=1)[:, :length]
-        return tokens.reshape(n_members, batch, length)
-
-    return sample
+    return data.stacked_sampler(sources, batch, length, generators)

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
-from markov_interp import intervene
+from markov_interp import clamps as intervene  # renamed (issue 34); the old name below merges cleanly
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_number
 from markov_interp.data import SourceConfig
 from markov_interp.devices import resolve_device  # the one device check (re-exported here: training.resolve_device)
@@ -37,9 +37,14 @@ __all__ = [
     "run_options",
     "resolve_device",
     "PRECISIONS",
+    "COMPILE_MODES",
 ]
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}  # autocast dtype of each precision
+# TrainConfig.compile: "off" runs the step eagerly (the reference); "default" compiles the forward, loss and
+# backward and the optimiser update with torch.compile; "max" is torch.compile's "max-autotune" (kernel search;
+# on CUDA also CUDA graphs). See models._compile and docs/training.md#compiled-steps.
+COMPILE_MODES = ("off", "default", "max")
 
 
 # ------------------------------------------------------------------------------------------------ configs
@@ -70,10 +75,12 @@ class TrainConfig(Config):
     interventions: tuple | list = ()  # freezes and clamps during training (`intervene.Freeze` / `Clamp`)
     reduction: Optional[str] = None  # "canonical": train on the (e, w, b) family only (`models.reduction`)
     release: tuple | list = ()  # parts a reduction sets free (`models.reduction.RELEASABLE`)
+    compile: str = "off"  # "off" (eager, the reference), "default" or "max": torch.compile of the step (COMPILE_MODES)
 
     # Fields added after run folders and sweep ids were first written: left out of config.json (and so of cell
     # ids) at these values, so earlier files round-trip byte for byte and earlier sweeps keep their cells.
-    _LATER_FIELDS: ClassVar[dict] = {"eval_log_points": 0, "interventions": (), "reduction": None, "release": ()}
+    _LATER_FIELDS: ClassVar[dict] = {"eval_log_points": 0, "interventions": (), "reduction": None, "release": (),
+                                     "compile": "off"}
 
     def __post_init__(self) -> None:
         for name, minimum in (("steps", 1), ("batch_size", 1), ("seq_len", 1), ("log_every", 1),
@@ -93,6 +100,7 @@ class TrainConfig(Config):
         check_choice("optimizer", self.optimizer, ("adamw", "sgd"))
         check_choice("schedule", self.schedule, ("one-cycle", "constant"))
         check_choice("precision", self.precision, tuple(PRECISIONS))
+        check_choice("compile", self.compile, COMPILE_MODES)
         check_bool("loss_scaling", self.loss_scaling)
         if self.loss_scaling and self.precision != "fp16":
             raise ValueError(f"loss_scaling=True only applies to precision='fp16', got precision={self.precision!r}")
@@ -246,7 +254,7 @@ def default_run(source: Optional[SourceConfig] = None, **overrides: Any) -> RunC
     else:
         base = source.to_dict()
     source = SourceConfig.from_dict({**base, **source_opts}, where="source")
-    random = source.kind == "random"
+    random = source.in_context  # the in-context task: a kernel per sequence
     sections = {
         "source": source.to_dict(),
         "model": {"preset": "attn-only-2layer" if random else "paper-1layer"},

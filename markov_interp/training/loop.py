@@ -32,6 +32,15 @@ updated by evaluations). Running means are checkpointed per member; a resume is 
 
 **Loss scaling** (fp16): every member has its own GradScaler arithmetic (scale, growth tracker, skipped overflow
 steps and so its own AdamW step count), checkpointed as a torch GradScaler's state dict.
+
+**Compiled steps** (`TrainConfig.compile`): the step's loss, its backward, the evaluation's forward and the
+optimiser update run compiled (`models.stack.compiled_losses`, `models.optim`), compiled once per shapes in a
+process; equal to eager up to float rounding; steps with an active clamp run eagerly (docs/training.md).
+
+**Host work**: nothing in a step reads a device value (on the CPU the update checks that every member is alive,
+to skip restoring them); every member's batch comes from one sampling pass (one draw per member from its own
+generator); losses accumulate on the device and are read per log row; an evaluation computes theory's
+references once per distinct source for all its members.
 """
 
 import contextlib
@@ -46,12 +55,13 @@ from typing import Any, Optional
 import torch
 from tqdm.auto import tqdm
 
-from markov_interp import intervene, theory
+from markov_interp import clamps as intervene  # renamed (issue 34); the old name below merges cleanly
+from markov_interp import theory
 from markov_interp.data import Source
 from markov_interp.models import INIT_FIELDS, HookedModel, shape_config, state_dict_for_save
 from markov_interp.models.optim import StackedOptimizer
 from markov_interp.models.reduction import CanonicalConstraint
-from markov_interp.models.stack import Stack, build_stack, stacked_forward, stacked_loss
+from markov_interp.models.stack import Stack, build_stack, compiled_losses, stacked_losses
 from markov_interp.theory import ReferenceLosses
 from markov_interp.training import plan, runfolder
 from markov_interp.training.batches import derive_seed, member_sampler
@@ -228,10 +238,11 @@ def _final_weights_problem(out: Path, run: RunConfig) -> Optional[str]:
     return runfolder.weights_problem(out / runfolder.WEIGHTS_FILE, run.model, step=run.train.steps)
 
 
-def _references(run: RunConfig) -> dict[str, float]:
-    """theory's reference losses of `run` as a metrics row, rounded (the last bits of theory's linear algebra
-    vary between calls; rows must compare exactly)."""
-    return theory.reference_losses(run.source.build(), run.train.seq_len + 1).as_row(digits=12)
+def _references(run: RunConfig, source: Optional[Source] = None) -> dict[str, float]:
+    """theory's reference losses of `run` (whose source, built, is `source`) as a metrics row, rounded (the last
+    bits of theory's linear algebra vary between calls; rows must compare exactly)."""
+    source = run.source.build() if source is None else source
+    return theory.reference_losses(source, run.train.seq_len + 1).as_row(digits=12)
 
 
 def _final(rows: list[dict]) -> FinalLosses:
@@ -273,20 +284,32 @@ def paired_row(totals: Sequence[float], n_batches: int) -> dict[str, float]:
 
 
 @torch.no_grad()
-def _paired_eval(stack: Stack, sources: Sequence[Source], sample: Callable[[], torch.Tensor], n_batches: int,
-                 precision: str, hooks: Mapping[str, Callable]) -> list[dict[str, float]]:
-    """Each member's evaluation columns over `n_batches` batches of `sample()`: its loss beside the true and
-    plateau predictors' losses on the same tokens (`theory.paired_losses`)."""
-    totals = [[0.0, 0.0, 0.0] for _ in sources]
+def _paired_eval(losses: Callable[[torch.Tensor], torch.Tensor], sources: Sequence[Source],
+                 sample: Callable[[], torch.Tensor], n_batches: int) -> list[dict[str, float]]:
+    """Each member's evaluation columns over `n_batches` batches of `sample()`: its loss (`losses(tokens)`, the
+    [member] losses) beside the true and plateau predictors' losses on the same tokens (`_paired_references`),
+    summed on the device and read once."""
+    totals = None
     for _ in range(n_batches):
         tokens = sample()
-        with autocast(tokens.device, precision):
-            logits = stacked_forward(stack, tokens[..., :-1], hooks)
-        for k, value in enumerate(stacked_loss(logits, tokens[..., 1:]).tolist()):
-            true, plateau = theory.paired_losses(sources[k], tokens[k])
-            for i, v in enumerate((value, true, plateau)):
-                totals[k][i] += v
-    return [paired_row(t, n_batches) for t in totals]
+        batch = torch.cat([losses(tokens).double()[:, None], _paired_references(sources, tokens)], dim=1)
+        totals = batch if totals is None else totals + batch
+    return [paired_row(row, n_batches) for row in totals.tolist()]
+
+
+def _paired_references(sources: Sequence[Source], tokens: torch.Tensor) -> torch.Tensor:
+    """[member, 2]: each member's (true, plateau) mean log-loss on its tokens, `theory.paired_losses`, for the
+    members of one source object at once (one `theory` call per distinct source: a stack of seeds is one call)."""
+    out = torch.empty(len(sources), 2, dtype=torch.float64, device=tokens.device)
+    groups: dict[int, list[int]] = {}
+    for k, source in enumerate(sources):
+        groups.setdefault(id(source), []).append(k)
+    for members in groups.values():
+        source, flat = sources[members[0]], tokens[members].flatten(0, 1)  # [(member batch), pos]
+        for column, predict in enumerate((theory.true_predictions, theory.plateau_predictions)):
+            per_target = theory.target_log_loss(predict(source, flat), flat)  # as theory.paired_losses
+            out[members, column] = per_target.view(len(members), -1).mean(dim=1).to(out)
+    return out
 
 
 def evaluate_paired(model: HookedModel, source: Source, *, seq_len: int, batch_size: int, n_batches: int,
@@ -313,8 +336,9 @@ def evaluate_paired(model: HookedModel, source: Source, *, seq_len: int, batch_s
     """
     stack = Stack.from_states([model.markov_config], [state_dict_for_save(model)], device=generator.device)
     hooks = {name: (lambda fn: lambda x: fn(x[0]).unsqueeze(0))(fn) for name, fn in (interventions or {}).items()}
-    (row,) = _paired_eval(stack, [source], lambda: source.sample(batch_size, seq_len + 1, generator=generator)[None],
-                          n_batches, precision, hooks)
+    (row,) = _paired_eval(
+        lambda tokens: stacked_losses(stack, tokens, dtype=PRECISIONS[precision], interventions=hooks), [source],
+        lambda: source.sample(batch_size, seq_len + 1, generator=generator)[None], n_batches)
     return row
 
 
@@ -357,19 +381,24 @@ class _Group:
     growth_tracker: Optional[torch.Tensor] = None
     clamps: intervene.ClampState = dataclasses.field(default_factory=intervene.ClampState)  # [member, ...] means
     constraint: Optional[CanonicalConstraint] = None  # train.reduction: gradients projected onto (e, w, b)
+    compiled: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # train.compile: the compiled losses
     logs: list[Optional[runfolder.MetricsLog]] = dataclasses.field(default_factory=list)  # per member: metrics.jsonl
 
     @classmethod
     def create(cls, runs: list[RunConfig], outs: list[Optional[Path]], device: torch.device) -> "_Group":
         tc = runs[0].train
         intervene.check_interventions(tc.interventions, runs[0].model)  # tensor files too, before any step
-        sources = [r.source.build() for r in runs]
-        cache: dict[str, dict] = {}  # one reference computation per distinct source
+        built: dict[str, Source] = {}  # one source object and one reference computation per distinct source
+        cache: dict[str, dict] = {}
         for run in runs:
-            if run.source.to_json() not in cache:
-                cache[run.source.to_json()] = _references(run)
+            key = run.source.to_json()
+            if key not in built:
+                built[key] = run.source.build()
+                cache[key] = _references(run, built[key])
+        sources = [built[r.source.to_json()] for r in runs]
         stack = build_stack([r.model for r in runs], [r.train.seed for r in runs], device=device)
-        optimizer = StackedOptimizer(stack, kind=tc.optimizer, betas=tc.betas, momentum=tc.momentum)
+        optimizer = StackedOptimizer(stack, kind=tc.optimizer, betas=tc.betas, momentum=tc.momentum,
+                                     compile=tc.compile)
         gens = [[torch.Generator(device=device).manual_seed(derive_seed(r.train.seed, stream)) for r in runs]
                 for stream in ("train-data", "eval-data")]
         length = tc.seq_len + 1
@@ -379,6 +408,8 @@ class _Group:
                     sample_train=member_sampler(sources, gens[0], tc.batch_size, length),
                     sample_eval=member_sampler(sources, gens[1], tc.batch_size, length),
                     rows=[[] for _ in runs], failed=[None] * len(runs))
+        if tc.compile != "off":
+            group.compiled = compiled_losses(stack, dtype=PRECISIONS[tc.precision], mode=tc.compile)
         if tc.reduction is not None:
             group.constraint = CanonicalConstraint([r.model for r in runs], [r.train.seed for r in runs],
                                                    tc.release, device=device)
@@ -454,10 +485,7 @@ class _Group:
         and which members stayed finite. A frozen parameter gets no gradient (so no update, no share in
         clipping); a parameter a clamp cuts off from the loss gets a zero gradient (it still decays)."""
         tc = self.tc
-        tokens = self.sample_train()
-        with autocast(self.device, tc.precision):
-            logits = stacked_forward(self.stack, tokens[..., :-1], self._hooks(t, update=True))
-        losses = stacked_loss(logits, tokens[..., 1:])
+        losses = self._losses(self.sample_train(), self._hooks(t, update=True))
         self.optimizer.zero_grad()
         frozen = frozenset(intervene.frozen_names(tc.interventions, self.runs[0].model, t)) if tc.interventions \
             else frozenset()
@@ -550,8 +578,16 @@ class _Group:
     def _evaluate(self, step: int) -> list[dict[str, float]]:
         """Each member's evaluation columns on its own fresh batches, with the clamps active at `step` (running
         means not updated)."""
-        return _paired_eval(self.stack, self.sources, self.sample_eval, self.tc.eval_batches, self.tc.precision,
-                            self._hooks(step, update=False))
+        hooks = self._hooks(step, update=False)
+        return _paired_eval(lambda tokens: self._losses(tokens, hooks), self.sources, self.sample_eval,
+                            self.tc.eval_batches)
+
+    def _losses(self, tokens: torch.Tensor, hooks: Mapping[str, Callable]) -> torch.Tensor:
+        """[member] losses of `tokens` (`stacked_losses`; compiled when the run asks and no clamp is active: a
+        clamp's hooks are Python functions with running state, which run eagerly)."""
+        if self.compiled is not None and not hooks:
+            return self.compiled(tokens)
+        return stacked_losses(self.stack, tokens, dtype=PRECISIONS[self.tc.precision], interventions=hooks)
 
     def _checkpoint(self, step: int) -> None:
         """Each running member's checkpoint (diverged members keep their last finite one)."""

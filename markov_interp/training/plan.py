@@ -164,7 +164,7 @@ def _data_needs(run: RunConfig, members: int) -> list[Need]:
     fields = [(field, vocab), ("source.order", order), ("train.batch_size", batch), ("train.seq_len", tc.seq_len)]
     fields += [("members", members)] if members > 1 else []
     per_kernel = kernel_bytes(contexts, vocab)
-    if source.kind == "random":  # a kernel per sequence (Gamma draws and their sums), the sampler in blocks
+    if source.in_context:  # a kernel per sequence (Gamma draws and their sums), the sampler in blocks
         sampler = members * batch * contexts * vocab * 8 * 4 + max(BLOCK_BYTES, 8 * length * contexts * vocab)
         pool = (source.pool_size or 0) * contexts * vocab * 8
         references = _REFERENCE_KERNELS * contexts * vocab * 8 + per_kernel + pool

@@ -8,11 +8,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from markov_interp import intervene, models, report, sweep, training
+from markov_interp import clamps, models, report, sweep, training
 from markov_interp.models import stack as stacked
 from markov_interp.cli import main
 from markov_interp.data import SourceConfig
-from markov_interp.intervene import Clamp, ClampState, Freeze
+from markov_interp.clamps import Clamp, ClampState, Freeze
+from markov_interp.models.hooks import write
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train
 
@@ -72,10 +73,10 @@ def test_default_config_json_and_cell_ids_are_unchanged():
     ("blocks.0.attn.hook_z[1]=zero", Clamp(clamp="blocks.0.attn.hook_z", value="zero", heads=[1])),
 ])
 def test_string_and_dict_forms_round_trip(text, expected):
-    item = intervene.parse_intervention(text)
+    item = clamps.parse_intervention(text)
     assert item == expected
-    assert intervene.parse_intervention(intervene.spec_text(item)) == item
-    assert intervene.parse_intervention(json.loads(json.dumps(item.to_dict()))) == item
+    assert clamps.parse_intervention(clamps.spec_text(item)) == item
+    assert clamps.parse_intervention(json.loads(json.dumps(item.to_dict()))) == item
     run = tiny_run([text], model=CFG)
     again = RunConfig.from_json(run.to_json())
     assert again == run and again.train.interventions == (expected,)
@@ -113,7 +114,7 @@ def test_unembed_weight_is_a_name_only_when_untied():
     tie_weights=False, attn_bias=True, mlp_bias=True, layernorm_bias=True, unembed_bias=False),
     CFG.replace(normalization="LNPre", positional="rotary")])
 def test_parameter_names_are_the_saved_names(cfg):
-    assert intervene.parameter_names(cfg) == list(models.state_dict_for_save(models.build(cfg, seed=0)))
+    assert clamps.parameter_names(cfg) == list(models.state_dict_for_save(models.build(cfg, seed=0)))
 
 
 def _pattern_file(tmp_path, value, name="p.safetensors", **extra):
@@ -123,7 +124,7 @@ def _pattern_file(tmp_path, value, name="p.safetensors", **extra):
 
 
 def test_pattern_files_are_checked(tmp_path):
-    uniform = intervene.pattern_value("uniform", 16)
+    uniform = clamps.pattern_value("uniform", 16)
     with pytest.raises(ValueError, match="not causal"):
         Clamp(clamp="blocks.0.attn.hook_pattern", value=_pattern_file(tmp_path, torch.full((16, 16), 1 / 16)))
     with pytest.raises(ValueError, match="sum to 1"):
@@ -133,12 +134,12 @@ def test_pattern_files_are_checked(tmp_path):
     three = tiny_run([{"clamp": "blocks.0.attn.hook_pattern",  # a config without the file check ...
                        "value": _pattern_file(tmp_path, torch.stack([uniform] * 3), "three.safetensors")}], model=CFG)
     with pytest.raises(ValueError, match=r"expected \[q, k\] or \[2, q, k\]"):  # ... is checked with the model
-        intervene.check_interventions(three.train.interventions, CFG)
+        clamps.check_interventions(three.train.interventions, CFG)
     path = _pattern_file(tmp_path, uniform, "good.safetensors")
     run = tiny_run([f"blocks.0.attn.hook_pattern={path}"], model=CFG)
     entry = run.train.interventions[0]
     assert len(entry.sha256) == 64 and json.loads(run.to_json())["train"]["interventions"][0]["sha256"] == entry.sha256
-    _pattern_file(tmp_path, intervene.pattern_value("self", 16), "good.safetensors")  # the file changes
+    _pattern_file(tmp_path, clamps.pattern_value("self", 16), "good.safetensors")  # the file changes
     again = RunConfig.from_json(run.to_json())  # a config is still readable (reports need no file) ...
     with pytest.raises(ValueError, match="changed since the run was configured"):
         train(again, progress=False)  # ... but training refuses it before any step
@@ -146,7 +147,7 @@ def test_pattern_files_are_checked(tmp_path):
 
 # -------------------------------------------------------------------------------- fused equals hooked
 def _clamp_specs(tmp_path) -> dict:
-    heads_pattern = torch.stack([intervene.pattern_value("uniform", 16), intervene.pattern_value("self", 16)])
+    heads_pattern = torch.stack([clamps.pattern_value("uniform", 16), clamps.pattern_value("self", 16)])
     value = torch.randn(20, CFG.d_model, generator=torch.Generator().manual_seed(0))
     save_file({"v": value}, str(tmp_path / "attn_out.safetensors"))
     return {
@@ -179,16 +180,16 @@ def test_fused_clamps_equal_the_hooked_model(tmp_path):
     stack = stacked.build_stack([CFG, CFG], list(seeds))
     tokens = torch.stack([_tokens(seed=1), _tokens(seed=2)])
     for kind, spec in _clamp_specs(tmp_path).items():
-        items = intervene.parse_interventions([spec])
-        intervene.check_interventions(items, CFG)
+        items = clamps.parse_interventions([spec])
+        clamps.check_interventions(items, CFG)
         stack_state = ClampState()
         with torch.no_grad():
-            stacked_logits = stacked.stacked_forward(stack, tokens, intervene.clamp_hooks(
+            stacked_logits = stacked.stacked_forward(stack, tokens, clamps.clamp_hooks(
                 items, CFG, 0, state=stack_state, update=True, member_axis=True))
             for k, model in enumerate(solos):
                 state = ClampState()  # a running mean starts at the first batch's mean: solo and stack agree
-                fused = _fused(model, tokens[k], intervene.clamp_hooks(items, CFG, 0, state=state, update=True))
-                hooked = model.run_with_hooks(tokens[k], fwd_hooks=intervene.tl_hooks(items, CFG, 0, state=state))
+                fused = _fused(model, tokens[k], clamps.clamp_hooks(items, CFG, 0, state=state, update=True))
+                hooked = model.run_with_hooks(tokens[k], fwd_hooks=clamps.tl_hooks(items, CFG, 0, state=state))
                 torch.testing.assert_close(fused, hooked, rtol=0, atol=1e-5, msg=kind)
                 torch.testing.assert_close(stacked_logits[k], hooked, rtol=0, atol=1e-5, msg=kind)
                 assert (fused - _fused(model, tokens[k])).abs().max() > 1e-4, kind  # the clamp acts
@@ -196,14 +197,14 @@ def test_fused_clamps_equal_the_hooked_model(tmp_path):
 
 
 def test_clamps_follow_their_step_range_and_means_move_only_in_training():
-    items = intervene.parse_interventions(["blocks.0.hook_attn_out=mean@3:5", "blocks.1.*@:4"])
+    items = clamps.parse_interventions(["blocks.0.hook_attn_out=mean@3:5", "blocks.1.*@:4"])
     state = ClampState()
-    assert intervene.clamp_hooks(items, CFG, 2, state=state, update=True) == {}
-    assert set(intervene.clamp_hooks(items, CFG, 3, state=state, update=True)) == {"blocks.0.hook_attn_out"}
-    assert intervene.clamp_hooks(items, CFG, 5, state=state, update=True) == {}
-    assert intervene.frozen_names(items, CFG, 3) == {n for n in intervene.parameter_names(CFG)
+    assert clamps.clamp_hooks(items, CFG, 2, state=state, update=True) == {}
+    assert set(clamps.clamp_hooks(items, CFG, 3, state=state, update=True)) == {"blocks.0.hook_attn_out"}
+    assert clamps.clamp_hooks(items, CFG, 5, state=state, update=True) == {}
+    assert clamps.frozen_names(items, CFG, 3) == {n for n in clamps.parameter_names(CFG)
                                                       if n.startswith("blocks.1.")}
-    assert intervene.frozen_names(items, CFG, 4) == set()
+    assert clamps.frozen_names(items, CFG, 4) == set()
     model = models.build(CFG, seed=0)
     first, second = _tokens(seed=1), _tokens(seed=2)
     seen = {}
@@ -211,12 +212,12 @@ def test_clamps_follow_their_step_range_and_means_move_only_in_training():
     with torch.no_grad():
         for tokens in (first, second):
             _fused(model, tokens, record)
-        _fused(model, first, intervene.clamp_hooks(items, CFG, 3, state=state, update=True))
+        _fused(model, first, clamps.clamp_hooks(items, CFG, 3, state=state, update=True))
         key = "mean.0.blocks.0.hook_attn_out"
         torch.testing.assert_close(state.means[key], seen["raw"][0].mean(0))  # initialised to the first batch
-        _fused(model, second, intervene.clamp_hooks(items, CFG, 3, state=state, update=False))
+        _fused(model, second, clamps.clamp_hooks(items, CFG, 3, state=state, update=False))
         torch.testing.assert_close(state.means[key], seen["raw"][0].mean(0))  # evaluations do not move it
-        _fused(model, second, intervene.clamp_hooks(items, CFG, 4, state=state, update=True))
+        _fused(model, second, clamps.clamp_hooks(items, CFG, 4, state=state, update=True))
     expected = 0.9 * seen["raw"][0].mean(0) + 0.1 * seen["raw"][1].mean(0)  # BatchNorm's momentum 0.1
     torch.testing.assert_close(state.means[key], expected)
 
@@ -226,9 +227,9 @@ def _clamped_z_and_v(value: str) -> tuple[torch.Tensor, torch.Tensor]:
     model ([batch, pos, head, d_head]: layer 0's v does not depend on its pattern)."""
     model = models.build(CFG, seed=0)
     tokens = _tokens()
-    items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern={value}"])
+    items = clamps.parse_interventions([f"blocks.0.attn.hook_pattern={value}"])
     seen = {}
-    hooks = dict(intervene.clamp_hooks(items, CFG, 0, state=ClampState(), update=True))
+    hooks = dict(clamps.clamp_hooks(items, CFG, 0, state=ClampState(), update=True))
     hooks["blocks.0.attn.hook_z"] = lambda z: seen.setdefault("z", z)
     with torch.no_grad():
         _fused(model, tokens, hooks)
@@ -243,9 +244,9 @@ def test_previous_token_clamp_copies_v_from_lag_back(lag):
     z, v = _clamped_z_and_v(f"previous_token:{lag}")
     source = torch.clamp(torch.arange(v.shape[1]) - lag, min=0)
     torch.testing.assert_close(z, v[:, source], rtol=0, atol=1e-6)
-    assert intervene.pattern_value("previous_token", 4, lag=2).tolist() == [
+    assert clamps.pattern_value("previous_token", 4, lag=2).tolist() == [
         [1, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0]]
-    assert intervene.pattern_value("uniform", 3)[2].tolist() == pytest.approx([1 / 3] * 3)
+    assert clamps.pattern_value("uniform", 3)[2].tolist() == pytest.approx([1 / 3] * 3)
 
 
 @pytest.mark.parametrize("lag", [1, 2])
@@ -256,7 +257,7 @@ def test_mixed_clamp_is_half_previous_token_half_uniform(lag):
     source = torch.clamp(torch.arange(seq) - lag, min=0)
     running = v.cumsum(1) / torch.arange(1, seq + 1)[None, :, None, None]
     torch.testing.assert_close(z, (v[:, source] + running) / 2, rtol=0, atol=1e-6)
-    value = intervene.pattern_value("mixed", 5, lag=lag)
+    value = clamps.pattern_value("mixed", 5, lag=lag)
     assert torch.allclose(value.sum(-1), torch.ones(5)) and torch.equal(value, value.tril())
 
 
@@ -306,13 +307,13 @@ def test_clamped_run_differs_records_loads_probes_and_reports(tmp_path):
     assert clamped.metrics != free.metrics
     assert any(not torch.equal(a, b) for a, b in zip(weights(clamped.model).values(), weights(free.model).values()))
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert saved["train"]["interventions"] == [intervene.parse_clamp(clamp).to_dict()]
+    assert saved["train"]["interventions"] == [clamps.parse_clamp(clamp).to_dict()]
     model = models.load(tmp_path / "run")  # plain weights
     source = clamped.config.source.build()
     batch = probes.sample_batch(source, n_sequences=8, seq_len=16, seed=0)
     assert probes.classify_mechanism(model, source, batch=batch).mechanism in probes.MECHANISMS
     rep = report.build(tmp_path / "run", n_sequences=8, max_checkpoints=2)
-    assert intervene.spec_text(intervene.parse_clamp(clamp)) in rep.section("config").body()
+    assert clamps.spec_text(clamps.parse_clamp(clamp)) in rep.section("config").body()
 
 
 class _Kill(Exception):
@@ -374,7 +375,7 @@ def test_cli_flags_land_in_config_json(tmp_path, capsys):
                  "--clamp", "blocks.0.hook_attn_out=mean"])
     assert code == 0, capsys.readouterr().err
     saved = json.loads((out / "config.json").read_text())["train"]["interventions"]
-    assert [intervene.spec_text(intervene.parse_intervention(s)) for s in saved] == [
+    assert [clamps.spec_text(clamps.parse_intervention(s)) for s in saved] == [
         "blocks.0.mlp.*@:2", "blocks.0.attn.hook_pattern=uniform@1:", "blocks.0.hook_attn_out=mean"]
     code = main(["train", "--out", str(tmp_path / "bad"), "--clamp", "blocks.0.attn.hook_pattern=zero"])
     err = capsys.readouterr().err
@@ -409,14 +410,14 @@ def test_sweep_over_interventions_writes_them_into_run_folders(tmp_path):
     assert [row.status for row in result.rows] == ["ok"] * 6
     for row in result.rows:
         saved = json.loads((tmp_path / "runs" / row.cell_id / "config.json").read_text())["train"]
-        expected = [intervene.parse_intervention(s).to_dict() for s in row.params["train.interventions"]]
+        expected = [clamps.parse_intervention(s).to_dict() for s in row.params["train.interventions"]]
         assert saved.get("interventions", []) == expected
 
 
 def test_a_file_shorter_than_the_sequence_is_refused(tmp_path):
-    path = _pattern_file(tmp_path, intervene.pattern_value("uniform", 8))
-    items = intervene.parse_interventions([f"blocks.0.attn.hook_pattern={path}"])
-    hooks = intervene.clamp_hooks(items, CFG, 0, state=ClampState(), update=True)
+    path = _pattern_file(tmp_path, clamps.pattern_value("uniform", 8))
+    items = clamps.parse_interventions([f"blocks.0.attn.hook_pattern={path}"])
+    hooks = clamps.clamp_hooks(items, CFG, 0, state=ClampState(), update=True)
     with pytest.raises(ValueError, match="covers 8 positions, the sequence has 16"):
         _fused(models.build(CFG, seed=0), _tokens(), hooks)
 
@@ -440,20 +441,20 @@ def test_applied_probes_the_model_under_its_clamps_and_only_inside():
     cfg = preset("attn-only-2layer", n_ctx=16)
     model = models.build(cfg, seed=0)
     tokens = torch.randint(0, 2, (4, 12), generator=torch.Generator().manual_seed(0))
-    items = intervene.parse_interventions(["blocks.0.attn.hook_pattern=previous_token@:10", "blocks.1.*@:5"])
-    fused = _fused(model, tokens, intervene.clamp_hooks(items, cfg, 3, state=ClampState(), update=False))
-    with intervene.applied(model, items, 3):
+    items = clamps.parse_interventions(["blocks.0.attn.hook_pattern=previous_token@:10", "blocks.1.*@:5"])
+    fused = _fused(model, tokens, clamps.clamp_hooks(items, cfg, 3, state=ClampState(), update=False))
+    with clamps.applied(model, items, 3):
         logits, cache = model.run_with_cache(tokens)
     torch.testing.assert_close(logits, fused, atol=1e-5, rtol=0)
-    expected = intervene.pattern_value("previous_token", 12).expand(4, 1, 12, 12)
+    expected = clamps.pattern_value("previous_token", 12).expand(4, 1, 12, 12)
     torch.testing.assert_close(cache["pattern", 0], expected)
     bare_logits, bare_cache = model.run_with_cache(tokens)  # the hooks are gone after the block
     assert not torch.allclose(bare_cache["pattern", 0], expected)
     assert not torch.allclose(bare_logits, logits)
-    with intervene.applied(model, items, 10):  # released at t = 10: the bare model
+    with clamps.applied(model, items, 10):  # released at t = 10: the bare model
         torch.testing.assert_close(model(tokens), bare_logits)
     with pytest.raises(ValueError, match="valid"):
-        with intervene.applied(model, ["blocks.0.attn.hook_patern=uniform"], 0):
+        with clamps.applied(model, ["blocks.0.attn.hook_patern=uniform"], 0):
             pass
 
 
@@ -471,18 +472,18 @@ HEADS = preset("paper-2layer", n_heads=(1, 2), n_ctx=16, init_std=0.5)  # layer 
 def test_clamps_on_a_model_with_heads_per_layer_index_real_heads(spec):
     """Clamps name a layer's real heads: the fused forward (a stack of two) equals the hooked model (built with
     two heads in layer 0, the second one zero) under the same clamp."""
-    items = intervene.parse_interventions([spec])
-    intervene.check_interventions(items, HEADS)
+    items = clamps.parse_interventions([spec])
+    clamps.check_interventions(items, HEADS)
     seeds = (0, 3)
     stack = stacked.build_stack([HEADS, HEADS], list(seeds))
     tokens = torch.stack([_tokens(seed=1), _tokens(seed=2)])
     with torch.no_grad():
-        clamped = stacked.stacked_forward(stack, tokens, intervene.clamp_hooks(items, HEADS, 0, state=ClampState(),
+        clamped = stacked.stacked_forward(stack, tokens, clamps.clamp_hooks(items, HEADS, 0, state=ClampState(),
                                                                                update=True, member_axis=True))
         plain = stacked.stacked_forward(stack, tokens)
         for k, seed in enumerate(seeds):
             model = models.build(HEADS, seed=seed)
-            hooked = model.run_with_hooks(tokens[k], fwd_hooks=intervene.tl_hooks(items, HEADS, 0, state=ClampState(),
+            hooked = model.run_with_hooks(tokens[k], fwd_hooks=clamps.tl_hooks(items, HEADS, 0, state=ClampState(),
                                                                                   update=True))
             torch.testing.assert_close(clamped[k], hooked, rtol=0, atol=1e-5)
             assert (clamped[k] - plain[k]).abs().max() > 1e-4  # the clamp acts
@@ -490,12 +491,12 @@ def test_clamps_on_a_model_with_heads_per_layer_index_real_heads(spec):
 
 def test_heads_of_a_clamp_are_checked_against_their_layer(tmp_path):
     with pytest.raises(ValueError, match=r"heads \[1\] out of range; valid heads are \[0\] \(its layer has 1\)"):
-        intervene.check_interventions(intervene.parse_interventions(["blocks.0.attn.hook_z[1]=zero"]), HEADS)
-    path = _pattern_file(tmp_path, intervene.pattern_value("uniform", 16).expand(2, 16, 16).contiguous())
+        clamps.check_interventions(clamps.parse_interventions(["blocks.0.attn.hook_z[1]=zero"]), HEADS)
+    path = _pattern_file(tmp_path, clamps.pattern_value("uniform", 16).expand(2, 16, 16).contiguous())
     with pytest.raises(ValueError, match=r"expected \[q, k\] or \[1, q, k\]"):
-        intervene.check_interventions(intervene.parse_interventions([f"blocks.0.attn.hook_pattern={path}"]), HEADS)
-    intervene.check_interventions(intervene.parse_interventions([f"blocks.1.attn.hook_pattern={path}"]), HEADS)
-    assert "blocks.0.attn.q.weight" in intervene.parameter_names(HEADS)
+        clamps.check_interventions(clamps.parse_interventions([f"blocks.0.attn.hook_pattern={path}"]), HEADS)
+    clamps.check_interventions(clamps.parse_interventions([f"blocks.1.attn.hook_pattern={path}"]), HEADS)
+    assert "blocks.0.attn.q.weight" in clamps.parameter_names(HEADS)
 
 
 @pytest.mark.slow
@@ -513,5 +514,105 @@ def test_a_run_with_heads_per_layer_trains_with_layer_one_clamps_and_resumes(tmp
         assert torch.equal(weights(resumed.model)[name], value), name
     loaded = models.load(tmp_path / "b")
     assert models.heads_per_layer(loaded) == (1, 2)
-    with intervene.applied(loaded, run.train.interventions, 0):  # probing under the clamps works too
+    with clamps.applied(loaded, run.train.interventions, 0):  # probing under the clamps works too
         loaded(_tokens())
+
+
+# ------------------------------------------------------------------------------- one writer, renamed module
+def test_intervene_is_a_deprecated_alias_of_clamps():
+    import importlib
+    import sys
+
+    sys.modules.pop("markov_interp.intervene", None)
+    with pytest.warns(DeprecationWarning, match="markov_interp.intervene is deprecated.*markov_interp.clamps"):
+        old = importlib.import_module("markov_interp.intervene")
+    assert old.Clamp is clamps.Clamp and old.clamp_hooks is clamps.clamp_hooks and old._cut is clamps._cut
+    assert sorted(old.__all__) == sorted(clamps.__all__)
+
+
+def _set_by_hand(act, value, *, head_axis=None, heads=None, pos_axis, positions=None):
+    """The TransformerLens setter way: a clone, then index assignment of the selected slice (an independent
+    definition of what `write` writes)."""
+    out, value = act.clone(), value.to(act.dtype).expand_as(act)
+    index = [slice(None)] * act.ndim
+    if heads is not None:
+        index[act.ndim - head_axis] = list(heads)
+    if positions is not None:
+        sel = torch.zeros(act.shape[-pos_axis], dtype=torch.bool)
+        sel[list(positions)] = True
+        keep = out.clone()
+        out[tuple(index)] = value[tuple(index)]
+        shape = [1] * act.ndim
+        shape[act.ndim - pos_axis] = -1
+        return torch.where(sel.view(shape), out, keep)
+    out[tuple(index)] = value[tuple(index)]
+    return out
+
+
+@pytest.mark.parametrize("kind, shape, head_axis, pos_axis", [
+    ("z", (3, 5, 4, 2), 2, 3), ("q", (2, 3, 5, 4, 2), 2, 3),  # [(member,) batch, pos, head, d_head]
+    ("pattern", (3, 4, 5, 5), 3, 2), ("resid_pre", (2, 3, 5, 6), None, 2), ("embed", (3, 5, 6), None, 2)])
+def test_write_writes_its_heads_and_positions_only(kind, shape, head_axis, pos_axis):
+    gen = torch.Generator().manual_seed(0)
+    act = torch.randn(shape, generator=gen, requires_grad=True)
+    value = torch.randn(shape[-pos_axis:], generator=gen)  # per position (a mean), broadcast over leading axes
+    heads = [0, 2] if head_axis else None
+    for positions in (None, [1, 4]):
+        out = write(act, value, kind, heads=heads, positions=positions)
+        assert torch.equal(out, _set_by_hand(act.detach(), value, head_axis=head_axis, heads=heads, pos_axis=pos_axis,
+                                              positions=positions))
+        if heads is None and positions is None:
+            continue
+        out.sum().backward()  # gradients reach what was not written, nothing else
+        written = _set_by_hand(torch.zeros(shape), torch.ones(()), head_axis=head_axis, heads=heads,
+                               pos_axis=pos_axis, positions=positions)
+        assert torch.equal(act.grad, 1 - written) and 0 < written.sum() < written.numel()
+        act.grad = None
+    whole = write(act, value, kind)
+    assert torch.equal(whole, value.expand(shape)) and whole.data_ptr() == value.data_ptr()  # a view, no copy
+    longer = torch.cat([value, value], dim=value.ndim - pos_axis)  # cut to the run's positions
+    assert torch.equal(write(act, longer, kind), whole)
+
+
+def test_write_refuses_what_it_cannot_select():
+    with pytest.raises(ValueError, match="'resid_pre' activation has no head axis"):
+        write(torch.zeros(2, 3, 4), torch.zeros(()), "resid_pre", heads=[0])
+    with pytest.raises(ValueError, match=r"heads \[2\] out of range: the activation has 2"):
+        write(torch.zeros(2, 3, 2, 4), torch.zeros(()), "z", heads=[2])
+
+
+def test_clamps_and_probe_interventions_write_through_the_one_writer(monkeypatch):
+    """A clamp and a probe's `set_component` on the same slice give the same activation, and both go through
+    `models.hooks.write` (counted by wrapping it)."""
+    from markov_interp.models import hooks
+    from markov_interp.probes import interventions as probe_interventions
+    from markov_interp.probes.interventions import Component
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[2])
+        return hooks.write(*args, **kwargs)
+
+    monkeypatch.setattr(clamps, "write", counting)
+    monkeypatch.setattr(probe_interventions, "write", counting)
+    z = torch.randn(4, 6, 2, 3, generator=torch.Generator().manual_seed(1))
+    items = clamps.parse_interventions(["blocks.1.attn.hook_z[1]=zero"])
+    clamped = clamps.clamp_hooks(items, CFG, 0, state=ClampState(), update=True)["blocks.1.attn.hook_z"](z)
+    probed = probe_interventions.set_component(z, Component(kind="head", layer=1, head=1), torch.zeros(()))
+    assert torch.equal(clamped, probed) and (clamped[:, :, 1] == 0).all() and torch.equal(clamped[:, :, 0], z[:, :, 0])
+    assert calls == ["z", "z"]
+
+
+def test_experiments_name_hooks_through_act_name():
+    """No hook name typed out in the experiments: they come from `models.hooks.act_name` (freeze globs name
+    parameters, not hooks)."""
+    import pathlib
+    import re
+
+    import markov_interp
+
+    folder = pathlib.Path(markov_interp.__file__).parent / "experiments"
+    typed = [(path.name, match) for path in folder.glob("*.py")
+             for match in re.findall(r"[\"']blocks\.\d+\.(?:attn\.)?hook_\w+", path.read_text())]
+    assert typed == []
