@@ -548,6 +548,10 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
 
         from markov_interp.reproduce import QUICK, FULL, reproduce
 
+        from markov_interp.devices import check_device_name, resolve_device
+
+        # the device checked before the budget line is printed: a refusal is one line (on Ray, where cells run)
+        (check_device_name if args.backend == "ray" else resolve_device)(args.device, what="--device")
         budget = dataclasses.replace(QUICK if args.quick else FULL, device=args.device)
         work = args.work or str(Path("runs") / ("reproduce-quick" if args.quick else "reproduce"))
         out = args.out or str(Path(work) / "report")

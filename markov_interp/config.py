@@ -10,7 +10,13 @@ A config is a frozen, keyword-only dataclass that also derives from `Config`, wh
 
 The validators below (`check_int`, `check_number`, `check_choice`, `check_probability`, `check_bool`) are the
 common checks of `__post_init__` methods; each raises a `ValueError` naming the option and the bad value.
-This module imports nothing from the package, so every stage can use it.
+
+`Checked` is the base of the typed records of stored files (a sweep's cell records and results, a run's
+divergence record, metrics rows, reference-cache entries): its `__post_init__` checks every field against its
+annotation (`check_type`: `Optional[int]`, `tuple[int, int]`, `dict`, ...) and the bounds given with `bounds()`,
+then the record's own rules across fields (`check`). One definition per file kind, read and written through it,
+instead of checks written by hand at each read. This module imports nothing from the package, so every stage can
+use it.
 
 >>> import dataclasses
 >>> @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -27,10 +33,13 @@ ValueError: unknown Demo keys ['stepz']; valid keys are ['steps']
 """
 
 import dataclasses
+import functools
 import json
 import math
+import types
+import typing
 from collections.abc import Mapping
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional, TypeVar, Union
 
 __all__ = [
     "Config",
@@ -41,11 +50,15 @@ __all__ = [
     "check_probability",
     "check_bool",
     "to_jsonable",
+    "Checked",
+    "check_type",
+    "bounds",
     "parse_value",
     "parse_setting",
 ]
 
 C = TypeVar("C", bound="Config")
+R = TypeVar("R", bound="Checked")
 
 
 def parse_value(text: str) -> Any:
@@ -186,3 +199,155 @@ def check_bool(name: str, value: Any) -> None:
     """True or False (not 0 / 1)."""
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------ typed records
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a table",
+               list: "a list", tuple: "a list", type(None): "null"}
+
+
+def _type_name(kind: Any) -> str:
+    """How a message names what an annotation admits ("an integer or null")."""
+    if typing.get_origin(kind) in (Union, types.UnionType):
+        return " or ".join(_type_name(k) for k in typing.get_args(kind))
+    kind = typing.get_origin(kind) or kind
+    return _TYPE_NAMES.get(kind, f"a {getattr(kind, '__name__', kind)}")
+
+
+def check_type(name: str, value: Any, kind: Any) -> Any:
+    """`value` checked against the annotation `kind`, as JSON gives values back; returns it (a list where a tuple
+    is annotated becomes a tuple). ValueError naming `name`, the value and the expected type.
+
+    Handles `Any`, `None`, `bool`, `int` (not a bool), `float` (an int or a float, not a bool; NaN allowed: bounds
+    decide), `str`, `Optional` / unions, `tuple[X, ...]`, `tuple[X, Y]`, `list[X]`, `dict` / `dict[K, V]`.
+
+    >>> check_type("head", [0, 1], Optional[tuple[int, int]]), check_type("n", None, Optional[int])
+    ((0, 1), None)
+    >>> check_type("loss", "0.5", float)
+    Traceback (most recent call last):
+    ...
+    ValueError: loss must be a number, got '0.5'
+    """
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        others = [arm for arm in args if arm is not type(None)]
+        if len(others) == 1 and len(args) == 2:  # Optional[X]: X's own message (a list of 3 values, not "or null")
+            return None if value is None else check_type(name, value, others[0])
+        for arm in args:
+            try:
+                return check_type(name, value, arm)
+            except ValueError:
+                continue
+        raise ValueError(f"{name} must be {_type_name(kind)}, got {value!r}")
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} must be a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis and len(value) != len(args):
+            raise ValueError(f"{name} must be a list of {len(args)} values, got {value!r}")
+        items = [check_type(f"{name}[{i}]", v, args[0] if len(args) == 1 or args[-1] is Ellipsis else args[i])
+                 for i, v in enumerate(value)] if args else list(value)
+        return tuple(items) if origin is tuple else items
+    if origin is dict or kind is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{name} must be a table, got {value!r}")
+        if args:
+            for k, v in value.items():
+                check_type(f"{name} key", k, args[0])
+                check_type(f"{name}[{k!r}]", v, args[1])
+        return value
+    if kind is type(None) or kind is None:
+        ok = value is None
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise ValueError(f"{name} must be {_type_name(kind)}, got {value!r}")
+    return value
+
+
+def bounds(*, minimum: Optional[float | int] = None, maximum: Optional[float | int] = None, finite: bool = True,
+           default: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field of a `Checked` record whose numbers (and the numbers of a list) must be finite (unless
+    `finite=False`) and within [minimum, maximum]; None passes (the annotation says whether it may be None)."""
+    metadata = {"bounds": (minimum, maximum, finite)}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _check_bounds(name: str, value: Any, minimum: Optional[float | int], maximum: Optional[float | int],
+                  finite: bool) -> None:
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_bounds(f"{name}[{i}]", v, minimum, maximum, finite)
+        return
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if finite and not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        low = "-inf" if minimum is None else f"{minimum:g}"
+        high = "inf" if maximum is None else f"{maximum:g}"
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+class Checked:
+    """Base of a stored file's typed record (mix into a frozen dataclass): on construction every field is checked
+    against its annotation (`check_type`) and its `bounds`, then `check()` applies the rules across fields. A
+    record read from a file is built with `from_dict`, so a file of the wrong shape raises ValueError naming the
+    field, and a record that would not read back cannot be written.
+
+    >>> @dataclasses.dataclass(frozen=True, kw_only=True)
+    ... class Loss(Checked):
+    ...     value: float = bounds(minimum=0)
+    ...     step: Optional[int] = None
+    >>> Loss.from_dict({"value": 0.5, "step": 3})
+    Loss(value=0.5, step=3)
+    >>> Loss.from_dict({"value": -1})
+    Traceback (most recent call last):
+    ...
+    ValueError: Loss: value must be in [0, inf], got -1
+    """
+
+    def __post_init__(self) -> None:
+        for name, value in type(self)._typed({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}).items():
+            object.__setattr__(self, name, value)
+        self.check()
+
+    @classmethod
+    def _typed(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """`data` (field values) checked against the fields' annotations and bounds, lists made tuples where a
+        tuple is annotated (before construction too: a runtime type checker then sees the annotated types)."""
+        hints, fields = _hints(cls), {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        out = {}
+        for name, value in data.items():
+            out[name] = check_type(name, value, hints[name])
+            if "bounds" in fields[name].metadata:
+                _check_bounds(name, out[name], *fields[name].metadata["bounds"])
+        return out
+
+    def check(self) -> None:
+        """Rules across fields (raise ValueError naming them); none here."""
+
+    @classmethod
+    def from_dict(cls: type[R], data: Any) -> R:
+        """The record `data` (a file's table) holds; unknown or missing fields and wrong values raise ValueError
+        (prefixed by the class name)."""
+        try:
+            data = check_keys(cls, data)
+            missing = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                       if f.name not in data and f.default is dataclasses.MISSING
+                       and f.default_factory is dataclasses.MISSING]
+            if missing:
+                raise ValueError(f"missing fields {missing}")
+            return cls(**cls._typed(data))  # type: ignore[call-arg]
+        except ValueError as err:
+            raise ValueError(f"{cls.__name__}: {err}") from None

@@ -607,13 +607,13 @@ def reproduce(
 
     budget = budget if budget is not None else (QUICK if quick else FULL)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     work = Path(work_dir) if work_dir is not None else Path("runs") / ("reproduce-quick" if quick else "reproduce")
     start = time.perf_counter()
     if group is None:
         group = GROUP["cuda" if describe_device(budget.device).startswith("cuda") else "cpu"]
     result = sweep.run(experiment_specs(budget), work, backend=backend, workers=workers, progress=progress,
                        group=group)
+    out.mkdir(parents=True, exist_ok=True)  # after the sweep's checks (devices, sizes): a refusal writes nothing
     reproduction = Reproduction(budget, tuple(summarise(result.rows)), result, work)
     files = [atomic_write(out / "results.csv", (work / "results.csv").read_text())]
     command = command or "markov-interp reproduce" + (" --quick" if quick else "") + f" --out {out_dir}"

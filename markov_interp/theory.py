@@ -35,7 +35,7 @@ import os
 import stat
 import warnings
 from pathlib import Path
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,7 @@ from torch import Tensor
 
 from markov_interp._display import displayed
 from markov_interp._io import atomic_write, describe_kind
+from markov_interp.config import Checked, bounds
 from markov_interp.chains import context_kernel as _context_kernel
 from markov_interp.chains import block_sizes, context_transition_matrix, kernel_bytes
 from markov_interp.chains import solve_stationary as _solve_stationary
@@ -877,7 +878,7 @@ def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int,
     key = {"what": "kernel-expectations", "vocab": vocab, "order": order, "alpha": alpha, "seed": seed, "tol": tol,
            **({"zero_diagonal": True} if zero_diagonal else {}),  # full support: the keys as before
            **({"support": support} if support is not None else {})}
-    cached = _disk_cache_read(key, _check_kernel_entry(vocab))
+    cached = _disk_cache_read(key, _KernelEntry)
     if cached is not None:
         return KernelExpectations.from_cache_dict(cached)
     out = _mc_kernel_expectations(vocab, order, alpha, seed, tol, zero_diagonal=zero_diagonal, support=support)
@@ -931,10 +932,10 @@ def _cache_file(key: dict) -> Path | None:
     return folder / "references" / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
 
 
-def _disk_cache_read(key: dict, check: Callable[[dict], None] | None = None) -> dict | None:
+def _disk_cache_read(key: dict, schema: "type[_KernelEntry] | type[_InContextEntry]") -> dict | None:
     """The cached value of `key`, or None (compute it) when there is none or it is unusable, with a one-line
-    warning naming the file. Every number in an entry must be finite; `check` raises ValueError for a value
-    outside what the quantity can be."""
+    warning naming the file. The value must be an entry of `schema` (its fields, types and ranges) whose values
+    agree with the entry's own key (`schema.check_key`: the ordering theory's quantities obey, the key's sizes)."""
     path = _cache_file(key)
     if path is None:
         return None
@@ -952,15 +953,12 @@ def _disk_cache_read(key: dict, check: Callable[[dict], None] | None = None) -> 
         return _bad_entry(path, f"unreadable: {err.strerror}")
     except ValueError as err:  # truncated, not JSON, not UTF-8
         return _bad_entry(path, f"not valid JSON: {err}")
-    if not isinstance(entry, dict) or entry.get("key") != _full_key(key):
+    full = _full_key(key)
+    if not isinstance(entry, dict) or entry.get("key") != full:
         return _bad_entry(path, "it holds another key")
     value = entry.get("value")
     try:
-        if not isinstance(value, dict):
-            raise ValueError(f"its value is {type(value).__name__}, not a table")
-        _check_finite(value)
-        if check is not None:
-            check(value)
+        schema.from_dict(value).check_key(full)
     except ValueError as err:
         return _bad_entry(path, str(err))
     return value
@@ -981,83 +979,110 @@ def _disk_cache_write(key: dict, value: dict) -> None:
         pass
 
 
-def _check_finite(value: Any, name: str = "value") -> None:
-    """ValueError unless every number in `value` (nested lists and tables) is a finite int or float."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _check_finite(v, str(k))
-    elif isinstance(value, list):
-        for v in value:
-            _check_finite(v, name)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value):
-        raise ValueError(f"{name} is {value}, not a finite number")
-
-
-def _check_fields(value: dict, names: dict) -> None:
-    """ValueError unless `value` has exactly the fields `names` ({name: type or types})."""
-    if set(value) != set(names):
-        raise ValueError(f"its fields are {sorted(value)}, expected {sorted(names)}")
-    for name, kind in names.items():
-        if isinstance(value[name], bool) or not isinstance(value[name], kind):
-            raise ValueError(f"{name} is {value[name]!r}, not a {kind}")
-
-
-def _check_range(name: str, x: float, low: float, high: float) -> None:
+# The schemas of the two kinds of entry (`config.Checked`: every field typed and finite, standard errors >= 0;
+# `check_key`: the values against the entry's own key). Each bound holds up to 6 standard errors.
+def _within(name: str, x: float, low: float, high: float) -> None:
     if not low <= x <= high:
         raise ValueError(f"{name} = {x!r} is outside [{low:.6g}, {high:.6g}]")
 
 
-def _check_kernel_entry(vocab: int) -> Callable[[dict], None]:
-    """The check of a kernel-expectations entry: E[entropy rate] <= E[H(pi)] <= log V (up to 6 standard errors),
-    standard errors >= 0 and <= log V."""
-    def check(value: dict) -> None:
-        _check_fields(value, {"entropy_rate": float, "entropy_rate_se": float, "unigram_loss": float,
-                              "unigram_loss_se": float, "method": str})
-        top = math.log(vocab)
-        for name in ("entropy_rate", "unigram_loss"):
-            _check_range(f"{name}_se", value[f"{name}_se"], 0.0, top)
-        slack = 6 * (value["entropy_rate_se"] + value["unigram_loss_se"]) + 1e-9
-        _check_range("entropy_rate", value["entropy_rate"], -slack, value["unigram_loss"] + slack)
-        _check_range("unigram_loss", value["unigram_loss"], -slack, top + slack)
-
-    return check
+def _at_most(small: str, x: float, large: str, y: float, se: float) -> None:
+    """`small` <= `large` up to 6 standard errors (the order theory's quantities obey)."""
+    if x > y + 6 * se + 1e-9:
+        raise ValueError(f"{small} = {x!r} exceeds {large} = {y!r} (by more than 6 standard errors, {6 * se:.2g}); "
+                         f"the references must obey {small} <= {large}")
 
 
-def _check_in_context_entry(vocab: int, alpha: float, seq_len: int, n_sequences: int | None, *,
-                            pool: bool = False) -> Callable[[dict], None]:
-    """The check of an in-context entry: every loss of an add-beta estimator lies in [0, log((T + V beta) /
-    beta)] (it gives each state at least beta / (T + V beta)), the Bayes and pool-Bayes losses (and the latter's
-    curve) in [0, log V] (uniform guessing costs log V), add-alpha >= Bayes, each up to 6 standard errors; curves
-    of T - 1 targets; standard errors >= 0. `pool`: the entry also holds the pool-Bayes values."""
-    top, cap = math.log(vocab), math.log((seq_len + vocab * alpha) / alpha)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _KernelEntry(Checked):
+    """A kernel-expectations entry: E[entropy rate] and E[H(pi)] (under its old name `unigram_loss`) by Monte Carlo.
+    `check_key`: E[entropy rate] <= E[H(pi)] <= log V, each >= 0, standard errors <= log V."""
 
-    def check(value: dict) -> None:
-        names = ("add_alpha_loss", "unigram_loss", "bayes_loss") + (("pool_bayes_loss",) if pool else ())
-        curves = ("add_alpha_curve", "unigram_curve") + (("pool_bayes_curve",) if pool else ())
-        _check_fields(value, {**{n: float for n in names}, **{f"{n}_se": float for n in names},
-                              **{c: list for c in curves}, **{f"{c}_se": list for c in curves}, "n_sequences": int})
-        if value["n_sequences"] < 2 or (n_sequences is not None and value["n_sequences"] != n_sequences):
-            raise ValueError(f"n_sequences is {value['n_sequences']}, expected {n_sequences or '>= 2'}")
+    entropy_rate: float = bounds()
+    entropy_rate_se: float = bounds(minimum=0)
+    unigram_loss: float = bounds()
+    unigram_loss_se: float = bounds(minimum=0)
+    method: str
+
+    def check(self) -> None:
+        if self.method != "monte carlo":  # quadrature and pool averages are not cached
+            raise ValueError(f"method is {self.method!r}, expected 'monte carlo'")
+
+    def check_key(self, key: Mapping[str, Any]) -> None:
+        top, se = math.log(key["vocab"]), self.entropy_rate_se + self.unigram_loss_se
+        for name in ("entropy_rate_se", "unigram_loss_se"):
+            _within(name, getattr(self, name), 0.0, top)
+        _within("entropy_rate", self.entropy_rate, -6 * se - 1e-9, math.inf)
+        _at_most("entropy_rate", self.entropy_rate, "E[H(pi)] (unigram_loss)", self.unigram_loss, se)
+        _at_most("E[H(pi)] (unigram_loss)", self.unigram_loss, "log V", top, self.unigram_loss_se)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _InContextEntry(Checked):
+    """An in-context entry: the add-alpha, in-context unigram and in-context Bayes losses with their curves over the
+    T - 1 targets, and for a finite pool the pool-Bayes loss and curve (present exactly when the key has a pool).
+
+    `check_key`, against the key's vocabulary V, alpha, length T, sequence count and kernel expectations:
+    - ranges: every add-beta loss and curve point in [0, log((T + V alpha) / alpha)] (such an estimator gives each
+      state at least alpha / (T + V alpha)); standard errors in [0, that]; curves of T - 1 points;
+    - the order of the references, where it is a theorem: for fresh kernels the Bayes loss is optimal under the
+      sampler's law, so Bayes <= add-alpha, Bayes <= in-context unigram and Bayes <= log V (uniform guessing); for
+      a finite pool the pool-Bayes loss is, so pool Bayes <= each of those (and the in-context Bayes loss); with a
+      stationary first state the oracle that knows the kernel loses E[entropy rate] (the key's) per target at
+      best, so E[entropy rate] <= the optimum (with a uniform or fixed first law the oracle's average over T
+      targets is not the stationary rate, so that bound is left out).
+    add-alpha <= in-context unigram <= log V is not a theorem and is not checked: with a stationary first state
+    add-alpha is not the Bayes predictor, and on nearly i.i.d. chains every estimator pays for its estimate beyond
+    log V (V = 3, alpha = 50, T = 16: in-context unigram 1.0987 against log 3 = 1.0986).
+    """
+
+    add_alpha_loss: float = bounds()
+    add_alpha_loss_se: float = bounds(minimum=0)
+    unigram_loss: float = bounds()
+    unigram_loss_se: float = bounds(minimum=0)
+    bayes_loss: float = bounds()
+    bayes_loss_se: float = bounds(minimum=0)
+    add_alpha_curve: tuple[float, ...] = bounds()
+    add_alpha_curve_se: tuple[float, ...] = bounds(minimum=0)
+    unigram_curve: tuple[float, ...] = bounds()
+    unigram_curve_se: tuple[float, ...] = bounds(minimum=0)
+    n_sequences: int = bounds(minimum=2)
+    pool_bayes_loss: float | None = bounds(default=None)
+    pool_bayes_loss_se: float | None = bounds(minimum=0, default=None)
+    pool_bayes_curve: tuple[float, ...] | None = bounds(default=None)
+    pool_bayes_curve_se: tuple[float, ...] | None = bounds(minimum=0, default=None)
+
+    def check_key(self, key: Mapping[str, Any]) -> None:
+        vocab, alpha, seq_len, wanted = key["vocab"], key["alpha"], key["seq_len"], key["n_sequences"]
+        top, cap = math.log(vocab), math.log((seq_len + vocab * alpha) / alpha)
+        pool = [getattr(self, f"pool_bayes_{n}") for n in ("loss", "loss_se", "curve", "curve_se")]
+        if any(v is None for v in pool) != ("pool_size" not in key) or len({v is None for v in pool}) > 1:
+            raise ValueError("its pool-Bayes values must be present exactly when its key has a pool")
+        if wanted is not None and self.n_sequences != wanted:
+            raise ValueError(f"n_sequences is {self.n_sequences}, expected {wanted}")
+        names = ("add_alpha_loss", "unigram_loss", "bayes_loss") + (("pool_bayes_loss",) if pool[0] is not None else ())
         for name in names:
-            se = value[f"{name}_se"]
-            _check_range(f"{name}_se", se, 0.0, cap)
-            high = top if name in ("bayes_loss", "pool_bayes_loss") else cap
-            _check_range(name, value[name], -6 * se - 1e-9, high + 6 * se + 1e-9)
-        gap_se = value["add_alpha_loss_se"] + value["bayes_loss_se"]
-        _check_range("add_alpha_loss - bayes_loss", value["add_alpha_loss"] - value["bayes_loss"], -6 * gap_se - 1e-9,
-                     cap)
-        for curve in curves:
-            points, ses = value[curve], value[f"{curve}_se"]
-            if len(points) != seq_len - 1 or len(ses) != seq_len - 1:
-                raise ValueError(f"{curve} has {len(points)} points, expected {seq_len - 1}")
-            for t, (x, se) in enumerate(zip(points, ses)):
-                if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, se)):
-                    raise ValueError(f"{curve}[{t}] is {x!r} ± {se!r}, not a number")
-                _check_range(f"{curve}_se[{t}]", se, 0.0, cap)
-                high = top if curve == "pool_bayes_curve" else cap
-                _check_range(f"{curve}[{t}]", x, -6 * se - 1e-9, high + 6 * se + 1e-9)
+            se = getattr(self, f"{name}_se")
+            _within(f"{name}_se", se, 0.0, cap)
+            _within(name, getattr(self, name), -6 * se - 1e-9, cap + 6 * se + 1e-9)
+        for curve in [n.replace("_loss", "_curve") for n in names if n != "bayes_loss"]:
+            self._check_curve(curve, seq_len, top if curve == "pool_bayes_curve" else cap)
+        optimum = "pool_bayes_loss" if pool[0] is not None else "bayes_loss"
+        for other in [n for n in names if n != optimum] + ["log V"]:
+            y, se = (top, 0.0) if other == "log V" else (getattr(self, other), getattr(self, f"{other}_se"))
+            _at_most(optimum, getattr(self, optimum), other, y, getattr(self, f"{optimum}_se") + se)
+        if key["initial"] == "stationary":
+            kernel = key["kernel"]
+            _at_most("E[entropy rate]", kernel["entropy_rate"], optimum, getattr(self, optimum),
+                     kernel["entropy_rate_se"] + getattr(self, f"{optimum}_se"))
 
-    return check
+    def _check_curve(self, curve: str, seq_len: int, high: float) -> None:
+        points, ses = getattr(self, curve), getattr(self, f"{curve}_se")
+        if len(points) != seq_len - 1 or len(ses) != seq_len - 1:
+            raise ValueError(f"{curve} has {len(points)} points, expected {seq_len - 1}")
+        for t, (x, se) in enumerate(zip(points, ses)):
+            _within(f"{curve}_se[{t}]", se, 0.0, high)
+            _within(f"{curve}[{t}]", x, -6 * se - 1e-9, high + 6 * se + 1e-9)
 
 
 def _first_state_gain(source: Source, tokens: Tensor, rng: np.random.Generator, draws: int) -> Tensor:
@@ -1332,7 +1357,7 @@ def _random_references(config_json: str, seq_len: int, seed: int, tol: float,
     pool = source.pool is not None
     key = {"what": "in-context", **_source_key(config), "seq_len": seq_len, "seed": seed, "tol": tol,
            "n_sequences": n_sequences, "kernel": kernel.cache_dict()}
-    found = _disk_cache_read(key, _check_in_context_entry(source.vocab, source.alpha, seq_len, n_sequences, pool=pool))
+    found = _disk_cache_read(key, _InContextEntry)  # its schema checks the values against this key
     if found is None:
         found = _in_context_references(source, seq_len, kernel, seed=seed, tol=tol, n_sequences=n_sequences)
         if pool:

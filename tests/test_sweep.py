@@ -174,7 +174,7 @@ def test_a_rows_crossings_come_from_dynamics_and_older_tables_read_as_exact_step
     assert new.crossing(0.25) == run.crossings[0.25] == dynamics.StepInterval(40, None)  # not confirmed
     assert new.crossing(0.3) is None  # a line the run was not measured at
     assert _result().crossing() == dynamics.StepInterval(39, 40)  # escape_step and censored only
-    assert _result(escape_step=60, censored=True).crossing() == dynamics.StepInterval(60, None)
+    assert _result(escape_step=60, censored=True, stuck_at_unigram=True).crossing() == dynamics.StepInterval(60, None)
     assert _result(censored=None).crossing() is None and _result().crossing(0.9) is None
 
 

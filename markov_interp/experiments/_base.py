@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Optional, Protocol, runtime_checkable
 
 from markov_interp._io import atomic_path, atomic_write
 from markov_interp.config import Config, to_jsonable
+from markov_interp.devices import check_device_name
 
 __all__ = ["Budget", "Table", "Section", "Summary", "Provenance", "Experiment", "Finished", "write_summary",
            "render_markdown", "describe_device", "run", "smoke_note", "SMOKE", "SUMMARY_FILE", "RESULTS_FILE"]
@@ -72,6 +73,7 @@ class Budget(Config):
             value = _checked(f"budget {self.name!r}: {field.name}", getattr(self, field.name),
                              _hints(type(self))[field.name], zero_ok=field.name in self.ZERO_OK)
             object.__setattr__(self, field.name, value)
+        check_device_name(self.device, what=f"budget {self.name!r}: device")  # the one check (devices)
         if self.seeds < 2:
             raise ValueError(f"budget {self.name!r}: seeds must be at least 2 (a distribution over seeds), "
                              f"got {self.seeds}")

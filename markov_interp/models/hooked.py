@@ -41,6 +41,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp._io import atomic_write
+from markov_interp.devices import resolve_device
 from markov_interp.models import _tl
 from markov_interp.models._tl import hooked_kind, is_bridge, tl_version
 from markov_interp.models.config import ModelConfig
@@ -55,6 +56,7 @@ __all__ = [
     "save",
     "save_state",
     "load",
+    "NonFiniteWeights",
     "read_weights",
     "read_weights_file",
     "weights_step",
@@ -214,8 +216,8 @@ def hooked_model(cfg: ModelConfig, state: Mapping[str, Tensor], device: Any = No
     check_state(cfg, state, source=source)
     model = _tl.build(cfg, state)
     object.__setattr__(model, "markov_config", cfg)
-    if device is not None:
-        model.to(torch.device(device), print_details=False)
+    if device is not None:  # the one device check: "meta" or a missing GPU is a ValueError naming the device
+        model.to(resolve_device(device), print_details=False)
     check_tied(model)
     return model
 
@@ -473,7 +475,16 @@ def weights_step(metadata: Mapping[str, str]) -> Optional[int]:
     return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
-def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None) -> HookedModel:
+class NonFiniteWeights(ValueError):
+    """A weights file holds NaN or infinity (`load(..., finite=True)`); `keys` names the tensors as the file does."""
+
+    def __init__(self, message: str, keys: list[str]) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
+def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None,
+         finite: bool = False) -> HookedModel:
     """The hooked model saved at `path` (a run folder, or a `.safetensors` file written by `save`).
 
     Tying is restored (one shared Parameter). A missing file raises FileNotFoundError; a corrupt file, a
@@ -481,12 +492,17 @@ def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[Mode
     naming the problem. `model.markov_config` holds the config; `model.markov_train_seq_len` the length the
     weights were trained at when training wrote the file (None otherwise, e.g. after `save`; for run folders
     written before training recorded it, `training.runfolder.load_model` reads it from the folder's config):
-    the probes' default length (`probes._common.probe_length`).
+    the probes' default length (`probes._common.probe_length`). With `finite`, weights holding NaN or infinity
+    raise `NonFiniteWeights` naming the tensors by the file's keys (not TransformerLens's module paths).
     """
     cfg, state, metadata = read_weights_file(path)
     if expect is not None and expect != cfg:
         diff = {k: (v, getattr(expect, k)) for k, v in cfg.to_dict().items() if getattr(expect, k) != v}
         raise ValueError(f"{path}: model config differs from the expected one (saved, expected): {diff}")
+    bad = [name for name, tensor in state.items() if not torch.isfinite(tensor).all()] if finite else []
+    if bad:
+        raise NonFiniteWeights(f"{path} holds non-finite weights ({', '.join(bad[:3])}"
+                               f"{' ...' if len(bad) > 3 else ''})", bad)
     model = hooked_model(cfg, state, device, source=str(path))
     model.eval()
     seq_len = metadata.get(_TRAIN_SEQ_LEN_KEY)

@@ -139,15 +139,13 @@ def memory_limit(device: Any) -> tuple[int, str]:
     return int(total), f"the {human_bytes(total)} of memory of this machine"
 
 
-def check_needs(needs: Sequence[Need], limit: tuple[int, str], *, where: str, disk: bool = False,
-                hint: Optional[str] = None) -> None:
-    """Refuse a plan whose needs add up to more than `limit` (`memory_limit`, or free disk with `disk`).
+def check_needs(needs: Sequence[Need], limit: tuple[int, str], *, where: str, hint: Optional[str] = None) -> None:
+    """Refuse a plan whose needs add up to more than `limit` (`memory_limit`); free disk is `training.plan`'s.
 
     Args:
         needs: what the plan needs.
         limit: (bytes, description) of what there is.
         where: who refuses ("train", "probe", ...), the message's start.
-        disk: the needs are bytes on disk, not in memory.
         hint: what to do instead (default: lower the named field).
 
     Raises:
@@ -159,9 +157,8 @@ def check_needs(needs: Sequence[Need], limit: tuple[int, str], *, where: str, di
     worst = max(needs, key=lambda n: n.bytes)
     field, value = worst.fields[0] if worst.fields else ("?", "?")
     others = ", ".join(f"{f}={v}" for f, v in worst.fields[1:4])
-    kind = "of disk" if disk else "of memory"
     raise PlanTooLarge(
-        f"{where}: {field}={value} is too large: {worst.what} would need {human_bytes(worst.bytes)} {kind}"
+        f"{where}: {field}={value} is too large: {worst.what} would need {human_bytes(worst.bytes)} of memory"
         f"{f' (with {others})' if others else ''}, {human_bytes(total)} in all, more than {limit[1]}; "
         f"{hint or f'lower {field}'} (refused before anything was written)"
     )

@@ -39,7 +39,7 @@ from markov_interp.report.circuits import (
 from markov_interp.report._formation import formation_section
 from markov_interp.report._html import Section, atomic_write_text, document, figure_svg, iframe, paragraph, table
 
-REPORT_FILE = "report.html"
+REPORT_FILE = runfolder.REPORT_FILE  # the run folder's own file (runfolder.OWN_FILES)
 SECTION_IDS = ("summary", "config", "loss", "mechanism", "circuit", "weights", "attribution", "patching", "heads",
                "attention", "ablation", "kernel", "landscape", "training", "formation")
 # `from_model`: the sections that need no run folder
@@ -657,7 +657,7 @@ def build(
     _check_counts(n_sequences=n_sequences, sample_len=sample_len, max_checkpoints=max_checkpoints)
     run_dir = Path(run_dir)
     run = _load_run(run_dir)
-    device = resolve_device(device) if isinstance(device, str) else device
+    device = resolve_device(device)  # the one device check: a name or a torch.device of a kind we run on
     bar = _progress(len(SECTION_IDS) + 1, progress, "report")
     with bar:
         model = runfolder.load_model(run_dir, device=device, expect=run.model)

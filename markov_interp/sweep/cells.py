@@ -132,7 +132,7 @@ def execute_group(cells: Sequence[Cell], runs_dir: str, probes: Sequence[bool],
         cell_fn: a stand-in for `run_cell` (tests).
 
     Returns:
-        One record per cell, in order (a retried stack's carry its `stack_note`).
+        One record per cell, in order (a retried stack's carry stack size 1 and their `stack_note`).
     """
     if len(cells) == 1:
         return [execute_cell(cells[0], runs_dir, probes[0], cell_fn)]
@@ -141,7 +141,7 @@ def execute_group(cells: Sequence[Cell], runs_dir: str, probes: Sequence[bool],
     except Exception as err:
         note = f"stack of {len(cells)} raised {type(err).__name__}: {err}; retried as solo cells"
         records = [execute_cell(c, runs_dir, p, cell_fn) for c, p in zip(cells, probes)]
-        return [dataclasses.replace(r, stack_note=note) for r in records]
+        return [dataclasses.replace(r, stack_size=1, stack_note=note) for r in records]
 
 
 # Cells per stack when `group` is not given: 1 on a CPU (a stack of 8 is 1.6x faster per core in

@@ -4,6 +4,7 @@ process, which saves them (`save`) as they arrive: a worker that dies costs only
 retried as solo cells, a dead solo cell once more), and a progress bar counts cells and failures.
 """
 
+import dataclasses
 import functools
 import os
 import traceback
@@ -54,9 +55,14 @@ def run_local(groups: list[list[Cell]], runs_dir: str, probe_for: dict[str, bool
     bar = _bar(sum(len(g) for g in groups), progress, "sweep")
     failed = 0
 
+    stacked = {c.cell_id: len(g) for g in groups if len(g) > 1 for c in g}  # a dead stack comes back as solo cells
+
     def done(g: tuple[Cell, ...], records: Optional[list[CellRecord]], death: Optional[WorkerDeath]) -> None:
         nonlocal failed
         got = records if death is None else [_death_record(death)] * len(g)
+        if len(g) == 1 and g[0].cell_id in stacked:  # say so in its row: stack size 1, and why
+            note = f"the worker of its stack of {stacked[g[0].cell_id]} died; retried as a solo cell"
+            got = [dataclasses.replace(r, stack_size=1, stack_note=note) for r in got]
         failed += _record_group(list(g), lambda: got, "", save, bar, failed)
 
     try:

@@ -2,7 +2,7 @@
 traceback, its `CellResult` once finished, how it was trained (stack size, why a stack was retried solo, how
 its worker died) and the probe settings it was probed with. `CellRecord` is the typed record; `read_record`
 the one reader (a damaged, incomplete or older-format file is treated as absent: the cell runs again and its
-training is reused); `is_done` says whether a restart may skip the cell.
+training is reused, with one warning naming the file); `is_done` says whether a restart may skip the cell.
 
 The file layout is format 2 (a JSON object with sorted keys): records written before `CellRecord` read back
 unchanged.
@@ -12,10 +12,13 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import re
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp._io import atomic_write
+from markov_interp.config import Checked, bounds
 from markov_interp.sweep.results import CellResult
 
 __all__ = ["CellRecord", "RECORD_FORMAT", "STATUSES", "RESULTS_DIR", "RUNS_DIR", "record_path", "read_record",
@@ -27,29 +30,41 @@ RECORD_FORMAT = 2
 STATUSES = ("ok", "failed", "diverged")
 
 
+_CELL_ID = re.compile(r"^[0-9a-f]{16}$")  # `spec.cell_id`
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CellRecord:
+class CellRecord(Checked):
     """What a cell's execution left: its status, error, traceback and, when "ok", its `CellResult`.
 
     "diverged" (a non-finite loss: a result of the recipe, not a fault) and "ok" are final; "failed" is retried
-    by the next run unless it says `retry_failed=False`."""
+    by the next run unless it says `retry_failed=False`.
+
+    The one schema of a record file (`config.Checked`: checked whenever a record is built, read or written): the
+    types below; a status of `STATUSES`; a result exactly when "ok" (itself checked, `CellResult`); an error
+    message when "failed" or "diverged"; a stack size >= 1; a cell id of 16 hex digits, which `read_record` also
+    matches against the file's name."""
 
     status: str  # "ok", "failed", "diverged"
     error: Optional[str] = None
     traceback: Optional[str] = None
     result: Optional[CellResult] = None  # set exactly when status == "ok"
-    stack_size: Optional[int] = None  # cells trained together as one stacked model (None: solo)
+    stack_size: Optional[int] = bounds(minimum=1, default=None)  # cells trained together (None: solo by choice)
     stack_note: Optional[str] = None  # why a stack was retried as solo cells
     worker_exitcode: Optional[int] = None  # a worker that died on every try: its exit code and signal
     worker_signal: Optional[str] = None
     cell_id: Optional[str] = None  # stamped when written
     probe_settings: Optional[dict[str, Any]] = None  # the settings the result was probed with (None: not probed)
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"record status must be one of {list(STATUSES)}, got {self.status!r}")
         if (self.status == "ok") != (self.result is not None):
             raise ValueError(f"a record has a result exactly when its status is 'ok' (status {self.status!r})")
+        if self.status != "ok" and self.error is None:
+            raise ValueError(f"a {self.status!r} record must say why (its error is null)")
+        if self.cell_id is not None and not _CELL_ID.match(self.cell_id):
+            raise ValueError(f"cell_id must be 16 hex digits, got {self.cell_id!r}")
 
     @property
     def failed(self) -> bool:
@@ -70,13 +85,13 @@ class CellRecord:
 
     @classmethod
     def from_json(cls, data: Any) -> "CellRecord":
-        """The record a file's object holds; ValueError (or the TypeError / KeyError of a mistyped result) when
-        it is not a usable format-2 record."""
+        """The record a file's object holds, checked field by field; ValueError naming the field when it is not a
+        usable format-2 record (keys this version does not know are left aside: a later version's)."""
         if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT:
-            raise ValueError("not a format-2 record")
-        result = CellResult.from_dict(data["result"]) if data.get("status") == "ok" else None
+            raise ValueError(f"not a format-{RECORD_FORMAT} record")
+        result = CellResult.from_dict(data.get("result")) if data.get("status") == "ok" else None
         fields = {f.name for f in dataclasses.fields(cls)} - {"result"}
-        return cls(result=result, **{k: v for k, v in data.items() if k in fields})
+        return cls.from_dict({**{k: v for k, v in data.items() if k in fields}, "result": result})
 
 
 def failure(error: str, traceback: Optional[str] = None, **fields: Any) -> CellRecord:
@@ -89,13 +104,15 @@ def record_path(out: Path, cell_id: str) -> Path:
     return out / RESULTS_DIR / f"{cell_id}.json"
 
 
-def read_record(path: Path) -> Optional[CellRecord]:
+def read_record(path: Path, *, warn: bool = False) -> Optional[CellRecord]:
     """The record of a finished cell, or None (the cell runs again; its training is reused) when there is none
-    or it cannot be used: not JSON, an older format, or valid JSON that is incomplete (a status it does not
-    know, an "ok" without a readable result).
+    or it cannot be used: not JSON, an older format, or a record that fails its schema (`CellRecord`: a status it
+    does not know, an "ok" without a result, a value of the wrong type or out of its range, another cell's id).
 
     Args:
         path: the record file (`record_path`).
+        warn: say so (one warning naming the file and the problem) when a file is there but unusable; the sweep's
+            first read of each record warns, later reads in the same run do not.
 
     Returns:
         The typed record, or None.
@@ -103,10 +120,14 @@ def read_record(path: Path) -> Optional[CellRecord]:
     if not path.exists():
         return None
     try:
-        return CellRecord.from_json(json.loads(path.read_text()))
-    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
-        return None  # a damaged record is treated as absent
-    except Exception:  # missing or mistyped fields: whatever the damage, the cell runs again
+        record = CellRecord.from_json(json.loads(path.read_text()))
+        if record.cell_id is not None and record.cell_id != path.stem:
+            raise ValueError(f"it is the record of cell {record.cell_id}")
+        return record
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # JSONDecodeError is a ValueError
+        if warn:
+            warnings.warn(f"sweep record {path} is unusable ({err}); its cell runs again (its training is reused)",
+                          stacklevel=3)
         return None
 
 

@@ -9,10 +9,11 @@ from collections.abc import Collection, Mapping
 from typing import Any, Optional
 
 from markov_interp import dynamics
+from markov_interp.config import Checked, bounds
 from markov_interp._display import displayed
 from markov_interp.training import TrainResult
 
-__all__ = ["outcome", "ProbeColumns", "CellResult", "STUCK_FRACTION", "MIN_GAP", "finite"]
+__all__ = ["outcome", "ProbeColumns", "CellResult", "OUTCOMES", "STUCK_FRACTION", "MIN_GAP", "finite"]
 
 # `outcome`: a final loss is at the "optimum" below optimum + STUCK_FRACTION * (unigram_loss - optimum), the line
 # of `dynamics` (escape and stuck themselves are `dynamics`' crossings of the paired excess curve). The optimum
@@ -60,64 +61,104 @@ def finite(value: Any) -> Optional[float]:
 
 @displayed(line=lambda p: f"{p.mechanism} (order {p.order}, confident {p.confident}), faithfulness {p.faithfulness}")
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ProbeColumns:
+class ProbeColumns(Checked):
     """A cell's mechanism and key probe scores, read off `probes.classify_mechanism`'s `MechanismReport`.
 
     The decision and its evidence ratios, the best previous-token / induction heads' scores above chance,
     the circuit heads and their ablations, the causal evidence (the gain g_1, the kernel-swap in-context
     fraction, the circuit's faithfulness), and the kernel readout (for binary chains the learned P(1|0)
     "p_hat" and P(0|1) "q_hat", the paper's comparison with p and q). In a table: `mechanism` and
-    `probe.<field>` columns.
+    `probe.<field>` columns. Checked when built (`config.Checked`): the types below, every score finite (NaN
+    scores are stored as None), heads as (layer, head) >= 0, p_hat / q_hat probabilities.
     """
 
     mechanism: Optional[str]  # None when the probes offer no classifier
-    order: Optional[int] = None  # k of a "kernel" or "induction" label
+    order: Optional[int] = bounds(minimum=0, default=None)  # k of a "kernel" or "induction" label
     confident: Optional[bool] = None
-    state_ratio: Optional[float] = None
-    context_ratio: Optional[float] = None
-    bigram_gain: Optional[float] = None
-    icl_score: Optional[float] = None
-    previous_token_excess: Optional[float] = None  # the best head's (score - chance) / (1 - chance)
-    induction_excess: Optional[float] = None
-    previous_token_head: Optional[tuple[int, int]] = None  # (layer, head)
-    induction_head: Optional[tuple[int, int]] = None
-    previous_token_ablation: Optional[float] = None  # loss change when mean-ablating that head (nats)
-    induction_ablation: Optional[float] = None
+    state_ratio: Optional[float] = bounds(default=None)
+    context_ratio: Optional[float] = bounds(default=None)
+    bigram_gain: Optional[float] = bounds(default=None)
+    icl_score: Optional[float] = bounds(default=None)
+    previous_token_excess: Optional[float] = bounds(default=None)  # the best head's (score - chance) / (1 - chance)
+    induction_excess: Optional[float] = bounds(default=None)
+    previous_token_head: Optional[tuple[int, int]] = bounds(minimum=0, default=None)  # (layer, head)
+    induction_head: Optional[tuple[int, int]] = bounds(minimum=0, default=None)
+    previous_token_ablation: Optional[float] = bounds(default=None)  # loss change when mean-ablating that head
+    induction_ablation: Optional[float] = bounds(default=None)
     circuit_confirmed: Optional[bool] = None
-    readout_max_abs_error: Optional[float] = None
-    readout_weighted_kl: Optional[float] = None
-    p_hat: Optional[float] = None  # binary chains: learned P(1 | 0)
-    q_hat: Optional[float] = None  # binary chains: learned P(0 | 1)
-    gain_1: Optional[float] = None  # fraction of the in-context unigram -> bigram step climbed (`gains`)
-    in_context_fraction: Optional[float] = None  # kernel swap: 0 in weights, 1 in context
-    faithfulness: Optional[float] = None  # of the circuit path patching kept
+    readout_max_abs_error: Optional[float] = bounds(minimum=0, maximum=1, default=None)  # of probabilities
+    readout_weighted_kl: Optional[float] = bounds(default=None)
+    p_hat: Optional[float] = bounds(minimum=0, maximum=1, default=None)  # binary chains: learned P(1 | 0)
+    q_hat: Optional[float] = bounds(minimum=0, maximum=1, default=None)  # binary chains: learned P(0 | 1)
+    gain_1: Optional[float] = bounds(default=None)  # fraction of the in-context unigram -> bigram step climbed
+    in_context_fraction: Optional[float] = bounds(default=None)  # kernel swap: 0 in weights, 1 in context
+    faithfulness: Optional[float] = bounds(default=None)  # of the circuit path patching kept
+
+
+OUTCOMES = ("optimum", "unigram", "above")
+# How far a finite pool's optimum (its pool-Bayes loss, not in the record) may lie above the in-context Bayes loss
+# the record holds: both are Monte Carlo estimates with standard errors below 5e-4 (theory's default tol), and
+# pool Bayes <= in-context Bayes holds in expectation (the pool's Bayes predictor is optimal for its sequences).
+_POOL_SLACK = 0.01
+_ROUNDING = 1e-9  # final_eval_loss - excess_loss gives the optimum back up to float rounding
 
 
 @displayed(line=lambda r: f"{r.outcome}: eval loss {r.final_eval_loss:.4f} at step {r.final_step}, escape {r.crossing()}"
                           + (f", {r.probe.mechanism}" if r.probe is not None else ""))
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CellResult:
+class CellResult(Checked):
     """What a finished cell adds to its row: final losses beside `theory`'s references, where the final loss
     sits (`outcome`), when the run crossed each line of `dynamics` (`crossings`: {"dwell": K, "0.9": [after,
     by], ...}; `crossing(f)` reads one) and, when probed, the mechanism (`probe`). Losses in nats.
 
     `escape_step`, `censored` and `stuck_at_unigram` restate the crossing at `dynamics.ESCAPE_FRACTION` (the
-    `by` step, or the censoring step; censored; stuck = censored) for tables and older readers."""
+    `by` step, or the censoring step; censored; stuck = censored) for tables and older readers.
 
-    final_step: int
-    final_eval_loss: float
-    final_train_loss: float  # mean training loss of the last logged row
-    entropy_rate: float
-    unigram_loss: float
-    bayes_loss: Optional[float]  # random kernels only
-    excess_loss: float  # final_eval_loss - optimum (the in-context Bayes loss, else the entropy rate)
+    The one schema of a record's result (`config.Checked`, checked whenever one is built, so whenever a record or
+    a table row is read): the types below; losses finite and >= 0; steps >= 0 and the escape step within the
+    run; `outcome` one of `OUTCOMES` or None; stuck = censored where both are recorded; `crossings` readable by
+    `dynamics.crossings_from_json`; and the references as theory orders them: the optimum final_eval_loss -
+    excess_loss is the entropy rate for a fixed chain (which is at most H(pi)), and for random kernels at most
+    the in-context Bayes loss (equal to it for fresh kernels, the pool-Bayes loss below it for a finite pool).
+    """
+
+    final_step: int = bounds(minimum=1)
+    final_eval_loss: float = bounds(minimum=0)
+    final_train_loss: float = bounds(minimum=0)  # mean training loss of the last logged row
+    entropy_rate: float = bounds(minimum=0)
+    unigram_loss: float = bounds(minimum=0)
+    bayes_loss: Optional[float] = bounds(minimum=0)  # random kernels only
+    excess_loss: float = bounds()  # final_eval_loss - optimum (the in-context Bayes loss, else the entropy rate)
     outcome: Optional[str]
     stuck_at_unigram: Optional[bool]  # = censored (one definition)
-    escape_step: Optional[int]  # the escape crossing's `by` step, or its censoring step
+    escape_step: Optional[int] = bounds(minimum=0)  # the escape crossing's `by` step, or its censoring step
     probe: Optional[ProbeColumns]  # None when the sweep does not probe
-    seconds: float
+    seconds: float = bounds(minimum=0)
     censored: Optional[bool] = None  # True: no confirmed escape within the budget (see `dynamics`)
     crossings: Optional[dict] = None  # `dynamics.crossings_to_json`; None in tables written before it
+
+    def check(self) -> None:
+        if self.outcome is not None and self.outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {list(OUTCOMES)} or null, got {self.outcome!r}")
+        if self.escape_step is not None and self.escape_step > self.final_step:
+            raise ValueError(f"escape_step {self.escape_step} is after the final step {self.final_step}")
+        if self.censored is not None and self.stuck_at_unigram is not None and self.censored != self.stuck_at_unigram:
+            raise ValueError(f"stuck_at_unigram ({self.stuck_at_unigram}) must equal censored ({self.censored})")
+        if self.crossings is not None:
+            try:
+                dynamics.crossings_from_json(self.crossings)
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                raise ValueError(f"crossings {self.crossings!r} are unreadable ({type(err).__name__}: {err})") from None
+        optimum = self.final_eval_loss - self.excess_loss
+        if self.bayes_loss is None:  # a fixed chain: the optimum is the entropy rate, at most H(pi)
+            if abs(optimum - self.entropy_rate) > _ROUNDING * max(1.0, self.entropy_rate):
+                raise ValueError(f"final_eval_loss - excess_loss = {optimum!r} is not the entropy rate "
+                                 f"{self.entropy_rate!r}")
+            if self.entropy_rate > self.unigram_loss + _ROUNDING:
+                raise ValueError(f"entropy_rate {self.entropy_rate!r} exceeds unigram_loss {self.unigram_loss!r}")
+        elif not -_ROUNDING <= optimum <= self.bayes_loss + _POOL_SLACK:
+            raise ValueError(f"final_eval_loss - excess_loss = {optimum!r} (the optimum) is not in [0, bayes_loss "
+                             f"{self.bayes_loss!r}]")
 
     @classmethod
     def from_training(cls, result: TrainResult, probe: Optional[ProbeColumns], seconds: float) -> "CellResult":
@@ -157,10 +198,10 @@ class CellResult:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CellResult":
+    def from_dict(cls, data: Any) -> "CellResult":
+        """The result a record file's table holds, checked field by field (ValueError naming the field)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"CellResult: a result must be a table, got {data!r}")
         data = dict(data)
         probe = data.pop("probe", None)
-        if probe is not None:
-            probe = {k: tuple(v) if k.endswith("_head") and v is not None else v for k, v in probe.items()}
-            probe = ProbeColumns(**probe)
-        return cls(probe=probe, **data)
+        return super().from_dict({**data, "probe": None if probe is None else ProbeColumns.from_dict(probe)})

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from markov_interp._io import atomic_write
+from markov_interp.devices import check_device_name, resolve_device
 from markov_interp._display import displayed
 from markov_interp.sweep import executors
 from markov_interp.sweep.cells import CellFn, default_group, group_cells
@@ -112,6 +113,7 @@ def run(
     _check_options(backend, workers, group)
     specs = _as_specs(spec)
     cells = _distinct_cells(specs)
+    _check_devices(cells, backend)
     probe_for = _probe_for(specs, cells)
     out = Path(out_dir)
     settings = probe_settings()
@@ -144,6 +146,16 @@ def run(
                        n_diverged=n_diverged)
 
 
+def _check_devices(cells: list[Cell], backend: str) -> None:
+    """The cells' devices, checked once before anything is written (`devices.resolve_device`; on Ray only their
+    names: the workers' machines decide what they have), instead of failing every cell with torch's error."""
+    for device in sorted({c.config.train.device for c in cells}):
+        if backend == "ray":
+            check_device_name(device, what="train.device")
+        else:
+            resolve_device(device, what="train.device")
+
+
 def _probe_for(specs: list[SweepSpec], cells: list[Cell]) -> dict[str, bool]:
     """Per distinct cell id, whether to probe it: a cell shared by two sweeps runs once, probed if any asks."""
     probe_of = {s.name: s.probe for s in specs}
@@ -162,7 +174,7 @@ def _pending(cells: list[Cell], out: Path, probe_for: dict[str, bool], settings:
     for c in cells:
         if c.cell_id in todo:
             continue
-        record = read_record(record_path(out, c.cell_id))
+        record = read_record(record_path(out, c.cell_id), warn=True)  # the one warning for an unusable record
         if is_done(record, probe_for[c.cell_id], settings) or (
             record is not None and record.failed and not retry_failed
         ):

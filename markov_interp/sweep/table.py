@@ -45,7 +45,7 @@ class Row:
     config: RunConfig
     result: Optional[CellResult]  # None unless status == "ok"
     run_dir: str  # the run folder, relative to the sweep folder
-    stack_size: Optional[int] = None  # cells trained together as one stacked model (None: solo)
+    stack_size: Optional[int] = None  # cells trained as one stacked model (None: solo; 1: a stack retried solo)
     stack_note: Optional[str] = None  # why a stack was retried as solo cells
 
     @classmethod
@@ -90,6 +90,8 @@ class Row:
         for name in columns:
             head, _, rest = name.partition(".")
             if head in SECTIONS:
+                if columns[name] in ("", None) and _is_later(name):
+                    continue  # a row whose config left out a later field (`Config._LATER_FIELDS`): its default
                 sections[head][rest] = get(name, _field_type(name))
             elif head == "param":
                 params[rest] = get(name, _field_type("train.seed" if rest == "seed" else rest))
@@ -116,6 +118,15 @@ def _field_type(key: str) -> Any:
         return str
     cls = {"source": SourceConfig, "model": ModelConfig, "train": TrainConfig}[section]
     return {f.name: f.type for f in dataclasses.fields(cls)}[field]
+
+
+def _is_later(key: str) -> bool:
+    """Whether a dotted key names a field a config leaves out of its JSON at its default (`_LATER_FIELDS`): a
+    table mixing runs that set it with runs that do not holds an empty cell for the latter (tables used to read
+    that cell as None, which `source.zero_diagonal` or `train.eval_log_points` refuse)."""
+    section, field = split_key(key, where="results table")
+    cls = {"source": SourceConfig, "model": ModelConfig, "train": TrainConfig}[section]
+    return field in getattr(cls, "_LATER_FIELDS", {})
 
 
 def _kinds(annotation: Any) -> set:

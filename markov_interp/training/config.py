@@ -23,6 +23,7 @@ import torch
 from markov_interp import clamps as intervene  # renamed (issue 34); the old name below merges cleanly
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_number
 from markov_interp.data import SourceConfig
+from markov_interp.devices import resolve_device  # the one device check (re-exported here: training.resolve_device)
 from markov_interp.models import ModelConfig, preset
 from markov_interp.models.reduction import check_reduction
 
@@ -283,16 +284,3 @@ def override_run(run: RunConfig, overrides: Mapping[str, Any], *, where: str = "
         del model["d_mlp"]
     del model["d_vocab"]  # a valid run's d_vocab is its source's vocabulary
     return build_run(sections, overrides, where=where)
-
-
-def resolve_device(device: str) -> torch.device:
-    """"auto" -> cuda when available, else cpu; anything else as given (errors if unavailable)."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise ValueError(f"device {device!r} is not a valid torch device: {err}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
-    return dev

@@ -48,7 +48,6 @@ import dataclasses
 import json
 import math
 import os
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -618,15 +617,9 @@ class _Group:
         if any(out is None for out in self.outs):
             return
         common = set.intersection(*(_resumable(out, run) for out, run in zip(self.outs, self.runs)))
-        for step in sorted(common, reverse=True):
-            try:
-                loaded = [runfolder.read_checkpoint(out, step, run.model) for out, run in zip(self.outs, self.runs)]
-            except runfolder.CheckpointDamaged as err:
-                older = max((s for s in common if s < step), default=None)
-                then = f"resuming from the checkpoint of step {older}" if older else "training from step 0"
-                warnings.warn(f"{err}; {then}", stacklevel=4)
-                continue
-            self._load(step, loaded)
+        found = runfolder.read_newest_checkpoint(self.outs, [r.model for r in self.runs], common, stacklevel=4)
+        if found is not None:
+            self._load(*found)
             return
         for out in self.outs:  # a fresh start: rows of an earlier attempt go (checkpoints were listed, none usable)
             if (out / runfolder.METRICS_FILE).exists():

@@ -31,7 +31,13 @@ guards against:
   for metrics.jsonl): `check_contents` refuses symbolic links, FIFOs, sockets and devices in the folder and its
   subfolders (`_io.UnsafePath`); `lock` runs it on every folder it locks (runs and sweeps) and `read_config` on
   every folder it reads, and the lock file itself is opened without following a link. So nothing the package
-  opens, replaces or deletes inside a run or sweep folder leads out of it (docs/faults.md).
+  opens, replaces or deletes inside a run or sweep folder leads out of it (docs/faults.md);
+- a hard link (`ln ~/victim RUN/.lock`): a file about to be written is refused when it has other names
+  (`check_contents(..., writing=True)` in `lock`, and the lock and `MetricsLog`, the two files written in place,
+  check their own descriptor); every other file is written fresh and renamed (`_io.atomic_write`);
+- a run killed before its first checkpoint (an empty metrics.jsonl, rows without a checkpoint, half a checkpoint):
+  `prepare` reads the folder by `OWN_FILES`, the one list of the package's files, and the same command starts the
+  run from scratch; damaged checkpoints skipped at a resume give one warning (`read_newest_checkpoint`).
 """
 
 import contextlib
@@ -41,6 +47,7 @@ import io
 import json
 import math
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -52,8 +59,8 @@ from typing import Any, Optional
 import torch
 
 from markov_interp._io import UnsafePath, atomic_write, check_target, describe_kind, naming_error, write_all
-from markov_interp.models import (WEIGHTS_FILE, HookedModel, ModelConfig, check_state, load, read_weights_file,
-                                  save_state, weights_step)
+from markov_interp.models import (WEIGHTS_FILE, HookedModel, ModelConfig, NonFiniteWeights, check_state, load,
+                                  read_weights_file, save_state, weights_step)
 from markov_interp.training.config import RunConfig, TrainConfig
 from markov_interp.training.schedule import StepPlan, logged_steps
 
@@ -75,6 +82,7 @@ __all__ = [
     "prepare",
     "check_writable_dir",
     "check_contents",
+    "check_single_link",
     "training_seq_len",
     "load_model",
     "load_metrics",
@@ -85,9 +93,12 @@ __all__ = [
     "checkpoint_paths",
     "save_checkpoint",
     "read_checkpoint",
+    "read_newest_checkpoint",
     "LOCK_FILE",
     "STATUS_FILE",
     "OWN_FILES",
+    "REPORT_FILE",
+    "foreign_entries",
     "CONFIG_FILE",
     "METRICS_FILE",
     "CHECKPOINT_DIR",
@@ -99,7 +110,13 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 LOCK_FILE = ".lock"
 STATUS_FILE = "status.json"
-OWN_FILES = (LOCK_FILE, STATUS_FILE)  # files this module puts in a run folder (not "foreign" content)
+REPORT_FILE = "report.html"  # where `report` writes by default (re-exported as `report.REPORT_FILE`)
+# The one list of what the package puts in a run folder (besides the temporary files of its atomic writes,
+# `.<name>.<random>.tmp`, and checkpoints/step_NNNNNNN.{safetensors,pt}). `prepare` reads a folder by it: a folder
+# holding only these is a run's (resumed, or started from scratch when it never reached a checkpoint), anything
+# else is someone else's.
+OWN_FILES = (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATUS_FILE, LOCK_FILE, CHECKPOINT_DIR, REPORT_FILE)
+_CHECKPOINT_NAME = re.compile(r"^step_\d{7}\.(safetensors|pt)$")
 
 
 class RunFolderError(RuntimeError):
@@ -174,7 +191,7 @@ def lock(run_dir: "str | os.PathLike") -> Iterator[Path]:
                 f"{run_dir} is being written by {holder(run_dir)}; wait for it to finish or stop it "
                 "(the lock is released when that process exits)"
             ) from None
-        check_contents(run_dir)
+        check_contents(run_dir, writing=True)
         os.ftruncate(fd, 0)  # fd is the regular file .lock itself (_open_lock), never a link's target
         os.pwrite(fd, _holder_text().encode(), 0)
         yield run_dir
@@ -208,31 +225,42 @@ def _open_lock(path: Path, *, create: bool) -> int:
         if err.errno == errno.ELOOP:  # a link planted between the check and the open
             check_target(path, "lock file")
         raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    info = os.fstat(fd)
+    try:
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafePath(f"lock file {path} is {describe_kind(info.st_mode)}, not a regular file; remove it")
+        if create:  # the writer's open (`lock`): it truncates and writes the file in place
+            check_single_link(path, info.st_nlink)
+    except UnsafePath:
         os.close(fd)
-        raise UnsafePath(f"lock file {path} is {describe_kind(mode)}, not a regular file; remove it")
+        raise
     return fd
 
 
-def check_contents(folder: "str | os.PathLike", depth: int = 2) -> Path:
-    """Refuse a run or sweep folder that holds a symbolic link or a special file (FIFO, socket, device).
+def check_contents(folder: "str | os.PathLike", depth: int = 2, *, writing: bool = False) -> Path:
+    """Refuse a run or sweep folder that holds a symbolic link or a special file (FIFO, socket, device), and, when
+    it is about to be written, a file with another hard link.
 
     The package opens, replaces and deletes files inside run and sweep folders (the lock, metrics, status,
     checkpoints, sweep records): a planted link there would lead those operations out of the folder, and a
-    FIFO would hang a read. `folder` itself may be a link (the user named it); what is inside may not.
+    FIFO would hang a read. A hard link (`st_nlink > 1`) is another name of the same file somewhere else: the
+    lock and metrics.jsonl are written in place, so writing them would change that other file too, as a
+    symbolic link would (`echo precious > v.txt; ln v.txt RUN/.lock` used to end with the lock in v.txt).
+    `folder` itself may be a link (the user named it); what is inside may not.
 
     Args:
         folder: the run or sweep folder (absent: nothing to check).
         depth: how many levels to look into (2: the folder's entries and its subfolders' entries, i.e. a run's
             checkpoints/ and a sweep's results/ and runs/<cell>/ names; a cell's own folder is checked when it
             is locked or read).
+        writing: the caller is about to write the folder (`lock`): hard-linked files are refused too. Readers
+            (`read_config`) read a hard-linked file as it is, since reading it cannot change the other name.
 
     Returns:
         `folder` as a `Path`.
 
     Raises:
-        UnsafePath: naming the first link or special file found and what it is.
+        UnsafePath: naming the first link, special file or (writing) hard-linked file found and what it is.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -241,13 +269,28 @@ def check_contents(folder: "str | os.PathLike", depth: int = 2) -> Path:
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
                 if depth > 1:
-                    check_contents(entry.path, depth - 1)
+                    check_contents(entry.path, depth - 1, writing=writing)
             elif not entry.is_file(follow_symlinks=False):
                 kind = describe_kind(entry.stat(follow_symlinks=False).st_mode)
                 target = f" to {os.readlink(entry.path)}" if entry.is_symlink() else ""
                 raise UnsafePath(f"{entry.path} is {kind}{target}; markov-interp does not follow links or open "
                                  "special files inside a run or sweep folder: remove it (put the real file there)")
+            elif writing:
+                try:
+                    n_links = entry.stat(follow_symlinks=False).st_nlink
+                except FileNotFoundError:  # renamed away meanwhile (a temporary file of a writer next door)
+                    continue
+                check_single_link(entry.path, n_links)
     return folder
+
+
+def check_single_link(path: "str | os.PathLike", n_links: int) -> None:
+    """Refuse a file of a run or sweep folder that has other names (`n_links` > 1, its `st_nlink`): writing it
+    would change the file under those names too (`_io.UnsafePath`, saying how to break the link)."""
+    if n_links > 1:
+        raise UnsafePath(f"{path} has {n_links - 1} other hard link(s): writing it would change that file too, so "
+                         "markov-interp refuses it as it refuses a symbolic link; give it its own copy "
+                         f"(cp -p {path} {path}.copy && mv {path}.copy {path}) or remove it")
 
 
 # ------------------------------------------------------------------------------------------ resume checks
@@ -403,15 +446,15 @@ def load_model(path: "str | os.PathLike", *, device: Any = None, expect: Optiona
         RunFolderError: the weights hold NaN or infinity (a diverged run writes none, so they are damaged; probe
             and report refuse them rather than name a mechanism).
     """
-    model = load(path, device=device, expect=expect)
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
-    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
-    if bad:  # a diverged run records it (status.json) and writes no final weights: these are damaged
+    try:
+        model = load(path, device=device, expect=expect, finite=True)
+    except NonFiniteWeights as err:  # a diverged run records it (status.json) and writes no final weights: damage
         where = path if not Path(path).is_dir() else Path(path) / WEIGHTS_FILE
         raise RunFolderError(
-            f"{where} holds non-finite weights ({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}) although the "
-            f"run is not recorded as diverged: the file is damaged; `markov-interp train --config "
-            f"{folder / CONFIG_FILE} --out {folder}` restores it from the run's checkpoints")
+            f"{where} holds non-finite weights ({', '.join(err.keys[:3])}{' ...' if len(err.keys) > 3 else ''}) "
+            f"although the run is not recorded as diverged: the file is damaged; `markov-interp train --config "
+            f"{folder / CONFIG_FILE} --out {folder}` restores it from the run's checkpoints") from None
     if model.markov_train_seq_len is None:
         model.markov_train_seq_len = training_seq_len(folder)
     return model
@@ -461,46 +504,79 @@ def _comparable(run: RunConfig) -> dict:
     return data
 
 
-def _not_started(out_dir: Path) -> bool:
-    """A folder holding a config.json and nothing of a run's progress (no metrics row, checkpoint, weights or
-    divergence record; the lock and temporary files aside): its run never started, so its config may be replaced
-    (a command refused after writing it, or killed before step 1)."""
-    for entry in os.scandir(out_dir):
-        if entry.name in (CONFIG_FILE, LOCK_FILE) or (entry.name.startswith(".") and entry.name.endswith(".tmp")):
-            continue
-        if entry.name == METRICS_FILE and entry.is_file(follow_symlinks=False) and entry.stat().st_size == 0:
-            continue
-        if entry.name == CHECKPOINT_DIR and entry.is_dir(follow_symlinks=False) and not any(os.scandir(entry.path)):
-            continue
-        return False
-    return True
+def _is_tmp(name: str) -> bool:
+    """A temporary file of an atomic write (`_io.atomic_path`) or of `check_writable_dir`."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def foreign_entries(out_dir: "str | os.PathLike") -> list[str]:
+    """The entries of `out_dir` (and of its checkpoints/) that are not the package's: anything but `OWN_FILES`,
+    checkpoint files and the temporary files of atomic writes. A run folder has none."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return []
+    foreign = [e.name for e in os.scandir(out_dir) if e.name not in OWN_FILES and not _is_tmp(e.name)]
+    checkpoints = out_dir / CHECKPOINT_DIR
+    if checkpoints.is_dir() and not checkpoints.is_symlink():
+        foreign += [f"{CHECKPOINT_DIR}/{e.name}" for e in os.scandir(checkpoints)
+                    if not (_CHECKPOINT_NAME.match(e.name) or _is_tmp(e.name))]
+    return sorted(foreign)
+
+
+def _progress(out_dir: Path) -> list[str]:
+    """What in a folder of the package's files records a run's progress: metrics rows, checkpoint files, final
+    weights, a divergence record (an empty metrics.jsonl, an empty checkpoints/ and the lock record none)."""
+    found = []
+    metrics = out_dir / METRICS_FILE
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append(f"{METRICS_FILE} rows")
+    checkpoints = out_dir / CHECKPOINT_DIR
+    if checkpoints.is_dir() and any(_CHECKPOINT_NAME.match(e.name) for e in os.scandir(checkpoints)):
+        found.append(f"{CHECKPOINT_DIR}/ files")
+    found += [name for name in (WEIGHTS_FILE, STATUS_FILE) if (out_dir / name).exists()]
+    return found
 
 
 def prepare(out_dir: Path, run: RunConfig) -> None:
-    """Make `out_dir` the folder of `run`: write its config.json, or check that the one there is `run`'s (the
-    device aside). A folder holding another run, or foreign files and no config, is refused (ValueError); a
-    folder whose run never started (`_not_started`: only its config.json) takes `run`'s config, with a warning."""
+    """Make `out_dir` the folder of `run` (call it holding the folder's `lock`), by what the folder holds:
+
+    - nothing, or only the lock and temporary files: `run`'s config.json is written;
+    - a config.json of `run` (the device aside): the same run; it resumes from its newest checkpoint, or starts
+      from scratch when it never reached one (a run killed before its first checkpoint, whatever else it left);
+    - a config.json of another run that recorded nothing (no metrics row, checkpoint file, weights or divergence
+      record) and only the package's files (`OWN_FILES`): a command refused after writing it, or killed before
+      step 1; `run`'s config replaces it, with a warning;
+    - anything else is refused (ValueError saying what is there): another run's progress, run files without a
+      config (which run they are is unknown), or files that are not the package's and no config.
+    """
     config_path = out_dir / CONFIG_FILE
-    if config_path.exists() and not _not_started(out_dir):
-        try:
-            saved = RunConfig.from_json(config_path.read_text())
-        except ValueError as err:
-            raise ValueError(f"{config_path} is not a valid run config: {err}") from None
-        diffs = _config_diff(_comparable(saved), _comparable(run))
-        if diffs:
-            raise ValueError(
-                f"{out_dir} holds a run with a different config; refusing to overwrite it. Differences: "
-                + "; ".join(diffs)
-            )
-        return
-    if config_path.exists() and config_path.read_bytes() != run.to_json().encode():
-        warnings.warn(f"{out_dir} holds the config.json of a run that never started (no metrics, checkpoints or "
-                      "weights); replacing it with this run's", stacklevel=3)
+    foreign = foreign_entries(out_dir)
+    if not config_path.exists():
+        if foreign:
+            raise ValueError(f"{out_dir} holds files that are not a run's ({', '.join(foreign[:5])}"
+                             f"{' ...' if len(foreign) > 5 else ''}) and no {CONFIG_FILE}; refusing to write a run "
+                             "into it (give an empty or new folder)")
+        progress = _progress(out_dir) if out_dir.exists() else []
+        if progress:
+            raise ValueError(f"{out_dir} holds run files ({', '.join(progress)}) but no {CONFIG_FILE}, so which run "
+                             "they belong to is unknown; delete them (or the folder) to train a run here")
+        out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(config_path, run.to_json().encode())
         return
-    if out_dir.exists() and any(p.name not in OWN_FILES for p in out_dir.iterdir()):
-        raise ValueError(f"{out_dir} is not empty and has no {CONFIG_FILE}; refusing to write a run into it")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        saved = RunConfig.from_json(config_path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{config_path} is not a valid run config: {err}") from None
+    diffs = _config_diff(_comparable(saved), _comparable(run))
+    if not diffs:
+        return  # the same run: `loop` resumes it from its newest checkpoint, or from step 0
+    if foreign or _progress(out_dir):
+        raise ValueError(
+            f"{out_dir} holds a run with a different config; refusing to overwrite it. Differences: "
+            + "; ".join(diffs)
+        )
+    warnings.warn(f"{out_dir} holds the config.json of a run that never started (no metrics, checkpoints or "
+                  "weights); replacing it with this run's", stacklevel=3)
     atomic_write(config_path, run.to_json().encode())
 
 
@@ -538,7 +614,8 @@ def load_metrics(run_dir: "str | os.PathLike") -> list[dict]:
 class MetricsLog:
     """A run folder's metrics.jsonl, open for appending while the run trains: one JSON line per row.
 
-    Opened once (`O_APPEND`, never following a link, refused unless a regular file), so logging costs O(1) per
+    Opened once (`O_APPEND`, never following a link, refused unless a regular file with no other hard link), so
+    logging costs O(1) per
     row whatever the run's length (the file used to be rewritten whole at every row). `sync` makes the rows
     written so far durable; training calls it before each checkpoint is written and at the end, so a checkpoint
     on disk always has its rows on disk. A crash mid-append can leave a torn last line, which `load_metrics`
@@ -555,10 +632,15 @@ class MetricsLog:
             if err.errno == errno.ELOOP:  # a link planted since the check
                 check_target(self.path, "metrics file")
             raise naming_error(err, self.path) from None
-        mode = os.fstat(self.fd).st_mode
-        if not stat.S_ISREG(mode):
+        info = os.fstat(self.fd)
+        try:
+            if not stat.S_ISREG(info.st_mode):
+                raise UnsafePath(f"metrics file {self.path} is {describe_kind(info.st_mode)}, not a regular file; "
+                                 "remove it")
+            check_single_link(self.path, info.st_nlink)  # appended in place: another name would change too
+        except UnsafePath:
             os.close(self.fd)
-            raise UnsafePath(f"metrics file {self.path} is {describe_kind(mode)}, not a regular file; remove it")
+            raise
         self.dirty = False
 
     def append(self, row: dict) -> None:
@@ -711,3 +793,38 @@ def read_checkpoint(run_dir: "str | os.PathLike", step: int,
                 f"cannot resume from it: remove {weights_path.name} and {state_path.name} from "
                 f"{weights_path.parent} to resume from an older checkpoint")
     return weights, state
+
+
+def read_newest_checkpoint(outs: list[Path], cfgs: list[ModelConfig], steps: "set[int] | list[int]", *,
+                           stacklevel: int = 2) -> Optional[tuple[int, list[tuple[dict[str, torch.Tensor], dict]]]]:
+    """The newest of `steps` whose checkpoint every folder of `outs` holds intact (`read_checkpoint`), read.
+
+    Damaged checkpoints are skipped for the next older one; ONE warning names them all (the newest's problem in
+    full) and says where training resumes, instead of one line per checkpoint (an edited model config used to
+    print eleven).
+
+    Args:
+        outs: the run folders of a stack.
+        cfgs: their model configs.
+        steps: the checkpoint steps they all hold and their metrics cover (`loop`'s resume candidates).
+        stacklevel: of the warning.
+
+    Returns:
+        (step, [(weights, training state) per folder]), or None: no intact checkpoint (training starts at step 0).
+    """
+    skipped: list[tuple[int, CheckpointDamaged]] = []
+    found = None
+    for step in sorted(steps, reverse=True):
+        try:
+            found = (step, [read_checkpoint(out, step, cfg) for out, cfg in zip(outs, cfgs)])
+            break
+        except CheckpointDamaged as err:
+            skipped.append((step, err))
+    if skipped:
+        then = f"resuming from the checkpoint of step {found[0]}" if found else "training from step 0"
+        first = skipped[0][1]
+        if len(skipped) > 1:
+            listed = ", ".join(str(step) for step, _ in skipped)
+            first = f"{len(skipped)} checkpoints are unusable (steps {listed}); the newest: {first}"
+        warnings.warn(f"{first}; {then}", stacklevel=stacklevel + 1)
+    return found
