@@ -25,7 +25,8 @@ law's and the plateau's on the same tokens. From those rows:
   by the area between their median curves, with percentile-bootstrap intervals over seeds (explicit seed);
   the log-rank test where it is valid (a common evaluation grid).
 
-Nothing here trains or plots: figures are in `markov_interp.report.figures`.
+Nothing here trains or plots: the figures are `markov_interp.experiments.escape_survival_figure` (and
+`crossing_survival_figure`, `excess_curves_figure`) and `markov_interp.report.run_escape_figure`.
 """
 
 from markov_interp.dynamics._compare import (AreaComparison, Comparison, FractionComparison, compare,
