@@ -49,6 +49,12 @@ name starts with "_" are not experiments) that provides
 5. Optionally **its read-back**: `read(budget, result) -> FooResult`, the typed result rebuilt from results.json's
    "result" with every statistic recomputed from the per-run rows (`Experiment(..., read=read)`); `load(path)`
    then gives it without training, and `markov_interp.findings` renders docs from it.
+6. Optionally **its figure functions**, in `markov_interp/experiments/_figures_foo.py` (matplotlib `Figure`s from
+   the result's numbers), imported inside `figures()` so that listing the experiments imports no matplotlib. A
+   figure others call too is named in `_FIGURES` here and is then `markov_interp.experiments.<name>`, loaded on
+   first use (today: `escape_survival_figure`, `crossing_survival_figure`, `excess_curves_figure`,
+   `excess_curves_panels_figure`, `scores_over_training_figure`, `phase_diagram_figure`, `diversity_figure`,
+   `separatrix_figure`, `paths_on_landscape_figure`).
 
 Then `python -m markov_interp.experiments --only foo --quick`, `markov-interp experiment foo --quick`,
 `--seeds N`, `--steps N`, `--device D` and `--set KEY=VALUE` (any budget field; JSON or text, lists as

@@ -1,12 +1,12 @@
-"""Figures of the experiments `factorial` and `interventions`: attention scores over training, one line per arm.
+"""Figure of the experiment `factorial` (`markov_interp.experiments.factorial`): attention scores over training, one
+line per arm (the `CircuitScores` of `experiments.interventions`).
 
-Reach them as `markov_interp.experiments.scores_over_training_figure` (and `SCORES_OVER_TRAINING`), loaded on first
+Reach it as `markov_interp.experiments.scores_over_training_figure` (and `SCORES_OVER_TRAINING`), loaded on first
 use.
 """
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -17,7 +17,7 @@ SCORES_OVER_TRAINING = {"previous_token": "layer 0 previous-token", "induction":
                         "same_token": "layer 1 same-token"}
 
 
-def scores_over_training_figure(arms: Mapping[str, Sequence[Any]], *,
+def scores_over_training_figure(arms: Mapping[str, Sequence[object]], *,
                                 scores: Mapping[str, str] = SCORES_OVER_TRAINING, title: str = "") -> Figure:
     """Attention scores over training: one panel per score, one line per arm (the mean over seeds at each scored
     step, its bootstrap interval as a band), the uniform-attention chance level dotted, steps on a log axis.
@@ -33,7 +33,7 @@ def scores_over_training_figure(arms: Mapping[str, Sequence[Any]], *,
     for points in arms.values():
         for point in points:
             require_attributes(point, ("step", *(f"{k}_{x}" for k in scores for x in ("mean", "interval", "chance"))),
-                  "scores at steps (CircuitScores)", "scores_over_training_figure")
+                               "scores at steps (CircuitScores)", "scores_over_training_figure")
     fig = Figure(figsize=(4.2 * len(scores), 3.4))
     axes = fig.subplots(1, len(scores), squeeze=False, sharey=True)[0]
     for ax, (key, label) in zip(axes, scores.items()):

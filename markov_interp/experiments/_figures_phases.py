@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle as _Rectangle
+from matplotlib.patches import Rectangle
 
 
 # order reached (-1: not even the unigram step half climbed) -> colour; one hue per rung of the ladder
@@ -39,7 +39,7 @@ def phase_diagram_figure(cells: Sequence[Mapping[str, Any]], *, title: str = "")
             x, y = orders.index(c["order"]), shapes.index(c["label"])
             reached = c["reached"][str(c["order"])]
             colour = ORDER_COLOURS.get(c["median_order"], "white") if c["median_order"] is not None else "white"
-            ax.add_patch(_Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=colour, edgecolor="white", lw=2))
+            ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=colour, edgecolor="white", lw=2))
             if reached["n"]:
                 lo, hi = reached["interval"]
                 ax.text(x, y, f"{reached['k']}/{reached['n']}\n[{lo:.2f}, {hi:.2f}]", ha="center", va="center",
@@ -50,7 +50,7 @@ def phase_diagram_figure(cells: Sequence[Mapping[str, Any]], *, title: str = "")
         ax.set_yticks(range(len(shapes)), shapes, fontsize=8)
         ax.set_title(family, fontsize=9)
     names = {-1: "none", 0: "unigram", 1: "bigram", 2: "trigram", 3: "4-gram", 4: "5-gram"}
-    handles = [_Rectangle((0, 0), 1, 1, facecolor=ORDER_COLOURS[j]) for j in sorted(ORDER_COLOURS)]
+    handles = [Rectangle((0, 0), 1, 1, facecolor=ORDER_COLOURS[j]) for j in sorted(ORDER_COLOURS)]
     fig.legend(handles, [f"{j}: {names[j]}" for j in sorted(ORDER_COLOURS)], title="median order reached",
                loc="outside lower center", ncol=len(handles), fontsize=7, title_fontsize=7)
     fig.suptitle((title + "\n" if title else "") + "text: seeds reaching the order-k law (g_k >= 1/2), 95% Wilson "

@@ -18,7 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from markov_interp.dynamics import StepInterval, Survival
+from markov_interp.dynamics import RunDynamics, StepInterval, Survival
 from markov_interp.probes._common import context_labels, state_labels
 from markov_interp.theory import ReferenceLosses
 
@@ -46,7 +46,7 @@ def _as_row(references: "Mapping[str, float] | ReferenceLosses") -> Mapping[str,
     return references.as_row() if isinstance(references, ReferenceLosses) else references
 
 
-def require_attributes(value: Any, attrs: tuple[str, ...], what: str, figure: str) -> None:
+def require_attributes(value: object, attrs: tuple[str, ...], what: str, figure: str) -> None:
     """A clear error when a figure gets something other than the probe result it draws."""
     if not all(hasattr(value, a) for a in attrs):
         raise ValueError(f"{figure} draws {what}, got {type(value).__name__}")
@@ -102,7 +102,7 @@ def _zoom_losses(ax: Axes, values: Sequence[float], references: Mapping[str, flo
     ax.set_ylim(low - pad, high + 2 * pad)
 
 
-def position_loss_figure(behaviour: Any, references: "Mapping[str, float] | ReferenceLosses") -> Figure:
+def position_loss_figure(behaviour: object, references: "Mapping[str, float] | ReferenceLosses") -> Figure:
     """Loss (nats) of the prediction made at each position, averaged over the probe batch.
 
     `behaviour` is a `probes.BehaviourReport`. A model that learned the kernel in its weights is flat from
@@ -110,7 +110,7 @@ def position_loss_figure(behaviour: Any, references: "Mapping[str, float] | Refe
     add-beta estimator as it sees more of the sequence (Olsson et al.'s in-context learning score).
     """
     require_attributes(behaviour, ("loss_curve", "icl_score"), "a probes.BehaviourReport (e.g. mech.behaviour)",
-          "position_loss_figure")
+                       "position_loss_figure")
     references = _as_row(references)
     fig = Figure(figsize=(8, 3.8))
     ax = fig.add_subplot()
@@ -144,7 +144,7 @@ def _smooth(values: np.ndarray, *, width: int = 5) -> np.ndarray:
     return sums / counts
 
 
-def head_scores_figure(scores: Any) -> Figure:
+def head_scores_figure(scores: object) -> Figure:
     """Per-head previous-token, induction and same-token scores as [layer x head] heatmaps, against chance.
 
     `scores` is a `probes.AttentionScores`. Colour is the excess over chance, (score - chance) / (1 - chance):
@@ -152,7 +152,8 @@ def head_scores_figure(scores: Any) -> Figure:
     score looks. Each cell is annotated with the raw score. A two-layer in-context model shows a
     previous-token head in layer 0 and an induction head in layer 1.
     """
-    require_attributes(scores, ("previous_token", "excess"), "a probes.AttentionScores (e.g. mech.attention)", "head_scores_figure")
+    require_attributes(scores, ("previous_token", "excess"), "a probes.AttentionScores (e.g. mech.attention)",
+                       "head_scores_figure")
     names = (("previous_token", "previous-token"), ("induction", "induction"), ("same_token", "same-token"))
     n_layers, n_heads = scores.previous_token.shape
     fig = Figure(figsize=(3.2 * len(names) + 1.0, 0.55 * n_layers + 2.0))
@@ -226,11 +227,11 @@ def attention_patterns_figure(
     )
 
 
-def _is_labels(tokens: Any) -> bool:
+def _is_labels(tokens: object) -> bool:
     return isinstance(tokens, (list, tuple)) and bool(tokens) and all(isinstance(t, str) for t in tokens)
 
 
-def _patterns_by_head(patterns: Any, layer: Optional[int]) -> tuple[Tensor, list[str]]:
+def _patterns_by_head(patterns: object, layer: Optional[int]) -> tuple[Tensor, list[str]]:
     """[(layer head), query_pos, key_pos] patterns and the heads' names, from a 3-D or 4-D pattern tensor."""
     if not isinstance(patterns, Tensor) or patterns.ndim not in (3, 4) or not patterns.is_floating_point():
         shape = tuple(patterns.shape) if isinstance(patterns, Tensor) else type(patterns).__name__
@@ -249,14 +250,15 @@ def _patterns_by_head(patterns: Any, layer: Optional[int]) -> tuple[Tensor, list
     return rearrange(flat, "layer head query_pos key_pos -> (layer head) query_pos key_pos"), names
 
 
-def ablation_figure(table: Any, *, bigram_gain: Optional[float] = None) -> Figure:
+def ablation_figure(table: object, *, bigram_gain: Optional[float] = None) -> Figure:
     """Loss change (nats) when each head, attention layer or MLP is ablated alone, as horizontal bars.
 
     `table` is a `probes.AblationTable`. Large bars mark the components the prediction relies on; for an
     induction circuit, ablating either head of the circuit should cost a large part of the bigram gain
     (dashed line: what the model gains over the in-context unigram estimator by looking at x_t).
     """
-    require_attributes(table, ("names", "loss_change"), "a probes.AblationTable (e.g. mech.ablation)", "ablation_figure")
+    require_attributes(table, ("names", "loss_change"), "a probes.AblationTable (e.g. mech.ablation)",
+                       "ablation_figure")
     names = list(table.names)
     changes = [float(c) for c in table.loss_change]
     fig = Figure(figsize=(7.5, 0.38 * len(names) + 1.6))
@@ -284,7 +286,7 @@ def _context_labels(n_contexts: int, vocab: int) -> list[str]:
     return context_labels(vocab, order)
 
 
-def kernel_figure(readout: Any) -> Figure:
+def kernel_figure(readout: object) -> Figure:
     """The transition matrix implied by the model's predictions beside the true kernel (a `probes.KernelReadout`).
 
     Rows are the current context (last `order` states), columns the next state. A model that learned the
@@ -589,7 +591,8 @@ def run_escape_figure(curve: Survival, *, budget: int, crossing: Optional[StepIn
     return fig
 
 
-def circuit_formation_figure(formation: Any, dynamics: Any = None, *, title: str = "") -> Figure:
+def circuit_formation_figure(formation: object, dynamics: Optional[RunDynamics] = None, *,
+                             title: str = "") -> Figure:
     """The circuit over training: each edge's path-patching effect at every checkpoint (one line per edge ever
     kept; filled markers where it is kept, a star at the step it enters), over the run's excess-loss fraction
     with its crossings of the dynamics lines, both on one log step axis.
@@ -602,7 +605,7 @@ def circuit_formation_figure(formation: Any, dynamics: Any = None, *, title: str
     Returns:
         The figure."""
     require_attributes(formation, ("steps", "edges", "effects", "kept", "entered"), "a probes.CircuitFormation",
-          "circuit_formation_figure")
+                       "circuit_formation_figure")
     fig = Figure(figsize=(8.0, 6.2 if dynamics is not None else 4.2))
     axes = fig.subplots(2 if dynamics is not None else 1, 1, sharex=True, squeeze=False,
                         gridspec_kw={"height_ratios": [1, 1.6]} if dynamics is not None else None)[:, 0]
