@@ -481,7 +481,7 @@ def section_table(summary: list[ConditionSummary], experiment: str) -> Table:
 # ---------------------------------------------------------------------------------------------- figures
 def _depth_curves(rows: list[Row], work_dir: Path) -> tuple[dict, dict]:
     """The depth experiment's training curves ({n_layers: [(steps, losses) per finished seed]}) and the
-    chain's reference losses, read from the run folders, for `report.figures.reproduction_depth_figure`."""
+    chain's reference losses, read from the run folders, for `reproduce_figures.reproduction_depth_figure`."""
     from markov_interp.training import load_metrics
 
     curves, refs = defaultdict(list), {}
@@ -515,8 +515,9 @@ def _survival_panels(summary: list[ConditionSummary], budget: ReproductionBudget
 
 
 def _figures(summary: list[ConditionSummary], rows: list[Row], work: Path, budget: ReproductionBudget) -> dict:
-    """The reproduction's figures (drawn by `markov_interp.report.figures`), by file name."""
-    from markov_interp.report import figures
+    """The reproduction's figures (drawn by `markov_interp.reproduce_figures`), by file name."""
+    from markov_interp import reproduce_figures as figures
+    from markov_interp.experiments._figures_dynamics import escape_survival_figure
 
     def experiment(name: str) -> list[ConditionSummary]:
         return [r for r in summary if r.experiment == name]
@@ -530,7 +531,7 @@ def _figures(summary: list[ConditionSummary], rows: list[Row], work: Path, budge
         "boundary.png": figures.reproduction_boundary_figure(experiment("pq-line"), p=budget.line_p),
         "depth.png": figures.reproduction_depth_figure(curves_depth, refs, p=_PQ[0], q=_PQ[1]),
         "mechanisms.png": figures.reproduction_mechanism_figure(mechanisms),
-        "survival.png": figures.escape_survival_figure(_survival_panels(summary, budget), budget=budget.steps),
+        "survival.png": escape_survival_figure(_survival_panels(summary, budget), budget=budget.steps),
     }
 
 

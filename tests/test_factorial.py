@@ -11,7 +11,7 @@ from markov_interp import clamps, dynamics, experiments, probes
 from markov_interp.data import RandomMarkov
 from markov_interp.experiments import factorial, interventions
 from markov_interp.models import build, heads_per_layer
-from markov_interp.report import figures
+from markov_interp.experiments import _figures_factorial as figures  # scores over training (was report.figures)
 from markov_interp.training import checkpoint_steps
 from tests.handbuilt import induction_circuit, intended_induction_edges
 

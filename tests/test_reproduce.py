@@ -210,7 +210,7 @@ def test_report_panel_for_a_sweep_run(tmp_path):
 
 
 def test_boundary_figure_draws_medians_and_censored_fractions():
-    from markov_interp.report import figures
+    from markov_interp import reproduce_figures as figures
 
     def row(q, tied, median, censored, n=16):
         return condition(q=q, tied=tied, median_escape=median, median_escape_ci=(None if median is None else

@@ -49,7 +49,7 @@ def runs_for(name: str, args: argparse.Namespace) -> list[RunConfig]:
 def plot(path: Path) -> Path:
     """The Kaplan-Meier curves of a collected escape_times.json ({"conditions": {"name @ budget": ...}}),
     one panel per budget, as survival.png beside it."""
-    from markov_interp.report import figures
+    from markov_interp.experiments import escape_survival_figure
 
     record = json.loads(path.read_text())
     every = record.get("settings", {}).get("eval_every", 20)  # the first file (no settings) says "eval every 20"
@@ -62,8 +62,8 @@ def plot(path: Path) -> Path:
                    if s is not None]
         panels.setdefault(int(budget), {})[name] = dynamics.survival(escapes)
     titles = {b: f"p = 0.5, q = 0.8, tied: budget {b} steps" for b in panels}
-    fig = figures.escape_survival_figure({titles[b]: panels[b] for b in sorted(panels, reverse=True)},
-                                         budget={titles[b]: b for b in panels})
+    fig = escape_survival_figure({titles[b]: panels[b] for b in sorted(panels, reverse=True)},
+                                 budget={titles[b]: b for b in panels})
     out = path.with_name("survival.png")
     fig.savefig(out, dpi=110, bbox_inches="tight")
     return out

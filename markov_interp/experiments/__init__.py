@@ -49,6 +49,12 @@ name starts with "_" are not experiments) that provides
 5. Optionally **its read-back**: `read(budget, result) -> FooResult`, the typed result rebuilt from results.json's
    "result" with every statistic recomputed from the per-run rows (`Experiment(..., read=read)`); `load(path)`
    then gives it without training, and `markov_interp.findings` renders docs from it.
+6. Optionally **its figure functions**, in `markov_interp/experiments/_figures_foo.py` (matplotlib `Figure`s from
+   the result's numbers), imported inside `figures()` so that listing the experiments imports no matplotlib. A
+   figure others call too is named in `_FIGURES` here and is then `markov_interp.experiments.<name>`, loaded on
+   first use (today: `escape_survival_figure`, `crossing_survival_figure`, `excess_curves_figure`,
+   `excess_curves_panels_figure`, `scores_over_training_figure`, `phase_diagram_figure`, `diversity_figure`,
+   `separatrix_figure`, `paths_on_landscape_figure`).
 
 Then `python -m markov_interp.experiments --only foo --quick`, `markov-interp experiment foo --quick`,
 `--seeds N`, `--steps N`, `--device D` and `--set KEY=VALUE` (any budget field; JSON or text, lists as
@@ -69,11 +75,32 @@ from markov_interp.experiments._base import (RESULTS_FILE, SMOKE, SUMMARY_FILE, 
                                              Provenance, Section, Summary, Table, describe_device, render_markdown,
                                              run, smoke_note, write_summary)
 
+# The experiments' figures, each in the module `_figures_<experiment>` (the dynamics figures, shared by several
+# experiments and the reproduction, in `_figures_dynamics`), loaded on first use: importing the experiments
+# imports no matplotlib.
+_FIGURES = {
+    **dict.fromkeys(("escape_survival_figure", "crossing_survival_figure", "excess_curves_figure",
+                     "excess_curves_panels_figure"), "_figures_dynamics"),
+    **dict.fromkeys(("scores_over_training_figure", "SCORES_OVER_TRAINING"), "_figures_factorial"),
+    **dict.fromkeys(("phase_diagram_figure", "ORDER_COLOURS"), "_figures_phases"),
+    "diversity_figure": "_figures_diversity",
+    **dict.fromkeys(("separatrix_figure", "paths_on_landscape_figure"), "_figures_reduction"),
+}
+
 __all__ = ["Budget", "Table", "Section", "Summary", "Provenance", "Experiment", "Finished", "register", "get",
            "registered", "describe_registered", "budget_for", "run", "run_many", "write_summary", "render_markdown",
-           "describe_device", "add_arguments", "load", "smoke_note", "main", "SMOKE", "SUMMARY_FILE", "RESULTS_FILE"]
+           "describe_device", "add_arguments", "load", "smoke_note", "main", "SMOKE", "SUMMARY_FILE", "RESULTS_FILE",
+           *_FIGURES]
 
 _REGISTRY: dict[str, Experiment] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """An experiment's figure (`_FIGURES`), imported on first use."""
+    module = _FIGURES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def register(experiment: Experiment) -> Experiment:

@@ -559,9 +559,9 @@ class DiversityResult(_shared.GridResult):
                 Section("Reference losses on the probe batches", "", references_table(self.cells))]
 
     def figures(self) -> dict[str, Any]:
-        from markov_interp.report import figures
+        from markov_interp.experiments._figures_diversity import diversity_figure
 
-        return {"diversity.png": figures.diversity_figure(
+        return {"diversity.png": diversity_figure(
             self.cells, self.transitions,
             title=f"{self.budget.name} budget: {self.budget.steps} steps, {self.budget.seeds} seeds per cell")}
 

@@ -345,7 +345,7 @@ class FactorialResult(Summary):
                       "area vs free [95% CI]", "effect"), _recipe_rows(self.budget, self.cells))
 
     def figures(self) -> dict[str, Any]:
-        from markov_interp.report import figures
+        from markov_interp.experiments import _figures_factorial as figures
 
         drawn: dict[str, Any] = {}
         for c in self.cells:

@@ -430,7 +430,7 @@ def discovered_circuits(trained: list[TrainResult], n: int) -> tuple:
 # ------------------------------------------------------------------------------------------------ output
 def survival_figure(results: list[ExperimentResult]) -> Any:
     """The survival of the escape of every arm, one panel per experiment."""
-    from markov_interp.report import figures
+    from markov_interp.experiments import _figures_dynamics as figures
 
     panels = {_title(r): {a.arm.name: a.summary for a in r.arms} for r in results}
     return figures.escape_survival_figure(panels, budget={_title(r): r.steps for r in results})
@@ -439,7 +439,7 @@ def survival_figure(results: list[ExperimentResult]) -> Any:
 def dynamics_figures(result: ExperimentResult) -> dict[str, Any]:
     """One experiment's median excess curves (bands across seeds) and the survival at every line, by file name
     ("curves-NAME.png", "crossings-NAME.png")."""
-    from markov_interp.report import figures
+    from markov_interp.experiments import _figures_dynamics as figures
 
     return {f"curves-{result.name}.png": figures.excess_curves_figure(
                 {a.arm.name: a.condition.curve for a in result.arms}, title=_title(result)),

@@ -659,12 +659,13 @@ class PhaseResult(_shared.GridResult):
         return out
 
     def figures(self) -> dict[str, Any]:
-        from markov_interp.report import figures
+        from markov_interp.experiments._figures_dynamics import excess_curves_panels_figure
+        from markov_interp.experiments._figures_phases import phase_diagram_figure
 
-        drawn = {"phase_diagram.png": figures.phase_diagram_figure(
+        drawn = {"phase_diagram.png": phase_diagram_figure(
                      self.cells, title=f"{self.budget.name} budget: {self.budget.steps} steps")}
         if self._curves():  # read back from results.json there are no curves to draw
-            drawn["escape_curves.png"] = figures.excess_curves_panels_figure(
+            drawn["escape_curves.png"] = excess_curves_panels_figure(
                 self._curves(), columns=len(self.budget.orders),
                 title="median excess over the order-k law relative to the in-context unigram plateau's")
         labels = self._formation_labels()

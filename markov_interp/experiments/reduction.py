@@ -285,14 +285,14 @@ class ReductionResult(Summary):
         return [intro, outcome, gaps]
 
     def figures(self) -> dict[str, Any]:
-        from markov_interp.report import figures
+        from markov_interp.experiments._figures_reduction import paths_on_landscape_figure, separatrix_figure
 
         b = self.budget
-        fig = figures.separatrix_figure(b.w0, {a.arm: a.fractions() for a in self.arms}, boundary=self.boundary,
-                                        title=f"p={b.p:g}, q={b.q:g}, e0={b.e0:g}, {b.steps} steps")
+        fig = separatrix_figure(b.w0, {a.arm: a.fractions() for a in self.arms}, boundary=self.boundary,
+                                title=f"p={b.p:g}, q={b.q:g}, e0={b.e0:g}, {b.steps} steps")
         paths = {a.arm: [np.array(r["points"]) for r in a.runs if r["seed"] == 0] for a in self.arms if a.runs}
         flows = [landscape.gradient_flow(b.e0, w, 0.0, p=b.p, q=b.q, steps=b.steps, lr=b.lr) for w in b.w0]
-        return {"separatrix.png": fig, "paths.png": figures.paths_on_landscape_figure(paths, flows, p=b.p, q=b.q)}
+        return {"separatrix.png": fig, "paths.png": paths_on_landscape_figure(paths, flows, p=b.p, q=b.q)}
 
     def tables(self) -> dict[str, Table]:
         return {"outcomes.csv": self.outcome_table(), "flow_gap.csv": self.gap_table()}

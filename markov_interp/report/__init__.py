@@ -15,8 +15,11 @@ beside `<sweep>/results.csv`) also its escape against the survival curve of its 
 model. Each figure is drawn once.
 
 The figure functions in `markov_interp.report.figures` return matplotlib figures (or a circuitsvis figure)
-from probe results, the canonical landscape and the reproduction's tables, for use in notebooks (the circuit
-figures live in `markov_interp.report.circuits`); nothing in this package computes a probe number itself.
+from probe results, the canonical landscape and a run's escape against its condition, for use in notebooks (the
+circuit figures live in `markov_interp.report.circuits`); nothing in this package computes a probe number itself.
+The experiments' figures live with the experiments (`markov_interp.experiments.escape_survival_figure`, ...) and
+the reproduction's in `markov_interp.reproduce_figures`; their old names here still work for one release, with a
+DeprecationWarning (`report.figures.MOVED`).
 
 >>> # from markov_interp import report
 >>> # report.build("runs/binary").save()   # -> runs/binary/report.html
@@ -57,18 +60,11 @@ from markov_interp.report.figures import (
     position_loss_figure,
     regime_map_init_figure,
     regime_map_pq_figure,
-    reproduction_boundary_figure,
-    reproduction_depth_figure,
-    reproduction_init_precision_figure,
     run_escape_figure,
-    escape_survival_figure,
-    crossing_survival_figure,
-    excess_curves_figure,
-    reproduction_mechanism_figure,
-    reproduction_phase_figure,
     strategy_similarity_figure,
     training_probes_figure,
 )
+from markov_interp.report.figures import moved_attribute as _moved_attribute
 
 __all__ = [
     "MODEL_SECTION_IDS", "circuit_diagram", "from_model", "logit_attribution_figure", "ov_qk_figure",
@@ -77,7 +73,10 @@ __all__ = [
     "attention_patterns_figure", "build", "checkpoint_files", "circuits_figure", "circuitsvis_bundle", "document",
     "figure_svg", "head_scores_figure", "in_context_tracking_figure", "kernel_figure", "landscape_figure",
     "loss_curves_figure", "position_loss_figure", "regime_map_init_figure", "regime_map_pq_figure",
-    "reproduction_depth_figure", "reproduction_init_precision_figure", "escape_survival_figure", "reproduction_mechanism_figure",
-    "reproduction_phase_figure", "strategy_similarity_figure", "training_probes_figure",
-    "reproduction_boundary_figure", "run_escape_figure", "crossing_survival_figure", "excess_curves_figure",
+    "strategy_similarity_figure", "training_probes_figure", "run_escape_figure",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """The figures that moved out (`report.figures.MOVED`): still here for one release, with a DeprecationWarning."""
+    return _moved_attribute(__name__, name)

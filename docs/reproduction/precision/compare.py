@@ -7,7 +7,7 @@ the package's defaults otherwise (paper-1layer, batch 16, AdamW, lr 2e-3 one-cyc
 each precision one stack (`training.train_many`, run folders under --work so an interrupted call resumes),
 and compares the two conditions with `markov_interp.dynamics`: the crossing of every line (0.9, 0.75, 0.5,
 0.25 of the plateau's excess left), censoring, medians with bootstrap intervals and the log-rank test.
-Writes summary.md, results.json and crossings.png (`report.figures.crossing_survival_figure`) to --out.
+Writes summary.md, results.json and crossings.png (`experiments.crossing_survival_figure`) to --out.
 
     python docs/reproduction/precision/compare.py --device cpu --seq-len 512 --steps 500   # what is committed
     python docs/reproduction/precision/compare.py --device cuda --seq-len 1024 --steps 1000 --out gpu-precision
@@ -191,10 +191,10 @@ def main() -> None:
     text, record, survival = summarise(found, args, seconds)
     atomic_write(out / "summary.md", text)
     atomic_write(out / "results.json", json.dumps(record, indent=1, default=str))
-    from markov_interp.report import figures
+    from markov_interp.experiments import crossing_survival_figure
 
-    fig = figures.crossing_survival_figure(survival, budget=args.steps,
-                                           title=f"p = 0.5, q = 0.8, tied, seq {args.seq_len}: fp32 against bf16")
+    fig = crossing_survival_figure(survival, budget=args.steps,
+                                   title=f"p = 0.5, q = 0.8, tied, seq {args.seq_len}: fp32 against bf16")
     with atomic_path(out / "crossings.png") as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
     print(text)
