@@ -367,7 +367,7 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
             # the length rule is the probes' (probes._common.probe_length): the loaded model knows its training
             # length
             report = classify_mechanism(model, run.source.build(), seq_len=args.seq_len,
-                                        n_sequences=args.n_sequences, seed=args.seed)
+                                        n_sequences=args.n_sequences, seed=args.seed, progress=_progress(args))
             bar.update()
         if args.json:
             print(json.dumps(report.to_dict(), indent=2, sort_keys=True))

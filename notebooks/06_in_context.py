@@ -109,25 +109,27 @@ cells_csv
 # reaching the order-k law and its interval.
 
 # %%
-from markov_interp.report import figures
+from markov_interp import experiments
 
 cells = phase_results["result"]["cells"]
 table = phases.cells_table(cells)
 pd.DataFrame(table.rows, columns=table.columns)
 
 # %%
-figures.phase_diagram_figure(cells, title=f"quick budget: {phase_results['budget']['steps']} steps")
+experiments.phase_diagram_figure(cells, title=f"quick budget: {phase_results['budget']['steps']} steps")
 
 # %% [markdown]
-# Beside each paper's claim: "reproduced" only when the Wilson interval of the seeds reaching the law lies above
-# 1/2, "not reproduced at this budget" when it lies below, "mixed" when it straddles 1/2.
+# Beside each paper's claim: "holds" only when the Wilson interval of the seeds reaching the law lies above 1/2,
+# "fails at this budget" when it lies below, "not resolved (mixed)" when it straddles 1/2, and "not tested at this
+# budget" for the cells the quick budget does not run.
 
 # %%
 claims = pd.DataFrame([{"paper": c["paper"], "claim": c["claim"], "cell": f"{c['shape']}, order {c['order']}",
-                        "seeds reaching": f"{c['reached']['k']}/{c['reached']['n']}",
-                        "95% interval": "[{:.2f}, {:.2f}]".format(*c["reached"]["interval"]),
+                        "seeds reaching": f"{c['reached']['k']}/{c['reached']['n']}" if c["reached"] else "not run",
+                        "95% interval": ("[{:.2f}, {:.2f}]".format(*c["reached"]["interval"]) if c["reached"]
+                                         else ""),
                         "verdict": c["verdict"]} for c in phase_results["result"]["claims"]])
-claims
+claims[claims["verdict"] != "not tested at this budget"]
 
 # %% [markdown]
 # **What reproduces at 300 steps, and what does not.**
@@ -164,7 +166,7 @@ table = diversity.transitions_table(transitions)
 pd.DataFrame(table.rows, columns=table.columns)
 
 # %%
-figures.diversity_figure(dcells, transitions, title="quick budget: 300 steps, 4 seeds per cell")
+experiments.diversity_figure(dcells, transitions, title="quick budget: 300 steps, 4 seeds per cell")
 
 # %% [markdown]
 # **What reproduces at 300 steps, and what does not.**

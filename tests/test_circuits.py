@@ -4,6 +4,7 @@ hand-built circuits, the gradient estimate, corruptions, graded gains, the state
 import itertools
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -611,3 +612,15 @@ def test_methods_and_the_edge_cap():
 def test_no_progress_bar_when_asked_for_none(capsys):
     _discover(induction_circuit(2, n_ctx=SEQ), RandomMarkov(2), progress=False)
     assert "path patching" not in capsys.readouterr().err
+
+
+def test_the_default_progress_bar_only_where_someone_watches(monkeypatch):
+    from markov_interp.probes import discovery
+
+    # a pipe or a captured stderr: no bar by default (a slow call under load must not write to a pipe)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False)
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert discovery._progress(None).disable and discovery._progress(False).disable
+    assert not discovery._progress(True).disable
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)  # a terminal
+    assert not discovery._progress(None).disable

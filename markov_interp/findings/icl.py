@@ -5,10 +5,11 @@ read back."""
 from pathlib import Path
 
 from markov_interp.findings._engine import block
-from markov_interp.findings._sources import experiment
+from markov_interp.findings._sources import experiment, provenance_text
 
 PHASES_QUICK = "docs/reproduction/icl/phases-quick/results.json"
 DIVERSITY_QUICK = "docs/reproduction/icl/diversity-quick/results.json"
+PHASES_STANDARD = "docs/reproduction/icl/phases-standard/results.json"
 
 
 @block("phases-quick-cells", PHASES_QUICK)
@@ -27,3 +28,30 @@ def diversity_quick_cells(path: Path) -> str:
     result = experiment(path).result
     return (diversity.cells_table(result.cells).markdown() + "\n\n"
             + diversity.transitions_table(result.transitions).markdown())
+
+
+@block("phases-standard-provenance", PHASES_STANDARD)
+def phases_standard_provenance(path: Path) -> str:
+    """Who made the standard phase diagram, on what, from which runs."""
+    done = experiment(path)
+    b = done.budget
+    return (f"- {b.seeds} seeds per cell, {b.steps} steps, orders {list(b.orders)}, probes of {b.probe_sequences} "
+            f"sequences, the classifier on {b.classified} seeds per cell; {provenance_text(done.provenance)} (the "
+            "runs trained before, in the background, by the same budget; this call measured and summarised).")
+
+
+@block("phases-standard-claims", PHASES_STANDARD)
+def phases_standard_claims(path: Path) -> str:
+    """Each cited claim beside the cells that bear on it, at the standard budget (the rows it can test)."""
+    from markov_interp.experiments import phases
+
+    claims = [c for c in experiment(path).result.claims if c["verdict"] != phases.NOT_TESTED]
+    return phases.claims_table(claims).markdown()
+
+
+@block("phases-standard-cells", PHASES_STANDARD)
+def phases_standard_cells(path: Path) -> str:
+    """Every cell of the standard phase diagram."""
+    from markov_interp.experiments import phases
+
+    return phases.cells_table(experiment(path).result.cells).markdown()

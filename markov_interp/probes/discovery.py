@@ -59,6 +59,7 @@ sequence's positions at random.
 
 import dataclasses
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
@@ -348,10 +349,13 @@ def _faithfulness(total: float, corrupted: float, circuit: float) -> float:
 
 def _progress(enabled: Optional[bool]) -> Any:
     """A tqdm bar over the patched runs (its total grows as runs are asked for), shown only for calls that last
-    over a second (`delay`), never when `enabled` is False."""
+    over a second (`delay`); never when `enabled` is False, and by default (None) only where someone watches: a
+    terminal or a notebook, not a pipe, a log file or a test's captured stderr."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=0, desc="path patching", unit="run", delay=1.0, leave=False, disable=enabled is False)
+    watched = sys.stderr.isatty() or "ipykernel" in sys.modules
+    return tqdm(total=0, desc="path patching", unit="run", delay=1.0, leave=False,
+                disable=enabled is False or (enabled is None and not watched))
 
 
 # --------------------------------------------------------------------------------------------------- a pass
@@ -469,7 +473,8 @@ def discover_circuit(
         method: "exact", "attribution", "attribution+verify" or "auto" (exact up to `EXACT_UP_TO` edges).
         max_edges: at most this many single edges measured by path patching per pass (None: no cap): "exact"
             refuses a larger graph, "attribution+verify" verifies at most that many (plus the kept edges).
-        progress: a tqdm bar for calls that last over a second (None or True), or none (False).
+        progress: a tqdm bar for calls that last over a second (True; None: only on a terminal or in a notebook),
+            or none (False).
 
     Returns:
         A `CircuitGraph`: every edge's effects and SE, the kept edges, faithfulness, completeness, minimality,

@@ -251,7 +251,7 @@ def axes_panel(mech: "probes.MechanismReport") -> str:
     """The verdict's two axes side by side (module docstring): an HTML table, circuit on the left, law on the
     right, the gains g_k with their SEs."""
     from markov_interp import probes
-    from markov_interp.report._build import gains_text  # on a fixed chain: why there are none (issue 32)
+    from markov_interp.report._gains import gains_text  # on a fixed chain: why there are none (issue 32)
 
     c, law, g = mech.circuit, mech.law, mech.gains
     raw = law.raw
