@@ -63,8 +63,7 @@ def heads_sentence(effects: list[RecipeEffect], heads: int) -> str:
     default = next(e for e in mine if e.key == DEFAULT)
     no_ln = [e for e in mine if e.recipe.norm == "none"]
     text = (f"with {heads} layer-1 head{'s' if heads > 1 else ''} the clamp {_counts(mine)}; in the "
-            f"package's recipe it {default.effect} the descent ({default.at_half()} of free's median crossing of "
-            f"0.5)")
+            f"package's recipe it {default.effect} the descent ({default.at_half()} free's time to the 0.5 line)")
     if no_ln and len({e.effect for e in no_ln}) == 1:
         text += f"; without LayerNorm it {no_ln[0].effect} it in all {len(no_ln)} ({_range(no_ln)})"
     return text
