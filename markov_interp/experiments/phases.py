@@ -317,7 +317,9 @@ def _probe_batches(budget: PhaseBudget) -> dict[int, Any]:
 
 
 def _measure_key(budget: PhaseBudget) -> str:
-    return (f"phases-2:{budget.probe_sequences}x{budget.seq_len}:seed{_PROBE_SEED}:reach{REACH}:"
+    # the version names the measure's code: 3 = issue 30's classifier (circuit and law axes), so labels cached by
+    # an older classifier are measured again rather than reused
+    return (f"phases-3:{budget.probe_sequences}x{budget.seq_len}:seed{_PROBE_SEED}:reach{REACH}:"
             f"head{HEAD_EXCESS}")
 
 
