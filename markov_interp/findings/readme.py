@@ -5,7 +5,8 @@ from pathlib import Path
 from markov_interp.findings._engine import block, holds
 from markov_interp.findings._sources import experiment
 from markov_interp.findings.interventions import INTERVENTIONS, _ratio, arm, part
-from markov_interp.findings.recipes import CLAMP_RECIPES, DEFAULT, heads_sentence, recipe_effects
+from markov_interp.findings.recipes import (CLAMP_RECIPES, check_one_head_slows_only_by_default, heads_sentence,
+                                             recipe_effects)
 from markov_interp.findings.reproduction import GPU_JSON, PART_NAMES, REDUCTION, gpu_conditions, on_predicted_side
 
 
@@ -17,10 +18,8 @@ def readme_findings(gpu: Path, recipes: Path, interventions: Path, reduction: Pa
     depth = [fp32] + [c[f"{n}-layers", 2000] for n in (2, 4, 8)]
     holds(fp32.n_censored == 0 and short16.n_censored > short16.n / 2, "no permanent trap at fp32; fp16 at 400")
     effects = recipe_effects(recipes)
-    one, two = ([e for e in effects if e.heads == h] for h in (1, 2))
-    holds(next(e for e in one if e.key == DEFAULT).effect == "slows"
-          and all(e.effect != "slows" for e in one if e.key != DEFAULT),
-          "with one layer-1 head the clamp slows the descent only in the package's recipe")
+    check_one_head_slows_only_by_default(effects)
+    two = [e for e in effects if e.heads == 2]
     holds(bool(two) and all(e.effect == "speeds" for e in two), "with two layer-1 heads it speeds every recipe")
     one_layer = part(interventions, "attention-in-one-layer")
     vo, qk = arm(one_layer, "V/O frozen at init"), arm(one_layer, "Q/K frozen at init")

@@ -58,7 +58,7 @@ def _range(effects: list[RecipeEffect]) -> str:
 
 
 def heads_sentence(effects: list[RecipeEffect], heads: int) -> str:
-    """What the clamp does with `heads` layer-1 heads across the recipes, guarded by `holds`."""
+    """What the clamp does with `heads` layer-1 heads across the recipes, in one clause."""
     mine = [e for e in effects if e.heads == heads]
     default = next(e for e in mine if e.key == DEFAULT)
     no_ln = [e for e in mine if e.recipe.norm == "none"]
@@ -67,6 +67,15 @@ def heads_sentence(effects: list[RecipeEffect], heads: int) -> str:
     if no_ln and len({e.effect for e in no_ln}) == 1:
         text += f"; without LayerNorm it {no_ln[0].effect} it in all {len(no_ln)} ({_range(no_ln)})"
     return text
+
+
+def check_one_head_slows_only_by_default(effects: list[RecipeEffect]) -> None:
+    """`holds` for the sentence both renderings make: with one layer-1 head the clamp slows the descent in the
+    package's recipe and in no other."""
+    one = [e for e in effects if e.heads == 1]
+    holds(next(e for e in one if e.key == DEFAULT).effect == "slows"
+          and all(e.effect != "slows" for e in one if e.key != DEFAULT),
+          "with one layer-1 head the clamp slows the descent only in the package's recipe")
 
 
 @block("clamp-recipes-provenance", CLAMP_RECIPES)
@@ -94,13 +103,6 @@ def clamp_recipes_table(path: Path) -> str:
 def clamp_recipes_findings(path: Path) -> str:
     """What holds across recipes, per head count present in the file."""
     effects = recipe_effects(path)
-    lines = []
-    for heads in sorted({e.heads for e in effects}):
-        mine = [e for e in effects if e.heads == heads]
-        sentence = heads_sentence(effects, heads)
-        lines.append(f"- {sentence[0].upper()}{sentence[1:]}.")
-        if heads == 1:
-            holds(next(e for e in mine if e.key == DEFAULT).effect == "slows"
-                  and all(e.effect != "slows" for e in mine if e.key != DEFAULT),
-                  "with one layer-1 head the clamp slows the descent only in the package's recipe")
-    return "\n".join(lines)
+    check_one_head_slows_only_by_default(effects)
+    sentences = [heads_sentence(effects, heads) for heads in sorted({e.heads for e in effects})]
+    return "\n".join(f"- {s[0].upper()}{s[1:]}." for s in sentences)
