@@ -25,3 +25,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in TLCOMPAT_FILES:
             item.add_marker(pytest.mark.tlcompat)
+
+# tests/data holds fixtures and the scripts that wrote them, not tests or doctests
+collect_ignore = ["data"]

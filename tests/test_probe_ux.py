@@ -297,7 +297,7 @@ def _other_examples(mech) -> dict:
     surv = dynamics.survival([r.escape for r in runs_a])
     comparison = dynamics.compare(runs_a, runs_b, n_boot=20, seed=0)
     cell = sweep.CellResult(final_step=300, final_eval_loss=0.55, final_train_loss=0.56, entropy_rate=0.5446,
-                            unigram_loss=0.6730, bayes_loss=None, excess_loss=0.005, outcome="optimum",
+                            unigram_loss=0.6730, bayes_loss=None, excess_loss=0.0054, outcome="optimum",
                             stuck_at_unigram=False, escape_step=30, probe=sweep.ProbeColumns(mechanism="kernel"),
                             seconds=1.0, censored=False, crossings=runs_a[0].to_json())
     row = sweep.Row(sweep="grid", cell_id="abc", status="ok", error=None, params={"seed": 0}, config=run,

@@ -26,7 +26,6 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 OUT = HERE / "stored_86ed974"
-os.environ["MARKOV_INTERP_CACHE"] = str(OUT / "cache")
 
 import torch  # noqa: E402
 
@@ -63,6 +62,9 @@ def strip(folder: Path) -> None:
 
 
 def main() -> None:
+    # set here, not at import: pytest's doctest collection imports this file, and an import-time setting sent
+    # every later reference of that test process into the fixtures' cache
+    os.environ["MARKOV_INTERP_CACHE"] = str(OUT / "cache")
     torch.set_num_threads(1)
     shutil.rmtree(OUT, ignore_errors=True)
     binary = {"kind": "binary", "p": 0.5, "q": 0.8}
