@@ -10,9 +10,11 @@ import numpy as np
 from jaxtyping import Float
 
 from markov_interp._display import displayed
-
 from markov_interp.dynamics._runs import ESCAPE_FRACTION, MIN_RUNS, ExcessCurve, RunDynamics, StepInterval
 from markov_interp.dynamics._survival import Quantile, _aligned, _estimate, _grid, _same_lines, survival
+
+# numpy >= 2 names it trapezoid; numpy 1.x (the TransformerLens 2 tier) has only trapz
+_trapezoid = getattr(np, "trapezoid", None) or np.trapz
 
 
 def logrank_test(a: Sequence[StepInterval], b: Sequence[StepInterval]) -> tuple[float, float]:
@@ -270,7 +272,7 @@ def _compare_area(a: Sequence[ExcessCurve], b: Sequence[ExcessCurve], draws: tup
 
     def area(ma: Float[np.ndarray, "*boot step"], mb: Float[np.ndarray, "*boot step"]) -> Any:
         with np.errstate(invalid="ignore"):  # inf - inf: a resample whose median curve is not finite
-            return np.trapezoid(mb - ma, x, axis=-1)
+            return _trapezoid(mb - ma, x, axis=-1)
 
     value = float(area(np.median(left_a, axis=0), np.median(left_b, axis=0)))
     interval = None
