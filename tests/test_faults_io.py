@@ -458,7 +458,7 @@ def test_cache_entries_are_keyed_by_the_code(monkeypatch, tmp_path):
     monkeypatch.setenv("MARKOV_INTERP_CACHE", str(tmp_path))
     key = {"what": "test", "vocab": 3}
     before = theory._cache_file(key)
-    monkeypatch.setattr(theory, "_code_version", lambda: "edited")
+    monkeypatch.setattr(theory.cache, "_code_version", lambda: "edited")
     assert theory._cache_file(key) != before
 
 
@@ -473,8 +473,8 @@ def test_cache_hits_for_a_fixed_initial_law(monkeypatch, tmp_path):
     def must_not_run(*args, **kwargs):
         raise AssertionError("recomputed although the cache holds the entry")
 
-    monkeypatch.setattr(theory, "_in_context_references", must_not_run)
-    monkeypatch.setattr(theory, "_mc_kernel_expectations", must_not_run)
+    monkeypatch.setattr(theory.references, "_in_context_references", must_not_run)
+    monkeypatch.setattr(theory.expectations, "_mc_kernel_expectations", must_not_run)
     assert theory.reference_losses(source, 10, n_sequences=64) == fresh
     _forget()
 

@@ -70,7 +70,7 @@ def test_cache_entries_written_by_main_are_read_by_their_key(tmp_path, monkeypat
     (tmp_path / "references").mkdir()
     shutil.copyfile(path, tmp_path / "references" / path.name)
     monkeypatch.setenv("MARKOV_INTERP_CACHE", str(tmp_path))
-    monkeypatch.setattr(theory, "_code_version", lambda: entry["key"]["code"])
+    monkeypatch.setattr(theory.cache, "_code_version", lambda: entry["key"]["code"])
     assert theory._cache_file(key) == tmp_path / "references" / path.name
     schema = theory._KernelEntry if key["what"] == "kernel-expectations" else theory._InContextEntry
     with warnings.catch_warnings():

@@ -110,7 +110,7 @@ def test_chunking_bounds_memory_and_changes_nothing(monkeypatch):
     tokens = source.sample(37, 30, gen(3))
     laws = source.initial_context_laws(source.pool)
     whole = theory.pool_bayes_predictions(source.pool, laws, tokens)
-    monkeypatch.setattr(theory, "_CHUNK_ELEMENTS", 30 * 27 * 2)  # two sequences per chunk
+    monkeypatch.setattr(theory.pools, "_CHUNK_ELEMENTS", 30 * 27 * 2)  # two sequences per chunk
     assert torch.equal(theory.pool_bayes_predictions(source.pool, laws, tokens), whole)
 
 

@@ -1,0 +1,275 @@
+"""The references a model trained on a source is compared with: the best predictor the data allow
+(`true_predictions`), the plateau before it learns the context (`plateau_predictions`), and their losses with
+standard errors (`reference_losses`, a `ReferenceLosses`; cached in memory and on disk).
+"""
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from markov_interp._display import displayed
+from markov_interp.data import Source, SourceConfig
+from markov_interp.theory.cache import _InContextEntry, _disk_cache_read, _disk_cache_write
+from markov_interp.theory.expectations import expected_kernel_references
+from markov_interp.theory.fixed import (
+    _check_source,
+    entropy_rate,
+    kernel_predictions,
+    stationary_predictions,
+    target_log_loss,
+    unigram_loss,
+)
+from markov_interp.theory.in_context import _in_context_references, add_beta_predictions
+from markov_interp.theory.pools import _pool_bayes_references, pool_bayes_predictions
+
+
+def initial_context_laws(source: Source, kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch context"]:
+    """The law of the first `order` states (over contexts) each sequence was drawn from, one row per kernel:
+    `source.initial_context_laws(kernels)` (a fixed chain's `initial_context_law` for every row; for the default
+    "stationary" initial law of random kernels, the stationary context law of each sequence's own kernel, as the
+    sampler draws the first context; otherwise the fixed law)."""
+    _check_source(source)
+    return source.initial_context_laws(kernels)
+
+
+def true_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
+    """The best predictor of x_{t+1} from x_0..x_t that the data allow, at every position.
+
+    Fixed chains: `kernel_predictions` with the chain's kernel and initial context law (the kernel row of the
+    current context; before the context is full, the exact law of the next state given the states so far).
+    A finite pool of kernels: `pool_bayes_predictions`, exact. Fresh Dirichlet kernels: the in-context add-alpha
+    estimator over the source's `support` (all states, or the other states for `zero_diagonal`), the Bayes
+    posterior predictive up to what the first state reveals about the kernel (about 0.003 nats per target on 3
+    states at 32 targets; see `RandomMarkov`).
+
+    >>> from markov_interp.data import BinaryChain
+    >>> true_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0]
+    tensor([[0.8000, 0.2000],
+            [0.3000, 0.7000]], dtype=torch.float64)
+    """
+    _check_source(source)
+    pool = source.pool
+    if pool is None:  # a fresh kernel per sequence
+        return add_beta_predictions(tokens, source.vocab, order=source.order, beta=source.alpha, support=source.support)
+    initial = source.initial_context_laws(pool)
+    if pool.shape[0] == 1:  # one kernel: its rows (the posterior over a pool of one is that kernel)
+        return kernel_predictions(pool, tokens.cpu(), initial).to(tokens.device)
+    return pool_bayes_predictions(pool, initial, tokens)
+
+
+def plateau_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
+    """The plateau a model sits on before it learns the context: the stationary law pi (the unigram solution of
+    Makkuva et al.; `stationary_predictions`) for fixed chains; the in-context unigram (add-alpha state count)
+    estimator for random kernels (fresh or from a finite pool), the best a model can do without using the current
+    state's transitions. Where the prior rules transitions out (`support`, e.g. `zero_diagonal`: no state follows
+    itself), the counts are restricted to the states the current state can move to: knowing that costs no
+    in-context learning, so the plateau includes it.
+
+    >>> from markov_interp.data import BinaryChain
+    >>> plateau_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0, 0]
+    tensor([0.6000, 0.4000], dtype=torch.float64)
+    """
+    _check_source(source)
+    if source.alpha is not None:  # kernels from a prior
+        return add_beta_predictions(tokens, source.vocab, order=0, beta=source.alpha, support=source.support)
+    return stationary_predictions(source.pool, tokens)
+
+
+def paired_losses(source: Source, tokens: Int[Tensor, "batch pos"]) -> tuple[float, float]:
+    """(true, plateau): mean log-loss of `true_predictions` and `plateau_predictions` over every target of
+    `tokens` (x_1..x_T). Subtracted from a model's loss on the *same* tokens they give its paired excess
+    and the plateau's, free of most sampling noise (`dynamics.curve_from_metrics`)."""
+    true = target_log_loss(true_predictions(source, tokens), tokens).mean()
+    plateau = target_log_loss(plateau_predictions(source, tokens), tokens).mean()
+    return float(true), float(plateau)
+
+
+# the scalar values of a ReferenceLosses, in the order rows list them
+_ROW_VALUES = ("entropy_rate", "unigram_loss", "bayes_loss", "add_alpha_loss", "oracle_unigram_loss", "pool_bayes_loss")
+
+
+@displayed
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReferenceLosses:
+    """The losses (nats per prediction, averaged over the targets of a sequence) a model is compared with.
+
+    Every value carries its standard error (`*_se`): 0 when exact, a quadrature error estimate when computed
+    by quadrature, the Monte Carlo standard error otherwise.
+
+    - `entropy_rate`: the loss of the true kernel (an oracle that knows each sequence's kernel); for random
+      kernels its expectation over kernels.
+    - `unigram_loss`: the unigram plateau, the loss of the best predictor that ignores the current state: H(pi)
+      for a fixed chain; for random kernels the in-context unigram estimator (add-alpha state counts of the
+      sequence so far), what a single-layer model sits at (`in_context_unigram_loss` names it there).
+    - random kernels only: `bayes_loss`, the Bayes-optimal in-context loss under the sampler's law (the
+      posterior predictive; with a stationary first state it also uses what x_0 says about the kernel);
+      `add_alpha_loss`, the loss of the add-alpha count estimator (`add_beta_predictions` with beta = alpha: the
+      posterior predictive when the first state's law does not depend on the kernel, what an induction head
+      approximates); `oracle_unigram_loss`, E[H(pi)], the loss of an oracle that knows each sequence's pi.
+    - a finite pool of kernels (`RandomMarkov(pool_size=N)`) only: `pool_bayes_loss`, the loss of the pool's
+      Bayes predictor (`pool_bayes_predictions`), what a model that memorised the pool reaches; the in-context
+      values above are then measured on the pool's sequences, and `entropy_rate`, `oracle_unigram_loss` are
+      exact averages over the pool.
+    - curves: per target position t (predicting x_{t+1}), for random kernels.
+    """
+
+    entropy_rate: float
+    unigram_loss: float
+    bayes_loss: float | None = None
+    add_alpha_loss: float | None = None
+    oracle_unigram_loss: float | None = None
+    entropy_rate_se: float = 0.0
+    unigram_loss_se: float = 0.0
+    bayes_loss_se: float | None = None
+    add_alpha_loss_se: float | None = None
+    oracle_unigram_loss_se: float | None = None
+    pool_bayes_loss: float | None = None
+    pool_bayes_loss_se: float | None = None
+    add_alpha_curve: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    add_alpha_curve_se: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    unigram_curve: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    unigram_curve_se: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    pool_bayes_curve: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    pool_bayes_curve_se: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def optimum(self) -> float:
+        """The best loss any predictor reaches: the pool-Bayes loss for a finite pool, the in-context Bayes loss
+        for fresh random kernels, else the entropy rate."""
+        return self.pool_bayes_loss if self.pool_bayes_loss is not None else (
+            self.bayes_loss if self.bayes_loss is not None else self.entropy_rate)
+
+    @property
+    def optimum_se(self) -> float:
+        return self.pool_bayes_loss_se if self.pool_bayes_loss is not None else (
+            self.bayes_loss_se if self.bayes_loss is not None else self.entropy_rate_se)
+
+    @property
+    def in_context(self) -> bool:
+        """True for random kernels, where the references are in-context losses."""
+        return self.bayes_loss is not None
+
+    @property
+    def in_context_unigram_loss(self) -> float | None:
+        """The in-context unigram estimator's loss (random kernels; None for a fixed chain)."""
+        return self.unigram_loss if self.in_context else None
+
+    def as_row(self, digits: int | None = None) -> dict[str, float]:
+        """Flat columns for a metrics row or table: the values that exist, and `<name>_se` where not 0.
+
+        Keys: entropy_rate, unigram_loss (the plateau), for random kernels bayes_loss, add_alpha_loss,
+        oracle_unigram_loss, and for a finite pool pool_bayes_loss. `digits` rounds every value (rows that must
+        compare exactly across calls)."""
+        row: dict[str, float] = {}
+        for name in _ROW_VALUES:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            row[name] = float(value) if digits is None else round(float(value), digits)
+            se = getattr(self, f"{name}_se")
+            if se:
+                row[f"{name}_se"] = float(se) if digits is None else round(float(se), digits)
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "ReferenceLosses":
+        """The values (and standard errors) of `as_row` read back from a metrics row or table row; other keys
+        are ignored, the curves are not in rows."""
+        names = [f.name for f in dataclasses.fields(cls) if "curve" not in f.name]
+        missing = [k for k in ("entropy_rate", "unigram_loss") if row.get(k) is None]
+        if missing:
+            raise ValueError(f"a reference row needs {missing}; it has {sorted(row)}")
+        # a missing `<name>_se` stays None (not recorded, e.g. rows of older runs) for the in-context values
+        return cls(**{k: float(row[k]) for k in names if row.get(k) is not None})
+
+    def describe(self) -> str:
+        """One line for people: every value, with its standard error where that is not negligible (>= 5e-5)."""
+        labels = {"entropy_rate": "entropy rate", "unigram_loss": "in-context unigram loss" if self.in_context
+                  else "unigram loss", "bayes_loss": "in-context Bayes loss", "add_alpha_loss": "add-alpha loss",
+                  "oracle_unigram_loss": "oracle E[H(pi)]", "pool_bayes_loss": "pool Bayes loss"}
+        row = self.as_row()
+        return ", ".join(f"{label} {format_loss(row[k], row.get(k + '_se'))}" for k, label in labels.items() if k in row)
+
+
+def format_loss(value: float, se: float | None = None, digits: int = 4) -> str:
+    """`value` with '± se' appended when the standard error shows at this precision (>= half the last digit)."""
+    text = f"{value:.{digits}f}"
+    if se is not None and se >= 0.5 * 10 ** -digits:
+        text += f" ± {se:.{digits}f}"
+    return text
+
+
+# source: Any, not Source: a non-source gets `_check_source`'s ValueError (the test run's type checker would
+# answer first with a TypeError)
+def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5e-4,
+                     n_sequences: int | None = None) -> ReferenceLosses:
+    """The losses a model trained on `source` is compared with, averaged over the targets t = 0..seq_len-2.
+
+    Fixed kernels (`MarkovChain`, `BinaryChain`): the exact entropy rate (global optimum) and H(pi) (the
+    unigram plateau), standard errors 0. `RandomMarkov` (see `ReferenceLosses` for each value's meaning):
+    E[entropy rate] and E[H(pi)] by quadrature (two states) or Monte Carlo to a standard error below 1e-4 (exact
+    averages over a finite pool); the in-context losses, and for a finite pool the pool-Bayes loss, by Monte
+    Carlo over `seed`'s sequences until each standard error is below `tol` (or over exactly `n_sequences`).
+    Results are cached in memory and on disk (`$MARKOV_INTERP_CACHE`, default ~/.cache/markov-interp; "off"
+    disables), so sweeps and reports pay once.
+
+    Args:
+        source: a `data.Source` (fixed chain or `RandomMarkov`, with or without a pool).
+        seq_len: sequence length; the values average the seq_len - 1 targets.
+        seed: seed of the Monte Carlo draws (random kernels).
+        tol: standard error to reach (random kernels).
+        n_sequences: a fixed number of Monte Carlo sequences instead of `tol`.
+
+    Returns:
+        A `ReferenceLosses` (with `pool_bayes_loss` for a finite pool).
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+        raise ValueError(f"seq_len must be an integer >= 2 (one target at least), got {seq_len!r}")
+    _check_source(source)
+    if source.alpha is None:  # one fixed kernel: exact
+        return ReferenceLosses(entropy_rate=entropy_rate(source), unigram_loss=unigram_loss(source))
+    config = getattr(source, "config", None)
+    if not isinstance(config, SourceConfig):  # the Monte Carlo below is cached under the source's config
+        raise ValueError(f"reference losses of random kernels are keyed on the source's config: "
+                         f"{type(source).__name__} has no `config` property giving its data.SourceConfig")
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got {tol!r}")
+    if n_sequences is not None and (isinstance(n_sequences, bool) or not isinstance(n_sequences, int)
+                                    or n_sequences < 2):
+        raise ValueError(f"n_sequences must be an integer >= 2 or None, got {n_sequences!r}")
+    return _random_references(config.to_json(), seq_len, seed, float(tol), n_sequences)
+
+
+def _source_key(config: SourceConfig) -> dict:
+    """The fields of a random-kernel source in a cache key: its config's set fields (kind "random" left out, so
+    the keys of Dirichlet sources are what they were when they were keyed on RandomMarkov's parameters)."""
+    fields = {k: v for k, v in config.to_dict().items() if v is not None and k != "kind"}
+    return fields if config.kind == "random" else {"kind": config.kind, **fields}
+
+
+@functools.lru_cache(maxsize=64)
+def _random_references(config_json: str, seq_len: int, seed: int, tol: float,
+                       n_sequences: int | None) -> ReferenceLosses:
+    config = SourceConfig.from_json(config_json)
+    source = config.build()
+    kernel = expected_kernel_references(source, seed=seed)
+    pool = source.pool is not None
+    key = {"what": "in-context", **_source_key(config), "seq_len": seq_len, "seed": seed, "tol": tol,
+           "n_sequences": n_sequences, "kernel": kernel.cache_dict()}
+    found = _disk_cache_read(key, _InContextEntry)  # its schema checks the values against this key
+    if found is None:
+        found = _in_context_references(source, seq_len, kernel, seed=seed, tol=tol, n_sequences=n_sequences)
+        if pool:
+            found.update(_pool_bayes_references(source, seq_len, seed=seed, tol=tol, n_sequences=n_sequences))
+        _disk_cache_write(key, found)
+    curves = {k: tuple(v) for k, v in found.items() if k.endswith(("_curve", "_curve_se"))}
+    values = {k: v for k, v in found.items() if k not in curves and k != "n_sequences"}
+    return ReferenceLosses(entropy_rate=kernel.entropy_rate, entropy_rate_se=kernel.entropy_rate_se,
+                           oracle_unigram_loss=kernel.oracle_unigram_loss,
+                           oracle_unigram_loss_se=kernel.oracle_unigram_loss_se,
+                           **values, **curves)
