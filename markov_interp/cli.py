@@ -239,16 +239,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--clamp", action="append", metavar="HOOK[HEADS]=VALUE[@START:END]",
                    help="clamp a hook point while training, e.g. blocks.0.attn.hook_pattern=previous_token@:200, "
                    "blocks.0.attn.hook_z[1]=zero, blocks.0.hook_attn_out=mean, or =FILE.safetensors; repeatable")
-    groups = {name: p.add_argument_group(title) for name, title in (
-        ("data", "data (shortcuts for source.*)"),
-        ("model", "model (shortcuts for model.*: a preset, then overrides; d_vocab follows the source)"),
-        ("training", "training (shortcuts for train.*)"))}
-    for group, flag, key, kwargs in _TRAIN_SHORTCUTS:
-        groups[group].add_argument(flag, default=None, **kwargs)
-    run = _add_process_options(p, device=False)  # --device is the shortcut for train.device above
-    run.add_argument("--seeds", default=None, metavar="SEEDS",
-                     help="train several seeds as one stacked model into RUN_DIR/seed-N/, e.g. 0-7 or 0,3,5 "
-                     "(overrides --seed; each seed gets the weights it gets alone)")
+    _add_train_shortcuts(p)
 
     def handler(args: argparse.Namespace) -> int:
         _set_threads(args)
@@ -280,6 +271,20 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         return EXIT_DIVERGED if diverged else 0
 
     p.set_defaults(handler=handler)
+
+
+def _add_train_shortcuts(p: argparse.ArgumentParser) -> None:
+    """`train`'s shortcut flags (grouped by the config section they set), its process options and --seeds."""
+    groups = {name: p.add_argument_group(title) for name, title in (
+        ("data", "data (shortcuts for source.*)"),
+        ("model", "model (shortcuts for model.*: a preset, then overrides; d_vocab follows the source)"),
+        ("training", "training (shortcuts for train.*)"))}
+    for group, flag, key, kwargs in _TRAIN_SHORTCUTS:
+        groups[group].add_argument(flag, default=None, **kwargs)
+    run = _add_process_options(p, device=False)  # --device is the shortcut for train.device above
+    run.add_argument("--seeds", default=None, metavar="SEEDS",
+                     help="train several seeds as one stacked model into RUN_DIR/seed-N/, e.g. 0-7 or 0,3,5 "
+                     "(overrides --seed; each seed gets the weights it gets alone)")
 
 
 def _parse_seeds(text: str) -> list[int]:

@@ -95,8 +95,9 @@ def initial_state(cfg: ModelConfig, seed: int) -> dict[str, Float[Tensor, "..."]
     (r / sqrt(K)) B c(n) with c(n) = (cos theta_k n, sin theta_k n)_k and r = 8 init_std sqrt(d_model) (eight
     standard rows' norm, `HEAD_START_RADIUS`, so that the first optimiser steps do not scramble it). The
     frequencies theta_k = 2 pi m_k / (n_ctx + 1) are the K integers m_k that maximise the margin
-    K - max_{m != 0} sum_k cos(theta_k m) over the lags m = i - 1 - j a causal query sees. The token embeddings are projected off S. "previous_token" then sets the first 2K rows of layer 0's head-0 W_K to
-    g B^T and of W_Q to g Rot(-theta) B^T, so the score of query i on key j is proportional to
+    K - max_{m != 0} sum_k cos(theta_k m) over the lags m = i - 1 - j a causal query sees. The token embeddings
+    are projected off S. "previous_token" then sets the first 2K rows of layer 0's head-0 W_K to g B^T and of W_Q
+    to g Rot(-theta) B^T, so the score of query i on key j is proportional to
     sum_k cos(theta_k (i - 1 - j)): largest at j = i - 1, by at least a logit gap log(9 n_ctx) (g is set from
     the margin and the expected normalised size of the code). Every other weight keeps its standard draw, and
     nothing is clamped: training changes Q and K freely. "position_code" is the same init with the standard
@@ -114,10 +115,7 @@ def initial_state(cfg: ModelConfig, seed: int) -> dict[str, Float[Tensor, "..."]
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
     shapes = state_shapes(cfg)
-    state = {name: torch.zeros(shape) for name, shape in shapes.items()}
-    for name in state:
-        if name.endswith(("ln1.weight", "ln2.weight")) or name == "ln_final.weight":
-            state[name].fill_(1.0)
+    state = _blank_state(shapes)
     gen = torch.Generator().manual_seed(seed)
     for name, std in _standard_draws(cfg):
         state[name] = torch.randn(shapes[name], generator=gen) * std
@@ -125,6 +123,15 @@ def initial_state(cfg: ModelConfig, seed: int) -> dict[str, Float[Tensor, "..."]
         _canonical(state, cfg, gen)
     if cfg.init_attention is not None:
         _attention_head_start(state, cfg, gen)
+    return state
+
+
+def _blank_state(shapes: dict[str, tuple[int, ...]]) -> dict[str, Float[Tensor, "..."]]:
+    """Zeros of `shapes`, with the LayerNorm scales at 1: what the draws start from."""
+    state = {name: torch.zeros(shape) for name, shape in shapes.items()}
+    for name in state:
+        if name.endswith(("ln1.weight", "ln2.weight")) or name == "ln_final.weight":
+            state[name].fill_(1.0)
     return state
 
 

@@ -247,8 +247,7 @@ def behaviour(
     """
     batch = check_batch(batch, "behaviour")
     tokens = batch.tokens
-    if beta is None:
-        beta = batch.beta
+    beta = batch.beta if beta is None else beta
     if probs is None:
         probs = next_state_probs(model, tokens)
     probs = probs.cpu()
@@ -282,9 +281,8 @@ def behaviour(
         kl_stationary=float(kl_pi.mean()),
         icl_score=in_context_learning_score(curve),
         add_beta_icl_score=in_context_learning_score(ab_curve),
-        state_dependence=state_dependence(
-            model_predictor(model), tokens, vocab=batch.vocab, positions=positions, base=probs
-        ),
+        state_dependence=state_dependence(model_predictor(model), tokens, vocab=batch.vocab, positions=positions,
+                                          base=probs),
         reference_state_dependence=state_dependence(reference, tokens, vocab=batch.vocab, positions=positions),
         context_dependence=context_dependence(probs, tokens, vocab=batch.vocab, order=batch.order),
         reference_context_dependence=context_dependence(add_beta, tokens, vocab=batch.vocab, order=batch.order),

@@ -48,6 +48,7 @@ import math
 from typing import Any, Optional
 
 import torch
+from torch import Tensor
 
 from markov_interp import theory
 from markov_interp.data import Source
@@ -526,37 +527,70 @@ def classify_mechanism(
         raise TypeError(f"thresholds must be a Thresholds, got {type(thresholds).__name__}")
     batch = _probe_batch(model, source, batch, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     tokens = check_tokens(model, batch.tokens)
-    names = probe_hook_names(model)
-    if cache is None or any(name not in cache for name in names):
-        logits, cache = model.run_with_cache(tokens, names_filter=names)
-    else:
-        logits = model(tokens)
+    logits, cache = _logits_and_cache(model, tokens, cache)
     probs = torch.softmax(logits.double(), dim=-1)
-    laws = strategy_probs(batch, beta=beta)
-    sim = strategy_similarity(model, batch, beta=beta, probs=probs, laws=laws)
-    fitted, temperature = fitted_similarity(model, batch, logits, laws, beta=beta)
-    seq = int(batch.tokens.shape[1])
-    graph = discover_circuit(model, source, batch=batch, n_sequences=min(circuit_sequences, batch.tokens.shape[0]),
-                             seed=seed, min_effect=thresholds.edge_min, min_fraction=thresholds.edge_fraction,
-                             method=method, max_edges=max_edges, progress=progress)
-    scores = attention_scores(model, batch.tokens, cache=cache, max_order=batch.order, max_lag=batch.order + 1)
-    gains = graded_gains(probs, batch, beta=sim.beta)
-    swap = kernel_swap(model, source, seq_len=seq, n_sequences=batch.tokens.shape[0], seed=seed)
-    reading = read_circuit(graph, scores, order=batch.order, head_excess=thresholds.head_excess)
-    in_weights = not batch.random_kernel and swap.in_context_fraction < thresholds.in_weights
-    circuit = circuit_verdict(graph, reading, in_weights=in_weights, in_context_fraction=swap.in_context_fraction,
-                              source_order=batch.order)
-    ev = _Evidence(law=law_verdict(sim, fitted, temperature, gains, thresholds), sim=sim, gains=gains, swap=swap,
-                   induction=reading, circuit=circuit, random_kernel=batch.random_kernel, source_order=batch.order)
+    sim, fitted, gains, law = _law_evidence(model, batch, logits, probs, beta=beta, thresholds=thresholds)
+    scores, swap, reading, circuit = _circuit_evidence(
+        model, source, batch, cache, n_sequences=min(circuit_sequences, batch.tokens.shape[0]), seed=seed,
+        thresholds=thresholds, method=method, max_edges=max_edges, progress=progress)
+    ev = _Evidence(law=law, sim=sim, gains=gains, swap=swap, induction=reading, circuit=circuit,
+                   random_kernel=batch.random_kernel, source_order=batch.order)
     mechanism, order, qualifier, confident, reasons, target = _decide(ev, thresholds)
     return MechanismReport(
         mechanism=mechanism, order=order, confident=bool(confident), reasons=tuple(reasons),
         law=with_target(ev.law, target), strategies=sim, gains=gains, kernel_swap=swap, circuit=circuit,
-        induction=reading, behaviour=behaviour(model, head_of_batch(batch, BEHAVIOUR_SEQUENCES), beta=beta,
-                                               probs=probs[:BEHAVIOUR_SEQUENCES], n_flip_positions=4),
-        attention=scores, ablation=ablation_table(model, tokens, method="mean", cache=cache, clean_probs=probs),
+        induction=reading, attention=scores, thresholds=thresholds, source=repr(source),
+        seq_len=int(batch.tokens.shape[1]), n_sequences=int(batch.tokens.shape[0]), seed=seed, qualifier=qualifier,
+        fitted_strategies=fitted, **_side_probes(model, source, batch, tokens, cache, probs, beta=beta),
+    )
+
+
+def _logits_and_cache(model: HookedModel, tokens: Tensor, cache: Optional[Any]) -> tuple[Tensor, Any]:
+    """The model's logits on `tokens`, with a `run_with_cache` of `probe_hook_names` unless `cache` holds them all."""
+    names = probe_hook_names(model)
+    if cache is None or any(name not in cache for name in names):
+        logits, cache = model.run_with_cache(tokens, names_filter=names)
+        return logits, cache
+    return model(tokens), cache
+
+
+def _law_evidence(model: HookedModel, batch: ProbeBatch, logits: Tensor, probs: Tensor, *,
+                  beta: float | int | None, thresholds: Thresholds) -> tuple:
+    """The law side of `classify_mechanism`: (strategy similarities, the fitted-temperature ones, graded gains,
+    the law verdict)."""
+    laws = strategy_probs(batch, beta=beta)
+    sim = strategy_similarity(model, batch, beta=beta, probs=probs, laws=laws)
+    fitted, temperature = fitted_similarity(model, batch, logits, laws, beta=beta)
+    gains = graded_gains(probs, batch, beta=sim.beta)
+    return sim, fitted, gains, law_verdict(sim, fitted, temperature, gains, thresholds)
+
+
+def _circuit_evidence(model: HookedModel, source: Source, batch: ProbeBatch, cache: Any, *, n_sequences: int,
+                      seed: int, thresholds: Thresholds, method: str, max_edges: Optional[int],
+                      progress: Optional[bool]) -> tuple:
+    """The circuit side of `classify_mechanism`: (attention scores, the kernel swap, the induction circuit read
+    from the discovered graph, the circuit verdict)."""
+    graph = discover_circuit(model, source, batch=batch, n_sequences=n_sequences, seed=seed,
+                             min_effect=thresholds.edge_min, min_fraction=thresholds.edge_fraction,
+                             method=method, max_edges=max_edges, progress=progress)
+    scores = attention_scores(model, batch.tokens, cache=cache, max_order=batch.order, max_lag=batch.order + 1)
+    swap = kernel_swap(model, source, seq_len=int(batch.tokens.shape[1]), n_sequences=batch.tokens.shape[0],
+                       seed=seed)
+    reading = read_circuit(graph, scores, order=batch.order, head_excess=thresholds.head_excess)
+    in_weights = not batch.random_kernel and swap.in_context_fraction < thresholds.in_weights
+    circuit = circuit_verdict(graph, reading, in_weights=in_weights, in_context_fraction=swap.in_context_fraction,
+                              source_order=batch.order)
+    return scores, swap, reading, circuit
+
+
+def _side_probes(model: HookedModel, source: Source, batch: ProbeBatch, tokens: Tensor, cache: Any,
+                 probs: Tensor, *, beta: float | int | None) -> dict[str, Any]:
+    """The report's evidence that the verdict does not read: behaviour on the batch's first sequences, the mean
+    ablation table, the kernel readout and the source's reference losses."""
+    return dict(
+        behaviour=behaviour(model, head_of_batch(batch, BEHAVIOUR_SEQUENCES), beta=beta,
+                            probs=probs[:BEHAVIOUR_SEQUENCES], n_flip_positions=4),
+        ablation=ablation_table(model, tokens, method="mean", cache=cache, clean_probs=probs),
         readout=kernel_readout(model, batch, probs=probs),
-        references=theory.reference_losses(source, seq),  # of the source: cached
-        thresholds=thresholds, source=repr(source), seq_len=seq, n_sequences=int(batch.tokens.shape[0]), seed=seed,
-        qualifier=qualifier, fitted_strategies=fitted,
+        references=theory.reference_losses(source, int(batch.tokens.shape[1])),  # of the source: cached
     )

@@ -486,10 +486,21 @@ def discover_circuit(
     check_source_matches(model, source)
     method = _check(corruption=corruption, method=method, max_edges=max_edges, n_sequences=n_sequences,
                     rule=(min_effect, min_fraction, target_faithfulness), flags=(attribution, positions, joint))
-    if batch is None:
-        batch = circuit_batch(model, source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    else:
-        batch = head_of_batch(batch, n_sequences)
+    batch = (circuit_batch(model, source, n_sequences=n_sequences, seq_len=seq_len, seed=seed) if batch is None
+             else head_of_batch(batch, n_sequences))
+    passes = _passes(model, source, batch, corruption=corruption, seed=seed, positions=positions)
+    method = _resolve_method(method, sum(len(p.active) for p in passes), max_edges)
+    rule = (float(min_effect), float(min_fraction), float(target_faithfulness))
+    with _progress(progress) as bar:
+        for p in passes:
+            _measure(p, method, rule, max_edges, bar)
+        return _graph(passes, rule=rule, seed=seed, method=method, attribution=attribution, joint=joint, bar=bar)
+
+
+def _passes(model: HookedModel, source: Source, batch: ProbeBatch, *, corruption: str, seed: int,
+            positions: bool) -> list[_Pass]:
+    """The token pass (`corruption`) and, when asked and the model has a positional sender, the positional pass
+    (permuted positions), each with its active edges: those whose sender varies under the corruption."""
     passes = [_Pass(corruption, EdgeRunner(model, batch.tokens, corrupted_tokens(batch, source, corruption,
                                                                                 seed=seed)), ())]
     if positions and any(s.kind == "pos" for s in senders(model)):
@@ -497,17 +508,18 @@ def discover_circuit(
             batch.tokens, seed=seed + 1)), ()))
     for p in passes:
         p.active = tuple(e for e in p.runner.edges if p.runner.varies(e.sender))
-    n_active = sum(len(p.active) for p in passes)
+    return passes
+
+
+def _resolve_method(method: str, n_active: int, max_edges: Optional[int]) -> str:
+    """The method to run: "auto" becomes "exact" up to `EXACT_UP_TO` active edges, else "attribution+verify";
+    "exact" over `max_edges` edges is refused."""
     if method == "auto":
         method = "exact" if n_active <= EXACT_UP_TO else "attribution+verify"
     if method == "exact" and max_edges is not None and n_active > max_edges:
         raise ValueError(f"method='exact' would measure {n_active} edges, more than max_edges={max_edges}; use "
                          "method='attribution+verify' (or a larger max_edges)")
-    rule = (float(min_effect), float(min_fraction), float(target_faithfulness))
-    with _progress(progress) as bar:
-        for p in passes:
-            _measure(p, method, rule, max_edges, bar)
-        return _graph(passes, rule=rule, seed=seed, method=method, attribution=attribution, joint=joint, bar=bar)
+    return method
 
 
 def _check(*, corruption: str, method: str, max_edges: Any, n_sequences: Any, rule: tuple, flags: tuple) -> str:

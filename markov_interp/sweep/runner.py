@@ -110,11 +110,7 @@ def run(
     Returns:
         The `SweepResult`: one `Row` per cell in spec order, the table's path and the counts.
     """
-    _check_options(backend, workers, group)
-    specs = _as_specs(spec)
-    cells = _distinct_cells(specs)
-    _check_devices(cells, backend)
-    probe_for = _probe_for(specs, cells)
+    specs, cells, probe_for = _plan(spec, backend, workers, group)
     out = Path(out_dir)
     settings = probe_settings()
     # one sweep at a time per folder: a second is refused at once, naming the first, before it writes anything
@@ -125,25 +121,43 @@ def run(
         atomic_write(out / "spec.json", json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True,
                                                    default=str))
         pending, n_skipped = _pending(cells, out, probe_for, settings, retry_failed)
-
-        def save(c: Cell, record: CellRecord) -> None:
-            write_record(out, dataclasses.replace(record, cell_id=c.cell_id,
-                                                  probe_settings=settings if probe_for[c.cell_id] else None))
-
-        if pending:
-            runs_dir = str(out / RUNS_DIR)
-            size = 1 if _cell_fn is not None else (group if group is not None else default_group(pending))
-            groups = group_cells(pending, size, runs_dir)
-            if backend == "ray":
-                executors.run_ray(groups, runs_dir, probe_for, save, progress, _cell_fn)
-            else:
-                executors.run_local(groups, runs_dir, probe_for, save, progress, workers, _cell_fn)
+        _run_cells(pending, out, probe_for, settings, backend, workers, progress, group, _cell_fn)
         rows = [Row.of(c, read_record(record_path(out, c.cell_id))) for c in cells]
         table = write_table(out, rows)
     n_diverged = sum(1 for r in rows if r.status == "diverged")
-    n_failed = sum(1 for r in rows if r.status != "ok") - n_diverged
-    return SweepResult(rows=rows, table=table, n_run=len(pending), n_skipped=n_skipped, n_failed=n_failed,
-                       n_diverged=n_diverged)
+    return SweepResult(rows=rows, table=table, n_run=len(pending), n_skipped=n_skipped, n_diverged=n_diverged,
+                       n_failed=sum(1 for r in rows if r.status != "ok") - n_diverged)
+
+
+def _plan(spec: SpecLike, backend: str, workers: Optional[int],
+          group: Optional[int]) -> tuple[list[SweepSpec], list[Cell], dict[str, bool]]:
+    """`run`'s checks before it touches the folder: the options, the specs, their distinct cells and the cells'
+    devices; and which cells are probed (by cell id)."""
+    _check_options(backend, workers, group)
+    specs = _as_specs(spec)
+    cells = _distinct_cells(specs)
+    _check_devices(cells, backend)
+    return specs, cells, _probe_for(specs, cells)
+
+
+def _run_cells(pending: list[Cell], out: Path, probe_for: dict[str, bool], settings: dict[str, Any], backend: str,
+               workers: Optional[int], progress: bool, group: Optional[int], cell_fn: Optional[CellFn]) -> None:
+    """Run the `pending` cells of the sweep in `out`, in stacks of up to `group` compatible cells (alone with a
+    test's `cell_fn`), on `backend`; each cell's record is written as it ends."""
+    if not pending:
+        return
+
+    def save(c: Cell, record: CellRecord) -> None:
+        write_record(out, dataclasses.replace(record, cell_id=c.cell_id,
+                                              probe_settings=settings if probe_for[c.cell_id] else None))
+
+    runs_dir = str(out / RUNS_DIR)
+    size = 1 if cell_fn is not None else (group if group is not None else default_group(pending))
+    groups = group_cells(pending, size, runs_dir)
+    if backend == "ray":
+        executors.run_ray(groups, runs_dir, probe_for, save, progress, cell_fn)
+    else:
+        executors.run_local(groups, runs_dir, probe_for, save, progress, workers, cell_fn)
 
 
 def _check_devices(cells: list[Cell], backend: str) -> None:

@@ -71,9 +71,17 @@ def add_beta_predictions(
     allowed = _check_support(support, vocab, order, tokens.device)
     if order == 0:  # in-context unigram: state counts over x_0..x_t, whatever the current state
         counts = torch.nn.functional.one_hot(tokens, vocab).to(torch.float64).cumsum(1)
-        if allowed is None:
-            return (counts + beta) / (counts.sum(-1, keepdim=True) + vocab * beta)
-        return _restricted(counts, allowed[tokens], beta)
+        return _add_beta(counts, None if allowed is None else allowed[tokens], beta)
+    current, ctx = _current_context_counts(tokens, vocab, order)
+    probs = _add_beta(current, None if allowed is None else allowed[ctx.clamp_min(0)], beta)
+    probs[ctx < 0] = 1.0 / vocab
+    return probs
+
+
+def _current_context_counts(tokens: Int[Tensor, "batch pos"], vocab: int,
+                            order: int) -> tuple[Float[Tensor, "batch pos vocab"], Int[Tensor, "batch pos"]]:
+    """Per position t, the counts n(c_t, x) of the transitions c_t -> x seen in x_0..x_t out of the current context
+    c_t, and c_t itself (`context_index`: -1 where fewer than `order` states, whose counts are meaningless)."""
     batch, seq = tokens.shape
     n_ctx = vocab**order
     ctx = context_index(tokens, vocab, order)
@@ -84,12 +92,16 @@ def add_beta_predictions(
     onehot.scatter_(2, (pair % (n_ctx * vocab + 1)).unsqueeze(-1), 1.0)  # -1 lands in the spare last slot
     counts = onehot[..., :-1].cumsum(1).reshape(batch, seq, n_ctx, vocab)
     current = torch.gather(counts, 2, ctx.clamp_min(0)[..., None, None].expand(batch, seq, 1, vocab))[:, :, 0]
+    return current, ctx
+
+
+def _add_beta(counts: Float[Tensor, "batch pos vocab"], allowed: Bool[Tensor, "batch pos vocab"] | None,
+              beta: float | int) -> Float[Tensor, "batch pos vocab"]:
+    """(counts + beta), normalised over every state, or over the `allowed` ones (0 elsewhere) when given."""
     if allowed is None:
-        probs = (current + beta) / (current.sum(-1, keepdim=True) + vocab * beta)
-    else:
-        probs = _restricted(current, allowed[ctx.clamp_min(0)], beta)
-    probs[ctx < 0] = 1.0 / vocab
-    return probs
+        return (counts + beta) / (counts.sum(-1, keepdim=True) + counts.shape[-1] * beta)
+    weights = (counts + beta) * allowed.to(counts.dtype)
+    return weights / weights.sum(-1, keepdim=True)
 
 
 def _check_support(support: Any, vocab: int, order: int, device: torch.device) -> Tensor | None:
@@ -104,14 +116,6 @@ def _check_support(support: Any, vocab: int, order: int, device: torch.device) -
     if not bool(support.any(-1).all()):
         raise ValueError("support has a row that allows no state")
     return support.to(device)
-
-
-def _restricted(counts: Float[Tensor, "batch pos vocab"], allowed: Bool[Tensor, "batch pos vocab"],
-                beta: float) -> Float[Tensor, "batch pos vocab"]:
-    """(counts + beta) over the allowed states, normalised; 0 elsewhere."""
-    mask = allowed.to(counts.dtype)
-    weights = (counts + beta) * mask
-    return weights / weights.sum(-1, keepdim=True)
 
 
 def in_context_loss_curve(
