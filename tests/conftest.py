@@ -12,6 +12,9 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+# ... and in every process a test starts (CLI runs, notebook kernels, Ray workers): a child with torch's default
+# pool of 2 threads beside the other xdist worker ran 1.2-3x slower than with one (measured on this 2-core machine)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MARKOV_INTERP_CACHE", tempfile.mkdtemp(prefix="markov-interp-cache-"))
 
 # The probe / model / report tier: CI runs these files again under TransformerLens 2.18 and 3.2

@@ -109,7 +109,7 @@ class Cluster:
         group = self.process.pid  # the session leader: its pid is the group's id
         try:
             os.killpg(group, signal.SIGTERM)
-            self.process.wait(60)
+            self.process.wait(5)  # Ray's graceful stop takes ~30 s; the cluster and its folder are ours to kill
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
         try:
