@@ -14,7 +14,7 @@ from markov_interp.data import SourceConfig
 from markov_interp.models import ModelConfig, preset
 from markov_interp.training import RunConfig, TrainConfig, build_run, default_run, override_run
 
-FIXTURES = Path(__file__).parent / "data" / "run_configs"
+FIXTURES = Path(__file__).parents[1] / "data" / "run_configs"
 
 
 # ------------------------------------------------------------------------------------------ serialisation
@@ -236,7 +236,7 @@ def test_the_reader_refuses_a_row_whose_config_is_not_its_cell(tmp_path):
 
 def test_tables_written_before_typed_rows_read_back():
     """results.csv of the earlier, dict-based sweep (fixture: two ok cells, two failed) reads as typed rows."""
-    rows = sweep.read_table(Path(__file__).parent / "data" / "results_v1.csv")
+    rows = sweep.read_table(Path(__file__).parents[1] / "data" / "results_v1.csv")
     assert [r.status for r in rows] == ["ok", "failed", "ok", "failed"]
     ok = rows[0]
     assert ok.params == {"model.tie_weights": True, "seed": 0} and ok.config.source.kernel == ((0.9, 0.1), (0.4, 0.6))

@@ -1,6 +1,6 @@
 """experiments: the three intervention experiments of issue 14, on tiny budgets (the code path, not the science:
 docs/reproduction/interventions/ holds the 16-seed results). The shared budget / summary path and the registry:
-tests/test_experiment_path.py."""
+tests/experiments/test_experiment_path.py."""
 
 import dataclasses
 import json

@@ -21,11 +21,10 @@ from markov_interp.training import runfolder
 from markov_interp.training.runfolder import RunFolderBusy, RunFolderError, TrainingDiverged
 from markov_interp.training import checkpoint_steps, train
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_sweep import logging_cell, tiny_spec  # noqa: E402
-from test_training import assert_same_weights, tiny_run  # noqa: E402
+from tests.sweep.test_sweep import logging_cell, tiny_spec  # noqa: E402
+from tests.training.test_training import assert_same_weights, tiny_run  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
        "OMP_NUM_THREADS": "1"}
 
@@ -145,7 +144,7 @@ def test_cell_that_always_kills_its_worker_fails_alone(tmp_path):
 @pytest.mark.slow
 def test_ray_dead_worker_fails_only_its_cell(tmp_path):
     ray = pytest.importorskip("ray")
-    import test_sweep
+    from tests.sweep import test_sweep
 
     # Ray's workers may not have tests/ on their path: ship the cell functions by value
     for module in (sys.modules[__name__], test_sweep):

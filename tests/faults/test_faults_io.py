@@ -27,11 +27,10 @@ from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.training.runfolder import RunFolderBusy
 from markov_interp.training import train
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_sweep import logging_cell, tiny_spec  # noqa: E402
-from test_training import tiny_run  # noqa: E402
+from tests.sweep.test_sweep import logging_cell, tiny_spec  # noqa: E402
+from tests.training.test_training import tiny_run  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
        "OMP_NUM_THREADS": "1"}
 VICTIM_BYTES = b"precious data the package must never touch\n"

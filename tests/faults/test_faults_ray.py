@@ -21,13 +21,12 @@ from markov_interp import models, sweep
 from markov_interp.training import loop, runfolder
 from markov_interp.training.runfolder import RunFolderBusy
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_sweep import tiny_spec  # noqa: E402
+from tests.sweep.test_sweep import tiny_spec  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray' package")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]),
        "OMP_NUM_THREADS": "1", "RAY_DISABLE_USAGE_STATS": "1",

@@ -24,11 +24,10 @@ from markov_interp.training.plan import PlanTooLarge
 from markov_interp.training.runfolder import RunFolderError
 from markov_interp.training.schedule import StepPlan, checkpoint_steps
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_sweep import tiny_spec  # noqa: E402
-from test_training import assert_same_weights, tiny_run  # noqa: E402
+from tests.sweep.test_sweep import tiny_spec  # noqa: E402
+from tests.training.test_training import assert_same_weights, tiny_run  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Killed(Exception):

@@ -21,12 +21,11 @@ from markov_interp.training import loop, plan, runfolder, train
 from markov_interp.training.plan import PlanTooLarge
 from markov_interp.training.runfolder import RunFolderError
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_faults_io import _can_mount_tmpfs  # noqa: E402
-from test_sweep import tiny_spec  # noqa: E402
-from test_training import tiny_run  # noqa: E402
+from tests.faults.test_faults_io import _can_mount_tmpfs  # noqa: E402
+from tests.sweep.test_sweep import tiny_spec  # noqa: E402
+from tests.training.test_training import tiny_run  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
        "OMP_NUM_THREADS": "1"}
 

@@ -7,7 +7,6 @@ trained is recomputed."""
 import json
 import math
 import shutil
-import sys
 import warnings
 from pathlib import Path
 
@@ -18,10 +17,9 @@ from markov_interp.data import RandomMarkov
 from markov_interp.sweep.records import RESULTS_DIR, read_record
 from markov_interp.training import RunConfig, runfolder
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_sweep import tiny_spec  # noqa: E402
+from tests.sweep.test_sweep import tiny_spec  # noqa: E402
 
-STORED = Path(__file__).parent / "data" / "stored_86ed974"
+STORED = Path(__file__).parents[1] / "data" / "stored_86ed974"
 RECORDS = sorted(p for p in STORED.glob("sweeps/*/results/*.json") if not p.name.endswith(".probe.json"))
 
 

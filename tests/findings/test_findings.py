@@ -13,7 +13,7 @@ from markov_interp import dynamics, experiments, findings, reproduce, sweep
 from markov_interp.findings import _engine
 from markov_interp.training import evaluation_steps
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REPRO = ROOT / "docs" / "reproduction"
 
 

@@ -90,9 +90,9 @@ def test_a_function_that_fails_to_compile_runs_eagerly_with_one_warning(monkeypa
 def _compiled_case(case: str, tmp_path) -> dict:
     """tests/compile_runs.py CASE in a fresh process (without the suite's jaxtyping wrappers, which TorchDynamo
     cannot trace): its JSON, after checking that it compiled (no fallback warning)."""
-    root = Path(__file__).parents[1]
+    root = Path(__file__).parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("compile_runs.py")), case, str(tmp_path)],
+    done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "compile_runs.py"), case, str(tmp_path)],
                           capture_output=True, text=True, timeout=1500, cwd=root, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -189,7 +189,7 @@ def test_stacked_gradients_equal_the_hooked_models():
     model = build(preset("paper-2layer", n_ctx=SMALL_CTX, n_heads=(1, 2)), seed=0)
     if not is_bridge(model):
         pytest.skip("TransformerLens < 4: HookedTransformer parameters have another layout (and a tied copy); "
-                    "its logits equal the fused forward's (test above, tests/test_tl.py)")
+                    "its logits equal the fused forward's (test above, tests/models/test_tl.py)")
     stack = _stack_of(model)
     toks = tokens()
     stacked_forward(stack, toks[None]).logsumexp(-1).mean().backward()
@@ -210,10 +210,12 @@ def test_stacked_forward_refuses_long_input():
 
 # ---------------------------------------------------------------------------------------------- tying
 def test_tying_is_one_parameter_and_survives_an_update_and_to():
-    """The TL 4 bridge ties by one Parameter (TL 2/3's HookedTransformer holds an equal copy: tests/test_tl.py)."""
+    """The TL 4 bridge ties by one Parameter (TL 2/3's HookedTransformer holds an equal copy:
+    tests/models/test_tl.py)."""
     model = build(preset("paper-1layer", n_ctx=4), seed=0)
     if not is_bridge(model):
-        pytest.skip("TransformerLens < 4: HookedTransformer has no tying (W_U is an equal copy, tests/test_tl.py)")
+        pytest.skip("TransformerLens < 4: HookedTransformer has no tying (W_U is an equal copy, "
+                    "tests/models/test_tl.py)")
     model = build(preset("paper-1layer", n_ctx=SMALL_CTX), seed=0)
     assert model.embed.W_E.data_ptr() == model.unembed.W_U.data_ptr()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -319,7 +321,7 @@ def _digest(state: dict) -> str:
     return digest.hexdigest()
 
 
-INIT_REFERENCE = json.loads((Path(__file__).parent / "data" / "init_main.json").read_text())
+INIT_REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "init_main.json").read_text())
 
 
 @pytest.mark.parametrize("name", sorted(INIT_REFERENCE))

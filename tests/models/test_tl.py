@@ -18,7 +18,7 @@ from markov_interp import models
 from markov_interp.models import ModelConfig, preset
 from markov_interp.models.stack import Stack, stacked_forward
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KIND = models.hooked_kind()
 
 

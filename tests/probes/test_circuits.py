@@ -526,7 +526,7 @@ def test_report_from_a_model_without_a_run_folder(tmp_path):
 
 @pytest.mark.slow
 def test_circuit_section_draws_in_a_real_browser_without_the_network(tmp_path):
-    """The report of a model without a run folder, opened offline in Debian's chromium (as tests/test_report.py
+    """The report of a model without a run folder, opened offline in Debian's chromium (as tests/report/test_report.py
     drives it): the SVG diagram is laid out with one path per kept edge, and nothing is fetched."""
     import os
 

@@ -265,7 +265,7 @@ def _probe_examples(circuit, mech, batch) -> dict:
         "CircuitVerdict": mech.circuit, "Edge": mech.circuit.edges[0], "PassResult": mech.graph.position,
         "JointTest": mech.graph.joint[0],
         "Cancelling": Cancelling(edges=("L1H1->logits", "L1H2->logits"), effect=0.0, se=0.0, alone=(0.249, 0.259),
-                                 corruption="resample", dropped=True),  # (tests/test_verdicts.py finds real ones)
+                                 corruption="resample", dropped=True),  # (test_verdicts.py finds real ones)
         "Circuit": mech.induction, "Role": mech.induction.roles[0], "BehaviourReport": mech.behaviour,
         "AttentionScores": mech.attention, "AblationTable": mech.ablation, "KernelReadout": mech.readout,
         "StrategySimilarity": mech.strategies, "ProbeBatch": batch,

@@ -5,13 +5,10 @@ Reference numbers are computed independently here (explicit loops, closed forms)
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
 from handbuilt import (  # noqa: E402
     decoy_kernel_model,
     induction_circuit,
@@ -371,7 +368,7 @@ def test_k_composition_links_previous_token_head_to_induction_head(induction3):
 
 
 # ------------------------------------------------------------------------------------------ classify
-# The first round's cases (more in tests/test_classify.py); 96 states, where the hand-built induction model's
+# The first round's cases (more in tests/probes/test_classify.py); 96 states, where the hand-built induction model's
 # linear read-out of counts is close enough to the in-context bigram law.
 def _handbuilt(kind, source):
     if kind == "induction":

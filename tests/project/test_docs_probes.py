@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "probes.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "probes.md"
 
 
 @pytest.mark.slow  # trains a model and computes random-kernel reference losses by Monte Carlo (~25 s)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-FOLDER = Path(__file__).resolve().parent.parent / "notebooks"
+FOLDER = Path(__file__).resolve().parents[2] / "notebooks"
 SOURCES = sorted(FOLDER.glob("[0-9][0-9]_*.py"))
 IDS = [p.stem for p in SOURCES]
 nbformat = pytest.importorskip("nbformat")

@@ -11,7 +11,7 @@ import pytest
 
 from markov_interp import dynamics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "reproduction" / "precision" / "compare.py"
 
 

@@ -14,7 +14,7 @@ from markov_interp.report import figures
 
 
 def test_phase_figure_colours_cells_by_fraction_stuck_and_marks_the_theory():
-    from tests.test_reproduce import condition
+    from tests.reproduce.test_reproduce import condition
 
     rows = [condition(p=0.1, q=0.3, stuck_fraction=0.0, theory="bigram"),
             condition(p=0.5, q=0.7, stuck_fraction=1.0, theory="unigram"),
@@ -56,7 +56,7 @@ def test_mechanism_figure_stacks_the_counts():
 
 
 def test_init_precision_figure_draws_the_fractions():
-    from tests.test_reproduce import condition
+    from tests.reproduce.test_reproduce import condition
 
     rows = [condition(init="standard", precision="fp32", stuck_fraction=2 / 3, theory="unigram"),
             condition(init="standard", precision="fp16", stuck_fraction=1.0, theory="unigram"),

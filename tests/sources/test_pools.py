@@ -17,7 +17,8 @@ import torch
 
 from markov_interp import probes, sweep, theory, training
 from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov, Source, SourceConfig
-from test_kernel_predictions import _power_stationary as power_stationary  # by power iteration, plain Python
+# by power iteration, plain Python
+from tests.theory.test_kernel_predictions import _power_stationary as power_stationary
 
 MU2 = [0.4, 0.1, 0.2, 0.3]  # a non-stationary first-context law, order 2 on 2 states
 

@@ -372,11 +372,11 @@ def test_cli_sweep_bad_spec(tmp_path, capsys):
     assert "markov-interp sweep: error:" in err and "'model.heads' names no model option" in err
 
 
-# the reproduction's tests: tests/test_reproduce.py
+# the reproduction's tests: tests/reproduce/test_reproduce.py
 
 
 def test_example_spec_in_docs_loads():
-    spec = sweep.load_spec(Path(__file__).parent.parent / "docs" / "examples" / "pq-tying.toml")
+    spec = sweep.load_spec(Path(__file__).parents[2] / "docs" / "examples" / "pq-tying.toml")
     cells = spec.cells()
     assert len(cells) == (9 - 3) * 2 * 3
     assert all(abs(c.config.source.p + c.config.source.q - 1) > 1e-9 for c in cells)

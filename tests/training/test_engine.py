@@ -20,8 +20,8 @@ from markov_interp.models import preset
 from markov_interp.models.optim import StackedOptimizer
 from markov_interp.training import RunConfig, TrainConfig, runfolder, train, train_many
 
-ROOT = Path(__file__).resolve().parents[1]
-OLD_RUNS = Path(__file__).parent / "data" / "old_runs"  # written by tests/data/make_fixtures.py with main's code
+ROOT = Path(__file__).resolve().parents[2]
+OLD_RUNS = Path(__file__).parents[1] / "data" / "old_runs"  # written by tests/data/make_fixtures.py with main's code
 BINARY = SourceConfig(kind="binary", p=0.5, q=0.8)
 
 
