@@ -25,10 +25,11 @@ Sources are used through the `data.Source` protocol (vocab, order, alpha, pool, 
 
 Order-k kernels ([V]*k + [V]) are handled through the chain on contexts (the last k states).
 
-The package has one module per idea, each importing only those above it: `fixed` (laws of one fixed chain),
-`pools` (finite pools of kernels), `cache` (the on-disk cache of reference values and its entry schemas),
-`expectations` (E[entropy rate], E[H(pi)] over random kernels), `in_context` (the add-beta estimators and the
-in-context Monte Carlo) and `references` (the true and plateau predictors of a source, `reference_losses`).
+The package has one module per idea, each importing only those listed before it (and `_stats`, the Monte Carlo
+summaries): `fixed` (laws of one fixed chain), `pools` (finite pools of kernels), `cache` (the on-disk cache of
+reference values and its entry schemas), `expectations` (E[entropy rate], E[H(pi)] over random kernels),
+`in_context` (the add-beta estimators and the in-context Monte Carlo) and `references` (the true and plateau
+predictors of a source, `reference_losses`).
 Everything public is re-exported here (`theory.X`). A test that replaces a private name patches the module that
 uses it (`theory.cache._code_version`, `theory.pools._CHUNK_ELEMENTS`, ...): a name here is only a re-export.
 """
