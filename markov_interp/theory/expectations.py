@@ -232,7 +232,3 @@ def _kernel_expectations_cached(vocab: int, order: int, alpha: float, seed: int,
     _disk_cache_write(key, out.cache_dict())
     return out
 
-
-# ------------------------------------------------------------------------------------------ disk cache
-# An entry is a JSON file {"key": ..., "value": ...} named by a hash of its key: the inputs, this version and a
-# hash of the code that computes the values. Reading one never trusts it: a file that is not a regular file,
