@@ -9,7 +9,13 @@ A config is a frozen, keyword-only dataclass that also derives from `Config`, wh
 - `replace(**changes)`: `dataclasses.replace` after checking the field names.
 
 The validators below (`check_int`, `check_number`, `check_choice`, `check_probability`, `check_bool`) are the
-common checks of `__post_init__` methods; each raises a `ValueError` naming the option and the bad value.
+common checks of `__post_init__` methods and of public functions' arguments; each raises a `ValueError` naming the
+option, what it takes and the bad value. No module writes `isinstance(x, bool) or not isinstance(x, int)` itself
+(tests/test_standards.py scans for it).
+
+`check_value` is the one annotation checker: a value against its annotation (`check_type`) and the limits of
+`bounds()`. `check_fields` applies it to every field of a dataclass (a budget, a probe's component, the classifier's
+thresholds: bounds declared per field, or a class's own rule for its fields).
 
 `Checked` is the base of the typed records of stored files (a sweep's cell records and results, a run's
 divergence record, metrics rows, reference-cache entries): its `__post_init__` checks every field against its

@@ -44,9 +44,11 @@ class Budget(Config):
     """How much compute an experiment spends, and what a reduced budget leaves out.
 
     Subclass it (a frozen, keyword-only dataclass) to add an experiment's own fields. Every field is checked
-    against its annotation when the budget is made (also by `replace`): an `int` is a positive integer (or >= 0
-    when named in `ZERO_OK`), a `float` a finite number, a `str` a string, a `tuple[X, ...]` a non-empty tuple
-    of X (a list is stored as a tuple); `check()` adds a subclass's rules across fields.
+    against its annotation when the budget is made (also by `replace`), by the one checker
+    (`config.check_fields`): an `int` is a positive integer (or >= 0 when named in `ZERO_OK`; `Optional[int]`:
+    None or a positive integer), a `float` a finite number (stored as a float), a `str` a string, a
+    `tuple[X, ...]` a non-empty tuple of X (a list is stored as a tuple); a field declared with `config.bounds`
+    takes those limits instead. `check()` adds a subclass's rules across fields.
 
     >>> Budget(name="full", seeds=16, steps=2000).replace(steps=100, name="short", cuts="100 steps")
     Budget(name='short', seeds=16, steps=100, device='auto', cuts='100 steps')
