@@ -226,7 +226,7 @@ DAMAGE = {"a string loss": "final_eval_loss must be a number", "a negative loss"
           "an unknown outcome": "outcome must be one of", "stuck but not censored": "must equal censored",
           "an excess off the entropy rate": "is not the entropy rate", "unreadable crossings": "crossings",
           "p_hat above 1": "p_hat must be in [0, 1]", "a head of three numbers": "must be a list of 2 values",
-          "a stack of 0": "stack_size must be in [1, inf]", "another cell's id": "record of cell 0123456789abcdef",
+          "a stack of 0": "stack_size must be an integer >= 1", "another cell's id": "record of cell 0123456789abcdef",
           "a failure without its error": "its error is null", "an unknown field in the result": "speed"}
 
 
