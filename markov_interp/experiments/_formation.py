@@ -15,8 +15,8 @@ from typing import Any, Optional
 from markov_interp import dynamics
 from markov_interp.experiments import Table, _shared
 
-__all__ = ["FORMATION_SEQUENCES", "FormationRecord", "measure_formation", "is_k_edge", "k_edge_timing", "formation_table",
-           "formation_figure"]
+__all__ = ["FORMATION_SEQUENCES", "FormationRecord", "measure_formation", "is_k_edge", "k_edge_timing",
+           "formation_table", "formation_figure"]
 
 FORMATION_SEQUENCES = 64  # probe sequences per checkpoint (one batch for every checkpoint of a run)
 _KEY = "formation-1"
