@@ -218,7 +218,7 @@ def _damaged(record: dict, how: str) -> dict:
     return record
 
 
-DAMAGE = {"a string loss": "final_eval_loss must be a number", "a negative loss": "final_train_loss must be in",
+DAMAGE = {"a string loss": "final_eval_loss must be a number", "a negative loss": "final_train_loss must be a number >= 0",
           "a NaN loss": "final_eval_loss must be a finite number", "a bool step": "final_step must be an integer",
           "a fractional step": "final_step must be an integer", "an escape after the end": "is after the final step",
           "an unknown outcome": "outcome must be one of", "stuck but not censored": "must equal censored",
