@@ -9,7 +9,13 @@ A config is a frozen, keyword-only dataclass that also derives from `Config`, wh
 - `replace(**changes)`: `dataclasses.replace` after checking the field names.
 
 The validators below (`check_int`, `check_number`, `check_choice`, `check_probability`, `check_bool`) are the
-common checks of `__post_init__` methods; each raises a `ValueError` naming the option and the bad value.
+common checks of `__post_init__` methods and of public functions' arguments; each raises a `ValueError` naming the
+option, what it takes and the bad value. No module writes `isinstance(x, bool) or not isinstance(x, int)` itself
+(tests/test_standards.py scans for it).
+
+`check_value` is the one annotation checker: a value against its annotation (`check_type`) and the limits of
+`bounds()`. `check_fields` applies it to every field of a dataclass (a budget, a probe's component, the classifier's
+thresholds: bounds declared per field, or a class's own rule for its fields).
 
 `Checked` is the base of the typed records of stored files (a sweep's cell records and results, a run's
 divergence record, metrics rows, reference-cache entries): its `__post_init__` checks every field against its
@@ -38,7 +44,7 @@ import json
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional, TypeVar, Union
 
 __all__ = [
@@ -53,6 +59,10 @@ __all__ = [
     "Checked",
     "check_type",
     "bounds",
+    "check_value",
+    "check_fields",
+    "field_limits",
+    "scalar_kind",
     "parse_value",
     "parse_setting",
 ]
@@ -162,19 +172,37 @@ class Config:
 
 
 # ----------------------------------------------------------------------------------------------- validators
-def check_int(name: str, value: Any, *, minimum: int) -> None:
-    """An integer (not a bool) >= `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def check_int(name: str, value: Any, *, minimum: Optional[int] = None, maximum: Optional[int] = None,
+              none_ok: bool = False) -> None:
+    """An integer (not a bool) >= `minimum` and <= `maximum` (either may be None: no bound); with `none_ok` None
+    passes too. ValueError naming `name`, what it takes and the value.
+
+    >>> check_int("workers", 0, minimum=1, none_ok=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: workers must be None or an integer >= 1, got 0
+    """
+    if none_ok and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum) \
+            or (maximum is not None and value > maximum):
+        what = ("an integer" + (f" >= {minimum}" if maximum is None and minimum is not None else "")
+                + (f" in {minimum}..{maximum}" if maximum is not None and minimum is not None else "")
+                + (f" <= {maximum}" if minimum is None and maximum is not None else ""))
+        raise ValueError(f"{name} must be {'None or ' if none_ok else ''}{what}, got {value!r}")
 
 
-def check_number(name: str, value: Any, *, minimum: Optional[float | int] = None, positive: bool = False) -> None:
-    """A finite int or float (not a bool); with `minimum` also >= minimum, with `positive` also > 0."""
+def check_number(name: str, value: Any, *, minimum: Optional[float | int] = None, positive: bool = False,
+                 finite: bool = True) -> None:
+    """An int or float (not a bool), finite unless `finite=False` (NaN is refused either way); with `minimum` also
+    >= minimum, with `positive` also > 0."""
     bound = f" >= {minimum:g}" if minimum is not None else ""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
+    noun = "a finite number" if finite else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or (finite and not math.isfinite(value)):
+        raise ValueError(f"{name} must be {noun}{bound}, got {value!r}")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
+        raise ValueError(f"{name} must be {noun}{bound}, got {value!r}")
     if positive and value <= 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
 
@@ -185,8 +213,12 @@ def check_choice(name: str, value: Any, choices: tuple) -> None:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
-def check_probability(name: str, value: Any) -> float:
-    """A number in [0, 1] (NaN refused); returned as a float."""
+def check_probability(name: str, value: Any, *, strict: bool = False) -> float:
+    """A number in [0, 1] (NaN refused), with `strict` in (0, 1); returned as a float."""
+    if strict:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
+            raise ValueError(f"{name} must be a probability strictly between 0 and 1, got {value!r}")
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
     value = float(value)
@@ -231,6 +263,10 @@ def check_type(name: str, value: Any, kind: Any) -> Any:
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if kind is Any:
         return value
+    if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{name} must be one of {list(args)}, got {value!r}")
+        return value
     if origin in (Union, types.UnionType):
         others = [arm for arm in args if arm is not type(None)]
         if len(others) == 1 and len(args) == 2:  # Optional[X]: X's own message (a list of 3 values, not "or null")
@@ -271,27 +307,76 @@ def check_type(name: str, value: Any, kind: Any) -> Any:
 
 
 def bounds(*, minimum: Optional[float | int] = None, maximum: Optional[float | int] = None, finite: bool = True,
-           default: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field of a `Checked` record whose numbers (and the numbers of a list) must be finite (unless
-    `finite=False`) and within [minimum, maximum]; None passes (the annotation says whether it may be None)."""
-    metadata = {"bounds": (minimum, maximum, finite)}
-    return dataclasses.field(default=default, metadata=metadata)
+           nonempty: bool = False, default: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field checked (by `Checked`, `check_fields`) against its annotation and these bounds: its numbers
+    (and the numbers of a list, at any depth) finite (unless `finite=False`; NaN is refused whenever a bound is
+    given) and within [minimum, maximum], with `nonempty` every list non-empty; None passes (the annotation says
+    whether it may be None)."""
+    return dataclasses.field(default=default, metadata={"bounds": dict(minimum=minimum, maximum=maximum,
+                                                                       finite=finite, nonempty=nonempty)})
 
 
-def _check_bounds(name: str, value: Any, minimum: Optional[float | int], maximum: Optional[float | int],
-                  finite: bool) -> None:
+def scalar_kind(kind: Any) -> Any:
+    """The scalar type an annotation holds (int for `Optional[tuple[int, ...]]`), for the messages of bounds."""
+    arms = [a for a in typing.get_args(kind) if a is not type(None) and a is not Ellipsis]
+    if typing.get_origin(kind) in (Union, types.UnionType, tuple, list) and len(set(arms)) == 1:
+        return scalar_kind(arms[0])
+    return kind
+
+
+def _check_bounds(name: str, value: Any, *, minimum: Optional[float | int] = None,
+                  maximum: Optional[float | int] = None, finite: bool = True, nonempty: bool = False,
+                  integer: bool = False) -> None:
     if isinstance(value, (list, tuple)):
+        if nonempty and not value:
+            raise ValueError(f"{name} must be a non-empty list, got {value!r}")
         for i, v in enumerate(value):
-            _check_bounds(f"{name}[{i}]", v, minimum, maximum, finite)
+            _check_bounds(f"{name}[{i}]", v, minimum=minimum, maximum=maximum, finite=finite, nonempty=nonempty,
+                          integer=integer)
         return
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if finite and not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        low = "-inf" if minimum is None else f"{minimum:g}"
-        high = "inf" if maximum is None else f"{maximum:g}"
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
+    if (minimum is not None and not value >= minimum) or (maximum is not None and not value <= maximum):
+        noun = "an integer" if integer else "a number"
+        if minimum is not None and maximum is not None:
+            what = f"in [{minimum:g}, {maximum:g}]"
+        else:
+            what = f"{noun} >= {minimum:g}" if minimum is not None else f"{noun} <= {maximum:g}"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+def check_value(name: str, value: Any, kind: Any, **limits: Any) -> Any:
+    """`value` checked against the annotation `kind` (`check_type`), then against `limits` (the keywords of
+    `bounds`); returns it as `check_type` does. The one annotation checker of configs, budgets and records.
+
+    >>> check_value("steps", 0, int, minimum=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: steps must be an integer >= 1, got 0
+    """
+    value = check_type(name, value, kind)
+    if limits:
+        _check_bounds(name, value, **limits, integer=scalar_kind(kind) is int)
+    return value
+
+
+def field_limits(field: "dataclasses.Field") -> dict[str, Any]:
+    """The `bounds` a dataclass field was declared with ({} when none)."""
+    return dict(field.metadata.get("bounds", {}))
+
+
+def check_fields(obj: Any, *, prefix: str = "", limits: Optional[Callable[["dataclasses.Field"], dict]] = None,
+                 ) -> None:
+    """Every field of the (frozen) dataclass `obj` checked with `check_value` against its annotation and its
+    limits (`limits(field)`, by default the field's `bounds`), and stored back (a list where a tuple is annotated
+    becomes a tuple). ValueError naming `prefix` + the field. For a `__post_init__` of a dataclass that is no
+    `Checked` record (a budget, a component)."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = check_value(prefix + f.name, getattr(obj, f.name), hints[f.name], **(limits or field_limits)(f))
+        object.__setattr__(obj, f.name, value)
 
 
 @functools.lru_cache(maxsize=None)
@@ -314,7 +399,7 @@ class Checked:
     >>> Loss.from_dict({"value": -1})
     Traceback (most recent call last):
     ...
-    ValueError: Loss: value must be in [0, inf], got -1
+    ValueError: Loss: value must be a number >= 0, got -1
     """
 
     def __post_init__(self) -> None:
@@ -327,12 +412,8 @@ class Checked:
         """`data` (field values) checked against the fields' annotations and bounds, lists made tuples where a
         tuple is annotated (before construction too: a runtime type checker then sees the annotated types)."""
         hints, fields = _hints(cls), {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        out = {}
-        for name, value in data.items():
-            out[name] = check_type(name, value, hints[name])
-            if "bounds" in fields[name].metadata:
-                _check_bounds(name, out[name], *fields[name].metadata["bounds"])
-        return out
+        return {name: check_value(name, value, hints[name], **field_limits(fields[name]))
+                for name, value in data.items()}
 
     def check(self) -> None:
         """Rules across fields (raise ValueError naming them); none here."""

@@ -10,6 +10,7 @@ import numpy as np
 from jaxtyping import Float
 
 from markov_interp._display import displayed
+from markov_interp.config import check_int
 from markov_interp.dynamics._runs import ESCAPE_FRACTION, MIN_RUNS, ExcessCurve, RunDynamics, StepInterval
 from markov_interp.dynamics._survival import Quantile, _aligned, _estimate, _grid, _same_lines, survival
 
@@ -234,8 +235,7 @@ def _compare_at(a: Sequence[StepInterval], b: Sequence[StepInterval], fraction: 
 
 def _draws(na: int, nb: int, n_boot: int, seed: int) -> tuple:
     """The bootstrap resamples of both conditions' runs (indices), shared by every statistic of a comparison."""
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
-        raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}")
+    check_int("n_boot", n_boot, minimum=1)
     rng = np.random.default_rng(seed)
     return rng.integers(0, na, size=(n_boot, na)), rng.integers(0, nb, size=(n_boot, nb))
 

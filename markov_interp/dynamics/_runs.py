@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from markov_interp._display import displayed
+from markov_interp.config import check_int
 
 FRACTIONS: tuple[float, ...] = (0.9, 0.75, 0.5, 0.25)  # lines: the fraction of the plateau's excess left
 ESCAPE_FRACTION = 0.5  # "escape" is the crossing of this line; "stuck" is being censored at it
@@ -109,8 +110,7 @@ def _check_fraction(fraction: float) -> None:
 
 
 def _check_dwell(dwell: int) -> None:
-    if isinstance(dwell, bool) or not isinstance(dwell, int) or dwell < 1:
-        raise ValueError(f"dwell must be an integer >= 1 (evaluations in a row below the line), got {dwell!r}")
+    check_int("dwell (evaluations in a row below the line)", dwell, minimum=1)
 
 
 def crossing(curve: ExcessCurve, fraction: float, *, dwell: int = DWELL) -> StepInterval:

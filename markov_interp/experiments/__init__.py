@@ -31,8 +31,9 @@ name starts with "_" are not experiments) that provides
        FULL = FooBudget(name="full", seeds=16, steps=2000)
        QUICK = FooBudget(name="quick", seeds=4, steps=60, cuts="4 seeds, 60 steps: a smoke test")
 
-   `Budget` validates every field by its annotation (int: >= 1 unless named in `ZERO_OK`; float: finite; str;
-   tuple[X, ...]: non-empty, each an X; `Optional[...]` is left to `check`), requires seeds >= 2, and refuses
+   `Budget` validates every field by its annotation (`config.check_fields`; int: >= 1 unless named in `ZERO_OK`;
+   float: finite; str; tuple[X, ...]: non-empty, each an X; `Optional[X]`: None or an X; a field declared with
+   `config.bounds` gets those limits instead), requires seeds >= 2, and refuses
    a budget not named "full" whose `cuts` is empty. Runs train on `budget.device`.
 2. **Its typed result**: a frozen dataclass deriving from `Summary` with `failed` (an int: failed runs),
    `sections() -> list[Section]` (each a title, text, a `Table` of text cells, text after it, figure file

@@ -17,19 +17,17 @@ import dataclasses
 import functools
 import io
 import json
-import math
 import os
 import platform
 import sys
 import time
-import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Protocol, runtime_checkable
 
 from markov_interp._io import atomic_path, atomic_write
-from markov_interp.config import Config, to_jsonable
+from markov_interp.config import Config, check_fields, field_limits, scalar_kind, to_jsonable
 from markov_interp.devices import check_device_name
 
 __all__ = ["Budget", "Table", "Section", "Summary", "Provenance", "Experiment", "Finished", "write_summary",
@@ -46,9 +44,11 @@ class Budget(Config):
     """How much compute an experiment spends, and what a reduced budget leaves out.
 
     Subclass it (a frozen, keyword-only dataclass) to add an experiment's own fields. Every field is checked
-    against its annotation when the budget is made (also by `replace`): an `int` is a positive integer (or >= 0
-    when named in `ZERO_OK`), a `float` a finite number, a `str` a string, a `tuple[X, ...]` a non-empty tuple
-    of X (a list is stored as a tuple); `check()` adds a subclass's rules across fields.
+    against its annotation when the budget is made (also by `replace`), by the one checker
+    (`config.check_fields`): an `int` is a positive integer (or >= 0 when named in `ZERO_OK`; `Optional[int]`:
+    None or a positive integer), a `float` a finite number (stored as a float), a `str` a string, a
+    `tuple[X, ...]` a non-empty tuple of X (a list is stored as a tuple); a field declared with `config.bounds`
+    takes those limits instead. `check()` adds a subclass's rules across fields.
 
     >>> Budget(name="full", seeds=16, steps=2000).replace(steps=100, name="short", cuts="100 steps")
     Budget(name='short', seeds=16, steps=100, device='auto', cuts='100 steps')
@@ -69,10 +69,9 @@ class Budget(Config):
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"budget name must be a non-empty string, got {self.name!r}")
+        check_fields(self, prefix=f"budget {self.name!r}: ", limits=self._limits)  # the one checker (config)
         for field in dataclasses.fields(self):
-            value = _checked(f"budget {self.name!r}: {field.name}", getattr(self, field.name),
-                             _hints(type(self))[field.name], zero_ok=field.name in self.ZERO_OK)
-            object.__setattr__(self, field.name, value)
+            object.__setattr__(self, field.name, _floats(getattr(self, field.name), _hints(type(self))[field.name]))
         check_device_name(self.device, what=f"budget {self.name!r}: device")  # the one check (devices)
         if self.seeds < 2:
             raise ValueError(f"budget {self.name!r}: seeds must be at least 2 (a distribution over seeds), "
@@ -81,6 +80,16 @@ class Budget(Config):
             raise ValueError(f"budget {self.name!r}: cuts must say what this budget leaves out of the full one "
                              "(only a budget named 'full' may leave it empty)")
         self.check()
+
+    def _limits(self, field: "dataclasses.Field") -> dict[str, Any]:
+        """A field's declared `config.bounds`, else the budget's rule: ints (and their lists) >= 1 (>= 0 when
+        named in `ZERO_OK`, not for list items), lists non-empty, numbers finite."""
+        if field_limits(field):
+            return field_limits(field)
+        kind = _hints(type(self))[field.name]
+        listed = typing.get_origin(kind) is tuple
+        least = 0 if field.name in self.ZERO_OK and not listed else 1
+        return dict(minimum=least if scalar_kind(kind) is int else None, nonempty=listed)
 
     def check(self) -> None:
         """A subclass's rules across fields (raise ValueError naming them); none here."""
@@ -102,32 +111,13 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _checked(name: str, value: Any, kind: Any, *, zero_ok: bool = False) -> Any:
-    """`value` checked against the annotation `kind` (a list becomes a tuple); ValueError naming `name`."""
-    origin = typing.get_origin(kind)
-    if origin is tuple:
-        if isinstance(value, list):
-            value = tuple(value)
-        if not isinstance(value, tuple) or not value:
-            raise ValueError(f"{name} must be a non-empty list, got {value!r}")
-        args = typing.get_args(kind)
-        item = args[0] if args else Any
-        return tuple(_checked(f"each of {name}", v, item) for v in value)
-    if origin in (typing.Union, types.UnionType) or kind is Any:  # Optional[...] and the like: the subclass's check() decides
-        return value
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, got {value!r}")
-    elif kind is int:
-        least = 0 if zero_ok else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-    elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {value!r}")
+def _floats(value: Any, kind: Any) -> Any:
+    """`value` with the numbers its annotation `kind` calls floats made floats (a budget stores 1e-2, not 0)."""
+    if kind is float:
         return float(value)
-    elif kind is str and not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, got {value!r}")
+    if typing.get_origin(kind) is tuple and isinstance(value, tuple):
+        args = typing.get_args(kind)
+        return tuple(_floats(v, args[0] if args[-1] is Ellipsis else args[i]) for i, v in enumerate(value))
     return value
 
 

@@ -82,10 +82,6 @@ class DiversityBudget(Budget):
         sizes = list(self.pool_sizes)
         if sizes != sorted(set(sizes)):
             raise ValueError(f"budget {self.name!r}: pool_sizes must be increasing, got {self.pool_sizes!r}")
-        for name in ("group", "workers"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"budget {self.name!r}: {name} must be None or an integer >= 1, got {value!r}")
 
     @property
     def sizes(self) -> tuple:

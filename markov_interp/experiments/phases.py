@@ -108,10 +108,6 @@ class PhaseBudget(Budget):
             raise ValueError(f"budget {self.name!r}: families must be some of {list(FAMILIES)}, got {unknown!r}")
         if self.seq_len <= max(self.orders) + 1:
             raise ValueError(f"budget {self.name!r}: seq_len ({self.seq_len}) must exceed the highest order + 1")
-        for name in ("group", "workers"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"budget {self.name!r}: {name} must be None or an integer >= 1, got {value!r}")
 
     @property
     def stack_size(self) -> int:

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from markov_interp import theory
 from markov_interp._display import displayed
+from markov_interp.config import check_probability
 
 W_SADDLE = -1.0 / math.sqrt(2.0)  # the unigram saddle: delta(w) = 1 + 2 w|w| = 0
 # h(w) = w^2 + sign(w) log|w| at its minimum over w < 0 (w = -1/sqrt(2)): the separatrix level of E.
@@ -37,10 +38,7 @@ _IID_TOL = 1e-9  # |p + q - 1| below this: the chain is i.i.d. and unigram = big
 
 
 def _check_pq(p: Any, q: Any) -> tuple[float, float]:
-    for name, value in (("p", p), ("q", q)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
-            raise ValueError(f"{name} must be a probability strictly between 0 and 1, got {value!r}")
-    return float(p), float(q)
+    return check_probability("p", p, strict=True), check_probability("q", q, strict=True)
 
 
 def _check_pq_arrays(p: Any, q: Any) -> tuple[np.ndarray, np.ndarray]:

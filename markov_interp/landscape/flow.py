@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from markov_interp._display import displayed
+from markov_interp.config import check_int
 from markov_interp.landscape.canonical import (
     _IID_TOL,
     H_STAR,
@@ -285,8 +286,7 @@ def predict_outcome(e0: Real, w0: Real, b0: Real | None = 0.0, *, p: Real, q: Re
 
 def _check_descent(steps: Any, lr: Any) -> None:
     """Refuse a descent's budget unless steps is an integer >= 0 and lr > 0 (ValueError naming the value)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+    check_int("steps", steps, minimum=0)
     if not float(lr) > 0:
         raise ValueError(f"lr must be > 0, got {lr!r}")
 
@@ -408,8 +408,7 @@ class RegimeMap:
 
 
 def _check_grid(n: Any, name: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"{name} must be an integer >= 2, got {n!r}")
+    check_int(name, n, minimum=2)
     return n
 
 

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from markov_interp.config import check_int
 from markov_interp.models.config import ModelConfig
 
 __all__ = [
@@ -69,8 +70,7 @@ def act_name(kind: str, layer: Optional[int] = None) -> str:
         return _GLOBAL[kind]
     if kind not in _BLOCK:
         raise ValueError(f"unknown activation {kind!r}; valid kinds are {sorted({**_GLOBAL, **_BLOCK})}")
-    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-        raise ValueError(f"activation {kind!r} needs a layer (an integer >= 0), got {layer!r}")
+    check_int(f"the layer of activation {kind!r}", layer, minimum=0)
     return f"blocks.{layer}.{_BLOCK[kind]}"
 
 

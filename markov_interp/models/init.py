@@ -17,6 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from markov_interp.config import check_int
 from markov_interp.models.config import POSITION_FREQUENCIES, ModelConfig
 
 __all__ = ["state_shapes", "initial_state", "position_frequencies"]
@@ -110,8 +111,7 @@ def initial_state(cfg: ModelConfig, seed: int) -> dict[str, Float[Tensor, "..."]
     Returns:
         {name: tensor} in `state_shapes(cfg)`'s order.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
+    check_int("seed", seed)
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
     shapes = state_shapes(cfg)

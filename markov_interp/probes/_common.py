@@ -22,6 +22,7 @@ from torch import Tensor
 
 from markov_interp import theory
 from markov_interp._display import displayed
+from markov_interp.config import check_int
 from markov_interp.data import Source
 from markov_interp.models import HookedModel
 # the hook-name functions of the probes; their one home is `models.hooks` (TransformerLens's names)
@@ -76,8 +77,7 @@ def probe_length(model: HookedModel, seq_len: Optional[int] = None) -> int:
         The probe length.
     """
     if seq_len is not None:
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
-            raise ValueError(f"seq_len must be an integer >= 2, got {seq_len!r}")
+        check_int("seq_len", seq_len, minimum=2)
         check_probe_length(model, seq_len)
         return int(seq_len)
     trained = training_length(model)
@@ -275,11 +275,9 @@ def check_batch(batch: Any, where: str) -> ProbeBatch:
 
 def sample_batch(source: Source, *, n_sequences: int, seq_len: int, seed: int) -> ProbeBatch:
     """Draw `n_sequences` sequences of `seq_len` states from `source` with a CPU generator seeded by `seed`."""
-    for name, value, minimum in (("n_sequences", n_sequences, 2), ("seq_len", seq_len, 2)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
+    check_int("n_sequences", n_sequences, minimum=2)
+    check_int("seq_len", seq_len, minimum=2)
+    check_int("seed", seed)
     if not isinstance(source, Source):
         raise ValueError(f"source must be {_SOURCE_TAKES}, got {type(source).__name__}")
     gen = torch.Generator().manual_seed(seed)

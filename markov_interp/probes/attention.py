@@ -35,6 +35,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from markov_interp.config import check_int
 from markov_interp.models import HookedModel, heads_per_layer
 from markov_interp.probes._common import (
     Tokens,
@@ -105,8 +106,7 @@ def check_pattern(pattern: Any, tokens: Any) -> None:
 
 
 def _check_positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    check_int(name, value, minimum=1)
 
 
 def previous_token_score(pattern: Pattern, tokens: Tokens, *, lag: int = 1) -> Float[Tensor, " head"]:

@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from markov_interp import theory
+from markov_interp.config import bounds, check_fields
 from markov_interp.data import Source
 from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
@@ -123,19 +124,16 @@ class Thresholds:
     - `near` 1.5: a ratio within a factor 1.5 of its cut makes the call unconfident.
     """
 
-    fit: float = 0.75
-    margin: float = 0.6
-    near: float = 1.5
-    head_excess: float = 0.2
-    in_weights: float = 0.5
-    edge_min: float = MIN_EFFECT
-    edge_fraction: float = MIN_FRACTION
+    fit: float = bounds(minimum=0, finite=False, default=0.75)
+    margin: float = bounds(minimum=0, finite=False, default=0.6)
+    near: float = bounds(minimum=0, finite=False, default=1.5)
+    head_excess: float = bounds(minimum=0, finite=False, default=0.2)
+    in_weights: float = bounds(minimum=0, finite=False, default=0.5)
+    edge_min: float = bounds(minimum=0, finite=False, default=MIN_EFFECT)
+    edge_fraction: float = bounds(minimum=0, finite=False, default=MIN_FRACTION)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"threshold {f.name} must be a number >= 0, got {value!r}")
+        check_fields(self, prefix="threshold ")  # numbers >= 0 (inf allowed: a cut never met)
         if self.near < 1:
             raise ValueError(f"threshold near must be >= 1 (a factor), got {self.near!r}")
 

@@ -66,6 +66,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from markov_interp.config import check_int, check_number
 from markov_interp.data import Source
 from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
@@ -528,12 +529,9 @@ def _check(*, corruption: str, method: str, max_edges: Any, n_sequences: Any, ru
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     for name, value in zip(("min_effect", "min_fraction", "target_faithfulness"), rule):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-    if max_edges is not None and (isinstance(max_edges, bool) or not isinstance(max_edges, int) or max_edges < 1):
-        raise ValueError(f"max_edges must be an integer >= 1 or None, got {max_edges!r}")
-    if isinstance(n_sequences, bool) or not isinstance(n_sequences, int) or n_sequences < 2:
-        raise ValueError(f"n_sequences must be an integer >= 2, got {n_sequences!r}")
+        check_number(name, value, minimum=0, finite=False)
+    check_int("max_edges", max_edges, minimum=1, none_ok=True)
+    check_int("n_sequences", n_sequences, minimum=2)
     for name, value in zip(("attribution", "positions", "joint"), flags):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")

@@ -26,6 +26,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from markov_interp.config import bounds, check_fields
 from markov_interp.models import HookedModel, heads_per_layer
 from markov_interp.models.hooks import act_name, parse_name, write
 from markov_interp.probes._common import (
@@ -61,21 +62,16 @@ class Component:
     """
 
     kind: Kind
-    layer: int = 0
-    head: Optional[int] = None
+    layer: int = bounds(minimum=0, default=0)
+    head: Optional[int] = bounds(minimum=0, default=None)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"component kind must be one of {KINDS}, got {self.kind!r}")
-        if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
-            raise ValueError(f"component layer must be an integer >= 0, got {self.layer!r}")
+        check_fields(self, prefix="component ")  # kind one of KINDS, layer and head integers >= 0
         if self.kind in ("embed", "pos") and self.layer != 0:
             raise ValueError(f"the {self.kind} embedding has no layer, got layer={self.layer!r}")
         if (self.kind in HEAD_KINDS) != (self.head is not None):
             needs = "needs" if self.kind in HEAD_KINDS else "takes no"
             raise ValueError(f"a {self.kind!r} component {needs} head index")
-        if self.head is not None and (isinstance(self.head, bool) or not isinstance(self.head, int) or self.head < 0):
-            raise ValueError(f"component head must be an integer >= 0, got {self.head!r}")
 
     @property
     def name(self) -> str:

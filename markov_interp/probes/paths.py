@@ -41,6 +41,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from markov_interp.config import check_int
 from markov_interp.models import HookedModel, heads_per_layer
 from markov_interp.models.hooks import act_name
 from markov_interp.probes._common import (
@@ -483,8 +484,7 @@ def edge_estimates(runner: EdgeRunner, *, steps: int = 1) -> tuple[dict[EdgeKey,
     measure of how far from linear the edge's path is (`discovery` verifies such edges exactly). Every receiver
     input's estimates come from one matrix product of the senders' outputs with its gradients.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    check_int("steps", steps, minimum=1)
     alphas = [0.0] if steps == 1 else [i / (steps - 1) for i in range(steps)]
     weights = [1.0] if steps == 1 else [(0.5 if i in (0, steps - 1) else 1.0) / (steps - 1) for i in range(steps)]
     edges = set(runner.edges)

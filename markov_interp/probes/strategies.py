@@ -28,6 +28,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from markov_interp import theory
+from markov_interp.config import check_int
 from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
     ProbeBatch,
@@ -47,8 +48,7 @@ MAX_ORDER = 4  # in-context estimators are named up to this order (sources of hi
 def in_context_name(order: int) -> str:
     """The strategy name of the in-context add-beta estimator of `order` ("in_context_unigram" for 0,
     "in_context_bigram" for 1, "in_context_trigram" for 2, "in_context_4gram" for 3, ...)."""
-    if isinstance(order, bool) or not isinstance(order, int) or not 0 <= order <= MAX_ORDER:
-        raise ValueError(f"order must be an integer in 0..{MAX_ORDER}, got {order!r}")
+    check_int("order", order, minimum=0, maximum=MAX_ORDER)
     return f"in_context_{_GRAM.get(order, f'{order + 1}gram')}"
 
 

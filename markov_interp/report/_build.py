@@ -24,6 +24,7 @@ import torch
 
 from markov_interp import dynamics, models, probes, theory
 from markov_interp._display import displayed, headline
+from markov_interp.config import check_int
 from markov_interp.data import Source
 from markov_interp.theory import ReferenceLosses
 from markov_interp.training import RunConfig, resolve_device, runfolder
@@ -597,8 +598,7 @@ def _progress(total: int, progress: bool, what: str) -> Any:
 
 def _check_counts(**values: int) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-            raise ValueError(f"{name} must be an integer >= 2, got {value!r}")
+        check_int(name, value, minimum=2)
 
 
 def build(

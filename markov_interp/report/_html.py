@@ -24,6 +24,7 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from markov_interp._io import atomic_write
+from markov_interp.config import check_int
 
 _SCRIPT_CLOSE = re.compile(r"</(script)", re.IGNORECASE)
 _COUNTER = itertools.count()
@@ -194,8 +195,7 @@ def document(title: str, sections: Sequence[Section], *, intro: str = "", lead: 
     """The whole report: `<head>` with the CSS and circuitsvis's bundle (once, only if a section needs it), the
     title and `intro`, the first `lead` sections (the first screen), the contents (every section), then the other
     sections. Each section is a `<section id="section-<id>">`."""
-    if isinstance(lead, bool) or not isinstance(lead, int) or not 0 <= lead <= len(sections):
-        raise ValueError(f"lead must be an integer from 0 to the number of sections ({len(sections)}), got {lead!r}")
+    check_int("lead (sections on the first screen)", lead, minimum=0, maximum=len(sections))
     needs_bundle = any(isinstance(p, CircuitsFigure) for s in sections for p in s.parts)
     head_script = f"<script>\n{circuitsvis_bundle()}\n</script>\n" if needs_bundle else ""
     toc = "\n".join(f'<li><a href="#section-{s.id}">{html.escape(s.title)}</a></li>' for s in sections)

@@ -18,6 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from markov_interp.config import check_int
 from markov_interp.dynamics import RunDynamics, StepInterval, Survival
 from markov_interp.probes._common import context_labels, state_labels
 from markov_interp.theory import ReferenceLosses
@@ -515,8 +516,7 @@ def landscape_figure(*, p: float, q: float, w_range: tuple[float, float] = (-2.5
     """The b-profiled canonical loss minus the entropy rate over (w, e) (`landscape.profile_loss`), with the
     global-minimum curve, the unigram line, the saddle at w = -1/sqrt(2) and optionally a `landscape.Trajectory`
     (a run's `coordinates_trajectory` over checkpoints, or `gradient_flow`) drawn on it."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"n must be an integer >= 2, got {n!r}")
+    check_int("n", n, minimum=2)
     refs = landscape.reference_losses(p, q)  # checks p and q
     ws = np.linspace(float(w_range[0]), float(w_range[1]), n)
     es = np.linspace(float(e_range[0]), float(e_range[1]), n)

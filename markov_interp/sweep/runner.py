@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from markov_interp._io import atomic_write
+from markov_interp.config import check_int
 from markov_interp.devices import check_device_name, resolve_device
 from markov_interp._display import displayed
 from markov_interp.sweep import executors
@@ -62,9 +63,8 @@ def _as_specs(spec: SpecLike) -> list[SweepSpec]:
 def _check_options(backend: str, workers: Optional[int], group: Optional[int]) -> None:
     if backend not in executors.BACKENDS:
         raise ValueError(f"backend must be one of {list(executors.BACKENDS)}, got {backend!r}")
-    for name, value in (("workers", workers), ("group", group)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
+    check_int("workers", workers, minimum=1, none_ok=True)
+    check_int("group", group, minimum=1, none_ok=True)
 
 
 def run(

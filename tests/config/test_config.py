@@ -5,11 +5,13 @@ dotted options (`training.split_key`, `build_run`, `default_run`, `override_run`
 import dataclasses
 import json
 from pathlib import Path
+from typing import Literal, Optional
 
 import pytest
 
 from markov_interp import models, sweep, training
-from markov_interp.config import check_choice, check_int, check_number, check_probability
+from markov_interp.config import (bounds, check_choice, check_fields, check_int, check_number, check_probability,
+                                  check_value)
 from markov_interp.data import SourceConfig
 from markov_interp.models import ModelConfig, preset
 from markov_interp.training import RunConfig, TrainConfig, build_run, default_run, override_run
@@ -83,6 +85,17 @@ def test_replace_is_dataclasses_replace_with_checked_names():
         (lambda: check_choice("optimizer", "lion", ("adamw", "sgd")), "optimizer must be one of ['adamw', 'sgd']"),
         (lambda: check_probability("p", 1.5), "p must be in [0, 1], got 1.5"),
         (lambda: check_probability("p", None), "p must be a number in [0, 1], got None"),
+        (lambda: check_probability("p", 1, strict=True), "p must be a probability strictly between 0 and 1, got 1"),
+        (lambda: check_int("order", 5, minimum=0, maximum=4), "order must be an integer in 0..4, got 5"),
+        (lambda: check_int("workers", 0, minimum=1, none_ok=True), "workers must be None or an integer >= 1, got 0"),
+        (lambda: check_int("seed", "1"), "seed must be an integer, got '1'"),
+        (lambda: check_number("cut", float("nan"), minimum=0, finite=False), "cut must be a number >= 0, got nan"),
+        (lambda: check_value("shape", ((1,), ()), tuple[tuple[int, ...], ...], minimum=1, nonempty=True),
+         "shape[1] must be a non-empty list, got ()"),
+        (lambda: check_value("shape", [[1, 0]], tuple[tuple[int, ...], ...], minimum=1),
+         "shape[0][1] must be an integer >= 1, got 0"),
+        (lambda: check_value("w", -0.5, Optional[float], minimum=0), "w must be a number >= 0, got -0.5"),
+        (lambda: check_value("kind", "z", Literal["a", "b"]), "kind must be one of ['a', 'b'], got 'z'"),
     ],
 )
 def test_validators_name_the_option_and_the_value(call, message):
@@ -97,6 +110,30 @@ def test_validators_accept_good_values():
     check_number("w", -0.5)
     check_choice("init", None, (None, "LN"))
     assert check_probability("p", 1) == 1.0 and isinstance(check_probability("p", 1), float)
+    check_int("workers", None, minimum=1, none_ok=True)
+    check_int("seed", -3)
+    check_number("cut", float("inf"), minimum=0, finite=False)
+    assert check_value("shape", [[1, 2]], tuple[tuple[int, ...], ...], minimum=1, nonempty=True) == ((1, 2),)
+
+
+def test_check_fields_checks_a_dataclass_by_its_annotations_and_bounds():
+    """The one annotation checker on a plain frozen dataclass: a field's declared bounds, the prefix in the
+    message, lists stored as tuples, and `limits` replacing the declared bounds (what Budget does)."""
+    @dataclasses.dataclass(frozen=True)
+    class Part:
+        layer: int = bounds(minimum=0, default=0)
+        sizes: tuple[int, ...] = (1,)
+
+        def __post_init__(self) -> None:
+            check_fields(self, prefix="part ")
+
+    assert Part(layer=2, sizes=[3, 4]).sizes == (3, 4)
+    with pytest.raises(ValueError, match="part layer must be an integer >= 0, got -1"):
+        Part(layer=-1)
+    with pytest.raises(ValueError, match=r"part sizes\[0\] must be an integer, got True"):
+        Part(sizes=(True,))
+    with pytest.raises(ValueError, match="x sizes must be a non-empty list"):
+        check_fields(Part(sizes=()), prefix="x ", limits=lambda f: {"nonempty": True})
 
 
 def test_configs_use_the_validators():

@@ -36,7 +36,8 @@ class ToyBudget(Budget):
     ({"seeds": 1}, "seeds must be at least 2"), ({"seeds": True}, "seeds must be an integer"),
     ({"steps": 0}, "steps must be an integer >= 1"), ({"warmup": -1}, "warmup must be an integer >= 0"),
     ({"warmup": 10}, r"warmup \(10\) must be below steps"), ({"lr": float("nan")}, "lr must be a finite number"),
-    ({"widths": ()}, "widths must be a non-empty list"), ({"widths": (1, "2")}, "each of .*widths must be an integer"),
+    ({"widths": ()}, "widths must be a non-empty list"), ({"widths": (1, "2")}, r"widths\[1\] must be an integer"),
+    ({"widths": (1, 0)}, r"widths\[1\] must be an integer >= 1"),
     ({"name": ""}, "name must be a non-empty string"), ({"cuts": 3}, "cuts must be a string"),
     ({"name": "quick"}, "cuts must say what this budget leaves out"), ({"nope": 1}, "unknown ToyBudget fields"),
 ])

@@ -218,13 +218,13 @@ def _damaged(record: dict, how: str) -> dict:
     return record
 
 
-DAMAGE = {"a string loss": "final_eval_loss must be a number", "a negative loss": "final_train_loss must be in",
+DAMAGE = {"a string loss": "final_eval_loss must be a number", "a negative loss": "final_train_loss must be a number >= 0",
           "a NaN loss": "final_eval_loss must be a finite number", "a bool step": "final_step must be an integer",
           "a fractional step": "final_step must be an integer", "an escape after the end": "is after the final step",
           "an unknown outcome": "outcome must be one of", "stuck but not censored": "must equal censored",
           "an excess off the entropy rate": "is not the entropy rate", "unreadable crossings": "crossings",
           "p_hat above 1": "p_hat must be in [0, 1]", "a head of three numbers": "must be a list of 2 values",
-          "a stack of 0": "stack_size must be in [1, inf]", "another cell's id": "record of cell 0123456789abcdef",
+          "a stack of 0": "stack_size must be an integer >= 1", "another cell's id": "record of cell 0123456789abcdef",
           "a failure without its error": "its error is null", "an unknown field in the result": "speed"}
 
 

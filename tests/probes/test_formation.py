@@ -5,6 +5,7 @@ import pytest
 from markov_interp import dynamics, probes
 from markov_interp.report import figures
 from markov_interp.data import RandomMarkov
+from markov_interp.dynamics import StepInterval
 from tests.handbuilt import circuit_model, induction_circuit
 
 K_EDGE = "L0H0->L1H0.k"
@@ -64,3 +65,21 @@ def test_bad_checkpoints_are_refused():
         probes.circuit_formation([(5, model), (5, model)], RandomMarkov(3), n_sequences=4, seq_len=16)
     with pytest.raises(ValueError, match="same length"):
         probes.entry_step([1, 2], [True])
+
+
+@pytest.mark.parametrize("entry,half,expected", [
+    (("L0H0->L1H0.k", 100), StepInterval(170, 180), "before"),
+    (("L0H0->L1H0.k", 175), StepInterval(170, 180), "while"),
+    (("L0H0->L1H0.k", 180), StepInterval(170, 180), "while"),
+    (("L0H0->L1H0.k", 181), StepInterval(170, 180), "after"),
+    (("L0H0->L1H0.k", 100), StepInterval(490, None), "no 0.5 crossing"),  # censored: not "before" a crossing
+    (("L0H0->L1H0.k", 100), None, "no 0.5 crossing"),
+    (None, StepInterval(170, 180), "—"),
+])
+def test_k_edge_timing_against_the_half_crossing(entry, half, expected):
+    from markov_interp.experiments._formation import FormationRecord, k_edge_timing
+
+    crossings = {"dwell": 1, **({} if half is None else {"0.5": [half.after, half.by]})}  # as results.json keeps them
+    record = FormationRecord(where={}, formation={"entered": dict([entry] if entry else [])}, dynamics=None,
+                             stored_crossings=crossings)
+    assert k_edge_timing(record) == expected
