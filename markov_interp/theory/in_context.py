@@ -21,6 +21,7 @@ from torch import Tensor
 
 from markov_interp.chains import block_sizes, kernel_bytes
 from markov_interp.chains import solve_stationary as _solve_stationary
+from markov_interp.config import check_int
 from markov_interp.data import Source
 from markov_interp.theory._stats import _control_coefficients, _mean_se
 from markov_interp.theory.expectations import KernelExpectations
@@ -60,10 +61,8 @@ def add_beta_predictions(
     >>> add_beta_predictions(torch.tensor([[0, 1, 0]]), 3, support=~torch.eye(3, dtype=torch.bool))[0, 2]
     tensor([0.0000, 0.6667, 0.3333], dtype=torch.float64)
     """
-    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 2:
-        raise ValueError(f"vocab must be an integer >= 2, got {vocab!r}")
-    if isinstance(order, bool) or not isinstance(order, int) or order < 0:
-        raise ValueError(f"order must be an integer >= 0, got {order!r}")
+    check_int("vocab", vocab, minimum=2)
+    check_int("order", order, minimum=0)
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta!r}")
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):

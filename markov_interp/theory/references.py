@@ -13,6 +13,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp._display import displayed
+from markov_interp.config import check_int
 from markov_interp.data import Source, SourceConfig
 from markov_interp.theory.cache import _InContextEntry, _disk_cache_read, _disk_cache_write
 from markov_interp.theory.expectations import expected_kernel_references
@@ -228,8 +229,7 @@ def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5
     Returns:
         A `ReferenceLosses` (with `pool_bayes_loss` for a finite pool).
     """
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
-        raise ValueError(f"seq_len must be an integer >= 2 (one target at least), got {seq_len!r}")
+    check_int("seq_len", seq_len, minimum=2)  # one target at least
     _check_source(source)
     if source.alpha is None:  # one fixed kernel: exact
         return ReferenceLosses(entropy_rate=entropy_rate(source), unigram_loss=unigram_loss(source))
@@ -239,9 +239,7 @@ def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5
                          f"{type(source).__name__} has no `config` property giving its data.SourceConfig")
     if not tol > 0:
         raise ValueError(f"tol must be > 0, got {tol!r}")
-    if n_sequences is not None and (isinstance(n_sequences, bool) or not isinstance(n_sequences, int)
-                                    or n_sequences < 2):
-        raise ValueError(f"n_sequences must be an integer >= 2 or None, got {n_sequences!r}")
+    check_int("n_sequences", n_sequences, minimum=2, none_ok=True)
     return _random_references(config.to_json(), seq_len, seed, float(tol), n_sequences)
 
 

@@ -203,10 +203,7 @@ def test_the_layout_check_finds_misplaced_tests(tmp_path):
 # ------------------------------------------------------------------------------------------- inline guards
 # Argument checks go through markov_interp.config (check_int and its siblings, or a field's annotation and bounds):
 # one message form, one place to change. Files allowed to keep the inline form, as path prefixes, each with why.
-GUARD_EXCEPTIONS: dict[str, str] = {
-    "markov_interp/theory": "theory.py is being split into a package (issue 34) by another change; its 4 guards "
-                            "move with it and go through config.check_int after the split",
-}
+GUARD_EXCEPTIONS: dict[str, str] = {}
 
 
 def _is_type_guard(node: ast.AST) -> bool:
