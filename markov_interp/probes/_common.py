@@ -23,7 +23,7 @@ from torch import Tensor
 from markov_interp import theory
 from markov_interp._display import displayed
 from markov_interp.data import Source
-from markov_interp.models import HookedModel
+from markov_interp.models import HookedModel, weights_metadata
 # the hook-name functions of the probes; their one home is `models.hooks` (TransformerLens's names)
 from markov_interp.models.hooks import attn_out_hook, mlp_out_hook, pattern_hook, z_hook  # noqa: F401
 
@@ -46,11 +46,13 @@ class ProbeLengthWarning(UserWarning):
 
 
 def training_length(model: HookedModel) -> Optional[int]:
-    """The sequence length the model was trained at (`model.markov_train_seq_len`), None when unknown.
+    """The sequence length the model was trained at, None when unknown.
 
-    `models.load` sets it when the weights sit in a run folder (config.json beside them), and so does
-    `training.train` / `train_many` on the models they return; set it yourself on any other model
-    (`model.markov_train_seq_len = 64`) to get the same defaults and warnings.
+    It is what the model's weights file records (`models.weights_metadata(model).train_seq_len`): for a model of
+    `models.load` / `runs.load_model` (the run's config.json completes run folders written before the weights
+    recorded it) and the models `training.train` / `train_many` return. On a model of your own, set
+    `model.markov_train_seq_len = 64` to get the same defaults and warnings (it takes precedence; the package
+    itself never sets it).
 
     Args:
         model: a TransformerLens hooked model.
@@ -58,13 +60,15 @@ def training_length(model: HookedModel) -> Optional[int]:
     Returns:
         The training length, or None.
     """
-    value = getattr(model, "markov_train_seq_len", None)
+    value = getattr(model, "markov_train_seq_len", None)  # set by hand on a model of one's own
+    if value is None:
+        value = weights_metadata(model).train_seq_len
     return None if value is None else int(value)
 
 
 def probe_length(model: HookedModel, seq_len: Optional[int] = None) -> int:
     """The sequence length a probe runs at: `seq_len` when given, else the model's training length when known
-    (`model.markov_train_seq_len`, set when a model is loaded from a run folder), else
+    (`training_length`: what its weights file records), else
     min(n_ctx, DEFAULT_PROBE_LENGTH). Every entry point (Python probes, `probe`, `report`, sweeps) uses this rule.
 
     Args:
