@@ -18,7 +18,8 @@ from markov_interp.cli import main
 from markov_interp.data import SourceConfig
 from markov_interp.models import preset
 from markov_interp.models.optim import StackedOptimizer
-from markov_interp.training import RunConfig, TrainConfig, runfolder, train, train_many
+from markov_interp.training import RunConfig, TrainConfig, train, train_many
+from markov_interp import runs as runfolder
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_RUNS = Path(__file__).parent / "data" / "old_runs"  # written by tests/data/make_fixtures.py with main's code

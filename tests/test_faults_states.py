@@ -17,9 +17,10 @@ import torch
 from markov_interp import devices, models, report, sweep
 from markov_interp._io import UnsafePath, atomic_write
 from markov_interp.cli import main
-from markov_interp.training import loop, plan, runfolder, train
+from markov_interp.training import loop, plan, train
+from markov_interp import runs as runfolder
 from markov_interp.training.plan import PlanTooLarge
-from markov_interp.training.runfolder import RunFolderError
+from markov_interp.runs import RunFolderError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_faults_io import _can_mount_tmpfs  # noqa: E402
@@ -118,7 +119,8 @@ def test_the_issue_command_killed_as_metrics_appear_resumes(tmp_path):
 # by itself at an exact point: after the N-th call of one of the package's writers, or after step N.
 _DIE_AT = """
 import os, signal, sys
-from markov_interp.training import loop, runfolder
+from markov_interp.training import loop
+from markov_interp import runs as runfolder
 point, n = sys.argv[1], int(sys.argv[2])
 def die_after(name):
     calls, writer = [0], getattr(runfolder, name)
@@ -260,7 +262,7 @@ def test_the_in_place_writers_refuse_a_hard_link_themselves(tmp_path):
         runfolder.MetricsLog(run)
     os.link(victim, run / runfolder.LOCK_FILE)
     with pytest.raises(UnsafePath, match="other hard link"):
-        runfolder._open_lock(run / runfolder.LOCK_FILE, create=True)
+        runfolder.folder._open_lock(run / runfolder.LOCK_FILE, create=True)
     assert victim.read_text() == "precious\n"
 
 

@@ -16,7 +16,9 @@ import pytest
 from markov_interp import sweep, theory
 from markov_interp.data import RandomMarkov
 from markov_interp.sweep.records import RESULTS_DIR, read_record
-from markov_interp.training import RunConfig, runfolder
+from markov_interp.training import RunConfig
+from markov_interp import runs as runfolder
+from markov_interp.training.resume import metrics_complete
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_sweep import tiny_spec  # noqa: E402
@@ -59,7 +61,7 @@ def test_run_folders_written_by_main_read_as_valid():
         status = runfolder.divergence(folder)
         assert (status is not None) == (folder / runfolder.STATUS_FILE).exists()
         if status is None:
-            assert runfolder.metrics_complete(config.train, rows), folder
+            assert metrics_complete(config.train, rows), folder
 
 
 @pytest.mark.parametrize("path", sorted(STORED.glob("cache/references/*.json")), ids=lambda p: p.stem[:8])
