@@ -37,7 +37,3 @@ def __getattr__(name: str) -> Any:
     warnings.warn(f"markov_interp.training.runfolder.{name} is deprecated: use {public}.{name}",
                   DeprecationWarning, stacklevel=2)
     return getattr(importlib.import_module(home), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
