@@ -265,9 +265,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         runs = [dataclasses.replace(run, train=dataclasses.replace(run.train, seed=s)) for s in seeds]
         outs = [Path(args.out)] if args.seeds is None else [Path(args.out) / f"seed-{s}" for s in seeds]
         if args.seeds is not None:  # OUT/seed-N are the package's names: a planted link there is refused
-            from markov_interp import runs as run_folder  # (`runs` is a list of run configs here)
+            from markov_interp.runs import check_contents
 
-            run_folder.check_contents(args.out, depth=1)
+            check_contents(args.out, depth=1)
         results = train_many(runs, outs, progress=not args.no_progress, models_out=False)
         diverged = 0
         for seed, out, result in zip(seeds, outs, results):
@@ -345,24 +345,24 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         from tqdm.auto import tqdm
 
         from markov_interp.probes import classify_mechanism
-        from markov_interp import runs as run_folder  # (`runs` is a list of run configs here)
+        from markov_interp import runs
         from markov_interp.devices import resolve_device
 
         _set_threads(args)
         run_dir = Path(args.run_dir)
-        run = run_folder.read_config(run_dir)
+        run = runs.read_config(run_dir)
         device = resolve_device(args.device)
-        diverged = run_folder.divergence(run_dir)
+        diverged = runs.divergence(run_dir)
         if diverged is not None:  # no model to classify: say so instead of naming a mechanism
             if args.json:
                 print(json.dumps({**diverged, "run_dir": str(run_dir)}, indent=2, sort_keys=True))
             else:
-                print(f"diverged: {run_folder.diverged_message(run_dir, diverged)}")
+                print(f"diverged: {runs.diverged_message(run_dir, diverged)}")
             return EXIT_DIVERGED
         _check_probe_size(run, args, device, "probe")
         with tqdm(total=2, desc="probe", unit="stage", disable=not _progress(args), leave=False) as bar:
             bar.set_postfix_str("loading the model")
-            model = run_folder.load_model(run_dir, device=device, expect=run.model)
+            model = runs.load_model(run_dir, device=device, expect=run.model)
             bar.update()
             bar.set_postfix_str("classify_mechanism")
             # the length rule is the probes' (probes._common.probe_length): the loaded model knows its training
@@ -446,19 +446,19 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
         from markov_interp._io import check_target
         from markov_interp.report import REPORT_FILE, build
-        from markov_interp import runs as run_folder  # (`runs` is a list of run configs here)
+        from markov_interp import runs
         from markov_interp.devices import resolve_device
 
         # everything that can fail cheaply is checked before the probes run
         _set_threads(args)
-        run = run_folder.read_config(args.run_dir)
+        run = runs.read_config(args.run_dir)
         _check_probe_size(run, args, resolve_device(args.device), "report")
         target = Path(args.out) if args.out else Path(args.run_dir) / REPORT_FILE
         check_target(target, "--out")  # a folder, link, FIFO or device is refused, never replaced
-        run_folder.check_writable_dir(target.parent, "report folder")
-        diverged = run_folder.divergence(args.run_dir)
+        runs.check_writable_dir(target.parent, "report folder")
+        diverged = runs.divergence(args.run_dir)
         if diverged is not None:
-            print(f"diverged: {run_folder.diverged_message(args.run_dir, diverged)}", file=sys.stderr)
+            print(f"diverged: {runs.diverged_message(args.run_dir, diverged)}", file=sys.stderr)
             return EXIT_DIVERGED
         report = build(args.run_dir, n_sequences=args.n_sequences, seq_len=args.seq_len, seed=args.seed,
                        max_checkpoints=args.max_checkpoints, device=resolve_device(args.device),
@@ -499,11 +499,11 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from markov_interp import sweep
-    from markov_interp import runs as run_folder  # (`runs` is a list of run configs here)
+    from markov_interp import runs
 
     spec = sweep.load_spec(args.spec)
     out = args.out or str(Path("runs") / f"sweep-{Path(args.spec).stem}")
-    run_folder.check_writable_dir(out, "sweep folder")
+    runs.check_writable_dir(out, "sweep folder")
     result = sweep.run(spec, out, backend=args.backend, workers=args.workers, progress=not args.no_progress,
                        retry_failed=not args.no_retry, group=args.group)
     n_ok = len(result.rows) - result.n_failed - result.n_diverged

@@ -85,12 +85,12 @@ def measure_formation(folder: Path, work: Path, cell_id: str, *, seed: int) -> d
         `probes.CircuitFormation.to_dict()`."""
     def measure() -> dict:
         from markov_interp import probes
-        from markov_interp import runs as run_folder  # (`runs` is a list of run configs here)
+        from markov_interp import runs
 
-        model = run_folder.load_model(folder, device="cpu")
-        run = run_folder.read_config(folder)
-        checkpoints = [(step, run_folder.load_model(path, device="cpu", expect=run.model))
-                       for step, path in run_folder.list_checkpoints(folder)]
+        model = runs.load_model(folder, device="cpu")
+        run = runs.read_config(folder)
+        checkpoints = [(step, runs.load_model(path, device="cpu", expect=run.model))
+                       for step, path in runs.list_checkpoints(folder)]
         steps = {s for s, _ in checkpoints}
         if run.train.steps not in steps:
             checkpoints.append((run.train.steps, model))

@@ -26,7 +26,7 @@ from markov_interp import dynamics, models, probes, theory
 from markov_interp._display import displayed, headline
 from markov_interp.data import Source
 from markov_interp.theory import ReferenceLosses
-from markov_interp import runs as run_folder  # (`runs` is a list of run configs here)
+from markov_interp import runs
 from markov_interp.devices import resolve_device
 from markov_interp.runs import RunConfig
 from markov_interp.report import figures
@@ -42,7 +42,7 @@ from markov_interp.report.circuits import (
 from markov_interp.report._formation import formation_section
 from markov_interp.report._html import Section, atomic_write_text, document, figure_svg, iframe, paragraph, table
 
-REPORT_FILE = run_folder.REPORT_FILE  # the run folder's own file (run_folder.OWN_FILES)
+REPORT_FILE = runs.REPORT_FILE  # the run folder's own file (runs.OWN_FILES)
 SECTION_IDS = ("summary", "config", "loss", "mechanism", "circuit", "weights", "attribution", "patching", "heads",
                "attention", "ablation", "kernel", "landscape", "training", "formation")
 # `from_model`: the sections that need no run folder
@@ -99,22 +99,22 @@ class Report:
 
 # ------------------------------------------------------------------------------------------------ loading
 def _load_run(run_dir: Path) -> RunConfig:
-    config = run_dir / run_folder.CONFIG_FILE
+    config = run_dir / runs.CONFIG_FILE
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run folder at {run_dir}")
     if not config.exists():
-        raise FileNotFoundError(f"{run_dir} is not a run folder: it has no {run_folder.CONFIG_FILE}")
-    run = run_folder.read_config(run_dir)  # errors name the config file
-    diverged = run_folder.divergence(run_dir)
+        raise FileNotFoundError(f"{run_dir} is not a run folder: it has no {runs.CONFIG_FILE}")
+    run = runs.read_config(run_dir)  # errors name the config file
+    diverged = runs.divergence(run_dir)
     if diverged is not None:  # a non-finite loss: there is no trained model whose mechanism could be named
-        raise run_folder.TrainingDiverged(run_folder.diverged_message(run_dir, diverged), step=diverged.get("step"),
-                                         run_dir=run_dir, checkpoint=diverged.get("last_finite_checkpoint"))
+        raise runs.TrainingDiverged(runs.diverged_message(run_dir, diverged), step=diverged.get("step"),
+                                    run_dir=run_dir, checkpoint=diverged.get("last_finite_checkpoint"))
     return run
 
 
 def checkpoint_files(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
-    """(step, weights file) of every checkpoint saved in a run folder, by step (`run_folder.list_checkpoints`)."""
-    return run_folder.list_checkpoints(run_dir)
+    """(step, weights file) of every checkpoint saved in a run folder, by step (`runs.list_checkpoints`)."""
+    return runs.list_checkpoints(run_dir)
 
 
 def _spread(items: list, n: int) -> list:
@@ -641,8 +641,8 @@ def build(
     device = resolve_device(device)  # the one device check: a name or a torch.device of a kind we run on
     bar = _progress(len(SECTION_IDS) + 1, progress, "report")
     with bar:
-        model = run_folder.load_model(run_dir, device=device, expect=run.model)
-        metrics = run_folder.load_metrics(run_dir)
+        model = runs.load_model(run_dir, device=device, expect=run.model)
+        metrics = runs.load_metrics(run_dir)
         batch, mech, cache = _probe(model, run.source.build(), n_sequences=n_sequences, seq_len=seq_len, seed=seed)
         bar.update()
         checkpoints = checkpoint_files(run_dir)
