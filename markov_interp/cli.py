@@ -380,11 +380,12 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_probe_size(run: "RunConfig", args: argparse.Namespace, device: Any, command: str) -> None:
-    """Refuse `--n-sequences` x `--seq-len` (default: the run's training length) that cannot fit, before the
-    model is loaded (`models.memory.check_probe`)."""
+    """Refuse `--n-sequences` x `--seq-len` (default by the probes' one rule, `probes.probe_length_for`: the run's
+    training length) that cannot fit, before the model is loaded (`models.memory.check_probe`)."""
     from markov_interp.models.memory import check_probe
+    from markov_interp.probes import probe_length_for
 
-    seq_len = args.seq_len if args.seq_len is not None else run.train.seq_len
+    seq_len = probe_length_for(run.model.n_ctx, run.train.seq_len, args.seq_len)
     check_probe(run.model, n_sequences=args.n_sequences, seq_len=seq_len, device=device, where=command)
 
 

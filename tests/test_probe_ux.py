@@ -47,6 +47,11 @@ def test_probe_length_rule_and_its_warning():
         probes.probe_length(model, 49)
     with pytest.raises(ValueError, match="seq_len"):
         probes.probe_length(model, 1)
+    # the same rule on a model's numbers (what `probe` / `report` size their batch by before loading the model)
+    assert probes.probe_length_for(48, None) == 48 and probes.probe_length_for(48, 20) == 20
+    assert probes.probe_length_for(16, 20) == 16 and probes.probe_length_for(48, 20, 30) == 30  # capped at n_ctx
+    with pytest.raises(ValueError, match="n_ctx=48"):
+        probes.probe_length_for(48, 20, 49)
     tokens = TERNARY.sample(2, 30, torch.Generator().manual_seed(0))
     with pytest.warns(probes.ProbeLengthWarning, match=r"trained on sequences of 20: positions 20\.\.29 were never"):
         probes.next_state_probs(model, tokens)

@@ -68,8 +68,9 @@ def training_length(model: HookedModel) -> Optional[int]:
 
 def probe_length(model: HookedModel, seq_len: Optional[int] = None) -> int:
     """The sequence length a probe runs at: `seq_len` when given, else the model's training length when known
-    (`training_length`: what its weights file records), else
-    min(n_ctx, DEFAULT_PROBE_LENGTH). Every entry point (Python probes, `probe`, `report`, sweeps) uses this rule.
+    (`training_length`: what its weights file records), else min(n_ctx, DEFAULT_PROBE_LENGTH). Every entry point
+    (Python probes, `probe`, `report`, sweeps) uses this rule (`probe_length_for`, the same rule before a model
+    is loaded).
 
     Args:
         model: a TransformerLens hooked model.
@@ -79,15 +80,35 @@ def probe_length(model: HookedModel, seq_len: Optional[int] = None) -> int:
     Returns:
         The probe length.
     """
+    length = probe_length_for(int(model.cfg.n_ctx), training_length(model), seq_len)
     if seq_len is not None:
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
-            raise ValueError(f"seq_len must be an integer >= 2, got {seq_len!r}")
-        check_probe_length(model, seq_len)
-        return int(seq_len)
-    trained = training_length(model)
-    if trained is not None:
-        return min(trained, int(model.cfg.n_ctx))
-    return min(int(model.cfg.n_ctx), DEFAULT_PROBE_LENGTH)
+        check_probe_length(model, length)  # the warning beyond the training length, once per model
+    return length
+
+
+def probe_length_for(n_ctx: int, trained: Optional[int], seq_len: Optional[int] = None) -> int:
+    """`probe_length`'s rule on the numbers it reads of a model: what `markov-interp probe` / `report` size
+    their probe batch by before loading the model (`n_ctx` of the run's model config, `trained` its
+    `train.seq_len`).
+
+    Args:
+        n_ctx: the model's context length.
+        trained: its training length, or None when unknown.
+        seq_len: an explicit length (an integer >= 2, at most `n_ctx`), or None.
+
+    Returns:
+        The probe length: `seq_len`, else min(trained, n_ctx), else min(n_ctx, DEFAULT_PROBE_LENGTH).
+
+    >>> probe_length_for(256, 64), probe_length_for(256, None), probe_length_for(256, 64, seq_len=32)
+    (64, 128, 32)
+    """
+    if seq_len is None:
+        return min(trained, n_ctx) if trained is not None else min(n_ctx, DEFAULT_PROBE_LENGTH)
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+        raise ValueError(f"seq_len must be an integer >= 2, got {seq_len!r}")
+    if seq_len > n_ctx:
+        raise ValueError(f"probe sequences of length {seq_len} exceed the model's n_ctx={n_ctx}")
+    return int(seq_len)
 
 
 def check_probe_length(model: HookedModel, seq_len: int) -> None:
