@@ -530,7 +530,6 @@ def weights_metadata(model: HookedModel) -> WeightsMetadata:
     return _METADATA.get(model, _NO_METADATA)
 
 
-
 class NonFiniteWeights(ValueError):
     """A weights file holds NaN or infinity (`load(..., finite=True)`); `keys` names the tensors as the file does."""
 
