@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 from markov_interp.models import preset
-from markov_interp.training import RunConfig, TrainConfig, loop, runfolder, train
+from markov_interp.training import RunConfig, TrainConfig, loop, train
+from markov_interp import runs as runfolder
 from markov_interp.data import SourceConfig
 
 

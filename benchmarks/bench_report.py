@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-FLOOR = ("from markov_interp.training import runfolder; import matplotlib.figure; "
-         "runfolder.load_model({run!r})")
+FLOOR = ("from markov_interp import runs; import matplotlib.figure; "
+         "runs.load_model({run!r})")
 
 
 def measure(argv: list[str], env: dict) -> tuple[float, float]:

@@ -2,7 +2,10 @@
 
 The package is a pipeline, one module per stage (each imports only stages to its left):
 
-    data -> theory -> landscape -> models -> training -> probes -> report -> sweep,   cli on top.
+    data -> theory -> landscape -> models -> runs -> training -> probes -> report -> sweep,   cli on top.
+
+`runs` is what a run is (`RunConfig`) and its folder, read and written: probes, report and sweeps read run folders
+without importing `training`.
 
 `config` sits under them all: the one base of the source, model, training, run and sweep configs.
 

@@ -256,9 +256,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         runs = [dataclasses.replace(run, train=dataclasses.replace(run.train, seed=s)) for s in seeds]
         outs = [Path(args.out)] if args.seeds is None else [Path(args.out) / f"seed-{s}" for s in seeds]
         if args.seeds is not None:  # OUT/seed-N are the package's names: a planted link there is refused
-            from markov_interp.training import runfolder
+            from markov_interp.runs import check_contents
 
-            runfolder.check_contents(args.out, depth=1)
+            check_contents(args.out, depth=1)
         results = train_many(runs, outs, progress=not args.no_progress, models_out=False)
         diverged = 0
         for seed, out, result in zip(seeds, outs, results):
@@ -350,23 +350,24 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         from tqdm.auto import tqdm
 
         from markov_interp.probes import classify_mechanism
-        from markov_interp.training import resolve_device, runfolder
+        from markov_interp import runs
+        from markov_interp.devices import resolve_device
 
         _set_threads(args)
         run_dir = Path(args.run_dir)
-        run = runfolder.read_config(run_dir)
+        run = runs.read_config(run_dir)
         device = resolve_device(args.device)
-        diverged = runfolder.divergence(run_dir)
+        diverged = runs.divergence(run_dir)
         if diverged is not None:  # no model to classify: say so instead of naming a mechanism
             if args.json:
                 print(json.dumps({**diverged, "run_dir": str(run_dir)}, indent=2, sort_keys=True))
             else:
-                print(f"diverged: {runfolder.diverged_message(run_dir, diverged)}")
+                print(f"diverged: {runs.diverged_message(run_dir, diverged)}")
             return EXIT_DIVERGED
         _check_probe_size(run, args, device, "probe")
         with tqdm(total=2, desc="probe", unit="stage", disable=not _progress(args), leave=False) as bar:
             bar.set_postfix_str("loading the model")
-            model = runfolder.load_model(run_dir, device=device, expect=run.model)
+            model = runs.load_model(run_dir, device=device, expect=run.model)
             bar.update()
             bar.set_postfix_str("classify_mechanism")
             # the length rule is the probes' (probes._common.probe_length): the loaded model knows its training
@@ -384,11 +385,12 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_probe_size(run: "RunConfig", args: argparse.Namespace, device: Any, command: str) -> None:
-    """Refuse `--n-sequences` x `--seq-len` (default: the run's training length) that cannot fit, before the
-    model is loaded (`models.memory.check_probe`)."""
+    """Refuse `--n-sequences` x `--seq-len` (default by the probes' one rule, `probes.probe_length_for`: the run's
+    training length) that cannot fit, before the model is loaded (`models.memory.check_probe`)."""
     from markov_interp.models.memory import check_probe
+    from markov_interp.probes import probe_length_for
 
-    seq_len = args.seq_len if args.seq_len is not None else run.train.seq_len
+    seq_len = probe_length_for(run.model.n_ctx, run.train.seq_len, args.seq_len)
     check_probe(run.model, n_sequences=args.n_sequences, seq_len=seq_len, device=device, where=command)
 
 
@@ -450,18 +452,19 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
         from markov_interp._io import check_target
         from markov_interp.report import REPORT_FILE, build
-        from markov_interp.training import resolve_device, runfolder
+        from markov_interp import runs
+        from markov_interp.devices import resolve_device
 
         # everything that can fail cheaply is checked before the probes run
         _set_threads(args)
-        run = runfolder.read_config(args.run_dir)
+        run = runs.read_config(args.run_dir)
         _check_probe_size(run, args, resolve_device(args.device), "report")
         target = Path(args.out) if args.out else Path(args.run_dir) / REPORT_FILE
         check_target(target, "--out")  # a folder, link, FIFO or device is refused, never replaced
-        runfolder.check_writable_dir(target.parent, "report folder")
-        diverged = runfolder.divergence(args.run_dir)
+        runs.check_writable_dir(target.parent, "report folder")
+        diverged = runs.divergence(args.run_dir)
         if diverged is not None:
-            print(f"diverged: {runfolder.diverged_message(args.run_dir, diverged)}", file=sys.stderr)
+            print(f"diverged: {runs.diverged_message(args.run_dir, diverged)}", file=sys.stderr)
             return EXIT_DIVERGED
         report = build(args.run_dir, n_sequences=args.n_sequences, seq_len=args.seq_len, seed=args.seed,
                        max_checkpoints=args.max_checkpoints, device=resolve_device(args.device),
@@ -502,11 +505,11 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from markov_interp import sweep
-    from markov_interp.training import runfolder
+    from markov_interp import runs
 
     spec = sweep.load_spec(args.spec)
     out = args.out or str(Path("runs") / f"sweep-{Path(args.spec).stem}")
-    runfolder.check_writable_dir(out, "sweep folder")
+    runs.check_writable_dir(out, "sweep folder")
     result = sweep.run(spec, out, backend=args.backend, workers=args.workers, progress=not args.no_progress,
                        retry_failed=not args.no_retry, group=args.group)
     n_ok = len(result.rows) - result.n_failed - result.n_diverged
@@ -645,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _one_line(err: BaseException) -> str:
     """An error as one line: the message of errors the package raises, the type too for anything else
     (OSError's text names the file: "[Errno 28] No space left on device: 'runs/a/metrics.jsonl'")."""
-    from markov_interp.training.runfolder import RunFolderError, TrainingDiverged
+    from markov_interp.runs import RunFolderError, TrainingDiverged
 
     text = str(err) if isinstance(err, (ValueError, OSError, RunFolderError, TrainingDiverged)) else (
         f"{type(err).__name__}: {err}")
@@ -703,7 +706,7 @@ def _main(argv: list[str] | None) -> int:
     except Exception as err:  # one line for every error; the traceback only on request
         if getattr(args, "debug", False):
             raise
-        from markov_interp.training.runfolder import TrainingDiverged
+        from markov_interp.runs import TrainingDiverged
 
         print(f"markov-interp {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return EXIT_DIVERGED if isinstance(err, TrainingDiverged) else EXIT_ERROR

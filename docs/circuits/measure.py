@@ -25,22 +25,19 @@ from pathlib import Path
 
 import torch
 
-from markov_interp import models
-from markov_interp.training import runfolder
+from markov_interp import runs
 from markov_interp.probes import classify_mechanism, discover_circuit, spread_previous_token_excess
 
 
 def snapshot(run_dir: Path, step: int):
     """The model of `run_dir` at `step` (a checkpoint's weights, or the final model at the last step)."""
-    config = runfolder.read_config(run_dir)
+    config = runs.read_config(run_dir)
     if step == config.train.steps and (run_dir / "model.safetensors").exists():
-        return models.load(run_dir), config
+        return runs.load_model(run_dir), config
     path = run_dir / "checkpoints" / f"step_{step:07d}.safetensors"
     if not path.exists():
         return None, config
-    model = models.load(path)
-    model.markov_train_seq_len = config.train.seq_len
-    return model, config
+    return runs.load_model(path), config  # probed at the training length its file (or the run's config) records
 
 
 def record(run_dir: Path, step: int, args: argparse.Namespace) -> dict | None:

@@ -85,19 +85,17 @@ def measure_formation(folder: Path, work: Path, cell_id: str, *, seed: int) -> d
         `probes.CircuitFormation.to_dict()`."""
     def measure() -> dict:
         from markov_interp import probes
-        from markov_interp.training import runfolder
+        from markov_interp import runs
 
-        model = runfolder.load_model(folder, device="cpu")
-        run = runfolder.read_config(folder)
-        checkpoints = [(step, runfolder.load_model(path, device="cpu", expect=run.model))
-                       for step, path in runfolder.list_checkpoints(folder)]
-        for _, m in checkpoints:
-            m.markov_train_seq_len = run.train.seq_len
+        model = runs.load_model(folder, device="cpu")
+        run = runs.read_config(folder)
+        checkpoints = [(step, runs.load_model(path, device="cpu", expect=run.model))
+                       for step, path in runs.list_checkpoints(folder)]
         steps = {s for s, _ in checkpoints}
         if run.train.steps not in steps:
             checkpoints.append((run.train.steps, model))
         return probes.circuit_formation(checkpoints, run.source.build(), n_sequences=FORMATION_SEQUENCES,
-                                        seq_len=run.train.seq_len, seed=seed).to_dict()
+                                        seed=seed).to_dict()  # at the training length: `probes.probe_length`
 
     return _shared.cached_measure(work, cell_id + "-formation", f"{_KEY}:{FORMATION_SEQUENCES}:seed{seed}", measure)
 

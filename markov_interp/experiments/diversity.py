@@ -315,7 +315,7 @@ def measure_rows(rows: list, work: Path, budget: DiversityBudget, *, progress: b
     work/measures)."""
     from tqdm.auto import tqdm
 
-    from markov_interp.training import runfolder
+    from markov_interp import runs
 
     inside, outside = _batches(budget)
     key = f"diversity-1:{budget.probe_sequences}x{budget.seq_len}:seed{_PROBE_SEED}"
@@ -329,7 +329,7 @@ def measure_rows(rows: list, work: Path, budget: DiversityBudget, *, progress: b
         folder = work / row.run_dir
 
         def measure() -> dict:
-            model = runfolder.load_model(folder, device="cpu")
+            model = runs.load_model(folder, device="cpu")
             return measure_model(model, inside[cfg.source.pool_size], outside, cfg.source.build())
 
         records.append(DiversityRecord(**where, measure=_shared.cached_measure(work, row.cell_id, key, measure)))

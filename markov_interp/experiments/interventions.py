@@ -39,7 +39,9 @@ from markov_interp.data import SourceConfig
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
 from markov_interp.models import heads_per_layer, preset
 from markov_interp.models.hooks import act_name
-from markov_interp.training import RunConfig, TrainConfig, TrainResult, runfolder, train_many
+from markov_interp import runs
+from markov_interp.runs import RunConfig, TrainConfig
+from markov_interp.training import TrainResult, train_many
 
 __all__ = ["InterventionsBudget", "QUICK", "STANDARD", "FULL", "EXPERIMENTS", "Arm", "CircuitScores", "ArmResult",
            "ExperimentResult", "InterventionsResult", "experiment_arms", "run_experiment", "run",
@@ -376,13 +378,11 @@ def _checkpoint_model(result: TrainResult, step: int) -> Any:
     if result.out_dir is None:
         raise ValueError(f"scores at step {step} read checkpoints, but seed {result.config.train.seed}'s run has no "
                          "run folder (train with an out_dir)")
-    path, _ = runfolder.checkpoint_paths(result.out_dir, step)
+    path, _ = runs.checkpoint_paths(result.out_dir, step)
     if not path.exists():
         raise ValueError(f"{result.out_dir} has no checkpoint of step {step}; it has "
-                         f"{[s for s, _ in runfolder.list_checkpoints(result.out_dir)]}")
-    model = runfolder.load_model(path, device=next(result.model.parameters()).device, expect=result.config.model)
-    model.markov_train_seq_len = result.config.train.seq_len
-    return model
+                         f"{[s for s, _ in runs.list_checkpoints(result.out_dir)]}")
+    return runs.load_model(path, device=next(result.model.parameters()).device, expect=result.config.model)
 
 
 def circuit_scores_over_training(trained: list[TrainResult]) -> tuple[CircuitScores, ...]:
@@ -397,7 +397,7 @@ def circuit_scores_over_training(trained: list[TrainResult]) -> tuple[CircuitSco
     finished = [r for r in trained if not r.failed and r.model is not None and r.out_dir is not None]
     if not finished:
         return ()
-    steps = set.intersection(*({s for s, _ in runfolder.list_checkpoints(r.out_dir)} for r in finished))
+    steps = set.intersection(*({s for s, _ in runs.list_checkpoints(r.out_dir)} for r in finished))
     return tuple(circuit_scores_at(trained, step) for step in sorted(steps))
 
 

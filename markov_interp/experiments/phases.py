@@ -324,7 +324,7 @@ def measure_rows(rows: list, work: Path, budget: PhaseBudget, *, progress: bool 
     work/measures), their dynamics read from their metrics."""
     from tqdm.auto import tqdm
 
-    from markov_interp.training import runfolder
+    from markov_interp import runs
 
     batches = _probe_batches(budget)
     records = []
@@ -340,11 +340,11 @@ def measure_rows(rows: list, work: Path, budget: PhaseBudget, *, progress: bool 
         classify = cfg.train.seed < budget.classified
 
         def measure() -> dict:
-            model = runfolder.load_model(folder, device="cpu")
+            model = runs.load_model(folder, device="cpu")
             return measure_model(model, batches[cfg.source.order], cfg.source.build(), classify=classify)
 
         value = _shared.cached_measure(work, row.cell_id, _measure_key(budget) + f":classify{classify}", measure)
-        curves = dynamics.from_metrics(runfolder.load_metrics(folder))
+        curves = dynamics.from_metrics(runs.load_metrics(folder))
         records.append(RunRecord(**where, measure=value, dynamics=curves))
     return records
 
@@ -735,7 +735,7 @@ def formation_rows(budget: PhaseBudget, work: Path, *, progress: bool = False) -
     """Train the formation runs (`formation_specs`) into `work` and read each one's circuit at every checkpoint."""
     from tqdm.auto import tqdm
 
-    from markov_interp.training import runfolder
+    from markov_interp import runs
 
     specs = formation_specs(budget)
     if not specs:
@@ -750,7 +750,7 @@ def formation_rows(budget: PhaseBudget, work: Path, *, progress: bool = False) -
                      order=cfg.source.order, seed=cfg.train.seed)
         found.append(_formation.FormationRecord(
             where=where, formation=_formation.measure_formation(folder, work, row.cell_id, seed=_PROBE_SEED),
-            dynamics=dynamics.from_metrics(runfolder.load_metrics(folder))))
+            dynamics=dynamics.from_metrics(runs.load_metrics(folder))))
     return found
 
 

@@ -123,18 +123,18 @@ def separatrix_interval(w0: Sequence[float], escaped: Sequence[float]) -> Option
 # ------------------------------------------------------------------------------------------ measurement
 def _measure(folder: Path, cfg: Any, budget: ReductionBudget) -> dict:
     """One run's escape, its (e, w, b) at every checkpoint (along its init direction) and the flow's there."""
-    from markov_interp.training import runfolder
+    from markov_interp import runs
 
     states = [initial_state(cfg.model, cfg.train.seed)]
     steps = [0]
-    for step, _ in runfolder.list_checkpoints(folder):
-        states.append(runfolder.read_checkpoint(folder, step)[0])
+    for step, _ in runs.list_checkpoints(folder):
+        states.append(runs.read_checkpoint(folder, step)[0])
         steps.append(step)
     traj = landscape.coordinates_trajectory(states, p=budget.p, q=budget.q)
     flow = landscape.gradient_flow(budget.e0, cfg.model.canonical_w, 0.0, p=budget.p, q=budget.q,
                                    steps=max(steps), lr=budget.lr)
     gap = np.abs(traj.points - flow.points[steps])
-    run = dynamics.from_metrics(runfolder.load_metrics(folder))
+    run = dynamics.from_metrics(runs.load_metrics(folder))
     return {"escape": None if run is None else dynamics.crossings_to_json({0.5: run.escape}, dwell=run.dwell),
             "steps": steps, "points": traj.points.round(6).tolist(), "flow_gap": gap.max(0).round(6).tolist()}
 

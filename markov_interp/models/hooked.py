@@ -25,13 +25,18 @@ is built with the largest count in every layer and the surplus heads' weights ze
 / `hook_z`, writing nothing); `heads_per_layer(model)` gives the real counts, and `save` writes each layer's
 real shapes. Move models with `model.to(device, print_details=False)` to keep TransformerLens quiet.
 
-The hooked model carries its config as `model.markov_config` (a `ModelConfig`).
+The hooked model carries its config as `model.markov_config` (a `ModelConfig`). What a weights file records beside
+it (the training length, the step: `WeightsMetadata`) stays with the file's metadata: `weights_metadata(model)`
+gives it for a model built from the file (`load`) or by training, without setting anything on TransformerLens's
+object.
 """
 
+import dataclasses
 import functools
 import inspect
 import json
 import os
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ContextManager, Optional, Protocol, runtime_checkable
@@ -60,6 +65,8 @@ __all__ = [
     "read_weights",
     "read_weights_file",
     "weights_step",
+    "WeightsMetadata",
+    "weights_metadata",
     "canonical_safetensors",
     "state_dict_for_save",
     "check_state",
@@ -140,9 +147,9 @@ class HookedModel(Protocol, metaclass=_StaticMembers):
       [layer, head, d_model, d_head], `W_O` [layer, head, d_head, d_model].
     - the torch module methods (`parameters`, `named_parameters`, `state_dict`, `load_state_dict`, `to`, `eval`).
 
-    Models built here also carry `markov_config` (their `ModelConfig`) and, when trained or loaded from a run
-    folder, `markov_train_seq_len`; neither is part of the protocol (the probes read them with a default, so a
-    hand-built TransformerLens model works too). `isinstance(model, HookedModel)` checks the names only.
+    Models built here also carry `markov_config` (their `ModelConfig`; not part of the protocol, the probes read
+    it with a default, so a hand-built TransformerLens model works too); what their weights file records (the
+    training length) is `weights_metadata(model)`. `isinstance(model, HookedModel)` checks the names only.
     """
 
     cfg: HookedConfig
@@ -193,7 +200,7 @@ class HookedModel(Protocol, metaclass=_StaticMembers):
 
 # ------------------------------------------------------------------------------------------------- build
 def hooked_model(cfg: ModelConfig, state: Mapping[str, Tensor], device: Any = None,
-                 *, source: str = "weights") -> HookedModel:
+                 *, source: str = "weights", metadata: Optional["WeightsMetadata"] = None) -> HookedModel:
     """The hooked model of `cfg` holding the weights `state` (the on-disk layout, `models.init.state_shapes`).
 
     The one place a hooked model is built (`build`, `load`, training results and stack members all come
@@ -204,6 +211,9 @@ def hooked_model(cfg: ModelConfig, state: Mapping[str, Tensor], device: Any = No
         state: {name: tensor} as `save` writes it; missing, unexpected or wrongly shaped tensors raise ValueError
             naming them (prefixed by `source`).
         device: where the model lives (default CPU).
+        source: how errors name the weights.
+        metadata: what the weights' file records (or training knows) beside them; `weights_metadata(model)` gives
+            it back (None: an empty `WeightsMetadata`).
 
     Returns:
         TransformerLens's model of the installed version (`hooked_kind()`) with `markov_config = cfg`, in eval
@@ -216,6 +226,8 @@ def hooked_model(cfg: ModelConfig, state: Mapping[str, Tensor], device: Any = No
     check_state(cfg, state, source=source)
     model = _tl.build(cfg, state)
     object.__setattr__(model, "markov_config", cfg)
+    if metadata is not None:
+        _METADATA[model] = metadata
     if device is not None:  # the one device check: "meta" or a missing GPU is a ValueError naming the device
         model.to(resolve_device(device), print_details=False)
     check_tied(model)
@@ -344,7 +356,7 @@ def save_state(cfg: ModelConfig, state: Mapping[str, Tensor], path: "str | os.Pa
         state: {name: tensor} in the on-disk layout of `cfg` (checked: ValueError naming what does not fit).
         path: a `.safetensors` file, or a folder that gets `model.safetensors`.
         train_seq_len: the sequence length the weights were trained at (training writes it; `load` gives it
-            back as `model.markov_train_seq_len`, the probes' default length), or None.
+            back in `weights_metadata(model)`, the probes' default length), or None.
         step: the training step of the weights (training writes it: a checkpoint copied to another step's name
             is recognised, `read_weights_file`), or None.
 
@@ -471,8 +483,51 @@ def read_weights_file(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str,
 
 def weights_step(metadata: Mapping[str, str]) -> Optional[int]:
     """The training step recorded in a weights file's metadata (`read_weights_file`), None when none is."""
-    value = metadata.get(_STEP_KEY)
+    return _recorded_int(metadata, _STEP_KEY)
+
+
+def _recorded_int(metadata: Mapping[str, str], key: str) -> Optional[int]:
+    value = metadata.get(key)
     return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WeightsMetadata:
+    """What a weights file records beside its tensors and model config (`save_state` writes it): the sequence
+    length the weights were trained at, the probes' default length (`probes.probe_length`), and the training
+    step. None where the file records nothing (`save` of a model of one's own).
+
+    >>> WeightsMetadata.of({"markov_interp.train_seq_len": "64", "markov_interp.step": "400"})
+    WeightsMetadata(train_seq_len=64, step=400)
+    """
+
+    train_seq_len: Optional[int] = None
+    step: Optional[int] = None
+
+    @classmethod
+    def of(cls, metadata: Mapping[str, str]) -> "WeightsMetadata":
+        """Read from a weights file's metadata strings (`read_weights_file`); absent or malformed entries: None."""
+        return cls(train_seq_len=_recorded_int(metadata, _TRAIN_SEQ_LEN_KEY), step=weights_step(metadata))
+
+
+# model -> the metadata of the weights it was built from: kept beside the model, not set on TransformerLens's object
+# (a weak reference: the entry goes with the model)
+_METADATA: "weakref.WeakKeyDictionary[Any, WeightsMetadata]" = weakref.WeakKeyDictionary()
+_NO_METADATA = WeightsMetadata()
+
+
+def weights_metadata(model: HookedModel) -> WeightsMetadata:
+    """The metadata of the weights `model` was built from: the file's for `load` (and `runs.load_model`, which
+    completes the training length of older run folders from their config), the run's for a model `training`
+    returns; empty (all None) for any other model.
+
+    Args:
+        model: a hooked model.
+
+    Returns:
+        Its `WeightsMetadata`.
+    """
+    return _METADATA.get(model, _NO_METADATA)
 
 
 class NonFiniteWeights(ValueError):
@@ -484,16 +539,17 @@ class NonFiniteWeights(ValueError):
 
 
 def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None,
-         finite: bool = False) -> HookedModel:
+         finite: bool = False, train_seq_len: Optional[int] = None) -> HookedModel:
     """The hooked model saved at `path` (a run folder, or a `.safetensors` file written by `save`).
 
     Tying is restored (one shared Parameter). A missing file raises FileNotFoundError; a corrupt file, a
     missing / unexpected / wrongly shaped tensor, or a config different from `expect` raise ValueError
-    naming the problem. `model.markov_config` holds the config; `model.markov_train_seq_len` the length the
-    weights were trained at when training wrote the file (None otherwise, e.g. after `save`; for run folders
-    written before training recorded it, `training.runfolder.load_model` reads it from the folder's config):
-    the probes' default length (`probes._common.probe_length`). With `finite`, weights holding NaN or infinity
-    raise `NonFiniteWeights` naming the tensors by the file's keys (not TransformerLens's module paths).
+    naming the problem. `model.markov_config` holds the config; `weights_metadata(model)` what the file records
+    beside it: the length the weights were trained at when training wrote the file (None otherwise, e.g. after
+    `save`), the probes' default length (`probes.probe_length`), and the step. `train_seq_len` stands in for a
+    file that records no length (run folders written before training recorded it: `runs.load_model` passes the
+    folder config's). With `finite`, weights holding NaN or infinity raise `NonFiniteWeights` naming the tensors
+    by the file's keys (not TransformerLens's module paths).
     """
     cfg, state, metadata = read_weights_file(path)
     if expect is not None and expect != cfg:
@@ -503,8 +559,9 @@ def load(path: "str | os.PathLike", *, device: Any = None, expect: Optional[Mode
     if bad:
         raise NonFiniteWeights(f"{path} holds non-finite weights ({', '.join(bad[:3])}"
                                f"{' ...' if len(bad) > 3 else ''})", bad)
-    model = hooked_model(cfg, state, device, source=str(path))
+    recorded = WeightsMetadata.of(metadata)
+    if recorded.train_seq_len is None and train_seq_len is not None:
+        recorded = dataclasses.replace(recorded, train_seq_len=int(train_seq_len))
+    model = hooked_model(cfg, state, device, source=str(path), metadata=recorded)
     model.eval()
-    seq_len = metadata.get(_TRAIN_SEQ_LEN_KEY)
-    model.markov_train_seq_len = int(seq_len) if seq_len is not None and seq_len.isdigit() else None
     return model

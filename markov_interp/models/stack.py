@@ -119,9 +119,12 @@ class Stack:
         reads it."""
         return hooked.save_state(self.configs[k], self.member_state(k), path, train_seq_len=train_seq_len, step=step)
 
-    def hooked_model(self, k: int, device: Any = None) -> hooked.HookedModel:
-        """Member k as a hooked TransformerLens model (`models.hooked.hooked_model` of its weights)."""
-        return hooked.hooked_model(self.configs[k], self.member_state(k), device, source=f"stack member {k}")
+    def hooked_model(self, k: int, device: Any = None, *,
+                     metadata: Optional[hooked.WeightsMetadata] = None) -> hooked.HookedModel:
+        """Member k as a hooked TransformerLens model (`models.hooked.hooked_model` of its weights; `metadata`: what
+        its weights file would record, `models.weights_metadata`)."""
+        return hooked.hooked_model(self.configs[k], self.member_state(k), device, source=f"stack member {k}",
+                                   metadata=metadata)
 
     @torch.no_grad()
     def load_member(self, k: int, state: Mapping[str, Tensor]) -> None:

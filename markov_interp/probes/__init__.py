@@ -46,6 +46,7 @@ from markov_interp.probes._common import (
     kernel_probs,
     next_state_probs,
     probe_length,
+    probe_length_for,
     sample_batch,
     state_labels,
     stationary_probs,
@@ -148,7 +149,7 @@ from markov_interp.probes.strategies import (
 
 __all__ = [
     "CircuitFormation", "circuit_formation", "entry_step",
-    "DEFAULT_PROBE_LENGTH", "ProbeLengthWarning", "probe_length", "state_labels", "training_length",
+    "DEFAULT_PROBE_LENGTH", "ProbeLengthWarning", "probe_length", "probe_length_for", "state_labels", "training_length",
     "AblationTable", "AttentionScores", "BehaviourReport", "CORRUPTIONS", "Cancelling", "Circuit", "CircuitGraph",
     "Component", "JointTest", "PassResult", "edge_estimates", "CIRCUIT_KINDS", "CircuitVerdict", "circuit_verdict",
     "lag_channels", "QUALIFIERS", "LawVerdict", "fit_temperature",

@@ -24,7 +24,7 @@ from markov_interp import theory
 from markov_interp._display import displayed
 from markov_interp.config import check_int
 from markov_interp.data import Source
-from markov_interp.models import HookedModel
+from markov_interp.models import HookedModel, weights_metadata
 # the hook-name functions of the probes; their one home is `models.hooks` (TransformerLens's names)
 from markov_interp.models.hooks import attn_out_hook, mlp_out_hook, pattern_hook, z_hook  # noqa: F401
 
@@ -47,11 +47,13 @@ class ProbeLengthWarning(UserWarning):
 
 
 def training_length(model: HookedModel) -> Optional[int]:
-    """The sequence length the model was trained at (`model.markov_train_seq_len`), None when unknown.
+    """The sequence length the model was trained at, None when unknown.
 
-    `models.load` sets it when the weights sit in a run folder (config.json beside them), and so does
-    `training.train` / `train_many` on the models they return; set it yourself on any other model
-    (`model.markov_train_seq_len = 64`) to get the same defaults and warnings.
+    It is what the model's weights file records (`models.weights_metadata(model).train_seq_len`): for a model of
+    `models.load` / `runs.load_model` (the run's config.json completes run folders written before the weights
+    recorded it) and the models `training.train` / `train_many` return. On a model of your own, set
+    `model.markov_train_seq_len = 64` to get the same defaults and warnings (it takes precedence; the package
+    itself never sets it).
 
     Args:
         model: a TransformerLens hooked model.
@@ -59,14 +61,17 @@ def training_length(model: HookedModel) -> Optional[int]:
     Returns:
         The training length, or None.
     """
-    value = getattr(model, "markov_train_seq_len", None)
+    value = getattr(model, "markov_train_seq_len", None)  # set by hand on a model of one's own
+    if value is None:
+        value = weights_metadata(model).train_seq_len
     return None if value is None else int(value)
 
 
 def probe_length(model: HookedModel, seq_len: Optional[int] = None) -> int:
     """The sequence length a probe runs at: `seq_len` when given, else the model's training length when known
-    (`model.markov_train_seq_len`, set when a model is loaded from a run folder), else
-    min(n_ctx, DEFAULT_PROBE_LENGTH). Every entry point (Python probes, `probe`, `report`, sweeps) uses this rule.
+    (`training_length`: what its weights file records), else min(n_ctx, DEFAULT_PROBE_LENGTH). Every entry point
+    (Python probes, `probe`, `report`, sweeps) uses this rule (`probe_length_for`, the same rule before a model
+    is loaded).
 
     Args:
         model: a TransformerLens hooked model.
@@ -76,14 +81,34 @@ def probe_length(model: HookedModel, seq_len: Optional[int] = None) -> int:
     Returns:
         The probe length.
     """
+    length = probe_length_for(int(model.cfg.n_ctx), training_length(model), seq_len)
     if seq_len is not None:
-        check_int("seq_len", seq_len, minimum=2)
-        check_probe_length(model, seq_len)
-        return int(seq_len)
-    trained = training_length(model)
-    if trained is not None:
-        return min(trained, int(model.cfg.n_ctx))
-    return min(int(model.cfg.n_ctx), DEFAULT_PROBE_LENGTH)
+        check_probe_length(model, length)  # the warning beyond the training length, once per model
+    return length
+
+
+def probe_length_for(n_ctx: int, trained: Optional[int], seq_len: Optional[int] = None) -> int:
+    """`probe_length`'s rule on the numbers it reads of a model: what `markov-interp probe` / `report` size
+    their probe batch by before loading the model (`n_ctx` of the run's model config, `trained` its
+    `train.seq_len`).
+
+    Args:
+        n_ctx: the model's context length.
+        trained: its training length, or None when unknown.
+        seq_len: an explicit length (an integer >= 2, at most `n_ctx`), or None.
+
+    Returns:
+        The probe length: `seq_len`, else min(trained, n_ctx), else min(n_ctx, DEFAULT_PROBE_LENGTH).
+
+    >>> probe_length_for(256, 64), probe_length_for(256, None), probe_length_for(256, 64, seq_len=32)
+    (64, 128, 32)
+    """
+    if seq_len is None:
+        return min(trained, n_ctx) if trained is not None else min(n_ctx, DEFAULT_PROBE_LENGTH)
+    check_int("seq_len", seq_len, minimum=2)
+    if seq_len > n_ctx:
+        raise ValueError(f"probe sequences of length {seq_len} exceed the model's n_ctx={n_ctx}")
+    return int(seq_len)
 
 
 def check_probe_length(model: HookedModel, seq_len: int) -> None:

@@ -27,7 +27,9 @@ from markov_interp._display import displayed, headline
 from markov_interp.config import check_int
 from markov_interp.data import Source
 from markov_interp.theory import ReferenceLosses
-from markov_interp.training import RunConfig, resolve_device, runfolder
+from markov_interp import runs
+from markov_interp.devices import resolve_device
+from markov_interp.runs import RunConfig
 from markov_interp.report import figures
 from markov_interp.report._gains import _in_context_task, gains_text
 from markov_interp.report.circuits import (
@@ -41,7 +43,7 @@ from markov_interp.report.circuits import (
 from markov_interp.report._formation import formation_section
 from markov_interp.report._html import Section, atomic_write_text, document, figure_svg, iframe, paragraph, table
 
-REPORT_FILE = runfolder.REPORT_FILE  # the run folder's own file (runfolder.OWN_FILES)
+REPORT_FILE = runs.REPORT_FILE  # the run folder's own file (runs.OWN_FILES)
 SECTION_IDS = ("summary", "config", "loss", "mechanism", "circuit", "weights", "attribution", "patching", "heads",
                "attention", "ablation", "kernel", "landscape", "training", "formation")
 # `from_model`: the sections that need no run folder
@@ -98,22 +100,22 @@ class Report:
 
 # ------------------------------------------------------------------------------------------------ loading
 def _load_run(run_dir: Path) -> RunConfig:
-    config = run_dir / runfolder.CONFIG_FILE
+    config = run_dir / runs.CONFIG_FILE
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run folder at {run_dir}")
     if not config.exists():
-        raise FileNotFoundError(f"{run_dir} is not a run folder: it has no {runfolder.CONFIG_FILE}")
-    run = runfolder.read_config(run_dir)  # errors name the config file
-    diverged = runfolder.divergence(run_dir)
+        raise FileNotFoundError(f"{run_dir} is not a run folder: it has no {runs.CONFIG_FILE}")
+    run = runs.read_config(run_dir)  # errors name the config file
+    diverged = runs.divergence(run_dir)
     if diverged is not None:  # a non-finite loss: there is no trained model whose mechanism could be named
-        raise runfolder.TrainingDiverged(runfolder.diverged_message(run_dir, diverged), step=diverged.get("step"),
-                                         run_dir=run_dir, checkpoint=diverged.get("last_finite_checkpoint"))
+        raise runs.TrainingDiverged(runs.diverged_message(run_dir, diverged), step=diverged.get("step"),
+                                    run_dir=run_dir, checkpoint=diverged.get("last_finite_checkpoint"))
     return run
 
 
 def checkpoint_files(run_dir: "str | os.PathLike") -> list[tuple[int, Path]]:
-    """(step, weights file) of every checkpoint saved in a run folder, by step (`runfolder.list_checkpoints`)."""
-    return runfolder.list_checkpoints(run_dir)
+    """(step, weights file) of every checkpoint saved in a run folder, by step (`runs.list_checkpoints`)."""
+    return runs.list_checkpoints(run_dir)
 
 
 def _spread(items: list, n: int) -> list:
@@ -639,8 +641,8 @@ def build(
     device = resolve_device(device)  # the one device check: a name or a torch.device of a kind we run on
     bar = _progress(len(SECTION_IDS) + 1, progress, "report")
     with bar:
-        model = runfolder.load_model(run_dir, device=device, expect=run.model)
-        metrics = runfolder.load_metrics(run_dir)
+        model = runs.load_model(run_dir, device=device, expect=run.model)
+        metrics = runs.load_metrics(run_dir)
         batch, mech, cache = _probe(model, run.source.build(), n_sequences=n_sequences, seq_len=seq_len, seed=seed)
         bar.update()
         checkpoints = checkpoint_files(run_dir)

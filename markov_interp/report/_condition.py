@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from markov_interp import dynamics, sweep
 from markov_interp._display import displayed
-from markov_interp.training import RunConfig
+from markov_interp.runs import RunConfig
 
 __all__ = ["ConditionEscapes", "condition_escapes", "sweep_folder"]
 

@@ -4,10 +4,10 @@
 from pathlib import Path
 from typing import Any
 
-from markov_interp import dynamics, probes
+from markov_interp import dynamics, probes, runs
 from markov_interp.report import figures
 from markov_interp.report._html import Section, paragraph, table
-from markov_interp.training import RunConfig, runfolder
+from markov_interp.runs import RunConfig
 
 __all__ = ["FORMATION_SEQUENCES", "formation_section"]
 
@@ -52,9 +52,7 @@ def formation_section(run: RunConfig, checkpoints: list[tuple[int, Path]], batch
                                                       cls="note"),))
     models = []
     for step, path in chosen:
-        model = runfolder.load_model(path, device=batch.tokens.device, expect=run.model)
-        model.markov_train_seq_len = run.train.seq_len
-        models.append((step, model))
+        models.append((step, runs.load_model(path, device=batch.tokens.device, expect=run.model)))
     n = min(FORMATION_SEQUENCES, batch.tokens.shape[0])
     formation = probes.circuit_formation(models, run.source.build(), batch=batch, n_sequences=n, seed=seed)
     crossings = dynamics.from_metrics(metrics)

@@ -20,7 +20,7 @@ from markov_interp.sweep.records import RESULTS_DIR, CellRecord, failure
 from markov_interp.sweep.results import CellResult
 from markov_interp.sweep.spec import Cell
 from markov_interp.training import TrainResult, list_checkpoints, stack_key, train, train_many
-from markov_interp.training.runfolder import TrainingDiverged
+from markov_interp.runs import TrainingDiverged
 
 __all__ = ["run_cell", "run_stack", "execute_cell", "execute_group", "group_cells", "default_group",
            "DEFAULT_GROUP", "CellFn"]

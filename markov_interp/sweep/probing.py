@@ -10,7 +10,7 @@ from typing import Any, Optional
 from markov_interp.models import HookedModel
 from markov_interp.probes import MechanismReport, classify_mechanism
 from markov_interp.sweep.results import ProbeColumns, finite
-from markov_interp.training import RunConfig
+from markov_interp.runs import RunConfig
 
 __all__ = ["probe_columns", "probe"]
 

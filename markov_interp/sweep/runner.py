@@ -18,7 +18,7 @@ from markov_interp.sweep.records import (RESULTS_DIR, RUNS_DIR, CellRecord, is_d
                                          record_path, write_record)
 from markov_interp.sweep.spec import Cell, SweepSpec, load_spec
 from markov_interp.sweep.table import Row, write_table
-from markov_interp.training import runfolder
+from markov_interp import runs
 
 __all__ = ["run", "SweepResult", "SpecLike"]
 
@@ -114,8 +114,8 @@ def run(
     out = Path(out_dir)
     settings = probe_settings()
     # one sweep at a time per folder: a second is refused at once, naming the first, before it writes anything
-    with runfolder.lock(out):
-        runfolder.remove_stale_tmp(out, subfolders=(RESULTS_DIR,))
+    with runs.lock(out):
+        runs.remove_stale_tmp(out, subfolders=(RESULTS_DIR,))
         (out / RUNS_DIR).mkdir(exist_ok=True)
         (out / RESULTS_DIR).mkdir(exist_ok=True)
         atomic_write(out / "spec.json", json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from markov_interp.config import Config, check_bool, check_int, check_keys
-from markov_interp.training import RunConfig, build_run, split_key
+from markov_interp.runs import RunConfig, build_run, split_key
 
 __all__ = ["SweepSpec", "Cell", "load_spec", "cell_id", "SECTIONS"]
 

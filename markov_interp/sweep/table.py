@@ -19,7 +19,7 @@ from markov_interp.models import ModelConfig
 from markov_interp.sweep.records import RUNS_DIR, CellRecord
 from markov_interp.sweep.results import CellResult, ProbeColumns
 from markov_interp.sweep.spec import SECTIONS, Cell, cell_id
-from markov_interp.training import RunConfig, TrainConfig, split_key
+from markov_interp.runs import RunConfig, TrainConfig, split_key
 
 __all__ = ["Row", "read_table", "write_table", "TABLE"]
 

@@ -2,10 +2,11 @@
 
 Read left to right, each module importing only those before it:
 
-- `config`: `TrainConfig`, `RunConfig`, dotted options (`split_key`, `build_run`, `default_run`, `override_run`);
+- `config`: `TrainConfig`, `RunConfig`, dotted options (re-exported from their home, `markov_interp.runs.config`);
 - `schedule`: the learning-rate schedule, evaluation, logging and checkpoint steps (`StepPlan`, by arithmetic);
 - `plan`: the plan check, refusing runs that cannot fit (memory, disk, open files) before anything is written;
-- `runfolder`: the run folder's layout (file names, config, metrics, checkpoints, status), lock and checks;
+- `resume`: which checkpoint a run folder resumes from (the folder itself, its lock, metrics and checkpoints:
+  `markov_interp.runs`; `training.runfolder` is its deprecated old name);
 - `results`: `TrainResult` and its typed `FinalLosses`;
 - `batches`: a run's data streams (`derive_seed`, `member_sampler`);
 - `loop`: `train_many(runs)` (one stack) and `train(run)` (a stack of one), evaluation.
@@ -13,7 +14,20 @@ Read left to right, each module importing only those before it:
 `from markov_interp.training import train, train_many, RunConfig, TrainConfig, default_run` is the public face.
 """
 
-from markov_interp.training import batches, config, loop, plan, results, runfolder, schedule  # noqa: F401
+import importlib
+from typing import Any
+
+from markov_interp.runs import (
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    METRICS_FILE,
+    RunFolderBusy,
+    RunFolderError,
+    TrainingDiverged,
+    list_checkpoints,
+    load_metrics,
+)
+from markov_interp.training import batches, config, loop, plan, results, resume, schedule  # noqa: F401
 from markov_interp.training.config import (
     RunConfig,
     TrainConfig,
@@ -36,16 +50,6 @@ from markov_interp.training.loop import (
 )
 from markov_interp.training.plan import PlanTooLarge
 from markov_interp.training.results import FinalLosses, TrainResult
-from markov_interp.training.runfolder import (
-    CHECKPOINT_DIR,
-    CONFIG_FILE,
-    METRICS_FILE,
-    RunFolderBusy,
-    RunFolderError,
-    TrainingDiverged,
-    list_checkpoints,
-    load_metrics,
-)
 from markov_interp.training.schedule import checkpoint_steps, evaluation_steps, lr_at, one_cycle_lr
 
 __all__ = [
@@ -81,3 +85,9 @@ __all__ = [
     "METRICS_FILE",
     "CHECKPOINT_DIR",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "runfolder":  # the deprecated module (its names warn when used): `markov_interp.runs`
+        return importlib.import_module("markov_interp.training.runfolder")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

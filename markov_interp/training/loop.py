@@ -13,7 +13,7 @@ optimiser kind and hyper-parameters other than lr / weight decay, schedule, prec
 checkpoint plan, interventions, device: `stack_key`); they may differ in seed, source parameters of one kind and
 vocab, initialisation options, learning rate and weight decay.
 
-**Run folders** (`training.runfolder`): each run writes config.json, metrics.jsonl, checkpoints/ and, when it
+**Run folders** (`markov_interp.runs`): each run writes config.json, metrics.jsonl, checkpoints/ and, when it
 finishes, model.safetensors. Re-running resumes from the newest checkpoint every member folder holds and ends
 bit-identical to an uninterrupted run; a finished run is loaded, not retrained; a folder holding another config
 is refused. Checkpoints hold the member's weights and, in the format of a torch optimiser's `state_dict()`, its
@@ -58,16 +58,17 @@ from tqdm.auto import tqdm
 from markov_interp import clamps as intervene  # renamed (issue 34); the old name below merges cleanly
 from markov_interp import theory
 from markov_interp.data import Source
-from markov_interp.models import INIT_FIELDS, HookedModel, shape_config, state_dict_for_save
+from markov_interp.models import INIT_FIELDS, HookedModel, WeightsMetadata, shape_config, state_dict_for_save
 from markov_interp.models.optim import StackedOptimizer
 from markov_interp.models.reduction import CanonicalConstraint
 from markov_interp.models.stack import Stack, build_stack, compiled_losses, stacked_losses
 from markov_interp.theory import ReferenceLosses
-from markov_interp.training import plan, runfolder
+from markov_interp import runs as run_folder  # (`runs` is a list of run configs here)
+from markov_interp.training import plan, resume
 from markov_interp.training.batches import derive_seed, member_sampler
-from markov_interp.training.config import PRECISIONS, RunConfig, TrainConfig, resolve_device
+from markov_interp.runs.config import PRECISIONS, RunConfig, TrainConfig, resolve_device
 from markov_interp.training.results import FinalLosses, TrainResult
-from markov_interp.training.runfolder import TrainingDiverged
+from markov_interp.runs import TrainingDiverged
 from markov_interp.training.schedule import StepPlan, lr_at
 
 __all__ = [
@@ -143,7 +144,7 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
     beside `theory.reference_losses`: the entropy rate (the bigram / k-gram optimum the paper's models should
     reach) and the unigram loss (the stationary-law plateau of the tied one-layer model), or for random kernels
     the in-context Bayes loss. With `out_dir`, writes / resumes a run folder (see the module docstring and
-    `training.runfolder`); without, trains in memory. No output besides the tqdm bar.
+    `markov_interp.runs`); without, trains in memory. No output besides the tqdm bar.
 
     Args:
         run: the run.
@@ -165,7 +166,7 @@ def train(run: RunConfig, out_dir: "str | os.PathLike | None" = None, *, progres
 def _diverged(result: TrainResult) -> TrainingDiverged:
     """The `TrainingDiverged` of a result whose run diverged."""
     out, step = result.out_dir, result.final.step
-    status = runfolder.divergence(out) if out is not None else None
+    status = run_folder.divergence(out) if out is not None else None
     checkpoint = status.get("last_finite_checkpoint") if status else None
     reason = status.get("reason") if status else result.failed
     kept = f"; last finite checkpoint: step {checkpoint}" if checkpoint is not None else ""
@@ -204,8 +205,8 @@ def train_many(runs: Sequence[RunConfig], out_dirs: Optional[Sequence["str | os.
     with contextlib.ExitStack() as locks:  # every run folder locked for the whole training
         for out in outs:
             if out is not None:
-                locks.enter_context(runfolder.lock(runfolder.check_writable_dir(out, "run folder")))
-                runfolder.remove_stale_tmp(out)
+                locks.enter_context(run_folder.lock(run_folder.check_writable_dir(out, "run folder")))
+                run_folder.remove_stale_tmp(out)
         return _train_locked(runs, outs, device, progress, models_out)
 
 
@@ -215,12 +216,12 @@ def _train_locked(runs: list[RunConfig], outs: list[Optional[Path]], device: tor
     todo = []
     for i, (run, out) in enumerate(zip(runs, outs)):
         if out is not None:
-            runfolder.prepare(out, run)
-            status = runfolder.divergence(out)
+            run_folder.prepare(out, run)
+            status = run_folder.divergence(out)
             # final weights beside incomplete metrics (a damaged folder), or damaged final weights, resume from a
             # checkpoint: see _Group._resume
-            finished = (out / runfolder.WEIGHTS_FILE).exists() and runfolder.metrics_complete(
-                run.train, runfolder.load_metrics(out)) and _final_weights_problem(out, run) is None
+            finished = (out / run_folder.WEIGHTS_FILE).exists() and resume.metrics_complete(
+                run.train, run_folder.load_metrics(out)) and _final_weights_problem(out, run) is None
             if status is not None or finished:
                 results[i] = _finished(out, run, device, models_out, status)
                 continue
@@ -235,7 +236,7 @@ def _train_locked(runs: list[RunConfig], outs: list[Optional[Path]], device: tor
 def _final_weights_problem(out: Path, run: RunConfig) -> Optional[str]:
     """Why a folder's model.safetensors is unusable (truncated, another model, non-finite, another step), or None:
     the finished check opens the weights instead of trusting that the file exists."""
-    return runfolder.weights_problem(out / runfolder.WEIGHTS_FILE, run.model, step=run.train.steps)
+    return run_folder.weights_problem(out / run_folder.WEIGHTS_FILE, run.model, step=run.train.steps)
 
 
 def _references(run: RunConfig, source: Optional[Source] = None) -> dict[str, float]:
@@ -260,9 +261,9 @@ def _failed_final(step: int, references: Mapping[str, float]) -> FinalLosses:
 def _finished(out: Path, run: RunConfig, device: torch.device, models_out: bool,
               status: Optional[dict]) -> TrainResult:
     """The result of a finished or diverged run folder (its model loaded when `models_out` and it has one)."""
-    rows = runfolder.load_metrics(out)
-    has_weights = (out / runfolder.WEIGHTS_FILE).exists()
-    model = runfolder.load_model(out, device=device, expect=run.model) if models_out and has_weights else None
+    rows = run_folder.load_metrics(out)
+    has_weights = (out / run_folder.WEIGHTS_FILE).exists()
+    model = run_folder.load_model(out, device=device, expect=run.model) if models_out and has_weights else None
     if status is None:  # finished: the caller checked that its metrics are complete
         return TrainResult(model=model, metrics=rows, final=_final(rows), config=run, out_dir=out,
                            already_done=True)
@@ -382,7 +383,7 @@ class _Group:
     clamps: intervene.ClampState = dataclasses.field(default_factory=intervene.ClampState)  # [member, ...] means
     constraint: Optional[CanonicalConstraint] = None  # train.reduction: gradients projected onto (e, w, b)
     compiled: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # train.compile: the compiled losses
-    logs: list[Optional[runfolder.MetricsLog]] = dataclasses.field(default_factory=list)  # per member: metrics.jsonl
+    logs: list[Optional[run_folder.MetricsLog]] = dataclasses.field(default_factory=list)  # per member: metrics.jsonl
 
     @classmethod
     def create(cls, runs: list[RunConfig], outs: list[Optional[Path]], device: torch.device) -> "_Group":
@@ -433,7 +434,7 @@ class _Group:
         steps = StepPlan.of(tc)  # membership by arithmetic: nothing of size O(steps)
         bar = tqdm(total=tc.steps, initial=self.start, disable=not progress, desc=f"train x{len(self.runs)}",
                    unit="step", dynamic_ncols=True)
-        self.logs = [None if out is None else runfolder.MetricsLog(out) for out in self.outs]
+        self.logs = [None if out is None else run_folder.MetricsLog(out) for out in self.outs]
         try:
             for step in range(self.start + 1, tc.steps + 1):
                 if (step - self.start - 1) % _LR_CHUNK == 0:  # the schedule on the device a chunk at a time
@@ -552,8 +553,8 @@ class _Group:
         if out is not None:  # probe / report / sweeps read status.json: "diverged", not a mechanism
             self.logs[k].append(self.rows[k][-1])
             self.logs[k].sync()
-            kept = [c for c, _ in runfolder.list_checkpoints(out) if c < step]
-            runfolder.mark_diverged(out, step=step, reason=reason, checkpoint=kept[-1] if kept else None)
+            kept = [c for c, _ in run_folder.list_checkpoints(out) if c < step]
+            run_folder.mark_diverged(out, step=step, reason=reason, checkpoint=kept[-1] if kept else None)
 
     # -- metrics and files
     def _log(self, step: int, is_eval: bool) -> None:
@@ -607,23 +608,23 @@ class _Group:
                 else torch.zeros(0),
                 **({"clamp_state": self.clamps.member_state_dict(k)} if tc.interventions else {}),
             }
-            runfolder.save_checkpoint(out, step, self.runs[k].model, self.stack.member_state(k), state,
+            run_folder.save_checkpoint(out, step, self.runs[k].model, self.stack.member_state(k), state,
                                       train_seq_len=tc.seq_len)
 
     def _resume(self) -> None:
         """Continue from the newest checkpoint step every member folder holds, its metrics cover and whose files
         are sound (a damaged one is skipped with a warning for the next older; none: a fresh start;
-        `runfolder.resume_step` refuses metrics that reach no checkpoint, saying how to recover)."""
+        `resume.resume_step` refuses metrics that reach no checkpoint, saying how to recover)."""
         if any(out is None for out in self.outs):
             return
         common = set.intersection(*(_resumable(out, run) for out, run in zip(self.outs, self.runs)))
-        found = runfolder.read_newest_checkpoint(self.outs, [r.model for r in self.runs], common, stacklevel=4)
+        found = run_folder.read_newest_checkpoint(self.outs, [r.model for r in self.runs], common, stacklevel=4)
         if found is not None:
             self._load(*found)
             return
         for out in self.outs:  # a fresh start: rows of an earlier attempt go (checkpoints were listed, none usable)
-            if (out / runfolder.METRICS_FILE).exists():
-                runfolder.write_metrics(out, [])
+            if (out / run_folder.METRICS_FILE).exists():
+                run_folder.write_metrics(out, [])
 
     def _load(self, step: int, loaded: list[tuple[dict, dict]]) -> None:
         """Set every member to its checkpoint of `step` (weights, training state), its metrics cut to that step."""
@@ -647,17 +648,19 @@ class _Group:
         failed_at = int(state.get("stack_failed_at", -1))  # written by the stacked engine before it was the only one
         self.failed[k] = None if failed_at < 0 else failed_at
         # the rows up to the checkpoint; the rest (and a row torn by a crash) is cut off and retrained
-        self.rows[k] = [r for r in runfolder.load_metrics(out) if r["step"] <= step]
-        runfolder.write_metrics(out, self.rows[k])
+        self.rows[k] = [r for r in run_folder.load_metrics(out) if r["step"] <= step]
+        run_folder.write_metrics(out, self.rows[k])
         return [t.to(self.device) for t in state["pending_losses"].unbind()]
 
     def _finish(self, build_models: bool) -> list[TrainResult]:
         results = []
         for k, (run, out) in enumerate(zip(self.runs, self.outs)):
-            model = self.stack.hooked_model(k, device=self.device) if build_models else None
+            done = self.failed[k] is None
+            metadata = WeightsMetadata(train_seq_len=run.train.seq_len, step=run.train.steps if done else None)
+            model = self.stack.hooked_model(k, device=self.device, metadata=metadata) if build_models else None
             if model is not None:
                 model.eval()
-            if self.failed[k] is None:
+            if done:
                 if out is not None:
                     self.stack.save_member(k, out, train_seq_len=run.train.seq_len, step=run.train.steps)
                 final, failed = _final(self.rows[k]), None
@@ -670,12 +673,12 @@ class _Group:
 
 
 def _resumable(out: Path, run: RunConfig) -> set[int]:
-    """The checkpoint steps of a run folder that its metrics cover (`runfolder.resume_step`: a resume never
+    """The checkpoint steps of a run folder that its metrics cover (`resume.resume_step`: a resume never
     leaves a gap in metrics.jsonl; RunFolderError, saying how to recover, when none is covered). Damaged final
     weights of a finished folder are restored from them (with a warning)."""
-    steps = [s for s, _ in runfolder.list_checkpoints(out)]
-    rows = runfolder.load_metrics(out)
-    has_weights = (out / runfolder.WEIGHTS_FILE).exists()
-    damaged = _final_weights_problem(out, run) if has_weights and runfolder.metrics_complete(run.train, rows) else None
-    newest = runfolder.resume_step(out, run.train, steps, rows, final_weights=has_weights, damaged=damaged)
+    steps = [s for s, _ in run_folder.list_checkpoints(out)]
+    rows = run_folder.load_metrics(out)
+    has_weights = (out / run_folder.WEIGHTS_FILE).exists()
+    damaged = _final_weights_problem(out, run) if has_weights and resume.metrics_complete(run.train, rows) else None
+    newest = resume.resume_step(out, run.train, steps, rows, final_weights=has_weights, damaged=damaged)
     return {s for s in steps if newest is not None and s <= newest}

@@ -29,8 +29,8 @@ import torch
 from markov_interp.chains import BLOCK_BYTES, kernel_bytes
 from markov_interp.models.memory import (Need, PlanTooLarge, check_needs, forward_needs, human_bytes, memory_limit,
                                          model_needs, parameter_count)
-from markov_interp.training.config import RunConfig
-from markov_interp.training.runfolder import list_checkpoints
+from markov_interp.runs.config import RunConfig
+from markov_interp.runs import list_checkpoints
 from markov_interp.training.schedule import checkpoint_steps, max_rows
 
 __all__ = ["check_plan", "check_disk", "MAX_CHECKPOINTS", "FILES_PER_RUN", "PlanTooLarge"]

@@ -8,7 +8,7 @@ from typing import Optional
 from markov_interp._display import displayed, headline, jsonable
 from markov_interp.models import HookedModel
 from markov_interp.theory import ReferenceLosses
-from markov_interp.training.config import RunConfig
+from markov_interp.runs.config import RunConfig
 
 __all__ = ["FinalLosses", "TrainResult"]
 
@@ -58,7 +58,9 @@ class TrainResult:
     """What `train` / `train_many` return for one run: the hooked model, the metrics rows, the final evaluation
     and the run folder."""
 
-    model: Optional[HookedModel]  # with .markov_config; None when the caller asked for no models (models_out=False)
+    # with .markov_config and the training length in `models.weights_metadata(model)` (the probes' default length);
+    # None when the caller asked for no models (models_out=False)
+    model: Optional[HookedModel]
     metrics: list[dict]  # rows as written to metrics.jsonl
     final: FinalLosses
     config: RunConfig
@@ -66,10 +68,6 @@ class TrainResult:
     resumed_from: Optional[int] = None  # checkpoint step the run resumed from, None if fresh
     already_done: bool = False  # True when a finished run folder was loaded instead of trained
     failed: Optional[str] = None  # why the run stopped (it diverged: "diverged at step N: reason"), None if finished
-
-    def __post_init__(self) -> None:  # the probes default to the training length (probes._common.probe_length)
-        if self.model is not None:
-            self.model.markov_train_seq_len = self.config.train.seq_len
 
     def _headline(self) -> str:
         status = (f"failed ({self.failed})" if self.failed else "already trained" if self.already_done else

@@ -12,7 +12,7 @@ import heapq
 import math
 from collections.abc import Iterator
 
-from markov_interp.training.config import TrainConfig
+from markov_interp.runs.config import TrainConfig
 
 __all__ = ["one_cycle_lr", "lr_at", "StepPlan", "evaluation_steps", "checkpoint_steps", "logged_steps", "max_rows"]
 

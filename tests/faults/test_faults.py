@@ -17,8 +17,8 @@ import torch
 
 from markov_interp import _workers, sweep, training
 from markov_interp.cli import EXIT_DIVERGED, main
-from markov_interp.training import runfolder
-from markov_interp.training.runfolder import RunFolderBusy, RunFolderError, TrainingDiverged
+from markov_interp import runs as runfolder
+from markov_interp.runs import RunFolderBusy, RunFolderError, TrainingDiverged
 from markov_interp.training import checkpoint_steps, train
 
 from tests.sweep.test_sweep import logging_cell, tiny_spec  # noqa: E402
@@ -258,7 +258,7 @@ def test_second_writer_is_refused_at_once(tmp_path):
 
 def test_lock_is_released_when_its_holder_is_killed(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom markov_interp.training import runfolder\n"
+        [sys.executable, "-c", "import sys, time\nfrom markov_interp import runs as runfolder\n"
          "with runfolder.lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(120)\n", str(tmp_path)],
         env=ENV, stdout=subprocess.PIPE, text=True)
     try:
@@ -299,7 +299,7 @@ def test_two_train_processes_on_one_folder(tmp_path, capsys):
     saved = training.RunConfig.from_json((out / training.CONFIG_FILE).read_text())
     assert saved.source.p == 0.2
     rows = training.load_metrics(out)
-    assert [r["step"] for r in rows] == runfolder.logged_steps(saved.train, 1000)
+    assert [r["step"] for r in rows] == training.schedule.logged_steps(saved.train, 1000)
     assert train(saved, out, progress=False).already_done
 
 
@@ -344,7 +344,7 @@ def test_resume_refuses_metrics_that_reach_no_checkpoint(tmp_path, n_checkpoints
 
 def test_logged_steps_match_the_training_loop():
     result = train(tiny_run(steps=13, log_every=3, eval_every=5), progress=False)
-    assert [r["step"] for r in result.metrics] == runfolder.logged_steps(result.config.train, 13)
+    assert [r["step"] for r in result.metrics] == training.schedule.logged_steps(result.config.train, 13)
 
 
 # ---------------------------------------------------------------------------------------------- diverged

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from markov_interp import _io, chains, sweep, theory
-from markov_interp.training import runfolder
+from markov_interp import runs as runfolder
 from markov_interp._io import UnsafePath, atomic_write
 from markov_interp.cli import EXIT_PIPE, main
 from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
-from markov_interp.training.runfolder import RunFolderBusy
+from markov_interp.runs import RunFolderBusy
 from markov_interp.training import train
 
 from tests.sweep.test_sweep import logging_cell, tiny_spec  # noqa: E402

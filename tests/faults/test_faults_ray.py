@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from markov_interp import models, sweep
-from markov_interp.training import loop, runfolder
-from markov_interp.training.runfolder import RunFolderBusy
+from markov_interp.training import loop
+from markov_interp import runs as runfolder
+from markov_interp.runs import RunFolderBusy
 
 from tests.sweep.test_sweep import tiny_spec  # noqa: E402
 

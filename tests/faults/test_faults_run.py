@@ -19,9 +19,10 @@ from safetensors.torch import save as st_save
 
 from markov_interp import models, sweep
 from markov_interp.models import canonical_safetensors
-from markov_interp.training import RunConfig, TrainConfig, loop, plan, runfolder, train
+from markov_interp.training import RunConfig, TrainConfig, loop, plan, train
+from markov_interp import runs as runfolder
 from markov_interp.training.plan import PlanTooLarge
-from markov_interp.training.runfolder import RunFolderError
+from markov_interp.runs import RunFolderError
 from markov_interp.training.schedule import StepPlan, checkpoint_steps
 
 from tests.sweep.test_sweep import tiny_spec  # noqa: E402
@@ -316,7 +317,7 @@ def test_an_unreadable_checkpoints_folder_stops_the_run_and_keeps_the_metrics(tm
     if os.geteuid() != 0:
         (out / runfolder.CHECKPOINT_DIR).chmod(0)
     else:
-        _deny(monkeypatch, runfolder.os, "scandir", out / runfolder.CHECKPOINT_DIR)
+        _deny(monkeypatch, os, "scandir", out / runfolder.CHECKPOINT_DIR)
     try:
         with pytest.raises(PermissionError, match="checkpoints"):
             train(tiny_run(), out, progress=False)

@@ -17,9 +17,10 @@ import torch
 from markov_interp import devices, models, report, sweep
 from markov_interp._io import UnsafePath, atomic_write
 from markov_interp.cli import main
-from markov_interp.training import loop, plan, runfolder, train
+from markov_interp.training import loop, plan, train
+from markov_interp import runs as runfolder
 from markov_interp.training.plan import PlanTooLarge
-from markov_interp.training.runfolder import RunFolderError
+from markov_interp.runs import RunFolderError
 
 from tests.faults.test_faults_io import _can_mount_tmpfs  # noqa: E402
 from tests.sweep.test_sweep import tiny_spec  # noqa: E402
@@ -117,17 +118,20 @@ def test_the_issue_command_killed_as_metrics_appear_resumes(tmp_path):
 # by itself at an exact point: after the N-th call of one of the package's writers, or after step N.
 _DIE_AT = """
 import os, signal, sys
-from markov_interp.training import loop, runfolder
+from markov_interp.training import loop
+from markov_interp import runs
+from markov_interp.runs import checkpoints
 point, n = sys.argv[1], int(sys.argv[2])
 def die_after(name):
-    calls, writer = [0], getattr(runfolder, name)
+    home = checkpoints if name == "save_state" else runs  # the module whose calls of `name` are counted
+    calls, writer = [0], getattr(home, name)
     def wrapped(*args, **kwargs):
         result = writer(*args, **kwargs)
         calls[0] += 1
         if calls[0] == n:
             os.kill(os.getpid(), signal.SIGKILL)
         return result
-    setattr(runfolder, name, wrapped)
+    setattr(home, name, wrapped)
 if point == "step":
     loop._on_step = lambda step: step == n and os.kill(os.getpid(), signal.SIGKILL)
 else:
@@ -259,7 +263,7 @@ def test_the_in_place_writers_refuse_a_hard_link_themselves(tmp_path):
         runfolder.MetricsLog(run)
     os.link(victim, run / runfolder.LOCK_FILE)
     with pytest.raises(UnsafePath, match="other hard link"):
-        runfolder._open_lock(run / runfolder.LOCK_FILE, create=True)
+        runfolder.folder._open_lock(run / runfolder.LOCK_FILE, create=True)
     assert victim.read_text() == "precious\n"
 
 

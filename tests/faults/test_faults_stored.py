@@ -15,7 +15,9 @@ import pytest
 from markov_interp import sweep, theory
 from markov_interp.data import RandomMarkov
 from markov_interp.sweep.records import RESULTS_DIR, read_record
-from markov_interp.training import RunConfig, runfolder
+from markov_interp.training import RunConfig
+from markov_interp import runs as runfolder
+from markov_interp.training.resume import metrics_complete
 
 from tests.sweep.test_sweep import tiny_spec  # noqa: E402
 
@@ -57,7 +59,38 @@ def test_run_folders_written_by_main_read_as_valid():
         status = runfolder.divergence(folder)
         assert (status is not None) == (folder / runfolder.STATUS_FILE).exists()
         if status is None:
-            assert runfolder.metrics_complete(config.train, rows), folder
+            assert metrics_complete(config.train, rows), folder
+
+
+@pytest.mark.parametrize("name", ["binary", "intervention"])
+def test_stored_run_folders_load_and_probe_at_their_training_length(tmp_path, name):
+    """A stored run folder (its config.json as 86ed974 wrote it) with weights that record no training length (as
+    `models.save` writes them, and training did before it recorded the length) loads through `runs.load_model`
+    with the run's length in its metadata, final weights and checkpoint alike, and probes exactly as the same
+    weights with the length recorded (what training writes now)."""
+    from markov_interp import models, probes
+
+    folder = tmp_path / name
+    shutil.copytree(STORED / "runs" / name, folder)
+    run = runfolder.read_config(folder)
+    state = models.initial_state(run.model, seed=3)
+    models.save_state(run.model, state, folder)
+    checkpoint, _ = runfolder.checkpoint_paths(folder, 3)
+    checkpoint.parent.mkdir()
+    models.save_state(run.model, state, checkpoint)
+    recorded = models.load(models.save_state(run.model, state, tmp_path / "recorded.safetensors",
+                                             train_seq_len=run.train.seq_len))
+    for path in (folder, folder / runfolder.WEIGHTS_FILE, checkpoint):
+        assert models.weights_metadata(models.load(path)).train_seq_len is None  # the file records none
+        model = runfolder.load_model(path, expect=run.model)
+        assert models.weights_metadata(model).train_seq_len == run.train.seq_len == probes.probe_length(model)
+    source = run.source.build()
+    probed = [json.dumps(probes.classify_mechanism(m, source, n_sequences=8, seed=0).to_dict(), sort_keys=True)
+              for m in (runfolder.load_model(folder), recorded)]
+    assert probed[0] == probed[1]
+    shorter = run.replace(train=run.train.replace(seq_len=12))  # below n_ctx: the default length is the config's
+    (folder / runfolder.CONFIG_FILE).write_text(shorter.to_json())
+    assert probes.probe_length(runfolder.load_model(folder)) == 12 and probes.probe_length(models.load(folder)) == 16
 
 
 @pytest.mark.parametrize("path", sorted(STORED.glob("cache/references/*.json")), ids=lambda p: p.stem[:8])

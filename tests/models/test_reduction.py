@@ -159,7 +159,7 @@ def test_a_released_part_leaves_the_family_and_the_rest_stays(part, moved, kept)
 def test_reduced_sgd_follows_gradient_flow_whole_trajectory(tmp_path):
     """Not only the outcome: every checkpoint's (e, w, b) is the flow's at that step, within sampling noise
     (batches of 64 x 32 tokens; the flow is plain GD on the exact reduced loss at the same lr)."""
-    from markov_interp.training import runfolder
+    from markov_interp import runs as runfolder
 
     steps, lr = 120, 0.5
     run = reduced_run(-1.0, steps=steps, batch_size=64, seq_len=32, n_ctx=32, lr=lr, n_checkpoints=6, eval_every=0)

@@ -11,7 +11,8 @@ from markov_interp import models, theory, training
 from markov_interp.cli import _parse_seeds, main
 from markov_interp.models import stack as stacked
 from markov_interp.models.optim import StackedOptimizer, decayed
-from markov_interp.training import batches, loop, runfolder
+from markov_interp.training import batches, loop
+from markov_interp import runs as runfolder
 from markov_interp.data import RandomMarkov, SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train, train_many

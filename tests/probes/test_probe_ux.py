@@ -47,6 +47,11 @@ def test_probe_length_rule_and_its_warning():
         probes.probe_length(model, 49)
     with pytest.raises(ValueError, match="seq_len"):
         probes.probe_length(model, 1)
+    # the same rule on a model's numbers (what `probe` / `report` size their batch by before loading the model)
+    assert probes.probe_length_for(48, None) == 48 and probes.probe_length_for(48, 20) == 20
+    assert probes.probe_length_for(16, 20) == 16 and probes.probe_length_for(48, 20, 30) == 30  # capped at n_ctx
+    with pytest.raises(ValueError, match="n_ctx=48"):
+        probes.probe_length_for(48, 20, 49)
     tokens = TERNARY.sample(2, 30, torch.Generator().manual_seed(0))
     with pytest.warns(probes.ProbeLengthWarning, match=r"trained on sequences of 20: positions 20\.\.29 were never"):
         probes.next_state_probs(model, tokens)
@@ -64,17 +69,29 @@ def test_classify_defaults_to_the_training_length(circuit):
 
 
 def test_loaded_and_trained_models_carry_their_training_length(tmp_path, circuit):
-    from markov_interp.training import RunConfig, TrainConfig, train
+    """The training length lives in the weights file's metadata (`models.weights_metadata`), read by the probes;
+    nothing is set on TransformerLens's object. A file without it (a model of one's own) leaves it unknown."""
+    from markov_interp import runs
+    from markov_interp.training import train
 
-    run = RunConfig(source=SourceConfig(kind="random", vocab=3), model=models.preset(
+    run = runs.RunConfig(source=SourceConfig(kind="random", vocab=3), model=models.preset(
         "attn-only-2layer", n_layers=1, d_vocab=3, n_ctx=16),
-        train=TrainConfig(steps=2, seq_len=12, batch_size=4, eval_every=0, n_checkpoints=0, device="cpu"))
+        train=runs.TrainConfig(steps=2, seq_len=12, batch_size=4, eval_every=0, n_checkpoints=1, device="cpu"))
     result = train(run, tmp_path / "run", progress=False)
-    assert result.model.markov_train_seq_len == 12
-    assert models.load(tmp_path / "run").markov_train_seq_len == 12
-    assert models.load(tmp_path / "run" / "model.safetensors").markov_train_seq_len == 12
+    assert models.weights_metadata(result.model) == models.WeightsMetadata(train_seq_len=12, step=2)
+    (_, checkpoint), = runs.list_checkpoints(tmp_path / "run")
+    for path in (tmp_path / "run", tmp_path / "run" / "model.safetensors", checkpoint):
+        for model in (models.load(path), runs.load_model(path)):
+            assert models.weights_metadata(model) == models.WeightsMetadata(train_seq_len=12, step=2), path
+            assert probes.training_length(model) == 12 and probes.probe_length(model) == 12
+    for model in (result.model, models.load(tmp_path / "run")):
+        assert "markov_train_seq_len" not in vars(model)  # not an attribute of the model object
     alone = models.save(result.model, tmp_path / "alone" / "weights.safetensors")  # no run folder around it
-    assert models.load(alone).markov_train_seq_len is None
+    assert models.weights_metadata(models.load(alone)) == models.WeightsMetadata()
+    assert probes.training_length(models.load(alone)) is None and probes.probe_length(models.load(alone)) == 16
+    own = models.load(alone)
+    own.markov_train_seq_len = 8  # a model of one's own: the length set by hand is the probes' default
+    assert probes.probe_length(own) == 8 and probes.probe_length(result.model) == 12
 
 
 @pytest.mark.slow

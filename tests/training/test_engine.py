@@ -18,7 +18,8 @@ from markov_interp.cli import main
 from markov_interp.data import SourceConfig
 from markov_interp.models import preset
 from markov_interp.models.optim import StackedOptimizer
-from markov_interp.training import RunConfig, TrainConfig, runfolder, train, train_many
+from markov_interp.training import RunConfig, TrainConfig, train, train_many
+from markov_interp import runs as runfolder
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD_RUNS = Path(__file__).parents[1] / "data" / "old_runs"  # written by tests/data/make_fixtures.py with main's code
@@ -115,6 +116,19 @@ def test_a_finished_folder_of_the_old_solo_loop_loads_and_is_not_retrained(tmp_p
     assert done.metrics == runfolder.load_metrics(folder) and done.final.step == run.train.steps
     assert done.final.references.entropy_rate == runfolder.load_metrics(folder)[-1]["entropy_rate"]
     assert _same(_weights(done.model), _weights(folder))
+
+
+def test_old_weights_without_a_recorded_length_load_with_the_runs():
+    """The old loop's weights record no training length; `runs.load_model` takes it from the run's config.json,
+    for the final weights and for a checkpoint (whose run folder is the one above checkpoints/)."""
+    from markov_interp import probes
+
+    for path in (OLD_RUNS / "finished", OLD_RUNS / "finished" / "model.safetensors",
+                 OLD_RUNS / "unfinished" / "checkpoints" / "step_0000003.safetensors"):
+        assert models.weights_metadata(models.load(path)).train_seq_len is None
+        run = runfolder.read_config(runfolder.run_folder_of(path))
+        model = runfolder.load_model(path, expect=run.model)
+        assert models.weights_metadata(model).train_seq_len == run.train.seq_len == probes.probe_length(model)
 
 
 @pytest.mark.slow
@@ -225,6 +239,63 @@ def test_the_import_graph_has_no_circle():
         if name not in state:
             visit(name, [name])
     assert "markov_interp.training.loop" in graph["markov_interp.training"]  # the graph sees the faces' imports
+
+
+# the public names of training/runfolder.py before the run folder moved to `markov_interp.runs` (issue 34)
+OLD_RUNFOLDER_NAMES = (
+    "RunFolderError", "RunFolderBusy", "CheckpointDamaged", "TrainingDiverged", "lock", "holder", "remove_stale_tmp",
+    "logged_steps", "resume_step", "metrics_complete", "mark_diverged", "divergence", "diverged_message",
+    "read_config", "prepare", "check_writable_dir", "check_contents", "check_single_link", "training_seq_len",
+    "load_model", "load_metrics", "write_metrics", "MetricsLog", "weights_problem", "list_checkpoints",
+    "checkpoint_paths", "save_checkpoint", "read_checkpoint", "read_newest_checkpoint", "LOCK_FILE", "STATUS_FILE",
+    "OWN_FILES", "REPORT_FILE", "foreign_entries", "CONFIG_FILE", "METRICS_FILE", "CHECKPOINT_DIR", "WEIGHTS_FILE",
+)
+
+
+def test_reading_a_run_folder_imports_nothing_of_training(tmp_path):
+    """`probe` and `report` read run folders through `markov_interp.runs`, which imports nothing of `training`:
+    a fresh interpreter reads a trained folder (config, metrics, divergence, checkpoints, model, the probes'
+    length) and imports the probes and the report without loading any module of `markov_interp.training`."""
+    folder = tmp_path / "run"
+    train(tiny_run(), folder, progress=False)
+    code = ("import sys\nfrom markov_interp import probes, report, runs\n"
+            "run = runs.read_config(sys.argv[1])\n"
+            "assert runs.load_metrics(sys.argv[1]) and runs.divergence(sys.argv[1]) is None\n"
+            "(step, path), *_ = runs.list_checkpoints(sys.argv[1])\n"
+            "for where in (sys.argv[1], path):\n"
+            "    assert probes.probe_length(runs.load_model(where, expect=run.model)) == run.train.seq_len\n"
+            "print(sorted(m for m in sys.modules if m.startswith('markov_interp.training')))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+    graph = {name: _imports(path, _package_modules(), name) for name, path in _package_modules().items()}
+    for reader in ("markov_interp.runs", "markov_interp.runs.folder", "markov_interp.runs.checkpoints",
+                   "markov_interp.runs.config", "markov_interp.report._build", "markov_interp.report._formation"):
+        assert not {m for m in graph[reader] if m.startswith("markov_interp.training")}, reader
+
+
+def test_the_old_run_folder_module_is_a_deprecated_alias():
+    """`markov_interp.training.runfolder` keeps every name it had, each use warning with its new home."""
+    import importlib
+
+    from markov_interp import runs
+    from markov_interp.training import resume, schedule
+
+    old = importlib.import_module("markov_interp.training.runfolder")
+    assert sorted(old.__all__) == sorted(OLD_RUNFOLDER_NAMES)
+    for name in OLD_RUNFOLDER_NAMES:
+        home = resume if name in ("resume_step", "metrics_complete") else schedule if name == "logged_steps" else runs
+        with pytest.warns(DeprecationWarning, match=rf"training\.runfolder\.{name} is deprecated: use "):
+            value = getattr(old, name)
+        assert value is getattr(home, name), name
+    with pytest.warns(DeprecationWarning, match="use markov_interp.runs.load_model"):
+        from markov_interp.training.runfolder import load_model
+    assert load_model is runs.load_model
+    with pytest.warns(DeprecationWarning):
+        assert training.runfolder.CONFIG_FILE == "config.json"  # the package attribute still leads to it
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        old.nothing  # noqa: B018
 
 
 @pytest.mark.slow
