@@ -656,7 +656,8 @@ def build(
             *probed.values(),
             _landscape_section(run, model, checkpoints),
             _training_section(run, model, checkpoints, batch, mech, metrics, logged, max_checkpoints),
-            formation_section(run, checkpoints, batch, metrics, _spread(checkpoints, max_checkpoints), seed=seed),
+            formation_section(run, checkpoints, batch, metrics, _spread(checkpoints, max_checkpoints), seed=seed,
+                              final=(run_dir / runfolder.WEIGHTS_FILE, model, _graph(mech))),
         )
         bar.update(len(SECTION_IDS) - len(probed))
     assert tuple(s.id for s in sections) == SECTION_IDS
