@@ -64,3 +64,16 @@ def test_bad_checkpoints_are_refused():
         probes.circuit_formation([(5, model), (5, model)], RandomMarkov(3), n_sequences=4, seq_len=16)
     with pytest.raises(ValueError, match="same length"):
         probes.entry_step([1, 2], [True])
+
+
+def test_known_graphs_are_used_as_they_are(formation):
+    """A graph passed for a step (e.g. the final model's, discovered already) is used as it is, not discovered
+    again: with every step known nothing is path-patched, and the entries follow from the given graphs."""
+    first, last = formation.graphs[0], formation.graphs[-1]
+    before, after = _no_previous_token_head(), induction_circuit(3)
+    reused = probes.circuit_formation([(1000, after), (1, before)], RandomMarkov(3), n_sequences=16, seq_len=64,
+                                      known={1: first, 1000: last})
+    assert reused.graphs == (first, last) and reused.kept[K_EDGE] == (False, True)
+    assert reused.entered[K_EDGE] == 1000
+    with pytest.raises(ValueError, match="not checkpoints"):
+        probes.circuit_formation([(1, before)], RandomMarkov(3), known={2: last})

@@ -105,12 +105,12 @@ def circuit_formation(checkpoints: Sequence[tuple[int, HookedModel]], source: So
     steps = tuple(int(step) for step, _ in ordered)
     if len(set(steps)) != len(steps):
         raise ValueError(f"checkpoint steps must be distinct, got {list(steps)}")
-    if batch is None:
-        length = seq_len if seq_len is not None else probe_length(ordered[-1][1])
-        batch = sample_batch(source, n_sequences=n_sequences, seq_len=length, seed=seed)
     known = dict(known or {})
     if set(known) - set(steps):
         raise ValueError(f"known graphs for steps {sorted(set(known) - set(steps))} that are not checkpoints {steps}")
+    if batch is None and set(steps) - set(known):
+        length = seq_len if seq_len is not None else probe_length(ordered[-1][1])
+        batch = sample_batch(source, n_sequences=n_sequences, seq_len=length, seed=seed)
     graphs = tuple(known[step] if step in known else
                    discover_circuit(model, source, batch=batch, n_sequences=n_sequences, seed=seed, **discover)
                    for step, model in ordered)
