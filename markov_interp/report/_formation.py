@@ -91,5 +91,6 @@ def formation_section(run: RunConfig, checkpoints: list[tuple[int, Path]], batch
         f"The circuit found by path patching (`probes.discover_circuit`) at {len(formation.steps)} saved checkpoints, "
         f"on the first {n} sequences of the probe batch above, the same at every checkpoint. An edge enters at the "
         "first checkpoint from which it stays kept (* in the table: kept at that step; effects in nats). "
+        + "".join(f"Step {step} holds the final weights: its circuit is the verdict's above. " for step in reuse)
         + _crossings_text(crossings))
     return Section("formation", title, (text, fig, _entries_table(formation)))
