@@ -21,7 +21,7 @@ What it prints, in this order (the K = 256 bf16 line, issue 29's target, is the 
 
 1. The device, torch version and date.
 2. Compiled against eager on CUDA: a stack of 4 (paper-1layer, p = 0.5, q = 0.8, seq 256, batch 16, 60 steps,
-   fp32 and bf16): the largest difference of a logged training loss (on the CPU, tests/test_compile.py bounds
+   fp32 and bf16): the largest difference of a logged training loss (on the CPU, tests/models/test_compile.py bounds
    it by 1e-5 in fp32), and whether the compiled run repeated in the same process is bit-identical (what a
    resume under the same mode needs).
 3. Seconds per step (marginal: a --short and a --long run, so building, compiling and evaluation cancel) of the

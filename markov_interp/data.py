@@ -531,7 +531,7 @@ class CyclicMarkov(RandomMarkov):
     P(stay at x) = s_x ~ Beta(alpha, alpha), independently per state (each row Dirichlet(alpha) over its two allowed
     states, `support`). Its in-context task has one unknown per state, where `RandomMarkov`'s has V - 1.
 
-    Closed forms, checked against theory in tests/test_cyclic.py: the stationary law pi_x is proportional to
+    Closed forms, checked against theory in tests/sources/test_cyclic.py: the stationary law pi_x is proportional to
     1 / (1 - s_x) (each lap spends a geometric time of mean 1 / (1 - s_x) at x); the entropy rate is
     sum_x pi_x h(s_x) (h the binary entropy); with a uniform first state the Bayes predictor is
     P(stay at x | the sequence so far) = (alpha + n_stay(x)) / (2 alpha + n(x)) over the n(x) steps taken from x

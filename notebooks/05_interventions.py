@@ -52,7 +52,9 @@ import dataclasses
 from markov_interp import dynamics, report
 from markov_interp.experiments import interventions
 
-budget = interventions.QUICK if QUICK else interventions.FULL
+budget = interventions.FULL
+if QUICK:  # the code path only: 2 seeds, 30 steps
+    budget = interventions.QUICK.replace(seeds=2, steps=30, release=10, chain_steps=30)
 base, arms = interventions.experiment_arms("previous-token-clamp", budget)
 clamped = dataclasses.replace(base, train=dataclasses.replace(base.train, interventions=arms[1].interventions))
 print(clamped.train.interventions)
@@ -123,7 +125,7 @@ from markov_interp.experiments import factorial
 
 cell_budget = factorial.QUICK.replace(data=("zero-diagonal",), heads=(1,))
 if QUICK:
-    cell_budget = cell_budget.replace(steps=20, eval_every=5)
+    cell_budget = cell_budget.replace(seeds=2, discovered=1, score_checkpoints=3, steps=20, eval_every=5)
 cell = factorial.run(cell_budget, RUNS / "factorial")
 display(Markdown(cell.overview().markdown()))
 cell.figures()[f"curves-{cell.cells[0].name}.png"]

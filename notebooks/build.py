@@ -12,7 +12,7 @@ notebooks/: their numbers are not the committed ones. They go to `--out`, by def
 
 Each notebook runs in a fresh kernel of this interpreter inside a new temporary folder, so its run folders
 (`runs/tutorial/...`, relative) start from scratch and the outputs are the same on every build (same seeds,
-same numbers). tests/test_notebooks.py checks that the committed notebooks match their sources and that every
+same numbers). tests/project/test_notebooks.py checks that the committed notebooks match their sources and that every
 source still runs at quick settings.
 """
 

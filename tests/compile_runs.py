@@ -1,4 +1,4 @@
-"""Compiled and eager training runs for tests/test_compile.py, in a process of their own.
+"""Compiled and eager training runs for tests/models/test_compile.py, in a process of their own.
 
 The test suite wraps every function of the package in jaxtyping's runtime checks (`--jaxtyping-packages`), which
 TorchDynamo cannot trace; this script imports the package plainly, as a user's process does, trains the runs of

@@ -15,8 +15,8 @@ from typing import Any, Optional
 from markov_interp import dynamics
 from markov_interp.experiments import Table, _shared
 
-__all__ = ["FORMATION_SEQUENCES", "FormationRecord", "measure_formation", "is_k_edge", "formation_table",
-           "formation_figure"]
+__all__ = ["FORMATION_SEQUENCES", "FormationRecord", "measure_formation", "is_k_edge", "k_edge_timing",
+           "formation_table", "formation_figure"]
 
 FORMATION_SEQUENCES = 64  # probe sequences per checkpoint (one batch for every checkpoint of a run)
 _KEY = "formation-1"
@@ -106,6 +106,18 @@ def _by(crossing: Optional[dynamics.StepInterval]) -> str:
     return "—" if crossing is None else str(crossing)
 
 
+def k_edge_timing(record: FormationRecord) -> str:
+    """When the run's first K-edge to stay entered, against its loss crossing half the plateau's excess (a grid
+    interval between evaluations): "before", "while" (inside that interval), "after", "no 0.5 crossing" (the
+    loss never crossed it within the budget) or "—" (no K-edge stayed)."""
+    entry, half = record.k_edge_entry, record.crossings.get(0.5)
+    if entry is None:
+        return "—"
+    if half is None or half.censored:
+        return "no 0.5 crossing"
+    return "before" if entry[1] <= half.after else "after" if entry[1] > half.by else "while"
+
+
 def formation_table(records: list[FormationRecord], labels: dict) -> Table:
     """One row per formation run: the first K-edge to enter and its step, the loss crossings of 0.9 / 0.5 /
     0.25, whether the K-edge entered before the 0.5 crossing, the edges kept at the end and their faithfulness.
@@ -118,11 +130,9 @@ def formation_table(records: list[FormationRecord], labels: dict) -> Table:
     for r in records:
         crossings = r.crossings
         entry = r.k_edge_entry
-        half = crossings.get(0.5)
-        when = ("—" if entry is None or half is None else
-                "before" if half.censored or entry[1] <= half.after else "after" if entry[1] > half.by else "while")
         rows.append((labels[id(r)], str(r.where["seed"]), entry[0] if entry else "none",
-                     str(entry[1]) if entry else "—", *(_by(crossings.get(f)) for f in (0.9, 0.5, 0.25)), when,
+                     str(entry[1]) if entry else "—", *(_by(crossings.get(f)) for f in (0.9, 0.5, 0.25)),
+                     k_edge_timing(r),
                      str(sum(1 for k in r.formation["kept"].values() if k[-1])),
                      f"{r.formation['faithfulness'][-1]:.2f}"))
     return Table(("cell", "seed", "first K-edge to stay", "enters at step", "loss crosses 0.9", "0.5", "0.25",

@@ -55,3 +55,20 @@ def phases_standard_cells(path: Path) -> str:
     from markov_interp.experiments import phases
 
     return phases.cells_table(experiment(path).result.cells).markdown()
+
+
+@block("phases-standard-formation", PHASES_STANDARD)
+def phases_standard_formation(path: Path) -> str:
+    """The circuit over training of one seed per cell (the experiment's own section table), and how often the
+    first K-edge to stay entered before, while or after the loss crossed half the plateau's excess."""
+    from collections import Counter
+
+    from markov_interp.experiments._formation import k_edge_timing
+
+    result = experiment(path).result
+    section = next(s for s in result.sections() if s.title == "Circuits over training")
+    when = Counter(k_edge_timing(r) for r in result.formation)
+    tally = (f"Of {len(result.formation)} runs, {len(result.formation) - when['—']} kept a K-edge to the end. It "
+             f"entered before the loss crossed half the plateau's excess in {when['before']}, while it crossed in "
+             f"{when['while']}, after in {when['after']}; {when['no 0.5 crossing']} never crossed within the budget.")
+    return section.table.markdown() + "\n\n" + tally

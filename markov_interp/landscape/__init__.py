@@ -13,7 +13,8 @@ the output layer), w the signed MLP scale, b the output bias. Write delta(w) = 1
 f1 - f0 = delta(w) e^2), c = log((1-p)(1-q) / (p q)) (the log-odds ratio of the kernel) and
 kappa = p q (p + q - 1) / (p + q)^2.
 
-What this package computes, and what it found (all derived in its modules and checked in tests/test_landscape.py):
+What this package computes, and what it found (all derived in its modules and checked in
+tests/landscape/test_landscape.py):
 
 - Global minima: delta(w) e^2 = c with b = logit(p) + e^2 / 2; the loss there is the entropy rate. For
   p + q < 1 (c > 0) they need w > -1/sqrt(2); for p + q > 1 (c < 0) they need w < -1/sqrt(2).

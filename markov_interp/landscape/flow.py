@@ -118,7 +118,7 @@ def _dormand_prince(field: Callable[[np.ndarray], Callable[[np.ndarray], np.ndar
     Why not `scipy.integrate.solve_ivp`: a regime map integrates thousands of trajectories whose stiffness and
     decision times differ by orders of magnitude; one vectorised step for all active rows, each with its own
     step size and stopped as soon as `stop` certifies its outcome, is what makes a map take seconds (checked
-    against solve_ivp in tests/test_landscape.py; `python benchmarks/bench_flow.py`: 66-72x faster than
+    against solve_ivp in tests/landscape/test_landscape.py; `python benchmarks/bench_flow.py`: 66-72x faster than
     solve_ivp called per trajectory on 400 trajectories of the (w0, e0) grid, 21x on 100, fixed time 200, same
     tolerances, two runs on the project's shared 2-core CPU machine). `field(idx)` returns f for the rows idx (so per-row
     constants are gathered once per step); `stop(idx, x[idx])` returns the rows that are done. Returns the final

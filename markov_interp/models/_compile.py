@@ -11,7 +11,7 @@ Where compiling is unavailable (no C++ compiler for the CPU backend, no Triton f
 does not support), training runs eagerly after **one** warning per process that says why; where one function
 fails to compile (on the CPU, torch 2.13's "max-autotune" fails on the stacked loss with an assertion in
 inductor's C++ GEMM template), that function runs eagerly, with the same one warning. Eager is the reference the
-compiled path is tested against (tests/test_compile.py).
+compiled path is tested against (tests/models/test_compile.py).
 """
 
 import functools

@@ -1,5 +1,5 @@
 """TransformerLens versions, for `models.hooked`: the on-disk state as TransformerLens's model of the installed
-version, and back. Only public TransformerLens API (tests/test_tl.py reads this package's source for it).
+version, and back. Only public TransformerLens API (tests/models/test_tl.py reads this package's source for it).
 
 The package keeps its weights in one layout whatever TransformerLens is installed (`models.init.state_shapes`:
 TL 4's bridge names, `nn.Linear` layout, each layer's real head count, only the tensors the config has). Here

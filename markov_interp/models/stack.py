@@ -335,7 +335,7 @@ def compiled_losses(stack: Stack, *, dtype: Optional[torch.dtype], mode: str) ->
     Compiled once per (architecture, members, tokens' shape, device, precision, mode) in a process
     (`models._compile`): a second stack of the same shapes reuses the code. Where torch.compile is unavailable
     it is `stacked_losses` itself, after one warning. Results equal the eager ones up to float rounding
-    (tests/test_compile.py states the tolerance); the compiled arithmetic is deterministic on the CPU.
+    (tests/models/test_compile.py states the tolerance); the compiled arithmetic is deterministic on the CPU.
 
     Args:
         stack: the models (the callable reads `stack.params` at every call: updates in place are seen).

@@ -1,5 +1,5 @@
 """Files written by the code of main at 86ed974 (before the schemas of issue 33), which every later version must
-still read as valid: `tests/test_faults_stored.py` checks each of them against the package's stored-file schemas.
+still read as valid: `tests/faults/test_faults_stored.py` checks each of them against the package's stored-file schemas.
 
 Run from the repository root with that code on the path (a worktree of 86ed974):
 

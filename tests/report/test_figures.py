@@ -1,0 +1,185 @@
+"""The landscape's figures (markov_interp.report.figures), the reproduction's (markov_interp.reproduce_figures) and
+the dynamics figures of the experiments (markov_interp.experiments) draw the data they are given."""
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from matplotlib.colors import to_hex
+
+from markov_interp import experiments, report, reproduce_figures
+from markov_interp.report import figures
+
+
+def test_phase_figure_colours_cells_by_fraction_stuck_and_marks_the_theory():
+    from tests.reproduce.test_reproduce import condition
+
+    rows = [condition(p=0.1, q=0.3, stuck_fraction=0.0, theory="bigram"),
+            condition(p=0.5, q=0.7, stuck_fraction=1.0, theory="unigram"),
+            condition(p=0.9, q=0.7, stuck_fraction=None, theory="unigram")]
+    fig = reproduce_figures.reproduction_phase_figure({"tied": rows, "untied": rows[:1]}, (0.1, 0.3, 0.5, 0.7, 0.9))
+    tied, untied = fig.axes[:2]
+    assert [t.get_text() for t in tied.texts if t.get_text()[0] in "0n1"] == ["0.00", "1.00", "n/a"]
+    cells = [p for p in tied.patches]
+    assert len(cells) == 3 and len(untied.patches) == 1
+    assert to_hex(cells[2].get_facecolor()) == "#bbbbbb"  # no finished seed
+    assert cells[0].get_width() == pytest.approx(0.2)
+    marks = [line for line in tied.lines if line.get_marker() == "x" and len(line.get_xdata())]
+    assert sorted(float(m.get_xdata()[0]) for m in marks) == [0.5, 0.9]  # the predicted unigram cells
+    assert "tied: fraction" in tied.get_title()
+
+
+def test_depth_figure_draws_one_line_per_seed_and_the_references():
+    curves = {1: [([0, 10, 20], [0.7, 0.68, 0.67])], 2: [([0, 10], [0.7, 0.62]), ([0, 10], [0.7, 0.63])]}
+    fig = reproduce_figures.reproduction_depth_figure(curves, {"entropy_rate": 0.619, "unigram_loss": 0.6663},
+                                                      p=0.5, q=0.8)
+    ax = fig.axes[0]
+    ys = [tuple(line.get_ydata()) for line in ax.lines]
+    assert (0.7, 0.68, 0.67) in ys and (0.7, 0.62) in ys and (0.7, 0.63) in ys
+    assert ax.get_ylim() == pytest.approx((0.599, 0.7063))
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels[:2] == ["1 layer", "2 layers"] and any("0.6663" in label for label in labels)
+    assert len(reproduce_figures.reproduction_depth_figure({}, {}, p=0.5, q=0.8).axes[0].lines) == 0
+
+
+def test_mechanism_figure_stacks_the_counts():
+    panels = {"binary": [("1", {"unigram": 1, "kernel": 2}), ("2", {"kernel": 3})],
+              "random": [("1", {"in_context_unigram": 3}), ("2", {"induction": 2, "?": 1})]}
+    fig = reproduce_figures.reproduction_mechanism_figure(panels)
+    binary, random = fig.axes
+    bars = sorted((b.get_y(), b.get_height()) for b in binary.patches if b.get_height() > 0)
+    assert bars == [(0, 1), (0, 3), (1, 2)]  # kernel stacked on unigram at 1 layer
+    assert sum(b.get_height() for b in random.patches) == 6
+    assert {"in_context_unigram", "induction", "?"} <= set(random.get_legend_handles_labels()[1])
+
+
+def test_init_precision_figure_draws_the_fractions():
+    from tests.reproduce.test_reproduce import condition
+
+    rows = [condition(init="standard", precision="fp32", stuck_fraction=2 / 3, theory="unigram"),
+            condition(init="standard", precision="fp16", stuck_fraction=1.0, theory="unigram"),
+            condition(init="canonical w0=-1", precision="fp32", stuck_fraction=0.0, theory="bigram")]
+    ax = reproduce_figures.reproduction_init_precision_figure(rows, p=0.5, q=0.8).axes[0]
+    assert sorted(b.get_height() for b in ax.patches) == pytest.approx([0.0, 2 / 3, 1.0])
+    assert {t.get_text() for t in ax.texts} >= {"theory: unigram", "theory: bigram", "0.67", "1.00"}
+
+
+def test_landscape_figures_draw_the_maps_and_the_theory():
+    from markov_interp import landscape
+
+    rmap = landscape.regime_map_pq(e0=0.1, w0=0.1, n=6)
+    ax = figures.regime_map_pq_figure(rmap).axes[0]
+    mesh = ax.collections[0].get_array().reshape(6, 6)
+    np.testing.assert_array_equal(np.asarray(mesh) > 0.5, rmap.bigram)
+    init = landscape.regime_map_init(p=0.5, q=0.8, n_w=7, n_e=5, b0=None)
+    ax = figures.regime_map_init_figure(init).axes[0]
+    sep = [line for line in ax.lines if line.get_label() == "separatrix E = -h*"][0]
+    np.testing.assert_allclose(sep.get_ydata(), landscape.separatrix(sep.get_xdata()))
+    with pytest.raises(ValueError, match="kind 'init'"):
+        figures.regime_map_init_figure(rmap)
+    with pytest.raises(ValueError, match="n must be"):
+        figures.landscape_figure(p=0.5, q=0.8, n=1)
+    with pytest.raises(ValueError, match="p must be"):
+        figures.landscape_figure(p=1.5, q=0.8, n=5)
+
+
+def test_survival_figure_draws_each_curve_with_its_band_where_it_has_one():
+    from markov_interp.dynamics import StepInterval, survival
+
+    escaped = survival([StepInterval(t - 10, t) for t in (100, 200, 300, 300, 310)])
+    censored = survival([StepInterval(140, 150), StepInterval(400, None), StepInterval(400, None)])
+    fig = experiments.escape_survival_figure({"depth": {"1 layer": escaped, "fp16": censored}}, budget=400)
+    ax = fig.axes[0]
+    ends = [line.get_ydata()[-1] for line in ax.lines]
+    assert ends[0] == pytest.approx(0.0) and ends[1] == pytest.approx(2 / 3)  # censored seeds keep the curve up
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["1 layer (n = 5)", "fp16 (n = 3)"]
+    assert len(ax.collections) == 1  # a band for five runs, none for three
+
+
+def test_crossing_and_excess_curve_figures_draw_every_line_and_condition():
+    from markov_interp import dynamics
+
+    def run(left):
+        return dynamics.run_dynamics(dynamics.ExcessCurve((10, 20, 30, 40), tuple(0.1 * x for x in left), (0.1,) * 4))
+
+    free = dynamics.condition([run([1.0, 0.6, 0.3, 0.1]), run([1.0, 0.8, 0.2, 0.1])])
+    clamped = dynamics.condition([run([1.0, 0.7, 0.6, 0.6]), run([1.0, float("nan"), 0.6, 0.5])])
+    fig = experiments.crossing_survival_figure({"free": free.survival, "clamped": clamped.survival}, budget=40)
+    assert [ax.get_title() for ax in fig.axes] == [f"crossing {f:g} of the plateau excess left"
+                                                  for f in dynamics.FRACTIONS]
+    assert len(fig.axes[0].lines) == 2
+    fig = experiments.excess_curves_figure({"free": free.curve, "clamped": clamped.curve})
+    ax = fig.axes[0]
+    medians = [line for line in ax.lines if "median" in line.get_label()]
+    assert [list(line.get_ydata()) for line in medians][0] == pytest.approx([1.0, 0.7, 0.25, 0.1])
+    assert len(ax.collections) == 2 and sum(line.get_linestyle() == ":" for line in ax.lines) == 4
+
+
+# ---------------------------------------------------------------------------------------------------- moved names
+# Issue 34 moved the experiments' figures to markov_interp.experiments and the reproduction's to
+# markov_interp.reproduce_figures; the old names keep working for one release.
+
+OLD_REPORT_ALL = ("escape_survival_figure", "crossing_survival_figure", "excess_curves_figure",
+                  "reproduction_phase_figure", "reproduction_depth_figure", "reproduction_mechanism_figure",
+                  "reproduction_init_precision_figure", "reproduction_boundary_figure")  # were in report.__all__
+
+
+@pytest.mark.parametrize("name", sorted(figures.MOVED))
+def test_a_moved_name_still_works_from_report_figures_with_a_warning_and_is_the_same_object(name):
+    with pytest.warns(DeprecationWarning, match=rf"report\.figures\.{name} moved to {figures.MOVED[name]}\.{name}"):
+        old = getattr(figures, name)
+    home = experiments if figures.MOVED[name] == "markov_interp.experiments" else reproduce_figures
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new home warns nothing
+        assert getattr(home, name) is old
+    with pytest.warns(DeprecationWarning):
+        exec(f"from markov_interp.report.figures import {name} as again", scope := {})
+    assert scope["again"] is old
+
+
+@pytest.mark.parametrize("name", OLD_REPORT_ALL)
+def test_a_moved_name_of_report_all_still_works_from_report_with_a_warning(name):
+    with pytest.warns(DeprecationWarning, match=rf"markov_interp\.report\.{name} moved to"):
+        old = getattr(report, name)
+    assert old is getattr(experiments if "survival" in name or "excess" in name else reproduce_figures, name)
+    assert name not in report.__all__  # a star import does not pull the experiments in
+
+
+def test_an_unknown_name_is_still_an_attribute_error():
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_figure'"):
+        figures.no_such_figure  # noqa: B018
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_figure'"):
+        report.no_such_figure  # noqa: B018
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_figure'"):
+        experiments.no_such_figure  # noqa: B018
+
+
+def test_every_experiment_figure_name_resolves_to_its_module():
+    for name, module in experiments._FIGURES.items():
+        assert getattr(experiments, name) is getattr(__import__(f"markov_interp.experiments.{module}",
+                                                                fromlist=[name]), name)
+        assert name in experiments.__all__
+    assert {n for n, home in figures.MOVED.items() if home == "markov_interp.experiments"} == set(experiments._FIGURES)
+
+
+def _imported_after(statement: str) -> set[str]:
+    code = f"import sys\n{statement}\nprint('\\n'.join(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(done.stdout.split())
+
+
+def test_importing_the_report_imports_neither_the_experiments_nor_the_reproduction():
+    """No arrow up: the report sits left of the experiments and the reproduction (architecture.md); its moved
+    names are loaded only when asked for."""
+    loaded = _imported_after("import markov_interp.report; from markov_interp.report import figures")
+    assert "markov_interp.report.figures" in loaded  # the check sees the report's modules
+    assert not {m for m in loaded if m.startswith(("markov_interp.experiments", "markov_interp.reproduce"))}
+
+
+def test_importing_the_experiments_imports_no_matplotlib():
+    """Their figures are loaded on first use, so listing or running experiments from the CLI imports none."""
+    loaded = _imported_after("import markov_interp.experiments")
+    assert "markov_interp.experiments._base" in loaded
+    assert not {m for m in loaded if m.startswith(("matplotlib", "markov_interp.experiments._figures"))}
