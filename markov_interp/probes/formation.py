@@ -13,7 +13,7 @@ forms before, during or after the loss leaves the plateau.
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from markov_interp.data import Source
@@ -81,7 +81,8 @@ class CircuitFormation(ProbeResult):
 
 def circuit_formation(checkpoints: Sequence[tuple[int, HookedModel]], source: Source, *,
                       n_sequences: int = 32, seq_len: Optional[int] = None, seed: int = 0,
-                      batch: Optional[ProbeBatch] = None, **discover: Any) -> CircuitFormation:
+                      batch: Optional[ProbeBatch] = None, known: Optional[Mapping[int, CircuitGraph]] = None,
+                      **discover: Any) -> CircuitFormation:
     """`discover_circuit` at every checkpoint on one probe batch, and when each edge enters the circuit.
 
     Args:
@@ -91,6 +92,8 @@ def circuit_formation(checkpoints: Sequence[tuple[int, HookedModel]], source: So
         seq_len: probe length (default `probe_length` of the last model: the training length when known).
         seed: seed of the probe batch and of the corruption.
         batch: a probe batch to use instead of a fresh one.
+        known: {step: graph} already discovered for that step's model on this batch with these options (e.g. the
+            final model's, from `classify_mechanism`): used as they are, not discovered again.
         **discover: any other option of `discover_circuit` (the corruption, the kept-edge rule, ...).
 
     Returns:
@@ -102,11 +105,15 @@ def circuit_formation(checkpoints: Sequence[tuple[int, HookedModel]], source: So
     steps = tuple(int(step) for step, _ in ordered)
     if len(set(steps)) != len(steps):
         raise ValueError(f"checkpoint steps must be distinct, got {list(steps)}")
-    if batch is None:
+    known = dict(known or {})
+    if set(known) - set(steps):
+        raise ValueError(f"known graphs for steps {sorted(set(known) - set(steps))} that are not checkpoints {steps}")
+    if batch is None and set(steps) - set(known):
         length = seq_len if seq_len is not None else probe_length(ordered[-1][1])
         batch = sample_batch(source, n_sequences=n_sequences, seq_len=length, seed=seed)
-    graphs = tuple(discover_circuit(model, source, batch=batch, n_sequences=n_sequences, seed=seed, **discover)
-                   for _, model in ordered)
+    graphs = tuple(known[step] if step in known else
+                   discover_circuit(model, source, batch=batch, n_sequences=n_sequences, seed=seed, **discover)
+                   for step, model in ordered)
     names = [e.name for e in graphs[-1].edges]
     kept = {name: tuple(name in g.kept_names for g in graphs) for name in names}
     ever = [name for name in names if any(kept[name])]

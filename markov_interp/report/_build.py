@@ -22,12 +22,11 @@ from typing import Any, Optional
 
 import torch
 
-from markov_interp import dynamics, models, probes, theory
+from markov_interp import dynamics, models, probes, runs, theory
 from markov_interp._display import displayed, headline
 from markov_interp.config import check_int
 from markov_interp.data import Source
 from markov_interp.theory import ReferenceLosses
-from markov_interp import runs
 from markov_interp.devices import resolve_device
 from markov_interp.runs import RunConfig
 from markov_interp.report import figures
@@ -658,7 +657,8 @@ def build(
             *probed.values(),
             _landscape_section(run, model, checkpoints),
             _training_section(run, model, checkpoints, batch, mech, metrics, logged, max_checkpoints),
-            formation_section(run, checkpoints, batch, metrics, _spread(checkpoints, max_checkpoints), seed=seed),
+            formation_section(run, checkpoints, batch, metrics, _spread(checkpoints, max_checkpoints), seed=seed,
+                              final=(run_dir / runs.WEIGHTS_FILE, model, _graph(mech))),
         )
         bar.update(len(SECTION_IDS) - len(probed))
     assert tuple(s.id for s in sections) == SECTION_IDS

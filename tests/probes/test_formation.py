@@ -83,3 +83,16 @@ def test_k_edge_timing_against_the_half_crossing(entry, half, expected):
     record = FormationRecord(where={}, formation={"entered": dict([entry] if entry else [])}, dynamics=None,
                              stored_crossings=crossings)
     assert k_edge_timing(record) == expected
+
+
+def test_known_graphs_are_used_as_they_are(formation):
+    """A graph passed for a step (e.g. the final model's, discovered already) is used as it is, not discovered
+    again: with every step known nothing is path-patched, and the entries follow from the given graphs."""
+    first, last = formation.graphs[0], formation.graphs[-1]
+    before, after = _no_previous_token_head(), induction_circuit(3)
+    reused = probes.circuit_formation([(1000, after), (1, before)], RandomMarkov(3), n_sequences=16, seq_len=64,
+                                      known={1: first, 1000: last})
+    assert reused.graphs == (first, last) and reused.kept[K_EDGE] == (False, True)
+    assert reused.entered[K_EDGE] == 1000
+    with pytest.raises(ValueError, match="not checkpoints"):
+        probes.circuit_formation([(1, before)], RandomMarkov(3), known={2: last})

@@ -280,6 +280,7 @@ def test_report_sections_fit_the_run(runs):
         assert "<svg" in rep.section("training").body()
         formation = rep.section("formation").body()  # the circuit at the saved checkpoints, entries in a table
         assert "<svg" in formation and "enters at step" in formation and "*" in formation
+        assert "holds the final weights: its circuit is the verdict" in formation  # reused, not patched again
     assert "L1H0" in two.section("ablation").body()
     assert "true kernel" in one.section("kernel").body()
     assert "induction head forms" in two.section("training").body() or "Events:" in two.section("training").body()
