@@ -72,3 +72,36 @@ def phases_standard_formation(path: Path) -> str:
              f"entered before the loss crossed half the plateau's excess in {when['before']}, while it crossed in "
              f"{when['while']}, after in {when['after']}; {when['no 0.5 crossing']} never crossed within the budget.")
     return section.table.markdown() + "\n\n" + tally
+
+
+DIVERSITY_STANDARD = "docs/reproduction/icl/diversity-standard/results.json"
+
+
+@block("diversity-standard-provenance", DIVERSITY_STANDARD)
+def diversity_standard_provenance(path: Path) -> str:
+    """Who made the standard diversity sweep, on what, from which runs."""
+    done = experiment(path)
+    b = done.budget
+    sizes = ", ".join(str(n) for n in b.pool_sizes)
+    return (f"- {b.seeds} seeds per cell, {b.steps} steps, depths {list(b.depths)}, pool sizes N = {sizes} and fresh "
+            f"kernels (N = ∞), probes of {b.probe_sequences} sequences; {provenance_text(done.provenance)} (the "
+            "command names the budget's cuts; the runs trained before, in the background, by the same budget).")
+
+
+@block("diversity-standard-claims", DIVERSITY_STANDARD)
+def diversity_standard_claims(path: Path) -> str:
+    """Raventós et al. / Park et al.'s claims beside the standard sweep's cells and N*."""
+    from markov_interp.experiments import diversity
+
+    result = experiment(path).result
+    return diversity.claims_table(diversity.claims(result.cells, result.transitions)).markdown()
+
+
+@block("diversity-standard-cells", DIVERSITY_STANDARD)
+def diversity_standard_cells(path: Path) -> str:
+    """Every cell of the standard diversity sweep and its N* with the bootstrap interval."""
+    from markov_interp.experiments import diversity
+
+    result = experiment(path).result
+    return (diversity.transitions_table(result.transitions).markdown() + "\n\n"
+            + diversity.cells_table(result.cells).markdown())
