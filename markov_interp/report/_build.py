@@ -641,31 +641,40 @@ def build(
     bar = _progress(len(SECTION_IDS) + 1, progress, "report")
     with bar:
         model = runs.load_model(run_dir, device=device, expect=run.model)
-        metrics = runs.load_metrics(run_dir)
-        batch, mech, cache = _probe(model, run.source.build(), n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-        bar.update()
-        checkpoints = checkpoint_files(run_dir)
-        logged = _logged_references(metrics)
-        refs = logged or mech.references
-        curve = figures.loss_curves_figure(metrics, refs, checkpoint_steps=[s for s, _ in checkpoints])
-        probed = _model_sections(model, batch, mech, cache, sample_len=sample_len, bar=bar)
-        del cache  # the probes' activations: not needed by the checkpoints
-        sections = (
-            _summary_section(mech, curve),
-            _config_section(run, run_dir),
-            _loss_section(mech, refs, curve_shown=True),
-            *probed.values(),
-            _landscape_section(run, model, checkpoints),
-            _training_section(run, model, checkpoints, batch, mech, metrics, logged, max_checkpoints),
-            formation_section(run, checkpoints, batch, metrics, _spread(checkpoints, max_checkpoints), seed=seed,
-                              final=(run_dir / runs.WEIGHTS_FILE, model, _graph(mech))),
-        )
-        bar.update(len(SECTION_IDS) - len(probed))
+        sections, mech = _run_sections(run, run_dir, model, n_sequences=n_sequences, seq_len=seq_len, seed=seed,
+                                       sample_len=sample_len, max_checkpoints=max_checkpoints, bar=bar)
     assert tuple(s.id for s in sections) == SECTION_IDS
     condition = _condition_section(run_dir)
     sections += (condition,) if condition is not None else ()
     return Report(title=f"markov-interp report: {run_dir.resolve().name}", sections=sections, mechanism=mech,
                   run_dir=run_dir)
+
+
+def _run_sections(run: RunConfig, run_dir: Path, model: models.HookedModel, *, n_sequences: int,
+                  seq_len: Optional[int], seed: int, sample_len: int, max_checkpoints: int,
+                  bar: Any) -> tuple[tuple[Section, ...], probes.MechanismReport]:
+    """`build`'s sections of a run (`SECTION_IDS`, in order) and the verdict, advancing `bar` once per stage."""
+    metrics = runs.load_metrics(run_dir)
+    batch, mech, cache = _probe(model, run.source.build(), n_sequences=n_sequences, seq_len=seq_len, seed=seed)
+    bar.update()
+    checkpoints = checkpoint_files(run_dir)
+    logged = _logged_references(metrics)
+    refs = logged or mech.references
+    curve = figures.loss_curves_figure(metrics, refs, checkpoint_steps=[s for s, _ in checkpoints])
+    probed = _model_sections(model, batch, mech, cache, sample_len=sample_len, bar=bar)
+    del cache  # the probes' activations: not needed by the checkpoints
+    sections = (
+        _summary_section(mech, curve),
+        _config_section(run, run_dir),
+        _loss_section(mech, refs, curve_shown=True),
+        *probed.values(),
+        _landscape_section(run, model, checkpoints),
+        _training_section(run, model, checkpoints, batch, mech, metrics, logged, max_checkpoints),
+        formation_section(run, checkpoints, batch, metrics, _spread(checkpoints, max_checkpoints), seed=seed,
+                          final=(run_dir / runs.WEIGHTS_FILE, model, _graph(mech))),
+    )
+    bar.update(len(SECTION_IDS) - len(probed))
+    return sections, mech
 
 
 @probes.checked  # a wrong argument type: a TypeError naming the parameter, as for the probes
