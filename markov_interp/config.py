@@ -11,7 +11,7 @@ A config is a frozen, keyword-only dataclass that also derives from `Config`, wh
 The validators below (`check_int`, `check_number`, `check_choice`, `check_probability`, `check_bool`) are the
 common checks of `__post_init__` methods and of public functions' arguments; each raises a `ValueError` naming the
 option, what it takes and the bad value. No module writes `isinstance(x, bool) or not isinstance(x, int)` itself
-(tests/test_standards.py scans for it).
+(tests/project/test_standards.py scans for it).
 
 `check_value` is the one annotation checker: a value against its annotation (`check_type`) and the limits of
 `bounds()`. `check_fields` applies it to every field of a dataclass (a budget, a probe's component, the classifier's
