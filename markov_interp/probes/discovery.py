@@ -89,7 +89,7 @@ from markov_interp.probes.joint import (
     receiver_tests,
 )
 from markov_interp.probes.paths import EdgeKey, EdgeRunner, senders
-from markov_interp.probes.verify import CANDIDATE_FRACTION, IG_STEPS, Estimates, estimate, verify_plan
+from markov_interp.probes.verify import CANDIDATE_FRACTION, IG_STEPS, Estimates, estimate, next_block, verify_plan
 
 CORRUPTIONS = ("resample", "kernel_swap", "shuffle")
 POSITIONS = "positions"  # the positional pass's corruption
@@ -368,6 +368,7 @@ class _Pass:
     name: str
     runner: EdgeRunner
     active: tuple[EdgeKey, ...]
+    moves: frozenset = frozenset()  # the active edges as a set (membership over every edge of a large graph)
     rows: dict[EdgeKey, Tensor] = dataclasses.field(default_factory=dict)
     estimates: Optional[Estimates] = None
     keys: tuple[EdgeKey, ...] = ()
@@ -424,16 +425,16 @@ def _measure(p: _Pass, method: str, rule: tuple, max_edges: Optional[int], bar: 
     if method == "attribution":
         p.choose(rule, bar)
         return
-    min_effect, min_fraction, _ = rule
-    todo = verify_plan(p.estimates, _threshold(p.total, min_effect, min_fraction), min_effect)
-    for _ in range(4):  # verify, keep, verify what the lowered threshold makes a candidate, keep again
+    todo = verify_plan(p.estimates)
+    while todo:  # the walk down the ranking (`verify`): a block, the kept rule, the next block
         room = len(todo) if max_edges is None else max(0, max_edges - len(p.rows))
-        p.measure([e for e in todo if e not in p.rows][:room], bar)
+        block = [e for e in todo if e not in p.rows][:room]
+        p.measure(block, bar)
         p.choose(rule, bar)
-        todo = [e for e in p.estimates.ranked if e not in p.rows and abs(p.estimates.mean[e])
-                >= CANDIDATE_FRACTION * p.threshold]
-        if not todo or (max_edges is not None and len(p.rows) >= max_edges):
+        reached = any(float(p.rows[e].mean()) >= p.threshold for e in block)
+        if not reached or (max_edges is not None and len(p.rows) >= max_edges):
             return
+        todo = next_block(p.estimates, p.rows, p.threshold)
 
 
 # ------------------------------------------------------------------------------------------------ discover
@@ -509,6 +510,7 @@ def _passes(model: HookedModel, source: Source, batch: ProbeBatch, *, corruption
             batch.tokens, seed=seed + 1)), ()))
     for p in passes:
         p.active = tuple(e for e in p.runner.edges if p.runner.varies(e.sender))
+        p.moves = frozenset(p.active)
     return passes
 
 
@@ -545,11 +547,11 @@ def _graph(passes: list[_Pass], *, rule: tuple, seed: int, method: str, attribut
     runner = token.runner
     union = prune({e for p in passes for e in p.keys}, runner.edges)
     for p in passes:  # every kept edge is measured exactly, whatever the method
-        p.measure([e for e in union if e in set(p.active)], bar)
+        p.measure([e for e in union if e in p.moves], bar)
     cancelling: list[Cancelling] = []
     if joint:
         for p in passes:
-            found = cancelling_sets(p.runner, [e for e in union if e in set(p.active)], p.effects(), p.threshold,
+            found = cancelling_sets(p.runner, [e for e in union if e in p.moves], p.effects(), p.threshold,
                                     corruption=p.name, progress=bar)
             cancelling += found
             by_name = {e.name: e for e in runner.edges}
@@ -561,13 +563,14 @@ def _graph(passes: list[_Pass], *, rule: tuple, seed: int, method: str, attribut
     edges = _edges(passes, grads or {})
     rows = token.effects()
     by_grad = set(kept_edges({e: grads.get(e, 0.0) for e in token.active}, token.threshold)) if grads else set()
-    disagree = tuple(e.name for e in token.active if e in rows and (e in by_grad) != (e in set(token.keys))) \
+    keys = set(token.keys)
+    disagree = tuple(e.name for e in token.active if e in rows and (e in by_grad) != (e in keys)) \
         if grads else ()
     tests = receiver_tests(runner, [e for e in union if runner.varies(e.sender)], rows, progress=bar) if joint else ()
-    model, main = runner.model, results[0]
+    model, main, kept = runner.model, results[0], set(union)
     return CircuitGraph(
         nodes=tuple(s.name for s in senders(model)) + ("logits",), edges=edges,
-        kept=tuple(e for e in edges if e.key in set(union)), corruption=token.name, clean_loss=main.clean_loss,
+        kept=tuple(e for e in edges if e.key in kept), corruption=token.name, clean_loss=main.clean_loss,
         corrupted_loss=main.corrupted_loss, circuit_loss=main.circuit_loss, faithfulness=main.faithfulness,
         minimality=main.minimality, disagreements=disagree, threshold=token.threshold,
         rule=_rule_text(rule, token.threshold, token.total), n_layers=int(model.cfg.n_layers),
@@ -606,7 +609,7 @@ def _edges(passes: list[_Pass], grads: dict[EdgeKey, float]) -> tuple[Edge, ...]
             return math.nan, math.nan, True
         if e in p.rows:
             return (*_mean_se(p.rows[e]), True)
-        if e not in set(p.active):
+        if e not in p.moves:
             return 0.0, 0.0, True  # its sender is the same in both runs of the pass: no effect, exactly
         return (p.estimates.mean.get(e, math.nan) if p.estimates is not None else math.nan), math.nan, False
 

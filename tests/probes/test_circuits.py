@@ -156,6 +156,29 @@ def test_path_patching_agrees_with_a_brute_force_edge_forward(make, vocab, corru
         assert runner.varies("embed") and runner.varies("pos")
 
 
+@pytest.mark.parametrize("make,vocab", [(_ln_mlp_model, 2), (_uneven_model, 3)])
+def test_single_edges_in_one_pass_match_the_stage_algorithm(make, vocab):
+    """The one-pass way of measuring single edges (the residual stream moved by the sender's change and put back
+    after the receiver's sublayer) gives the stage algorithm's losses, in both passes; a model whose residual
+    stream is not the sum of its senders' writes (shortformer) is measured by the stage algorithm."""
+    model = make()
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab, (6, 12), generator=gen)
+    positions = torch.stack([torch.randperm(12, generator=gen) for _ in range(6)])
+    for kwargs in (dict(corrupted_tokens=tokens[torch.tensor([1, 2, 3, 4, 5, 0])]), dict(corrupted_positions=positions)):
+        fast, staged = (EdgeRunner(model, tokens, single_pass=flag, **kwargs) for flag in (True, False))
+        assert fast.single_pass and not staged.single_pass
+        sets = [[e] for e in fast.edges]
+        ours, theirs = fast.many_losses(sets), staged.many_losses(sets)
+        assert torch.allclose(ours, theirs, atol=1e-6, rtol=1e-5)
+        assert float((theirs - staged.clean_losses).abs().max()) > 0.01  # the effects are not all zero
+    model.cfg.positional_embedding_type = "shortformer"
+    try:
+        assert not EdgeRunner(model, tokens, tokens[torch.tensor([1, 2, 3, 4, 5, 0])]).single_pass
+    finally:
+        model.cfg.positional_embedding_type = "standard"
+
+
 def test_graph_edges_follow_the_stages_and_skip_absent_heads():
     model = _uneven_model()
     names = [e.name for e in graph_edges(model)]
