@@ -175,11 +175,13 @@ experiments.diversity_figure(dcells, transitions, title="quick budget: 300 steps
 #   the context of other kernels (swap fraction 0.00 [-0.02, +0.02]) and pay 0.80 nats over the in-context law
 #   on fresh kernels. All four seeds.
 # - *Above N = 1 nothing has been learnt yet*: the models sit 0.04-0.13 nats above **both** references, between
-#   algorithms, so the swap fraction is negative (-0.25 at N = 8, -0.48 at N = 64) and N* is "> 64, not
-#   reached": at this budget it measures that inference has not formed, not where retrieval gives way to it.
-#   Park et al.'s phases and the transition are not tested by the quick budget.
+#   algorithms, so the swap fraction is negative (-0.25 at N = 8, -0.48 at N = 64). Park et al.'s phases and
+#   the transition are not tested by the quick budget.
 # - A limit of the swap fraction: its denominator, the gap between the two references on fresh kernels, shrinks
 #   as the pool fills the prior (0.80, 0.11, 0.05 nats at N = 1, 8, 64), so read it beside the excess losses.
+#   N* counts the fraction only where that gap exceeds twice the N = ∞ models' own excess over in-context Bayes
+#   (0.059 nats here: even they would read below 1/2 under it, `diversity.swap_floor`). At 300 steps that leaves
+#   N = 1 alone, so N* is "> 1" with N = 8 and 64 undefined: the budget cannot place the transition.
 
 # %% [markdown]
 # ## 3. Live: one layer against two on first-order random kernels

@@ -5,6 +5,7 @@ Reach it as `markov_interp.experiments.diversity_figure`, loaded on first use.
 """
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -38,6 +39,19 @@ def _mean_band(ax: Axes, xs: Sequence[float], stats: Sequence[Mapping[str, Any]]
     ax.fill_between(xs, lo, hi, color=colour, alpha=0.15, lw=0)
 
 
+def _swap_panel(ax: Axes, pooled: Sequence[tuple[float, Mapping[str, Any]]], t: Optional[Mapping[str, Any]],
+                colour: str, depth: int, right: float) -> list[str]:
+    """One depth's kernel-swap fractions with N* and its interval (an unbounded one drawn to `right`); the note
+    naming the sizes where the fraction is undefined for N* (a list of at most one line)."""
+    head, _, note = (t or {}).get("describe", "").partition("; ")  # N*, then the sizes where it is undefined
+    _mean_band(ax, [x for x, _ in pooled], [c["swap_fraction"] for _, c in pooled], colour, f"L{depth}: {head}")
+    if t and t.get("interval") and t["relation"] == "=":
+        lo, hi = (math.log2(v) if math.isfinite(v) else right for v in t["interval"])
+        ax.axvspan(lo, hi, color=colour, alpha=0.08, lw=0)
+        ax.axvline(math.log2(t["estimate"]), color=colour, ls=":", lw=1)
+    return [f"L{depth}: {note}"] if note else []
+
+
 def diversity_figure(cells: Sequence[Mapping[str, Any]], transitions: Mapping[str, Mapping[str, Any]], *,
                      title: str = "") -> Figure:
     """The task-diversity sweep: the model's excess loss over the pool's Bayes and the in-context Bayes predictor
@@ -56,6 +70,7 @@ def diversity_figure(cells: Sequence[Mapping[str, Any]], transitions: Mapping[st
     fig = Figure(figsize=(15, 8.0))
     grid = fig.add_gridspec(2, max(3, len(depths)))
     top = [fig.add_subplot(grid[0, i]) for i in range(3)]
+    notes = []
     for colour, depth in zip(CONDITION_COLOURS, depths):
         mine = [c for c in cells if c["depth"] == depth]
         xs = _pool_axis(top[0], [c["pool_size"] for c in mine])
@@ -67,19 +82,16 @@ def diversity_figure(cells: Sequence[Mapping[str, Any]], transitions: Mapping[st
         _pool_axis(top[1], [c["pool_size"] for c in mine])
         _mean_band(top[1], xs, [c["out"]["excess_in_context_bayes"] for c in mine], colour, f"L{depth}")
         _pool_axis(top[2], [c["pool_size"] for c in mine])
-        _mean_band(top[2], [x for x, _ in pooled], [c["swap_fraction"] for _, c in pooled], colour,
-                   f"L{depth}: {transitions.get(str(depth), {}).get('swap_fraction', {}).get('describe', '')}")
-        t = transitions.get(str(depth), {}).get("swap_fraction")
-        if t and t.get("interval") and t["relation"] == "=":
-            lo, hi = (math.log2(v) if math.isfinite(v) else xs[-1] for v in t["interval"])
-            top[2].axvspan(lo, hi, color=colour, alpha=0.08, lw=0)
-            top[2].axvline(math.log2(t["estimate"]), color=colour, ls=":", lw=1)
+        notes += _swap_panel(top[2], pooled, transitions.get(str(depth), {}).get("swap_fraction"), colour, depth,
+                             xs[-1])
     for ax, name in zip(top, ("in the pool: model minus reference (nats)",
                               "fresh kernels: model minus in-context Bayes (nats)",
                               "kernel-swap fraction (0 retrieval, 1 inference)")):
         ax.set_title(name, fontsize=9)
         ax.axhline(0.5 if ax is top[2] else 0.0, color="grey", ls=":", lw=0.8)
         ax.legend(fontsize=6)
+    if notes:  # why the swap fraction is left out of N* at some sizes, under its panel
+        top[2].text(0.0, -0.2, textwrap.fill(" ".join(notes), 80), transform=top[2].transAxes, fontsize=6, va="top")
     for i, depth in enumerate(depths):
         ax = fig.add_subplot(grid[1, i])
         mine = [c for c in cells if c["depth"] == depth]

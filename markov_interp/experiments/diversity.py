@@ -20,8 +20,10 @@ bigram statistics of the context, used to retrieve a chain of the pool or to inf
   inference (in-context add-alpha transition counts); KL(algorithm || model) for each and the closest one, the
   model's phase;
 - **the transition N\\***: where the mean kernel-swap fraction over seeds first reaches 1/2 and stays there for
-  every larger N, interpolated in log2 N, with a bootstrap interval over seeds (`transition_point`,
-  `transition_interval`); and the N where half the seeds are closest to an inference algorithm.
+  every larger N where the fraction is defined (`swap_transition`: a pool size whose denominator is below the
+  floor `swap_floor` has no fraction for N\\*), interpolated in log2 N, with a bootstrap interval over seeds
+  (`transition_point`, `transition_interval`); and the N where half the seeds are closest to an inference
+  algorithm.
 
 `python -m markov_interp.experiments --only diversity [--quick]` (or `markov-interp experiment diversity`) writes
 results.json, cells.csv, summary.md and the figure.
@@ -38,6 +40,7 @@ import numpy as np
 import torch
 
 from markov_interp import theory
+from markov_interp.config import check_probability
 from markov_interp.experiments import Budget, Experiment, Section, Table, _shared, register
 from markov_interp.sweep import SweepSpec
 
@@ -48,8 +51,9 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
 
 __all__ = ["DiversityBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "EXPERIMENT", "ALGORITHMS", "INFERENCE",
            "diversity_specs", "algorithm_laws", "measure_model", "transition_point", "transition_interval",
-           "Transition", "cell_summaries", "transitions", "claims", "claims_table", "cells_table", "references_table",
-           "transitions_table", "cells_csv", "DiversityResult", "run", "read"]
+           "Transition", "UNDEFINED", "swap_denominator", "swap_floor", "swap_transition", "cell_summaries",
+           "transitions", "claims", "claims_table", "cells_table", "references_table", "transitions_table",
+           "cells_csv", "DiversityResult", "run", "read"]
 
 # Park et al.'s four algorithms (retrieval / inference x unigram / bigram statistics of the context)
 ALGORITHMS = ("unigram retrieval", "bigram retrieval", "unigram inference", "bigram inference")
@@ -202,23 +206,29 @@ def measure_model(model: "HookedModel", inside: "ProbeBatch", outside: "ProbeBat
 
 
 # ------------------------------------------------------------------------------------------- transition
+UNDEFINED = "undefined"  # Transition.relation when the measure is defined at no pool size
+
+
 @dataclasses.dataclass(frozen=True)
 class Transition:
     """Where a per-seed measure's mean over seeds crosses `level` as the pool grows (N*).
 
     `estimate`: N* (interpolated in log2 N between the last size below the level and the first of the sizes at or
     above it for good), or the smallest size when the mean is at or above the level throughout ("<="), or the
-    largest when it never gets there for good (">"). `interval`: the bootstrap interval over seeds (percentile;
-    `math.inf` = not reached by the largest size)."""
+    largest when it never gets there for good (">"), or nan when the measure is defined at no size (`UNDEFINED`,
+    see `swap_transition`). `interval`: the bootstrap interval over seeds (percentile; `math.inf` = not reached by
+    the largest size)."""
 
     estimate: float
-    relation: str  # "=", "<=" or ">"
+    relation: str  # "=", "<=", ">" or UNDEFINED
     interval: Optional[tuple[float, float]]
     level: float
     n_boot: int
 
     def describe(self) -> str:
-        """E.g. "N* = 22 [11, 45]", "N* > 1024 [300, not reached]"."""
+        """E.g. "N* = 22 [11, 45]", "N* > 1024 [300, not reached]", "N* undefined"."""
+        if self.relation == UNDEFINED:
+            return "N* undefined"
         head = f"N* {self.relation} {self.estimate:.3g}"
         if self.interval is None:
             return head + " (no interval)"
@@ -281,6 +291,89 @@ def transition_interval(sizes: list[int], values: list[list[float]], *, level: f
     tail = (1 - confidence) / 2
     lo, hi = np.quantile(crossings, [tail, 1 - tail], method="inverted_cdf")
     return Transition(estimate, relation, (float(2 ** lo), float(2 ** hi)), level, n_boot)
+
+
+# -------------------------------------------------------------------------------- the swap fraction's guard
+def swap_denominator(measure: dict) -> float:
+    """The kernel-swap fraction's denominator in one run's measures (`measure_model`): L(pool Bayes) - L(in-context
+    Bayes) on the fresh-kernel batch, nats. `probes.kernel_swap` is fed that very batch (the same source, seed and
+    shape), so the run's `swap_fraction` is (L(pool Bayes) - L(model)) / this, from its "out" losses.
+
+    >>> round(swap_denominator({"out": {"model": 0.9, "pool_bayes": 0.9080, "in_context_bayes": 0.8949}}), 6)
+    0.0131
+    """
+    return measure["out"]["pool_bayes"] - measure["out"]["in_context_bayes"]
+
+
+def swap_floor(control_excess: Optional[float], *, level: float = 0.5) -> float:
+    """The denominator at or below which the kernel-swap fraction cannot say whether a model infers: e / (1 - level),
+    e the excess loss of the positive control (the same depth trained on fresh kernels, N = ∞) over in-context
+    Bayes on the same fresh-kernel batch, mean over its seeds (0 when e < 0 or there is no control).
+
+    Why this floor. A model that infers as well as the control has L(model) = L(in-context Bayes) + e, so its
+    fraction is f = 1 - e / D for a denominator D: it reaches `level` only where D > e / (1 - level). Where D is
+    smaller, f below `level` says nothing of retrieval against inference: it is the models' own excess over Bayes
+    divided by a vanishing gap. Measured at the standard budget, depth 2: e = 0.011 nats; at N = 1024, D = 0.003
+    nats and f = -2.67 while those models sit as close to in-context Bayes as the control does (0.011 nats). Not an
+    SE rule: the fraction's SE over probe sequences there was 0.67-1.09 per seed, and the seed bootstrap gave
+    [-3.10, -2.31], so -2.67 is far from 1/2 by both: the failure is a bias of the ratio, not noise, and neither SE
+    sees it. A fixed number of nats would be this rule with e read off one budget; this one follows each budget's
+    and depth's control.
+
+    Args:
+        control_excess: e, nats (None: no control run finished; the floor is then 0, which leaves out only
+            non-positive denominators).
+        level: the fraction's line (1/2 for N*), in (0, 1).
+
+    Returns:
+        The floor, nats.
+
+    >>> swap_floor(0.011)  # the standard budget's depth-2 control
+    0.022
+    """
+    check_probability("level", level, strict=True)
+    return 0.0 if control_excess is None else max(control_excess, 0.0) / (1.0 - level)
+
+
+def swap_transition(sizes: list[int], measures: list[list[dict]], control: list[dict], *, level: float = 0.5,
+                    n_boot: int = 2000, seed: int = 0) -> tuple[Transition, str]:
+    """N* of the kernel-swap fraction over the pool sizes where it is defined, and the text naming those where not.
+
+    A pool size whose denominator (`swap_denominator`, mean over its seeds) is at or below `swap_floor` has no
+    fraction for N*: it neither reaches nor falls below `level`. N* is where the mean fraction reaches `level` and
+    stays there at every larger defined size, interpolated in log2 N between neighbouring defined sizes; the raw
+    fractions of every size stay in the cell table. Every seed is probed on the same fresh batch, so the seeds'
+    denominators are one number; the mean keeps one rule per cell if they were not. The guard is set once from the
+    means; the bootstrap resamples the seeds of the defined sizes.
+
+    Args:
+        sizes: increasing pool sizes.
+        measures: per size, its finished seeds' measures (`measure_model`).
+        control: the same depth's N = ∞ measures (empty: no floor but 0).
+        level, n_boot, seed: as `transition_interval`.
+
+    Returns:
+        (the `Transition`, relation `UNDEFINED` without a defined size; the note for its text: "" when every size
+        is defined, else e.g. "; undefined at N = 256, 1024: denominator 0.014, 0.0031 nats <= floor 0.022 (2 x
+        the N = ∞ models' excess over in-context Bayes, 0.011)").
+    """
+    excess = statistics.fmean(m["out"]["model"] - m["out"]["in_context_bayes"] for m in control) if control else None
+    floor = swap_floor(excess, level=level)
+    gaps = [statistics.fmean(swap_denominator(m) for m in ms) for ms in measures]
+    keep = [i for i, gap in enumerate(gaps) if gap > floor]
+    if keep:
+        t = transition_interval([sizes[i] for i in keep], [[m["swap_fraction"] for m in measures[i]] for i in keep],
+                                level=level, n_boot=n_boot, seed=seed)
+    else:
+        t = Transition(math.nan, UNDEFINED, None, level, n_boot)
+    out = [i for i in range(len(sizes)) if i not in keep]
+    if not out:
+        return t, "" if control else " (no N = ∞ run: only a non-positive denominator would leave a size out)"
+    why = (f"floor {floor:.2g} ({1 / (1 - level):g} x the N = ∞ models' excess over in-context Bayes, {excess:.2g})"
+           if control else "0 (no N = ∞ run for a floor)")
+    named = ", ".join(str(sizes[i]) for i in out)
+    where = f"every N ({named})" if not keep else f"N = {named}"
+    return t, f"; undefined at {where}: denominator {', '.join(f'{gaps[i]:.2g}' for i in out)} nats <= {why}"
 
 
 # ------------------------------------------------------------------------------------------------- runs
@@ -370,21 +463,20 @@ def cell_summaries(records: list[DiversityRecord]) -> list[dict]:
 
 
 def transitions(records: list[DiversityRecord], budget: DiversityBudget) -> dict:
-    """Per depth: N* of the kernel-swap fraction (mean over seeds crossing 1/2) and of the fraction of seeds
-    closest to an inference algorithm (crossing 1/2), each with its bootstrap 95% interval."""
+    """Per depth: N* of the kernel-swap fraction (mean over seeds crossing 1/2 where the fraction is defined,
+    `swap_transition`; its "describe" names the sizes where it is not) and of the fraction of seeds closest to an
+    inference algorithm (crossing 1/2), each with its bootstrap 95% interval."""
     out = {}
     for depth in budget.depths:
-        swap, phase, sizes = [], [], []
-        for n in budget.pool_sizes:
-            done = [r.measure for r in records if r.depth == depth and r.pool_size == n and r.measure is not None]
-            if done:
-                sizes.append(n)
-                swap.append([m["swap_fraction"] for m in done])
-                phase.append([float(m["phase"] in INFERENCE) for m in done])
-        if sizes:
-            out[str(depth)] = {name: dataclasses.asdict(t) | {"describe": t.describe()} for name, t in (
-                ("swap_fraction", transition_interval(sizes, swap)), ("inference_phase", transition_interval(
-                    sizes, phase)))}
+        done = {n: [r.measure for r in records if r.depth == depth and r.pool_size == n and r.measure is not None]
+                for n in budget.sizes}
+        sizes = [n for n in budget.pool_sizes if done[n]]
+        if not sizes:
+            continue
+        swap, note = swap_transition(sizes, [done[n] for n in sizes], done[None])
+        phase = transition_interval(sizes, [[float(m["phase"] in INFERENCE) for m in done[n]] for n in sizes])
+        out[str(depth)] = {"swap_fraction": dataclasses.asdict(swap) | {"describe": swap.describe() + note},
+                           "inference_phase": dataclasses.asdict(phase) | {"describe": phase.describe()}}
     return out
 
 
@@ -416,10 +508,11 @@ def claims(cells: list[dict], trans: dict) -> list[tuple[str, str, str, str]]:
                          "inference", f"{_p(bigram)} seeds", _word(_majority(bigram))))
         t = trans.get(str(depth), {}).get("swap_fraction")
         if t is not None:
-            reached = t["relation"] != ">"
+            verdict = {">": "fails at this budget (not reached)", UNDEFINED: "not tested at this budget (the "
+                       "fraction is undefined at every N)"}.get(t["relation"], "holds")
             rows.append(("Raventós et al. 2023", f"L{depth}: a task-diversity threshold N* exists: below it the model "
                          "retrieves the pool, above it it infers the task in context (kernel-swap fraction crosses "
-                         "1/2)", t["describe"], "holds" if reached else "fails at this budget (not reached)"))
+                         "1/2)", t["describe"], verdict))
         if small is not None and large is not None:
             retrieval = _majority(small["inference"])
             inference = _majority(large["inference"])
@@ -528,7 +621,11 @@ def setup_text(budget: DiversityBudget) -> str:
 
 _TRANSITION_TEXT = ("N*: where the mean over seeds first reaches 1/2 and stays there for every larger N (interpolated "
                     "in log2 N); 95% percentile bootstrap over seeds (2000 resamples); \"not reached\": the crossing "
-                    "lies beyond the largest N in more than 2.5% of the resamples.")
+                    "lies beyond the largest N in more than 2.5% of the resamples. The kernel-swap fraction counts "
+                    "only where it is defined: at a pool size whose denominator L(pool Bayes) - L(in-context Bayes) "
+                    "on fresh kernels is at most twice the N = ∞ models' excess over in-context Bayes on the same "
+                    "batch, even a model inferring as well as those would read below 1/2, so that size neither "
+                    "reaches nor falls below it (`diversity.swap_floor`); its raw fraction stays in the cell table.")
 _CELLS_TEXT = ("Losses in nats per prediction on the probe batches, model minus reference, mean over seeds with a "
                "bootstrap 95% interval; kernel-swap fraction f = (L(pool Bayes) - L(model)) / (L(pool Bayes) - "
                "L(in-context Bayes)) on fresh kernels (`probes.kernel_swap`, raw); closest algorithm: the smallest "
