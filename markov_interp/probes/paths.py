@@ -26,6 +26,16 @@ corrupted at once (all of them: the corrupted run; none: the clean run), stage b
 3. once every edge into the remaining stages is kept, one last pass with the senders' outputs so far set to what
    they are in this run gives the logits (the model's own forward does the rest).
 
+A **single edge** (what every edge's effect is) takes one pass instead (`single_pass`, on by default): the residual
+stream of that copy of the batch is moved by the sender's change (corrupted - clean output, as the sender writes it
+into the stream: a head's through its W_O) where the receiver's sublayer reads it, the other inputs of that
+sublayer are set back to their clean values, and the change is taken out again with the sublayer's output, so
+everything downstream reads the clean senders and the receiver's new output. That is the same run exactly where the
+residual stream is the sum of what its senders write (every standard TransformerLens model; not a shortformer
+position embedding or parallel attention and MLP, which take the stage algorithm); the tests check the two ways
+agree. Passes stack `max_rows` positions at most (4,096: larger stacks ran slower per copy on CPU,
+benchmarks/bench_classify.py).
+
 Everything runs through the one intervention engine (`interventions`); nothing here re-implements the model's
 layers. `edge_attributions` is the gradient approximation (edge attribution patching, Syed et al. 2023):
 (corrupted - clean sender output) . (gradient of the loss with respect to the receiver's input in the clean run),
@@ -157,7 +167,8 @@ class EdgeRunner:
     The corrupted run reads `corrupted_tokens` (default: the clean tokens) at the positions `corrupted_positions`
     ([batch, pos] indices into the position embedding; default: each position its own), so a runner corrupts the
     tokens, the positions, or both. `varies(sender)` says whether a sender's output differs between the two runs
-    (an edge out of a sender that does not vary has no effect, exactly).
+    (an edge out of a sender that does not vary has no effect, exactly). `single_pass=False` measures single edges by
+    the stage algorithm too (module docstring).
 
     >>> # runner = EdgeRunner(model, tokens, corrupted_tokens)
     >>> # runner.losses({EdgeKey("L0H0", "L1H0", "k")}) - runner.clean_losses  # that edge's path-patching effect
