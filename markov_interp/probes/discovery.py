@@ -431,8 +431,7 @@ def _measure(p: _Pass, method: str, rule: tuple, max_edges: Optional[int], bar: 
         block = [e for e in todo if e not in p.rows][:room]
         p.measure(block, bar)
         p.choose(rule, bar)
-        reached = any(float(p.rows[e].mean()) >= p.threshold for e in block)
-        if not reached or (max_edges is not None and len(p.rows) >= max_edges):
+        if not set(block) & set(p.keys) or (max_edges is not None and len(p.rows) >= max_edges):
             return
         todo = next_block(p.estimates, p.rows, p.threshold)
 
