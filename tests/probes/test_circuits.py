@@ -632,6 +632,27 @@ def test_methods_and_the_edge_cap():
     assert _discover(model, source).method == "exact"  # "auto": a small graph is measured exactly
 
 
+def test_the_walk_down_the_ranking_measures_in_blocks_and_never_twice():
+    """`verify_plan`: the unreliable edges, then the 16 largest estimates; `next_block`: the next 16 unmeasured
+    edges down the ranking whose estimate reaches a quarter of the threshold, in rank order."""
+    from markov_interp.probes.verify import CANDIDATE_FRACTION, TOP_CANDIDATES, Estimates, next_block, verify_plan
+
+    keys = [EdgeKey(f"L0H{i}", "logits", "logits") for i in range(60)]
+    mean = {e: (-1) ** i * 0.01 / (i + 1) for i, e in enumerate(keys)}  # |estimate| falls down the list
+    ranked = tuple(sorted(keys, key=lambda e: -abs(mean[e])))
+    est = Estimates(first=dict(mean), mean=mean, ranked=ranked, unreliable=frozenset({keys[50]}), saturated=())
+    first = verify_plan(est)
+    assert first == [keys[50]] + list(ranked[:TOP_CANDIDATES])
+    low = 0.0004  # every estimate reaches a quarter of it
+    block = next_block(est, set(first), low)
+    assert block == [e for e in ranked if e not in first][:TOP_CANDIDATES]
+    high = 0.002  # estimates reach a quarter of it down to the 20th edge only: the candidates run out
+    rest = next_block(est, set(first), high)
+    assert rest == [e for e in ranked[:20] if e not in first]
+    assert all(abs(mean[e]) >= CANDIDATE_FRACTION * high for e in rest) and len(rest) < TOP_CANDIDATES
+    assert next_block(est, set(keys), low) == []
+
+
 def test_no_progress_bar_when_asked_for_none(capsys):
     _discover(induction_circuit(2, n_ctx=SEQ), RandomMarkov(2), progress=False)
     assert "path patching" not in capsys.readouterr().err
