@@ -358,7 +358,8 @@ def evaluate(model: HookedModel, source: Source, *, seq_len: int, batch_size: in
 
 
 def _on_step(step: int) -> None:
-    """Called after every completed step (after its checkpoint); tests replace it to simulate a kill."""
+    """Called after every completed step (after its checkpoint or resume point); tests replace it to simulate a
+    kill."""
 
 
 _clock = time.monotonic  # the wall time of resume points (`resume.resume_point_due`); tests replace it
