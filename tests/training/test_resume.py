@@ -239,3 +239,27 @@ def test_the_disk_check_counts_two_resume_points_a_run(tmp_path, monkeypatch):
         train(run, tmp_path / "on", progress=False)
     monkeypatch.setattr(plan.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, base + points))
     train(run, tmp_path / "on", progress=False)
+
+
+def test_a_diverging_member_keeps_no_resume_point_and_the_cadence_changes_no_number(tmp_path, monkeypatch):
+    """A stack of a diverging member (SGD at lr 3e3) and a healthy one, with a resume point at every row: the
+    diverged folder keeps none, each member's metrics equal those of its run alone without resume points, and a
+    kill after the divergence resumes to the same folders."""
+    def pair(every):
+        return [tiny_run(lr=lr, optimizer="sgd", n_checkpoints=0, resume_every=every) for lr in (3e3, 1e-2)]
+
+    alone = [train_many([run], [tmp_path / f"alone{k}"], progress=False, models_out=False)[0]
+             for k, run in enumerate(pair(0))]
+    assert alone[0].failed is not None and alone[1].failed is None
+    outs = [tmp_path / f"member{k}" for k in range(2)]
+    results = train_many(pair(1), outs, progress=False, models_out=False)
+    assert [r.failed is None for r in results] == [False, True]
+    again = [tmp_path / f"again{k}" for k in range(2)]
+    _killed(monkeypatch, pair(1), again, at=11)
+    assert runs.list_resume_points(again[0]) == [] and [s for s, _ in runs.list_resume_points(again[1])] == [10]
+    assert train_many(pair(1), again, progress=False, models_out=False)[1].resumed_from == 10
+    for folders in (outs, again):
+        for out, reference in zip(folders, alone):
+            assert runs.load_metrics(out) == runs.load_metrics(reference.out_dir)
+            assert not (out / runs.RESUME_DIR).exists()
+        assert (folders[1] / runs.WEIGHTS_FILE).read_bytes() == (alone[1].out_dir / runs.WEIGHTS_FILE).read_bytes()
