@@ -16,10 +16,10 @@ vocab, initialisation options, learning rate and weight decay.
 **Run folders** (`markov_interp.runs`): each run writes config.json, metrics.jsonl, checkpoints/ and, when it
 finishes, model.safetensors. While it trains it also keeps a resume point (resume/: a checkpoint's files, at most
 one at rest, removed when the run ends) every `train.resume_every` steps (default: every 5 minutes; 0: none),
-whatever `n_checkpoints` is. Re-running resumes from the newest checkpoint or resume point every member folder
-holds and ends bit-identical to an uninterrupted run; a finished run is loaded, not retrained; a folder holding another config
-is refused. Checkpoints hold the member's weights and, in the format of a torch optimiser's `state_dict()`, its
-optimiser state (plus loss scaler, generators, pending losses and clamp means), which is also the format of
+whatever `n_checkpoints` is. Re-running resumes from the newest checkpoint or resume point every member folder holds
+and ends bit-identical to an uninterrupted run; a finished run is loaded, not retrained; a folder holding another
+config is refused. Checkpoints hold the member's weights and, in the format of a torch optimiser's `state_dict()`,
+its optimiser state (plus loss scaler, generators, pending losses and clamp means), which is also the format of
 folders written before the one engine, so those resume too.
 
 **Divergence.** A run whose training loss, gradient, evaluation loss or weights are not finite stops there: its

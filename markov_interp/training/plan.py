@@ -82,12 +82,13 @@ def check_disk(run: RunConfig, outs: Sequence[Path], n_checkpoints: int, optimis
     """Refuse runs whose files still to be written exceed the free disk under their folders, naming free space as
     the cause.
 
-    What is left to write: the checkpoints after the newest complete one each folder holds (a resume starts
-    there; those on disk are not written again), the metrics rows (a resume rewrites the kept ones into a fresh
-    file), the final weights, and unless `train.resume_every=0` the resume points: a checkpoint's files each, two
-    per run at most at once (the one kept and the one written over it), one fewer where one is on disk. A run stopped by a full disk and resumed once there is space again is checked
-    against what it has left, not its whole plan (the whole plan used to be counted, and the refusal named a
-    model field whose change would make the run incompatible with its own folder).
+    What is left to write: the checkpoints after the newest complete one each folder holds (a resume starts there;
+    those on disk are not written again), the metrics rows (a resume rewrites the kept ones into a fresh file), the
+    final weights, and unless `train.resume_every=0` the resume points: a checkpoint's files each, two per run at
+    most at once (the one kept and the one written over it), one fewer where one is on disk. A run stopped by a full
+    disk and resumed once there is space again is checked against what it has left, not its whole plan (the whole
+    plan used to be counted, and the refusal named a model field whose change would make the run incompatible with
+    its own folder).
 
     Args:
         run: one run of the stack (they share the plan's sizes).
