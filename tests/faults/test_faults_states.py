@@ -195,6 +195,43 @@ def test_a_stack_killed_at_each_point_resumes_or_restarts_to_the_clean_run(tmp_p
         _same_run(out / f"seed-{seed}", tmp_path / "clean" / f"seed-{seed}")
 
 
+def _resume_points(seed_dir: Path) -> list[int]:
+    return [step for step, _ in runfolder.list_resume_points(seed_dir)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point, n, left", [
+    # during the resume points of step 8 (rows at 4, 8, 10, 12; one at 4 and 8): seed-0's weights written, not its state
+    ("save_state", 4, lambda s: _resume_points(s[0]) == [4] and (s[0] / "resume" / "step_0000008.safetensors").exists()),
+    # after seed-0's whole resume point of step 8: the stack's newest common one is 4's
+    ("save_state", 5, lambda s: [_resume_points(d) for d in s] == [[4, 8], [4], [4]]),
+    # mid-run after every member's resume point of step 8 (the old ones removed)
+    ("step", 9, lambda s: [_resume_points(d) for d in s] == [[8]] * 3),
+])
+def test_a_stack_without_checkpoints_killed_around_its_resume_points_resumes_to_the_clean_run(tmp_path, point, n,
+                                                                                              left):
+    """The background training's kind of run (no checkpoints) with a resume point every 3 steps, SIGKILLed by
+    itself around its resume points: it resumes from the newest step every member holds, to the clean run's bytes,
+    and keeps no resume point."""
+    argv = [*_STACK, "--checkpoints", "0", "--set", "train.resume_every=3"]
+    clean = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(tmp_path / "clean")],
+                           env=ENV, capture_output=True, text=True, timeout=300)
+    assert clean.returncode == 0, clean.stderr
+    out = tmp_path / "killed"
+    killed = subprocess.run([sys.executable, "-c", _DIE_AT, point, str(n), *argv, "--out", str(out)], env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    seeds = [out / f"seed-{s}" for s in range(3)]
+    assert left(seeds), [_folder_state(d) for d in seeds]
+    assert all(runfolder.foreign_entries(d) == [] and runfolder.list_checkpoints(d) == [] for d in seeds)
+    again = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(out)], env=ENV,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    for seed in range(3):
+        _same_run(out / f"seed-{seed}", tmp_path / "clean" / f"seed-{seed}")
+        assert not (out / f"seed-{seed}" / runfolder.RESUME_DIR).exists()
+
+
 def test_folders_that_are_not_a_runs_are_refused_saying_what_is_there(tmp_path, reference):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
