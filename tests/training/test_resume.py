@@ -4,6 +4,7 @@ resume point is the checkpoint's files in resume/, kept one at a time, gone when
 what reads checkpoints."""
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -263,3 +264,18 @@ def test_a_diverging_member_keeps_no_resume_point_and_the_cadence_changes_no_num
             assert runs.load_metrics(out) == runs.load_metrics(reference.out_dir)
             assert not (out / runs.RESUME_DIR).exists()
         assert (folders[1] / runs.WEIGHTS_FILE).read_bytes() == (alone[1].out_dir / runs.WEIGHTS_FILE).read_bytes()
+
+
+def test_metrics_that_reach_no_resume_point_are_refused_with_the_way_out(tmp_path, monkeypatch, references):
+    """Rows cut before the resume point (a folder edited by hand): the resume is refused naming resume/ to delete;
+    deleting it, as the message says, retrains from step 0 to the same bytes."""
+    out = tmp_path / "run"
+    run = tiny_run(n_checkpoints=0, resume_every=3)
+    _killed(monkeypatch, [run], [out], at=9)
+    runs.write_metrics(out, [r for r in runs.load_metrics(out) if r["step"] <= 6])
+    with pytest.raises(runs.RunFolderError, match=r"lacks rows before every checkpoint and resume point \(steps \[8\]\)"
+                                                  rf".* delete .*, {re.escape(str(out / runs.RESUME_DIR))} and"):
+        train(run, out, progress=False)
+    shutil.rmtree(out / runs.RESUME_DIR)
+    assert train(run, out, progress=False).resumed_from is None
+    _same_folder(out, references[0])
