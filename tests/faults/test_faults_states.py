@@ -151,6 +151,19 @@ def _folder_state(seed_dir: Path) -> str:
     return f"{names} ({rows} rows)"
 
 
+def _clean_and_killed(tmp_path: Path, argv: list[str], point: str, n: int) -> tuple[Path, list[Path]]:
+    """`markov-interp` `argv` run clean into tmp_path/clean, and into tmp_path/killed SIGKILLed at `point` / `n`
+    (`_DIE_AT`); returns the killed stack's folder and its seeds' folders."""
+    clean = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(tmp_path / "clean")],
+                           env=ENV, capture_output=True, text=True, timeout=300)
+    assert clean.returncode == 0, clean.stderr
+    out = tmp_path / "killed"
+    killed = subprocess.run([sys.executable, "-c", _DIE_AT, point, str(n), *argv, "--out", str(out)], env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    return out, [out / f"seed-{s}" for s in range(3)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpoints, point, n, left", [
     # after the 2nd config.json: seed-0 and seed-1 hold a config, seed-2 only the lock
@@ -167,14 +180,7 @@ def _folder_state(seed_dir: Path) -> str:
 ])
 def test_a_stack_killed_at_each_point_resumes_or_restarts_to_the_clean_run(tmp_path, checkpoints, point, n, left):
     argv = [*_STACK, "--checkpoints", checkpoints]
-    clean = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(tmp_path / "clean")],
-                           env=ENV, capture_output=True, text=True, timeout=300)
-    assert clean.returncode == 0, clean.stderr
-    out = tmp_path / "killed"
-    killed = subprocess.run([sys.executable, "-c", _DIE_AT, point, str(n), *argv, "--out", str(out)], env=ENV,
-                            capture_output=True, text=True, timeout=300)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    seeds = [out / f"seed-{s}" for s in range(3)]
+    out, seeds = _clean_and_killed(tmp_path, argv, point, n)
     assert left(seeds), [_folder_state(d) for d in seeds]  # the kill left the state this case is about
     assert all(runfolder.foreign_entries(d) == [] for d in seeds)
     # a file of the user's in a folder with no config is still refused, and the refusal writes nothing
@@ -214,14 +220,7 @@ def test_a_stack_without_checkpoints_killed_around_its_resume_points_resumes_to_
     itself around its resume points: it resumes from the newest step every member holds, to the clean run's bytes,
     and keeps no resume point."""
     argv = [*_STACK, "--checkpoints", "0", "--set", "train.resume_every=3"]
-    clean = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(tmp_path / "clean")],
-                           env=ENV, capture_output=True, text=True, timeout=300)
-    assert clean.returncode == 0, clean.stderr
-    out = tmp_path / "killed"
-    killed = subprocess.run([sys.executable, "-c", _DIE_AT, point, str(n), *argv, "--out", str(out)], env=ENV,
-                            capture_output=True, text=True, timeout=300)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    seeds = [out / f"seed-{s}" for s in range(3)]
+    out, seeds = _clean_and_killed(tmp_path, argv, point, n)
     assert left(seeds), [_folder_state(d) for d in seeds]
     assert all(runfolder.foreign_entries(d) == [] and runfolder.list_checkpoints(d) == [] for d in seeds)
     again = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(out)], env=ENV,
