@@ -5,7 +5,8 @@ Read left to right, each module importing only those before it:
 - `config`: `TrainConfig`, `RunConfig`, dotted options (`split_key`, `build_run`, `default_run`, `override_run`);
 - `folder`: the run folder's layout (config.json, metrics.jsonl, model.safetensors, status.json, the lock), its
   safety checks, the divergence record, reading its config, metrics and model (`load_model`);
-- `checkpoints`: checkpoints/step_NNNNNNN.{safetensors,pt}, written, listed and read back checked.
+- `checkpoints`: checkpoints/step_NNNNNNN.{safetensors,pt}, written, listed and read back checked (and the resume
+  point's, the same files in resume/, which only training reads).
 
 `probe`, `report`, sweeps and training all read and write run folders here; nothing here imports `training`
 (which checkpoint a run resumes from needs the schedule: `training.resume`). `markov_interp.training.runfolder`

@@ -39,6 +39,7 @@ __all__ = [
     "resolve_device",
     "PRECISIONS",
     "COMPILE_MODES",
+    "EXECUTION_FIELDS",
 ]
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}  # autocast dtype of each precision
@@ -46,6 +47,9 @@ PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}  # au
 # backward and the optimiser update with torch.compile; "max" is torch.compile's "max-autotune" (kernel search;
 # on CUDA also CUDA graphs). See models._compile and docs/training.md#compiled-steps.
 COMPILE_MODES = ("off", "default", "max")
+# TrainConfig fields that say how a run executes, not what it is: left out of a sweep cell's id and of the comparison
+# of a run folder's config.json with the run asked for (a run may resume on another device, at another cadence).
+EXECUTION_FIELDS = ("device", "resume_every")
 
 
 # ------------------------------------------------------------------------------------------------ configs
@@ -77,11 +81,14 @@ class TrainConfig(Config):
     reduction: Optional[str] = None  # "canonical": train on the (e, w, b) family only (`models.reduction`)
     release: tuple | list = ()  # parts a reduction sets free (`models.reduction.RELEASABLE`)
     compile: str = "off"  # "off" (eager, the reference), "default" or "max": torch.compile of the step (COMPILE_MODES)
+    # a resume point (the training state, `training.resume`) at the first metrics row this many steps after the
+    # last save; None: at the first row 5 minutes of training after it; 0: none (only checkpoints resume)
+    resume_every: Optional[int] = None
 
     # Fields added after run folders and sweep ids were first written: left out of config.json (and so of cell
     # ids) at these values, so earlier files round-trip byte for byte and earlier sweeps keep their cells.
     _LATER_FIELDS: ClassVar[dict] = {"eval_log_points": 0, "interventions": (), "reduction": None, "release": (),
-                                     "compile": "off"}
+                                     "compile": "off", "resume_every": None}
 
     def __post_init__(self) -> None:
         for name, minimum in (("steps", 1), ("batch_size", 1), ("seq_len", 1), ("log_every", 1),
@@ -107,6 +114,7 @@ class TrainConfig(Config):
             raise ValueError(f"loss_scaling=True only applies to precision='fp16', got precision={self.precision!r}")
         if self.grad_clip is not None:
             check_number("grad_clip", self.grad_clip, positive=True)
+        check_int("resume_every", self.resume_every, minimum=0, none_ok=True)
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device must be a string such as 'auto', 'cpu' or 'cuda', got {self.device!r}")
         object.__setattr__(self, "interventions", intervene.parse_interventions(self.interventions))

@@ -8,6 +8,9 @@
     model.safetensors    the final weights (`models.save`), written when a run finishes without diverging
     checkpoints/         step_NNNNNNN.safetensors (weights) + step_NNNNNNN.pt (optimiser, loss scaler,
                          generators, pending losses, clamp means) at log-spaced steps
+    resume/              the run's resume point while it trains: the same two files, at a cadence of its own
+                         (`TrainConfig.resume_every`), one kept at a time and removed when the run ends; only
+                         training reads it (readers of checkpoints never see it)
     status.json          written when the run diverged
     .lock                the write lock
 
@@ -58,7 +61,7 @@ from typing import Any, Optional
 
 from markov_interp._io import UnsafePath, atomic_write, check_target, describe_kind, naming_error, write_all
 from markov_interp.models import WEIGHTS_FILE, HookedModel, ModelConfig, NonFiniteWeights, load
-from markov_interp.runs.config import RunConfig
+from markov_interp.runs.config import EXECUTION_FIELDS, RunConfig
 
 __all__ = [
     "RunFolderError",
@@ -90,6 +93,7 @@ __all__ = [
     "CONFIG_FILE",
     "METRICS_FILE",
     "CHECKPOINT_DIR",
+    "RESUME_DIR",
     "WEIGHTS_FILE",
 ]
 
@@ -97,14 +101,16 @@ __all__ = [
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
+RESUME_DIR = "resume"  # the resume point (`runs.checkpoints.list_resume_points`): training's alone
 LOCK_FILE = ".lock"
 STATUS_FILE = "status.json"
 REPORT_FILE = "report.html"  # where `report` writes by default (re-exported as `report.REPORT_FILE`)
 # The one list of what the package puts in a run folder (besides the temporary files of its atomic writes,
-# `.<name>.<random>.tmp`, and checkpoints/step_NNNNNNN.{safetensors,pt}). `prepare` reads a folder by it: a folder
-# holding only these is a run's (resumed, or started from scratch when it never reached a checkpoint), anything
-# else is someone else's.
-OWN_FILES = (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATUS_FILE, LOCK_FILE, CHECKPOINT_DIR, REPORT_FILE)
+# `.<name>.<random>.tmp`, and step_NNNNNNN.{safetensors,pt} in checkpoints/ and resume/). `prepare` reads a folder
+# by it: a folder holding only these is a run's (resumed, or started from scratch when it never reached a checkpoint),
+# anything else is someone else's.
+OWN_FILES = (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATUS_FILE, LOCK_FILE, CHECKPOINT_DIR, REPORT_FILE, RESUME_DIR)
+_STEP_DIRS = (CHECKPOINT_DIR, RESUME_DIR)  # the subfolders of step_NNNNNNN files
 _CHECKPOINT_NAME = re.compile(r"^step_\d{7}\.(safetensors|pt)$")
 
 
@@ -188,7 +194,7 @@ def lock(run_dir: "str | os.PathLike") -> Iterator[Path]:
         os.close(fd)  # closing the only descriptor releases the flock
 
 
-def remove_stale_tmp(run_dir: "str | os.PathLike", subfolders: tuple = ("checkpoints",)) -> list[Path]:
+def remove_stale_tmp(run_dir: "str | os.PathLike", subfolders: tuple = _STEP_DIRS) -> list[Path]:
     """Delete the temporary files of interrupted atomic writes (`.<name>.<random>.tmp`, see `_io.atomic_path`)
     in `run_dir` and its `subfolders`; returns what was removed. Call it only while holding `lock`."""
     run_dir = Path(run_dir)
@@ -357,11 +363,12 @@ def training_seq_len(run_dir: "str | os.PathLike") -> Optional[int]:
 
 def run_folder_of(path: "str | os.PathLike") -> Path:
     """The run folder a weights path belongs to: `path` itself for a folder, the folder of model.safetensors, the
-    run folder above checkpoints/ for a checkpoint's weights (checkpoints/step_NNNNNNN.safetensors)."""
+    run folder above checkpoints/ (or resume/) for a checkpoint's (a resume point's) weights
+    (checkpoints/step_NNNNNNN.safetensors)."""
     path = Path(path)
     if path.is_dir():
         return path
-    return path.parent.parent if path.parent.name == CHECKPOINT_DIR else path.parent
+    return path.parent.parent if path.parent.name in _STEP_DIRS else path.parent
 
 
 def load_model(path: "str | os.PathLike", *, device: Any = None, expect: Optional[ModelConfig] = None) -> HookedModel:
@@ -432,7 +439,8 @@ def _config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 def _comparable(run: RunConfig) -> dict:
     data = run.to_dict()
-    data["train"].pop("device")  # where a run executes does not change what it is
+    for name in EXECUTION_FIELDS:  # where a run executes and how often it saves do not change what it is
+        data["train"].pop(name, None)
     return data
 
 
@@ -442,29 +450,33 @@ def _is_tmp(name: str) -> bool:
 
 
 def foreign_entries(out_dir: "str | os.PathLike") -> list[str]:
-    """The entries of `out_dir` (and of its checkpoints/) that are not the package's: anything but `OWN_FILES`,
-    checkpoint files and the temporary files of atomic writes. A run folder has none."""
+    """The entries of `out_dir` (and of its checkpoints/ and resume/) that are not the package's: anything but
+    `OWN_FILES`, checkpoint files (a resume point's too) and the temporary files of atomic writes. A run folder has
+    none."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
     foreign = [e.name for e in os.scandir(out_dir) if e.name not in OWN_FILES and not _is_tmp(e.name)]
-    checkpoints = out_dir / CHECKPOINT_DIR
-    if checkpoints.is_dir() and not checkpoints.is_symlink():
-        foreign += [f"{CHECKPOINT_DIR}/{e.name}" for e in os.scandir(checkpoints)
-                    if not (_CHECKPOINT_NAME.match(e.name) or _is_tmp(e.name))]
+    for name in _STEP_DIRS:
+        folder = out_dir / name
+        if folder.is_dir() and not folder.is_symlink():
+            foreign += [f"{name}/{e.name}" for e in os.scandir(folder)
+                        if not (_CHECKPOINT_NAME.match(e.name) or _is_tmp(e.name))]
     return sorted(foreign)
 
 
 def _progress(out_dir: Path) -> list[str]:
-    """What in a folder of the package's files records a run's progress: metrics rows, checkpoint files, final
-    weights, a divergence record (an empty metrics.jsonl, an empty checkpoints/ and the lock record none)."""
+    """What in a folder of the package's files records a run's progress: metrics rows, checkpoint or resume-point
+    files, final weights, a divergence record (an empty metrics.jsonl, an empty checkpoints/ and the lock record
+    none)."""
     found = []
     metrics = out_dir / METRICS_FILE
     if metrics.is_file() and metrics.stat().st_size > 0:
         found.append(f"{METRICS_FILE} rows")
-    checkpoints = out_dir / CHECKPOINT_DIR
-    if checkpoints.is_dir() and any(_CHECKPOINT_NAME.match(e.name) for e in os.scandir(checkpoints)):
-        found.append(f"{CHECKPOINT_DIR}/ files")
+    for name in _STEP_DIRS:
+        folder = out_dir / name
+        if folder.is_dir() and any(_CHECKPOINT_NAME.match(e.name) for e in os.scandir(folder)):
+            found.append(f"{name}/ files")
     found += [name for name in (WEIGHTS_FILE, STATUS_FILE) if (out_dir / name).exists()]
     return found
 
@@ -473,8 +485,8 @@ def prepare(out_dir: Path, run: RunConfig) -> None:
     """Make `out_dir` the folder of `run` (call it holding the folder's `lock`), by what the folder holds:
 
     - nothing, or only the lock and temporary files: `run`'s config.json is written;
-    - a config.json of `run` (the device aside): the same run; it resumes from its newest checkpoint, or starts
-      from scratch when it never reached one (a run killed before its first checkpoint, whatever else it left);
+    - a config.json of `run` (the device and the resume cadence aside): the same run; it resumes from its newest
+      checkpoint or resume point, or starts from scratch when it never reached one (a run killed before its first checkpoint, whatever else it left);
     - a config.json of another run that recorded nothing (no metrics row, checkpoint file, weights or divergence
       record) and only the package's files (`OWN_FILES`): a command refused after writing it, or killed before
       step 1; `run`'s config replaces it, with a warning;

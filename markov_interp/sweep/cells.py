@@ -20,7 +20,7 @@ from markov_interp.sweep.records import RESULTS_DIR, CellRecord, failure
 from markov_interp.sweep.results import CellResult
 from markov_interp.sweep.spec import Cell
 from markov_interp.training import TrainResult, list_checkpoints, stack_key, train, train_many
-from markov_interp.runs import TrainingDiverged
+from markov_interp.runs import TrainingDiverged, list_resume_points
 
 __all__ = ["run_cell", "run_stack", "execute_cell", "execute_group", "group_cells", "default_group",
            "DEFAULT_GROUP", "CellFn"]
@@ -171,7 +171,7 @@ def group_cells(cells: Sequence[Cell], group: int, runs_dir: "str | os.PathLike"
     """Split cells into stacks of at most `group` compatible cells (spec order within each stack).
 
     Cells stack when `training.stack_key` agrees (same shapes and recipe) and their folders hold the
-    same newest checkpoint step (so an interrupted stack re-forms and resumes where it stopped). A pure
+    same newest checkpoint or resume-point step (so an interrupted stack re-forms and resumes where it stopped). A pure
     function of the cells and their folders: the local and Ray backends form the same stacks.
 
     Args:
@@ -188,8 +188,9 @@ def group_cells(cells: Sequence[Cell], group: int, runs_dir: "str | os.PathLike"
     groups: list[list[Cell]] = []
     for c in cells:
         key = stack_key(c.config)
-        found = list_checkpoints(Path(runs_dir) / c.cell_id)
-        buckets.setdefault((key, found[-1][0] if found else 0), []).append(c)
+        folder = Path(runs_dir) / c.cell_id
+        newest = max((step for step, _ in list_checkpoints(folder) + list_resume_points(folder)), default=0)
+        buckets.setdefault((key, newest), []).append(c)
     for members in buckets.values():
         groups += [members[i:i + group] for i in range(0, len(members), group)]
     return groups

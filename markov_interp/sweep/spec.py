@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from markov_interp.config import Config, check_bool, check_int, check_keys
-from markov_interp.runs import RunConfig, build_run, split_key
+from markov_interp.runs import EXECUTION_FIELDS, RunConfig, build_run, split_key
 
 __all__ = ["SweepSpec", "Cell", "load_spec", "cell_id", "SECTIONS"]
 
@@ -133,8 +133,9 @@ def _build_run(base: dict[str, dict], point: dict[str, Any], seed: int) -> RunCo
 
 
 def cell_id(config: RunConfig) -> str:
-    """A deterministic 16-hex-digit id of a run config (sha256 of its sorted JSON, the device left out: where
-    a run executes does not change what it is).
+    """A deterministic 16-hex-digit id of a run config (sha256 of its sorted JSON, the device and the resume
+    cadence left out (`runs.config.EXECUTION_FIELDS`): where a run executes and how often it saves do not change
+    what it is).
 
     Args:
         config: the run config.
@@ -143,7 +144,7 @@ def cell_id(config: RunConfig) -> str:
         The id, also the name of the cell's run folder.
     """
     data = config.to_dict()
-    data["train"] = {k: v for k, v in data["train"].items() if k != "device"}
+    data["train"] = {k: v for k, v in data["train"].items() if k not in EXECUTION_FIELDS}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -5,8 +5,8 @@ Read left to right, each module importing only those before it:
 - `config`: `TrainConfig`, `RunConfig`, dotted options (re-exported from their home, `markov_interp.runs.config`);
 - `schedule`: the learning-rate schedule, evaluation, logging and checkpoint steps (`StepPlan`, by arithmetic);
 - `plan`: the plan check, refusing runs that cannot fit (memory, disk, open files) before anything is written;
-- `resume`: which checkpoint a run folder resumes from (the folder itself, its lock, metrics and checkpoints:
-  `markov_interp.runs`; `training.runfolder` is its deprecated old name);
+- `resume`: which checkpoint or resume point a run folder resumes from, and when a resume point is due (the folder
+  itself, its lock, metrics and checkpoints: `markov_interp.runs`; `training.runfolder` is its deprecated old name);
 - `results`: `TrainResult` and its typed `FinalLosses`;
 - `batches`: a run's data streams (`derive_seed`, `member_sampler`);
 - `loop`: `train_many(runs)` (one stack) and `train(run)` (a stack of one), evaluation.

@@ -14,10 +14,12 @@ checkpoint plan, interventions, device: `stack_key`); they may differ in seed, s
 vocab, initialisation options, learning rate and weight decay.
 
 **Run folders** (`markov_interp.runs`): each run writes config.json, metrics.jsonl, checkpoints/ and, when it
-finishes, model.safetensors. Re-running resumes from the newest checkpoint every member folder holds and ends
-bit-identical to an uninterrupted run; a finished run is loaded, not retrained; a folder holding another config
-is refused. Checkpoints hold the member's weights and, in the format of a torch optimiser's `state_dict()`, its
-optimiser state (plus loss scaler, generators, pending losses and clamp means), which is also the format of
+finishes, model.safetensors. While it trains it also keeps a resume point (resume/: a checkpoint's files, at most
+one at rest, removed when the run ends) every `train.resume_every` steps (default: every 5 minutes; 0: none),
+whatever `n_checkpoints` is. Re-running resumes from the newest checkpoint or resume point every member folder holds
+and ends bit-identical to an uninterrupted run; a finished run is loaded, not retrained; a folder holding another
+config is refused. Checkpoints hold the member's weights and, in the format of a torch optimiser's `state_dict()`,
+its optimiser state (plus loss scaler, generators, pending losses and clamp means), which is also the format of
 folders written before the one engine, so those resume too.
 
 **Divergence.** A run whose training loss, gradient, evaluation loss or weights are not finite stops there: its
@@ -48,6 +50,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -223,6 +226,7 @@ def _train_locked(runs: list[RunConfig], outs: list[Optional[Path]], device: tor
             finished = (out / run_folder.WEIGHTS_FILE).exists() and resume.metrics_complete(
                 run.train, run_folder.load_metrics(out)) and _final_weights_problem(out, run) is None
             if status is not None or finished:
+                run_folder.remove_resume_points(out)  # left by a kill after the final weights were written
                 results[i] = _finished(out, run, device, models_out, status)
                 continue
         todo.append(i)
@@ -354,7 +358,11 @@ def evaluate(model: HookedModel, source: Source, *, seq_len: int, batch_size: in
 
 
 def _on_step(step: int) -> None:
-    """Called after every completed step (after its checkpoint); tests replace it to simulate a kill."""
+    """Called after every completed step (after its checkpoint or resume point); tests replace it to simulate a
+    kill."""
+
+
+_clock = time.monotonic  # the wall time of resume points (`resume.resume_point_due`); tests replace it
 
 
 # ------------------------------------------------------------------------------------------------ group
@@ -378,6 +386,7 @@ class _Group:
     failed: list[Optional[int]] = dataclasses.field(default_factory=list)  # per member: step it diverged, or None
     start: int = 0
     resumed_from: Optional[int] = None
+    saved: tuple[int, float] = (0, 0.0)  # the last save (start, checkpoint or resume point): (step, _clock())
     scale: Optional[torch.Tensor] = None  # fp16 loss scaling: [member] scales, one GradScaler per member
     growth_tracker: Optional[torch.Tensor] = None
     clamps: intervene.ClampState = dataclasses.field(default_factory=intervene.ClampState)  # [member, ...] means
@@ -435,6 +444,7 @@ class _Group:
         bar = tqdm(total=tc.steps, initial=self.start, disable=not progress, desc=f"train x{len(self.runs)}",
                    unit="step", dynamic_ncols=True)
         self.logs = [None if out is None else run_folder.MetricsLog(out) for out in self.outs]
+        self.saved = (self.start, _clock())
         try:
             for step in range(self.start + 1, tc.steps + 1):
                 if (step - self.start - 1) % _LR_CHUNK == 0:  # the schedule on the device a chunk at a time
@@ -453,8 +463,7 @@ class _Group:
                     alive = alive & torch.tensor([f is None for f in self.failed], device=self.device)
                     if not any(f is None for f in self.failed):
                         break  # every run diverged: nothing left to train
-                if is_ckpt:
-                    self._checkpoint(step)
+                self._save(step, is_ckpt, is_log or is_eval)
                 _on_step(step)
             for log in self.logs:
                 if log is not None:
@@ -540,10 +549,14 @@ class _Group:
             if at >= 0 and self.failed[k] is None:
                 self._fail(k, at, _NON_FINITE)
         if weights:  # a checkpoint is only ever finite
-            finite = torch.stack([torch.isfinite(p).flatten(1).all(dim=1) for p in self.stack.parameters()])
-            for k, ok in enumerate(finite.all(dim=0).tolist()):
+            for k, ok in enumerate(self._finite_members()):
                 if not ok and self.failed[k] is None:
                     self._fail(k, step, "non-finite weights")
+
+    def _finite_members(self) -> list[bool]:
+        """Per member: whether all its weights are finite."""
+        finite = torch.stack([torch.isfinite(p).flatten(1).all(dim=1) for p in self.stack.parameters()])
+        return finite.all(dim=0).tolist()
 
     def _fail(self, k: int, step: int, reason: str) -> None:
         """Member k diverged at `step`: a metrics row, status.json (with its last finite checkpoint)."""
@@ -555,6 +568,7 @@ class _Group:
             self.logs[k].sync()
             kept = [c for c, _ in run_folder.list_checkpoints(out) if c < step]
             run_folder.mark_diverged(out, step=step, reason=reason, checkpoint=kept[-1] if kept else None)
+            run_folder.remove_resume_points(out)  # a diverged run is loaded, never resumed
 
     # -- metrics and files
     def _log(self, step: int, is_eval: bool) -> None:
@@ -590,35 +604,61 @@ class _Group:
             return self.compiled(tokens)
         return stacked_losses(self.stack, tokens, dtype=PRECISIONS[self.tc.precision], interventions=hooks)
 
-    def _checkpoint(self, step: int) -> None:
-        """Each running member's checkpoint (diverged members keep their last finite one)."""
-        for k, out in enumerate(self.outs):
-            if out is None or self.failed[k] is not None:
-                continue
+    def _save(self, step: int, is_ckpt: bool, is_row: bool) -> None:
+        """The checkpoint of `step` at its steps; else a resume point when one is due (`resume.resume_point_due`),
+        only at a metrics row (its rows are written and its failures recorded first) and never at the last step
+        (the final weights follow), when every running member's weights are finite (else at a later row: only a
+        checkpoint records a failure from the weights, so the metrics never depend on the cadence)."""
+        if is_ckpt:
+            self._checkpoint(step)
+        elif is_row and step < self.tc.steps and self.outs[0] is not None and resume.resume_point_due(
+                self.tc, step - self.saved[0], _clock() - self.saved[1]):
+            finite = self._finite_members()
+            if all(finite[k] for k in range(len(self.runs)) if self.failed[k] is None):
+                self._checkpoint(step, resume_point=True)
+
+    def _checkpoint(self, step: int, *, resume_point: bool = False) -> None:
+        """Each running member's checkpoint (diverged members keep their last finite one), or its resume point;
+        then every member's older resume points go: only once all are written, so a kill in between leaves a step
+        every member holds (a checkpoint makes them all older)."""
+        running = [k for k, out in enumerate(self.outs) if out is not None and self.failed[k] is None]
+        for k in running:
             self.logs[k].sync()  # the rows up to this checkpoint are on disk before it is
-            tc = self.runs[k].train
-            state = {
-                "step": step,
-                "optimizer": self.optimizer.member_state_dict(k, lr=lr_at(tc, step - 1), weight_decay=tc.weight_decay),
-                "scaler": {} if self.scale is None else {  # a torch GradScaler's state_dict()
-                    **_SCALER, "scale": float(self.scale[k]), "_growth_tracker": int(self.growth_tracker[k])},
-                "train_generator": self.train_gens[k].get_state(),
-                "eval_generator": self.eval_gens[k].get_state(),
-                "pending_losses": torch.stack([p[k] for p in self.pending]).cpu() if self.pending
-                else torch.zeros(0),
-                **({"clamp_state": self.clamps.member_state_dict(k)} if tc.interventions else {}),
-            }
-            run_folder.save_checkpoint(out, step, self.runs[k].model, self.stack.member_state(k), state,
-                                      train_seq_len=tc.seq_len)
+            run_folder.save_checkpoint(self.outs[k], step, self.runs[k].model, self.stack.member_state(k),
+                                      self._training_state(k, step), train_seq_len=self.runs[k].train.seq_len,
+                                      resume_point=resume_point)
+        for k in running:
+            run_folder.remove_resume_points(self.outs[k], keep=step if resume_point else None)
+        self.saved = (step, _clock())
+
+    def _training_state(self, k: int, step: int) -> dict:
+        """Member k's training state at `step` as a checkpoint's .pt file holds it."""
+        tc = self.runs[k].train
+        return {
+            "step": step,
+            "optimizer": self.optimizer.member_state_dict(k, lr=lr_at(tc, step - 1), weight_decay=tc.weight_decay),
+            "scaler": {} if self.scale is None else {  # a torch GradScaler's state_dict()
+                **_SCALER, "scale": float(self.scale[k]), "_growth_tracker": int(self.growth_tracker[k])},
+            "train_generator": self.train_gens[k].get_state(),
+            "eval_generator": self.eval_gens[k].get_state(),
+            "pending_losses": torch.stack([p[k] for p in self.pending]).cpu() if self.pending else torch.zeros(0),
+            **({"clamp_state": self.clamps.member_state_dict(k)} if tc.interventions else {}),
+        }
 
     def _resume(self) -> None:
-        """Continue from the newest checkpoint step every member folder holds, its metrics cover and whose files
-        are sound (a damaged one is skipped with a warning for the next older; none: a fresh start;
-        `resume.resume_step` refuses metrics that reach no checkpoint, saying how to recover)."""
+        """Continue from the newest step every member folder holds as a checkpoint or resume point, its metrics
+        cover and whose files are sound (a damaged one is skipped with a warning for the next older; none: a fresh
+        start; `resume.resume_step` refuses metrics that reach none, saying how to recover). The other resume
+        points go (older, or of an attempt cut off)."""
         if any(out is None for out in self.outs):
             return
-        common = set.intersection(*(_resumable(out, run) for out, run in zip(self.outs, self.runs)))
-        found = run_folder.read_newest_checkpoint(self.outs, [r.model for r in self.runs], common, stacklevel=4)
+        saved = [_resumable(out, run) for out, run in zip(self.outs, self.runs)]
+        checkpoints = set.intersection(*(c for c, _ in saved))
+        points = set.intersection(*(p for _, p in saved)) - checkpoints
+        found = run_folder.read_newest_checkpoint(self.outs, [r.model for r in self.runs], checkpoints | points,
+                                                  stacklevel=4, resume_points=points)
+        for out in self.outs:
+            run_folder.remove_resume_points(out, keep=found[0] if found is not None and found[0] in points else None)
         if found is not None:
             self._load(*found)
             return
@@ -663,6 +703,7 @@ class _Group:
             if done:
                 if out is not None:
                     self.stack.save_member(k, out, train_seq_len=run.train.seq_len, step=run.train.steps)
+                    run_folder.remove_resume_points(out)  # the run has ended: its final weights replace it
                 final, failed = _final(self.rows[k]), None
             else:
                 final = _failed_final(self.failed[k], self.references[k])
@@ -672,13 +713,17 @@ class _Group:
         return results
 
 
-def _resumable(out: Path, run: RunConfig) -> set[int]:
-    """The checkpoint steps of a run folder that its metrics cover (`resume.resume_step`: a resume never
-    leaves a gap in metrics.jsonl; RunFolderError, saying how to recover, when none is covered). Damaged final
-    weights of a finished folder are restored from them (with a warning)."""
+def _resumable(out: Path, run: RunConfig) -> tuple[set[int], set[int]]:
+    """The checkpoint steps and the resume-point steps of a run folder that its metrics cover
+    (`resume.resume_step`: a resume never leaves a gap in metrics.jsonl; RunFolderError, saying how to recover,
+    when none is covered). Damaged final weights of a finished folder are restored from them (with a warning)."""
     steps = [s for s, _ in run_folder.list_checkpoints(out)]
+    points = [s for s, _ in run_folder.list_resume_points(out)]
     rows = run_folder.load_metrics(out)
     has_weights = (out / run_folder.WEIGHTS_FILE).exists()
     damaged = _final_weights_problem(out, run) if has_weights and resume.metrics_complete(run.train, rows) else None
-    newest = resume.resume_step(out, run.train, steps, rows, final_weights=has_weights, damaged=damaged)
-    return {s for s in steps if newest is not None and s <= newest}
+    newest = resume.resume_step(out, run.train, steps, rows, final_weights=has_weights, damaged=damaged,
+                                resume_points=points)
+    if newest is None:
+        return set(), set()
+    return {s for s in steps if s <= newest}, {s for s in points if s <= newest}

@@ -12,9 +12,9 @@ nothing behind that would then refuse the corrected one. It estimates (`models.m
 
 and refuses (`models.memory.PlanTooLarge`, a ValueError) when they exceed the device's memory, naming the field
 behind the largest need and the memory it would take. It also refuses more than `MAX_CHECKPOINTS` checkpoints
-per run, plans whose files still to be written (metrics, the checkpoints not yet on disk, final weights) exceed the
-free disk under the run folder (`check_disk`, naming free space as the cause), and
-more run folders than the open-file limit allows (each holds a lock and a metrics file open while it trains;
+per run, plans whose files still to be written (metrics, the checkpoints not yet on disk, resume points, final
+weights) exceed the free disk under the run folder (`check_disk`, naming free space as the cause), and more run
+folders than the open-file limit allows (each holds a lock and a metrics file open while it trains;
 the soft limit is raised towards the hard one first). docs/faults.md states the guarantees and their tests.
 """
 
@@ -30,7 +30,7 @@ from markov_interp.chains import BLOCK_BYTES, kernel_bytes
 from markov_interp.models.memory import (Need, PlanTooLarge, check_needs, forward_needs, human_bytes, memory_limit,
                                          model_needs, parameter_count)
 from markov_interp.runs.config import RunConfig
-from markov_interp.runs import list_checkpoints
+from markov_interp.runs import list_checkpoints, list_resume_points
 from markov_interp.training.schedule import checkpoint_steps, max_rows
 
 __all__ = ["check_plan", "check_disk", "MAX_CHECKPOINTS", "FILES_PER_RUN", "PlanTooLarge"]
@@ -82,11 +82,13 @@ def check_disk(run: RunConfig, outs: Sequence[Path], n_checkpoints: int, optimis
     """Refuse runs whose files still to be written exceed the free disk under their folders, naming free space as
     the cause.
 
-    What is left to write: the checkpoints after the newest complete one each folder holds (a resume starts
-    there; those on disk are not written again), the metrics rows (a resume rewrites the kept ones into a fresh
-    file), and the final weights. A run stopped by a full disk and resumed once there is space again is checked
-    against what it has left, not its whole plan (the whole plan used to be counted, and the refusal named a
-    model field whose change would make the run incompatible with its own folder).
+    What is left to write: the checkpoints after the newest complete one each folder holds (a resume starts there;
+    those on disk are not written again), the metrics rows (a resume rewrites the kept ones into a fresh file), the
+    final weights, and unless `train.resume_every=0` the resume points: a checkpoint's files each, two per run at
+    most at once (the one kept and the one written over it), one fewer where one is on disk. A run stopped by a full
+    disk and resumed once there is space again is checked against what it has left, not its whole plan (the whole
+    plan used to be counted, and the refusal named a model field whose change would make the run incompatible with
+    its own folder).
 
     Args:
         run: one run of the stack (they share the plan's sizes).
@@ -102,17 +104,21 @@ def check_disk(run: RunConfig, outs: Sequence[Path], n_checkpoints: int, optimis
     planned = checkpoint_steps(tc.steps, n_checkpoints)  # at most MAX_CHECKPOINTS (checked before)
     done = [_newest_checkpoint(out) for out in outs]
     left = sum(sum(1 for step in planned if step > newest) for newest in done)
+    # a checkpoint: the weights and the optimiser state (as many floats as gradients and state less one), and the
+    # rest of its training state (generators, pending losses, the format's own bytes); a resume point is one too
+    checkpoint = params * optimiser_floats + _CHECKPOINT_EXTRA
+    on_disk = [min(1, _resume_points(out)) for out in outs]
+    points = 0 if tc.resume_every == 0 else sum(2 - held for held in on_disk)
     parts = [("metrics.jsonl", max_rows(tc) * len(outs) * _ROW_FILE_BYTES),
-             # a checkpoint: the weights and the optimiser state (as many floats as gradients and state less one),
-             # and the rest of its training state (generators, pending losses, the format's own bytes)
-             (f"{left} checkpoint(s)", left * (params * optimiser_floats + _CHECKPOINT_EXTRA)),
+             (f"{left} checkpoint(s)", left * checkpoint),
+             (f"{points} resume point(s)", points * checkpoint),
              ("the final weights", len(outs) * params)]
     total = sum(size for _, size in parts)
     base = _existing(outs[0])
     free = shutil.disk_usage(base).free
     if total <= free:
         return
-    resumed = any(done)
+    resumed = any(done) or any(on_disk)
     what = ", ".join(f"{name} {human_bytes(size)}" for name, size in parts if size)
     smaller = "" if resumed else f" (or plan a smaller run: {_smaller(run, parts)})"
     raise PlanTooLarge(
@@ -131,11 +137,21 @@ def _newest_checkpoint(out: Path) -> int:
     return found[-1][0] if found else 0
 
 
+def _resume_points(out: Path) -> int:
+    """How many resume points a run folder holds (0 when unreadable: then `loop` says so)."""
+    try:
+        return len(list_resume_points(out))
+    except OSError:
+        return 0
+
+
 def _smaller(run: RunConfig, parts: list[tuple[str, int]]) -> str:
     """How a fresh run writes less: the field behind its largest file ("lower train.n_checkpoints=12")."""
     largest = max(parts, key=lambda part: part[1])[0]
     if "checkpoint" in largest:
         return f"lower train.n_checkpoints={run.train.n_checkpoints}"
+    if "resume point" in largest:
+        return "set train.resume_every=0 (no resume points: only checkpoints resume)"
     if largest == "metrics.jsonl":
         return f"raise train.log_every={run.train.log_every}"
     field, value = model_needs(run.model).fields[0]

@@ -358,6 +358,22 @@ def test_stacked_resume_with_interventions_is_bit_identical(tmp_path, monkeypatc
             assert torch.equal(weights(res.model)[name], value), name
 
 
+def test_resume_point_with_interventions_is_bit_identical(tmp_path, monkeypatch):
+    """No checkpoints, a resume point every 3 steps (at the rows of 4 and 8): killed at 9, the run resumes from the
+    resume point of step 8, inside the freeze range and with the running mean it holds."""
+    run = tiny_run(RESUME, n_checkpoints=0, resume_every=3)
+    reference = train(run, tmp_path / "a", progress=False)
+    monkeypatch.setattr(training.loop, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 9 else None)
+    with pytest.raises(_Kill):
+        train(run, tmp_path / "b", progress=False)
+    monkeypatch.undo()
+    assert "clamp_state" in torch.load(tmp_path / "b" / "resume" / "step_0000008.pt", weights_only=True)
+    resumed = train(run, tmp_path / "b", progress=False)
+    assert resumed.resumed_from == 8 and resumed.metrics == reference.metrics
+    for name, value in weights(reference.model).items():
+        assert torch.equal(weights(resumed.model)[name], value), name
+
+
 def test_members_with_other_interventions_do_not_share_a_stack():
     a, b = tiny_run(["blocks.1.*"]), tiny_run()
     assert training.stack_key(a) != training.stack_key(b)

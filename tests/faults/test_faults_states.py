@@ -151,6 +151,19 @@ def _folder_state(seed_dir: Path) -> str:
     return f"{names} ({rows} rows)"
 
 
+def _clean_and_killed(tmp_path: Path, argv: list[str], point: str, n: int) -> tuple[Path, list[Path]]:
+    """`markov-interp` `argv` run clean into tmp_path/clean, and into tmp_path/killed SIGKILLed at `point` / `n`
+    (`_DIE_AT`); returns the killed stack's folder and its seeds' folders."""
+    clean = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(tmp_path / "clean")],
+                           env=ENV, capture_output=True, text=True, timeout=300)
+    assert clean.returncode == 0, clean.stderr
+    out = tmp_path / "killed"
+    killed = subprocess.run([sys.executable, "-c", _DIE_AT, point, str(n), *argv, "--out", str(out)], env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    return out, [out / f"seed-{s}" for s in range(3)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpoints, point, n, left", [
     # after the 2nd config.json: seed-0 and seed-1 hold a config, seed-2 only the lock
@@ -167,14 +180,7 @@ def _folder_state(seed_dir: Path) -> str:
 ])
 def test_a_stack_killed_at_each_point_resumes_or_restarts_to_the_clean_run(tmp_path, checkpoints, point, n, left):
     argv = [*_STACK, "--checkpoints", checkpoints]
-    clean = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(tmp_path / "clean")],
-                           env=ENV, capture_output=True, text=True, timeout=300)
-    assert clean.returncode == 0, clean.stderr
-    out = tmp_path / "killed"
-    killed = subprocess.run([sys.executable, "-c", _DIE_AT, point, str(n), *argv, "--out", str(out)], env=ENV,
-                            capture_output=True, text=True, timeout=300)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    seeds = [out / f"seed-{s}" for s in range(3)]
+    out, seeds = _clean_and_killed(tmp_path, argv, point, n)
     assert left(seeds), [_folder_state(d) for d in seeds]  # the kill left the state this case is about
     assert all(runfolder.foreign_entries(d) == [] for d in seeds)
     # a file of the user's in a folder with no config is still refused, and the refusal writes nothing
@@ -193,6 +199,36 @@ def test_a_stack_killed_at_each_point_resumes_or_restarts_to_the_clean_run(tmp_p
     assert "refusing" not in again.stderr and "never started" not in again.stderr
     for seed in range(3):
         _same_run(out / f"seed-{seed}", tmp_path / "clean" / f"seed-{seed}")
+
+
+def _resume_points(seed_dir: Path) -> list[int]:
+    return [step for step, _ in runfolder.list_resume_points(seed_dir)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point, n, left", [
+    # during the resume points of step 8 (rows at 4, 8, 10, 12; one at 4 and 8): seed-0's weights written, not its state
+    ("save_state", 4, lambda s: _resume_points(s[0]) == [4] and (s[0] / "resume" / "step_0000008.safetensors").exists()),
+    # after seed-0's whole resume point of step 8: the stack's newest common one is 4's
+    ("save_state", 5, lambda s: [_resume_points(d) for d in s] == [[4, 8], [4], [4]]),
+    # mid-run after every member's resume point of step 8 (the old ones removed)
+    ("step", 9, lambda s: [_resume_points(d) for d in s] == [[8]] * 3),
+])
+def test_a_stack_without_checkpoints_killed_around_its_resume_points_resumes_to_the_clean_run(tmp_path, point, n,
+                                                                                              left):
+    """The background training's kind of run (no checkpoints) with a resume point every 3 steps, SIGKILLed by
+    itself around its resume points: it resumes from the newest step every member holds, to the clean run's bytes,
+    and keeps no resume point."""
+    argv = [*_STACK, "--checkpoints", "0", "--set", "train.resume_every=3"]
+    out, seeds = _clean_and_killed(tmp_path, argv, point, n)
+    assert left(seeds), [_folder_state(d) for d in seeds]
+    assert all(runfolder.foreign_entries(d) == [] and runfolder.list_checkpoints(d) == [] for d in seeds)
+    again = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(out)], env=ENV,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    for seed in range(3):
+        _same_run(out / f"seed-{seed}", tmp_path / "clean" / f"seed-{seed}")
+        assert not (out / f"seed-{seed}" / runfolder.RESUME_DIR).exists()
 
 
 def test_folders_that_are_not_a_runs_are_refused_saying_what_is_there(tmp_path, reference):
@@ -310,11 +346,12 @@ def _free(monkeypatch, n_bytes: int) -> None:
 
 
 def _whole_plan(out: Path) -> tuple[int, int]:
-    """(bytes of the whole plan of tiny_run(), bytes left after the checkpoint of step 5)."""
+    """(bytes of the whole plan of tiny_run(), bytes left after the checkpoint of step 5): both count two resume
+    points (the one kept and the one written over it; tiny_run() writes none, but its cadence is on)."""
     params = models.memory.parameter_count(tiny_run().model) * 4
     rows = plan.max_rows(tiny_run().train) * plan._ROW_FILE_BYTES
     checkpoint = 3 * params + plan._CHECKPOINT_EXTRA
-    return rows + 4 * checkpoint + params, rows + 1 * checkpoint + params
+    return rows + (4 + 2) * checkpoint + params, rows + (1 + 2) * checkpoint + params
 
 
 def test_the_disk_check_counts_only_what_is_left_to_write(tmp_path, monkeypatch, reference):

@@ -419,6 +419,21 @@ def test_group_cells_stacks_compatible_cells_only(tmp_path):
         sweep.run(_sweep_spec(), tmp_path, group=0)
 
 
+def test_group_cells_regroups_cells_by_their_resume_point(tmp_path):
+    """Cells whose folders hold a resume point of step 4 stack apart from those at step 0 (a stack resumes from
+    one step); a resume point counts as a checkpoint of that step would."""
+    from markov_interp import runs, sweep
+
+    cells = [c for c in _sweep_spec().cells() if c.config.model.n_layers == 1]  # one stack of 4
+    for c in cells[:2]:
+        for path in runs.checkpoint_paths(tmp_path / c.cell_id, 4, resume_point=True):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"")  # only the names are read
+    groups = sweep.group_cells(cells, 8, tmp_path)
+    assert sorted([c.cell_id for c in g] for g in groups) == sorted([[c.cell_id for c in cells[:2]],
+                                                                     [c.cell_id for c in cells[2:]]])
+
+
 @pytest.mark.slow
 def test_sweep_with_stacks_matches_solo_cells_and_restarts(tmp_path, monkeypatch):
     from markov_interp import sweep
