@@ -100,6 +100,7 @@ TARGET_FAITHFULNESS = 0.9  # the threshold is lowered edge by edge until the kep
 CIRCUIT_SEQUENCES = 16  # path patching runs on this many sequences of the probe batch by default
 EXACT_UP_TO = 32  # method "auto": exact path patching up to this many edge measurements (bench_classify)
 _MAX_LOWERINGS = 16  # at most this many lowered thresholds are tried (each costs one circuit-only run)
+_LEVELS_AT_ONCE = 4  # circuit-only runs of this many thresholds are stacked in one call
 _NO_TOTAL = 1e-6  # nats: below this the corruption changes nothing, and faithfulness is undefined
 __all__ = ["CANCEL_FRACTION", "CANDIDATE_FRACTION", "CIRCUIT_SEQUENCES", "CORRUPTIONS", "Cancelling", "CircuitGraph",
            "EXACT_UP_TO", "Edge", "IG_STEPS", "JointTest", "MAX_PAIR_EDGES", "METHODS", "MIN_EFFECT", "MIN_FRACTION",
@@ -371,6 +372,7 @@ class _Pass:
     moves: frozenset = frozenset()  # the active edges as a set (membership over every edge of a large graph)
     rows: dict[EdgeKey, Tensor] = dataclasses.field(default_factory=dict)
     estimates: Optional[Estimates] = None
+    circuits: dict[frozenset, Tensor] = dataclasses.field(default_factory=dict)  # kept set -> circuit-only losses
     keys: tuple[EdgeKey, ...] = ()
     threshold: float = math.inf
     start: float = math.inf
@@ -401,8 +403,13 @@ class _Pass:
         start = self.start = _threshold(total, min_effect, min_fraction)
         levels = [start, *sorted({v for v in effects.values() if min_effect <= v < start}, reverse=True)]
         chosen = [(t, kept_edges(effects, t)) for t in levels[:_MAX_LOWERINGS + 1]]
-        circuits = self.runner.many_losses([_complement(self.runner, keys) for _, keys in chosen], progress=bar)
-        for (threshold, keys), circuit in zip(chosen, circuits):
+        for i, (threshold, keys) in enumerate(chosen):
+            if frozenset(keys) not in self.circuits:  # this level and the next few in one stacked run
+                ahead = [k for k in dict.fromkeys(frozenset(k) for _, k in chosen[i:i + _LEVELS_AT_ONCE])
+                         if k not in self.circuits]
+                self.circuits.update(zip(ahead, self.runner.many_losses(
+                    [_complement(self.runner, k) for k in ahead], progress=bar)))
+            circuit = self.circuits[frozenset(keys)]  # each kept set is run once: the walk re-applies the rule
             if not _faithfulness(total, corrupted, float(circuit.mean())) < target:  # reached, or undefined
                 break
         self.keys, self.threshold = keys, threshold
