@@ -16,7 +16,7 @@ Two tables:
    60 s, 2 x 2 at seq 128 under 1 s (default method, one thread). Whether attribution+verify keeps exactly the
    edges exact patching keeps is printed where both ran.
 
-    python benchmarks/bench_classify.py [--repeats 3] [--threads 1] [--only classify|discovery]
+    python benchmarks/bench_classify.py [--repeats 3] [--threads 1] [--only classify|discovery] [--cases 12x12/128]
 """
 
 import argparse
@@ -78,6 +78,8 @@ def discovery_table(args: argparse.Namespace) -> None:
           f"{args.repeats} (one run for calls over 20 s)")
     source = RandomMarkov(3)
     for layers, heads, d_model, seq in DISCOVERY:
+        if args.cases and f"{layers}x{heads}/{seq}" not in args.cases:
+            continue
         model = models.build(models.preset("attn-only-2layer", n_layers=layers, n_heads=heads, d_model=d_model,
                                            d_head=d_model // heads, d_vocab=3, n_ctx=seq), seed=0)
         batch = sample_batch(source, n_sequences=64, seq_len=seq, seed=0)
@@ -110,6 +112,8 @@ def main() -> None:
     parser.add_argument("--n-sequences", type=int, default=64)
     parser.add_argument("--exact-edges", type=int, default=2000, help="skip the exact method above this many edges")
     parser.add_argument("--only", choices=("classify", "discovery"), default=None)
+    parser.add_argument("--cases", nargs="*", default=None,
+                        help="discovery: only these cases, as LAYERSxHEADS/SEQ (e.g. 12x12/128)")
     parser.add_argument("--max-length", type=int, default=1024, help="classify: skip longer probe lengths")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

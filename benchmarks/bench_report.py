@@ -41,11 +41,10 @@ def in_process(run: str, out: Path, threads: "int | None") -> None:
     if threads is not None:
         torch.set_num_threads(threads)
 
-    from markov_interp import probes, report
-    from markov_interp.training import runfolder
+    from markov_interp import probes, report, runs
 
-    model = runfolder.load_model(run)
-    source = runfolder.read_config(run).source.build()
+    model = runs.load_model(run)
+    source = runs.read_config(run).source.build()
     batch = probes.sample_batch(source, n_sequences=64, seq_len=probes.probe_length(model), seed=0)
 
     def forward_backward() -> None:

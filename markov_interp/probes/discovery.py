@@ -8,15 +8,15 @@ positions used downstream shows its edges, which no token corruption can give it
 "embed"). An edge out of a sender a pass leaves unchanged (the positions in the token pass, the tokens in the
 positional one) has no effect in it, exactly, and is not run.
 
-**Methods.** "exact" measures every edge by path patching (a handful of forward passes for all of them, stacked
-along the batch); "attribution" estimates every edge from gradients (`paths.edge_estimates`: edge attribution
-patching along the way from the clean to the corrupted run, a few forward and backward passes in all) and keeps
-edges by the same rule on the estimates; "attribution+verify" measures exactly only the candidates: the edges
-whose estimate reaches a quarter of the threshold, the 16 largest estimates, and every edge whose estimate is
-unreliable (its gradient at the clean run and along the way disagree by half, or it feeds the queries or keys of
-a head whose softmax is saturated, where gradients vanish); the threshold the kept rule reaches decides whether
-more are verified. "auto" is "exact" up to `EXACT_UP_TO` edges and "attribution+verify" above
-(benchmarks/bench_classify.py measured where the second becomes faster). `max_edges` caps the exact
+**Methods.** "exact" measures every edge by path patching (about one forward pass of the batch per edge: a single
+edge is measured in one pass, `paths.EdgeRunner`); "attribution" estimates every edge from gradients
+(`paths.edge_estimates`: edge attribution patching along the way from the clean to the corrupted run, a few forward
+and backward passes in all) and keeps edges by the same rule on the estimates; "attribution+verify" measures
+exactly only candidates (`verify`): every edge whose estimate is unreliable (its gradient at the clean run and along
+the way disagree by half, or it feeds the queries or keys of a head whose softmax is saturated, where gradients
+vanish) and the 16 largest estimates, then down the ranking 16 at a time while a block still holds an edge the kept
+rule keeps; the estimates never keep an edge. "auto" is "exact" up to `EXACT_UP_TO` edges and "attribution+verify"
+above (benchmarks/bench_classify.py measured where the second becomes faster). `max_edges` caps the exact
 measurements: "exact" refuses a larger graph, "attribution+verify" verifies at most that many edges per pass (the
 kept edges, which the joint tests need measured in every pass, come on top).
 
@@ -89,7 +89,7 @@ from markov_interp.probes.joint import (
     receiver_tests,
 )
 from markov_interp.probes.paths import EdgeKey, EdgeRunner, senders
-from markov_interp.probes.verify import CANDIDATE_FRACTION, IG_STEPS, Estimates, estimate, verify_plan
+from markov_interp.probes.verify import CANDIDATE_FRACTION, IG_STEPS, Estimates, estimate, next_block, verify_plan
 
 CORRUPTIONS = ("resample", "kernel_swap", "shuffle")
 POSITIONS = "positions"  # the positional pass's corruption
@@ -100,6 +100,7 @@ TARGET_FAITHFULNESS = 0.9  # the threshold is lowered edge by edge until the kep
 CIRCUIT_SEQUENCES = 16  # path patching runs on this many sequences of the probe batch by default
 EXACT_UP_TO = 32  # method "auto": exact path patching up to this many edge measurements (bench_classify)
 _MAX_LOWERINGS = 16  # at most this many lowered thresholds are tried (each costs one circuit-only run)
+_LEVELS_AT_ONCE = 4  # circuit-only runs of this many thresholds are stacked in one call
 _NO_TOTAL = 1e-6  # nats: below this the corruption changes nothing, and faithfulness is undefined
 __all__ = ["CANCEL_FRACTION", "CANDIDATE_FRACTION", "CIRCUIT_SEQUENCES", "CORRUPTIONS", "Cancelling", "CircuitGraph",
            "EXACT_UP_TO", "Edge", "IG_STEPS", "JointTest", "MAX_PAIR_EDGES", "METHODS", "MIN_EFFECT", "MIN_FRACTION",
@@ -368,8 +369,10 @@ class _Pass:
     name: str
     runner: EdgeRunner
     active: tuple[EdgeKey, ...]
+    moves: frozenset = frozenset()  # the active edges as a set (membership over every edge of a large graph)
     rows: dict[EdgeKey, Tensor] = dataclasses.field(default_factory=dict)
     estimates: Optional[Estimates] = None
+    circuits: dict[frozenset, Tensor] = dataclasses.field(default_factory=dict)  # kept set -> circuit-only losses
     keys: tuple[EdgeKey, ...] = ()
     threshold: float = math.inf
     start: float = math.inf
@@ -400,8 +403,13 @@ class _Pass:
         start = self.start = _threshold(total, min_effect, min_fraction)
         levels = [start, *sorted({v for v in effects.values() if min_effect <= v < start}, reverse=True)]
         chosen = [(t, kept_edges(effects, t)) for t in levels[:_MAX_LOWERINGS + 1]]
-        circuits = self.runner.many_losses([_complement(self.runner, keys) for _, keys in chosen], progress=bar)
-        for (threshold, keys), circuit in zip(chosen, circuits):
+        for i, (threshold, keys) in enumerate(chosen):
+            if frozenset(keys) not in self.circuits:  # this level and the next few in one stacked run
+                ahead = [k for k in dict.fromkeys(frozenset(k) for _, k in chosen[i:i + _LEVELS_AT_ONCE])
+                         if k not in self.circuits]
+                self.circuits.update(zip(ahead, self.runner.many_losses(
+                    [_complement(self.runner, k) for k in ahead], progress=bar)))
+            circuit = self.circuits[frozenset(keys)]  # each kept set is run once: the walk re-applies the rule
             if not _faithfulness(total, corrupted, float(circuit.mean())) < target:  # reached, or undefined
                 break
         self.keys, self.threshold = keys, threshold
@@ -424,16 +432,15 @@ def _measure(p: _Pass, method: str, rule: tuple, max_edges: Optional[int], bar: 
     if method == "attribution":
         p.choose(rule, bar)
         return
-    min_effect, min_fraction, _ = rule
-    todo = verify_plan(p.estimates, _threshold(p.total, min_effect, min_fraction), min_effect)
-    for _ in range(4):  # verify, keep, verify what the lowered threshold makes a candidate, keep again
+    todo = verify_plan(p.estimates)
+    while todo:  # the walk down the ranking (`verify`): a block, the kept rule, the next block
         room = len(todo) if max_edges is None else max(0, max_edges - len(p.rows))
-        p.measure([e for e in todo if e not in p.rows][:room], bar)
+        block = [e for e in todo if e not in p.rows][:room]
+        p.measure(block, bar)
         p.choose(rule, bar)
-        todo = [e for e in p.estimates.ranked if e not in p.rows and abs(p.estimates.mean[e])
-                >= CANDIDATE_FRACTION * p.threshold]
-        if not todo or (max_edges is not None and len(p.rows) >= max_edges):
+        if not set(block) & set(p.keys) or (max_edges is not None and len(p.rows) >= max_edges):
             return
+        todo = next_block(p.estimates, p.rows, p.threshold)
 
 
 # ------------------------------------------------------------------------------------------------ discover
@@ -509,6 +516,7 @@ def _passes(model: HookedModel, source: Source, batch: ProbeBatch, *, corruption
             batch.tokens, seed=seed + 1)), ()))
     for p in passes:
         p.active = tuple(e for e in p.runner.edges if p.runner.varies(e.sender))
+        p.moves = frozenset(p.active)
     return passes
 
 
@@ -545,11 +553,11 @@ def _graph(passes: list[_Pass], *, rule: tuple, seed: int, method: str, attribut
     runner = token.runner
     union = prune({e for p in passes for e in p.keys}, runner.edges)
     for p in passes:  # every kept edge is measured exactly, whatever the method
-        p.measure([e for e in union if e in set(p.active)], bar)
+        p.measure([e for e in union if e in p.moves], bar)
     cancelling: list[Cancelling] = []
     if joint:
         for p in passes:
-            found = cancelling_sets(p.runner, [e for e in union if e in set(p.active)], p.effects(), p.threshold,
+            found = cancelling_sets(p.runner, [e for e in union if e in p.moves], p.effects(), p.threshold,
                                     corruption=p.name, progress=bar)
             cancelling += found
             by_name = {e.name: e for e in runner.edges}
@@ -561,13 +569,14 @@ def _graph(passes: list[_Pass], *, rule: tuple, seed: int, method: str, attribut
     edges = _edges(passes, grads or {})
     rows = token.effects()
     by_grad = set(kept_edges({e: grads.get(e, 0.0) for e in token.active}, token.threshold)) if grads else set()
-    disagree = tuple(e.name for e in token.active if e in rows and (e in by_grad) != (e in set(token.keys))) \
+    keys = set(token.keys)
+    disagree = tuple(e.name for e in token.active if e in rows and (e in by_grad) != (e in keys)) \
         if grads else ()
     tests = receiver_tests(runner, [e for e in union if runner.varies(e.sender)], rows, progress=bar) if joint else ()
-    model, main = runner.model, results[0]
+    model, main, kept = runner.model, results[0], set(union)
     return CircuitGraph(
         nodes=tuple(s.name for s in senders(model)) + ("logits",), edges=edges,
-        kept=tuple(e for e in edges if e.key in set(union)), corruption=token.name, clean_loss=main.clean_loss,
+        kept=tuple(e for e in edges if e.key in kept), corruption=token.name, clean_loss=main.clean_loss,
         corrupted_loss=main.corrupted_loss, circuit_loss=main.circuit_loss, faithfulness=main.faithfulness,
         minimality=main.minimality, disagreements=disagree, threshold=token.threshold,
         rule=_rule_text(rule, token.threshold, token.total), n_layers=int(model.cfg.n_layers),
@@ -606,7 +615,7 @@ def _edges(passes: list[_Pass], grads: dict[EdgeKey, float]) -> tuple[Edge, ...]
             return math.nan, math.nan, True
         if e in p.rows:
             return (*_mean_se(p.rows[e]), True)
-        if e not in set(p.active):
+        if e not in p.moves:
             return 0.0, 0.0, True  # its sender is the same in both runs of the pass: no effect, exactly
         return (p.estimates.mean.get(e, math.nan) if p.estimates is not None else math.nan), math.nan, False
 

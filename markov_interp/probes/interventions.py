@@ -281,12 +281,16 @@ def intervened_run(
     positions: Optional[Sequence[int]] = None,
     record: Sequence[str] = (),
     stop: bool = False,
+    edits: Sequence[tuple[str, Callable]] = (),
 ) -> tuple[Optional[Float[Tensor, "batch pos vocab"]], dict[str, Tensor]]:
     """One forward pass of `tokens` with `components` replaced together: (logits, {hook name: value}).
 
     `record` names hooks whose value this pass computed is returned (for a replaced hook, the value before the
     replacement): path patching reads a receiver's input in a pass whose senders are set this way. With `stop`,
     the pass ends as soon as every recorded hook has fired (nothing later is computed) and the logits are None.
+    `edits` are further (hook name, function) pairs that edit an activation in place of a replacement (path
+    patching moves the residual stream by one sender's change for one copy of the batch: `paths`); they fire
+    after any replacement of the same hook.
     """
     store: dict[str, Tensor] = {}
     hooks = replacement_hooks(components, replacements, positions=positions, record=store)
@@ -295,6 +299,7 @@ def intervened_run(
     if wanted:  # a replacement hook records before it replaces; the last wanted hook to fire stops the pass
         hooks = [(name, _stopping(fn, store, wanted)) if name in wanted else (name, fn) for name, fn in hooks]
     hooks += [(name, _recorder(name, store, wanted)) for name in dict.fromkeys(record) if name not in hooked]
+    hooks += list(edits)
     tokens = check_tokens(model, tokens)
     try:
         logits = model.run_with_hooks(tokens, fwd_hooks=hooks) if hooks else model(tokens)

@@ -26,6 +26,16 @@ corrupted at once (all of them: the corrupted run; none: the clean run), stage b
 3. once every edge into the remaining stages is kept, one last pass with the senders' outputs so far set to what
    they are in this run gives the logits (the model's own forward does the rest).
 
+A **single edge** (what every edge's effect is) takes one pass instead (`single_pass`, on by default): the residual
+stream of that copy of the batch is moved by the sender's change (corrupted - clean output, as the sender writes it
+into the stream: a head's through its W_O) where the receiver's sublayer reads it, the other inputs of that
+sublayer are set back to their clean values, and the change is taken out again with the sublayer's output, so
+everything downstream reads the clean senders and the receiver's new output. That is the same run exactly where the
+residual stream is the sum of what its senders write (every standard TransformerLens model; not a shortformer
+position embedding or parallel attention and MLP, which take the stage algorithm); the tests check the two ways
+agree. Passes stack `max_rows` positions at most (4,096: larger stacks ran slower per copy on CPU,
+benchmarks/bench_classify.py).
+
 Everything runs through the one intervention engine (`interventions`); nothing here re-implements the model's
 layers. `edge_attributions` is the gradient approximation (edge attribution patching, Syed et al. 2023):
 (corrupted - clean sender output) . (gradient of the loss with respect to the receiver's input in the clean run),
@@ -125,10 +135,11 @@ def _receivers(model: HookedModel, stage: _Stage) -> tuple[tuple[str, str, Optio
 
 def graph_edges(model: HookedModel) -> tuple[EdgeKey, ...]:
     """Every edge of the model's graph, stage by stage (receivers in order, senders in order)."""
-    out = []
+    out, all_senders = [], senders(model)
     for stage in _stages(model):
+        ups = [s.name for s in all_senders if _upstream(s, stage)]
         for receiver, inp, _ in _receivers(model, stage):
-            out += [EdgeKey(s.name, receiver, inp) for s in senders(model) if _upstream(s, stage)]
+            out += [EdgeKey(s, receiver, inp) for s in ups]
     return tuple(out)
 
 
@@ -156,14 +167,15 @@ class EdgeRunner:
     The corrupted run reads `corrupted_tokens` (default: the clean tokens) at the positions `corrupted_positions`
     ([batch, pos] indices into the position embedding; default: each position its own), so a runner corrupts the
     tokens, the positions, or both. `varies(sender)` says whether a sender's output differs between the two runs
-    (an edge out of a sender that does not vary has no effect, exactly).
+    (an edge out of a sender that does not vary has no effect, exactly). `single_pass=False` measures single edges by
+    the stage algorithm too (module docstring).
 
     >>> # runner = EdgeRunner(model, tokens, corrupted_tokens)
     >>> # runner.losses({EdgeKey("L0H0", "L1H0", "k")}) - runner.clean_losses  # that edge's path-patching effect
     """
 
     def __init__(self, model: HookedModel, tokens: Tokens, corrupted_tokens: Optional[Tokens] = None, *,
-                 corrupted_positions: Optional[Tensor] = None, max_rows: int = 1 << 17):
+                 corrupted_positions: Optional[Tensor] = None, max_rows: int = 1 << 12, single_pass: bool = True):
         corrupted_tokens = tokens if corrupted_tokens is None else corrupted_tokens
         if tokens.shape != corrupted_tokens.shape:
             raise ValueError(f"clean and corrupted tokens must have the same shape, got {tuple(tokens.shape)} and "
@@ -184,6 +196,9 @@ class EdgeRunner:
         self.clean_losses = sequence_losses(logits, self.tokens)
         self.corrupted_losses = sequence_losses(corrupted_logits, self.tokens)
         self._same = {s.name for s in self.senders if torch.equal(self.clean[s.hook_name], self.corrupted[s.hook_name])}
+        self._by_name = {s.name: s for s in self.senders}
+        self._stage_of = {r: i for i, stage in enumerate(self.stages) for r, _, _ in _receivers(model, stage)}
+        self.single_pass = single_pass and _additive(model)
 
     def _corrupted_run(self, names: list[str], positions: Optional[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """The logits and value hooks of the corrupted run (the corrupted tokens at the corrupted positions)."""
@@ -229,15 +244,75 @@ class EdgeRunner:
         unknown = set().union(*bads) - set(self.edges) if bads else set()
         if unknown:
             raise ValueError(f"no such edges in this model's graph: {sorted(e.name for e in unknown)}")
-        out = []
         if progress is not None:  # a bar over every run asked for so far
             progress.total = (progress.total or 0) + len(bads)
             progress.refresh()
-        for i in range(0, len(bads), self._chunk):
-            out.append(self._run_chunk(bads[i:i + self._chunk]))
-            if progress is not None:
-                progress.update(len(out[-1]))
-        return torch.cat(out) if out else torch.empty(0, *self.clean_logits.shape)
+        # single edges whose sender varies take the one-pass way (`_single_edges`); the rest the stage algorithm
+        single = [i for i, bad in enumerate(bads) if self.single_pass and len(bad) == 1
+                  and self.varies(next(iter(bad)).sender)]
+        general = sorted(set(range(len(bads))) - set(single))
+        out = torch.empty(len(bads), *self.clean_logits.shape, dtype=self.clean_logits.dtype,
+                          device=self.clean_logits.device)
+        for indices, run in ((single, lambda chunk: self._single_edges([next(iter(b)) for b in chunk])),
+                             (general, self._run_chunk)):
+            for i in range(0, len(indices), self._chunk):
+                part = indices[i:i + self._chunk]
+                out[part] = run([bads[k] for k in part]).to(out.dtype)
+                if progress is not None:
+                    progress.update(len(part))
+        return out
+
+    # ------------------------------------------------------------------------------------- one edge, one pass
+    def _single_edges(self, edges: list[EdgeKey]) -> Tensor:
+        """The logits with each of `edges` corrupted alone, one copy of the batch each, all in one forward pass:
+        copy c's residual stream is moved by its sender's change (corrupted - clean output, as written into the
+        stream) where its receiver reads it, every other input of that sublayer is set back to its clean value,
+        and the change is taken out again after the sublayer, so that everything downstream reads the clean
+        senders and the receiver's new output. Exact where the residual stream is the sum of what its senders
+        write (`single_pass`); the stage algorithm gives the same logits with two to three passes per edge."""
+        n_layers = int(self.model.cfg.n_layers)
+        edits: dict[str, list[tuple[int, str, Any]]] = {}  # hook name -> (copy, "add" | "clean", payload)
+        deltas: dict[str, Tensor] = {}
+        for c, e in enumerate(edges):
+            delta = deltas.get(e.sender)
+            if delta is None:
+                delta = deltas[e.sender] = _sender_delta(self, self._by_name[e.sender])
+            if e.input == "logits":
+                edits.setdefault(act_name("resid_post", n_layers - 1), []).append((c, "add", delta))
+                continue
+            layer = int(e.receiver[1:].split("H")[0].split(".")[0])
+            # moved where the sublayer reads the stream, taken out with its output (hooks on the residual path
+            # in every TransformerLens: TL 4's hook_resid_mid is the MLP's input only)
+            if e.input == "mlp":
+                into, after = act_name("attn_out", layer), act_name("mlp_out", layer)
+            else:
+                into, after = act_name("resid_pre", layer), act_name("attn_out", layer)
+                head = int(e.receiver.split("H")[1])
+                for ch in "qkv":  # only the receiver's own input reads the moved stream
+                    edits.setdefault(act_name(ch, layer), []).append((c, "clean", head if ch == e.input else None))
+            edits.setdefault(into, []).append((c, "add", delta))
+            edits.setdefault(after, []).append((c, "add", -delta))
+        hooks = [(name, self._edit(name, items, len(edges))) for name, items in edits.items()]
+        logits = intervened_run(self.model, self._tiled(len(edges)), [], {}, edits=hooks)[0]
+        return logits.unflatten(0, (len(edges), -1))
+
+    def _edit(self, name: str, items: list[tuple[int, str, Any]], copies: int) -> Any:
+        """A hook applying `items` to the copies of one activation: add a tensor, or set the clean value back
+        (but for one head's slice, which keeps what this pass computed)."""
+        def hook(act: Tensor, hook: Any = None) -> Tensor:
+            out = act.clone()
+            blocks = out.unflatten(0, (copies, -1))
+            for c, kind, payload in items:
+                if kind == "add":
+                    blocks[c] += payload.to(out.dtype)
+                    continue
+                own = None if payload is None else blocks[c, :, :, payload].clone()
+                blocks[c] = self.clean[name]
+                if own is not None:
+                    blocks[c, :, :, payload] = own
+            return out
+
+        return hook
 
     # ------------------------------------------------------------------------------------------ stages
     def _run_chunk(self, bads: list[set[EdgeKey]]) -> Tensor:
@@ -259,8 +334,7 @@ class EdgeRunner:
         raise AssertionError("the logits stage always returns")
 
     def _tail_kept(self, bads: list[set[EdgeKey]], first: int) -> bool:
-        later = {r for stage in self.stages[first:] for r, _, _ in _receivers(self.model, stage)}
-        return not any(e.receiver in later for bad in bads for e in bad)
+        return not any(self._stage_of[e.receiver] >= first for bad in bads for e in bad)
 
     def _read_stage(self, stage: _Stage, bads: list[set[EdgeKey]], state: dict) -> Any:
         """Every receiver input of `stage` ({"receiver.input": per copy, a tensor, "clean" or "corrupt"}); for
@@ -462,16 +536,26 @@ def _gradient_blocks(runner: EdgeRunner, alpha: float) -> Iterator[tuple[list[tu
                 yield [(f"L{layer}.mlp", "mlp")], back.detach().reshape(1, -1)
 
 
+def _sender_delta(runner: EdgeRunner, sender: Component) -> Float[Tensor, "batch pos d_model"]:
+    """(corrupted - clean) output of `sender`, as written into the residual stream (a head's through its W_O)."""
+    delta = runner.corrupted[sender.hook_name] - runner.clean[sender.hook_name]
+    if sender.kind == "head":
+        delta = delta[:, :, sender.head] @ runner.model.W_O.detach()[sender.layer, sender.head].to(delta.dtype)
+    return delta
+
+
 def _sender_deltas(runner: EdgeRunner) -> Float[Tensor, "sender flat"]:
-    """(corrupted - clean) output of every sender, in `runner.senders` order, as written into the residual stream
-    (a head's output through its W_O), flattened over batch, position and d_model."""
-    w_o, out = runner.model.W_O.detach(), []
-    for sender in runner.senders:
-        delta = (runner.corrupted[sender.hook_name] - runner.clean[sender.hook_name]).float()
-        if sender.kind == "head":
-            delta = delta[:, :, sender.head] @ w_o[sender.layer, sender.head].float()
-        out.append(delta.reshape(-1))
-    return torch.stack(out)
+    """`_sender_delta` of every sender, in `runner.senders` order, flattened over batch, position and d_model."""
+    return torch.stack([_sender_delta(runner, sender).float().reshape(-1) for sender in runner.senders])
+
+
+def _additive(model: HookedModel) -> bool:
+    """Whether the residual stream of `model` is the sum of what its senders write, each sublayer reading it
+    whole: not with a position embedding added to queries and keys only (shortformer) or attention and MLP
+    reading the same stream (parallel blocks). `EdgeRunner`'s one-pass single edges need it."""
+    cfg = model.cfg
+    return (getattr(cfg, "positional_embedding_type", "standard") != "shortformer"
+            and not getattr(cfg, "parallel_attn_mlp", False))
 
 
 def edge_estimates(runner: EdgeRunner, *, steps: int = 1) -> tuple[dict[EdgeKey, float], dict[EdgeKey, float]]:

@@ -7,20 +7,24 @@ be far off, and where a head's softmax is saturated the gradient through its que
 much the edge matters (a hand-built induction head's key edge is estimated near 0). So the estimates choose what
 to measure, never what to keep:
 
-- every edge whose integrated-gradients estimate (`IG_STEPS` runs from the clean to the corrupted embeddings; 2 on
-  graphs of over `LARGE_GRAPH` edges) reaches `CANDIDATE_FRACTION` of the kept rule's threshold;
-- the `TOP_CANDIDATES` largest estimates;
+- the edges whose integrated-gradients estimate (`IG_STEPS` runs from the clean to the corrupted embeddings; 2 on
+  graphs of over `LARGE_GRAPH` edges) reaches `CANDIDATE_FRACTION` of the kept rule's threshold, largest first;
 - every **unreliable** edge: its clean-run gradient estimate and the integrated one disagree by more than
   `DISAGREE` of the larger (the path is far from linear) while one of them reaches `CANDIDATE_FRACTION` of
   `min_effect`; or it feeds the queries or keys of a head whose attention is saturated (mean over queries of
   its largest attention weight at least `SATURATED`).
 
-`discovery` then applies the kept rule to the measured effects and verifies more where the threshold it reaches
-makes more edges candidates.
+The unreliable edges and the `TOP_CANDIDATES` largest estimates are measured first; then `discovery` walks down the
+ranking in blocks of `TOP_CANDIDATES` candidates, applying the kept rule after each block, and stops at the first
+block of which the kept rule keeps no edge (the estimates below it are smaller still), when no candidate is left,
+or at `max_edges`. So the measurements grow with the edges that matter, not
+with the graph: on a 12 x 12 model at random initialisation, 1,489 of 29,089 edges have an estimate at a quarter of
+the threshold, almost all of them noise around a total effect of 0.01 nats.
 """
 
 import dataclasses
-from collections.abc import Sequence
+import itertools
+from collections.abc import Container, Sequence
 from typing import Optional
 
 import torch
@@ -91,9 +95,15 @@ def estimate(runner: EdgeRunner, active: Sequence[EdgeKey], *, steps: Optional[i
                      unreliable=frozenset(unreliable), saturated=saturated)
 
 
-def verify_plan(est: Estimates, start: float, min_effect: float) -> list[EdgeKey]:
-    """The edges to measure first, in order: estimates reaching `CANDIDATE_FRACTION` of the starting threshold
-    `start`, the unreliable edges, the `TOP_CANDIDATES` largest estimates."""
-    big = [e for e in est.ranked if abs(est.mean[e]) >= CANDIDATE_FRACTION * start]
+def verify_plan(est: Estimates) -> list[EdgeKey]:
+    """The edges to measure first, in order: the unreliable edges, then the `TOP_CANDIDATES` largest estimates
+    (the first block of the walk down the ranking: `next_block`)."""
     shaky = [e for e in est.ranked if e in est.unreliable]
-    return list(dict.fromkeys(big + shaky + list(est.ranked[:TOP_CANDIDATES])))
+    return list(dict.fromkeys(shaky + list(est.ranked[:TOP_CANDIDATES])))
+
+
+def next_block(est: Estimates, measured: Container[EdgeKey], threshold: float) -> list[EdgeKey]:
+    """The next `TOP_CANDIDATES` edges down the ranking not measured yet whose estimate reaches
+    `CANDIDATE_FRACTION` of `threshold` (the kept rule's threshold so far): what the walk measures next."""
+    todo = (e for e in est.ranked if e not in measured and abs(est.mean[e]) >= CANDIDATE_FRACTION * threshold)
+    return list(itertools.islice(todo, TOP_CANDIDATES))

@@ -156,6 +156,29 @@ def test_path_patching_agrees_with_a_brute_force_edge_forward(make, vocab, corru
         assert runner.varies("embed") and runner.varies("pos")
 
 
+@pytest.mark.parametrize("make,vocab", [(_ln_mlp_model, 2), (_uneven_model, 3)])
+def test_single_edges_in_one_pass_match_the_stage_algorithm(make, vocab):
+    """The one-pass way of measuring single edges (the residual stream moved by the sender's change and put back
+    after the receiver's sublayer) gives the stage algorithm's losses, in both passes; a model whose residual
+    stream is not the sum of its senders' writes (shortformer) is measured by the stage algorithm."""
+    model = make()
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab, (6, 12), generator=gen)
+    positions = torch.stack([torch.randperm(12, generator=gen) for _ in range(6)])
+    for kwargs in (dict(corrupted_tokens=tokens[torch.tensor([1, 2, 3, 4, 5, 0])]), dict(corrupted_positions=positions)):
+        fast, staged = (EdgeRunner(model, tokens, single_pass=flag, **kwargs) for flag in (True, False))
+        assert fast.single_pass and not staged.single_pass
+        sets = [[e] for e in fast.edges]
+        ours, theirs = fast.many_losses(sets), staged.many_losses(sets)
+        assert torch.allclose(ours, theirs, atol=1e-6, rtol=1e-5)
+        assert float((theirs - staged.clean_losses).abs().max()) > 0.01  # the effects are not all zero
+    model.cfg.positional_embedding_type = "shortformer"
+    try:
+        assert not EdgeRunner(model, tokens, tokens[torch.tensor([1, 2, 3, 4, 5, 0])]).single_pass
+    finally:
+        model.cfg.positional_embedding_type = "standard"
+
+
 def test_graph_edges_follow_the_stages_and_skip_absent_heads():
     model = _uneven_model()
     names = [e.name for e in graph_edges(model)]
@@ -607,6 +630,27 @@ def test_methods_and_the_edge_cap():
     with pytest.raises(TypeError, match="positions"):
         _discover(model, source, positions="yes")
     assert _discover(model, source).method == "exact"  # "auto": a small graph is measured exactly
+
+
+def test_the_walk_down_the_ranking_measures_in_blocks_and_never_twice():
+    """`verify_plan`: the unreliable edges, then the 16 largest estimates; `next_block`: the next 16 unmeasured
+    edges down the ranking whose estimate reaches a quarter of the threshold, in rank order."""
+    from markov_interp.probes.verify import CANDIDATE_FRACTION, TOP_CANDIDATES, Estimates, next_block, verify_plan
+
+    keys = [EdgeKey(f"L0H{i}", "logits", "logits") for i in range(60)]
+    mean = {e: (-1) ** i * 0.01 / (i + 1) for i, e in enumerate(keys)}  # |estimate| falls down the list
+    ranked = tuple(sorted(keys, key=lambda e: -abs(mean[e])))
+    est = Estimates(first=dict(mean), mean=mean, ranked=ranked, unreliable=frozenset({keys[50]}), saturated=())
+    first = verify_plan(est)
+    assert first == [keys[50]] + list(ranked[:TOP_CANDIDATES])
+    low = 0.0004  # every estimate reaches a quarter of it
+    block = next_block(est, set(first), low)
+    assert block == [e for e in ranked if e not in first][:TOP_CANDIDATES]
+    high = 0.002  # estimates reach a quarter of it down to the 20th edge only: the candidates run out
+    rest = next_block(est, set(first), high)
+    assert rest == [e for e in ranked[:20] if e not in first]
+    assert all(abs(mean[e]) >= CANDIDATE_FRACTION * high for e in rest) and len(rest) < TOP_CANDIDATES
+    assert next_block(est, set(keys), low) == []
 
 
 def test_no_progress_bar_when_asked_for_none(capsys):
