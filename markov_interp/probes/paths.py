@@ -33,7 +33,8 @@ sublayer are set back to their clean values, and the change is taken out again w
 everything downstream reads the clean senders and the receiver's new output. That is the same run exactly where the
 residual stream is the sum of what its senders write (every standard TransformerLens model; not a shortformer
 position embedding or parallel attention and MLP, which take the stage algorithm); the tests check the two ways
-agree. Passes stack `max_rows` positions at most (4,096: larger stacks ran slower per copy on CPU,
+agree. Moving the stream and taking the change out again rounds: an edge that changes nothing (a query edge under a
+clamped pattern) measures rounding (under 1e-9 nats in the tests), not exactly 0. Passes stack `max_rows` positions at most (4,096: larger stacks ran slower per copy on CPU,
 benchmarks/bench_classify.py).
 
 Everything runs through the one intervention engine (`interventions`); nothing here re-implements the model's

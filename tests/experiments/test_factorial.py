@@ -17,6 +17,10 @@ from tests.handbuilt import induction_circuit, intended_induction_edges
 
 _CLAMP0 = ({"clamp": "blocks.0.attn.hook_pattern", "value": "previous_token"},)
 
+# a single edge is measured in one pass that moves the residual stream by the sender's change and takes it out
+# again (`probes.paths`): an edge that changes nothing measures floating-point rounding, not exactly 0 (nats)
+ROUNDING = 1e-9
+
 
 def test_cells_vary_only_layer1_heads_and_the_data():
     budget = factorial.FULL
@@ -139,9 +143,9 @@ def _check_discovered_circuits(cell, data):
     (_, clamped), (_, free) = cell.arms[1].circuits[0], cell.arms[0].circuits[0]
     into_l0 = [e for e in clamped.edges if e.receiver == "L0H0" and e.input in ("q", "k")]
     # the token pass's gradient estimate has no value for a 'pos' sender (positions are not corrupted there): NaN
-    assert into_l0 and all(e.effect == 0.0 and (e.attribution == 0.0 or (e.sender == "pos" and math.isnan(
+    assert into_l0 and all(abs(e.effect) <= ROUNDING and (e.attribution == 0.0 or (e.sender == "pos" and math.isnan(
         e.attribution))) for e in into_l0)
-    assert any(e.effect != 0.0 for e in free.edges if e.receiver == "L0H0" and e.input in ("q", "k"))
+    assert any(abs(e.effect) > 1e-7 for e in free.edges if e.receiver == "L0H0" and e.input in ("q", "k"))
 
 
 def test_hooked_models_of_a_cell_have_the_heads_the_config_says():
@@ -163,7 +167,7 @@ def test_budget_sets_the_checkpoints_scored_and_over_training_scores_need_run_fo
 
 def test_discovery_under_a_clamp_gives_layer_0_queries_and_keys_nothing():
     """The factorial discovers clamped arms' circuits under their clamp: a random model's layer-0 Q/K edges
-    matter a little free and exactly nothing clamped (their gradient estimate too), and a hand-built induction
+    matter a little free and nothing clamped (up to `ROUNDING`; their gradient estimate exactly 0), and a hand-built induction
     circuit whose layer 0 already is a previous-token head keeps its intended edges under the same clamp."""
     model = build(factorial.cell_base(factorial.QUICK, "dirichlet", 1).model, seed=0)
     source = RandomMarkov(3)
@@ -172,7 +176,8 @@ def test_discovery_under_a_clamp_gives_layer_0_queries_and_keys_nothing():
         clamped = probes.discover_circuit(model, source, seq_len=32, n_sequences=16)
     qk = [e.name for e in free.edges if e.receiver == "L0H0" and e.input in ("q", "k")]
     assert qk and any(abs(free.edge(n).effect) > 1e-7 for n in qk)
-    assert all(clamped.edge(n).effect == 0.0 and clamped.edge(n).position_effect == 0.0 for n in qk)  # both passes
+    assert all(abs(clamped.edge(n).effect) <= ROUNDING and abs(clamped.edge(n).position_effect) <= ROUNDING
+               for n in qk)  # both passes
     # the gradient estimate is of the token pass, whose corruption leaves "pos" alone (NaN: not estimated)
     assert all(clamped.edge(n).attribution == 0.0 for n in qk if n.startswith("embed"))
     hand = induction_circuit(3, n_ctx=32)
