@@ -58,6 +58,7 @@ sequence's positions at random.
 """
 
 import dataclasses
+import functools
 import math
 import sys
 from collections.abc import Iterable, Sequence
@@ -369,13 +370,17 @@ class _Pass:
     name: str
     runner: EdgeRunner
     active: tuple[EdgeKey, ...]
-    moves: frozenset = frozenset()  # the active edges as a set (membership over every edge of a large graph)
     rows: dict[EdgeKey, Tensor] = dataclasses.field(default_factory=dict)
     estimates: Optional[Estimates] = None
     circuits: dict[frozenset, Tensor] = dataclasses.field(default_factory=dict)  # kept set -> circuit-only losses
     keys: tuple[EdgeKey, ...] = ()
     threshold: float = math.inf
     start: float = math.inf
+
+    @functools.cached_property
+    def moves(self) -> frozenset:
+        """The active edges as a set (membership tests over every edge of a large graph)."""
+        return frozenset(self.active)
 
     @property
     def clean(self) -> Tensor:
@@ -435,7 +440,7 @@ def _measure(p: _Pass, method: str, rule: tuple, max_edges: Optional[int], bar: 
     todo = verify_plan(p.estimates)
     while todo:  # the walk down the ranking (`verify`): a block, the kept rule, the next block
         room = len(todo) if max_edges is None else max(0, max_edges - len(p.rows))
-        block = [e for e in todo if e not in p.rows][:room]
+        block = todo[:room]  # never measured: the first block on a fresh pass, `next_block` after
         p.measure(block, bar)
         p.choose(rule, bar)
         if not set(block) & set(p.keys) or (max_edges is not None and len(p.rows) >= max_edges):
@@ -509,15 +514,11 @@ def _passes(model: HookedModel, source: Source, batch: ProbeBatch, *, corruption
             positions: bool) -> list[_Pass]:
     """The token pass (`corruption`) and, when asked and the model has a positional sender, the positional pass
     (permuted positions), each with its active edges: those whose sender varies under the corruption."""
-    passes = [_Pass(corruption, EdgeRunner(model, batch.tokens, corrupted_tokens(batch, source, corruption,
-                                                                                seed=seed)), ())]
+    runners = [(corruption, EdgeRunner(model, batch.tokens, corrupted_tokens(batch, source, corruption, seed=seed)))]
     if positions and any(s.kind == "pos" for s in senders(model)):
-        passes.append(_Pass(POSITIONS, EdgeRunner(model, batch.tokens, corrupted_positions=permuted_positions(
-            batch.tokens, seed=seed + 1)), ()))
-    for p in passes:
-        p.active = tuple(e for e in p.runner.edges if p.runner.varies(e.sender))
-        p.moves = frozenset(p.active)
-    return passes
+        runners.append((POSITIONS, EdgeRunner(model, batch.tokens, corrupted_positions=permuted_positions(
+            batch.tokens, seed=seed + 1))))
+    return [_Pass(name, runner, tuple(e for e in runner.edges if runner.varies(e.sender))) for name, runner in runners]
 
 
 def _resolve_method(method: str, n_active: int, max_edges: Optional[int]) -> str:

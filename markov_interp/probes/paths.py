@@ -28,14 +28,14 @@ corrupted at once (all of them: the corrupted run; none: the clean run), stage b
 
 A **single edge** (what every edge's effect is) takes one pass instead (`single_pass`, on by default): the residual
 stream of that copy of the batch is moved by the sender's change (corrupted - clean output, as the sender writes it
-into the stream: a head's through its W_O) where the receiver's sublayer reads it, the other inputs of that
-sublayer are set back to their clean values, and the change is taken out again with the sublayer's output, so
-everything downstream reads the clean senders and the receiver's new output. That is the same run exactly where the
-residual stream is the sum of what its senders write (every standard TransformerLens model; not a shortformer
-position embedding or parallel attention and MLP, which take the stage algorithm); the tests check the two ways
-agree. Moving the stream and taking the change out again rounds: an edge that changes nothing (a query edge under a
-clamped pattern) measures rounding (under 1e-9 nats in the tests), not exactly 0. Passes stack `max_rows` positions at most (4,096: larger stacks ran slower per copy on CPU,
-benchmarks/bench_classify.py).
+into the stream: a head's through its W_O) where the receiver's sublayer reads it, the other inputs of that sublayer
+are set back to their clean values, and the change is taken out again with the sublayer's output, so everything
+downstream reads the clean senders and the receiver's new output. That is the same run exactly where the residual
+stream is the sum of what its senders write (every standard TransformerLens model; not a shortformer position
+embedding or parallel attention and MLP, which take the stage algorithm); the tests check the two ways agree. Moving
+the stream and taking the change out again rounds: an edge that changes nothing (a query edge under a clamped
+pattern) measures rounding (under 1e-9 nats in the tests), not exactly 0. Passes stack `max_rows` positions at most
+(4,096: larger stacks ran slower per copy on CPU, benchmarks/bench_classify.py).
 
 Everything runs through the one intervention engine (`interventions`); nothing here re-implements the model's
 layers. `edge_attributions` is the gradient approximation (edge attribution patching, Syed et al. 2023):
@@ -281,16 +281,16 @@ class EdgeRunner:
             if e.input == "logits":
                 edits.setdefault(act_name("resid_post", n_layers - 1), []).append((c, "add", delta))
                 continue
-            layer = int(e.receiver[1:].split("H")[0].split(".")[0])
+            receiver = Component.parse(e.receiver)
             # moved where the sublayer reads the stream, taken out with its output (hooks on the residual path
             # in every TransformerLens: TL 4's hook_resid_mid is the MLP's input only)
             if e.input == "mlp":
-                into, after = act_name("attn_out", layer), act_name("mlp_out", layer)
+                into, after = act_name("attn_out", receiver.layer), act_name("mlp_out", receiver.layer)
             else:
-                into, after = act_name("resid_pre", layer), act_name("attn_out", layer)
-                head = int(e.receiver.split("H")[1])
+                into, after = act_name("resid_pre", receiver.layer), act_name("attn_out", receiver.layer)
                 for ch in "qkv":  # only the receiver's own input reads the moved stream
-                    edits.setdefault(act_name(ch, layer), []).append((c, "clean", head if ch == e.input else None))
+                    edits.setdefault(act_name(ch, receiver.layer), []).append(
+                        (c, "clean", receiver.head if ch == e.input else None))
             edits.setdefault(into, []).append((c, "add", delta))
             edits.setdefault(after, []).append((c, "add", -delta))
         hooks = [(name, self._edit(name, items, len(edges))) for name, items in edits.items()]
