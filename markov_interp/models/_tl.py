@@ -33,8 +33,8 @@ from torch import Tensor
 from markov_interp.models.config import ModelConfig
 from markov_interp.models.init import state_shapes
 
-__all__ = ["tl_version", "hooked_kind", "is_bridge", "raw", "head_slices", "padded", "tl_config", "tl_state_dict",
-           "build", "disk_state"]
+__all__ = ["tl_version", "hooked_kind", "is_bridge", "raw", "forward_from", "first_norm", "head_slices", "padded", "tl_config",
+           "tl_state_dict", "build", "disk_state"]
 
 _LINEARS = ("q", "k", "v", "o")
 _HT_QKV = {"q": "Q", "k": "K", "v": "V"}
@@ -61,6 +61,32 @@ def raw(module: Any) -> Any:
     """The torch module behind a bridge component (its public `original_component`), else `module` itself."""
     inner = getattr(module, "original_component", None)
     return inner if isinstance(inner, torch.nn.Module) else module
+
+
+def forward_from(model: Any, stream: Tensor, layer: int, *, tokens: Tensor, fwd_hooks: list) -> Tensor:
+    """The logits of a forward pass that starts at block `layer` from the residual stream `stream` entering it
+    ([batch, pos, d_model]; `tokens` [batch, pos] the tokens it stands for), with `fwd_hooks` held: the hooks of
+    the blocks before it do not fire. A HookedTransformer skips those blocks itself (`start_at_layer`); TL 4's
+    bridge runs them on the discarded input (4.3), so a standard bridge is run block by block from `layer` (its
+    own blocks, final norm and unembedding: the same logits, tests/models/test_tl.py). Bridges with rotary
+    positions or a logit soft cap, which need the whole model's call, keep `start_at_layer`."""
+    cfg = model.cfg
+    plain = (getattr(cfg, "positional_embedding_type", "standard") == "standard"
+             and not float(getattr(cfg, "output_logits_soft_cap", 0.0) or 0.0) > 0)
+    if not is_bridge(model) or not plain:
+        return model.run_with_hooks(stream, start_at_layer=layer, tokens=tokens, fwd_hooks=fwd_hooks)
+    with model.hooks(fwd_hooks=fwd_hooks):
+        for block in model.blocks[layer:]:
+            stream = block(stream)
+            stream = stream[0] if isinstance(stream, tuple) else stream
+        return model.unembed(model.ln_final(stream))
+
+
+def first_norm(model: Any, layer: int) -> Any:
+    """The norm block `layer`'s attention reads the residual stream through, as a torch module to call: a bridge's
+    own norm (its hooked wrapper recomputes it step by step for its hooks, ten times slower on CPU), a
+    HookedTransformer's `ln1` (an identity where the model has no norm)."""
+    return raw(model.blocks[layer].ln1)
 
 
 # ------------------------------------------------------------------------------------------- head layout

@@ -48,11 +48,13 @@ from torch import Tensor
 from markov_interp._io import atomic_write
 from markov_interp.devices import resolve_device
 from markov_interp.models import _tl
-from markov_interp.models._tl import hooked_kind, is_bridge, tl_version
+from markov_interp.models._tl import first_norm, forward_from, hooked_kind, is_bridge, tl_version
 from markov_interp.models.config import ModelConfig
 from markov_interp.models.init import initial_state, state_shapes
 
 __all__ = [
+    "first_norm",
+    "forward_from",
     "HookedConfig",
     "protocol_members",
     "HookedModel",

@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp.config import bounds, check_fields
-from markov_interp.models import HookedModel, heads_per_layer
+from markov_interp.models import HookedModel, forward_from, heads_per_layer
 from markov_interp.models.hooks import act_name, parse_name, write
 from markov_interp.probes._common import (
     Probs,
@@ -282,6 +282,7 @@ def intervened_run(
     record: Sequence[str] = (),
     stop: bool = False,
     edits: Sequence[tuple[str, Callable]] = (),
+    start: Optional[tuple[int, Tensor]] = None,
 ) -> tuple[Optional[Float[Tensor, "batch pos vocab"]], dict[str, Tensor]]:
     """One forward pass of `tokens` with `components` replaced together: (logits, {hook name: value}).
 
@@ -290,7 +291,10 @@ def intervened_run(
     the pass ends as soon as every recorded hook has fired (nothing later is computed) and the logits are None.
     `edits` are further (hook name, function) pairs that edit an activation in place of a replacement (path
     patching moves the residual stream by one sender's change for one copy of the batch: `paths`); they fire
-    after any replacement of the same hook.
+    after any replacement of the same hook. `start` = (layer, the residual stream entering that block, [batch, pos,
+    d_model]) starts the pass there (`models.forward_from`): the blocks before it are not run and their
+    hooks do not fire, so it is only for passes that change nothing before that layer (path patching's single
+    edges start at their receiver's layer, from the clean run's stream).
     """
     store: dict[str, Tensor] = {}
     hooks = replacement_hooks(components, replacements, positions=positions, record=store)
@@ -302,7 +306,10 @@ def intervened_run(
     hooks += list(edits)
     tokens = check_tokens(model, tokens)
     try:
-        logits = model.run_with_hooks(tokens, fwd_hooks=hooks) if hooks else model(tokens)
+        if start is not None:
+            logits = forward_from(model, start[1], start[0], tokens=tokens, fwd_hooks=hooks)
+        else:
+            logits = model.run_with_hooks(tokens, fwd_hooks=hooks) if hooks else model(tokens)
     except _Recorded:
         logits = None
     return logits, {name: store[name] for name in record}

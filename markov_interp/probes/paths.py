@@ -18,24 +18,28 @@ corrupted at once (all of them: the corrupted run; none: the clean run), stage b
 1. a receiver input whose senders all hold their clean values and whose edges are all kept reads its clean value;
    one whose edges are all corrupted, or whose kept senders already hold their corrupted values, reads its
    corrupted value (a sender that is the same in both runs, e.g. the positions in the token pass, counts as
-   either); any other reads the residual stream made of its own choice of sender values, obtained by one forward
-   pass with every upstream sender's output set to that choice (`interventions.intervened_run`, stopped once the
-   input is recorded) and the input recorded there (inputs with the same choice share the pass);
+   either); any other reads the residual stream made of its own choice of sender values, recorded in a pass that
+   stops once it is read (inputs with the same choice share one);
 2. a head whose inputs are not all clean (or all corrupted) gets its output from one more pass with its queries,
    keys and values set to the recorded ones;
 3. once every edge into the remaining stages is kept, one last pass with the senders' outputs so far set to what
    they are in this run gives the logits (the model's own forward does the rest).
 
-A **single edge** (what every edge's effect is) takes one pass instead (`single_pass`, on by default): the residual
-stream of that copy of the batch is moved by the sender's change (corrupted - clean output, as the sender writes it
-into the stream: a head's through its W_O) where the receiver's sublayer reads it, the other inputs of that sublayer
-are set back to their clean values, and the change is taken out again with the sublayer's output, so everything
-downstream reads the clean senders and the receiver's new output. That is the same run exactly where the residual
-stream is the sum of what its senders write (every standard TransformerLens model; not a shortformer position
-embedding or parallel attention and MLP, which take the stage algorithm); the tests check the two ways agree. Moving
-the stream and taking the change out again rounds: an edge that changes nothing (a query edge under a clamped
-pattern) measures rounding (under 1e-9 nats in the tests), not exactly 0. Passes stack `max_rows` positions at most
-(4,096: larger stacks ran slower per copy on CPU, benchmarks/bench_classify.py).
+Where the residual stream is the sum of what its senders write (`single_pass`: every standard TransformerLens
+model; not a shortformer position embedding or parallel attention and MLP), a stage's pass **starts at the stage's
+block** (`models.forward_from`) from the clean run's residual stream moved by what the chosen senders write
+differently (a head's change through its W_O): the blocks upstream are not run again, so a stage costs about one
+block, not all the blocks before it. Otherwise every pass runs from the tokens with the senders' outputs set.
+
+A **single edge** (what every edge's effect is) takes one pass (`single_pass`, on by default): the residual stream of
+that copy of the batch is moved by the sender's change (corrupted - clean output, as written into the stream) where
+the receiver's sublayer reads it, the other inputs of that sublayer are set back to their clean values, and the
+change is taken out again with the sublayer's output, so everything downstream reads the clean senders and the
+receiver's new output; the pass starts at the receiver's block. The tests check both ways against passes run from
+the tokens and against a forward written by hand. Moving the stream and taking the change out again rounds: an edge
+that changes nothing (a query edge under a clamped pattern) measures rounding (under 1e-9 nats in the tests), not
+exactly 0. Passes stack `max_rows` positions at most (4,096: larger stacks ran slower per copy on CPU,
+benchmarks/bench_classify.py).
 
 Everything runs through the one intervention engine (`interventions`); nothing here re-implements the model's
 layers. `edge_attributions` is the gradient approximation (edge attribution patching, Syed et al. 2023):
@@ -53,7 +57,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp.config import check_int
-from markov_interp.models import HookedModel, heads_per_layer
+from markov_interp.models import HookedModel, first_norm, heads_per_layer
 from markov_interp.models.hooks import act_name
 from markov_interp.probes._common import (
     Tokens,
@@ -168,8 +172,9 @@ class EdgeRunner:
     The corrupted run reads `corrupted_tokens` (default: the clean tokens) at the positions `corrupted_positions`
     ([batch, pos] indices into the position embedding; default: each position its own), so a runner corrupts the
     tokens, the positions, or both. `varies(sender)` says whether a sender's output differs between the two runs
-    (an edge out of a sender that does not vary has no effect, exactly). `single_pass=False` measures single edges by
-    the stage algorithm too (module docstring).
+    (an edge out of a sender that does not vary has no effect, exactly). `single_pass=False` runs every pass from the
+    tokens with the senders' outputs set, single edges by the stage algorithm too (module docstring: the reference
+    the tests compare the faster passes with).
 
     >>> # runner = EdgeRunner(model, tokens, corrupted_tokens)
     >>> # runner.losses({EdgeKey("L0H0", "L1H0", "k")}) - runner.clean_losses  # that edge's path-patching effect
@@ -189,9 +194,11 @@ class EdgeRunner:
         self.edges = graph_edges(model)
         self._chunk = max(1, max_rows // max(1, int(tokens.numel())))  # copies per pass (positions <= max_rows)
         names = _value_hooks(model)
+        streams = [act_name("resid_pre", layer) for layer in range(int(model.cfg.n_layers))]
         with torch.no_grad():
-            logits, clean = model.run_with_cache(self.tokens, names_filter=names)
+            logits, clean = model.run_with_cache(self.tokens, names_filter=names + streams)
             self.clean = {n: clean[n] for n in names}
+            self._streams = [clean[n] for n in streams]  # where a single edge's pass starts (`_single_edges`)
             corrupted_logits, self.corrupted = self._corrupted_run(names, corrupted_positions)
         self.clean_logits, self.corrupted_logits = logits, corrupted_logits
         self.clean_losses = sequence_losses(logits, self.tokens)
@@ -200,6 +207,7 @@ class EdgeRunner:
         self._by_name = {s.name: s for s in self.senders}
         self._stage_of = {r: i for i, stage in enumerate(self.stages) for r, _, _ in _receivers(model, stage)}
         self.single_pass = single_pass and _additive(model)
+        self._deltas: dict[str, Tensor] = {}  # sender -> its corrupted - clean output as written (`_change`)
 
     def _corrupted_run(self, names: list[str], positions: Optional[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """The logits and value hooks of the corrupted run (the corrupted tokens at the corrupted positions)."""
@@ -251,6 +259,7 @@ class EdgeRunner:
         # single edges whose sender varies take the one-pass way (`_single_edges`); the rest the stage algorithm
         single = [i for i, bad in enumerate(bads) if self.single_pass and len(bad) == 1
                   and self.varies(next(iter(bad)).sender)]
+        single.sort(key=lambda i: self._start_layer(next(iter(bads[i]))))  # a pass starts at its first receiver
         general = sorted(set(range(len(bads))) - set(single))
         out = torch.empty(len(bads), *self.clean_logits.shape, dtype=self.clean_logits.dtype,
                           device=self.clean_logits.device)
@@ -273,11 +282,8 @@ class EdgeRunner:
         write (`single_pass`); the stage algorithm gives the same logits with two to three passes per edge."""
         n_layers = int(self.model.cfg.n_layers)
         edits: dict[str, list[tuple[int, str, Any]]] = {}  # hook name -> (copy, "add" | "clean", payload)
-        deltas: dict[str, Tensor] = {}
         for c, e in enumerate(edges):
-            delta = deltas.get(e.sender)
-            if delta is None:
-                delta = deltas[e.sender] = _sender_delta(self, self._by_name[e.sender])
+            delta = self._change(e.sender, "corrupt")
             if e.input == "logits":
                 edits.setdefault(act_name("resid_post", n_layers - 1), []).append((c, "add", delta))
                 continue
@@ -294,8 +300,15 @@ class EdgeRunner:
             edits.setdefault(into, []).append((c, "add", delta))
             edits.setdefault(after, []).append((c, "add", -delta))
         hooks = [(name, self._edit(name, items, len(edges))) for name, items in edits.items()]
-        logits = intervened_run(self.model, self._tiled(len(edges)), [], {}, edits=hooks)[0]
+        first = min(self._start_layer(e) for e in edges)  # nothing before the first receiver's layer changes
+        stream = self._streams[first].repeat(len(edges), *[1] * (self._streams[first].ndim - 1))
+        logits = intervened_run(self.model, self._tiled(len(edges)), [], {}, edits=hooks, start=(first, stream))[0]
         return logits.unflatten(0, (len(edges), -1))
+
+    def _start_layer(self, edge: EdgeKey) -> int:
+        """The block a single edge's pass starts at: its receiver's (the last block for the logits, whose edit is
+        on that block's output)."""
+        return len(self._streams) - 1 if edge.input == "logits" else int(Component.parse(edge.receiver).layer)
 
     def _edit(self, name: str, items: list[tuple[int, str, Any]], copies: int) -> Any:
         """A hook applying `items` to the copies of one activation: add a tensor, or set the clean value back
@@ -320,55 +333,69 @@ class EdgeRunner:
         """The stage algorithm of the module docstring for several copies of the batch at once."""
         # sender -> per copy: "clean", "corrupt" or a tensor; the embeddings start clean
         state: dict[str, list] = {s.name: ["clean"] * len(bads) for s in self.senders if s.kind in ("embed", "pos")}
+        into: list[dict[tuple[str, str], set[str]]] = [{} for _ in bads]  # (receiver, input) -> corrupted senders
+        for mine, bad in zip(into, bads):
+            for e in bad:
+                mine.setdefault((e.receiver, e.input), set()).add(e.sender)
+        last = max((self._stage_of[r] for mine in into for r, _ in mine), default=-1)  # the last stage with a cut
         for i, stage in enumerate(self.stages):
-            if self._tail_kept(bads, i):
-                return self._finish(state, None, len(bads))
-            pending = self._read_stage(stage, bads, state)
+            if i > last:  # every edge into the remaining stages is kept
+                return self._finish(state, None, len(bads), stage)
+            pending = self._read_stage(stage, into, state)
             if stage.kind == "logits":
                 return pending
             if stage.kind == "mlp":
                 state[f"L{stage.layer}.mlp"] = pending[f"L{stage.layer}.mlp.mlp"]
-            elif self._tail_kept(bads, i + 1):  # the model's own pass does the rest from these head inputs
-                return self._finish(state, (stage.layer, pending), len(bads))
+            elif i + 1 > last:  # the model's own pass does the rest from these head inputs
+                return self._finish(state, (stage.layer, pending), len(bads), stage)
             else:
                 state.update(self._head_outputs(stage.layer, pending, len(bads)))
         raise AssertionError("the logits stage always returns")
 
-    def _tail_kept(self, bads: list[set[EdgeKey]], first: int) -> bool:
-        return not any(self._stage_of[e.receiver] >= first for bad in bads for e in bad)
-
-    def _read_stage(self, stage: _Stage, bads: list[set[EdgeKey]], state: dict) -> Any:
-        """Every receiver input of `stage` ({"receiver.input": per copy, a tensor, "clean" or "corrupt"}); for
-        the logits stage, the logits [copy, batch, pos, vocab]."""
+    def _read_stage(self, stage: _Stage, into: list[dict[tuple[str, str], set[str]]], state: dict) -> Any:
+        """Every receiver input of `stage` ({"receiver.input": per copy, a tensor, "clean" or "corrupt"}; `into`:
+        per copy, the corrupted senders of each receiver input); for the logits stage, the logits [copy, batch, pos,
+        vocab]."""
         ups = [s for s in self.senders if _upstream(s, stage)]
         receivers = _receivers(self.model, stage)
-        values = {f"{r}.{i}": [None] * len(bads) for r, i, _ in receivers}
+        values = {f"{r}.{i}": [None] * len(into) for r, i, _ in receivers}
         groups: list[list[tuple[tuple, list]]] = []  # per copy: (choice, members) of each pass it needs
-        for c, bad in enumerate(bads):
+        index = {s.name: i for i, s in enumerate(ups)}
+        moving = [i for i, s in enumerate(ups) if s.name not in self._same]  # what `_whole` reads
+        for c, cuts in enumerate(into):
             mine: dict[tuple, tuple[tuple, list]] = {}
+            base = tuple(state[s.name][c] for s in ups)  # the senders' values in this copy; a receiver's cut on top
+            plain = (base, _whole([base[i] for i in moving]), _signature(base))
             for receiver, inp, comp in receivers:
-                choice = tuple("corrupt" if EdgeKey(s.name, receiver, inp) in bad else state[s.name][c] for s in ups)
-                key = f"{receiver}.{inp}"
-                whole = _whole([x for s, x in zip(ups, choice) if s.name not in self._same])
+                cut = cuts.get((receiver, inp))
+                choice, whole, sig = plain if not cut else self._cut(base, [index[x] for x in cut], moving)
                 if whole is not None:
-                    values[key][c] = whole
+                    values[f"{receiver}.{inp}"][c] = whole
                 else:
-                    sig = tuple(id(x) if isinstance(x, Tensor) else x for x in choice)
-                    mine.setdefault(sig, (choice, []))[1].append((key, comp))
+                    mine.setdefault(sig, (choice, []))[1].append((f"{receiver}.{inp}", comp))
             groups.append(list(mine.values()))
-        for j in range(max((len(g) for g in groups), default=0)):
-            members = [c for c, g in enumerate(groups) if j < len(g)]  # only the copies that need this pass
-            comps, repl = self._sender_replacements(ups, [groups[c][j][0] for c in members])
-            record = sorted({comp.hook_name for c in members for _, comp in groups[c][j][1] if comp is not None})
-            logits, recorded = intervened_run(self.model, self._tiled(len(members)), comps, repl, record=record,
-                                              stop=stage.kind != "logits")
-            for m, c in enumerate(members):
-                for key, comp in groups[c][j][1]:
-                    values[key][c] = logits.unflatten(0, (len(members), -1))[m] if comp is None else self._block(
-                        recorded[comp.hook_name], m, len(members), comp.head)
+        rows = [(c, choice, reads) for c, g in enumerate(groups) for choice, reads in g]  # one copy each
+        for i in range(0, len(rows), self._chunk):
+            part = rows[i:i + self._chunk]
+            record = sorted({comp.hook_name for _, _, reads in part for _, comp in reads if comp is not None})
+            logits, recorded = self._sender_pass(stage, ups, [choice for _, choice, _ in part], record=record,
+                                                 stop=stage.kind != "logits")
+            for m, (c, _, reads) in enumerate(part):
+                for key, comp in reads:
+                    values[key][c] = logits.unflatten(0, (len(part), -1))[m] if comp is None else self._block(
+                        recorded[comp.hook_name], m, len(part), comp.head)
         if stage.kind == "logits":
             return torch.stack([self._logits(v) for v in values["logits.logits"]])
         return values
+
+    @staticmethod
+    def _cut(base: tuple, corrupted: list[int], moving: list[int]) -> tuple[tuple, Optional[str], tuple]:
+        """A receiver input's choice: `base` with the senders at `corrupted` corrupted; with `_whole` of its
+        senders that vary and its signature (inputs with the same one share a pass)."""
+        choice = list(base)
+        for i in corrupted:
+            choice[i] = "corrupt"
+        return tuple(choice), _whole([choice[i] for i in moving]), _signature(choice)
 
     def _logits(self, spec: Any) -> Tensor:
         return spec if isinstance(spec, Tensor) else (self.clean_logits if spec == "clean" else self.corrupted_logits)
@@ -387,6 +414,58 @@ class EdgeRunner:
             return spec
         full = (self.clean if spec == "clean" else self.corrupted)[name]
         return full if head is None else full[:, :, head]
+
+    def _sender_pass(self, stage: _Stage, ups: Sequence[Component], choices: Sequence[Sequence[Any]], *,
+                     comps: Sequence[Component] = (), repl: Optional[dict] = None, record: Sequence[str] = (),
+                     stop: bool = False) -> tuple[Optional[Tensor], dict[str, Tensor]]:
+        """One pass of len(`choices`) copies of the batch with each sender of `ups` (upstream of `stage`) set to
+        the copy's spec and `comps` replaced by `repl` (`interventions.intervened_run`). Where the stream is
+        additive (`single_pass`) it starts at `stage`'s block from the clean run's residual stream moved by the
+        senders' changes (`_moved`): the blocks before it are not run again. Otherwise it runs from the tokens
+        with the senders' outputs set."""
+        comps, repl = list(comps), dict(repl or {})
+        if self.single_pass:
+            start, edits = self._moved(stage, self._changes(ups, choices))
+            return intervened_run(self.model, self._tiled(len(choices)), comps, repl, record=record, stop=stop,
+                                  start=start, edits=edits)
+        more, more_repl = self._sender_replacements(ups, choices)
+        return intervened_run(self.model, self._tiled(len(choices)), more + comps, {**more_repl, **repl},
+                              record=record, stop=stop)
+
+    def _moved(self, stage: _Stage, change: Tensor) -> tuple[tuple[int, Tensor], list]:
+        """Where a pass reading `stage` starts, and the edit that moves the stream there by `change` ([copy x
+        batch, pos, d_model]): a layer's attention reads the stream entering its block; its MLP reads it after
+        the attention (moved at hook_attn_out); the logits after the last block (moved at its output)."""
+        last = len(self._streams) - 1
+        layer = last if stage.kind == "logits" else stage.layer
+        stream = self._streams[layer].repeat(change.shape[0] // self._streams[layer].shape[0], 1, 1)
+        if stage.kind == "attn":
+            return (layer, stream + change.to(stream.dtype)), []
+        hook = act_name("resid_post", last) if stage.kind == "logits" else act_name("attn_out", layer)
+        return (layer, stream), [(hook, lambda act, hook=None: act + change.to(act.dtype))]
+
+    def _changes(self, ups: Sequence[Component], choices: Sequence[Sequence[Any]]) -> Tensor:
+        """The residual stream's change ([copy x batch, pos, d_model]) when each sender of `ups` takes the copy's
+        spec instead of its clean value (the sum of what they write differently)."""
+        base = self._streams[0]
+        out = base.new_zeros(len(choices), *base.shape)
+        for i, sender in enumerate(ups):
+            if sender.name in self._same:
+                continue
+            for c, choice in enumerate(choices):
+                if not _is(choice[i], "clean"):
+                    out[c] += self._change(sender.name, choice[i]).to(out.dtype)
+        return out.flatten(0, 1)
+
+    def _change(self, sender: str, spec: Any) -> Tensor:
+        """What `sender` writes into the stream with output `spec` ("corrupt" or a tensor: a head's slice) minus
+        what it writes in the clean run."""
+        if _is(spec, "corrupt"):
+            if sender not in self._deltas:
+                self._deltas[sender] = _sender_delta(self, self._by_name[sender])
+            return self._deltas[sender]
+        comp = self._by_name[sender]
+        return _written(self.model, comp, spec - self._value(comp.hook_name, "clean", comp.head))
 
     def _sender_replacements(self, ups: Sequence[Component], choices: Sequence[Sequence[Any]]) -> tuple[list, dict]:
         """Components and [copy x batch, ...] tensors setting every sender of `ups` to its per-copy spec."""
@@ -435,13 +514,13 @@ class EdgeRunner:
         if mixed:
             members = sorted({k for _, k in mixed})
             comps, repl = self._channel_replacements(layer, pending, members)
-            z = intervened_run(self.model, self._tiled(len(members)), comps, repl, record=[z_hook(layer)],
-                               stop=True)[1][z_hook(layer)]
+            z = self._sender_pass(_Stage("attn", layer), [], [()] * len(members), comps=comps, repl=repl,
+                                  record=[z_hook(layer)], stop=True)[1][z_hook(layer)]
             for h, k in mixed:
                 out[f"L{layer}H{h}"][k] = self._block(z, members.index(k), len(members), h)
         return out
 
-    def _finish(self, state: dict, heads: Optional[tuple[int, dict]], copies: int) -> Tensor:
+    def _finish(self, state: dict, heads: Optional[tuple[int, dict]], copies: int, stage: _Stage) -> Tensor:
         """The logits of one pass with every sender of the stages done set to its value in this run and, with
         `heads` = (layer, inputs), that layer's head inputs set: the model computes everything downstream itself.
         (A sender still at its clean value has only clean senders upstream, so setting it changes nothing; a copy
@@ -453,17 +532,20 @@ class EdgeRunner:
         out = self.clean_logits.expand(copies, *self.clean_logits.shape).clone()
         if not members:
             return out
-        comps, repl = self._sender_replacements(done, [tuple(state[s.name][k] for s in done) for k in members])
-        if heads is not None:
-            more, more_repl = self._channel_replacements(*heads, members)
-            comps, repl = comps + more, {**repl, **more_repl}
-        logits = intervened_run(self.model, self._tiled(len(members)), comps, repl)[0]
+        comps, repl = ([], {}) if heads is None else self._channel_replacements(*heads, members)
+        logits = self._sender_pass(stage, done, [tuple(state[s.name][k] for s in done) for k in members],
+                                   comps=comps, repl=repl)[0]
         out[members] = logits.unflatten(0, (len(members), -1)).to(out.dtype)
         return out
 
 
 def _is(spec: Any, word: str) -> bool:
     return isinstance(spec, str) and spec == word
+
+
+def _signature(choice: Sequence[Any]) -> tuple:
+    """What identifies a choice of sender values (a tensor by its identity)."""
+    return tuple(id(x) if isinstance(x, Tensor) else x for x in choice)
 
 
 def _whole(choice: Sequence[Any]) -> Optional[str]:
@@ -522,14 +604,21 @@ def _gradient_blocks(runner: EdgeRunner, alpha: float) -> Iterator[tuple[list[tu
                                                              materialize_grads=True)))
         yield [("logits", "logits")], grads[last].detach().reshape(1, -1)
         for layer in layers:
-            for c in "qkv":
-                name, n = act_name(c, layer), heads[layer]
-                per_head = grads[name].new_zeros(n, *grads[name].shape)
-                for h in range(n):
-                    per_head[h, :, :, h] = grads[name][:, :, h]
-                back = torch.autograd.grad(store[name], store[act_name("resid_pre", layer)], grad_outputs=per_head,
-                                           retain_graph=True, is_grads_batched=True)[0]
-                yield [(f"L{layer}H{h}", c) for h in range(n)], back.detach().reshape(n, -1)
+            n, stream = heads[layer], store[act_name("resid_pre", layer)]
+            if runner.single_pass:
+                back = _head_input_grads(model, layer, [grads[act_name(c, layer)][:, :, :n] for c in "qkv"], stream)
+            else:  # the reference: back through the whole pass's graph, one head at a time (batched)
+                backs = []
+                for c in "qkv":
+                    name = act_name(c, layer)
+                    per_head = grads[name].new_zeros(n, *grads[name].shape)
+                    for h in range(n):
+                        per_head[h, :, :, h] = grads[name][:, :, h]
+                    backs.append(torch.autograd.grad(store[name], stream, grad_outputs=per_head, retain_graph=True,
+                                                     is_grads_batched=True)[0])
+                back = torch.cat(backs)
+            # the layer's queries, keys and values in one block: the senders' changes are read once a layer
+            yield [(f"L{layer}H{h}", c) for c in "qkv" for h in range(n)], back.detach().reshape(3 * n, -1)
             if has_mlp(model, layer):
                 name = mlp_out_hook(layer)
                 back = torch.autograd.grad(store[name], store[act_name("resid_mid", layer)],
@@ -537,12 +626,36 @@ def _gradient_blocks(runner: EdgeRunner, alpha: float) -> Iterator[tuple[list[tu
                 yield [(f"L{layer}.mlp", "mlp")], back.detach().reshape(1, -1)
 
 
+def _head_input_grads(model: HookedModel, layer: int, grads: Sequence[Float[Tensor, "batch pos head d_head"]],
+                      resid_pre: Tensor) -> Float[Tensor, "channel_head batch pos d_model"]:
+    """d loss / d (the residual stream as each head of `layer` reads it through each channel), from `grads` (the
+    gradients at hook_q, hook_k and hook_v, in that order), [channel x head, ...] in the same order: at the
+    projection's input it is grad @ W^T, every head in one product (TransformerLens's W_Q / W_K / W_V), then back
+    through the block's own first norm (`models.first_norm`, run again on the stream, one copy per head and
+    channel: one backward). Where the stream is additive (`_additive`) each head's input is the norm of the
+    stream; `single_pass=False` takes the slower way through the pass's graph, and the tests check they agree."""
+    cotangent = torch.cat([torch.einsum("bphe,hde->hbpd", grad, getattr(model, f"W_{c}").detach()[
+        layer, :grad.shape[2]].to(grad.dtype)) for c, grad in zip("QKV", grads)])
+    # one copy of the stream per head and channel, normed position by position: one plain backward gives each
+    # copy's gradient (faster than a batched backward through the norm, benchmarks/bench_classify.py)
+    stream = resid_pre.detach().repeat(cotangent.shape[0], *[1] * (resid_pre.ndim - 1)).requires_grad_(True)
+    normed = first_norm(model, layer)(stream)
+    back = torch.autograd.grad(normed, stream, grad_outputs=cotangent.flatten(0, 1).to(normed.dtype))[0]
+    return back.unflatten(0, (cotangent.shape[0], -1))
+
+
 def _sender_delta(runner: EdgeRunner, sender: Component) -> Float[Tensor, "batch pos d_model"]:
     """(corrupted - clean) output of `sender`, as written into the residual stream (a head's through its W_O)."""
     delta = runner.corrupted[sender.hook_name] - runner.clean[sender.hook_name]
+    return _written(runner.model, sender, delta[:, :, sender.head] if sender.kind == "head" else delta)
+
+
+def _written(model: HookedModel, sender: Component, change: Tensor) -> Float[Tensor, "batch pos d_model"]:
+    """A change of `sender`'s output (a head's: its slice of hook_z) as it reaches the residual stream (a head's
+    through its W_O; the embeddings and MLPs write their output as it is)."""
     if sender.kind == "head":
-        delta = delta[:, :, sender.head] @ runner.model.W_O.detach()[sender.layer, sender.head].to(delta.dtype)
-    return delta
+        return change @ model.W_O.detach()[sender.layer, sender.head].to(change.dtype)
+    return change
 
 
 def _sender_deltas(runner: EdgeRunner) -> Float[Tensor, "sender flat"]:
@@ -574,20 +687,21 @@ def edge_estimates(runner: EdgeRunner, *, steps: int = 1) -> tuple[dict[EdgeKey,
     weights = [1.0] if steps == 1 else [(0.5 if i in (0, steps - 1) else 1.0) / (steps - 1) for i in range(steps)]
     edges = set(runner.edges)
     deltas = _sender_deltas(runner)
+    keys: dict[tuple, list[EdgeKey]] = {}  # a block's edges, sender-major (the same blocks at every alpha)
     first: dict[EdgeKey, float] = {}
     mean: dict[EdgeKey, float] = {}
     for alpha, weight in zip(alphas, weights):
         for inputs, grads in _gradient_blocks(runner, alpha):
-            receiver, inp = inputs[0]  # the senders upstream of a block come first in `runner.senders`
-            ups = sum(EdgeKey(x.name, receiver, inp) in edges for x in runner.senders)
-            products = (deltas[:ups] @ grads.float().T).tolist()  # [sender, receiver input]
-            for i, sender in enumerate(runner.senders[:ups]):
-                for j, (receiver, inp) in enumerate(inputs):
-                    edge = EdgeKey(sender.name, receiver, inp)
-                    if edge in edges:
-                        if alpha == 0.0:
-                            first[edge] = products[i][j]
-                        mean[edge] = mean.get(edge, 0.0) + weight * products[i][j]
+            block = keys.get(tuple(inputs))
+            if block is None:  # the senders upstream of a block come first in `runner.senders`
+                ups = [x.name for x in runner.senders if EdgeKey(x.name, *inputs[0]) in edges]
+                block = keys[tuple(inputs)] = [EdgeKey(s, r, i) for s in ups for r, i in inputs]
+            n_ups = len(block) // len(inputs)
+            products = (deltas[:n_ups] @ grads.float().T).flatten().tolist()  # sender-major, as `block`
+            if alpha == 0.0:
+                first.update(zip(block, products))
+            for edge, value in zip(block, products):
+                mean[edge] = mean.get(edge, 0.0) + weight * value
     return first, mean
 
 

@@ -277,3 +277,27 @@ def test_docs_probe_your_own_transformer_lens_model():
     assert (report.mechanism, report.order) == ("kernel", 1), report.reasons
     refs = report.references  # trained past halfway from the unigram plateau to the entropy rate
     assert report.eval_loss < refs.unigram_loss - 0.5 * (refs.unigram_loss - refs.entropy_rate)
+
+
+# ------------------------------------------------------------------------------------------ forward_from
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_forward_from_a_block_gives_the_logits_and_fires_no_earlier_hook(name):
+    """`forward_from` (path patching's passes that start at their receiver's block) from the residual stream that
+    enters block k gives the full forward's logits, on every config (rotary, biases, LNPre, no norm) and both
+    kinds, and the hooks of blocks before k do not fire; a hook on block k does, and its edit changes the logits."""
+    cfg = CONFIGS[name]
+    model = models.hooked_model(cfg, moved(cfg))
+    toks = tokens(cfg.d_vocab)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(toks)
+        for k in range(cfg.n_layers):
+            fired = []
+            spy = [(f"blocks.{j}.hook_resid_pre", lambda act, hook, j=j: fired.append(j)) for j in range(cfg.n_layers)]
+            out = models.forward_from(model, cache[f"blocks.{k}.hook_resid_pre"], k, tokens=toks, fwd_hooks=spy)
+            torch.testing.assert_close(out, logits, atol=1e-5, rtol=1e-5)
+            assert fired == list(range(k, cfg.n_layers))
+            push = torch.randn(cfg.d_model, generator=torch.Generator().manual_seed(k))  # not a constant: LN removes it
+            nudge = [(f"blocks.{k}.hook_resid_pre", lambda act, hook: act + push)]
+            moved_out = models.forward_from(model, cache[f"blocks.{k}.hook_resid_pre"], k, tokens=toks,
+                                            fwd_hooks=nudge)
+            assert (moved_out - logits).abs().max() > 1e-3
