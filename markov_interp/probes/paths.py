@@ -58,7 +58,7 @@ from torch import Tensor
 
 from markov_interp.config import check_int
 from markov_interp.models import HookedModel, first_norm, heads_per_layer
-from markov_interp.models.hooks import act_name
+from markov_interp.models.hooks import act_name, pattern_hook
 from markov_interp.probes._common import (
     Tokens,
     check_tokens,
@@ -155,6 +155,15 @@ def sequence_losses(logits: Float[Tensor, "batch pos vocab"], tokens: Tokens) ->
     return -torch.gather(logp, 2, nxt)[..., 0].mean(1)
 
 
+def _peak(store: dict[int, Tensor], layer: int) -> Any:
+    """A hook on a layer's attention pattern keeping each head's mean largest weight (queries after the first)."""
+    def hook(pattern: Tensor, hook: Any = None) -> Tensor:
+        store[layer] = pattern[:, :, 1:].max(-1).values.mean((0, 2))
+        return pattern
+
+    return hook
+
+
 def _value_hooks(model: HookedModel) -> list[str]:
     names = [s.hook_name for s in senders(model) if s.kind in ("embed", "pos")]
     for layer in range(model.cfg.n_layers):
@@ -195,11 +204,16 @@ class EdgeRunner:
         self._chunk = max(1, max_rows // max(1, int(tokens.numel())))  # copies per pass (positions <= max_rows)
         names = _value_hooks(model)
         streams = [act_name("resid_pre", layer) for layer in range(int(model.cfg.n_layers))]
+        peaks: dict[int, Tensor] = {}
         with torch.no_grad():
-            logits, clean = model.run_with_cache(self.tokens, names_filter=names + streams)
+            logits, clean = intervened_run(model, self.tokens, [], {}, record=names + streams, edits=[
+                (pattern_hook(layer), _peak(peaks, layer)) for layer in range(int(model.cfg.n_layers))])
             self.clean = {n: clean[n] for n in names}
             self._streams = [clean[n] for n in streams]  # where a single edge's pass starts (`_single_edges`)
             corrupted_logits, self.corrupted = self._corrupted_run(names, corrupted_positions)
+        # [layer, head]: each head's largest attention weight, averaged over the clean batch's queries after the
+        # first (which has one key only): where the softmax saturates, gradients through queries and keys vanish
+        self.attention_peak = torch.stack([peaks[layer] for layer in range(int(model.cfg.n_layers))])
         self.clean_logits, self.corrupted_logits = logits, corrupted_logits
         self.clean_losses = sequence_losses(logits, self.tokens)
         self.corrupted_losses = sequence_losses(corrupted_logits, self.tokens)

@@ -660,6 +660,26 @@ def test_methods_and_the_edge_cap():
     assert _discover(model, source).method == "exact"  # "auto": a small graph is measured exactly
 
 
+def test_saturated_heads_are_read_from_the_clean_run():
+    """`EdgeRunner.attention_peak` (each head's mean largest attention weight over queries after the first, kept
+    from the runner's clean run) equals the same reduction of the cached patterns, and `saturated_heads` names the
+    hand-built circuit's previous-token head (one key per query by construction) and not a random-init model's."""
+    from markov_interp.probes.verify import SATURATED, saturated_heads
+
+    tokens = RandomMarkov(3).sample(8, 24, torch.Generator().manual_seed(0))
+    for model in (induction_circuit(3, n_ctx=SEQ), models.build(models.preset("attn-only-2layer", d_vocab=3,
+                                                                              n_ctx=SEQ), seed=0)):
+        runner = EdgeRunner(model, tokens, tokens[derangement(8, seed=1)])
+        _, cache = model.run_with_cache(tokens)
+        direct = torch.stack([cache["pattern", layer][:, :, 1:].max(-1).values.mean((0, 2))
+                              for layer in range(model.cfg.n_layers)])
+        torch.testing.assert_close(runner.attention_peak, direct)
+        expected = {f"L{l}H{h}" for l, row in enumerate(direct.tolist()) for h, v in enumerate(row) if v >= SATURATED}
+        assert set(saturated_heads(runner)) == expected
+    assert "L0H0" in saturated_heads(EdgeRunner(induction_circuit(3, n_ctx=SEQ), tokens))
+    assert saturated_heads(runner) == ()  # the random-init model: no head near one key
+
+
 def test_the_walk_down_the_ranking_measures_in_blocks_and_never_twice():
     """`verify_plan`: the blind edges (into a saturated head's queries and keys), then the 16 highest in the ranking;
     `next_block`: the next 16 unmeasured edges down the ranking whose priority reaches a quarter of the threshold, in
