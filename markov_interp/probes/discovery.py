@@ -445,7 +445,7 @@ def _measure(p: _Pass, method: str, rule: tuple, max_edges: Optional[int], bar: 
         p.choose(rule, bar)
         if not set(block) & set(p.keys) or (max_edges is not None and len(p.rows) >= max_edges):
             return
-        todo = next_block(p.estimates, p.rows, p.threshold)
+        todo = next_block(p.estimates, p.rows)
 
 
 # ------------------------------------------------------------------------------------------------ discover

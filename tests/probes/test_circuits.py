@@ -682,9 +682,9 @@ def test_saturated_heads_are_read_from_the_clean_run():
 
 def test_the_walk_down_the_ranking_measures_in_blocks_and_never_twice():
     """`verify_plan`: the blind edges (into a saturated head's queries and keys), then the 16 highest in the ranking;
-    `next_block`: the next 16 unmeasured edges down the ranking whose priority reaches a quarter of the threshold, in
-    rank order; an unreliable edge ranks by the larger of its two estimates."""
-    from markov_interp.probes.verify import CANDIDATE_FRACTION, TOP_CANDIDATES, Estimates, next_block, verify_plan
+    `next_block`: the next 16 unmeasured edges down the ranking, however small their estimates, in rank order; an
+    unreliable edge ranks by the larger of its two estimates."""
+    from markov_interp.probes.verify import TOP_CANDIDATES, Estimates, next_block, verify_plan
 
     keys = [EdgeKey(f"L0H{i}", "logits", "logits") for i in range(60)]
     mean = {e: (-1) ** i * 0.01 / (i + 1) for i, e in enumerate(keys)}  # |estimate| falls down the list
@@ -696,14 +696,12 @@ def test_the_walk_down_the_ranking_measures_in_blocks_and_never_twice():
     assert list(est.ranked) == ranked
     plan = verify_plan(est)
     assert plan == [blind] + ranked[:TOP_CANDIDATES]
-    low = 0.0004  # every estimate reaches a quarter of it
-    block = next_block(est, set(plan), low)
-    assert block == [e for e in ranked if e not in plan][:TOP_CANDIDATES]
-    high = 0.002  # estimates reach a quarter of it down to the 20th edge only: the candidates run out
-    rest = next_block(est, set(plan), high)
-    assert rest == [e for e in keys[:20] if e not in plan]
-    assert all(abs(mean[e]) >= CANDIDATE_FRACTION * high for e in rest) and len(rest) < TOP_CANDIDATES
-    assert next_block(est, set(keys) | {blind}, low) == []
+    measured = set(plan)
+    for start in range(TOP_CANDIDATES, 59, TOP_CANDIDATES):  # block after block down to the smallest estimates
+        block = next_block(est, measured)
+        assert block == [e for e in ranked if e not in measured][:TOP_CANDIDATES] and block[0] == ranked[start]
+        measured |= set(block)
+    assert measured == set(keys) | {blind} and next_block(est, measured) == []
 
 
 def test_no_progress_bar_when_asked_for_none(capsys):
