@@ -12,11 +12,11 @@ positional one) has no effect in it, exactly, and is not run.
 edge is measured in one pass, `paths.EdgeRunner`); "attribution" estimates every edge from gradients
 (`paths.edge_estimates`: edge attribution patching along the way from the clean to the corrupted run, a few forward
 and backward passes in all) and keeps edges by the same rule on the estimates; "attribution+verify" measures
-exactly only candidates (`verify`): every edge whose estimate is unreliable (its gradient at the clean run and along
-the way disagree by half, or it feeds the queries or keys of a head whose softmax is saturated, where gradients
-vanish) and the 16 largest estimates, then down the ranking 16 at a time while a block still holds an edge the kept
-rule keeps; the estimates never keep an edge. "auto" is "exact" up to `EXACT_UP_TO` edges and "attribution+verify"
-above (benchmarks/bench_classify.py measured where the second becomes faster). `max_edges` caps the exact
+exactly only what the estimates rank first (`verify`: an unreliable edge, whose gradient at the clean run and
+along the way disagree by half, ranks by the larger): the edges into the queries or keys of heads whose softmax is
+saturated (where gradients vanish) and the 16 highest, then down the ranking 16 at a time while a block still holds
+an edge the kept rule keeps; the estimates never keep an edge. "auto" is "exact" up to `EXACT_UP_TO` edges and
+"attribution+verify" above (benchmarks/bench_classify.py: up to there exact costs no more). `max_edges` caps the exact
 measurements: "exact" refuses a larger graph, "attribution+verify" verifies at most that many edges per pass (the
 kept edges, which the joint tests need measured in every pass, come on top).
 

@@ -15,7 +15,8 @@ to measure, never what to keep:
 - the edges into a saturated head's queries and keys (**blind**: their gradients vanish whatever the edge does)
   and the `TOP_CANDIDATES` highest in the ranking are measured first; then `discovery` walks down the ranking in
   blocks of `TOP_CANDIDATES` edges, applying the rule after each block, and stops at the first block of which it
-  keeps no edge (the estimates below it are smaller still), when every edge is measured, or at `max_edges`.
+  keeps no edge (the estimates below it are smaller still, though an estimate can sit far below its edge's
+  effect), when every edge is measured, or at `max_edges`.
 
 So the measurements grow with the edges that matter, not with the graph: on a 12 x 12 model at random
 initialisation, 1,489 of 29,089 edges have an estimate at a quarter of the threshold, almost all of them noise
