@@ -33,8 +33,8 @@ from torch import Tensor
 from markov_interp.models.config import ModelConfig
 from markov_interp.models.init import state_shapes
 
-__all__ = ["tl_version", "hooked_kind", "is_bridge", "raw", "forward_from", "first_norm", "head_slices", "padded", "tl_config",
-           "tl_state_dict", "build", "disk_state"]
+__all__ = ["tl_version", "hooked_kind", "is_bridge", "raw", "forward_from", "first_norm", "head_slices", "padded",
+           "tl_config", "tl_state_dict", "build", "disk_state"]
 
 _LINEARS = ("q", "k", "v", "o")
 _HT_QKV = {"q": "Q", "k": "K", "v": "V"}

@@ -315,8 +315,8 @@ class EdgeRunner:
             edits.setdefault(after, []).append((c, "add", -delta))
         hooks = [(name, self._edit(name, items, len(edges))) for name, items in edits.items()]
         first = min(self._start_layer(e) for e in edges)  # nothing before the first receiver's layer changes
-        stream = self._streams[first].repeat(len(edges), *[1] * (self._streams[first].ndim - 1))
-        logits = intervened_run(self.model, self._tiled(len(edges)), [], {}, edits=hooks, start=(first, stream))[0]
+        logits = intervened_run(self.model, self._tiled(len(edges)), [], {}, edits=hooks,
+                                start=(first, self._clean_stream(first, len(edges))))[0]
         return logits.unflatten(0, (len(edges), -1))
 
     def _start_layer(self, edge: EdgeKey) -> int:
@@ -417,6 +417,10 @@ class EdgeRunner:
     def _tiled(self, copies: int) -> Tokens:
         return self.tokens.repeat(copies, 1)
 
+    def _clean_stream(self, layer: int, copies: int) -> Tensor:
+        """The clean run's residual stream entering block `layer`, for `copies` copies of the batch."""
+        return self._streams[layer].repeat(copies, 1, 1)
+
     @staticmethod
     def _block(act: Tensor, copy: int, copies: int, head: Optional[int]) -> Tensor:
         block = act.unflatten(0, (copies, -1))[copy]
@@ -452,7 +456,7 @@ class EdgeRunner:
         the attention (moved at hook_attn_out); the logits after the last block (moved at its output)."""
         last = len(self._streams) - 1
         layer = last if stage.kind == "logits" else stage.layer
-        stream = self._streams[layer].repeat(change.shape[0] // self._streams[layer].shape[0], 1, 1)
+        stream = self._clean_stream(layer, change.shape[0] // self.tokens.shape[0])
         if stage.kind == "attn":
             return (layer, stream + change.to(stream.dtype)), []
         hook = act_name("resid_post", last) if stage.kind == "logits" else act_name("attn_out", layer)
