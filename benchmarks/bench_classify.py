@@ -17,6 +17,9 @@ Two tables:
    edges exact patching keeps is printed where both ran.
 
     python benchmarks/bench_classify.py [--repeats 3] [--threads 1] [--only classify|discovery] [--cases 12x12/128]
+
+On a GPU (`--device cuda`) the models live there, the timings synchronise, and `--compare-cpu` also runs each
+discovery on a CPU copy of the model and says whether both keep the same edges.
 """
 
 import argparse
@@ -42,14 +45,26 @@ DISCOVERY = (  # (layers, heads, d_model, seq_len)
 )
 
 
+DEVICE = ["cpu"]  # --device
+
+
+def _sync() -> None:
+    if DEVICE[0].startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn):
+    """(seconds, result) of one call, the device's queue drained on both sides."""
+    _sync()
+    start = time.perf_counter()
+    result = fn()
+    _sync()
+    return time.perf_counter() - start, result
+
+
 def median_time(fn, repeats: int) -> float:
     fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timed(fn)[0] for _ in range(repeats))
 
 
 def forward_backward(model, tokens) -> None:
@@ -63,10 +78,10 @@ def classify_table(args: argparse.Namespace) -> None:
     for label, name, overrides, source, seq_len in CASES:
         if seq_len > args.max_length:
             continue
-        model = models.build(models.preset(name, **overrides), seed=0)
+        model = models.build(models.preset(name, **overrides), seed=0, device=DEVICE[0])
         batch = sample_batch(source, n_sequences=args.n_sequences, seq_len=seq_len, seed=0)
         with torch.no_grad():
-            forward = median_time(lambda: model(batch.tokens), args.repeats)
+            forward = median_time(lambda: model(batch.tokens.to(DEVICE[0])), args.repeats)
         full = median_time(lambda: classify_mechanism(model, source, batch=batch, progress=False), args.repeats)
         graph = median_time(lambda: discover_circuit(model, source, batch=batch, progress=False), args.repeats)
         print(f"{label:36s} length {seq_len:4d}: classify {full:6.3f} s = {full / forward:6.1f} forward passes "
@@ -80,10 +95,11 @@ def discovery_table(args: argparse.Namespace) -> None:
     for layers, heads, d_model, seq in DISCOVERY:
         if args.cases and f"{layers}x{heads}/{seq}" not in args.cases:
             continue
-        model = models.build(models.preset("attn-only-2layer", n_layers=layers, n_heads=heads, d_model=d_model,
-                                           d_head=d_model // heads, d_vocab=3, n_ctx=seq), seed=0)
+        cfg = models.preset("attn-only-2layer", n_layers=layers, n_heads=heads, d_model=d_model,
+                            d_head=d_model // heads, d_vocab=3, n_ctx=seq)
+        model = models.build(cfg, seed=0, device=DEVICE[0])  # the same weights on any device
         batch = sample_batch(source, n_sequences=64, seq_len=seq, seed=0)
-        tokens = batch.tokens[:16]
+        tokens = batch.tokens[:16].to(DEVICE[0])
         fb = median_time(lambda: forward_backward(model, tokens), args.repeats)
         n_edges = len(graph_edges(model))
         row = f"{layers:2d} x {heads:2d} d{d_model:<3d} seq {seq:3d}, {n_edges:6d} edges: fwd+bwd {fb * 1e3:7.1f} ms;"
@@ -93,15 +109,18 @@ def discovery_table(args: argparse.Namespace) -> None:
                 row += " exact skipped;"
                 continue
             call = lambda m=method: discover_circuit(model, source, batch=batch, method=m, progress=False)  # noqa: E731
-            start = time.perf_counter()
-            graph = call()
-            first = time.perf_counter() - start
+            first, graph = timed(call)
             seconds = first if first > 20 else median_time(call, args.repeats)
             kept[method] = set(graph.kept_names)
             row += (f" {method} {seconds:7.2f} s = {seconds / fb:7.1f} fwd+bwd ({graph.n_verified} measured, "
                     f"{len(graph.kept)} kept);")
         if "exact" in kept:
-            row += f" verify keeps the exact set: {kept['attribution+verify'] == kept['exact']}"
+            row += f" verify keeps the exact set: {kept['attribution+verify'] == kept['exact']};"
+        if args.compare_cpu and DEVICE[0] != "cpu":
+            on_cpu = set(discover_circuit(models.build(cfg, seed=0), source, batch=batch, progress=False).kept_names)
+            row += f" the CPU keeps the same edges: {on_cpu == kept['auto']}" + (
+                "" if on_cpu == kept["auto"] else f" (only on {DEVICE[0]}: {sorted(kept['auto'] - on_cpu)}, "
+                f"only on the CPU: {sorted(on_cpu - kept['auto'])})")
         print(row, flush=True)
 
 
@@ -115,11 +134,16 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=None,
                         help="discovery: only these cases, as LAYERSxHEADS/SEQ (e.g. 12x12/128)")
     parser.add_argument("--max-length", type=int, default=1024, help="classify: skip longer probe lengths")
+    parser.add_argument("--device", default="cpu", help="where the models run (cuda: timings synchronise)")
+    parser.add_argument("--compare-cpu", action="store_true",
+                        help="discovery on a GPU: also run it on a CPU copy and compare the kept edges")
     args = parser.parse_args()
+    DEVICE[0] = args.device
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, load average "
-          f"{load:.1f} at the start")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    print(f"torch {torch.__version__}, {where}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, load "
+          f"average {load:.1f} at the start")
     if args.only in (None, "classify"):
         classify_table(args)
     if args.only in (None, "discovery"):

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One lent GPU call: probes on CUDA (issue 32's discovery and classify timings) first, then the compiled engine
+# (issue 29's `benchmarks/gpu_engine_check.py`). Each part has its own time limit, so a slow or failing part cannot
+# cost the next; every line goes to $OUT/gpu_check.log as it is printed. From the repository root:
+#
+#     bash scripts/gpu_check.sh            # about 10 minutes: run with the device tool's 600 s limit
+#
+# The probes need transformer-lens, which the device image lacks: carry wheels in .whl (README of the device tool)
+# and this script installs them into /tmp/site. The engine check needs no transformer-lens except for its
+# --invariance part, and the anchor copied into .anchors (see gpu_engine_check.py's docstring).
+set -uo pipefail
+OUT=${OUT:-runs/gpu-check}
+mkdir -p "$OUT"
+log="$OUT/gpu_check.log"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+part() {  # part SECONDS COMMAND...: run it under a limit, say how it ended
+  local seconds=$1 start=$SECONDS rc=0; shift
+  echo "== $* (limit ${seconds} s)"
+  timeout "$seconds" "$@" || rc=$?
+  echo "== exit $rc after $((SECONDS - start)) s"
+}
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  git rev-parse HEAD 2>/dev/null || true
+  python3 -c "import torch, transformer_lens as tl; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+      'transformer-lens', getattr(tl, '__version__', '?'))"
+  part "${DISCOVERY_S:-110}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only discovery \
+    --cases 12x12/128 --repeats 1 --compare-cpu
+  part "${SMALL_S:-70}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only discovery \
+    --cases 2x2/128 6x4/64 --repeats 3 --compare-cpu
+  part "${CLASSIFY_S:-40}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only classify --repeats 3
+  part "${ENGINE_S:-330}" python3 benchmarks/gpu_engine_check.py --anchor-dir .anchors --invariance
+} 2>&1 | tee "$log"
