@@ -184,14 +184,33 @@ def _normed_linear(stack: Stack, x: Float[Tensor, "member batch pos d_model"], n
     if cfg.normalization is None:
         return _linear(x, weight, bias)
     if cfg.normalization == "LNPre":  # TransformerLens's parameter-free LayerNorm, same arithmetic
-        x32 = x.float()
-        x32 = x32 - x32.mean(dim=-1, keepdim=True)
-        return _linear((x32 / (x32.pow(2).mean(dim=-1, keepdim=True) + cfg.eps).sqrt()).to(x.dtype), weight, bias)
+        return _linear(_two_reduction_norm(x, cfg.eps), weight, bias)
     scale, shift = stack.params[norm + ".weight"], stack.params.get(norm + ".bias")
     if shift is not None:
         folded = einops.einsum(weight, shift, "member d_out d_model, member d_model -> member d_out")
         bias = folded if bias is None else bias + folded
-    return _linear(F.layer_norm(x, (cfg.d_model,), eps=cfg.eps), weight * scale[:, None, :], bias)
+    return _linear(_layer_norm(x, cfg.eps), weight * scale[:, None, :], bias)
+
+
+# Rows up to this long are normalised by two reductions on CUDA, where F.layer_norm's kernel is slow on short rows.
+# On an H200, [256, 16, 1024, d] fp32, forward + backward (docs/reproduction/gpu/): two reductions ran at 4.4x
+# F.layer_norm's speed for d = 8, 2.3x for d = 16 and 0.74x for d = 64; the stack of 256 paper-1layer runs then
+# trained 1.32x faster eager. The CPU keeps the fused kernel, faster there (two reductions 0.58x, docs/training.md).
+SHORT_ROWS_ON_CUDA = 16
+
+
+def _layer_norm(x: Float[Tensor, "*rows d_model"], eps: float) -> Float[Tensor, "*rows d_model"]:
+    """(x - mean) / sqrt(var + eps) over the last axis, without scale or shift (folded into the next layer)."""
+    if x.is_cuda and x.shape[-1] <= SHORT_ROWS_ON_CUDA:
+        return _two_reduction_norm(x, eps)
+    return F.layer_norm(x, x.shape[-1:], eps=eps)
+
+
+def _two_reduction_norm(x: Float[Tensor, "*rows d_model"], eps: float) -> Float[Tensor, "*rows d_model"]:
+    """The same normalisation as a mean and a mean of squares, in float32 (as F.layer_norm computes it)."""
+    x32 = x.float()
+    x32 = x32 - x32.mean(dim=-1, keepdim=True)
+    return (x32 / (x32.pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()).to(x.dtype)
 
 
 def _hook(hooks: Mapping[str, Callable], kind: str, layer: Optional[int], x: Tensor) -> Tensor:

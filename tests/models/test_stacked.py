@@ -54,6 +54,21 @@ def test_stacked_forward_equals_hooked_forward_and_stacks_of_one(arch):
     assert ("unembed.weight" in stack.params) == (not ARCHS[arch].get("tie_weights", True))
 
 
+def test_the_cuda_short_row_norm_is_layer_norm(monkeypatch):
+    """On CUDA, rows of up to SHORT_ROWS_ON_CUDA values are normalised by two reductions instead of F.layer_norm
+    (faster there): the same function, and the stacked forward taking that path still equals the hooked model's."""
+    x = torch.randn(4, 3, 32, stacked.SHORT_ROWS_ON_CUDA, generator=torch.Generator().manual_seed(2)) * 5 + 3
+    reference = torch.nn.functional.layer_norm(x, x.shape[-1:], eps=1e-5)
+    torch.testing.assert_close(stacked._two_reduction_norm(x, 1e-5), reference, rtol=0, atol=2e-6)
+    assert torch.equal(stacked._layer_norm(x, 1e-5), reference)  # a CPU tensor keeps the fused kernel
+    monkeypatch.setattr(stacked, "_layer_norm", stacked._two_reduction_norm)  # what a CUDA tensor takes
+    stack, solos = _stack_and_solos(ARCHS["2layer-tied"])
+    tokens = _tokens(len(solos))
+    logits = stacked.stacked_forward(stack, tokens)
+    for k, solo in enumerate(solos):
+        torch.testing.assert_close(logits[k], solo(tokens[k]), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["1layer-tied", "1layer-untied", "rotary-2heads-biases"])
 def test_checkpoint_order_is_two_decay_groups(arch):
     """The optimiser state a stack checkpoints numbers parameters as a torch optimiser with two groups does
