@@ -2,13 +2,10 @@
 
     python benchmarks/gpu_engine_check.py | tee docs/reproduction/gpu/engine-$(date +%F).txt
 
-NOT RUN ON A GPU YET: no GPU was lent to the change that wrote it. Its wiring was checked on the CPU with
-`--device cpu --members 4 --seq-len 64 --short 2 --long 5 --check-steps 6 --invariance` (numbers meaningless
-there). On a GPU its time is mostly compiling, not measured: the checks compile 6 graphs (training, evaluation
-and update, fp32 and bf16, K = 4), the timings 6 more at K = 256 plus the anchor's 2; on the loaded 2-core CPU
-three graphs took 60-110 s with a cold inductor cache, and a GPU host (16 cores, idle) with Triton's kernel
-builds is guessed at 15-40 s per three graphs, so 3-7 minutes in all with the timed steps (53 steps of each of
-five K = 256 stacks, under 5 s each at the measured eager speeds). Run it with a 600 s limit; every line is
+Run once on an NVIDIA H200 (2026-11-27, through `scripts/gpu_check.sh`; output in
+docs/reproduction/gpu/check-2026-11-27.txt): 190 s with --invariance, compiling included (about 15 s per three
+graphs there). Its wiring is checked on the CPU with `--device cpu --members 4 --seq-len 64 --short 2 --long 5
+--check-steps 6 --invariance` (numbers meaningless there). Run it with a 600 s limit; every line is
 flushed and says the seconds elapsed, so a run cut short keeps what it printed (the checks come first: cheap
 and decisive).
 
