@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # The clamp factorial (issue 22, `markov_interp.experiments.factorial`) at its full budget on a lent GPU:
 # 16 seeds per arm and cell, 600 steps, fp32, 4 cells (layer-1 heads {1, 2} x data {Dirichlet, zero diagonal}).
-# Not yet run. From the repository root (the device tool puts a folder in $OUT; elsewhere pass one):
+# From the repository root (the device tool puts a folder in $OUT; elsewhere pass one):
 #
-#     bash scripts/gpu_factorial.sh            # writes $OUT/stage1 and $OUT/stage2, ~5 min expected, < 10 min
+#     bash scripts/gpu_factorial.sh            # writes $OUT/stage1.tar.gz, $OUT/stage2.tar.gz (+ -summary.md)
+#     STAGE1_S=0 STAGE2_S=560 bash scripts/gpu_factorial.sh   # stage 2 alone (a limit of 0 skips a stage)
+#
+# Stage 1 ran on an H200 on 2026-11-27: 143 s (docs/reproduction/factorial-full-gpu/). Stage 2 has not run: it
+# trains 20 stacks (about 2.5x stage 1's training) and scores every checkpoint, so give it a call of its own, or
+# split it by arms (EXTRA="--set arms=free,mixed", then head-start,position-code).
+# Carry .whl (transformer-lens wheels, docs/reproduction/gpu/README.md): the end scores and stage 2 probe.
 #
 # Stage 1: arms free and clamped only (the factorial proper: 8 stacks of 16 runs). Stage 2: every arm (adds the
 # mixed clamp, the head start and its position-code control). Each stage writes summary.md,
@@ -23,20 +29,21 @@ STAGE2_S=${STAGE2_S:-330}
 DEVICE=${DEVICE:-cuda}  # a dry run of the wiring elsewhere: DEVICE=cpu EXTRA="--seeds 2 --steps 4 ..." (the quick
 EXTRA=${EXTRA:-}        # budget's fields stay the full one's unless EXTRA overrides them)
 mkdir -p "$OUT" "$WORK"
+source "$(dirname "$0")/device_env.sh"
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
   python -c "import torch, sys; ok = torch.cuda.is_available(); print('torch', torch.__version__, 'cuda', ok)
 sys.exit(0 if ok or sys.argv[1] != 'cuda' else 1)" "$DEVICE"
   git rev-parse HEAD 2>/dev/null || true; } | tee "$OUT/provenance.txt"
 
-stage() {  # stage NAME SECONDS [--set ...]: the full budget on $DEVICE into $WORK/NAME, its summary copied to $OUT/NAME
+stage() {  # stage NAME SECONDS [--set ...]: the full budget on $DEVICE into $WORK/NAME, packed as $OUT/NAME.tar.gz
   local name=$1 seconds=$2; shift 2
   local start=$SECONDS rc=0
+  [ "$seconds" -gt 0 ] || { echo "$name: skipped (limit 0)" | tee -a "$OUT/provenance.txt"; return 0; }
   # shellcheck disable=SC2086
   timeout "$seconds" python -m markov_interp.experiments --only factorial --device "$DEVICE" --no-progress \
     --out "$WORK/$name" $EXTRA "$@" || rc=$?
   echo "$name: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/provenance.txt"
-  mkdir -p "$OUT/$name"
-  cp "$WORK/$name"/factorial/{summary.md,results.json,overview.csv,*.png} "$OUT/$name/" 2>/dev/null || true
+  pack "$name" "$WORK/$name/factorial"
 }
 
 stage stage1 "$STAGE1_S" --set arms=free,clamped --set score_checkpoints=0 --set discovered=0
