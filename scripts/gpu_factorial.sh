@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The clamp factorial (issue 22, `markov_interp.experiments.factorial`) at its full budget on a lent GPU:
 # 16 seeds per arm and cell, 600 steps, fp32, 4 cells (layer-1 heads {1, 2} x data {Dirichlet, zero diagonal}).
-# Not yet run. From the repository root (the device tool puts a folder in $OUT; elsewhere pass one):
+# Stage 1 ran once (H200, 2026-11-27: docs/reproduction/factorial-full-gpu/); stage 2 has not run yet.
+# From the repository root (the device tool puts a folder in $OUT; elsewhere pass one):
 #
 #     bash scripts/gpu_factorial.sh            # writes $OUT/stage1 and $OUT/stage2, ~5 min expected, < 10 min
 #
