@@ -9,6 +9,7 @@ from markov_interp import dynamics
 from markov_interp.findings._engine import block, holds
 from markov_interp.findings._sources import (experiment, mean_text, p_text, percent_text, provenance_text,
                                              recorded, recorded_escapes)
+from markov_interp.findings.recipes import EFFECT_TEXT, clamp_comparison, factorial_cells
 
 INTERVENTIONS = "docs/reproduction/interventions/results.json"
 LONG = "docs/reproduction/interventions/long/results.json"
@@ -17,6 +18,7 @@ H1 = "docs/reproduction/factorial-dirichlet-h1/results.json"
 H2 = "docs/reproduction/factorial-dirichlet-h2/results.json"
 FACTORIAL_QUICK = "docs/reproduction/factorial-quick/results.json"
 SCORES_ONE_CELL = "docs/reproduction/factorial-scores-one-cell/results.json"
+FACTORIAL_GPU = "docs/reproduction/factorial-full-gpu/results.json"
 
 
 def part(path: Path, name: str) -> Any:
@@ -57,8 +59,8 @@ def interventions_provenance(path: Path) -> str:
     return f"Made by {provenance_text(finished.provenance)}; {budget.seeds} seeds per arm ({budget.name} budget)."
 
 
-@block("interventions-clamp", INTERVENTIONS, LONG, H1, H2)
-def interventions_clamp(path: Path, long: Path, h1: Path, h2: Path) -> str:
+@block("interventions-clamp", INTERVENTIONS, LONG, H1, H2, FACTORIAL_GPU)
+def interventions_clamp(path: Path, long: Path, h1: Path, h2: Path, gpu: Path) -> str:
     """Item 1: the previous-token clamp, the earlier 1500-step run, and its scope from the factorial's cells."""
     exp = part(path, "previous-token-clamp")
     free, clamped = arm(exp, "free"), arm(exp, "layer 0 clamped to previous-token")
@@ -94,7 +96,8 @@ def interventions_clamp(path: Path, long: Path, h1: Path, h2: Path) -> str:
         f"{dynamics.compare_crossings(long_free, long_clamped).ratio_text()} later than free.\n"
         "   **Scope**: one head per layer, Dirichlet(1) kernels, one recipe. The factorial's Dirichlet cells "
         "([findings-dynamics.md](findings-dynamics.md)) reproduce the slowdown with one layer-1 head "
-        f"({one.ratio_text()} at 0.5) and find the opposite, a speed-up, with two ({two.ratio_text()}).\n"
+        f"({one.ratio_text()} at 0.5) and find the opposite, a speed-up, with two ({two.ratio_text()}). "
+        f"{gpu_scope(gpu)}\n"
         f"   **Retracted**: an arm clamped for the first {released.arm.interventions[0]['end']} updates and then "
         "released was read as \"a head start does not help\". Under a pattern clamp layer 0's Q/K get no gradient, "
         "so at release layer 0 is back at its near-uniform init (its previous-token score at "
@@ -266,3 +269,93 @@ def factorial_scores_one_cell(path: Path) -> str:
     cell = part(path, "zero-diagonal-h1")
     return (over_training_table(cell).markdown() + "\n\nCircuits at the last step: "
             + circuits_text(path, "zero-diagonal-h1") + ".")
+
+
+# -------------------------------------------------------- the factorial at its full budget on a GPU (stage 1)
+_DATA_TEXT = {"dirichlet": "Dirichlet kernels", "zero-diagonal": "Zero-diagonal kernels (no self-transitions)"}
+
+
+def _clamp_clause(cell: Any) -> str:
+    """What the clamp does in one cell: its effect, the ratio at 0.5 with log-rank p, the area, escaped counts."""
+    free, clamped = arm(cell, "free"), arm(cell, "clamped")
+    half = _ratio(clamped, 0.5)
+    return (f"the clamp {EFFECT_TEXT[clamp_comparison(cell)[1]]} (clamped / free median crossing of the 0.5 line "
+            f"{half.ratio_text()}, log-rank p = {p_text(half.p_value)}; area between the median curves "
+            f"{_area(clamped)}); escaped within {cell.steps} steps: {_escaped(clamped)} clamped, {_escaped(free)} free")
+
+
+def _same_recipe(a: Any, b: Any) -> bool:
+    """Whether two factorial budgets train their cells alike (seeds, steps, width, evaluation, recipe factors)."""
+    keys = ("seeds", "steps", "d_head", "eval_every", "eval_batches", "inits", "first_states", "norms")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+def gpu_agreement(gpu: Path, heads: int, cpu: Path) -> tuple[bool, str]:
+    """Whether the GPU's Dirichlet cell with `heads` layer-1 heads gives the clamp the same direction ("slows" or
+    "speeds", `factorial.clamp_effect`) as the CPU's, and a clause with both effects, both ratios at 0.5 and the
+    free arms compared (GPU / CPU median crossing of 0.5 with log-rank p: two independent samples of seeds)."""
+    name = f"dirichlet-h{heads}"
+    g, c = part(gpu, name), part(cpu, name)
+    holds(_same_recipe(experiment(gpu).budget, experiment(cpu).budget), "the GPU and CPU cells share the recipe")
+    eg, ec = clamp_comparison(g)[1], clamp_comparison(c)[1]
+    agrees = eg == ec and eg in ("slows", "speeds")
+    free = dynamics.compare_crossings([r.escape for r in arm(c, "free").runs], [r.escape for r in arm(g, "free").runs])
+    effect = f"{eg} on both" if eg == ec else f"{eg} on the GPU, {ec} on the CPU"
+    return agrees, (f"{heads} layer-1 head{'s' if heads > 1 else ''}: {effect}, clamped / free at 0.5 "
+                    f"{_ratio(arm(g, 'clamped'), 0.5).ratio_text()} on the GPU and "
+                    f"{_ratio(arm(c, 'clamped'), 0.5).ratio_text()} on the CPU; the free runs' median crossing "
+                    f"GPU / CPU {free.ratio_text()} (log-rank p = {p_text(free.p_value)})")
+
+
+def _not_measured(path: Path) -> list[str]:
+    """What a factorial's results.json lacks: arms of the full budget, scores over training, circuits."""
+    from markov_interp.experiments import factorial
+
+    cells = [c for *_, c in factorial_cells(path)]
+    arms = [a for a in factorial.ARMS if a not in experiment(path).budget.arms]
+    missing = [f"the arm{'s' if len(arms) > 1 else ''} {', '.join(arms)}"] if arms else []
+    if not any(a.over_training for c in cells for a in c.arms):
+        missing.append("the scores over training")
+    if not any(n for c in cells for _, _, n in _composition_edges(path, c.name).values()):
+        missing.append("the circuits at the end")
+    return missing
+
+
+def gpu_scope(path: Path) -> str:
+    """One sentence: per cell of the GPU factorial (DATA-hHEADS), the clamp's effect and its ratio to free at 0.5."""
+    done = experiment(path)
+    cells = ", ".join(f"{cell.name} {clamp_comparison(cell)[1]} ({_ratio(arm(cell, 'clamped'), 0.5).ratio_text()})"
+                      for *_, cell in factorial_cells(path))
+    return (f"The whole factorial's first stage on a GPU ({done.budget.seeds} seeds, {done.provenance.precision}; "
+            f"clamped / free at 0.5 per cell): {cells}.")
+
+
+@block("factorial-gpu-provenance", FACTORIAL_GPU)
+def factorial_gpu_provenance(path: Path) -> str:
+    """How the factorial's stage 1 on a GPU was made."""
+    done = experiment(path)
+    b = done.budget
+    return (f"{b.seeds} seeds per arm and cell, {b.steps} steps, layer-1 heads {list(b.heads)} x data "
+            f"{list(b.data)}, arms {', '.join(b.arms)} ({b.name} budget); made by {provenance_text(done.provenance)}.")
+
+
+@block("factorial-gpu-overview", FACTORIAL_GPU)
+def factorial_gpu_overview(path: Path) -> str:
+    """The GPU factorial's overview table."""
+    return experiment(path).result.overview().markdown()
+
+
+@block("factorial-gpu-findings", FACTORIAL_GPU, H1, H2)
+def factorial_gpu_findings(path: Path, h1: Path, h2: Path) -> str:
+    """Per cell what the clamp does; the Dirichlet cells against the CPU's; what the file does not hold."""
+    lines = [f"- **{_DATA_TEXT[data]}, {heads} layer-1 head{'s' if heads > 1 else ''}**: {_clamp_clause(cell)}."
+             for data, heads, _, cell in factorial_cells(path)]
+    compared = [gpu_agreement(path, heads, cpu) for heads, cpu in ((1, h1), (2, h2))]
+    agreed, cpu = sum(a for a, _ in compared), experiment(h1)
+    lines.append(f"- **Against the CPU's {cpu.budget.seeds}-seed Dirichlet cells** (same recipe, device "
+                 f"{cpu.provenance.device}, {cpu.provenance.precision}; above): the clamp's direction agrees in "
+                 f"{agreed} of {len(compared)} head counts. " + ". ".join(t for _, t in compared) + ".")
+    missing = _not_measured(path)
+    if missing:
+        lines.append(f"- **Not measured in stage 1** (absent from its results.json): {'; '.join(missing)}.")
+    return "\n".join(lines)

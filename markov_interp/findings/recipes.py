@@ -10,6 +10,9 @@ from markov_interp.findings._sources import experiment, provenance_text
 
 CLAMP_RECIPES = "docs/reproduction/clamp-recipes/results.json"
 DEFAULT = ("standard", "stationary", "LN")  # the package's recipe: the one behind the original Finding 1
+# `factorial.clamp_effect`'s verdicts as the verb phrase of "the clamp ..."
+EFFECT_TEXT = {"slows": "slows the descent", "speeds": "speeds the descent", "no clear effect": "has no clear effect",
+               "mixed": "has mixed effects"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,22 +32,31 @@ class RecipeEffect:
         return self.comparison.fractions[0.5].ratio_text()
 
 
-def recipe_effects(path: Path) -> list[RecipeEffect]:
-    """Every cell's clamped arm of the recipes factorial, in the budget's cell order."""
+def factorial_cells(path: Path) -> list[tuple[str, int, Any, Any]]:
+    """(data, layer-1 heads, recipe, cell) of every cell of a factorial's results.json, in its budget's order."""
     from markov_interp.experiments import factorial
 
     done = experiment(path)
-    out = []
-    for (_, heads, recipe), cell in zip(factorial.cells_of(done.budget), done.result.cells):
-        clamped = next(a for a in cell.arms if a.arm.name == "clamped")
-        out.append(RecipeEffect(heads, recipe, clamped.against_free, factorial.clamp_effect(clamped.against_free)))
-    return out
+    return [(*key, cell) for key, cell in zip(factorial.cells_of(done.budget), done.result.cells)]
+
+
+def clamp_comparison(cell: Any) -> tuple[Any, str]:
+    """A factorial cell's clamped arm against its free arm (the dynamics comparison) and `factorial.clamp_effect`
+    of it ("slows", "speeds", "no clear effect", "mixed")."""
+    from markov_interp.experiments import factorial
+
+    clamped = next(a for a in cell.arms if a.arm.name == "clamped")
+    return clamped.against_free, factorial.clamp_effect(clamped.against_free)
+
+
+def recipe_effects(path: Path) -> list[RecipeEffect]:
+    """Every cell's clamped arm of the recipes factorial, in the budget's cell order."""
+    return [RecipeEffect(heads, recipe, *clamp_comparison(cell)) for _, heads, recipe, cell in factorial_cells(path)]
 
 
 def _counts(effects: list[RecipeEffect]) -> str:
     """E.g. "slows the descent in 1/8 recipes, speeds it in 5/8, no clear effect in 2/8"."""
-    first = {"slows": "slows the descent", "speeds": "speeds the descent", "no clear effect": "has no clear effect",
-             "mixed": "has mixed effects"}
+    first = EFFECT_TEXT
     later = {"slows": "slows it", "speeds": "speeds it", "no clear effect": "no clear effect", "mixed": "mixed"}
     present = [w for w in first if any(e.effect == w for e in effects)]
     n = {w: f"{sum(e.effect == w for e in effects)}/{len(effects)}" for w in present}

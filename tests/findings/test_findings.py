@@ -4,7 +4,9 @@ source file, a finding whose numbers no longer fit its words refuses to render, 
 smoke tests. Nothing here trains."""
 
 import json
+import math
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -172,6 +174,61 @@ def test_the_gpu_blocks_follow_their_file_and_refuse_a_contradicted_finding(tmp_
         table.text(tmp_path)
 
 
+def _direction(entry: dict, free: dict) -> str:
+    """The clamp's direction from a results.json's raw escape steps, independently of `dynamics`: the median escape
+    step over seeds (a censored seed counted as never) against free's."""
+    def median(arm: dict) -> float:
+        steps = sorted(math.inf if c else s for s, c in zip(arm["escape_steps"], arm["censored"]))
+        return statistics.median(steps)
+
+    return "slows" if median(entry) > median(free) else "speeds" if median(entry) < median(free) else "ties"
+
+
+def test_the_gpu_factorial_states_its_agreement_with_the_cpu_cells_as_the_raw_escapes_give_it():
+    from markov_interp.experiments import factorial
+
+    text = " ".join(findings.blocks()["factorial-gpu-findings"].text(ROOT).split())
+    gpu = json.loads((REPRO / "factorial-full-gpu" / "results.json").read_text())
+    agreed = 0
+    for heads in (1, 2):
+        cell = f"dirichlet-h{heads}"
+        cpu = json.loads((REPRO / f"factorial-dirichlet-h{heads}" / "results.json").read_text())["result"][cell]
+        g, c = (_direction(r["arms"]["clamped"], r["arms"]["free"]) for r in (gpu["result"][cell], cpu))
+        label = f"{heads} layer-1 head{'s' if heads > 1 else ''}: "
+        assert label + (f"{g} on both" if g == c else f"{g} on the GPU, {c} on the CPU") in text, (heads, g, c)
+        agreed += g == c
+    assert f"direction agrees in {agreed} of 2 head counts" in text
+    for heads in (1, 2):  # the per-cell bullets of the cells the CPU never ran at this budget
+        arms = gpu["result"][f"zero-diagonal-h{heads}"]["arms"]
+        bullet = f"**Zero-diagonal kernels (no self-transitions), {heads} layer-1 head{'s' if heads > 1 else ''}**:"
+        assert f"{bullet} the clamp {_direction(arms['clamped'], arms['free'])} the descent" in text
+    not_run = [a for a in factorial.ARMS if a not in gpu["budget"]["arms"]]  # and no scores over training, circuits
+    assert gpu["budget"]["score_checkpoints"] == gpu["budget"]["discovered"] == 0 and not_run
+    assert f"the arms {', '.join(not_run)}; the scores over training; the circuits at the end" in text
+
+
+def test_the_gpu_factorial_blocks_follow_their_file(tmp_path):
+    sources = findings.blocks()["factorial-gpu-findings"].sources
+    for source in sources:
+        (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / source).write_bytes((ROOT / source).read_bytes())
+    target = tmp_path / sources[0]
+    data = json.loads(target.read_text())
+    arms = data["result"]["dirichlet-h2"]["arms"]
+    for key in set(arms["free"]) - {"interventions"}:  # the two heads' arms swapped: the clamp now slows
+        arms["free"][key], arms["clamped"][key] = arms["clamped"].get(key), arms["free"][key]
+    data["provenance"]["seconds"] = 600.0
+    target.write_text(json.dumps(data))
+    text = " ".join(findings.blocks()["factorial-gpu-findings"].text(tmp_path).split())
+    assert "direction agrees in 1 of 2 head counts" in text
+    assert "2 layer-1 heads: slows on the GPU, speeds on the CPU" in text
+    assert "10.0 min of wall time" in findings.blocks()["factorial-gpu-provenance"].text(tmp_path)
+    data["budget"]["steps"] = 300  # no longer the CPU cells' recipe: the comparison refuses to render
+    target.write_text(json.dumps(data))
+    with pytest.raises(findings.FindingNoLongerHolds, match="share the recipe"):
+        findings.blocks()["factorial-gpu-findings"].text(tmp_path)
+
+
 def test_summary_csv_is_the_current_summary_of_the_committed_results_csv():
     from markov_interp.findings._sources import reproduction  # `reproduce.summarise` of the table, read once
 
@@ -183,7 +240,8 @@ def test_summary_csv_is_the_current_summary_of_the_committed_results_csv():
 # ------------------------------------------------------------------------------- read back results.json
 # files written by the current statistics (factorial-quick predates the bound for a ratio against a censored
 # median: its recorded "0x" ratios differ from what the code gives now, which is why docs re-render, not copy)
-@pytest.mark.parametrize("folder", ["interventions", "factorial-dirichlet-h1", "factorial-dirichlet-h2"])
+@pytest.mark.parametrize("folder", ["interventions", "factorial-dirichlet-h1", "factorial-dirichlet-h2",
+                                    "factorial-full-gpu"])
 def test_reading_back_recomputes_what_the_experiment_wrote(folder):
     committed = json.loads((REPRO / folder / "results.json").read_text())["result"]
     finished = experiments.load(REPRO / folder)
