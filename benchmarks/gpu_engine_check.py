@@ -158,6 +158,25 @@ def invariance(seq_len: int, steps: int) -> None:
         _say(f"compile={compile}: alone vs member 3 of 8: {'bit-identical' if same else f'max |dw| {diff:.3g}'}")
 
 
+def profile(k: int, seq_len: int, steps: int) -> None:
+    """Where a compiled bf16 step of a stack of k goes (the open gap: 0.53x the compiled anchor on an H200): the
+    torch profiler over `steps` steps after a warm-up, the top host and device operations. On 2026-11-26's eager
+    profile the host took 2.3 s of CPU for 0.69 s of CUDA (gpu-findings.md), so the host table is the first read."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    runs = [_run(s, steps, seq_len, "bf16", "default") for s in range(k)]
+    training.train_many(_with(runs, steps=3), progress=False, models_out=False)  # compiles
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE[0].startswith("cuda") else [])
+    with torch_profile(activities=activities) as prof:
+        training.train_many(runs, progress=False, models_out=False)
+        _sync()
+    table = prof.key_averages()
+    _say(f"profile, K = {k} bf16 compiled, {steps} steps (set-up included), by host time:\n"
+         + table.table(sort_by="self_cpu_time_total", row_limit=20))
+    if DEVICE[0].startswith("cuda"):
+        _say("by device time:\n" + table.table(sort_by="self_cuda_time_total", row_limit=12))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--anchor-dir", default=str(HERE.parents[1] / "shared" / "anchors"))
@@ -169,11 +188,15 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the wiring (use small sizes)")
     parser.add_argument("--seq-len", type=int, default=1024, help="of the timed stacks (the checks use a quarter)")
     parser.add_argument("--check-steps", type=int, default=60, help="steps of the compiled-against-eager checks")
+    parser.add_argument("--profile", action="store_true",
+                        help="only: profile a compiled bf16 stack of the first --members (host and device tables)")
     args = parser.parse_args()
     DEVICE[0] = args.device
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU (a smoke run)"
     _say(f"{name}, torch {torch.__version__}, {datetime.date.today()}")
     members = [int(k) for k in args.members.split(",")]
+    if args.profile:
+        return profile(members[0], args.seq_len, args.short)
     for precision in ("fp32", "bf16"):
         compiled_against_eager(precision, args.seq_len // 4, args.check_steps)
     speed(members, Path(args.anchor_dir), args.short, args.long, args.seq_len)

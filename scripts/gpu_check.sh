@@ -8,17 +8,17 @@
 # The probes need transformer-lens, which the device image lacks: carry wheels in .whl (README of the device tool)
 # and this script installs them into /tmp/site. The engine check needs no transformer-lens except for its
 # --invariance part, and the anchor copied into .anchors (see gpu_engine_check.py's docstring).
+#
+# Ran once on an H200 (2026-11-27): 354 s, docs/reproduction/gpu/check-2026-11-27.txt. A part's limit of 0 skips it
+# (e.g. ENGINE_S=0 PROFILE_S=120 for the profile of the compiled bf16 step alone, the open gap).
 set -uo pipefail
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
 log="$OUT/gpu_check.log"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
+source "$(dirname "$0")/device_env.sh"
 part() {  # part SECONDS COMMAND...: run it under a limit, say how it ended
   local seconds=$1 start=$SECONDS rc=0; shift
+  [ "$seconds" -gt 0 ] || { echo "== skipped: $*"; return 0; }
   echo "== $* (limit ${seconds} s)"
   timeout "$seconds" "$@" || rc=$?
   echo "== exit $rc after $((SECONDS - start)) s"
@@ -26,12 +26,13 @@ part() {  # part SECONDS COMMAND...: run it under a limit, say how it ended
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   git rev-parse HEAD 2>/dev/null || true
-  python3 -c "import torch, transformer_lens as tl; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
-      'transformer-lens', getattr(tl, '__version__', '?'))"
+  python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+      'transformer-lens', m.version('transformer-lens'))"
   part "${DISCOVERY_S:-110}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only discovery \
     --cases 12x12/128 --repeats 1 --compare-cpu
   part "${SMALL_S:-70}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only discovery \
     --cases 2x2/128 6x4/64 --repeats 3 --compare-cpu
   part "${CLASSIFY_S:-40}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only classify --repeats 3
   part "${ENGINE_S:-330}" python3 benchmarks/gpu_engine_check.py --anchor-dir .anchors --invariance
+  part "${PROFILE_S:-0}" python3 benchmarks/gpu_engine_check.py --profile --short 12
 } 2>&1 | tee "$log"
