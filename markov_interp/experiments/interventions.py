@@ -346,7 +346,6 @@ def circuit_scores_at(trained: list[TrainResult], step: Optional[int] = None) ->
     Returns:
         The scores (`CircuitScores`, `step` the update scored)."""
     from markov_interp import clamps, probes
-    from markov_interp.probes._common import model_device
 
     previous, induction, same, chance = [], [], [], (math.nan, math.nan, math.nan)
     end = trained[0].config.train.steps if trained else 0
@@ -357,8 +356,7 @@ def circuit_scores_at(trained: list[TrainResult], step: Optional[int] = None) ->
         batch = probes.sample_batch(run.source.build(), n_sequences=64, seq_len=probes.probe_length(model),
                                     seed=10_000 + seed)  # the training length: the one probe-length rule
         with clamps.applied(model, run.train.interventions, (end if step is None else step) - 1):
-            _, cache = model.run_with_cache(batch.tokens.to(model_device(model)))
-        att = probes.attention_scores(model, batch.tokens, cache=cache)
+            att = probes.attention_scores(model, batch)  # the probe moves the CPU batch to the model's device
         heads = heads_per_layer(model)  # the [layer, head] grids hold NaN for absent heads
         previous.append(float(att.previous_token[0, : heads[0]].max()))
         induction.append(float(att.induction[1, : heads[1]].max()))
@@ -414,7 +412,6 @@ def discovered_circuits(trained: list[TrainResult], n: int) -> tuple:
     Returns:
         (seed, `probes.CircuitGraph`) pairs."""
     from markov_interp import clamps, probes
-    from markov_interp.probes._common import model_device
 
     found = []
     for seed, result in enumerate(trained):

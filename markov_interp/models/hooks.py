@@ -171,7 +171,8 @@ def write(activation: Tensor, value: Tensor, kind: str, *, heads: Optional[Seque
         activation: an activation of `kind`: [..., pos, feature], [..., pos, head, d_head] (q, k, v, z) or
             [..., head, query_pos, key_pos] (pattern), with any leading axes (batch, a stack's member axis).
         value: what to write, broadcasting against `activation` (a 0-d zero, a per-position mean [pos, *feature],
-            a full tensor); longer in positions than the activation it is cut to them.
+            a full tensor) on any device (it is moved to the activation's); longer in positions than the activation
+            it is cut to them.
         kind: the activation's kind, as `act_name` takes it ("z", "pattern", "resid_pre", ...).
         heads: the heads written (None: all); only for kinds with a head axis (`PER_HEAD`).
         positions: the positions written (a pattern's query positions; None: all).
@@ -189,7 +190,7 @@ def write(activation: Tensor, value: Tensor, kind: str, *, heads: Optional[Seque
     for axis in pos_axes:  # a value longer than the run (a mean over longer sequences, a file) is cut to it
         if value.ndim >= axis and value.shape[-axis] > activation.shape[-axis]:
             value = value.narrow(value.ndim - axis, 0, activation.shape[-axis])
-    value = value.to(activation.dtype).expand_as(activation)
+    value = value.to(device=activation.device, dtype=activation.dtype).expand_as(activation)
     if heads is None and positions is None:
         return value
     mask = torch.ones((), dtype=torch.bool, device=activation.device)

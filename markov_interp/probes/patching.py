@@ -264,7 +264,7 @@ def patching_by_position(
             patched = intervened_probs(model, corrupted_tokens.repeat(len(idx), 1), [[comp]],
                                        {name: stacked.flatten(0, 1)})[0][:, position]
             kl = theory.kl_divergence(clean.repeat(len(idx), 1), patched).unflatten(0, (len(idx), batch)).mean(1)
-            grid[comp.layer, idx] = (1.0 - kl / baseline).float()
+            grid[comp.layer, idx] = (1.0 - kl / baseline).float().cpu()  # the grid lives on the CPU
     return PositionPatching(recovery=grid, baseline_kl=baseline, position=position)
 
 

@@ -153,7 +153,7 @@ def direct_logit_attribution(model: HookedModel, tokens: TokensOrBatch) -> Logit
     names = [act_name("embed"), "ln_final.hook_scale"] + [z_hook(layer) for layer in range(n_layers)]
     names += [mlp_out_hook(layer) for layer in range(n_layers) if has_mlp(model, layer)]
     logits, cache = model.run_with_cache(tokens, names_filter=names)
-    scale = cache["ln_final.hook_scale"] if "ln_final.hook_scale" in cache else torch.ones(1)
+    scale = cache["ln_final.hook_scale"] if "ln_final.hook_scale" in cache else torch.ones(1, device=tokens.device)
     targets = tokens[:, 1:, None]
     share = lambda values: float(_unembed_share(model, values.float(), scale, targets).mean())  # noqa: E731
     heads = torch.full((n_layers, int(model.cfg.n_heads)), math.nan)

@@ -142,7 +142,7 @@ CROSS_CUTTING = {
     "sources": "the sources of data.py (tests/data/ is the fixtures folder)",
 }
 NOT_TESTS = {"data", "__pycache__"}  # fixtures and the scripts that wrote them (never collected)
-HELPERS = {"__init__.py", "conftest.py", "handbuilt.py", "compile_runs.py"}  # at tests/, imported by the tests
+HELPERS = {"__init__.py", "conftest.py", "handbuilt.py", "compile_runs.py", "devicesim.py"}  # imported by the tests
 
 
 def layout_problems(root: Path) -> list[str]:
@@ -186,8 +186,8 @@ def test_the_layout_check_finds_misplaced_tests(tmp_path):
     (tmp_path / "tests" / "conftest.py").write_text("")
     (tmp_path / "tests" / "test_loose.py").write_text("")
     assert layout_problems(tmp_path) == [
-        "tests/test_loose.py: not a test helper (['__init__.py', 'compile_runs.py', 'conftest.py', 'handbuilt.py']); "
-        "tests go in the folder of their part",
+        "tests/test_loose.py: not a test helper (['__init__.py', 'compile_runs.py', 'conftest.py', 'devicesim.py', "
+        "'handbuilt.py']); tests go in the folder of their part",
         "tests/probes/deep/test_y.py: nested below tests/probes/",
         "tests/theory/: no __init__.py",
         "tests/widgets/: no markov_interp module or package of that name",
