@@ -28,6 +28,8 @@ part() {  # part SECONDS COMMAND...: run it under a limit, say how it ended
   git rev-parse HEAD 2>/dev/null || true
   python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
       'transformer-lens', m.version('transformer-lens'))"
+  part "${TESTS_S:-0}" python3 -m pytest -q -p no:cacheprovider -k cuda tests/probes/test_devices.py \
+    tests/experiments/test_devices.py tests/report/test_report_devices.py
   part "${DISCOVERY_S:-110}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only discovery \
     --cases 12x12/128 --repeats 1 --compare-cpu
   part "${SMALL_S:-70}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only discovery \
