@@ -121,9 +121,15 @@ def save_checkpoint(run_dir: "str | os.PathLike", step: int, cfg: ModelConfig, w
     weights_path, state_path = checkpoint_paths(run_dir, step, resume_point=resume_point)
     weights_path.parent.mkdir(exist_ok=True)
     save_state(cfg, weights, weights_path, train_seq_len=train_seq_len, step=step)
-    buffer = io.BytesIO()  # serialised in memory, then written by the one atomic writer (errors name the file)
-    torch.save(state, buffer)
-    atomic_write(state_path, buffer.getvalue())
+    try:
+        buffer = io.BytesIO()  # serialised in memory, then written by the one atomic writer (errors name the file)
+        torch.save(state, buffer)
+        atomic_write(state_path, buffer.getvalue())
+    except BaseException:
+        # both files or neither: a disk that fills between them leaves no weights file behind, which would take
+        # space the resumed run's disk check does not count (it plans only complete checkpoints)
+        weights_path.unlink(missing_ok=True)
+        raise
 
 
 def weights_problem(path: "str | os.PathLike", cfg: ModelConfig, *, step: Optional[int] = None) -> Optional[str]:

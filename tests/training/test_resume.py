@@ -224,6 +224,32 @@ def test_a_damaged_resume_point_falls_back_to_the_checkpoints(tmp_path, monkeypa
 
 
 # ------------------------------------------------------------------------------------------------ disk plan
+def test_a_disk_full_between_a_checkpoints_files_leaves_neither(tmp_path, monkeypatch, references):
+    """The weights are written, then the training state hits a full disk: the weights file goes too (an orphan
+    would take space the resumed run's disk check does not count: a CI flake of the tmpfs test), the error is the
+    disk's, and the run resumes from the checkpoint before to the uninterrupted run's bytes."""
+    import errno
+
+    from markov_interp.runs import checkpoints
+
+    real = checkpoints.atomic_write
+
+    def full_at_step_5(path, data):
+        if "0000005" in Path(path).name:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, data)
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(checkpoints, "atomic_write", full_at_step_5)
+    with pytest.raises(OSError, match="No space left"):
+        train(tiny_run(n_checkpoints=4, resume_every=3), out, progress=False)
+    assert not list((out / runs.CHECKPOINT_DIR).glob("step_0000005*"))  # neither file of step 5
+    assert [s for s, _ in runs.list_checkpoints(out)] == [1, 2]
+    monkeypatch.setattr(checkpoints, "atomic_write", real)
+    assert train(tiny_run(n_checkpoints=4, resume_every=3), out, progress=False).resumed_from >= 2
+    _same_folder(out, references[4])
+
+
 def test_the_disk_check_counts_two_resume_points_a_run(tmp_path, monkeypatch):
     """n_checkpoints=0: the files left are the metrics, the final weights and, unless resume_every=0, two resume
     points (a checkpoint's files each); free space between the two totals passes only without them."""
