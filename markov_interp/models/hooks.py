@@ -39,6 +39,7 @@ __all__ = [
     "feature_shape",
     "write",
     "PER_HEAD",
+    "KINDS",
 ]
 
 # kind -> the hook's name inside block i (blocks.{i}.<name>), in forward order
@@ -50,6 +51,7 @@ _BLOCK = {
 _GLOBAL = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
 _MLP = ("pre", "post", "mlp_out")
 PER_HEAD = ("q", "k", "v", "z", "pattern")  # kinds with a head axis
+KINDS = (*_GLOBAL, *_BLOCK)  # every activation kind `act_name` takes, embeddings first then in forward order
 _KIND_OF = {**{v: k for k, v in _BLOCK.items()}, **{v: k for k, v in _GLOBAL.items()}}
 
 

@@ -25,6 +25,10 @@ never write files, plot, or write into a cache. One module per idea:
 - `gains`: graded gains, the fraction of each step up the ladder of in-context laws the model has climbed.
 - `kernel_swap`: in weights or in context, from sequences of kernels the model was not trained on.
 - `weights`: per-head OV and QK circuits as V x V matrices, direct logit attribution.
+- `targets`, `linear`, `representation`: representation probes, what an activation carries: linear probes at any
+  hook (residual stream, a head's output or its q/k/v input) of the lagged state, counts, the add-beta row, the
+  posterior or a target of one's own, fitted and scored on disjoint sequences, with a control, the selectivity and
+  bootstrap intervals (`linear_probe`, `probe_layers`, `fit_probe`, `probe_target`).
 - `readout`: the transition matrix implied by the model's predictions.
 - `strategies`: KL from the model to the uniform, stationary, true-kernel, state-and-counts and in-context
   k-gram laws.
@@ -135,6 +139,9 @@ from markov_interp.probes.patching import (
 )
 from markov_interp.probes.weights import LogitAttribution, direct_logit_attribution, ov_circuits, qk_circuits
 from markov_interp.probes.readout import KernelReadout, implied_kernel, kernel_readout
+from markov_interp.probes.linear import ProbeFit, fit_probe
+from markov_interp.probes.representation import ProbeTable, linear_probe, probe_layers
+from markov_interp.probes.targets import Target, probe_target
 from markov_interp.probes.strategies import (
     STATE_AND_COUNTS,
     STRATEGIES,
@@ -169,6 +176,7 @@ __all__ = [
     "uniform_causal_pattern", "PositionPatching", "patching_by_position", "LogitAttribution",
     "direct_logit_attribution", "ov_circuits", "qk_circuits", "TokenStatistics", "token_statistics", "checked",
     "ProbeResult", "headline",
+    "ProbeFit", "ProbeTable", "Target", "fit_probe", "linear_probe", "probe_layers", "probe_target",
 ]
 
 # Every public probe is exported with its argument types checked (`checked`: a TypeError naming the parameter

@@ -5,6 +5,7 @@
   stuck at a bad local minimum sits here (Makkuva et al.).
 - `entropy_rate`: sum_s pi(s) H(P(. | s)), the loss of the true kernel, which is the best any predictor can do on
   a fixed chain (exact at every position when the first states are drawn from pi).
+- `state_counts` / `transition_counts`: the in-context counts every in-context estimator is a function of.
 - `add_beta_predictions`: the in-context add-beta (Laplace beta = 1, Krichevsky-Trofimov beta = 1/2) estimator of
   the next-state law from transition counts in the sequence so far: Bayes-optimal for `RandomMarkov` with
   alpha = beta when the first state's law does not depend on the kernel, and what an induction-head circuit
@@ -59,7 +60,13 @@ from markov_interp.theory.fixed import (
     target_log_loss,
     unigram_loss,
 )
-from markov_interp.theory.in_context import _in_context_references, add_beta_predictions, in_context_loss_curve
+from markov_interp.theory.in_context import (
+    _in_context_references,
+    add_beta_predictions,
+    in_context_loss_curve,
+    state_counts,
+    transition_counts,
+)
 from markov_interp.theory.pools import (
     PoolKernels,
     PoolLaws,
@@ -92,7 +99,7 @@ __all__ = [
     # averages over random kernels
     "KernelExpectations", "expected_kernel_references", "special_xlogx",
     # in-context estimators
-    "add_beta_predictions", "in_context_loss_curve",
+    "add_beta_predictions", "in_context_loss_curve", "state_counts", "transition_counts",
     # a source's references
     "initial_context_laws", "true_predictions", "plateau_predictions", "paired_losses", "ReferenceLosses",
     "format_loss", "reference_losses",

@@ -1,5 +1,7 @@
 """In-context laws: what can be learned about a sequence's own kernel from the sequence so far.
 
+- `state_counts` / `transition_counts`: the counts n_x and n(c, x) of the sequence so far, the sufficient
+  statistics every in-context estimator here is a function of (and what a representation probe reads back).
 - `add_beta_predictions`: the in-context add-beta (Laplace beta = 1, Krichevsky-Trofimov beta = 1/2) estimator of
   the next-state law from transition counts in the sequence so far: Bayes-optimal for `RandomMarkov` with
   alpha = beta when the first state's law does not depend on the kernel, and what an induction-head circuit
@@ -69,18 +71,50 @@ def add_beta_predictions(
         raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values in {tokens.min()}..{tokens.max()}")
     allowed = _check_support(support, vocab, order, tokens.device)
     if order == 0:  # in-context unigram: state counts over x_0..x_t, whatever the current state
-        counts = torch.nn.functional.one_hot(tokens, vocab).to(torch.float64).cumsum(1)
-        return _add_beta(counts, None if allowed is None else allowed[tokens], beta)
+        return _add_beta(state_counts(tokens, vocab), None if allowed is None else allowed[tokens], beta)
     current, ctx = _current_context_counts(tokens, vocab, order)
     probs = _add_beta(current, None if allowed is None else allowed[ctx.clamp_min(0)], beta)
     probs[ctx < 0] = 1.0 / vocab
     return probs
 
 
-def _current_context_counts(tokens: Int[Tensor, "batch pos"], vocab: int,
-                            order: int) -> tuple[Float[Tensor, "batch pos vocab"], Int[Tensor, "batch pos"]]:
-    """Per position t, the counts n(c_t, x) of the transitions c_t -> x seen in x_0..x_t out of the current context
-    c_t, and c_t itself (`context_index`: -1 where fewer than `order` states, whose counts are meaningless)."""
+def state_counts(tokens: Int[Tensor, "batch pos"], vocab: int) -> Float[Tensor, "batch pos vocab"]:
+    """n_x at every position t: how many of x_0..x_t equal x (float64), the counts of the in-context unigram law.
+
+    Args:
+        tokens: the states.
+        vocab: the number of states V.
+
+    Returns:
+        The counts; they sum to t + 1 at position t.
+
+    >>> state_counts(torch.tensor([[0, 1, 1]]), 2)[0].tolist()
+    [[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]]
+    """
+    return torch.nn.functional.one_hot(tokens, vocab).to(torch.float64).cumsum(1)
+
+
+def transition_counts(tokens: Int[Tensor, "batch pos"], vocab: int, *,
+                      order: int = 1) -> Float[Tensor, "batch pos context vocab"]:
+    """n(c, x) at every position t: how many transitions from the context c (the `order` states before, base-V
+    index oldest first as `context_index`) to the state x are seen in x_0..x_t (float64).
+
+    These are the sufficient statistics of the in-context add-beta law of that order (`add_beta_predictions` reads
+    the row of the current context); for two states and order 1, n(0, 1) and n(1, 0) differ by at most one and
+    their sum is the number of switches so far.
+
+    Args:
+        tokens: the states.
+        vocab: the number of states V.
+        order: the context length k >= 1.
+
+    Returns:
+        The counts [batch, pos, V**k, V]; they sum to max(t + 1 - k, 0) at position t.
+
+    >>> transition_counts(torch.tensor([[0, 1, 1]]), 2)[0, 2].tolist()  # 0->1 and 1->1 seen by t = 2
+    [[0.0, 1.0], [0.0, 1.0]]
+    """
+    check_int("order", order, minimum=1)
     batch, seq = tokens.shape
     n_ctx = vocab**order
     ctx = context_index(tokens, vocab, order)
@@ -89,7 +123,16 @@ def _current_context_counts(tokens: Int[Tensor, "batch pos"], vocab: int,
     pair[:, 1:] = torch.where(ctx[:, :-1] >= 0, ctx[:, :-1] * vocab + tokens[:, 1:], -1)
     onehot = torch.zeros(batch, seq, n_ctx * vocab + 1, dtype=torch.float64, device=tokens.device)
     onehot.scatter_(2, (pair % (n_ctx * vocab + 1)).unsqueeze(-1), 1.0)  # -1 lands in the spare last slot
-    counts = onehot[..., :-1].cumsum(1).reshape(batch, seq, n_ctx, vocab)
+    return onehot[..., :-1].cumsum(1).reshape(batch, seq, n_ctx, vocab)
+
+
+def _current_context_counts(tokens: Int[Tensor, "batch pos"], vocab: int,
+                            order: int) -> tuple[Float[Tensor, "batch pos vocab"], Int[Tensor, "batch pos"]]:
+    """Per position t, the counts n(c_t, x) of the transitions c_t -> x seen in x_0..x_t out of the current context
+    c_t, and c_t itself (`context_index`: -1 where fewer than `order` states, whose counts are meaningless)."""
+    batch, seq = tokens.shape
+    ctx = context_index(tokens, vocab, order)
+    counts = transition_counts(tokens, vocab, order=order)
     current = torch.gather(counts, 2, ctx.clamp_min(0)[..., None, None].expand(batch, seq, 1, vocab))[:, :, 0]
     return current, ctx
 

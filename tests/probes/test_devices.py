@@ -109,6 +109,10 @@ PROBES = {  # name -> fn(model, source, batch, (clean, corrupted)): every public
     "classify_mechanism": lambda m, s, b, p: probes.classify_mechanism(m, s, n_sequences=12),
     "circuit_formation": lambda m, s, b, p: probes.circuit_formation([(1, m), (2, m)], s, n_sequences=8),
     "clamps.applied": _under_clamps,
+    "linear_probe": lambda m, s, b, p: [probes.linear_probe(m, b, ("z", 0, 0), "state", n_bootstrap=50),
+                                        probes.linear_probe(m, b, ("result", 0, 0), "state_counts", n_bootstrap=50)],
+    "probe_layers": lambda m, s, b, p: probes.probe_layers(m, b, probes.probe_target("state", b, lag=1),
+                                                           n_bootstrap=50),
 }
 # compared by their fields only on CUDA: a choice (the edges kept, a label), or a ratio over a KL of 1e-8..1e-6 nats
 # (the patching baseline of the random models here), which float32 rounding on another device moves

@@ -293,6 +293,9 @@ def _probe_examples(circuit, mech, batch) -> dict:
         "TokenStatistics": probes.token_statistics(batch, vocab=3),
         "CircuitFormation": probes.circuit_formation([(1, circuit), (2, circuit)], TERNARY, n_sequences=4,
                                                      seq_len=16),
+        "Target": probes.probe_target("state", batch, lag=1),
+        "ProbeFit": probes.linear_probe(circuit, batch, ("resid_post", 0), "state_counts", n_bootstrap=20),
+        "ProbeTable": probes.probe_layers(circuit, batch, probes.probe_target("state", batch, lag=1), n_bootstrap=20),
     }
 
 
