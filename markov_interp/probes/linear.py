@@ -18,7 +18,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp.config import check_choice, check_int, check_number
-from markov_interp.probes._common import json_safe
 from markov_interp.probes._display import ProbeResult, dataframe
 from markov_interp.probes.ablation import derangement
 from markov_interp.probes.targets import Target, check_target
@@ -93,9 +92,6 @@ class ProbeFit(ProbeResult):
         column = "recall" if self.metric == "accuracy" else "r2"
         return dataframe(({"output": name, column: value} for name, value in zip(self.outputs, self.per_output)),
                          index="output")
-
-    def to_dict(self) -> dict[str, Any]:
-        return json_safe({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
     def predict(self, activations: Float[Tensor, "*batch feature"]) -> Float[Tensor, "*batch output"]:
         """The probe's logits (classes; argmax is its label) or values (real targets) on raw activations."""
