@@ -66,7 +66,9 @@ class Target(ProbeResult):
             raise ValueError(f"valid must be a boolean [batch, pos] = {tuple(self.values.shape[:2])} tensor, got "
                              f"{_describe(self.valid)}")
         width = self.n_classes if classes else self.values.shape[-1]
-        assert len(self.outputs) == width, (self.outputs, width)
+        if len(self.outputs) != width:
+            raise ValueError(f"outputs must name the {width} {'classes' if classes else 'outputs'}, got "
+                             f"{len(self.outputs)} names")
 
     @property
     def kind(self) -> str:
