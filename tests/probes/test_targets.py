@@ -137,5 +137,8 @@ def test_bad_targets_are_refused(tokens):
         Target.from_tensor(torch.tensor([[0, -1]]))
     with pytest.raises(ValueError, match="n_classes must be an integer >= 3"):
         Target.from_tensor(torch.tensor([[0, 2]]), n_classes=2)
+    with pytest.raises(ValueError, match="outputs must name the 3 classes, got 2 names"):
+        Target(name="x", values=torch.zeros(2, 3, dtype=torch.long), valid=torch.ones(2, 3, dtype=torch.bool),
+               n_classes=3, outputs=("a", "b"))
     assert set(TARGETS) == {"state", "state_counts", "transition_counts", "switch_counts", "add_beta_row",
                             "posterior", "position"}
