@@ -30,7 +30,7 @@ import time
 import torch
 
 from markov_interp import models
-from markov_interp.data import BinaryChain, RandomMarkov
+from markov_interp.sources import BinaryChain, RandomMarkov
 from markov_interp.probes import classify_mechanism, discover_circuit, graph_edges, sample_batch
 
 CASES = (

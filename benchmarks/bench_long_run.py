@@ -34,7 +34,7 @@ import torch
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, loop, train
 from markov_interp import runs as runfolder
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 
 
 def stamped(run: RunConfig, cpu: "list[float] | None" = None) -> list[float]:

@@ -1,4 +1,4 @@
-"""Memory and time of `theory.reference_losses` for random kernels, in blocks (`chains.BLOCK_BYTES`) or not.
+"""Memory and time of `theory.reference_losses` for random kernels, in blocks (`sources.contexts.BLOCK_BYTES`) or not.
 
 The reference is the same computation with every array in one block (BLOCK_BYTES = 2**40: what the package
 did before blocking), on the same source. Time: both measured in this process, alternately (caches off), and
@@ -21,8 +21,9 @@ import time
 
 import torch
 
-from markov_interp import chains, theory
-from markov_interp.data import RandomMarkov
+from markov_interp import theory
+from markov_interp.sources import contexts as chains
+from markov_interp.sources import RandomMarkov
 
 UNBLOCKED = 1 << 40
 

@@ -15,7 +15,7 @@ import time
 import torch
 
 from markov_interp import theory
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 
 SETTINGS = [  # (vocab, seq_len): the CLI's default random source (2 states, 256 inputs) and the reproduction's
     (2, 257),

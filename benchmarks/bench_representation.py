@@ -20,7 +20,7 @@ import time
 import torch
 
 from markov_interp import probes
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.models import build, preset
 
 

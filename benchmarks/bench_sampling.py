@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from markov_interp.data import BinaryChain, RandomMarkov
+from markov_interp.sources import BinaryChain, RandomMarkov
 
 
 def loop_sample(kernel: torch.Tensor, batch: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:

@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from markov_interp import models
-from markov_interp.data import BinaryChain
+from markov_interp.sources import BinaryChain
 
 
 class PlainBlockModel(nn.Module):
@@ -127,7 +127,7 @@ def hooked_loop(steps: int, d_model: int, seq_len: int, batch: int, device: torc
 
 def train_per_step(short: int, long: int, d_model: int, seq_len: int, batch: int, device: torch.device) -> Clock:
     """Wall / CPU seconds per step of `training.train` in this process (marginal: two run lengths)."""
-    from markov_interp.data import SourceConfig
+    from markov_interp.sources import SourceConfig
     from markov_interp.training import RunConfig, TrainConfig, train
 
     def timed(steps: int) -> Clock:

@@ -2,7 +2,7 @@
 
 The package is a pipeline, one module per stage (each imports only stages to its left):
 
-    data -> theory -> landscape -> models -> runs -> training -> probes -> report -> sweep,   cli on top.
+    sources -> theory -> landscape -> models -> runs -> training -> probes -> report -> sweep,   cli on top.
 
 `runs` is what a run is (`RunConfig`) and its folder, read and written: probes, report and sweeps read run folders
 without importing `training`.

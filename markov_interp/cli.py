@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:  # for annotations only: the commands import what they run, so `--help` stays fast
     from markov_interp.probes import MechanismReport
@@ -33,13 +33,20 @@ def _parse_heads(text: str) -> "int | tuple[int, ...]":
 
 
 class _SourceKinds:
-    """`--source`'s choices: the kinds `data.SourceConfig` builds (`data.SOURCE_KINDS`), read when first used, since
-    importing data imports torch, which the help of the other commands does not need."""
+    """`--source`'s choices: the registered source kinds (`sources.source_kinds`), read when first used, since
+    importing the sources imports torch, which the help of the other commands does not need."""
 
     def _kinds(self) -> tuple:
-        from markov_interp.data import SOURCE_KINDS
+        from markov_interp.sources import source_kinds
 
-        return SOURCE_KINDS
+        return source_kinds()
+
+    def help(self) -> str:
+        """`--source`'s help: each kind with its one-line help (`SourceConfig.summary`)."""
+        from markov_interp.sources import source_config_class
+
+        kinds = "; ".join(f"{kind}: {source_config_class(kind).summary()}" for kind in self._kinds())
+        return f"the source kind, one of {kinds}. Any option of a kind: --set source.FIELD=VALUE"
 
     def __iter__(self) -> Any:
         return iter(self._kinds())
@@ -51,13 +58,19 @@ class _SourceKinds:
         return len(self._kinds())
 
 
+class _TrainHelpFormatter(argparse.HelpFormatter):
+    """`train --help`: `--source`'s help lists the registered kinds, read only when the help is printed."""
+
+    def _get_help_string(self, action: argparse.Action) -> Optional[str]:
+        if isinstance(action.choices, _SourceKinds):
+            return action.choices.help().replace("%", "%%")  # argparse formats help strings with %
+        return super()._get_help_string(action)
+
+
 # Shortcut flags of `train`: (flag, dotted option, argparse keywords). Each sets one run-config option,
 # exactly as `--set option=value` would; defaults come from `training.default_run`, not from here.
 _TRAIN_SHORTCUTS = (
-    ("data", "--source", "source.kind", dict(choices=_SourceKinds(), metavar="KIND", help=(
-        "one of %(choices)s. binary: fixed two-state chain (--p, --q; default p=0.2, q=0.3); markov: any fixed "
-        "kernel (--kernel, --order); random: a fresh Dirichlet kernel per sequence (default 2 states); other kinds "
-        "take their fields as --set source.FIELD=VALUE"))),
+    ("data", "--source", "source.kind", dict(choices=_SourceKinds(), metavar="KIND", help="the source kind")),
     ("data", "--p", "source.p", dict(type=float, help="binary: P(0 -> 1)")),
     ("data", "--q", "source.q", dict(type=float, help="binary: P(1 -> 0)")),
     ("data", "--vocab", "source.vocab", dict(type=int, help="random: number of states")),
@@ -189,11 +202,6 @@ def _train_run(args: argparse.Namespace):  # -> training.RunConfig (imported laz
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
         return _with_interventions(override_run(base, options, where="--set"), args)
-    kind = options.get("source.kind", "binary")
-    if kind == "markov" and "source.kernel" not in options:
-        raise ValueError("--source markov needs --kernel (a JSON array of transition probabilities)")
-    if kind != "markov" and "source.kernel" in options:
-        raise ValueError("--kernel needs --source markov")
     return _with_interventions(default_run(**options), args)
 
 
@@ -218,6 +226,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     # Owned by the models/training work (issue 3).
     p = sub.add_parser(
         "train",
+        formatter_class=_TrainHelpFormatter,
         help="train a transformer on a Markov source into a run folder (resumes / skips when possible)",
         description="Train a transformer on fresh Markov batches. With no flags: the paper's one-layer model "
         "on the binary chain p=0.2, q=0.3, 300 steps of 16 x 256 states (about 10 s on a CPU core); the "

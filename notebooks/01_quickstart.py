@@ -43,7 +43,7 @@ RUNS = Path("runs", "tutorial")  # run folders, relative to the folder the noteb
 
 # %%
 from markov_interp import theory
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 
 source_cfg = SourceConfig(kind="binary", p=0.2, q=0.3)
 source = source_cfg.build()

@@ -34,7 +34,7 @@ RUNS = Path("runs", "tutorial")  # run folders, relative to the folder the noteb
 
 # %%
 from markov_interp import landscape, probes, report, theory
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train
 

@@ -82,7 +82,7 @@ report.regime_map_init_figure(init_map)
 
 # %%
 from markov_interp import models
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train
 

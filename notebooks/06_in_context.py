@@ -194,7 +194,7 @@ experiments.diversity_figure(dcells, transitions, title="quick budget: 300 steps
 
 # %%
 from markov_interp import probes, report
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train
 
@@ -257,7 +257,7 @@ verdicts["two layers"].circuit.to_dataframe()  # each role's heads and the cost 
 # A two-layer model trained on `RandomMarkov(3, pool_size=1)`: every sequence comes from the same kernel, so
 # the pool's Bayes predictor is that kernel and nothing needs the context. On a batch from the pool and on a
 # batch of fresh kernels (`source.out_of_pool()`), its loss beside the two exact references from `theory`: the
-# pool's Bayes predictor (`theory.pool_bayes_predictions`, the posterior mixture over the pool's kernels given
+# pool's Bayes predictor (`pool_source.predictive`, the posterior mixture over the pool's kernels given
 # the context) and the in-context Bayes predictor (the add-alpha estimator of a fresh Dirichlet kernel). The
 # kernel swap asks the model directly: on sequences from kernels outside the pool, does it follow the context
 # (1) or the pool (0)?
@@ -273,9 +273,8 @@ pooled = live_run(2, pool_cfg, 10 if QUICK else 150, "pool-1")
 def losses(model, batch) -> dict:
     """The model's loss and the two references' on `batch`, nats per prediction."""
     tokens = batch.tokens
-    pool_bayes = theory.pool_bayes_predictions(pool_source.pool, pool_source.initial_context_laws(pool_source.pool),
-                                               tokens)
-    in_context = theory.add_beta_predictions(tokens, 3, order=1, beta=pool_source.alpha)
+    pool_bayes = pool_source.predictive(tokens)  # each source's Bayes-optimal law given the prefix
+    in_context = pool_source.out_of_pool().predictive(tokens)  # fresh kernels: the add-alpha estimator
     loss = lambda probs: float(theory.target_log_loss(probs.double(), tokens).mean())  # noqa: E731
     return {"model": loss(probes.next_state_probs(model, tokens)), "pool Bayes": loss(pool_bayes),
             "in-context Bayes": loss(in_context)}

@@ -12,7 +12,7 @@ import time
 import torch
 
 from markov_interp import probes
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def _run(seed, compile="off", **train_kwargs):
-    from markov_interp.data import SourceConfig
+    from markov_interp.sources import SourceConfig
     from markov_interp.models import preset
     from markov_interp.training import RunConfig, TrainConfig
 

@@ -20,7 +20,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train_many
 

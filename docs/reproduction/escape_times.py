@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from markov_interp import dynamics, training
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig
 

@@ -11,9 +11,9 @@ bigram statistics of the context, used to retrieve a chain of the pool or to inf
   and the fresh-kernel source (N = ∞), the same pool for every seed; the paper's two-layer attention-only model
   and `budget.depths`' others; `budget.seeds` seeds per cell, every N and seed of a depth one stack;
 - per model, on a probe batch of its own pool (in pool) and one of fresh kernels (out of pool, the same for all):
-  its loss against the pool's Bayes predictor (`theory.pool_bayes_predictions`, retrieval) and the in-context
-  Bayes predictor (add-alpha, inference); the **kernel-swap fraction** (`probes.kernel_swap`, raw: not clipped)
-  on fresh kernels outside the pool f = (L(pool Bayes) - L(model)) / (L(pool Bayes) - L(in-context Bayes)): 0 for
+  its loss against the pool's Bayes predictor (the source's `predictive`, `sources.pool_bayes_predictions`:
+  retrieval) and the in-context Bayes predictor (add-alpha, inference); the **kernel-swap fraction**
+  (`probes.kernel_swap`, raw: not clipped) on fresh kernels outside the pool f = (L(pool Bayes) - L(model)) / (L(pool Bayes) - L(in-context Bayes)): 0 for
   a model that retrieves, 1 for one that infers;
 - **Park et al.'s four algorithms** on the in-pool batch: unigram retrieval (`theory.pool_unigram_predictions`),
   bigram retrieval (the pool's Bayes predictor), unigram inference (in-context add-alpha state counts), bigram
@@ -41,11 +41,12 @@ import torch
 
 from markov_interp import theory
 from markov_interp.config import check_probability
+from markov_interp.sources import add_beta_predictions
 from markov_interp.experiments import Budget, Experiment, Section, Table, _shared, register
 from markov_interp.sweep import SweepSpec
 
 if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLens, which `--help` need not
-    from markov_interp.data import RandomMarkov
+    from markov_interp.sources import RandomMarkov
     from markov_interp.models import HookedModel
     from markov_interp.probes import ProbeBatch
 
@@ -150,10 +151,9 @@ def algorithm_laws(source: "RandomMarkov", tokens: torch.Tensor) -> dict[str, to
     laws = {}
     if source.pool is not None:
         laws["unigram retrieval"] = theory.pool_unigram_predictions(source.pool, tokens)
-        laws["bigram retrieval"] = theory.true_predictions(source, tokens)
-    laws["unigram inference"] = theory.add_beta_predictions(tokens, source.vocab, order=0, beta=source.alpha)
-    laws["bigram inference"] = theory.add_beta_predictions(tokens, source.vocab, order=source.order,
-                                                           beta=source.alpha)
+        laws["bigram retrieval"] = source.predictive(tokens)
+    laws["unigram inference"] = add_beta_predictions(tokens, source.vocab, order=0, beta=source.alpha)
+    laws["bigram inference"] = add_beta_predictions(tokens, source.vocab, order=source.order, beta=source.alpha)
     return laws
 
 
@@ -190,9 +190,9 @@ def measure_model(model: "HookedModel", inside: "ProbeBatch", outside: "ProbeBat
     for name, batch in (("in", inside), ("out", outside)):
         tokens = batch.tokens
         losses = {"model": _loss(probes.next_state_probs(model, tokens), tokens),
-                  "in_context_bayes": _loss(theory.true_predictions(fresh, tokens), tokens)}
+                  "in_context_bayes": _loss(fresh.predictive(tokens), tokens)}
         if source.pool is not None:
-            losses["pool_bayes"] = _loss(theory.true_predictions(source, tokens), tokens)
+            losses["pool_bayes"] = _loss(source.predictive(tokens), tokens)
         result[name] = losses
     swap = None if source.pool is None else probes.kernel_swap(
         model, source, seq_len=outside.tokens.shape[1], n_sequences=outside.tokens.shape[0], seed=_PROBE_SEED - 1)
@@ -391,7 +391,7 @@ class DiversityRecord:
 def _batches(budget: DiversityBudget) -> tuple[dict, Any]:
     """The in-pool probe batch of every pool size (None: the fresh source) and the out-of-pool batch."""
     from markov_interp import probes
-    from markov_interp.data import RandomMarkov
+    from markov_interp.sources import RandomMarkov
 
     def batch(source: RandomMarkov, seed: int) -> probes.ProbeBatch:
         return probes.sample_batch(source, n_sequences=budget.probe_sequences, seq_len=budget.seq_len, seed=seed)

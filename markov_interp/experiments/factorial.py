@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from markov_interp import dynamics
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
 from markov_interp.experiments.interventions import (Arm, ExperimentResult, arm_json, dynamics_figures,
                                                      experiment_from_json, experiment_sections, run_arms)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp import dynamics
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
 from markov_interp.models import heads_per_layer, preset
 from markov_interp.models.hooks import act_name

@@ -57,7 +57,7 @@ from markov_interp.probes.classify import Thresholds
 from markov_interp.sweep import SweepSpec
 
 if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLens, which `--help` need not
-    from markov_interp.data import Source
+    from markov_interp.sources import Source
     from markov_interp.models import HookedModel
     from markov_interp.probes import ProbeBatch
 
@@ -305,7 +305,7 @@ def _family(normalization: Optional[str]) -> str:
 
 def _probe_batches(budget: PhaseBudget) -> dict[int, Any]:
     from markov_interp import probes
-    from markov_interp.data import RandomMarkov
+    from markov_interp.sources import RandomMarkov
 
     return {k: probes.sample_batch(RandomMarkov(budget.vocab, order=k, alpha=budget.alpha),
                                    n_sequences=budget.probe_sequences, seq_len=budget.seq_len, seed=_PROBE_SEED + k)

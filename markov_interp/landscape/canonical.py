@@ -50,7 +50,7 @@ def _check_pq_arrays(p: Any, q: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def kernel(p: Real, q: Real) -> Float[np.ndarray, "2 2"]:
-    """The binary chain's transition kernel [[1-p, p], [q, 1-q]] (float64), as `data.BinaryChain` has it."""
+    """The binary chain's transition kernel [[1-p, p], [q, 1-q]] (float64), as `sources.BinaryChain` has it."""
     p, q = _check_pq(p, q)
     return np.array([[1.0 - p, p], [q, 1.0 - q]])
 

@@ -23,7 +23,7 @@ from torch import Tensor
 from markov_interp import theory
 from markov_interp._display import displayed
 from markov_interp.config import check_int
-from markov_interp.data import Source
+from markov_interp.sources import KernelSource, Source, add_beta_predictions, context_index, kernel_predictions
 from markov_interp.models import HookedModel, weights_metadata
 # the hook-name functions of the probes; their one home is `models.hooks` (TransformerLens's names)
 from markov_interp.models.hooks import attn_out_hook, mlp_out_hook, pattern_hook, z_hook  # noqa: F401
@@ -255,20 +255,22 @@ def total_variation(p: Float[Tensor, "*#batch vocab"], q: Float[Tensor, "*#batch
 @displayed
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
 class ProbeBatch:
-    """Sequences a probe runs on, with the kernel each sequence was drawn from.
+    """Sequences a probe runs on, with the source they were drawn from and the kernel of each sequence.
 
-    `kernels[b]` is sequence b's kernel as [V**order, V] (rows indexed by the base-V number of the last
-    `order` states, oldest first): the same fixed kernel for every row of a `MarkovChain`, a fresh Dirichlet
-    draw per row of a `RandomMarkov`. `initial[b]` is the law sequence b's first `order` states were drawn from,
-    over contexts (`theory.initial_context_laws`); None stands for each kernel's stationary context law.
+    `source` is the source (its `predictive` is the Bayes-optimal law a model is compared with). `kernels[b]` is
+    sequence b's kernel as [V**order, V] (rows indexed by the base-V number of the last `order` states, oldest
+    first): the same fixed kernel for every row of a `MarkovChain`, a fresh Dirichlet draw per row of a
+    `RandomMarkov`. `initial[b]` is the law sequence b's first `order` states were drawn from, over contexts
+    (`source.initial_context_laws(kernels)`); None stands for each kernel's stationary context law.
     """
 
     tokens: Int[Tensor, "batch pos"]
     kernels: Float[Tensor, "batch context vocab"]
     vocab: int
     order: int
-    random_kernel: bool  # True for a source with a prior, a kernel per sequence (none to learn in weights)
+    random_kernel: bool  # the source's `in_context`: a kernel per sequence (none to learn in weights)
     beta: float  # add-beta smoothing of the in-context references: the prior's alpha, 1/2 for a fixed chain
+    source: KernelSource
     initial: Optional[Float[Tensor, "batch context"]] = None
 
     def _headline(self) -> str:  # one line, not the tensors
@@ -298,19 +300,19 @@ def check_batch(batch: Any, where: str) -> ProbeBatch:
     return batch
 
 
-def sample_batch(source: Source, *, n_sequences: int, seq_len: int, seed: int) -> ProbeBatch:
+def sample_batch(source: KernelSource, *, n_sequences: int, seq_len: int, seed: int) -> ProbeBatch:
     """Draw `n_sequences` sequences of `seq_len` states from `source` with a CPU generator seeded by `seed`."""
     check_int("n_sequences", n_sequences, minimum=2)
     check_int("seq_len", seq_len, minimum=2)
     check_int("seed", seed)
-    if not isinstance(source, Source):
+    if not isinstance(source, KernelSource):
         raise ValueError(f"source must be {_SOURCE_TAKES}, got {type(source).__name__}")
     gen = torch.Generator().manual_seed(seed)
     tokens, kernels = source.sample(n_sequences, seq_len, gen, return_kernels=True)
     kernels = kernels.contiguous()  # a fixed chain gives one kernel expanded over the rows
     return ProbeBatch(
-        tokens=tokens, kernels=kernels, vocab=source.vocab, order=source.order, random_kernel=source.alpha is not None,
-        beta=default_beta(source), initial=theory.initial_context_laws(source, kernels),
+        tokens=tokens, kernels=kernels, vocab=source.vocab, order=source.order, random_kernel=source.in_context,
+        beta=default_beta(source), source=source, initial=source.initial_context_laws(kernels),
     )
 
 
@@ -322,12 +324,14 @@ def check_source_matches(model: HookedModel, source: Source) -> None:
 
 def contexts(tokens: Tokens, *, vocab: int, order: int) -> Int[Tensor, "batch pos"]:
     """Base-V index of the last `order` states at every position (-1 where fewer than `order` states)."""
-    return theory.context_index(tokens, vocab, order)
+    return context_index(tokens, vocab, order)
 
 
 def kernel_probs(batch: ProbeBatch) -> Probs:
-    """The true next-state law at every position given each sequence's kernel (`theory.kernel_predictions`, the
-    same computation as `theory.true_predictions` for a fixed chain): the kernel row of the current context.
+    """The true next-state law at every position given each sequence's kernel (`sources.kernel_predictions`; for
+    a fixed chain the same computation as its `predictive`): the kernel row of the current context. For random
+    kernels it is an oracle that knows each sequence's kernel, not the Bayes law the data allow
+    (`batch.source.predictive`).
 
     Positions with fewer than `order` states (order > 1 only) get the exact law of the next state given the
     states so far under the sequence's initial context law. (Before this was shared with `theory`, they got the
@@ -336,7 +340,7 @@ def kernel_probs(batch: ProbeBatch) -> Probs:
     initial = batch.initial
     if initial is None:
         initial = theory.stationary_context_laws(_distinct_kernels(batch).cpu()).to(batch.kernels.device)
-    return theory.kernel_predictions(_distinct_kernels(batch), batch.tokens, initial)
+    return kernel_predictions(_distinct_kernels(batch), batch.tokens, initial)
 
 
 def _distinct_kernels(batch: ProbeBatch) -> Float[Tensor, "kernels context vocab"]:
@@ -360,9 +364,9 @@ def in_context_unigram_probs(tokens: Tokens, vocab: int, *, beta: float | int) -
     """In-context add-beta estimate of the next state from state counts x_0..x_t (ignores the current state).
 
     The best predictor that uses the context but not the current state (Edelman et al.'s unigram phase);
-    `theory.add_beta_predictions` with order 0.
+    `sources.add_beta_predictions` with order 0.
     """
-    return theory.add_beta_predictions(tokens, vocab, order=0, beta=beta)
+    return add_beta_predictions(tokens, vocab, order=0, beta=beta)
 
 
 target_losses = theory.target_log_loss
@@ -381,7 +385,7 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def default_beta(source: Source) -> float:
+def default_beta(source: KernelSource) -> float:
     """The add-beta smoothing used for in-context references: the alpha of a source with a prior (random kernels),
     else 1/2."""
     return float(source.alpha) if source.alpha is not None else 0.5
@@ -410,8 +414,8 @@ _TAKES = {  # what a parameter of each annotated type takes, in words
     ProbeBatch: "a ProbeBatch (probes.sample_batch(source, n_sequences=..., seq_len=..., seed=...))",
     Tensor: "a torch tensor",
 }
-_SOURCE_TAKES = ("a Markov source (a data.Source: BinaryChain, MarkovChain, RandomMarkov, CyclicMarkov, ...; e.g. "
-                 "SourceConfig(...).build())")
+_SOURCE_TAKES = ("a Markov source (a sources.KernelSource: BinaryChain, MarkovChain, RandomMarkov, CyclicMarkov, "
+                 "...; e.g. SourceConfig(...).build())")
 _SKIP = (int, float, str, bool, type(None))  # plain values: the probes' own ValueErrors name bad ones
 
 
@@ -425,8 +429,8 @@ def _expected(annotation: Any) -> Optional[tuple[tuple[type, ...], str]]:
         allowed = tuple(t for p in parts for t in p[0]) + ((type(None),) if type(None) in typing.get_args(
             annotation) else ())
         return allowed, " or ".join(p[1] for p in parts)
-    if annotation is Source:
-        return (Source,), _SOURCE_TAKES
+    if annotation in (Source, KernelSource):
+        return (annotation,), _SOURCE_TAKES
     array_type = getattr(annotation, "array_type", None)  # a jaxtyping array type: Int[Tensor, "batch pos"]
     if isinstance(array_type, type):
         kind = {"Int": "an integer tensor", "Float": "a float tensor", "Bool": "a boolean tensor"}.get(

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from markov_interp import theory
 from markov_interp.models import HookedModel
+from markov_interp.sources import add_beta_predictions
 from markov_interp.probes._common import (
     ProbeBatch,
     Probs,
@@ -85,7 +86,7 @@ def context_dependence(probs: Probs, tokens: Tokens, *, vocab: int, order: int =
     >>> tokens = torch.tensor([[0, 1, 1], [1, 0, 1]])
     >>> context_dependence(kernel_predictor(torch.tensor([[0.8, 0.2], [0.3, 0.7]]), order=1)(tokens), tokens, vocab=2)
     0.0
-    >>> round(context_dependence(theory.add_beta_predictions(tokens, 2), tokens, vocab=2), 4)  # (1/3,2/3) vs (2/3,1/3)
+    >>> round(context_dependence(add_beta_predictions(tokens, 2), tokens, vocab=2), 4)  # (1/3,2/3) vs (2/3,1/3)
     0.3333
     """
     ctx = contexts(tokens, vocab=vocab, order=order).to(probs.device)
@@ -145,8 +146,8 @@ def model_predictor(model: HookedModel, *, fwd_hooks: Optional[list] = None) -> 
 
 
 def add_beta_predictor(vocab: int, *, order: int, beta: float | int) -> Predictor:
-    """The in-context add-beta estimator (`theory.add_beta_predictions`) as a `Predictor`."""
-    return lambda tokens: theory.add_beta_predictions(tokens, vocab, order=order, beta=beta)
+    """The in-context add-beta estimator (`sources.add_beta_predictions`) as a `Predictor`."""
+    return lambda tokens: add_beta_predictions(tokens, vocab, order=order, beta=beta)
 
 
 def kernel_predictor(kernel: Tensor, *, order: int) -> Predictor:
@@ -168,8 +169,8 @@ class BehaviourReport(ProbeResult):
     Curves have one entry per position (`kl_*`) or per prediction target (`*_loss_curve`, seq_len - 1
     entries); the scalars are their means. `state_dependence` / `context_dependence` are mean total
     variations (see the functions of those names); the `reference_*` values are the same measures for the
-    predictor that is optimal on this source (true kernel rows for a fixed chain, add-beta for a random one
-    for the state measure; add-beta for the context measure).
+    predictor that is optimal on this source (the source's `predictive` for a fixed chain, its kernel's rows;
+    add-beta for a random one) for the state measure, and for add-beta for the context measure.
     """
 
     loss_curve: Float[Tensor, " target"]
@@ -252,16 +253,16 @@ def behaviour(
         probs = next_state_probs(model, tokens)
     probs = probs.cpu()
     true = kernel_probs(batch).cpu()
-    add_beta = theory.add_beta_predictions(tokens, batch.vocab, order=batch.order, beta=beta)
+    add_beta = add_beta_predictions(tokens, batch.vocab, order=batch.order, beta=beta)
     unigram_ic = in_context_unigram_probs(tokens, batch.vocab, beta=beta)
     pis = stationary_probs(batch).cpu()
     curve = loss_curve(probs, tokens)
     ab_curve = loss_curve(add_beta, tokens)
     positions = flip_positions(tokens.shape[1], n_positions=n_flip_positions, order=batch.order)
-    if batch.random_kernel:
-        reference = add_beta_predictor(batch.vocab, order=batch.order, beta=beta)
-    else:
-        reference = kernel_predictor(batch.kernels[0], order=batch.order)
+    # the optimal predictor of a fixed chain; for random kernels the add-beta estimator, defined on every flipped
+    # sequence (a pool's Bayes law is not once a flip makes a sequence impossible under every kernel)
+    reference = add_beta_predictor(batch.vocab, order=batch.order, beta=beta) if batch.random_kernel else (
+        batch.source.predictive)
     kl_k, kl_ab, kl_pi = kl_curve(true, probs), kl_curve(add_beta, probs), kl_curve(pis, probs)
     kernel_curve = loss_curve(true, tokens)
     return BehaviourReport(

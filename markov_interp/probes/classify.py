@@ -52,7 +52,7 @@ from torch import Tensor
 
 from markov_interp import theory
 from markov_interp.config import bounds, check_fields
-from markov_interp.data import Source
+from markov_interp.sources import Source
 from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
     PROBE_SEQUENCES,

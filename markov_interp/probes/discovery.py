@@ -68,7 +68,7 @@ import torch
 from torch import Tensor
 
 from markov_interp.config import check_int, check_number
-from markov_interp.data import Source
+from markov_interp.sources import Source
 from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
     PROBE_SEQUENCES,

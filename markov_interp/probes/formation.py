@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from markov_interp.data import Source
+from markov_interp.sources import Source
 from markov_interp.models import HookedModel
 from markov_interp.probes._common import ProbeBatch, probe_length, sample_batch
 from markov_interp.probes._display import ProbeResult, dataframe

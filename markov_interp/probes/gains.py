@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import torch
 
-from markov_interp import theory
+from markov_interp.sources import add_beta_predictions
 from markov_interp._display import displayed
 from markov_interp.probes._common import ProbeBatch, Probs, json_safe, ratio_of_means, target_losses
 
@@ -75,10 +75,10 @@ def graded_gains(probs: Probs, batch: ProbeBatch, *, beta: float | int | None = 
     Returns:
         A `Gains` mapping k -> g_k with standard errors.
 
-    >>> from markov_interp.data import RandomMarkov
+    >>> from markov_interp.sources import RandomMarkov
     >>> from markov_interp.probes import sample_batch
     >>> batch = sample_batch(RandomMarkov(2), n_sequences=8, seq_len=64, seed=0)
-    >>> law = theory.add_beta_predictions(batch.tokens, 2, order=1, beta=1.0)
+    >>> law = add_beta_predictions(batch.tokens, 2, order=1, beta=1.0)
     >>> gains = graded_gains(law, batch)  # the bigram law itself climbs the unigram -> bigram step fully
     >>> sorted(gains), round(gains[1], 6)
     ([0, 1, 2], 1.0)
@@ -92,7 +92,7 @@ def graded_gains(probs: Probs, batch: ProbeBatch, *, beta: float | int | None = 
     model = per_seq(probs)
     laws = {-1: per_seq(torch.full((*tokens.shape, batch.vocab), 1.0 / batch.vocab, dtype=torch.float64))}
     for k in range(top + 1):
-        laws[k] = per_seq(theory.add_beta_predictions(tokens, batch.vocab, order=k, beta=beta))
+        laws[k] = per_seq(add_beta_predictions(tokens, batch.vocab, order=k, beta=beta))
     fractions, se = {}, {}
     for k in range(top + 1):
         fractions[k], se[k] = ratio_of_means(laws[k - 1] - model, laws[k - 1] - laws[k])

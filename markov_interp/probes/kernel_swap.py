@@ -11,7 +11,7 @@ losses in nats on the swap sequences' next states: 0 for a model that predicts f
 follows the context as well as the in-context estimator does; `in_context_fraction` is f clipped to [0, 1] and
 `raw_fraction` f itself; the SE is over sequences (delta method).
 
-What is fed (`swap_plan`, dispatched on the `data.Source` protocol's `pool`):
+What is fed (`swap_plan`, dispatched on the `sources.KernelSource` protocol's `pool`):
 - fixed chains (a pool of one kernel): a fresh Dirichlet(1) kernel per sequence ("random", the default), the
   states relabelled by a random permutation ("permute") or each row reversed ("flip"); the weights law is the
   training kernel's row of the current context, the context law the in-context add-beta estimator of the
@@ -36,8 +36,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from markov_interp import theory
-from markov_interp.data import MarkovChain, RandomMarkov, Source
+from markov_interp.sources import MarkovChain, RandomMarkov, Source, add_beta_predictions
 from markov_interp.models import HookedModel
 from markov_interp._display import displayed
 from markov_interp.probes._common import (
@@ -148,8 +147,8 @@ def _fixed_plan(source: Source, swap: str, n_sequences: int, seq_len: int, seed:
         what = "the states relabelled by a permutation" if swap == "permute" else "each kernel row reversed"
     else:
         raise ValueError(f"swap for a fixed chain must be 'auto', 'random', 'permute' or 'flip', got {swap!r}")
-    weights = theory.true_predictions(source, batch.tokens)
-    context = theory.add_beta_predictions(batch.tokens, source.vocab, order=source.order, beta=beta)
+    weights = source.predictive(batch.tokens)
+    context = add_beta_predictions(batch.tokens, source.vocab, order=source.order, beta=beta)
     return SwapPlan(batch=batch, weights_law=weights, context_law=context,
                     description=f"fixed chain, swap kernels: {what}; weights law: the training kernel; context "
                                 f"law: in-context add-{beta:g} estimator of order {source.order}")
@@ -160,8 +159,8 @@ def _pool_plan(source: Source, swap: str, n_sequences: int, seq_len: int, seed: 
         raise ValueError(f"swap for a pool of kernels must be 'auto' or 'pool', got {swap!r}")
     fresh = source.out_of_pool()
     batch = sample_batch(fresh, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    return SwapPlan(batch=batch, weights_law=theory.true_predictions(source, batch.tokens),
-                    context_law=theory.true_predictions(fresh, batch.tokens),
+    return SwapPlan(batch=batch, weights_law=source.predictive(batch.tokens),
+                    context_law=fresh.predictive(batch.tokens),
                     description=f"pool of {source.pool.shape[0]} kernels, swap kernels: fresh ones from the same "
                                 "prior, outside the pool; weights law: the pool's Bayes predictor (retrieval); "
                                 "context law: the in-context Bayes predictor (inference)")
@@ -175,7 +174,7 @@ def _prior_plan(source: Source, swap: str, n_sequences: int, seq_len: int, seed:
                          seq_len=seq_len, seed=seed)
     shape = (*batch.tokens.shape, source.vocab)
     weights = torch.full(shape, 1.0 / source.vocab, dtype=torch.float64)
-    context = theory.add_beta_predictions(batch.tokens, source.vocab, order=source.order, beta=source.alpha)
+    context = add_beta_predictions(batch.tokens, source.vocab, order=source.order, beta=source.alpha)
     return SwapPlan(batch=batch, weights_law=weights, context_law=context,
                     description=f"random kernels, swap kernels from Dirichlet({alpha:g}) (training prior "
                                 f"Dirichlet({source.alpha:g})); weights law: the prior's mean 1/V; context law: "
@@ -197,7 +196,7 @@ def swap_plan(source: Source, *, n_sequences: int, seq_len: int, seed: int = 0, 
         return _fixed_plan(source, swap, n_sequences, seq_len, seed)
     if pool is not None:
         return _pool_plan(source, swap, n_sequences, seq_len, seed)
-    raise ValueError(f"source must follow the data.Source protocol (vocab, order, alpha, pool, sample), got "
+    raise ValueError(f"source must follow the sources.KernelSource protocol (vocab, order, alpha, pool, sample), got "
                      f"{type(source).__name__}")
 
 

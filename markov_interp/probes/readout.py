@@ -34,7 +34,7 @@ def implied_kernel(
 ) -> tuple[Float[Tensor, "context next_state"], Int[Tensor, " context"]]:
     """Mean predicted law grouped by the last `order` states, and how many predictions each row averages.
 
-    Rows are indexed by the base-V number of the context (oldest state first), as `data` kernels are; rows
+    Rows are indexed by the base-V number of the context (oldest state first), as the sources' kernels are; rows
     of unseen contexts are NaN. `skip` leaves out the first positions (where an in-context learner has seen
     little).
 

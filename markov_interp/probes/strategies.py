@@ -30,6 +30,7 @@ from torch import Tensor
 from markov_interp import theory
 from markov_interp.config import check_int
 from markov_interp.models import HookedModel
+from markov_interp.sources import RandomMarkov, add_beta_predictions
 from markov_interp.probes._common import (
     ProbeBatch,
     Probs,
@@ -80,8 +81,6 @@ _CHUNK = 16  # sequences per chunk of the state-and-counts weights ([chunk, pos,
 @functools.lru_cache(maxsize=8)
 def _state_laws(vocab: int, order: int, alpha: float, n_kernels: int, seed: int) -> tuple:
     """log pi [M, V] and the next-state law given the current state q [M, V, V] of `n_kernels` prior kernels."""
-    from markov_interp.data import RandomMarkov
-
     kernels = RandomMarkov(vocab, order=order, alpha=alpha).sample_kernels(
         n_kernels, torch.Generator().manual_seed(seed))
     contexts = theory.stationary_context_laws(kernels)  # [M, V**order], the current state is the last digit
@@ -202,7 +201,7 @@ def strategy_probs(batch: ProbeBatch, *, beta: float | int | None = None) -> dic
 
     `beta` defaults to `batch.beta` (the source's alpha for random kernels, 1/2 otherwise).
 
-    >>> from markov_interp.data import BinaryChain
+    >>> from markov_interp.sources import BinaryChain
     >>> from markov_interp.probes import sample_batch
     >>> laws = strategy_probs(sample_batch(BinaryChain(0.2, 0.3), n_sequences=2, seq_len=4, seed=0))
     >>> list(laws), tuple(laws["uniform"].shape)
@@ -217,7 +216,7 @@ def strategy_probs(batch: ProbeBatch, *, beta: float | int | None = None) -> dic
         laws["stationary"] = stationary_probs(batch).cpu()
         laws["kernel"] = kernel_probs(batch).cpu()
     for k in range(batch.order + 1):
-        laws[in_context_name(k)] = theory.add_beta_predictions(tokens, batch.vocab, order=k, beta=beta)
+        laws[in_context_name(k)] = add_beta_predictions(tokens, batch.vocab, order=k, beta=beta)
         if k == 0 and batch.random_kernel:
             laws[STATE_AND_COUNTS] = state_and_counts_probs(tokens, batch.vocab, order=batch.order, alpha=beta)
     return laws

@@ -13,10 +13,10 @@ quantity a mechanism for the in-context law could hold in its residual stream:
   switch count and the state counts determine every transition count: a model can reach the in-context bigram
   law by switch counting, without an induction head.
 - `add_beta_row`: (n(c_t, x) + beta) / (n(c_t) + V beta), the add-beta estimate of the transition row of the
-  current context (`theory.add_beta_predictions`).
-- `posterior`: the Bayes-optimal law of the next state given x_0..x_t under the source (`theory.true_predictions`:
-  the in-context posterior predictive for random kernels, the pool posterior for a finite pool, the kernel row
-  for a fixed chain).
+  current context (`sources.add_beta_predictions`).
+- `posterior`: the Bayes-optimal law of the next state given x_0..x_t under the source (its `predictive`: the
+  in-context posterior predictive for random kernels, the pool posterior for a finite pool, the kernel row for a
+  fixed chain).
 - `position`: t.
 
 `probe_target(name, tokens, ...)` builds any of them by name (`TARGETS`); `Target.from_tensor` wraps a tensor of
@@ -32,9 +32,8 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from markov_interp import theory
 from markov_interp.config import check_bool, check_int, check_number
-from markov_interp.data import Source
+from markov_interp.sources import Source, add_beta_predictions, state_counts, transition_counts
 from markov_interp.probes._common import ProbeBatch, _describe, context_labels
 from markov_interp.probes._display import ProbeResult
 
@@ -180,7 +179,7 @@ def _counted(counts: Tensor, n_counted: Tensor, normalize: bool) -> tuple[Tensor
 
 
 def state_count_target(tokens: Int[Tensor, "batch pos"], *, vocab: int, normalize: bool = False) -> Target:
-    """n_x: how many of x_0..x_t equal each state x (`theory.state_counts`), or their frequencies n_x / (t + 1).
+    """n_x: how many of x_0..x_t equal each state x (`sources.state_counts`), or their frequencies n_x / (t + 1).
 
     Args:
         tokens: the states.
@@ -192,7 +191,7 @@ def state_count_target(tokens: Int[Tensor, "batch pos"], *, vocab: int, normaliz
     """
     _check_vocab(tokens, vocab)
     positions = torch.arange(tokens.shape[1], device=tokens.device, dtype=torch.float64)
-    values, valid = _counted(theory.state_counts(tokens, vocab), positions + 1, normalize)
+    values, valid = _counted(state_counts(tokens, vocab), positions + 1, normalize)
     return Target(name="state frequencies" if normalize else "state counts", values=values, valid=valid,
                   outputs=tuple(f"n{s}" for s in range(vocab)))
 
@@ -200,7 +199,7 @@ def state_count_target(tokens: Int[Tensor, "batch pos"], *, vocab: int, normaliz
 def transition_count_target(tokens: Int[Tensor, "batch pos"], *, vocab: int, order: int = 1,
                             normalize: bool = False) -> Target:
     """n(c, x): the transitions from each context c of `order` states to each state x seen in x_0..x_t
-    (`theory.transition_counts`), or their frequencies among the t + 1 - order transitions so far.
+    (`sources.transition_counts`), or their frequencies among the t + 1 - order transitions so far.
 
     Args:
         tokens: the states.
@@ -212,7 +211,7 @@ def transition_count_target(tokens: Int[Tensor, "batch pos"], *, vocab: int, ord
         A real-valued target [batch, pos, V**k * V], outputs named "n01" (context 0, next state 1).
     """
     _check_vocab(tokens, vocab)
-    counts = theory.transition_counts(tokens, vocab, order=order)
+    counts = transition_counts(tokens, vocab, order=order)
     seen = (torch.arange(tokens.shape[1], device=tokens.device, dtype=torch.float64) + 1 - order).clamp_min(0)
     values, valid = _counted(counts.flatten(2), seen, normalize)
     names = tuple(f"n{c}{x}" for c in context_labels(vocab, order) for x in range(vocab))
@@ -244,7 +243,7 @@ def switch_count_target(tokens: Int[Tensor, "batch pos"], *, normalize: bool = F
 def add_beta_row_target(tokens: Int[Tensor, "batch pos"], *, vocab: int, beta: float | int = 0.5,
                         order: int = 1) -> Target:
     """(n(c_t, x) + beta) / (n(c_t) + V beta): the add-beta estimate of the transition row of the current context
-    c_t (`theory.add_beta_predictions`; uniform before the context is full).
+    c_t (`sources.add_beta_predictions`; uniform before the context is full).
 
     Args:
         tokens: the states.
@@ -258,13 +257,13 @@ def add_beta_row_target(tokens: Int[Tensor, "batch pos"], *, vocab: int, beta: f
     _check_vocab(tokens, vocab)
     check_number("beta", beta, positive=True)
     check_int("order", order, minimum=1)
-    values = theory.add_beta_predictions(tokens, vocab, order=order, beta=beta)
+    values = add_beta_predictions(tokens, vocab, order=order, beta=beta)
     return Target(name=f"add-{beta:g} row (order {order})", values=values, valid=_all(tokens),
                   outputs=tuple(f"p{x}" for x in range(vocab)))
 
 
 def posterior_target(tokens: Int[Tensor, "batch pos"], *, source: Optional[Source] = None) -> Target:
-    """The Bayes-optimal law of x_{t+1} given x_0..x_t under `source` (`theory.true_predictions`): the
+    """The Bayes-optimal law of x_{t+1} given x_0..x_t under `source` (its `predictive`): the
     in-context posterior predictive for random kernels, the pool posterior's mixture for a finite pool, the kernel
     row for a fixed chain.
 
@@ -276,10 +275,10 @@ def posterior_target(tokens: Int[Tensor, "batch pos"], *, source: Optional[Sourc
         A real-valued target [batch, pos, V].
     """
     if not isinstance(source, Source):
-        raise ValueError(f"the posterior target needs source= a Markov source (data.Source), got "
+        raise ValueError(f"the posterior target needs source= a Markov source (sources.Source), got "
                          f"{type(source).__name__}")
     _check_vocab(tokens, source.vocab)
-    values = theory.true_predictions(source, tokens)
+    values = source.predictive(tokens)
     return Target(name="posterior predictive", values=values.to(torch.float64), valid=_all(tokens),
                   outputs=tuple(f"p{x}" for x in range(source.vocab)))
 

@@ -25,7 +25,7 @@ import torch
 from markov_interp import dynamics, models, probes, runs, theory
 from markov_interp._display import displayed, headline
 from markov_interp.config import check_int
-from markov_interp.data import Source
+from markov_interp.sources import Source, add_beta_predictions
 from markov_interp.theory import ReferenceLosses
 from markov_interp.devices import resolve_device
 from markov_interp.runs import RunConfig
@@ -382,7 +382,7 @@ def _kernel_section(model: models.HookedModel, mech: probes.MechanismReport, bat
     if batch.order == 1:
         tokens = batch.tokens[:1]
         model_probs = probes.next_state_probs(model, tokens)[0].cpu()
-        add_beta = theory.add_beta_predictions(tokens.cpu(), batch.vocab, order=1, beta=batch.beta)[0]
+        add_beta = add_beta_predictions(tokens.cpu(), batch.vocab, order=1, beta=batch.beta)[0]
         parts.append(figures.in_context_tracking_figure(model_probs, add_beta, batch.kernels[0].cpu(), tokens[0]))
     return Section("kernel", "Learned kernel against the true one", tuple(parts))
 
@@ -390,12 +390,12 @@ def _kernel_section(model: models.HookedModel, mech: probes.MechanismReport, bat
 def _landscape_section(run: RunConfig, model: models.HookedModel, checkpoints: list[tuple[int, Path]]) -> Section:
     from markov_interp import landscape
 
-    src, mc = run.source, run.model
+    mc, (p, q) = run.model, _switching_probabilities(run.source.build())
     why = None
     if mc.n_layers != 1:
         why = "multi-layer model"
-    elif src.kind != "binary":
-        why = f"{src.kind} source, not a binary chain"
+    elif p is None:
+        why = f"{run.source.kind} source, not a fixed binary chain"
     elif mc.attn_only:
         why = "attention-only model: the canonical coordinates need the MLP"
     elif not mc.tie_weights:
@@ -406,14 +406,14 @@ def _landscape_section(run: RunConfig, model: models.HookedModel, checkpoints: l
                                   "describes tied single-layer models on binary chains.", cls="note"),))
     states = [models.read_weights(path)[1] for _, path in checkpoints] + [model]
     try:
-        traj = landscape.coordinates_trajectory(states, p=src.p, q=src.q)
+        traj = landscape.coordinates_trajectory(states, p=p, q=q)
     except ValueError as err:
         return Section("landscape", "Canonical landscape",
                        (paragraph(f"Could not project the run onto the canonical coordinates: {err}", cls="note"),))
     e, w, b = (float(v) for v in traj.points[-1])
     ws, es = traj.points[:, 1], abs(traj.points[:, 0])
     fig = figures.landscape_figure(
-        p=src.p, q=src.q, trajectory=traj,
+        p=p, q=q, trajectory=traj,
         w_range=(min(-2.5, float(ws.min()) - 0.3), max(1.5, float(ws.max()) + 0.3)),
         e_range=(0.0, max(2.5, 1.1 * float(es.max()))),
     )
@@ -423,6 +423,15 @@ def _landscape_section(run: RunConfig, model: models.HookedModel, checkpoints: l
         "Unigram line e = 0: a local minimum for p + q > 1 where w > -1/sqrt(2)."
     )
     return Section("landscape", "Canonical landscape", (text, fig))
+
+
+def _switching_probabilities(source: Source) -> tuple[Optional[float], Optional[float]]:
+    """(p, q) = (P(0 -> 1), P(1 -> 0)) of a fixed two-state first-order chain (its kernel: a pool of one 2 x 2
+    kernel), else (None, None): the sources the canonical landscape describes."""
+    pool = getattr(source, "pool", None) if not source.in_context else None
+    if pool is None or tuple(pool.shape) != (1, 2, 2):
+        return None, None
+    return float(pool[0, 0, 1]), float(pool[0, 1, 0])
 
 
 @torch.no_grad()

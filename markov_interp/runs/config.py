@@ -23,7 +23,7 @@ import torch
 
 from markov_interp import clamps as intervene  # renamed (issue 34); the old name below merges cleanly
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_number
-from markov_interp.data import SourceConfig
+from markov_interp.sources import DEFAULT_KIND, SourceConfig, source_config_class, source_options
 from markov_interp.devices import resolve_device  # the one device check (re-exported here: training.resolve_device)
 from markov_interp.models import ModelConfig, preset
 from markov_interp.models.reduction import check_reduction
@@ -159,19 +159,23 @@ class RunConfig(Config):
 
 # ------------------------------------------------------------------------------------ dotted options
 _SECTIONS: dict[str, type] = {"source": SourceConfig, "model": ModelConfig, "train": TrainConfig}
-# The CLI's default source of each kind (what `default_run` starts from when given no source).
-_SOURCE_DEFAULTS: dict[str, dict] = {"binary": {"p": 0.2, "q": 0.3}, "markov": {}, "random": {"vocab": 2}}
 
 
 def run_options() -> dict[str, list[str]]:
-    """The options a dotted key "section.field" may name, per section ("model" also takes "preset")."""
-    out = {name: sorted(f.name for f in dataclasses.fields(cls)) for name, cls in _SECTIONS.items()}
+    """The options a dotted key "section.field" may name, per section ("source": those of every registered source
+    kind, `sources.source_options`; "model" also takes "preset")."""
+    out = {name: sorted(f.name for f in dataclasses.fields(cls)) for name, cls in _SECTIONS.items() if name != "source"}
+    out["source"] = sorted(source_options())
     out["model"] = sorted(out["model"] + ["preset"])
-    return out
+    return {name: out[name] for name in _SECTIONS}
 
 
-_OWNER = {field: section for section, fields in run_options().items() for field in fields}
-assert len(_OWNER) == sum(len(v) for v in run_options().values()), "option names must be unique across sections"
+def _owners() -> dict[str, str]:
+    """The section of every option name (a bare name is put in the one section that has it)."""
+    options = run_options()
+    owner = {field: section for section, fields in options.items() for field in fields}
+    assert len(owner) == sum(len(v) for v in options.values()), "option names must be unique across sections"
+    return owner
 
 
 def split_key(key: Any, *, where: str = "options") -> tuple[str, str]:
@@ -218,7 +222,7 @@ def build_run(sections: Mapping[str, Any], overrides: Optional[Mapping[str, Any]
         section, field = split_key(key, where=where)
         merged[section][field] = value
     source = (SourceConfig.from_dict(merged["source"], where="source") if merged["source"]
-              else SourceConfig(kind="binary", **_SOURCE_DEFAULTS["binary"]))
+              else SourceConfig(**source_config_class(DEFAULT_KIND).run_defaults))
     model_opts = merged["model"]
     model_opts.setdefault("d_vocab", source.vocab_size)
     name = model_opts.pop("preset", None)
@@ -228,12 +232,12 @@ def build_run(sections: Mapping[str, Any], overrides: Optional[Mapping[str, Any]
 
 def _dotted(overrides: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Keys as "section.field"; a bare field name is put in the one section that has it."""
-    out = {}
+    out, owner = {}, _owners()
     for key, value in overrides.items():
         if isinstance(key, str) and "." not in key:
-            if key not in _OWNER:
-                raise ValueError(f"{where}: {key!r} names no option; valid options are {sorted(_OWNER)}")
-            key = f"{_OWNER[key]}.{key}"
+            if key not in owner:
+                raise ValueError(f"{where}: {key!r} names no option; valid options are {sorted(owner)}")
+            key = f"{owner[key]}.{key}"
         out[key] = value
     return out
 
@@ -258,8 +262,8 @@ def default_run(source: Optional[SourceConfig] = None, **overrides: Any) -> RunC
     if source is not None and not isinstance(source, SourceConfig):
         raise ValueError(f"source must be a SourceConfig, got {type(source).__name__}")
     if source is None:
-        kind = source_opts.get("kind", "binary")
-        base = {"kind": kind, **_SOURCE_DEFAULTS.get(kind, {})}
+        kind = source_opts.get("kind", DEFAULT_KIND)
+        base = {"kind": kind, **source_config_class(kind).run_defaults}
     else:
         base = source.to_dict()
     source = SourceConfig.from_dict({**base, **source_opts}, where="source")

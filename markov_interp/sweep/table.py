@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 
 from markov_interp._io import atomic_path, atomic_write, csv_cell, csv_uncell
 from markov_interp._display import displayed, headline
-from markov_interp.data import SourceConfig
+from markov_interp.sources import source_config_class, source_kinds, source_options
 from markov_interp.models import ModelConfig
 from markov_interp.sweep.records import RUNS_DIR, CellRecord
 from markov_interp.sweep.results import CellResult, ProbeColumns
@@ -116,7 +116,9 @@ def _field_type(key: str) -> Any:
     section, field = split_key(key, where="results table")
     if (section, field) == ("model", "preset"):
         return str
-    cls = {"source": SourceConfig, "model": ModelConfig, "train": TrainConfig}[section]
+    if section == "source":  # the options of every source kind (a table may mix kinds)
+        return source_options()[field]
+    cls = {"model": ModelConfig, "train": TrainConfig}[section]
     return {f.name: f.type for f in dataclasses.fields(cls)}[field]
 
 
@@ -125,8 +127,9 @@ def _is_later(key: str) -> bool:
     table mixing runs that set it with runs that do not holds an empty cell for the latter (tables used to read
     that cell as None, which `source.zero_diagonal` or `train.eval_log_points` refuse)."""
     section, field = split_key(key, where="results table")
-    cls = {"source": SourceConfig, "model": ModelConfig, "train": TrainConfig}[section]
-    return field in getattr(cls, "_LATER_FIELDS", {})
+    classes = ([source_config_class(kind) for kind in source_kinds()] if section == "source"
+               else [{"model": ModelConfig, "train": TrainConfig}[section]])
+    return any(field in getattr(cls, "_LATER_FIELDS", {}) for cls in classes)
 
 
 def _kinds(annotation: Any) -> set:

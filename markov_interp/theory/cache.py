@@ -36,12 +36,13 @@ def _cache_dir() -> Path | None:
 
 @functools.lru_cache(maxsize=1)
 def _code_version() -> str:
-    """A hash of the modules that compute the cached values (every module of theory/, chains, data): after an edit
-    to any of them entries get new keys, so a changed computation never reads an old result."""
-    from markov_interp import chains, data
+    """A hash of the modules that compute the cached values (every module of theory/ and of sources/): after an
+    edit to any of them entries get new keys, so a changed computation never reads an old result."""
+    from markov_interp import sources
 
     digest = hashlib.sha256()
-    for source in (*sorted(Path(__file__).parent.glob("*.py")), chains.__file__, data.__file__):
+    folders = (Path(__file__).parent, Path(sources.__file__).parent)
+    for source in (path for folder in folders for path in sorted(folder.glob("*.py"))):
         try:
             digest.update(Path(source).read_bytes())
         except (OSError, TypeError):  # no source on disk (a frozen install): the installed version decides

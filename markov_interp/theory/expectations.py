@@ -17,13 +17,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp._display import displayed
-from markov_interp.chains import block_sizes, kernel_bytes
-from markov_interp.chains import solve_stationary as _solve_stationary
-from markov_interp.data import Source
+from markov_interp.sources import KernelSource, PoolKernels
+from markov_interp.sources.contexts import block_sizes, kernel_bytes
+from markov_interp.sources.contexts import solve_stationary as _solve_stationary
 from markov_interp.theory._stats import _control_variate_mean
 from markov_interp.theory.cache import _KernelEntry, _disk_cache_read, _disk_cache_write
 from markov_interp.theory.fixed import _check_source, entropy
-from markov_interp.theory.pools import PoolKernels
 
 
 @displayed(line=lambda k: f"E[entropy rate] {k.entropy_rate:.4f} +- {k.entropy_rate_se:.1e}, E[H(pi)] {k.oracle_unigram_loss:.4f} "
@@ -136,7 +135,7 @@ def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol
     rng = np.random.default_rng([seed, 16])
     moments, n, chunk = np.zeros((5, 5)), 0, 1 << 18
     while True:
-        # the chunk's kernels are drawn and reduced block by block (memory ~ chains.BLOCK_BYTES, not 2**18 V**(k+1));
+        # the chunk's kernels are drawn and reduced block by block (memory ~ contexts.BLOCK_BYTES, not 2**18 V**(k+1));
         # numpy draws them as one call would, so z and the estimates are the unblocked ones, bit for bit
         sizes = block_sizes(chunk, kernel_bytes(n_ctx, vocab))
         z = torch.cat([_kernel_moment_rows(rng.standard_gamma(alpha, size=(size, n_ctx, vocab)).clip(1e-300) * mask)
@@ -175,7 +174,7 @@ def _kernel_moment_rows(gam: np.ndarray) -> Float[Tensor, "kernel 5"]:
     return torch.stack([torch.ones_like(rate), rows_h.mean(-1), spread, rate, hpi], 1)
 
 
-def expected_kernel_references(source: Source, *, seed: int = 0, tol: float = 1e-4) -> KernelExpectations:
+def expected_kernel_references(source: KernelSource, *, seed: int = 0, tol: float = 1e-4) -> KernelExpectations:
     """E[entropy rate] and E[H(pi)] over the kernels of a random-kernel source (`RandomMarkov`): for a finite
     pool the exact averages over its kernels; for fresh Dirichlet kernels by quadrature for two states of order 1
     (error ~1e-9), else by Monte Carlo to a standard error below `tol` (cached)."""
@@ -191,7 +190,7 @@ def expected_kernel_references(source: Source, *, seed: int = 0, tol: float = 1e
                                        support is True, None if isinstance(support, bool) else support)
 
 
-def _prior_support(source: Source) -> bool | tuple:
+def _prior_support(source: KernelSource) -> bool | tuple:
     """The support of the source's prior, as the kernel expectations are keyed on it: False for every transition
     allowed, True for all but the self-transitions (`RandomMarkov(zero_diagonal=True)`), else the [V**k, V] booleans
     as nested tuples (e.g. `CyclicMarkov`'s). The Monte Carlo's control variate needs every row to allow the same

@@ -6,9 +6,9 @@ the true next-state law at every position and the log-losses built from them.
   stuck at a bad local minimum sits here (Makkuva et al.).
 - `entropy_rate`: sum_s pi(s) H(P(. | s)), the loss of the true kernel, which is the best any predictor can do on
   a fixed chain (exact at every position when the first states are drawn from pi).
-- `kernel_predictions` / `stationary_predictions`: the true next-state law (exact before an order-k context is
-  full) and pi at every position, given each sequence's kernel: the one computation behind `true_predictions` /
-  `plateau_predictions` for fixed chains and the probes' `kernel_probs` / `stationary_probs`.
+- `stationary_predictions`: pi at every position, given each sequence's kernel: the one computation behind
+  `plateau_predictions` for fixed chains and the probes' `stationary_probs` (the true next-state law given a
+  kernel is `sources.kernel_predictions`).
 
 Order-k kernels ([V]*k + [V]) are handled through the chain on contexts (the last k states).
 """
@@ -19,16 +19,16 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from markov_interp.chains import context_kernel as _context_kernel
-from markov_interp.chains import solve_stationary as _solve_stationary
-from markov_interp.chains import stationary_context_law
-from markov_interp.data import Source, validate_kernel
+from markov_interp.sources import KernelSource, validate_kernel
+from markov_interp.sources.contexts import context_kernel as _context_kernel
+from markov_interp.sources.contexts import solve_stationary as _solve_stationary
+from markov_interp.sources.contexts import stationary_context_law
 
-Kernel = Any  # a [V]*k + [V] array-like or a fixed chain; validated by data.validate_kernel
+Kernel = Any  # a [V]*k + [V] array-like or a fixed chain; validated by sources.validate_kernel
 
 
 def _as_kernel(kernel: Kernel) -> Tensor:
-    if isinstance(kernel, Source):
+    if isinstance(kernel, KernelSource):
         pool = kernel.pool
         if pool is None or pool.shape[0] != 1:
             raise ValueError(f"{kernel!r} has no single kernel: each of its sequences draws one from a prior or pool")
@@ -113,16 +113,6 @@ def kl_divergence(
     return cross_entropy(predicted, true) - entropy(true)
 
 
-def context_index(tokens: Int[Tensor, "batch pos"], vocab: int, order: int) -> Int[Tensor, "batch pos"]:
-    """Base-V index of the last `order` states ending at each position (oldest first); -1 where too short."""
-    index = torch.zeros_like(tokens)
-    for lag in range(order):  # order is tiny (1..4): a loop over lags, not positions
-        shifted = torch.roll(tokens, lag, dims=1)
-        index = index + shifted * vocab ** lag
-    index[:, : order - 1] = -1
-    return index
-
-
 def target_log_loss(
     probs: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"]
 ) -> Float[Tensor, "batch target"]:
@@ -132,67 +122,11 @@ def target_log_loss(
 
 
 def _check_source(source: Any) -> None:
-    if not isinstance(source, Source):
-        raise ValueError(f"unknown source type {type(source).__name__}: a source has vocab, order, alpha, pool, "
-                         "sample and initial_context_laws (data.Source)")
-
-
-def _order_of(n_ctx: int, vocab: int) -> int:
-    order = 1
-    while vocab**order < n_ctx:
-        order += 1
-    if vocab**order != n_ctx:
-        raise ValueError(f"kernels have {n_ctx} context rows, not a power of the {vocab} states (V**order)")
-    return order
-
-
-def kernel_predictions(
-    kernels: Float[Tensor, "#batch context vocab"],
-    tokens: Int[Tensor, "batch pos"],
-    initial: Float[Tensor, "#batch context"],
-) -> Float[Tensor, "batch pos vocab"]:
-    """The true law of x_{t+1} given x_0..x_t at every position t, for sequences with known kernels.
-
-    `kernels[b]` is sequence b's kernel flattened to [V**k, V] and `initial[b]` the law of its first k states over
-    contexts (a batch of 1 serves every sequence: a fixed chain). Once the context is full (t >= k - 1) this is
-    the kernel row of the current context; before (order k > 1, t < k - 1) it is the exact marginal
-    P(x_{t+1} | x_0..x_t) under the initial context law, which need not equal any kernel row or pi.
-
-    >>> kernel_predictions(torch.tensor([[[0.8, 0.2], [0.3, 0.7]]]), torch.tensor([[0, 1]]),
-    ...                    torch.tensor([[0.6, 0.4]]))[0]
-    tensor([[0.8000, 0.2000],
-            [0.3000, 0.7000]], dtype=torch.float64)
-    """
-    n_ctx, vocab = kernels.shape[-2:]
-    order = _order_of(n_ctx, vocab)
-    _check_tokens(tokens, vocab)
-    batch, seq = tokens.shape
-    flat = kernels.to(tokens.device, torch.float64).expand(batch, -1, -1)
-    ctx = context_index(tokens, vocab, order)
-    probs = torch.gather(flat, 1, ctx.clamp_min(0)[..., None].expand(-1, -1, vocab))  # [batch, pos, vocab]
-    _fill_prefix_predictions(probs, initial.to(tokens.device, torch.float64).expand(batch, -1), tokens, order)
-    return probs
-
-
-def _check_tokens(tokens: Tensor, vocab: int) -> None:
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-        raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values {int(tokens.min())}..{int(tokens.max())}")
-
-
-def _fill_prefix_predictions(probs: Float[Tensor, "batch pos vocab"], law: Float[Tensor, "batch context"],
-                             tokens: Int[Tensor, "batch pos"], order: int) -> None:
-    """Write into `probs[:, t]`, t < order - 1 (before the first context is full), the exact law of x_{t+1}
-    given x_0..x_t when the first `order` states follow `law` (one law per sequence)."""
-    batch, seq, vocab = probs.shape
-    for t in range(min(order - 1, seq)):
-        # P(x_0..x_t, x_{t+1} = v): the initial law summed over the states x_{t+2}..x_{k-1} not yet drawn
-        joint = law.reshape(batch, vocab ** (t + 1), vocab, vocab ** (order - t - 2)).sum(-1)
-        prefix = context_index(tokens[:, : t + 1], vocab, t + 1)[:, t]
-        joint = joint[torch.arange(batch, device=tokens.device), prefix]
-        total = joint.sum(-1, keepdim=True)
-        if bool((total <= 0).any()):
-            raise ValueError(f"the states x_0..x_{t} of some sequence have probability 0 under its initial law")
-        probs[:, t] = joint / total
+    """Refuse what is not a `sources.KernelSource` (the kernel references need each sequence's kernel)."""
+    if not isinstance(source, KernelSource):
+        raise ValueError(f"unknown source type {type(source).__name__}: theory's kernel references need a source "
+                         "with vocab, order, alpha, support, pool, sample, predictive and initial_context_laws "
+                         "(sources.KernelSource)")
 
 
 def stationary_state_laws(kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch vocab"]:

@@ -1,12 +1,9 @@
 """In-context laws: what can be learned about a sequence's own kernel from the sequence so far.
 
-- `state_counts` / `transition_counts`: the counts n_x and n(c, x) of the sequence so far, the sufficient
-  statistics every in-context estimator here is a function of (and what a representation probe reads back).
-- `add_beta_predictions`: the in-context add-beta (Laplace beta = 1, Krichevsky-Trofimov beta = 1/2) estimator of
-  the next-state law from transition counts in the sequence so far: Bayes-optimal for `RandomMarkov` with
-  alpha = beta when the first state's law does not depend on the kernel, and what an induction-head circuit
-  approximates; order 0 is the in-context unigram estimator.
-- `in_context_loss_curve`: its expected loss per position, by plain Monte Carlo.
+- `in_context_loss_curve`: the expected loss per position of the in-context add-beta estimator
+  (`sources.add_beta_predictions`: Laplace beta = 1, Krichevsky-Trofimov beta = 1/2; the Bayes law of
+  `RandomMarkov` with alpha = beta when the first state's law does not depend on the kernel, and what an
+  induction-head circuit approximates), by plain Monte Carlo.
 - The in-context references of `reference_losses` (add-alpha, in-context unigram and in-context Bayes losses):
   Rao-Blackwellised Monte Carlo with control variates to below 1e-3 (checked against exact enumeration of short
   binary sequences).
@@ -18,150 +15,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
-from markov_interp.chains import block_sizes, kernel_bytes
-from markov_interp.chains import solve_stationary as _solve_stationary
-from markov_interp.config import check_int
-from markov_interp.data import Source
+from markov_interp.sources import KernelSource, add_beta_predictions, context_index
+from markov_interp.sources.contexts import block_sizes, kernel_bytes
+from markov_interp.sources.contexts import solve_stationary as _solve_stationary
 from markov_interp.theory._stats import _control_coefficients, _mean_se
 from markov_interp.theory.expectations import KernelExpectations
-from markov_interp.theory.fixed import context_index, cross_entropy, entropy, target_log_loss
-
-
-def add_beta_predictions(
-    tokens: Int[Tensor, "batch pos"], vocab: int, *, order: int = 1, beta: float | int = 1.0,
-    support: Bool[Tensor, "context vocab"] | None = None,
-) -> Float[Tensor, "batch pos vocab"]:
-    """In-context add-beta estimate of P(x_{t+1} | x_0..x_t) at every position t.
-
-    Counts the transitions c -> x seen inside the sequence up to position t (from the context c of the last
-    `order` states to the next state x) and predicts (n(c_t, x) + beta) / (n(c_t) + V beta) for the current
-    context c_t. beta = 1 is Laplace's rule, beta = 1/2 Krichevsky-Trofimov. Under `RandomMarkov(alpha=beta)`
-    this is the Bayes posterior predictive; positions with fewer than `order` states predict uniformly.
-    order = 0 is the in-context unigram estimator (state counts over x_0..x_t): Edelman et al.'s unigram phase.
-
-    `support` (a source's `support`, [V**order, V] booleans; [V, V] with order 0): only the allowed states of
-    the current context are counted and predicted, (n(c_t, x) + beta) / (n(c_t) + |allowed(c_t)| beta) for an
-    allowed x and 0 otherwise: the posterior predictive when each row is Dirichlet(beta) over its allowed states.
-    With order 0 the row of the current state restricts the state counts (the unigram estimator that knows
-    which states can follow the current one).
-
-    Args:
-        tokens: the states.
-        vocab: the number of states V.
-        order: the context length k (0: state counts).
-        beta: the pseudo-count.
-        support: the allowed transitions, or None (all).
-
-    Returns:
-        The predicted law of x_{t+1} at every position t (float64).
-
-    >>> add_beta_predictions(torch.tensor([[0, 1, 0]]), 2)[0, 2]  # after 0->1, 1->0 and now in state 0
-    tensor([0.3333, 0.6667], dtype=torch.float64)
-    >>> add_beta_predictions(torch.tensor([[0, 1, 0]]), 3, support=~torch.eye(3, dtype=torch.bool))[0, 2]
-    tensor([0.0000, 0.6667, 0.3333], dtype=torch.float64)
-    """
-    check_int("vocab", vocab, minimum=2)
-    check_int("order", order, minimum=0)
-    if not beta > 0:
-        raise ValueError(f"beta must be > 0, got {beta!r}")
-    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
-        raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values in {tokens.min()}..{tokens.max()}")
-    allowed = _check_support(support, vocab, order, tokens.device)
-    if order == 0:  # in-context unigram: state counts over x_0..x_t, whatever the current state
-        return _add_beta(state_counts(tokens, vocab), None if allowed is None else allowed[tokens], beta)
-    current, ctx = _current_context_counts(tokens, vocab, order)
-    probs = _add_beta(current, None if allowed is None else allowed[ctx.clamp_min(0)], beta)
-    probs[ctx < 0] = 1.0 / vocab
-    return probs
-
-
-def state_counts(tokens: Int[Tensor, "batch pos"], vocab: int) -> Float[Tensor, "batch pos vocab"]:
-    """n_x at every position t: how many of x_0..x_t equal x (float64), the counts of the in-context unigram law.
-
-    Args:
-        tokens: the states.
-        vocab: the number of states V.
-
-    Returns:
-        The counts; they sum to t + 1 at position t.
-
-    >>> state_counts(torch.tensor([[0, 1, 1]]), 2)[0].tolist()
-    [[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]]
-    """
-    return torch.nn.functional.one_hot(tokens, vocab).to(torch.float64).cumsum(1)
-
-
-def transition_counts(tokens: Int[Tensor, "batch pos"], vocab: int, *,
-                      order: int = 1) -> Float[Tensor, "batch pos context vocab"]:
-    """n(c, x) at every position t: how many transitions from the context c (the `order` states before, base-V
-    index oldest first as `context_index`) to the state x are seen in x_0..x_t (float64).
-
-    These are the sufficient statistics of the in-context add-beta law of that order (`add_beta_predictions` reads
-    the row of the current context); for two states and order 1, n(0, 1) and n(1, 0) differ by at most one and
-    their sum is the number of switches so far.
-
-    Args:
-        tokens: the states.
-        vocab: the number of states V.
-        order: the context length k >= 1.
-
-    Returns:
-        The counts [batch, pos, V**k, V]; they sum to max(t + 1 - k, 0) at position t.
-
-    >>> transition_counts(torch.tensor([[0, 1, 1]]), 2)[0, 2].tolist()  # 0->1 and 1->1 seen by t = 2
-    [[0.0, 1.0], [0.0, 1.0]]
-    """
-    check_int("order", order, minimum=1)
-    batch, seq = tokens.shape
-    n_ctx = vocab**order
-    ctx = context_index(tokens, vocab, order)
-    # transition u -> u+1 has context ctx[u] and next state tokens[u+1]; it is seen from position u+1 on.
-    pair = torch.full((batch, seq), -1, dtype=torch.long, device=tokens.device)
-    pair[:, 1:] = torch.where(ctx[:, :-1] >= 0, ctx[:, :-1] * vocab + tokens[:, 1:], -1)
-    onehot = torch.zeros(batch, seq, n_ctx * vocab + 1, dtype=torch.float64, device=tokens.device)
-    onehot.scatter_(2, (pair % (n_ctx * vocab + 1)).unsqueeze(-1), 1.0)  # -1 lands in the spare last slot
-    return onehot[..., :-1].cumsum(1).reshape(batch, seq, n_ctx, vocab)
-
-
-def _current_context_counts(tokens: Int[Tensor, "batch pos"], vocab: int,
-                            order: int) -> tuple[Float[Tensor, "batch pos vocab"], Int[Tensor, "batch pos"]]:
-    """Per position t, the counts n(c_t, x) of the transitions c_t -> x seen in x_0..x_t out of the current context
-    c_t, and c_t itself (`context_index`: -1 where fewer than `order` states, whose counts are meaningless)."""
-    batch, seq = tokens.shape
-    ctx = context_index(tokens, vocab, order)
-    counts = transition_counts(tokens, vocab, order=order)
-    current = torch.gather(counts, 2, ctx.clamp_min(0)[..., None, None].expand(batch, seq, 1, vocab))[:, :, 0]
-    return current, ctx
-
-
-def _add_beta(counts: Float[Tensor, "batch pos vocab"], allowed: Bool[Tensor, "batch pos vocab"] | None,
-              beta: float | int) -> Float[Tensor, "batch pos vocab"]:
-    """(counts + beta), normalised over every state, or over the `allowed` ones (0 elsewhere) when given."""
-    if allowed is None:
-        return (counts + beta) / (counts.sum(-1, keepdim=True) + counts.shape[-1] * beta)
-    weights = (counts + beta) * allowed.to(counts.dtype)
-    return weights / weights.sum(-1, keepdim=True)
-
-
-def _check_support(support: Any, vocab: int, order: int, device: torch.device) -> Tensor | None:
-    """`support` as booleans on `device` after checking its shape ([V**order, V]; [V, V] for order 0) and that
-    every row allows a state; None stays None."""
-    if support is None:
-        return None
-    rows = vocab ** max(order, 1)
-    if not isinstance(support, Tensor) or support.dtype != torch.bool or tuple(support.shape) != (rows, vocab):
-        shape = tuple(support.shape) if isinstance(support, Tensor) else type(support).__name__
-        raise ValueError(f"support must be a boolean tensor [{rows}, {vocab}] ([V**order, V]), got {shape}")
-    if not bool(support.any(-1).all()):
-        raise ValueError("support has a row that allows no state")
-    return support.to(device)
+from markov_interp.theory.fixed import cross_entropy, entropy, target_log_loss
 
 
 def in_context_loss_curve(
-    source: Source,
+    source: KernelSource,
     seq_len: int,
     *,
     beta: float | int | None = None,
@@ -189,7 +55,7 @@ def in_context_loss_curve(
     return total / n_sequences
 
 
-def _first_state_gain(source: Source, tokens: Tensor, rng: np.random.Generator, draws: int) -> Tensor:
+def _first_state_gain(source: KernelSource, tokens: Tensor, rng: np.random.Generator, draws: int) -> Tensor:
     """log(V**k g) per sequence, g = E[pi_{c_0}(P) | transitions]: the log-loss (summed over the sequence)
     the Bayes predictor saves over add-alpha by using what a stationary first context c_0 says about P.
 
@@ -215,7 +81,7 @@ def _first_state_gain(source: Source, tokens: Tensor, rng: np.random.Generator, 
     return torch.log(vocab**order * g) + var / (2 * draws * g**2)
 
 
-def _in_context_chunk(source: Source, seq_len: int, batch: int, gen: torch.Generator,
+def _in_context_chunk(source: KernelSource, seq_len: int, batch: int, gen: torch.Generator,
                       rng: np.random.Generator, gain_draws: int) -> tuple[Tensor, Tensor, Tensor]:
     """Per sequence and target ([2, batch, target]: add-alpha, in-context unigram) the Rao-Blackwellised losses
     and their control variates, and per sequence the first-state gain (0 if the start ignores P).
@@ -236,7 +102,7 @@ def _in_context_chunk(source: Source, seq_len: int, batch: int, gen: torch.Gener
     return values, controls, gain
 
 
-def _in_context_block(source: Source, tokens: Int[Tensor, "batch pos"],
+def _in_context_block(source: KernelSource, tokens: Int[Tensor, "batch pos"],
                       kernels: Float[Tensor, "batch context vocab"]) -> tuple[Tensor, Tensor]:
     """`_in_context_chunk`'s losses ([2, batch, target]: add-alpha, in-context unigram) and their controls for
     the sequences `tokens` drawn from `kernels`."""
@@ -263,7 +129,7 @@ def _in_context_block(source: Source, tokens: Int[Tensor, "batch pos"],
     return torch.stack([add_alpha, unigram]), controls
 
 
-def _fixed_start_gain(source: Source) -> float:
+def _fixed_start_gain(source: KernelSource) -> float:
     """Total log-loss the Bayes predictor saves over add-alpha inside a fixed first-context law mu (order > 1:
     add-alpha predicts uniformly there, Bayes by mu's conditionals): (k - 1) log V - H(mu) + H(mu's first state)."""
     vocab, order = source.vocab, source.order
@@ -299,7 +165,7 @@ class _Moments:
         return _mean_se(total, sq, self.n)
 
 
-def _in_context_references(source: Source, seq_len: int, kernel: KernelExpectations, *, seed: int,
+def _in_context_references(source: KernelSource, seq_len: int, kernel: KernelExpectations, *, seed: int,
                            tol: float, n_sequences: int | None) -> dict:
     """Monte Carlo (Rao-Blackwellised, with control variates) of the in-context losses: draw chunks of
     sequences until every averaged value's standard error is below `tol` (at least 1024 sequences, at most

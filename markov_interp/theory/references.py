@@ -1,5 +1,5 @@
-"""The references a model trained on a source is compared with: the best predictor the data allow
-(`true_predictions`), the plateau before it learns the context (`plateau_predictions`), and their losses with
+"""The references a model trained on a source is compared with: the best predictor the data allow (the source's
+own `predictive`), the plateau before it learns the context (`plateau_predictions`), and their losses with
 standard errors (`reference_losses`, a `ReferenceLosses`; cached in memory and on disk).
 """
 
@@ -14,56 +14,15 @@ from torch import Tensor
 
 from markov_interp._display import displayed
 from markov_interp.config import check_int
-from markov_interp.data import Source, SourceConfig
+from markov_interp.sources import KernelSource, SourceConfig, add_beta_predictions
 from markov_interp.theory.cache import _InContextEntry, _disk_cache_read, _disk_cache_write
 from markov_interp.theory.expectations import expected_kernel_references
-from markov_interp.theory.fixed import (
-    _check_source,
-    entropy_rate,
-    kernel_predictions,
-    stationary_predictions,
-    target_log_loss,
-    unigram_loss,
-)
-from markov_interp.theory.in_context import _in_context_references, add_beta_predictions
-from markov_interp.theory.pools import _pool_bayes_references, pool_bayes_predictions
+from markov_interp.theory.fixed import _check_source, entropy_rate, stationary_predictions, target_log_loss, unigram_loss
+from markov_interp.theory.in_context import _in_context_references
+from markov_interp.theory.pools import _pool_bayes_references
 
 
-def initial_context_laws(source: Source, kernels: Float[Tensor, "batch context vocab"]) -> Float[Tensor, "batch context"]:
-    """The law of the first `order` states (over contexts) each sequence was drawn from, one row per kernel:
-    `source.initial_context_laws(kernels)` (a fixed chain's `initial_context_law` for every row; for the default
-    "stationary" initial law of random kernels, the stationary context law of each sequence's own kernel, as the
-    sampler draws the first context; otherwise the fixed law)."""
-    _check_source(source)
-    return source.initial_context_laws(kernels)
-
-
-def true_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
-    """The best predictor of x_{t+1} from x_0..x_t that the data allow, at every position.
-
-    Fixed chains: `kernel_predictions` with the chain's kernel and initial context law (the kernel row of the
-    current context; before the context is full, the exact law of the next state given the states so far).
-    A finite pool of kernels: `pool_bayes_predictions`, exact. Fresh Dirichlet kernels: the in-context add-alpha
-    estimator over the source's `support` (all states, or the other states for `zero_diagonal`), the Bayes
-    posterior predictive up to what the first state reveals about the kernel (about 0.003 nats per target on 3
-    states at 32 targets; see `RandomMarkov`).
-
-    >>> from markov_interp.data import BinaryChain
-    >>> true_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0]
-    tensor([[0.8000, 0.2000],
-            [0.3000, 0.7000]], dtype=torch.float64)
-    """
-    _check_source(source)
-    pool = source.pool
-    if pool is None:  # a fresh kernel per sequence
-        return add_beta_predictions(tokens, source.vocab, order=source.order, beta=source.alpha, support=source.support)
-    initial = source.initial_context_laws(pool)
-    if pool.shape[0] == 1:  # one kernel: its rows (the posterior over a pool of one is that kernel)
-        return kernel_predictions(pool, tokens.cpu(), initial).to(tokens.device)
-    return pool_bayes_predictions(pool, initial, tokens)
-
-
-def plateau_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
+def plateau_predictions(source: KernelSource, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
     """The plateau a model sits on before it learns the context: the stationary law pi (the unigram solution of
     Makkuva et al.; `stationary_predictions`) for fixed chains; the in-context unigram (add-alpha state count)
     estimator for random kernels (fresh or from a finite pool), the best a model can do without using the current
@@ -71,21 +30,21 @@ def plateau_predictions(source: Source, tokens: Int[Tensor, "batch pos"]) -> Flo
     itself), the counts are restricted to the states the current state can move to: knowing that costs no
     in-context learning, so the plateau includes it.
 
-    >>> from markov_interp.data import BinaryChain
+    >>> from markov_interp.sources import BinaryChain
     >>> plateau_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0, 0]
     tensor([0.6000, 0.4000], dtype=torch.float64)
     """
     _check_source(source)
-    if source.alpha is not None:  # kernels from a prior
+    if source.in_context:  # kernels from a prior
         return add_beta_predictions(tokens, source.vocab, order=0, beta=source.alpha, support=source.support)
     return stationary_predictions(source.pool, tokens)
 
 
-def paired_losses(source: Source, tokens: Int[Tensor, "batch pos"]) -> tuple[float, float]:
-    """(true, plateau): mean log-loss of `true_predictions` and `plateau_predictions` over every target of
-    `tokens` (x_1..x_T). Subtracted from a model's loss on the *same* tokens they give its paired excess
+def paired_losses(source: KernelSource, tokens: Int[Tensor, "batch pos"]) -> tuple[float, float]:
+    """(true, plateau): mean log-loss of the source's `predictive` and of `plateau_predictions` over every target
+    of `tokens` (x_1..x_T). Subtracted from a model's loss on the *same* tokens they give its paired excess
     and the plateau's, free of most sampling noise (`dynamics.curve_from_metrics`)."""
-    true = target_log_loss(true_predictions(source, tokens), tokens).mean()
+    true = target_log_loss(source.predictive(tokens), tokens).mean()
     plateau = target_log_loss(plateau_predictions(source, tokens), tokens).mean()
     return float(true), float(plateau)
 
@@ -220,7 +179,7 @@ def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5
     disables), so sweeps and reports pay once.
 
     Args:
-        source: a `data.Source` (fixed chain or `RandomMarkov`, with or without a pool).
+        source: a `sources.KernelSource` (fixed chain or `RandomMarkov`, with or without a pool).
         seq_len: sequence length; the values average the seq_len - 1 targets.
         seed: seed of the Monte Carlo draws (random kernels).
         tol: standard error to reach (random kernels).
@@ -231,23 +190,16 @@ def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5
     """
     check_int("seq_len", seq_len, minimum=2)  # one target at least
     _check_source(source)
-    if source.alpha is None:  # one fixed kernel: exact
+    if not source.in_context:  # one fixed kernel: exact
         return ReferenceLosses(entropy_rate=entropy_rate(source), unigram_loss=unigram_loss(source))
     config = getattr(source, "config", None)
     if not isinstance(config, SourceConfig):  # the Monte Carlo below is cached under the source's config
         raise ValueError(f"reference losses of random kernels are keyed on the source's config: "
-                         f"{type(source).__name__} has no `config` property giving its data.SourceConfig")
+                         f"{type(source).__name__} has no `config` property giving its sources.SourceConfig")
     if not tol > 0:
         raise ValueError(f"tol must be > 0, got {tol!r}")
     check_int("n_sequences", n_sequences, minimum=2, none_ok=True)
     return _random_references(config.to_json(), seq_len, seed, float(tol), n_sequences)
-
-
-def _source_key(config: SourceConfig) -> dict:
-    """The fields of a random-kernel source in a cache key: its config's set fields (kind "random" left out, so
-    the keys of Dirichlet sources are what they were when they were keyed on RandomMarkov's parameters)."""
-    fields = {k: v for k, v in config.to_dict().items() if v is not None and k != "kind"}
-    return fields if config.kind == "random" else {"kind": config.kind, **fields}
 
 
 @functools.lru_cache(maxsize=64)
@@ -257,7 +209,7 @@ def _random_references(config_json: str, seq_len: int, seed: int, tol: float,
     source = config.build()
     kernel = expected_kernel_references(source, seed=seed)
     pool = source.pool is not None
-    key = {"what": "in-context", **_source_key(config), "seq_len": seq_len, "seed": seed, "tol": tol,
+    key = {"what": "in-context", **config.reference_key(), "seq_len": seq_len, "seed": seed, "tol": tol,
            "n_sequences": n_sequences, "kernel": kernel.cache_dict()}
     found = _disk_cache_read(key, _InContextEntry)  # its schema checks the values against this key
     if found is None:

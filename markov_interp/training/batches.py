@@ -13,8 +13,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from markov_interp import data
-from markov_interp.data import Source
+from markov_interp.sources import Source, stacked_sampler
 
 __all__ = ["derive_seed", "member_sampler"]
 
@@ -35,10 +34,10 @@ def derive_seed(seed: int, stream: str) -> int:
 
 def member_sampler(sources: Sequence[Source], generators: Sequence[torch.Generator], batch: int,
                    length: int) -> Callable[[], Int[Tensor, "member batch pos"]]:
-    """A function drawing one batch per member, `[member, batch, length]` (`data.stacked_sampler`): member k's
+    """A function drawing one batch per member, `[member, batch, length]` (`sources.stacked_sampler`): member k's
     rows are what `sources[k].sample(batch, length, generator=generators[k])` draws (bit for bit on the CPU), and
     each generator draws what it would alone. Fixed chains and random kernels of one vocab and order are drawn
     in one pass for all members (on a GPU, K small samplers would cost as much as the stacked model's step), the
     only per-member operations being each member's draws from its own generator.
     """
-    return data.stacked_sampler(sources, batch, length, generators)
+    return stacked_sampler(sources, batch, length, generators)

@@ -60,7 +60,7 @@ from tqdm.auto import tqdm
 
 from markov_interp import clamps as intervene  # renamed (issue 34); the old name below merges cleanly
 from markov_interp import theory
-from markov_interp.data import Source
+from markov_interp.sources import Source
 from markov_interp.models import INIT_FIELDS, HookedModel, WeightsMetadata, shape_config, state_dict_for_save
 from markov_interp.models.optim import StackedOptimizer
 from markov_interp.models.reduction import CanonicalConstraint
@@ -311,8 +311,8 @@ def _paired_references(sources: Sequence[Source], tokens: torch.Tensor) -> torch
         groups.setdefault(id(source), []).append(k)
     for members in groups.values():
         source, flat = sources[members[0]], tokens[members].flatten(0, 1)  # [(member batch), pos]
-        for column, predict in enumerate((theory.true_predictions, theory.plateau_predictions)):
-            per_target = theory.target_log_loss(predict(source, flat), flat)  # as theory.paired_losses
+        for column, law in enumerate((source.predictive(flat), theory.plateau_predictions(source, flat))):
+            per_target = theory.target_log_loss(law, flat)  # as theory.paired_losses
             out[members, column] = per_target.view(len(members), -1).mean(dim=1).to(out)
     return out
 
@@ -321,7 +321,7 @@ def evaluate_paired(model: HookedModel, source: Source, *, seq_len: int, batch_s
                     generator: torch.Generator, precision: str = "fp32",
                     interventions: Optional[Mapping[str, Callable]] = None) -> dict[str, float]:
     """The evaluation a run logs, for a hooked model: its mean next-state cross-entropy ("eval_loss", nats) on
-    `n_batches` fresh batches of `seq_len` inputs beside the losses of the true predictor ("eval_true_loss")
+    `n_batches` fresh batches of `seq_len` inputs beside the losses of the source's `predictive` ("eval_true_loss")
     and of the plateau predictor ("eval_plateau_loss", `theory.plateau_predictions`) on the *same* tokens.
 
     The model's paired excess is eval_loss - eval_true_loss, the plateau's eval_plateau_loss - eval_true_loss

@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from markov_interp.chains import BLOCK_BYTES, kernel_bytes
+from markov_interp.sources.contexts import BLOCK_BYTES, kernel_bytes
 from markov_interp.models.memory import (Need, PlanTooLarge, check_needs, forward_needs, human_bytes, memory_limit,
                                          model_needs, parameter_count)
 from markov_interp.runs.config import RunConfig
@@ -176,19 +176,19 @@ def _data_needs(run: RunConfig, members: int) -> list[Need]:
     vocab, order = source.vocab_size, source.order
     contexts = vocab**order
     batch, length = tc.batch_size, tc.seq_len + 1
-    field = "source.kernel" if source.kind == "markov" else "source.vocab"
-    fields = [(field, vocab), ("source.order", order), ("train.batch_size", batch), ("train.seq_len", tc.seq_len)]
+    size = [(f"source.{source.states_option}", vocab)] if source.states_option is not None else []
+    fields = [*size, ("source.order", order), ("train.batch_size", batch), ("train.seq_len", tc.seq_len)]
     fields += [("members", members)] if members > 1 else []
     per_kernel = kernel_bytes(contexts, vocab)
     if source.in_context:  # a kernel per sequence (Gamma draws and their sums), the sampler in blocks
         sampler = members * batch * contexts * vocab * 8 * 4 + max(BLOCK_BYTES, 8 * length * contexts * vocab)
-        pool = (source.pool_size or 0) * contexts * vocab * 8
+        pool = (getattr(source, "pool_size", None) or 0) * contexts * vocab * 8  # a finite pool's kernels
         references = _REFERENCE_KERNELS * contexts * vocab * 8 + per_kernel + pool
     else:  # fixed kernels: the batched sampler compares [member, batch, seq, context, vocab] uniforms at once
         sampler = members * batch * length * contexts * (vocab + 8)
         references = 2 * per_kernel
     return [Need.of("the data sampler", sampler, fields),
-            Need.of("the reference losses", references, [(field, vocab), ("source.order", order)])]
+            Need.of("the reference losses", references, [*size, ("source.order", order)])]
 
 
 def _existing(path: Path) -> Path:

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from markov_interp import clamps, models, report, sweep, training
 from markov_interp.models import stack as stacked
 from markov_interp.cli import main
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.clamps import Clamp, ClampState, Freeze
 from markov_interp.models.hooks import write
 from markov_interp.models import preset

@@ -12,7 +12,7 @@ import pytest
 from markov_interp import models, sweep, training
 from markov_interp.config import (bounds, check_choice, check_fields, check_int, check_number, check_probability,
                                   check_value)
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.models import ModelConfig, preset
 from markov_interp.training import RunConfig, TrainConfig, build_run, default_run, override_run
 

@@ -44,7 +44,7 @@ def init_hashes() -> dict:
 
 
 def run_config(**train):
-    from markov_interp.data import SourceConfig
+    from markov_interp.sources import SourceConfig
 
     kwargs = dict(steps=8, batch_size=2, seq_len=8, log_every=1, eval_every=4, eval_batches=1, n_checkpoints=0,
                   device="cpu", seed=1)

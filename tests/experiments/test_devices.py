@@ -18,7 +18,7 @@ import handbuilt as hb
 from devicesim import DEVICE, SimulatedDevice
 
 from markov_interp import experiments, probes
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.experiments import diversity, factorial, phases
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

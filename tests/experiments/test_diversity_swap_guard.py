@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import handbuilt as hb
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.experiments import diversity
 
 ICB = 0.9  # the in-context Bayes loss on the fresh batch (the same for every pool size, as in the experiment)

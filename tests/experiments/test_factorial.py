@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from markov_interp import clamps, dynamics, experiments, probes
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.experiments import factorial, interventions
 from markov_interp.models import build, heads_per_layer
 from markov_interp.experiments import _figures_factorial as figures  # scores over training (was report.figures)

@@ -14,7 +14,7 @@ import torch
 
 import handbuilt as hb
 from markov_interp import dynamics, experiments, probes, theory
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.experiments import diversity, phases
 
 

@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from markov_interp import _io, chains, sweep, theory
+from markov_interp import _io, sweep, theory
+from markov_interp.sources import contexts as chains
 from markov_interp import runs as runfolder
 from markov_interp._io import UnsafePath, atomic_write
 from markov_interp.cli import EXIT_PIPE, main
-from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
+from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.runs import RunFolderBusy
 from markov_interp.training import train
 
@@ -519,7 +520,7 @@ MEMORY_SCRIPT = """
 import torch
 torch.set_num_threads(1)
 from markov_interp import theory
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 def peak():  # VmHWM: this process's own peak (ru_maxrss would start at the parent's size, inherited at fork)
     with open("/proc/self/status") as handle:
         return next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:")) / 1024

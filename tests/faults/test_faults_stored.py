@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from markov_interp import sweep, theory
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.sweep.records import RESULTS_DIR, read_record
 from markov_interp.training import RunConfig
 from markov_interp import runs as runfolder

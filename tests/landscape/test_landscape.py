@@ -11,7 +11,7 @@ from markov_interp import theory
 from markov_interp.landscape import canonical as LC
 from markov_interp.landscape import flow as LF
 from markov_interp.report import figures
-from markov_interp.data import BinaryChain
+from markov_interp.sources import BinaryChain
 
 CHAINS = [(0.5, 0.8), (0.2, 0.3), (0.9, 0.7), (0.1, 0.6), (0.7, 0.4)]
 

@@ -14,9 +14,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from markov_interp import data
 from markov_interp.cli import _train_run, build_parser
-from markov_interp.data import RandomMarkov, SourceConfig
+from markov_interp.sources import RandomMarkov, SourceConfig, stacked_sampler
 from markov_interp.models import _compile, preset
 from markov_interp.training import RunConfig, TrainConfig, loop, train_many
 
@@ -206,7 +205,7 @@ def test_sampling_random_kernels_does_the_same_host_work_for_any_number_of_membe
     same number of rounds here for both stacks, which the test checks first)."""
     counts = {}
     for k in (2, 6):
-        sample = data.stacked_sampler([source] * k, 8, 17, [torch.Generator().manual_seed(s) for s in range(k)])
+        sample = stacked_sampler([source] * k, 8, 17, [torch.Generator().manual_seed(s) for s in range(k)])
         sample()
         ops, reads = _counts(sample, monkeypatch)
         counts[k] = ({op: n for op, n in ops.items() if op not in _DRAWS}, reads)
@@ -230,7 +229,7 @@ def test_paired_references_are_theory_paired_losses_for_every_member():
     """The evaluation's references, computed for all members of a source at once, are `theory.paired_losses` of
     each member's tokens, bit for bit (fixed chain, random kernels, a pool, order 2; members of two sources)."""
     from markov_interp import theory
-    from markov_interp.data import BinaryChain, RandomMarkov
+    from markov_interp.sources import BinaryChain, RandomMarkov
 
     generator = torch.Generator().manual_seed(0)
     pairs = ((BinaryChain(0.5, 0.8), BinaryChain(0.2, 0.3)), (RandomMarkov(3), RandomMarkov(3, alpha=2)),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from markov_interp import models, probes
-from markov_interp.data import RandomMarkov, SourceConfig
+from markov_interp.sources import RandomMarkov, SourceConfig
 from markov_interp.models import initial_state, preset
 from markov_interp.models.init import position_frequencies
 from markov_interp.training import RunConfig, TrainConfig, train

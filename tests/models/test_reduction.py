@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from markov_interp import landscape, training
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.experiments import reduction as exp
 from markov_interp.models import initial_state, preset
 from markov_interp.models.reduction import CanonicalConstraint

@@ -13,7 +13,7 @@ from markov_interp.models import stack as stacked
 from markov_interp.models.optim import StackedOptimizer, decayed
 from markov_interp.training import batches, loop
 from markov_interp import runs as runfolder
-from markov_interp.data import RandomMarkov, SourceConfig
+from markov_interp.sources import RandomMarkov, SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train, train_many
 

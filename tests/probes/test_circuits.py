@@ -21,8 +21,8 @@ from handbuilt import (
     skipping_circuit,
     unigram_model,
 )
-from markov_interp import models, theory
-from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
+from markov_interp import models, sources, theory
+from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.probes import (
     Component,
     EdgeKey,
@@ -381,7 +381,7 @@ def test_gains_match_a_per_sequence_loop_and_a_jackknife():
     losses = {}
     for k in (-1, 0, 1, 2):
         law = (torch.full((24, 40, 3), 1 / 3, dtype=torch.float64) if k < 0 else
-               theory.add_beta_predictions(batch.tokens, 3, order=k, beta=1.0))
+               sources.add_beta_predictions(batch.tokens, 3, order=k, beta=1.0))
         losses[k] = [float(theory.target_log_loss(law[b:b + 1], batch.tokens[b:b + 1]).mean()) for b in range(24)]
     mine = [float(theory.target_log_loss(probs[b:b + 1], batch.tokens[b:b + 1]).mean()) for b in range(24)]
     for k in (0, 1, 2):
@@ -462,8 +462,8 @@ def test_a_source_can_supply_its_own_swap_plan():
     class Pooled(RandomMarkov):
         def kernel_swap_plan(self, *, n_sequences, seq_len, seed):
             batch = sample_batch(BINARY, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-            weights = theory.kernel_predictions(BINARY.kernel[None], batch.tokens, BINARY.initial_context_law[None])
-            context = theory.add_beta_predictions(batch.tokens, 2, order=1, beta=0.5)
+            weights = sources.kernel_predictions(BINARY.kernel[None], batch.tokens, BINARY.initial_context_law[None])
+            context = sources.add_beta_predictions(batch.tokens, 2, order=1, beta=0.5)
             return SwapPlan(batch=batch, weights_law=weights, context_law=context, description="pool swap")
 
     swap = kernel_swap(kernel_model(BINARY.kernel, n_ctx=SEQ), Pooled(2), seq_len=SEQ, n_sequences=16)
@@ -481,9 +481,9 @@ def test_pool_sources_swap_in_kernels_outside_the_pool():
     pool = pooled.pool
     for kernel in plan.batch.kernels:  # none of the swap kernels is in the pool
         assert float((pool - kernel).abs().flatten(1).max(1).values.min()) > 1e-3
-    expected = theory.pool_bayes_predictions(pool, pooled.initial_context_laws(pool), plan.batch.tokens)
+    expected = sources.pool_bayes_predictions(pool, pooled.initial_context_laws(pool), plan.batch.tokens)
     assert torch.allclose(plan.weights_law, expected)
-    assert torch.allclose(plan.context_law, theory.add_beta_predictions(plan.batch.tokens, 3, order=1, beta=1.0))
+    assert torch.allclose(plan.context_law, sources.add_beta_predictions(plan.batch.tokens, 3, order=1, beta=1.0))
     swap = kernel_swap(induction_circuit(3, n_ctx=SEQ), pooled, seq_len=SEQ, n_sequences=32)
     assert swap.in_context_fraction > 0.6  # the circuit estimates in context: it follows the fresh kernels
     with pytest.raises(ValueError, match="pool"):

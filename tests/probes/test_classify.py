@@ -20,7 +20,7 @@ from handbuilt import (
     unigram_model,
 )
 from markov_interp import theory
-from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
+from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.probes import (
     MECHANISMS,
     StrategySimilarity,
@@ -280,7 +280,7 @@ def test_trained_one_layer_attention_only_model_on_random_kernels_follows_state_
     """One layer cannot match a key's previous state with the current one: it is named by the law of the
     current state and the state counts, and climbs only part of the unigram -> bigram step (200 steps, about 5 s
     on one core; docs/circuits.md has the distribution over 16 seeds at 1500 steps)."""
-    from markov_interp.data import SourceConfig
+    from markov_interp.sources import SourceConfig
     from markov_interp.models import preset
 
     source = SourceConfig(kind="random", vocab=3, alpha=1.0)
@@ -295,7 +295,7 @@ def test_trained_one_layer_attention_only_model_on_random_kernels_follows_state_
 def test_trained_one_layer_model_on_a_plateau_is_unigram():
     """The paper's tied one-layer model on p = 0.5, q = 0.8, stopped after 100 steps on the unigram plateau
     (seeds 0 and 1: KL to pi below 1e-4; one of them escapes to the kernel by 200 steps)."""
-    from markov_interp.data import SourceConfig
+    from markov_interp.sources import SourceConfig
     from markov_interp.models import preset
 
     source = SourceConfig(kind="binary", p=0.5, q=0.8)

@@ -26,7 +26,7 @@ from devicesim import DEVICE, DeviceMismatch, SimulatedDevice
 from handbuilt import induction_model
 
 from markov_interp import clamps, probes
-from markov_interp.data import BinaryChain, RandomMarkov
+from markov_interp.sources import BinaryChain, RandomMarkov
 from markov_interp.models import build, preset
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

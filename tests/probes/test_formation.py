@@ -4,7 +4,7 @@ import pytest
 
 from markov_interp import dynamics, probes
 from markov_interp.report import figures
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.dynamics import StepInterval
 from tests.handbuilt import circuit_model, induction_circuit
 

@@ -15,7 +15,7 @@ import torch
 
 from handbuilt import induction_model
 from markov_interp import cli, models, probes, report
-from markov_interp.data import RandomMarkov, SourceConfig
+from markov_interp.sources import RandomMarkov, SourceConfig
 from markov_interp.probes.joint import Cancelling
 
 TERNARY = RandomMarkov(3)

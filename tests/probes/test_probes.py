@@ -17,8 +17,8 @@ from handbuilt import (  # noqa: E402
     unigram_model,
 )
 
-from markov_interp import theory  # noqa: E402
-from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov  # noqa: E402
+from markov_interp import sources, theory  # noqa: E402
+from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov  # noqa: E402
 from markov_interp.probes import (  # noqa: E402
     Component,
     Thresholds,
@@ -196,7 +196,7 @@ def test_order_two_scores_separate_lags_and_orders():
 def test_context_dependence_matches_pair_loop():
     gen = torch.Generator().manual_seed(0)
     tokens = BINARY.sample(5, 7, gen)
-    probs = theory.add_beta_predictions(tokens, 2, beta=0.5)
+    probs = sources.add_beta_predictions(tokens, 2, beta=0.5)
     total, n = 0.0, 0
     for t in range(7):
         for a in range(5):
@@ -473,7 +473,7 @@ def _run(source, model, *, steps, lr, seq_len, batch_size):
 @pytest.fixture(scope="module")
 def kernel_run_dir(tmp_path_factory):
     """A one-layer model (the paper's block, untied) trained briefly on the binary chain p=0.2, q=0.3."""
-    from markov_interp.data import SourceConfig
+    from markov_interp.sources import SourceConfig
     from markov_interp.models import preset
     from markov_interp.training import train
 
@@ -499,7 +499,7 @@ def test_trained_one_layer_model_is_named_kernel(kernel_run_dir):
 
 @pytest.mark.slow
 def test_trained_two_layer_attention_only_model_is_named_induction():
-    from markov_interp.data import SourceConfig
+    from markov_interp.sources import SourceConfig
     from markov_interp.models import preset
     from markov_interp.training import train
 

@@ -13,7 +13,7 @@ import torch
 
 from handbuilt import induction_model
 from markov_interp import probes
-from markov_interp.data import MarkovChain, RandomMarkov
+from markov_interp.sources import MarkovChain, RandomMarkov
 from markov_interp.models import build, preset
 from markov_interp.probes.representation import ProbeSite, probe_site, residual_sites, site_activations
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from handbuilt import hand_set, induction_model, kernel_model, unigram_model
-from markov_interp import models, theory
-from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
+from markov_interp import models, sources, theory
+from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.models import ModelConfig
 from markov_interp.probes import (
     STRATEGIES,
@@ -115,7 +115,7 @@ def test_strategy_laws_and_options(random_batch):
     laws = strategy_probs(random_batch)
     assert list(laws) == ["uniform", "in_context_unigram", "state_and_counts", "in_context_bigram"]
     torch.testing.assert_close(laws["in_context_bigram"],
-                               theory.add_beta_predictions(random_batch.tokens, 3, order=1, beta=1.0))
+                               sources.add_beta_predictions(random_batch.tokens, 3, order=1, beta=1.0))
     # beta changes the in-context strategies and is recorded
     model = induction_model(3, n_ctx=SEQ)
     default, sharp = strategy_similarity(model, random_batch), strategy_similarity(model, random_batch, beta=0.1)
@@ -133,7 +133,7 @@ def test_order_two_source_uses_the_trigram_strategy():
     assert list(laws) == ["uniform", "stationary", "kernel", "in_context_unigram", "in_context_bigram",
                           "in_context_trigram"]  # every order 0..2
     for k, name in enumerate(["in_context_unigram", "in_context_bigram", "in_context_trigram"]):
-        torch.testing.assert_close(laws[name], theory.add_beta_predictions(batch.tokens, 2, order=k, beta=0.5))
+        torch.testing.assert_close(laws[name], sources.add_beta_predictions(batch.tokens, 2, order=k, beta=0.5))
     sim = strategy_similarity(unigram_model([0.5, 0.5], n_ctx=16), batch)
     assert sim.order == 2 and sim.closest == "uniform"  # uniform before stationary on a tie (pi = 1/2 here)
 
@@ -170,7 +170,7 @@ def test_gaps_are_the_distance_to_the_nearest_other_law_and_aliases_merge_equal_
 def test_training_on_random_kernels_goes_uniform_then_unigram_then_bigram(tmp_path):
     """Edelman et al.'s phases on a short two-layer run (about 10 s on one thread); the unigram phase may show
     as the state-and-counts law, which sits just above the in-context unigram law."""
-    from markov_interp.data import SourceConfig
+    from markov_interp.sources import SourceConfig
     from markov_interp.training import RunConfig, TrainConfig, list_checkpoints, train
 
     src = SourceConfig(kind="random", vocab=3)

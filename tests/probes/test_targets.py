@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from markov_interp import probes, theory
-from markov_interp.data import BinaryChain, RandomMarkov
+from markov_interp import probes, sources
+from markov_interp.sources import BinaryChain, RandomMarkov
 from markov_interp.probes.targets import TARGETS, Target, probe_target
 
 V = 3
@@ -51,7 +51,7 @@ def test_counts_equal_loops(tokens):
 
 
 def test_transition_counts_of_order_two_equal_loops(tokens):
-    counts = theory.transition_counts(tokens, V, order=2)
+    counts = sources.transition_counts(tokens, V, order=2)
     for b, row in enumerate(tokens.tolist()):
         for t in range(len(row)):
             expected = torch.zeros(V * V, V, dtype=torch.float64)
@@ -101,7 +101,7 @@ def test_states_and_positions(tokens):
 def test_a_batch_gives_its_vocab_and_beta():
     batch = probes.sample_batch(RandomMarkov(3, alpha=0.25), n_sequences=4, seq_len=8, seed=0)
     row = probe_target("add_beta_row", batch)
-    assert torch.allclose(row.values, theory.add_beta_predictions(batch.tokens, 3, beta=0.25))
+    assert torch.allclose(row.values, sources.add_beta_predictions(batch.tokens, 3, beta=0.25))
     assert probe_target("state", batch).n_classes == 3
 
 

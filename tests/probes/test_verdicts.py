@@ -18,7 +18,7 @@ from handbuilt import (
     position_circuit,
     position_edges,
 )
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.probes import (
     EdgeKey,
     EdgeRunner,
@@ -100,7 +100,7 @@ def test_a_wrong_constant_law_is_not_pi_up_to_calibration():
     """A temperature maps the constant law (0.9, 0.1) onto pi = (0.6, 0.4) on a binary chain; a context-free law is
     its numbers, so the fitted check does not make it the unigram law."""
     from handbuilt import constant_model
-    from markov_interp.data import BinaryChain
+    from markov_interp.sources import BinaryChain
 
     report = classify(constant_model([0.9, 0.1]), BinaryChain(0.2, 0.3), seq_len=48)
     assert report.law.fitted.law == "stationary" and report.law.fitted.passed  # what the temperature does

@@ -139,7 +139,6 @@ def test_theory_reexports_every_public_name():
 CROSS_CUTTING = {
     "project": "the README, notebooks, docs and these standards",
     "faults": "faults across the package, one place (docs/faults.md)",
-    "sources": "the sources of data.py (tests/data/ is the fixtures folder)",
 }
 NOT_TESTS = {"data", "__pycache__"}  # fixtures and the scripts that wrote them (never collected)
 HELPERS = {"__init__.py", "conftest.py", "handbuilt.py", "compile_runs.py", "devicesim.py"}  # imported by the tests

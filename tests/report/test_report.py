@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from markov_interp import models, report
 from markov_interp.cli import main as cli_main
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.probes import MECHANISMS, AblationTable, AttentionScores, KernelReadout
 from markov_interp.report._html import _json_for_script, circuits_figure
 
@@ -212,7 +212,7 @@ def test_probe_figures_draw_the_given_numbers():
 
 # ------------------------------------------------------------------------------------------ full reports
 def _train(out: Path, *, source: dict, preset: str, steps: int, seq_len: int, **model_overrides):
-    from markov_interp.data import SourceConfig
+    from markov_interp.sources import SourceConfig
     from markov_interp.models import preset as model_preset
     from markov_interp.training import RunConfig, TrainConfig, train
 

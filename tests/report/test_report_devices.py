@@ -8,7 +8,7 @@ import torch
 from devicesim import DEVICE, SimulatedDevice
 
 from markov_interp import report
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train
 

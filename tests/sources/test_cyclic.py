@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from markov_interp import probes, theory, training
-from markov_interp.data import SOURCE_KINDS, CyclicMarkov, Source, SourceConfig
+from markov_interp.sources import CyclicMarkov, Source, SourceConfig, source_kinds
 
 
 def gen(seed):
@@ -36,7 +36,7 @@ def _closed_form(stay: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------------------------------- kernels and sampler
 def test_kernels_are_cyclic_with_beta_stay_probabilities():
     source = CyclicMarkov(5, alpha=0.7)
-    assert isinstance(source, Source) and "cyclic" in SOURCE_KINDS
+    assert isinstance(source, Source) and "cyclic" in source_kinds()
     kernels = source.sample_kernels(20000, gen(0))
     allowed = source.support
     assert allowed.int().sum(-1).tolist() == [2] * 5 and (kernels[:, ~allowed] == 0).all()
@@ -93,7 +93,7 @@ def _bayes_by_hand(tokens: torch.Tensor, vocab: int, alpha: float) -> torch.Tens
 def test_in_context_law_is_the_beta_binomial_posterior_predictive():
     source = CyclicMarkov(4, alpha=0.5, initial="uniform")
     tokens = source.sample(6, 30, gen(3))
-    probs = theory.true_predictions(source, tokens)
+    probs = source.predictive(tokens)
     assert torch.allclose(probs, _bayes_by_hand(tokens, 4, 0.5), atol=1e-12)
     # its log-loss over a sequence is the Beta-Binomial marginal likelihood of the transitions (chain rule)
     loss = theory.target_log_loss(probs, tokens).sum(1)

@@ -11,12 +11,11 @@ import itertools
 import json
 import math
 
-import jaxtyping
 import pytest
 import torch
 
-from markov_interp import probes, sweep, theory, training
-from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov, Source, SourceConfig
+from markov_interp import probes, sources, sweep, theory, training
+from markov_interp.sources import BinaryChain, KernelSource, MarkovChain, RandomMarkov, Source, SourceConfig
 # by power iteration, plain Python
 from tests.theory.test_kernel_predictions import _power_stationary as power_stationary
 
@@ -94,8 +93,8 @@ def test_pool_bayes_predictions_match_brute_force(vocab, order, n, length, initi
     brute = BrutePool(source, mu)
     tokens = torch.tensor(list(itertools.product(range(vocab), repeat=length)))
     laws = source.initial_context_laws(source.pool)
-    probs = theory.pool_bayes_predictions(source.pool, laws, tokens)
-    post = theory.pool_posterior(source.pool, laws, tokens)
+    probs = sources.pool_bayes_predictions(source.pool, laws, tokens)
+    post = sources.pool_posterior(source.pool, laws, tokens)
     for row, seq in enumerate(tokens.tolist()):
         for t in range(length):
             expected = brute.predictive(tuple(seq[: t + 1]))
@@ -103,39 +102,39 @@ def test_pool_bayes_predictions_match_brute_force(vocab, order, n, length, initi
             joint = brute.joint(tuple(seq[: t + 1]))
             assert post[row, t].tolist() == pytest.approx([j / sum(joint) for j in joint], abs=1e-10)
     # the source's own predictor is the pool's Bayes predictor
-    assert torch.allclose(theory.true_predictions(source, tokens), probs, atol=1e-12)
+    assert torch.allclose(source.predictive(tokens), probs, atol=1e-12)
 
 
 def test_chunking_bounds_memory_and_changes_nothing(monkeypatch):
     source = RandomMarkov(3, order=2, pool_size=5)
     tokens = source.sample(37, 30, gen(3))
     laws = source.initial_context_laws(source.pool)
-    whole = theory.pool_bayes_predictions(source.pool, laws, tokens)
-    monkeypatch.setattr(theory.pools, "_CHUNK_ELEMENTS", 30 * 27 * 2)  # two sequences per chunk
-    assert torch.equal(theory.pool_bayes_predictions(source.pool, laws, tokens), whole)
+    whole = sources.pool_bayes_predictions(source.pool, laws, tokens)
+    monkeypatch.setattr(sources.dirichlet, "_CHUNK_ELEMENTS", 30 * 27 * 2)  # two sequences per chunk
+    assert torch.equal(sources.pool_bayes_predictions(source.pool, laws, tokens), whole)
 
 
 def test_long_sequences_do_not_underflow():
     source = RandomMarkov(3, pool_size=4, alpha=0.3)
     tokens = source.sample(4, 4096, gen(4))
-    probs = theory.true_predictions(source, tokens)
+    probs = source.predictive(tokens)
     assert torch.isfinite(probs).all() and torch.allclose(probs.sum(-1), torch.ones(4, 4096, dtype=torch.float64))
-    post = theory.pool_posterior(source.pool, source.initial_context_laws(source.pool), tokens)
+    post = sources.pool_posterior(source.pool, source.initial_context_laws(source.pool), tokens)
     assert (post[:, -1].max(-1).values > 0.999).all()  # by then the posterior has found the kernel
 
 
 def test_impossible_sequences_are_refused():
     pool = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.5, 0.5]]], dtype=torch.float64)
     with pytest.raises(ValueError, match="probability 0 under every kernel"):
-        theory.pool_posterior(pool, torch.full((2, 2), 0.5, dtype=torch.float64), torch.tensor([[0, 1]]))
+        sources.pool_posterior(pool, torch.full((2, 2), 0.5, dtype=torch.float64), torch.tensor([[0, 1]]))
     # kernel 0 never moves from 0 to 1: after that transition only kernel 1 remains
     pool = torch.tensor([[[1.0, 0.0], [0.5, 0.5]], [[0.5, 0.5], [0.2, 0.8]]], dtype=torch.float64)
-    post = theory.pool_posterior(pool, torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=torch.float64),
+    post = sources.pool_posterior(pool, torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=torch.float64),
                                  torch.tensor([[0, 0, 1, 1]]))
     expected = torch.tensor([[0.5, 0.5], [2 / 3, 1 / 3], [0.0, 1.0], [0.0, 1.0]], dtype=torch.float64)
     assert torch.allclose(post[0], expected, atol=1e-12)
     with pytest.raises(ValueError, match="tokens must lie"):
-        theory.pool_bayes_predictions(pool, torch.full((2, 2), 0.5, dtype=torch.float64), torch.tensor([[0, 2]]))
+        sources.pool_bayes_predictions(pool, torch.full((2, 2), 0.5, dtype=torch.float64), torch.tensor([[0, 2]]))
 
 
 # ------------------------------------------------------------------------------------------- a pool of one
@@ -145,11 +144,11 @@ def test_a_pool_of_one_is_the_fixed_chain(initial):
     chain = MarkovChain(source.pool[0], order=2, initial=initial)
     tokens = chain.sample(16, 12, gen(5))
     laws = source.initial_context_laws(source.pool)
-    pool_bayes = theory.pool_bayes_predictions(source.pool, laws, tokens)
-    assert torch.allclose(pool_bayes, theory.true_predictions(chain, tokens), atol=1e-12)
-    assert torch.allclose(pool_bayes, theory.kernel_predictions(chain.pool, tokens, chain.initial_context_laws(chain.pool)),
+    pool_bayes = sources.pool_bayes_predictions(source.pool, laws, tokens)
+    assert torch.allclose(pool_bayes, chain.predictive(tokens), atol=1e-12)
+    assert torch.allclose(pool_bayes, sources.kernel_predictions(chain.pool, tokens, chain.initial_context_laws(chain.pool)),
                           atol=1e-12)
-    assert torch.allclose(theory.true_predictions(source, tokens), pool_bayes, atol=1e-12)
+    assert torch.allclose(source.predictive(tokens), pool_bayes, atol=1e-12)
 
 
 def test_pool_of_one_loss_is_its_entropy_rate():
@@ -215,9 +214,9 @@ def test_paired_losses_use_the_pool_bayes_predictor():
     source = RandomMarkov(3, pool_size=4, pool_seed=1)
     refs = theory.reference_losses(source, 17, n_sequences=2048)
     tokens = source.sample(8192, 17, gen(8))
-    for predictions, value, se in ((theory.true_predictions, refs.pool_bayes_loss, refs.pool_bayes_loss_se),
-                                   (theory.plateau_predictions, refs.unigram_loss, refs.unigram_loss_se)):
-        per_seq = theory.target_log_loss(predictions(source, tokens), tokens).mean(1)
+    for law, value, se in ((source.predictive(tokens), refs.pool_bayes_loss, refs.pool_bayes_loss_se),
+                           (theory.plateau_predictions(source, tokens), refs.unigram_loss, refs.unigram_loss_se)):
+        per_seq = theory.target_log_loss(law, tokens).mean(1)
         assert abs(per_seq.mean().item() - value) <= 3 * (se + per_seq.std().item() / math.sqrt(8192))
     true, plateau = theory.paired_losses(source, tokens)
     assert true < refs.bayes_loss < plateau  # memorising four kernels beats estimating in context
@@ -285,7 +284,7 @@ def test_pools_on_cuda():
     tokens, kernels = source.sample(32, 40, torch.Generator(device="cuda").manual_seed(0), return_kernels=True)
     assert tokens.is_cuda and kernels.is_cuda
     assert ((kernels[:, None].cpu() == source.pool[None]).flatten(2).all(-1).sum(1) == 1).all()
-    assert torch.allclose(theory.true_predictions(source, tokens).cpu(), theory.true_predictions(source, tokens.cpu()),
+    assert torch.allclose(source.predictive(tokens).cpu(), source.predictive(tokens.cpu()),
                           atol=1e-12)
 
 
@@ -314,7 +313,7 @@ def test_out_of_pool_is_the_prior_without_the_pool():
     assert (distance > 1e-6).all()  # no fresh kernel is a pool kernel
     # the kernel-swap recipe of out_of_pool's docstring: a retrieving and an estimating predictor disagree there
     tokens = fresh.sample(64, 64, gen(2))
-    retrieve, estimate = theory.true_predictions(source, tokens), theory.true_predictions(fresh, tokens)
+    retrieve, estimate = source.predictive(tokens), fresh.predictive(tokens)
     assert theory.kl_divergence(estimate, retrieve)[:, -1].mean() > 0.05
 
 
@@ -342,15 +341,6 @@ def test_configs_without_pools_serialise_as_before():
     assert sweep.cell_id(other) == "442dc70a5795921c"
     pooled = training.default_run(kind="random", vocab=3, **{"source.pool_size": 4})
     assert sweep.cell_id(pooled) != sweep.cell_id(run) and json.loads(pooled.to_json())["source"]["pool_size"] == 4
-
-
-@pytest.fixture
-def without_annotation_checks():
-    """What users get: the test suite type-checks annotations (jaxtyping + beartype, a TypeError on a float
-    where an int is annotated), an installed package does not and must raise the ValueError itself."""
-    jaxtyping.config.update("jaxtyping_disable", True)
-    yield
-    jaxtyping.config.update("jaxtyping_disable", False)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -381,12 +371,16 @@ def test_fixed_chains_refuse_pool_options(kind, fields):
 
 
 class Dirichlet2:
-    """A random-kernel source of a class of its own: it satisfies the protocol without deriving from data."""
+    """A random-kernel source of a class of its own: it satisfies the protocol without deriving from the package's
+    sources. Its `predictive` is deliberately not the add-alpha law (uniform), so a caller that used it shows."""
 
-    vocab, order, alpha, pool, support = 2, 1, 1.0, None, None
+    vocab, order, alpha, pool, support, initial, in_context = 2, 1, 1.0, None, None, "stationary", True
 
     def sample(self, batch, seq_len, generator=None, *, device=None, return_kernels=False):
         return RandomMarkov(2).sample(batch, seq_len, generator, device=device, return_kernels=return_kernels)
+
+    def predictive(self, tokens):
+        return torch.full((*tokens.shape, 2), 0.5, dtype=torch.float64)
 
     def initial_context_laws(self, kernels):
         return RandomMarkov(2).initial_context_laws(kernels)
@@ -394,9 +388,9 @@ class Dirichlet2:
 
 def test_theory_dispatches_through_the_protocol():
     source, tokens = Dirichlet2(), RandomMarkov(2).sample(3, 9, gen(0))
-    assert isinstance(source, Source)
-    assert torch.equal(theory.true_predictions(source, tokens), theory.add_beta_predictions(tokens, 2))
-    assert torch.equal(theory.plateau_predictions(source, tokens), theory.add_beta_predictions(tokens, 2, order=0))
+    assert isinstance(source, KernelSource)
+    assert theory.paired_losses(source, tokens)[0] == pytest.approx(math.log(2))  # the source's own predictive
+    assert torch.equal(theory.plateau_predictions(source, tokens), sources.add_beta_predictions(tokens, 2, order=0))
     with pytest.raises(ValueError, match="keyed on the source.s config"):  # the Monte Carlo is keyed on its config
         theory.reference_losses(source, 8)
     with pytest.raises(ValueError, match="no single kernel"):
@@ -409,7 +403,7 @@ def test_probes_take_any_protocol_source():
     """`probes.sample_batch` goes through the protocol: a source of a class of its own gives the batch its
     equal RandomMarkov gives; theory's Monte Carlo references need the source's config and say so."""
     mine, theirs = (probes.sample_batch(s, n_sequences=6, seq_len=10, seed=2) for s in (Dirichlet2(), RandomMarkov(2)))
-    assert isinstance(Dirichlet2(), Source)
+    assert isinstance(Dirichlet2(), KernelSource)
     assert torch.equal(mine.tokens, theirs.tokens) and torch.equal(mine.kernels, theirs.kernels)
     assert (mine.random_kernel, mine.beta) == (True, 1.0) and torch.equal(mine.initial, theirs.initial)
     with pytest.raises(ValueError, match="keyed on the source's config: Dirichlet2 has no `config`"):

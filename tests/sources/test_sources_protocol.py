@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from markov_interp import probes, theory, training
-from markov_interp.data import SOURCE_KINDS, BinaryChain, MarkovChain, RandomMarkov, SourceConfig
+from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov, SourceConfig, source_kinds
 
 ORDER2 = [[[0.9, 0.1], [0.5, 0.5]], [[0.3, 0.7], [0.2, 0.8]]]
 
@@ -82,7 +82,7 @@ def test_references_are_the_same_numbers_as_before(monkeypatch):
 def test_dirichlet_cache_keys_are_the_fields_they_had(source, fields):
     """The disk cache's key of a Dirichlet source holds the fields it held when keyed on RandomMarkov's parameters
     (vocab, order, alpha, initial, and pool_size / pool_seed / zero_diagonal when set)."""
-    assert theory._source_key(source.config) == fields
+    assert source.config.reference_key() == fields
 
 
 # ---------------------------------------------------------------------------------------------- the members
@@ -115,8 +115,8 @@ def test_the_cli_offers_the_builders_kinds():
 
     action = next(a for a in build_parser()._subparsers._group_actions[0].choices["train"]._actions
                   if "--source" in a.option_strings)
-    assert tuple(action.choices) == SOURCE_KINDS and len(SOURCE_KINDS) >= 3
-    assert all(kind in action.choices for kind in SOURCE_KINDS) and "bogus" not in action.choices
+    assert tuple(action.choices) == source_kinds() and len(source_kinds()) >= 4
+    assert all(kind in action.choices for kind in source_kinds()) and "bogus" not in action.choices
 
 
 def test_in_context_decides_the_defaults():

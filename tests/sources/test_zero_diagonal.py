@@ -9,14 +9,13 @@ import itertools
 import json
 import math
 
-import jaxtyping
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
-from markov_interp import theory
-from markov_interp.data import RandomMarkov, Source, SourceConfig
+from markov_interp import sources, theory
+from markov_interp.sources import RandomMarkov, Source, SourceConfig
 
 
 def gen(seed):
@@ -100,14 +99,6 @@ def test_config_round_trip_and_old_json_unchanged():
     assert "zero_diagonal" not in SourceConfig(kind="random", vocab=3).to_dict()
 
 
-@pytest.fixture
-def without_annotation_checks():
-    """What users get: an installed package does not type-check annotations and must raise the ValueError."""
-    jaxtyping.config.update("jaxtyping_disable", True)
-    yield
-    jaxtyping.config.update("jaxtyping_disable", False)
-
-
 @pytest.mark.parametrize("kwargs, message", [
     (dict(vocab=2, zero_diagonal=True), "zero_diagonal=True needs order 1 and vocab >= 3"),
     (dict(vocab=3, order=2, zero_diagonal=True), "zero_diagonal=True needs order 1 and vocab >= 3"),
@@ -124,20 +115,20 @@ def test_bad_options_are_refused(kwargs, message, without_annotation_checks):
 def test_predictions_are_the_counting_rules_by_hand():
     source = RandomMarkov(3, zero_diagonal=True)
     tokens = source.sample(16, 12, gen(1))
-    true, plateau = theory.true_predictions(source, tokens), theory.plateau_predictions(source, tokens)
+    true, plateau = source.predictive(tokens), theory.plateau_predictions(source, tokens)
     for b in range(16):
         seq = tokens[b].tolist()
         assert np.allclose(true[b].numpy(), _by_hand(seq, unigram=False), atol=1e-12)
         assert np.allclose(plateau[b].numpy(), _by_hand(seq, unigram=True), atol=1e-12)
     with pytest.raises(ValueError, match=r"support must be a boolean tensor \[3, 3\]"):
-        theory.add_beta_predictions(tokens, 3, support=torch.ones(2, 3, dtype=torch.bool))
+        sources.add_beta_predictions(tokens, 3, support=torch.ones(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="allows no state"):
-        theory.add_beta_predictions(tokens, 3, support=torch.zeros(3, 3, dtype=torch.bool))
+        sources.add_beta_predictions(tokens, 3, support=torch.zeros(3, 3, dtype=torch.bool))
 
 
 def test_add_alpha_over_the_support_is_the_exact_posterior_predictive_with_a_uniform_start():
     """With x_0 uniform (independent of the kernel) the posterior predictive, from the quadrature's marginals
-    P(x_0..x_{t+1}) / P(x_0..x_t), is what `true_predictions` gives."""
+    P(x_0..x_{t+1}) / P(x_0..x_t), is what the source's `predictive` gives."""
     kernels, weights = _grid(24)
     uniform = np.full((len(weights), 3), 1 / 3)
     source = RandomMarkov(3, zero_diagonal=True, initial="uniform")
@@ -146,7 +137,7 @@ def test_add_alpha_over_the_support_is_the_exact_posterior_predictive_with_a_uni
         marginal = dict(zip(seqs, _marginals(seqs, kernels, weights, uniform)))
         prefix = dict(zip(_sequences(length - 1), _marginals(_sequences(length - 1), kernels, weights, uniform)))
         tokens = torch.tensor(seqs)
-        predicted = theory.true_predictions(source, tokens)[:, -2].numpy()
+        predicted = source.predictive(tokens)[:, -2].numpy()
         for s, row in zip(seqs, predicted):
             assert row[s[-1]] == pytest.approx(marginal[s] / prefix[s[:-1]], abs=1e-9)
 

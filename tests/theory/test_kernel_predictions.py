@@ -1,15 +1,16 @@
-"""The one true-next-state-law computation (`theory.kernel_predictions`) that `theory.true_predictions` (fixed
-chains) and the probes' `kernel_probs` share, and the one stationary-law broadcast behind `plateau_predictions`
+"""The one true-next-state-law computation (`sources.kernel_predictions`) that a fixed chain's `predictive` and
+the probes' `kernel_probs` share, and the one stationary-law broadcast behind `plateau_predictions`
 and `stationary_probs`, against brute force: P(x_{t+1} | x_0..x_t) by summing the joint law of every sequence
 of a short window, with stationary laws found by power iteration in plain Python."""
 
+import dataclasses
 import itertools
 
 import pytest
 import torch
 
-from markov_interp import theory
-from markov_interp.data import MarkovChain, RandomMarkov
+from markov_interp import sources, theory
+from markov_interp.sources import MarkovChain, RandomMarkov
 from markov_interp.probes import kernel_probs, sample_batch, stationary_probs
 from markov_interp.probes._common import stationary_laws
 
@@ -62,7 +63,7 @@ def test_fixed_order_two_chain_matches_brute_force(initial):
     flat = _flat(K2)
     mu = _power_stationary(flat, 3) if initial == "stationary" else MU
     tokens = chain.sample(6, 4, generator=torch.Generator().manual_seed(0))
-    probs = theory.kernel_predictions(torch.tensor(flat, dtype=torch.float64)[None], tokens, chain.initial_context_law[None])
+    probs = sources.kernel_predictions(torch.tensor(flat, dtype=torch.float64)[None], tokens, chain.initial_context_law[None])
     for b in range(6):
         expected = _brute_conditionals(flat, mu, 3, 2, tokens[b].tolist())
         assert probs[b].tolist() == [pytest.approx(row, abs=1e-9) for row in expected]
@@ -75,7 +76,7 @@ def test_order_three_prefix_of_two_states_matches_brute_force():
     mu = torch.tensor([0.2, 0.1, 0.05, 0.15, 0.1, 0.1, 0.2, 0.1], dtype=torch.float64)
     tokens = MarkovChain(kernel.reshape(2, 2, 2, 2), order=3, initial=mu).sample(
         8, 5, generator=torch.Generator().manual_seed(6))
-    probs = theory.kernel_predictions(kernel[None], tokens, mu[None])
+    probs = sources.kernel_predictions(kernel[None], tokens, mu[None])
     for b in range(8):
         expected = _brute_conditionals(kernel.tolist(), mu.tolist(), 2, 3, tokens[b].tolist())
         assert probs[b].tolist() == [pytest.approx(row, abs=1e-9) for row in expected]
@@ -108,14 +109,14 @@ def test_random_kernels_with_a_given_initial_law_use_it():
 def test_probes_and_theory_agree_on_a_fixed_order_two_chain(initial):
     chain = MarkovChain(K2, order=2, initial=initial)
     batch = sample_batch(chain, n_sequences=16, seq_len=12, seed=3)
-    assert torch.equal(kernel_probs(batch), theory.true_predictions(chain, batch.tokens))
+    assert torch.equal(kernel_probs(batch), chain.predictive(batch.tokens))
     assert torch.equal(stationary_probs(batch), theory.plateau_predictions(chain, batch.tokens))
 
 
 def test_a_batch_without_initial_laws_uses_the_stationary_context_law():
     chain = MarkovChain(K2, order=2)
     batch = sample_batch(chain, n_sequences=8, seq_len=6, seed=4)
-    bare = type(batch)(tokens=batch.tokens, kernels=batch.kernels, vocab=3, order=2, random_kernel=False, beta=0.5)
+    bare = dataclasses.replace(batch, initial=None)
     assert torch.allclose(kernel_probs(bare), kernel_probs(batch), atol=1e-12)
 
 
@@ -123,8 +124,8 @@ def test_bad_inputs_are_refused():
     flat = torch.tensor(_flat(K2))[None]
     no_one = torch.tensor([[0.4, 0.3, 0.3, 0, 0, 0, 0, 0, 0]])  # no sequence starts in state 1
     with pytest.raises(ValueError, match="probability 0"):
-        theory.kernel_predictions(flat, torch.tensor([[1, 0, 2]]), no_one)
+        sources.kernel_predictions(flat, torch.tensor([[1, 0, 2]]), no_one)
     with pytest.raises(ValueError, match="power"):
-        theory.kernel_predictions(torch.full((1, 5, 3), 1 / 3), torch.tensor([[0, 1]]), torch.full((1, 5), 0.2))
+        sources.kernel_predictions(torch.full((1, 5, 3), 1 / 3), torch.tensor([[0, 1]]), torch.full((1, 5), 0.2))
     with pytest.raises(ValueError, match="tokens"):
-        theory.kernel_predictions(flat, torch.tensor([[0, 3]]), torch.tensor([MU]))
+        sources.kernel_predictions(flat, torch.tensor([[0, 3]]), torch.tensor([MU]))

@@ -1,4 +1,4 @@
-"""Paired reference predictors (theory.true_predictions / plateau_predictions / paired_losses) against
+"""Paired reference predictors (a source's `predictive`, theory.plateau_predictions / paired_losses) against
 independent computations: a per-position Python loop over the kernel, empirical frequencies of the sampler for
 short prefixes of an order-2 chain, and the hand-built kernel and unigram models (paired excess zero)."""
 
@@ -7,8 +7,8 @@ import itertools
 import pytest
 import torch
 
-from markov_interp import theory
-from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
+from markov_interp import sources, theory
+from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov
 from handbuilt import kernel_model, unigram_model
 
 KERNEL3 = [[0.8, 0.1, 0.1], [0.2, 0.5, 0.3], [0.05, 0.15, 0.8]]
@@ -17,7 +17,7 @@ KERNEL3 = [[0.8, 0.1, 0.1], [0.2, 0.5, 0.3], [0.05, 0.15, 0.8]]
 def test_true_predictions_are_the_kernel_rows_position_by_position():
     chain = MarkovChain(KERNEL3)
     tokens = chain.sample(4, 20, generator=torch.Generator().manual_seed(0))
-    probs = theory.true_predictions(chain, tokens)
+    probs = chain.predictive(tokens)
     for b, t in itertools.product(range(4), range(20)):
         assert probs[b, t].tolist() == pytest.approx(KERNEL3[int(tokens[b, t])])
 
@@ -28,7 +28,7 @@ def test_order_two_prefix_follows_the_samplers_initial_law():
     kernel = torch.tensor([[[0.9, 0.1], [0.3, 0.7]], [[0.6, 0.4], [0.05, 0.95]]])
     chain = MarkovChain(kernel, order=2)
     tokens = chain.sample(200_000, 3, generator=torch.Generator().manual_seed(1))
-    probs = theory.true_predictions(chain, tokens[:8])
+    probs = chain.predictive(tokens[:8])
     for x0 in (0, 1):
         first = tokens[:, 0] == x0
         empirical = (tokens[first, 1] == 1).double().mean().item()
@@ -42,8 +42,8 @@ def test_order_two_prefix_follows_the_samplers_initial_law():
 def test_random_kernels_pair_the_add_alpha_and_in_context_unigram_estimators():
     source = RandomMarkov(vocab=3, alpha=0.5)
     tokens = source.sample(2, 12, generator=torch.Generator().manual_seed(2))
-    assert torch.equal(theory.true_predictions(source, tokens),
-                       theory.add_beta_predictions(tokens, 3, order=1, beta=0.5))
+    assert torch.equal(source.predictive(tokens),
+                       sources.add_beta_predictions(tokens, 3, order=1, beta=0.5))
     plateau = theory.plateau_predictions(source, tokens)
     for b, t in itertools.product(range(2), range(12)):  # state counts so far, plus alpha
         counts = torch.bincount(tokens[b, : t + 1], minlength=3).double()
@@ -125,7 +125,7 @@ def test_log_spaced_evaluations_are_logged_resumed_and_stacked(tmp_path):
     import dataclasses
 
     from markov_interp import training
-    from markov_interp.data import SourceConfig
+    from markov_interp.sources import SourceConfig
     from markov_interp.models import preset
 
     tc = training.TrainConfig(steps=30, seq_len=16, batch_size=4, eval_every=0, eval_log_points=5, eval_batches=1,

@@ -13,8 +13,8 @@ import pytest
 import torch
 from scipy import integrate, special
 
-from markov_interp import theory
-from markov_interp.data import BinaryChain, RandomMarkov
+from markov_interp import sources, theory
+from markov_interp.sources import BinaryChain, RandomMarkov
 
 
 @pytest.fixture(autouse=True)
@@ -271,15 +271,19 @@ def test_reference_losses_refuse_bad_input():
         theory.reference_losses("chain", 8)
 
 
-def test_data_does_not_import_theory():
-    root = Path(theory.__file__).parents[1]  # the package folder (theory is a package)
-    for name in ("data.py", "chains.py"):
-        tree = ast.parse((root / name).read_text())
+def test_the_sources_do_not_import_theory():
+    """theory builds on the sources, never the other way round; the contexts module imports no other source module."""
+    folder = Path(theory.__file__).parents[1] / "sources"
+    paths = sorted(folder.glob("*.py"))
+    assert len(paths) >= 6  # the walk sees the package
+    for path in paths:
+        tree = ast.parse(path.read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        assert "markov_interp.theory" not in imported, name
-    assert "markov_interp.data" not in {n.module for n in ast.walk(ast.parse((root / "chains.py").read_text()))
-                                         if isinstance(n, ast.ImportFrom)}
+        assert not {m for m in imported if m and m.startswith("markov_interp.theory")}, path.name
+    contexts = ast.parse((folder / "contexts.py").read_text())
+    assert not {n.module for n in ast.walk(contexts) if isinstance(n, ast.ImportFrom)
+                and (n.module or "").startswith("markov_interp.")}
 
 
 def test_reference_losses_agree_with_the_package_sampler_on_a_fixed_seed():
@@ -288,5 +292,5 @@ def test_reference_losses_agree_with_the_package_sampler_on_a_fixed_seed():
     source = RandomMarkov(2, order=2)
     refs = theory.reference_losses(source, 20)
     tokens = source.sample(20000, 20, torch.Generator().manual_seed(99))
-    plain = theory.target_log_loss(theory.add_beta_predictions(tokens, 2, order=2), tokens).mean(1)
+    plain = theory.target_log_loss(sources.add_beta_predictions(tokens, 2, order=2), tokens).mean(1)
     assert covers(refs.add_alpha_loss, refs.add_alpha_loss_se, plain.mean().item(), plain.std().item() / math.sqrt(20000))

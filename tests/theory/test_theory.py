@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from markov_interp import theory
-from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov
+from markov_interp import sources, theory
+from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov
 
 
 def h(x: float) -> float:
@@ -108,7 +108,7 @@ def add_beta_loop(row: list[int], vocab: int, order: int, beta: float) -> list[l
 @pytest.mark.parametrize("vocab,order,beta", [(2, 1, 1.0), (3, 1, 0.5), (2, 2, 0.5), (3, 3, 1.0)])
 def test_add_beta_matches_python_loop(vocab, order, beta):
     tokens = RandomMarkov(vocab, order=order).sample(3, 40, torch.Generator().manual_seed(6))
-    fast = theory.add_beta_predictions(tokens, vocab, order=order, beta=beta)
+    fast = sources.add_beta_predictions(tokens, vocab, order=order, beta=beta)
     for b in range(3):
         slow = torch.tensor(add_beta_loop(tokens[b].tolist(), vocab, order, beta), dtype=torch.float64)
         assert torch.allclose(fast[b], slow, atol=1e-12)
@@ -128,7 +128,7 @@ def test_add_beta_is_bayes_posterior_predictive():
         return math.exp(logp)
 
     for seq in itertools.product(range(2), repeat=6):
-        pred = theory.add_beta_predictions(torch.tensor([seq]), 2, beta=alpha)[0, -1]
+        pred = sources.add_beta_predictions(torch.tensor([seq]), 2, beta=alpha)[0, -1]
         bayes = marginal(seq + (1,)) / (marginal(seq + (0,)) + marginal(seq + (1,)))
         assert pred[1].item() == pytest.approx(bayes, abs=1e-12)
 
@@ -169,14 +169,14 @@ def test_theory_refuses_bad_input():
     with pytest.raises(ValueError, match="no unique stationary"):
         theory.stationary_distribution(torch.eye(2))
     with pytest.raises(ValueError, match="tokens must lie"):
-        theory.add_beta_predictions(torch.tensor([[0, 3]]), 2)
+        sources.add_beta_predictions(torch.tensor([[0, 3]]), 2)
     with pytest.raises(ValueError, match="beta"):
-        theory.add_beta_predictions(torch.tensor([[0, 1]]), 2, beta=0)
+        sources.add_beta_predictions(torch.tensor([[0, 1]]), 2, beta=0)
 
 
 def test_in_context_unigram_estimator_order_zero():
     tokens = RandomMarkov(3).sample(2, 30, torch.Generator().manual_seed(8))
-    fast = theory.add_beta_predictions(tokens, 3, order=0, beta=0.5)
+    fast = sources.add_beta_predictions(tokens, 3, order=0, beta=0.5)
     for b in range(2):
         row = tokens[b].tolist()
         for t in range(30):

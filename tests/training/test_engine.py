@@ -15,7 +15,7 @@ import torch
 
 from markov_interp import models, sweep, training
 from markov_interp.cli import main
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.models import preset
 from markov_interp.models.optim import StackedOptimizer
 from markov_interp.training import RunConfig, TrainConfig, train, train_many

@@ -8,7 +8,7 @@ import torch
 
 from markov_interp import models, theory, training
 from markov_interp.cli import main
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, checkpoint_steps, one_cycle_lr, train
 
@@ -251,9 +251,9 @@ def test_cli_train_on_a_fixed_multistate_kernel(tmp_path, capsys):
     assert main(bad + ["--kernel", "[[0.5, 0.5]"]) == 2
     assert "--kernel is not valid JSON" in capsys.readouterr().err
     assert main(bad) == 2
-    assert "needs --kernel" in capsys.readouterr().err
+    assert "a markov source needs kernel" in capsys.readouterr().err
     assert main(["train", "--out", str(tmp_path / "b2"), "--kernel", "[[1, 0], [0, 1]]", "--no-progress"]) == 2
-    assert "--kernel needs --source markov" in capsys.readouterr().err
+    assert "a binary source does not use ['kernel']" in capsys.readouterr().err
 
 
 def test_cli_unknown_set_key_is_one_line_listing_the_valid_ones(tmp_path, capsys):

@@ -27,7 +27,7 @@ import torch
 
 from markov_interp import dynamics, training
 from markov_interp._io import atomic_path, atomic_write
-from markov_interp.data import SourceConfig
+from markov_interp.sources import SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig
 

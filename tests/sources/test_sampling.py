@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from markov_interp import theory
-from markov_interp.data import BinaryChain, MarkovChain, RandomMarkov, SourceConfig, validate_kernel
+from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov, SourceConfig, validate_kernel
 
 # Sampled frequencies from ~16k transitions per row: 5 standard errors of a proportion near 0.5 is ~0.02.
 FREQ_TOL = 0.02
@@ -215,7 +215,7 @@ def test_source_config_round_trip_and_errors():
 
 @pytest.mark.parametrize("steps,states", [(1, 2), (31, 3), (32, 2), (33, 4), (100, 3), (1000, 2)])
 def test_prefix_composition_matches_sequential(steps, states):
-    from markov_interp.data import _compose_prefix
+    from markov_interp.sources.sampling import _compose_prefix
 
     maps = torch.randint(0, states, (3, steps, states), generator=gen(12))
     out = _compose_prefix(maps)
@@ -228,7 +228,7 @@ def test_prefix_composition_matches_sequential(steps, states):
 
 @pytest.mark.parametrize("steps", [1, 5, 100, 1023])
 def test_binary_fast_path_equals_the_scan(steps):
-    from markov_interp.data import _apply_binary_maps, _compose_prefix
+    from markov_interp.sources.sampling import _apply_binary_maps, _compose_prefix
 
     maps = torch.randint(0, 2, (4, steps, 2), generator=gen(13))
     first = torch.tensor([0, 1, 0, 1])

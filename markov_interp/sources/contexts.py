@@ -1,14 +1,45 @@
-"""The chain on contexts and its stationary law: the one home of what `data` (sampling from stationarity) and
-`theory` (reference losses) both need, so that `theory` builds on `data` and never the other way round.
+"""Contexts and the chain on them: what the sources (sampling, their laws given a prefix) and `theory` (reference
+losses) both need, so that `theory` builds on the sources and never the other way round.
 
 An order-k kernel is handled through the chain on contexts (the last k states, base-V index, oldest first):
-`context_kernel` flattens it to [V**k, V], `context_transition_matrix` turns that into a V**k x V**k
-transition matrix, and `solve_stationary` finds its stationary law, batched over any leading axes.
+`context_index` reads the context at every position of a sequence, `context_kernel` flattens a kernel to [V**k, V],
+`context_transition_matrix` turns that into a V**k x V**k transition matrix, and `solve_stationary` finds its
+stationary law, batched over any leading axes.
 """
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
+
+
+def context_index(tokens: Int[Tensor, "batch pos"], vocab: int, order: int) -> Int[Tensor, "batch pos"]:
+    """Base-V index of the last `order` states ending at each position (oldest first); -1 where too short.
+
+    >>> context_index(torch.tensor([[0, 1, 1, 0]]), 2, 2)
+    tensor([[-1,  1,  3,  2]])
+    """
+    index = torch.zeros_like(tokens)
+    for lag in range(order):  # order is tiny (1..4): a loop over lags, not positions
+        shifted = torch.roll(tokens, lag, dims=1)
+        index = index + shifted * vocab ** lag
+    index[:, : order - 1] = -1
+    return index
+
+
+def order_of(n_ctx: int, vocab: int) -> int:
+    """The order k of kernels with `n_ctx` = V**k context rows; ValueError when `n_ctx` is not a power of V."""
+    order = 1
+    while vocab**order < n_ctx:
+        order += 1
+    if vocab**order != n_ctx:
+        raise ValueError(f"kernels have {n_ctx} context rows, not a power of the {vocab} states (V**order)")
+    return order
+
+
+def check_tokens(tokens: Tensor, vocab: int) -> None:
+    """Refuse states outside 0..vocab-1 with a ValueError naming the range found."""
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values {int(tokens.min())}..{int(tokens.max())}")
 
 
 def context_kernel(kernel: Tensor) -> Float[Tensor, "context vocab"]:

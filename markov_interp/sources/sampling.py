@@ -1,0 +1,184 @@
+"""The vectorised chain sampler every kernel source draws with: first states by inverse CDF, then the chain.
+
+Sampling is vectorised over positions as well as sequences. A chain step is a map from states to states,
+`x_t = F_t(x_{t-1})`, where `F_t` is drawn up front for every possible current state from one uniform per
+position. The states along the sequence are then prefix compositions `F_t o ... o F_1` applied to the first
+state, computed with a two-level Hillis-Steele scan in a few batched gathers instead of seq_len Python steps;
+for two states, where a map is a reset, the identity or a flip, with a cumulative max and sum instead.
+
+Also here: Gamma draws from an explicit generator (`_gamma`, `_gamma_many`: Dirichlet kernels are normalised
+Gamma draws), shared by one source and by a stack of sources (`sources.stacked`).
+"""
+
+import math
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from markov_interp.config import check_int
+from markov_interp.sources.base import Tokens
+from markov_interp.sources.contexts import block_sizes
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+def _check_sizes(batch: int, seq_len: int) -> None:
+    check_int("batch", batch, minimum=1)
+    check_int("seq_len", seq_len, minimum=1)
+
+
+def _resolve_device(generator: torch.Generator | None, device: Any) -> torch.device:
+    if generator is not None:
+        if device is not None and torch.device(device) != generator.device:
+            raise ValueError(f"device {device} differs from the generator's device {generator.device}")
+        return generator.device
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------------ the sampler
+def _scan(maps: Int[Tensor, "*lead pos state"]) -> Int[Tensor, "*lead pos state"]:
+    """Inclusive prefix composition along `pos` (Hillis-Steele): out[t] = maps[t] o ... o maps[0]."""
+    shift = 1
+    while shift < maps.shape[-2]:
+        composed = torch.gather(maps[..., shift:, :], -1, maps[..., :-shift, :])  # later o earlier
+        maps = torch.cat([maps[..., :shift, :], composed], dim=-2)
+        shift *= 2
+    return maps
+
+
+def _compose_prefix(step_maps: Int[Tensor, "batch pos state"], block: int = 32) -> Int[Tensor, "batch pos state"]:
+    """Inclusive prefix composition of state maps, out[t] = F_t o F_{t-1} o ... o F_0, in two levels.
+
+    Scanning blocks of `block` positions and then the block totals does about log2(block) + 1 passes over the
+    data instead of log2(seq_len), which halves the cost at seq_len 1024.
+    """
+    batch, steps, n_states = step_maps.shape
+    if steps <= block:
+        return _scan(step_maps)
+    pad = -steps % block
+    if pad:  # identity maps at the end change nothing before them
+        identity = torch.arange(n_states, device=step_maps.device).expand(batch, pad, n_states)
+        step_maps = torch.cat([step_maps, identity], dim=1)
+    within = _scan(step_maps.reshape(batch, -1, block, n_states))  # [batch, blocks, block, state]
+    totals = _scan(within[:, :, -1, :])  # prefix over whole blocks
+    earlier = totals[:, :-1, None, :].expand(-1, -1, block, -1)  # everything before block j
+    later = torch.gather(within[:, 1:], -1, earlier)
+    out = torch.cat([within[:, :1], later], dim=1).reshape(batch, -1, n_states)
+    return out[:, :steps]
+
+
+def _apply_binary_maps(step_maps: Int[Tensor, "batch pos 2"], first: Int[Tensor, " batch"]) -> Int[Tensor, "batch pos"]:
+    """x_t = F_t(x_{t-1}) for maps on {0, 1}, without a scan.
+
+    A map on two states is a constant (it resets the state), the identity or a flip. So x_t is the value of the
+    last reset at or before t (x_0 counts as one) XOR the parity of the flips since: a cumulative max and a
+    cumulative sum, linear in the sequence length.
+    """
+    batch, steps, _ = step_maps.shape
+    f0, f1 = step_maps[..., 0], step_maps[..., 1]
+    resets = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=f0.device), f0 == f1], dim=1)
+    values = torch.cat([first[:, None], f0], dim=1)  # a reset's value (either entry of a constant map)
+    flips = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=f0.device), (f0 == 1) & (f1 == 0)], dim=1)
+    positions = torch.arange(steps + 1, device=f0.device).expand(batch, -1)
+    last_reset = torch.where(resets, positions, 0).cummax(dim=1).values
+    flip_count = flips.cumsum(dim=1)
+    parity = (flip_count - torch.gather(flip_count, 1, last_reset)) % 2
+    return (torch.gather(values, 1, last_reset) ^ parity)[:, 1:]
+
+
+def _sample_chain(
+    cdf: Float[Tensor, "batch context vocab"],
+    first: Int[Tensor, " batch"],
+    *,
+    vocab: int,
+    order: int,
+    seq_len: int,
+    generator: torch.Generator | None,
+    device: torch.device,
+    u: Optional[Float[Tensor, "batch steps 1 1"]] = None,
+) -> Tokens:
+    """Sample order-k chains given per-sequence cumulative kernels and the first context index.
+
+    The chain state is the context c = base-V number of the last k tokens (oldest first); the next context is
+    (c * V + x) mod V**k. `first` is the context made of the first k tokens. `u`: the step uniforms, when drawn
+    already (else drawn here from `generator`).
+    """
+    batch, n_ctx, _ = cdf.shape
+    steps = max(seq_len - order, 0)
+    if steps:
+        if u is None:
+            u = torch.rand(batch, steps, 1, 1, generator=generator, device=device, dtype=torch.float64)
+        # the comparison below sums steps * contexts * V int64 per sequence: a block of sequences at a time
+        # bounds the memory (contexts.block_sizes); each sequence is computed alone, so the tokens are the same
+        sizes = block_sizes(batch, 8 * steps * n_ctx * vocab)
+        parts = [_chain_block(c, x, f, vocab=vocab, order=order)
+                 for c, x, f in zip(cdf.split(sizes), u.split(sizes), first.split(sizes))]
+        later = parts[0] if len(parts) == 1 else torch.cat(parts)
+    else:
+        later = torch.empty(batch, 0, dtype=torch.long, device=device)
+    digits = vocab ** torch.arange(order - 1, -1, -1, device=device)
+    head = (first[:, None] // digits) % vocab
+    return torch.cat([head, later], dim=1)[:, :seq_len].contiguous()
+
+
+def _chain_block(cdf: Float[Tensor, "batch context vocab"], u: Float[Tensor, "batch steps 1 1"],
+                 first: Int[Tensor, " batch"], *, vocab: int, order: int) -> Int[Tensor, "batch steps"]:
+    """`_sample_chain`'s states after the first context, for one block of sequences and their uniforms `u`."""
+    batch, n_ctx, _ = cdf.shape
+    steps = u.shape[1]
+    # Next token for every possible context, inverse-CDF with one shared uniform per position.
+    nxt = (cdf[:, None, :, :] <= u).sum(-1).clamp_(max=vocab - 1)  # [batch, steps, context]
+    if n_ctx == 2:  # binary first-order chain: a linear-time path, same maps, same result as the scan
+        return _apply_binary_maps(nxt, first)
+    # order 1: the context is the state itself, so the step map is `nxt` (skip two costly remainders)
+    step_maps = nxt if order == 1 else (torch.arange(n_ctx, device=cdf.device) * vocab + nxt) % n_ctx
+    contexts = torch.gather(_compose_prefix(step_maps), -1, first[:, None, None].expand(batch, steps, 1))
+    return contexts[..., 0] if order == 1 else contexts[..., 0] % vocab
+
+
+def _draw(law: Tensor, batch: int, generator: torch.Generator | None, device: torch.device,
+          u: Optional[Float[Tensor, "batch 1"]] = None) -> Tensor:
+    """Indices drawn from `law` (one law, or one per row), by inverse CDF of the uniforms `u` (drawn here if
+    None)."""
+    cdf = law.to(device).cumsum(-1)
+    if u is None:
+        u = torch.rand(batch, 1, generator=generator, device=device, dtype=torch.float64)
+    return (cdf <= u).sum(-1).clamp_(max=law.shape[-1] - 1)
+
+
+# ------------------------------------------------------------------------------------------- Gamma draws
+def _gamma(alpha: float, shape: tuple, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """Gamma(alpha, 1) draws from an explicit generator (Marsaglia & Tsang 2000, with rejection)."""
+    return _gamma_many(alpha, shape, [generator], device)[0]
+
+
+def _gamma_many(alpha: float, shape: tuple, generators: Sequence[Optional[torch.Generator]],
+                device: torch.device) -> Float[Tensor, "member ..."]:
+    """`_gamma(alpha, shape, g)` for every generator g at once, [member, *shape]: member k's numbers are those of
+    `generators[k]` alone, bit for bit (each draws its normals and uniforms in the order `_gamma` does; the
+    elementwise acceptance runs for all members together, with one host read per rejection round)."""
+    boost = alpha < 1
+    a = alpha + 1 if boost else alpha
+    d = a - 1.0 / 3
+    c = 1.0 / math.sqrt(9 * d)
+    out = torch.empty((len(generators), *shape), dtype=torch.float64, device=device)
+    todo = torch.ones_like(out, dtype=torch.bool)
+    counts = [math.prod(shape)] * len(generators)
+    while any(counts):
+        draws = [(torch.randn(n, generator=g, device=device, dtype=torch.float64),
+                  torch.rand(n, generator=g, device=device, dtype=torch.float64))
+                 for n, g in zip(counts, generators) if n]
+        z, u = (torch.cat(part) for part in zip(*draws))  # members in order: todo.nonzero's order
+        v = (1 + c * z) ** 3
+        ok = (v > 0) & (torch.log(u.clamp_min(1e-300)) < 0.5 * z**2 + d - d * v + d * torch.log(v.clamp_min(1e-300)))
+        idx = todo.nonzero(as_tuple=True)
+        accepted = tuple(i[ok] for i in idx)
+        out[accepted] = (d * v)[ok]
+        todo[accepted] = False
+        counts = todo.flatten(1).sum(1).tolist()
+    if boost:
+        u = torch.stack([torch.rand(shape, generator=g, device=device, dtype=torch.float64) for g in generators])
+        out = out * u.clamp_min(1e-300) ** (1.0 / alpha)
+    return out.clamp_min(1e-300)

@@ -1,0 +1,109 @@
+"""The stacked sampler: one batch per member of a stack of runs, each member drawing from its own generator
+exactly what it would draw alone (`training.batches.member_sampler`)."""
+
+from collections.abc import Callable, Sequence
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from markov_interp.sources.base import Source
+from markov_interp.sources.dirichlet import RandomMarkov
+from markov_interp.sources.fixed import MarkovChain
+from markov_interp.sources.sampling import _check_sizes, _gamma_many, _sample_chain
+
+
+def stacked_sampler(sources: Sequence[Source], batch: int, seq_len: int,
+                    generators: Sequence[torch.Generator]) -> Callable[[], Int[Tensor, "member batch pos"]]:
+    """A function drawing one batch per source, `[member, batch, seq_len]`, member k's with `generators[k]`: what
+    a stack trains on (`training.batches.member_sampler`).
+
+    For fixed chains and random kernels of one vocab and order every member makes its own random draws in
+    `sample`'s order -- its kernels (Dirichlet rejection rounds shared by all members of one alpha, or pool
+    indices), then its first states' and steps' uniforms in one draw -- and the stationary laws, first states
+    and chains of all members are computed at once (fixed chains' tables once for all calls). Other sources are
+    sampled one by one. On the CPU member k's rows are `sources[k].sample(batch, seq_len,
+    generator=generators[k])` bit for bit (the CPU generator fills in order, so one draw is `sample`'s two); a
+    CUDA generator's stream depends on how a draw is split, so there they are this function's own (still the
+    same for a member alone and in any stack).
+
+    Args:
+        sources: one source per member.
+        batch, seq_len: sequences per member and their length.
+        generators: one per member, all on the device the tokens are drawn on.
+
+    Returns:
+        The sampler: each call draws the next batch of every member (int64 tokens).
+
+    >>> from markov_interp.sources import BinaryChain
+    >>> sample = stacked_sampler([BinaryChain(0.2, 0.3), BinaryChain(0.5, 0.8)], 4, 10,
+    ...                          [torch.Generator().manual_seed(s) for s in (0, 1)])
+    >>> sample().shape
+    torch.Size([2, 4, 10])
+    """
+    _check_sizes(batch, seq_len)
+    if not sources or len(sources) != len(generators):
+        raise ValueError(f"need one generator per source and at least one source, got {len(sources)} sources and "
+                         f"{len(generators)} generators")
+    chains = all(isinstance(s, (MarkovChain, RandomMarkov)) for s in sources)
+    if not chains or len({(isinstance(s, RandomMarkov), s.vocab, s.order) for s in sources}) != 1:
+        return lambda: torch.stack([s.sample(batch, seq_len, generator=g) for s, g in zip(sources, generators)])
+    device = generators[0].device
+    vocab, order = sources[0].vocab, sources[0].order
+    steps = max(seq_len - order, 0)
+    fixed = None if isinstance(sources[0], RandomMarkov) else _stacked_tables(sources, batch, generators, device)
+
+    def sample() -> Int[Tensor, "member batch pos"]:
+        cdf, first_cdf = fixed if fixed is not None else _stacked_tables(sources, batch, generators, device)
+        draws = torch.empty(len(sources), batch * (1 + steps), dtype=torch.float64, device=device)
+        for row, g in zip(draws, generators):  # after its kernels, a member's one draw from its own generator
+            row.uniform_(generator=g)
+        u0 = draws[:, :batch].reshape(-1, 1)
+        first = (first_cdf <= u0).sum(-1).clamp_(max=first_cdf.shape[-1] - 1)  # `_draw`, laws given
+        u = draws[:, batch:].reshape(len(sources) * batch, steps, 1, 1)
+        tokens = _sample_chain(cdf, first, vocab=vocab, order=order, seq_len=seq_len, generator=None,
+                               device=device, u=u)
+        return tokens.view(len(sources), batch, seq_len)
+
+    return sample
+
+
+def _stacked_tables(sources: Sequence[Source], batch: int, generators: Sequence[torch.Generator],
+                    device: torch.device) -> tuple[Tensor, Tensor]:
+    """Every sequence's cumulative kernel [(member batch), context, vocab] and cumulative first-context law
+    [(member batch), context], with each member's random draws made as `sample` makes them: fixed chains none;
+    pools an index per sequence; fresh kernels the Gamma rounds of `_gamma_many`, shared by the members of one
+    alpha. The arithmetic after the draws runs once per source object for all its members (a stack of seeds is
+    one source): row by row the same as one member's (`solve_stationary` solves each kernel alone)."""
+    groups: dict[int, list[int]] = {}  # members of one source object
+    for k, source in enumerate(sources):
+        groups.setdefault(id(source), []).append(k)
+    n_ctx, vocab = sources[0].vocab ** sources[0].order, sources[0].vocab
+    cdf = torch.empty(len(sources), batch, n_ctx, vocab, dtype=torch.float64, device=device)
+    laws = torch.empty(len(sources), batch, n_ctx, dtype=torch.float64, device=device)
+
+    def place(members: list[int], kernels_cdf: Tensor, initial: Tensor) -> None:
+        at = torch.tensor(members, device=device)
+        cdf[at] = kernels_cdf.to(cdf).reshape(len(members), batch, n_ctx, vocab)
+        laws[at] = initial.to(laws).reshape(len(members), batch, n_ctx)
+
+    fresh: dict[float, list[int]] = {}
+    for members in groups.values():
+        source = sources[members[0]]
+        if isinstance(source, MarkovChain):
+            place(members, source.kernel_cdf.to(device).expand(len(members) * batch, -1, -1),
+                  source.initial_context_law.to(device).expand(len(members) * batch, -1))
+        elif source.pool is not None:
+            index = torch.cat([torch.randint(source.pool_size, (batch,), generator=generators[k], device=device)
+                               for k in members])
+            place(members, source.pool.to(device)[index].cumsum(-1), source._pool_initial.to(device)[index])
+        else:
+            fresh.setdefault(source.alpha, []).extend(members)
+    for alpha, members in fresh.items():
+        gamma = _gamma_many(alpha, sources[members[0]]._kernel_shape(batch), [generators[k] for k in members], device)
+        row = {k: i for i, k in enumerate(members)}
+        for group in (g for g in groups.values() if g[0] in row):
+            source = sources[group[0]]
+            kernels = source._normalised(gamma[[row[k] for k in group]].flatten(0, 1))
+            place(group, kernels.cumsum(-1), source.initial_context_laws(kernels))
+    return cdf.flatten(0, 1), laws.flatten(0, 1).cumsum(-1)
