@@ -69,7 +69,7 @@ def main() -> None:
                            generator=torch.Generator().manual_seed(0)).to(args.device)
     heads = f"[{args.heads}]" if args.heads is not None else ""
     items = clamps.parse_interventions([f"blocks.0.attn.hook_pattern{heads}=previous_token"])
-    hooks = clamps.clamp_hooks(items, cfg, 0, state=clamps.ClampState(), update=True, member_axis=True)
+    hooks = clamps.clamp_hooks(items, 0, state=clamps.ClampState(), update=True, member_axis=True)
     free = step_time(stack, optimizer, tokens, {}, args.steps, args.device)
     clamped = step_time(stack, optimizer, tokens, hooks, args.steps, args.device)
     free_again = step_time(stack, optimizer, tokens, {}, args.steps, args.device)  # drift check

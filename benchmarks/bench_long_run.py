@@ -1,13 +1,13 @@
 """Long runs: the step rate stays flat now that metrics.jsonl is appended (issue 25, item 5).
 
 metrics.jsonl used to be rewritten in full, with fsync, at every log step, so a log step cost O(rows so far):
-over 40,000 steps the speed fell from 288 to 129 steps/s. Now `runfolder.MetricsLog` appends one line per row.
+over 40,000 steps the speed fell from 288 to 129 steps/s. Now `runs.MetricsLog` appends one line per row.
 
 Two runs of the same tiny model in this process, each timed step by step (`loop._on_step`):
 
   (a) the package as it is: rows appended;
   (b) the reference: the same run with the old cost put back, every appended row followed by a rewrite of the
-      whole file with fsync (`runfolder.write_metrics`, what the loop used to call at every row).
+      whole file with fsync (`runs.write_metrics`, what the loop used to call at every row).
 
 For each it prints the step rate over the first and the last 10% of the steps and their ratio (1.0: flat), and
 the ratio of (a)'s last-window rate to (b)'s. On a busy machine the step rate's noise can hide the logging cost,
@@ -33,7 +33,7 @@ import torch
 
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, loop, train
-from markov_interp import runs as runfolder
+from markov_interp import runs
 from markov_interp.sources import SourceConfig
 
 
@@ -61,19 +61,19 @@ def timed_run(steps: int, log_every: int, rewrite: bool) -> list[float]:
     run = RunConfig(source=SourceConfig(kind="binary", p=0.2, q=0.3), model=preset("paper-1layer", n_ctx=8),
                     train=TrainConfig(steps=steps, batch_size=2, seq_len=8, log_every=log_every, eval_every=0,
                                       eval_log_points=0, n_checkpoints=0, eval_batches=1, device="cpu"))
-    real_append = runfolder.MetricsLog.append
+    real_append = runs.MetricsLog.append
     rows: list[dict] = []
 
     def append_and_rewrite(self, row):  # the old loop: every row so far rewritten, with fsync, at every row
         rows.append(row)  # (not appended too: the rewrite replaces the file the log holds open)
-        runfolder.write_metrics(self.path.parent, rows)
+        runs.write_metrics(self.path.parent, rows)
 
     if rewrite:
-        runfolder.MetricsLog.append = append_and_rewrite
+        runs.MetricsLog.append = append_and_rewrite
     try:
         return stamped(run)
     finally:
-        runfolder.MetricsLog.append = real_append
+        runs.MetricsLog.append = real_append
 
 
 def long_run(steps: int) -> None:
@@ -128,12 +128,12 @@ def logging_costs(sizes: tuple = (100, 1000, 4000, 10000), repeats: int = 20) ->
     for n in sizes:
         rows = [{**row, "step": i} for i in range(n)]
         with tempfile.TemporaryDirectory() as folder:
-            runfolder.write_metrics(folder, rows)
-            log = runfolder.MetricsLog(folder)
+            runs.write_metrics(folder, rows)
+            log = runs.MetricsLog(folder)
             append = median_time(lambda: log.append(row), repeats)
             synced = median_time(lambda: (log.append(row), log.sync()), repeats)
             log.close()
-            rewrite = median_time(lambda: runfolder.write_metrics(folder, rows), repeats)
+            rewrite = median_time(lambda: runs.write_metrics(folder, rows), repeats)
         print(f"  n={n:6d}: append {append * 1e6:8.1f} us, append+fsync {synced * 1e3:7.2f} ms, rewrite+fsync "
               f"{rewrite * 1e3:7.2f} ms ({rewrite / synced:5.1f}x append+fsync)")
 

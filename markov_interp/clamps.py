@@ -1,7 +1,6 @@
 """Interventions during training: freeze parameters, clamp activations, for a range of steps.
 
-(This module was `markov_interp.intervene`; that name still imports it, with a DeprecationWarning.) A clamp's
-value is written by the package's one activation writer, `models.hooks.write`, which the probes' interventions
+A clamp's value is written by the package's one activation writer, `models.hooks.write`, which the probes' interventions
 (`probes.interventions.set_component`) use too.
 
 Probing a finished model shows *what* circuit it has; causal questions about *formation* need the circuit
@@ -52,6 +51,7 @@ or a string: `GLOB[@START:END]` for a freeze (`--freeze`), `HOOK[HEADS]=VALUE[:L
 import contextlib
 import dataclasses
 import fnmatch
+import functools
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -158,9 +158,38 @@ class Clamp(Config):
     def is_file(self) -> bool:
         return self.value not in PATTERN_VALUES + ACTIVATION_VALUES
 
+    @functools.cached_property
+    def point(self) -> tuple[str, Optional[int]]:
+        """(kind, layer) of the hook `clamp` names, parsed once (`models.hooks.parse_name`; ValueError for a name
+        that is no hook of the package).
+
+        >>> Clamp(clamp="blocks.1.attn.hook_z", value="zero").point
+        ('z', 1)
+        """
+        return parse_name(self.clamp)
+
+    @property
+    def kind(self) -> str:
+        """The activation's kind ("pattern", "z", "resid_pre", ...), as `models.hooks.write` takes it."""
+        return self.point[0]
+
+    @property
+    def layer(self) -> Optional[int]:
+        """The activation's block (None for the embeddings)."""
+        return self.point[1]
+
+    @property
+    def per_head(self) -> bool:
+        """Whether the activation has a head axis (q, k, v, z, the pattern)."""
+        return self.kind in PER_HEAD
+
     @property
     def is_pattern(self) -> bool:
         return self.clamp.endswith(".attn.hook_pattern")
+
+    def layer_heads(self, cfg: ModelConfig) -> int:
+        """The real head count of the clamped layer in a model of `cfg`."""
+        return cfg.heads_per_layer[self.layer]
 
 
 Intervention = Freeze | Clamp
@@ -268,15 +297,6 @@ def clamp_points(cfg: ModelConfig) -> list[str]:
     return intervention_points(cfg)
 
 
-def _layer_heads(cfg: ModelConfig, hook: str) -> int:
-    """The real head count of the layer of a per-head hook."""
-    return cfg.heads_per_layer[parse_name(hook)[1]]
-
-
-def _is_per_head(hook: str) -> bool:
-    return parse_name(hook)[0] in PER_HEAD
-
-
 def check_interventions(interventions: Iterable[Intervention], cfg: ModelConfig, *, files: bool = True) -> None:
     """Refuse interventions that do not fit a model of `cfg`: globs matching no parameter, unknown hook
     names, values that do not apply to the hook, heads out of range (ValueError listing the valid options).
@@ -295,10 +315,10 @@ def check_interventions(interventions: Iterable[Intervention], cfg: ModelConfig,
             raise ValueError(f"clamp {item.clamp!r}: value {item.value!r} does not apply; valid values are "
                              f"{list(values)} or a safetensors file")
         if item.heads is not None:
-            if not _is_per_head(item.clamp):
+            if not item.per_head:
                 raise ValueError(f"clamp {item.clamp!r}: heads apply only to per-head points "
                                  f"(attn.hook_{', attn.hook_'.join(PER_HEAD)})")
-            n_heads = _layer_heads(cfg, item.clamp)
+            n_heads = item.layer_heads(cfg)
             bad = [h for h in item.heads if h >= n_heads]
             if bad:
                 raise ValueError(f"clamp {item.clamp!r}: heads {bad} out of range; valid heads are "
@@ -311,11 +331,11 @@ def check_interventions(interventions: Iterable[Intervention], cfg: ModelConfig,
 
 def _check_file_shape(item: Clamp, value: Tensor, cfg: ModelConfig) -> None:
     if item.is_pattern:
-        n_heads = _layer_heads(cfg, item.clamp)
+        n_heads = item.layer_heads(cfg)
         ok = value.ndim == 2 or (value.ndim == 3 and value.shape[0] == n_heads)
         want = f"[q, k] or [{n_heads}, q, k]"
     else:
-        feature = feature_shape(cfg, item.clamp)
+        feature = feature_shape(cfg, item.kind, item.layer)
         ok = tuple(value.shape[-len(feature):]) == feature and value.ndim in (len(feature), len(feature) + 1)
         want = f"{list(feature)} or [pos, {', '.join(map(str, feature))}]"
     if not ok:
@@ -444,7 +464,7 @@ class ClampState:
 def _clamp_fn(index: int, item: Clamp, *, state: ClampState, update: bool, batch_axis: int) -> Callable:
     """fn(activation) -> its clamped replacement; `batch_axis` is 0 (solo) or 1 (after a member axis)."""
 
-    kind = parse_name(item.clamp)[0]  # the activation's kind, for the one writer (`models.hooks.write`)
+    kind = item.kind  # for the one writer (`models.hooks.write`)
 
     def pattern(x: Tensor) -> Tensor:  # x: [..., head, q, k]
         seq = x.shape[-1]
@@ -497,12 +517,11 @@ def _running_mean(x: Tensor, key: str, state: ClampState, update: bool, batch_ax
     return value.unsqueeze(batch_axis)  # broadcast over the batch axis
 
 
-def clamp_hooks(interventions: Iterable[Intervention], cfg: ModelConfig, t: int, *, state: ClampState, update: bool,
+def clamp_hooks(interventions: Iterable[Intervention], t: int, *, state: ClampState, update: bool,
                 member_axis: bool = False) -> dict[str, Callable[[Tensor], Tensor]]:
     """`{hook name: fn}` for the fused forward (`models.stack.stacked_forward` with `member_axis=True`; without,
     for activations of one model): the clamps active at time t, in order (several on one point compose).
     `update`: a training forward (running means move); False for evaluations."""
-    del cfg  # the functions read shapes from the activations; kept for a stable signature
     hooks: dict[str, Callable] = {}
     items = list(interventions)
     for item in active(items, t):
@@ -537,9 +556,12 @@ def tl_hooks(interventions: Iterable[Intervention], cfg: ModelConfig, t: int, *,
     on the installed TransformerLens (`models.hooked_kind()`).
     """
     bridge = is_bridge(model) if model is not None else hooked_kind() == "TransformerBridge"
-    hooks = dict(clamp_hooks(interventions, cfg, t, state=state, update=update))
-    for name in [n for n in hooks if _is_per_head(n) and _layer_heads(cfg, n) < cfg.max_heads]:
-        hooks[name] = _on_real_heads(hooks[name], _layer_heads(cfg, name), 3 if name.endswith("hook_pattern") else 2)
+    items = list(interventions)
+    hooks = dict(clamp_hooks(items, t, state=state, update=update))
+    clamped = {item.clamp: item for item in active(items, t) if isinstance(item, Clamp)}
+    for name, item in clamped.items():
+        if item.per_head and item.layer_heads(cfg) < cfg.max_heads:
+            hooks[name] = _on_real_heads(hooks[name], item.layer_heads(cfg), 3 if item.is_pattern else 2)
     for mid in [n for n in hooks if n.endswith("hook_resid_mid")]:
         if not bridge and not cfg.attn_only:
             continue  # HookedTransformer: hook_resid_mid is the residual stream

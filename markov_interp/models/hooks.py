@@ -18,7 +18,8 @@ interventions (`probes.interventions.set_component`) both call it, each in its o
 heads; a probe's `Component`).
 """
 
-from collections.abc import Iterable, Sequence
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
 
 import torch
@@ -50,7 +51,6 @@ _BLOCK = {
 }
 _GLOBAL = {"embed": "hook_embed", "pos_embed": "hook_pos_embed"}
 _MLP = ("pre", "post", "mlp_out")
-PER_HEAD = ("q", "k", "v", "z", "pattern")  # kinds with a head axis
 KINDS = (*_GLOBAL, *_BLOCK)  # every activation kind `act_name` takes, embeddings first then in forward order
 _KIND_OF = {**{v: k for k, v in _BLOCK.items()}, **{v: k for k, v in _GLOBAL.items()}}
 
@@ -127,28 +127,51 @@ def check_points(cfg: ModelConfig, names: Iterable[str]) -> None:
         raise ValueError(f"unknown intervention points {unknown}; valid names are {intervention_points(cfg)}")
 
 
-def feature_shape(cfg: ModelConfig, name: str) -> tuple[int, ...]:
-    """The per-position shape of the activation `name` in the fused forward: (heads, d_head) for q / k / v / z
-    (the layer's real head count), (d_mlp,) inside the MLP, (d_model,) on the residual stream. Not for the
-    pattern, which has no per-position shape."""
-    kind, layer = parse_name(name)
-    if kind == "pattern":
-        raise ValueError(f"{name}: a pattern is [head, query_pos, key_pos], not a per-position activation")
-    if kind in PER_HEAD:
-        return (cfg.heads_per_layer[layer], cfg.d_head)
-    if kind in ("pre", "post"):
-        return (cfg.d_mlp,)
-    return (cfg.d_model,)
+def feature_shape(cfg: ModelConfig, kind: str, layer: int) -> tuple[int, ...]:
+    """The per-position shape of the activation `kind` of block `layer` in the fused forward: (heads, d_head) for
+    q / k / v / z (the layer's real head count), (d_mlp,) inside the MLP, (d_model,) on the residual stream. Not
+    for the pattern, which has no per-position shape.
+
+    Args:
+        cfg: the model's config.
+        kind: the activation's kind (`act_name`'s, e.g. `parse_name(name)[0]`).
+        layer: its block (None for the embeddings).
+
+    Returns:
+        The shape after the batch and position axes.
+
+    >>> feature_shape(ModelConfig(d_model=8, n_heads=2, d_head=4), "z", 0)
+    (2, 4)
+    """
+    feature = _LAYOUTS[kind].feature
+    if feature is None:
+        raise ValueError(f"{act_name(kind, layer)}: a {kind} is [head, query_pos, key_pos], not a per-position "
+                         "activation")
+    return feature(cfg, layer)
 
 
-def _axes(kind: str) -> tuple[tuple[int, ...], Optional[int]]:
-    """(position axes, head axis), counted from the end, of an activation of `kind`: leading axes (batch, a stack's
-    member axis) are free. A pattern's positions are its query and key positions; `positions` select queries."""
-    if kind == "pattern":  # [..., head, query_pos, key_pos]
-        return (2, 1), 3
-    if kind in PER_HEAD:  # [..., pos, head, d_head]
-        return (3,), 2
-    return (2,), None  # [..., pos, feature]
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How an activation kind lays out its trailing axes: its position axes and head axis, counted from the end
+    (leading axes -- batch, a stack's member axis -- are free; a pattern's positions are its query and key
+    positions, and `positions` select queries), and its per-position shape (None: the pattern has none)."""
+
+    positions: tuple[int, ...]
+    head: Optional[int]
+    feature: Optional[Callable[[ModelConfig, Optional[int]], tuple[int, ...]]]
+
+
+_RESIDUAL = _Layout((2,), None, lambda cfg, layer: (cfg.d_model,))  # [..., pos, d_model]
+_LAYOUTS = {
+    **dict.fromkeys(_GLOBAL, _RESIDUAL),
+    **dict.fromkeys(_BLOCK, _RESIDUAL),
+    "pattern": _Layout((2, 1), 3, None),  # [..., head, query_pos, key_pos]
+    # [..., pos, head, d_head]
+    **dict.fromkeys(("q", "k", "v", "z"), _Layout((3,), 2, lambda cfg, layer: (cfg.heads_per_layer[layer],
+                                                                                cfg.d_head))),
+    **dict.fromkeys(("pre", "post"), _Layout((2,), None, lambda cfg, layer: (cfg.d_mlp,))),  # [..., pos, d_mlp]
+}
+PER_HEAD = tuple(kind for kind, layout in _LAYOUTS.items() if layout.head is not None)  # kinds with a head axis
 
 
 def _selected(size: int, index: Sequence[int], what: str, device: torch.device) -> Tensor:
@@ -186,7 +209,7 @@ def write(activation: Tensor, value: Tensor, kind: str, *, heads: Optional[Seque
     >>> write(z, torch.ones(()), "z", heads=[1], positions=[0, 2])[0, :, :, 0].tolist()
     [[0.0, 1.0], [0.0, 0.0], [0.0, 1.0]]
     """
-    pos_axes, head_axis = _axes(kind)
+    pos_axes, head_axis = _LAYOUTS[kind].positions, _LAYOUTS[kind].head
     if heads is not None and head_axis is None:
         raise ValueError(f"a {kind!r} activation has no head axis; heads={list(heads)} cannot be selected")
     for axis in pos_axes:  # a value longer than the run (a mean over longer sequences, a file) is cut to it

@@ -17,9 +17,8 @@ model. Each figure is drawn once.
 The figure functions in `markov_interp.report.figures` return matplotlib figures (or a circuitsvis figure)
 from probe results, the canonical landscape and a run's escape against its condition, for use in notebooks (the
 circuit figures live in `markov_interp.report.circuits`); nothing in this package computes a probe number itself.
-The experiments' figures live with the experiments (`markov_interp.experiments.escape_survival_figure`, ...) and
-the reproduction's in `markov_interp.reproduce_figures`; their old names here still work for one release, with a
-DeprecationWarning (`report.figures.MOVED`).
+The experiments' figures live with the experiments (`markov_interp.experiments.escape_survival_figure`, ...), the
+paper's reproduction's among them (`markov_interp.experiments.paper`).
 
 >>> # from markov_interp import report
 >>> # report.build("runs/binary").save()   # -> runs/binary/report.html
@@ -64,7 +63,6 @@ from markov_interp.report.figures import (
     strategy_similarity_figure,
     training_probes_figure,
 )
-from markov_interp.report.figures import moved_attribute as _moved_attribute
 
 __all__ = [
     "MODEL_SECTION_IDS", "circuit_diagram", "from_model", "logit_attribution_figure", "ov_qk_figure",
@@ -75,8 +73,3 @@ __all__ = [
     "loss_curves_figure", "position_loss_figure", "regime_map_init_figure", "regime_map_pq_figure",
     "strategy_similarity_figure", "training_probes_figure", "run_escape_figure",
 ]
-
-
-def __getattr__(name: str) -> object:
-    """The figures that moved out (`report.figures.MOVED`): still here for one release, with a DeprecationWarning."""
-    return _moved_attribute(__name__, name)

@@ -582,7 +582,7 @@ def _model_sections(model: models.HookedModel, batch: probes.ProbeBatch, mech: p
     """The sections a model alone gives (`MODEL_SECTION_IDS` but the summary), by id."""
     makers = (
         lambda: _mechanism_section(mech),
-        lambda: circuit_section(model, mech, batch),
+        lambda: circuit_section(mech),
         lambda: _weights_section(model, mech),
         lambda: _attribution_section(model, batch),
         lambda: _patching_section(model, mech, batch),

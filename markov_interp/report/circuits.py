@@ -23,7 +23,6 @@ from matplotlib.figure import Figure
 
 if TYPE_CHECKING:  # for annotations only (the section imports probes when it is drawn)
     from markov_interp import probes
-    from markov_interp.models import HookedModel
     from markov_interp.report._html import Section
 
 INPUT_COLOURS = {"q": "#1f77b4", "k": "#d62728", "v": "#2ca02c", "mlp": "#9467bd", "logits": "#555555"}
@@ -212,11 +211,9 @@ def position_patching_figure(result: Any) -> Figure:
     return fig
 
 
-def circuit_section(model: "HookedModel", mech: "probes.MechanismReport", batch: "probes.ProbeBatch", *,
-                    max_positions: int = 48) -> "Section":
+def circuit_section(mech: "probes.MechanismReport") -> "Section":
     """The report's "circuit" section: the diagram of the circuit `classify_mechanism` found and its strongest
-    edges (the OV / QK, direct logit attribution and patching-by-position sections are `report._build`'s; `model`,
-    `batch` and `max_positions` are kept for callers of the earlier signature)."""
+    edges (the OV / QK, direct logit attribution and patching-by-position sections are `report._build`'s)."""
     from markov_interp.report._html import Section, paragraph, table
 
     graph = mech.graph

@@ -9,8 +9,7 @@ Read left to right, each module importing only those before it:
   point's, the same files in resume/, which only training reads).
 
 `probe`, `report`, sweeps and training all read and write run folders here; nothing here imports `training`
-(which checkpoint a run resumes from needs the schedule: `training.resume`). `markov_interp.training.runfolder`
-is the deprecated old name of `folder` and `checkpoints` together.
+(which checkpoint a run resumes from needs the schedule: `training.resume`).
 """
 
 from markov_interp.runs import checkpoints, config, folder  # noqa: F401  (submodules by name)

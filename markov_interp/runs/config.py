@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
-from markov_interp import clamps as intervene  # renamed (issue 34); the old name below merges cleanly
+from markov_interp import clamps
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_number
 from markov_interp.sources import DEFAULT_KIND, SourceConfig, source_config_class, source_options
 from markov_interp.devices import resolve_device  # the one device check (re-exported here: training.resolve_device)
@@ -77,7 +77,7 @@ class TrainConfig(Config):
     eval_batches: int = 4  # fresh evaluation batches per evaluation
     eval_log_points: int = 0  # extra evaluations at log-spaced steps (dense early, where plateaus are left)
     n_checkpoints: int = 8  # checkpoints at log-spaced steps (the last step always included); 0: none
-    interventions: tuple | list = ()  # freezes and clamps during training (`intervene.Freeze` / `Clamp`)
+    interventions: tuple | list = ()  # freezes and clamps during training (`clamps.Freeze` / `Clamp`)
     reduction: Optional[str] = None  # "canonical": train on the (e, w, b) family only (`models.reduction`)
     release: tuple | list = ()  # parts a reduction sets free (`models.reduction.RELEASABLE`)
     compile: str = "off"  # "off" (eager, the reference), "default" or "max": torch.compile of the step (COMPILE_MODES)
@@ -117,7 +117,7 @@ class TrainConfig(Config):
         check_int("resume_every", self.resume_every, minimum=0, none_ok=True)
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device must be a string such as 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        object.__setattr__(self, "interventions", intervene.parse_interventions(self.interventions))
+        object.__setattr__(self, "interventions", clamps.parse_interventions(self.interventions))
         if isinstance(self.release, str) or not isinstance(self.release, (list, tuple)) or not all(
                 isinstance(r, str) for r in self.release):
             raise ValueError(f"release must be a list of part names, got {self.release!r}")
@@ -149,7 +149,7 @@ class RunConfig(Config):
             raise ValueError(
                 f"seq_len={self.train.seq_len} exceeds the model's n_ctx={self.model.n_ctx}"
             )
-        intervene.check_interventions(self.train.interventions, self.model, files=False)
+        clamps.check_interventions(self.train.interventions, self.model, files=False)
         check_reduction(self.train.reduction, self.train.release, self.model, optimizer=self.train.optimizer)
 
     def to_json(self, *, indent: Optional[int] = 2) -> str:

@@ -2,20 +2,17 @@
 
 Read left to right, each module importing only those before it:
 
-- `config`: `TrainConfig`, `RunConfig`, dotted options (re-exported from their home, `markov_interp.runs.config`);
 - `schedule`: the learning-rate schedule, evaluation, logging and checkpoint steps (`StepPlan`, by arithmetic);
 - `plan`: the plan check, refusing runs that cannot fit (memory, disk, open files) before anything is written;
 - `resume`: which checkpoint or resume point a run folder resumes from, and when a resume point is due (the folder
-  itself, its lock, metrics and checkpoints: `markov_interp.runs`; `training.runfolder` is its deprecated old name);
+  itself, its lock, metrics and checkpoints: `markov_interp.runs`);
 - `results`: `TrainResult` and its typed `FinalLosses`;
 - `batches`: a run's data streams (`derive_seed`, `member_sampler`);
 - `loop`: `train_many(runs)` (one stack) and `train(run)` (a stack of one), evaluation.
 
-`from markov_interp.training import train, train_many, RunConfig, TrainConfig, default_run` is the public face.
+`from markov_interp.training import train, train_many, RunConfig, TrainConfig, default_run` is the public face (the
+configs re-exported from their home, `markov_interp.runs.config`, which reads a run folder without this package).
 """
-
-import importlib
-from typing import Any
 
 from markov_interp.runs import (
     CHECKPOINT_DIR,
@@ -27,8 +24,7 @@ from markov_interp.runs import (
     list_checkpoints,
     load_metrics,
 )
-from markov_interp.training import batches, config, loop, plan, results, resume, schedule  # noqa: F401
-from markov_interp.training.config import (
+from markov_interp.runs.config import (
     RunConfig,
     TrainConfig,
     build_run,
@@ -38,6 +34,7 @@ from markov_interp.training.config import (
     run_options,
     split_key,
 )
+from markov_interp.training import batches, loop, plan, results, resume, schedule  # noqa: F401
 from markov_interp.training.loop import (
     PAIRED_KEYS,
     check_compatible,
@@ -85,9 +82,3 @@ __all__ = [
     "METRICS_FILE",
     "CHECKPOINT_DIR",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "runfolder":  # the deprecated module (its names warn when used): `markov_interp.runs`
-        return importlib.import_module("markov_interp.training.runfolder")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,7 +28,7 @@ weights and optimiser state are frozen at their last finite values while the oth
 last finite checkpoint is kept), and `TrainResult.failed` says why; `train` raises `TrainingDiverged`, again at
 once on any later call for that folder.
 
-**Interventions** (`TrainConfig.interventions`, `markov_interp.intervene`): the update t -> t + 1 runs with the
+**Interventions** (`TrainConfig.interventions`, `markov_interp.clamps`): the update t -> t + 1 runs with the
 freezes and clamps active at t, the evaluation at step t with the clamps active at t (running means are not
 updated by evaluations). Running means are checkpointed per member; a resume is bit-identical.
 
@@ -58,7 +58,7 @@ from typing import Any, Optional
 import torch
 from tqdm.auto import tqdm
 
-from markov_interp import clamps as intervene  # renamed (issue 34); the old name below merges cleanly
+from markov_interp.clamps import ClampState, check_interventions, clamp_hooks, frozen_names
 from markov_interp import theory
 from markov_interp.sources import Source
 from markov_interp.models import INIT_FIELDS, HookedModel, WeightsMetadata, shape_config, state_dict_for_save
@@ -334,7 +334,7 @@ def evaluate_paired(model: HookedModel, source: Source, *, seq_len: int, batch_s
         generator: the evaluation stream (its device is where the model runs).
         precision: "fp32", "fp16" or "bf16" (autocast).
         interventions: {hook name: fn} clamps for the forward, receiving activations without a member axis
-            (`intervene.clamp_hooks(..., update=False)`: evaluations never move running means).
+            (`clamps.clamp_hooks(..., update=False)`: evaluations never move running means).
 
     Returns:
         {"eval_loss", "eval_true_loss", "eval_plateau_loss"}.
@@ -389,7 +389,7 @@ class _Group:
     saved: tuple[int, float] = (0, 0.0)  # the last save (start, checkpoint or resume point): (step, _clock())
     scale: Optional[torch.Tensor] = None  # fp16 loss scaling: [member] scales, one GradScaler per member
     growth_tracker: Optional[torch.Tensor] = None
-    clamps: intervene.ClampState = dataclasses.field(default_factory=intervene.ClampState)  # [member, ...] means
+    clamps: ClampState = dataclasses.field(default_factory=ClampState)  # [member, ...] means
     constraint: Optional[CanonicalConstraint] = None  # train.reduction: gradients projected onto (e, w, b)
     compiled: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # train.compile: the compiled losses
     logs: list[Optional[run_folder.MetricsLog]] = dataclasses.field(default_factory=list)  # per member: metrics.jsonl
@@ -397,7 +397,7 @@ class _Group:
     @classmethod
     def create(cls, runs: list[RunConfig], outs: list[Optional[Path]], device: torch.device) -> "_Group":
         tc = runs[0].train
-        intervene.check_interventions(tc.interventions, runs[0].model)  # tensor files too, before any step
+        check_interventions(tc.interventions, runs[0].model)  # tensor files too, before any step
         built: dict[str, Source] = {}  # one source object and one reference computation per distinct source
         cache: dict[str, dict] = {}
         for run in runs:
@@ -486,8 +486,7 @@ class _Group:
         tc = self.tc
         if not tc.interventions:
             return {}
-        return intervene.clamp_hooks(tc.interventions, self.runs[0].model, t, state=self.clamps, update=update,
-                                     member_axis=True)
+        return clamp_hooks(tc.interventions, t, state=self.clamps, update=update, member_axis=True)
 
     def _step(self, lr: torch.Tensor, wd: torch.Tensor, alive: torch.Tensor,
               t: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -497,7 +496,7 @@ class _Group:
         tc = self.tc
         losses = self._losses(self.sample_train(), self._hooks(t, update=True))
         self.optimizer.zero_grad()
-        frozen = frozenset(intervene.frozen_names(tc.interventions, self.runs[0].model, t)) if tc.interventions \
+        frozen = frozenset(frozen_names(tc.interventions, self.runs[0].model, t)) if tc.interventions \
             else frozenset()
         if self.constraint is not None:
             frozen = frozen | self.constraint.fixed_names(self.stack.params)

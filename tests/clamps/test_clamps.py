@@ -185,10 +185,10 @@ def test_fused_clamps_equal_the_hooked_model(tmp_path):
         stack_state = ClampState()
         with torch.no_grad():
             stacked_logits = stacked.stacked_forward(stack, tokens, clamps.clamp_hooks(
-                items, CFG, 0, state=stack_state, update=True, member_axis=True))
+                items, 0, state=stack_state, update=True, member_axis=True))
             for k, model in enumerate(solos):
                 state = ClampState()  # a running mean starts at the first batch's mean: solo and stack agree
-                fused = _fused(model, tokens[k], clamps.clamp_hooks(items, CFG, 0, state=state, update=True))
+                fused = _fused(model, tokens[k], clamps.clamp_hooks(items, 0, state=state, update=True))
                 hooked = model.run_with_hooks(tokens[k], fwd_hooks=clamps.tl_hooks(items, CFG, 0, state=state))
                 torch.testing.assert_close(fused, hooked, rtol=0, atol=1e-5, msg=kind)
                 torch.testing.assert_close(stacked_logits[k], hooked, rtol=0, atol=1e-5, msg=kind)
@@ -199,9 +199,9 @@ def test_fused_clamps_equal_the_hooked_model(tmp_path):
 def test_clamps_follow_their_step_range_and_means_move_only_in_training():
     items = clamps.parse_interventions(["blocks.0.hook_attn_out=mean@3:5", "blocks.1.*@:4"])
     state = ClampState()
-    assert clamps.clamp_hooks(items, CFG, 2, state=state, update=True) == {}
-    assert set(clamps.clamp_hooks(items, CFG, 3, state=state, update=True)) == {"blocks.0.hook_attn_out"}
-    assert clamps.clamp_hooks(items, CFG, 5, state=state, update=True) == {}
+    assert clamps.clamp_hooks(items, 2, state=state, update=True) == {}
+    assert set(clamps.clamp_hooks(items, 3, state=state, update=True)) == {"blocks.0.hook_attn_out"}
+    assert clamps.clamp_hooks(items, 5, state=state, update=True) == {}
     assert clamps.frozen_names(items, CFG, 3) == {n for n in clamps.parameter_names(CFG)
                                                       if n.startswith("blocks.1.")}
     assert clamps.frozen_names(items, CFG, 4) == set()
@@ -212,12 +212,12 @@ def test_clamps_follow_their_step_range_and_means_move_only_in_training():
     with torch.no_grad():
         for tokens in (first, second):
             _fused(model, tokens, record)
-        _fused(model, first, clamps.clamp_hooks(items, CFG, 3, state=state, update=True))
+        _fused(model, first, clamps.clamp_hooks(items, 3, state=state, update=True))
         key = "mean.0.blocks.0.hook_attn_out"
         torch.testing.assert_close(state.means[key], seen["raw"][0].mean(0))  # initialised to the first batch
-        _fused(model, second, clamps.clamp_hooks(items, CFG, 3, state=state, update=False))
+        _fused(model, second, clamps.clamp_hooks(items, 3, state=state, update=False))
         torch.testing.assert_close(state.means[key], seen["raw"][0].mean(0))  # evaluations do not move it
-        _fused(model, second, clamps.clamp_hooks(items, CFG, 4, state=state, update=True))
+        _fused(model, second, clamps.clamp_hooks(items, 4, state=state, update=True))
     expected = 0.9 * seen["raw"][0].mean(0) + 0.1 * seen["raw"][1].mean(0)  # BatchNorm's momentum 0.1
     torch.testing.assert_close(state.means[key], expected)
 
@@ -229,7 +229,7 @@ def _clamped_z_and_v(value: str) -> tuple[torch.Tensor, torch.Tensor]:
     tokens = _tokens()
     items = clamps.parse_interventions([f"blocks.0.attn.hook_pattern={value}"])
     seen = {}
-    hooks = dict(clamps.clamp_hooks(items, CFG, 0, state=ClampState(), update=True))
+    hooks = dict(clamps.clamp_hooks(items, 0, state=ClampState(), update=True))
     hooks["blocks.0.attn.hook_z"] = lambda z: seen.setdefault("z", z)
     with torch.no_grad():
         _fused(model, tokens, hooks)
@@ -433,7 +433,7 @@ def test_sweep_over_interventions_writes_them_into_run_folders(tmp_path):
 def test_a_file_shorter_than_the_sequence_is_refused(tmp_path):
     path = _pattern_file(tmp_path, clamps.pattern_value("uniform", 8))
     items = clamps.parse_interventions([f"blocks.0.attn.hook_pattern={path}"])
-    hooks = clamps.clamp_hooks(items, CFG, 0, state=ClampState(), update=True)
+    hooks = clamps.clamp_hooks(items, 0, state=ClampState(), update=True)
     with pytest.raises(ValueError, match="covers 8 positions, the sequence has 16"):
         _fused(models.build(CFG, seed=0), _tokens(), hooks)
 
@@ -458,7 +458,7 @@ def test_applied_probes_the_model_under_its_clamps_and_only_inside():
     model = models.build(cfg, seed=0)
     tokens = torch.randint(0, 2, (4, 12), generator=torch.Generator().manual_seed(0))
     items = clamps.parse_interventions(["blocks.0.attn.hook_pattern=previous_token@:10", "blocks.1.*@:5"])
-    fused = _fused(model, tokens, clamps.clamp_hooks(items, cfg, 3, state=ClampState(), update=False))
+    fused = _fused(model, tokens, clamps.clamp_hooks(items, 3, state=ClampState(), update=False))
     with clamps.applied(model, items, 3):
         logits, cache = model.run_with_cache(tokens)
     torch.testing.assert_close(logits, fused, atol=1e-5, rtol=0)
@@ -494,7 +494,7 @@ def test_clamps_on_a_model_with_heads_per_layer_index_real_heads(spec):
     stack = stacked.build_stack([HEADS, HEADS], list(seeds))
     tokens = torch.stack([_tokens(seed=1), _tokens(seed=2)])
     with torch.no_grad():
-        clamped = stacked.stacked_forward(stack, tokens, clamps.clamp_hooks(items, HEADS, 0, state=ClampState(),
+        clamped = stacked.stacked_forward(stack, tokens, clamps.clamp_hooks(items, 0, state=ClampState(),
                                                                                update=True, member_axis=True))
         plain = stacked.stacked_forward(stack, tokens)
         for k, seed in enumerate(seeds):
@@ -534,18 +534,7 @@ def test_a_run_with_heads_per_layer_trains_with_layer_one_clamps_and_resumes(tmp
         loaded(_tokens())
 
 
-# ------------------------------------------------------------------------------- one writer, renamed module
-def test_intervene_is_a_deprecated_alias_of_clamps():
-    import importlib
-    import sys
-
-    sys.modules.pop("markov_interp.intervene", None)
-    with pytest.warns(DeprecationWarning, match="markov_interp.intervene is deprecated.*markov_interp.clamps"):
-        old = importlib.import_module("markov_interp.intervene")
-    assert old.Clamp is clamps.Clamp and old.clamp_hooks is clamps.clamp_hooks and old._cut is clamps._cut
-    assert sorted(old.__all__) == sorted(clamps.__all__)
-
-
+# -------------------------------------------------------------------------------------------- one writer
 def _set_by_hand(act, value, *, head_axis=None, heads=None, pos_axis, positions=None):
     """The TransformerLens setter way: a clone, then index assignment of the selected slice (an independent
     definition of what `write` writes)."""
@@ -614,7 +603,7 @@ def test_clamps_and_probe_interventions_write_through_the_one_writer(monkeypatch
     monkeypatch.setattr(probe_interventions, "write", counting)
     z = torch.randn(4, 6, 2, 3, generator=torch.Generator().manual_seed(1))
     items = clamps.parse_interventions(["blocks.1.attn.hook_z[1]=zero"])
-    clamped = clamps.clamp_hooks(items, CFG, 0, state=ClampState(), update=True)["blocks.1.attn.hook_z"](z)
+    clamped = clamps.clamp_hooks(items, 0, state=ClampState(), update=True)["blocks.1.attn.hook_z"](z)
     probed = probe_interventions.set_component(z, Component(kind="head", layer=1, head=1), torch.zeros(()))
     assert torch.equal(clamped, probed) and (clamped[:, :, 1] == 0).all() and torch.equal(clamped[:, :, 0], z[:, :, 0])
     assert calls == ["z", "z"]

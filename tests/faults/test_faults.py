@@ -17,7 +17,7 @@ import torch
 
 from markov_interp import _workers, sweep, training
 from markov_interp.cli import EXIT_DIVERGED, main
-from markov_interp import runs as runfolder
+from markov_interp import runs
 from markov_interp.runs import RunFolderBusy, RunFolderError, TrainingDiverged
 from markov_interp.training import checkpoint_steps, train
 
@@ -181,7 +181,7 @@ def test_second_sweep_on_a_folder_is_refused(tmp_path):
     stale = tmp_path / "results" / ".abc.json.x1.tmp"
     stale.parent.mkdir()
     stale.write_text("half a record")
-    with runfolder.lock(tmp_path):  # a sweep running here
+    with runs.lock(tmp_path):  # a sweep running here
         with pytest.raises(RunFolderBusy, match=f"pid {os.getpid()} "):
             sweep.run(tiny_spec(), tmp_path, workers=2, progress=False, _cell_fn=killer_cell)
         assert stale.exists()  # not ours to remove while another sweep may be writing it
@@ -246,30 +246,30 @@ def test_killing_the_sweep_leaves_no_worker(tmp_path):
 # ------------------------------------------------------------------------------------------- run folders
 def test_second_writer_is_refused_at_once(tmp_path):
     run_dir = tmp_path / "run"
-    with runfolder.lock(run_dir):
+    with runs.lock(run_dir):
         start = time.perf_counter()
         with pytest.raises(RunFolderBusy, match=rf"is being written by pid {os.getpid()} on \S+ since 20"):
             train(tiny_run(), run_dir, progress=False)
         assert time.perf_counter() - start < 2
         assert not (run_dir / training.CONFIG_FILE).exists()  # refused before touching the folder
-    with runfolder.lock(run_dir):  # released on exit of the block: the next writer gets it
+    with runs.lock(run_dir):  # released on exit of the block: the next writer gets it
         pass
 
 
 def test_lock_is_released_when_its_holder_is_killed(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom markov_interp import runs as runfolder\n"
-         "with runfolder.lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(120)\n", str(tmp_path)],
+        [sys.executable, "-c", "import sys, time\nfrom markov_interp import runs\n"
+         "with runs.lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(120)\n", str(tmp_path)],
         env=ENV, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunFolderBusy, match=f"pid {holder.pid} "):
-            with runfolder.lock(tmp_path):
+            with runs.lock(tmp_path):
                 pass
     finally:
         holder.kill()
         holder.wait()
-    with runfolder.lock(tmp_path):  # the kernel dropped the dead holder's lock
+    with runs.lock(tmp_path):  # the kernel dropped the dead holder's lock
         pass
 
 
@@ -322,7 +322,7 @@ def test_resume_repairs_metrics_behind_the_final_weights(tmp_path):
     damaged = tmp_path / "b"
     train(tiny_run(), damaged, progress=False)
     rows = training.load_metrics(damaged)
-    runfolder.write_metrics(damaged, [r for r in rows if r["step"] <= 8])
+    runs.write_metrics(damaged, [r for r in rows if r["step"] <= 8])
     assert checkpoint_steps(12, 4) == [1, 2, 5, 12]
     with pytest.warns(UserWarning, match="ends at step 8 .*checkpoint of step 5"):
         repaired = train(tiny_run(), damaged, progress=False)
@@ -337,7 +337,7 @@ def test_resume_refuses_metrics_that_reach_no_checkpoint(tmp_path, n_checkpoints
     run = tiny_run(n_checkpoints=n_checkpoints)  # checkpoints: none, or only the last step
     train(run, tmp_path, progress=False)
     rows = training.load_metrics(tmp_path)
-    runfolder.write_metrics(tmp_path, rows[:2])
+    runs.write_metrics(tmp_path, rows[:2])
     with pytest.raises(RunFolderError, match=r"metrics.jsonl .* step 4 .*delete"):
         train(run, tmp_path, progress=False)
 
@@ -354,7 +354,7 @@ def test_divergence_stops_training_and_is_recorded(tmp_path):
         train(run, tmp_path, progress=False)
     err = caught.value
     assert isinstance(err, RuntimeError) and err.run_dir == tmp_path and "diverged at step" in str(err)
-    status = json.loads((tmp_path / runfolder.STATUS_FILE).read_text())
+    status = json.loads((tmp_path / runs.STATUS_FILE).read_text())
     assert status["status"] == "diverged" and status["step"] == err.step
     rows = training.load_metrics(tmp_path)
     assert rows[-1] == {"step": err.step, "diverged": True, "reason": status["reason"]}
@@ -404,8 +404,8 @@ def test_cli_diverged_run(tmp_path, capsys):
 
 def test_old_folder_with_a_nan_loss_reads_as_diverged(tmp_path):
     (tmp_path / training.CONFIG_FILE).write_text(tiny_run().to_json())
-    runfolder.write_metrics(tmp_path, [{"step": 2, "train_loss": 0.7}, {"step": 4, "train_loss": float("nan")}])
-    status = runfolder.divergence(tmp_path)
+    runs.write_metrics(tmp_path, [{"step": 2, "train_loss": 0.7}, {"step": 4, "train_loss": float("nan")}])
+    status = runs.divergence(tmp_path)
     assert status["status"] == "diverged" and status["step"] == 4
 
 

@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from markov_interp import _io, sweep, theory
+from markov_interp import _io, runs, sweep, theory
 from markov_interp.sources import contexts as chains
-from markov_interp import runs as runfolder
 from markov_interp._io import UnsafePath, atomic_write
 from markov_interp.cli import EXIT_PIPE, main
 from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov
@@ -169,7 +168,7 @@ def test_planted_lock_link_leaves_the_victim_byte_identical(tmp_path, capsys):
     run_dir.mkdir()
     (run_dir / ".lock").symlink_to(victim)
     with pytest.raises(UnsafePath, match=r"lock file .*\.lock is a symbolic link"):
-        with runfolder.lock(run_dir):
+        with runs.lock(run_dir):
             pass
     with pytest.raises(UnsafePath, match="symbolic link"):
         train(tiny_run(), run_dir, progress=False)
@@ -178,7 +177,7 @@ def test_planted_lock_link_leaves_the_victim_byte_identical(tmp_path, capsys):
     assert len(err) == 1 and ".lock is a symbolic link" in err[0], err
     assert victim.read_bytes() == VICTIM_BYTES
     assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]  # nothing written into the folder either
-    assert "unknown process" in runfolder.holder(run_dir)  # the holder is not read through the link
+    assert "unknown process" in runs.holder(run_dir)  # the holder is not read through the link
 
 
 @pytest.mark.parametrize("kind", ["fifo", "socket", "folder-link"])
@@ -188,7 +187,7 @@ def test_lock_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
     _plant({"folder-link": "link-to-folder"}.get(kind, kind), run_dir / ".lock", tmp_path)
     before = _snapshot(run_dir / ".lock")
     with pytest.raises(UnsafePath, match=r"\.lock is a"):
-        with runfolder.lock(run_dir):
+        with runs.lock(run_dir):
             pass
     assert _snapshot(run_dir / ".lock") == before
 
@@ -238,7 +237,7 @@ def test_remove_stale_tmp_follows_no_link(tmp_path):
     (run_dir / "checkpoints").symlink_to(outside)
     (run_dir / ".metrics.jsonl.abc.tmp").symlink_to(victim)
     (run_dir / ".config.json.def.tmp").write_text("half a file")
-    assert runfolder.remove_stale_tmp(run_dir) == [run_dir / ".config.json.def.tmp"]
+    assert runs.remove_stale_tmp(run_dir) == [run_dir / ".config.json.def.tmp"]
     assert (outside / ".x.tmp").read_bytes() == VICTIM_BYTES and victim.read_bytes() == VICTIM_BYTES
 
 
@@ -271,7 +270,7 @@ def test_links_planted_in_a_sweep_folder_are_refused(tmp_path, where):
 def test_refused_second_sweep_does_not_rewrite_spec_json(tmp_path):
     first = tiny_spec(grid={}, seeds=(0,))
     (tmp_path / "spec.json").write_text("the first sweep's spec\n")
-    with runfolder.lock(tmp_path):  # the first sweep is running
+    with runs.lock(tmp_path):  # the first sweep is running
         with pytest.raises(RunFolderBusy):
             sweep.run(tiny_spec(name="second", grid={}, seeds=(1,)), tmp_path, workers=1, progress=False)
     assert (tmp_path / "spec.json").read_text() == "the first sweep's spec\n"
@@ -338,7 +337,7 @@ def test_cli_warnings_are_one_line(tmp_path, capsys, monkeypatch):
         warnings.warn("a deprecation", DeprecationWarning)
         raise ValueError("stop here")
 
-    monkeypatch.setattr(runfolder, "read_config", warn_then_fail)
+    monkeypatch.setattr(runs, "read_config", warn_then_fail)
     shown = warnings.showwarning
     assert main(["probe", str(tmp_path)]) == 2
     assert capsys.readouterr().err.splitlines() == [

@@ -19,7 +19,7 @@ import pytest
 
 from markov_interp import models, sweep
 from markov_interp.training import loop
-from markov_interp import runs as runfolder
+from markov_interp import runs
 from markov_interp.runs import RunFolderBusy
 
 from tests.sweep.test_sweep import tiny_spec  # noqa: E402
@@ -164,14 +164,14 @@ def _same_as_local(out: Path, local: Path) -> None:
     for a, b in zip(ours, theirs):
         assert a.status == b.status == "ok", (a.cell_id, a.error)
         assert a.result.to_dict() | {"seconds": 0} == b.result.to_dict() | {"seconds": 0}
-        for name in (models.WEIGHTS_FILE, runfolder.METRICS_FILE):
+        for name in (models.WEIGHTS_FILE, runs.METRICS_FILE):
             assert (out / a.run_dir / name).read_bytes() == (local / b.run_dir / name).read_bytes(), (a.cell_id, name)
 
 
 def _unlocked(folder: Path) -> bool:
     """Whether no process holds `folder`'s write lock (taken and released at once)."""
     try:
-        with runfolder.lock(folder):
+        with runs.lock(folder):
             return True
     except RunFolderBusy:
         return False

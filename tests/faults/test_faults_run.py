@@ -20,7 +20,7 @@ from safetensors.torch import save as st_save
 from markov_interp import models, sweep
 from markov_interp.models import canonical_safetensors
 from markov_interp.training import RunConfig, TrainConfig, loop, plan, train
-from markov_interp import runs as runfolder
+from markov_interp import runs
 from markov_interp.training.plan import PlanTooLarge
 from markov_interp.runs import RunFolderError
 from markov_interp.training.schedule import StepPlan, checkpoint_steps
@@ -75,7 +75,7 @@ def test_identical_runs_write_byte_identical_weights(tmp_path, reference):
     out, _ = reference
     train(tiny_run(), tmp_path / "again", progress=False)
     assert (tmp_path / "again" / models.WEIGHTS_FILE).read_bytes() == (out / models.WEIGHTS_FILE).read_bytes()
-    for step, path in runfolder.list_checkpoints(out):
+    for step, path in runs.list_checkpoints(out):
         assert (tmp_path / "again" / path.relative_to(out)).read_bytes() == path.read_bytes(), step
 
 
@@ -162,7 +162,7 @@ def test_a_config_left_by_a_refused_command_gives_way(tmp_path, reference):
     # command takes it over (with a warning) instead of refusing "a different config"
     out = tmp_path / "run"
     out.mkdir()
-    (out / runfolder.CONFIG_FILE).write_text(tiny_run(steps=10**12).to_json())
+    (out / runs.CONFIG_FILE).write_text(tiny_run(steps=10**12).to_json())
     with pytest.warns(UserWarning, match="never started"):
         result = train(tiny_run(), out, progress=False)
     assert_same_weights(result.model, reference[1].model)
@@ -174,7 +174,7 @@ def test_a_config_left_by_a_refused_command_gives_way(tmp_path, reference):
 
 def test_checkpoint_and_evaluation_counts_are_capped_at_the_steps(tmp_path):
     result = train(tiny_run(n_checkpoints=10**9, eval_log_points=10**9), tmp_path, progress=False)
-    assert [s for s, _ in runfolder.list_checkpoints(tmp_path)] == list(range(1, 13))
+    assert [s for s, _ in runs.list_checkpoints(tmp_path)] == list(range(1, 13))
     assert [r["step"] for r in result.metrics if "eval_loss" in r] == list(range(1, 13))
     assert result.config.train.n_checkpoints == 10**9
 
@@ -211,31 +211,31 @@ def test_seeds_under_a_low_open_file_limit_are_refused_up_front(tmp_path):
 # ---------------------------------------------------------------------------------------- metrics appended
 def test_metrics_are_appended_never_rewritten(tmp_path, monkeypatch, reference):
     rewrites = []
-    real = runfolder.write_metrics
-    monkeypatch.setattr(runfolder, "write_metrics", lambda *a, **k: (rewrites.append(a), real(*a, **k)))
+    real = runs.write_metrics
+    monkeypatch.setattr(runs, "write_metrics", lambda *a, **k: (rewrites.append(a), real(*a, **k)))
     train(tiny_run(), tmp_path, progress=False)
     assert rewrites == []  # a fresh run only appends
-    assert (tmp_path / runfolder.METRICS_FILE).read_bytes() == (reference[0] / runfolder.METRICS_FILE).read_bytes()
+    assert (tmp_path / runs.METRICS_FILE).read_bytes() == (reference[0] / runs.METRICS_FILE).read_bytes()
 
 
 def test_a_row_torn_by_a_crash_is_cut_and_the_resume_is_bit_identical(tmp_path, monkeypatch, reference):
     out = _interrupted(tmp_path, monkeypatch, at=7)
-    with open(out / runfolder.METRICS_FILE, "a") as handle:
+    with open(out / runs.METRICS_FILE, "a") as handle:
         handle.write('{"step": 8, "train_lo')  # the append a kill interrupted
-    assert runfolder.load_metrics(out)[-1]["step"] <= 7
+    assert runs.load_metrics(out)[-1]["step"] <= 7
     result = train(tiny_run(), out, progress=False)
     assert result.resumed_from == 5
-    assert (out / runfolder.METRICS_FILE).read_bytes() == (reference[0] / runfolder.METRICS_FILE).read_bytes()
+    assert (out / runs.METRICS_FILE).read_bytes() == (reference[0] / runs.METRICS_FILE).read_bytes()
     assert (out / models.WEIGHTS_FILE).read_bytes() == (reference[0] / models.WEIGHTS_FILE).read_bytes()
 
 
 def test_a_torn_line_inside_the_file_is_still_an_error(tmp_path, reference):
     shutil.copytree(reference[0], tmp_path / "run")
-    path = tmp_path / "run" / runfolder.METRICS_FILE
+    path = tmp_path / "run" / runs.METRICS_FILE
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[:2]) + '{"step": 6, "tr\n' + "".join(lines[2:]))
     with pytest.raises(ValueError, match=r"metrics.jsonl line 3 is not JSON"):
-        runfolder.load_metrics(tmp_path / "run")
+        runs.load_metrics(tmp_path / "run")
 
 
 # ------------------------------------------------------------------------------------------ damage
@@ -257,9 +257,9 @@ def test_nan_final_weights_are_refused_by_readers_and_restored_by_train(tmp_path
     state = {k: v.clone() for k, v in state.items()}
     next(iter(state.values())).view(-1)[0] = float("nan")
     models.save_state(cfg, state, out, train_seq_len=32, step=12)
-    assert runfolder.divergence(out) is None
+    assert runs.divergence(out) is None
     with pytest.raises(RunFolderError, match=r"non-finite weights .* not recorded as diverged"):
-        runfolder.load_model(out)
+        runs.load_model(out)
     with pytest.warns(UserWarning, match="non-finite values"):
         train(tiny_run(), out, progress=False)
     assert (out / models.WEIGHTS_FILE).read_bytes() == (reference[0] / models.WEIGHTS_FILE).read_bytes()
@@ -276,7 +276,7 @@ def test_final_weights_without_any_checkpoint_are_refused_with_the_way_out(tmp_p
 @pytest.mark.parametrize("damage", ["truncate weights", "truncate state", "nan weights"])
 def test_a_damaged_newest_checkpoint_falls_back_to_an_older_one(tmp_path, monkeypatch, reference, damage):
     out = _interrupted(tmp_path, monkeypatch, at=7)
-    weights, state = runfolder.checkpoint_paths(out, 5)
+    weights, state = runs.checkpoint_paths(out, 5)
     if damage == "nan weights":
         cfg, tensors = models.read_weights(weights)
         models.save_state(cfg, {k: v * float("nan") for k, v in tensors.items()}, weights, train_seq_len=32, step=5)
@@ -287,12 +287,12 @@ def test_a_damaged_newest_checkpoint_falls_back_to_an_older_one(tmp_path, monkey
         result = train(tiny_run(), out, progress=False)
     assert result.resumed_from == 2
     assert (out / models.WEIGHTS_FILE).read_bytes() == (reference[0] / models.WEIGHTS_FILE).read_bytes()
-    assert (out / runfolder.METRICS_FILE).read_bytes() == (reference[0] / runfolder.METRICS_FILE).read_bytes()
+    assert (out / runs.METRICS_FILE).read_bytes() == (reference[0] / runs.METRICS_FILE).read_bytes()
 
 
 def test_a_checkpoint_copied_from_another_step_is_refused(tmp_path, monkeypatch):
     out = _interrupted(tmp_path, monkeypatch, at=7)
-    for old, new in zip(runfolder.checkpoint_paths(out, 2), runfolder.checkpoint_paths(out, 5)):
+    for old, new in zip(runs.checkpoint_paths(out, 2), runs.checkpoint_paths(out, 5)):
         shutil.copyfile(old, new)
     with pytest.raises(RunFolderError, match=r"holds the checkpoint of step 2, not 5 .*remove"):
         train(tiny_run(), out, progress=False)
@@ -313,17 +313,17 @@ def _deny(monkeypatch, module, name: str, target: Path):
 
 def test_an_unreadable_checkpoints_folder_stops_the_run_and_keeps_the_metrics(tmp_path, monkeypatch):
     out = _interrupted(tmp_path, monkeypatch, at=7)
-    before = (out / runfolder.METRICS_FILE).read_bytes()
+    before = (out / runs.METRICS_FILE).read_bytes()
     if os.geteuid() != 0:
-        (out / runfolder.CHECKPOINT_DIR).chmod(0)
+        (out / runs.CHECKPOINT_DIR).chmod(0)
     else:
-        _deny(monkeypatch, os, "scandir", out / runfolder.CHECKPOINT_DIR)
+        _deny(monkeypatch, os, "scandir", out / runs.CHECKPOINT_DIR)
     try:
         with pytest.raises(PermissionError, match="checkpoints"):
             train(tiny_run(), out, progress=False)
     finally:
-        (out / runfolder.CHECKPOINT_DIR).chmod(0o755)
-    assert (out / runfolder.METRICS_FILE).read_bytes() == before  # not truncated to 0 bytes
+        (out / runs.CHECKPOINT_DIR).chmod(0o755)
+    assert (out / runs.METRICS_FILE).read_bytes() == before  # not truncated to 0 bytes
 
 
 def test_unreadable_weights_are_a_permission_error_naming_the_file(tmp_path, monkeypatch, reference):
@@ -368,18 +368,18 @@ def test_a_full_disk_during_a_checkpoint_leaves_no_half_file(tmp_path, monkeypat
         train(tiny_run(), out, progress=False)
     monkeypatch.setattr(os, call, real)
     assert hits and info.value.errno == errno.ENOSPC
-    names = sorted(p.name for p in (out / runfolder.CHECKPOINT_DIR).iterdir())
+    names = sorted(p.name for p in (out / runs.CHECKPOINT_DIR).iterdir())
     assert not [n for n in names if n.endswith(".tmp") or "0000005" in n], names  # nothing half-written
-    assert [s for s, _ in runfolder.list_checkpoints(out)] == [1, 2]
+    assert [s for s, _ in runs.list_checkpoints(out)] == [1, 2]
     result = train(tiny_run(), out, progress=False)  # space again: resumes and ends where an unbroken run ends
     assert result.resumed_from == 2
     assert (out / models.WEIGHTS_FILE).read_bytes() == (reference[0] / models.WEIGHTS_FILE).read_bytes()
-    assert (out / runfolder.METRICS_FILE).read_bytes() == (reference[0] / runfolder.METRICS_FILE).read_bytes()
+    assert (out / runs.METRICS_FILE).read_bytes() == (reference[0] / runs.METRICS_FILE).read_bytes()
 
 
 @pytest.mark.parametrize("call", ["write", "fsync"])
 def test_a_full_disk_while_appending_metrics_names_the_file(tmp_path, monkeypatch, call):
-    log = runfolder.MetricsLog(tmp_path)
+    log = runs.MetricsLog(tmp_path)
     log.append({"step": 1})
     log.sync()
     monkeypatch.setattr(os, call, lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
@@ -388,7 +388,7 @@ def test_a_full_disk_while_appending_metrics_names_the_file(tmp_path, monkeypatc
         log.sync()
     monkeypatch.undo()
     log.close()
-    rows = runfolder.load_metrics(tmp_path)  # the synced row survives; an fsync failure may keep the new one
+    rows = runs.load_metrics(tmp_path)  # the synced row survives; an fsync failure may keep the new one
     assert info.value.errno == errno.ENOSPC and rows == [{"step": 1}] + ([{"step": 2}] if call == "fsync" else [])
 
 
@@ -415,7 +415,7 @@ def test_a_sweep_whose_worker_is_killed_mid_cell_gives_the_same_weights(tmp_path
     assert (tmp_path / "killed" / "killed-once").exists() and killed.n_failed == 0
     for a, b in zip(clean.rows, killed.rows):
         assert a.cell_id == b.cell_id and a.status == b.status == "ok"
-        for name in (models.WEIGHTS_FILE, runfolder.METRICS_FILE):
+        for name in (models.WEIGHTS_FILE, runs.METRICS_FILE):
             assert (tmp_path / "clean" / "runs" / a.cell_id / name).read_bytes() == \
                 (tmp_path / "killed" / "runs" / b.cell_id / name).read_bytes(), (a.cell_id, name)
 
@@ -426,7 +426,7 @@ def test_an_absurd_probe_batch_is_refused_before_the_model_loads(tmp_path, capsy
     from markov_interp.cli import main
 
     loaded = []
-    monkeypatch.setattr(runfolder, "load_model", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(runs, "load_model", lambda *a, **k: loaded.append(a))
     out = tmp_path / "report.html"
     extra = ["--out", str(out)] if command == "report" else []
     assert main([command, str(reference[0]), "--n-sequences", str(10**7), *extra]) == 2

@@ -18,7 +18,7 @@ from markov_interp import devices, models, report, sweep
 from markov_interp._io import UnsafePath, atomic_write
 from markov_interp.cli import main
 from markov_interp.training import loop, plan, train
-from markov_interp import runs as runfolder
+from markov_interp import runs
 from markov_interp.training.plan import PlanTooLarge
 from markov_interp.runs import RunFolderError
 
@@ -44,9 +44,9 @@ def reference(tmp_path_factory):
 
 
 def _same_run(out: Path, reference: Path) -> None:
-    for name in (models.WEIGHTS_FILE, runfolder.METRICS_FILE, runfolder.CONFIG_FILE):
+    for name in (models.WEIGHTS_FILE, runs.METRICS_FILE, runs.CONFIG_FILE):
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
-    for step, path in runfolder.list_checkpoints(reference):
+    for step, path in runs.list_checkpoints(reference):
         assert (out / path.relative_to(reference)).read_bytes() == path.read_bytes(), step
 
 
@@ -61,21 +61,21 @@ def _one_line_error(capsys, argv) -> str:
 def _before_first_checkpoint(out: Path, reference: Path, state: str) -> None:
     """A folder as a run of `tiny_run()` killed before its first checkpoint leaves it (the lock file too)."""
     out.mkdir()
-    (out / runfolder.LOCK_FILE).write_text('{"pid": 1, "host": "gone", "started": "then"}')
-    shutil.copyfile(reference / runfolder.CONFIG_FILE, out / runfolder.CONFIG_FILE)
-    rows = (reference / runfolder.METRICS_FILE).read_text().splitlines(keepends=True)
+    (out / runs.LOCK_FILE).write_text('{"pid": 1, "host": "gone", "started": "then"}')
+    shutil.copyfile(reference / runs.CONFIG_FILE, out / runs.CONFIG_FILE)
+    rows = (reference / runs.METRICS_FILE).read_text().splitlines(keepends=True)
     if state == "empty metrics":  # killed the moment metrics.jsonl appeared
-        (out / runfolder.METRICS_FILE).write_text("")
+        (out / runs.METRICS_FILE).write_text("")
     elif state == "rows, no checkpoint":  # n_checkpoints=0 runs (the background sweeps') killed mid-run
-        (out / runfolder.METRICS_FILE).write_text("".join(rows[:1]))
+        (out / runs.METRICS_FILE).write_text("".join(rows[:1]))
     elif state == "half a checkpoint":  # Ctrl-C during the step-1 save: the weights written, not the state
-        (out / runfolder.METRICS_FILE).write_text("")
-        (out / runfolder.CHECKPOINT_DIR).mkdir()
-        weights, _ = runfolder.checkpoint_paths(reference, 1)
-        shutil.copyfile(weights, out / runfolder.CHECKPOINT_DIR / weights.name)
-        (out / runfolder.CHECKPOINT_DIR / ".step_0000001.pt.x1y2.tmp").write_bytes(b"torn")
+        (out / runs.METRICS_FILE).write_text("")
+        (out / runs.CHECKPOINT_DIR).mkdir()
+        weights, _ = runs.checkpoint_paths(reference, 1)
+        shutil.copyfile(weights, out / runs.CHECKPOINT_DIR / weights.name)
+        (out / runs.CHECKPOINT_DIR / ".step_0000001.pt.x1y2.tmp").write_bytes(b"torn")
     elif state == "empty checkpoints folder":
-        (out / runfolder.CHECKPOINT_DIR).mkdir()
+        (out / runs.CHECKPOINT_DIR).mkdir()
     else:
         raise AssertionError(state)
 
@@ -85,7 +85,7 @@ def _before_first_checkpoint(out: Path, reference: Path, state: str) -> None:
 def test_a_run_killed_before_its_first_checkpoint_resumes_from_scratch(tmp_path, reference, state):
     out = tmp_path / "run"
     _before_first_checkpoint(out, reference, state)
-    assert runfolder.foreign_entries(out) == []
+    assert runs.foreign_entries(out) == []
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing to warn about: the same run starts again
         result = train(tiny_run(), out, progress=False)
@@ -104,7 +104,7 @@ def test_the_issue_command_killed_as_metrics_appear_resumes(tmp_path):
     child = subprocess.Popen([*argv, "--out", str(out)], env=ENV, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
-    while not (out / runfolder.METRICS_FILE).exists() and child.poll() is None and time.monotonic() < deadline:
+    while not (out / runs.METRICS_FILE).exists() and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.001)
     child.send_signal(signal.SIGKILL)
     child.wait()
@@ -145,9 +145,9 @@ _STACK = ["train", "--seeds", "0-2", "--layers", "1", "--d-model", "8", "--seq-l
 
 def _folder_state(seed_dir: Path) -> str:
     names = sorted(p.name for p in seed_dir.iterdir()) if seed_dir.exists() else []
-    checkpoints = seed_dir / runfolder.CHECKPOINT_DIR
+    checkpoints = seed_dir / runs.CHECKPOINT_DIR
     names += [f"checkpoints/{p.name}" for p in sorted(checkpoints.iterdir())] if checkpoints.is_dir() else []
-    rows = len(runfolder.load_metrics(seed_dir)) if (seed_dir / runfolder.METRICS_FILE).is_file() else 0
+    rows = len(runs.load_metrics(seed_dir)) if (seed_dir / runs.METRICS_FILE).is_file() else 0
     return f"{names} ({rows} rows)"
 
 
@@ -167,24 +167,24 @@ def _clean_and_killed(tmp_path: Path, argv: list[str], point: str, n: int) -> tu
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpoints, point, n, left", [
     # after the 2nd config.json: seed-0 and seed-1 hold a config, seed-2 only the lock
-    ("3", "prepare", 2, lambda s: not (s[2] / runfolder.CONFIG_FILE).exists() and (s[1] / "config.json").exists()),
+    ("3", "prepare", 2, lambda s: not (s[2] / runs.CONFIG_FILE).exists() and (s[1] / "config.json").exists()),
     # after the 3rd metrics.jsonl opened: empty metrics everywhere, no row yet
-    ("3", "MetricsLog", 3, lambda s: all((d / runfolder.METRICS_FILE).stat().st_size == 0 for d in s)),
+    ("3", "MetricsLog", 3, lambda s: all((d / runs.METRICS_FILE).stat().st_size == 0 for d in s)),
     # during the step-1 save: seed-0's checkpoint weights written, not its training state (half a checkpoint)
-    ("3", "save_state", 1, lambda s: runfolder.list_checkpoints(s[0]) == [] and any(
-        (s[0] / runfolder.CHECKPOINT_DIR).iterdir())),
+    ("3", "save_state", 1, lambda s: runs.list_checkpoints(s[0]) == [] and any(
+        (s[0] / runs.CHECKPOINT_DIR).iterdir())),
     # mid-run with checkpoints behind it: resumes from the newest
-    ("3", "step", 7, lambda s: runfolder.list_checkpoints(s[0]) != []),
+    ("3", "step", 7, lambda s: runs.list_checkpoints(s[0]) != []),
     # the background training's runs (no checkpoints) killed mid-run: rows, no checkpoint; restarts from scratch
-    ("0", "step", 9, lambda s: runfolder.load_metrics(s[0]) != [] and not (s[0] / runfolder.CHECKPOINT_DIR).exists()),
+    ("0", "step", 9, lambda s: runs.load_metrics(s[0]) != [] and not (s[0] / runs.CHECKPOINT_DIR).exists()),
 ])
 def test_a_stack_killed_at_each_point_resumes_or_restarts_to_the_clean_run(tmp_path, checkpoints, point, n, left):
     argv = [*_STACK, "--checkpoints", checkpoints]
     out, seeds = _clean_and_killed(tmp_path, argv, point, n)
     assert left(seeds), [_folder_state(d) for d in seeds]  # the kill left the state this case is about
-    assert all(runfolder.foreign_entries(d) == [] for d in seeds)
+    assert all(runs.foreign_entries(d) == [] for d in seeds)
     # a file of the user's in a folder with no config is still refused, and the refusal writes nothing
-    bare = next((d for d in seeds if not (d / runfolder.CONFIG_FILE).exists()), None)
+    bare = next((d for d in seeds if not (d / runs.CONFIG_FILE).exists()), None)
     if bare is not None:
         before = [_folder_state(d) for d in seeds]
         (bare / "notes.txt").write_text("mine")
@@ -202,7 +202,7 @@ def test_a_stack_killed_at_each_point_resumes_or_restarts_to_the_clean_run(tmp_p
 
 
 def _resume_points(seed_dir: Path) -> list[int]:
-    return [step for step, _ in runfolder.list_resume_points(seed_dir)]
+    return [step for step, _ in runs.list_resume_points(seed_dir)]
 
 
 @pytest.mark.slow
@@ -222,13 +222,13 @@ def test_a_stack_without_checkpoints_killed_around_its_resume_points_resumes_to_
     argv = [*_STACK, "--checkpoints", "0", "--set", "train.resume_every=3"]
     out, seeds = _clean_and_killed(tmp_path, argv, point, n)
     assert left(seeds), [_folder_state(d) for d in seeds]
-    assert all(runfolder.foreign_entries(d) == [] and runfolder.list_checkpoints(d) == [] for d in seeds)
+    assert all(runs.foreign_entries(d) == [] and runs.list_checkpoints(d) == [] for d in seeds)
     again = subprocess.run([sys.executable, "-m", "markov_interp.cli", *argv, "--out", str(out)], env=ENV,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     for seed in range(3):
         _same_run(out / f"seed-{seed}", tmp_path / "clean" / f"seed-{seed}")
-        assert not (out / f"seed-{seed}" / runfolder.RESUME_DIR).exists()
+        assert not (out / f"seed-{seed}" / runs.RESUME_DIR).exists()
 
 
 def test_folders_that_are_not_a_runs_are_refused_saying_what_is_there(tmp_path, reference):
@@ -239,7 +239,7 @@ def test_folders_that_are_not_a_runs_are_refused_saying_what_is_there(tmp_path, 
         train(tiny_run(), foreign, progress=False)
     orphan = tmp_path / "orphan"  # a run's rows without its config: which run is unknown
     orphan.mkdir()
-    shutil.copyfile(reference / runfolder.METRICS_FILE, orphan / runfolder.METRICS_FILE)
+    shutil.copyfile(reference / runs.METRICS_FILE, orphan / runs.METRICS_FILE)
     with pytest.raises(ValueError, match=r"holds run files \(metrics.jsonl rows\) but no config.json"):
         train(tiny_run(), orphan, progress=False)
     other = tmp_path / "other"  # another run's rows (no checkpoint): kept, not replaced
@@ -256,12 +256,12 @@ def test_folders_that_are_not_a_runs_are_refused_saying_what_is_there(tmp_path, 
 def test_own_files_are_one_list(tmp_path, reference):
     from markov_interp.report import REPORT_FILE
 
-    assert REPORT_FILE == runfolder.REPORT_FILE
-    assert runfolder.foreign_entries(reference) == []
+    assert REPORT_FILE == runs.REPORT_FILE
+    assert runs.foreign_entries(reference) == []
     diverged = tmp_path / "diverged"
-    with pytest.raises(runfolder.TrainingDiverged):
+    with pytest.raises(runs.TrainingDiverged):
         train(tiny_run(lr=1e9), diverged, progress=False)
-    assert (diverged / runfolder.STATUS_FILE).exists() and runfolder.foreign_entries(diverged) == []
+    assert (diverged / runs.STATUS_FILE).exists() and runs.foreign_entries(diverged) == []
 
 
 # ---------------------------------------------------------------------------------------------- hard links
@@ -271,14 +271,14 @@ def test_a_hard_link_in_a_run_folder_is_refused_and_the_other_file_kept(tmp_path
     # issue 33, item 2: `echo precious > v.txt; ln v.txt r/.lock; train --out r` wrote the lock into v.txt
     out = tmp_path / "r"
     shutil.copytree(reference, out) if name != ".lock" else out.mkdir()
-    (out / runfolder.LOCK_FILE).unlink(missing_ok=True)
+    (out / runs.LOCK_FILE).unlink(missing_ok=True)
     victim = tmp_path / "v.txt"
     victim.write_text("precious\n")
     (out / name).unlink(missing_ok=True)
     (out / name).parent.mkdir(exist_ok=True)
     os.link(victim, out / name)
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
-    err = _one_line_error(capsys, ["train", "--config", str(reference / runfolder.CONFIG_FILE), "--out", str(out),
+    err = _one_line_error(capsys, ["train", "--config", str(reference / runs.CONFIG_FILE), "--out", str(out),
                                    "--no-progress"])
     assert "other hard link" in err and str(out / name) in err
     assert victim.read_text() == "precious\n" and os.stat(victim).st_nlink == 2
@@ -294,12 +294,12 @@ def test_the_in_place_writers_refuse_a_hard_link_themselves(tmp_path):
     victim.write_text("precious\n")
     run = tmp_path / "run"
     run.mkdir()
-    os.link(victim, run / runfolder.METRICS_FILE)
+    os.link(victim, run / runs.METRICS_FILE)
     with pytest.raises(UnsafePath, match="other hard link"):
-        runfolder.MetricsLog(run)
-    os.link(victim, run / runfolder.LOCK_FILE)
+        runs.MetricsLog(run)
+    os.link(victim, run / runs.LOCK_FILE)
     with pytest.raises(UnsafePath, match="other hard link"):
-        runfolder.folder._open_lock(run / runfolder.LOCK_FILE, create=True)
+        runs.folder._open_lock(run / runs.LOCK_FILE, create=True)
     assert victim.read_text() == "precious\n"
 
 
@@ -308,8 +308,8 @@ def test_readers_read_a_hard_linked_file_and_atomic_writes_never_write_through_o
     shutil.copytree(reference, run)
     shared = tmp_path / "shared.safetensors"
     os.link(run / models.WEIGHTS_FILE, shared)  # weights shared to save disk: reading is harmless
-    assert runfolder.read_config(run) == tiny_run()
-    runfolder.load_model(run)
+    assert runs.read_config(run) == tiny_run()
+    runs.load_model(run)
     keep = shared.read_bytes()
     atomic_write(run / models.WEIGHTS_FILE, b"new")  # written fresh and renamed: the other name keeps its bytes
     assert shared.read_bytes() == keep and (run / models.WEIGHTS_FILE).read_bytes() == b"new"
@@ -477,7 +477,7 @@ def test_every_entry_point_checks_its_device_in_one_line(tmp_path, capsys, refer
                   tmp_path / "sweep", workers=1, progress=False)
     assert not (tmp_path / "sweep").exists()
     with pytest.raises(ValueError, match="device 'meta'"):
-        runfolder.load_model(reference, device="meta")
+        runs.load_model(reference, device="meta")
     with pytest.raises(ValueError, match="device 'meta'"):
         report.build(reference, device=torch.device("meta"))
     # the experiments and the reproduction: refused in one line before any folder is made
@@ -503,7 +503,7 @@ def test_resolve_device_knows_the_kinds():
 # -------------------------------------------------------------------------------------------- cosmetics
 def test_many_damaged_checkpoints_give_one_warning(tmp_path, monkeypatch, reference):
     out = _interrupted(tmp_path, monkeypatch, at=7)  # checkpoints 1, 2, 5
-    for step, weights in runfolder.list_checkpoints(out):
+    for step, weights in runs.list_checkpoints(out):
         weights.write_bytes(weights.read_bytes()[:100])
     with pytest.warns(UserWarning) as caught:
         train(tiny_run(), out, progress=False)
@@ -523,7 +523,7 @@ def test_nan_weights_are_named_by_the_files_keys(tmp_path, reference):
     state[name].view(-1)[0] = float("nan")
     models.save_state(cfg, state, out, train_seq_len=32, step=12)
     with pytest.raises(RunFolderError) as caught:
-        runfolder.load_model(out)
+        runs.load_model(out)
     message = str(caught.value)
     assert f"non-finite weights ({name})" in message
     assert "_original_component" not in message and "layers." not in message
@@ -557,7 +557,7 @@ def _cli(*argv: str) -> subprocess.Popen:
 def _files(folder: Path) -> dict:
     """Every weights and metrics file under `folder`, by relative path, as bytes."""
     return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*")
-            if p.name in (models.WEIGHTS_FILE, runfolder.METRICS_FILE)}
+            if p.name in (models.WEIGHTS_FILE, runs.METRICS_FILE)}
 
 
 @pytest.mark.slow

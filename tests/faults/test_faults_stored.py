@@ -16,7 +16,7 @@ from markov_interp import sweep, theory
 from markov_interp.sources import RandomMarkov
 from markov_interp.sweep.records import RESULTS_DIR, read_record
 from markov_interp.training import RunConfig
-from markov_interp import runs as runfolder
+from markov_interp import runs
 from markov_interp.training.resume import metrics_complete
 
 from tests.sweep.test_sweep import tiny_spec  # noqa: E402
@@ -50,14 +50,14 @@ def test_tables_written_by_main_read_back(name):
 
 
 def test_run_folders_written_by_main_read_as_valid():
-    folders = [p.parent for p in STORED.rglob(runfolder.CONFIG_FILE)]
+    folders = [p.parent for p in STORED.rglob(runs.CONFIG_FILE)]
     assert len(folders) == 13
     for folder in folders:
-        config = RunConfig.from_json((folder / runfolder.CONFIG_FILE).read_text())
-        rows = runfolder.load_metrics(folder)
-        assert rows and runfolder.foreign_entries(folder) == [], folder
-        status = runfolder.divergence(folder)
-        assert (status is not None) == (folder / runfolder.STATUS_FILE).exists()
+        config = RunConfig.from_json((folder / runs.CONFIG_FILE).read_text())
+        rows = runs.load_metrics(folder)
+        assert rows and runs.foreign_entries(folder) == [], folder
+        status = runs.divergence(folder)
+        assert (status is not None) == (folder / runs.STATUS_FILE).exists()
         if status is None:
             assert metrics_complete(config.train, rows), folder
 
@@ -72,25 +72,25 @@ def test_stored_run_folders_load_and_probe_at_their_training_length(tmp_path, na
 
     folder = tmp_path / name
     shutil.copytree(STORED / "runs" / name, folder)
-    run = runfolder.read_config(folder)
+    run = runs.read_config(folder)
     state = models.initial_state(run.model, seed=3)
     models.save_state(run.model, state, folder)
-    checkpoint, _ = runfolder.checkpoint_paths(folder, 3)
+    checkpoint, _ = runs.checkpoint_paths(folder, 3)
     checkpoint.parent.mkdir()
     models.save_state(run.model, state, checkpoint)
     recorded = models.load(models.save_state(run.model, state, tmp_path / "recorded.safetensors",
                                              train_seq_len=run.train.seq_len))
-    for path in (folder, folder / runfolder.WEIGHTS_FILE, checkpoint):
+    for path in (folder, folder / runs.WEIGHTS_FILE, checkpoint):
         assert models.weights_metadata(models.load(path)).train_seq_len is None  # the file records none
-        model = runfolder.load_model(path, expect=run.model)
+        model = runs.load_model(path, expect=run.model)
         assert models.weights_metadata(model).train_seq_len == run.train.seq_len == probes.probe_length(model)
     source = run.source.build()
     probed = [json.dumps(probes.classify_mechanism(m, source, n_sequences=8, seed=0).to_dict(), sort_keys=True)
-              for m in (runfolder.load_model(folder), recorded)]
+              for m in (runs.load_model(folder), recorded)]
     assert probed[0] == probed[1]
     shorter = run.replace(train=run.train.replace(seq_len=12))  # below n_ctx: the default length is the config's
-    (folder / runfolder.CONFIG_FILE).write_text(shorter.to_json())
-    assert probes.probe_length(runfolder.load_model(folder)) == 12 and probes.probe_length(models.load(folder)) == 16
+    (folder / runs.CONFIG_FILE).write_text(shorter.to_json())
+    assert probes.probe_length(runs.load_model(folder)) == 12 and probes.probe_length(models.load(folder)) == 16
 
 
 @pytest.mark.parametrize("path", sorted(STORED.glob("cache/references/*.json")), ids=lambda p: p.stem[:8])

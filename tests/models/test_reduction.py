@@ -159,16 +159,16 @@ def test_a_released_part_leaves_the_family_and_the_rest_stays(part, moved, kept)
 def test_reduced_sgd_follows_gradient_flow_whole_trajectory(tmp_path):
     """Not only the outcome: every checkpoint's (e, w, b) is the flow's at that step, within sampling noise
     (batches of 64 x 32 tokens; the flow is plain GD on the exact reduced loss at the same lr)."""
-    from markov_interp import runs as runfolder
+    from markov_interp import runs
 
     steps, lr = 120, 0.5
     run = reduced_run(-1.0, steps=steps, batch_size=64, seq_len=32, n_ctx=32, lr=lr, n_checkpoints=6, eval_every=0)
     result = train(run, tmp_path, progress=False)
     assert result.final.eval_loss < landscape.reference_losses(P, Q)["unigram_loss"] - 0.02  # it escaped
-    found = runfolder.list_checkpoints(tmp_path)
+    found = runs.list_checkpoints(tmp_path)
     steps_seen = [0] + [s for s, _ in found]
     traj = landscape.coordinates_trajectory([initial_state(run.model, 0)] +
-                                            [runfolder.read_checkpoint(tmp_path, s)[0] for s, _ in found], p=P, q=Q)
+                                            [runs.read_checkpoint(tmp_path, s)[0] for s, _ in found], p=P, q=Q)
     assert len(steps_seen) >= 5 and steps_seen[-1] == steps
     flow = landscape.gradient_flow(0.1, -1.0, 0.0, p=P, q=Q, steps=steps, lr=lr)
     np.testing.assert_allclose(traj.points, flow.points[steps_seen], atol=0.05)

@@ -12,7 +12,7 @@ from markov_interp.cli import _parse_seeds, main
 from markov_interp.models import stack as stacked
 from markov_interp.models.optim import StackedOptimizer, decayed
 from markov_interp.training import batches, loop
-from markov_interp import runs as runfolder
+from markov_interp import runs
 from markov_interp.sources import RandomMarkov, SourceConfig
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train, train_many
@@ -296,9 +296,9 @@ class _Kill(Exception):
 
 @pytest.mark.slow
 def test_stacked_resume_is_bit_identical(tmp_path, monkeypatch):
-    runs = [run_config(0, steps=30, eval_every=15, n_checkpoints=4, log_every=5),
+    configs = [run_config(0, steps=30, eval_every=15, n_checkpoints=4, log_every=5),
             run_config(1, 0.5, 0.8, steps=30, eval_every=15, n_checkpoints=4, log_every=5, lr=4e-3)]
-    reference = train_many(runs, [tmp_path / "a0", tmp_path / "a1"], progress=False)
+    reference = train_many(configs, [tmp_path / "a0", tmp_path / "a1"], progress=False)
     outs = [tmp_path / "b0", tmp_path / "b1"]
 
     def kill_at_12(step):
@@ -307,19 +307,19 @@ def test_stacked_resume_is_bit_identical(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop, "_on_step", kill_at_12)
     with pytest.raises(_Kill):
-        train_many(runs, outs, progress=False)
+        train_many(configs, outs, progress=False)
     monkeypatch.undo()
-    assert [s for s, _ in runfolder.list_checkpoints(outs[0])] == [1, 3, 10]
+    assert [s for s, _ in runs.list_checkpoints(outs[0])] == [1, 3, 10]
     assert not (outs[0] / "model.safetensors").exists()
 
-    resumed = train_many(runs, outs, progress=False)
+    resumed = train_many(configs, outs, progress=False)
     for ref, res, out, ref_out in zip(reference, resumed, outs, [tmp_path / "a0", tmp_path / "a1"]):
         assert res.resumed_from == 10
         assert res.metrics == ref.metrics
         assert training.load_metrics(out) == training.load_metrics(ref_out)
         assert _weights_equal(res.model, ref.model)
         assert _weights_equal(models.load(out), ref.model)
-    again = train_many(runs, outs, progress=False)  # finished: loaded, not retrained
+    again = train_many(configs, outs, progress=False)  # finished: loaded, not retrained
     assert all(r.already_done for r in again)
 
 
@@ -358,23 +358,23 @@ def test_a_stack_resumes_a_folder_trained_alone(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_diverging_member_is_masked_and_recorded(tmp_path):
     common = dict(optimizer="sgd", steps=40, eval_every=20, n_checkpoints=2)
-    runs = [run_config(0, lr=0.05, **common), run_config(1, lr=1e12, **common), run_config(2, lr=0.02, **common)]
+    configs = [run_config(0, lr=0.05, **common), run_config(1, lr=1e12, **common), run_config(2, lr=0.02, **common)]
     outs = [tmp_path / f"m{k}" for k in range(3)]
-    results = train_many(runs, outs, progress=False)
+    results = train_many(configs, outs, progress=False)
     bad = results[1]
     assert bad.failed is not None and "diverged at step" in bad.failed
     failed_rows = [r for r in bad.metrics if r.get("diverged")]
     assert len(failed_rows) == 1 and failed_rows[0] == bad.metrics[-1]
     assert math.isnan(bad.final.eval_loss) and bad.final.step == failed_rows[0]["step"]
-    assert runfolder.divergence(outs[1])["step"] == bad.final.step  # probe / report / sweeps say "diverged"
+    assert runs.divergence(outs[1])["step"] == bad.final.step  # probe / report / sweeps say "diverged"
     assert all(torch.isfinite(p).all() for p in bad.model.parameters())  # frozen at its last finite weights
-    assert runfolder.load_metrics(outs[1]) == bad.metrics
+    assert runs.load_metrics(outs[1]) == bad.metrics
     assert not (outs[1] / "model.safetensors").exists()  # a diverged run has no final weights
-    assert all(s < bad.final.step for s, _ in runfolder.list_checkpoints(outs[1]))  # only finite checkpoints
-    for run, result in zip([runs[0], runs[2]], [results[0], results[2]]):
+    assert all(s < bad.final.step for s, _ in runs.list_checkpoints(outs[1]))  # only finite checkpoints
+    for run, result in zip([configs[0], configs[2]], [results[0], results[2]]):
         assert result.failed is None
         assert_same_run(result, train(run, progress=False))
-    again = train_many(runs, outs, progress=False)
+    again = train_many(configs, outs, progress=False)
     assert again[1].already_done and again[1].failed == bad.failed
 
 
@@ -529,9 +529,9 @@ def test_truncated_metrics_beside_final_weights_are_repaired_by_the_stack(tmp_pa
     # resumes from the newest checkpoint the metrics cover and rewrites the rest bit-identically
     run = run_config(0, steps=40, eval_every=10, n_checkpoints=4)
     done = train_many([run], [tmp_path / "a"], progress=False)[0]
-    rows = runfolder.load_metrics(tmp_path / "a")
-    runfolder.write_metrics(tmp_path / "a", [r for r in rows if r["step"] <= 25])
+    rows = runs.load_metrics(tmp_path / "a")
+    runs.write_metrics(tmp_path / "a", [r for r in rows if r["step"] <= 25])
     with pytest.warns(UserWarning, match="incomplete"):
         again = train_many([run], [tmp_path / "a"], progress=False)[0]
-    assert not again.already_done and runfolder.load_metrics(tmp_path / "a") == rows
+    assert not again.already_done and runs.load_metrics(tmp_path / "a") == rows
     assert _weights_equal(again.model, done.model)

@@ -250,7 +250,7 @@ def test_applied_clamp_matches_the_fused_forward_on_this_kind():
     toks = tokens(seq=16)
     for spec in ("blocks.0.hook_resid_mid=zero", "blocks.1.attn.hook_pattern[1]=uniform"):
         items = clamps.parse_interventions([spec])
-        want = fused(cfg, state, toks, clamps.clamp_hooks(items, cfg, 0, state=clamps.ClampState(),
+        want = fused(cfg, state, toks, clamps.clamp_hooks(items, 0, state=clamps.ClampState(),
                                                              update=False, member_axis=True))
         with clamps.applied(model, [spec], 0):
             hooked = model(toks)

@@ -117,37 +117,7 @@ def test_crossing_and_excess_curve_figures_draw_every_line_and_condition():
     assert len(ax.collections) == 2 and sum(line.get_linestyle() == ":" for line in ax.lines) == 4
 
 
-# ---------------------------------------------------------------------------------------------------- moved names
-# Issue 34 moved the experiments' figures to markov_interp.experiments and the reproduction's to
-# markov_interp.reproduce_figures; the old names keep working for one release.
-
-OLD_REPORT_ALL = ("escape_survival_figure", "crossing_survival_figure", "excess_curves_figure",
-                  "reproduction_phase_figure", "reproduction_depth_figure", "reproduction_mechanism_figure",
-                  "reproduction_init_precision_figure", "reproduction_boundary_figure")  # were in report.__all__
-
-
-@pytest.mark.parametrize("name", sorted(figures.MOVED))
-def test_a_moved_name_still_works_from_report_figures_with_a_warning_and_is_the_same_object(name):
-    with pytest.warns(DeprecationWarning, match=rf"report\.figures\.{name} moved to {figures.MOVED[name]}\.{name}"):
-        old = getattr(figures, name)
-    home = experiments if figures.MOVED[name] == "markov_interp.experiments" else reproduce_figures
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new home warns nothing
-        assert getattr(home, name) is old
-    with pytest.warns(DeprecationWarning):
-        exec(f"from markov_interp.report.figures import {name} as again", scope := {})
-    assert scope["again"] is old
-
-
-@pytest.mark.parametrize("name", OLD_REPORT_ALL)
-def test_a_moved_name_of_report_all_still_works_from_report_with_a_warning(name):
-    with pytest.warns(DeprecationWarning, match=rf"markov_interp\.report\.{name} moved to"):
-        old = getattr(report, name)
-    assert old is getattr(experiments if "survival" in name or "excess" in name else reproduce_figures, name)
-    assert name not in report.__all__  # a star import does not pull the experiments in
-
-
-def test_an_unknown_name_is_still_an_attribute_error():
+def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="has no attribute 'no_such_figure'"):
         figures.no_such_figure  # noqa: B018
     with pytest.raises(AttributeError, match="has no attribute 'no_such_figure'"):
@@ -161,7 +131,6 @@ def test_every_experiment_figure_name_resolves_to_its_module():
         assert getattr(experiments, name) is getattr(__import__(f"markov_interp.experiments.{module}",
                                                                 fromlist=[name]), name)
         assert name in experiments.__all__
-    assert {n for n, home in figures.MOVED.items() if home == "markov_interp.experiments"} == set(experiments._FIGURES)
 
 
 def _imported_after(statement: str) -> set[str]:
@@ -170,12 +139,12 @@ def _imported_after(statement: str) -> set[str]:
     return set(done.stdout.split())
 
 
-def test_importing_the_report_imports_neither_the_experiments_nor_the_reproduction():
-    """No arrow up: the report sits left of the experiments and the reproduction (architecture.md); its moved
-    names are loaded only when asked for."""
+def test_importing_the_report_imports_no_experiment():
+    """No arrow up: the report sits left of the experiments, the paper's reproduction among them
+    (architecture.md)."""
     loaded = _imported_after("import markov_interp.report; from markov_interp.report import figures")
     assert "markov_interp.report.figures" in loaded  # the check sees the report's modules
-    assert not {m for m in loaded if m.startswith(("markov_interp.experiments", "markov_interp.reproduce"))}
+    assert not {m for m in loaded if m.startswith("markov_interp.experiments")}
 
 
 def test_importing_the_experiments_imports_no_matplotlib():

@@ -19,7 +19,7 @@ from markov_interp.sources import SourceConfig
 from markov_interp.models import preset
 from markov_interp.models.optim import StackedOptimizer
 from markov_interp.training import RunConfig, TrainConfig, train, train_many
-from markov_interp import runs as runfolder
+from markov_interp import runs
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD_RUNS = Path(__file__).parents[1] / "data" / "old_runs"  # written by tests/data/make_fixtures.py with main's code
@@ -109,12 +109,12 @@ def _old(name: str, tmp_path: Path) -> Path:
 
 def test_a_finished_folder_of_the_old_solo_loop_loads_and_is_not_retrained(tmp_path):
     folder = _old("finished", tmp_path)
-    run = runfolder.read_config(folder)
+    run = runs.read_config(folder)
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     done = train(run, folder, progress=False)
     assert done.already_done and (folder / "model.safetensors").stat().st_mtime_ns == stamp
-    assert done.metrics == runfolder.load_metrics(folder) and done.final.step == run.train.steps
-    assert done.final.references.entropy_rate == runfolder.load_metrics(folder)[-1]["entropy_rate"]
+    assert done.metrics == runs.load_metrics(folder) and done.final.step == run.train.steps
+    assert done.final.references.entropy_rate == runs.load_metrics(folder)[-1]["entropy_rate"]
     assert _same(_weights(done.model), _weights(folder))
 
 
@@ -126,8 +126,8 @@ def test_old_weights_without_a_recorded_length_load_with_the_runs():
     for path in (OLD_RUNS / "finished", OLD_RUNS / "finished" / "model.safetensors",
                  OLD_RUNS / "unfinished" / "checkpoints" / "step_0000003.safetensors"):
         assert models.weights_metadata(models.load(path)).train_seq_len is None
-        run = runfolder.read_config(runfolder.run_folder_of(path))
-        model = runfolder.load_model(path, expect=run.model)
+        run = runs.read_config(runs.run_folder_of(path))
+        model = runs.load_model(path, expect=run.model)
         assert models.weights_metadata(model).train_seq_len == run.train.seq_len == probes.probe_length(model)
 
 
@@ -150,9 +150,9 @@ def test_an_unfinished_folder_of_the_old_solo_loop_resumes(tmp_path):
     rounding (a wrongly mapped moment or step count would be off by ~lr per step); a second resume of the same
     folder is bit-identical to the first."""
     folder = _old("unfinished", tmp_path)
-    run = runfolder.read_config(folder)
-    before = runfolder.load_metrics(folder)
-    _, state = runfolder.read_checkpoint(folder, 3)
+    run = runs.read_config(folder)
+    before = runs.load_metrics(folder)
+    _, state = runs.read_checkpoint(folder, 3)
     stack_optimizer = StackedOptimizer(models.stack.build_stack([run.model], [0]), kind="adamw")
     for index, name in enumerate(stack_optimizer.checkpoint_order()):  # the old numbering of parameters
         assert state["optimizer"]["state"][index]["exp_avg"].shape == stack_optimizer.stack.params[name].shape[1:]
@@ -241,17 +241,6 @@ def test_the_import_graph_has_no_circle():
     assert "markov_interp.training.loop" in graph["markov_interp.training"]  # the graph sees the faces' imports
 
 
-# the public names of training/runfolder.py before the run folder moved to `markov_interp.runs` (issue 34)
-OLD_RUNFOLDER_NAMES = (
-    "RunFolderError", "RunFolderBusy", "CheckpointDamaged", "TrainingDiverged", "lock", "holder", "remove_stale_tmp",
-    "logged_steps", "resume_step", "metrics_complete", "mark_diverged", "divergence", "diverged_message",
-    "read_config", "prepare", "check_writable_dir", "check_contents", "check_single_link", "training_seq_len",
-    "load_model", "load_metrics", "write_metrics", "MetricsLog", "weights_problem", "list_checkpoints",
-    "checkpoint_paths", "save_checkpoint", "read_checkpoint", "read_newest_checkpoint", "LOCK_FILE", "STATUS_FILE",
-    "OWN_FILES", "REPORT_FILE", "foreign_entries", "CONFIG_FILE", "METRICS_FILE", "CHECKPOINT_DIR", "WEIGHTS_FILE",
-)
-
-
 def test_reading_a_run_folder_imports_nothing_of_training(tmp_path):
     """`probe` and `report` read run folders through `markov_interp.runs`, which imports nothing of `training`:
     a fresh interpreter reads a trained folder (config, metrics, divergence, checkpoints, model, the probes'
@@ -273,29 +262,6 @@ def test_reading_a_run_folder_imports_nothing_of_training(tmp_path):
     for reader in ("markov_interp.runs", "markov_interp.runs.folder", "markov_interp.runs.checkpoints",
                    "markov_interp.runs.config", "markov_interp.report._build", "markov_interp.report._formation"):
         assert not {m for m in graph[reader] if m.startswith("markov_interp.training")}, reader
-
-
-def test_the_old_run_folder_module_is_a_deprecated_alias():
-    """`markov_interp.training.runfolder` keeps every name it had, each use warning with its new home."""
-    import importlib
-
-    from markov_interp import runs
-    from markov_interp.training import resume, schedule
-
-    old = importlib.import_module("markov_interp.training.runfolder")
-    assert sorted(old.__all__) == sorted(OLD_RUNFOLDER_NAMES)
-    for name in OLD_RUNFOLDER_NAMES:
-        home = resume if name in ("resume_step", "metrics_complete") else schedule if name == "logged_steps" else runs
-        with pytest.warns(DeprecationWarning, match=rf"training\.runfolder\.{name} is deprecated: use "):
-            value = getattr(old, name)
-        assert value is getattr(home, name), name
-    with pytest.warns(DeprecationWarning, match="use markov_interp.runs.load_model"):
-        from markov_interp.training.runfolder import load_model
-    assert load_model is runs.load_model
-    with pytest.warns(DeprecationWarning):
-        assert training.runfolder.CONFIG_FILE == "config.json"  # the package attribute still leads to it
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        old.nothing  # noqa: B018
 
 
 @pytest.mark.slow

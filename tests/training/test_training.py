@@ -121,7 +121,7 @@ def test_same_seed_same_metrics_and_weights():
 def test_run_folder_tying_and_reload(tmp_path):
     result = train(tiny_run(), tmp_path, progress=False)
     assert {p.name for p in tmp_path.iterdir()} == {"config.json", "metrics.jsonl", "model.safetensors", "checkpoints",
-                                                  ".lock"}  # the write lock (runfolder.lock)
+                                                  ".lock"}  # the write lock (runs.lock)
     assert RunConfig.from_json((tmp_path / "config.json").read_text()) == tiny_run()
     rows = training.load_metrics(tmp_path)
     assert rows == json.loads(json.dumps(result.metrics))
