@@ -24,7 +24,7 @@ def scores_over_training_figure(arms: Mapping[str, Sequence[object]], *,
 
     Args:
         arms: {arm: the scores at each step, in step order}, each with `step`, `<score>_mean`,
-            `<score>_interval` and `<score>_chance` for every score (`experiments.interventions.CircuitScores`).
+            `<score>_interval` and `<score>_chance` for every score (`experiments._arms.CircuitScores`).
         scores: {attribute prefix: panel title}.
         title: the figure's title.
 

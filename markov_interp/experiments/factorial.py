@@ -1,4 +1,4 @@
-"""Finding 1 as a factorial (issue 22): does clamping layer 0 to a previous-token head slow the escape from the
+"""Finding 1 as a factorial: does clamping layer 0 to a previous-token head slow the escape from the
 in-context unigram plateau, and in which cells?
 
 Cells: layer-1 heads {1, 2} (layer 0 one head; d_head fixed, so a second head adds width only in layer 1) ×
@@ -20,11 +20,11 @@ Each arm's runs are summarised by `dynamics` (crossings of 0.9 / 0.75 / 0.5 / 0.
 interval-censored, survival, median excess curves) and compared with the cell's free arm at every line and by
 the area between median curves (bootstrap over seeds); layer 0's previous-token score and layer 1's induction
 and same-token scores are measured at the end and at `score_checkpoints` log-spaced checkpoint steps (read back
-after training, under the arm's clamp: `interventions.circuit_scores_over_training`), and the circuit of the
+after training, under the arm's clamp: `_arms.circuit_scores_over_training`), and the circuit of the
 first `discovered` seeds of every arm is found by path patching at the end (`probes.discover_circuit`, under
 the clamp, so edges into a clamped layer's queries and keys carry nothing). The arm loop, scoring, tables and
-figures are `experiments.interventions`' (`run_arms`); this module only lays out the cells, the overview and
-the per-cell tables of scores over training and discovered circuits.
+figures are the shared ones of `experiments._arms` (`run_arms`); this module only lays out the cells, the overview
+and the per-cell tables of scores over training and discovered circuits.
 
 Registered as "factorial": `python -m markov_interp.experiments --only factorial [--quick]`.
 """
@@ -40,8 +40,8 @@ from typing import Any
 from markov_interp import dynamics
 from markov_interp.sources import SourceConfig
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, _shared, register
-from markov_interp.experiments.interventions import (Arm, ExperimentResult, arm_json, dynamics_figures,
-                                                     experiment_from_json, experiment_sections, run_arms)
+from markov_interp.experiments._arms import (Arm, ExperimentResult, arm_json, dynamics_figures,
+                                             experiment_from_json, experiment_sections, run_arms)
 from markov_interp.models import preset
 from markov_interp.models.hooks import act_name
 from markov_interp.training import RunConfig, TrainConfig
@@ -241,7 +241,7 @@ def _cell_sections(cell: ExperimentResult) -> list[Section]:
 _OVER_TRAINING = ("The best head's score of each layer (layer 0 previous-token, layer 1 induction and same-token), "
                   "mean over seeds [95% bootstrap CI], at the log-spaced checkpoint steps, each read back after "
                   "training and probed under the arm's clamp on the same 64 fresh sequences per seed at every step "
-                  "(`interventions.circuit_scores_at`; the last step is the end-of-run score). Uniform attention "
+                  "(`experiments._arms.circuit_scores_at`; the last step is the end-of-run score). Uniform attention "
                   "gives {prev:.2f} / {ind:.2f} / {same:.2f}.")
 _CIRCUITS = ("`probes.discover_circuit` at the last step on 32 fresh sequences (resample corruption), under the "
              "arm's clamp: every edge's path-patching effect, the kept edges by its stated rule and their "
@@ -310,7 +310,7 @@ def recipe_verdicts(rows: list[tuple[str, ...]]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class FactorialResult(Summary):
-    """The cells (one `interventions.ExperimentResult` each, named DATA-hHEADS) at one budget."""
+    """The cells (one `_arms.ExperimentResult` each, named DATA-hHEADS) at one budget."""
 
     budget: FactorialBudget
     cells: tuple[ExperimentResult, ...]
@@ -375,7 +375,7 @@ def cells_of(budget: FactorialBudget) -> list[tuple[str, int, Recipe]]:
 
 def read(budget: FactorialBudget, result: Mapping) -> FactorialResult:
     """results.json's "result" read back as the typed result, every statistic recomputed from the seeds' curves
-    (`interventions.experiment_from_json`; `experiments.load`). The discovered circuits stay in the file."""
+    (`_arms.experiment_from_json`; `experiments.load`). The discovered circuits stay in the file."""
     return FactorialResult(budget, tuple(experiment_from_json(name, cell, budget) for name, cell in result.items()))
 
 

@@ -9,7 +9,7 @@ import torch
 
 from markov_interp import clamps, dynamics, experiments, probes
 from markov_interp.sources import RandomMarkov
-from markov_interp.experiments import factorial, interventions
+from markov_interp.experiments import _arms, factorial
 from markov_interp.models import build, heads_per_layer
 from markov_interp.experiments import _figures_factorial as figures  # scores over training (was report.figures)
 from markov_interp.training import checkpoint_steps
@@ -161,8 +161,8 @@ def test_budget_sets_the_checkpoints_scored_and_over_training_scores_need_run_fo
     assert factorial.cell_base(none, "dirichlet", 1).train.n_checkpoints == 0
     base = factorial.cell_base(factorial.QUICK, "dirichlet", 1)
     with pytest.raises(ValueError, match="out_dir"):  # refused before any training
-        interventions.run_arms("x", base, factorial.cell_arms(factorial.QUICK), factorial.QUICK, None,
-                               over_training=True)
+        _arms.run_arms("x", base, factorial.cell_arms(factorial.QUICK), factorial.QUICK, None, task="x",
+                       over_training=True)
 
 
 def test_discovery_under_a_clamp_gives_layer_0_queries_and_keys_nothing():
@@ -189,7 +189,7 @@ def test_discovery_under_a_clamp_gives_layer_0_queries_and_keys_nothing():
 def _scores(step, prev, ind, same):
     def around(v):
         return (v - 0.05, v + 0.05)
-    return interventions.CircuitScores(
+    return _arms.CircuitScores(
         step=step, previous_token=(prev,), previous_token_mean=prev, previous_token_interval=around(prev),
         induction=(ind,), induction_mean=ind, induction_interval=around(ind), previous_token_chance=0.1,
         induction_chance=0.4, same_token=(same,), same_token_mean=same, same_token_interval=around(same),
@@ -224,14 +224,14 @@ def _results(n, failed=(), out_dir=None):
 
 
 def test_discovery_reads_the_first_finished_seeds_and_scores_at_a_step_need_its_checkpoint(tmp_path):
-    found = interventions.discovered_circuits(_results(4, failed=(1,)), 2)
+    found = _arms.discovered_circuits(_results(4, failed=(1,)), 2)
     assert [seed for seed, _ in found] == [0, 2] and all(g.seed == 10_000 + seed for seed, g in found)
-    assert interventions.discovered_circuits(_results(2, failed=(0, 1)), 2) == ()
+    assert _arms.discovered_circuits(_results(2, failed=(0, 1)), 2) == ()
     with pytest.raises(ValueError, match="no checkpoint of step 5"):
-        interventions.circuit_scores_at(_results(1, out_dir=tmp_path), 5)
+        _arms.circuit_scores_at(_results(1, out_dir=tmp_path), 5)
     with pytest.raises(ValueError, match="no run folder"):
-        interventions.circuit_scores_at(_results(1), 5)
-    assert interventions.circuit_scores_over_training(_results(2)) == ()  # no run folders: nothing to read
+        _arms.circuit_scores_at(_results(1), 5)
+    assert _arms.circuit_scores_over_training(_results(2)) == ()  # no run folders: nothing to read
 
 
 def _runs(escape_steps):
