@@ -151,6 +151,18 @@ def _add_process_options(p: argparse.ArgumentParser, *, device: bool = True) -> 
     return group
 
 
+def _add_probe_options(p: argparse.ArgumentParser, run_dir_help: str) -> None:
+    """What `probe` and `report` share: the run folder, the probe batch (--n-sequences, --seq-len, --seed: the
+    probes' one length rule, `probes.probe_length`) and the process options."""
+    p.add_argument("run_dir", metavar="RUN_DIR", help=run_dir_help)
+    p.add_argument("--n-sequences", type=int, default=64, help="sequences in the probe batch (default 64)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="length of the probe sequences (default: the run's training length; longer warns, beyond "
+                   "n_ctx is refused)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the probe batch (default 0)")
+    _add_process_options(p)
+
+
 def _set_threads(args: argparse.Namespace) -> None:
     if args.threads is not None:
         import torch
@@ -223,7 +235,6 @@ def _with_interventions(run: "RunConfig", args: argparse.Namespace) -> "RunConfi
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    # Owned by the models/training work (issue 3).
     p = sub.add_parser(
         "train",
         formatter_class=_TrainHelpFormatter,
@@ -332,7 +343,6 @@ def _train_summary(result, out) -> str:
 
 
 def _add_probe(sub: argparse._SubParsersAction) -> None:
-    # Owned by the probes work (issue 4).
     p = sub.add_parser(
         "probe",
         help="name the mechanism of a trained model (uniform, unigram, in_context_unigram, state_and_counts, "
@@ -342,15 +352,8 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
         "between them), graded gains, the kernel-swap in-context fraction, the circuit found by path patching "
         "(every edge's effect, the kept edges), per-head scores beside chance, head ablations, implied kernel.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR",
-                   help="run folder written by `markov-interp train` (config.json, model.safetensors)")
+    _add_probe_options(p, "run folder written by `markov-interp train` (config.json, model.safetensors)")
     p.add_argument("--json", action="store_true", help="print the full report as JSON instead of a summary")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help="probe sequence length (default: the run's training length; longer warns, beyond "
-                   "n_ctx is refused)")
-    p.add_argument("--n-sequences", type=int, default=64, help="probe sequences (default 64)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the probe sequences (default 0)")
-    _add_process_options(p)
 
     def handler(args: argparse.Namespace) -> int:
         import json
@@ -394,10 +397,10 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_probe_size(run: "RunConfig", args: argparse.Namespace, device: Any, command: str) -> None:
-    """Refuse `--n-sequences` x `--seq-len` (default by the probes' one rule, `probes.probe_length_for`: the run's
-    training length) that cannot fit, before the model is loaded (`models.memory.check_probe`)."""
+    """Refuse `--n-sequences` x `--seq-len` (default by the probes' one rule, `probes._common.probe_length_for`: the
+    run's training length) that cannot fit, before the model is loaded (`models.memory.check_probe`)."""
     from markov_interp.models.memory import check_probe
-    from markov_interp.probes import probe_length_for
+    from markov_interp.probes._common import probe_length_for
 
     seq_len = probe_length_for(run.model.n_ctx, run.train.seq_len, args.seq_len)
     check_probe(run.model, n_sequences=args.n_sequences, seq_len=seq_len, device=device, where=command)
@@ -436,7 +439,6 @@ def _print_probe(report: "MechanismReport") -> None:
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
-    # Owned by the report work (issue 6).
     p = sub.add_parser(
         "report",
         help="write a self-contained HTML report of a trained run (opens with no network)",
@@ -446,15 +448,9 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         "kernel against the true one, the canonical landscape (single-layer binary runs) and probe scores "
         "over training (runs with checkpoints).",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run folder (config.json, metrics.jsonl, model.safetensors)")
+    _add_probe_options(p, "run folder (config.json, metrics.jsonl, model.safetensors)")
     p.add_argument("--out", default=None, metavar="FILE", help="HTML file to write (default RUN_DIR/report.html)")
-    p.add_argument("--n-sequences", type=int, default=64, help="sequences in the probe batch (default 64)")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help="length of the probe sequences (default: the run's training length; longer warns, "
-                   "beyond n_ctx is refused)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the probe batch (default 0)")
     p.add_argument("--max-checkpoints", type=int, default=8, help="checkpoints re-probed for the dynamics (default 8)")
-    _add_process_options(p)
 
     def handler(args: argparse.Namespace) -> int:
         from pathlib import Path
@@ -488,7 +484,6 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_sweep(sub: argparse._SubParsersAction) -> None:
-    # Owned by the sweep work (issue 7): `sweep SPEC`, `reproduce [--quick]` and `experiment NAME`.
     p = sub.add_parser(
         "sweep",
         help="train every cell of a grid spec (TOML) in parallel into one results table (restartable)",
@@ -537,11 +532,11 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
         help="reproduce the paper's headline findings: results table, summary and phase-diagram figures",
         description="Run the seven sweeps of the reproduction (tied / untied (p, q) grids, a line across "
         "p + q = 1, depth, random kernels, precision, the exact reduction), then write results.csv, summary.csv, "
-        "summary.md (escape times with intervals), results.json and PNG figures to --out. --quick: 13 "
-        "CPU-minutes, 14-19 min of wall time on a shared 2-core machine, with shorter sequences and runs "
-        "(summary.md says what it cut). --extras adds every registered experiment (markov_interp.experiments; "
-        "`markov-interp experiment --list`) at its full budget, each in OUT/NAME. Training runs go to --work and "
-        "are reused by a rerun.",
+        "summary.md (escape times with intervals), results.json and PNG figures to --out: the registered "
+        "experiment 'paper' (markov_interp.experiments.paper). --quick: 13 CPU-minutes, 14-19 min of wall time on a "
+        "shared 2-core machine, with shorter sequences and runs (summary.md says what it cut). --extras adds every "
+        "other registered experiment (`markov-interp experiment --list`) at its full budget, each in OUT/NAME. "
+        "Training runs go to --work and are reused by a rerun.",
     )
     r.add_argument("--quick", action="store_true", help="the reduced budget (short sequences, few seeds and steps)")
     r.add_argument("--out", default=None, metavar="DIR",
@@ -555,35 +550,32 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--group", type=int, default=None, metavar="N",
                    help="seeds trained as one stacked model (default 16 on a CPU, 64 on a GPU)")
     r.add_argument("--extras", action="store_true",
-                   help="also every registered experiment (markov_interp.experiments) into OUT/NAME")
+                   help="also every other registered experiment (markov_interp.experiments) into OUT/NAME")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def handler(args: argparse.Namespace) -> int:
         from pathlib import Path
 
-        import dataclasses
-
-        from markov_interp.reproduce import QUICK, FULL, reproduce
-
+        from markov_interp import experiments
         from markov_interp.devices import check_device_name, resolve_device
+        from markov_interp.experiments import paper
 
         # the device checked before the budget line is printed: a refusal is one line (on Ray, where cells run)
         (check_device_name if args.backend == "ray" else resolve_device)(args.device, what="--device")
-        budget = dataclasses.replace(QUICK if args.quick else FULL, device=args.device)
+        budget = paper.EXPERIMENT.budget("quick" if args.quick else "full", device=args.device)
         work = args.work or str(Path("runs") / ("reproduce-quick" if args.quick else "reproduce"))
         out = args.out or str(Path(work) / "report")
         print(f"reproduce ({budget.name}): {budget.cuts}", file=sys.stderr)
-        command = _command_line("reproduce")
-        finished = reproduce(out, quick=args.quick, budget=budget, work_dir=work, backend=args.backend,
-                             workers=args.workers, progress=not args.no_progress, command=command, group=args.group)
+        command = _command_line("reproduce") or f"markov-interp reproduce{' --quick' if args.quick else ''} --out {out}"
+        finished = experiments.run(paper.EXPERIMENT, out, budget=budget, command=command,
+                                   progress=not args.no_progress, work=work, backend=args.backend,
+                                   workers=args.workers, group=args.group)
         print(f"reproduction ({budget.name}) in {finished.provenance.seconds / 60:.1f} min, {finished.failed} "
               f"failed cells -> {out}/summary.md")
         failed = finished.failed
         if args.extras:
-            from markov_interp import experiments
-
-            done = experiments.run_many(list(experiments.registered()), out, progress=not args.no_progress,
-                                        command=command or "markov-interp reproduce --extras")
+            others = [name for name in experiments.registered() if name != paper.EXPERIMENT.name]
+            done = experiments.run_many(others, out, progress=not args.no_progress, command=command)
             failed += sum(f.failed for f in done)
         return 1 if failed else 0
 
@@ -624,28 +616,13 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handler)
 
 
-def _add_findings(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "findings",
-        help="render the findings in README.md and docs/ from the committed results (--check: compare only)",
-        description="Remake every rendered region (<!-- rendered: NAME (source: FILE) --> ... <!-- /rendered -->) "
-        "of README.md, docs/findings*.md and docs/reproduction/summary.md from the committed result files it "
-        "names, with the package's current statistics (markov_interp.findings); nothing trains. --check writes "
-        "nothing and exits with 1 when a file differs from its rendering, printing the diff.",
-    )
-    from markov_interp.findings import add_arguments, run_command
-
-    add_arguments(p)
-    p.set_defaults(handler=run_command)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="markov-interp",
         description="Train transformers on Markov chains and probe how they predict.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_train, _add_probe, _add_report, _add_sweep, _add_reproduce, _add_experiment, _add_findings):
+    for add in (_add_train, _add_probe, _add_report, _add_sweep, _add_reproduce, _add_experiment):
         add(sub)
     debug_help = "show the full traceback of an error instead of one line"
     parser.add_argument("--debug", action="store_true", help=debug_help)

@@ -1,20 +1,21 @@
-"""Experiments beyond the paper's grids: each one module of this package that registers itself.
+"""The experiments, the paper's reproduction among them: each one module of this package that registers itself.
 
 `python -m markov_interp.experiments [--only NAME[,NAME]] [--quick]`, `markov-interp experiment NAME` and
-`markov-interp reproduce --extras` find every registered experiment here, run it into OUT/NAME (run folders
-under it: a rerun reuses what is finished) and write its summary through the one path that `reproduce` also
-uses (`_base`): OUT/NAME/summary.md (a header with the provenance: the command, machine, device, torch and
+`markov-interp reproduce [--extras]` find every registered experiment here, run it into OUT/NAME (run folders
+under it: a rerun reuses what is finished) and write its summary through one path (`_base`): OUT/NAME/summary.md (a header with the provenance: the command, machine, device, torch and
 Python versions, precision and wall time; the budget's cuts; then the experiment's sections), results.json
 ({"title", "provenance", "budget", "result"}), its figures (PNG) and CSV tables, every file written atomically.
 
 Registered today:
-- `interventions`: freezes and clamps during training (issue 14's three experiments).
-- `phases`: the order x depth x heads phase diagram on order-k random kernels (issue 23).
-- `diversity`: task diversity, finite kernel pools against fresh kernels, and the transition N* (issue 23).
+- `paper`: the paper's headline findings reproduced as escape-time distributions (seven sweeps; `markov-interp
+  reproduce` runs it with its sweep folder, backend and workers).
+- `interventions`: freezes and clamps during training (three experiments).
+- `phases`: the order x depth x heads phase diagram on order-k random kernels.
+- `diversity`: task diversity, finite kernel pools against fresh kernels, and the transition N*.
 - `factorial`: the previous-token clamp × layer-1 heads {1, 2} × data {Dirichlet, zero diagonal}, with a mixed
-  clamp and a head start (issue 22; docs/findings-dynamics.md).
+  clamp and a head start (docs/findings-dynamics.md).
 - `reduction`: the canonical (e, w, b) reduction kept exact by training on the family, and which freedom
-  (positions, embedding row 0, attention, MLP, output bias, Adam) moves the separatrix (issue 22; docs/landscape.md).
+  (positions, embedding row 0, attention, MLP, output bias, Adam) moves the separatrix (docs/landscape.md).
 
 Writing a new experiment: one module `markov_interp/experiments/NAME.py` (no edit anywhere else; modules whose
 name starts with "_" are not experiments) that provides
@@ -49,7 +50,7 @@ name starts with "_" are not experiments) that provides
 
 5. Optionally **its read-back**: `read(budget, result) -> FooResult`, the typed result rebuilt from results.json's
    "result" with every statistic recomputed from the per-run rows (`Experiment(..., read=read)`); `load(path)`
-   then gives it without training, and `markov_interp.findings` renders docs from it.
+   then gives it without training, and the repository's docs are rendered from it (`python -m tools.findings`).
 6. Optionally **its figure functions**, in `markov_interp/experiments/_figures_foo.py` (matplotlib `Figure`s from
    the result's numbers), imported inside `figures()` so that listing the experiments imports no matplotlib. A
    figure others call too is named in `_FIGURES` here and is then `markov_interp.experiments.<name>`, loaded on

@@ -1,4 +1,4 @@
-"""The one budget and summary path of `reproduce` and of every experiment module.
+"""The one budget and summary path of every experiment module (the paper's reproduction among them).
 
 - `Budget`: how much compute an experiment spends (name, seeds, steps, device, `cuts`: what a reduced budget
   leaves out), validated field by field from its annotations; an experiment subclasses it with its own fields.
@@ -167,13 +167,15 @@ class Table:
 @dataclasses.dataclass(frozen=True)
 class Section:
     """A part of summary.md: a heading (none when `title` is ""), text, a table, text after it and the figures
-    (file names written beside summary.md) shown at its end."""
+    (file names written beside summary.md) shown at its end. `id` names it for readers that pick one section of a
+    result (the docs' rendered blocks, `tools.findings`): a title is wording and may change, an id does not."""
 
     title: str = ""
     text: str = ""
     table: Optional[Table] = None
     after: str = ""
     figures: tuple[str, ...] = ()
+    id: str = ""  # a stable name ("formation"); "" for a section no reader picks
 
     def markdown(self) -> str:
         parts = [f"## {self.title}"] if self.title else []
@@ -372,7 +374,7 @@ class Finished:
 
 
 def run(experiment: Experiment, out_dir: "str | os.PathLike", *, budget: Optional[Budget] = None,
-        command: Optional[str] = None, progress: bool = False) -> Finished:
+        command: Optional[str] = None, progress: bool = False, **options: Any) -> Finished:
     """Run `experiment` into `out_dir` (its run folders and its summary), timed, and write its summary.
 
     Args:
@@ -381,13 +383,15 @@ def run(experiment: Experiment, out_dir: "str | os.PathLike", *, budget: Optiona
         budget: default its "full" budget.
         command: the command line named in the header (default a `python -m markov_interp.experiments` line).
         progress: progress bars while training.
+        options: passed on to the experiment's run function, for the options of its own (the reproduction's
+            sweep folder, backend, workers and group: `markov-interp reproduce`).
 
     Returns:
         The result, budget, provenance and files (`Finished`).
     """
     budget = budget if budget is not None else experiment.budget("full")
     start = time.perf_counter()
-    result = experiment.run(budget, Path(out_dir), progress=progress)
+    result = experiment.run(budget, Path(out_dir), progress=progress, **options)
     seconds = time.perf_counter() - start
     command = command or (f"python -m markov_interp.experiments --only {experiment.name}"
                           + ("" if budget.name == "full" else f" --budget {budget.name}"))

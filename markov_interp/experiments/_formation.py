@@ -1,7 +1,7 @@
 """Circuits over training for a grid experiment: the circuit of a run at every checkpoint
 (`probes.circuit_formation`), set against the run's own loss crossings (`dynamics`).
 
-The question it answers (issue 31): does the previous-token -> induction K-edge enter the circuit before, while
+The question it answers: does the previous-token -> induction K-edge enter the circuit before, while
 or after the loss leaves the in-context unigram plateau? A **K-edge** is an edge from a head into another head's
 keys ("L0H0->L1H0.k"): the composition an induction head needs. Each formation run's measure is cached like
 every other per-run measure (`_shared.cached_measure`), as JSON.
@@ -15,8 +15,8 @@ from typing import Any, Optional
 from markov_interp import dynamics
 from markov_interp.experiments import Table, _shared
 
-__all__ = ["FORMATION_SEQUENCES", "FormationRecord", "measure_formation", "is_k_edge", "k_edge_timing",
-           "formation_table", "formation_figure"]
+__all__ = ["FORMATION_SEQUENCES", "FormationRecord", "measure_formation", "is_k_edge", "formation_table",
+           "formation_figure"]
 
 FORMATION_SEQUENCES = 64  # probe sequences per checkpoint (one batch for every checkpoint of a run)
 _KEY = "formation-1"
@@ -66,6 +66,23 @@ class FormationRecord:
                    if step is not None and is_k_edge(name)]
         return None if not entered else min(entered)[::-1]
 
+    @property
+    def k_edge_timing(self) -> str:
+        """When the run's first K-edge to stay entered, against its loss crossing half the plateau's excess (a grid
+        interval between evaluations): "before", "while" (inside that interval), "after", "no 0.5 crossing" (the
+        loss never crossed it within the budget) or "—" (no K-edge stayed).
+
+        >>> FormationRecord(where={}, formation={"entered": {"L0H0->L1H0.k": 175}}, dynamics=None,
+        ...                 stored_crossings={"dwell": 1, "0.5": [170, 180]}).k_edge_timing
+        'while'
+        """
+        entry, half = self.k_edge_entry, self.crossings.get(0.5)
+        if entry is None:
+            return "—"
+        if half is None or half.censored:
+            return "no 0.5 crossing"
+        return "before" if entry[1] <= half.after else "after" if entry[1] > half.by else "while"
+
     def view(self) -> Any:
         """The formation with attributes, as `report.figures.circuit_formation_figure` reads it."""
         return types.SimpleNamespace(**{k: self.formation[k] for k in ("steps", "edges", "effects", "kept",
@@ -104,18 +121,6 @@ def _by(crossing: Optional[dynamics.StepInterval]) -> str:
     return "—" if crossing is None else str(crossing)
 
 
-def k_edge_timing(record: FormationRecord) -> str:
-    """When the run's first K-edge to stay entered, against its loss crossing half the plateau's excess (a grid
-    interval between evaluations): "before", "while" (inside that interval), "after", "no 0.5 crossing" (the
-    loss never crossed it within the budget) or "—" (no K-edge stayed)."""
-    entry, half = record.k_edge_entry, record.crossings.get(0.5)
-    if entry is None:
-        return "—"
-    if half is None or half.censored:
-        return "no 0.5 crossing"
-    return "before" if entry[1] <= half.after else "after" if entry[1] > half.by else "while"
-
-
 def formation_table(records: list[FormationRecord], labels: dict) -> Table:
     """One row per formation run: the first K-edge to enter and its step, the loss crossings of 0.9 / 0.5 /
     0.25, whether the K-edge entered before the 0.5 crossing, the edges kept at the end and their faithfulness.
@@ -130,7 +135,7 @@ def formation_table(records: list[FormationRecord], labels: dict) -> Table:
         entry = r.k_edge_entry
         rows.append((labels[id(r)], str(r.where["seed"]), entry[0] if entry else "none",
                      str(entry[1]) if entry else "—", *(_by(crossings.get(f)) for f in (0.9, 0.5, 0.25)),
-                     k_edge_timing(r),
+                     r.k_edge_timing,
                      str(sum(1 for k in r.formation["kept"].values() if k[-1])),
                      f"{r.formation['faithfulness'][-1]:.2f}"))
     return Table(("cell", "seed", "first K-edge to stay", "enters at step", "loss crosses 0.9", "0.5", "0.25",

@@ -74,7 +74,7 @@ class FactorialBudget(Budget):
     device: str = "cpu"
     score_checkpoints: int = 6  # log-spaced checkpoints (the last step among them) scored after training; 0: none
     discovered: int = 3  # seeds per arm whose circuit is discovered at the end (seconds each); 0: none
-    # the recipe factors (issue 31), crossed with the cells; the first value of each is the package's recipe
+    # the recipe factors, crossed with the cells; the first value of each is the package's recipe
     inits: tuple[str, ...] = ("standard",)  # ModelConfig.init: "standard" (output projections / sqrt(2 L)), "plain"
     first_states: tuple[str, ...] = ("stationary",)  # the first state's law: each kernel's stationary law or uniform
     norms: tuple[str, ...] = ("LN",)  # pre-LayerNorm ("LN") or none ("none")

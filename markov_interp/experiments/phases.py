@@ -313,7 +313,7 @@ def _probe_batches(budget: PhaseBudget) -> dict[int, Any]:
 
 
 def _measure_key(budget: PhaseBudget) -> str:
-    # the version names the measure's code: 3 = issue 30's classifier (circuit and law axes), so labels cached by
+    # the version names the measure's code: 3 = the classifier with a circuit and a law axis, so labels cached by
     # an older classifier are measured again rather than reused
     return (f"phases-3:{budget.probe_sequences}x{budget.seq_len}:seed{_PROBE_SEED}:reach{REACH}:"
             f"head{HEAD_EXCESS}")
@@ -645,15 +645,15 @@ class PhaseResult(_shared.GridResult):
         return curve_panels(list(self.records))
 
     def sections(self) -> list[Section]:
-        out = [Section("Setup", setup_text(self.budget)),
-               Section("Beside each paper's claim", "", claims_table(self.claims)),
+        out = [Section("Setup", setup_text(self.budget), id="setup"),
+               Section("Beside each paper's claim", "", claims_table(self.claims), id="claims"),
                Section("Every cell", _CELLS_TEXT, cells_table(self.cells),
-                       figures=("phase_diagram.png", *(["escape_curves.png"] if self._curves() else [])))]
+                       figures=("phase_diagram.png", *(["escape_curves.png"] if self._curves() else [])), id="cells")]
         if self.formation:
             out.append(Section("Circuits over training", _FORMATION_TEXT.format(
                 n=self.budget.formation_checkpoints, seqs=_formation.FORMATION_SEQUENCES),
                 _formation.formation_table(list(self.formation), self._formation_labels()),
-                figures=tuple(self._formation_shown())))
+                figures=tuple(self._formation_shown()), id="formation"))
         return out
 
     def figures(self) -> dict[str, Any]:

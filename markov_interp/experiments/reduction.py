@@ -1,4 +1,4 @@
-"""The exact reduction that stays exact (issue 22, item 3): which freedom moves the separatrix?
+"""The exact reduction that stays exact: which freedom moves the separatrix?
 
 `landscape` reduces a one-layer tied model without normalisation (relu MLP, canonical init, zero value matrix)
 to three scalars (e, w, b) and predicts, from (e0, w0, b0), whether gradient flow reaches the entropy rate

@@ -16,8 +16,7 @@ from markov_interp.config import parse_setting, parse_value
 
 PROGRESS = {"train", "probe", "report", "sweep", "reproduce", "experiment"}
 THREADS = {"train", "probe", "report"}
-DEVICE = {"train", "probe", "report", "reproduce", "experiment"}  # sweep: every cell's spec names its device;
-# findings: renders committed results, nothing runs on a device
+DEVICE = {"train", "probe", "report", "reproduce", "experiment"}  # sweep: every cell's spec names its device
 
 
 def subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -37,7 +36,7 @@ def metavar(action: argparse.Action) -> str:
 
 
 def test_every_subcommand_is_walked():
-    assert set(subparsers()) == {"train", "probe", "report", "sweep", "reproduce", "experiment", "findings"}
+    assert set(subparsers()) == {"train", "probe", "report", "sweep", "reproduce", "experiment"}
 
 
 @pytest.mark.parametrize("name", sorted(subparsers()))

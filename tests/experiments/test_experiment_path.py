@@ -1,5 +1,5 @@
-"""The one budget / summary path of `reproduce` and the experiments (`markov_interp.experiments._base`) and the
-experiment registry: budgets validated by their annotations, the summary files and their header, and a toy
+"""The one budget / summary path of the experiments, the paper's reproduction among them
+(`markov_interp.experiments._base`), and the experiment registry: budgets validated by their annotations, the summary files and their header, and a toy
 experiment registered and run through the command line (no training: fast)."""
 
 import argparse
@@ -205,19 +205,31 @@ def test_cli_experiment_runs_a_registered_experiment_and_lists_them(toy_register
     assert "unknown experiment 'nope'" in capsys.readouterr().err
 
 
-def test_reproduce_extras_runs_every_registered_experiment_at_its_full_budget(toy_registered, tmp_path,
-                                                                             monkeypatch):
-    """`reproduce --extras`: after the reproduction, each registered experiment into OUT/NAME (here the
-    reproduction itself and the other experiments are stood in for: this checks the wiring, fast)."""
+def test_reproduce_runs_the_registered_paper_experiment_and_extras_every_other_one(toy_registered, tmp_path,
+                                                                                   monkeypatch):
+    """`markov-interp reproduce` runs the registered experiment "paper" through the one experiment path, with its
+    own options (sweep folder, backend, workers, group); `--extras` then runs each other registered experiment into
+    OUT/NAME at its full budget, not the reproduction again (the reproduction is stood in for: the wiring, fast)."""
     from markov_interp import cli
-    from markov_interp import reproduce as rep
+    from markov_interp.experiments import paper
 
-    monkeypatch.setattr(experiments, "_REGISTRY", {"toy": TOY})
+    calls = []
+
+    def stand_in(budget, out, **options):
+        calls.append((budget.name, out, options))
+        return ToyResult(TOY.budgets["full"], (1.0,))
+
+    standing = dataclasses.replace(paper.EXPERIMENT, run=stand_in)
+    monkeypatch.setattr(paper, "EXPERIMENT", standing)
+    monkeypatch.setattr(experiments, "_REGISTRY", {"toy": TOY, "paper": standing})
     monkeypatch.setattr(experiments, "_discover", lambda: None)
-    finished = experiments.Finished("reproduce", rep.QUICK, ToyResult(TOY.budgets["full"], ()),
-                                    experiments.Provenance.capture(command="x", device="cpu", precision="fp32",
-                                                                   seconds=1.0), ())
-    monkeypatch.setattr(rep, "reproduce", lambda out, **kwargs: finished)
-    assert cli.main(["reproduce", "--quick", "--out", str(tmp_path), "--extras", "--no-progress"]) == 0
+    assert cli.main(["reproduce", "--quick", "--out", str(tmp_path), "--work", str(tmp_path / "w"), "--workers", "3",
+                     "--extras", "--no-progress"]) == 0
+    assert calls == [("quick", tmp_path, {"progress": False, "work": str(tmp_path / "w"), "backend": "local",
+                                          "workers": 3, "group": None})]
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith("# Reproduction (quick)") and "Made by `markov-interp reproduce --quick" in summary
     data = json.loads((tmp_path / "toy" / "results.json").read_text())
     assert data["budget"]["name"] == "full" and len(data["result"]["values"]) == 4
+    assert not (tmp_path / "paper").exists()
+    assert experiments.get("paper") is standing and paper.EXPERIMENT.title == "Reproduction"

@@ -64,7 +64,7 @@ def test_bad_checkpoints_are_refused():
     with pytest.raises(ValueError, match="distinct"):
         probes.circuit_formation([(5, model), (5, model)], RandomMarkov(3), n_sequences=4, seq_len=16)
     with pytest.raises(ValueError, match="same length"):
-        probes.entry_step([1, 2], [True])
+        probes.formation.entry_step([1, 2], [True])
 
 
 @pytest.mark.parametrize("entry,half,expected", [
@@ -77,12 +77,12 @@ def test_bad_checkpoints_are_refused():
     (None, StepInterval(170, 180), "—"),
 ])
 def test_k_edge_timing_against_the_half_crossing(entry, half, expected):
-    from markov_interp.experiments._formation import FormationRecord, k_edge_timing
+    from markov_interp.experiments._formation import FormationRecord
 
     crossings = {"dwell": 1, **({} if half is None else {"0.5": [half.after, half.by]})}  # as results.json keeps them
     record = FormationRecord(where={}, formation={"entered": dict([entry] if entry else [])}, dynamics=None,
                              stored_crossings=crossings)
-    assert k_edge_timing(record) == expected
+    assert record.k_edge_timing == expected
 
 
 def test_known_graphs_are_used_as_they_are(formation):

@@ -1,5 +1,5 @@
-"""The landscape's figures (markov_interp.report.figures), the reproduction's (markov_interp.reproduce_figures) and
-the dynamics figures of the experiments (markov_interp.experiments) draw the data they are given."""
+"""The landscape's figures (markov_interp.report.figures) and the dynamics figures of the experiments
+(markov_interp.experiments) draw the data they are given; the reproduction's: tests/experiments/test_paper.py."""
 
 import subprocess
 import sys
@@ -9,61 +9,8 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_hex
 
-from markov_interp import experiments, report, reproduce_figures
+from markov_interp import experiments, report
 from markov_interp.report import figures
-
-
-def test_phase_figure_colours_cells_by_fraction_stuck_and_marks_the_theory():
-    from tests.reproduce.test_reproduce import condition
-
-    rows = [condition(p=0.1, q=0.3, stuck_fraction=0.0, theory="bigram"),
-            condition(p=0.5, q=0.7, stuck_fraction=1.0, theory="unigram"),
-            condition(p=0.9, q=0.7, stuck_fraction=None, theory="unigram")]
-    fig = reproduce_figures.reproduction_phase_figure({"tied": rows, "untied": rows[:1]}, (0.1, 0.3, 0.5, 0.7, 0.9))
-    tied, untied = fig.axes[:2]
-    assert [t.get_text() for t in tied.texts if t.get_text()[0] in "0n1"] == ["0.00", "1.00", "n/a"]
-    cells = [p for p in tied.patches]
-    assert len(cells) == 3 and len(untied.patches) == 1
-    assert to_hex(cells[2].get_facecolor()) == "#bbbbbb"  # no finished seed
-    assert cells[0].get_width() == pytest.approx(0.2)
-    marks = [line for line in tied.lines if line.get_marker() == "x" and len(line.get_xdata())]
-    assert sorted(float(m.get_xdata()[0]) for m in marks) == [0.5, 0.9]  # the predicted unigram cells
-    assert "tied: fraction" in tied.get_title()
-
-
-def test_depth_figure_draws_one_line_per_seed_and_the_references():
-    curves = {1: [([0, 10, 20], [0.7, 0.68, 0.67])], 2: [([0, 10], [0.7, 0.62]), ([0, 10], [0.7, 0.63])]}
-    fig = reproduce_figures.reproduction_depth_figure(curves, {"entropy_rate": 0.619, "unigram_loss": 0.6663},
-                                                      p=0.5, q=0.8)
-    ax = fig.axes[0]
-    ys = [tuple(line.get_ydata()) for line in ax.lines]
-    assert (0.7, 0.68, 0.67) in ys and (0.7, 0.62) in ys and (0.7, 0.63) in ys
-    assert ax.get_ylim() == pytest.approx((0.599, 0.7063))
-    labels = ax.get_legend_handles_labels()[1]
-    assert labels[:2] == ["1 layer", "2 layers"] and any("0.6663" in label for label in labels)
-    assert len(reproduce_figures.reproduction_depth_figure({}, {}, p=0.5, q=0.8).axes[0].lines) == 0
-
-
-def test_mechanism_figure_stacks_the_counts():
-    panels = {"binary": [("1", {"unigram": 1, "kernel": 2}), ("2", {"kernel": 3})],
-              "random": [("1", {"in_context_unigram": 3}), ("2", {"induction": 2, "?": 1})]}
-    fig = reproduce_figures.reproduction_mechanism_figure(panels)
-    binary, random = fig.axes
-    bars = sorted((b.get_y(), b.get_height()) for b in binary.patches if b.get_height() > 0)
-    assert bars == [(0, 1), (0, 3), (1, 2)]  # kernel stacked on unigram at 1 layer
-    assert sum(b.get_height() for b in random.patches) == 6
-    assert {"in_context_unigram", "induction", "?"} <= set(random.get_legend_handles_labels()[1])
-
-
-def test_init_precision_figure_draws_the_fractions():
-    from tests.reproduce.test_reproduce import condition
-
-    rows = [condition(init="standard", precision="fp32", stuck_fraction=2 / 3, theory="unigram"),
-            condition(init="standard", precision="fp16", stuck_fraction=1.0, theory="unigram"),
-            condition(init="canonical w0=-1", precision="fp32", stuck_fraction=0.0, theory="bigram")]
-    ax = reproduce_figures.reproduction_init_precision_figure(rows, p=0.5, q=0.8).axes[0]
-    assert sorted(b.get_height() for b in ax.patches) == pytest.approx([0.0, 2 / 3, 1.0])
-    assert {t.get_text() for t in ax.texts} >= {"theory: unigram", "theory: bigram", "0.67", "1.00"}
 
 
 def test_landscape_figures_draw_the_maps_and_the_theory():

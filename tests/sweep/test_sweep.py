@@ -372,7 +372,7 @@ def test_cli_sweep_bad_spec(tmp_path, capsys):
     assert "markov-interp sweep: error:" in err and "'model.heads' names no model option" in err
 
 
-# the reproduction's tests: tests/reproduce/test_reproduce.py
+# the reproduction's tests: tests/experiments/test_paper.py
 
 
 def test_example_spec_in_docs_loads():

@@ -5,8 +5,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from markov_interp.findings._engine import block, holds
-from markov_interp.findings._sources import experiment, provenance_text
+from tools.findings._engine import block, holds
+from tools.findings._sources import experiment, provenance_text
 
 CLAMP_RECIPES = "docs/reproduction/clamp-recipes/results.json"
 DEFAULT = ("standard", "stationary", "LN")  # the package's recipe: the one behind the original Finding 1

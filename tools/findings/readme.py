@@ -2,12 +2,12 @@
 
 from pathlib import Path
 
-from markov_interp.findings._engine import block, holds
-from markov_interp.findings._sources import experiment
-from markov_interp.findings.interventions import INTERVENTIONS, _ratio, arm, part
-from markov_interp.findings.recipes import (CLAMP_RECIPES, check_one_head_slows_only_by_default, heads_sentence,
-                                             recipe_effects)
-from markov_interp.findings.reproduction import GPU_JSON, PART_NAMES, REDUCTION, gpu_conditions, on_predicted_side
+from tools.findings._engine import block, holds
+from tools.findings._sources import experiment
+from tools.findings.interventions import INTERVENTIONS, _ratio, arm, part
+from tools.findings.recipes import (CLAMP_RECIPES, check_one_head_slows_only_by_default, heads_sentence,
+                                    recipe_effects)
+from tools.findings.reproduction import GPU_JSON, PART_NAMES, REDUCTION, gpu_conditions, on_predicted_side
 
 
 @block("readme-findings", GPU_JSON, CLAMP_RECIPES, INTERVENTIONS, REDUCTION)

@@ -1,7 +1,7 @@
 """The findings in README.md and docs/ are what the committed results give with the current code: one command
-renders them (`markov_interp.findings`), the committed text equals its rendering, a rendered number follows its
-source file, a finding whose numbers no longer fit its words refuses to render, and quick budgets say they are
-smoke tests. Nothing here trains."""
+renders them (`python -m tools.findings`, repository tooling outside the package), the committed text equals its
+rendering, a rendered number follows its source file, a finding whose numbers no longer fit its words refuses to
+render, and quick budgets say they are smoke tests. Nothing here trains."""
 
 import json
 import math
@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from markov_interp import dynamics, experiments, findings, reproduce, sweep
-from markov_interp.findings import _engine
+from markov_interp import dynamics, experiments, sweep
+from markov_interp.experiments import paper
 from markov_interp.training import evaluation_steps
+from tools import findings
+from tools.findings import _engine
 
 ROOT = Path(__file__).resolve().parents[2]
 REPRO = ROOT / "docs" / "reproduction"
@@ -24,7 +26,7 @@ def test_committed_docs_equal_their_rendering():
     outcomes = findings.render(ROOT, check=True)
     assert [str(o.path) for o in outcomes] == list(findings.DOCS)
     stale = [o for o in outcomes if o.changed]
-    assert not stale, "run `markov-interp findings`:\n" + "".join(o.diff for o in stale)
+    assert not stale, "run `python -m tools.findings`:\n" + "".join(o.diff for o in stale)
     assert all(o.regions >= 1 for o in outcomes), [(str(o.path), o.regions) for o in outcomes]
 
 
@@ -136,7 +138,7 @@ def test_check_writes_nothing_and_exits_1_until_rendered(checkout, capsys):
     assert findings.main(["--check", "--root", str(checkout)]) == 1
     assert {doc: (checkout / doc).read_text() for doc in findings.DOCS} == before
     err = capsys.readouterr().err
-    assert "-old" in err and "+| 9 |" in err and "markov-interp findings" in err
+    assert "-old" in err and "+| 9 |" in err and "python -m tools.findings" in err
     assert findings.main(["--root", str(checkout)]) == 0
     assert all("| 9 |" in (checkout / doc).read_text() for doc in findings.DOCS)
     assert not [p for p in checkout.rglob(".*") if p.is_file()]  # atomic writes leave no temporary files
@@ -144,17 +146,26 @@ def test_check_writes_nothing_and_exits_1_until_rendered(checkout, capsys):
     assert "up to date" in capsys.readouterr().out
 
 
-def test_cli_findings_command(checkout, capsys):
+def test_the_tool_runs_from_the_checkout_and_the_package_has_no_findings(checkout, capsys, tmp_path):
+    """`python -m tools.findings` is the command (the wheel packages only markov_interp: the renderer of this
+    repository's docs is not in it); a contradicted finding or a folder without the docs is one line, exit 2."""
+    import subprocess
+    import sys
+
     from markov_interp.cli import main
 
-    assert main(["findings", "--check", "--root", str(checkout)]) == 1
-    assert main(["findings", "--root", str(checkout)]) == 0 and main(["findings", "--check", "--root",
-                                                                      str(checkout)]) == 0
     (checkout / "data.json").write_text("[-1]")
-    assert main(["findings", "--root", str(checkout)]) == 2
+    assert findings.main(["--root", str(checkout)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("markov-interp findings: error: the finding 'every value is non-negative' no longer")
-    assert findings.main(["--root", str(checkout / "nowhere")]) == 2
+    assert err.startswith("python -m tools.findings: error: the finding 'every value is non-negative' no longer")
+    done = subprocess.run([sys.executable, "-m", "tools.findings", "--check", "--root", str(tmp_path / "nowhere")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 2 and done.stderr.startswith("python -m tools.findings: error: ")
+    assert "missing" in done.stderr
+    assert not (ROOT / "markov_interp" / "findings").exists() and (ROOT / "tools" / "findings").is_dir()
+    with pytest.raises(SystemExit):  # no `markov-interp findings` any more
+        main(["findings", "--check"])
+    assert "invalid choice: 'findings'" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- real blocks follow their sources
@@ -230,11 +241,11 @@ def test_the_gpu_factorial_blocks_follow_their_file(tmp_path):
 
 
 def test_summary_csv_is_the_current_summary_of_the_committed_results_csv():
-    from markov_interp.findings._sources import reproduction  # `reproduce.summarise` of the table, read once
+    from tools.findings._sources import reproduction  # `paper.summarise` of the table, read once
 
     conditions = reproduction(REPRO / "results.csv")
-    assert len(conditions) == 32 and {c.experiment for c in conditions} == set(reproduce.SECTION_COLUMNS)
-    assert (REPRO / "summary.csv").read_text() == reproduce.summary_table(conditions).csv()
+    assert len(conditions) == 32 and {c.experiment for c in conditions} == set(paper.SECTION_COLUMNS)
+    assert (REPRO / "summary.csv").read_text() == paper.summary_table(conditions).csv()
 
 
 # ------------------------------------------------------------------------------- read back results.json
@@ -315,10 +326,10 @@ def _provenance() -> experiments.Provenance:
 def test_summaries_at_the_quick_budget_say_smoke_at_their_top():
     from markov_interp.experiments import factorial
 
-    for budget in (factorial.QUICK, reproduce.QUICK):  # an experiment's and `reproduce --quick`'s
+    for budget in (factorial.QUICK, paper.QUICK):  # an experiment's and `reproduce --quick`'s
         head = experiments.render_markdown("T", _provenance(), budget, []).split("\n\n")
         assert head[0] == "# T (quick)" and head[1].startswith("**smoke: does not test the claims.**")
-    for budget in (factorial.FULL, reproduce.FULL):
+    for budget in (factorial.FULL, paper.FULL):
         assert "smoke" not in experiments.render_markdown("T", _provenance(), budget, [])
 
 
@@ -346,7 +357,7 @@ def test_recipe_sentences_count_effects_and_name_the_default_recipe():
     from types import SimpleNamespace as NS
 
     from markov_interp.experiments.factorial import Recipe
-    from markov_interp.findings.recipes import RecipeEffect, heads_sentence
+    from tools.findings.recipes import RecipeEffect, heads_sentence
 
     def effect(heads, recipe, ratio, word):
         half = NS(ratio=ratio, ratio_text=lambda: f"{ratio:.2g}x [lo, hi]")

@@ -1,6 +1,6 @@
 import sys
 
-from markov_interp.findings import main
+from tools.findings import main
 
 if __name__ == "__main__":
     sys.exit(main())

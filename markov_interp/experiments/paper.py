@@ -14,16 +14,16 @@ Makkuva et al. ("Attention with Markov", arXiv 2402.04161) and the follow-up ("L
    global basin, small inits with p + q > 1 in the unigram one, and fp16 autocast without loss scaling
    (what the reference code ran) keeps runs stuck that fp32 lets escape.
 
-`reproduce(out_dir, quick=...)` runs these as `sweep` specs (restartable: a rerun only trains what is
-missing): a coarse (p, q) grid tied and untied, a line p = 0.5 across p + q = 1 with 16 seeds per cell, depth
-and precision at p = 0.5, q = 0.8 with 16 seeds per condition, the random-kernel task, and the exact-reduction
-experiment (canonical init without normalisation, where `landscape.predict_outcome` holds exactly). It then
-writes `results.csv` (every cell), `summary.csv` / `summary.md` (per condition: censored k/n with a Wilson
-interval, Kaplan-Meier median escape step with its interval, losses, the landscape's prediction, mechanism
-counts) and the figures `phase_pq.png`,
-`boundary.png`, `depth.png`, `mechanisms.png` and `survival.png` (Kaplan-Meier curves of the escape step)
-into `out_dir`. The theory column is
-`landscape.predict_outcome` for the canonical reduced model: "unigram" or "bigram" (= reaches the entropy
+Registered as the experiment "paper"; `markov-interp reproduce [--quick]` is the command users type (it runs
+`experiments.run` on this experiment with its sweep folder, backend and workers). `run(budget, out, work=...)`
+runs these as `sweep` specs (restartable: a rerun only trains what is missing): a coarse (p, q) grid tied and
+untied, a line p = 0.5 across p + q = 1 with 16 seeds per cell, depth and precision at p = 0.5, q = 0.8 with 16
+seeds per condition, the random-kernel task, and the exact-reduction experiment (canonical init without
+normalisation, where `landscape.predict_outcome` holds exactly). `experiments.run` then writes `results.csv`
+(every cell), `summary.csv` / `summary.md` (per condition: censored k/n with a Wilson interval, Kaplan-Meier median
+escape step with its interval, losses, the landscape's prediction, mechanism counts) and the figures
+`phase_pq.png`, `boundary.png`, `depth.png`, `mechanisms.png` and `survival.png` (Kaplan-Meier curves of the
+escape step) into `out`. The theory column is `landscape.predict_outcome` for the canonical reduced model: "unigram" or "bigram" (= reaches the entropy
 rate); for the standard (small Gaussian) init it is evaluated at a small init e0 = w0 = 0.05, where the
 prediction does not depend on the sign of w0.
 """
@@ -39,14 +39,13 @@ from typing import Any, Optional
 
 from markov_interp import dynamics, sweep
 from markov_interp._io import atomic_write
-from markov_interp.experiments import Budget, Finished, Provenance, Section, Summary, Table, describe_device, \
-    write_summary
+from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, describe_device, register
 from markov_interp.models.reduction import exact_model_options
+from markov_interp.runs import RunConfig
 from markov_interp.sweep import Row, SweepResult, SweepSpec
-from markov_interp.training import RunConfig
 
-__all__ = ["ReproductionBudget", "QUICK", "FULL", "ConditionSummary", "Reproduction", "experiment_specs",
-           "reproduce", "summarise", "section_table", "summary_table", "SECTION_COLUMNS", "THEORY_SMALL_INIT", "GROUP"]
+__all__ = ["ReproductionBudget", "QUICK", "FULL", "ConditionSummary", "Reproduction", "experiment_specs", "run",
+           "summarise", "section_table", "summary_table", "SECTION_COLUMNS", "THEORY_SMALL_INIT", "GROUP", "EXPERIMENT"]
 
 THEORY_SMALL_INIT = 0.05  # (e0, w0) at which the landscape's prediction stands for the standard init
 _PQ = 0.5, 0.8  # the paper's depth / precision chain
@@ -481,8 +480,8 @@ def section_table(summary: list[ConditionSummary], experiment: str) -> Table:
 # ---------------------------------------------------------------------------------------------- figures
 def _depth_curves(rows: list[Row], work_dir: Path) -> tuple[dict, dict]:
     """The depth experiment's training curves ({n_layers: [(steps, losses) per finished seed]}) and the
-    chain's reference losses, read from the run folders, for `reproduce_figures.reproduction_depth_figure`."""
-    from markov_interp.training import load_metrics
+    chain's reference losses, read from the run folders, for `_figures_paper.reproduction_depth_figure`."""
+    from markov_interp.runs import load_metrics
 
     curves, refs = defaultdict(list), {}
     for r in rows:
@@ -515,8 +514,8 @@ def _survival_panels(summary: list[ConditionSummary], budget: ReproductionBudget
 
 
 def _figures(summary: list[ConditionSummary], rows: list[Row], work: Path, budget: ReproductionBudget) -> dict:
-    """The reproduction's figures (drawn by `markov_interp.reproduce_figures`), by file name."""
-    from markov_interp import reproduce_figures as figures
+    """The reproduction's figures (drawn by `experiments._figures_paper`), by file name."""
+    from markov_interp.experiments import _figures_paper as figures
     from markov_interp.experiments._figures_dynamics import escape_survival_figure
 
     def experiment(name: str) -> list[ConditionSummary]:
@@ -570,58 +569,32 @@ class Reproduction(Summary):
                 "conditions": [r.to_json() for r in self.conditions]}
 
 
-def reproduce(
-    out_dir: "str | os.PathLike",
-    *,
-    quick: bool = False,
-    budget: Optional[ReproductionBudget] = None,
-    work_dir: "str | os.PathLike | None" = None,
-    backend: str = "local",
-    workers: Optional[int] = None,
-    progress: bool = True,
-    command: Optional[str] = None,
-    group: Optional[int] = None,
-) -> Finished:
-    """Run the seven sweeps and write the reproduction's tables and figures into `out_dir`.
-
-    Training runs live in `work_dir` (default runs/reproduce-quick or runs/reproduce; a rerun skips finished
-    cells). Writes results.csv (every cell: config, losses, references, stuck flag, mechanism, probe scores),
-    summary.csv and summary.md (per setting over seeds, beside the landscape's prediction; the provenance, the
-    budget's cuts and the precision runs' device stated at the top), results.json and phase_pq.png,
-    boundary.png, depth.png, mechanisms.png, survival.png, through the experiments' one summary path
-    (`experiments.write_summary`).
+def run(budget: ReproductionBudget, out: Path, *, progress: bool = False, work: "str | os.PathLike | None" = None,
+        backend: str = "local", workers: Optional[int] = None, group: Optional[int] = None) -> Reproduction:
+    """Run the seven sweeps (`experiment_specs`) and copy their results table into `out`; `experiments.run` then
+    writes the summary (summary.md, summary.csv, results.json and phase_pq.png, boundary.png, depth.png,
+    mechanisms.png, survival.png), with the provenance, the budget's cuts and the precision runs' device at the top.
 
     Args:
-        out_dir: the folder for tables and figures.
-        quick: the `QUICK` budget (else `FULL`), unless `budget` is given.
-        budget: a budget of its own (e.g. `QUICK.replace(...)`).
-        work_dir: the sweep folder of the training runs.
-        backend, workers: `sweep.run`'s.
+        budget: `QUICK`, `FULL` or a budget of its own (e.g. `QUICK.replace(...)`).
+        out: the folder for tables and figures.
         progress: a progress bar.
-        command: the command line named in the header (default a `markov-interp reproduce` line).
+        work: the sweep folder of the training runs (default out/sweep; `markov-interp reproduce`:
+            runs/reproduce[-quick]); a rerun skips finished cells.
+        backend, workers: `sweep.run`'s.
         group: seeds trained as one stacked model (default `GROUP`: 16 on a CPU, 64 on a GPU; `sweep.run`).
 
     Returns:
-        `experiments.Finished`: the typed `Reproduction` (`.result`), budget, provenance and files written.
-    """
-    import time
-
-    budget = budget if budget is not None else (QUICK if quick else FULL)
-    out = Path(out_dir)
-    work = Path(work_dir) if work_dir is not None else Path("runs") / ("reproduce-quick" if quick else "reproduce")
-    start = time.perf_counter()
+        The typed `Reproduction`; out/results.csv holds every cell (config, losses, references, stuck flag,
+        mechanism, probe scores)."""
+    work = Path(work) if work is not None else Path(out) / "sweep"
     if group is None:
         group = GROUP["cuda" if describe_device(budget.device).startswith("cuda") else "cpu"]
     result = sweep.run(experiment_specs(budget), work, backend=backend, workers=workers, progress=progress,
                        group=group)
-    out.mkdir(parents=True, exist_ok=True)  # after the sweep's checks (devices, sizes): a refusal writes nothing
-    reproduction = Reproduction(budget, tuple(summarise(result.rows)), result, work)
-    files = [atomic_write(out / "results.csv", (work / "results.csv").read_text())]
-    command = command or "markov-interp reproduce" + (" --quick" if quick else "") + f" --out {out_dir}"
-    provenance = Provenance.capture(command=command, device=budget.device, precision=_PRECISION,
-                                    seconds=time.perf_counter() - start)
-    files += write_summary(out, title="Reproduction", provenance=provenance, budget=budget, summary=reproduction)
-    return Finished("reproduce", budget, reproduction, provenance, tuple(files))
+    Path(out).mkdir(parents=True, exist_ok=True)  # after the sweep's checks (devices, sizes): a refusal writes nothing
+    atomic_write(Path(out) / "results.csv", (work / "results.csv").read_text())
+    return Reproduction(budget, tuple(summarise(result.rows)), result, work)
 
 
 _PRECISION = "fp32, and fp16 autocast with and without loss scaling in the precision sweep"
@@ -730,3 +703,7 @@ def _later_sections(summary: list[ConditionSummary], budget: ReproductionBudget)
                 table=section_table(summary, "exact"),
                 figures=("survival.png",)),
     ]
+
+
+EXPERIMENT = register(Experiment(name="paper", title="Reproduction", budgets={"quick": QUICK, "full": FULL}, run=run,
+                                 precision=_PRECISION))

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from markov_interp import dynamics
-from markov_interp.findings._engine import block, holds
-from markov_interp.findings._sources import (experiment, mean_text, p_text, percent_text, provenance_text,
-                                             recorded, recorded_escapes)
-from markov_interp.findings.recipes import EFFECT_TEXT, clamp_comparison, factorial_cells
+from tools.findings._engine import block, holds
+from tools.findings._sources import (experiment, mean_text, p_text, percent_text, provenance_text,
+                                     recorded, recorded_escapes)
+from tools.findings.recipes import EFFECT_TEXT, clamp_comparison, factorial_cells
 
 INTERVENTIONS = "docs/reproduction/interventions/results.json"
 LONG = "docs/reproduction/interventions/long/results.json"

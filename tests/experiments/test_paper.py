@@ -1,5 +1,5 @@
-"""The reproduction's budgets, its exact-reduction experiment, its summary text, and the report's panel that
-sets a sweep run against its condition (issue 13)."""
+"""The paper's reproduction (the experiment `paper`, which `markov-interp reproduce` runs): its budgets, its
+exact-reduction experiment, its summary text and its figures."""
 
 import dataclasses
 from collections import Counter
@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from markov_interp import dynamics, sweep
-from markov_interp import reproduce as rep
+from matplotlib.colors import to_hex
+
+from markov_interp import dynamics, experiments, sweep
+from markov_interp.experiments import _figures_paper as figures
+from markov_interp.experiments import paper as rep
 from markov_interp.sweep import Row
 
 
@@ -21,7 +24,7 @@ def _rows(specs):
 
 
 def condition(**fields):
-    """A `reproduce.ConditionSummary` with `fields` and neutral values elsewhere (for the figures' tests)."""
+    """A `paper.ConditionSummary` with `fields` and neutral values elsewhere (for the figures' tests)."""
     base = {f.name: None for f in dataclasses.fields(rep.ConditionSummary)}
     base.update(experiment="pq-line", seeds=4, failed=0, diverged=0, budget=400, n_runs=4, n_censored=0,
                 above_unigram=0, mechanisms=(), circuit_confirmed=0)
@@ -115,7 +118,8 @@ def test_reproduce_tiny_budget(tmp_path, monkeypatch):
     tiny = _tiny_budget()
     monkeypatch.setattr(rep, "_precision_device", lambda: "cpu")
     out = tmp_path / "report"
-    finished = rep.reproduce(out, budget=tiny, quick=True, work_dir=tmp_path / "work", workers=2, progress=False)
+    finished = experiments.run(rep.EXPERIMENT, out, budget=tiny, command="markov-interp reproduce --quick",
+                               work=tmp_path / "work", workers=2)
     assert finished.failed == 0 and finished.budget is tiny
     for name in ("results.csv", "summary.csv", "summary.md", "results.json", "phase_pq.png", "boundary.png",
                  "depth.png", "mechanisms.png", "survival.png"):
@@ -163,55 +167,7 @@ def result_rows(work: Path) -> list:
     return sweep.read_table(work / "results.csv")
 
 
-# ------------------------------------------------------------------------------------ report: the panel
-def test_condition_sentence_from_a_hand_made_distribution(tmp_path):
-    from markov_interp.report._condition import ConditionEscapes, condition_escapes
-
-    escapes = [dynamics.StepInterval(90, 100), dynamics.StepInterval(190, 200), dynamics.StepInterval(290, 300),
-               dynamics.StepInterval(390, None)]
-    s = dynamics.survival(escapes)
-    # Kaplan-Meier by hand: S = 3/4 after 100, 2/4 after 200 -> the median is in (190, 200]; 4 seeds: no interval
-    assert s.median().estimate == dynamics.StepInterval(190, 200)
-    found = ConditionEscapes(sweep_dir=tmp_path, sweep_name="x", cell_id="c", escape=escapes[2], summary=s,
-                             budget=400)
-    text = found.sentence()
-    assert text.startswith("escaped in (290, 300]; the condition's median escape is (190, 200] (no interval: 4 runs")
-    assert text.endswith("over 4 seeds, 1 censored")
-    censored = dataclasses.replace(found, escape=escapes[3]).sentence()
-    assert censored.startswith("no confirmed escape (censored after step 390 of 400)")
-    # a run folder outside a sweep (no <sweep>/results.csv beside runs/) has no panel
-    (tmp_path / "runs" / "abc").mkdir(parents=True)
-    assert condition_escapes(tmp_path / "runs" / "abc") is None
-
-
-@pytest.mark.slow
-def test_report_panel_for_a_sweep_run(tmp_path):
-    from markov_interp import report
-    from markov_interp.report._condition import condition_escapes
-
-    spec = sweep.SweepSpec(name="tiny", base={
-        "source": {"kind": "binary", "p": 0.5, "q": 0.8}, "model": {"preset": "paper-1layer", "n_ctx": 32},
-        "train": {"steps": 12, "seq_len": 32, "eval_every": 3, "n_checkpoints": 0, "eval_batches": 1}},
-        grid={"source.q": [0.3, 0.8]}, seeds=(0, 1, 2), probe=False)
-    result = sweep.run(spec, tmp_path / "sw", workers=1, group=3, progress=False)
-    assert result.n_failed == 0
-    row = next(r for r in result.rows if r.params["source.q"] == 0.8 and r.params["seed"] == 1)
-    run_dir = tmp_path / "sw" / row.run_dir
-    found = condition_escapes(run_dir)
-    # the condition is the three seeds of q = 0.8, not the q = 0.3 cells
-    same = [r for r in result.rows if r.params["source.q"] == 0.8]
-    assert found.summary.n == 3 and found.summary.n_censored == sum(r.result.censored for r in same)
-    assert found.escape == row.result.crossing() and found.escape.censored == row.result.censored
-    assert found.budget == 12
-    built = report.build(run_dir, n_sequences=4, max_checkpoints=2)
-    section = built.section("condition")
-    assert found.sentence() in section.parts[0].replace("&#x27;", "'").replace("&gt;", ">")
-    assert "condition" in built.html and "Escape time against its condition" in built.html
-
-
 def test_boundary_figure_draws_medians_and_censored_fractions():
-    from markov_interp import reproduce_figures as figures
-
     def row(q, tied, median, censored, n=16):
         return condition(q=q, tied=tied, median_escape=median, median_escape_ci=(None if median is None else
                          (median - 10, None)), n_runs=n, n_censored=censored,
@@ -229,14 +185,50 @@ def test_boundary_figure_draws_medians_and_censored_fractions():
     assert list(tied_points) == pytest.approx([0.0, 12 / 16])
 
 
-def test_run_escape_figure_marks_the_run_on_its_condition_curve():
-    from markov_interp.report import figures
+def test_phase_figure_colours_cells_by_fraction_stuck_and_marks_the_theory():
+    rows = [condition(p=0.1, q=0.3, stuck_fraction=0.0, theory="bigram"),
+            condition(p=0.5, q=0.7, stuck_fraction=1.0, theory="unigram"),
+            condition(p=0.9, q=0.7, stuck_fraction=None, theory="unigram")]
+    fig = figures.reproduction_phase_figure({"tied": rows, "untied": rows[:1]}, (0.1, 0.3, 0.5, 0.7, 0.9))
+    tied, untied = fig.axes[:2]
+    assert [t.get_text() for t in tied.texts if t.get_text()[0] in "0n1"] == ["0.00", "1.00", "n/a"]
+    cells = [p for p in tied.patches]
+    assert len(cells) == 3 and len(untied.patches) == 1
+    assert to_hex(cells[2].get_facecolor()) == "#bbbbbb"  # no finished seed
+    assert cells[0].get_width() == pytest.approx(0.2)
+    marks = [line for line in tied.lines if line.get_marker() == "x" and len(line.get_xdata())]
+    assert sorted(float(m.get_xdata()[0]) for m in marks) == [0.5, 0.9]  # the predicted unigram cells
+    assert "tied: fraction" in tied.get_title()
 
-    escapes = [dynamics.StepInterval(s - 10, s) for s in (100, 200, 300)] + [dynamics.StepInterval(390, None)]
-    curve = dynamics.survival(escapes)
-    ax = figures.run_escape_figure(curve, budget=400, crossing=escapes[1]).axes[0]
-    marker = [line for line in ax.lines if line.get_label().startswith("this run")]
-    assert len(marker) == 1 and marker[0].get_label() == "this run: escaped in (190, 200]"
-    assert list(marker[0].get_xdata()) == [200] and list(marker[0].get_ydata()) == [pytest.approx(0.5)]
-    ax = figures.run_escape_figure(curve, budget=400, crossing=escapes[3]).axes[0]
-    assert any("censored after step 390" in line.get_label() for line in ax.lines)
+
+def test_depth_figure_draws_one_line_per_seed_and_the_references():
+    curves = {1: [([0, 10, 20], [0.7, 0.68, 0.67])], 2: [([0, 10], [0.7, 0.62]), ([0, 10], [0.7, 0.63])]}
+    fig = figures.reproduction_depth_figure(curves, {"entropy_rate": 0.619, "unigram_loss": 0.6663},
+                                                      p=0.5, q=0.8)
+    ax = fig.axes[0]
+    ys = [tuple(line.get_ydata()) for line in ax.lines]
+    assert (0.7, 0.68, 0.67) in ys and (0.7, 0.62) in ys and (0.7, 0.63) in ys
+    assert ax.get_ylim() == pytest.approx((0.599, 0.7063))
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels[:2] == ["1 layer", "2 layers"] and any("0.6663" in label for label in labels)
+    assert len(figures.reproduction_depth_figure({}, {}, p=0.5, q=0.8).axes[0].lines) == 0
+
+
+def test_mechanism_figure_stacks_the_counts():
+    panels = {"binary": [("1", {"unigram": 1, "kernel": 2}), ("2", {"kernel": 3})],
+              "random": [("1", {"in_context_unigram": 3}), ("2", {"induction": 2, "?": 1})]}
+    fig = figures.reproduction_mechanism_figure(panels)
+    binary, random = fig.axes
+    bars = sorted((b.get_y(), b.get_height()) for b in binary.patches if b.get_height() > 0)
+    assert bars == [(0, 1), (0, 3), (1, 2)]  # kernel stacked on unigram at 1 layer
+    assert sum(b.get_height() for b in random.patches) == 6
+    assert {"in_context_unigram", "induction", "?"} <= set(random.get_legend_handles_labels()[1])
+
+
+def test_init_precision_figure_draws_the_fractions():
+    rows = [condition(init="standard", precision="fp32", stuck_fraction=2 / 3, theory="unigram"),
+            condition(init="standard", precision="fp16", stuck_fraction=1.0, theory="unigram"),
+            condition(init="canonical w0=-1", precision="fp32", stuck_fraction=0.0, theory="bigram")]
+    ax = figures.reproduction_init_precision_figure(rows, p=0.5, q=0.8).axes[0]
+    assert sorted(b.get_height() for b in ax.patches) == pytest.approx([0.0, 2 / 3, 1.0])
+    assert {t.get_text() for t in ax.texts} >= {"theory: unigram", "theory: bigram", "0.67", "1.00"}

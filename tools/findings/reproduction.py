@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from markov_interp import dynamics
-from markov_interp.findings._engine import block, holds
-from markov_interp.findings._sources import (experiment, percent_text, provenance_text, recorded, recorded_escapes,
-                                             reproduction)
+from tools.findings._engine import block, holds
+from tools.findings._sources import (experiment, percent_text, provenance_text, recorded, recorded_escapes,
+                                     reproduction)
 
 RESULTS_CSV = "docs/reproduction/results.csv"
 GPU_JSON = "docs/reproduction/gpu/escape_times.json"
@@ -20,9 +20,9 @@ GPU_EVERY = 20  # the GPU file's evaluation cadence: its "setup" says so (checke
 def _section(name: str) -> None:
     @block(f"reproduction-{name}", RESULTS_CSV)
     def render(path: Path) -> str:
-        from markov_interp import reproduce
+        from markov_interp.experiments import paper
 
-        return reproduce.section_table(reproduction(path), name).markdown()
+        return paper.section_table(reproduction(path), name).markdown()
 
 
 for _name in ("pq-line", "pq-tied", "pq-untied", "depth", "random", "precision", "exact"):

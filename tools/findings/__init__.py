@@ -1,5 +1,8 @@
 """The findings in the docs, rendered from the committed results: one command, and a check that they agree.
 
+Repository tooling, run from the checkout (it renders this repository's markdown; it is not part of the installed
+package): `python -m tools.findings [--check]` from the repository's root.
+
 The findings tables and number-bearing findings items of README.md, docs/findings*.md and
 docs/reproduction/summary.md sit between markers
 
@@ -7,10 +10,10 @@ docs/reproduction/summary.md sit between markers
     ...
     <!-- /rendered -->
 
-and `markov-interp findings` (or `python -m markov_interp.findings`) remakes each from the committed result files
+and `python -m tools.findings` remakes each from the committed result files
 it names (paths relative to the repository root) with the package's own statistics: an experiment's results.json
 is read back by `experiments.load` (every statistic recomputed from the per-seed rows by the current code), the
-reproduction's results.csv by `reproduce.summarise`, the first session's files (one escape step per seed) by
+reproduction's results.csv by `experiments.paper.summarise`, the first session's files (one escape step per seed) by
 `dynamics.recorded_escape` on their evaluation grids. Nothing trains. `--check` renders without writing and exits
 with 1 when a committed file differs (the test suite runs it); a block whose wording no longer fits its numbers
 refuses to render (`holds`). Text outside the markers is not touched.
@@ -26,7 +29,7 @@ phases-standard/):
         return phases.claims_table(experiment(path).result.claims).markdown()
 
 then a region `<!-- rendered: phases-standard-claims -->` / `<!-- /rendered -->` where the table goes, and
-`markov-interp findings` fills it (and its source) in.
+`python -m tools.findings` fills it (and its source) in.
 """
 
 import argparse
@@ -34,8 +37,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from markov_interp.findings._engine import (BLOCKS, Block, FindingNoLongerHolds, Outcome, block, blocks, holds,
-                                            regions, render_files, render_text, wrap)
+from tools.findings._engine import (BLOCKS, Block, FindingNoLongerHolds, Outcome, block, blocks, holds, regions,
+                                    render_files, render_text, wrap)
 
 __all__ = ["DOCS", "BLOCKS", "Block", "block", "blocks", "holds", "FindingNoLongerHolds", "regions", "render_text",
            "render_files", "render", "wrap", "Outcome", "default_root", "add_arguments", "run_command", "main"]
@@ -45,7 +48,7 @@ DOCS = ("README.md", "docs/findings.md", "docs/findings-dynamics.md", "docs/find
 
 
 def default_root() -> Path:
-    """The checkout this package is imported from (the folder above `markov_interp/`)."""
+    """The checkout this tool is run from (the folder above `tools/`)."""
     return Path(__file__).resolve().parents[2]
 
 
@@ -71,10 +74,10 @@ def render(root: "str | Path | None" = None, *, check: bool = False,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `markov-interp findings` and `python -m markov_interp.findings`."""
+    """The options of `python -m tools.findings`."""
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 when a committed file differs from its rendering (with a diff)")
-    parser.add_argument("--root", default=None, help="the repository root (default: the checkout imported)")
+    parser.add_argument("--root", default=None, help="the repository root (default: this tool's checkout)")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -86,19 +89,19 @@ def run_command(args: argparse.Namespace) -> int:
     stale = [o for o in outcomes if o.changed]
     if args.check and stale:
         print("".join(o.diff for o in stale), file=sys.stderr)
-        print("run `markov-interp findings` to render them", file=sys.stderr)
+        print("run `python -m tools.findings` to render them", file=sys.stderr)
         return 1
     return 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m markov_interp.findings [--check] [--root DIR]`."""
-    parser = argparse.ArgumentParser(prog="python -m markov_interp.findings", description=__doc__,
+    """`python -m tools.findings [--check] [--root DIR]`."""
+    parser = argparse.ArgumentParser(prog="python -m tools.findings", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         return run_command(args)
     except (ValueError, OSError) as err:
-        print(f"python -m markov_interp.findings: error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"python -m tools.findings: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

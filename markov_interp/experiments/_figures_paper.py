@@ -1,37 +1,26 @@
-"""The reproduction's figures (`markov_interp.reproduce`): fractions stuck over the (p, q) square, the boundary
-p + q = 1, depth, mechanisms by depth, and initialisation and precision.
+"""Figures of the experiment `paper` (`markov_interp.experiments.paper`, the paper's reproduction): fractions stuck
+over the (p, q) square, the boundary p + q = 1, depth, mechanisms by depth, and initialisation and precision.
 
-Each function draws the numbers the reproduction's summary holds (`reproduce.ConditionSummary` rows, read through
-the `ConditionRow` protocol) and returns a `matplotlib.figure.Figure` (no pyplot state). The survival of the
-escape (`survival.png`) is `markov_interp.experiments.escape_survival_figure`, shared with the experiments.
+Each function draws the numbers the reproduction's summary holds (its `paper.ConditionSummary` rows: each function
+says the fields it reads) and returns a `matplotlib.figure.Figure` (no pyplot state). The survival of the escape
+(`survival.png`) is `markov_interp.experiments.escape_survival_figure`, shared with the experiments.
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Optional, Protocol, runtime_checkable
 
 from matplotlib.figure import Figure
 
-
-@runtime_checkable
-class ConditionRow(Protocol):
-    """What the reproduction's figures read of one condition's summary (`reproduce.ConditionSummary`)."""
-
-    p: Optional[float]
-    q: Optional[float]
-    tied: Optional[bool]
-    init: Optional[str]
-    precision: Optional[str]
-    budget: int  # training steps
-    n_runs: int  # runs with a known escape
-    n_censored: int
-    median_escape: Optional[int]
-    median_escape_ci: Optional[tuple[int, Optional[int]]]
-    censored_ci: Optional[tuple[float, float]]
-    stuck_fraction: Optional[float]
-    theory: Optional[str]
+from markov_interp.report.figures import require_attributes
 
 
-def reproduction_phase_figure(panels: Mapping[str, Sequence[ConditionRow]], values: Sequence[float]) -> Figure:
+def _conditions(rows: Sequence[object], fields: tuple[str, ...], figure: str) -> Sequence[object]:
+    """`rows` after checking each has `fields` (a condition's summary, `paper.ConditionSummary`)."""
+    for row in rows:
+        require_attributes(row, fields, "a condition's summary (paper.ConditionSummary)", figure)
+    return rows
+
+
+def reproduction_phase_figure(panels: Mapping[str, Sequence[object]], values: Sequence[float]) -> Figure:
     """The (p, q) square, one panel per setting ({title: conditions}), each cell coloured by the fraction of
     seeds stuck at the unigram loss, with the theory's boundary p + q = 1 and its predicted unigram cells (x).
 
@@ -49,7 +38,7 @@ def reproduction_phase_figure(panels: Mapping[str, Sequence[ConditionRow]], valu
     cmap, norm = colormaps["coolwarm"], Normalize(0, 1)
     for ax, (title, rows) in zip(axes, panels.items()):
         ax.set_facecolor("#f4f4f4")
-        for r in rows:
+        for r in _conditions(rows, ("p", "q", "stuck_fraction", "theory"), "reproduction_phase_figure"):
             frac, x, y = r.stuck_fraction, r.p, r.q
             colour = "#bbbbbb" if frac is None else cmap(norm(frac))
             ax.add_patch(Rectangle((x - step / 2, y - step / 2), step, step, facecolor=colour, edgecolor="white"))
@@ -121,10 +110,11 @@ def reproduction_mechanism_figure(panels: Mapping[str, Sequence[tuple[str, Mappi
     return fig
 
 
-def reproduction_init_precision_figure(rows: Sequence[ConditionRow], *, p: float, q: float) -> Figure:
+def reproduction_init_precision_figure(rows: Sequence[object], *, p: float, q: float) -> Figure:
     """Fraction of seeds stuck at the unigram loss by initialisation and precision (one layer, tied): each
     condition's `init`, `precision` ("fp32" / "fp16"), `stuck_fraction` and `theory` (the landscape's
     prediction)."""
+    rows = _conditions(rows, ("init", "precision", "stuck_fraction", "theory"), "reproduction_init_precision_figure")
     fig = Figure(figsize=(7, 3.8))
     ax = fig.subplots()
     inits = sorted({r.init for r in rows})
@@ -150,12 +140,14 @@ def reproduction_init_precision_figure(rows: Sequence[ConditionRow], *, p: float
     return fig
 
 
-def reproduction_boundary_figure(rows: Sequence[ConditionRow], *, p: float) -> Figure:
+def reproduction_boundary_figure(rows: Sequence[object], *, p: float) -> Figure:
     """Escape times along a line p fixed, q varied, across p + q = 1, tied beside untied: the Kaplan-Meier median
     escape step with its 95% interval (left; an open marker at the budget where the median was not reached) and
     the fraction of seeds censored at the budget with its Wilson interval (right). `rows` are the line's
     conditions (`q`, `tied`, `median_escape`, `median_escape_ci`, `n_censored` of `n_runs`, `censored_ci`,
     `budget`)."""
+    rows = _conditions(rows, ("q", "tied", "median_escape", "median_escape_ci", "n_censored", "n_runs", "censored_ci",
+                              "budget"), "reproduction_boundary_figure")
     fig = Figure(figsize=(10, 3.8))
     left, right = fig.subplots(1, 2)
     for k, (tied, colour) in enumerate(((True, "tab:red"), (False, "tab:blue"))):

@@ -4,8 +4,8 @@ read back."""
 
 from pathlib import Path
 
-from markov_interp.findings._engine import block
-from markov_interp.findings._sources import experiment, provenance_text
+from tools.findings._engine import block
+from tools.findings._sources import experiment, provenance_text
 
 PHASES_QUICK = "docs/reproduction/icl/phases-quick/results.json"
 DIVERSITY_QUICK = "docs/reproduction/icl/diversity-quick/results.json"
@@ -63,11 +63,9 @@ def phases_standard_formation(path: Path) -> str:
     first K-edge to stay entered before, while or after the loss crossed half the plateau's excess."""
     from collections import Counter
 
-    from markov_interp.experiments._formation import k_edge_timing
-
     result = experiment(path).result
-    section = next(s for s in result.sections() if s.title == "Circuits over training")
-    when = Counter(k_edge_timing(r) for r in result.formation)
+    section = next(s for s in result.sections() if s.id == "formation")
+    when = Counter(r.k_edge_timing for r in result.formation)
     tally = (f"Of {len(result.formation)} runs, {len(result.formation) - when['—']} kept a K-edge to the end. It "
              f"entered before the loss crossed half the plateau's excess in {when['before']}, while it crossed in "
              f"{when['while']}, after in {when['after']}; {when['no 0.5 crossing']} never crossed within the budget.")

@@ -1,6 +1,6 @@
 """The committed result files read back for rendering, each once per file version, and the few formats the
 rendered text shares. Every statistic comes from the package's own code: `experiments.load` (an experiment's
-results.json, its statistics recomputed from the per-seed rows), `reproduce.summarise` (the reproduction's
+results.json, its statistics recomputed from the per-seed rows), `experiments.paper.summarise` (the reproduction's
 results.csv) and `dynamics` (the first session's files, which hold one escape step per seed)."""
 
 import hashlib
@@ -36,10 +36,11 @@ def experiment(path: Path) -> Any:
 
 
 def reproduction(path: Path) -> list:
-    """The reproduction's conditions (`reproduce.summarise`) from its committed results.csv."""
-    from markov_interp import reproduce, sweep
+    """The reproduction's conditions (`experiments.paper.summarise`) from its committed results.csv."""
+    from markov_interp import sweep
+    from markov_interp.experiments import paper
 
-    return _cached("reproduction", path, lambda p: reproduce.summarise(sweep.read_table(p)))
+    return _cached("reproduction", path, lambda p: paper.summarise(sweep.read_table(p)))
 
 
 def recorded(path: Path) -> dict:

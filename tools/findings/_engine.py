@@ -52,14 +52,15 @@ class Block:
 
 
 BLOCKS: dict[str, Block] = {}
-BLOCK_MODULES = ("reproduction", "interventions", "recipes", "icl", "readme")  # modules of this package that register blocks
+# the modules of this tool that register blocks
+BLOCK_MODULES = ("reproduction", "interventions", "recipes", "icl", "readme")
 
 
 def blocks() -> dict[str, Block]:
     """Every registered block by name (importing the modules that register them: rendering needs the package's
     statistics, the command line's start does not)."""
     for module in BLOCK_MODULES:
-        importlib.import_module(f"markov_interp.findings.{module}")
+        importlib.import_module(f"tools.findings.{module}")
     return BLOCKS
 WIDTH = 115  # the docs' line width: rendered prose is wrapped to it (tables are not)
 _ITEM = re.compile(r"^(\s*(?:[-*] |\d+\. )?)")

@@ -1,0 +1,1 @@
+"""Repository tooling, run from the checkout (`python -m tools.NAME`); not part of the installed package."""
