@@ -31,7 +31,8 @@ import torch
 
 from markov_interp import models
 from markov_interp.sources import BinaryChain, RandomMarkov
-from markov_interp.probes import classify_mechanism, discover_circuit, graph_edges, sample_batch
+from markov_interp.probes import classify_mechanism, discover_circuit, sample_batch
+from markov_interp.probes.paths import graph_edges
 
 CASES = (
     ("paper-1layer, binary p=0.2 q=0.3", "paper-1layer", {}, BinaryChain(0.2, 0.3), 128),

@@ -285,7 +285,7 @@ outside = probes.sample_batch(pool_source.out_of_pool(), n_sequences=N_PROBE, se
 pd.DataFrame({"from the pool": losses(pooled.model, inside), "fresh kernels": losses(pooled.model, outside)}).T
 
 # %%
-swap = probes.kernel_swap(pooled.model, pool_source, seq_len=SEQ_LEN, n_sequences=N_PROBE, seed=3)
+swap = probes.swap_kernels(pooled.model, pool_source, seq_len=SEQ_LEN, n_sequences=N_PROBE, seed=3)
 print(f"kernel-swap fraction on kernels outside the pool: {swap.raw_fraction:.2f} ± {swap.se:.2f} "
       "(0: retrieval from the pool, 1: in-context inference)")
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from markov_interp import runs
-from markov_interp.probes import classify_mechanism, discover_circuit, spread_previous_token_excess
+from markov_interp.probes import classify_mechanism, discover_circuit
+from markov_interp.probes.circuit import spread_previous_token_excess
 
 
 def snapshot(run_dir: Path, step: int):

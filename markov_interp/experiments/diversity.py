@@ -13,7 +13,7 @@ bigram statistics of the context, used to retrieve a chain of the pool or to inf
 - per model, on a probe batch of its own pool (in pool) and one of fresh kernels (out of pool, the same for all):
   its loss against the pool's Bayes predictor (the source's `predictive`, `sources.pool_bayes_predictions`:
   retrieval) and the in-context Bayes predictor (add-alpha, inference); the **kernel-swap fraction**
-  (`probes.kernel_swap`, raw: not clipped) on fresh kernels outside the pool f = (L(pool Bayes) - L(model)) / (L(pool Bayes) - L(in-context Bayes)): 0 for
+  (`probes.swap_kernels`, raw: not clipped) on fresh kernels outside the pool f = (L(pool Bayes) - L(model)) / (L(pool Bayes) - L(in-context Bayes)): 0 for
   a model that retrieves, 1 for one that infers;
 - **Park et al.'s four algorithms** on the in-pool batch: unigram retrieval (`theory.pool_unigram_predictions`),
   bigram retrieval (the pool's Bayes predictor), unigram inference (in-context add-alpha state counts), bigram
@@ -179,7 +179,7 @@ def measure_model(model: "HookedModel", inside: "ProbeBatch", outside: "ProbeBat
 
     Returns:
         {"in": {"model", "pool_bayes", "in_context_bayes": losses}, "out": {...}, "swap_fraction": f, the raw
-        in-context fraction of `probes.kernel_swap` on fresh kernels outside the pool (None for the fresh source),
+        in-context fraction of `probes.swap_kernels` on fresh kernels outside the pool (None for the fresh source),
         "swap_se", "kl": {algorithm: KL(algorithm || model) on the in-pool batch}, "phase": the closest
         algorithm}.
     """
@@ -194,7 +194,7 @@ def measure_model(model: "HookedModel", inside: "ProbeBatch", outside: "ProbeBat
         if source.pool is not None:
             losses["pool_bayes"] = _loss(source.predictive(tokens), tokens)
         result[name] = losses
-    swap = None if source.pool is None else probes.kernel_swap(
+    swap = None if source.pool is None else probes.swap_kernels(
         model, source, seq_len=outside.tokens.shape[1], n_sequences=outside.tokens.shape[0], seed=_PROBE_SEED - 1)
     # the raw fraction (not clipped to [0, 1]): its mean over seeds is unbiased
     result["swap_fraction"] = None if swap is None else swap.raw_fraction
@@ -296,7 +296,7 @@ def transition_interval(sizes: list[int], values: list[list[float]], *, level: f
 # -------------------------------------------------------------------------------- the swap fraction's guard
 def swap_denominator(measure: dict) -> float:
     """The kernel-swap fraction's denominator in one run's measures (`measure_model`): L(pool Bayes) - L(in-context
-    Bayes) on the fresh-kernel batch, nats. `probes.kernel_swap` is fed that very batch (the same source, seed and
+    Bayes) on the fresh-kernel batch, nats. `probes.swap_kernels` is fed that very batch (the same source, seed and
     shape), so the run's `swap_fraction` is (L(pool Bayes) - L(model)) / this, from its "out" losses.
 
     >>> round(swap_denominator({"out": {"model": 0.9, "pool_bayes": 0.9080, "in_context_bayes": 0.8949}}), 6)
@@ -628,7 +628,7 @@ _TRANSITION_TEXT = ("N*: where the mean over seeds first reaches 1/2 and stays t
                     "reaches nor falls below it (`diversity.swap_floor`); its raw fraction stays in the cell table.")
 _CELLS_TEXT = ("Losses in nats per prediction on the probe batches, model minus reference, mean over seeds with a "
                "bootstrap 95% interval; kernel-swap fraction f = (L(pool Bayes) - L(model)) / (L(pool Bayes) - "
-               "L(in-context Bayes)) on fresh kernels (`probes.kernel_swap`, raw); closest algorithm: the smallest "
+               "L(in-context Bayes)) on fresh kernels (`probes.swap_kernels`, raw); closest algorithm: the smallest "
                "mean KL(algorithm || model) on the in-pool batch (Wilson 95% intervals).")
 
 

@@ -1,10 +1,13 @@
 """Probes: find out *how* a TransformerLens model predicts the next state of a Markov chain.
 
 Pure functions of (model, tokens or cache) returning tensors with named shapes or frozen dataclasses; they
-never write files, plot, or write into a cache. One module per idea:
+never write files, plot, or write into a cache. `probes.X` is the face: the probes a user calls and what they pass in
+(`__all__`, each probe with its argument types checked); the results they return, and the engines behind them (the
+intervention engine, the edge runner, ablation hooks, the score functions one by one), stay in their modules, each
+with its `__all__`, as `probes.<module>.<Name>` (`probes.attention.AttentionScores`, `probes.paths.EdgeRunner`). One module per idea:
 
-- `behaviour`: predictions against the true kernel, the in-context add-beta estimator and pi; loss curves;
-  in-context learning score; state and context dependence.
+- `behaviour`: `behaviour_report`, predictions against the true kernel, the in-context add-beta estimator and pi;
+  loss curves; in-context learning score; state and context dependence.
 - `attention`: previous-token scores at lags 1..k, induction scores of order k, same-token scores per head,
   beside chance levels that hold on any chain.
 - `interventions`: the one engine: `Component` (head, attention layer, MLP, embedding, a head's q/k/v input,
@@ -23,7 +26,7 @@ never write files, plot, or write into a cache. One module per idea:
 - `law`: the law axis (`LawVerdict`: the law check raw and after a fitted temperature).
 - `formation`: `circuit_formation`, the circuit at every checkpoint of a run and when each edge enters it.
 - `gains`: graded gains, the fraction of each step up the ladder of in-context laws the model has climbed.
-- `kernel_swap`: in weights or in context, from sequences of kernels the model was not trained on.
+- `kernel_swap`: `swap_kernels`, in weights or in context, from sequences of kernels the model was not trained on.
 - `weights`: per-head OV and QK circuits as V x V matrices, direct logit attribution.
 - `targets`, `linear`, `representation`: representation probes, what an activation carries: linear probes at any
   hook (residual stream, a head's output or its q/k/v input) of the lagged state, counts, the add-beta row, the
@@ -41,148 +44,64 @@ never write files, plot, or write into a cache. One module per idea:
 
 import inspect
 
-from markov_interp.probes._common import (
-    DEFAULT_PROBE_LENGTH,
-    ProbeBatch,
-    ProbeLengthWarning,
-    checked,
-    in_context_unigram_probs,
-    kernel_probs,
-    next_state_probs,
-    probe_length,
-    probe_length_for,
-    sample_batch,
-    state_labels,
-    stationary_probs,
-    total_variation,
-    training_length,
-)
-from markov_interp.probes.ablation import (
-    METHODS,
-    AblationTable,
-    Component,
-    ablated_probs,
-    ablation_hooks,
-    ablation_loss_change,
-    ablation_table,
-    model_components,
-    reference_activations,
-    set_ablation_losses,
-)
-from markov_interp.probes.attention import (
-    AttentionScores,
-    TokenStatistics,
-    attention_scores,
-    induction_baseline,
-    induction_keys,
-    induction_score,
-    previous_token_score,
-    same_token_score,
-    token_statistics,
-    uniform_causal_pattern,
-)
-from markov_interp.probes._display import ProbeResult, headline
-from markov_interp.probes.behaviour import (
-    BehaviourReport,
-    add_beta_predictor,
+from markov_interp.probes import (  # noqa: F401  (every module, as probes.<module>)
+    ablation,
+    attention,
     behaviour,
-    context_dependence,
-    in_context_learning_score,
-    kernel_predictor,
-    kl_curve,
-    loss_curve,
-    model_predictor,
-    state_dependence,
+    circuit,
+    classify,
+    discovery,
+    formation,
+    gains,
+    interventions,
+    joint,
+    kernel_swap,
+    law,
+    linear,
+    patching,
+    paths,
+    readout,
+    representation,
+    strategies,
+    targets,
+    verify,
+    weights,
 )
-from markov_interp.probes.circuit import (
-    CIRCUIT_KINDS,
-    Circuit,
-    CircuitVerdict,
-    Role,
-    circuit_verdict,
-    lag_channels,
-    read_circuit,
-    spread_previous_token_excess,
-)
-from markov_interp.probes.classify import (
-    MECHANISMS,
-    QUALIFIERS,
-    MechanismReport,
-    Thresholds,
-    classify_mechanism,
-    probe_hook_names,
-)
-from markov_interp.probes.law import LawCheck, LawVerdict, check_law, fit_temperature
-from markov_interp.probes.discovery import (
-    CORRUPTIONS,
-    CircuitGraph,
-    Edge,
-    PassResult,
-    discover_circuit,
-    kept_edges,
-)
-from markov_interp.probes.joint import Cancelling, JointTest
-from markov_interp.probes.formation import CircuitFormation, circuit_formation, entry_step
-from markov_interp.probes.gains import Gains, graded_gains
-from markov_interp.probes.interventions import intervened_probs, intervened_run, set_component
-from markov_interp.probes.kernel_swap import KernelSwap, SwapPlan, kernel_swap, swap_plan
-from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_attributions, edge_estimates, graph_edges
-from markov_interp.probes.patching import (
-    PatchingResult,
-    PositionPatching,
-    patching_by_position,
-    activation_patching,
-    composition_scores,
-    head_composition,
-    patched_probs,
-    patching_pair,
-)
-from markov_interp.probes.weights import LogitAttribution, direct_logit_attribution, ov_circuits, qk_circuits
-from markov_interp.probes.readout import KernelReadout, implied_kernel, kernel_readout
-from markov_interp.probes.linear import ProbeFit, fit_probe
-from markov_interp.probes.representation import ProbeTable, linear_probe, probe_layers
+from markov_interp.probes._common import ProbeBatch, checked, next_state_probs, probe_length, sample_batch, state_labels
+from markov_interp.probes.ablation import ablation_table
+from markov_interp.probes.attention import attention_scores
+from markov_interp.probes.behaviour import behaviour_report
+from markov_interp.probes.classify import MECHANISMS, MechanismReport, Thresholds, classify_mechanism
+from markov_interp.probes.discovery import CircuitGraph, discover_circuit
+from markov_interp.probes.formation import circuit_formation
+from markov_interp.probes.gains import graded_gains
+from markov_interp.probes.interventions import Component
+from markov_interp.probes.kernel_swap import swap_kernels
+from markov_interp.probes.law import check_law
+from markov_interp.probes.linear import fit_probe
+from markov_interp.probes.patching import activation_patching, patching_by_position
+from markov_interp.probes.readout import kernel_readout
+from markov_interp.probes.representation import linear_probe, probe_layers
+from markov_interp.probes.strategies import STRATEGY_LABELS, strategy_similarity
 from markov_interp.probes.targets import Target, probe_target
-from markov_interp.probes.strategies import (
-    STATE_AND_COUNTS,
-    STRATEGIES,
-    STRATEGY_LABELS,
-    StrategySimilarity,
-    in_context_name,
-    in_context_order,
-    state_and_counts_probs,
-    strategy_probs,
-    strategy_similarity,
-)
+from markov_interp.probes.weights import direct_logit_attribution, ov_circuits, qk_circuits
 
 __all__ = [
-    "CircuitFormation", "circuit_formation", "entry_step",
-    "DEFAULT_PROBE_LENGTH", "ProbeLengthWarning", "probe_length", "probe_length_for", "state_labels", "training_length",
-    "AblationTable", "AttentionScores", "BehaviourReport", "CORRUPTIONS", "Cancelling", "Circuit", "CircuitGraph",
-    "Component", "JointTest", "PassResult", "edge_estimates", "CIRCUIT_KINDS", "CircuitVerdict", "circuit_verdict",
-    "lag_channels", "QUALIFIERS", "LawVerdict", "fit_temperature",
-    "Edge", "EdgeKey", "EdgeRunner", "Gains", "KernelReadout", "KernelSwap", "LawCheck", "MECHANISMS", "METHODS",
-    "MechanismReport", "PatchingResult", "ProbeBatch", "Role", "STATE_AND_COUNTS", "STRATEGIES", "STRATEGY_LABELS",
-    "StrategySimilarity", "SwapPlan", "Thresholds", "ablated_probs", "ablation_hooks", "ablation_loss_change",
-    "ablation_table", "activation_patching", "add_beta_predictor", "attention_scores", "behaviour", "check_law",
-    "classify_mechanism", "composition_scores", "context_dependence", "discover_circuit", "edge_attributions",
-    "graded_gains", "graph_edges", "head_composition", "implied_kernel", "in_context_learning_score",
-    "in_context_name", "in_context_order", "in_context_unigram_probs", "induction_baseline", "induction_keys",
-    "induction_score", "intervened_probs", "intervened_run", "kept_edges", "kernel_predictor", "kernel_probs",
-    "kernel_readout", "kernel_swap", "kl_curve", "loss_curve", "model_components", "model_predictor",
-    "next_state_probs", "patched_probs", "patching_pair", "previous_token_score", "probe_hook_names",
-    "read_circuit", "reference_activations", "same_token_score", "sample_batch", "set_ablation_losses",
-    "set_component", "spread_previous_token_excess", "state_and_counts_probs", "state_dependence",
-    "stationary_probs", "strategy_probs", "strategy_similarity", "swap_plan", "total_variation",
-    "uniform_causal_pattern", "PositionPatching", "patching_by_position", "LogitAttribution",
-    "direct_logit_attribution", "ov_circuits", "qk_circuits", "TokenStatistics", "token_statistics", "checked",
-    "ProbeResult", "headline",
-    "ProbeFit", "ProbeTable", "Target", "fit_probe", "linear_probe", "probe_layers", "probe_target",
+    # sequences to probe on, and the model's predictions
+    "sample_batch", "ProbeBatch", "probe_length", "next_state_probs", "state_labels",
+    # the verdict and its evidence
+    "classify_mechanism", "MechanismReport", "Thresholds", "MECHANISMS", "behaviour_report", "attention_scores",
+    "graded_gains", "swap_kernels", "kernel_readout", "strategy_similarity", "STRATEGY_LABELS", "check_law",
+    # circuits: discovery, formation over training, ablation, patching, weights
+    "discover_circuit", "CircuitGraph", "circuit_formation", "Component", "ablation_table", "activation_patching",
+    "patching_by_position", "direct_logit_attribution", "ov_circuits", "qk_circuits",
+    # what an activation carries: representation probes
+    "probe_target", "Target", "linear_probe", "probe_layers", "fit_probe",
 ]
 
-# Every public probe is exported with its argument types checked (`checked`: a TypeError naming the parameter
-# and what it takes); the modules keep the unwrapped functions for the package's own calls.
+# Every probe of the face is exported with its argument types checked (`_common.checked`: a TypeError naming the
+# parameter and what it takes); the modules keep the unwrapped functions for the package's own calls.
 for _name in __all__:
-    _value = globals()[_name]
-    if inspect.isfunction(_value) and _name not in ("checked", "headline"):
-        globals()[_name] = checked(_value)
-del _name, _value
+    if inspect.isfunction(globals()[_name]):
+        globals()[_name] = checked(globals()[_name])
+del _name, checked

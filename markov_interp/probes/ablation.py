@@ -41,6 +41,9 @@ from markov_interp.probes.interventions import (
     replacement_hooks,
 )
 
+__all__ = ["METHODS", "AblationTable", "ablated_probs", "ablation_hooks", "ablation_loss_change", "ablation_table",
+           "reference_activations", "set_ablation_losses"]
+
 Method = Literal["zero", "mean", "resample"]
 METHODS = ("zero", "mean", "resample")
 def derangement(batch: int, *, seed: int) -> torch.Tensor:

@@ -47,6 +47,9 @@ from markov_interp.probes._common import (
 )
 from markov_interp.probes._display import ProbeResult, dataframe, displayed
 
+__all__ = ["AttentionScores", "TokenStatistics", "attention_scores", "induction_baseline", "induction_keys",
+           "induction_score", "previous_token_score", "same_token_score", "token_statistics", "uniform_causal_pattern"]
+
 Pattern = Float[Tensor, "batch head query_pos key_pos"]
 KeyMask = Bool[Tensor, "batch query_pos key_pos"]
 nan = float("nan")

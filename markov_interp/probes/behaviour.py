@@ -35,6 +35,10 @@ from markov_interp.probes._common import (
 )
 from markov_interp.probes._display import ProbeResult, dataframe
 
+__all__ = ["BehaviourReport", "add_beta_predictor", "behaviour_report", "context_dependence",
+           "in_context_learning_score", "kernel_predictor", "kl_curve", "loss_curve", "model_predictor",
+           "state_dependence"]
+
 Predictor = Callable[[Tokens], Probs]
 
 
@@ -230,7 +234,7 @@ class BehaviourReport(ProbeResult):
         return json_safe({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
 
-def behaviour(
+def behaviour_report(
     model: HookedModel,
     batch: ProbeBatch,
     *,
@@ -244,7 +248,7 @@ def behaviour(
     for random kernels, 1/2 otherwise).
 
     >>> # batch = sample_batch(BinaryChain(0.2, 0.3), n_sequences=64, seq_len=128, seed=0)
-    >>> # behaviour(model, batch).context_dependence  # ~0 for a model that learned the kernel
+    >>> # behaviour_report(model, batch).context_dependence  # ~0 for a model that learned the kernel
     """
     batch = check_batch(batch, "behaviour")
     tokens = batch.tokens

@@ -28,6 +28,9 @@ from markov_interp.probes.attention import AttentionScores
 from markov_interp.probes.discovery import CircuitGraph, Edge
 from markov_interp.probes.interventions import Component
 
+__all__ = ["CIRCUIT_KINDS", "Circuit", "CircuitVerdict", "Role", "circuit_verdict", "lag_channels", "read_circuit",
+           "spread_previous_token_excess"]
+
 
 @displayed
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -66,7 +66,7 @@ from markov_interp.probes._common import (
 from markov_interp.probes._display import ProbeResult, displayed, evidence_tables, headline
 from markov_interp.probes.ablation import AblationTable, ablation_table, model_components
 from markov_interp.probes.attention import AttentionScores, attention_hook_names, attention_scores
-from markov_interp.probes.behaviour import BehaviourReport, behaviour
+from markov_interp.probes.behaviour import BehaviourReport, behaviour_report
 from markov_interp.probes.circuit import Circuit, CircuitVerdict, circuit_verdict, read_circuit
 from markov_interp.probes.discovery import (
     CIRCUIT_SEQUENCES,
@@ -77,7 +77,7 @@ from markov_interp.probes.discovery import (
     head_of_batch,
 )
 from markov_interp.probes.gains import Gains, graded_gains
-from markov_interp.probes.kernel_swap import KernelSwap, kernel_swap
+from markov_interp.probes.kernel_swap import KernelSwap, swap_kernels
 from markov_interp.probes.law import (  # noqa: F401 (LawCheck, check_law: their public home was here)
     LawCheck,
     LawVerdict,
@@ -96,6 +96,8 @@ from markov_interp.probes.strategies import (
     strategy_probs,
     strategy_similarity,
 )
+
+__all__ = ["MECHANISMS", "QUALIFIERS", "MechanismReport", "Thresholds", "classify_mechanism", "probe_hook_names"]
 
 MECHANISMS = ("uniform", "unigram", "in_context_unigram", "state_and_counts", "kernel", "induction", "other")
 QUALIFIERS = ("partial", "miscalibrated")
@@ -572,7 +574,7 @@ def _circuit_evidence(model: HookedModel, source: Source, batch: ProbeBatch, cac
                              min_effect=thresholds.edge_min, min_fraction=thresholds.edge_fraction,
                              method=method, max_edges=max_edges, progress=progress)
     scores = attention_scores(model, batch.tokens, cache=cache, max_order=batch.order, max_lag=batch.order + 1)
-    swap = kernel_swap(model, source, seq_len=int(batch.tokens.shape[1]), n_sequences=batch.tokens.shape[0],
+    swap = swap_kernels(model, source, seq_len=int(batch.tokens.shape[1]), n_sequences=batch.tokens.shape[0],
                        seed=seed)
     reading = read_circuit(graph, scores, order=batch.order, head_excess=thresholds.head_excess)
     in_weights = not batch.random_kernel and swap.in_context_fraction < thresholds.in_weights
@@ -586,7 +588,7 @@ def _side_probes(model: HookedModel, source: Source, batch: ProbeBatch, tokens: 
     """The report's evidence that the verdict does not read: behaviour on the batch's first sequences, the mean
     ablation table, the kernel readout and the source's reference losses."""
     return dict(
-        behaviour=behaviour(model, head_of_batch(batch, BEHAVIOUR_SEQUENCES), beta=beta,
+        behaviour=behaviour_report(model, head_of_batch(batch, BEHAVIOUR_SEQUENCES), beta=beta,
                             probs=probs[:BEHAVIOUR_SEQUENCES], n_flip_positions=4),
         ablation=ablation_table(model, tokens, method="mean", cache=cache, clean_probs=probs),
         readout=kernel_readout(model, batch, probs=probs),

@@ -30,6 +30,8 @@ from markov_interp.sources import add_beta_predictions
 from markov_interp._display import displayed
 from markov_interp.probes._common import ProbeBatch, Probs, json_safe, ratio_of_means, target_losses
 
+__all__ = ["Gains", "graded_gains"]
+
 
 @displayed
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)

@@ -37,6 +37,8 @@ from markov_interp.probes._common import (
 )
 from markov_interp.probes._display import ProbeResult, dataframe
 
+__all__ = ["intervened_probs", "intervened_run", "set_component", "Component", "model_components"]
+
 _NAME = re.compile(r"^(?:(embed|pos)|L(\d+)(?:H(\d+)(?:\.([qkv]))?|\.(attn|mlp|resid)))$")
 Kind = Literal["head", "attn", "mlp", "embed", "pos", "q", "k", "v", "resid"]
 KINDS = ("head", "attn", "mlp", "embed", "pos", "q", "k", "v", "resid")

@@ -32,6 +32,8 @@ from markov_interp._display import displayed
 from markov_interp.probes._common import json_safe
 from markov_interp.probes.paths import EdgeKey, EdgeRunner
 
+__all__ = ["Cancelling", "JointTest"]
+
 CANCEL_FRACTION = 0.25  # a pair cancels when corrupting both costs less than this share of the larger alone
 MAX_PAIR_EDGES = 24  # pairs are tested among at most this many kept edges (the strongest): 276 pairs
 

@@ -26,7 +26,7 @@ What is fed (`swap_plan`, dispatched on the `sources.KernelSource` protocol's `p
   estimator of the source's order (what the training prior's Bayes predictor does with the same context).
 
 **A source may supply its own plan**: when `source` has a method `kernel_swap_plan(*, n_sequences, seq_len,
-seed) -> SwapPlan`, `swap_plan(source)` uses it. A plan can also be passed to `kernel_swap(plan=...)` directly.
+seed) -> SwapPlan`, `swap_plan(source)` uses it. A plan can also be passed to `swap_kernels(plan=...)` directly.
 """
 
 import dataclasses
@@ -50,6 +50,8 @@ from markov_interp.probes._common import (
     sample_batch,
     target_losses,
 )
+
+__all__ = ["KernelSwap", "SwapPlan", "swap_kernels", "swap_plan"]
 
 SWAPS = ("auto", "random", "permute", "flip", "prior", "pool")
 OOD_ALPHA_DIVISOR = 10.0  # random-kernel sources: swap kernels drawn from Dirichlet(alpha / 10)
@@ -205,7 +207,7 @@ def _per_sequence(probs: Float[Tensor, "batch pos vocab"], tokens: Tensor) -> Fl
 
 
 @torch.no_grad()
-def kernel_swap(
+def swap_kernels(
     model: HookedModel,
     source: Source,
     *,
@@ -230,7 +232,7 @@ def kernel_swap(
     Returns:
         A `KernelSwap` whose `in_context_fraction` is in [0, 1] with its `se`.
 
-    >>> # kernel_swap(model, BinaryChain(0.2, 0.3)).in_context_fraction  # ~0: the kernel is in the weights
+    >>> # swap_kernels(model, BinaryChain(0.2, 0.3)).in_context_fraction  # ~0: the kernel is in the weights
     """
     check_source_matches(model, source)
     if plan is None:

@@ -22,6 +22,8 @@ from markov_interp.probes._display import ProbeResult, dataframe
 from markov_interp.probes.ablation import derangement
 from markov_interp.probes.targets import Target, check_target
 
+__all__ = ["ProbeFit", "fit_probe"]
+
 METHODS = ("logistic", "ridge")
 CONTROLS = ("sequences", "shuffle")
 _FLAT = 1e-6  # a feature whose training spread is below this fraction of the largest is constant (not rescaled)

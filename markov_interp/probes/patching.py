@@ -37,6 +37,9 @@ from markov_interp.probes.interventions import (
     model_components,
 )
 
+__all__ = ["PatchingResult", "PositionPatching", "patching_by_position", "activation_patching", "composition_scores",
+           "head_composition", "patched_probs", "patching_pair"]
+
 
 _MIN_BASELINE_KL = 1e-9
 _PATTERN_ENTRIES = 1 << 23  # attention-pattern entries of one position-patching pass (chunks of positions)

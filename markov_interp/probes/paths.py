@@ -68,6 +68,8 @@ from markov_interp.probes._common import (
 )
 from markov_interp.probes.interventions import Component, intervened_run
 
+__all__ = ["EdgeKey", "EdgeRunner", "edge_attributions", "edge_estimates", "graph_edges"]
+
 INPUTS = ("q", "k", "v", "mlp", "logits")
 SequenceLoss = Float[Tensor, " batch"]
 

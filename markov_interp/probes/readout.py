@@ -28,6 +28,8 @@ from markov_interp.probes._common import (
 )
 from markov_interp.probes._display import ProbeResult, dataframe
 
+__all__ = ["KernelReadout", "implied_kernel", "kernel_readout"]
+
 
 def implied_kernel(
     probs: Probs, tokens: Tokens, *, vocab: int, order: int = 1, skip: int = 0

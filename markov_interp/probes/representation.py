@@ -48,6 +48,8 @@ from markov_interp.probes.interventions import Component
 from markov_interp.probes.linear import ProbeFit, _ci, fit_probe
 from markov_interp.probes.targets import Target, probe_target
 
+__all__ = ["ProbeTable", "linear_probe", "probe_layers"]
+
 RESULT = "result"  # TransformerLens's kind (hook_result) of a head's write into the residual stream: z_h W_O[h]
 _KINDS = (*(k for k in KINDS if k != "pattern"), RESULT)  # what a site may read: every per-position activation
 _SITE = re.compile(r"^L(\d+)(?:H(\d+))?\.(\w+)$")

@@ -42,6 +42,9 @@ from markov_interp.probes._common import (
 )
 from markov_interp.probes._display import ProbeResult, dataframe
 
+__all__ = ["STATE_AND_COUNTS", "STRATEGIES", "STRATEGY_LABELS", "StrategySimilarity", "in_context_name",
+           "in_context_order", "state_and_counts_probs", "strategy_probs", "strategy_similarity"]
+
 _GRAM = {0: "unigram", 1: "bigram", 2: "trigram"}
 MAX_ORDER = 4  # in-context estimators are named up to this order (sources of higher order are refused)
 

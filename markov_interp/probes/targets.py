@@ -37,6 +37,8 @@ from markov_interp.sources import Source, add_beta_predictions, state_counts, tr
 from markov_interp.probes._common import ProbeBatch, _describe, context_labels
 from markov_interp.probes._display import ProbeResult
 
+__all__ = ["Target", "probe_target"]
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
 class Target(ProbeResult):

@@ -39,6 +39,8 @@ from markov_interp.probes._common import (
     z_hook,
 )
 
+__all__ = ["LogitAttribution", "direct_logit_attribution", "ov_circuits", "qk_circuits"]
+
 Circuits = Float[Tensor, "layer head vocab vocab"]
 
 

@@ -108,7 +108,7 @@ def test_without_a_control_only_non_positive_denominators_are_left_out():
 
 
 def test_the_guard_reads_the_denominator_the_probe_divides_by():
-    """measure_model's "out" losses are on the batch `probes.kernel_swap` feeds: the fraction is their ratio."""
+    """measure_model's "out" losses are on the batch `probes.swap_kernels` feeds: the fraction is their ratio."""
     budget = diversity.TINY.replace(pool_sizes=(4,), seq_len=64, probe_sequences=32)
     inside, outside = diversity._batches(budget)  # the experiment's own probe batches
     pool = RandomMarkov(budget.vocab, alpha=budget.alpha, pool_size=4)

@@ -23,25 +23,14 @@ from handbuilt import (
 )
 from markov_interp import models, sources, theory
 from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov
-from markov_interp.probes import (
-    Component,
-    EdgeKey,
-    EdgeRunner,
-    attention_scores,
-    discover_circuit,
-    edge_attributions,
-    graded_gains,
-    graph_edges,
-    intervened_run,
-    kernel_swap,
-    model_components,
-    sample_batch,
-    state_and_counts_probs,
-    swap_plan,
-)
+from markov_interp.probes import Component, attention_scores, discover_circuit, graded_gains, sample_batch, swap_kernels
+from markov_interp.probes.interventions import intervened_run, model_components
+from markov_interp.probes.kernel_swap import swap_plan
+from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_attributions, graph_edges
+from markov_interp.probes.strategies import state_and_counts_probs
 from markov_interp.probes.ablation import derangement
 from markov_interp.probes.discovery import corrupted_tokens, kept_edges
-from markov_interp.probes.kernel_swap import SwapPlan, _permuted
+from markov_interp.probes.swap_kernels import SwapPlan, _permuted
 from markov_interp.probes.paths import edge_estimates
 
 BINARY = BinaryChain(0.2, 0.3)
@@ -424,18 +413,18 @@ def test_state_and_counts_law_matches_quadrature_on_binary_chains():
 
 # ------------------------------------------------------------------------------------------- kernel swap
 def test_kernel_swap_separates_weights_from_context():
-    kernel = kernel_swap(kernel_model(BINARY.kernel, n_ctx=SEQ), BINARY, seq_len=SEQ, n_sequences=32)
+    kernel = swap_kernels(kernel_model(BINARY.kernel, n_ctx=SEQ), BINARY, seq_len=SEQ, n_sequences=32)
     assert kernel.in_context_fraction == pytest.approx(0.0, abs=1e-6)
-    context = kernel_swap(induction_circuit(2, n_ctx=SEQ), BINARY, seq_len=SEQ, n_sequences=32)
+    context = swap_kernels(induction_circuit(2, n_ctx=SEQ), BINARY, seq_len=SEQ, n_sequences=32)
     assert context.in_context_fraction > 0.7 and context.se < 0.1
     # the fraction is the ratio of the plan's own losses
     assert context.raw_fraction == pytest.approx((context.weights_loss - context.model_loss)
                                                  / (context.weights_loss - context.context_loss))
     for model in (unigram_model([0.5, 0.5, 0.0001][:2], n_ctx=SEQ), counting_circuit(3, n_ctx=SEQ)):
         vocab = int(model.cfg.d_vocab)
-        swap = kernel_swap(model, RandomMarkov(vocab), seq_len=SEQ, n_sequences=32)
+        swap = swap_kernels(model, RandomMarkov(vocab), seq_len=SEQ, n_sequences=32)
         assert 0.0 <= swap.in_context_fraction <= (0.05 if vocab == 2 else 0.9)
-    ind = kernel_swap(induction_circuit(3, n_ctx=SEQ), RandomMarkov(3), seq_len=SEQ, n_sequences=32)
+    ind = swap_kernels(induction_circuit(3, n_ctx=SEQ), RandomMarkov(3), seq_len=SEQ, n_sequences=32)
     assert ind.in_context_fraction > 0.7 and "Dirichlet(0.1)" in ind.description
 
 
@@ -466,7 +455,7 @@ def test_a_source_can_supply_its_own_swap_plan():
             context = sources.add_beta_predictions(batch.tokens, 2, order=1, beta=0.5)
             return SwapPlan(batch=batch, weights_law=weights, context_law=context, description="pool swap")
 
-    swap = kernel_swap(kernel_model(BINARY.kernel, n_ctx=SEQ), Pooled(2), seq_len=SEQ, n_sequences=16)
+    swap = swap_kernels(kernel_model(BINARY.kernel, n_ctx=SEQ), Pooled(2), seq_len=SEQ, n_sequences=16)
     assert swap.description == "pool swap" and swap.in_context_fraction == pytest.approx(0.0, abs=1e-6)
     with pytest.raises(ValueError, match="weights_law"):  # laws over 3 states for a binary batch
         SwapPlan(batch=sample_batch(BINARY, n_sequences=2, seq_len=5, seed=0), weights_law=torch.zeros(2, 5, 3),
@@ -484,7 +473,7 @@ def test_pool_sources_swap_in_kernels_outside_the_pool():
     expected = sources.pool_bayes_predictions(pool, pooled.initial_context_laws(pool), plan.batch.tokens)
     assert torch.allclose(plan.weights_law, expected)
     assert torch.allclose(plan.context_law, sources.add_beta_predictions(plan.batch.tokens, 3, order=1, beta=1.0))
-    swap = kernel_swap(induction_circuit(3, n_ctx=SEQ), pooled, seq_len=SEQ, n_sequences=32)
+    swap = swap_kernels(induction_circuit(3, n_ctx=SEQ), pooled, seq_len=SEQ, n_sequences=32)
     assert swap.in_context_fraction > 0.6  # the circuit estimates in context: it follows the fresh kernels
     with pytest.raises(ValueError, match="pool"):
         swap_plan(pooled, n_sequences=4, seq_len=10, swap="prior")
@@ -538,7 +527,9 @@ def test_logit_attribution_of_a_kernel_model_is_the_embedding_and_adds_up_with_l
 
 
 def test_patching_by_position_stacks_what_one_position_at_a_time_gives():
-    from markov_interp.probes import intervened_probs, patching_by_position, patching_pair
+    from markov_interp.probes import patching_by_position
+    from markov_interp.probes.interventions import intervened_probs
+    from markov_interp.probes.patching import patching_pair
 
     model = induction_circuit(3, n_ctx=SEQ)
     batch = sample_batch(RandomMarkov(3), n_sequences=8, seq_len=20, seed=1)

@@ -21,16 +21,9 @@ from handbuilt import (
 )
 from markov_interp import theory
 from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov
-from markov_interp.probes import (
-    MECHANISMS,
-    StrategySimilarity,
-    Thresholds,
-    ablation_table,
-    check_law,
-    classify_mechanism,
-    probe_hook_names,
-    sample_batch,
-)
+from markov_interp.probes import MECHANISMS, Thresholds, ablation_table, check_law, classify_mechanism, sample_batch
+from markov_interp.probes.classify import probe_hook_names
+from markov_interp.probes.strategies import StrategySimilarity
 
 BINARY = BinaryChain(0.2, 0.3)
 STICKY = BinaryChain(0.1, 0.1)

@@ -53,55 +53,57 @@ def _under_clamps(model, source, batch, pair):
 
 
 def _edge_runner(model, source, batch, pair):
-    runner = probes.EdgeRunner(model, *pair)
-    return runner.many_losses([[e] for e in probes.graph_edges(model)[:6]] + [probes.graph_edges(model)[-3:]])
+    runner, edges = probes.paths.EdgeRunner(model, *pair), probes.paths.graph_edges(model)
+    return runner.many_losses([[e] for e in edges[:6]] + [edges[-3:]])
 
 
 def _cpu_replacements(model, batch):
     """Replacements made on the CPU (a 0-d zero, a mean moved there) for every attention output."""
-    comps = [c for c in probes.model_components(model) if c.kind == "attn"]
-    mean = probes.reference_activations(model, comps, method="mean", tokens=batch)
+    comps = [c for c in probes.interventions.model_components(model) if c.kind == "attn"]
+    mean = probes.ablation.reference_activations(model, comps, method="mean", tokens=batch)
     return comps, {c.hook_name: mean[c.hook_name].cpu() if c.layer else torch.zeros(()) for c in comps}
 
 
 def _intervened(model, source, batch, pair):
     comps, values = _cpu_replacements(model, batch)
-    return (probes.intervened_probs(model, batch.tokens, [comps[:1], comps], values),
-            probes.intervened_run(model, batch.tokens, comps[-1:], values, record=[comps[0].hook_name]))
+    return (probes.interventions.intervened_probs(model, batch.tokens, [comps[:1], comps], values),
+            probes.interventions.intervened_run(model, batch.tokens, comps[-1:], values, record=[comps[0].hook_name]))
 
 
 def _components(model):
-    return probes.model_components(model)[:3]
+    return probes.interventions.model_components(model)[:3]
 
 
 PROBES = {  # name -> fn(model, source, batch, (clean, corrupted)): every public probe that takes a model
     "next_state_probs": lambda m, s, b, p: probes.next_state_probs(m, b),
-    "model_predictor": lambda m, s, b, p: probes.model_predictor(m)(b.tokens),
+    "model_predictor": lambda m, s, b, p: probes.behaviour.model_predictor(m)(b.tokens),
     "attention_scores": lambda m, s, b, p: probes.attention_scores(m, b, max_order=2, max_lag=2),
-    "behaviour": lambda m, s, b, p: probes.behaviour(m, b),
-    "kernel_swap": lambda m, s, b, p: probes.kernel_swap(m, s, n_sequences=8),
+    "behaviour_report": lambda m, s, b, p: probes.behaviour_report(m, b),
+    "swap_kernels": lambda m, s, b, p: probes.swap_kernels(m, s, n_sequences=8),
     "kernel_readout": lambda m, s, b, p: probes.kernel_readout(m, b),
     "strategy_similarity": lambda m, s, b, p: probes.strategy_similarity(m, b),
-    "ablation_table": lambda m, s, b, p: [probes.ablation_table(m, b, method=k) for k in probes.METHODS],
-    "ablated_probs": lambda m, s, b, p: probes.ablated_probs(m, b, _components(m), method="zero"),
-    "ablation_loss_change": lambda m, s, b, p: probes.ablation_loss_change(m, b, _components(m),
-                                                                           reference_tokens=p[1]),
-    "set_ablation_losses": lambda m, s, b, p: probes.set_ablation_losses(m, b, [_components(m)[:1], _components(m)],
-                                                                         method="resample"),
-    "reference_activations": lambda m, s, b, p: probes.reference_activations(m, _components(m), tokens=b,
-                                                                             method="resample"),
-    "ablation_hooks": lambda m, s, b, p: probes.next_state_probs(m, b, fwd_hooks=probes.ablation_hooks(
+    "ablation_table": lambda m, s, b, p: [probes.ablation_table(m, b, method=k) for k in probes.ablation.METHODS],
+    "ablated_probs": lambda m, s, b, p: probes.ablation.ablated_probs(m, b, _components(m), method="zero"),
+    "ablation_loss_change": lambda m, s, b, p: probes.ablation.ablation_loss_change(m, b, _components(m),
+                                                                                    reference_tokens=p[1]),
+    "set_ablation_losses": lambda m, s, b, p: probes.ablation.set_ablation_losses(
+        m, b, [_components(m)[:1], _components(m)], method="resample"),
+    "reference_activations": lambda m, s, b, p: probes.ablation.reference_activations(m, _components(m), tokens=b,
+                                                                                      method="resample"),
+    "ablation_hooks": lambda m, s, b, p: probes.next_state_probs(m, b, fwd_hooks=probes.ablation.ablation_hooks(
         m, _components(m), method="zero", reference={})),
     "intervened_probs": _intervened,
     "intervened_run": _intervened,
-    "patched_probs": lambda m, s, b, p: probes.patched_probs(m, *p, _components(m), positions=[SEQ - 1]),
+    "patched_probs": lambda m, s, b, p: probes.patching.patched_probs(m, *p, _components(m), positions=[SEQ - 1]),
     "activation_patching": lambda m, s, b, p: probes.activation_patching(m, *p),
     "patching_by_position": lambda m, s, b, p: probes.patching_by_position(m, *p),
     "direct_logit_attribution": lambda m, s, b, p: probes.direct_logit_attribution(m, b),
     "ov_circuits": lambda m, s, b, p: probes.ov_circuits(m),
     "qk_circuits": lambda m, s, b, p: probes.qk_circuits(m),
-    "composition_scores": lambda m, s, b, p: probes.composition_scores(m, "K") if m.cfg.n_layers > 1 else None,
-    "head_composition": lambda m, s, b, p: probes.head_composition(m, (0, 0), (1, 0)) if m.cfg.n_layers > 1 else None,
+    "composition_scores": lambda m, s, b, p: (probes.patching.composition_scores(m, "K") if m.cfg.n_layers > 1
+                                              else None),
+    "head_composition": lambda m, s, b, p: (probes.patching.head_composition(m, (0, 0), (1, 0)) if m.cfg.n_layers > 1
+                                            else None),
     "EdgeRunner": _edge_runner,
     "discover_circuit": lambda m, s, b, p: [probes.discover_circuit(m, s, n_sequences=8, method="exact"),
                                             probes.discover_circuit(m, s, n_sequences=8, method="attribution+verify",
@@ -119,7 +121,8 @@ PROBES = {  # name -> fn(model, source, batch, (clean, corrupted)): every public
 FIELDS_ONLY = {"discover_circuit", "classify_mechanism", "circuit_formation", "clamps.applied", "activation_patching",
                "patching_by_position"}
 EXEMPT = {  # public probes taking a model that read only its config, never a tensor
-    "probe_length", "training_length", "graph_edges", "model_components", "probe_hook_names"}
+    "probe_length", "training_length", "graph_edges", "model_components", "probe_hook_names",
+    "fitted_similarity"}  # given the model's logits: runs no forward (the classifier's law axis, run above)
 SLOW = {"discover_circuit", "classify_mechanism", "circuit_formation", "clamps.applied", "EdgeRunner"}
 
 
@@ -175,7 +178,7 @@ def on(device: str):
 
 def _inputs(source):
     batch = probes.sample_batch(source, n_sequences=12, seq_len=SEQ, seed=1)
-    return batch, probes.patching_pair(batch, seed=0)
+    return batch, probes.patching.patching_pair(batch, seed=0)
 
 
 def _cases():
@@ -211,8 +214,10 @@ def test_every_public_probe_that_takes_a_model_is_run_on_another_device():
         except (TypeError, ValueError):  # a class without a Python signature (a warning category)
             return None
 
-    takes_model = {name for name in probes.__all__
-                   if first_parameter(getattr(probes, name)) in ("model", "checkpoints")}
+    from tests.probes.test_probe_ux import public_probe_names
+
+    takes_model = {name for name, value in public_probe_names().items()
+                   if callable(value) and first_parameter(value) in ("model", "checkpoints")}
     assert takes_model - EXEMPT <= set(PROBES), sorted(takes_model - EXEMPT - set(PROBES))
     assert "EdgeRunner" in takes_model and not EXEMPT & set(PROBES)
 

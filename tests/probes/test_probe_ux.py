@@ -39,21 +39,23 @@ def batch():
 # ------------------------------------------------------------------------------------------- probe length
 def test_probe_length_rule_and_its_warning():
     model = induction_model(3)  # a fresh one: the warning is once per model
-    assert probes.probe_length(model) == min(48, probes.DEFAULT_PROBE_LENGTH) == 48  # no training length known
+    assert probes.probe_length(model) == min(48, probes._common.DEFAULT_PROBE_LENGTH) == 48  # no training length known
     model.markov_train_seq_len = 20
-    assert probes.training_length(model) == 20 and probes.probe_length(model) == 20
+    assert probes._common.training_length(model) == 20 and probes.probe_length(model) == 20
     assert probes.probe_length(model, 16) == 16
     with pytest.raises(ValueError, match="n_ctx=48"):
         probes.probe_length(model, 49)
     with pytest.raises(ValueError, match="seq_len"):
         probes.probe_length(model, 1)
     # the same rule on a model's numbers (what `probe` / `report` size their batch by before loading the model)
-    assert probes.probe_length_for(48, None) == 48 and probes.probe_length_for(48, 20) == 20
-    assert probes.probe_length_for(16, 20) == 16 and probes.probe_length_for(48, 20, 30) == 30  # capped at n_ctx
+    length_for = probes._common.probe_length_for
+    assert length_for(48, None) == 48 and length_for(48, 20) == 20
+    assert length_for(16, 20) == 16 and length_for(48, 20, 30) == 30  # capped at n_ctx
     with pytest.raises(ValueError, match="n_ctx=48"):
-        probes.probe_length_for(48, 20, 49)
+        length_for(48, 20, 49)
     tokens = TERNARY.sample(2, 30, torch.Generator().manual_seed(0))
-    with pytest.warns(probes.ProbeLengthWarning, match=r"trained on sequences of 20: positions 20\.\.29 were never"):
+    with pytest.warns(probes._common.ProbeLengthWarning,
+                      match=r"trained on sequences of 20: positions 20\.\.29 were never"):
         probes.next_state_probs(model, tokens)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per model: the second probe beyond the length is silent
@@ -83,12 +85,12 @@ def test_loaded_and_trained_models_carry_their_training_length(tmp_path, circuit
     for path in (tmp_path / "run", tmp_path / "run" / "model.safetensors", checkpoint):
         for model in (models.load(path), runs.load_model(path)):
             assert models.weights_metadata(model) == models.WeightsMetadata(train_seq_len=12, step=2), path
-            assert probes.training_length(model) == 12 and probes.probe_length(model) == 12
+            assert probes._common.training_length(model) == 12 and probes.probe_length(model) == 12
     for model in (result.model, models.load(tmp_path / "run")):
         assert "markov_train_seq_len" not in vars(model)  # not an attribute of the model object
     alone = models.save(result.model, tmp_path / "alone" / "weights.safetensors")  # no run folder around it
     assert models.weights_metadata(models.load(alone)) == models.WeightsMetadata()
-    assert probes.training_length(models.load(alone)) is None and probes.probe_length(models.load(alone)) == 16
+    assert probes._common.training_length(models.load(alone)) is None and probes.probe_length(models.load(alone)) == 16
     own = models.load(alone)
     own.markov_train_seq_len = 8  # a model of one's own: the length set by hand is the probes' default
     assert probes.probe_length(own) == 8 and probes.probe_length(result.model) == 12
@@ -106,7 +108,7 @@ def test_every_entry_point_gives_the_same_verdict(tmp_path, capsys):
                                       eval_every=0, n_checkpoints=2, device="cpu"))
     folder = tmp_path / "icl"
     train(run, folder, progress=False)
-    assert min(128, probes.DEFAULT_PROBE_LENGTH) != 32  # the old Python default probed elsewhere
+    assert min(128, probes._common.DEFAULT_PROBE_LENGTH) != 32  # the old Python default probed elsewhere
     python = probes.classify_mechanism(models.load(folder), run.source.build()).to_dict()
     assert cli.main(["probe", str(folder), "--json"]) == 0
     from_cli = json.loads(capsys.readouterr().out)
@@ -123,7 +125,7 @@ def test_every_entry_point_gives_the_same_verdict(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------ display
 def test_results_have_short_reprs_summaries_and_html(circuit, mech, batch):
-    clean, corrupted = probes.patching_pair(batch)
+    clean, corrupted = probes.patching.patching_pair(batch)
     results = [mech, mech.attention, mech.ablation, mech.behaviour, mech.strategies, mech.readout, mech.circuit,
                probes.activation_patching(circuit, clean, corrupted)]
     for result in results:
@@ -188,7 +190,7 @@ def test_probes_that_read_tokens_take_a_probe_batch(circuit, batch):
 
 
 def test_probes_that_need_kernels_refuse_bare_tokens(circuit, batch):
-    for probe in (probes.behaviour, probes.kernel_readout, probes.strategy_similarity):
+    for probe in (probes.behaviour_report, probes.kernel_readout, probes.strategy_similarity):
         with pytest.raises((ValueError, TypeError)):  # jaxtyping's TypeCheckError under pytest, else ValueError
             probe(circuit, batch.tokens)
     from markov_interp.probes._common import check_batch
@@ -205,11 +207,11 @@ def test_identical_patching_inputs_are_refused(circuit, batch):
 
 
 def test_pattern_scores_check_their_shapes(batch):
-    pattern = probes.uniform_causal_pattern(batch.tokens)
+    pattern = probes.attention.uniform_causal_pattern(batch.tokens)
     with pytest.raises((ValueError, TypeError)):
-        probes.previous_token_score(pattern[0], batch.tokens)  # [head, q, k]: no batch axis
+        probes.attention.previous_token_score(pattern[0], batch.tokens)  # [head, q, k]: no batch axis
     with pytest.raises(ValueError, match=r"\[8, head, 16, 16\]"):
-        probes.same_token_score(pattern, batch.tokens[:, :16])  # patterns of 32 positions, tokens of 16
+        probes.attention.same_token_score(pattern, batch.tokens[:, :16])  # patterns of 32 positions, tokens of 16
 
 
 def test_attention_figure_takes_transformer_lens_shapes(circuit):
@@ -245,8 +247,22 @@ def test_state_labels():
 
 
 # ------------------------------------------------------------------------- every result type displays (32)
+def public_probe_names() -> dict[str, object]:
+    """Every public name of the probes: the face (`probes.__all__`) and each module's own public definitions (the
+    engines, reached as `probes.<module>.<Name>`)."""
+    import pkgutil
+
+    found = {}
+    for info in pkgutil.iter_modules(probes.__path__):
+        module = getattr(probes, info.name)
+        found.update({name: getattr(module, name) for name in getattr(module, "__all__", ())})
+    found.update({name: getattr(probes, name) for name in probes.__all__})
+    return found
+
+
 def _result_types() -> dict[str, type]:
-    """Every typed result of the package: the probes' exports that are results, and the other stages' results."""
+    """Every typed result of the package: the probes' public results (the face's and the modules'), and the other
+    stages' results."""
     import dataclasses as dc
 
     from markov_interp import dynamics, landscape, sweep, theory
@@ -255,8 +271,8 @@ def _result_types() -> dict[str, type]:
     from markov_interp.training import FinalLosses, TrainResult
 
     not_results = {"Component", "EdgeKey", "EdgeRunner", "ProbeLengthWarning", "ProbeResult"}  # names, engines
-    found = {name: obj for name, obj in vars(probes).items() if isinstance(obj, type) and dc.is_dataclass(obj)
-             and name in probes.__all__ and name not in not_results}
+    found = {name: obj for name, obj in public_probe_names().items() if isinstance(obj, type)
+             and dc.is_dataclass(obj) and name not in not_results}
     found.update({c.__name__: c for c in (
         theory.ReferenceLosses, theory.KernelExpectations, FinalLosses, TrainResult, dynamics.ExcessCurve,
         dynamics.RunDynamics, dynamics.Quantile, dynamics.Survival, dynamics.MedianCurve, dynamics.ConditionDynamics,
@@ -275,7 +291,7 @@ def test_every_result_type_is_enumerated(examples):
 
 
 def _probe_examples(circuit, mech, batch) -> dict:
-    clean, corrupted = probes.patching_pair(batch)
+    clean, corrupted = probes.patching.patching_pair(batch)
     return {
         "MechanismReport": mech, "LawCheck": mech.law.raw, "LawVerdict": mech.law, "Thresholds": mech.thresholds,
         "Gains": mech.gains, "KernelSwap": mech.kernel_swap, "CircuitGraph": mech.graph,
@@ -289,8 +305,8 @@ def _probe_examples(circuit, mech, batch) -> dict:
         "LogitAttribution": probes.direct_logit_attribution(circuit, batch),
         "PositionPatching": probes.patching_by_position(circuit, clean, corrupted),
         "PatchingResult": probes.activation_patching(circuit, clean, corrupted),
-        "SwapPlan": probes.swap_plan(TERNARY, n_sequences=4, seq_len=16, seed=0),
-        "TokenStatistics": probes.token_statistics(batch, vocab=3),
+        "SwapPlan": probes.kernel_swap.swap_plan(TERNARY, n_sequences=4, seq_len=16, seed=0),
+        "TokenStatistics": probes.attention.token_statistics(batch, vocab=3),
         "CircuitFormation": probes.circuit_formation([(1, circuit), (2, circuit)], TERNARY, n_sequences=4,
                                                      seq_len=16),
         "Target": probes.probe_target("state", batch, lag=1),
@@ -416,4 +432,4 @@ def test_the_issue_case_classify_with_tokens_for_the_source(circuit, batch):
     with pytest.raises(TypeError, match="model must be a TransformerLens hooked model"):
         probes.attention_scores(batch.tokens, batch)
     with pytest.raises(TypeError, match="batch must be a ProbeBatch"):
-        probes.behaviour(circuit, batch.tokens)
+        probes.behaviour_report(circuit, batch.tokens)

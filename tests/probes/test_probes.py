@@ -20,35 +20,16 @@ from handbuilt import (  # noqa: E402
 from markov_interp import sources, theory  # noqa: E402
 from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov  # noqa: E402
 from markov_interp.probes import (  # noqa: E402
-    Component,
-    Thresholds,
-    ablated_probs,
-    ablation_table,
-    activation_patching,
-    attention_scores,
-    classify_mechanism,
-    composition_scores,
-    context_dependence,
-    head_composition,
-    implied_kernel,
-    in_context_learning_score,
-    induction_baseline,
-    induction_keys,
-    induction_score,
-    kernel_predictor,
-    kernel_readout,
-    model_components,
-    next_state_probs,
-    patched_probs,
-    patching_pair,
-    previous_token_score,
-    same_token_score,
-    sample_batch,
-    set_ablation_losses,
-    set_component,
-    state_dependence,
-    uniform_causal_pattern,
-)
+    Component, Thresholds, ablation_table, activation_patching, attention_scores, classify_mechanism, kernel_readout,
+    next_state_probs, sample_batch)
+from markov_interp.probes.ablation import ablated_probs, set_ablation_losses
+from markov_interp.probes.attention import (induction_baseline, induction_keys, induction_score, previous_token_score,
+                                            same_token_score, uniform_causal_pattern)
+from markov_interp.probes.behaviour import (context_dependence, in_context_learning_score, kernel_predictor,
+                                            state_dependence)
+from markov_interp.probes.interventions import model_components, set_component
+from markov_interp.probes.patching import composition_scores, head_composition, patched_probs, patching_pair
+from markov_interp.probes.readout import implied_kernel
 from markov_interp.probes.ablation import derangement  # noqa: E402
 
 BINARY = BinaryChain(0.2, 0.3)

@@ -19,16 +19,10 @@ from handbuilt import (
     position_edges,
 )
 from markov_interp.sources import RandomMarkov
-from markov_interp.probes import (
-    EdgeKey,
-    EdgeRunner,
-    ablation_table,
-    classify_mechanism,
-    discover_circuit,
-    fit_temperature,
-    lag_channels,
-    sample_batch,
-)
+from markov_interp.probes import ablation_table, classify_mechanism, discover_circuit, sample_batch
+from markov_interp.probes.circuit import lag_channels
+from markov_interp.probes.law import fit_temperature
+from markov_interp.probes.paths import EdgeKey, EdgeRunner
 from markov_interp.probes.discovery import corrupted_tokens, head_of_batch
 from markov_interp.probes.law import TEMPERATURE_RANGE
 

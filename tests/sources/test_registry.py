@@ -145,4 +145,4 @@ def test_a_kind_of_its_own_runs_through_the_package(started):
     refs = theory.reference_losses(run.source.build(), 8)
     assert result.final.entropy_rate == pytest.approx(refs.entropy_rate) and result.final.eval_loss > 0
     batch = probes.sample_batch(run.source.build(), n_sequences=4, seq_len=6, seed=0)
-    assert torch.equal(probes.kernel_probs(batch), batch.source.predictive(batch.tokens))
+    assert torch.equal(probes._common.kernel_probs(batch), batch.source.predictive(batch.tokens))

@@ -11,8 +11,8 @@ import torch
 
 from markov_interp import sources, theory
 from markov_interp.sources import MarkovChain, RandomMarkov
-from markov_interp.probes import kernel_probs, sample_batch, stationary_probs
-from markov_interp.probes._common import stationary_laws
+from markov_interp.probes import sample_batch
+from markov_interp.probes._common import kernel_probs, stationary_laws, stationary_probs
 
 K2 = [[[0.5, 0.3, 0.2], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]],
       [[0.7, 0.2, 0.1], [0.25, 0.25, 0.5], [0.05, 0.15, 0.8]],
