@@ -23,6 +23,7 @@ from typing import Any, Optional
 import torch
 
 from markov_interp import dynamics, models, probes, runs, theory
+from markov_interp.probes import behaviour
 from markov_interp._display import displayed, headline
 from markov_interp.config import check_int
 from markov_interp.sources import Source, add_beta_predictions
@@ -43,11 +44,6 @@ from markov_interp.report._formation import formation_section
 from markov_interp.report._html import Section, atomic_write_text, document, figure_svg, iframe, paragraph, table
 
 REPORT_FILE = runs.REPORT_FILE  # the run folder's own file (runs.OWN_FILES)
-SECTION_IDS = ("summary", "config", "loss", "mechanism", "circuit", "weights", "attribution", "patching", "heads",
-               "attention", "ablation", "kernel", "landscape", "training", "formation")
-# `from_model`: the sections that need no run folder
-MODEL_SECTION_IDS = ("summary", "mechanism", "circuit", "weights", "attribution", "patching", "heads", "attention",
-                     "ablation", "kernel")
 _LEAD = 1  # sections before the contents: the first screen
 CONDITION_SECTION = "condition"  # added after SECTION_IDS for a run that belongs to a sweep
 
@@ -135,7 +131,7 @@ def _logged_references(metrics: list[dict]) -> Optional[ReferenceLosses]:
 
 
 # ----------------------------------------------------------------------------------------------- sections
-def _config_section(run: RunConfig, run_dir: Optional[Path]) -> Section:
+def _config_section(run: RunConfig, run_dir: Optional[Path]) -> tuple:
     src, mc, tc = run.source, run.model, run.train
     rows = [
         ("run folder", str(run_dir) if run_dir else "(in memory)"),
@@ -158,21 +154,19 @@ def _config_section(run: RunConfig, run_dir: Optional[Path]) -> Section:
     pretty = json.dumps(run.to_dict(), indent=2, sort_keys=True)
     raw = ('<details class="config-json"><summary>config.json (the whole run configuration; <code>markov-interp '
            f'train --config</code> retrains it)</summary><pre>{html.escape(pretty)}</pre></details>')
-    return Section("config", "Run configuration", (table(rows), raw))
+    return (table(rows), raw)
 
 
-def _loss_section(mech: probes.MechanismReport, refs: ReferenceLosses, *, curve_shown: bool) -> Section:
+def _loss_section(mech: probes.MechanismReport, refs: ReferenceLosses) -> tuple:
     text = paragraph(
         "Loss in nats. Reference lines come from markov_interp.theory: the entropy rate is the loss of the true "
         "kernel (global optimum), the unigram loss the plateau of a model that ignores the current state (H(pi); "
         "for random kernels the in-context unigram estimator's loss)"
         + (", the in-context Bayes loss the best possible on random kernels." if refs.in_context else ".")
-        + " A reference estimated by Monte Carlo shows its standard error (±)."
-        + (" The loss during training against these references is the figure at the top (Summary)."
-           if curve_shown else "")
+        + " A reference estimated by Monte Carlo shows its standard error (±). The loss during training against "
+        "these references is the figure at the top (Summary)."
     )
-    return Section("loss", "Loss along the sequence", (text, figures.position_loss_figure(mech.behaviour,
-                                                                                           mech.references)))
+    return (text, figures.position_loss_figure(mech.behaviour, mech.references))
 
 
 def shown_reasons(mech: probes.MechanismReport) -> list[str]:
@@ -190,7 +184,7 @@ def _axis(value: Any, fallback: Callable[[], str]) -> str:
         return value
     if value is None or isinstance(value, (probes.CircuitGraph, probes.LawCheck)):
         return fallback()
-    return probes.headline(value)
+    return headline(value)
 
 
 def _graph(mech: probes.MechanismReport) -> probes.CircuitGraph:
@@ -252,15 +246,15 @@ def why_panel(mech: probes.MechanismReport) -> str:
     return f'<div class="why">{head}{table(rows)}</div>'
 
 
-def _summary_section(mech: probes.MechanismReport, loss_figure: Any) -> Section:
+def _summary_section(mech: probes.MechanismReport, loss_figure: Any) -> tuple:
     """The first screen: the verdict, then the circuit diagram beside the loss curve (or, without a run, the
     loss along the sequence) against the references."""
     pair = (f'<div class="first-screen"><figure class="diagram">{circuit_diagram(_graph(mech))}</figure>'
             f'<figure class="plot">{figure_svg(loss_figure, salt="summary-loss")}</figure></div>')
-    return Section("summary", "Summary", (why_panel(mech), pair))
+    return (why_panel(mech), pair)
 
 
-def _mechanism_section(mech: probes.MechanismReport) -> Section:
+def _mechanism_section(mech: probes.MechanismReport) -> tuple:
     b, law, circuit = mech.behaviour, _law_check(mech), _graph(mech)
     reasons = "<ol>" + "".join(f"<li>{html.escape(r)}</li>" for r in shown_reasons(mech)) + "</ol>"
     sim = mech.strategies
@@ -292,11 +286,10 @@ def _mechanism_section(mech: probes.MechanismReport) -> Section:
         ("in-context learning score (late - early loss, nats)", b.icl_score),
         ("probe batch", f"{mech.n_sequences} sequences x {mech.seq_len} states, seed {mech.seed}"),
     ]
-    return Section("mechanism", "Mechanism verdict: the evidence",
-                   (axes_panel(mech), reasons, laws, roles, table(rows, header=("evidence", "value"))))
+    return (axes_panel(mech), reasons, laws, roles, table(rows, header=("evidence", "value")))
 
 
-def _weights_section(model: models.HookedModel, mech: probes.MechanismReport) -> Section:
+def _weights_section(model: models.HookedModel, mech: probes.MechanismReport) -> tuple:
     """Per-head OV and QK circuits of the heads on the circuit (all heads when none is)."""
     graph = _graph(mech)
     on = list(graph.kept_heads()) or [n for n in graph.nodes if "H" in n]
@@ -305,48 +298,45 @@ def _weights_section(model: models.HookedModel, mech: probes.MechanismReport) ->
                      "V x V matrices of token embeddings only: positions, LayerNorm and what earlier heads write "
                      "are left out, so a head whose keys read a previous-token head shows its match in the "
                      "circuit's K-edge, not here.")
-    return Section("weights", "OV and QK circuits",
-                   (text, ov_qk_figure(probes.ov_circuits(model), probes.qk_circuits(model), heads)))
+    return (text, ov_qk_figure(probes.ov_circuits(model), probes.qk_circuits(model), heads))
 
 
-def _attribution_section(model: models.HookedModel, batch: probes.ProbeBatch) -> Section:
+def _attribution_section(model: models.HookedModel, batch: probes.ProbeBatch) -> tuple:
     attribution = probes.direct_logit_attribution(model, batch)
     text = paragraph("Direct logit attribution: what each component writes straight into the logit of the next "
                      "state (minus the mean logit), through the final LayerNorm's scale, averaged over the probe "
                      "batch; the bars add up to the total. Components a model does not have are left out.")
-    return Section("attribution", "Direct logit attribution", (text, logit_attribution_figure(attribution)))
+    return (text, logit_attribution_figure(attribution))
 
 
 def _patching_section(model: models.HookedModel, mech: probes.MechanismReport, batch: probes.ProbeBatch, *,
-                      max_positions: int = 48) -> Section:
+                      max_positions: int = 48) -> tuple:
     """Activation patching by layer x position on a `patching_pair` of the probe batch's first 16 sequences, cut
     to the last `max_positions` states."""
     tokens = batch.tokens[:16, -min(max_positions, batch.tokens.shape[1]):]
-    clean, corrupted = probes.patching_pair(tokens, seed=mech.seed)
+    clean, corrupted = probes.patching.patching_pair(tokens, seed=mech.seed)
     if bool((clean == corrupted).all()):
-        return Section("patching", "Activation patching by position",
-                       (paragraph("Not applicable: the corrupted sequences equal the clean ones.", cls="note"),))
+        return (paragraph("Not applicable: the corrupted sequences equal the clean ones.", cls="note"),)
     text = paragraph(f"The residual stream before each layer patched from the clean run into the corrupted one, "
                      f"one position at a time ({clean.shape[0]} pairs of {clean.shape[1]} states): the fraction "
                      "of the clean prediction at the last position each patch recovers.")
-    return Section("patching", "Activation patching by position",
-                   (text, position_patching_figure(probes.patching_by_position(model, clean, corrupted))))
+    return (text, position_patching_figure(probes.patching_by_position(model, clean, corrupted)))
 
 
 def _device(model: models.HookedModel) -> torch.device:
     return next(iter(model.parameters())).device
 
 
-def _heads_section(mech: probes.MechanismReport) -> Section:
+def _heads_section(mech: probes.MechanismReport) -> tuple:
     text = paragraph(
         "Attention scores per head (Olsson et al.), each beside chance: the same score for uniform causal "
         "attention on the same tokens. Colour: excess over chance; numbers: raw scores."
     )
-    return Section("heads", "Head scores against chance", (text, figures.head_scores_figure(mech.attention)))
+    return (text, figures.head_scores_figure(mech.attention))
 
 
 @torch.no_grad()
-def _attention_section(model: models.HookedModel, tokens: torch.Tensor, cache: Optional[Any] = None) -> Section:
+def _attention_section(model: models.HookedModel, tokens: torch.Tensor, cache: Optional[Any] = None) -> tuple:
     from markov_interp.probes.attention import attention_hook_names
 
     names = attention_hook_names(model)
@@ -358,22 +348,21 @@ def _attention_section(model: models.HookedModel, tokens: torch.Tensor, cache: O
         f"Attention of every head on one sampled sequence of {tokens.shape[0]} states (labels are the states). "
         "Hover a head to enlarge it; rows are queries, columns keys."
     )
-    return Section("attention", "Attention patterns on a sample sequence",
-                   (text, figures.attention_patterns_figure(patterns, tokens.cpu())))
+    return (text, figures.attention_patterns_figure(patterns, tokens.cpu()))
 
 
-def _ablation_section(table_: probes.AblationTable, mech: probes.MechanismReport) -> Section:
+def _ablation_section(table_: probes.AblationTable, mech: probes.MechanismReport) -> tuple:
     text = paragraph(
         "Each component mean-ablated on its own (its output replaced by its mean over the probe batch at the "
         "same position); bars are the resulting increase of the loss."
     )
-    return Section("ablation", "Ablations", (text, figures.ablation_figure(table_, bigram_gain=mech.bigram_gain)))
+    return (text, figures.ablation_figure(table_, bigram_gain=mech.bigram_gain))
 
 
 @torch.no_grad()
-def _kernel_section(model: models.HookedModel, mech: probes.MechanismReport, batch: probes.ProbeBatch) -> Section:
+def _kernel_section(model: models.HookedModel, mech: probes.MechanismReport, batch: probes.ProbeBatch) -> tuple:
     if not batch.random_kernel:
-        return Section("kernel", "Learned kernel against the true one", (figures.kernel_figure(mech.readout),))
+        return (figures.kernel_figure(mech.readout),)
     parts: list = [paragraph(
         "Not applicable: every sequence of this source has its own kernel, so no kernel can be learned in the "
         "weights and an average of the model's predictions per context would mix kernels that differ per "
@@ -384,10 +373,10 @@ def _kernel_section(model: models.HookedModel, mech: probes.MechanismReport, bat
         model_probs = probes.next_state_probs(model, tokens)[0].cpu()
         add_beta = add_beta_predictions(tokens.cpu(), batch.vocab, order=1, beta=batch.beta)[0]
         parts.append(figures.in_context_tracking_figure(model_probs, add_beta, batch.kernels[0].cpu(), tokens[0]))
-    return Section("kernel", "Learned kernel against the true one", tuple(parts))
+    return tuple(parts)
 
 
-def _landscape_section(run: RunConfig, model: models.HookedModel, checkpoints: list[tuple[int, Path]]) -> Section:
+def _landscape_section(run: RunConfig, model: models.HookedModel, checkpoints: list[tuple[int, Path]]) -> tuple:
     from markov_interp import landscape
 
     mc, (p, q) = run.model, _switching_probabilities(run.source.build())
@@ -401,15 +390,13 @@ def _landscape_section(run: RunConfig, model: models.HookedModel, checkpoints: l
     elif not mc.tie_weights:
         why = "untied model: the drawn landscape is the tied one, whose bad minima untied models do not have"
     if why is not None:
-        return Section("landscape", "Canonical landscape",
-                       (paragraph(f"Not applicable ({why}). The canonical (e, w, b) landscape of the follow-up paper "
-                                  "describes tied single-layer models on binary chains.", cls="note"),))
+        return (paragraph(f"Not applicable ({why}). The canonical (e, w, b) landscape of the follow-up paper "
+                          "describes tied single-layer models on binary chains.", cls="note"),)
     states = [models.read_weights(path)[1] for _, path in checkpoints] + [model]
     try:
         traj = landscape.coordinates_trajectory(states, p=p, q=q)
     except ValueError as err:
-        return Section("landscape", "Canonical landscape",
-                       (paragraph(f"Could not project the run onto the canonical coordinates: {err}", cls="note"),))
+        return (paragraph(f"Could not project the run onto the canonical coordinates: {err}", cls="note"),)
     e, w, b = (float(v) for v in traj.points[-1])
     ws, es = traj.points[:, 1], abs(traj.points[:, 0])
     fig = figures.landscape_figure(
@@ -422,7 +409,7 @@ def _landscape_section(run: RunConfig, model: models.HookedModel, checkpoints: l
         f"projection for trained models with LayerNorm). Final point: e = {e:.3f}, w = {w:.3f}, b = {b:.3f}. "
         "Unigram line e = 0: a local minimum for p + q > 1 where w > -1/sqrt(2)."
     )
-    return Section("landscape", "Canonical landscape", (text, fig))
+    return (text, fig)
 
 
 def _switching_probabilities(source: Source) -> tuple[Optional[float], Optional[float]]:
@@ -470,10 +457,9 @@ def _checkpoint_outputs(checkpoints: list[tuple[int, Path]], tokens: torch.Tenso
 
 def _training_section(run: RunConfig, model: models.HookedModel, checkpoints: list[tuple[int, Path]],
                       batch: probes.ProbeBatch, mech: probes.MechanismReport, metrics: list[dict],
-                      logged: Optional[ReferenceLosses], max_checkpoints: int) -> Section:
+                      logged: Optional[ReferenceLosses], max_checkpoints: int) -> tuple:
     if not checkpoints:
-        return Section("training", "Probe scores over training",
-                       (paragraph("Not available: the run folder has no checkpoints.", cls="note"),))
+        return (paragraph("Not available: the run folder has no checkpoints.", cls="note"),)
     chosen = _spread(checkpoints, max_checkpoints)
     n_layers = run.model.n_layers
     prev = mech.previous_token_head or mech.attention.top_head("previous_token",
@@ -486,8 +472,8 @@ def _training_section(run: RunConfig, model: models.HookedModel, checkpoints: li
         series[induction_label] = []
     series["KL(true kernel || model), nats"] = []
     series["in-context learning score, nats"] = []
-    true = probes.kernel_probs(batch)
-    stats = probes.token_statistics(batch.tokens, vocab=batch.vocab)  # shared by every checkpoint
+    true = probes._common.kernel_probs(batch)
+    stats = probes.attention.token_statistics(batch.tokens, vocab=batch.vocab)  # shared by every checkpoint
     strategies: list[Any] = []  # probes.StrategySimilarity per checkpoint
     for patterns, probs in _checkpoint_outputs(chosen, batch.tokens, int(model.cfg.n_heads), _device(model)):
         scores = probes.attention_scores(model, batch.tokens, cache=patterns, statistics=stats)
@@ -495,8 +481,8 @@ def _training_section(run: RunConfig, model: models.HookedModel, checkpoints: li
         values = [float(scores.excess("previous_token")[prev])]
         if ind is not None:
             values.append(float(scores.excess("induction")[ind]))
-        values.append(float(probes.kl_curve(true, probs).mean()))
-        values.append(probes.in_context_learning_score(probes.loss_curve(probs, batch.tokens.cpu())))
+        values.append(float(behaviour.kl_curve(true, probs).mean()))
+        values.append(behaviour.in_context_learning_score(behaviour.loss_curve(probs, batch.tokens.cpu())))
         for key, value in zip(series, values):
             series[key].append(value)
     steps = [s for s, _ in chosen]
@@ -512,7 +498,7 @@ def _training_section(run: RunConfig, model: models.HookedModel, checkpoints: li
         f"Probes re-run on {len(chosen)} saved checkpoints (same probe batch as above). The heads followed are the "
         f"final model's previous-token and induction heads. Events: {found}."
     )
-    return Section("training", "Probe scores over training", (text, fig, *_strategy_parts(steps, strategies, events)))
+    return (text, fig, *_strategy_parts(steps, strategies, events))
 
 
 def _strategy_parts(steps: list[int], strategies: list[Any], events: dict[str, int]) -> tuple:
@@ -572,32 +558,93 @@ def _probe(model: models.HookedModel, source: Source, *, n_sequences: int, seq_l
     (`probes.probe_length`), one probe batch, one forward pass shared by the classifier and the sections."""
     seq_len = probes.probe_length(model, seq_len)
     batch = probes.sample_batch(source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    _, cache = model.run_with_cache(batch.tokens.to(_device(model)), names_filter=probes.probe_hook_names(model))
+    hooks = probes.classify.probe_hook_names(model)
+    _, cache = model.run_with_cache(batch.tokens.to(_device(model)), names_filter=hooks)
     mech = probes.classify_mechanism(model, source, batch=batch, cache=cache, seed=seed)  # table reused below
     return batch, mech, cache
 
 
-def _model_sections(model: models.HookedModel, batch: probes.ProbeBatch, mech: probes.MechanismReport, cache: Any,
-                    *, sample_len: int, bar: Any) -> dict[str, Section]:
-    """The sections a model alone gives (`MODEL_SECTION_IDS` but the summary), by id."""
-    makers = (
-        lambda: _mechanism_section(mech),
-        lambda: circuit_section(mech),
-        lambda: _weights_section(model, mech),
-        lambda: _attribution_section(model, batch),
-        lambda: _patching_section(model, mech, batch),
-        lambda: _heads_section(mech),
-        lambda: _attention_section(model, batch.tokens[0, : min(sample_len, batch.tokens.shape[1])], cache),
-        lambda: _ablation_section(mech.ablation, mech),
-        lambda: _kernel_section(model, mech, batch),
-    )
-    out = {}
-    for make in makers:
-        section = make()
-        out[section.id] = section
+@dataclasses.dataclass(frozen=True)
+class _Probed:
+    """What the sections are made from: the model, its probe batch, the verdict and the probes' cache; for a run
+    folder also its config, metrics, checkpoints and reference losses (None for a model without a run)."""
+
+    model: models.HookedModel
+    batch: probes.ProbeBatch
+    mech: probes.MechanismReport
+    cache: Any
+    sample_len: int
+    loss_figure: Any  # the summary's: the loss during training, or along the sequence without a run
+    seed: int
+    run: Optional[RunConfig] = None
+    run_dir: Optional[Path] = None
+    metrics: tuple = ()
+    checkpoints: tuple = ()
+    logged: Optional[ReferenceLosses] = None
+    max_checkpoints: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SectionMaker:
+    """One section of a report: its id (the HTML anchor, `Report.section(id)`), its title and the function that
+    makes its parts from what was probed; `run` sections need a run folder (its config, metrics, checkpoints),
+    the others a model alone (`from_model`); `cache`: it reads the probes' activations."""
+
+    id: str
+    title: str
+    make: Callable[[_Probed], tuple]
+    run: bool = False
+    cache: bool = False
+
+    def section(self, probed: _Probed) -> Section:
+        return Section(self.id, self.title, tuple(self.make(probed)))
+
+
+def _sample(p: _Probed) -> torch.Tensor:
+    """The first `sample_len` states of the batch's first sequence (the attention patterns' sample)."""
+    return p.batch.tokens[0, : min(p.sample_len, p.batch.tokens.shape[1])]
+
+
+# every section of a report, in order (`build`: all; `from_model`: those without `run`)
+SECTIONS = (
+    SectionMaker("summary", "Summary", lambda p: _summary_section(p.mech, p.loss_figure)),
+    SectionMaker("config", "Run configuration", lambda p: _config_section(p.run, p.run_dir), run=True),
+    SectionMaker("loss", "Loss along the sequence", lambda p: _loss_section(p.mech, p.logged or p.mech.references),
+                 run=True),
+    SectionMaker("mechanism", "Mechanism verdict: the evidence", lambda p: _mechanism_section(p.mech)),
+    SectionMaker("circuit", "Circuit found by path patching", lambda p: circuit_section(p.mech)),
+    SectionMaker("weights", "OV and QK circuits", lambda p: _weights_section(p.model, p.mech)),
+    SectionMaker("attribution", "Direct logit attribution", lambda p: _attribution_section(p.model, p.batch)),
+    SectionMaker("patching", "Activation patching by position",
+                 lambda p: _patching_section(p.model, p.mech, p.batch)),
+    SectionMaker("heads", "Head scores against chance", lambda p: _heads_section(p.mech)),
+    SectionMaker("attention", "Attention patterns on a sample sequence",
+                 lambda p: _attention_section(p.model, _sample(p), p.cache), cache=True),
+    SectionMaker("ablation", "Ablations", lambda p: _ablation_section(p.mech.ablation, p.mech)),
+    SectionMaker("kernel", "Learned kernel against the true one", lambda p: _kernel_section(p.model, p.mech, p.batch)),
+    SectionMaker("landscape", "Canonical landscape",
+                 lambda p: _landscape_section(p.run, p.model, list(p.checkpoints)), run=True),
+    SectionMaker("training", "Probe scores over training",
+                 lambda p: _training_section(p.run, p.model, list(p.checkpoints), p.batch, p.mech, list(p.metrics),
+                                             p.logged, p.max_checkpoints), run=True),
+    SectionMaker("formation", "Circuit over training", lambda p: formation_section(
+        p.run, list(p.checkpoints), p.batch, list(p.metrics), _spread(list(p.checkpoints), p.max_checkpoints),
+        seed=p.seed, final=(p.run_dir / runs.WEIGHTS_FILE, p.model, _graph(p.mech))), run=True),
+)
+SECTION_IDS = tuple(s.id for s in SECTIONS)
+MODEL_SECTION_IDS = tuple(s.id for s in SECTIONS if not s.run)  # `from_model`: the sections that need no run folder
+
+
+def _sections(makers: tuple[SectionMaker, ...], probed: _Probed, bar: Any) -> tuple[Section, ...]:
+    """Every maker's section in order, advancing `bar` once each; the probes' cache is let go once no later
+    section reads it (the checkpoints' sections load models of their own)."""
+    out = []
+    for i, maker in enumerate(makers):
+        out.append(maker.section(probed))
         bar.update()
-    assert tuple(out) == MODEL_SECTION_IDS[1:]
-    return out
+        if probed.cache is not None and not any(m.cache for m in makers[i + 1:]):
+            probed = dataclasses.replace(probed, cache=None)
+    return tuple(out)
 
 
 def _progress(total: int, progress: bool, what: str) -> Any:
@@ -647,46 +694,26 @@ def build(
     run_dir = Path(run_dir)
     run = _load_run(run_dir)
     device = resolve_device(device)  # the one device check: a name or a torch.device of a kind we run on
-    bar = _progress(len(SECTION_IDS) + 1, progress, "report")
-    with bar:
+    with _progress(len(SECTIONS) + 1, progress, "report") as bar:
         model = runs.load_model(run_dir, device=device, expect=run.model)
-        sections, mech = _run_sections(run, run_dir, model, n_sequences=n_sequences, seq_len=seq_len, seed=seed,
-                                       sample_len=sample_len, max_checkpoints=max_checkpoints, bar=bar)
-    assert tuple(s.id for s in sections) == SECTION_IDS
+        batch, mech, cache = _probe(model, run.source.build(), n_sequences=n_sequences, seq_len=seq_len, seed=seed)
+        bar.update()
+        metrics, checkpoints = runs.load_metrics(run_dir), checkpoint_files(run_dir)
+        logged = _logged_references(metrics)
+        curve = figures.loss_curves_figure(metrics, logged or mech.references,
+                                           checkpoint_steps=[s for s, _ in checkpoints])
+        probed = _Probed(model=model, batch=batch, mech=mech, cache=cache, sample_len=sample_len, loss_figure=curve,
+                         seed=seed, run=run, run_dir=run_dir, metrics=tuple(metrics), checkpoints=tuple(checkpoints),
+                         logged=logged, max_checkpoints=max_checkpoints)
+        del cache  # `_sections` lets it go after the last section that reads it
+        sections = _sections(SECTIONS, probed, bar)
     condition = _condition_section(run_dir)
     sections += (condition,) if condition is not None else ()
     return Report(title=f"markov-interp report: {run_dir.resolve().name}", sections=sections, mechanism=mech,
                   run_dir=run_dir)
 
 
-def _run_sections(run: RunConfig, run_dir: Path, model: models.HookedModel, *, n_sequences: int,
-                  seq_len: Optional[int], seed: int, sample_len: int, max_checkpoints: int,
-                  bar: Any) -> tuple[tuple[Section, ...], probes.MechanismReport]:
-    """`build`'s sections of a run (`SECTION_IDS`, in order) and the verdict, advancing `bar` once per stage."""
-    metrics = runs.load_metrics(run_dir)
-    batch, mech, cache = _probe(model, run.source.build(), n_sequences=n_sequences, seq_len=seq_len, seed=seed)
-    bar.update()
-    checkpoints = checkpoint_files(run_dir)
-    logged = _logged_references(metrics)
-    refs = logged or mech.references
-    curve = figures.loss_curves_figure(metrics, refs, checkpoint_steps=[s for s, _ in checkpoints])
-    probed = _model_sections(model, batch, mech, cache, sample_len=sample_len, bar=bar)
-    del cache  # the probes' activations: not needed by the checkpoints
-    sections = (
-        _summary_section(mech, curve),
-        _config_section(run, run_dir),
-        _loss_section(mech, refs, curve_shown=True),
-        *probed.values(),
-        _landscape_section(run, model, checkpoints),
-        _training_section(run, model, checkpoints, batch, mech, metrics, logged, max_checkpoints),
-        formation_section(run, checkpoints, batch, metrics, _spread(checkpoints, max_checkpoints), seed=seed,
-                          final=(run_dir / runs.WEIGHTS_FILE, model, _graph(mech))),
-    )
-    bar.update(len(SECTION_IDS) - len(probed))
-    return sections, mech
-
-
-@probes.checked  # a wrong argument type: a TypeError naming the parameter, as for the probes
+@probes._common.checked  # a wrong argument type: a TypeError naming the parameter, as for the probes
 def from_model(
     model: models.HookedModel,
     source: Source,
@@ -716,11 +743,14 @@ def from_model(
     >>> # report.from_model(model, RandomMarkov(3)).save("model-report.html")
     """
     _check_counts(n_sequences=n_sequences, sample_len=sample_len)
-    with _progress(len(MODEL_SECTION_IDS), progress, "report") as bar:
+    makers = tuple(s for s in SECTIONS if not s.run)
+    with _progress(len(makers) + 1, progress, "report") as bar:
         batch, mech, cache = _probe(model, source, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
         bar.update()
-        probed = _model_sections(model, batch, mech, cache, sample_len=sample_len, bar=bar)
-    summary = _summary_section(mech, figures.position_loss_figure(mech.behaviour, mech.references))
+        probed = _Probed(model=model, batch=batch, mech=mech, cache=cache, sample_len=sample_len, seed=seed,
+                         loss_figure=figures.position_loss_figure(mech.behaviour, mech.references))
+        del cache
+        sections = _sections(makers, probed, bar)
     intro = paragraph(f"{source!r}. A model without a run folder: no training curves.")
-    return Report(title=title or f"markov-interp report: a model on {source!r}", sections=(summary, *probed.values()),
-                  mechanism=mech, intro=intro)
+    return Report(title=title or f"markov-interp report: a model on {source!r}", sections=sections, mechanism=mech,
+                  intro=intro)

@@ -9,7 +9,7 @@ import torch
 from markov_interp import dynamics, models, probes, runs
 from markov_interp.probes.discovery import CIRCUIT_SEQUENCES
 from markov_interp.report import figures
-from markov_interp.report._html import Section, paragraph, table
+from markov_interp.report._html import paragraph, table
 from markov_interp.runs import RunConfig
 
 __all__ = ["FORMATION_SEQUENCES", "formation_section"]
@@ -52,7 +52,7 @@ def _reused(chosen: list[tuple[int, Path]], final: Optional[tuple], seed: int) -
 
 def formation_section(run: RunConfig, checkpoints: list[tuple[int, Path]], batch: probes.ProbeBatch,
                       metrics: list[dict], chosen: list[tuple[int, Path]], *, seed: int,
-                      final: Optional[tuple[Path, models.HookedModel, probes.CircuitGraph]] = None) -> Section:
+                      final: Optional[tuple[Path, models.HookedModel, probes.CircuitGraph]] = None) -> tuple:
     """The circuit at the `chosen` checkpoints (the last saved checkpoint is the final step).
 
     Args:
@@ -67,12 +67,10 @@ def formation_section(run: RunConfig, checkpoints: list[tuple[int, Path]], batch
             path-patching the same model again; the formation then runs on as many sequences as that graph.
 
     Returns:
-        The section "formation".
+        The parts of the section "formation" (`report._build.SECTIONS`).
     """
-    title = "Circuit over training"
     if not checkpoints:
-        return Section("formation", title, (paragraph("Not available: the run folder has no checkpoints.",
-                                                      cls="note"),))
+        return (paragraph("Not available: the run folder has no checkpoints.", cls="note"),)
     reuse = _reused(chosen, final, seed)
     n = final[2].n_sequences if reuse else min(FORMATION_SEQUENCES, batch.tokens.shape[0])
     loaded = []
@@ -91,4 +89,4 @@ def formation_section(run: RunConfig, checkpoints: list[tuple[int, Path]], batch
         "first checkpoint from which it stays kept (* in the table: kept at that step; effects in nats). "
         + "".join(f"Step {step} holds the final weights: its circuit is the verdict's above. " for step in reuse)
         + _crossings_text(crossings))
-    return Section("formation", title, (text, fig, _entries_table(formation)))
+    return (text, fig, _entries_table(formation))

@@ -23,7 +23,6 @@ from matplotlib.figure import Figure
 
 if TYPE_CHECKING:  # for annotations only (the section imports probes when it is drawn)
     from markov_interp import probes
-    from markov_interp.report._html import Section
 
 INPUT_COLOURS = {"q": "#1f77b4", "k": "#d62728", "v": "#2ca02c", "mlp": "#9467bd", "logits": "#555555"}
 _WIDTH, _ROW, _MARGIN, _RADIUS = 720, 110, 40, 20
@@ -211,10 +210,11 @@ def position_patching_figure(result: Any) -> Figure:
     return fig
 
 
-def circuit_section(mech: "probes.MechanismReport") -> "Section":
-    """The report's "circuit" section: the diagram of the circuit `classify_mechanism` found and its strongest
-    edges (the OV / QK, direct logit attribution and patching-by-position sections are `report._build`'s)."""
-    from markov_interp.report._html import Section, paragraph, table
+def circuit_section(mech: "probes.MechanismReport") -> tuple:
+    """The parts of the report's "circuit" section: the diagram of the circuit `classify_mechanism` found and its
+    strongest edges (the OV / QK, direct logit attribution and patching-by-position sections are
+    `report._build`'s)."""
+    from markov_interp.report._html import paragraph, table
 
     graph = mech.graph
     positional = (f" A second, positional pass reads the same tokens at permuted positions (total effect "
@@ -241,14 +241,14 @@ def circuit_section(mech: "probes.MechanismReport") -> "Section":
         if graph.cancelling else []
     disagree = paragraph("Edges the gradient estimate (edge attribution patching) would decide differently: "
                          + (", ".join(graph.disagreements) or "none") + ".", cls="note")
-    return Section("circuit", "Circuit found by path patching", (intro, circuit_diagram(graph), edges, *cancel, disagree))
+    return (intro, circuit_diagram(graph), edges, *cancel, disagree)
 
 
 def axes_panel(mech: "probes.MechanismReport") -> str:
     """The verdict's two axes side by side (module docstring): an HTML table, circuit on the left, law on the
     right, the gains g_k with their SEs."""
     from markov_interp import probes
-    from markov_interp.report._gains import gains_text  # on a fixed chain: why there are none (issue 32)
+    from markov_interp.report._gains import gains_text  # on a fixed chain: why there are none
 
     c, law, g = mech.circuit, mech.law, mech.gains
     raw = law.raw
