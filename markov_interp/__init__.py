@@ -1,13 +1,18 @@
 """markov-interp: mechanistic interpretability of transformers trained on Markov chains.
 
-The package is a pipeline, one module per stage (each imports only stages to its left):
+The package is a pipeline, one module or sub-package per stage, each importing only the stages to its left
+(tests/project/test_imports.py holds this line against the real imports, function-level ones included):
 
-    sources -> theory -> landscape -> models -> runs -> training -> probes -> report -> sweep,   cli on top.
+    sources -> theory -> landscape -> models -> clamps -> runs -> training -> probes -> dynamics -> sweep -> report
+            -> experiments -> cli
 
-`runs` is what a run is (`RunConfig`) and its folder, read and written: probes, report and sweeps read run folders
-without importing `training`.
+`sources` are the data (one class per kind, registered by name); `theory` gives their exact laws and reference
+losses (`landscape`: the one-layer model's canonical reduction); `clamps` freezes and clamps activations during training; `runs` is what a run is
+(`RunConfig`) and its folder, read and written, so that probes, report and sweeps read run folders without
+importing `training`; `experiments` are the registered studies, the paper's reproduction among them.
 
-`config` sits under them all: the one base of the source, model, training, run and sweep configs.
+Under them all: `config` (the one base of the source, model, training, run, sweep and budget configs), `devices`
+and the private helpers `_io`, `_display` and `_workers`.
 
 References: Makkuva et al., "Attention with Markov" (arXiv 2402.04161); "Local to Global" (arXiv 2406.03072);
 Olsson et al. 2022 and Edelman et al. 2024 on (statistical) induction heads.

@@ -1,10 +1,8 @@
 """The one training engine (issue 20): the same run gives the same weights whatever the entry point, a stack
 member's numbers do not depend on its companions, run folders written before the engine was unified still load,
-probe, report and resume, heads per layer through the command line, and an import graph without circles."""
+probe, report and resume, heads per layer through the command line."""
 
-import ast
 import json
-import random
 import shutil
 import subprocess
 import sys
@@ -20,6 +18,7 @@ from markov_interp.models import preset
 from markov_interp.models.optim import StackedOptimizer
 from markov_interp.training import RunConfig, TrainConfig, train, train_many
 from markov_interp import runs
+from tests.project.test_imports import import_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD_RUNS = Path(__file__).parents[1] / "data" / "old_runs"  # written by tests/data/make_fixtures.py with main's code
@@ -197,50 +196,6 @@ def test_sweep_grid_over_head_counts():
 
 
 # ---------------------------------------------------------------------------------------------- imports
-def _package_modules() -> dict[str, Path]:
-    modules = {}
-    for path in sorted((ROOT / "markov_interp").rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        modules[name] = path
-    return modules
-
-
-def _imports(path: Path, modules: dict[str, Path], name: str) -> set[str]:
-    """The package modules `name` imports anywhere in its file (function-level imports included)."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name in modules}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.startswith("markov_interp"):
-                found = {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules}
-                out |= found or {node.module}
-    return {m for m in out if m != name and not name.startswith(m + ".")}  # a module's own package: its face
-
-
-def test_the_import_graph_has_no_circle():
-    """Every import between the package's modules, function-level ones included, points one way (a module
-    importing its own package's face aside): no circle, and none hidden in a function."""
-    modules = _package_modules()
-    graph = {name: _imports(path, modules, name) for name, path in modules.items()}
-    state: dict[str, int] = {}
-
-    def visit(node: str, trail: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                raise AssertionError(f"import circle: {' -> '.join(trail[trail.index(nxt):] + [nxt])}")
-            if nxt not in state:
-                visit(nxt, trail + [nxt])
-        state[node] = 2
-
-    for name in sorted(graph):
-        if name not in state:
-            visit(name, [name])
-    assert "markov_interp.training.loop" in graph["markov_interp.training"]  # the graph sees the faces' imports
-
-
 def test_reading_a_run_folder_imports_nothing_of_training(tmp_path):
     """`probe` and `report` read run folders through `markov_interp.runs`, which imports nothing of `training`:
     a fresh interpreter reads a trained folder (config, metrics, divergence, checkpoints, model, the probes'
@@ -258,15 +213,7 @@ def test_reading_a_run_folder_imports_nothing_of_training(tmp_path):
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
-    graph = {name: _imports(path, _package_modules(), name) for name, path in _package_modules().items()}
+    graph = import_graph()
     for reader in ("markov_interp.runs", "markov_interp.runs.folder", "markov_interp.runs.checkpoints",
                    "markov_interp.runs.config", "markov_interp.report._build", "markov_interp.report._formation"):
         assert not {m for m in graph[reader] if m.startswith("markov_interp.training")}, reader
-
-
-@pytest.mark.slow
-def test_every_module_imports_in_a_fresh_interpreter_in_a_random_order():
-    names = random.Random(0).sample(sorted(_package_modules()), len(_package_modules()))
-    code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
-    done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, (names, done.stderr[-2000:])
