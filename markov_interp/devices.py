@@ -16,7 +16,7 @@ ValueError: device 'meta' is not one markov-interp runs on (auto, cpu, cuda, cud
 """
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -92,17 +92,31 @@ def resolve_device(device: Any, *, what: str = "device") -> torch.device:
     device = check_device_name(device, what=what)
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    here = f"available here: {', '.join(available_devices())}"
     kind, index = _NAME.match(device).groups()  # type: ignore[union-attr]
-    if kind == "cpu" or (kind == "mps" and index is None and _mps_available()):
-        return torch.device(device)
-    if kind == "mps":
-        why = ("this torch build has no MPS support" if not _mps_built() else
-               "MPS is not available on this machine" if index is None else "MPS takes no index")
-        raise ValueError(f"{what} {device!r}: {why} ({here})")
-    if not torch.cuda.is_available():
-        raise ValueError(f"{what} {device!r}: CUDA is not available (torch {torch.__version__}, "
-                         f"{'built without CUDA' if torch.version.cuda is None else 'no GPU found'}; {here})")
-    if index is not None and int(index) >= torch.cuda.device_count():
-        raise ValueError(f"{what} {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s) ({here})")
+    problem = _PROBLEMS[kind](index, f"available here: {', '.join(available_devices())}")
+    if problem is not None:
+        raise ValueError(f"{what} {device!r}: {problem}")
     return torch.device(device)
+
+
+def _mps_problem(index: Optional[str], here: str) -> Optional[str]:
+    """Why MPS cannot run here (None: it can)."""
+    if not _mps_built():
+        return f"this torch build has no MPS support ({here})"
+    if index is not None:
+        return f"MPS takes no index ({here})"
+    return None if _mps_available() else f"MPS is not available on this machine ({here})"
+
+
+def _cuda_problem(index: Optional[str], here: str) -> Optional[str]:
+    """Why CUDA (device `index`) cannot run here (None: it can)."""
+    if not torch.cuda.is_available():
+        return (f"CUDA is not available (torch {torch.__version__}, "
+                f"{'built without CUDA' if torch.version.cuda is None else 'no GPU found'}; {here})")
+    if index is not None and int(index) >= torch.cuda.device_count():
+        return f"this machine has {torch.cuda.device_count()} CUDA device(s) ({here})"
+    return None
+
+
+# a device kind -> why it cannot run here (None: it can); the kinds `check_device_name` accepts
+_PROBLEMS = {"cpu": lambda index, here: None, "mps": _mps_problem, "cuda": _cuda_problem}

@@ -43,6 +43,7 @@ results.json, cells.csv, summary.md (with the table set beside each paper's clai
 """
 
 import dataclasses
+import functools
 import math
 import statistics
 from collections import Counter
@@ -484,19 +485,33 @@ def _claim_row(paper: str, claim: str, cell: Optional[dict], family: str, heads:
 
 def _verdict(kind: str, found: list, i: int, k: int) -> str:
     """The verdict of claim `kind` for cell i of `found` ((family, heads, cell) per cell of the claim)."""
+    return _VERDICTS[kind](found, i, k)
+
+
+def _versus_verdict(found: list, i: int, k: int) -> str:
+    """A claim comparing two cells: the first against the second (which is "the comparison")."""
     cell = found[i][2]
-    if kind == "versus":
-        other = found[1 - i] if len(found) == 2 else None
-        if cell is None or other is None or other[2] is None:
-            return NOT_TESTED
-        if i == 1:
-            return "(the comparison)"
-        compared = _compare(cell["reached"][str(k)], other[2]["reached"][str(k)])
-        return f"{_VERSUS[compared]} ({compared} of {other[0]} {shape_label(other[1])})"
+    other = found[1 - i] if len(found) == 2 else None
+    if cell is None or other is None or other[2] is None:
+        return NOT_TESTED
+    if i == 1:
+        return "(the comparison)"
+    compared = _compare(cell["reached"][str(k)], other[2]["reached"][str(k)])
+    return f"{_VERSUS[compared]} ({compared} of {other[0]} {shape_label(other[1])})"
+
+
+def _majority_verdict(words: dict[str, str], found: list, i: int, k: int) -> str:
+    """A claim about one cell: its seeds' majority (reached the order-k law or not) in the claim's words."""
+    cell = found[i][2]
     if cell is None:
         return NOT_TESTED
     majority = _majority(cell["reached"][str(k)])
-    return {"learn": _LEARN, "learn-not": _LEARN_NOT, "represent": _REPRESENT}[kind].get(majority, majority)
+    return words.get(majority, majority)
+
+
+_VERDICTS = {"versus": _versus_verdict, "learn": functools.partial(_majority_verdict, _LEARN),
+             "learn-not": functools.partial(_majority_verdict, _LEARN_NOT),
+             "represent": functools.partial(_majority_verdict, _REPRESENT)}
 
 
 def claims(cells: list[dict]) -> list[dict]:

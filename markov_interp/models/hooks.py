@@ -111,7 +111,7 @@ def mlp_out_hook(layer: int) -> str:
 def intervention_points(cfg: ModelConfig) -> list[str]:
     """The hook names of a model of `cfg`, in forward order: what the fused forward and clamps may name.
 
-    `attn.hook_pattern` is formed by the fused forward only in a layer whose pattern is intervened (that
+    `attn.hook_pattern` is formed by the fused forward only in a layer whose pattern is hooked (that
     layer then computes its attention explicitly); otherwise fused attention never forms it.
     """
     names = [act_name("embed")] + ([act_name("pos_embed")] if cfg.positional == "standard" else [])

@@ -161,11 +161,12 @@ class StackedOptimizer:
 
     def __init__(self, stack: Stack, *, kind: str, betas: tuple = (0.9, 0.95), momentum: float = 0.0,
                  eps: float = 1e-8, compile: str = "off"):
-        if kind not in ("adamw", "sgd"):
+        if kind not in _RULES:
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {kind!r}")
         if compile not in ("off", *_compile.TORCH_MODES):
             raise ValueError(f"compile must be 'off', 'default' or 'max', got {compile!r}")
         self.stack, self.kind, self.betas, self.momentum, self.eps = stack, kind, tuple(betas), momentum, eps
+        self.rule = _RULES[kind]
         self.compile = compile
         self.decay = {name for name in stack.params if decayed(name)}
         self.step_count = 0
@@ -204,13 +205,7 @@ class StackedOptimizer:
         scalars = _MemberScalars(lr.double(), weight_decay.double())
         decay_at = tuple(i for i, name in enumerate(names) if name in self.decay)
         grads = [p.grad for p in params]
-        if self.kind == "adamw":
-            update = functools.partial(_adamw_update, decay_at=decay_at, betas=self.betas, eps=self.eps)
-            inputs = self._adamw_inputs(names, params, scalars, decay_at)
-        else:
-            first = tuple(i for i, name in enumerate(names) if name in fresh)
-            update = functools.partial(_sgd_update, decay_at=decay_at, first=first, momentum=self.momentum)
-            inputs = ([scalars.weight_decay(params[i]) for i in decay_at], [scalars.negative_lr(p) for p in params])
+        update, inputs = self.rule.update(self, names, params, scalars, decay_at, fresh)
         if self.compile != "off":
             key = ("optimizer", self.kind, tuple(names), tuple((tuple(p.shape), p.dtype) for p in params),
                    tuple(sorted(update.keywords.items())), self.member_steps is not None)
@@ -225,9 +220,8 @@ class StackedOptimizer:
     def _state_tensors(self, names: list[str]) -> list[Tensor]:
         """The optimiser state of `names` (created at zero on first use): exp_avg then exp_avg_sq (AdamW), or the
         momentum buffers (SGD with momentum), in `names`' order."""
-        keys = ("exp_avg", "exp_avg_sq") if self.kind == "adamw" else ("momentum_buffer",) if self.momentum else ()
         out = []
-        for key in keys:
+        for key in self.rule.state_keys(self):
             for name in names:
                 state = self.state[name]
                 if key not in state:
@@ -270,18 +264,13 @@ class StackedOptimizer:
             if self.member_steps is None and self.param_steps[name] == 0:
                 continue  # never updated (frozen from the start): torch keeps no state for it
             entry = {key: value[k].detach().to("cpu").clone() for key, value in self.state[name].items()}
-            if self.kind == "adamw":
+            if self.rule.counts_steps:
                 count = self.param_steps[name] if self.member_steps is None else float(self.member_steps[name][k])
                 entry["step"] = torch.tensor(float(count), dtype=torch.float32)
             if entry:
                 state[index] = entry
         n_decay = sum(1 for n in order if n in self.decay)
-        if self.kind == "adamw":
-            hyper = dict(lr=lr, betas=self.betas, eps=self.eps, amsgrad=False, maximize=False, foreach=True,
-                         capturable=False, differentiable=False, fused=None, decoupled_weight_decay=True)
-        else:
-            hyper = dict(lr=lr, momentum=self.momentum, dampening=0, nesterov=False, maximize=False, foreach=True,
-                         differentiable=False, fused=None)
+        hyper = self.rule.hyper(self, lr)
         groups = [{**hyper, "weight_decay": weight_decay, "params": list(range(n_decay))},
                   {**hyper, "weight_decay": 0.0, "params": list(range(n_decay, len(order)))}]
         return {"state": state, "param_groups": groups}
@@ -326,3 +315,45 @@ class StackedOptimizer:
     def zero_grad(self) -> None:
         for p in self.stack.parameters():
             p.grad = None
+
+
+class _AdamW:
+    """AdamW's part of `StackedOptimizer`: its state (two moments), its update and inputs, the step count it keeps
+    per parameter, and torch's AdamW hyperparameters (a checkpoint's `param_groups`)."""
+
+    counts_steps = True  # torch's AdamW keeps a `step` per parameter in its state
+
+    def state_keys(self, opt: StackedOptimizer) -> tuple[str, ...]:
+        return ("exp_avg", "exp_avg_sq")
+
+    def update(self, opt: StackedOptimizer, names: list[str], params: list[Tensor], scalars: _MemberScalars,
+               decay_at: tuple, fresh: set) -> tuple[Callable, tuple]:
+        update = functools.partial(_adamw_update, decay_at=decay_at, betas=opt.betas, eps=opt.eps)
+        return update, opt._adamw_inputs(names, params, scalars, decay_at)
+
+    def hyper(self, opt: StackedOptimizer, lr: float) -> dict:
+        return dict(lr=lr, betas=opt.betas, eps=opt.eps, amsgrad=False, maximize=False, foreach=True,
+                    capturable=False, differentiable=False, fused=None, decoupled_weight_decay=True)
+
+
+class _SGD:
+    """SGD's part of `StackedOptimizer`: its state (a momentum buffer, with momentum), its update and inputs (the
+    buffer starts at the first gradient), and torch's SGD hyperparameters."""
+
+    counts_steps = False
+
+    def state_keys(self, opt: StackedOptimizer) -> tuple[str, ...]:
+        return ("momentum_buffer",) if opt.momentum else ()
+
+    def update(self, opt: StackedOptimizer, names: list[str], params: list[Tensor], scalars: _MemberScalars,
+               decay_at: tuple, fresh: set) -> tuple[Callable, tuple]:
+        first = tuple(i for i, name in enumerate(names) if name in fresh)
+        update = functools.partial(_sgd_update, decay_at=decay_at, first=first, momentum=opt.momentum)
+        return update, ([scalars.weight_decay(params[i]) for i in decay_at], [scalars.negative_lr(p) for p in params])
+
+    def hyper(self, opt: StackedOptimizer, lr: float) -> dict:
+        return dict(lr=lr, momentum=opt.momentum, dampening=0, nesterov=False, maximize=False, foreach=True,
+                    differentiable=False, fused=None)
+
+
+_RULES = {"adamw": _AdamW(), "sgd": _SGD()}  # TrainConfig.optimizer -> its part of the update

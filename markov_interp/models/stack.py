@@ -293,7 +293,7 @@ def _block(stack: Stack, hooks: Mapping[str, Callable], i: int,
     x = _hook(hooks, "resid_pre", i, x)
     q, k, v = _attention_inputs(stack, hooks, i, x)
     fn = hooks.get(act_name("pattern", i)) if hooks else None
-    if fn is not None:  # explicit attention: the pattern is formed only when intervened
+    if fn is not None:  # explicit attention: the pattern is formed only when hooked
         q5, k5 = (einops.rearrange(a, "(member batch) head pos d_head -> member batch head pos d_head",
                                    member=n_members) for a in (q, k))
         pattern = fn(pattern_input(fn, q5, k5))  # [member, batch, head, q, k]
