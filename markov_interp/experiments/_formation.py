@@ -99,7 +99,7 @@ def measure_formation(folder: Path, work: Path, cell_id: str, *, seed: int) -> d
         seed: the probe batch's seed.
 
     Returns:
-        `probes.CircuitFormation.to_dict()`."""
+        `probes.formation.CircuitFormation.to_dict()`."""
     def measure() -> dict:
         from markov_interp import probes
         from markov_interp import runs

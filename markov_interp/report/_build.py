@@ -182,7 +182,7 @@ def _axis(value: Any, fallback: Callable[[], str]) -> str:
     headline), else `fallback()`, read from the evidence they hold (the `CircuitGraph`, the `LawCheck`)."""
     if isinstance(value, str):
         return value
-    if value is None or isinstance(value, (probes.CircuitGraph, probes.LawCheck)):
+    if value is None or isinstance(value, (probes.CircuitGraph, probes.law.LawCheck)):
         return fallback()
     return headline(value)
 
@@ -212,11 +212,11 @@ def _circuit_words(mech: probes.MechanismReport) -> str:
     return f"no induction circuit ({induction.missing()}); {kept}"
 
 
-def _law_check(mech: probes.MechanismReport) -> probes.LawCheck:
+def _law_check(mech: probes.MechanismReport) -> probes.law.LawCheck:
     """The own-law check: `mech.law` today; where `.law` is a verdict, the same check read again from the
     evidence (`probes.check_law`)."""
     law = getattr(mech, "law", None)
-    return law if isinstance(law, probes.LawCheck) else probes.check_law(mech.strategies, mech.thresholds)
+    return law if isinstance(law, probes.law.LawCheck) else probes.check_law(mech.strategies, mech.thresholds)
 
 
 def _law_words(mech: probes.MechanismReport) -> str:
@@ -351,7 +351,7 @@ def _attention_section(model: models.HookedModel, tokens: torch.Tensor, cache: O
     return (text, figures.attention_patterns_figure(patterns, tokens.cpu()))
 
 
-def _ablation_section(table_: probes.AblationTable, mech: probes.MechanismReport) -> tuple:
+def _ablation_section(table_: probes.ablation.AblationTable, mech: probes.MechanismReport) -> tuple:
     text = paragraph(
         "Each component mean-ablated on its own (its output replaced by its mean over the probe batch at the "
         "same position); bars are the resulting increase of the loss."
@@ -474,7 +474,7 @@ def _training_section(run: RunConfig, model: models.HookedModel, checkpoints: li
     series["in-context learning score, nats"] = []
     true = probes._common.kernel_probs(batch)
     stats = probes.attention.token_statistics(batch.tokens, vocab=batch.vocab)  # shared by every checkpoint
-    strategies: list[Any] = []  # probes.StrategySimilarity per checkpoint
+    strategies: list[Any] = []  # probes.strategies.StrategySimilarity per checkpoint
     for patterns, probs in _checkpoint_outputs(chosen, batch.tokens, int(model.cfg.n_heads), _device(model)):
         scores = probes.attention_scores(model, batch.tokens, cache=patterns, statistics=stats)
         strategies.append(probes.strategy_similarity(model, batch, probs=probs))
@@ -688,7 +688,9 @@ def build(
     Returns:
         A `Report`.
 
-    >>> # report = build("runs/binary"); report.mechanism.mechanism; report.save()  # runs/binary/report.html
+    >>> report = build(run_dir, n_sequences=8, max_checkpoints=2)  # report.save(): run_dir/report.html
+    >>> [section.id for section in report.sections] == list(SECTION_IDS)
+    True
     """
     _check_counts(n_sequences=n_sequences, sample_len=sample_len, max_checkpoints=max_checkpoints)
     run_dir = Path(run_dir)
@@ -740,7 +742,9 @@ def from_model(
     Returns:
         A `Report`.
 
-    >>> # report.from_model(model, RandomMarkov(3)).save("model-report.html")
+    >>> report = from_model(model, source, n_sequences=8)  # report.save("model-report.html") writes it
+    >>> [section.id for section in report.sections] == list(MODEL_SECTION_IDS)
+    True
     """
     _check_counts(n_sequences=n_sequences, sample_len=sample_len)
     makers = tuple(s for s in SECTIONS if not s.run)

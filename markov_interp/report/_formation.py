@@ -19,7 +19,7 @@ __all__ = ["FORMATION_SEQUENCES", "formation_section"]
 FORMATION_SEQUENCES = CIRCUIT_SEQUENCES
 
 
-def _entries_table(formation: probes.CircuitFormation) -> str:
+def _entries_table(formation: probes.formation.CircuitFormation) -> str:
     rows = []
     for name in formation.edges:
         when = formation.entered[name]

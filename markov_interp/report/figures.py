@@ -106,12 +106,12 @@ def _zoom_losses(ax: Axes, values: Sequence[float], references: Mapping[str, flo
 def position_loss_figure(behaviour: object, references: "Mapping[str, float] | ReferenceLosses") -> Figure:
     """Loss (nats) of the prediction made at each position, averaged over the probe batch.
 
-    `behaviour` is a `probes.BehaviourReport`. A model that learned the kernel in its weights is flat from
+    `behaviour` is a `probes.behaviour.BehaviourReport`. A model that learned the kernel in its weights is flat from
     the first position (as the true-kernel curve is); an in-context learner starts high and falls with the
     add-beta estimator as it sees more of the sequence (Olsson et al.'s in-context learning score).
     """
-    require_attributes(behaviour, ("loss_curve", "icl_score"), "a probes.BehaviourReport (e.g. mech.behaviour)",
-                       "position_loss_figure")
+    require_attributes(behaviour, ("loss_curve", "icl_score"),
+                       "a probes.behaviour.BehaviourReport (e.g. mech.behaviour)", "position_loss_figure")
     references = _as_row(references)
     fig = Figure(figsize=(8, 3.8))
     ax = fig.add_subplot()
@@ -148,12 +148,12 @@ def _smooth(values: np.ndarray, *, width: int = 5) -> np.ndarray:
 def head_scores_figure(scores: object) -> Figure:
     """Per-head previous-token, induction and same-token scores as [layer x head] heatmaps, against chance.
 
-    `scores` is a `probes.AttentionScores`. Colour is the excess over chance, (score - chance) / (1 - chance):
+    `scores` is a `probes.attention.AttentionScores`. Colour is the excess over chance, (score - chance) / (1 - chance):
     0 (white) is what uniform causal attention gets on the same tokens, 1 a head that attends only where the
     score looks. Each cell is annotated with the raw score. A two-layer in-context model shows a
     previous-token head in layer 0 and an induction head in layer 1.
     """
-    require_attributes(scores, ("previous_token", "excess"), "a probes.AttentionScores (e.g. mech.attention)",
+    require_attributes(scores, ("previous_token", "excess"), "a probes.attention.AttentionScores (e.g. mech.attention)",
                        "head_scores_figure")
     names = (("previous_token", "previous-token"), ("induction", "induction"), ("same_token", "same-token"))
     n_layers, n_heads = scores.previous_token.shape
@@ -254,11 +254,11 @@ def _patterns_by_head(patterns: object, layer: Optional[int]) -> tuple[Tensor, l
 def ablation_figure(table: object, *, bigram_gain: Optional[float] = None) -> Figure:
     """Loss change (nats) when each head, attention layer or MLP is ablated alone, as horizontal bars.
 
-    `table` is a `probes.AblationTable`. Large bars mark the components the prediction relies on; for an
+    `table` is a `probes.ablation.AblationTable`. Large bars mark the components the prediction relies on; for an
     induction circuit, ablating either head of the circuit should cost a large part of the bigram gain
     (dashed line: what the model gains over the in-context unigram estimator by looking at x_t).
     """
-    require_attributes(table, ("names", "loss_change"), "a probes.AblationTable (e.g. mech.ablation)",
+    require_attributes(table, ("names", "loss_change"), "a probes.ablation.AblationTable (e.g. mech.ablation)",
                        "ablation_figure")
     names = list(table.names)
     changes = [float(c) for c in table.loss_change]
@@ -288,14 +288,16 @@ def _context_labels(n_contexts: int, vocab: int) -> list[str]:
 
 
 def kernel_figure(readout: object) -> Figure:
-    """The transition matrix implied by the model's predictions beside the true kernel (a `probes.KernelReadout`).
+    """The transition matrix implied by the model's predictions beside the true kernel (a
+    `probes.readout.KernelReadout`).
 
     Rows are the current context (last `order` states), columns the next state. A model that learned the
     kernel reproduces the true matrix; one stuck at the unigram solution has every row equal to pi. For a
     random-kernel source there is no single true kernel; the implied matrix is then the model's average
     prediction per context (near the mean kernel for an in-context learner).
     """
-    require_attributes(readout, ("implied", "true"), "a probes.KernelReadout (e.g. mech.readout)", "kernel_figure")
+    require_attributes(readout, ("implied", "true"), "a probes.readout.KernelReadout (e.g. mech.readout)",
+                       "kernel_figure")
     implied = readout.implied.detach().cpu().numpy()
     mats = [("model (implied)", implied)]
     if readout.true is not None:
@@ -598,14 +600,14 @@ def circuit_formation_figure(formation: object, dynamics: Optional[RunDynamics] 
     with its crossings of the dynamics lines, both on one log step axis.
 
     Args:
-        formation: a `probes.CircuitFormation` (`steps`, `edges`, `effects`, `kept`, `entered`).
+        formation: a `probes.formation.CircuitFormation` (`steps`, `edges`, `effects`, `kept`, `entered`).
         dynamics: the run's `dynamics.RunDynamics` (its excess curve and crossings), or None.
         title: the figure's title.
 
     Returns:
         The figure."""
-    require_attributes(formation, ("steps", "edges", "effects", "kept", "entered"), "a probes.CircuitFormation",
-                       "circuit_formation_figure")
+    require_attributes(formation, ("steps", "edges", "effects", "kept", "entered"),
+                       "a probes.formation.CircuitFormation", "circuit_formation_figure")
     fig = Figure(figsize=(8.0, 6.2 if dynamics is not None else 4.2))
     axes = fig.subplots(2 if dynamics is not None else 1, 1, sharex=True, squeeze=False,
                         gridspec_kw={"height_ratios": [1, 1.6]} if dynamics is not None else None)[:, 0]

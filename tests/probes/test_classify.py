@@ -22,6 +22,7 @@ from handbuilt import (
 from markov_interp import theory
 from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.probes import MECHANISMS, Thresholds, ablation_table, check_law, classify_mechanism, sample_batch
+from markov_interp.probes.strategies import StrategySimilarity
 from markov_interp.probes.classify import probe_hook_names
 from markov_interp.probes.strategies import StrategySimilarity
 

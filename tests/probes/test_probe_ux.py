@@ -175,7 +175,7 @@ def test_attention_scores_table_leaves_out_absent_heads(mech):
     grids = {name: getattr(mech.attention, name).clone() for name in ("previous_token", "induction", "same_token")}
     for grid in grids.values():
         grid[0, 1] = float("nan")  # a layer with fewer heads: its surplus head is NaN in every grid
-    scores = probes.AttentionScores(**grids, previous_token_chance=mech.attention.previous_token_chance,
+    scores = probes.attention.AttentionScores(**grids, previous_token_chance=mech.attention.previous_token_chance,
                                     induction_chance=mech.attention.induction_chance,
                                     same_token_chance=mech.attention.same_token_chance)
     assert list(scores.to_dataframe().index) == ["L0H0", "L1H0", "L1H1"]
@@ -232,7 +232,7 @@ def test_attention_figure_takes_transformer_lens_shapes(circuit):
 
     with pytest.raises(ValueError, match=r"cache\['pattern', layer\]\[0\]"):
         _patterns_by_head(torch.zeros(3, 3), None)
-    with pytest.raises(ValueError, match="draws a probes.AttentionScores"):
+    with pytest.raises(ValueError, match="draws a probes.attention.AttentionScores"):
         report.head_scores_figure(cache["pattern", 0])
 
 

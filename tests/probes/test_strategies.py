@@ -10,7 +10,8 @@ from handbuilt import hand_set, induction_model, kernel_model, unigram_model
 from markov_interp import models, sources, theory
 from markov_interp.sources import BinaryChain, MarkovChain, RandomMarkov
 from markov_interp.models import ModelConfig
-from markov_interp.probes import StrategySimilarity, next_state_probs, sample_batch, strategy_similarity
+from markov_interp.probes import next_state_probs, sample_batch, strategy_similarity
+from markov_interp.probes.strategies import StrategySimilarity
 from markov_interp.probes.strategies import STRATEGIES, strategy_probs
 
 KERNEL = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.3, 0.3, 0.4]], dtype=torch.float64)

@@ -19,7 +19,10 @@ from matplotlib.figure import Figure
 from markov_interp import models, report
 from markov_interp.cli import main as cli_main
 from markov_interp.sources import RandomMarkov
-from markov_interp.probes import MECHANISMS, AblationTable, AttentionScores, KernelReadout
+from markov_interp.probes import MECHANISMS
+from markov_interp.probes.ablation import AblationTable
+from markov_interp.probes.attention import AttentionScores
+from markov_interp.probes.readout import KernelReadout
 from markov_interp.report._html import _json_for_script, circuits_figure
 
 CHROMIUM = os.environ.get("MARKOV_INTERP_CHROMIUM", "/usr/bin/chromium")
