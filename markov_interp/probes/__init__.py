@@ -38,8 +38,9 @@ with its `__all__`, as `probes.<module>.<Name>` (`probes.attention.AttentionScor
 - `classify`: `classify_mechanism`, which names the law the model predicts with ("uniform", "unigram",
   "in_context_unigram", "state_and_counts", "kernel", "induction", "other") from the causal evidence.
 
->>> # from markov_interp.probes import classify_mechanism
->>> # classify_mechanism(model, RandomMarkov(3), seed=0).mechanism
+>>> from markov_interp.probes import classify_mechanism
+>>> classify_mechanism(model, source, n_sequences=16, seed=0).mechanism  # a hand-built induction circuit
+'induction'
 """
 
 import inspect

@@ -230,7 +230,9 @@ def next_state_probs(model: HookedModel, tokens: "TokensOrBatch", *, fwd_hooks: 
 
     `fwd_hooks` (TransformerLens `(hook_name, fn)` pairs) run during the forward pass, e.g. ablations.
 
-    >>> # probs = next_state_probs(model, BinaryChain(0.2, 0.3).sample(8, 64)); probs.shape == (8, 64, 2)
+    >>> probs = next_state_probs(model, tokens)
+    >>> probs.shape, float((probs.sum(-1) - 1).abs().max()) < 1e-9
+    (torch.Size([16, 32, 3]), True)
     """
     tokens = check_tokens(model, tokens)
     if fwd_hooks:

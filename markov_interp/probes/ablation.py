@@ -132,7 +132,8 @@ def ablated_probs(
 ) -> Probs:
     """The model's next-state laws on `tokens` with `components` ablated together (see `reference_activations`).
 
-    >>> # ablated_probs(model, tokens, ["L0H0"], method="mean")
+    >>> ablated_probs(model, tokens, ["L0H0"], method="mean").shape  # [batch, pos, next state]
+    torch.Size([16, 32, 3])
     """
     tokens = as_tokens(tokens)
     reference = reference_activations(
@@ -266,7 +267,9 @@ def ablation_table(
     `cache` (a run on `tokens` holding the needed hooks) and `clean_probs` (the model's laws on `tokens`)
     save forward passes when given; both are only read.
 
-    >>> # ablation_table(model, tokens).head_grid()  # large at the heads the prediction relies on
+    >>> grid = ablation_table(model, tokens).head_grid()  # large at the heads the prediction relies on
+    >>> bool(grid[0, 0] > 0.1 and grid[1, 0] > 0.01)  # both heads of the induction circuit
+    True
     """
     tokens = as_tokens(tokens)
     comps = as_components(model, model_components(model) if components is None else components)

@@ -520,7 +520,8 @@ def classify_mechanism(
     Returns:
         A `MechanismReport` (label, qualifier, confidence, reasons, the circuit and law axes, all the evidence).
 
-    >>> # report = classify_mechanism(model, RandomMarkov(3), seed=0); report.label, report.law.gains[1]
+    >>> classify_mechanism(model, source, n_sequences=16, seed=0).mechanism  # a hand-built induction circuit
+    'induction'
     """
     check_source_matches(model, source)
     if not isinstance(thresholds, Thresholds):

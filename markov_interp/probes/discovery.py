@@ -493,8 +493,8 @@ def discover_circuit(
         A `CircuitGraph`: every edge's effects and SE, the kept edges, faithfulness, completeness, minimality,
         joint tests and cancelling sets.
 
-    >>> # graph = discover_circuit(model, RandomMarkov(3)); graph.kept_names
-    >>> # ('embed->L0H0.v', 'pos->L0H0.q', 'L0H0->L1H0.k', 'embed->L1H0.q', 'embed->L1H0.v', 'L1H0->logits')
+    >>> discover_circuit(model, source, n_sequences=16).kept_names[3:]  # a hand-built induction circuit
+    ('embed->L1H0.q', 'L0H0->L1H0.k', 'embed->L1H0.v', 'L1H0->logits')
     """
     check_source_matches(model, source)
     method = _check(corruption=corruption, method=method, max_edges=max_edges, n_sequences=n_sequences,

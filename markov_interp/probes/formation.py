@@ -7,8 +7,9 @@ every later checkpoint (a transient edge, kept once and dropped again, has no en
 comparing entry steps with the loss's crossings (`dynamics`) shows whether the previous-token -> induction K-edge
 forms before, during or after the loss leaves the plateau.
 
->>> # formation = circuit_formation([(step, model_at_step), ...], RandomMarkov(3))
->>> # formation.entered["L0H0->L1H0.k"]   # the first checkpoint step from which the edge stays kept
+>>> formation = circuit_formation([(1, model), (2, model)], source, n_sequences=16)  # (step, model at that step)
+>>> formation.entered["L0H0->L1H0.k"]  # the first checkpoint step from which the edge stays kept
+1
 """
 
 import dataclasses

@@ -167,7 +167,10 @@ def activation_patching(
     The effect is read at `position` (default the last), where the two sequences of a `patching_pair` share
     their state; every position is patched. See `PatchingResult`.
 
-    >>> # clean, corrupted = patching_pair(tokens); activation_patching(model, clean, corrupted).head_grid()
+    >>> clean, corrupted = patching_pair(tokens)
+    >>> grid = activation_patching(model, clean, corrupted).head_grid()
+    >>> round(float(grid[1, 0]), 3), bool(grid[0, 0] < 0.2)  # the induction head carries the prediction
+    (1.0, True)
     """
     clean_tokens, corrupted_tokens = as_tokens(clean_tokens), as_tokens(corrupted_tokens)
     check_pair(clean_tokens, corrupted_tokens)
@@ -244,7 +247,9 @@ def patching_by_position(
     Returns:
         A `PositionPatching` with a [layer, pos] grid.
 
-    >>> # clean, corrupted = patching_pair(tokens); patching_by_position(model, clean, corrupted).recovery
+    >>> clean, corrupted = patching_pair(tokens)
+    >>> patching_by_position(model, clean, corrupted).recovery.shape  # [layer, position]
+    torch.Size([2, 32])
     """
     clean_tokens, corrupted_tokens = as_tokens(clean_tokens), as_tokens(corrupted_tokens)
     check_pair(clean_tokens, corrupted_tokens)

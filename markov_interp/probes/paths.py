@@ -187,8 +187,10 @@ class EdgeRunner:
     tokens with the senders' outputs set, single edges by the stage algorithm too (module docstring: the reference
     the tests compare the faster passes with).
 
-    >>> # runner = EdgeRunner(model, tokens, corrupted_tokens)
-    >>> # runner.losses({EdgeKey("L0H0", "L1H0", "k")}) - runner.clean_losses  # that edge's path-patching effect
+    >>> runner = EdgeRunner(model, tokens, corrupted_tokens)
+    >>> effect = runner.losses({EdgeKey("L0H0", "L1H0", "k")}) - runner.clean_losses  # that edge's path-patching effect
+    >>> bool(effect.mean() > 0.1)  # the induction head's keys need the previous-token head
+    True
     """
 
     def __init__(self, model: HookedModel, tokens: Tokens, corrupted_tokens: Optional[Tokens] = None, *,
@@ -618,7 +620,7 @@ def _gradient_blocks(runner: EdgeRunner, alpha: float) -> Iterator[tuple[list[tu
         heads = heads_per_layer(model)
         names = [act_name(c, l) for l in layers for c in "qkv"] + [mlp_out_hook(l) for l in layers
                                                                     if has_mlp(model, l)]
-        # an input the loss does not read (q and k under a clamped pattern, `intervene.applied`) has gradient 0
+        # an input the loss does not read (q and k under a clamped pattern, `clamps.applied`) has gradient 0
         grads = dict(zip(names + [last], torch.autograd.grad(loss, [store[n] for n in names + [last]],
                                                              retain_graph=True, allow_unused=True,
                                                              materialize_grads=True)))

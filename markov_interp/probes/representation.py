@@ -288,7 +288,9 @@ def probe_layers(model: HookedModel, tokens: TokensOrBatch, target: Any, *, site
     Returns:
         A `ProbeTable`, one `ProbeFit` per site in order.
 
-    >>> # probe_layers(model, batch, probe_target("state", batch, lag=1)).to_dataframe()
+    >>> table = probe_layers(model, batch, probe_target("state", batch, lag=1), n_bootstrap=20)
+    >>> table.sites, [round(fit.score, 2) for fit in table.fits]  # the previous state: written by layer 0
+    (('L0.resid_pre', 'L0.resid_post', 'L1.resid_post'), [0.37, 1.0, 1.0])
     """
     try:
         inspect.signature(fit_probe).bind(None, None, **options)
@@ -321,6 +323,7 @@ def linear_probe(model: HookedModel, tokens: TokensOrBatch, where: Any, target: 
     Returns:
         A `ProbeFit`.
 
-    >>> # linear_probe(model, batch, ("resid_post", 0), probe_target("state", batch, lag=1)).score
+    >>> linear_probe(model, batch, ("resid_post", 0), probe_target("state", batch, lag=1), n_bootstrap=20).score
+    1.0
     """
     return probe_layers(model, tokens, target, sites=[where], cache=cache, **options).fits[0]

@@ -250,8 +250,8 @@ def strategy_similarity(
     defaults to `batch.beta`. Along training on random kernels, `closest` moves from
     "uniform" to "in_context_unigram" to "in_context_bigram" as the induction head forms (Edelman et al.).
 
-    >>> # batch = sample_batch(RandomMarkov(3), n_sequences=64, seq_len=32, seed=0)
-    >>> # strategy_similarity(model, batch).closest  # "in_context_bigram" for an induction circuit
+    >>> strategy_similarity(model, batch).closest  # a hand-built induction circuit on random kernels
+    'in_context_bigram'
     """
     batch = check_batch(batch, "strategy_similarity")
     beta = float(batch.beta if beta is None else beta)

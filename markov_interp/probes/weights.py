@@ -55,7 +55,8 @@ def _absent(model: HookedModel, grid: Tensor) -> Tensor:
 def ov_circuits(model: HookedModel) -> Circuits:
     """W_E W_V W_O W_U per head, [layer, head, attended state, next state] (NaN for absent heads).
 
-    >>> # ov_circuits(model)[1, 0].diagonal()  # large for an induction head that copies the attended state
+    >>> ov_circuits(model)[1, 0].diagonal()  # large for an induction head that copies the attended state
+    tensor([2., 2., 2.])
     """
     w_e, w_u = model.W_E.detach().float(), model.W_U.detach().float()
     ov = torch.einsum("vd,lhde,lhef,fw->lhvw", w_e, model.W_V.detach().float(), model.W_O.detach().float(), w_u)
@@ -66,7 +67,8 @@ def ov_circuits(model: HookedModel) -> Circuits:
 def qk_circuits(model: HookedModel) -> Circuits:
     """W_E W_Q W_K^T W_E^T / sqrt(d_head) per head, [layer, head, query state, key state] (NaN for absent heads).
 
-    >>> # qk_circuits(model)[1, 0]  # an attention score bias between the states, before positions
+    >>> qk_circuits(model)[1, 0].abs().max().item()  # this induction head finds its keys through layer 0, not states
+    0.0
     """
     w_e = model.W_E.detach().float()
     q = torch.einsum("vd,lhde->lhve", w_e, model.W_Q.detach().float())
@@ -148,7 +150,9 @@ def direct_logit_attribution(model: HookedModel, tokens: TokensOrBatch) -> Logit
     Returns:
         A `LogitAttribution`; its parts add up to `total`, the mean centred logit of the next state.
 
-    >>> # direct_logit_attribution(model, batch).heads  # large for the head that writes the prediction
+    >>> heads = direct_logit_attribution(model, batch).heads  # large for the head that writes the prediction
+    >>> bool(heads[1, 0] > 0.2 and heads[0, 0].abs() < 1e-6)  # the induction head; layer 0 writes only to it
+    True
     """
     tokens = check_tokens(model, as_tokens(tokens))
     n_layers = int(model.cfg.n_layers)

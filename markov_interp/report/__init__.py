@@ -20,8 +20,10 @@ circuit figures live in `markov_interp.report.circuits`); nothing in this packag
 The experiments' figures live with the experiments (`markov_interp.experiments.escape_survival_figure`, ...), the
 paper's reproduction's among them (`markov_interp.experiments.paper`).
 
->>> # from markov_interp import report
->>> # report.build("runs/binary").save()   # -> runs/binary/report.html
+>>> from markov_interp import report
+>>> built = report.from_model(model, source, n_sequences=8)  # report.build(run_dir) for a run folder
+>>> built.mechanism.mechanism, built.section("circuit").title  # built.save("report.html") writes the file
+('induction', 'Circuit found by path patching')
 """
 
 from markov_interp.report._build import (
