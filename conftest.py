@@ -23,7 +23,7 @@ def _make(scratch: Path) -> dict:
     import torch
 
     from markov_interp import probes, training
-    from markov_interp.data import RandomMarkov
+    from markov_interp.sources import RandomMarkov
 
     if str(ROOT / "tests") not in sys.path:
         sys.path.insert(0, str(ROOT / "tests"))

@@ -7,9 +7,9 @@ The package is a pipeline, one module or sub-package per stage, each importing o
             -> experiments -> cli
 
 `sources` are the data (one class per kind, registered by name); `theory` gives their exact laws and reference
-losses (`landscape`: the one-layer model's canonical reduction); `clamps` freezes and clamps activations during training; `runs` is what a run is
-(`RunConfig`) and its folder, read and written, so that probes, report and sweeps read run folders without
-importing `training`; `experiments` are the registered studies, the paper's reproduction among them.
+losses (`landscape`: the one-layer model's canonical reduction); `clamps` freezes and clamps activations during
+training; `runs` is what a run is (`RunConfig`) and its folder, read and written, so that probes, report and
+sweeps read run folders without importing `training`; `experiments` are the registered studies, the paper's reproduction among them.
 
 Under them all: `config` (the one base of the source, model, training, run, sweep and budget configs), `devices`
 and the private helpers `_io`, `_display` and `_workers`.
