@@ -18,8 +18,11 @@ never write files, plot, or write into a cache. One module per idea:
   minimality, as a `CircuitGraph`.
 - `joint`: joint tests of a circuit's kept edges (cancelling pairs, receivers together); `verify`: which edges
   `discover_circuit(method="attribution+verify")` measures exactly.
-- `circuit`: the induction circuit read off a graph (previous-token -> induction K-edges), and the circuit axis
-  (`CircuitVerdict`: induction of the order its lags carry, kernel, state counting, none).
+- `edge_content`: what each kept edge carries (the current state, a lagged state, counts, switch statistics), by
+  interchange interventions along that edge alone (`EdgeContent`).
+- `circuit`: the roles read off a graph by what its edges carry (previous-token -> induction K-edges, relayed or
+  not; switch-counting heads), and the circuit axis (`CircuitVerdict`: induction of the order its lags carry,
+  switch counting, kernel, state counting, none).
 - `law`: the law axis (`LawVerdict`: the law check raw and after a fitted temperature).
 - `formation`: `circuit_formation`, the circuit at every checkpoint of a run and when each edge enters it.
 - `gains`: graded gains, the fraction of each step up the ladder of in-context laws the model has climbed.
@@ -33,7 +36,8 @@ never write files, plot, or write into a cache. One module per idea:
 - `strategies`: KL from the model to the uniform, stationary, true-kernel, state-and-counts and in-context
   k-gram laws.
 - `classify`: `classify_mechanism`, which names the law the model predicts with ("uniform", "unigram",
-  "in_context_unigram", "state_and_counts", "kernel", "induction", "other") from the causal evidence.
+  "in_context_unigram", "state_and_counts", "kernel", "induction", "switch_counting", "other") from the causal
+  evidence.
 
 >>> # from markov_interp.probes import classify_mechanism
 >>> # classify_mechanism(model, RandomMarkov(3), seed=0).mechanism
@@ -100,9 +104,11 @@ from markov_interp.probes.circuit import (
     CircuitVerdict,
     Role,
     circuit_verdict,
+    edge_carried,
     lag_channels,
     read_circuit,
     spread_previous_token_excess,
+    switch_counting,
 )
 from markov_interp.probes.classify import (
     MECHANISMS,
@@ -121,6 +127,7 @@ from markov_interp.probes.discovery import (
     discover_circuit,
     kept_edges,
 )
+from markov_interp.probes.edge_content import EdgeCarry, EdgeContent, edge_content
 from markov_interp.probes.joint import Cancelling, JointTest
 from markov_interp.probes.formation import CircuitFormation, circuit_formation, entry_step
 from markov_interp.probes.gains import Gains, graded_gains
@@ -177,6 +184,7 @@ __all__ = [
     "direct_logit_attribution", "ov_circuits", "qk_circuits", "TokenStatistics", "token_statistics", "checked",
     "ProbeResult", "headline",
     "ProbeFit", "ProbeTable", "Target", "fit_probe", "linear_probe", "probe_layers", "probe_target",
+    "EdgeCarry", "EdgeContent", "edge_content", "edge_carried", "switch_counting",
 ]
 
 # Every public probe is exported with its argument types checked (`checked`: a TypeError naming the parameter
