@@ -34,7 +34,7 @@ MODELS = {"binary-s0": (2, 0), "binary-s1": (2, 1), "ternary-s0": (3, 0)}  # nam
 
 def run_config(vocab: int, seed: int):
     """The phase diagram's standard recipe for one L3 x1 order-1 seed on `vocab` states."""
-    from markov_interp.data import SourceConfig
+    from markov_interp.sources import SourceConfig
     from markov_interp.models import preset
     from markov_interp.training import RunConfig, TrainConfig
 
@@ -126,7 +126,7 @@ def handbuilt() -> dict:
     sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
     import handbuilt as hb
     from markov_interp import probes
-    from markov_interp.data import RandomMarkov
+    from markov_interp.sources import RandomMarkov
 
     cases = {
         "induction, 3 states": (hb.induction_circuit(3, n_ctx=64), 3),

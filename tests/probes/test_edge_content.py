@@ -19,7 +19,7 @@ from handbuilt import (
     switch_counting_circuit,
 )
 from markov_interp import models
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.probes import (
     EdgeContent,
     EdgeKey,
