@@ -44,6 +44,7 @@ from markov_interp.probes.attention import AttentionScores
 from markov_interp.probes.discovery import CircuitGraph, Edge
 from markov_interp.probes.edge_content import BY_CONSTRUCTION, EdgeContent, is_lagged
 from markov_interp.probes.interventions import Component
+from markov_interp.probes.paths import EdgeKey
 
 SWITCH_VARIABLES = ("switch", "switches", "transitions")  # switch statistics (`edge_content.variable_names`)
 
@@ -125,11 +126,11 @@ class Circuit(ProbeResult):
             return "a single-layer model has no induction circuit (it needs a previous-token head below it)"
         keys = [name for name in self.carried if name.endswith(".k")]
         if self.content is not None and keys:
-            said = "; ".join(self._said(name) for name in keys)
-            keyed = sorted({n.split("->")[1].split(".")[0] for n in keys if self.carried[n] == "state"})
-            values = [n for n in self.carried if n.endswith(".v") and n.split("->")[1][:-2] in keyed]
+            said = "; ".join(self.describe_edge(name) for name in keys)
+            keyed = sorted({EdgeKey.parse(n).receiver for n in keys if self.carried[n] == "state"})
+            values = [n for n in self.carried if n.endswith(".v") and EdgeKey.parse(n).receiver in keyed]
             switch = (f"; no switch-counting head: {', '.join(keyed)} key positions by their own state, but no kept "
-                      f"edge into them carries switch statistics ({'; '.join(self._said(n) for n in values)})"
+                      f"edge into them carries switch statistics ({'; '.join(self.describe_edge(n) for n in values)})"
                       if keyed else "")
             return (f"no kept K-edge carries a lagged state into a head whose query carries the current state "
                     f"(kept K-edges: {said}){switch}; tried: {', '.join(self.content.variables)}")
@@ -138,7 +139,7 @@ class Circuit(ProbeResult):
                     + ", ".join(f"{e.name} {e.effect:+.3f}" for e in self.other_k_edges) + ")")
         return "no kept edge feeds a head's keys (no K-composition among the kept edges)"
 
-    def _said(self, name: str) -> str:
+    def describe_edge(self, name: str) -> str:
         """What kept edge `name` carries, in words, with the closest variable when none reaches the cut."""
         if self.carried.get(name):
             return f"{name} carries {self.carried[name]}"
@@ -146,7 +147,8 @@ class Circuit(ProbeResult):
         if row is None or row.best is None:
             return f"{name} carries no tested variable"
         lo, hi = row.interval[row.best]
-        return f"{name} carries no tested variable (closest {row.best} {row.explained[row.best]:.2f} [{lo:.2f}, {hi:.2f}])"
+        closest = f"{row.best} {row.explained[row.best]:.2f} [{lo:.2f}, {hi:.2f}]"
+        return f"{name} carries no tested variable (closest {closest})"
 
     def summary(self) -> str:
         if not self.found:

@@ -550,7 +550,7 @@ def _resolved(decision: _Decision, ev: _Evidence) -> _Decision:
         return decision
     why = (f"not confident: what {', '.join(unresolved)} carr{'ies' if len(unresolved) == 1 else 'y'} is within the "
            f"bootstrap interval of the cut {ev.induction.content.cut} "
-           f"({'; '.join(ev.induction._said(name) for name in unresolved)})")
+           f"({'; '.join(ev.induction.describe_edge(name) for name in unresolved)})")
     return dataclasses.replace(decision, confident=False, reasons=(decision.reasons[0] + f"; {why}",
                                                                    *decision.reasons[1:]))
 

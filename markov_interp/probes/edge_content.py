@@ -31,9 +31,10 @@ state combination), that position is left clean in both the hold and the random 
 many were patched.
 
 **What it carries** (`EdgeCarry.carries`): the first variable of `variable_names` (simplest first) whose explained
-fraction reaches `CARRIES` and lies within `NEAR_BEST` of the best variable's; None when none does (then `best` names the closest and the summary lists what was
-tried). Edges out of the token embedding carry the state by construction ("state": the embedding at j is x_j),
-edges out of the position embedding the position ("position"); they are not measured.
+fraction reaches `CARRIES` and lies within `NEAR_BEST` of the best variable's; None when none does (then `best`
+names the closest and the summary lists what was tried). Edges out of the token embedding carry the state by
+construction ("state": the embedding at j is x_j), edges out of the position embedding the position ("position");
+they are not measured.
 
 >>> # content = edge_content(model, batch, graph.kept); content["L0H0->L1H0.k"].carries
 >>> # 'lag1'
@@ -45,12 +46,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
 
+from markov_interp import theory
 from markov_interp.config import check_int
 from markov_interp.models import HookedModel
-from markov_interp.probes._common import ProbeBatch, Tokens, check_tokens, json_safe, pattern_hook
+from markov_interp.probes._common import ProbeBatch, Tokens, check_tokens, json_safe, pattern_hook, total_variation
 from markov_interp.probes._display import ProbeResult, dataframe, displayed
 from markov_interp.probes.interventions import Component
 from markov_interp.probes.paths import EdgeKey, EdgeRunner
@@ -308,13 +310,12 @@ def _effects(runner: EdgeRunner, key: EdgeKey, values: list[Tensor]) -> tuple[Te
     receiver = Component.parse(key.receiver) if key.input in ("q", "k") else None
     record = [pattern_hook(receiver.layer)] if receiver is not None else []
     logits, seen = runner.patched([key] * len(values), values, record=record)
-    clean = torch.log_softmax(runner.clean_logits.double(), -1)
-    kl = (clean.exp() * (clean - torch.log_softmax(logits.double(), -1))).sum(-1).mean(-1)
+    clean = torch.softmax(runner.clean_logits.double(), -1)
+    kl = theory.kl_divergence(clean, torch.softmax(logits.double(), -1)).mean(-1)
     if receiver is None:
         return kl.cpu(), None
     pattern = seen[record[0]][:, :, receiver.head].double()  # [copy, batch, query, key]
-    tv = 0.5 * (pattern - pattern[:1]).abs().sum(-1).mean(-1)
-    return kl.cpu(), tv.cpu()
+    return kl.cpu(), total_variation(pattern, pattern[:1]).mean(-1).cpu()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,8 +65,8 @@ def _hooked_by_hand(model, tokens, sender: str, receiver: str, channel: str, val
     x = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + model.cfg.eps)
     p = models.state_dict_for_save(model)
     x = x * p[f"blocks.{r_layer}.ln1.weight"] + p.get(f"blocks.{r_layer}.ln1.bias", 0.0)
-    W, b = getattr(model, f"W_{channel.upper()}")[r_layer, r_head], getattr(model, f"b_{channel.upper()}")[r_layer, r_head]
-    new = x @ W + b
+    name = channel.upper()
+    new = x @ getattr(model, f"W_{name}")[r_layer, r_head] + getattr(model, f"b_{name}")[r_layer, r_head]
 
     def hook(act, hook=None):
         act = act.clone()
