@@ -7,7 +7,9 @@ Two tables:
    kept-edge rule may try a few more circuit-only runs on a model whose edges all matter a little): the paper's
    one-layer model on the binary chain at lengths 128 / 256 / 1024 and the two-layer attention-only model on
    random 3-state kernels at 32 and 128, `--n-sequences` (64) probe sequences. The issue's bar: the two-layer
-   model at length 128 under 2 s on one thread.
+   model at length 128 under 2 s on one thread. Each row also times `classify_mechanism(..., content=False)` in
+   the same process: the ratio is the cost of the edge content (`probes.edge_content`); `--trained RUN ...` adds
+   rows for trained run folders (whose kept edges the content measures: random weights keep few).
 2. **discovery**: `discover_circuit` on random-init attention-only models on RandomMarkov(3) (the issue's table:
    2 x 2 d16, 4 x 4 d32, 6 x 4 d64 at seq 64; 2 x 2 at seq 128; 12 x 12 d256 (d_head 21) at seq 128, GPT-2-small's layers and heads)
    with its default 16 sequences, by each method ("exact" where it fits the `--exact-limit` seconds, else
@@ -84,9 +86,29 @@ def classify_table(args: argparse.Namespace) -> None:
         with torch.no_grad():
             forward = median_time(lambda: model(batch.tokens.to(DEVICE[0])), args.repeats)
         full = median_time(lambda: classify_mechanism(model, source, batch=batch, progress=False), args.repeats)
+        bare = median_time(lambda: classify_mechanism(model, source, batch=batch, progress=False, content=False),
+                           args.repeats)
         graph = median_time(lambda: discover_circuit(model, source, batch=batch, progress=False), args.repeats)
         print(f"{label:36s} length {seq_len:4d}: classify {full:6.3f} s = {full / forward:6.1f} forward passes "
-              f"({forward * 1e3:.1f} ms each); circuit discovery {graph:6.3f} s ({graph / full:.0%})", flush=True)
+              f"({forward * 1e3:.1f} ms each); circuit discovery {graph:6.3f} s ({graph / full:.0%}); without the "
+              f"edge content {bare:6.3f} s (content: {full / bare:.2f}x)", flush=True)
+    for path in args.trained:
+        trained_row(path, args)
+
+
+def trained_row(path: str, args: argparse.Namespace) -> None:
+    """A trained run folder (`--trained`): classify_mechanism with and without the edge content, and one forward."""
+    from markov_interp.runs import load_model, read_config
+
+    model, source = load_model(path, device=DEVICE[0]), read_config(path).source.build()
+    batch = sample_batch(source, n_sequences=args.n_sequences, seq_len=int(model.cfg.n_ctx), seed=0)
+    with torch.no_grad():
+        forward = median_time(lambda: model(batch.tokens.to(DEVICE[0])), args.repeats)
+    full = median_time(lambda: classify_mechanism(model, source, batch=batch, progress=False), args.repeats)
+    bare = median_time(lambda: classify_mechanism(model, source, batch=batch, progress=False, content=False),
+                       args.repeats)
+    print(f"{path} (trained, length {model.cfg.n_ctx}): classify {full:6.3f} s = {full / forward:6.1f} forward passes; "
+          f"without the edge content {bare:6.3f} s (content: {full / bare:.2f}x)", flush=True)
 
 
 def discovery_table(args: argparse.Namespace) -> None:
@@ -135,6 +157,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=None,
                         help="discovery: only these cases, as LAYERSxHEADS/SEQ (e.g. 12x12/128)")
     parser.add_argument("--max-length", type=int, default=1024, help="classify: skip longer probe lengths")
+    parser.add_argument("--trained", nargs="*", default=[], help="classify: run folders of trained models to time too")
     parser.add_argument("--device", default="cpu", help="where the models run (cuda: timings synchronise)")
     parser.add_argument("--compare-cpu", action="store_true",
                         help="discovery on a GPU: also run it on a CPU copy and compare the kept edges")

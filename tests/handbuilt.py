@@ -111,10 +111,20 @@ def unigram_model(pi, *, n_ctx: int = 128, n_layers: int = 1, n_heads: int = 1):
 # O: output (read by the unembedding) | U: unread scratch (decoys write here) | POS: position one-hot |
 # S: a position one-hot written by a "position" head (only with `position_slot`)].
 # A head is given by a role tuple:
-#   ("prev", lag, weight)       attends from i to i - lag, writes weight * onehot(x_{i-lag}) into P_lag
+#   ("prev", lag, weight[, slot]) attends from i to i - lag, writes weight * onehot(x_{i-lag}) into P_lag (or
+#                               P_slot)
+#   ("prev-sink", lag, share, w) attends `share` to i - lag and the rest to position 0 (an attention sink), writes
+#                               w x (share onehot(x_{i-lag}) + (1 - share) onehot(x_0)) into P_lag
+#   ("relay", src, dst, w)      attends to itself, copies P_src into P_dst (a relayed lagged state)
+#   ("prev-copy", lag, src, dst, w)  attends from i to i - lag like "prev" but copies P_src (not the state) into P_dst
+#   ("switch", w, "same" | "other")  query x_i, key the key's own state: attends to the positions holding the current
+#                               state (or the others), reads P_1 (the state before each) and writes w x its mean
+#                               into O: for two states the switch counts, the in-context bigram law (key 0 pushed
+#                               away)
 #   ("induction", order, w)     query [x_i, x_{i-1}, ..]; key [x_{j-1}, .., x_{j-order}] from P_1..P_order; value
 #                               x_j; writes w * onehot(x_j) into O (w = logit scale; keys j < order pushed away)
-#   ("count", w)                uniform causal attention, writes w * onehot(x_j) into O: an in-context counter
+#   ("count", w[, slot])        uniform causal attention, writes w * onehot(x_j) into O (or P_slot): an in-context
+#                               counter
 #   ("self",), ("same",), ("prev-decoy", lag), ("uniform",)   decoys writing into U (nobody reads it)
 #   ("position",)               attends to itself and copies its position one-hot into S (needs `position_slot`)
 #   ("prev-slot", lag, w)       as "prev", but its query reads the position from S (a position head's output)
@@ -144,7 +154,7 @@ def circuit_model(vocab: int, heads: dict, *, n_layers: int, n_heads: int, n_ctx
         for name in "qkv":
             values[f"blocks.{layer}.attn.{name}.weight"] = torch.zeros(hd, d_model)
         values[f"blocks.{layer}.attn.o.weight"] = torch.zeros(d_model, hd)
-    slots = dict(T=T, P=P, O=O, U=U, POS=POS, S=S, V=V, N=N, big=big, dh=dh)
+    slots = dict(T=T, P=P, O=O, U=U, POS=POS, S=S, V=V, N=N, big=big, dh=dh, sharpness=sharpness)
     for (layer, head), role in heads.items():
         assert layer < n_layers and head < n_heads, (layer, head)
         _write_head(values, layer, head * dh, role, slots)
@@ -164,29 +174,46 @@ def circuit_model(vocab: int, heads: dict, *, n_layers: int, n_heads: int, n_ctx
 def _write_head(values: dict, layer: int, base: int, role: tuple, s: dict) -> None:
     q, k, v = (values[f"blocks.{layer}.attn.{n}.weight"] for n in "qkv")
     o = values[f"blocks.{layer}.attn.o.weight"]
-    V, N, big, T, POS = s["V"], s["N"], s["big"], s["T"], s["POS"]
-    ar = torch.arange
+    V, N, ar = s["V"], s["N"], torch.arange
+    if role[0] == "position":  # attends to itself, copies its position one-hot into S
+        q[base + ar(N), s["POS"] + ar(N)] = s["big"]
+        k[base + ar(N), s["POS"] + ar(N)] = 1
+        v[base + ar(N), s["POS"] + ar(N)] = 1
+        o[s["S"] + ar(N), base + ar(N)] = 1
+        return
+    _attend(q, k, base, role, s)
+    src, dst, weight = _value_path(role, s)
+    v[base + ar(V), src + ar(V)] = 1
+    o[dst + ar(V), base + ar(V)] = weight
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, base: int, role: tuple, s: dict) -> None:
+    """The query and key weights of a head's role (`circuit_model`); zero for "count" and "uniform"."""
+    V, N, big, T, POS, ar = s["V"], s["N"], s["big"], s["T"], s["POS"], torch.arange
     kind = role[0]
-    if kind in ("prev", "prev-decoy", "prev-slot"):  # query i carries position i - lag, key j carries position j
+    if kind in ("prev", "prev-decoy", "prev-slot", "prev-copy", "prev-sink"):  # query i: position i - lag
         lag = role[1]
-        q[base + ar(N - lag), (s["S"] if kind == "prev-slot" else POS) + ar(lag, N)] = big
+        scale = big / s["sharpness"]  # one unit of attention score
+        share = role[2] if kind == "prev-sink" else 1.0
+        q[base + ar(N - lag), (s["S"] if kind == "prev-slot" else POS) + ar(lag, N)] = big + math.log(share) * scale
+        if kind == "prev-sink":  # the rest on position 0 (queries past the lag)
+            q[base, POS + ar(lag + 1, N)] = big + math.log1p(-share) * scale
         k[base + ar(N), POS + ar(N)] = 1
     elif kind == "prev-mix":  # query i carries positions i - l for every l: the lags share its attention
         for lag in role[1]:
             q[base + ar(N - lag), POS + ar(lag, N)] = big
         k[base + ar(N), POS + ar(N)] = 1
-    elif kind == "position":  # attends to itself, copies its position one-hot into S
-        q[base + ar(N), POS + ar(N)] = big
-        k[base + ar(N), POS + ar(N)] = 1
-        v[base + ar(N), POS + ar(N)] = 1
-        o[s["S"] + ar(N), base + ar(N)] = 1
-        return
-    elif kind == "self":
+    elif kind in ("self", "relay"):
         q[base + ar(N), POS + ar(N)] = big
         k[base + ar(N), POS + ar(N)] = 1
     elif kind == "same":  # query and key = current state
         q[base + ar(V), T + ar(V)] = big
         k[base + ar(V), T + ar(V)] = 1
+    elif kind == "switch":  # query = current state, key = the key's own state (same) or the others (other)
+        q[base + ar(V), T + ar(V)] = big
+        k[base: base + V, T: T + V] = torch.eye(V) if role[2] == "same" else 1 - torch.eye(V)
+        q[base + V, T + ar(V)] = big  # a constant query pushing key 0 away (no state before it)
+        k[base + V, POS] = -2.0
     elif kind == "induction":
         order = role[1]
         for m in range(order):  # query slot m holds x_{i-m} (T for m = 0, else P_m); key slot m holds x_{j-1-m}
@@ -195,16 +222,29 @@ def _write_head(values: dict, layer: int, base: int, role: tuple, s: dict) -> No
             k[base + m * V + ar(V), s["P"] + m * V + ar(V)] = 1
         q[base + order * V, T + ar(V)] = big  # a constant query (the state one-hot sums to 1) ...
         k[base + order * V, POS + ar(order)] = -float(order) - 1  # ... pushes away keys j < order
-    # "count" and "uniform": zero query and key, attention uniform over 0..i
-    if kind in ("prev", "prev-slot", "prev-mix", "induction", "count"):
-        v[base + ar(V), T + ar(V)] = 1
-        weight = role[-1]
-        target = s["P"] + (role[1] - 1) * V if kind in ("prev", "prev-slot") else s["P"] if kind == "prev-mix" \
-            else s["O"]
-        o[target + ar(V), base + ar(V)] = weight
-    else:  # decoys: copy the attended state into the unread slot
-        v[base + ar(V), T + ar(V)] = 1
-        o[s["U"] + ar(V), base + ar(V)] = 1
+
+
+def _value_path(role: tuple, s: dict) -> tuple[int, int, float]:
+    """(the slot a head's value reads, the slot its output writes, its weight) for a role (`circuit_model`)."""
+    slot = lambda lag: s["P"] + (lag - 1) * s["V"]  # noqa: E731  (P_lag: where lag-`lag` copies go)
+    kind = role[0]
+    if kind in ("prev", "prev-slot"):
+        return s["T"], slot(role[3] if len(role) > 3 else role[1]), role[2]
+    if kind == "prev-sink":
+        return s["T"], slot(role[1]), role[3]
+    if kind == "prev-mix":
+        return s["T"], slot(1), role[2]
+    if kind == "relay":
+        return slot(role[1]), slot(role[2]), role[3]
+    if kind == "prev-copy":
+        return slot(role[2]), slot(role[3]), role[4]
+    if kind == "induction":
+        return s["T"], s["O"], role[2]
+    if kind == "count":
+        return s["T"], slot(role[2]) if len(role) > 2 else s["O"], role[1]
+    if kind == "switch":
+        return slot(1), s["O"], role[1]
+    return s["T"], s["U"], 1.0  # decoys: copy the attended state into the unread slot
 
 
 def counting_circuit(vocab: int, *, n_ctx: int = 48, n_layers: int = 1, n_heads: int = 1, split: int = 1,
@@ -352,3 +392,48 @@ def position_edges(prev: dict) -> set:
     """The position edges of previous-token heads (`prev`: lag -> head names): their queries and keys read the
     position embedding."""
     return {f"pos->{p}.{c}" for names in prev.values() for p in names for c in "qk"}
+
+
+# ------------------------------------------------------------------ what edges carry (roles by content)
+def sink_induction_circuit(vocab: int, *, share: float = 0.15, n_ctx: int = 64, logit_scale: float = 2.0):
+    """An order-1 induction circuit whose previous-token head L0H0 gives i - 1 only `share` of its attention and
+    parks the rest on position 0 (an attention sink), as trained heads do; it writes its mix at weight 1 / share, so
+    the induction head L1H0 matches x_{j-1} at the usual sharpness (the sink's part, x_0, is the same for every
+    key)."""
+    heads = {(0, 0): ("prev-sink", 1, share, 1.0 / share), (1, 0): ("induction", 1, logit_scale)}
+    return circuit_model(vocab, heads, n_layers=2, n_heads=1, n_ctx=n_ctx)
+
+
+def relay_circuit(vocab: int, *, n_ctx: int = 64, logit_scale: float = 2.0):
+    """An order-1 induction circuit whose previous state reaches the keys through a relay: the previous-token head
+    L0H0 writes x_{j-1} into a slot the induction head does not read (P_2), L1H0 attends to itself and copies it
+    into the slot it reads (P_1), the induction head is L2H0. L1H0's pattern is no previous-token pattern."""
+    heads = {(0, 0): ("prev", 1, 1.0, 2), (1, 0): ("relay", 2, 1, 1.0), (2, 0): ("induction", 1, logit_scale)}
+    return circuit_model(vocab, heads, n_layers=3, n_heads=1, n_ctx=n_ctx)
+
+
+def sink_decoy_circuit(vocab: int, *, n_ctx: int = 64, share: float = 1e-3):
+    """A decoy for the attention scores: L0H0 parks all but `share` of its attention on position 0 and puts the
+    rest on i - 1 (beyond the sink it is a perfect previous-token head), writing into the slot an induction-shaped
+    head L1H0 reads with its keys; what it writes is x_0 up to `share`, so no previous state reaches the keys."""
+    heads = {(0, 0): ("prev-sink", 1, share, 1.0), (1, 0): ("induction", 1, 2.0)}
+    return circuit_model(vocab, heads, n_layers=2, n_heads=1, n_ctx=n_ctx)
+
+
+def copy_decoy_circuit(vocab: int, *, n_ctx: int = 64):
+    """A head whose pattern is a perfect previous-token pattern but whose value path writes something else: a
+    counting head L0H0 writes the state frequencies into P_2, L1H0 attends from i to i - 1 and copies them (not the
+    state) into P_1, which an induction-shaped head L2H0 reads with its keys."""
+    heads = {(0, 0): ("count", 1.0, 2), (1, 0): ("prev-copy", 1, 2, 1, 1.0), (2, 0): ("induction", 1, 2.0)}
+    return circuit_model(vocab, heads, n_layers=3, n_heads=1, n_ctx=n_ctx)
+
+
+def switch_counting_circuit(*, n_ctx: int = 64, attend: str = "same", logit_scale: float = 2.0):
+    """Switch counting on two states, no induction head: a previous-token head L0H0 writes x_{j-1} into P_1; L1H0
+    queries the current state and keys each position by its own state (`attend` "same": the positions holding the
+    current state a; "other": the other state's) and reads the state before each. With "same" its output is (a -> a,
+    b -> a transitions) / n_a, and since n_ba = n_ab + [x_0 = b] on two states this is the in-context bigram row of a
+    (times `logit_scale`): the bigram law from switch counts. With "other" it reads (a -> b, b -> b) / n_b, the
+    switch rate of the other state, which needs the counts (and a division) to give the law."""
+    heads = {(0, 0): ("prev", 1, 1.0), (1, 0): ("switch", logit_scale, attend)}
+    return circuit_model(2, heads, n_layers=2, n_heads=1, n_ctx=n_ctx)

@@ -21,8 +21,11 @@ with its `__all__`, as `probes.<module>.<Name>` (`probes.attention.AttentionScor
   minimality, as a `CircuitGraph`.
 - `joint`: joint tests of a circuit's kept edges (cancelling pairs, receivers together); `verify`: which edges
   `discover_circuit(method="attribution+verify")` measures exactly.
-- `circuit`: the induction circuit read off a graph (previous-token -> induction K-edges), and the circuit axis
-  (`CircuitVerdict`: induction of the order its lags carry, kernel, state counting, none).
+- `edge_content`: what each kept edge carries (the current state, a lagged state, counts, switch statistics), by
+  interchange interventions along that edge alone (`EdgeContent`).
+- `circuit`: the roles read off a graph by what its edges carry (previous-token -> induction K-edges, relayed or
+  not; switch-counting heads), and the circuit axis (`CircuitVerdict`: induction of the order its lags carry,
+  switch counting, kernel, state counting, none).
 - `law`: the law axis (`LawVerdict`: the law check raw and after a fitted temperature).
 - `formation`: `circuit_formation`, the circuit at every checkpoint of a run and when each edge enters it.
 - `gains`: graded gains, the fraction of each step up the ladder of in-context laws the model has climbed.
@@ -36,7 +39,8 @@ with its `__all__`, as `probes.<module>.<Name>` (`probes.attention.AttentionScor
 - `strategies`: KL from the model to the uniform, stationary, true-kernel, state-and-counts and in-context
   k-gram laws.
 - `classify`: `classify_mechanism`, which names the law the model predicts with ("uniform", "unigram",
-  "in_context_unigram", "state_and_counts", "kernel", "induction", "other") from the causal evidence.
+  "in_context_unigram", "state_and_counts", "kernel", "induction", "switch_counting", "other") from the causal
+  evidence.
 
 >>> from markov_interp.probes import classify_mechanism
 >>> classify_mechanism(model, source, n_sequences=16, seed=0).mechanism  # a hand-built induction circuit
@@ -52,6 +56,7 @@ from markov_interp.probes import (  # noqa: F401  (every module, as probes.<modu
     circuit,
     classify,
     discovery,
+    edge_content,
     formation,
     gains,
     interventions,
@@ -74,6 +79,7 @@ from markov_interp.probes.attention import attention_scores
 from markov_interp.probes.behaviour import behaviour_report
 from markov_interp.probes.classify import MECHANISMS, MechanismReport, Thresholds, classify_mechanism
 from markov_interp.probes.discovery import CircuitGraph, discover_circuit
+from markov_interp.probes.edge_content import edge_content
 from markov_interp.probes.formation import circuit_formation
 from markov_interp.probes.gains import graded_gains
 from markov_interp.probes.interventions import Component
@@ -96,6 +102,8 @@ __all__ = [
     # circuits: discovery, formation over training, ablation, patching, weights
     "discover_circuit", "CircuitGraph", "circuit_formation", "Component", "ablation_table", "activation_patching",
     "patching_by_position", "direct_logit_attribution", "ov_circuits", "qk_circuits",
+    # what an edge carries: interchange interventions
+    "edge_content",
     # what an activation carries: representation probes
     "probe_target", "Target", "linear_probe", "probe_layers", "fit_probe",
 ]

@@ -11,7 +11,16 @@ Olsson et al.'s scores, for Markov states of any order, each beside a chance lev
   what followed earlier visits to the current context; attending to them and copying x_j is the in-context
   k-gram estimate. The key j = i is left out: its previous state is x_{i-1}, so a head that attends to
   itself would otherwise score whenever the chain stays put.
-- same-token score: mean attention mass from i >= 1 on keys j <= i holding the same state (x_j = x_i).
+- same-token score: mean attention mass from i >= 1 on keys j <= i holding the same state (x_j = x_i). Its
+  chance is uniform attention's on the same tokens, so it holds the alphabet's: on two states about half of the
+  keys hold the current state (0.5-0.64 on the trained models' batches), on three a third.
+- **sink**: the mean attention on position 0 (queries i >= 1). Trained heads often park most of their attention
+  there (an attention sink) and give the previous position only a share; what the sink adds (x_0) is the same for
+  every key of a sequence. The **previous-token score beyond the sink** at lag l reads the attention with the
+  sink taken out: mean over queries i > l of a_{i,i-l} / (1 - a_{i,0}), against uniform attention over keys
+  1..i (chance: the mean of 1/i). A head giving i - 1 a share of 0.15 and position 0 the rest scores 1 there,
+  and ~0.08 (under chance) on the plain score. Either is supporting evidence: what a head carries is read from
+  its edges (`edge_content`).
 
 **The induction baseline keeps the tokens' statistics.** On a sticky chain consecutive states repeat, so a
 previous-token head (key i - 1, whose previous state x_{i-2} usually equals x_i) and a same-token head (keys
@@ -314,6 +323,9 @@ class AttentionScores(ProbeResult):
     induction_orders: Optional[Float[Tensor, "order layer head"]] = None
     induction_baselines: Optional[Float[Tensor, "order layer head"]] = None
     induction_order_chance: tuple[float, ...] = ()
+    sink: Optional[Float[Tensor, "layer head"]] = None  # mean attention on position 0 (queries i >= 1)
+    beyond_sink_lags: Optional[Float[Tensor, "lag layer head"]] = None  # lag scores with the sink taken out
+    beyond_sink_chance: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.previous_token_lags is None:
@@ -341,6 +353,15 @@ class AttentionScores(ProbeResult):
         if not 1 <= lag <= self.max_lag:
             raise ValueError(f"lag must be in 1..{self.max_lag}, got {lag!r}")
         return _rescale(self.previous_token_lags[lag - 1], self.previous_token_lag_chance[lag - 1])
+
+    def lag_excess_beyond_sink(self, lag: int) -> Float[Tensor, "layer head"]:
+        """Excess previous-token score at `lag` with position 0's attention taken out (module docstring); NaN grid
+        where the scores were made without it."""
+        if self.beyond_sink_lags is None:
+            return torch.full_like(self.previous_token, nan)
+        if not 1 <= lag <= self.beyond_sink_lags.shape[0]:
+            raise ValueError(f"lag must be in 1..{self.beyond_sink_lags.shape[0]}, got {lag!r}")
+        return _rescale(self.beyond_sink_lags[lag - 1], self.beyond_sink_chance[lag - 1])
 
     def induction_excess(self, order: int) -> Float[Tensor, "layer head"]:
         """Excess order-`order` induction score over each head's own baseline (1..max_order)."""
@@ -383,6 +404,10 @@ class AttentionScores(ProbeResult):
             out[f"{name}_baseline"] = self.induction_baselines[order - 1]
             out[f"{name}_excess"] = self.induction_excess(order)
         out["same_token"], out["same_token_excess"] = self.same_token, self.excess("same_token")
+        if self.sink is not None:
+            out["sink"] = self.sink
+            for lag in range(1, self.beyond_sink_lags.shape[0] + 1):
+                out[f"beyond_sink_lag{lag}_excess"] = self.lag_excess_beyond_sink(lag)
         return out
 
     def to_dataframe(self) -> Any:
@@ -439,6 +464,12 @@ class AttentionScores(ProbeResult):
         out["induction_orders"] = self.induction_orders.tolist()
         out["induction_baselines"] = self.induction_baselines.tolist()
         out["induction_order_excess"] = [self.induction_excess(k).tolist() for k in range(1, self.max_order + 1)]
+        if self.sink is not None:
+            out["sink"] = self.sink.tolist()
+            out["beyond_sink_lags"] = self.beyond_sink_lags.tolist()
+            out["beyond_sink_chance"] = list(self.beyond_sink_chance)
+            out["beyond_sink_lag_excess"] = [self.lag_excess_beyond_sink(lag).tolist()
+                                             for lag in range(1, self.beyond_sink_lags.shape[0] + 1)]
         return json_safe(out)
 
 
@@ -527,11 +558,14 @@ def attention_scores(
     move = lambda t: dataclasses.replace(  # noqa: E731  (to the patterns' device)
         t, **{name: getattr(t, name).to(tok.device) for name in ("index", "query", "match", "rate", "scored")})
     terms = [move(t) for t in statistics.terms]  # shared by every layer
-    lags, orders, bases, same = [], [], [], []
+    lags, orders, bases, same, sinks, beyond = [], [], [], [], [], []
     for hook in names:
         pattern = cache[hook].float()
         lags.append(torch.stack([previous_token_score(pattern, tok, lag=lag)
                                  for lag in range(1, statistics.max_lag + 1)]))
+        sink, past = beyond_sink_scores(pattern, max_lag=statistics.max_lag)
+        sinks.append(sink)
+        beyond.append(past)
         orders.append(torch.stack([_lag_mass(pattern, t, use_rate=False) for t in terms]))
         bases.append(torch.stack([_lag_mass(pattern, t, use_rate=True) for t in terms]))
         same.append(same_token_score(pattern, tok))
@@ -550,7 +584,44 @@ def attention_scores(
         induction_orders=order_grids,
         induction_baselines=by_layer(bases).masked_fill(absent, nan),
         induction_order_chance=statistics.order_chance,
+        sink=torch.stack(sinks).cpu().masked_fill(absent, nan),
+        beyond_sink_lags=by_layer(beyond).masked_fill(absent, nan),
+        beyond_sink_chance=beyond_sink_chance(int(tokens.shape[1]), statistics.max_lag),
     )
+
+
+def beyond_sink_scores(pattern: Pattern, *, max_lag: int) -> tuple[Float[Tensor, " head"], Float[Tensor, "lag head"]]:
+    """(mean attention on position 0 from queries i >= 1, the previous-token score at lags 1..`max_lag` with that
+    attention taken out: mean over queries i > lag of a_{i,i-lag} / (1 - a_{i,0})), per head (module docstring).
+    Queries that put everything on position 0 are left out of the second.
+
+    >>> pattern = torch.zeros(1, 1, 4, 4); pattern[0, 0, :, 0] = 0.85; pattern[0, 0, 0, 0] = 1
+    >>> pattern[0, 0, torch.arange(1, 4), torch.arange(3)] += 0.15
+    >>> sink, past = beyond_sink_scores(pattern, max_lag=1); round(float(sink[0]), 2), round(float(past[0, 0]), 2)
+    (0.9, 1.0)
+    """
+    _check_positive("max_lag", max_lag)
+    seq = pattern.shape[-1]
+    sink = pattern[:, :, 1:, 0].mean((0, 2)) if seq > 1 else pattern.new_full(pattern.shape[1:2], nan)
+    rest = (1 - pattern[:, :, :, 0]).clamp_min(0)
+    out = []
+    for lag in range(1, max_lag + 1):
+        i = torch.arange(lag + 1, seq, device=pattern.device)
+        if len(i) == 0:
+            out.append(pattern.new_full(pattern.shape[1:2], nan))
+            continue
+        share, room = pattern[:, :, i, i - lag], rest[:, :, i]
+        seen = room > 1e-6
+        ratio = torch.where(seen, share / room.clamp_min(1e-6), torch.zeros_like(share))
+        out.append(ratio.sum((0, 2)) / seen.sum((0, 2)).clamp_min(1))
+    return sink, torch.stack(out)
+
+
+def beyond_sink_chance(seq: int, max_lag: int) -> tuple[float, ...]:
+    """The previous-token score beyond the sink of uniform attention over keys 1..i: the mean of 1/i over the
+    queries i = lag + 1 .. seq - 1, per lag 1..`max_lag` (NaN where there is none)."""
+    return tuple(float(torch.mean(1 / torch.arange(lag + 1, seq, dtype=torch.float64))) if seq > lag + 1 else nan
+                 for lag in range(1, max_lag + 1))
 
 
 def _absent_heads(model: HookedModel) -> Bool[Tensor, "layer head"]:

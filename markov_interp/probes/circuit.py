@@ -6,18 +6,34 @@ heads) and lets a later head's **keys** read them, so that its query, the curren
 whose preceding states match (K-composition). `read_circuit` finds it in the causal graph of
 `discovery.discover_circuit`, not in attention scores alone:
 
-- a **K-edge** is a kept edge from a head into another head's key input ("L0H0->L1H0.k");
-- its sender is a **previous-token head** when its attention to the last few positions (lags 1..k + 1 summed,
-  so that a role spread over lags counts once) is at least `head_excess` above uniform causal attention
-  (`attention.AttentionScores`: 0 at chance, 1 for a head that attends only there);
-- its receiver is an **induction head** (every kept edge lies on a path to the logits, so it matters downstream).
+- a **K-edge** is a kept edge from a head (or an MLP) into another head's key input ("L0H0->L1H0.k");
+- **roles by content** (`edge_content`: what each kept edge carries, read by interchange interventions): its
+  sender has the **previous-token** role when the K-edge carries a lagged state x_{j-l} (directly, or *relayed*: the
+  sender copies a lagged state it receives from another head through its values), and its receiver is an
+  **induction head** when its query carries the current state (a kept query edge carrying it: the token embedding,
+  or a head whose edge carries "state"). Attention scores are supporting evidence only (`Role.scores`: the spread
+  previous-token excess of the senders; a head that parks attention on position 0 can be a previous-token head
+  with little excess, and a pattern that looks previous-token can carry something else). An edge kept only by the
+  positional pass carries the position.
+- **without the content** (`content=None`: a model whose residual stream is not the sum of its senders' writes),
+  the sender is a previous-token head when its attention to lags 1..k + 1 summed is at least `head_excess` above
+  uniform causal attention (`attention.AttentionScores`: 0 at chance, 1 for a head that attends only there).
 
 The circuit is found when at least one previous-token -> induction K-edge is kept; its effect is the K-edges'
 path-patching effects. Roles are sets (every previous-token head with a kept K-edge, every induction head that
 receives one); redundant heads each carry part of a role and each edge shows it.
+
+**Switch counting** (read by content, `switch_counting`): a head whose query carries the current state, whose keys
+carry each key's *own* state (not a lagged one: it attends to the positions holding the current state, or to the
+other states'), and into which a kept edge carries switch statistics (the switch into a key, the number of
+switches, the transition counts) or, through its values, the state before each key. On two states the transitions
+into a state equal those out of it up to one (n_ab = n_ba +- 1), so such a head computes the in-context bigram law
+with no induction head (tests/handbuilt.py `switch_counting_circuit`).
 """
 
 import dataclasses
+import math
+from collections.abc import Sequence
 from typing import Any, Optional
 
 import torch
@@ -26,10 +42,14 @@ from markov_interp.probes._common import json_safe
 from markov_interp.probes._display import ProbeResult, dataframe, displayed
 from markov_interp.probes.attention import AttentionScores
 from markov_interp.probes.discovery import CircuitGraph, Edge
+from markov_interp.probes.edge_content import BY_CONSTRUCTION, EdgeContent, is_lagged
 from markov_interp.probes.interventions import Component
+from markov_interp.probes.paths import EdgeKey
+
+SWITCH_VARIABLES = ("switch", "switches", "transitions")  # switch statistics (`edge_content.variable_names`)
 
 __all__ = ["CIRCUIT_KINDS", "Circuit", "CircuitVerdict", "Role", "circuit_verdict", "lag_channels", "read_circuit",
-           "spread_previous_token_excess"]
+           "spread_previous_token_excess", "edge_carried", "switch_counting", "FAITHFUL"]
 
 
 @displayed
@@ -61,15 +81,24 @@ class Role:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
 class Circuit(ProbeResult):
-    """The induction circuit of order `order` read off `graph` (module docstring)."""
+    """The roles read off `graph` (module docstring): the induction circuit of order `order` (its kept
+    previous-token -> induction K-edges, the roles, each previous-token head's lag profile, the heads that relay a
+    lagged state, `found`), the switch-counting heads and the edges carrying switch statistics into them, and, read
+    by content, what each kept edge carries (`carried`; `content` is the `EdgeContent` it came from)."""
 
     order: int
     k_edges: tuple[Edge, ...]  # kept previous-token -> induction K-edges
     other_k_edges: tuple[Edge, ...]  # kept K-edges from heads that are not previous-token heads
     roles: tuple[Role, ...]  # previous-token, induction
-    lag_profile: dict[str, tuple[float, ...]]  # each previous-token head's excess at lags 1..k+1
+    lag_profile: dict[str, tuple[float, ...]]  # each previous-token head's excess (relays: explained) at lags 1..k+1
     n_layers: int
     found: bool
+    content: Optional[EdgeContent] = None  # what the kept edges carry (None: roles from attention scores)
+    relays: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # relay -> heads it relays
+    switch_edges: tuple[Edge, ...] = ()  # kept edges carrying switch statistics into switch-counting heads
+    switch_heads: tuple[Component, ...] = ()  # heads that count switches (`switch_counting`)
+    carried: dict[str, Optional[str]] = dataclasses.field(default_factory=dict)  # kept edge -> what it carries
+    unresolved: tuple[str, ...] = ()  # edges whose content the reading hinges on, within their interval of the cut
 
     def role(self, kind: str, index: Optional[int] = None) -> Optional[Role]:
         for r in self.roles:
@@ -95,20 +124,49 @@ class Circuit(ProbeResult):
         return float(sum(e.effect for e in self.k_edges))
 
     def missing(self) -> str:
-        """Why no circuit was found, in words."""
+        """Why no circuit was found, in words (with the content: what the kept K-edges carry, and what was tried)."""
         if self.n_layers < 2:
             return "a single-layer model has no induction circuit (it needs a previous-token head below it)"
+        keys = [name for name in self.carried if name.endswith(".k")]
+        if self.content is not None and keys:
+            said = "; ".join(self.describe_edge(name) for name in keys)
+            keyed = sorted({EdgeKey.parse(n).receiver for n in keys if self.carried[n] == "state"})
+            values = [n for n in self.carried if n.endswith(".v") and EdgeKey.parse(n).receiver in keyed]
+            switch = (f"; no switch-counting head: {', '.join(keyed)} key positions by their own state, but no kept "
+                      f"edge into them carries switch statistics ({'; '.join(self.describe_edge(n) for n in values)})"
+                      if keyed else "")
+            return (f"no kept K-edge carries a lagged state into a head whose query carries the current state "
+                    f"(kept K-edges: {said}){switch}; tried: {', '.join(self.content.variables)}")
         if self.other_k_edges:
             return ("no kept K-edge comes from a previous-token head (kept K-edges: "
                     + ", ".join(f"{e.name} {e.effect:+.3f}" for e in self.other_k_edges) + ")")
         return "no kept edge feeds a head's keys (no K-composition among the kept edges)"
 
+    def describe_edge(self, name: str) -> str:
+        """What kept edge `name` carries, in words, with the closest variable when none reaches the cut."""
+        if self.carried.get(name):
+            return f"{name} carries {self.carried[name]}"
+        row = self.content[name] if self.content is not None and name in self.content else None
+        if row is None or row.best is None:
+            return f"{name} carries no tested variable"
+        lo, hi = row.interval[row.best]
+        closest = f"{row.best} {row.explained[row.best]:.2f} [{lo:.2f}, {hi:.2f}]"
+        return f"{name} carries no tested variable (closest {closest})"
+
     def summary(self) -> str:
         if not self.found:
             return f"no induction circuit: {self.missing()}"
-        edges = ", ".join(f"{e.name} {e.effect:+.3f} nats" for e in self.k_edges)
+        edges = ", ".join(f"{e.name} {e.effect:+.3f} nats" + (f" ({self.carried[e.name]})" if e.name in self.carried
+                                                               else "") for e in self.k_edges)
         prev = self.role("previous_token")
-        lags = "; ".join(f"{h.name} lag excess " + "/".join(f"{x:.2f}" for x in self.lag_profile[h.name])
+
+        def what(h: Component) -> str:
+            if h.name in self.relays or h.kind != "head":
+                return "lags explained"
+            return "lag excess beyond the sink" if self.content is not None else "lag excess"
+
+        lags = "; ".join(f"{h.name} {what(h)} " + "/".join(f"{x:.2f}" for x in self.lag_profile[h.name])
+                         + (f" (relaying {', '.join(self.relays[h.name])})" if h.name in self.relays else "")
                          for h in prev.heads)
         return f"previous-token -> induction K-edges kept: {edges} ({lags})"
 
@@ -130,7 +188,9 @@ class Circuit(ProbeResult):
             "order": self.order, "found": self.found, "k_edges": [e.to_dict() for e in self.k_edges],
             "other_k_edges": [e.to_dict() for e in self.other_k_edges], "roles": [r.to_dict() for r in self.roles],
             "lag_profile": {k: list(v) for k, v in self.lag_profile.items()}, "n_layers": self.n_layers,
-            "effect": self.effect,
+            "effect": self.effect, "by_content": self.content is not None, "relays": self.relays,
+            "switch_edges": [e.name for e in self.switch_edges], "switch_heads": [h.name for h in self.switch_heads],
+            "carried": self.carried,
         })
 
 
@@ -143,18 +203,53 @@ def spread_previous_token_excess(scores: AttentionScores, max_lag: int) -> torch
     return (mass - chance) / max(1.0 - chance, 1e-6)
 
 
-def read_circuit(graph: CircuitGraph, scores: AttentionScores, *, order: int, head_excess: float) -> Circuit:
-    """The order-`order` induction circuit in `graph` (module docstring).
+def edge_carried(graph: CircuitGraph, content: EdgeContent) -> dict[str, Optional[str]]:
+    """What each kept edge of `graph` carries: "position" for an edge only the positional pass kept, the state or the
+    position for an edge out of an embedding (by construction), else what `content` reads (None: nothing tested)."""
+    position = {e.name for e in graph.position_edges}
+    return {e.name: "position" if e.name in position else BY_CONSTRUCTION.get(e.sender) or content.carries(e.name)
+            for e in graph.kept}
 
-    Args:
-        graph: a `discover_circuit` result.
-        scores: the attention scores of the same model (previous-token lags up to `order` + 1).
-        order: the order k of the in-context law the circuit is read for.
-        head_excess: the spread previous-token excess a K-edge's sender needs.
 
-    Returns:
-        A `Circuit`: the kept previous-token -> induction K-edges, the roles, found or not.
-    """
+def _query_carries_state(graph: CircuitGraph, carried: dict[str, Optional[str]], receiver: str) -> bool:
+    return any(carried.get(e.name) == "state" for e in graph.kept_into(receiver, "q"))
+
+
+def _by_content(graph: CircuitGraph, content: EdgeContent, scores: AttentionScores, order: int
+                ) -> tuple[list, list, dict, dict, dict]:
+    """(K-edges carrying a lagged state into heads whose query carries the current state, the other kept K-edges
+    out of heads and MLPs, each previous-token sender's lag profile at lags 1..order + 1, the relays, what each kept
+    edge carries). The lags of a head that makes the lag itself are where its attention goes beyond the sink
+    (`AttentionScores.lag_excess_beyond_sink`: one head spread over lags 1 and 2 carries one mixed channel, which
+    holding one lag at a time cannot show); those of a relay, which attends to itself, are what its strongest
+    K-edge carries (the explained fraction of each lag)."""
+    carried = edge_carried(graph, content)
+    k_edges, others = [], []
+    for e in graph.kept:
+        if e.input == "k" and e.sender not in BY_CONSTRUCTION:
+            lagged = is_lagged(carried[e.name]) and _query_carries_state(graph, carried, e.receiver)
+            (k_edges if lagged else others).append(e)
+    profile, relays = {}, {}
+    for sender in dict.fromkeys(e.sender for e in k_edges):
+        inputs = graph.kept_into(sender, "mlp" if sender.endswith(".mlp") else "v")
+        upstream = tuple(e.sender for e in inputs if e.sender not in BY_CONSTRUCTION and is_lagged(carried[e.name]))
+        if upstream:
+            relays[sender] = upstream
+        comp = Component.parse(sender)
+        if upstream or comp.kind != "head":
+            top = max((e for e in k_edges if e.sender == sender), key=lambda e: e.strength)
+            values = [content[top.name].explained.get(f"lag{lag}", 0.0) for lag in range(1, order + 2)]
+        else:
+            values = [float(scores.lag_excess_beyond_sink(lag)[comp.layer, comp.head])
+                      for lag in range(1, min(order + 1, scores.max_lag) + 1)]
+        profile[sender] = tuple(v if v > 0 else 0.0 for v in values)  # NaN and below chance read as 0
+    return k_edges, others, profile, relays, carried
+
+
+def _by_attention(graph: CircuitGraph, scores: AttentionScores, order: int, head_excess: float
+                  ) -> tuple[list, list, dict]:
+    """(K-edges out of heads whose spread previous-token excess reaches `head_excess`, the other K-edges out of
+    heads, each previous-token head's excess at lags 1..order + 1): the reading without edge content."""
     spread = spread_previous_token_excess(scores, order + 1)
     k_edges, others = [], []
     for e in graph.kept:
@@ -162,26 +257,91 @@ def read_circuit(graph: CircuitGraph, scores: AttentionScores, *, order: int, he
             continue
         sender = Component.parse(e.sender)
         (k_edges if float(spread[sender.layer, sender.head]) >= head_excess else others).append(e)
+    lags = min(order + 1, scores.max_lag)
+    profile = {h: tuple(float(scores.lag_excess(lag)[c.layer, c.head]) for lag in range(1, lags + 1))
+               for h, c in ((h, Component.parse(h)) for h in dict.fromkeys(e.sender for e in k_edges))}
+    return k_edges, others, profile
+
+
+def switch_counting(graph: CircuitGraph, carried: dict[str, Optional[str]]) -> tuple[tuple[Component, ...],
+                                                                                    tuple[Edge, ...]]:
+    """(the switch-counting heads, the kept edges carrying switch statistics into them) (module docstring): heads
+    whose query carries the current state, whose keys carry the keys' own state and no lagged state, and into whose
+    keys or values a kept edge carries switch statistics (or, into the values, a lagged state)."""
+    heads, edges = [], []
+    for receiver in dict.fromkeys(e.receiver for e in graph.kept if e.input in ("q", "k", "v")):
+        into = graph.kept_into(receiver)
+        keys = [carried.get(e.name) for e in into if e.input == "k"]
+        lagged_keys = any(e.input == "k" and e.sender not in BY_CONSTRUCTION and is_lagged(carried.get(e.name))
+                          for e in into)
+        if lagged_keys or "state" not in keys or not _query_carries_state(graph, carried, receiver):
+            continue
+        stats = [e for e in into if e.input in ("k", "v") and (carried.get(e.name) in SWITCH_VARIABLES or (
+            e.input == "v" and e.sender not in BY_CONSTRUCTION and is_lagged(carried.get(e.name))))]
+        if stats:
+            heads.append(Component.parse(receiver))
+            edges += stats
+    return tuple(heads), tuple(edges)
+
+
+def read_circuit(graph: CircuitGraph, scores: AttentionScores, *, order: int, head_excess: float,
+                 content: Optional[EdgeContent] = None) -> Circuit:
+    """The order-`order` induction circuit in `graph`, and its switch-counting heads (module docstring).
+
+    Args:
+        graph: a `discover_circuit` result.
+        scores: the attention scores of the same model (previous-token lags up to `order` + 1): the roles'
+            supporting evidence, and the reading itself when `content` is None.
+        order: the order k of the in-context law the circuit is read for.
+        head_excess: the spread previous-token excess a K-edge's sender needs when the roles are read from
+            attention (`content` None).
+        content: what the kept edges carry (`edge_content` of `graph.kept`): the roles by content.
+
+    Returns:
+        A `Circuit`: the kept previous-token -> induction K-edges, the roles, found or not.
+    """
+    relays, carried, switch, unresolved = {}, {}, ((), ()), ()
+    if content is None:
+        k_edges, others, profile = _by_attention(graph, scores, order, head_excess)
+    else:
+        k_edges, others, profile, relays, carried = _by_content(graph, content, scores, order)
+        switch = switch_counting(graph, carried)
+        unresolved = _unresolved(content, k_edges or switch[1], carried)
+    spread = spread_previous_token_excess(scores, order + 1)
     prev = tuple(dict.fromkeys(Component.parse(e.sender) for e in k_edges))
     ind = tuple(dict.fromkeys(Component.parse(e.receiver) for e in k_edges))
     ind_grid = scores.induction_excess(min(order, scores.max_order)) if order >= 1 else None
-    lags = min(order + 1, scores.max_lag)
-    profile = {h.name: tuple(float(scores.lag_excess(lag)[h.layer, h.head]) for lag in range(1, lags + 1))
-               for h in prev}
+    effect = sum(e.effect for e in k_edges) if k_edges else None
     roles = (
-        Role(kind="previous_token", index=order, heads=prev,
-             scores=tuple(float(spread[h.layer, h.head]) for h in prev),
-             effect=sum(e.effect for e in k_edges) if k_edges else None, confirmed=bool(k_edges)),
+        Role(kind="previous_token", index=order, heads=prev, scores=tuple(
+            float(spread[h.layer, h.head]) if h.kind == "head" else math.nan for h in prev),
+             effect=effect, confirmed=bool(k_edges)),
         Role(kind="induction", index=order, heads=ind,
-             scores=tuple(float(ind_grid[h.layer, h.head]) if ind_grid is not None else float("nan") for h in ind),
-             effect=sum(e.effect for e in k_edges) if k_edges else None, confirmed=bool(k_edges)),
+             scores=tuple(float(ind_grid[h.layer, h.head]) if ind_grid is not None else math.nan for h in ind),
+             effect=effect, confirmed=bool(k_edges)),
     )
     return Circuit(order=order, k_edges=tuple(k_edges), other_k_edges=tuple(others), roles=roles,
-                   lag_profile=profile, n_layers=graph.n_layers, found=bool(k_edges))
+                   lag_profile=profile, n_layers=graph.n_layers, found=bool(k_edges), content=content,
+                   relays=relays, switch_heads=switch[0], switch_edges=switch[1], carried=carried,
+                   unresolved=unresolved)
+
+
+def _unresolved(content: EdgeContent, deciding: Sequence[Edge], carried: dict[str, Optional[str]]) -> tuple[str, ...]:
+    """The edges whose content the reading hinges on and whose bootstrap interval reaches across the cut: every
+    edge that names the circuit (`deciding`) when none of them clears the cut with its interval; without such
+    edges, every measured kept edge into a head that carries no tested variable while its closest one's interval
+    reaches the cut."""
+    cut = content.cut
+    if deciding:
+        low = {e.name: content[e.name].interval[carried[e.name]][0] for e in deciding if e.name in content}
+        return tuple(low) if low and all(not x >= cut for x in low.values()) else ()
+    return tuple(e.edge for e in content.edges if e.measured and e.carries is None and e.best is not None
+                 and e.edge in carried and e.interval[e.best][1] >= cut)
 
 
 # ---------------------------------------------------------------------------------------- the circuit axis
-CIRCUIT_KINDS = ("induction", "kernel", "state_counting", "none")
+CIRCUIT_KINDS = ("induction", "switch_counting", "kernel", "state_counting", "none")
+FAITHFUL = 0.5  # below this faithfulness the kept edges do not carry the model's behaviour: no circuit is named
 LAG_SHARE = 0.5  # a head carries every lag whose excess is at least this share of its largest
 RANK_TOL = 1 / 3  # lag channels: singular values of the heads' lag profiles above this share of the largest
 
@@ -213,9 +373,12 @@ def lag_channels(profiles: dict[str, tuple[float, ...]]) -> tuple[int, dict[str,
 class CircuitVerdict(ProbeResult):
     """The circuit axis of `classify_mechanism`: what structure the causal evidence shows, read off the graph.
 
-    `kind`: "induction" (a kept previous-token -> induction K-edge: `reading`), "kernel" (the kernel swap finds
-    the prediction in the weights), "state_counting" (kept edges carry the context through heads, with no
-    previous-token -> induction K-edge: counts of states), "none" (no kept edge carries the context).
+    `kind`: "induction" (a kept previous-token -> induction K-edge: `reading`), "switch_counting" (no such K-edge,
+    and a head keys positions by their own state and reads switch statistics: `reading.switch_heads`), "kernel"
+    (the kernel swap finds the prediction in the weights), "state_counting" (kept edges carry the context through
+    heads, with neither: counts of states), "none" (no kept edge carries the context). `faithful`: the kept
+    circuit's faithfulness is at least `FAITHFUL` (or undefined): below it the kept edges do not carry the model's
+    behaviour, and `classify_mechanism` names no circuit.
     `order`: for induction, the number of independent lag channels its previous-token heads carry into the keys
     (`lag_channels`: the order read from the lags, not from the law); for kernel, the source's order. `lags`:
     every lag the previous-token heads carry; `head_lags` per head. Every attribute of the `graph` it was read
@@ -237,6 +400,11 @@ class CircuitVerdict(ProbeResult):
         return getattr(self.graph, name)
 
     @property
+    def faithful(self) -> bool:
+        """The kept circuit's faithfulness is at least `FAITHFUL` (an undefined one, no total effect, counts)."""
+        return not self.graph.faithfulness < FAITHFUL
+
+    @property
     def mixed_heads(self) -> tuple[str, ...]:
         """Previous-token heads that spread over more than one lag."""
         return tuple(h for h, lags in self.head_lags.items() if len(lags) > 1)
@@ -244,13 +412,19 @@ class CircuitVerdict(ProbeResult):
     def describe(self) -> str:
         """One clause: "induction circuit of order 2: L0H0 (lag 1), L0H1 (lag 2) -> keys of L1H0"."""
         if self.kind == "induction":
-            heads = ", ".join(f"{h} (lag{'s' if len(l) > 1 else ''} {', '.join(map(str, l)) or '-'})"
+            relays = self.reading.relays
+            heads = ", ".join(f"{h} (lag{'s' if len(l) > 1 else ''} {', '.join(map(str, l)) or '-'}"
+                              + (f", relaying {', '.join(relays[h])})" if h in relays else ")")
                               for h, l in self.head_lags.items())
             into = ", ".join(h.name for h in self.reading.role("induction").heads)
             return f"induction circuit of order {self.order}: {heads} -> keys of {into}"
         if self.kind == "kernel":
             return (f"kernel in the weights (kernel swap: in-context fraction {self.in_context_fraction:.2f}); "
                     f"{len(self.graph.kept)} kept edges")
+        if self.kind == "switch_counting":
+            heads = ", ".join(h.name for h in self.reading.switch_heads)
+            what = ", ".join(f"{e.name} ({self.reading.carried.get(e.name)})" for e in self.reading.switch_edges)
+            return f"switch counting: {heads} keys positions by their own state and reads switch statistics: {what}"
         if self.kind == "state_counting":
             heads = ", ".join(self.graph.kept_heads())
             return f"state counting: heads {heads} carry the context, no previous-token -> induction K-edge"
@@ -270,7 +444,7 @@ class CircuitVerdict(ProbeResult):
         return json_safe({**self.graph.to_dict(), "kind": self.kind, "order": self.order, "lags": list(self.lags),
                           "head_lags": {h: list(v) for h, v in self.head_lags.items()},
                           "mixed_heads": list(self.mixed_heads), "in_context_fraction": self.in_context_fraction,
-                          "description": self.describe()})
+                          "faithful": self.faithful, "description": self.describe()})
 
 
 def circuit_verdict(graph: CircuitGraph, reading: Circuit, *, in_weights: bool, in_context_fraction: float,
@@ -292,6 +466,8 @@ def circuit_verdict(graph: CircuitGraph, reading: Circuit, *, in_weights: bool, 
         kind = "induction"
     elif not graph.kept:
         kind, order = "none", None
+    elif reading.switch_heads and not in_weights:
+        kind, order = "switch_counting", 1
     elif in_weights:
         kind, order = "kernel", source_order
     elif any("H" in e.sender for e in graph.kept):

@@ -4,10 +4,12 @@ Two axes, reported apart:
 
 - **circuit** (`MechanismReport.circuit`, a `circuit.CircuitVerdict`): what structure the causal evidence shows.
   Path patching of every edge (`discovery.discover_circuit`: a token pass and a positional pass, joint tests that
-  drop cancelling pairs) gives the kept edges; `circuit.read_circuit` finds the previous-token -> induction
-  K-edges among them. Kinds: `induction` (with its **order read from the lags** its previous-token heads carry:
-  `circuit.lag_channels`), `kernel` (the kernel swap finds the prediction in the weights), `state_counting`
-  (heads carry the context, no K-edge), `none`;
+  drop cancelling pairs) gives the kept edges; interchange interventions along each (`edge_content`) say what
+  they carry; `circuit.read_circuit` reads the roles from that: previous-token heads (a K-edge carrying a lagged
+  state, directly or relayed) -> induction heads (whose query carries the current state), and switch-counting
+  heads. Kinds: `induction` (with its **order read from the lags** its previous-token heads carry:
+  `circuit.lag_channels`), `switch_counting` (keys by the keys' own state, switch statistics in), `kernel` (the
+  kernel swap finds the prediction in the weights), `state_counting` (heads carry the context, neither), `none`;
 - **law** (`MechanismReport.law`, a `law.LawVerdict`): which candidate law the outputs reach, compared raw and
   after fitting one temperature per model on the probe batch (`law.fit_temperature`), with the graded gains g_k and
   their SEs (`gains.graded_gains`).
@@ -21,21 +23,26 @@ Two axes, reported apart:
   one attention layer can compute (`strategies.state_and_counts_probs`);
 - `kernel`: the source's kernel held in the weights (fixed chains): the model follows the kernel *and* keeps
   following it on sequences of another kernel (`kernel_swap`); `order` = the source's order;
-- `induction`: an induction circuit among the kept edges (a kept edge from a previous-token head into a later
-  head's keys); `order` = its lag channels;
+- `induction`: an induction circuit among the kept edges (a kept edge carrying a lagged state into the keys of a
+  head whose query carries the current state); `order` = its lag channels;
+- `switch_counting`: a switch-counting circuit among the kept edges and no induction circuit (order 1): on two
+  states, the in-context bigram law from the switches into the current state's positions;
 - `other`: the model follows no candidate law and moves towards none whose requirements it meets (or follows an
   in-context law with no circuit to carry it); the reasons name the nearest law and the circuit found.
 
-**Decision.** The headline names the circuit where one is found: a model whose induction circuit is kept is
-`induction` of the circuit's order, whatever its law, and `qualifier` says where the law lags the circuit:
-"partial" when the outputs sit between laws or at a lower law (mid-training), "miscalibrated" when they reach the
-circuit's law only once the temperature is fitted; then `confident` is False. Without an induction circuit the
-label is the law's, with its requirement: on a fixed chain the kernel and the in-context laws (which converge at
-long contexts) are told apart by the kernel swap (f below `in_weights`: `kernel`); an in-context law of order >= 1
-needs the K-edge, else `other`. When the law check fails the model sits between laws, and the label is that of
-the law it is moving to, with `confident=False`: the best (lowest-loss) candidate law whose step it has begun (its
-loss below the law one step down) and whose requirement it meets, up to a quarter of the step past it (`BEYOND`).
-`other` when there is none. `confident=False` also when a ratio lies within a factor `near` of its cut.
+**Decision.** The headline names the circuit where one is found and the kept circuit is faithful (faithfulness
+at least `circuit.FAITHFUL` 0.5; below it no circuit is named and no label is confident): a model whose induction
+(or switch-counting) circuit is kept is `induction` of the circuit's order (`switch_counting`), whatever its law,
+and `qualifier` says where the law lags the circuit: "partial" when the outputs sit between laws or at a lower law
+(mid-training), "miscalibrated" when they reach the circuit's law only once the temperature is fitted; then
+`confident` is False. Without a named circuit the label is the law's, with its requirement: on a fixed chain the
+kernel and the in-context laws (which converge at long contexts) are told apart by the kernel swap (f below
+`in_weights`: `kernel`); an in-context law of order >= 1 needs a named circuit, else `other` (the reasons say what
+each kept K-edge carries and every variable tried). When the law check fails the model sits between laws, and the
+label is that of the law it is moving to, with `confident=False`: the best (lowest-loss) candidate law whose step
+it has begun (its loss below the law one step down) and whose requirement it meets, up to a quarter of the step
+past it (`BEYOND`). `other` when there is none. `confident=False` also when a ratio lies within a factor `near` of
+its cut.
 
 Thresholds (`Thresholds`) were set from the distributions measured over trained models (docs/circuits.md); see
 `Thresholds` for the numbers. The probe batch is `PROBE_SEQUENCES` sequences by default, path patching runs on
@@ -67,7 +74,7 @@ from markov_interp.probes._display import ProbeResult, displayed, evidence_table
 from markov_interp.probes.ablation import AblationTable, ablation_table, model_components
 from markov_interp.probes.attention import AttentionScores, attention_hook_names, attention_scores
 from markov_interp.probes.behaviour import BehaviourReport, behaviour_report
-from markov_interp.probes.circuit import Circuit, CircuitVerdict, circuit_verdict, read_circuit
+from markov_interp.probes.circuit import FAITHFUL, Circuit, CircuitVerdict, circuit_verdict, read_circuit
 from markov_interp.probes.discovery import (
     CIRCUIT_SEQUENCES,
     MIN_EFFECT,
@@ -76,8 +83,10 @@ from markov_interp.probes.discovery import (
     discover_circuit,
     head_of_batch,
 )
+from markov_interp.probes.edge_content import CARRIES, EdgeContent, edge_content, measurable
 from markov_interp.probes.gains import Gains, graded_gains
 from markov_interp.probes.kernel_swap import KernelSwap, swap_kernels
+from markov_interp.probes.paths import additive
 from markov_interp.probes.law import (  # noqa: F401 (LawCheck, check_law: their public home was here)
     LawCheck,
     LawVerdict,
@@ -99,9 +108,12 @@ from markov_interp.probes.strategies import (
 
 __all__ = ["MECHANISMS", "QUALIFIERS", "MechanismReport", "Thresholds", "classify_mechanism", "probe_hook_names"]
 
-MECHANISMS = ("uniform", "unigram", "in_context_unigram", "state_and_counts", "kernel", "induction", "other")
+MECHANISMS = ("uniform", "unigram", "in_context_unigram", "state_and_counts", "kernel", "induction", "switch_counting",
+              "other")
+NAMED_CIRCUITS = ("induction", "switch_counting")  # circuit kinds the headline names (when faithful)
 QUALIFIERS = ("partial", "miscalibrated")
 BEYOND = 0.25  # a model past the best law it qualifies for keeps its label up to a quarter of the next step
+CONTENT_POOL = 512  # sequences the edge content draws donors from (the probe batch, and more of the source)
 BEHAVIOUR_SEQUENCES = 128  # the behaviour evidence (not read by the decision) compares sequences pairwise: its cost
 _LABEL_OF_LAW = {"uniform": "uniform", "stationary": "unigram", "in_context_unigram": "in_context_unigram",
                  STATE_AND_COUNTS: "state_and_counts"}
@@ -124,6 +136,9 @@ class Thresholds:
     - `edge_min`, `edge_fraction` (`discovery`): the kept-edge rule, effect >= max(edge_min, edge_fraction x
       total effect), lowered until faithfulness 0.9.
     - `near` 1.5: a ratio within a factor 1.5 of its cut makes the call unconfident.
+    - `carries` 0.75 (`edge_content`): the explained fraction a variable needs for an edge to carry it; hand-built
+      circuits' edges carry theirs at 0.99-1.00, trained models' previous-token K-edges lag1 at 1.00 (three states),
+      the variables of unrelated edges stay below 0.7 (docs/circuits.md).
     """
 
     fit: float = bounds(minimum=0, finite=False, default=0.75)
@@ -133,6 +148,7 @@ class Thresholds:
     in_weights: float = bounds(minimum=0, finite=False, default=0.5)
     edge_min: float = bounds(minimum=0, finite=False, default=MIN_EFFECT)
     edge_fraction: float = bounds(minimum=0, finite=False, default=MIN_FRACTION)
+    carries: float = bounds(minimum=0, finite=False, default=CARRIES)
 
     def __post_init__(self) -> None:
         check_fields(self, prefix="threshold ")  # numbers >= 0 (inf allowed: a cut never met)
@@ -185,11 +201,17 @@ class MechanismReport(ProbeResult):
     seed: int
     qualifier: Optional[str] = None  # "partial" / "miscalibrated": the law lags the circuit
     fitted_strategies: Optional[StrategySimilarity] = None
+    content: Optional[EdgeContent] = None  # what each kept edge carries (None: not measured; roles from attention)
 
     @property
     def graph(self) -> CircuitGraph:
         """The discovered graph (every edge's effects, the kept edges, faithfulness, joint tests)."""
         return self.circuit.graph
+
+    @property
+    def faithfulness(self) -> float:
+        """The kept circuit's faithfulness in the token pass (1: the kept edges alone give the clean loss)."""
+        return float(self.graph.faithfulness)
 
     @property
     def label(self) -> str:
@@ -262,12 +284,14 @@ class MechanismReport(ProbeResult):
 
     # ------------------------------------------------------------------ display (notebooks, printing)
     def headline(self) -> str:
-        """One line: the label and confidence, the gains g_k +- SE, the kernel swap."""
+        """One line: the label and confidence, the kept circuit's faithfulness, the gains g_k +- SE, the kernel
+        swap."""
         bits = ([f"order {self.order}"] if self.order is not None else []) + ([self.qualifier] if self.qualifier
                                                                               else [])
         bits.append("confident" if self.confident else "not confident")
         swap = f"in-context fraction {self.in_context_fraction:.2f} +- {self.kernel_swap.se:.2f}"
-        return f"{self.mechanism} ({', '.join(bits)}): {self.gains.describe()}; {swap}"
+        return (f"{self.mechanism} ({', '.join(bits)}): faithfulness {self.faithfulness:.2f}; {self.gains.describe()}; "
+                f"{swap}")
 
     def summary(self) -> str:
         """The headline, then the two axes (circuit, law), the law check's numbers, and why (a few lines)."""
@@ -320,7 +344,8 @@ class MechanismReport(ProbeResult):
             "model_bigram_gain": self.model_bigram_gain, "icl_score": b.icl_score,
             "previous_token_head": _pair(self.previous_token_head), "induction_head": _pair(self.induction_head),
             "previous_token_ablation": self.previous_token_ablation, "induction_ablation": self.induction_ablation,
-            "circuit_confirmed": self.circuit_confirmed, "heads": self.attention.to_dict(),
+            "circuit_confirmed": self.circuit_confirmed, "faithfulness": self.faithfulness,
+            "content": None if self.content is None else self.content.to_dict(), "heads": self.attention.to_dict(),
             "ablation": self.ablation.to_dict(), "readout": self.readout.to_dict(), "behaviour": b.to_dict(),
             "thresholds": self.thresholds.to_dict(), "source": self.source, "seq_len": self.seq_len,
             "n_sequences": self.n_sequences, "seed": self.seed,
@@ -339,6 +364,34 @@ class _Evidence:
     random_kernel: bool
     source_order: int
 
+    @classmethod
+    def of(cls, law: "_LawSide", circuit: "_CircuitSide", batch: ProbeBatch) -> "_Evidence":
+        return cls(law=law.law, sim=law.sim, gains=law.gains, swap=circuit.swap, induction=circuit.reading,
+                   circuit=circuit.circuit, random_kernel=batch.random_kernel, source_order=batch.order)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LawLabel:
+    """The label a candidate law gives a model without a named circuit: `why_not` says what requirement fails
+    (then the label is "other"); `near` when the kernel swap's call is near its cut."""
+
+    mechanism: str
+    order: Optional[int]
+    near: bool
+    why_not: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Decision:
+    """What `_decide` makes of the evidence: the headline, the reasons (first: why), the law moved to."""
+
+    mechanism: str
+    order: Optional[int]
+    qualifier: Optional[str]
+    confident: bool
+    reasons: tuple[str, ...]
+    target: Optional[str] = None
+
 
 def _in_weights(ev: _Evidence, th: Thresholds) -> tuple[bool, bool]:
     """(the model predicts from its weights, that call is near the cut) from the kernel swap (fixed chains)."""
@@ -348,20 +401,26 @@ def _in_weights(ev: _Evidence, th: Thresholds) -> tuple[bool, bool]:
     return f < th.in_weights, th.in_weights / th.near <= f <= th.in_weights * th.near
 
 
-def _label(name: str, ev: _Evidence, th: Thresholds) -> tuple[str, Optional[int], bool, Optional[str]]:
-    """(mechanism, order, near, why-not) for the candidate law `name` of a model without a kept induction circuit;
-    why-not says what requirement fails."""
+def _no_circuit(ev: _Evidence) -> str:
+    """Why no circuit carries an in-context law of order >= 1, in words."""
+    if ev.circuit.kind in NAMED_CIRCUITS and not ev.circuit.faithful:
+        return (f"the kept circuit ({ev.circuit.describe()}) has faithfulness {ev.circuit.graph.faithfulness:.2f}, "
+                f"below {FAITHFUL}: the kept edges do not carry the model's behaviour, so no circuit is named")
+    return f"without an induction or switch-counting circuit: {ev.induction.missing()}"
+
+
+def _label(name: str, ev: _Evidence, th: Thresholds) -> _LawLabel:
+    """The label of the candidate law `name` for a model without a named circuit."""
     if name in _LABEL_OF_LAW:
-        return _LABEL_OF_LAW[name], None, False, None
+        return _LawLabel(_LABEL_OF_LAW[name], None, False, None)
     weights, near = _in_weights(ev, th)
     if weights:  # kernel and in-context laws of a fixed chain: the weights
-        return "kernel", ev.source_order, near, None
-    return "other", None, near, f"it follows the {STRATEGY_LABELS[name]} without an induction circuit: " \
-                                f"{ev.induction.missing()}"
+        return _LawLabel("kernel", ev.source_order, near, None)
+    return _LawLabel("other", None, near, f"it follows the {STRATEGY_LABELS[name]} {_no_circuit(ev)}")
 
 
 def _eligible(name: str, ev: _Evidence, th: Thresholds) -> bool:
-    """Whether a model between laws (and without an induction circuit) can be moving to law `name`: it has begun
+    """Whether a model between laws (and without a named circuit) can be moving to law `name`: it has begun
     the step to it (its loss is below the law one step down the ladder: uniform for pi and the in-context unigram,
     the in-context unigram for the state-and-counts law, pi for the kernel) and meets its requirement (the kernel:
     predicted from the weights; in-context laws of order >= 1 need the circuit, which this model lacks)."""
@@ -404,21 +463,22 @@ def _check_text(check: LawCheck, th: Thresholds) -> str:
 
 def _evidence_reasons(ev: _Evidence, th: Thresholds) -> list[str]:
     law, swap = ev.law, ev.swap
+    content = ev.induction.content
     return [
-        f"circuit: {ev.circuit.describe()}",
+        f"circuit: {ev.circuit.describe()} (faithfulness {ev.circuit.graph.faithfulness:.2f})",
         f"law: {law.describe()}; closest law as the outputs are: {_check_text(law.raw, th)}; at the fitted "
         f"temperature {law.temperature:.2f}: {_check_text(law.fitted, th)}",
         f"graded gains (fraction of each step up the in-context ladder; g_1: unigram -> bigram): "
         f"{ev.gains.describe()}",
         f"kernel swap: in-context fraction {swap.in_context_fraction:.2f} +- {swap.se:.2f} ({swap.description})",
         ev.circuit.graph.summary() + "; " + ev.induction.summary(),
-    ]
+    ] + ([f"edge content: {'; '.join(content.summary().splitlines()[1:])}"] if content is not None else [])
 
 
-def _induction(ev: _Evidence, reasons: list[str]) -> tuple:
-    """The headline of a model whose induction circuit is kept: its order from the lags, and a qualifier where
-    the law lags the circuit (module docstring)."""
-    order, law = ev.circuit.order, ev.law
+def _named_circuit(ev: _Evidence, reasons: list[str]) -> _Decision:
+    """The headline of a model whose induction or switch-counting circuit is kept (and faithful): its order, and a
+    qualifier where the law lags the circuit (module docstring)."""
+    order, law, kind = ev.circuit.order, ev.law, ev.circuit.kind
     reached = None if law.status == "between" else (ev.source_order if law.law == "kernel" else
                                                      in_context_order(law.law))
     if reached is None or reached < order:
@@ -429,41 +489,72 @@ def _induction(ev: _Evidence, reasons: list[str]) -> tuple:
         qualifier, why = "miscalibrated", f"the outputs reach the circuit's law only up to calibration: {law.describe()}"
     else:
         qualifier, why = None, f"the outputs reach the circuit's law: {law.describe()}"
-    reasons.insert(0, f"induction (order {order}{', ' + qualifier if qualifier else ''}): {ev.circuit.describe()}; "
+    reasons.insert(0, f"{kind} (order {order}{', ' + qualifier if qualifier else ''}): {ev.circuit.describe()}; "
                       f"{why}")
     target = in_context_name(order) if order <= 4 and law.status == "between" else None
-    return "induction", order, qualifier, qualifier is None and not law.near, reasons, target
+    return _Decision(kind, order, qualifier, qualifier is None and not law.near, tuple(reasons), target)
 
 
-def _decide(ev: _Evidence, th: Thresholds) -> tuple:
-    """(mechanism, order, qualifier, confident, reasons, target law) from the evidence (module docstring)."""
-    reasons = _evidence_reasons(ev, th)
-    if ev.circuit.kind == "induction" and not _in_weights(ev, th)[0]:
-        return _induction(ev, reasons)
-    if ev.law.passed:
-        mech, order, near, why_not = _label(ev.law.law, ev, th)
-        if why_not is None:
-            reasons.insert(0, f"{mech}{'' if order is None else f' (order {order})'}: the model follows the "
-                              f"{STRATEGY_LABELS[ev.law.law]}" + (" up to calibration (temperature "
-                                                                  f"{ev.law.temperature:.2f})" if
-                                                                  ev.law.status == "miscalibrated" else ""))
-        else:
-            reasons.insert(0, f"other: {why_not}; nearest law {_nearest(ev)}")
-        qualifier = "miscalibrated" if ev.law.status == "miscalibrated" and why_not is None else None
-        return mech, order, qualifier, not (ev.law.near or near or qualifier), reasons, None
+def _at_law(ev: _Evidence, th: Thresholds, reasons: list[str]) -> _Decision:
+    """The headline of a model without a named circuit whose law check passed: that law's label (module
+    docstring)."""
+    call = _label(ev.law.law, ev, th)
+    if call.why_not is None:
+        reasons.insert(0, f"{call.mechanism}{'' if call.order is None else f' (order {call.order})'}: the model "
+                          f"follows the {STRATEGY_LABELS[ev.law.law]}" + (" up to calibration (temperature "
+                                                                          f"{ev.law.temperature:.2f})" if
+                                                                          ev.law.status == "miscalibrated" else ""))
+    else:
+        reasons.insert(0, f"other: {call.why_not}; nearest law {_nearest(ev)}")
+    qualifier = "miscalibrated" if ev.law.status == "miscalibrated" and call.why_not is None else None
+    return _Decision(call.mechanism, call.order, qualifier, not (ev.law.near or call.near or qualifier),
+                     tuple(reasons))
+
+
+def _between(ev: _Evidence, th: Thresholds, reasons: list[str]) -> _Decision:
+    """The headline of a model without a named circuit between laws: the law it moves to, not confident."""
     target, beyond = _target(ev, th)
     if target is None:  # confident only for a model worse than the uniform law: no law at all
         worse = ev.gains.model_loss >= ev.sim.losses.get("uniform", math.inf)
         reasons.insert(0, f"other: the model follows no candidate law and moves towards none whose requirement it "
                           f"meets; nearest law {_nearest(ev)}; {ev.induction.summary()}")
-        return "other", None, None, worse and not ev.law.near, reasons, None
-    mech, order, _, _ = _label(target, ev, th)
+        return _Decision("other", None, None, worse and not ev.law.near, tuple(reasons))
+    call = _label(target, ev, th)
     where = (f"does better than the {STRATEGY_LABELS[target]} (loss {ev.sim.losses[target]:.4f}) without meeting "
              "the requirement of any better law" if beyond else
              f"moves towards the {STRATEGY_LABELS[target]} (loss {ev.sim.losses[target]:.4f})")
-    reasons.insert(0, f"{mech}{'' if order is None else f' (order {order})'}, not confident: the model sits "
-                      f"between laws (loss {ev.gains.model_loss:.4f} nats) and {where}; nearest law {_nearest(ev)}")
-    return mech, order, None, False, reasons, target
+    reasons.insert(0, f"{call.mechanism}{'' if call.order is None else f' (order {call.order})'}, not confident: "
+                      f"the model sits between laws (loss {ev.gains.model_loss:.4f} nats) and {where}; nearest law "
+                      f"{_nearest(ev)}")
+    return _Decision(call.mechanism, call.order, None, False, tuple(reasons), target)
+
+
+def _decide(ev: _Evidence, th: Thresholds) -> _Decision:
+    """The headline from the evidence (module docstring). A kept circuit whose faithfulness is below `FAITHFUL`
+    is not named, and no label is confident over it."""
+    reasons = _evidence_reasons(ev, th)
+    if ev.circuit.kind in NAMED_CIRCUITS and ev.circuit.faithful and not _in_weights(ev, th)[0]:
+        return _resolved(_named_circuit(ev, reasons), ev)
+    decision = _at_law(ev, th, reasons) if ev.law.passed else _between(ev, th, reasons)
+    if ev.circuit.faithful:
+        return _resolved(decision, ev)
+    why = (f"not confident: the kept circuit's faithfulness {ev.circuit.graph.faithfulness:.2f} is below "
+           f"{FAITHFUL}")
+    return dataclasses.replace(decision, confident=False, reasons=(decision.reasons[0] + f"; {why}",
+                                                                   *decision.reasons[1:]))
+
+
+def _resolved(decision: _Decision, ev: _Evidence) -> _Decision:
+    """`decision`, not confident where the reading hinges on an edge whose content lies within its bootstrap
+    interval of the cut (`Circuit.unresolved`)."""
+    unresolved = ev.induction.unresolved
+    if not unresolved:
+        return decision
+    why = (f"not confident: what {', '.join(unresolved)} carr{'ies' if len(unresolved) == 1 else 'y'} is within the "
+           f"bootstrap interval of the cut {ev.induction.content.cut} "
+           f"({'; '.join(ev.induction.describe_edge(name) for name in unresolved)})")
+    return dataclasses.replace(decision, confident=False, reasons=(decision.reasons[0] + f"; {why}",
+                                                                   *decision.reasons[1:]))
 
 
 def probe_hook_names(model: HookedModel) -> list[str]:
@@ -472,8 +563,12 @@ def probe_hook_names(model: HookedModel) -> list[str]:
 
 
 def _probe_batch(model: HookedModel, source: Source, batch: Optional[ProbeBatch], *, n_sequences: int,
-                 seq_len: Optional[int], seed: int) -> ProbeBatch:
-    """The caller's probe batch, checked against `source`, or a fresh seeded one."""
+                 seq_len: Optional[int], seed: int, thresholds: Thresholds) -> ProbeBatch:
+    """The caller's probe batch, checked against `source`, or a fresh seeded one (and the source and thresholds
+    checked)."""
+    check_source_matches(model, source)
+    if not isinstance(thresholds, Thresholds):
+        raise TypeError(f"thresholds must be a Thresholds, got {type(thresholds).__name__}")
     if batch is None:
         return sample_batch(source, n_sequences=n_sequences, seq_len=probe_length(model, seq_len), seed=seed)
     if not isinstance(batch, ProbeBatch):
@@ -500,6 +595,7 @@ def classify_mechanism(
     method: str = "auto",
     max_edges: Optional[int] = None,
     progress: Optional[bool] = None,
+    content: bool = True,
 ) -> MechanismReport:
     """Name the circuit `model` computes with and the law its outputs reach on `source` (module docstring).
 
@@ -516,6 +612,8 @@ def classify_mechanism(
         thresholds: the cut-offs (`Thresholds`).
         method, max_edges, progress: how the circuit is discovered (`discover_circuit`: "auto", "exact",
             "attribution" or "attribution+verify"; a cap on exact measurements; a tqdm bar for long calls).
+        content: read the roles from what the kept edges carry (`edge_content`); False (or a model whose residual
+            stream is not additive) reads them from the attention scores (docs/circuits.md has the cost).
 
     Returns:
         A `MechanismReport` (label, qualifier, confidence, reasons, the circuit and law axes, all the evidence).
@@ -523,26 +621,24 @@ def classify_mechanism(
     >>> classify_mechanism(model, source, n_sequences=16, seed=0).mechanism  # a hand-built induction circuit
     'induction'
     """
-    check_source_matches(model, source)
-    if not isinstance(thresholds, Thresholds):
-        raise TypeError(f"thresholds must be a Thresholds, got {type(thresholds).__name__}")
-    batch = _probe_batch(model, source, batch, n_sequences=n_sequences, seq_len=seq_len, seed=seed)
+    batch = _probe_batch(model, source, batch, n_sequences=n_sequences, seq_len=seq_len, seed=seed,
+                         thresholds=thresholds)
     tokens = check_tokens(model, batch.tokens)
     logits, cache = _logits_and_cache(model, tokens, cache)
     probs = torch.softmax(logits.double(), dim=-1)
-    sim, fitted, gains, law = _law_evidence(model, batch, logits, probs, beta=beta, thresholds=thresholds)
-    scores, swap, reading, circuit = _circuit_evidence(
-        model, source, batch, cache, n_sequences=min(circuit_sequences, batch.tokens.shape[0]), seed=seed,
-        thresholds=thresholds, method=method, max_edges=max_edges, progress=progress)
-    ev = _Evidence(law=law, sim=sim, gains=gains, swap=swap, induction=reading, circuit=circuit,
-                   random_kernel=batch.random_kernel, source_order=batch.order)
-    mechanism, order, qualifier, confident, reasons, target = _decide(ev, thresholds)
+    lawside = _law_evidence(model, batch, logits, probs, beta=beta, thresholds=thresholds)
+    side = _circuit_evidence(model, source, batch, cache, n_sequences=min(circuit_sequences, batch.tokens.shape[0]),
+                             seed=seed, thresholds=thresholds, method=method, max_edges=max_edges,
+                             progress=progress, content=content)
+    decision = _decide(_Evidence.of(lawside, side, batch), thresholds)
     return MechanismReport(
-        mechanism=mechanism, order=order, confident=bool(confident), reasons=tuple(reasons),
-        law=with_target(ev.law, target), strategies=sim, gains=gains, kernel_swap=swap, circuit=circuit,
-        induction=reading, attention=scores, thresholds=thresholds, source=repr(source),
-        seq_len=int(batch.tokens.shape[1]), n_sequences=int(batch.tokens.shape[0]), seed=seed, qualifier=qualifier,
-        fitted_strategies=fitted, **_side_probes(model, source, batch, tokens, cache, probs, beta=beta),
+        mechanism=decision.mechanism, order=decision.order, confident=bool(decision.confident),
+        reasons=decision.reasons, law=with_target(lawside.law, decision.target), strategies=lawside.sim,
+        gains=lawside.gains, kernel_swap=side.swap, circuit=side.circuit, induction=side.reading,
+        attention=side.scores, thresholds=thresholds, source=repr(source), seq_len=int(batch.tokens.shape[1]),
+        n_sequences=int(batch.tokens.shape[0]), seed=seed, qualifier=decision.qualifier,
+        fitted_strategies=lawside.fitted, content=side.reading.content,
+        **_side_probes(model, source, batch, tokens, cache, probs, beta=beta),
     )
 
 
@@ -555,33 +651,61 @@ def _logits_and_cache(model: HookedModel, tokens: Tensor, cache: Optional[Any]) 
     return model(tokens), cache
 
 
+@dataclasses.dataclass(frozen=True)
+class _LawSide:
+    """The law side of `classify_mechanism`: the raw and fitted-temperature law comparisons, the graded gains,
+    the law verdict."""
+
+    sim: StrategySimilarity
+    fitted: StrategySimilarity
+    gains: Gains
+    law: LawVerdict
+
+
+@dataclasses.dataclass(frozen=True)
+class _CircuitSide:
+    """The circuit side of `classify_mechanism`: attention scores, the kernel swap, the circuit read from the
+    discovered graph (with what its kept edges carry), the circuit verdict."""
+
+    scores: AttentionScores
+    swap: KernelSwap
+    reading: Circuit
+    circuit: CircuitVerdict
+
+
 def _law_evidence(model: HookedModel, batch: ProbeBatch, logits: Tensor, probs: Tensor, *,
-                  beta: float | int | None, thresholds: Thresholds) -> tuple:
-    """The law side of `classify_mechanism`: (strategy similarities, the fitted-temperature ones, graded gains,
-    the law verdict)."""
+                  beta: float | int | None, thresholds: Thresholds) -> _LawSide:
+    """The law side of `classify_mechanism`."""
     laws = strategy_probs(batch, beta=beta)
     sim = strategy_similarity(model, batch, beta=beta, probs=probs, laws=laws)
     fitted, temperature = fitted_similarity(model, batch, logits, laws, beta=beta)
     gains = graded_gains(probs, batch, beta=sim.beta)
-    return sim, fitted, gains, law_verdict(sim, fitted, temperature, gains, thresholds)
+    return _LawSide(sim, fitted, gains, law_verdict(sim, fitted, temperature, gains, thresholds))
 
 
 def _circuit_evidence(model: HookedModel, source: Source, batch: ProbeBatch, cache: Any, *, n_sequences: int,
                       seed: int, thresholds: Thresholds, method: str, max_edges: Optional[int],
-                      progress: Optional[bool]) -> tuple:
-    """The circuit side of `classify_mechanism`: (attention scores, the kernel swap, the induction circuit read
-    from the discovered graph, the circuit verdict)."""
+                      progress: Optional[bool], content: bool) -> _CircuitSide:
+    """The circuit side of `classify_mechanism`: the graph on the batch's first `n_sequences` sequences, what its
+    kept edges carry (donors from the whole batch, read from `cache`), the roles and the circuit axis."""
     graph = discover_circuit(model, source, batch=batch, n_sequences=n_sequences, seed=seed,
                              min_effect=thresholds.edge_min, min_fraction=thresholds.edge_fraction,
                              method=method, max_edges=max_edges, progress=progress)
     scores = attention_scores(model, batch.tokens, cache=cache, max_order=batch.order, max_lag=batch.order + 1)
     swap = swap_kernels(model, source, seq_len=int(batch.tokens.shape[1]), n_sequences=batch.tokens.shape[0],
                        seed=seed)
-    reading = read_circuit(graph, scores, order=batch.order, head_excess=thresholds.head_excess)
+    carried = None
+    if content and additive(model):
+        more = CONTENT_POOL - int(batch.tokens.shape[0])
+        donors = sample_batch(source, n_sequences=more, seq_len=int(batch.tokens.shape[1]), seed=seed + 1).tokens \
+            if more >= 2 and any(measurable(e) for e in graph.kept) else None
+        carried = edge_content(model, batch, graph.kept, donors=donors, cache=cache, n_sequences=n_sequences,
+                               seed=seed, cut=thresholds.carries)
+    reading = read_circuit(graph, scores, order=batch.order, head_excess=thresholds.head_excess, content=carried)
     in_weights = not batch.random_kernel and swap.in_context_fraction < thresholds.in_weights
     circuit = circuit_verdict(graph, reading, in_weights=in_weights, in_context_fraction=swap.in_context_fraction,
                               source_order=batch.order)
-    return scores, swap, reading, circuit
+    return _CircuitSide(scores, swap, reading, circuit)
 
 
 def _side_probes(model: HookedModel, source: Source, batch: ProbeBatch, tokens: Tensor, cache: Any,

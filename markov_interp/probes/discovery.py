@@ -21,7 +21,9 @@ measurements: "exact" refuses a larger graph, "attribution+verify" verifies at m
 kept edges, which the joint tests need measured in every pass, come on top).
 
 **The kept edges** (the circuit) follow one stated rule per pass: an edge is kept when its effect is at least a
-threshold t, starting at t = max(`min_effect`, `min_fraction` x total effect), the total effect being L(all edges
+threshold t **in absolute value** (an edge whose corruption lowers the loss, half of an over-confident readout split
+over two heads, carries as much as one whose corruption raises it; ranked by the signed change, such a circuit kept
+none of its value edges and its faithfulness was 0.00), starting at t = max(`min_effect`, `min_fraction` x total effect), the total effect being L(all edges
 corrupted) - L(clean); edges that cannot carry anything to the logits are dropped until none is left (an edge
 into a node that sends nothing further, or out of a node that receives nothing). When the kept edges alone fall
 short (faithfulness below `target_faithfulness`), t is lowered to the next edge's effect, never below
@@ -136,10 +138,17 @@ class Edge:
         return self.key.name
 
     @property
-    def strength(self) -> float:
-        """The larger of its two effects (what the kept rule of its passes read), NaN-safe."""
+    def strongest(self) -> float:
+        """Its effect in the pass where it is larger in absolute value (signed, nats), NaN-safe: -inf where neither
+        pass measured it."""
         values = [v for v in (self.effect, self.position_effect) if v == v]
-        return max(values) if values else -math.inf
+        return max(values, key=abs) if values else -math.inf
+
+    @property
+    def strength(self) -> float:
+        """The larger absolute value of its two effects: what the kept rule of its passes reads (an edge whose
+        corruption *lowers* the loss carries as much as one that raises it)."""
+        return abs(self.strongest)
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe({**dataclasses.asdict(self), "name": self.name})
@@ -227,7 +236,7 @@ class CircuitGraph(ProbeResult):
     def position_edges(self) -> tuple[Edge, ...]:
         """Kept edges that only the positional pass kept (position information: drawn apart in the report)."""
         own = set(self.position.kept) if self.position is not None else set()
-        return tuple(e for e in self.kept if e.name in own and not e.effect >= self.threshold)
+        return tuple(e for e in self.kept if e.name in own and not abs(e.effect) >= self.threshold)
 
     def kept_into(self, receiver: str, input: Optional[str] = None) -> tuple[Edge, ...]:
         """The kept edges into `receiver` (through `input` when given)."""
@@ -242,12 +251,12 @@ class CircuitGraph(ProbeResult):
         """Whether the edge `name` passes the starting threshold of a pass on its own (a kept edge that does not
         got in when the threshold was lowered: a redundant copy, necessary only jointly with the others)."""
         e = self.edge(name)
-        return e.effect >= self.start_threshold or (self.position is not None
-                                                    and e.position_effect >= self.position.start_threshold)
+        return abs(e.effect) >= self.start_threshold or (self.position is not None
+                                                         and abs(e.position_effect) >= self.position.start_threshold)
 
     def summary(self) -> str:
         """The kept edges with their effects, faithfulness and completeness, and what the joint tests found."""
-        kept = ", ".join(f"{e.name} {e.strength:+.3f}" for e in self.kept) or "no edge"
+        kept = ", ".join(f"{e.name} {e.strongest:+.3f}" for e in self.kept) or "no edge"
         text = (f"circuit ({self.corruption} corruption, total effect {self.total_effect:.4f} nats): {kept}; "
                 f"faithfulness {self.faithfulness:.2f}, completeness {self.completeness:.2f}")
         if self.position is not None:
@@ -333,8 +342,9 @@ def permuted_positions(tokens: Tokens, *, seed: int) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------- kept rule
 def kept_edges(effects: dict[EdgeKey, float], threshold: float) -> tuple[EdgeKey, ...]:
-    """The edges whose effect is >= `threshold`, then pruned to those on a path embed / pos -> ... -> logits."""
-    return prune({e for e, v in effects.items() if v >= threshold}, tuple(effects))
+    """The edges whose effect is at least `threshold` in absolute value (corrupting an edge can lower the loss: half
+    of a split, over-confident readout), then pruned to those on a path embed / pos -> ... -> logits."""
+    return prune({e for e, v in effects.items() if abs(v) >= threshold}, tuple(effects))
 
 
 def _mean_se(values: Tensor) -> tuple[float, float]:
@@ -406,7 +416,7 @@ class _Pass:
         effects = self.effects() if self.rows or self.estimates is None else dict(self.estimates.mean)
         total, corrupted = self.total, float(self.runner.corrupted_losses.mean())
         start = self.start = _threshold(total, min_effect, min_fraction)
-        levels = [start, *sorted({v for v in effects.values() if min_effect <= v < start}, reverse=True)]
+        levels = [start, *sorted({abs(v) for v in effects.values() if min_effect <= abs(v) < start}, reverse=True)]
         chosen = [(t, kept_edges(effects, t)) for t in levels[:_MAX_LOWERINGS + 1]]
         for i, (threshold, keys) in enumerate(chosen):
             if frozenset(keys) not in self.circuits:  # this level and the next few in one stacked run
@@ -632,6 +642,6 @@ def _edges(passes: list[_Pass], grads: dict[EdgeKey, float]) -> tuple[Edge, ...]
 
 def _rule_text(rule: tuple, threshold: float, total: float) -> str:
     min_effect, min_fraction, target = rule
-    return (f"kept: effect >= {threshold:.4f} nats (from max({min_effect:g}, {min_fraction:g} x total effect "
+    return (f"kept: |effect| >= {threshold:.4f} nats (from max({min_effect:g}, {min_fraction:g} x total effect "
             f"{total:.4f}), lowered edge by edge while faithfulness < {target:g}), on a path embed/pos -> logits, "
             f"in each pass; cancelling sets dropped")

@@ -136,13 +136,13 @@ def cancelling_sets(runner: EdgeRunner, kept: Sequence[EdgeKey], effects: dict[E
     Returns:
         One `Cancelling` per set of cancelling pairs.
     """
-    strong = sorted(kept, key=lambda e: -effects[e])[:MAX_PAIR_EDGES]
+    strong = sorted(kept, key=lambda e: -abs(effects[e]))[:MAX_PAIR_EDGES]
     pairs = [(a, b) for a, b in itertools.combinations(strong, 2) if a.receiver == b.receiver and not _one_match(a, b)]
     if not pairs:
         return []
     joint = (runner.many_losses([list(p) for p in pairs], progress=progress) - runner.clean_losses).mean(1)
     cancel = [(a, b) for (a, b), j in zip(pairs, joint.tolist())
-              if abs(j) < CANCEL_FRACTION * max(effects[a], effects[b])]
+              if abs(j) < CANCEL_FRACTION * max(abs(effects[a]), abs(effects[b]))]
     sets = _groups(cancel)
     if not sets:
         return []

@@ -92,6 +92,21 @@ class EdgeKey:
     def __str__(self) -> str:
         return self.name
 
+    @classmethod
+    def parse(cls, name: str) -> "EdgeKey":
+        """The edge called `name` ("L0H1->L1H0.k", "embed->L0.mlp", "L1H0->logits").
+
+        >>> EdgeKey.parse("L0H1->L1H0.k"), EdgeKey.parse("L0H0->L0.mlp").input
+        (EdgeKey(sender='L0H1', receiver='L1H0', input='k'), 'mlp')
+        """
+        sender, arrow, rest = name.partition("->") if isinstance(name, str) else ("", "", "")
+        receiver, _, channel = rest.partition(".")
+        if not arrow or not sender or not receiver:
+            raise ValueError(f"an edge name looks like 'L0H1->L1H0.k', 'embed->L0.mlp' or 'L1H0->logits', got {name!r}")
+        if receiver.startswith("L") and channel == "mlp":  # "L0.mlp": the receiver is the MLP, its input "mlp"
+            return cls(sender, f"{receiver}.mlp", "mlp")
+        return cls(sender, receiver, channel or "logits")
+
 
 @dataclasses.dataclass(frozen=True)
 class _Stage:
@@ -224,7 +239,7 @@ class EdgeRunner:
         self._same = {s.name for s in self.senders if torch.equal(self.clean[s.hook_name], self.corrupted[s.hook_name])}
         self._by_name = {s.name: s for s in self.senders}
         self._stage_of = {r: i for i, stage in enumerate(self.stages) for r, _, _ in _receivers(model, stage)}
-        self.single_pass = single_pass and _additive(model)
+        self.single_pass = single_pass and additive(model)
         self._deltas: dict[str, Tensor] = {}  # sender -> its corrupted - clean output as written (`_change`)
 
     def _corrupted_run(self, names: list[str], positions: Optional[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -281,7 +296,7 @@ class EdgeRunner:
         general = sorted(set(range(len(bads))) - set(single))
         out = torch.empty(len(bads), *self.clean_logits.shape, dtype=self.clean_logits.dtype,
                           device=self.clean_logits.device)
-        for indices, run in ((single, lambda chunk: self._single_edges([next(iter(b)) for b in chunk])),
+        for indices, run in ((single, lambda chunk: self._single_edges([next(iter(b)) for b in chunk])[0]),
                              (general, self._run_chunk)):
             for i in range(0, len(indices), self._chunk):
                 part = indices[i:i + self._chunk]
@@ -291,17 +306,50 @@ class EdgeRunner:
         return out
 
     # ------------------------------------------------------------------------------------- one edge, one pass
-    def _single_edges(self, edges: list[EdgeKey]) -> Tensor:
+    def patched(self, edges: Sequence[EdgeKey], values: Sequence[Tensor], *, record: Sequence[str] = ()
+                ) -> tuple[Float[Tensor, "copy batch pos vocab"], dict[str, Tensor]]:
+        """The logits with each of `edges` patched alone, its sender's output replaced by `values[c]` (a head's slice
+        of hook_z [batch, pos, d_head], or the whole output of an MLP or embedding) where that edge's receiver reads
+        it: one copy of the batch per edge, in the one-pass way of the single edges (`_single_edges`), and each
+        hook of `record` as that pass computed it ({hook: [copy, batch, ...]}). What an edge carries is measured
+        this way (`edge_content`: interchange interventions, the sender's output taken from other sequences).
+
+        Args:
+            edges: single edges of this runner's graph (into a head's q, k or v, an MLP, or the logits).
+            values: per edge, the sender's output to patch in.
+            record: hook names to return (e.g. a receiver layer's attention pattern).
+
+        Returns:
+            (logits [copy, batch, pos, vocab], {hook name: [copy, batch, ...]}).
+        """
+        if not self.single_pass:
+            raise ValueError("patching one edge with given values needs a residual stream that is the sum of its "
+                             "senders' writes (no shortformer position embedding, no parallel attention and MLP)")
+        unknown = sorted(e.name for e in edges if e not in set(self.edges))
+        if unknown or len(values) != len(edges):
+            raise ValueError(f"one value per edge of this model's graph, got {len(values)} values for {len(edges)} "
+                             f"edges (unknown: {unknown})")
+        logits, recorded = [], {name: [] for name in record}
+        for i in range(0, len(edges), self._chunk):
+            out, seen = self._single_edges(list(edges[i:i + self._chunk]), values[i:i + self._chunk], record)
+            logits.append(out)
+            for name in record:
+                recorded[name].append(seen[name].unflatten(0, (out.shape[0], -1)))
+        return torch.cat(logits), {name: torch.cat(parts) for name, parts in recorded.items()}
+
+    def _single_edges(self, edges: list[EdgeKey], values: Optional[Sequence[Tensor]] = None,
+                      record: Sequence[str] = ()) -> tuple[Tensor, dict[str, Tensor]]:
         """The logits with each of `edges` corrupted alone, one copy of the batch each, all in one forward pass:
         copy c's residual stream is moved by its sender's change (corrupted - clean output, as written into the
-        stream) where its receiver reads it, every other input of that sublayer is set back to its clean value,
-        and the change is taken out again after the sublayer, so that everything downstream reads the clean
-        senders and the receiver's new output. Exact where the residual stream is the sum of what its senders
-        write (`single_pass`); the stage algorithm gives the same logits with two to three passes per edge."""
+        stream; with `values`, values[c] - clean output) where its receiver reads it, every other input of that
+        sublayer is set back to its clean value, and the change is taken out again after the sublayer, so that
+        everything downstream reads the clean senders and the receiver's new output. Exact where the residual
+        stream is the sum of what its senders write (`single_pass`); the stage algorithm gives the same logits with
+        two to three passes per edge. Returns (logits [copy, batch, pos, vocab], the hooks of `record`)."""
         n_layers = int(self.model.cfg.n_layers)
         edits: dict[str, list[tuple[int, str, Any]]] = {}  # hook name -> (copy, "add" | "clean", payload)
         for c, e in enumerate(edges):
-            delta = self._change(e.sender, "corrupt")
+            delta = self._change(e.sender, "corrupt" if values is None else values[c])
             if e.input == "logits":
                 edits.setdefault(act_name("resid_post", n_layers - 1), []).append((c, "add", delta))
                 continue
@@ -319,9 +367,9 @@ class EdgeRunner:
             edits.setdefault(after, []).append((c, "add", -delta))
         hooks = [(name, self._edit(name, items, len(edges))) for name, items in edits.items()]
         first = min(self._start_layer(e) for e in edges)  # nothing before the first receiver's layer changes
-        logits = intervened_run(self.model, self._tiled(len(edges)), [], {}, edits=hooks,
-                                start=(first, self._clean_stream(first, len(edges))))[0]
-        return logits.unflatten(0, (len(edges), -1))
+        logits, seen = intervened_run(self.model, self._tiled(len(edges)), [], {}, edits=hooks, record=record,
+                                      start=(first, self._clean_stream(first, len(edges))))
+        return logits.unflatten(0, (len(edges), -1)), seen
 
     def _start_layer(self, edge: EdgeKey) -> int:
         """The block a single edge's pass starts at: its receiver's (the last block for the logits, whose edit is
@@ -654,7 +702,7 @@ def _head_input_grads(model: HookedModel, layer: int, grads: Sequence[Float[Tens
     gradients at hook_q, hook_k and hook_v, in that order), [channel x head, ...] in the same order: at the
     projection's input it is grad @ W^T, every head in one product (TransformerLens's W_Q / W_K / W_V), then back
     through the block's own first norm (`models.first_norm`, run again on the stream, one copy per head and
-    channel: one backward). Where the stream is additive (`_additive`) each head's input is the norm of the
+    channel: one backward). Where the stream is additive (`additive`) each head's input is the norm of the
     stream; `single_pass=False` takes the slower way through the pass's graph, and the tests check they agree."""
     cotangent = torch.cat([torch.einsum("bphe,hde->hbpd", grad, getattr(model, f"W_{c}").detach()[
         layer, :grad.shape[2]].to(grad.dtype)) for c, grad in zip("QKV", grads)])
@@ -687,10 +735,11 @@ def _sender_deltas(runner: EdgeRunner) -> Float[Tensor, "sender flat"]:
     return torch.stack([runner._change(sender.name, "corrupt").float().reshape(-1) for sender in runner.senders])
 
 
-def _additive(model: HookedModel) -> bool:
+def additive(model: HookedModel) -> bool:
     """Whether the residual stream of `model` is the sum of what its senders write, each sublayer reading it
     whole: not with a position embedding added to queries and keys only (shortformer) or attention and MLP
-    reading the same stream (parallel blocks). `EdgeRunner`'s one-pass single edges need it."""
+    reading the same stream (parallel blocks). `EdgeRunner`'s one-pass single edges need it, and so does
+    `EdgeRunner.patched` (what `edge_content` measures with)."""
     cfg = model.cfg
     return (getattr(cfg, "positional_embedding_type", "standard") != "shortformer"
             and not getattr(cfg, "parallel_attn_mlp", False))

@@ -199,10 +199,11 @@ def test_first_order_circuit_on_order_two_data_is_induction_order_one(vocab):
 
 
 def test_in_context_law_without_a_circuit_is_other_and_says_what_is_missing():
-    """No sender may count as a previous-token head (head_excess above 1): the model follows the in-context
-    bigram law, but the label is never "induction" without the K-edge, and the reasons say why."""
+    """No sender may count as a previous-token head (roles from attention, `content=False`, with head_excess above
+    1): the model follows the in-context bigram law, but the label is never "induction" without the K-edge, and the
+    reasons say why (the roles by content: tests/probes/test_edge_content.py)."""
     strict = Thresholds(head_excess=1.01)
-    report = classify(induction_circuit(3), RandomMarkov(3), seq_len=SEQ, thresholds=strict)
+    report = classify(induction_circuit(3), RandomMarkov(3), seq_len=SEQ, thresholds=strict, content=False)
     assert report.law.law == "in_context_bigram" and report.law.passed
     assert report.mechanism == "other" and report.order is None and not report.circuit_confirmed
     assert "no kept K-edge comes from a previous-token head" in report.reasons[0]
@@ -211,8 +212,9 @@ def test_in_context_law_without_a_circuit_is_other_and_says_what_is_missing():
     # and a kept-edge rule nothing passes: no K-edge at all
     nothing = classify(induction_circuit(3), RandomMarkov(3), seq_len=SEQ,
                        thresholds=Thresholds(edge_min=10.0))
-    assert nothing.mechanism == "other" and nothing.circuit.kept == ()
+    assert nothing.mechanism == "other" and nothing.circuit.kept == () and not nothing.confident
     assert "no kept edge feeds a head's keys" in nothing.reasons[0]
+    assert "faithfulness 0.00 is below 0.5" in nothing.reasons[0]  # an empty circuit carries nothing
 
 
 def test_a_one_layer_model_is_never_induction():

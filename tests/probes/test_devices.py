@@ -109,6 +109,8 @@ PROBES = {  # name -> fn(model, source, batch, (clean, corrupted)): every public
                                             probes.discover_circuit(m, s, n_sequences=8, method="attribution+verify",
                                                                     joint=True, corruption="kernel_swap")],
     "classify_mechanism": lambda m, s, b, p: probes.classify_mechanism(m, s, n_sequences=12),
+    "edge_content": lambda m, s, b, p: probes.edge_content(m, b, [e for e in probes.graph_edges(m) if e.input in (
+        "q", "k", "v")][-4:], n_sequences=6),
     "circuit_formation": lambda m, s, b, p: probes.circuit_formation([(1, m), (2, m)], s, n_sequences=8),
     "clamps.applied": _under_clamps,
     "linear_probe": lambda m, s, b, p: [probes.linear_probe(m, b, ("z", 0, 0), "state", n_bootstrap=50),
@@ -119,11 +121,11 @@ PROBES = {  # name -> fn(model, source, batch, (clean, corrupted)): every public
 # compared by their fields only on CUDA: a choice (the edges kept, a label), or a ratio over a KL of 1e-8..1e-6 nats
 # (the patching baseline of the random models here), which float32 rounding on another device moves
 FIELDS_ONLY = {"discover_circuit", "classify_mechanism", "circuit_formation", "clamps.applied", "activation_patching",
-               "patching_by_position"}
+               "patching_by_position", "edge_content"}
 EXEMPT = {  # public probes taking a model that read only its config, never a tensor
     "probe_length", "training_length", "graph_edges", "model_components", "probe_hook_names",
     "fitted_similarity"}  # given the model's logits: runs no forward (the classifier's law axis, run above)
-SLOW = {"discover_circuit", "classify_mechanism", "circuit_formation", "clamps.applied", "EdgeRunner"}
+SLOW = {"discover_circuit", "classify_mechanism", "circuit_formation", "clamps.applied", "EdgeRunner", "edge_content"}
 
 
 def _plain(value):

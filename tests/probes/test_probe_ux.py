@@ -300,6 +300,7 @@ def _probe_examples(circuit, mech, batch) -> dict:
         "Cancelling": Cancelling(edges=("L1H1->logits", "L1H2->logits"), effect=0.0, se=0.0, alone=(0.249, 0.259),
                                  corruption="resample", dropped=True),  # (test_verdicts.py finds real ones)
         "Circuit": mech.induction, "Role": mech.induction.roles[0], "BehaviourReport": mech.behaviour,
+        "EdgeContent": mech.content, "EdgeCarry": next(e for e in mech.content.edges if e.measured),
         "AttentionScores": mech.attention, "AblationTable": mech.ablation, "KernelReadout": mech.readout,
         "StrategySimilarity": mech.strategies, "ProbeBatch": batch,
         "LogitAttribution": probes.direct_logit_attribution(circuit, batch),
