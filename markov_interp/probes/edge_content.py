@@ -314,8 +314,8 @@ def _effects(runner: EdgeRunner, key: EdgeKey, values: list[Tensor]) -> tuple[Te
     receiver = Component.parse(key.receiver) if key.input in ("q", "k") else None
     record = [pattern_hook(receiver.layer)] if receiver is not None else []
     logits, seen = runner.patched([key] * len(values), values, record=record)
-    clean = torch.softmax(runner.clean_logits.double(), -1)
-    kl = theory.kl_divergence(clean, torch.softmax(logits.double(), -1)).mean(-1)
+    patched = torch.softmax(logits.double(), -1)
+    kl = theory.kl_divergence(torch.softmax(runner.clean_logits.double(), -1).expand_as(patched), patched).mean(-1)
     if receiver is None:
         return kl.cpu(), None
     pattern = seen[record[0]][:, :, receiver.head].double()  # [copy, batch, query, key]
