@@ -30,7 +30,7 @@ from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_attributions, g
 from markov_interp.probes.strategies import state_and_counts_probs
 from markov_interp.probes.ablation import derangement
 from markov_interp.probes.discovery import corrupted_tokens, kept_edges
-from markov_interp.probes.swap_kernels import SwapPlan, _permuted
+from markov_interp.probes.kernel_swap import SwapPlan, _permuted
 from markov_interp.probes.paths import edge_estimates
 
 BINARY = BinaryChain(0.2, 0.3)

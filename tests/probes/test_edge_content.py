@@ -20,18 +20,11 @@ from handbuilt import (
 )
 from markov_interp import models
 from markov_interp.sources import RandomMarkov
-from markov_interp.probes import (
-    EdgeContent,
-    EdgeKey,
-    EdgeRunner,
-    Thresholds,
-    classify_mechanism,
-    edge_content,
-    read_circuit,
-    sample_batch,
-)
+from markov_interp.probes import Thresholds, classify_mechanism, edge_content, sample_batch
 from markov_interp.probes.classify import _decide, _Evidence
-from markov_interp.probes.circuit import circuit_verdict
+from markov_interp.probes.circuit import circuit_verdict, read_circuit
+from markov_interp.probes.edge_content import EdgeContent
+from markov_interp.probes.paths import EdgeKey, EdgeRunner
 from markov_interp.probes.edge_content import choose_donors, position_variables, variable_names
 
 SEQ = 64
