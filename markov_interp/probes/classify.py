@@ -31,7 +31,8 @@ Two axes, reported apart:
   in-context law with no circuit to carry it); the reasons name the nearest law and the circuit found.
 
 **Decision.** The headline names the circuit where one is found and the kept circuit is faithful (faithfulness
-at least `circuit.FAITHFUL` 0.5; below it no circuit is named and no label is confident): a model whose induction
+at least `circuit.FAITHFUL` 0.5; below it no circuit is named and no label that reads the context is confident;
+the context-free labels `CONTEXT_FREE` rest on the law and the kernel swap, not on a circuit): a model whose induction
 (or switch-counting) circuit is kept is `induction` of the circuit's order (`switch_counting`), whatever its law,
 and `qualifier` says where the law lags the circuit: "partial" when the outputs sit between laws or at a lower law
 (mid-training), "miscalibrated" when they reach the circuit's law only once the temperature is fitted; then
@@ -111,6 +112,9 @@ __all__ = ["MECHANISMS", "QUALIFIERS", "MechanismReport", "Thresholds", "classif
 MECHANISMS = ("uniform", "unigram", "in_context_unigram", "state_and_counts", "kernel", "induction", "switch_counting",
               "other")
 NAMED_CIRCUITS = ("induction", "switch_counting")  # circuit kinds the headline names (when faithful)
+# labels whose law ignores the context: no circuit carries them, so the kept circuit's faithfulness (of a context
+# effect that may be nil) does not bear on their confidence
+CONTEXT_FREE = ("uniform", "unigram", "kernel")
 QUALIFIERS = ("partial", "miscalibrated")
 BEYOND = 0.25  # a model past the best law it qualifies for keeps its label up to a quarter of the next step
 CONTENT_POOL = 512  # sequences the edge content draws donors from (the probe batch, and more of the source)
@@ -531,12 +535,12 @@ def _between(ev: _Evidence, th: Thresholds, reasons: list[str]) -> _Decision:
 
 def _decide(ev: _Evidence, th: Thresholds) -> _Decision:
     """The headline from the evidence (module docstring). A kept circuit whose faithfulness is below `FAITHFUL`
-    is not named, and no label is confident over it."""
+    is not named, and no label that reads the context is confident over it."""
     reasons = _evidence_reasons(ev, th)
     if ev.circuit.kind in NAMED_CIRCUITS and ev.circuit.faithful and not _in_weights(ev, th)[0]:
         return _resolved(_named_circuit(ev, reasons), ev)
     decision = _at_law(ev, th, reasons) if ev.law.passed else _between(ev, th, reasons)
-    if ev.circuit.faithful:
+    if ev.circuit.faithful or decision.mechanism in CONTEXT_FREE:
         return _resolved(decision, ev)
     why = (f"not confident: the kept circuit's faithfulness {ev.circuit.graph.faithfulness:.2f} is below "
            f"{FAITHFUL}")

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from handbuilt import (
+    unigram_model,
     copy_decoy_circuit,
     induction_circuit,
     relay_circuit,
@@ -18,8 +19,8 @@ from handbuilt import (
     sink_induction_circuit,
     switch_counting_circuit,
 )
-from markov_interp import models
-from markov_interp.sources import RandomMarkov
+from markov_interp import models, theory
+from markov_interp.sources import BinaryChain, RandomMarkov
 from markov_interp.probes import Thresholds, classify_mechanism, edge_content, sample_batch
 from markov_interp.probes.classify import _decide, _Evidence
 from markov_interp.probes.circuit import circuit_verdict, read_circuit
@@ -243,6 +244,21 @@ def test_no_circuit_is_named_and_no_label_is_confident_below_half_faithfulness()
     assert decision.mechanism == "other" and not decision.confident
     assert "faithfulness 0.30" in decision.reasons[0] and "no circuit is named" in decision.reasons[0]
 
+
+
+def test_a_context_free_label_does_not_rest_on_the_circuits_faithfulness():
+    """A model that follows the stationary law ignores the context: its kept circuit (of a context effect that may
+    be nil) does not carry the label, so a faithfulness below one half leaves `unigram` confident."""
+    source = BinaryChain(0.2, 0.3)
+    report = classify(unigram_model(theory.stationary_distribution(source.kernel), n_ctx=SEQ), source)
+    assert report.mechanism == "unigram" and report.confident
+    graph = dataclasses.replace(report.graph, faithfulness=0.1)
+    circuit = circuit_verdict(graph, report.induction, in_weights=True,
+                              in_context_fraction=report.in_context_fraction, source_order=1)
+    ev = _Evidence(law=report.law, sim=report.strategies, gains=report.gains, swap=report.kernel_swap,
+                   induction=report.induction, circuit=circuit, random_kernel=False, source_order=1)
+    decision = _decide(ev, report.thresholds)
+    assert decision.mechanism == "unigram" and decision.confident
 
 def test_a_split_over_confident_readout_keeps_its_circuit():
     """Both roles split over two heads at unembedding scale 8: corrupting half the readout lowers the loss. Ranked
