@@ -109,7 +109,7 @@ PROBES = {  # name -> fn(model, source, batch, (clean, corrupted)): every public
                                             probes.discover_circuit(m, s, n_sequences=8, method="attribution+verify",
                                                                     joint=True, corruption="kernel_swap")],
     "classify_mechanism": lambda m, s, b, p: probes.classify_mechanism(m, s, n_sequences=12),
-    "edge_content": lambda m, s, b, p: probes.edge_content(m, b, [e for e in probes.graph_edges(m) if e.input in (
+    "edge_content": lambda m, s, b, p: probes.edge_content(m, b, [e for e in probes.paths.graph_edges(m) if e.input in (
         "q", "k", "v")][-4:], n_sequences=6),
     "circuit_formation": lambda m, s, b, p: probes.circuit_formation([(1, m), (2, m)], s, n_sequences=8),
     "clamps.applied": _under_clamps,
