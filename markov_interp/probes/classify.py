@@ -604,8 +604,7 @@ def classify_mechanism(
     """Name the circuit `model` computes with and the law its outputs reach on `source` (module docstring).
 
     Args:
-        model: a hooked model.
-        source: the source it was trained on.
+        model, source: a hooked model and the source it was trained on.
         batch: a `ProbeBatch` from `sample_batch(source, ...)` to probe on (default: a fresh seeded batch of
             `n_sequences` x `seq_len` states, `seq_len` from `probe_length(model)`).
         cache: a `run_with_cache` of `batch` holding `probe_hook_names(model)` (only read).
