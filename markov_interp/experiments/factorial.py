@@ -248,24 +248,42 @@ _CIRCUITS = ("`probes.discover_circuit` at the last step on 32 fresh sequences (
              "faithfulness (1: the kept edges alone give the clean loss). k/n = of the n seeds read, k keep it.")
 
 
+def _interval_side(interval: Any, null: float) -> "str | None":
+    """"slows" when a 95% interval lies wholly above `null` (its lower end known and > null), "speeds" when wholly
+    below (its upper end known and < null), None when it holds `null`, has an unknown end on that side, or is None."""
+    if interval is None:
+        return None
+    low, high = interval
+    if low is not None and low > null:
+        return "slows"
+    if high is not None and high < null:
+        return "speeds"
+    return None
+
+
 def clamp_effect(comparison: Any) -> str:
-    """What the clamp does to the descent, read from the comparison with free where the data decide it: "slows"
-    when the area between the median excess curves (clamped - free) has its 95% interval above 0 or the median
-    crossing of 0.5 its ratio interval above 1, "speeds" when both are below, "no clear effect" otherwise."""
+    """What the clamp does to the descent, read from the comparison with free where both of its measures decide it.
+
+    The two measures are the ratio of the median crossings of the 0.5 line (clamped / free, 95% bootstrap interval;
+    no change = 1) and the area between the median excess curves (clamped - free, 95% bootstrap interval; no
+    change = 0). "slows" when both intervals lie above no change, "speeds" when both lie below, "mixed" when one
+    lies above and the other below, "no clear effect" otherwise (either interval holds no change, or a measure is
+    missing): one measure alone never names an effect.
+
+    Args:
+        comparison: a `dynamics` comparison of the clamped arm against free (`fractions`, `area`), or None.
+
+    Returns:
+        "slows", "speeds", "mixed", "no clear effect", or "—" for no comparison.
+    """
     if comparison is None:
         return "—"
-    votes = set()
-    area = comparison.area.interval if comparison.area is not None else None
-    if area is not None and area[0] is not None and area[0] > 0:
-        votes.add("slows")
-    if area is not None and area[1] is not None and area[1] < 0:
-        votes.add("speeds")
-    ratio = comparison.fractions[0.5].ratio_interval if 0.5 in comparison.fractions else None
-    if ratio is not None and ratio[0] is not None and ratio[0] > 1:
-        votes.add("slows")
-    if ratio is not None and ratio[1] is not None and ratio[1] < 1:
-        votes.add("speeds")
-    return votes.pop() if len(votes) == 1 else "no clear effect" if not votes else "mixed"
+    area = _interval_side(comparison.area.interval if comparison.area is not None else None, 0.0)
+    half = comparison.fractions.get(0.5)
+    ratio = _interval_side(half.ratio_interval if half is not None else None, 1.0)
+    if area is not None and area == ratio:
+        return area
+    return "mixed" if area is not None and ratio is not None else "no clear effect"
 
 
 def _recipe_rows(budget: FactorialBudget, cells: tuple) -> list[tuple[str, ...]]:
@@ -295,7 +313,8 @@ _RECIPES_TEXT = ("Each cell's clamped arm against its free arm, per recipe (the 
                  "whose excess fell below half the plateau's within the budget; ratios = clamped / free median "
                  "crossing [95% bootstrap]; area = the integral over steps of the clamped median excess-fraction "
                  "curve minus the free one [95% bootstrap] (> 0: clamped slower). Effect: 'slows' / 'speeds' where "
-                 "the area's or the 0.5 ratio's interval excludes no change, and both agree.")
+                 "the area's and the 0.5 ratio's intervals both exclude no change on the same side ('mixed' on "
+                 "opposite sides; one alone is 'no clear effect').")
 
 
 def recipe_verdicts(rows: list[tuple[str, ...]]) -> str:

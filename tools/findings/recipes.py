@@ -54,7 +54,7 @@ def recipe_effects(path: Path) -> list[RecipeEffect]:
     return [RecipeEffect(heads, recipe, *clamp_comparison(cell)) for _, heads, recipe, cell in factorial_cells(path)]
 
 
-def _counts(effects: list[RecipeEffect]) -> str:
+def count_effects(effects: list[RecipeEffect]) -> str:
     """E.g. "slows the descent in 1/8 recipes, speeds it in 5/8, no clear effect in 2/8"."""
     first = EFFECT_TEXT
     later = {"slows": "slows it", "speeds": "speeds it", "no clear effect": "no clear effect", "mixed": "mixed"}
@@ -74,9 +74,10 @@ def heads_sentence(effects: list[RecipeEffect], heads: int) -> str:
     mine = [e for e in effects if e.heads == heads]
     default = next(e for e in mine if e.key == DEFAULT)
     no_ln = [e for e in mine if e.recipe.norm == "none"]
-    text = (f"with {heads} layer-1 head{'s' if heads > 1 else ''} the clamp {_counts(mine)}; in the "
-            f"package's recipe it {default.effect} the descent ({default.at_half()} free's time to the 0.5 line)")
-    if no_ln and len({e.effect for e in no_ln}) == 1:
+    text = (f"with {heads} layer-1 head{'s' if heads > 1 else ''} the clamp {count_effects(mine)}; in the "
+            f"package's recipe it {EFFECT_TEXT[default.effect]} ({default.at_half()} free's time to the 0.5 line, "
+            f"area {default.comparison.area.text()})")
+    if no_ln and len({e.effect for e in no_ln}) == 1 and no_ln[0].effect in ("slows", "speeds"):
         text += f"; without LayerNorm it {no_ln[0].effect} it in all {len(no_ln)} ({_range(no_ln)})"
     return text
 
