@@ -33,7 +33,7 @@ Nothing here trains or plots: the figures are `markov_interp.experiments.escape_
 
 from markov_interp.dynamics._compare import (AreaComparison, Comparison, FractionComparison, compare,
                                              compare_crossings, logrank_test)
-from markov_interp.dynamics._modes import Modes, cluster_statistic, modes
+from markov_interp.dynamics._modes import MODES_ALPHA, MIN_GROUP, Modes, cluster_statistic, modes
 from markov_interp.dynamics._runs import (DWELL, ESCAPE_FRACTION, FRACTIONS, MIN_GAP, MIN_RUNS, ExcessCurve,
                                           RunDynamics, StepInterval, crossing, crossings, crossings_from_json,
                                           crossings_to_json, curve_from_metrics, escape_from_metrics, from_metrics,
@@ -48,6 +48,6 @@ __all__ = [
     "crossings_to_json", "crossings_from_json", "recorded_escape",
     "Quantile", "Survival", "survival", "turnbull", "wilson_interval",
     "MedianCurve", "median_curve", "ConditionDynamics", "condition",
-    "Modes", "modes", "cluster_statistic",
+    "Modes", "modes", "cluster_statistic", "MODES_ALPHA", "MIN_GROUP",
     "logrank_test", "FractionComparison", "AreaComparison", "Comparison", "compare", "compare_crossings",
 ]

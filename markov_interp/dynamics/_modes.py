@@ -11,9 +11,9 @@ share of the total sum of squares that one cut between two groups explains,
 
 over the cuts that leave at least `MIN_GROUP` seeds on each side (one late seed is an outlier, not a mode), and its
 p-value is the share of `n_null` normal samples of the same size (one mode: no clusters; drawn from an explicit
-seed) whose R is at least as large. The seeds are read as **two modes** when p < `ALPHA`. Steps are taken in logs
-because crossing times are right-skewed (a lognormal spread is one mode); a censored seed counts at its censoring
-step, a lower bound, so seeds stuck at the end of the budget form a group of their own, as they do.
+seed) whose R is at least as large. The seeds are read as **two modes** when p < `MODES_ALPHA`. Steps are taken in
+logs because crossing times are right-skewed (a lognormal spread is one mode); a censored seed counts at its
+censoring step, a lower bound, so seeds stuck at the end of the budget form a group of their own, as they do.
 """
 
 import dataclasses
@@ -26,11 +26,11 @@ import numpy as np
 from markov_interp.config import check_int
 from markov_interp.dynamics._runs import StepInterval
 
-ALPHA = 0.05  # two modes when the test's p-value is below this
+MODES_ALPHA = 0.05  # two modes when the test's p-value is below this
 MIN_GROUP = 2  # seeds each group needs (cuts leaving fewer are not tried, in the data nor in the null)
 N_NULL = 2000  # normal samples behind the p-value
 
-__all__ = ["ALPHA", "MIN_GROUP", "N_NULL", "Modes", "cluster_statistic", "modes"]
+__all__ = ["MODES_ALPHA", "MIN_GROUP", "N_NULL", "Modes", "cluster_statistic", "modes"]
 
 
 def cluster_statistic(values: "Sequence[float] | np.ndarray", *, min_group: int = MIN_GROUP) -> tuple[Any, Any]:
@@ -66,8 +66,8 @@ def cluster_statistic(values: "Sequence[float] | np.ndarray", *, min_group: int 
 @dataclasses.dataclass(frozen=True)
 class Modes:
     """A condition's crossings of one line as a distribution: every seed's step (sorted; a censored seed at its
-    censoring step), how many are censored, the test's statistic and p-value, whether p < `ALPHA`, and the two
-    groups of the best cut ((first, last) step of each)."""
+    censoring step), how many are censored, the test's statistic and p-value, whether p < `MODES_ALPHA`, and the
+    two groups of the best cut ((first, last) step of each)."""
 
     steps: tuple[int, ...]
     censored: int
@@ -108,4 +108,4 @@ def modes(crossings: Sequence[StepInterval], *, n_null: int = N_NULL, seed: int 
     null, _ = cluster_statistic(np.random.default_rng(seed).standard_normal((n_null, len(steps))))
     p = (1 + int(np.sum(null >= r))) / (1 + n_null) if not math.isnan(r) else 1.0
     return Modes(steps=tuple(steps), censored=sum(c.censored for c in crossings), statistic=r, p_value=p,
-                 bimodal=p < ALPHA, split=((steps[0], steps[cut - 1]), (steps[cut], steps[-1])))
+                 bimodal=p < MODES_ALPHA, split=((steps[0], steps[cut - 1]), (steps[cut], steps[-1])))

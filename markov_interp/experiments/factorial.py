@@ -327,6 +327,42 @@ def recipe_verdicts(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
+def split_arms(budget: FactorialBudget, cells: tuple) -> tuple[int, list[tuple[str, ...]]]:
+    """Every arm whose seeds cross the 0.5 line in two groups (`dynamics.modes`: p < `dynamics.MODES_ALPHA`),
+    with every seed's crossing; and how many arms were tested.
+
+    Returns:
+        (arms tested, rows): per split arm its data, layer-1 heads, recipe, arm, the seeds' steps (a censored seed
+        as "> step"), the two groups, the test's p-value and the arm's median crossing (a median of two groups).
+    """
+    rows, tested = [], 0
+    for (data, heads, recipe), cell in zip(cells_of(budget), cells):
+        for a in cell.arms:
+            crossings = [r.escape for r in a.runs]
+            if len(crossings) < 2 * dynamics.MIN_GROUP:
+                continue
+            tested += 1
+            found = dynamics.modes(crossings)
+            if not found.bimodal:
+                continue
+            (a0, a1), (b0, b1) = found.split
+            low = sum(x <= a1 for x in found.steps)
+            steps = ", ".join(str(c.by) if c.escaped else f">{c.after}"
+                              for c in sorted(crossings, key=lambda c: c.step))
+            rows.append((data, str(heads), recipe.init, recipe.first_state, recipe.norm, a.arm.name, steps,
+                         f"{low} at {a0}-{a1}, {len(crossings) - low} at {b0}-{b1}", f"{found.p_value:.2g}",
+                         str(a.summary.median().estimate)))
+    return tested, rows
+
+
+_SPLIT_TEXT = ("Arms whose seeds cross the 0.5 line in two groups: the Engelman-Hartigan test for two clusters on "
+               "the log crossing steps (`dynamics.modes`: the best cut's share of the sum of squares against normal "
+               "samples of the same size; at least 2 seeds a group; a censored seed at its censoring step), p < "
+               f"{dynamics.MODES_ALPHA:g}. Each seed's crossing is the evaluation that confirmed it (the crossing "
+               "lies in the grid interval ending there; '>' censored). Where an arm splits, its median crossing (and "
+               "a ratio of medians) falls between the groups: read the groups.")
+
+
 @dataclasses.dataclass(frozen=True)
 class FactorialResult(Summary):
     """The cells (one `_arms.ExperimentResult` each, named DATA-hHEADS) at one budget."""
@@ -354,6 +390,13 @@ class FactorialResult(Summary):
             rows = _recipe_rows(self.budget, self.cells)
             out.append(Section("Across recipes", _RECIPES_TEXT, self.recipes_table(),
                                after=recipe_verdicts(rows)))
+        tested, split = split_arms(self.budget, self.cells)
+        if split:
+            out.append(Section("Arms whose seeds split", _SPLIT_TEXT, Table(
+                ("data", "layer-1 heads", "init", "first state", "norm", "arm", "0.5-line crossings (per seed)",
+                 "groups (steps)", "p (two modes)", "median 0.5"), split),
+                after=f"{len(split)} of {tested} arms tested split at p < {dynamics.MODES_ALPHA:g} (about "
+                      f"{dynamics.MODES_ALPHA * tested:.1f} expected by chance alone were no arm split)."))
         return out + [Section("Overview", _OVERVIEW, self.overview())] + [
             s for c in self.cells for s in experiment_sections(c) + _cell_sections(c)]
 

@@ -381,3 +381,20 @@ def test_recipe_sentences_count_effects_and_name_the_default_recipe():
     assert heads_sentence(effects, 2).startswith("with 2 layer-1 heads the clamp speeds the descent in 1/1 recipes")
     unclear = heads_sentence([effect(2, Recipe(), 0.76, "no clear effect")], 2)
     assert "in the package's recipe it has no clear effect (0.76x [lo, hi]" in unclear
+
+
+def test_the_split_arms_block_shows_each_seed_as_the_raw_escape_steps_give_it():
+    """Every listed arm's per-seed crossings are its raw escape steps in results.json (an independent read), and the
+    one-head, uniform-first-state, LayerNorm recipe's clamped arm (8 seeds early, 8 late) is among them."""
+    text = findings.blocks()["clamp-recipes-modes"].text(ROOT)
+    raw = json.loads((REPRO / "clamp-recipes" / "results.json").read_text())["result"]
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert rows
+    for heads, init, first, norm, arm, steps, *_ in rows:
+        suffix = ("-plain" if init == "plain" else "") + ("-uniform" if first == "uniform" else "") + (
+            "-noLN" if norm == "none" else "")
+        entry = raw[f"dirichlet-h{heads.lstrip('| ')}{suffix}"]["arms"][arm]
+        expected = sorted((s, c) for s, c in zip(entry["escape_steps"], entry["censored"]))
+        assert steps == ", ".join(f">{s}" if c else str(s) for s, c in expected), (heads, init, first, norm, arm)
+    assert any(r[1:5] == ["standard", "uniform", "LN", "clamped"] and "8 at 40-90, 8 at 210-1000" in r[6]
+               for r in rows)

@@ -119,3 +119,19 @@ def clamp_recipes_findings(path: Path) -> str:
     check_one_head_slows_only_by_default(effects)
     sentences = [heads_sentence(effects, heads) for heads in sorted({e.heads for e in effects})]
     return "\n".join(f"- {s[0].upper()}{s[1:]}." for s in sentences)
+
+
+@block("clamp-recipes-modes", CLAMP_RECIPES)
+def clamp_recipes_modes(path: Path) -> str:
+    """The arms whose seeds split into two groups at the 0.5 line, every seed's crossing shown
+    (`factorial.split_arms`), and how many arms were tested."""
+    from markov_interp import dynamics
+    from markov_interp.experiments import factorial
+
+    done = experiment(path)
+    tested, rows = factorial.split_arms(done.budget, done.result.cells)
+    lines = ["| layer-1 heads | init | first state | norm | arm | 0.5-line crossings (per seed) | groups (steps) | "
+             "p (two modes) | median 0.5 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(row[1:])} |" for row in rows]
+    return "\n".join(lines + ["", f"{len(rows)} of {tested} arms split at p < {dynamics.MODES_ALPHA:g} (about "
+                                  f"{dynamics.MODES_ALPHA * tested:.1f} expected by chance alone were no arm split)."])
