@@ -76,12 +76,15 @@ class Modes:
     bimodal: bool
     split: tuple[tuple[int, int], tuple[int, int]]
 
-    def describe(self) -> str:
-        """E.g. 'two modes (p 0.002): 8 seeds at 40-90, 8 at 210-1000 steps' or 'one mode (p 0.41; ...)'."""
+    def groups(self) -> str:
+        """The two groups of the best cut, e.g. '8 at 40-90, 8 at 210-1000'."""
         (a0, a1), (b0, b1) = self.split
         low = sum(s <= a1 for s in self.steps)
-        groups = (f"{low} seeds at {a0}-{a1}, {len(self.steps) - low} at {b0}-{b1} steps"
-                  + (f" ({self.censored} censored)" if self.censored else ""))
+        return f"{low} at {a0}-{a1}, {len(self.steps) - low} at {b0}-{b1}"
+
+    def describe(self) -> str:
+        """E.g. 'two modes (p 0.002): 8 at 40-90, 8 at 210-1000 steps' or 'one mode (p 0.41; ...)'."""
+        groups = f"{self.groups()} steps" + (f" ({self.censored} censored)" if self.censored else "")
         if self.bimodal:
             return f"two modes (p {self.p_value:.2g}): {groups}"
         return f"one mode (p {self.p_value:.2g}; best cut: {groups})"

@@ -345,12 +345,10 @@ def split_arms(budget: FactorialBudget, cells: tuple) -> tuple[int, list[tuple[s
             found = dynamics.modes(crossings)
             if not found.bimodal:
                 continue
-            (a0, a1), (b0, b1) = found.split
-            low = sum(x <= a1 for x in found.steps)
             steps = ", ".join(str(c.by) if c.escaped else f">{c.after}"
                               for c in sorted(crossings, key=lambda c: c.step))
             rows.append((data, str(heads), recipe.init, recipe.first_state, recipe.norm, a.arm.name, steps,
-                         f"{low} at {a0}-{a1}, {len(crossings) - low} at {b0}-{b1}", f"{found.p_value:.2g}",
+                         found.groups(), f"{found.p_value:.2g}",
                          str(a.summary.median().estimate)))
     return tested, rows
 
