@@ -21,6 +21,8 @@ law's and the plateau's on the same tokens. From those rows:
   (the `scipy.stats.ecdf` one); medians are reported as the grid intervals they are (`Quantile`), with an
   interval only from `MIN_RUNS` runs up and an upper bound "not reached" where the band never falls to ½.
 - **median excess curve** (`median_curve`) with a band across seeds, and `condition` (all of it per condition).
+- **modes** (`modes`): whether a condition's seeds cross at one typical time or split into two groups (the
+  Engelman-Hartigan test for two clusters on the log crossing steps, against normal samples of the same size).
 - **comparisons** (`compare`): two conditions at every fraction (difference and ratio of median crossings) and
   by the area between their median curves, with percentile-bootstrap intervals over seeds (explicit seed);
   the log-rank test where it is valid (a common evaluation grid).
@@ -31,6 +33,7 @@ Nothing here trains or plots: the figures are `markov_interp.experiments.escape_
 
 from markov_interp.dynamics._compare import (AreaComparison, Comparison, FractionComparison, compare,
                                              compare_crossings, logrank_test)
+from markov_interp.dynamics._modes import MODES_ALPHA, MIN_GROUP, Modes, cluster_statistic, modes
 from markov_interp.dynamics._runs import (DWELL, ESCAPE_FRACTION, FRACTIONS, MIN_GAP, MIN_RUNS, ExcessCurve,
                                           RunDynamics, StepInterval, crossing, crossings, crossings_from_json,
                                           crossings_to_json, curve_from_metrics, escape_from_metrics, from_metrics,
@@ -45,5 +48,6 @@ __all__ = [
     "crossings_to_json", "crossings_from_json", "recorded_escape",
     "Quantile", "Survival", "survival", "turnbull", "wilson_interval",
     "MedianCurve", "median_curve", "ConditionDynamics", "condition",
+    "Modes", "modes", "cluster_statistic", "MODES_ALPHA", "MIN_GROUP",
     "logrank_test", "FractionComparison", "AreaComparison", "Comparison", "compare", "compare_crossings",
 ]

@@ -248,24 +248,42 @@ _CIRCUITS = ("`probes.discover_circuit` at the last step on 32 fresh sequences (
              "faithfulness (1: the kept edges alone give the clean loss). k/n = of the n seeds read, k keep it.")
 
 
+def _interval_side(interval: Any, null: float) -> "str | None":
+    """"slows" when a 95% interval lies wholly above `null` (its lower end known and > null), "speeds" when wholly
+    below (its upper end known and < null), None when it holds `null`, has an unknown end on that side, or is None."""
+    if interval is None:
+        return None
+    low, high = interval
+    if low is not None and low > null:
+        return "slows"
+    if high is not None and high < null:
+        return "speeds"
+    return None
+
+
 def clamp_effect(comparison: Any) -> str:
-    """What the clamp does to the descent, read from the comparison with free where the data decide it: "slows"
-    when the area between the median excess curves (clamped - free) has its 95% interval above 0 or the median
-    crossing of 0.5 its ratio interval above 1, "speeds" when both are below, "no clear effect" otherwise."""
+    """What the clamp does to the descent, read from the comparison with free where both of its measures decide it.
+
+    The two measures are the ratio of the median crossings of the 0.5 line (clamped / free, 95% bootstrap interval;
+    no change = 1) and the area between the median excess curves (clamped - free, 95% bootstrap interval; no
+    change = 0). "slows" when both intervals lie above no change, "speeds" when both lie below, "mixed" when one
+    lies above and the other below, "no clear effect" otherwise (either interval holds no change, or a measure is
+    missing): one measure alone never names an effect.
+
+    Args:
+        comparison: a `dynamics` comparison of the clamped arm against free (`fractions`, `area`), or None.
+
+    Returns:
+        "slows", "speeds", "mixed", "no clear effect", or "—" for no comparison.
+    """
     if comparison is None:
         return "—"
-    votes = set()
-    area = comparison.area.interval if comparison.area is not None else None
-    if area is not None and area[0] is not None and area[0] > 0:
-        votes.add("slows")
-    if area is not None and area[1] is not None and area[1] < 0:
-        votes.add("speeds")
-    ratio = comparison.fractions[0.5].ratio_interval if 0.5 in comparison.fractions else None
-    if ratio is not None and ratio[0] is not None and ratio[0] > 1:
-        votes.add("slows")
-    if ratio is not None and ratio[1] is not None and ratio[1] < 1:
-        votes.add("speeds")
-    return votes.pop() if len(votes) == 1 else "no clear effect" if not votes else "mixed"
+    area = _interval_side(comparison.area.interval if comparison.area is not None else None, 0.0)
+    half = comparison.fractions.get(0.5)
+    ratio = _interval_side(half.ratio_interval if half is not None else None, 1.0)
+    if area is not None and area == ratio:
+        return area
+    return "mixed" if area is not None and ratio is not None else "no clear effect"
 
 
 def _recipe_rows(budget: FactorialBudget, cells: tuple) -> list[tuple[str, ...]]:
@@ -295,7 +313,8 @@ _RECIPES_TEXT = ("Each cell's clamped arm against its free arm, per recipe (the 
                  "whose excess fell below half the plateau's within the budget; ratios = clamped / free median "
                  "crossing [95% bootstrap]; area = the integral over steps of the clamped median excess-fraction "
                  "curve minus the free one [95% bootstrap] (> 0: clamped slower). Effect: 'slows' / 'speeds' where "
-                 "the area's or the 0.5 ratio's interval excludes no change, and both agree.")
+                 "the area's and the 0.5 ratio's intervals both exclude no change on the same side ('mixed' on "
+                 "opposite sides; one alone is 'no clear effect').")
 
 
 def recipe_verdicts(rows: list[tuple[str, ...]]) -> str:
@@ -306,6 +325,40 @@ def recipe_verdicts(rows: list[tuple[str, ...]]) -> str:
         lines.append(f"- {heads} layer-1 head(s): " + ", ".join(f"{k} in {n}/{sum(effects.values())} recipes"
                                                              for k, n in effects.most_common()))
     return "\n".join(lines)
+
+
+def split_arms(budget: FactorialBudget, cells: tuple) -> tuple[int, list[tuple[str, ...]]]:
+    """Every arm whose seeds cross the 0.5 line in two groups (`dynamics.modes`: p < `dynamics.MODES_ALPHA`),
+    with every seed's crossing; and how many arms were tested.
+
+    Returns:
+        (arms tested, rows): per split arm its data, layer-1 heads, recipe, arm, the seeds' steps (a censored seed
+        as "> step"), the two groups, the test's p-value and the arm's median crossing (a median of two groups).
+    """
+    rows, tested = [], 0
+    for (data, heads, recipe), cell in zip(cells_of(budget), cells):
+        for a in cell.arms:
+            crossings = [r.escape for r in a.runs]
+            if len(crossings) < 2 * dynamics.MIN_GROUP:
+                continue
+            tested += 1
+            found = dynamics.modes(crossings)
+            if not found.bimodal:
+                continue
+            steps = ", ".join(str(c.by) if c.escaped else f">{c.after}"
+                              for c in sorted(crossings, key=lambda c: c.step))
+            rows.append((data, str(heads), recipe.init, recipe.first_state, recipe.norm, a.arm.name, steps,
+                         found.groups(), f"{found.p_value:.2g}",
+                         str(a.summary.median().estimate)))
+    return tested, rows
+
+
+_SPLIT_TEXT = ("Arms whose seeds cross the 0.5 line in two groups: the Engelman-Hartigan test for two clusters on "
+               "the log crossing steps (`dynamics.modes`: the best cut's share of the sum of squares against normal "
+               "samples of the same size; at least 2 seeds a group; a censored seed at its censoring step), p < "
+               f"{dynamics.MODES_ALPHA:g}. Each seed's crossing is the evaluation that confirmed it (the crossing "
+               "lies in the grid interval ending there; '>' censored). Where an arm splits, its median crossing (and "
+               "a ratio of medians) falls between the groups: read the groups.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +388,13 @@ class FactorialResult(Summary):
             rows = _recipe_rows(self.budget, self.cells)
             out.append(Section("Across recipes", _RECIPES_TEXT, self.recipes_table(),
                                after=recipe_verdicts(rows)))
+        tested, split = split_arms(self.budget, self.cells)
+        if split:
+            out.append(Section("Arms whose seeds split", _SPLIT_TEXT, Table(
+                ("data", "layer-1 heads", "init", "first state", "norm", "arm", "0.5-line crossings (per seed)",
+                 "groups (steps)", "p (two modes)", "median 0.5"), split),
+                after=f"{len(split)} of {tested} arms tested split at p < {dynamics.MODES_ALPHA:g} (about "
+                      f"{dynamics.MODES_ALPHA * tested:.1f} expected by chance alone were no arm split)."))
         return out + [Section("Overview", _OVERVIEW, self.overview())] + [
             s for c in self.cells for s in experiment_sections(c) + _cell_sections(c)]
 

@@ -250,14 +250,16 @@ class ReductionResult(Summary):
                       for a in self.arms])
 
     def gap_table(self) -> Table:
+        """Per network arm: each run's largest |run - flow| over its checkpoints, then the max and the median of
+        that over all the arm's runs (every w0 and seed), per coordinate, and the number of runs."""
         rows = []
         for a in self.arms:
-            if a.flow_gap is None:
+            if a.flow_gap is None or not a.runs:
                 continue
-            gaps = np.array(a.flow_gap)
-            rows.append((a.arm, *(f"{x:.3g}" for x in np.nanmax(gaps, 0)),
+            gaps = np.array([r["flow_gap"] for r in a.runs], dtype=float)
+            rows.append((a.arm, str(len(gaps)), *(f"{x:.3g}" for x in np.nanmax(gaps, 0)),
                          *(f"{x:.3g}" for x in np.nanmedian(gaps, 0))))
-        return Table(("arm", "max Δe", "max Δw", "max Δb", "median Δe", "median Δw", "median Δb"), rows)
+        return Table(("arm", "runs", "max Δe", "max Δw", "max Δb", "median Δe", "median Δw", "median Δb"), rows)
 
     def sections(self) -> list[Section]:
         b = self.budget
@@ -278,7 +280,8 @@ class ReductionResult(Summary):
         gaps = Section("Distance from the flow", (
             "Each run's checkpoints projected on (e, w, b) along its init direction u "
             "(`landscape.coordinates_trajectory`), against plain GD on the reduced loss at the same lr and steps: "
-            "Δ = the largest |run - flow| over checkpoints per run, then the max and median over runs and w0. For "
+            "Δ = the largest |run - flow| over checkpoints per run, then the max and the median of that over the "
+            "arm's runs (every w0 and seed). For "
             "released arms the projection is a summary (the weights leave the family). The figure draws seed 0's "
             "path at every w0."), self.gap_table(),
             figures=("paths.png",))

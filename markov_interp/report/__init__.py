@@ -6,13 +6,14 @@ first screen ("summary") holds the verdict on two axes (the circuit the causal e
 reach; graded gains only where the task has an in-context component, else why not) beside the circuit diagram and
 the loss curve against `theory`'s reference losses; then the contents, and one section per analysis: the run's
 configuration (a table, its JSON collapsed), the loss along the sequence, the verdict's evidence, the circuit found
-by path patching, OV / QK circuits, direct logit attribution, activation patching by position, per-head scores
-against chance, attention patterns (circuitsvis, its JavaScript inlined once per file), ablations, the learned
-kernel against the true one, the canonical landscape (single-layer binary runs) and probe scores over training
-(runs with checkpoints, run through the package's fused forward); for a run of a sweep (`<sweep>/runs/<cell_id>`
-beside `<sweep>/results.csv`) also its escape against the survival curve of its condition's seeds (section
-"condition", `report._condition`). `from_model(model, source)` builds the sections that need no run folder for any
-model. Each figure is drawn once.
+by path patching, what its edges carry (interchange interventions, and the previous state probed along the residual
+stream: section "edges", `report._edges`), OV / QK circuits, direct logit attribution, activation patching by
+position, per-head scores against chance, attention patterns (circuitsvis, its JavaScript inlined once per file),
+ablations, the learned kernel against the true one, the canonical landscape (single-layer binary runs) and probe
+scores over training (runs with checkpoints, run through the package's fused forward); for a run of a sweep
+(`<sweep>/runs/<cell_id>` beside `<sweep>/results.csv`) also its escape against the survival curve of its
+condition's seeds (section "condition", `report._condition`). `from_model(model, source)` builds the sections that
+need no run folder for any model. Each figure is drawn once.
 
 The figure functions in `markov_interp.report.figures` return matplotlib figures (or a circuitsvis figure)
 from probe results, the canonical landscape and a run's escape against its condition, for use in notebooks (the

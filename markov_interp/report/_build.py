@@ -40,6 +40,7 @@ from markov_interp.report.circuits import (
     ov_qk_figure,
     position_patching_figure,
 )
+from markov_interp.report._edges import edges_section
 from markov_interp.report._formation import formation_section
 from markov_interp.report._html import Section, atomic_write_text, document, figure_svg, iframe, paragraph, table
 
@@ -613,6 +614,8 @@ SECTIONS = (
                  run=True),
     SectionMaker("mechanism", "Mechanism verdict: the evidence", lambda p: _mechanism_section(p.mech)),
     SectionMaker("circuit", "Circuit found by path patching", lambda p: circuit_section(p.mech)),
+    SectionMaker("edges", "What the edges carry", lambda p: edges_section(p.model, p.batch, p.mech, seed=p.seed,
+                                                                          cache=p.cache), cache=True),
     SectionMaker("weights", "OV and QK circuits", lambda p: _weights_section(p.model, p.mech)),
     SectionMaker("attribution", "Direct logit attribution", lambda p: _attribution_section(p.model, p.batch)),
     SectionMaker("patching", "Activation patching by position",

@@ -253,3 +253,19 @@ def _runs(escape_steps):
 def test_clamp_effect_reads_the_comparison(free, clamped, effect):
     assert factorial.clamp_effect(dynamics.compare(_runs(free), _runs(clamped))) == effect
     assert factorial.clamp_effect(None) == "—"
+
+
+@pytest.mark.parametrize("ratio, area, effect", [
+    ((0.58, 0.89), (-79.1, 43.0), "no clear effect"),  # the ratio alone says faster: the old either-rule's "speeds"
+    ((0.5, 4.4), (-119.0, -33.3), "no clear effect"),  # the area alone says faster
+    ((2.2, None), (10.0, 30.0), "slows"),  # an open upper end does not stop a lower end above 1
+    ((1.2, 2.0), (-50.0, -10.0), "mixed"),  # the two measures on opposite sides
+    ((0.3, 0.6), (-90.0, -20.0), "speeds"),
+    ((None, 0.9), None, "no clear effect"),  # no area interval: one measure alone names nothing
+])
+def test_clamp_effect_needs_both_measures_on_one_side(ratio, area, effect):
+    base = dynamics.compare(_runs((100, 110, 120, 130, 140, 150)), _runs((100, 110, 120, 130, 140, 150)))
+    half = dataclasses.replace(base.fractions[0.5], ratio_interval=ratio)
+    comparison = dataclasses.replace(base, fractions={**base.fractions, 0.5: half},
+                                     area=dataclasses.replace(base.area, interval=area))
+    assert factorial.clamp_effect(comparison) == effect

@@ -3,7 +3,7 @@
 Repository tooling, run from the checkout (it renders this repository's markdown; it is not part of the installed
 package): `python -m tools.findings [--check]` from the repository's root.
 
-The findings tables and number-bearing findings items of README.md, docs/findings*.md and
+The findings tables and number-bearing findings items of README.md, docs/findings*.md, docs/landscape.md and
 docs/reproduction/summary.md sit between markers
 
     <!-- rendered: NAME (source: PATH[, PATH ...]) -->
@@ -43,7 +43,7 @@ from tools.findings._engine import (BLOCKS, Block, FindingNoLongerHolds, Outcome
 __all__ = ["DOCS", "BLOCKS", "Block", "block", "blocks", "holds", "FindingNoLongerHolds", "regions", "render_text",
            "render_files", "render", "wrap", "Outcome", "default_root", "add_arguments", "run_command", "main"]
 
-DOCS = ("README.md", "docs/findings.md", "docs/findings-dynamics.md", "docs/findings-icl.md",
+DOCS = ("README.md", "docs/findings.md", "docs/findings-dynamics.md", "docs/findings-icl.md", "docs/landscape.md",
         "docs/reproduction/summary.md")
 
 

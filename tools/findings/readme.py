@@ -20,7 +20,8 @@ def readme_findings(gpu: Path, recipes: Path, interventions: Path, reduction: Pa
     effects = recipe_effects(recipes)
     check_one_head_slows_only_by_default(effects)
     two = [e for e in effects if e.heads == 2]
-    holds(bool(two) and all(e.effect == "speeds" for e in two), "with two layer-1 heads it speeds every recipe")
+    holds(bool(two) and all(e.effect != "slows" for e in two) and sum(e.effect == "speeds" for e in two) > len(two) / 2,
+          "with two layer-1 heads it slows no recipe and speeds most")
     one_layer = part(interventions, "attention-in-one-layer")
     vo, qk = arm(one_layer, "V/O frozen at init"), arm(one_layer, "Q/K frozen at init")
     holds(_ratio(vo, 0.5).ratio_interval[1] < 1, "V/O frozen shortens the plateau")
@@ -35,8 +36,9 @@ def readme_findings(gpu: Path, recipes: Path, interventions: Path, reduction: Pa
         f"plateau (median escape step {' → '.join(str(s.median().estimate) for s in depth)} for 1, 2, 4, 8 "
         "layers). The paper's \"most runs stuck\" is what fp16 autocast **without loss scaling** gives at a "
         f"400-step budget ({short16.n_censored}/{short16.n} censored); loss scaling or bf16 removes the delay.",
-        "- Clamping layer 0 to a perfect previous-token head: only the two-head speed-up holds across recipes, the "
-        f"one-head slowdown is one recipe's. Over {experiment(recipes).budget.steps} steps {heads_sentence(effects, 2)}"
+        "- Clamping layer 0 to a perfect previous-token head: no direction holds in every recipe; with two heads it "
+        f"slows none, and the one-head slowdown is one recipe's. Over {experiment(recipes).budget.steps} steps "
+        f"{heads_sentence(effects, 2)}"
         f"; {heads_sentence(effects, 1)} (16 seeds per arm, CPU; "
         "[findings-dynamics.md](docs/findings-dynamics.md)). In a one-layer "
         "model, training attention's value path (V/O), not its pattern, is what lengthens the plateau (V/O frozen "

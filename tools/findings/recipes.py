@@ -54,7 +54,7 @@ def recipe_effects(path: Path) -> list[RecipeEffect]:
     return [RecipeEffect(heads, recipe, *clamp_comparison(cell)) for _, heads, recipe, cell in factorial_cells(path)]
 
 
-def _counts(effects: list[RecipeEffect]) -> str:
+def count_effects(effects: list[RecipeEffect]) -> str:
     """E.g. "slows the descent in 1/8 recipes, speeds it in 5/8, no clear effect in 2/8"."""
     first = EFFECT_TEXT
     later = {"slows": "slows it", "speeds": "speeds it", "no clear effect": "no clear effect", "mixed": "mixed"}
@@ -74,9 +74,10 @@ def heads_sentence(effects: list[RecipeEffect], heads: int) -> str:
     mine = [e for e in effects if e.heads == heads]
     default = next(e for e in mine if e.key == DEFAULT)
     no_ln = [e for e in mine if e.recipe.norm == "none"]
-    text = (f"with {heads} layer-1 head{'s' if heads > 1 else ''} the clamp {_counts(mine)}; in the "
-            f"package's recipe it {default.effect} the descent ({default.at_half()} free's time to the 0.5 line)")
-    if no_ln and len({e.effect for e in no_ln}) == 1:
+    text = (f"with {heads} layer-1 head{'s' if heads > 1 else ''} the clamp {count_effects(mine)}; in the "
+            f"package's recipe it {EFFECT_TEXT[default.effect]} ({default.at_half()} free's time to the 0.5 line, "
+            f"area {default.comparison.area.text()})")
+    if no_ln and len({e.effect for e in no_ln}) == 1 and no_ln[0].effect in ("slows", "speeds"):
         text += f"; without LayerNorm it {no_ln[0].effect} it in all {len(no_ln)} ({_range(no_ln)})"
     return text
 
@@ -118,3 +119,19 @@ def clamp_recipes_findings(path: Path) -> str:
     check_one_head_slows_only_by_default(effects)
     sentences = [heads_sentence(effects, heads) for heads in sorted({e.heads for e in effects})]
     return "\n".join(f"- {s[0].upper()}{s[1:]}." for s in sentences)
+
+
+@block("clamp-recipes-modes", CLAMP_RECIPES)
+def clamp_recipes_modes(path: Path) -> str:
+    """The arms whose seeds split into two groups at the 0.5 line, every seed's crossing shown
+    (`factorial.split_arms`), and how many arms were tested."""
+    from markov_interp import dynamics
+    from markov_interp.experiments import factorial
+
+    done = experiment(path)
+    tested, rows = factorial.split_arms(done.budget, done.result.cells)
+    lines = ["| layer-1 heads | init | first state | norm | arm | 0.5-line crossings (per seed) | groups (steps) | "
+             "p (two modes) | median 0.5 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(row[1:])} |" for row in rows]
+    return "\n".join(lines + ["", f"{len(rows)} of {tested} arms split at p < {dynamics.MODES_ALPHA:g} (about "
+                                  f"{dynamics.MODES_ALPHA * tested:.1f} expected by chance alone were no arm split)."])

@@ -135,3 +135,29 @@ def reduction_findings(path: Path) -> str:
         f"- **Everything free**: SGD {where('free-sgd')}; Adam on the free network {where('free-adam')}; Adam on "
         f"(e, w, b) itself (`landscape.adam_descent`, lr {b.adam_lr:g}) {where('adam-ewb')}.",
     ])
+
+
+@block("landscape-reduction", REDUCTION)
+def landscape_reduction(path: Path) -> str:
+    """docs/landscape.md's account of the reduction experiment: where escapes split, how far the checkpoints are
+    from the flow, which released part moves the separatrix."""
+    finished = experiment(path)
+    r, b = finished.result, finished.budget
+    seps, moved = r.separatrices(), r.moved()
+    holds(on_predicted_side(finished), "every seed trained on the family ends on the flow's predicted side")
+    reduced = r.arm("reduced")
+    gap = max(max(run["flow_gap"]) for run in reduced.runs)
+
+    def where(arm: str) -> str:
+        found = seps[arm]
+        return "no crossing on this grid" if found is None else f"({found[0]:g}, {found[1]:g})"
+
+    released = [a for a in b.arms if a in PART_NAMES]
+    return (f"On the family the network's escapes split where the flow's do (reduced arm: separatrix "
+            f"{where('reduced')}, flow's {where('flow')}, exact {r.boundary:.4f}; p = {b.p:g}, q = {b.q:g}, "
+            f"e0 = {b.e0:g}, {b.steps} SGD steps, {b.seeds} seeds per w0), every checkpoint of its "
+            f"{len(reduced.runs)} runs within {gap:.2g} of the flow in each of e, w, b. Released one at a time: "
+            + "; ".join(f"{PART_NAMES[a]} {where(a)}" + (" (moved)" if a in moved else " (as the flow)")
+                        for a in released)
+            + f". Everything free: SGD {where('free-sgd')}, Adam {where('free-adam')}; Adam on (e, w, b) itself "
+            f"{where('adam-ewb')}.")
