@@ -196,6 +196,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override any budget field, e.g. --set seeds=4 (values as JSON or text; a list as "
                         "a,b,c); repeatable")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="no training: measure and classify again the runs of DIR/NAME/results.json from the "
+                        "weights kept beside it, at the file's budget, and rewrite its summary")
 
 
 def budget_for(experiment: Experiment, args: Optional[argparse.Namespace] = None) -> Budget:
@@ -240,10 +243,13 @@ def run_many(names: list[str], out_dir: "str | Path", *, command: str, args: Opt
     Returns:
         Each experiment's `Finished`."""
     plan = [(get(name), name) for name in names]
-    budgets = [budget_for(experiment, args) for experiment, _ in plan]
+    remeasure = bool(args is not None and getattr(args, "remeasure", False))
+    budgets = [load(Path(out_dir) / name, name).budget if remeasure else budget_for(experiment, args)
+               for experiment, name in plan]
     done = []
     for (experiment, name), budget in zip(plan, budgets):
-        finished = run(experiment, Path(out_dir) / name, budget=budget, command=command, progress=progress)
+        finished = run(experiment, Path(out_dir) / name, budget=budget, command=command, progress=progress,
+                       remeasure=remeasure)
         print(f"{name} ({budget.name}): {finished.provenance.seconds / 60:.1f} min, {finished.failed} failed -> "
               f"{Path(out_dir) / name / SUMMARY_FILE}", file=sys.stderr)
         done.append(finished)

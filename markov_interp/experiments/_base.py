@@ -335,6 +335,9 @@ class Experiment:
     # read(budget, results.json's "result") -> the typed result with every statistic recomputed from the per-run
     # rows by the current code, no training (`experiments.load`); None: the experiment cannot be read back
     read: Optional[Callable[[Budget, Mapping[str, Any]], Summary]] = None
+    # remeasure(budget, out_dir, progress=...) -> the typed result measured again, no training, from the final
+    # weights kept beside out_dir's results.json (`_weights`); None: the experiment keeps no weights
+    remeasure: Optional[Callable[..., Summary]] = None
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() and not c.isupper() or c == "-" for c in self.name):
@@ -374,7 +377,7 @@ class Finished:
 
 
 def run(experiment: Experiment, out_dir: "str | os.PathLike", *, budget: Optional[Budget] = None,
-        command: Optional[str] = None, progress: bool = False, **options: Any) -> Finished:
+        command: Optional[str] = None, progress: bool = False, remeasure: bool = False, **options: Any) -> Finished:
     """Run `experiment` into `out_dir` (its run folders and its summary), timed, and write its summary.
 
     Args:
@@ -383,6 +386,8 @@ def run(experiment: Experiment, out_dir: "str | os.PathLike", *, budget: Optiona
         budget: default its "full" budget.
         command: the command line named in the header (default a `python -m markov_interp.experiments` line).
         progress: progress bars while training.
+        remeasure: measure and classify again from the weights kept beside out_dir's results.json, with no
+            training (`Experiment.remeasure`; give the file's budget), and write the summary anew.
         options: passed on to the experiment's run function, for the options of its own (the reproduction's
             sweep folder, backend, workers and group: `markov-interp reproduce`).
 
@@ -390,8 +395,13 @@ def run(experiment: Experiment, out_dir: "str | os.PathLike", *, budget: Optiona
         The result, budget, provenance and files (`Finished`).
     """
     budget = budget if budget is not None else experiment.budget("full")
+    if remeasure and experiment.remeasure is None:
+        raise ValueError(f"experiment {experiment.name!r} keeps no weights: it cannot be measured again (--remeasure)")
     start = time.perf_counter()
-    result = experiment.run(budget, Path(out_dir), progress=progress, **options)
+    if remeasure:
+        result = experiment.remeasure(budget, Path(out_dir), progress=progress)
+    else:
+        result = experiment.run(budget, Path(out_dir), progress=progress, **options)
     seconds = time.perf_counter() - start
     command = command or (f"python -m markov_interp.experiments --only {experiment.name}"
                           + ("" if budget.name == "full" else f" --budget {budget.name}"))

@@ -43,7 +43,6 @@ results.json, cells.csv, summary.md (with the table set beside each paper's clai
 """
 
 import dataclasses
-import functools
 import math
 import statistics
 from collections import Counter
@@ -53,7 +52,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from markov_interp import dynamics
-from markov_interp.experiments import Budget, Experiment, Section, Table, _formation, _shared, register
+from markov_interp.experiments import Budget, Experiment, Section, Table, _formation, _shared, _weights, register
+from markov_interp.experiments._phases_claims import NOT_TESTED, _fmt_p, claims, claims_table, shape_label
 from markov_interp.probes.classify import Thresholds
 from markov_interp.sweep import SweepSpec
 
@@ -142,13 +142,6 @@ STANDARD = PhaseBudget(
 TINY = PhaseBudget(name="tiny", seeds=2, orders=(1, 2), shapes=((1,), (2, 1)), steps=6, seq_len=16,
                    batch_size=4, eval_every=3, eval_batches=1, probe_sequences=8, families=("layernorm",),
                    classified=1, formation_seeds=1, formation_checkpoints=3, cuts="a smoke test of the code path; its numbers show nothing")
-
-
-def shape_label(heads: tuple) -> str:
-    """"L2 (2,1)": depth and heads per layer; one count for all layers reads "L2 x1"."""
-    if len(set(heads)) == 1:
-        return f"L{len(heads)} x{heads[0]}"
-    return f"L{len(heads)} ({','.join(map(str, heads))})"
 
 
 def _spec(budget: PhaseBudget, family: str, depth: int, *, formation: bool = False) -> Optional[SweepSpec]:
@@ -290,6 +283,7 @@ class RunRecord:
     measure: Optional[dict]
     dynamics: Optional[dynamics.RunDynamics]  # None also when read back from results.json (it keeps no curves)
     crossings: Optional[dict] = None  # read back: the crossings as results.json keeps them (`crossings_to_json`)
+    vocab: int = 2  # the chain's states (the alphabet axis)
 
     @property
     def escape(self) -> Optional[dynamics.StepInterval]:
@@ -314,9 +308,9 @@ def _probe_batches(budget: PhaseBudget) -> dict[int, Any]:
 
 
 def _measure_key(budget: PhaseBudget) -> str:
-    # the version names the measure's code: 3 = the classifier with a circuit and a law axis, so labels cached by
-    # an older classifier are measured again rather than reused
-    return (f"phases-3:{budget.probe_sequences}x{budget.seq_len}:seed{_PROBE_SEED}:reach{REACH}:"
+    # the version names the measure's code: 4 = the classifier's roles by edge content, so labels cached by an
+    # older classifier are measured again rather than reused
+    return (f"phases-4:{budget.probe_sequences}x{budget.seq_len}:seed{_PROBE_SEED}:reach{REACH}:"
             f"head{HEAD_EXCESS}")
 
 
@@ -332,22 +326,30 @@ def measure_rows(rows: list, work: Path, budget: PhaseBudget, *, progress: bool 
     for row in tqdm(rows, disable=not progress, desc="measure", unit="run"):
         cfg = row.config
         where = dict(family=_family(cfg.model.normalization), heads=tuple(cfg.model.heads_per_layer),
-                     order=cfg.source.order, seed=cfg.train.seed, status=row.status)
+                     order=cfg.source.order, seed=cfg.train.seed, status=row.status, vocab=cfg.source.vocab)
         if row.status != "ok":
             records.append(RunRecord(**where, measure=None, dynamics=None))
             continue
         folder = work / row.run_dir
-
-        classify = cfg.train.seed < budget.classified
-
-        def measure() -> dict:
-            model = runs.load_model(folder, device="cpu")
-            return measure_model(model, batches[cfg.source.order], cfg.source.build(), classify=classify)
-
-        value = _shared.cached_measure(work, row.cell_id, _measure_key(budget) + f":classify{classify}", measure)
+        value = _measure_folder(folder, batches, budget, work, row.cell_id)
         curves = dynamics.from_metrics(runs.load_metrics(folder))
         records.append(RunRecord(**where, measure=value, dynamics=curves))
     return records
+
+
+def _measure_folder(folder: Path, batches: dict, budget: PhaseBudget, work: Path, cell_id: str) -> dict:
+    """`measure_model` of the final weights in `folder` (a run folder, or a folder of kept weights: its
+    config.json and model.safetensors) on its order's probe batch, cached in work/measures under `cell_id`."""
+    from markov_interp import runs
+
+    cfg = runs.read_config(folder)
+    classify = cfg.train.seed < budget.classified
+
+    def measure() -> dict:
+        model = runs.load_model(folder, device="cpu")
+        return measure_model(model, batches[cfg.source.order], cfg.source.build(), classify=classify)
+
+    return _shared.cached_measure(work, cell_id, _measure_key(budget) + f":classify{classify}", measure)
 
 
 def _escape_json(escapes: list[dynamics.StepInterval]) -> dict:
@@ -385,12 +387,12 @@ def _classified_json(measures: list[dict]) -> dict:
 
 
 def _cell_json(key: tuple, records: list[RunRecord]) -> dict:
-    family, heads, order = key
+    family, vocab, heads, order = key
     done = [r for r in records if r.measure is not None]
     measures = [r.measure for r in done]
     reached = [m["reached"] for m in measures]
     n = len(done)
-    cell = {"family": family, "heads": list(heads), "label": shape_label(heads), "order": order,
+    cell = {"family": family, "vocab": vocab, "heads": list(heads), "label": shape_label(heads), "order": order,
             "n": n, "not_ok": dict(Counter(r.status for r in records if r.status != "ok")),
             "reached": {str(j): _shared.proportion(sum(x >= j for x in reached), n) for j in range(-1, order + 1)},
             "order_reached": dict(sorted(Counter(reached).items())),
@@ -411,121 +413,8 @@ def cell_summaries(records: list[RunRecord]) -> list[dict]:
     with its 95% interval, censored fraction) and the circuit counts."""
     cells: dict[tuple, list[RunRecord]] = {}
     for r in records:
-        cells.setdefault((r.family, r.heads, r.order), []).append(r)
+        cells.setdefault((r.family, r.vocab, r.heads, r.order), []).append(r)
     return [_cell_json(key, rs) for key, rs in cells.items()]
-
-
-# ------------------------------------------------------------------------------------------------ claims
-def _find(cells: list[dict], family: str, heads: tuple, order: int) -> Optional[dict]:
-    return next((c for c in cells if c["family"] == family and tuple(c["heads"]) == heads and c["order"] == order),
-                None)
-
-
-def _majority(p: Optional[dict]) -> str:
-    """Whether most seeds do it: 'yes' (Wilson interval above 1/2), 'no' (below), 'mixed'."""
-    if not p or p["n"] == 0:
-        return "not run"
-    lo, hi = p["interval"]
-    return "yes" if lo > 0.5 else "no" if hi < 0.5 else "mixed"
-
-
-def _fmt_p(p: Optional[dict]) -> str:
-    if not p or not p["n"]:
-        return "not run"
-    lo, hi = p["interval"]
-    return f"{p['k']}/{p['n']} [{lo:.2f}, {hi:.2f}]"
-
-
-def _compare(a: Optional[dict], b: Optional[dict]) -> str:
-    """'ahead' when proportion a's Wilson interval lies above b's, 'behind' when below, else 'not resolved'."""
-    if not a or not b or not a["n"] or not b["n"]:
-        return "not run"
-    if a["interval"][0] > b["interval"][1]:
-        return "ahead"
-    return "behind" if a["interval"][1] < b["interval"][0] else "not resolved"
-
-
-# (paper, claim, kind, cells): a cell is (family, heads(k), orders). Kinds: "learn" (the paper trained it: does
-# most of the grid's seeds reach the order-k law?), "represent" (a construction; training need not find it),
-# "learn-not" (the paper says it does not), "versus" (the first cell against the second at each order).
-_CLAIMS = (
-    ("Rajaraman et al. 2024", "trained long enough, a fixed depth with one head per layer reaches the order-k law "
-     "as k grows", "learn", [("layernorm", lambda k: (1, 1), (2, 3)), ("layernorm", lambda k: (1, 1, 1), (2, 3))]),
-    ("Rajaraman et al. 2024", "three layers with one head each and LayerNorm represent the order-k law for any k",
-     "represent", [("layernorm", lambda k: (1, 1, 1), (1, 2, 3))]),
-    ("Rajaraman et al. 2024", "LayerNorm is what lets constant depth suffice: attention-only models need more "
-     "layers or heads as k grows (LayerNorm cell against the attention-only cell of the same shape)", "versus",
-     [("layernorm", lambda k: (1, 1), (1, 2, 3)), ("attention-only", lambda k: (1, 1), (1, 2, 3))]),
-    ("Ekbote et al. 2025", "two layers with one head each represent the order-k law", "represent",
-     [("layernorm", lambda k: (1, 1), (1, 2, 3)), ("attention-only", lambda k: (1, 1), (1, 2, 3))]),
-    ("Nichani et al. 2024", "one layer-0 head per parent (lag) feeding an induction head: k heads in layer 0 "
-     "against one", "versus", [("layernorm", lambda k: (k, 1), (2, 3)), ("layernorm", lambda k: (1, 1), (2, 3))]),
-    ("Edelman et al. 2024", "one layer cannot form an induction head: depth 1 does not reach the bigram law",
-     "learn-not", [("layernorm", lambda k: (1,), (1,)), ("layernorm", lambda k: (3,), (1,))]),
-    ("Edelman et al. 2024", "two layers learn the in-context bigram law with an induction head", "learn",
-     [("layernorm", lambda k: (1, 1), (1,)), ("attention-only", lambda k: (1, 1), (1,))]),
-)
-# verdicts: "holds", "fails" (at this budget: a claim about what training reaches), "not resolved" (the Wilson
-# interval straddles 1/2, or two cells' intervals overlap) and "not tested" (a cell the budget does not run)
-_LEARN = {"yes": "holds", "no": "fails at this budget", "mixed": "not resolved (mixed)"}
-_LEARN_NOT = {"no": "holds", "yes": "fails", "mixed": "not resolved (mixed)"}
-_REPRESENT = {"yes": "holds (training finds it)", "mixed": "not resolved (mixed)",
-              "no": "not shown: training does not find it at this budget (a construction need not be found)"}
-_VERSUS = {"ahead": "holds", "behind": "fails", "not resolved": "not resolved"}
-NOT_TESTED = "not tested at this budget"
-
-
-def _claim_row(paper: str, claim: str, cell: Optional[dict], family: str, heads: tuple, k: int,
-               verdict: str) -> dict:
-    circuit = cell["circuit"] if cell else None
-    return {"paper": paper, "claim": claim, "family": family, "shape": shape_label(heads), "order": k,
-            "reached": cell["reached"][str(k)] if cell else None,
-            "full_circuit": circuit["full"] if circuit else None, "verdict": verdict}
-
-
-def _verdict(kind: str, found: list, i: int, k: int) -> str:
-    """The verdict of claim `kind` for cell i of `found` ((family, heads, cell) per cell of the claim)."""
-    return _VERDICTS[kind](found, i, k)
-
-
-def _versus_verdict(found: list, i: int, k: int) -> str:
-    """A claim comparing two cells: the first against the second (which is "the comparison")."""
-    cell = found[i][2]
-    other = found[1 - i] if len(found) == 2 else None
-    if cell is None or other is None or other[2] is None:
-        return NOT_TESTED
-    if i == 1:
-        return "(the comparison)"
-    compared = _compare(cell["reached"][str(k)], other[2]["reached"][str(k)])
-    return f"{_VERSUS[compared]} ({compared} of {other[0]} {shape_label(other[1])})"
-
-
-def _majority_verdict(words: dict[str, str], found: list, i: int, k: int) -> str:
-    """A claim about one cell: its seeds' majority (reached the order-k law or not) in the claim's words."""
-    cell = found[i][2]
-    if cell is None:
-        return NOT_TESTED
-    majority = _majority(cell["reached"][str(k)])
-    return words.get(majority, majority)
-
-
-_VERDICTS = {"versus": _versus_verdict, "learn": functools.partial(_majority_verdict, _LEARN),
-             "learn-not": functools.partial(_majority_verdict, _LEARN_NOT),
-             "represent": functools.partial(_majority_verdict, _REPRESENT)}
-
-
-def claims(cells: list[dict]) -> list[dict]:
-    """One row per cited claim, order and cell bearing on it: the fraction of seeds reaching the order-k law
-    (Wilson 95%), the fraction with a full circuit, and the verdict at this budget: "holds", "fails" ("at this
-    budget" for what training reaches), "not resolved" (the interval straddles 1/2; for a comparison, the two
-    cells' Wilson intervals overlap) or "not tested at this budget" (a cell the budget does not run)."""
-    rows = []
-    for paper, claim, kind, spec in _CLAIMS:
-        for k in sorted({k for _, _, ks in spec for k in ks}):
-            found = [(family, heads(k), _find(cells, family, heads(k), k)) for family, heads, ks in spec if k in ks]
-            for i, (family, heads, cell) in enumerate(found):
-                rows.append(_claim_row(paper, claim, cell, family, heads, k, _verdict(kind, found, i, k)))
-    return rows
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -541,7 +430,7 @@ def _fmt_labels(classified: Optional[dict]) -> str:
 def cells_table(cells: list[dict]) -> Table:
     """Every cell: seeds reaching orders 0, 1 and k (Wilson 95%), the median order reached, g_k (bootstrap 95%),
     the escape, the full attention circuit and the classifier's labels."""
-    columns = ("family", "shape", "order k", "seeds", "reach order 0", "reach order 1", "reach order k",
+    columns = ("family", "states", "shape", "order k", "seeds", "reach order 0", "reach order 1", "reach order k",
                "median order reached", "g_k mean [95% CI]", "escape: median crossing of 0.5", "censored",
                "full circuit (attention)", "classifier (seeds)")
     rows = []
@@ -550,21 +439,13 @@ def cells_table(cells: list[dict]) -> Table:
         g = c["gains"][str(k)]
         circuit = c["circuit"] or {}
         median = c["median_order"]
-        rows.append((c["family"], c["label"], str(k), str(c["n"]), _fmt_p(c["reached"]["0"]),
+        rows.append((c["family"], str(c.get("vocab", 2)), c["label"], str(k), str(c["n"]), _fmt_p(c["reached"]["0"]),
                      _fmt_p(c["reached"]["1"]), _fmt_p(c["reached"][str(k)]),
                      "—" if median is None else f"{median} ({_ORDER_NAMES[median]})",
                      f"{g['mean']:.2f} [{g['interval'][0]:.2f}, {g['interval'][1]:.2f}]", c["escape"]["describe"],
                      _fmt_p(c["escape"]["censored"]), _fmt_p(circuit.get("full")),
                      _fmt_labels(circuit.get("classified"))))
     return Table(columns, rows)
-
-
-def claims_table(rows: list[dict]) -> Table:
-    """One row per cited claim and cell (`claims`)."""
-    return Table(("paper", "claim", "cell", "order k", "seeds reaching order k [95% CI]", "full circuit",
-                  "at this budget"),
-                 [(r["paper"], r["claim"], f"{r['family']} {r['shape']}", str(r["order"]), _fmt_p(r["reached"]),
-                   _fmt_p(r["full_circuit"]), r["verdict"]) for r in rows])
 
 
 def _number(value: Any) -> str:
@@ -574,13 +455,13 @@ def _number(value: Any) -> str:
 def cells_csv(cells: list[dict]) -> Table:
     """cells.csv: one row per cell, numbers only (fractions, interval ends, gain means)."""
     orders = range(-1, max((c["order"] for c in cells), default=1) + 1)
-    columns = ["family", "shape", "order", "n", "median_order"] + [f"reached_{j}{e}" for j in orders
+    columns = ["family", "vocab", "shape", "order", "n", "median_order"] + [f"reached_{j}{e}" for j in orders
                                                                   for e in ("", "_lo", "_hi")]
     columns += [f"g{j}_mean" for j in orders if j >= 0] + ["escape_median", "censored", "full_circuit",
                                                            "classified", "classified_induction"]
     rows = []
     for c in cells:
-        row = {"family": c["family"], "shape": c["label"], "order": str(c["order"]), "n": str(c["n"]),
+        row = {"family": c["family"], "vocab": str(c.get("vocab", 2)), "shape": c["label"], "order": str(c["order"]), "n": str(c["n"]),
                "median_order": _number(c["median_order"]), "escape_median": _number(c["escape"]["median"]),
                "censored": _number(c["escape"]["censored"]["fraction"])}
         circuit = c["circuit"] or {}
@@ -691,7 +572,8 @@ class PhaseResult(_shared.GridResult):
         return {"cells.csv": cells_csv(self.cells)}
 
     def to_json(self) -> dict:
-        runs = [{"family": r.family, "heads": list(r.heads), "order": r.order, "seed": r.seed, "status": r.status,
+        runs = [{"family": r.family, "vocab": r.vocab, "heads": list(r.heads), "order": r.order, "seed": r.seed,
+                 "status": r.status,
                  **(r.measure or {}), "crossings": _crossings_json(r)} for r in self.records]
         return {"cells": self.cells, "claims": self.claims, "runs": runs,
                 "formation": [r.to_json() for r in self.formation]}
@@ -701,23 +583,25 @@ def _crossings_json(r: RunRecord) -> Optional[dict]:
     return r.dynamics.to_json() if r.dynamics is not None else r.crossings
 
 
-_RUN_KEYS = ("family", "heads", "order", "seed", "status", "crossings")
+_RUN_KEYS = ("family", "vocab", "heads", "order", "seed", "status", "crossings")
 
 
-def _record_from_json(run: dict) -> RunRecord:
+def _record_from_json(run: dict, vocab: int) -> RunRecord:
     """One run of results.json as a `RunRecord`: its measures, the order reached recomputed from its gains by the
-    current `REACH`, its crossings (no curve: results.json keeps none)."""
+    current `REACH`, its crossings (no curve: results.json keeps none); `vocab` for a file that does not name its
+    runs' alphabet (its budget's)."""
     measure = {k: v for k, v in run.items() if k not in _RUN_KEYS} if run["status"] == "ok" else None
     if measure is not None:
         measure["reached"] = order_reached({int(j): g for j, g in measure["gains"].items()})
     return RunRecord(family=run["family"], heads=tuple(run["heads"]), order=int(run["order"]), seed=int(run["seed"]),
-                     status=run["status"], measure=measure, dynamics=None, crossings=run.get("crossings"))
+                     status=run["status"], measure=measure, dynamics=None, crossings=run.get("crossings"),
+                     vocab=int(run.get("vocab", vocab)))
 
 
 def read(budget: PhaseBudget, result: dict) -> PhaseResult:
     """results.json's "result" read back (`experiments.load`): the runs' measures and crossings as records, every
     cell summary and claim recomputed by the current code (no figure of the excess curves: the file keeps none)."""
-    records = [_record_from_json(run) for run in result["runs"]]
+    records = [_record_from_json(run, budget.vocab) for run in result["runs"]]
     cells = cell_summaries(records)
     return PhaseResult(budget=budget, records=tuple(records), cells=cells, claims=claims(cells),
                        n_failed=sum(r.status not in ("ok", "diverged") for r in records),
@@ -740,10 +624,57 @@ def run(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResul
     result = _shared.train_grid(phase_specs(budget), work, workers=budget.workers, group=budget.stack_size,
                                 progress=progress)
     records = measure_rows(result.rows, work, budget, progress=progress)
+    for row, record in zip(result.rows, records):  # the final weights beside results.json: `remeasure` reads them
+        if record.measure is not None:
+            _weights.keep(work / row.run_dir, Path(out), weights_name(record))
     cells = cell_summaries(records)
     formation = formation_rows(budget, work, progress=progress)
     return PhaseResult(budget=budget, records=tuple(records), cells=cells, claims=claims(cells),
                        n_failed=result.n_failed, formation=tuple(formation))
+
+
+def weights_name(record: RunRecord) -> str:
+    """The folder of a run's kept weights under out/weights: family, states, heads per layer, order and seed.
+
+    >>> weights_name(RunRecord("layernorm", (2, 1), 1, 3, "ok", None, None, vocab=2))
+    'layernorm-v2-h2-1-k1-s3'
+    """
+    return f"{record.family}-v{record.vocab}-h{'-'.join(map(str, record.heads))}-k{record.order}-s{record.seed}"
+
+
+def remeasure(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResult:
+    """Measure and classify again, with no training, every finished run of the results.json in `out` from the
+    weights kept beside it (out/weights, `weights_name`), by the current probes and classifier; the crossings
+    (training curves) and the formation runs' circuits are the file's (their curves and checkpoints are not kept).
+
+    Args:
+        budget: the file's budget (`experiments.load(out).budget`).
+        out: the experiment's folder: results.json and weights/ (measures cached in out/runs/measures).
+        progress: a tqdm bar.
+
+    Returns:
+        A `PhaseResult` of the same runs.
+    """
+    import json
+
+    from tqdm.auto import tqdm
+
+    from markov_interp.experiments import RESULTS_FILE
+
+    out = Path(out)
+    old = json.loads((out / RESULTS_FILE).read_text())["result"]
+    batches, records = _probe_batches(budget), []
+    for run_json in tqdm(old["runs"], disable=not progress, desc="remeasure", unit="run"):
+        record = _record_from_json(run_json, budget.vocab)
+        if record.measure is not None:
+            name = weights_name(record)
+            measure = _measure_folder(_weights.kept(out, name), batches, budget, out / "runs", name)
+            record = dataclasses.replace(record, measure=measure)
+        records.append(record)
+    cells = cell_summaries(records)
+    return PhaseResult(budget=budget, records=tuple(records), cells=cells, claims=claims(cells),
+                       n_failed=sum(r.status not in ("ok", "diverged") for r in records),
+                       formation=tuple(_formation.FormationRecord.from_json(f) for f in old.get("formation", ())))
 
 
 def formation_rows(budget: PhaseBudget, work: Path, *, progress: bool = False) -> list[_formation.FormationRecord]:
@@ -771,5 +702,5 @@ def formation_rows(budget: PhaseBudget, work: Path, *, progress: bool = False) -
 
 EXPERIMENT = register(Experiment(name="phases", title="Order x depth x heads phase diagram",
                                  budgets={"quick": QUICK, "standard": STANDARD, "full": FULL, "gpu": GPU,
-                                          "tiny": TINY}, run=run, read=read,
+                                          "tiny": TINY}, run=run, read=read, remeasure=remeasure,
                                  precision="fp32"))
