@@ -62,10 +62,10 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
     from markov_interp.models import HookedModel
     from markov_interp.probes import ProbeBatch
 
-__all__ = ["PhaseBudget", "QUICK", "STANDARD", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES",
+__all__ = ["PhaseBudget", "QUICK", "STANDARD", "STANDARD3", "CONVERGED", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES",
            "EXPERIMENT", "shape_label", "phase_specs", "formation_specs", "formation_rows", "order_reached",
            "circuit_summary", "measure_model", "cell_summaries", "claims", "NOT_TESTED", "cells_table",
-           "claims_table", "cells_csv", "PhaseResult", "run", "read"]
+           "claims_table", "cells_csv", "PhaseResult", "run", "read", "remeasure", "weights_name", "alphabets"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
 HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
@@ -139,6 +139,19 @@ STANDARD = PhaseBudget(
          "an extra layer-0 head, the LayerNorm family only, 8 seeds per cell (full: 64), 3000 steps, every seed "
          "classified on 512 probe sequences, one training process (a 2-core CPU); seed 0 of every cell trained again "
          "with 24 checkpoints for its circuit over training")
+STANDARD3 = PhaseBudget(
+    name="standard3", seeds=8, steps=3000, orders=(1, 2), vocab=3, shapes=((1,), (1, 1), (2, 1), (2, 2), (1, 1, 1)),
+    families=("layernorm",), probe_sequences=512, classified=8, workers=1,
+    cuts="the standard recipe on three states, where no switch-counting shortcut exists (a binary chain's "
+         "transition counts follow from its switch counts): orders 1 and 2, five shapes to depth 3 (one layer; two "
+         "layers with one head, two heads in layer 0, two heads each; three layers with one head), the LayerNorm "
+         "family only, 8 seeds per cell, 3000 steps, every seed classified on 512 probe sequences, no formation runs")
+CONVERGED = PhaseBudget(
+    name="converged", seeds=8, steps=10_000, orders=(1, 2), shapes=((1, 1), (2, 2), (1, 1, 1)), families=("layernorm",),
+    probe_sequences=512, classified=8, workers=1,
+    cuts="the standard recipe trained 10,000 steps (standard: 3000) on the shapes whose seeds sit between laws at "
+         "3000 steps (two layers with one and two heads, three layers with one head), orders 1 and 2, 8 seeds, no "
+         "formation runs; one depth per sweep, so a rerun resumes at the first unfinished depth")
 TINY = PhaseBudget(name="tiny", seeds=2, orders=(1, 2), shapes=((1,), (2, 1)), steps=6, seq_len=16,
                    batch_size=4, eval_every=3, eval_batches=1, probe_sequences=8, families=("layernorm",),
                    classified=1, formation_seeds=1, formation_checkpoints=3, cuts="a smoke test of the code path; its numbers show nothing")
@@ -608,6 +621,15 @@ def read(budget: PhaseBudget, result: dict) -> PhaseResult:
                        formation=tuple(_formation.FormationRecord.from_json(f) for f in result.get("formation", ())))
 
 
+def alphabets(results: list[PhaseResult]) -> tuple[list[dict], list[dict]]:
+    """The phase diagrams of several alphabets (one `PhaseResult` per number of states, e.g. the standard and
+    standard3 budgets) as one: (cells, claims) over the union of their runs, each cell and claim row at its own
+    number of states, so a claim about induction heads is read where binary chains' switch-counting shortcut does
+    not exist."""
+    cells = cell_summaries([r for result in results for r in result.records])
+    return cells, claims(cells)
+
+
 def run(budget: PhaseBudget, out: Path, *, progress: bool = False) -> PhaseResult:
     """Train the grid of `budget` into out/runs (restartable: finished runs and measures are reused), measure
     every run and summarise every cell.
@@ -701,6 +723,7 @@ def formation_rows(budget: PhaseBudget, work: Path, *, progress: bool = False) -
 
 
 EXPERIMENT = register(Experiment(name="phases", title="Order x depth x heads phase diagram",
-                                 budgets={"quick": QUICK, "standard": STANDARD, "full": FULL, "gpu": GPU,
-                                          "tiny": TINY}, run=run, read=read, remeasure=remeasure,
+                                 budgets={"quick": QUICK, "standard": STANDARD, "standard3": STANDARD3,
+                                          "converged": CONVERGED,
+                                          "full": FULL, "gpu": GPU, "tiny": TINY}, run=run, read=read, remeasure=remeasure,
                                  precision="fp32"))

@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -296,3 +297,25 @@ def test_tiny_budget_end_to_end_through_the_registry(tmp_path, name):
     back = experiments.load(tmp_path)
     assert back.name == name and back.budget == experiment.budget("tiny", workers=1)
     assert json.dumps(back.result.to_json(), sort_keys=True) == json.dumps(data["result"], sort_keys=True)
+    if name == "phases":  # the final weights kept beside results.json measure every run again, no training
+        kept = sorted(p.name for p in (tmp_path / "weights").iterdir())
+        assert kept == sorted(phases.weights_name(r) for r in back.result.records)
+        shutil.rmtree(tmp_path / "runs")  # nothing of the training is left but the kept weights
+        again = experiments.run(experiment, tmp_path, budget=back.budget, remeasure=True)
+        assert json.loads((tmp_path / "results.json").read_text())["result"]["runs"] == data["result"]["runs"]
+
+
+@pytest.mark.slow
+def test_three_state_diagram_end_to_end_and_beside_the_binary_one(tmp_path):
+    experiment = experiments.get("phases")
+    budgets = {v: experiment.budget("tiny", workers=1, vocab=v, orders=(1,), shapes=((1, 1),), formation_seeds=0)
+               for v in (2, 3)}
+    done = {v: experiments.run(experiment, tmp_path / f"v{v}", budget=b) for v, b in budgets.items()}
+    runs3 = json.loads((tmp_path / "v3" / "results.json").read_text())["result"]["runs"]
+    assert {r["vocab"] for r in runs3} == {3} and all(r["status"] == "ok" for r in runs3)
+    config = json.loads((tmp_path / "v3" / "weights" / "layernorm-v3-h1-1-k1-s0" / "config.json").read_text())
+    assert config["source"]["vocab"] == config["model"]["d_vocab"] == 3
+    cells, rows = phases.alphabets([done[2].result, done[3].result])
+    assert [(c["vocab"], c["label"]) for c in cells] == [(2, "L2 x1"), (3, "L2 x1")]
+    edelman = [r for r in rows if r["claim"].endswith("with an induction head") and r["family"] == "layernorm"]
+    assert sorted(r["vocab"] for r in edelman) == [2, 3] and all(r["reached"]["n"] == 2 for r in edelman)
