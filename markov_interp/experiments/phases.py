@@ -44,6 +44,7 @@ results.json, cells.csv, summary.md (with the table set beside each paper's clai
 
 import dataclasses
 import math
+import re
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -65,7 +66,8 @@ if TYPE_CHECKING:  # for annotations only: probes and models load TransformerLen
 __all__ = ["PhaseBudget", "QUICK", "STANDARD", "STANDARD3", "CONVERGED", "FULL", "GPU", "TINY", "REACH", "HEAD_EXCESS", "FAMILIES",
            "EXPERIMENT", "shape_label", "phase_specs", "formation_specs", "formation_rows", "order_reached",
            "circuit_summary", "measure_model", "cell_summaries", "claims", "NOT_TESTED", "cells_table",
-           "claims_table", "cells_csv", "PhaseResult", "run", "read", "remeasure", "weights_name", "alphabets"]
+           "claims_table", "cells_csv", "PhaseResult", "run", "read", "remeasure", "weights_name", "alphabets",
+           "run_label", "label_changes", "unnamed_at_law"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
 HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
@@ -489,6 +491,57 @@ def cells_csv(cells: list[dict]) -> Table:
             row[f"g{j}_mean"] = _number(g["mean"])
         rows.append([row.get(col, "") for col in columns])
     return Table(columns, rows)
+
+
+def run_label(classified: Optional[dict]) -> str:
+    """A run's label as the cells count it: "induction 1", "switch_counting 1", "other"; "—" unclassified."""
+    if not classified:
+        return "—"
+    return classified["mechanism"] + (f" {classified['order']}" if classified["order"] is not None else "")
+
+
+def _why(reason: str) -> str:
+    """The classifier's reason without its label and particulars: the text after "LABEL: ", up to the first ";"
+    or ":" (the heads and numbers that follow differ from seed to seed)."""
+    text = reason.split(": ", 1)[1] if ": " in reason else reason
+    return re.sub(r"\s*\(.*?\)$", "", re.split(r"[;:]", text)[0]).strip()
+
+
+def _run_key(run: dict) -> tuple:
+    return run["family"], run.get("vocab", 2), tuple(run["heads"]), run["order"], run["seed"]
+
+
+def label_changes(before: list[dict], after: list[dict]) -> Table:
+    """How the classified runs' labels moved between two measurements of the same runs (results.json "runs"
+    rows, e.g. before and after `remeasure`): one row per (before, after, the new reason), with its count.
+
+    Args:
+        before: the runs as first labelled.
+        after: the same runs labelled again.
+
+    Returns:
+        A table of label changes, most common first; runs whose label held are one row per label ("unchanged").
+    """
+    old = {_run_key(r): r for r in before}
+    counts: Counter = Counter()
+    for run in after:
+        if not run.get("classified"):
+            continue
+        was, now = run_label((old.get(_run_key(run)) or {}).get("classified")), run_label(run["classified"])
+        counts[(was, now, _why(run["classified"]["reason"]) if was != now else "unchanged")] += 1
+    return Table(("before", "after", "seeds", "why (the new verdict's reason)"),
+                 [(was, now, str(n), why) for (was, now, why), n in counts.most_common()])
+
+
+def unnamed_at_law(after: list[dict]) -> Table:
+    """The seeds with two or more layers that reach their order's law (g_k >= 0.75, as the phase diagram's issue
+    counts them) and are still labelled `other`, by cell and reason."""
+    counts: Counter = Counter()
+    for run in after:
+        c, gain = run.get("classified"), (run.get("gains") or {}).get(str(run["order"]))
+        if c and c["mechanism"] == "other" and len(run["heads"]) >= 2 and gain is not None and gain >= 0.75:
+            counts[(f"{shape_label(tuple(run['heads']))} order {run['order']}", _why(c["reason"]))] += 1
+    return Table(("cell", "seeds", "why"), [(cell, str(n), why) for (cell, why), n in sorted(counts.items())])
 
 
 def curve_panels(records: list[RunRecord]) -> dict[str, dict[str, dynamics.MedianCurve]]:

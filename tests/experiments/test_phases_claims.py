@@ -1,5 +1,6 @@
 """The phase diagram's claims (`experiments._phases_claims`): "with an induction head" needs the circuit, not the
-law alone, and every alphabet (number of states) the cells hold gets its own rows; kept weights (`_weights`)."""
+law alone, and every alphabet (number of states) the cells hold gets its own rows; kept weights (`_weights`); the
+label changes between two measurements of the same runs."""
 
 import dataclasses
 
@@ -84,3 +85,25 @@ def test_remeasure_refuses_an_experiment_that_keeps_no_weights(tmp_path):
     assert experiment.remeasure is None
     with pytest.raises(ValueError, match="keeps no weights"):
         experiments.run(experiment, tmp_path, budget=experiment.budget("tiny"), remeasure=True)
+
+
+def _run(heads, seed, mechanism, order=1, *, reason, gain=0.9):
+    return {"family": "layernorm", "heads": list(heads), "order": 1, "seed": seed, "gains": {"0": 1.0, "1": gain},
+            "classified": {"mechanism": mechanism, "order": order if mechanism != "other" else None,
+                           "reason": reason}}
+
+
+def test_label_changes_count_each_move_with_its_reason_and_unnamed_deep_seeds_at_their_law():
+    why = "other: it follows the in-context bigram (order 1) without an induction circuit: no kept K-edge"
+    before = [_run((1, 1), s, "other", reason=why) for s in range(4)] + [_run((1,), 0, "other", reason=why)]
+    after = [_run((1, 1), 0, "switch_counting", reason="switch_counting (order 1, partial): switch counting: L1H0"),
+             _run((1, 1), 1, "switch_counting", reason="switch_counting (order 1): switch counting; L1H0 keys"),
+             _run((1, 1), 2, "other", reason=why),
+             _run((1, 1), 3, "other", reason=why, gain=0.6),  # below the law: not counted as unnamed
+             _run((1,), 0, "other", reason=why)]  # one layer: not counted
+    table = phases.label_changes(before, after)
+    assert [tuple(r) for r in table.rows] == [("other", "other", "3", "unchanged"),  # most common first
+                                              ("other", "switch_counting 1", "2", "switch counting")]
+    unnamed = phases.unnamed_at_law(after)
+    assert [tuple(r) for r in unnamed.rows] == [
+        ("L2 x1 order 1", "1", "it follows the in-context bigram (order 1) without an induction circuit")]

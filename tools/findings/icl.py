@@ -103,3 +103,26 @@ def diversity_standard_cells(path: Path) -> str:
     result = experiment(path).result
     return (diversity.transitions_table(result.transitions).markdown() + "\n\n"
             + diversity.cells_table(result.cells).markdown())
+
+
+PHASES_STANDARD_BEFORE = "docs/reproduction/icl/phases-standard/labels-before.json"
+
+
+@block("phases-standard-label-changes", PHASES_STANDARD_BEFORE, PHASES_STANDARD)
+def phases_standard_label_changes(before: Path, after: Path) -> str:
+    """How the standard diagram's labels moved when its kept weights were measured again by the classifier with
+    roles by edge content (`phases.label_changes`), and the deep seeds at their law still labelled `other`."""
+    import json
+
+    from markov_interp.experiments import phases
+
+    old, new = json.loads(before.read_text())["runs"], json.loads(after.read_text())["result"]["runs"]
+    changes = phases.label_changes(old, new)
+    changed = sum(int(row[2]) for row in changes.rows if row[3] != "unchanged")
+    deep = [r for r in new if len(r["heads"]) >= 2 and r.get("classified")
+            and (r.get("gains") or {}).get(str(r["order"]), -1) >= 0.75]
+    unnamed = phases.unnamed_at_law(new)
+    n_other = sum(int(row[1]) for row in unnamed.rows)
+    return (f"Of {sum(int(row[2]) for row in changes.rows)} classified seeds, {changed} changed label.\n\n"
+            + changes.markdown() + f"\n\nOf the {len(deep)} seeds with two or more layers whose g_k reaches 0.75, "
+            f"{n_other} are still labelled `other`" + (":\n\n" + unnamed.markdown() if unnamed.rows else "."))
