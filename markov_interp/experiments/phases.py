@@ -501,10 +501,19 @@ def run_label(classified: Optional[dict]) -> str:
 
 
 def _why(reason: str) -> str:
-    """The classifier's reason without its label and particulars: the text after "LABEL: ", up to the first ";"
-    or ":" (the heads and numbers that follow differ from seed to seed)."""
+    """The classifier's reason without its label and particulars, so that seeds with the same reason group: the
+    text after "LABEL: " without its parentheses and faithfulness value, up to the first ";" or ":" (the heads and
+    numbers that follow differ from seed to seed).
+
+    >>> _why("other: it follows the in-context bigram (order 1) the kept circuit (switch counting: L1H0 (x)) has "
+    ...      "faithfulness -0.07, below 0.5: the kept edges ...")
+    'it follows the in-context bigram the kept circuit has faithfulness below 0.5'
+    """
     text = reason.split(": ", 1)[1] if ": " in reason else reason
-    return re.sub(r"\s*\(.*?\)$", "", re.split(r"[;:]", text)[0]).strip()
+    while re.search(r"\([^()]*\)", text):
+        text = re.sub(r"\s*\([^()]*\)", "", text)
+    text = re.sub(r"faithfulness -?[\d.]+, ", "faithfulness ", text)
+    return re.split(r"[;:]", text)[0].strip()
 
 
 def _run_key(run: dict) -> tuple:

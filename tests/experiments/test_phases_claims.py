@@ -106,4 +106,4 @@ def test_label_changes_count_each_move_with_its_reason_and_unnamed_deep_seeds_at
                                               ("other", "switch_counting 1", "2", "switch counting")]
     unnamed = phases.unnamed_at_law(after)
     assert [tuple(r) for r in unnamed.rows] == [
-        ("L2 x1 order 1", "1", "it follows the in-context bigram (order 1) without an induction circuit")]
+        ("L2 x1 order 1", "1", "it follows the in-context bigram without an induction circuit")]
