@@ -67,7 +67,7 @@ __all__ = ["PhaseBudget", "QUICK", "STANDARD", "STANDARD3", "CONVERGED", "FULL",
            "EXPERIMENT", "shape_label", "phase_specs", "formation_specs", "formation_rows", "order_reached",
            "circuit_summary", "measure_model", "cell_summaries", "claims", "NOT_TESTED", "cells_table",
            "claims_table", "cells_csv", "PhaseResult", "run", "read", "remeasure", "weights_name", "alphabets",
-           "run_label", "label_changes", "unnamed_at_law"]
+           "run_label", "run_key", "label_changes", "unnamed_at_law"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
 HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
@@ -516,7 +516,8 @@ def _why(reason: str) -> str:
     return re.split(r"[;:]", text)[0].strip()
 
 
-def _run_key(run: dict) -> tuple:
+def run_key(run: dict) -> tuple:
+    """A results.json run's place in the grid: (family, states, heads, order, seed)."""
     return run["family"], run.get("vocab", 2), tuple(run["heads"]), run["order"], run["seed"]
 
 
@@ -531,12 +532,12 @@ def label_changes(before: list[dict], after: list[dict]) -> Table:
     Returns:
         A table of label changes, most common first; runs whose label held are one row per label ("unchanged").
     """
-    old = {_run_key(r): r for r in before}
+    old = {run_key(r): r for r in before}
     counts: Counter = Counter()
     for run in after:
         if not run.get("classified"):
             continue
-        was, now = run_label((old.get(_run_key(run)) or {}).get("classified")), run_label(run["classified"])
+        was, now = run_label((old.get(run_key(run)) or {}).get("classified")), run_label(run["classified"])
         counts[(was, now, _why(run["classified"]["reason"]) if was != now else "unchanged")] += 1
     return Table(("before", "after", "seeds", "why (the new verdict's reason)"),
                  [(was, now, str(n), why) for (was, now, why), n in counts.most_common()])

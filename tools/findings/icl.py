@@ -123,6 +123,11 @@ def phases_standard_label_changes(before: Path, after: Path) -> str:
             and (r.get("gains") or {}).get(str(r["order"]), -1) >= 0.75]
     unnamed = phases.unnamed_at_law(new)
     n_other = sum(int(row[1]) for row in unnamed.rows)
-    return (f"Of {sum(int(row[2]) for row in changes.rows)} classified seeds, {changed} changed label.\n\n"
+    first = {phases.run_key(r): r for r in old}
+    same = sum((first.get(phases.run_key(r)) or {}).get("gains") == r.get("gains")
+               and first[phases.run_key(r)].get("model_loss") == r.get("model_loss") for r in new)
+    return (f"Of {sum(int(row[2]) for row in changes.rows)} classified seeds, {changed} changed label. The numbers "
+            f"held: {same} of {len(new)} seeds' gain fractions and model loss equal the first measurement's "
+            "exactly.\n\n"
             + changes.markdown() + f"\n\nOf the {len(deep)} seeds with two or more layers whose g_k reaches 0.75, "
             f"{n_other} are still labelled `other`" + (":\n\n" + unnamed.markdown() if unnamed.rows else "."))
