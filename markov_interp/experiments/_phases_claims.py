@@ -112,7 +112,7 @@ def _circuit_verdict(found: list, i: int, k: int) -> str:
         return _LEARN.get(law, law)
     if circuit == "yes":
         return "holds"
-    words = "fails: the law without an induction head" if circuit == "no" else "not resolved (the circuit is mixed)"
+    words = "fails: the law without an induction head" if circuit == "no" else "not resolved: the circuit is mixed"
     return f"{words} ({_fmt_p(_circuit_proportion(cell))})"
 
 

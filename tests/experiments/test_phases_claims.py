@@ -28,7 +28,7 @@ def _edelman(rows, vocab=2):
 
 @pytest.mark.parametrize("n_induction, verdict", [
     (8, "holds"),  # Wilson [0.68, 1]
-    (3, "not resolved (the circuit is mixed) (3/8 [0.14, 0.69])"),  # the L3 x1 case: the law alone is not the claim
+    (3, "not resolved: the circuit is mixed (3/8 [0.14, 0.69])"),  # the L3 x1 case: the law alone is not the claim
     (0, "fails: the law without an induction head (0/8 [0.00, 0.32])"),
 ])
 def test_with_an_induction_head_holds_only_when_the_circuit_interval_lies_above_half(n_induction, verdict):

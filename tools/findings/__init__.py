@@ -3,8 +3,8 @@
 Repository tooling, run from the checkout (it renders this repository's markdown; it is not part of the installed
 package): `python -m tools.findings [--check]` from the repository's root.
 
-The findings tables and number-bearing findings items of README.md, docs/findings*.md, docs/landscape.md and
-docs/reproduction/summary.md sit between markers
+The findings tables and number-bearing findings items of README.md, docs/findings*.md, docs/landscape.md,
+docs/reproduction/summary.md and docs/circuits.md sit between markers
 
     <!-- rendered: NAME (source: PATH[, PATH ...]) -->
     ...
@@ -44,7 +44,7 @@ __all__ = ["DOCS", "BLOCKS", "Block", "block", "blocks", "holds", "FindingNoLong
            "render_files", "render", "wrap", "Outcome", "default_root", "add_arguments", "run_command", "main"]
 
 DOCS = ("README.md", "docs/findings.md", "docs/findings-dynamics.md", "docs/findings-icl.md", "docs/landscape.md",
-        "docs/reproduction/summary.md")
+        "docs/reproduction/summary.md", "docs/circuits.md")
 
 
 def default_root() -> Path:

@@ -36,8 +36,11 @@ def phases_standard_provenance(path: Path) -> str:
     done = experiment(path)
     b = done.budget
     return (f"- {b.seeds} seeds per cell, {b.steps} steps, orders {list(b.orders)}, probes of {b.probe_sequences} "
-            f"sequences, the classifier on {b.classified} seeds per cell; {provenance_text(done.provenance)} (the "
-            "runs trained before, in the background, by the same budget; this call measured and summarised).")
+            f"sequences, the classifier on {b.classified} seeds per cell; {provenance_text(done.provenance)} "
+            + ("(no training: this call measured and classified again the final weights kept beside results.json; "
+               "the runs trained before, in the background, by the same budget)." if "--remeasure" in
+               done.provenance.command else "(the runs trained before, in the background, by the same budget; this "
+               "call measured and summarised)."))
 
 
 @block("phases-standard-claims", PHASES_STANDARD)
