@@ -43,6 +43,7 @@ results.json, cells.csv, summary.md (with the table set beside each paper's clai
 """
 
 import dataclasses
+import json
 import math
 import re
 import statistics
@@ -740,8 +741,6 @@ def remeasure(budget: PhaseBudget, out: Path, *, progress: bool = False) -> Phas
     Returns:
         A `PhaseResult` of the same runs.
     """
-    import json
-
     from tqdm.auto import tqdm
 
     from markov_interp.experiments import RESULTS_FILE
