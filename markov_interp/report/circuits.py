@@ -140,10 +140,15 @@ def _heatmap(ax: Any, values: np.ndarray, labels: Sequence[str], title: str, *, 
     ax.set_title(title, fontsize=8)
     ax.set_xlabel(xlabel, fontsize=7)
     ax.set_ylabel(ylabel, fontsize=7)
-    if values.shape[0] <= 4:
+    if values.shape[0] <= 5:  # annotated at the colour scale's precision, readable, never "-0.0"
+        from markov_interp.report.figures import annotation_format
+
+        fmt = annotation_format(lim)
         for (i, j), v in np.ndenumerate(values):
             if math.isfinite(v):
-                ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=6)
+                text = fmt.format(v)
+                ax.text(j, i, text.lstrip("-") if float(text) == 0 else text, ha="center", va="center",
+                        fontsize=8, color="white" if abs(v) > 0.6 * lim else "black")
 
 
 def ov_qk_figure(ov: Any, qk: Any, heads: Sequence[tuple[int, int]]) -> Figure:

@@ -35,6 +35,30 @@ REFERENCE_STYLE = {
 }
 
 
+def annotation_format(limit: float) -> str:
+    """The format of a heatmap's cell annotations whose colour scale spans +-`limit`: enough decimals that a cell
+    at a tenth of the scale shows two significant digits, so no coloured cell reads 0.0.
+
+    >>> annotation_format(12.0), annotation_format(0.8), annotation_format(0.004)
+    ('{:.1f}', '{:.3f}', '{:.5f}')
+    """
+    if not math.isfinite(limit) or limit <= 0:
+        return "{:.2f}"
+    return "{:.%df}" % min(5, max(0, 2 - math.floor(math.log10(limit))))
+
+
+def effect_text(value: float) -> str:
+    """A path-patching effect (nats) in a table cell: 3 decimals, or two significant digits when smaller than that
+    shows (a kept edge is never printed +0.000).
+
+    >>> effect_text(0.0451), effect_text(2.3e-05), effect_text(0.0)
+    ('+0.045', '+2.3e-05', '+0')
+    """
+    if value == 0 or not math.isfinite(value):
+        return f"{value:+g}"
+    return f"{value:+.3f}" if abs(value) >= 0.001 else f"{value:+.1e}"
+
+
 def _reference_lines(ax: Axes, references: Mapping[str, float]) -> None:
     for key, (label, colour, style) in REFERENCE_STYLE.items():
         value = references.get(key)
