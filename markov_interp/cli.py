@@ -507,7 +507,7 @@ def _report_many(args: argparse.Namespace) -> int:
     from markov_interp import runs
     from markov_interp._display import headline
     from markov_interp.devices import resolve_device
-    from markov_interp.report.compare import COMPARE_FILE, compare, run_folders
+    from markov_interp.report._compare import COMPARE_FILE, compare, run_folders
 
     folders = run_folders(args.run_dir)  # a folder that is neither a run nor a sweep is named before any probe
     sweep_default = len(args.run_dir) == 1 and args.out is None

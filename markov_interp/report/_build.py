@@ -41,6 +41,7 @@ from markov_interp.report.circuits import (
     position_patching_figure,
 )
 from markov_interp.report._formation import formation_section
+from markov_interp.report.interactive import interactive_circuit
 from markov_interp.report._html import Section, atomic_write_text, document, figure_svg, iframe, paragraph, table
 
 REPORT_FILE = runs.REPORT_FILE  # the run folder's own file (runs.OWN_FILES)
@@ -612,7 +613,8 @@ SECTIONS = (
     SectionMaker("loss", "Loss along the sequence", lambda p: _loss_section(p.mech, p.logged or p.mech.references),
                  run=True),
     SectionMaker("mechanism", "Mechanism verdict: the evidence", lambda p: _mechanism_section(p.mech)),
-    SectionMaker("circuit", "Circuit found by path patching", lambda p: circuit_section(p.mech)),
+    SectionMaker("circuit", "Circuit found by path patching", lambda p: circuit_section(p.mech, interactive_circuit(
+        p.mech, p.model, _sample(p), content=getattr(p.mech, "content", None), cache=p.cache)), cache=True),
     SectionMaker("weights", "OV and QK circuits", lambda p: _weights_section(p.model, p.mech)),
     SectionMaker("attribution", "Direct logit attribution", lambda p: _attribution_section(p.model, p.batch)),
     SectionMaker("patching", "Activation patching by position",
