@@ -35,7 +35,7 @@ border:1px solid #999;padding:.3em .5em;font-size:.8em;max-width:360px;pointer-e
 box-shadow:0 1px 4px rgba(0,0,0,.2)}
 """
 
-_SCRIPT = """
+_SCRIPT = r"""
 (function(){
 const root=document.getElementById(ROOT_ID),data=DATA;
 const panel=root.querySelector('.ic-panel'),tip=root.querySelector('.ic-tip');
