@@ -242,8 +242,8 @@ def why_panel(mech: probes.MechanismReport) -> str:
     rows = [("circuit", _axis(getattr(mech, "circuit", None), lambda: _circuit_words(mech))),
             ("law", _axis(getattr(mech, "law", None), lambda: _law_words(mech))),
             ("graded gains", gains_text(mech, short=True)),
-            ("loss", f"{mech.eval_loss:.4f} nats on {mech.n_sequences} x {mech.seq_len} states; "
-                     f"{mech.references.describe()}")]
+            ("loss", f"{mech.eval_loss:.4f} nats on the probe batch ({mech.n_sequences} x {mech.seq_len} states); "
+                     f"its references: {mech.references.describe()}")]
     return f'<div class="why">{head}{table(rows)}</div>'
 
 
@@ -271,7 +271,7 @@ def _mechanism_section(mech: probes.MechanismReport) -> tuple:
                                      "kept K-edges' path-patching effect, nats", "found"))
     rows = [
         ("eval loss on the probe batch (nats)", b.eval_loss),
-        *[(f"reference: {figures.REFERENCE_STYLE[k][0]}",
+        *[(f"reference (probe batch): {figures.REFERENCE_STYLE[k][0]}",
            theory.format_loss(mech.reference(k), mech.reference(f"{k}_se"))) for k in figures.REFERENCE_STYLE
           if mech.reference(k) is not None],
         ("own-law check: fit (KL / gap) and margin (KL / runner-up's KL)",

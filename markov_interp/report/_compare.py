@@ -223,11 +223,12 @@ def loss_overlay_figure(rs: Sequence[ComparedRun]) -> Figure:
     for r in rs:
         row = r.refs().as_row()
         key = tuple(round(row.get(k) or math.nan, 4) for k in REFERENCE_STYLE)
-        seen.setdefault(key, r.label)
+        where = "logged by training" if r.references is not None else "probe batch"
+        seen.setdefault(key, f"{r.label}'s config, {where}" if len(rs) > 1 else where)
     for i, (key, label) in enumerate(seen.items()):
         for (name, (what, colour, style)), value in zip(REFERENCE_STYLE.items(), key):
             if math.isfinite(value):
-                tag = f"{what} {value:.4f}" + (f" ({label}'s config)" if len(seen) > 1 else "")
+                tag = f"{what} {value:.4f} ({label if len(seen) > 1 else label.split(', ')[-1]})"
                 ax.axhline(value, color=colour, linestyle=style, linewidth=1.1, alpha=1.0 - 0.5 * (i > 0), label=tag)
                 everything.append(value)
     if everything:
