@@ -116,7 +116,7 @@ def loss_curves_figure(
     if not train and not evals:
         ax.text(0.5, 0.5, "no metrics logged", transform=ax.transAxes, ha="center")
     _zoom_losses(ax, [v for _, v in train + evals], references)
-    legend_below(ax)
+    legend_below(ax, ncol=1)  # one column: the long reference labels keep the figure as wide as its axes
     ax.grid(alpha=0.25)
     return fig
 
