@@ -459,13 +459,11 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     def handler(args: argparse.Namespace) -> int:
         from pathlib import Path
 
-        from markov_interp import runs
+        from markov_interp import sweep
 
         _set_threads(args)
-        if len(args.run_dir) == 1 and (Path(args.run_dir[0]) / runs.CONFIG_FILE).exists():
-            return _report_one(args, args.run_dir[0])
-        if len(args.run_dir) == 1 and not Path(args.run_dir[0]).is_dir():
-            return _report_one(args, args.run_dir[0])  # its error names the missing folder
+        if len(args.run_dir) == 1 and not (Path(args.run_dir[0]) / sweep.RUNS_DIR).is_dir():
+            return _report_one(args, args.run_dir[0])  # one run (its errors name a folder that is not one)
         return _report_many(args)
 
     p.set_defaults(handler=handler)

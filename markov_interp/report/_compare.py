@@ -41,7 +41,6 @@ from markov_interp.theory import ReferenceLosses
 __all__ = ["COMPARE_FILE", "COMPARE_SECTION_IDS", "ComparedRun", "Comparison", "compare", "run_folders"]
 
 COMPARE_FILE = "compare.html"  # a sweep folder's default (`Comparison.save`)
-_SEED_KEY = "train.seed"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -58,10 +57,11 @@ class ComparedRun:
 
     @functools.cached_property
     def condition(self) -> str:
-        """The configuration without its seed (runs with equal conditions are seeds of one config)."""
-        flat = _flat(self.config.to_dict())
-        flat.pop(_SEED_KEY, None)
-        return json.dumps(flat, sort_keys=True, default=str)
+        """The configuration without its seed (runs with equal conditions are seeds of one config), as a sweep
+        run's condition is read (`report._condition`)."""
+        from markov_interp.report._condition import _condition_key
+
+        return _condition_key(self.config)
 
     @functools.cached_property
     def escape(self) -> Optional[dynamics.StepInterval]:
