@@ -122,7 +122,7 @@ def interactive_circuit(graph: Any, model: Any, tokens: torch.Tensor, *, content
         An `InteractiveCircuit`; `.html()` is the fragment the report embeds.
 
     >>> from markov_interp import probes
-    >>> widget = interactive_circuit(probes.discover_circuit(model, batch), model, tokens[0, :12])
+    >>> widget = interactive_circuit(probes.discover_circuit(model, source, batch=batch), model, tokens[0, :12])
     >>> sorted(widget.data["nodes"]), len(widget.data["nodes"]["L1H0"]["ov"])
     (['L0H0', 'L1H0'], 3)
     """
