@@ -151,10 +151,10 @@ def _add_process_options(p: argparse.ArgumentParser, *, device: bool = True) -> 
     return group
 
 
-def _add_probe_options(p: argparse.ArgumentParser, run_dir_help: str) -> None:
-    """What `probe` and `report` share: the run folder, the probe batch (--n-sequences, --seq-len, --seed: the
-    probes' one length rule, `probes.probe_length`) and the process options."""
-    p.add_argument("run_dir", metavar="RUN_DIR", help=run_dir_help)
+def _add_probe_options(p: argparse.ArgumentParser, run_dir_help: str, *, several: bool = False) -> None:
+    """What `probe` and `report` share: the run folder (`several`: one or more), the probe batch (--n-sequences,
+    --seq-len, --seed: the probes' one length rule, `probes.probe_length`) and the process options."""
+    p.add_argument("run_dir", metavar="RUN_DIR", help=run_dir_help, nargs="+" if several else None)
     p.add_argument("--n-sequences", type=int, default=64, help="sequences in the probe batch (default 64)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="length of the probe sequences (default: the run's training length; longer warns, beyond "
@@ -441,46 +441,88 @@ def _print_probe(report: "MechanismReport") -> None:
 def _add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
-        help="write a self-contained HTML report of a trained run (opens with no network)",
+        help="write a self-contained HTML report of a trained run, or of several runs side by side (offline)",
         description="Probe a run folder written by `markov-interp train` and write one HTML file holding its "
         "config, loss curves beside the theory's reference losses, the mechanism verdict with its evidence, "
         "per-head scores against chance, attention patterns (circuitsvis, inlined), ablations, the learned "
         "kernel against the true one, the canonical landscape (single-layer binary runs) and probe scores "
-        "over training (runs with checkpoints).",
+        "over training (runs with checkpoints). Several run folders, or a sweep folder (its runs/), give one "
+        "comparison instead: the verdicts side by side, the loss curves overlaid against the references, kept "
+        "edges as a runs x edges table, head scores per run and, for seeds of one config, their distribution.",
     )
-    _add_probe_options(p, "run folder (config.json, metrics.jsonl, model.safetensors)")
-    p.add_argument("--out", default=None, metavar="FILE", help="HTML file to write (default RUN_DIR/report.html)")
+    _add_probe_options(p, "run folder (config.json, metrics.jsonl, model.safetensors); several, or a sweep folder, "
+                       "for a comparison", several=True)
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="HTML file to write (default RUN_DIR/report.html; a sweep's SWEEP/compare.html)")
     p.add_argument("--max-checkpoints", type=int, default=8, help="checkpoints re-probed for the dynamics (default 8)")
 
     def handler(args: argparse.Namespace) -> int:
         from pathlib import Path
 
-        from markov_interp._io import check_target
-        from markov_interp.report import REPORT_FILE, build
-        from markov_interp import runs
-        from markov_interp.devices import resolve_device
+        from markov_interp import sweep
 
-        # everything that can fail cheaply is checked before the probes run
         _set_threads(args)
-        run = runs.read_config(args.run_dir)
-        _check_probe_size(run, args, resolve_device(args.device), "report")
-        target = Path(args.out) if args.out else Path(args.run_dir) / REPORT_FILE
-        check_target(target, "--out")  # a folder, link, FIFO or device is refused, never replaced
-        runs.check_writable_dir(target.parent, "report folder")
-        diverged = runs.divergence(args.run_dir)
-        if diverged is not None:
-            print(f"diverged: {runs.diverged_message(args.run_dir, diverged)}", file=sys.stderr)
-            return EXIT_DIVERGED
-        report = build(args.run_dir, n_sequences=args.n_sequences, seq_len=args.seq_len, seed=args.seed,
-                       max_checkpoints=args.max_checkpoints, device=resolve_device(args.device),
-                       progress=_progress(args))
-        path = report.save(args.out)
-        size = path.stat().st_size / 1e6
-        print(f"mechanism: {report.mechanism.mechanism} "
-              f"({'confident' if report.mechanism.confident else 'not confident'}) -> {path} ({size:.1f} MB)")
-        return 0
+        if len(args.run_dir) == 1 and not (Path(args.run_dir[0]) / sweep.RUNS_DIR).is_dir():
+            return _report_one(args, args.run_dir[0])  # one run (its errors name a folder that is not one)
+        return _report_many(args)
 
     p.set_defaults(handler=handler)
+
+
+def _report_one(args: argparse.Namespace, run_dir: str) -> int:
+    """`report RUN_DIR`: one run's report."""
+    from pathlib import Path
+
+    from markov_interp._io import check_target
+    from markov_interp.report import REPORT_FILE, build
+    from markov_interp import runs
+    from markov_interp.devices import resolve_device
+
+    # everything that can fail cheaply is checked before the probes run
+    run = runs.read_config(run_dir)
+    _check_probe_size(run, args, resolve_device(args.device), "report")
+    target = Path(args.out) if args.out else Path(run_dir) / REPORT_FILE
+    check_target(target, "--out")  # a folder, link, FIFO or device is refused, never replaced
+    runs.check_writable_dir(target.parent, "report folder")
+    diverged = runs.divergence(run_dir)
+    if diverged is not None:
+        print(f"diverged: {runs.diverged_message(run_dir, diverged)}", file=sys.stderr)
+        return EXIT_DIVERGED
+    report = build(run_dir, n_sequences=args.n_sequences, seq_len=args.seq_len, seed=args.seed,
+                   max_checkpoints=args.max_checkpoints, device=resolve_device(args.device), progress=_progress(args))
+    path = report.save(args.out)
+    size = path.stat().st_size / 1e6
+    print(f"mechanism: {report.mechanism.mechanism} "
+          f"({'confident' if report.mechanism.confident else 'not confident'}) -> {path} ({size:.1f} MB)")
+    return 0
+
+
+def _report_many(args: argparse.Namespace) -> int:
+    """`report RUN1 RUN2 ...` or `report SWEEP`: the comparison (`report.compare`)."""
+    from pathlib import Path
+
+    from markov_interp._io import check_target
+    from markov_interp import runs
+    from markov_interp._display import headline
+    from markov_interp.devices import resolve_device
+    from markov_interp.report._compare import COMPARE_FILE, compare, run_folders
+
+    folders = run_folders(args.run_dir)  # a folder that is neither a run nor a sweep is named before any probe
+    sweep_default = len(args.run_dir) == 1 and args.out is None
+    if args.out is None and not sweep_default:
+        raise ValueError("a comparison of several run folders needs --out FILE (e.g. --out compare.html)")
+    target = Path(args.out) if args.out else Path(args.run_dir[0]) / COMPARE_FILE
+    check_target(target, "--out")
+    runs.check_writable_dir(target.parent, "report folder")
+    device = resolve_device(args.device)
+    for folder in folders:
+        _check_probe_size(runs.read_config(folder), args, device, "report")
+    seen = compare(folders, n_sequences=args.n_sequences, seq_len=args.seq_len, seed=args.seed, device=device,
+                   progress=_progress(args), title=f"markov-interp comparison: {Path(args.run_dir[0]).name}"
+                   if sweep_default else None)
+    path = seen.save(target)
+    print(f"{headline(seen)} -> {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return 0
 
 
 def _add_sweep(sub: argparse._SubParsersAction) -> None:

@@ -13,7 +13,9 @@ ablations, the learned kernel against the true one, the canonical landscape (sin
 scores over training (runs with checkpoints, run through the package's fused forward); for a run of a sweep
 (`<sweep>/runs/<cell_id>` beside `<sweep>/results.csv`) also its escape against the survival curve of its
 condition's seeds (section "condition", `report._condition`). `from_model(model, source)` builds the sections that
-need no run folder for any model. Each figure is drawn once.
+need no run folder for any model. Each figure is drawn once. `compare([run_dir, ...])` (or a sweep folder) lays
+several runs side by side: verdicts, overlaid loss curves, kept edges as runs x edges, head scores, the distribution
+over seeds (`report.compare`; `markov-interp report RUN1 RUN2 ... --out compare.html`).
 
 The figure functions in `markov_interp.report.figures` return matplotlib figures (or a circuitsvis figure)
 from probe results, the canonical landscape and a run's escape against its condition, for use in notebooks (the
@@ -36,6 +38,8 @@ from markov_interp.report._build import (
     checkpoint_files,
     from_model,
 )
+from markov_interp.report.interactive import InteractiveCircuit, interactive_circuit
+from markov_interp.report._compare import COMPARE_SECTION_IDS, Comparison, compare
 from markov_interp.report.circuits import (
     circuit_diagram,
     logit_attribution_figure,
@@ -68,7 +72,7 @@ from markov_interp.report.figures import (
 )
 
 __all__ = [
-    "MODEL_SECTION_IDS", "circuit_diagram", "from_model", "logit_attribution_figure", "ov_qk_figure",
+    "InteractiveCircuit", "interactive_circuit", "COMPARE_SECTION_IDS", "Comparison", "compare", "MODEL_SECTION_IDS", "circuit_diagram", "from_model", "logit_attribution_figure", "ov_qk_figure",
     "position_patching_figure",
     "REPORT_FILE", "SECTION_IDS", "CircuitsFigure", "Report", "Section", "ablation_figure", "atomic_write_text",
     "attention_patterns_figure", "build", "checkpoint_files", "circuits_figure", "circuitsvis_bundle", "document",

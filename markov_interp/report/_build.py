@@ -42,6 +42,7 @@ from markov_interp.report.circuits import (
 )
 from markov_interp.report._edges import edges_section
 from markov_interp.report._formation import formation_section
+from markov_interp.report.interactive import interactive_circuit
 from markov_interp.report._html import Section, atomic_write_text, document, figure_svg, iframe, paragraph, table
 
 REPORT_FILE = runs.REPORT_FILE  # the run folder's own file (runs.OWN_FILES)
@@ -242,8 +243,8 @@ def why_panel(mech: probes.MechanismReport) -> str:
     rows = [("circuit", _axis(getattr(mech, "circuit", None), lambda: _circuit_words(mech))),
             ("law", _axis(getattr(mech, "law", None), lambda: _law_words(mech))),
             ("graded gains", gains_text(mech, short=True)),
-            ("loss", f"{mech.eval_loss:.4f} nats on {mech.n_sequences} x {mech.seq_len} states; "
-                     f"{mech.references.describe()}")]
+            ("loss", f"{mech.eval_loss:.4f} nats on the probe batch ({mech.n_sequences} x {mech.seq_len} states); "
+                     f"its references: {mech.references.describe()}")]
     return f'<div class="why">{head}{table(rows)}</div>'
 
 
@@ -271,7 +272,7 @@ def _mechanism_section(mech: probes.MechanismReport) -> tuple:
                                      "kept K-edges' path-patching effect, nats", "found"))
     rows = [
         ("eval loss on the probe batch (nats)", b.eval_loss),
-        *[(f"reference: {figures.REFERENCE_STYLE[k][0]}",
+        *[(f"reference (probe batch): {figures.REFERENCE_STYLE[k][0]}",
            theory.format_loss(mech.reference(k), mech.reference(f"{k}_se"))) for k in figures.REFERENCE_STYLE
           if mech.reference(k) is not None],
         ("own-law check: fit (KL / gap) and margin (KL / runner-up's KL)",
@@ -613,7 +614,8 @@ SECTIONS = (
     SectionMaker("loss", "Loss along the sequence", lambda p: _loss_section(p.mech, p.logged or p.mech.references),
                  run=True),
     SectionMaker("mechanism", "Mechanism verdict: the evidence", lambda p: _mechanism_section(p.mech)),
-    SectionMaker("circuit", "Circuit found by path patching", lambda p: circuit_section(p.mech)),
+    SectionMaker("circuit", "Circuit found by path patching", lambda p: circuit_section(p.mech, interactive_circuit(
+        p.mech, p.model, _sample(p), content=getattr(p.mech, "content", None), cache=p.cache)), cache=True),
     SectionMaker("edges", "What the edges carry", lambda p: edges_section(p.model, p.batch, p.mech, seed=p.seed,
                                                                           cache=p.cache), cache=True),
     SectionMaker("weights", "OV and QK circuits", lambda p: _weights_section(p.model, p.mech)),

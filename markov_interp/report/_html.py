@@ -187,7 +187,10 @@ font-size:.92em}th{background:#f6f8fa}figure.plot{margin:.8em 0}figure.plot svg{
 .verdict .reason{font-size:.7em;color:#444;margin-top:.2em}
 .first-screen{display:flex;gap:1em;align-items:flex-start}.first-screen figure{flex:1 1 50%;margin:0;min-width:0}
 .first-screen svg{max-width:100%;height:auto}details.config-json summary{cursor:pointer;color:#444}
-#section-summary>h2{display:none}h1{margin-top:.2em}footer{color:#888;font-size:.85em;margin-top:2em}
+#section-summary>h2,#section-verdicts>h2{display:none}.wide{overflow-x:auto;max-width:100%}
+table.edges td.kept{background:#fff3c4;text-align:right}table.edges td.absent{color:#bbb;text-align:center}
+table.edges th.edge{font-size:.75em;writing-mode:vertical-rl;transform:rotate(180deg);white-space:nowrap}
+h1{margin-top:.2em}footer{color:#888;font-size:.85em;margin-top:2em}
 """
 
 

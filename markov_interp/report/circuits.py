@@ -6,7 +6,8 @@ embeddings at the bottom, each layer's heads in a row with its MLP above them, t
 edges as curves whose width grows with their path-patching effect, coloured and labelled by the receiver's input
 (q, k, v, mlp, logits); edges that carry position information (out of "pos", or kept by the positional pass alone)
 are dashed; cancelling sets the joint tests dropped are drawn dotted and grey, with their joint effect; the other
-dropped edges are left out (the caption counts them). Hovering an edge shows its name, effects and SE.
+dropped edges are left out (the caption counts them). Hovering an edge shows its name, effects and SE; nodes and
+edges carry `data-node` / `data-edge` (their names), which `report.interactive` hooks its panel to.
 
 `axes_panel` is the mechanism verdict's two axes side by side: the circuit (kind, order from the lags, kept
 edges, faithfulness and completeness, cancelling sets) and the law (reached raw or after the temperature fit,
@@ -15,6 +16,7 @@ the gains g_k with SEs, the kernel swap).
 
 import html
 import math
+import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -26,6 +28,7 @@ if TYPE_CHECKING:  # for annotations only (the section imports probes when it is
 
 INPUT_COLOURS = {"q": "#1f77b4", "k": "#d62728", "v": "#2ca02c", "mlp": "#9467bd", "logits": "#555555"}
 _WIDTH, _ROW, _MARGIN, _RADIUS = 720, 110, 40, 20
+_CAPTION_CHARS = 96  # 12 px sans-serif: about 7 px a character at most, so a line stays inside the 720 px width
 
 
 def _layout(graph: Any) -> dict[str, tuple[float, float]]:
@@ -70,7 +73,8 @@ def _edge_svg(edge: Any, a: tuple[float, float], b: tuple[float, float], n: int,
     colour = "#999999" if style == "cancelling" else INPUT_COLOURS.get(edge.input, "#555555")
     dash = {"position": ' stroke-dasharray="7,4"', "cancelling": ' stroke-dasharray="2,4"'}.get(style, "")
     out = [f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="{width:.2f}" stroke-opacity="0.75"'
-           f'{dash} class="edge{"" if style == "solid" else " " + style}"><title>{html.escape(tip)}</title></path>']
+           f'{dash} class="edge{"" if style == "solid" else " " + style}" data-edge="{html.escape(edge.name)}">'
+           f'<title>{html.escape(tip)}</title></path>']
     if edge.input in ("q", "k", "v"):
         out.append(f'<text x="{mx + 4:.1f}" y="{my:.1f}" fill="{colour}" font-weight="bold">{edge.input}</text>')
     return out
@@ -97,11 +101,15 @@ def circuit_diagram(graph: Any, *, title: Optional[str] = None) -> str:
                         f"{' and permuted positions' if graph.position is not None else ''}), faithfulness "
                         f"{graph.faithfulness:.2f}; width: path-patching effect (largest {biggest:.3f} nats); "
                         f"dashed: position information; dotted grey: cancelling sets dropped")
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height + 20:.0f}" '
-             f'viewBox="0 0 {_WIDTH} {height + 20:.0f}" font-family="sans-serif" font-size="12" '
+    lines = textwrap.wrap(caption, _CAPTION_CHARS)  # wrapped to the width: no caption runs off the picture
+    full = height + 20 + 15 * (len(lines) - 1)
+    caption_lines = "".join(f'<tspan x="{_WIDTH / 2}" dy="{0 if i == 0 else 15}">{html.escape(line)}</tspan>'
+                            for i, line in enumerate(lines))
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{full:.0f}" '
+             f'viewBox="0 0 {_WIDTH} {full:.0f}" font-family="sans-serif" font-size="12" '
              f'class="circuit-diagram"><title>{html.escape(caption)}</title>',
-             f'<text x="{_WIDTH / 2}" y="{height + 12:.0f}" text-anchor="middle" fill="#444">'
-             f'{html.escape(caption)}</text>']
+             f'<text class="caption" x="{_WIDTH / 2}" y="{height + 12:.0f}" text-anchor="middle" fill="#444">'
+             f'{caption_lines}</text>']
     by_pair: dict[tuple[str, str], int] = {}
     drawn = [(e, "position" if e.name in positional else "solid", None) for e in graph.kept]
     drawn += [(e, "cancelling", c) for c, e in cancelling]
@@ -122,9 +130,11 @@ def circuit_diagram(graph: Any, *, title: Optional[str] = None) -> str:
         shape = (f'<rect x="{x - 34:.1f}" y="{y - _RADIUS:.1f}" width="68" height="{2 * _RADIUS}" rx="6"'
                  if name in ("embed", "pos", "logits") or name.endswith(".mlp") else
                  f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{_RADIUS}"')
-        parts.append(f'{shape} fill="{fill}" stroke="{stroke}" class="node"><title>{html.escape(name)}</title>'
+        parts.append(f'{shape} fill="{fill}" stroke="{stroke}" class="node" data-node="{html.escape(name)}">'
+                     f'<title>{html.escape(name)}</title>'
                      f'</{"rect" if shape.startswith("<rect") else "circle"}>')
-        parts.append(f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="{"#111" if active else "#999"}">'
+        parts.append(f'<text x="{x:.1f}" y="{y + 4:.1f}" text-anchor="middle" fill="{"#111" if active else "#999"}" '
+                     f'pointer-events="none">'
                      f'{html.escape(name)}</text>')
     legend = "".join(f'<tspan fill="{c}" font-weight="bold">{k}</tspan> ' for k, c in INPUT_COLOURS.items())
     parts.append(f'<text x="{_MARGIN}" y="16" fill="#444">receiver input: {legend}</text>')
@@ -140,10 +150,15 @@ def _heatmap(ax: Any, values: np.ndarray, labels: Sequence[str], title: str, *, 
     ax.set_title(title, fontsize=8)
     ax.set_xlabel(xlabel, fontsize=7)
     ax.set_ylabel(ylabel, fontsize=7)
-    if values.shape[0] <= 4:
+    if values.shape[0] <= 5:  # annotated at the colour scale's precision, readable, never "-0.0"
+        from markov_interp.report.figures import annotation_format
+
+        fmt = annotation_format(lim)
         for (i, j), v in np.ndenumerate(values):
             if math.isfinite(v):
-                ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=6)
+                text = fmt.format(v)
+                ax.text(j, i, text.lstrip("-") if float(text) == 0 else text, ha="center", va="center",
+                        fontsize=8, color="white" if abs(v) > 0.6 * lim else "black")
 
 
 def ov_qk_figure(ov: Any, qk: Any, heads: Sequence[tuple[int, int]]) -> Figure:
@@ -210,10 +225,10 @@ def position_patching_figure(result: Any) -> Figure:
     return fig
 
 
-def circuit_section(mech: "probes.MechanismReport") -> tuple:
-    """The parts of the report's "circuit" section: the diagram of the circuit `classify_mechanism` found and its
-    strongest edges (the OV / QK, direct logit attribution and patching-by-position sections are
-    `report._build`'s)."""
+def circuit_section(mech: "probes.MechanismReport", widget: Any = None) -> tuple:
+    """The parts of the report's "circuit" section: the diagram of the circuit `classify_mechanism` found (as
+    `widget`, an `interactive.InteractiveCircuit`, when given) and its strongest edges (the OV / QK, direct logit
+    attribution and patching-by-position sections are `report._build`'s)."""
     from markov_interp.report._html import paragraph, table
 
     graph = mech.graph
@@ -241,7 +256,8 @@ def circuit_section(mech: "probes.MechanismReport") -> tuple:
         if graph.cancelling else []
     disagree = paragraph("Edges the gradient estimate (edge attribution patching) would decide differently: "
                          + (", ".join(graph.disagreements) or "none") + ".", cls="note")
-    return (intro, circuit_diagram(graph), edges, *cancel, disagree)
+    diagram = circuit_diagram(graph) if widget is None else widget.html()
+    return (intro, diagram, edges, *cancel, disagree)
 
 
 def axes_panel(mech: "probes.MechanismReport") -> str:

@@ -35,12 +35,43 @@ REFERENCE_STYLE = {
 }
 
 
-def _reference_lines(ax: Axes, references: Mapping[str, float]) -> None:
+def annotation_format(limit: float) -> str:
+    """The format of a heatmap's cell annotations whose colour scale spans +-`limit`: enough decimals that a cell
+    at a tenth of the scale shows two significant digits, so no coloured cell reads 0.0.
+
+    >>> annotation_format(12.0), annotation_format(0.8), annotation_format(0.004)
+    ('{:.1f}', '{:.3f}', '{:.5f}')
+    """
+    if not math.isfinite(limit) or limit <= 0:
+        return "{:.2f}"
+    return "{:.%df}" % min(5, max(0, 2 - math.floor(math.log10(limit))))
+
+
+def effect_text(value: float) -> str:
+    """A path-patching effect (nats) in a table cell: 3 decimals, or two significant digits when smaller than that
+    shows (a kept edge is never printed +0.000).
+
+    >>> effect_text(0.0451), effect_text(2.3e-05), effect_text(0.0)
+    ('+0.045', '+2.3e-05', '+0')
+    """
+    if value == 0 or not math.isfinite(value):
+        return f"{value:+g}"
+    return f"{value:+.3f}" if abs(value) >= 0.001 else f"{value:+.1e}"
+
+
+def _reference_lines(ax: Axes, references: Mapping[str, float], where: str = "") -> None:
+    """The reference losses as horizontal lines, each labelled with its value and `where` it was estimated (the
+    training's evaluation or the probe batch: Monte Carlo references of random kernels differ between them)."""
     for key, (label, colour, style) in REFERENCE_STYLE.items():
         value = references.get(key)
         if value is not None and math.isfinite(value):
             text = format_loss(value, references.get(f"{key}_se"))  # with the standard error if it shows
-            ax.axhline(value, color=colour, linestyle=style, linewidth=1.2, label=f"{label} {text}")
+            ax.axhline(value, color=colour, linestyle=style, linewidth=1.2, label=f"{label} {text}{where}")
+
+
+def legend_below(ax: Axes, *, ncol: int = 2, fontsize: int = 8) -> None:
+    """The legend under the axes, outside the data (the figure is saved with a tight bounding box)."""
+    ax.legend(fontsize=fontsize, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
 
 
 def _as_row(references: "Mapping[str, float] | ReferenceLosses") -> Mapping[str, float]:
@@ -76,7 +107,7 @@ def loss_curves_figure(
         ax.plot(*zip(*train), color="#888", linewidth=1, label="train loss")
     if evals:
         ax.plot(*zip(*evals), "o-", color="#222", markersize=3.5, linewidth=1.4, label="eval loss (fresh batches)")
-    _reference_lines(ax, references)
+    _reference_lines(ax, references, " (logged by training)")
     for i, step in enumerate(checkpoint_steps):
         ax.axvline(step, color="#bbb", linewidth=0.6, zorder=0, label="checkpoints" if i == 0 else None)
     ax.set_xlabel("optimiser step")
@@ -85,7 +116,7 @@ def loss_curves_figure(
     if not train and not evals:
         ax.text(0.5, 0.5, "no metrics logged", transform=ax.transAxes, ha="center")
     _zoom_losses(ax, [v for _, v in train + evals], references)
-    ax.legend(fontsize=8, loc="upper right")
+    legend_below(ax, ncol=1)  # one column: the long reference labels keep the figure as wide as its axes
     ax.grid(alpha=0.25)
     return fig
 
@@ -126,11 +157,12 @@ def position_loss_figure(behaviour: object, references: "Mapping[str, float] | R
     unigram = references.get("unigram_loss")
     if unigram is not None:  # random kernels: the in-context unigram estimator's loss, not E[H(pi)]
         name = "in-context unigram loss" if references.get("bayes_loss") is not None else "unigram loss H(pi)"
-        ax.axhline(unigram, color="#c33", linestyle=":", linewidth=1.2, label=f"{name} {unigram:.4f}")
+        ax.axhline(unigram, color="#c33", linestyle=":", linewidth=1.2,
+                   label=f"{name} {unigram:.4f} (probe batch)")
     ax.set_xlabel("position t (predicting x_{t+1})")
     ax.set_ylabel("loss (nats)")
     ax.set_title(f"Loss along the sequence (in-context learning score {behaviour.icl_score:+.4f} nats)")
-    ax.legend(fontsize=8)
+    legend_below(ax)
     ax.grid(alpha=0.25)
     return fig
 
@@ -406,7 +438,7 @@ def training_probes_figure(
             ax.axvline(step, color=colour, linestyle="-.", linewidth=1.1, label=f"{label} (step {step})"
                        if ax is bottom else None)
     references = references or {}
-    _reference_lines(bottom, references)
+    _reference_lines(bottom, references, " (logged by training)")
     _zoom_losses(bottom, [v for _, v in train + evals], references)
     for step in steps:
         bottom.axvline(step, color="#ccc", linewidth=0.6, zorder=0)

@@ -448,6 +448,23 @@ def _check_layout(page, name: str) -> None:
     assert tops == sorted(tops) and tops[1] > found["nav"], (name, found["sections"])
 
 
+def overflowing(page, root: str) -> list:
+    """Elements under `root` whose content runs out of their box, or out of the page's width, and SVG text that
+    runs out of its picture (as laid out: rotated labels included)."""
+    return page.evaluate(
+        "(root) => { const out = [], width = document.documentElement.clientWidth;"
+        " for (const e of document.querySelectorAll(root + ' *')) {"
+        "  const r = e.getBoundingClientRect(); if (!r.width) continue;"
+        "  if (r.right > width + 1 || r.left < -1) out.push(['page', e.tagName, e.className.baseVal ?? e.className]);"
+        "  if (!(e instanceof SVGElement) && e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !="
+        "   'auto') out.push(['box', e.tagName, e.className, e.scrollWidth, e.clientWidth]); }"
+        " for (const t of document.querySelectorAll(root + ' svg text')) {"
+        "  const v = t.ownerSVGElement.getBoundingClientRect(), b = t.getBoundingClientRect();"
+        "  if (b.left < v.left - 1 || b.right > v.right + 1 || b.top < v.top - 1 || b.bottom > v.bottom + 1)"
+        "   out.push(['svg text', t.textContent.slice(0, 60)]); }"
+        " return out; }", root)
+
+
 @pytest.mark.slow
 def test_report_opens_offline_in_a_real_browser(runs):
     sync_playwright = _browser()
@@ -485,6 +502,7 @@ def test_report_opens_offline_in_a_real_browser(runs):
                 assert drawn["children"] > 0 and drawn["canvases"] > 0, (name, drawn)
                 assert "L0H0" in drawn["text"], (name, drawn["text"][:200])
                 _check_layout(page, name)
+                assert overflowing(page, "#section-summary") == [], name  # nothing on the first screen runs out
                 n_svg = page.evaluate("() => document.querySelectorAll('section svg').length")
                 n_sections = page.evaluate("() => document.querySelectorAll('section[id^=section-]').length")
                 assert n_svg >= 5 and n_sections == len(report.SECTION_IDS), (name, n_svg, n_sections)
