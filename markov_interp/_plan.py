@@ -4,10 +4,11 @@ device has.
 A `Need` is one part of a plan: what it is, its bytes and the sizes (parameters, config fields) it grows with.
 `check_needs` adds them up against `memory_limit(device)` (physical memory, or a cgroup limit below it, on the
 CPU; the GPU's memory on CUDA) and raises `PlanTooLarge` naming the size behind the largest need and its
-estimate. Every stage that allocates by a size a user gives uses it: samplers (`chains.check_sample_plan`), the
-reference losses (`theory.reference_losses`), the probes (`probes._common.checked`), training
-(`training.plan.check_plan`), the CLI's probe batch (`models.memory.check_probe`); the estimates of model sizes
-live in `models.memory`. This module imports nothing of the package but `_io`, so every stage can use it.
+estimate. Every stage that allocates by a size a user gives uses it: samplers
+(`sources.sampling.check_sample_plan`), the reference losses (`theory.reference_losses`), the probes
+(`probes._common.checked`), training (`training.plan.check_plan`), the CLI's probe batch
+(`models.memory.check_probe`); the estimates of model sizes live in `models.memory`. This module imports nothing
+of the package but `_io`, so every stage can use it.
 
 The estimates are lower bounds of the order of magnitude, meant to refuse absurd sizes before they are
 allocated (an out-of-memory kill, or a raw allocation error naming no parameter), not to predict a peak.

@@ -19,7 +19,7 @@ import torch
 from markov_interp import runs, sweep, theory
 from markov_interp._io import FileTooLarge, READ_LIMITS, UnsafePath, loads_json, read_regular
 from markov_interp.cli import main
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.training import default_run, train
 
 from tests.faults.test_faults import _one_line_error  # noqa: E402
@@ -98,7 +98,7 @@ sys.path.insert(0, "tests")
 from handbuilt import kernel_model
 import torch
 from markov_interp import probes, theory
-from markov_interp.data import BinaryChain, RandomMarkov
+from markov_interp.sources import BinaryChain, RandomMarkov
 from markov_interp.models.memory import PlanTooLarge
 model = kernel_model(torch.tensor([[0.8, 0.2], [0.3, 0.7]]))
 calls = {
@@ -232,7 +232,7 @@ def test_n6_probes_refuse_non_finite_models_and_unbounded_knobs():
     """A NaN-filled model was labelled "other", `beta=inf` gave "confident" with NaN gains, `min_fraction` of 2 or
     inf was accepted. (Every probe and every knob: tests/probes/test_probe_bounds.py.)"""
     from markov_interp import probes
-    from markov_interp.data import BinaryChain
+    from markov_interp.sources import BinaryChain
 
     from handbuilt import kernel_model
 

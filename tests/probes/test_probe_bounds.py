@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from markov_interp import probes
-from markov_interp.data import RandomMarkov
+from markov_interp.sources import RandomMarkov
 from markov_interp.models.memory import PlanTooLarge
 from markov_interp.probes import _common
 from markov_interp.probes._common import checked, parameter_limits
