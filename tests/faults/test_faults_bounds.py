@@ -1,8 +1,9 @@
-"""Round four of the fault campaign (issue 45), one test per defect N1-N13: every input bounded before anything is
-allocated, nothing outside a run folder read or written, values checked by their meaning. Each test feeds the
-issue's reproduction (or its in-process equivalent) and failed on the code before the fix. Commands that took
-unbounded memory or crashed the interpreter before (N2, N5, N10, N13) run in a child process under a 6 GiB
-address-space cap and a time limit, so that the old behaviour fails the test instead of the machine."""
+"""Round four of the fault campaign, one test per defect N1-N13 (docs/faults.md): every input bounded before
+anything is allocated, nothing outside a run folder read or written, values checked by their meaning. Each test
+feeds the campaign's reproduction (or its in-process equivalent) and failed on the code before the fix.
+Commands that took unbounded memory or crashed the interpreter before (N2, N5, N10, N13) run in a child process
+under a 6 GiB address-space cap and a time limit, so that the old behaviour fails the test instead of the
+machine."""
 
 import json
 import math
