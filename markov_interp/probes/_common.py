@@ -477,6 +477,10 @@ PARAMETER_LIMITS: dict[str, dict[str, Any]] = {
     "in_context_fraction": dict(minimum=-1, maximum=2),
     "min_effect": dict(minimum=0, maximum=1e6), "threshold": dict(minimum=-1e6, maximum=1e6),
     "head_excess": dict(minimum=-1e6, maximum=1e6),
+    # representation probes (`fit_probe`, and its options passed on by `linear_probe` / `probe_layers`)
+    "n_bootstrap": dict(minimum=0, maximum=2**62), "n_boot": dict(minimum=0, maximum=2**62),  # planned
+    "penalty": dict(minimum=0, maximum=MAX_PSEUDOCOUNT), "test_fraction": _FRACTION, "cut": _FRACTION,
+    "max_iter": dict(minimum=1, maximum=MAX_PROBE_SIZE),
 }
 DEFAULT_LIMITS: dict[Any, dict[str, Any]] = {int: dict(minimum=0, maximum=MAX_PROBE_SIZE),
                                              float: dict(minimum=-1e6, maximum=1e6)}
@@ -563,7 +567,7 @@ _ORDERS_WITHOUT_TABLES = frozenset({"attention_scores", "token_statistics", "ind
 def probe_needs(where: str, arguments: dict[str, Any]) -> list[Any]:
     """The memory a probe call will hold, from its arguments, before anything is allocated (`_plan.Need`s; lower
     bounds): the model's weights and one forward pass over its batch, the sampled sequences and their kernels,
-    in-context tables of V**(k+1) counts per position for laws of order k, prior kernels.
+    in-context tables of V**(k+1) counts per position for laws of order k, prior kernels, bootstrap resamples.
 
     Args:
         where: the probe's name.
@@ -604,6 +608,10 @@ def probe_needs(where: str, arguments: dict[str, Any]) -> list[Any]:
         per_kernel = vocab ** (order + 1) * 48 + vocab * vocab * 8 + batch * length * 12
         needs.append(Need.of("the prior's kernels", n_kernels * per_kernel,
                              [("n_kernels", n_kernels), ("order", order), ("vocab", vocab)]))
+    for name in ("n_bootstrap", "n_boot"):  # a resample's draws and its counts per sequence (int64 and float64)
+        if isinstance(arguments.get(name), int) and not isinstance(arguments[name], bool) and batch:
+            needs.append(Need.of("the bootstrap resamples", arguments[name] * batch * 16,
+                                 [(name, arguments[name])] + fields))
     return needs
 
 

@@ -73,12 +73,17 @@ def context() -> dict:
         in_weights=False, in_context_fraction=0.5, source_order=1, head_excess=0.2,
         component=components[0], activation=cache[components[0].hook_name], replacement=cache[components[0].hook_name],
         runner=object.__new__(probes.EdgeRunner),
+        where="blocks.0.hook_resid_post", target=probes.probe_target("state", batch),
+        activations=cache["blocks.0.hook_resid_post"],
     )
 
 
+OWN = {"probe_target": {"name": "state"}}  # a probe whose argument differs from another's of the same name
+
+
 def _required(fn) -> dict:
-    """The probe's required arguments, from `context`."""
-    ctx = context()
+    """The probe's required arguments, from `context` (and `OWN`)."""
+    ctx = {**context(), **OWN.get(fn.__name__, {})}
     return {p.name: ctx[p.name] for p in inspect.signature(fn).parameters.values()
             if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
@@ -103,16 +108,25 @@ ANY_VALUE = st.one_of(
 NUMERIC = sorted((name, param) for name, fn in _public().items() for param in _numeric(fn))
 
 
-def _expected(kind, limits: dict, value) -> str:
+def _expected(kind, limits: dict, value, param: str = "", given: dict = {}) -> str:  # noqa: B006 (read only)
     """What the check must do with `value` for a parameter of `kind` bounded by `limits`: "type", "value" or "ok"
-    (an independent statement of the rule: the type first, then finite and within [minimum, maximum])."""
+    (an independent statement of the rule: the type first, then finite and within [minimum, maximum]; a `vocab`
+    within them must also cover the states of the tokens `given` and match the laws given: "vocab" when not)."""
     if value is None:
         return "ok-or-type"  # Optional parameters take None, the others refuse it as a type
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and isinstance(value, float)):
         return "type"
     if isinstance(value, float) and not math.isfinite(value):
         return "value"
-    return "ok" if limits["minimum"] <= value <= limits["maximum"] else "value"
+    if not limits["minimum"] <= value <= limits["maximum"]:
+        return "value"
+    if param == "vocab":
+        tokens = [t.tokens if isinstance(t, probes.ProbeBatch) else t for n, t in given.items()
+                  if n in ("tokens", "clean_tokens", "corrupted_tokens")]
+        laws = [t for n, t in given.items() if n in ("probs", "true", "logits")]
+        if any(int(t.max()) >= value for t in tokens) or any(law.shape[-1] != value for law in laws):
+            return "vocab"
+    return "ok"
 
 
 def test_every_numeric_parameter_of_a_public_probe_has_finite_bounds():
@@ -147,7 +161,7 @@ def test_the_entry_check_bounds_every_numeric_parameter(name, param, value):
     fn = _public()[name]
     kind, limits = _numeric(fn)[param]
     wrapped, calls = _stand_in(fn)
-    expect = _expected(kind, limits, value)
+    expect = _expected(kind, limits, value, param, _required(fn))
     try:
         wrapped(**{**_required(fn), param: value})
     except TypeError as err:
@@ -157,6 +171,11 @@ def test_the_entry_check_bounds_every_numeric_parameter(name, param, value):
         assert expect == "ok" and "too large" in str(err), (expect, err)
         return
     except ValueError as err:
+        if expect == "vocab":  # `check_vocabulary`: the states or laws given, against vocab
+            message = str(err)
+            assert message.startswith(f"{name}: ") and (message.endswith(f"(vocab={value})") or message.endswith(
+                f"but vocab={value}")), (expect, err)
+            return
         assert expect == "value" and f"{name}: {param} must be" in str(err), (expect, err)
         return
     assert expect in ("ok", "ok-or-type") and len(calls) == 1, (expect, value)
@@ -253,7 +272,10 @@ def test_a_finite_model_is_checked_once_until_a_weight_changes():
     (lambda c: probes.classify_mechanism(c["model"], c["source"], circuit_sequences=10**10), "circuit_sequences"),
     (lambda c: probes.state_and_counts_probs(c["tokens"], 2, order=1, alpha=1.0, n_kernels=10**12), "n_kernels"),
     (lambda c: probes.add_beta_predictor(2**20, order=3, beta=1.0)(c["tokens"]), "vocab"),
-], ids=["classify", "discover", "kernel_swap", "sample_batch", "circuit_sequences", "n_kernels", "vocab"])
+    (lambda c: probes.fit_probe(c["activations"], c["target"], n_bootstrap=10**12), "n_bootstrap"),
+    (lambda c: probes.linear_probe(c["model"], c["tokens"], c["where"], "state", n_bootstrap=10**12), "n_bootstrap"),
+], ids=["classify", "discover", "kernel_swap", "sample_batch", "circuit_sequences", "n_kernels", "vocab",
+        "fit_probe-bootstrap", "linear_probe-bootstrap"])
 def test_sizes_beyond_the_memory_plan_are_refused_naming_the_parameter_and_the_estimate(call, param):
     with pytest.raises(PlanTooLarge, match=rf": {param}=\d+ is too large: .* would need [\d.]+ [KMGTP]iB of memory.*"
                                            r"refused before anything was allocated"):
@@ -268,8 +290,10 @@ def test_sizes_beyond_the_memory_plan_are_refused_naming_the_parameter_and_the_e
     (lambda c: probes.discover_circuit(c["model"], c["source"], target_faithfulness=1.5), "target_faithfulness"),
     (lambda c: probes.circuit_formation(c["checkpoints"], c["source"], min_fraction=3.0), "min_fraction must be in"),
     (lambda c: probes.in_context_learning_score(c["curve"], early=math.nan), "early must be a finite number"),
+    (lambda c: probes.fit_probe(c["activations"], c["target"], penalty=-1.0), r"penalty must be in \[0, 1e\+09\]"),
+    (lambda c: probes.probe_layers(c["model"], c["tokens"], "state", test_fraction=2), r"test_fraction must be in"),
 ], ids=["beta-inf", "beta-negative", "min_fraction-2", "min_fraction-inf", "faithfulness", "formation-kwargs",
-        "early-nan"])
+        "early-nan", "penalty-negative", "test_fraction-passed-on"])
 def test_knobs_are_ranged(call, message):
     with pytest.raises(ValueError, match=message):
         call(context())
