@@ -196,6 +196,8 @@ def _train_overrides(args: argparse.Namespace) -> dict:
     """The run options the command line sets: the shortcut flags given, then `--set` (a clash is an error)."""
     import json
 
+    from markov_interp._io import loads_json
+
     options = {}
     for _, flag, key, _ in _TRAIN_SHORTCUTS:
         value = getattr(args, flag[2:].replace("-", "_"))
@@ -203,9 +205,9 @@ def _train_overrides(args: argparse.Namespace) -> dict:
             options[key] = value
     if "source.kernel" in options:
         try:
-            options["source.kernel"] = json.loads(options["source.kernel"])
+            options["source.kernel"] = loads_json(options["source.kernel"], "--kernel")  # depth-limited
         except json.JSONDecodeError as err:
-            raise ValueError(f"--kernel is not valid JSON ({err.msg}): {args.kernel!r}") from None
+            raise ValueError(f"--kernel is not valid JSON ({err.msg}): {shown(args.kernel)}") from None
     for key, value in _parse_set(args.set or []).items():
         if key in options and options[key] != value:
             raise ValueError(f"--set {key}={value!r} contradicts the flag that set it to {options[key]!r}")

@@ -159,7 +159,7 @@ def holder(run_dir: "str | os.PathLike") -> str:
     try:
         fd = _open_lock(Path(run_dir) / LOCK_FILE, create=False)
         try:
-            info = json.loads(os.pread(fd, 4096, 0))
+            info = loads_json(os.pread(fd, 4096, 0), "the lock file")  # 4096 brackets: no RecursionError
         finally:
             os.close(fd)
         return f"pid {info['pid']} on {info['host']} since {info['started']}"

@@ -293,6 +293,55 @@ def test_n7_deep_json_anywhere_is_a_value_error_naming_the_file(tmp_path, capsys
     assert value == []
 
 
+def _safetensors_file(path: Path, header: bytes) -> Path:
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    return path
+
+
+def test_n7_deep_json_in_a_weights_file_the_kernel_flag_or_a_lock_is_refused_naming_it(tmp_path, capsys):
+    """The other JSON the package reads: a weights file's safetensors header and the model config in its metadata,
+    `train --kernel`, the lock file's holder. Each nested 100,000 deep gave a RecursionError naming nothing."""
+    from markov_interp.models import read_weights_file
+    from markov_interp.models.hooked import _CONFIG_KEY
+
+    deep = _safetensors_file(tmp_path / "deep.safetensors", DEEP.encode())
+    with pytest.raises(ValueError, match=rf"^{deep}'s safetensors header is JSON nested more than 64 deep"):
+        read_weights_file(deep)
+    config = _safetensors_file(tmp_path / "config.safetensors", json.dumps({"__metadata__": {_CONFIG_KEY: DEEP}})
+                               .encode())
+    with pytest.raises(ValueError, match=rf"^{config}: invalid model config in metadata: {config}: the model config "
+                                         "in its metadata is JSON nested more than 64 deep"):
+        read_weights_file(config)
+    line = _one_line_error(capsys, ["train", "--out", str(tmp_path / "k"), "--kernel", DEEP],
+                           "--kernel is JSON nested more than 64 deep")
+    assert len(line) < 300 and not (tmp_path / "k").exists()
+    line = _one_line_error(capsys, ["train", "--out", str(tmp_path / "k"), "--kernel", "[" + "x" * 100_000],
+                           "--kernel is not valid JSON")
+    assert len(line) < 1000  # the bad value quoted short
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / runs.LOCK_FILE).write_text("[" * 4096)
+    assert runs.holder(tmp_path / "locked").startswith("an unknown process")
+
+
+def test_a_checkpoints_training_state_is_read_bounded(tmp_path, monkeypatch):
+    """The training state beside a checkpoint's weights (torch.load, read whole) is read as the weights are: a
+    regular file no larger than the machine's memory (`read_regular`); larger, it is a damaged checkpoint, refused
+    unread (a resume then falls back to an older one)."""
+    from markov_interp.runs import checkpoints
+
+    run_dir = tmp_path / "run"
+    train(tiny_run(), run_dir, progress=False)
+    step = runs.list_checkpoints(run_dir)[-1][0]
+    weights, state = checkpoints.read_checkpoint(run_dir, step)
+    assert "optimizer" in state
+    state_path = checkpoints.checkpoint_paths(run_dir, step)[1]
+    limit = state_path.stat().st_size - 1
+    monkeypatch.setattr(checkpoints, "memory_limit", lambda device: (limit, "a test's memory"))
+    with pytest.raises(runs.CheckpointDamaged, match=rf"{state_path} is unreadable \(FileTooLarge: training state "
+                                                    rf"file {state_path} is .*, more than the .* markov-interp reads"):
+        checkpoints.read_checkpoint(run_dir, step)
+
+
 # ------------------------------------------------------------------------------------------------- N8
 def _run_with_metrics(tmp_path: Path, row: str) -> Path:
     folder = tmp_path / "run"
