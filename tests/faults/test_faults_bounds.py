@@ -108,7 +108,7 @@ calls = {
     "sample_batch": lambda: probes.sample_batch(RandomMarkov(2), n_sequences=10**9, seq_len=64, seed=0),
     "reference_losses": lambda: theory.reference_losses(RandomMarkov(2), 10**9),
     "sample": lambda: RandomMarkov(4).sample(10**9, 64),
-    "kernel_swap": lambda: probes.kernel_swap(model, BinaryChain(.2, .3), n_sequences=10**9),
+    "swap_kernels": lambda: probes.swap_kernels(model, BinaryChain(.2, .3), n_sequences=10**9),
 }
 for name, call in calls.items():
     start = time.monotonic()

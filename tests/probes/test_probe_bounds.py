@@ -49,41 +49,26 @@ def _numeric(fn) -> dict:
 
 @functools.lru_cache(maxsize=1)
 def context() -> dict:
-    """One small example of every argument the public probes take (a hand-built induction model on 2 states)."""
+    """One small example of every required argument of the probes of the face (a hand-built induction model on 2
+    states); `test_the_context_covers_the_face` keeps it complete."""
     model = induction_model(VOCAB, n_ctx=16)
     source = RandomMarkov(VOCAB)
     batch = probes.sample_batch(source, n_sequences=4, seq_len=SEQ, seed=0)
     tokens = batch.tokens
-    probs = probes.next_state_probs(model, tokens)
     _, cache = model.run_with_cache(tokens)
-    components = probes.model_components(model)
     graph = probes.discover_circuit(model, source, n_sequences=4, seq_len=SEQ, method="exact")
-    scores = probes.attention_scores(model, tokens)
     return dict(
         model=model, source=source, batch=batch, tokens=tokens, clean_tokens=tokens, corrupted_tokens=tokens.flip(0),
-        probs=probs, true=probs, logits=model(tokens), p=probs, q=probs, pattern=cache["blocks.0.attn.hook_pattern"],
-        curve=torch.linspace(0.7, 0.5, SEQ - 1, dtype=torch.float64), kernel=torch.tensor([[0.8, 0.2], [0.3, 0.7]]),
-        components=components[:1], groups=[components[:1]], replacements={},
-        reference=probes.reference_activations(model, components[:1], tokens=tokens), graph=graph, scores=scores,
-        reading=probes.read_circuit(graph, scores, order=1, head_excess=0.2), th=probes.Thresholds(),
-        sim=probes.strategy_similarity(model, batch), checkpoints=[(1, model)], effects={}, threshold=0.01,
-        profiles={"L0H1": (0.9, 0.0)}, steps=[1, 2], kept=[False, True], predict=lambda t: probs[:, :t.shape[1]],
-        positions=[1, 2], mode="K", src=(0, 1), dst=(1, 0), name="in_context_unigram", vocab=VOCAB, order=1,
-        n_sequences=4, seq_len=SEQ, seed=0, n_ctx=16, trained=SEQ, max_lag=2, alpha=1.0, beta=1.0,
-        in_weights=False, in_context_fraction=0.5, source_order=1, head_excess=0.2,
-        component=components[0], activation=cache[components[0].hook_name], replacement=cache[components[0].hook_name],
-        runner=object.__new__(probes.EdgeRunner),
-        where="blocks.0.hook_resid_post", target=probes.probe_target("state", batch),
-        activations=cache["blocks.0.hook_resid_post"],
+        probs=probes.next_state_probs(model, tokens), th=probes.Thresholds(),
+        sim=probes.strategy_similarity(model, batch), checkpoints=[(1, model)], edges=graph.kept or graph.edges[:2],
+        name="state", where="blocks.0.hook_resid_post", target=probes.probe_target("state", batch),
+        activations=cache["blocks.0.hook_resid_post"], n_sequences=4, seq_len=SEQ, seed=0,
     )
 
 
-OWN = {"probe_target": {"name": "state"}}  # a probe whose argument differs from another's of the same name
-
-
 def _required(fn) -> dict:
-    """The probe's required arguments, from `context` (and `OWN`)."""
-    ctx = {**context(), **OWN.get(fn.__name__, {})}
+    """The probe's required arguments, from `context`."""
+    ctx = context()
     return {p.name: ctx[p.name] for p in inspect.signature(fn).parameters.values()
             if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
@@ -129,8 +114,18 @@ def _expected(kind, limits: dict, value, param: str = "", given: dict = {}) -> s
     return "ok"
 
 
+def test_the_context_covers_the_face():
+    """Every function of the face (`probes.__all__`) is a checked probe the fuzz calls, `edge_content` among them,
+    and `context` holds every required argument of each (a new probe with a new argument fails here first)."""
+    functions = {n for n in probes.__all__ if inspect.isfunction(getattr(probes, n))}
+    assert set(_public()) == functions and "edge_content" in functions
+    for fn in _public().values():
+        _required(fn)
+    assert {"n_boot", "cut", "max_lag", "n_sequences"} <= set(_numeric(probes.edge_content))
+
+
 def test_every_numeric_parameter_of_a_public_probe_has_finite_bounds():
-    assert len(NUMERIC) > 40
+    assert len(NUMERIC) > 30
     for name, param in NUMERIC:
         kind, limits = _numeric(_public()[name])[param]
         assert math.isfinite(limits["minimum"]) and math.isfinite(limits["maximum"]), (name, param)
@@ -181,8 +176,7 @@ def test_the_entry_check_bounds_every_numeric_parameter(name, param, value):
     assert expect in ("ok", "ok-or-type") and len(calls) == 1, (expect, value)
 
 
-REAL = sorted(n for n, fn in _public().items() if n not in ("edge_estimates", "edge_attributions", "set_component")
-              for _ in [0] if _numeric(fn))
+REAL = sorted(n for n, fn in _public().items() if _numeric(fn))
 # small valid values, or far beyond any bound or plan (sizes between them run the real probe for minutes)
 SMALL_OR_WILD = st.one_of(st.integers(min_value=-3, max_value=4), st.integers(min_value=2**40, max_value=2**80),
                           st.integers(max_value=-(2**21)), st.floats(min_value=0, max_value=1),
@@ -267,14 +261,13 @@ def test_a_finite_model_is_checked_once_until_a_weight_changes():
 @pytest.mark.parametrize("call,param", [
     (lambda c: probes.classify_mechanism(c["model"], c["source"], n_sequences=10**9), "n_sequences"),
     (lambda c: probes.discover_circuit(c["model"], c["source"], n_sequences=10**8), "n_sequences"),
-    (lambda c: probes.kernel_swap(c["model"], c["source"], n_sequences=10**10), "n_sequences"),
+    (lambda c: probes.swap_kernels(c["model"], c["source"], n_sequences=10**10), "n_sequences"),
     (lambda c: probes.sample_batch(c["source"], n_sequences=10**6, seq_len=10**6, seed=0), "n_sequences"),
     (lambda c: probes.classify_mechanism(c["model"], c["source"], circuit_sequences=10**10), "circuit_sequences"),
-    (lambda c: probes.state_and_counts_probs(c["tokens"], 2, order=1, alpha=1.0, n_kernels=10**12), "n_kernels"),
-    (lambda c: probes.add_beta_predictor(2**20, order=3, beta=1.0)(c["tokens"]), "vocab"),
+    (lambda c: probes.edge_content(c["model"], c["batch"], c["edges"], n_boot=10**12), "n_boot"),
     (lambda c: probes.fit_probe(c["activations"], c["target"], n_bootstrap=10**12), "n_bootstrap"),
     (lambda c: probes.linear_probe(c["model"], c["tokens"], c["where"], "state", n_bootstrap=10**12), "n_bootstrap"),
-], ids=["classify", "discover", "kernel_swap", "sample_batch", "circuit_sequences", "n_kernels", "vocab",
+], ids=["classify", "discover", "swap_kernels", "sample_batch", "circuit_sequences", "edge_content-bootstrap",
         "fit_probe-bootstrap", "linear_probe-bootstrap"])
 def test_sizes_beyond_the_memory_plan_are_refused_naming_the_parameter_and_the_estimate(call, param):
     with pytest.raises(PlanTooLarge, match=rf": {param}=\d+ is too large: .* would need [\d.]+ [KMGTP]iB of memory.*"
@@ -289,11 +282,14 @@ def test_sizes_beyond_the_memory_plan_are_refused_naming_the_parameter_and_the_e
     (lambda c: probes.discover_circuit(c["model"], c["source"], min_fraction=math.inf), "min_fraction must be a fin"),
     (lambda c: probes.discover_circuit(c["model"], c["source"], target_faithfulness=1.5), "target_faithfulness"),
     (lambda c: probes.circuit_formation(c["checkpoints"], c["source"], min_fraction=3.0), "min_fraction must be in"),
-    (lambda c: probes.in_context_learning_score(c["curve"], early=math.nan), "early must be a finite number"),
+    (lambda c: probes.edge_content(c["model"], c["batch"], c["edges"], cut=math.nan), "cut must be a finite number"),
+    (lambda c: probes.edge_content(c["model"], c["batch"], c["edges"], cut=1.5), r"cut must be in \[0, 1\]"),
+    (lambda c: probes.edge_content(c["model"], c["batch"], c["edges"], max_lag=1000), r"max_lag must be an integer in "
+                                                                                      rf"1\.\.{SEQ}, got 1000"),
     (lambda c: probes.fit_probe(c["activations"], c["target"], penalty=-1.0), r"penalty must be in \[0, 1e\+09\]"),
     (lambda c: probes.probe_layers(c["model"], c["tokens"], "state", test_fraction=2), r"test_fraction must be in"),
 ], ids=["beta-inf", "beta-negative", "min_fraction-2", "min_fraction-inf", "faithfulness", "formation-kwargs",
-        "early-nan", "penalty-negative", "test_fraction-passed-on"])
+        "cut-nan", "cut-1.5", "max_lag-beyond-the-sequence", "penalty-negative", "test_fraction-passed-on"])
 def test_knobs_are_ranged(call, message):
     with pytest.raises(ValueError, match=message):
         call(context())
