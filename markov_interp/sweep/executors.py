@@ -119,7 +119,9 @@ def run_ray(groups: list[list[Cell]], runs_dir: str, probe_for: dict[str, bool],
 
     While it waits it checks the cluster every `HEALTH_SECONDS`: a head that does not answer, or a cluster with no
     CPU left (every worker node lost) for `LOST_SECONDS` ends the sweep with `ClusterLost`, one line saying what
-    was lost and how to resume, instead of Ray's traceback a minute later.
+    was lost and how to resume, instead of Ray's traceback a minute later. A task that comes back lost (its worker
+    or node died) fails its cells only once the cluster is seen healthy: a killed head fails every running task at
+    once, and those cells are then left unrecorded, to run again with the same command.
 
     Args:
         groups, runs_dir, probe_for, save, progress, cell_fn: as `run_local`'s.
@@ -137,19 +139,32 @@ def run_ray(groups: list[list[Cell]], runs_dir: str, probe_for: dict[str, bool],
     task = ray.remote(num_cpus=1, max_retries=1)(execute_group_in_worker)
     refs = {task.remote(g, runs_dir, [probe_for[c.cell_id] for c in g], cell_fn): g for g in groups}
     bar = _bar(sum(len(g) for g in groups), progress, "sweep (ray)")
-    failed, health = 0, _ClusterHealth(ray)
+    failed, health, total = 0, _ClusterHealth(ray), sum(len(g) for g in groups)
     try:
         remaining = list(refs)
         while remaining:
             done, remaining = ray.wait(remaining, num_returns=1, timeout=HEALTH_SECONDS)
             if not done:
-                health.check(sum(len(refs[r]) for r in remaining), sum(len(g) for g in groups))
+                health.check(sum(len(refs[r]) for r in remaining), total)
                 continue
-            # a raise here means the task's worker died or Ray lost it
+            group = refs[done[0]]
+            try:
+                records = ray.get(done[0])
+            except Exception as err:  # the task's worker died or Ray lost it: its cells fail, unless the whole
+                # cluster is gone (a killed head fails every running task at once): then nothing is recorded
+                health.confirm(sum(len(refs[r]) for r in remaining) + len(group), total)
+                records = err
             lost = "worker died (Ray retried it once)"
-            failed += _record_group(refs[done[0]], lambda: ray.get(done[0]), lost, save, bar, failed)
+            failed += _record_group(group, functools.partial(_given, records), lost, save, bar, failed)
     finally:
         bar.close()
+
+
+def _given(records: "list[CellRecord] | Exception") -> list[CellRecord]:
+    """`records`, or raise the error that came back instead."""
+    if isinstance(records, Exception):
+        raise records
+    return records
 
 
 class _ClusterHealth:
@@ -161,21 +176,29 @@ class _ClusterHealth:
         self.address = ray.get_runtime_context().gcs_address
         self.since: Optional[float] = None
 
-    def check(self, left: int, total: int) -> None:
+    def check(self, left: int, total: int) -> bool:
+        """True when the cluster is healthy now, False while it has been lost for less than `LOST_SECONDS`;
+        `ClusterLost` (saying `left` of `total` cells are not finished) after that."""
         problem = self._problem()
         if problem is None:
             self.since = None
-            return
+            return True
         now = time.monotonic()
         self.since = self.since if self.since is not None else now
         if now - self.since < LOST_SECONDS:
-            return
+            return False
         head = problem.startswith("its head")
         how = ("start the cluster again (ray start --head ...)" if head else
                "add a worker node (ray start --address ...) or start the cluster again")
         raise ClusterLost(f"the Ray cluster at {self.address} was lost ({problem} for {LOST_SECONDS:.0f} s) with "
                           f"{left} of {total} cells not finished (the others' records are saved); {how} and run "
                           "the same command: finished cells are skipped")
+
+    def confirm(self, left: int, total: int) -> None:
+        """After a task came back lost: return once the cluster is healthy (the task's own worker died), or raise
+        `ClusterLost` when it stays lost for `LOST_SECONDS`."""
+        while not self.check(left, total):
+            time.sleep(HEALTH_SECONDS / 4)
 
     def _problem(self) -> Optional[str]:
         host, _, port = self.address.rpartition(":")

@@ -530,9 +530,12 @@ def test_the_ray_health_check_names_a_lost_head_or_lost_workers(monkeypatch):
     closed.bind(("127.0.0.1", 0))
     dead = f"127.0.0.1:{closed.getsockname()[1]}"  # bound, not listening: connections are refused
     try:
-        executors._ClusterHealth(_FakeRay(alive, 2)).check(3, 4)  # healthy
+        assert executors._ClusterHealth(_FakeRay(alive, 2)).check(3, 4)  # healthy
+        start = time.monotonic()
+        executors._ClusterHealth(_FakeRay(alive, 2)).confirm(3, 4)  # a task lost on a healthy cluster: its own
+        assert time.monotonic() - start < 1
         health = executors._ClusterHealth(_FakeRay(dead, 2))
-        health.check(3, 4)  # lost for less than LOST_SECONDS: not yet
+        assert not health.check(3, 4)  # lost for less than LOST_SECONDS: not yet
         monkeypatch.setattr(executors, "LOST_SECONDS", 0.0)
         with pytest.raises(ClusterLost, match=rf"^the Ray cluster at {dead} was lost \(its head does not answer for "
                                               r"0 s\) with 3 of 4 cells not finished .*start the cluster again \(ray "
@@ -541,6 +544,8 @@ def test_the_ray_health_check_names_a_lost_head_or_lost_workers(monkeypatch):
         with pytest.raises(ClusterLost, match=r"no worker node with a CPU is left .* with 1 of 4 cells not finished.*"
                                               r"add a worker node \(ray start --address \.\.\.\)"):
             executors._ClusterHealth(_FakeRay(alive, 0)).check(1, 4)
+        with pytest.raises(ClusterLost, match=r"its head does not answer .* with 2 of 4 cells not finished"):
+            executors._ClusterHealth(_FakeRay(dead, 2)).confirm(2, 4)  # a task lost with its head: not the cell's
     finally:
         listening.close()
         closed.close()

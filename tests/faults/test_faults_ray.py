@@ -226,6 +226,7 @@ def test_a_killed_head_ends_the_sweep_in_one_line(tmp_path, cluster):
     killed = time.monotonic()
     _, err = driver.communicate(timeout=DEADLINE)
     waited = time.monotonic() - killed
+    print(f"from the head's kill to the driver's exit: {waited:.1f} s")  # docs/faults.md quotes it (pytest -s)
     assert driver.returncode == 2, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("markov-interp sweep: error:")]
     assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
