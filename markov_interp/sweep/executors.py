@@ -138,8 +138,9 @@ def run_ray(groups: list[list[Cell]], runs_dir: str, probe_for: dict[str, bool],
     # Ray re-runs a task whose worker died max_retries times; after that ray.get raises and only its cells fail
     task = ray.remote(num_cpus=1, max_retries=1)(execute_group_in_worker)
     refs = {task.remote(g, runs_dir, [probe_for[c.cell_id] for c in g], cell_fn): g for g in groups}
-    bar = _bar(sum(len(g) for g in groups), progress, "sweep (ray)")
-    failed, health, total = 0, _ClusterHealth(ray), sum(len(g) for g in groups)
+    total = sum(len(g) for g in groups)
+    bar = _bar(total, progress, "sweep (ray)")
+    failed, health = 0, _ClusterHealth(ray)
     try:
         remaining = list(refs)
         while remaining:
