@@ -631,7 +631,7 @@ def check_vocabulary(where: str, arguments: dict[str, Any]) -> None:
         ValueError: naming the argument that disagrees with `vocab`.
     """
     vocab = arguments.get("vocab")
-    if not isinstance(vocab, int) or isinstance(vocab, bool):
+    if type(vocab) is not int:  # a plain integer (not a bool): the entry check refused the rest
         return
     for name in _TOKENS + _LAWS:
         value = as_tokens(arguments.get(name))
