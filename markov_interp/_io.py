@@ -12,9 +12,16 @@ redirect or destroy what it points at. An OSError that carries no file name (a f
 
 `csv_cell` / `csv_uncell` are the one rule for text cells of the CSV tables the package writes: a cell that a
 spreadsheet would run as a formula is quoted.
+
+Reading is bounded the same way: `read_regular` is the one way the package reads a file it did not just write
+(specs, configs, records, metrics, status and cache entries, clamp and weights files). It opens the path without
+blocking, refuses anything but a regular file (a FIFO would hang, `/dev/zero` never ends) and a file larger than
+the cap its kind is given in `READ_LIMITS`, before reading a byte of it. `loads_json` is the one JSON parser of
+such text: nesting deeper than `MAX_JSON_DEPTH` is a ValueError naming the file, never a RecursionError.
 """
 
 import contextlib
+import json
 import os
 import stat
 import tempfile
@@ -22,7 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["UnsafePath", "atomic_path", "atomic_write", "check_target", "describe_kind", "naming_error", "write_all",
-           "csv_cell", "csv_uncell"]
+           "csv_cell", "csv_uncell", "FileTooLarge", "READ_LIMITS", "MAX_JSON_DEPTH", "read_regular", "read_text",
+           "loads_json", "check_depth", "read_json", "size_text"]
 
 
 class UnsafePath(ValueError):
@@ -163,3 +171,137 @@ def csv_cell(value: object) -> object:
 def csv_uncell(text: str) -> str:
     """The text `csv_cell` quoted, back (a leading ' removed; numbers are never quoted)."""
     return text[1:] if text.startswith("'") else text
+
+
+# ------------------------------------------------------------------------------------------------ reading
+class FileTooLarge(ValueError):
+    """A file is larger than its kind may be (`READ_LIMITS`); refused before any of it is read."""
+
+
+_MiB = 2**20
+# The most bytes the package reads of each kind of file (docs/faults.md lists them). Each is far above what the
+# package writes (a sweep record ~10 KiB, a run's config.json ~2 KiB, a 40,000-step run's metrics.jsonl ~2 MiB,
+# a reference-cache entry of T = 1024 ~200 KiB), so only a file that is not one of ours is refused.
+READ_LIMITS = {
+    "sweep spec": 4 * _MiB,
+    "run config": 16 * _MiB,
+    "sweep record": 64 * _MiB,
+    "metrics file": 1024 * _MiB,
+    "status file": _MiB,
+    "reference-cache entry": 64 * _MiB,
+    "clamp file": 1024 * _MiB,
+    "results table": 1024 * _MiB,
+    "results file": 256 * _MiB,
+}
+MAX_JSON_DEPTH = 64  # nesting of JSON the package reads (its own files nest at most ~8 deep)
+
+
+def size_text(n: "int | float") -> str:
+    """`n` bytes in binary units ("1.5 GiB"); `models.memory.human_bytes` is this."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def read_regular(path: "str | os.PathLike", what: str, *, limit: "int | None" = None) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them (default `READ_LIMITS[what]`).
+
+    The file is opened without blocking (a FIFO cannot hang it) and checked before anything is read: a device
+    (`/dev/zero` never ends), FIFO, socket or folder is refused, and so is a file larger than `limit` (also one
+    that grows past it while being read). A symbolic link to a regular file is read (the user named it; inside
+    run and sweep folders `runs.check_contents` refuses links first).
+
+    Args:
+        path: the file.
+        what: its kind, a key of `READ_LIMITS` (and how errors name it).
+        limit: the cap in bytes (default the kind's).
+
+    Returns:
+        The file's bytes.
+
+    Raises:
+        UnsafePath: not a regular file. FileTooLarge: larger than `limit`. OSError: it cannot be opened or read
+            (FileNotFoundError, PermissionError, naming the file).
+
+    >>> read_regular("/dev/zero", "sweep spec")
+    Traceback (most recent call last):
+    ...
+    markov_interp._io.UnsafePath: sweep spec /dev/zero is a character device, not a regular file; give the path of a regular file
+    """
+    limit = READ_LIMITS[what] if limit is None else limit
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafePath(f"{what} {path} is {describe_kind(info.st_mode)}, not a regular file; give the path of "
+                             "a regular file")
+        if info.st_size > limit:
+            raise FileTooLarge(_too_large(path, what, info.st_size, limit))
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(limit + 1 - size, 16 * _MiB) or 1)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:  # it grew while being read
+                raise FileTooLarge(_too_large(path, what, size, limit, growing=True))
+    finally:
+        os.close(fd)
+
+
+def _too_large(path: "str | os.PathLike", what: str, size: int, limit: int, growing: bool = False) -> str:
+    return (f"{what} {path} is {'more than ' if growing else ''}{size_text(size)}, more than the {size_text(limit)} "
+            f"markov-interp reads of a {what}; refusing to read it (is it the file you meant?)")
+
+
+def read_text(path: "str | os.PathLike", what: str, *, limit: "int | None" = None) -> str:
+    """`read_regular` decoded as UTF-8 (a ValueError naming the file where it is not)."""
+    data = read_regular(path, what, limit=limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{what} {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def loads_json(text: "str | bytes", what: str) -> object:
+    """`json.loads(text)` with a depth limit: JSON nested deeper than `MAX_JSON_DEPTH` (or too deep for the
+    parser) is a ValueError naming `what`, never a RecursionError; invalid JSON is `json.JSONDecodeError` (a
+    ValueError) as usual.
+
+    >>> loads_json("[" * 100 + "]" * 100, "a record")
+    Traceback (most recent call last):
+    ...
+    ValueError: a record is JSON nested more than 64 deep
+    """
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{what} is JSON nested more than {MAX_JSON_DEPTH} deep") from None
+    return check_depth(value, what)
+
+
+def check_depth(value: object, what: str) -> object:
+    """`value` (parsed JSON or TOML: dicts and lists) if it nests at most `MAX_JSON_DEPTH` deep, else ValueError
+    naming `what`. Walked level by level, without recursion."""
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"{what} is JSON nested more than {MAX_JSON_DEPTH} deep")
+        level = [child for item in level if isinstance(item, (dict, list))
+                 for child in (item.values() if isinstance(item, dict) else item) if isinstance(child, (dict, list))]
+    return value
+
+
+def read_json(path: "str | os.PathLike", what: str, *, limit: "int | None" = None) -> object:
+    """The JSON value of the file `path` (`read_text`, then `loads_json`); a file that is not JSON raises
+    ValueError naming it."""
+    text = read_text(path, what, limit=limit)
+    try:
+        return loads_json(text, f"{what} {path}")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what} {path} is not valid JSON: {err}") from None

@@ -49,6 +49,7 @@ or a string: `GLOB[@START:END]` for a freeze (`--freeze`), `HOOK[HEADS]=VALUE[:L
 """
 
 import contextlib
+import contextvars
 import dataclasses
 import fnmatch
 import functools
@@ -62,7 +63,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from markov_interp.config import Config, check_int
+from markov_interp._io import read_regular
+from markov_interp.config import Config, check_int, shown
 from markov_interp.models import HookedModel, ModelConfig, hooked_kind, is_bridge, state_shapes
 from markov_interp.models.hooks import PER_HEAD, feature_shape, intervention_points, parse_name, write
 
@@ -77,6 +79,7 @@ __all__ = [
     "parameter_names",
     "clamp_points",
     "check_interventions",
+    "stored_config",
     "active",
     "frozen_names",
     "ClampState",
@@ -147,9 +150,14 @@ class Clamp(Config):
             object.__setattr__(self, "heads", tuple(sorted(set(heads))))
         _check_range(self.start, self.end, f"clamp {self.clamp!r}")
         if self.is_file and self.sha256 is None:
+            stored = _STORED.get()
+            if stored is not None:  # a run folder's config.json: its readers open no file it names
+                raise ValueError(f"clamp {shown(self.clamp)} names the file {shown(self.value)} without its sha256, "
+                                 f"which {stored} records for every clamp file it was trained with; markov-interp "
+                                 "opens no file a stored config names (restore the entry, or train a new run)")
             path = Path(self.value)
             if not path.is_file():
-                raise ValueError(f"clamp {self.clamp!r}: value {self.value!r} is neither one of "
+                raise ValueError(f"clamp {self.clamp!r}: value {shown(self.value)} is neither one of "
                                  f"{list(PATTERN_VALUES + ACTIVATION_VALUES)} nor an existing safetensors file")
             object.__setattr__(self, "sha256", _sha256(path))
             _read_tensor(self)  # a bad file is refused when the entry is made, not at the first step
@@ -196,7 +204,25 @@ Intervention = Freeze | Clamp
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(read_regular(path, "clamp file")).hexdigest()
+
+
+# Set while a stored config (a run folder's config.json) is read: its clamp file entries must carry their sha256
+# and no file is opened to compute one (`stored_config`).
+_STORED: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("markov_interp_stored_config", default=None)
+
+
+@contextlib.contextmanager
+def stored_config(where: str) -> Iterator[None]:
+    """Inside the block, clamp entries come from the stored config `where` (`runs.read_run_config`: a run folder's
+    config.json). A file entry must carry the sha256 recorded when it was made, and its file is not opened: probe,
+    report and the config check of `train` read a run folder without opening a file outside it that its
+    config.json names (an entry edited to name /etc/shadow without a sha256 used to be hashed, read whole)."""
+    token = _STORED.set(where)
+    try:
+        yield
+    finally:
+        _STORED.reset(token)
 
 
 # ------------------------------------------------------------------------------------------- parsing
@@ -346,19 +372,19 @@ def _check_file_shape(item: Clamp, value: Tensor, cfg: ModelConfig) -> None:
 def _read_tensor(item: Clamp) -> Tensor:
     """The one tensor of a clamp's safetensors file (float32), after checking its sha256 and, for patterns,
     that its rows are causal and sum to 1."""
-    from safetensors import safe_open
+    from safetensors.torch import load as load_safetensors
 
     path = Path(item.value)
     if not path.is_file():
         raise ValueError(f"clamp {item.clamp!r}: file {item.value} does not exist")
-    digest = _sha256(path)
+    data = read_regular(path, "clamp file")  # once: the hash and the tensors are of the same bytes
+    digest = hashlib.sha256(data).hexdigest()
     if item.sha256 is not None and digest != item.sha256:
         raise ValueError(f"clamp {item.clamp!r}: {item.value} changed since the run was configured (sha256 "
                          f"{digest}, recorded {item.sha256}); restore the file or start a new run")
     try:
-        with safe_open(str(path), framework="pt", device="cpu") as handle:
-            keys = list(handle.keys())
-            tensors = [handle.get_tensor(k) for k in keys]
+        loaded = load_safetensors(data)
+        keys, tensors = list(loaded), list(loaded.values())
     except Exception as err:  # safetensors raises its own error types on corrupt files
         raise ValueError(f"clamp {item.clamp!r}: {item.value} is not a readable safetensors file ({err})") from None
     if len(tensors) != 1:

@@ -14,6 +14,8 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
+from markov_interp.config import shown
+
 if TYPE_CHECKING:  # for annotations only: the commands import what they run, so `--help` stays fast
     from markov_interp.probes import MechanismReport
     from markov_interp.training import RunConfig
@@ -30,6 +32,18 @@ def _parse_heads(text: str) -> "int | tuple[int, ...]":
         raise argparse.ArgumentTypeError(f"must be a count such as 2 or one count per layer such as 1,2, got {text!r}")
     counts = tuple(int(part) for part in parts)
     return counts[0] if len(counts) == 1 else counts
+
+
+def _folder_arg(text: str) -> str:
+    """A folder or file argument (`--out`): the empty name is refused (`runs.folder_path`; `Path("")` is the current
+    folder)."""
+    from markov_interp.runs import folder_path
+
+    try:
+        folder_path(text, "the path")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).replace("the path is empty", "empty")) from None
+    return text
 
 
 class _SourceKinds:
@@ -167,8 +181,9 @@ def _set_threads(args: argparse.Namespace) -> None:
     if args.threads is not None:
         import torch
 
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        from markov_interp.config import MAX_PARALLEL, check_int
+
+        check_int("--threads", args.threads, minimum=1, maximum=MAX_PARALLEL)  # 100000 threads crashed torch
         torch.set_num_threads(args.threads)
 
 
@@ -181,6 +196,8 @@ def _train_overrides(args: argparse.Namespace) -> dict:
     """The run options the command line sets: the shortcut flags given, then `--set` (a clash is an error)."""
     import json
 
+    from markov_interp._io import loads_json
+
     options = {}
     for _, flag, key, _ in _TRAIN_SHORTCUTS:
         value = getattr(args, flag[2:].replace("-", "_"))
@@ -188,9 +205,9 @@ def _train_overrides(args: argparse.Namespace) -> dict:
             options[key] = value
     if "source.kernel" in options:
         try:
-            options["source.kernel"] = json.loads(options["source.kernel"])
+            options["source.kernel"] = loads_json(options["source.kernel"], "--kernel")  # depth-limited
         except json.JSONDecodeError as err:
-            raise ValueError(f"--kernel is not valid JSON ({err.msg}): {args.kernel!r}") from None
+            raise ValueError(f"--kernel is not valid JSON ({err.msg}): {shown(args.kernel)}") from None
     for key, value in _parse_set(args.set or []).items():
         if key in options and options[key] != value:
             raise ValueError(f"--set {key}={value!r} contradicts the flag that set it to {options[key]!r}")
@@ -206,11 +223,13 @@ def _train_run(args: argparse.Namespace):  # -> training.RunConfig (imported laz
 
     options = _train_overrides(args)
     if args.config is not None:
+        from markov_interp._io import read_json
+
         path = Path(args.config)
         if not path.is_file():
             raise FileNotFoundError(f"no run config at {path}")
         try:
-            base = RunConfig.from_json(path.read_text())
+            base = RunConfig.from_dict(read_json(path, "run config"))  # a regular file, bounded, depth-limited
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
         return _with_interventions(override_run(base, options, where="--set"), args)
@@ -246,7 +265,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "Re-running on the same --out resumes from the newest checkpoint; a finished run is not retrained; "
         "a folder holding a different config is refused.",
     )
-    p.add_argument("--out", required=True, metavar="RUN_DIR",
+    p.add_argument("--out", required=True, metavar="RUN_DIR", type=_folder_arg,
                    help="run folder (config.json, metrics.jsonl, model.safetensors)")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="a run config (JSON, e.g. a run folder's config.json) to start from instead of the defaults")
@@ -308,18 +327,30 @@ def _add_train_shortcuts(p: argparse.ArgumentParser) -> None:
 
 
 def _parse_seeds(text: str) -> list[int]:
-    """Seeds from "0-7" (inclusive range), "0,3,5" or a mix ("1,4-6"); ValueError naming --seeds otherwise."""
-    seeds: list[int] = []
+    """Seeds from "0-7" (inclusive range), "0,3,5" or a mix ("1,4-6"); ValueError naming --seeds otherwise. At most
+    `training.plan.MAX_RUNS` seeds, each at most `config.SEED_MAX`, counted before any is listed (`0-1000000` used
+    to build configs for minutes)."""
+    from markov_interp.config import check_seed
+    from markov_interp.training.plan import MAX_RUNS
+
+    spans: list[tuple[int, int]] = []
     for part in text.split(","):
         lo, dash, hi = part.strip().partition("-")
         if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise ValueError(f"--seeds must look like 0-7 or 0,3,5 (seeds >= 0), got {text!r}")
+            raise ValueError(f"--seeds must look like 0-7 or 0,3,5 (seeds >= 0), got {shown(text)}")
         first, last = int(lo), int(hi) if dash else int(lo)
+        for seed in (first, last):
+            check_seed("each of --seeds", seed)
         if last < first:
-            raise ValueError(f"--seeds range {part.strip()!r} is empty (end before start)")
-        seeds += range(first, last + 1)
+            raise ValueError(f"--seeds range {shown(part.strip())} is empty (end before start)")
+        spans.append((first, last))
+    count = sum(last - first + 1 for first, last in spans)
+    if count > MAX_RUNS:
+        raise ValueError(f"--seeds {shown(text)} names {count} seeds, more than the {MAX_RUNS} one command trains; "
+                         "train them in batches")
+    seeds = [seed for first, last in spans for seed in range(first, last + 1)]
     if len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds lists a seed twice: {text!r}")
+        raise ValueError(f"--seeds lists a seed twice: {shown(text)}")
     return seeds
 
 
@@ -452,7 +483,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     )
     _add_probe_options(p, "run folder (config.json, metrics.jsonl, model.safetensors); several, or a sweep folder, "
                        "for a comparison", several=True)
-    p.add_argument("--out", default=None, metavar="FILE",
+    p.add_argument("--out", default=None, metavar="FILE", type=_folder_arg,
                    help="HTML file to write (default RUN_DIR/report.html; a sweep's SWEEP/compare.html)")
     p.add_argument("--max-checkpoints", type=int, default=8, help="checkpoints re-probed for the dynamics (default 8)")
 
@@ -535,7 +566,8 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
         "on. Writes OUT/results.csv (and results.parquet with pyarrow). Exit code 1 if any cell failed.",
     )
     p.add_argument("spec", metavar="SPEC", help="sweep spec file (.toml, or .json)")
-    p.add_argument("--out", default=None, metavar="SWEEP_DIR", help="sweep folder (default runs/sweep-<spec file name>)")
+    p.add_argument("--out", default=None, metavar="SWEEP_DIR", type=_folder_arg,
+                   help="sweep folder (default runs/sweep-<spec file name>)")
     p.add_argument("--backend", choices=["local", "ray"], default="local",
                    help="local process pool (default) or Ray tasks on the cluster ray.init() finds")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="local processes (default: all cores)")
@@ -677,10 +709,22 @@ def _one_line(err: BaseException) -> str:
     """An error as one line: the message of errors the package raises, the type too for anything else
     (OSError's text names the file: "[Errno 28] No space left on device: 'runs/a/metrics.jsonl'")."""
     from markov_interp.runs import RunFolderError, TrainingDiverged
+    from markov_interp.sweep.executors import ClusterLost
 
-    text = str(err) if isinstance(err, (ValueError, OSError, RunFolderError, TrainingDiverged)) else (
+    text = str(err) if isinstance(err, (ValueError, OSError, RunFolderError, TrainingDiverged, ClusterLost)) else (
         f"{type(err).__name__}: {err}")
-    return " ".join(text.split()) or type(err).__name__
+    return _capped(" ".join(text.split())) or type(err).__name__
+
+
+MAX_LINE = 2000  # the most characters of an error or warning line (a bad value is quoted whole nowhere)
+
+
+def _capped(text: str) -> str:
+    """`text` cut to `MAX_LINE` characters, its start and end kept (a message quoting a 60 MB value gives a line,
+    not 60 MB on stderr)."""
+    if len(text) <= MAX_LINE:
+        return text
+    return f"{text[:MAX_LINE - 300]} ... ({len(text) - MAX_LINE + 100} characters cut) ... {text[-200:]}"
 
 
 def _quiet_stdout() -> None:
@@ -698,7 +742,7 @@ def _print_warning(command: str) -> Any:
     warning: ...", whitespace collapsed, the category named unless it is a UserWarning or a subclass)."""
     def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
         kind = "" if issubclass(category, UserWarning) else f"{category.__name__}: "
-        print(f"markov-interp {command}: warning: {kind}{' '.join(str(message).split())}", file=sys.stderr)
+        print(f"markov-interp {command}: warning: {kind}{_capped(' '.join(str(message).split()))}", file=sys.stderr)
 
     return show
 

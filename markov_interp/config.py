@@ -8,9 +8,10 @@ A config is a frozen, keyword-only dataclass that also derives from `Config`, wh
   separate message when a value that should be a table (a dict) is not (`"source": "binary"`);
 - `replace(**changes)`: `dataclasses.replace` after checking the field names.
 
-The validators below (`check_int`, `check_number`, `check_choice`, `check_probability`, `check_bool`) are the
-common checks of `__post_init__` methods and of public functions' arguments; each raises a `ValueError` naming the
-option, what it takes and the bad value. No module writes `isinstance(x, bool) or not isinstance(x, int)` itself
+The validators below (`check_int`, `check_number`, `check_choice`, `check_probability`, `check_bool`, `check_seed`)
+are the common checks of `__post_init__` methods and of public functions' arguments; each raises a `ValueError`
+naming the option, what it takes and the bad value, quoted by `shown` (at most about 200 characters of it: a 60 MB
+string in a config gives a line, not 60 MB). No module writes `isinstance(x, bool) or not isinstance(x, int)` itself
 (tests/project/test_standards.py scans for it).
 
 `check_value` is the one annotation checker: a value against its annotation (`check_type`) and the limits of
@@ -21,8 +22,8 @@ thresholds: bounds declared per field, or a class's own rule for its fields).
 divergence record, metrics rows, reference-cache entries): its `__post_init__` checks every field against its
 annotation (`check_type`: `Optional[int]`, `tuple[int, int]`, `dict`, ...) and the bounds given with `bounds()`,
 then the record's own rules across fields (`check`). One definition per file kind, read and written through it,
-instead of checks written by hand at each read. This module imports nothing from the package, so every stage can
-use it.
+instead of checks written by hand at each read. This module imports only `_io` (which imports nothing of the
+package), so every stage can use it; JSON it parses goes through `_io.loads_json` (a depth limit).
 
 >>> import dataclasses
 >>> @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,10 +43,13 @@ import dataclasses
 import functools
 import json
 import math
+import reprlib
 import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Optional, TypeVar, Union
+
+from markov_interp._io import loads_json
 
 __all__ = [
     "Config",
@@ -55,6 +59,10 @@ __all__ = [
     "check_choice",
     "check_probability",
     "check_bool",
+    "check_seed",
+    "SEED_MAX",
+    "MAX_PARALLEL",
+    "shown",
     "to_jsonable",
     "Checked",
     "check_type",
@@ -79,7 +87,7 @@ def parse_value(text: str) -> Any:
     (0.01, [1, 2], 'uniform')
     """
     try:
-        return json.loads(text)
+        return loads_json(text, "the value")
     except json.JSONDecodeError:
         return text
 
@@ -93,7 +101,7 @@ def parse_setting(item: str, *, flag: str = "--set") -> tuple[str, Any]:
     """
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
-        raise ValueError(f"{flag} takes KEY=VALUE, got {item!r}")
+        raise ValueError(f"{flag} takes KEY=VALUE, got {shown(item)}")
     return key.strip(), parse_value(text)
 
 
@@ -117,7 +125,7 @@ def check_keys(cls: type, data: Any, *, where: Optional[str] = None, what: str =
     name = cls.__name__
     if not isinstance(data, Mapping):
         place = f"{where} must be" if where else "must be given"
-        raise ValueError(f"{name}: {place} a table (dict) of options, got {type(data).__name__} {data!r}")
+        raise ValueError(f"{name}: {place} a table (dict) of options, got {type(data).__name__} {shown(data)}")
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known, key=str)
     if unknown:
@@ -160,7 +168,7 @@ class Config:
     def from_json(cls: type[C], text: str) -> C:
         """Inverse of `to_json`; text that is not JSON raises ValueError."""
         try:
-            data = json.loads(text)
+            data = loads_json(text, cls.__name__)
         except json.JSONDecodeError as err:
             raise ValueError(f"{cls.__name__} is not valid JSON: {err}") from None
         return cls.from_dict(data)
@@ -172,6 +180,53 @@ class Config:
 
 
 # ----------------------------------------------------------------------------------------------- validators
+SHOWN_CHARACTERS = 200  # the most characters of a bad value a message quotes
+
+
+def _make_repr() -> reprlib.Repr:
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = SHOWN_CHARACTERS
+    short.maxlevel, short.maxlong = 4, 60
+    short.maxlist = short.maxtuple = short.maxdict = short.maxset = short.maxfrozenset = short.maxdeque = 12
+    return short
+
+
+_SHORT_REPR = _make_repr()
+
+
+def shown(value: Any) -> str:
+    """`repr(value)` for an error message, cut to about `SHOWN_CHARACTERS` characters (long strings and lists keep
+    their ends, `...` between), nested containers to 4 levels; an integer too long to print is described.
+
+    >>> shown("x" * 10**6)[:12], len(shown("x" * 10**6)) <= 210, shown(10**5000)
+    ("'xxxxxxxxxxx", True, 'an integer of 16610 bits')
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 160:
+        return f"{'a negative' if value < 0 else 'an'} integer of {value.bit_length()} bits"
+    try:
+        text = _SHORT_REPR.repr(value)
+    except Exception:  # a repr that fails (or a huge int nested in a list): say what it is
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= SHOWN_CHARACTERS + 10 else text[:SHOWN_CHARACTERS] + "..."
+
+
+MAX_PARALLEL = 512  # the most threads (`--threads`) or worker processes (`workers`) one command starts
+
+SEED_MAX = 2**63 - 1  # the largest seed: every generator the package seeds takes a signed 64-bit integer
+
+
+def check_seed(name: str, value: Any) -> None:
+    """A seed: an integer in 0..SEED_MAX (`torch.Generator.manual_seed` takes 64 bits; `2**70` used to pass the
+    config check and fail at the first generator with "Overflow when unpacking long long").
+
+    >>> check_seed("seed", 2**70)
+    Traceback (most recent call last):
+    ...
+    ValueError: seed must be an integer in 0..9223372036854775807, got 1180591620717411303424
+    """
+    check_int(name, value, minimum=0, maximum=SEED_MAX)
+
+
 def check_int(name: str, value: Any, *, minimum: Optional[int] = None, maximum: Optional[int] = None,
               none_ok: bool = False) -> None:
     """An integer (not a bool) >= `minimum` and <= `maximum` (either may be None: no bound); with `none_ok` None
@@ -189,7 +244,7 @@ def check_int(name: str, value: Any, *, minimum: Optional[int] = None, maximum: 
         what = ("an integer" + (f" >= {minimum}" if maximum is None and minimum is not None else "")
                 + (f" in {minimum}..{maximum}" if maximum is not None and minimum is not None else "")
                 + (f" <= {maximum}" if minimum is None and maximum is not None else ""))
-        raise ValueError(f"{name} must be {'None or ' if none_ok else ''}{what}, got {value!r}")
+        raise ValueError(f"{name} must be {'None or ' if none_ok else ''}{what}, got {shown(value)}")
 
 
 def check_number(name: str, value: Any, *, minimum: Optional[float | int] = None, positive: bool = False,
@@ -200,27 +255,27 @@ def check_number(name: str, value: Any, *, minimum: Optional[float | int] = None
     noun = "a finite number" if finite else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
             or (finite and not math.isfinite(value)):
-        raise ValueError(f"{name} must be {noun}{bound}, got {value!r}")
+        raise ValueError(f"{name} must be {noun}{bound}, got {shown(value)}")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be {noun}{bound}, got {value!r}")
+        raise ValueError(f"{name} must be {noun}{bound}, got {shown(value)}")
     if positive and value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
+        raise ValueError(f"{name} must be > 0, got {shown(value)}")
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> None:
     """One of `choices`."""
     if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+        raise ValueError(f"{name} must be one of {list(choices)}, got {shown(value)}")
 
 
 def check_probability(name: str, value: Any, *, strict: bool = False) -> float:
     """A number in [0, 1] (NaN refused), with `strict` in (0, 1); returned as a float."""
     if strict:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
-            raise ValueError(f"{name} must be a probability strictly between 0 and 1, got {value!r}")
+            raise ValueError(f"{name} must be a probability strictly between 0 and 1, got {shown(value)}")
         return float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+        raise ValueError(f"{name} must be a number in [0, 1], got {shown(value)}")
     value = float(value)
     if not (0.0 <= value <= 1.0):  # also refuses NaN
         raise ValueError(f"{name} must be in [0, 1], got {value}")
@@ -230,7 +285,7 @@ def check_probability(name: str, value: Any, *, strict: bool = False) -> float:
 def check_bool(name: str, value: Any) -> None:
     """True or False (not 0 / 1)."""
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+        raise ValueError(f"{name} must be True or False, got {shown(value)}")
 
 
 # ------------------------------------------------------------------------------------------ typed records
@@ -265,7 +320,7 @@ def check_type(name: str, value: Any, kind: Any) -> Any:
         return value
     if origin is typing.Literal:
         if value not in args:
-            raise ValueError(f"{name} must be one of {list(args)}, got {value!r}")
+            raise ValueError(f"{name} must be one of {list(args)}, got {shown(value)}")
         return value
     if origin in (Union, types.UnionType):
         others = [arm for arm in args if arm is not type(None)]
@@ -276,22 +331,22 @@ def check_type(name: str, value: Any, kind: Any) -> Any:
                 return check_type(name, value, arm)
             except ValueError:
                 continue
-        raise ValueError(f"{name} must be {_type_name(kind)}, got {value!r}")
+        raise ValueError(f"{name} must be {_type_name(kind)}, got {shown(value)}")
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{name} must be a list, got {value!r}")
+            raise ValueError(f"{name} must be a list, got {shown(value)}")
         if origin is tuple and args and args[-1] is not Ellipsis and len(value) != len(args):
-            raise ValueError(f"{name} must be a list of {len(args)} values, got {value!r}")
+            raise ValueError(f"{name} must be a list of {len(args)} values, got {shown(value)}")
         items = [check_type(f"{name}[{i}]", v, args[0] if len(args) == 1 or args[-1] is Ellipsis else args[i])
                  for i, v in enumerate(value)] if args else list(value)
         return tuple(items) if origin is tuple else items
     if origin is dict or kind is dict:
         if not isinstance(value, dict):
-            raise ValueError(f"{name} must be a table, got {value!r}")
+            raise ValueError(f"{name} must be a table, got {shown(value)}")
         if args:
             for k, v in value.items():
                 check_type(f"{name} key", k, args[0])
-                check_type(f"{name}[{k!r}]", v, args[1])
+                check_type(f"{name}[{shown(k)}]", v, args[1])
         return value
     if kind is type(None) or kind is None:
         ok = value is None
@@ -302,7 +357,7 @@ def check_type(name: str, value: Any, kind: Any) -> Any:
     else:
         ok = isinstance(value, kind)
     if not ok:
-        raise ValueError(f"{name} must be {_type_name(kind)}, got {value!r}")
+        raise ValueError(f"{name} must be {_type_name(kind)}, got {shown(value)}")
     return value
 
 
@@ -329,7 +384,7 @@ def _check_bounds(name: str, value: Any, *, minimum: Optional[float | int] = Non
                   integer: bool = False) -> None:
     if isinstance(value, (list, tuple)):
         if nonempty and not value:
-            raise ValueError(f"{name} must be a non-empty list, got {value!r}")
+            raise ValueError(f"{name} must be a non-empty list, got {shown(value)}")
         for i, v in enumerate(value):
             _check_bounds(f"{name}[{i}]", v, minimum=minimum, maximum=maximum, finite=finite, nonempty=nonempty,
                           integer=integer)
@@ -337,14 +392,19 @@ def _check_bounds(name: str, value: Any, *, minimum: Optional[float | int] = Non
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if finite and not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise ValueError(f"{name} must be a finite number, got {shown(value)}")
     if (minimum is not None and not value >= minimum) or (maximum is not None and not value <= maximum):
         noun = "an integer" if integer else "a number"
         if minimum is not None and maximum is not None:
-            what = f"in [{minimum:g}, {maximum:g}]"
+            what = f"in [{_bound(minimum)}, {_bound(maximum)}]"
         else:
-            what = f"{noun} >= {minimum:g}" if minimum is not None else f"{noun} <= {maximum:g}"
-        raise ValueError(f"{name} must be {what}, got {value!r}")
+            what = f"{noun} >= {_bound(minimum)}" if minimum is not None else f"{noun} <= {_bound(maximum)}"
+        raise ValueError(f"{name} must be {what}, got {shown(value)}")
+
+
+def _bound(x: float | int) -> str:
+    """A bound in a message: integers in full (1048576, not 1.04858e+06), other numbers short."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def check_value(name: str, value: Any, kind: Any, **limits: Any) -> Any:

@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 import torch
 
+from markov_interp.config import shown
+
 __all__ = ["resolve_device", "check_device_name", "available_devices", "KINDS"]
 
 KINDS = ("cpu", "cuda", "mps")  # the device types a run, probe or report may use ("auto" picks one)
@@ -66,9 +68,9 @@ def check_device_name(device: Any, *, what: str = "device") -> str:
     if isinstance(device, torch.device):
         device = str(device)
     if not isinstance(device, str):
-        raise ValueError(f"{what} must be a device name such as 'auto', 'cpu' or 'cuda', got {device!r}")
+        raise ValueError(f"{what} must be a device name such as 'auto', 'cpu' or 'cuda', got {shown(device)}")
     if device != "auto" and _NAME.match(device) is None:
-        raise ValueError(f"{what} {device!r} is not one markov-interp runs on (auto, cpu, cuda, cuda:N, mps); "
+        raise ValueError(f"{what} {shown(device)} is not one markov-interp runs on (auto, cpu, cuda, cuda:N, mps); "
                          f"available here: {', '.join(available_devices())}")
     return device
 
@@ -95,7 +97,7 @@ def resolve_device(device: Any, *, what: str = "device") -> torch.device:
     kind, index = _NAME.match(device).groups()  # type: ignore[union-attr]
     problem = _PROBLEMS[kind](index, f"available here: {', '.join(available_devices())}")
     if problem is not None:
-        raise ValueError(f"{what} {device!r}: {problem}")
+        raise ValueError(f"{what} {shown(device)}: {problem}")
     return torch.device(device)
 
 

@@ -65,13 +65,13 @@ a,b,c) work for it, and `reproduce --extras` runs it at its full budget into OUT
 
 import argparse
 import importlib
-import json
 import pkgutil
 import sys
 import typing
 from pathlib import Path
 from typing import Any, Optional
 
+from markov_interp._io import read_json
 from markov_interp.config import parse_setting, parse_value
 from markov_interp.experiments._base import (RESULTS_FILE, SMOKE, SUMMARY_FILE, Budget, Experiment, Finished,
                                              Provenance, Section, Summary, Table, describe_device, render_markdown,
@@ -159,11 +159,9 @@ def load(path: "str | Path", name: Optional[str] = None) -> Finished:
     """
     file = Path(path) / RESULTS_FILE if Path(path).is_dir() else Path(path)
     try:
-        data = json.loads(file.read_text())
+        data = read_json(file, "results file")  # a regular file, bounded, depth-limited
         title, budget_data, provenance, result = (data["title"], data["budget"], data["provenance"],
                                                   data["result"])
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file}: not JSON ({err})") from None
     except (KeyError, TypeError):
         raise ValueError(f"{file}: not an experiment's results.json (it needs title, provenance, budget and "
                          "result)") from None

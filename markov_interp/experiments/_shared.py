@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp import dynamics
-from markov_interp._io import atomic_write
+from markov_interp._io import atomic_write, read_json
 from markov_interp.experiments._base import Summary
 
 __all__ = ["mean", "mean_interval", "proportion", "train_grid", "cached_measure", "GridResult", "log2_label"]
@@ -73,10 +73,10 @@ def cached_measure(work: Path, cell_id: str, key: str, measure: Callable[[], dic
     path = work / MEASURES_DIR / f"{cell_id}.json"
     if path.exists():
         try:
-            stored = json.loads(path.read_text())
+            stored = read_json(path, "results file")  # a regular file, bounded, depth-limited
             if stored.get("key") == key:
                 return stored["value"]
-        except (json.JSONDecodeError, OSError, KeyError, AttributeError):
+        except (ValueError, OSError, KeyError, AttributeError):
             pass  # a damaged cache entry is measured again
     value = measure()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ same in every block; by default it is d_model // (the largest count).
 import dataclasses
 from typing import Any, ClassVar, Optional
 
-from markov_interp.config import Config, check_bool, check_choice, check_int, check_keys, check_number
+from markov_interp.config import Config, check_bool, check_choice, check_int, check_keys, check_number, shown
 
 __all__ = ["ModelConfig", "PRESETS", "preset", "INIT_FIELDS", "shape_config"]
 
@@ -106,7 +106,7 @@ class ModelConfig(Config):
         check_choice("init", self.init, _INITS)
         if self.layernorm_bias and self.normalization != "LN":
             raise ValueError(
-                f"layernorm_bias=True needs normalization='LN' (got normalization={self.normalization!r}, "
+                f"layernorm_bias=True needs normalization='LN' (got normalization={shown(self.normalization)}, "
                 "which has no LayerNorm parameters)"
             )
         if self.positional == "rotary" and self.d_head % 2:
@@ -128,11 +128,11 @@ class ModelConfig(Config):
     def _check_attention_init(self) -> None:
         check_choice("init_attention", self.init_attention, _ATTENTION_INITS)
         if self.init != "standard" or self.positional != "standard":
-            raise ValueError(f"init_attention={self.init_attention!r} needs init='standard' and learned positions "
-                             f"(positional='standard'), got init={self.init!r}, positional={self.positional!r}")
+            raise ValueError(f"init_attention={shown(self.init_attention)} needs init='standard' and learned positions "
+                             f"(positional='standard'), got init={shown(self.init)}, positional={shown(self.positional)}")
         code = 2 * POSITION_FREQUENCIES
         if self.d_head < code or self.d_model < code + 1 + self.d_vocab:
-            raise ValueError(f"init_attention={self.init_attention!r} needs d_head >= {code} and d_model >= "
+            raise ValueError(f"init_attention={shown(self.init_attention)} needs d_head >= {code} and d_model >= "
                              f"{code + 1 + self.d_vocab} (a {code}-dimensional position code beside the states), got "
                              f"d_head={self.d_head}, d_model={self.d_model}")
 
@@ -243,5 +243,5 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     ((1, 2), 4)
     """
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; valid presets are {sorted(PRESETS)}")
+        raise ValueError(f"unknown preset {shown(name)}; valid presets are {sorted(PRESETS)}")
     return ModelConfig().replace(**{**PRESETS[name], **overrides})

@@ -45,7 +45,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from markov_interp._io import atomic_write
+from markov_interp._io import atomic_write, loads_json, read_regular
 from markov_interp.devices import resolve_device
 from markov_interp.models import _tl
 from markov_interp.models._tl import first_norm, forward_from, hooked_kind, is_bridge, tl_version
@@ -407,7 +407,7 @@ def _split_header(data: bytes, source: str) -> tuple[dict, bytes]:
         raise ValueError(f"{source} is not a readable safetensors file (its header is cut short: "
                          f"{len(data)} bytes; truncated?)")
     try:
-        header = json.loads(data[8:8 + size])
+        header = loads_json(data[8:8 + size], f"{source}'s safetensors header")  # depth-limited
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{source} is not a readable safetensors file (header: {err})") from None
     if not isinstance(header, dict):
@@ -447,8 +447,9 @@ def read_weights(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tens
 def read_weights_file(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str, Tensor], dict[str, str]]:
     """The config, raw tensors and metadata of a weights file written by `save` / `save_state`.
 
-    The file is read by Python first, so a file this process may not read raises PermissionError naming it
-    (safetensors' own open reports "No such file" for it).
+    The file is read by Python first (`_io.read_regular`: a regular file, at most this machine's memory), so a file
+    this process may not read raises PermissionError naming it (safetensors' own open reports "No such file" for
+    it), and a FIFO or device there is refused instead of read.
 
     Args:
         path: a `.safetensors` file, or a folder holding `model.safetensors`.
@@ -463,9 +464,11 @@ def read_weights_file(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str,
     """
     from safetensors.torch import load as st_load
 
+    from markov_interp.models.memory import memory_limit
+
     path = _resolve_weights_path(path)
-    with open(path, "rb") as handle:
-        data = handle.read()
+    # a regular file, not larger than this machine's memory (a model that large could not be loaded anyway)
+    data = read_regular(path, "weights file", limit=memory_limit("cpu")[0])
     header, _ = _split_header(data, str(path))
     try:
         state = st_load(data)
@@ -475,7 +478,7 @@ def read_weights_file(path: "str | os.PathLike") -> tuple[ModelConfig, dict[str,
     if not isinstance(metadata, dict) or _CONFIG_KEY not in metadata:
         raise ValueError(f"{path} has no markov-interp model config in its metadata (not written by models.save?)")
     try:
-        cfg = ModelConfig.from_dict(json.loads(metadata[_CONFIG_KEY]))
+        cfg = ModelConfig.from_dict(loads_json(metadata[_CONFIG_KEY], f"{path}: the model config in its metadata"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: model config in metadata is not valid JSON ({err})") from None
     except (ValueError, TypeError) as err:

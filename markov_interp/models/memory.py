@@ -5,54 +5,26 @@ estimate the bytes of the parameters with their gradients and optimiser state, a
 backward) pass, as `Need`s: a quantity, its bytes, and the config fields it grows with. `check_needs` compares
 their sum with the memory of the device (`memory_limit`: physical memory, or a cgroup limit below it, on the CPU;
 the GPU's memory on CUDA) and raises `PlanTooLarge` naming the field behind the largest need and the memory it
-would take, before a byte of it is allocated (`training.plan` for training, the CLI for probes; docs/faults.md).
+would take, before a byte of it is allocated (`training.plan` for training, the CLI and the probes' entry check
+for probes; docs/faults.md). `Need`, `check_needs`, `memory_limit` and `PlanTooLarge` are `markov_interp._plan`'s
+(samplers and theory use them too), re-exported here.
 
 The estimates are lower bounds of the order of magnitude (float32 activations, the largest tensors of each
 block), meant to refuse absurd sizes (`d_model=10**9`, `n_ctx=10**9`, `vocab=10**6`), not to predict a peak.
 """
 
-import dataclasses
 import math
-import os
-from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
+# the plan's pieces live in `_plan` (samplers and theory use them too); re-exported here
+from markov_interp._plan import Need, PlanTooLarge, check_needs, human_bytes, memory_limit
 from markov_interp.models.config import ModelConfig
 from markov_interp.models.init import state_shapes
 
-__all__ = ["Need", "PlanTooLarge", "parameter_count", "model_needs", "forward_needs", "memory_limit",
+__all__ = ["Need", "PlanTooLarge", "parameter_count", "model_needs", "forward_needs", "hooked_needs", "memory_limit",
            "check_needs", "check_probe", "human_bytes"]
 
 _FLOAT = 4  # bytes of a float32
-
-
-class PlanTooLarge(ValueError):
-    """A run or probe would need more memory (or disk) than the machine has; the message names the field."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Need:
-    """Memory one part of a plan needs: `what` it is, its `bytes`, and the fields it grows with as
-    ((field, value), ...), largest value first: the first is the one a refusal names."""
-
-    what: str
-    bytes: int
-    fields: tuple
-
-    @classmethod
-    def of(cls, what: str, n_bytes: "int | float", fields: Sequence[tuple[str, Any]]) -> "Need":
-        """A need whose fields are sorted by value (the largest is the likeliest culprit)."""
-        ordered = tuple(sorted(fields, key=lambda fv: -float(fv[1])))
-        return cls(what=what, bytes=int(min(n_bytes, 2**62)), fields=ordered)
-
-
-def human_bytes(n: "int | float") -> str:
-    """`n` bytes in binary units ("1.5 GiB")."""
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def parameter_count(cfg: ModelConfig) -> int:
@@ -105,63 +77,46 @@ def forward_needs(cfg: ModelConfig, *, batch: int, seq_len: int, members: int = 
     Returns:
         The `Need`.
     """
-    heads = sum(cfg.heads_per_layer)
-    per_token = cfg.n_layers * 6 * cfg.d_model + heads * 4 * cfg.d_head + 3 * cfg.d_vocab
-    if not cfg.attn_only:
-        per_token += cfg.n_layers * 2 * cfg.d_mlp
-    floats = batch * seq_len * (per_token + heads * 2 * seq_len) * members
+    floats = _activation_floats(n_layers=cfg.n_layers, heads=sum(cfg.heads_per_layer), d_model=cfg.d_model,
+                                d_head=cfg.d_head, d_vocab=cfg.d_vocab, d_mlp=0 if cfg.attn_only else cfg.d_mlp,
+                                batch=batch, seq_len=seq_len) * members
     fields = [(batch_field, batch), (seq_field, seq_len), ("model.d_model", cfg.d_model),
               ("model.d_vocab", cfg.d_vocab), ("model.n_layers", cfg.n_layers)] + (
         [("members", members)] if members > 1 else [])
     return Need.of("the activations", floats * _FLOAT * (2 if backward else 1), fields)
 
 
-def memory_limit(device: Any) -> tuple[int, str]:
-    """(bytes, description) of the memory a plan on `device` may use: the GPU's memory on CUDA; on the CPU the
-    physical memory, or the cgroup (container) limit when lower."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        return int(total), f"the {human_bytes(total)} of {device}"
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - platforms without sysconf
-        total = 2**62
-    try:
-        with open("/sys/fs/cgroup/memory.max") as handle:
-            text = handle.read().strip()
-        if text.isdigit():
-            total = min(total, int(text))
-    except OSError:
-        pass
-    return int(total), f"the {human_bytes(total)} of memory of this machine"
+def _activation_floats(*, n_layers: int, heads: int, d_model: int, d_head: int, d_vocab: int, d_mlp: int,
+                       batch: int, seq_len: int) -> int:
+    """Floats of one forward pass's activations (`forward_needs`): per block the residual stream, every head's
+    queries, keys, values and outputs, the attention scores and pattern, the MLP's hidden layer; the logits."""
+    per_token = n_layers * 6 * d_model + heads * 4 * d_head + 3 * d_vocab + n_layers * 2 * d_mlp
+    return batch * seq_len * (per_token + heads * 2 * seq_len)
 
 
-def check_needs(needs: Sequence[Need], limit: tuple[int, str], *, where: str, hint: Optional[str] = None) -> None:
-    """Refuse a plan whose needs add up to more than `limit` (`memory_limit`); free disk is `training.plan`'s.
+def hooked_needs(model: Any, *, batch: int, seq_len: int, fields: list[tuple[str, Any]]) -> list[Need]:
+    """The weights of a built hooked model (any TransformerLens model: its `cfg` and parameters) and one forward
+    pass without gradients over `batch` x `seq_len` tokens: the probes' entry plan (`probes._common.probe_needs`).
 
     Args:
-        needs: what the plan needs.
-        limit: (bytes, description) of what there is.
-        where: who refuses ("train", "probe", ...), the message's start.
-        hint: what to do instead (default: lower the named field).
+        model: the hooked model.
+        batch, seq_len: the probe batch (0: no forward pass planned).
+        fields: the probe's arguments the batch comes from (how a refusal names them).
 
-    Raises:
-        PlanTooLarge: naming the field behind the largest need, its value, that need's bytes and the total.
+    Returns:
+        The needs.
     """
-    total = sum(n.bytes for n in needs)
-    if total <= limit[0]:
-        return
-    worst = max(needs, key=lambda n: n.bytes)
-    field, value = worst.fields[0] if worst.fields else ("?", "?")
-    others = ", ".join(f"{f}={v}" for f, v in worst.fields[1:4])
-    raise PlanTooLarge(
-        f"{where}: {field}={value} is too large: {worst.what} would need {human_bytes(worst.bytes)} of memory"
-        f"{f' (with {others})' if others else ''}, {human_bytes(total)} in all, more than {limit[1]}; "
-        f"{hint or f'lower {field}'} (refused before anything was written)"
-    )
+    cfg = model.cfg
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    needs = [Need.of("the weights", weights, [("model.d_model", cfg.d_model), ("model.n_layers", cfg.n_layers)])]
+    if batch and seq_len:
+        d_mlp = 0 if getattr(cfg, "attn_only", False) else int(getattr(cfg, "d_mlp", None) or 0)
+        floats = _activation_floats(n_layers=cfg.n_layers, heads=cfg.n_layers * cfg.n_heads, d_model=cfg.d_model,
+                                    d_head=cfg.d_head, d_vocab=cfg.d_vocab, d_mlp=d_mlp, batch=batch,
+                                    seq_len=seq_len)
+        needs.append(Need.of("the activations", floats * _FLOAT, fields or [("sequences", batch),
+                                                                            ("positions", seq_len)]))
+    return needs
 
 
 def check_probe(cfg: ModelConfig, *, n_sequences: int, seq_len: int, device: Any, where: str = "probe") -> None:

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from markov_interp import theory
 from markov_interp._display import displayed
-from markov_interp.config import check_int
+from markov_interp._plan import Need, check_needs, memory_limit
+from markov_interp.config import SEED_MAX, check_int, check_type, check_value, shown
 from markov_interp.sources import KernelSource, Source, add_beta_predictions, context_index, kernel_predictions
 from markov_interp.models import HookedModel, weights_metadata
 # the hook-name functions of the probes; their one home is `models.hooks` (TransformerLens's names)
@@ -446,13 +447,253 @@ def _expected(annotation: Any) -> Optional[tuple[tuple[type, ...], str]]:
 
 
 def _describe_value(value: Any) -> str:
-    return _describe(value) if isinstance(value, Tensor) else f"{type(value).__name__} {value!r}"[:120]
+    return _describe(value) if isinstance(value, Tensor) else f"{type(value).__name__} {shown(value)}"[:120]
+
+
+# ------------------------------------------------------------------------------------------- argument values
+MAX_PROBE_SIZE = 2**20  # sequences, positions, lags, kernels a probe's argument may name (the plan bounds products)
+MAX_PROBE_ORDER = 16  # orders of in-context laws and induction (V**k contexts; the plan bounds them by V)
+MAX_STEPS = 1024  # integration steps of edge attribution (each a forward and backward pass)
+MAX_PSEUDOCOUNT = 1e9  # beta, alpha: an add-beta estimator with more is the uniform law to within 1e-3 nats
+
+_PLANNED = dict(minimum=1, maximum=2**62)  # sizes the memory plan bounds (`probe_needs`): PlanTooLarge names them
+_SIZE = dict(minimum=1, maximum=MAX_PROBE_SIZE)
+_ORDER = dict(minimum=0, maximum=MAX_PROBE_ORDER)
+_FRACTION = dict(minimum=0, maximum=1)
+# The bounds of the probes' plain arguments, by name (`checked` applies them to every public probe, and to the
+# keywords a probe passes on: `circuit_formation(**discover)`); a probe's own checks (a minimum of 2, a choice of
+# names) still follow. A new parameter gets `DEFAULT_LIMITS` by its type until it is named here.
+PARAMETER_LIMITS: dict[str, dict[str, Any]] = {
+    "n_sequences": _PLANNED, "circuit_sequences": _PLANNED, "seq_len": _PLANNED, "n_ctx": _PLANNED,
+    "trained": _PLANNED, "n_kernels": _PLANNED, "vocab": _SIZE, "lag": _SIZE, "max_lag": _SIZE,
+    "n_flip_positions": _SIZE, "max_edges": dict(minimum=0, maximum=MAX_PROBE_SIZE),
+    "skip": dict(minimum=0, maximum=MAX_PROBE_SIZE), "position": dict(minimum=-MAX_PROBE_SIZE, maximum=MAX_PROBE_SIZE),
+    "seed": dict(minimum=0, maximum=SEED_MAX),
+    "order": _ORDER, "max_order": _ORDER, "source_order": _ORDER,
+    "steps": dict(minimum=1, maximum=MAX_STEPS),
+    "beta": dict(minimum=0, maximum=MAX_PSEUDOCOUNT), "alpha": dict(minimum=0, maximum=MAX_PSEUDOCOUNT),
+    # fractions of a total: min_fraction 2 or infinity used to be accepted (no edge can carry twice the total)
+    "min_fraction": _FRACTION, "target_faithfulness": _FRACTION, "early": _FRACTION, "late": _FRACTION,
+    "in_context_fraction": dict(minimum=-1, maximum=2),
+    "min_effect": dict(minimum=0, maximum=1e6), "threshold": dict(minimum=-1e6, maximum=1e6),
+    "head_excess": dict(minimum=-1e6, maximum=1e6),
+    # representation probes (`fit_probe`, and its options passed on by `linear_probe` / `probe_layers`)
+    "n_bootstrap": dict(minimum=0, maximum=2**62), "n_boot": dict(minimum=0, maximum=2**62),  # planned
+    "penalty": dict(minimum=0, maximum=MAX_PSEUDOCOUNT), "test_fraction": _FRACTION, "cut": _FRACTION,
+    "max_iter": dict(minimum=1, maximum=MAX_PROBE_SIZE),
+}
+DEFAULT_LIMITS: dict[Any, dict[str, Any]] = {int: dict(minimum=0, maximum=MAX_PROBE_SIZE),
+                                             float: dict(minimum=-1e6, maximum=1e6)}
+_PLAIN = (int, float, bool, str)
+
+
+def _plain_kind(annotation: Any) -> Any:
+    """The plain type a parameter annotated `annotation` takes (int, float, bool, str, a Literal; Optional
+    unwrapped; `float | int` is float), or None for anything else (tensors, containers, models, callables)."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return annotation
+    arms = [a for a in typing.get_args(annotation) if a is not type(None)] if typing.get_origin(annotation) in (
+        Union, types.UnionType) else [annotation]
+    if arms and all(a in (int, float) for a in arms):
+        return float if float in arms else int
+    return arms[0] if len(arms) == 1 and (arms[0] in _PLAIN or typing.get_origin(arms[0]) is typing.Literal) \
+        else None
+
+
+def parameter_limits(name: str, annotation: Any) -> Optional[dict[str, Any]]:
+    """The bounds `checked` applies to a probe parameter (`PARAMETER_LIMITS` by name, else `DEFAULT_LIMITS` by
+    type; {} for booleans, strings and Literals, whose type alone is checked), None when it is no plain value."""
+    kind = _plain_kind(annotation)
+    if kind is None:
+        return None
+    if kind in (int, float):
+        return dict(PARAMETER_LIMITS.get(name, DEFAULT_LIMITS[kind]))
+    return {}
+
+
+def check_finite_model(model: HookedModel, where: str) -> None:
+    """Refuse a model whose weights hold NaN or infinity: its probes would name a mechanism for a broken model
+    (NaN weights used to be labelled "other"). The one message of every probe; checked again only after a
+    weight changes (the tensors' version counters).
+
+    Args:
+        model: a hooked model.
+        where: the probe, for the message.
+
+    Raises:
+        ValueError: naming up to three of the non-finite weights.
+    """
+    params = list(model.named_parameters())
+    key = tuple((id(p), p._version) for _, p in params)
+    if getattr(model, "_markov_finite_key", None) == key:
+        return
+    bad = [name.replace("._original_component", "") for name, p in params  # a bridge's names as TL's
+           if p.is_floating_point() and not bool(torch.isfinite(p).all())]
+    if bad:
+        raise ValueError(f"{where}: the model's weights hold NaN or infinity ({', '.join(bad[:3])}"
+                         f"{' ...' if len(bad) > 3 else ''}); probes refuse a model whose weights are not finite "
+                         "(a diverged run has no trained model)")
+    model._markov_finite_key = key
+
+
+def _probe_size(arguments: dict[str, Any], model: Optional[HookedModel]) -> tuple[int, int, list[tuple[str, int]]]:
+    """(sequences, positions, the arguments they come from) of the batch a probe call runs on: the sizes it draws
+    (`n_sequences`, `circuit_sequences`, `seq_len`, else the model's probe length) or the tokens it is given."""
+    batch, length, fields = 0, 0, []
+    for name, value in arguments.items():
+        value = as_tokens(value)
+        if isinstance(value, Tensor) and value.ndim >= 2:
+            batch, length = max(batch, int(value.shape[0])), max(length, int(value.shape[1]))
+    for name in ("n_sequences", "circuit_sequences"):
+        if isinstance(arguments.get(name), int):
+            batch = max(batch, arguments[name])
+            fields.append((name, arguments[name]))
+    seq_len = arguments.get("seq_len")
+    if isinstance(seq_len, int):
+        length = max(length, seq_len)
+        fields.append(("seq_len", seq_len))
+    elif batch and not length and model is not None:
+        length = min(int(model.cfg.n_ctx), training_length(model) or DEFAULT_PROBE_LENGTH)
+    return batch, length, fields
+
+
+# probes whose orders are not orders of in-context laws (induction matches k states: no V**k tables), or that
+# compute none (sampling)
+_ORDERS_WITHOUT_TABLES = frozenset({"attention_scores", "token_statistics", "induction_score", "induction_keys",
+                                    "sample_batch", "swap_plan",
+                                    "induction_baseline", "read_circuit", "in_context_name", "circuit_verdict"})
+
+
+def probe_needs(where: str, arguments: dict[str, Any]) -> list[Any]:
+    """The memory a probe call will hold, from its arguments, before anything is allocated (`_plan.Need`s; lower
+    bounds): the model's weights and one forward pass over its batch, the sampled sequences and their kernels,
+    in-context tables of V**(k+1) counts per position for laws of order k, prior kernels, bootstrap resamples.
+
+    Args:
+        where: the probe's name.
+        arguments: its arguments by name (defaults filled in).
+
+    Returns:
+        The needs (`check_needs` adds them up against the device's memory).
+    """
+    from markov_interp.sources.sampling import sampler_bytes
+    from markov_interp.models.memory import hooked_needs
+
+    checkpoints = arguments.get("checkpoints")
+    model = arguments.get("model")
+    if model is None and isinstance(checkpoints, (list, tuple)) and checkpoints:
+        model = checkpoints[0][1]
+    model = model if isinstance(model, HookedModel) else None
+    source = arguments.get("source") if isinstance(arguments.get("source"), Source) else None
+    batch, length, fields = _probe_size(arguments, model)
+    needs = []
+    if model is not None:
+        needs += hooked_needs(model, batch=batch, seq_len=length, fields=fields)
+    vocab = arguments.get("vocab") if isinstance(arguments.get("vocab"), int) else (
+        source.vocab if source is not None else int(model.cfg.d_vocab) if model is not None else None)
+    source_order = getattr(source, "order", 1)  # a source without an order is planned as a first-order chain
+    if source is not None and batch:
+        random = source.in_context
+        kernels = batch * vocab**source_order * vocab * 8 if random else 0
+        needs.append(Need.of("the probe sequences and their kernels", kernels + sampler_bytes(
+            vocab=source.vocab, order=source_order, batch=batch, length=length + 1, random=random), fields))
+    orders = [arguments[n] for n in ("order", "max_order", "source_order") if isinstance(arguments.get(n), int)]
+    orders += [source_order] if source is not None else []
+    if orders and vocab and where not in _ORDERS_WITHOUT_TABLES:
+        order = max(orders)
+        needs.append(Need.of(f"the in-context tables of order {order}", max(batch * length, 1) * vocab ** (order + 1)
+                             * 8, fields + [("order", order), ("vocab", vocab)]))
+    if isinstance(arguments.get("n_kernels"), int) and vocab:  # their draws and laws, and each position's weights
+        n_kernels, order = arguments["n_kernels"], arguments.get("order") or 1
+        per_kernel = vocab ** (order + 1) * 48 + vocab * vocab * 8 + batch * length * 12
+        needs.append(Need.of("the prior's kernels", n_kernels * per_kernel,
+                             [("n_kernels", n_kernels), ("order", order), ("vocab", vocab)]))
+    for name in ("n_bootstrap", "n_boot"):  # a resample's draws and its counts per sequence (int64 and float64)
+        if isinstance(arguments.get(name), int) and not isinstance(arguments[name], bool) and batch:
+            needs.append(Need.of("the bootstrap resamples", arguments[name] * batch * 16,
+                                 [(name, arguments[name])] + fields))
+    return needs
+
+
+_TOKENS = ("tokens", "clean_tokens", "corrupted_tokens", "reference_tokens")  # states, in 0..vocab - 1
+_LAWS = ("probs", "true", "base", "logits")  # [batch, pos, vocab]
+
+
+def check_vocabulary(where: str, arguments: dict[str, Any]) -> None:
+    """A probe's `vocab` argument against the states and laws it is given: tokens in 0..vocab - 1, laws over
+    `vocab` states (a vocab of 1 beside binary tokens used to end in an IndexError).
+
+    Args:
+        where: the probe, for the message.
+        arguments: its arguments by name.
+
+    Raises:
+        ValueError: naming the argument that disagrees with `vocab`.
+    """
+    vocab = arguments.get("vocab")
+    if type(vocab) is not int:  # a plain integer (not a bool): the entry check refused the rest
+        return
+    for name in _TOKENS + _LAWS:
+        value = as_tokens(arguments.get(name))
+        if not isinstance(value, Tensor) or not value.numel() or value.ndim < 2:
+            continue
+        if name in _TOKENS and not value.is_floating_point() and (int(value.min()) < 0 or int(value.max()) >= vocab):
+            raise ValueError(f"{where}: {name} hold states {int(value.min())}..{int(value.max())}, outside "
+                             f"0..{vocab - 1} (vocab={vocab})")
+        if name in _LAWS and value.ndim == 3 and int(value.shape[-1]) != vocab:
+            raise ValueError(f"{where}: {name} are laws over {int(value.shape[-1])} states, but vocab={vocab}")
+
+
+def _check_call(fn: Any, signature: inspect.Signature, limits: dict[str, dict], hints: dict[str, Any],
+                bound: inspect.BoundArguments) -> None:
+    """`checked`'s value checks of one call: the plain arguments against their limits, keywords passed on
+    (`**discover`) against `PARAMETER_LIMITS` by name, the models' weights finite, `vocab` against the states
+    and laws given, the call's memory plan."""
+    name = fn.__name__
+    for param, value in bound.arguments.items():
+        kind = signature.parameters[param].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            for key, item in value.items():
+                if key in PARAMETER_LIMITS and isinstance(item, (int, float)) and not isinstance(item, bool):
+                    check_value(f"{name}: {key}", item, float, **PARAMETER_LIMITS[key])
+        elif param in limits:
+            try:  # a wrong type is a TypeError, as for the other arguments; a value out of its bounds a ValueError
+                value = check_type(f"{name}: {param}", value, hints[param])
+            except ValueError as err:
+                raise TypeError(str(err)) from None
+            check_value(f"{name}: {param}", value, hints[param], **limits[param])
+    for param, value in bound.arguments.items():
+        if isinstance(value, HookedModel):
+            check_finite_model(value, name)
+        elif param == "checkpoints" and isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[1], HookedModel):
+                    check_finite_model(item[1], name)
+    full = signature.bind_partial(*bound.args, **bound.kwargs)
+    full.apply_defaults()
+    arguments = {**full.arguments, **next((v for p, v in full.arguments.items()
+                                           if signature.parameters[p].kind is inspect.Parameter.VAR_KEYWORD), {})}
+    check_vocabulary(name, arguments)
+    needs = probe_needs(name, arguments)
+    if needs:
+        model = next((v for v in arguments.values() if isinstance(v, HookedModel)), None)
+        device = model_device(model) if model is not None else torch.device("cpu")
+        check_needs(needs, memory_limit(device), where=name, before="anything was allocated")
 
 
 def checked(fn: Any) -> Any:
-    """`fn` whose arguments of package, torch and source types are checked first: a wrong type raises TypeError
-    naming the parameter and what it takes (instead of an AttributeError from deep inside). Every public probe
-    is exported through it (`markov_interp.probes`); plain values (ints, strings, ...) keep their ValueErrors.
+    """`fn` whose arguments are checked first, in the one place every public probe passes through (each is
+    exported through it, `markov_interp.probes`):
+
+    - arguments of package, torch and source types: a wrong type raises TypeError naming the parameter and what
+      it takes (instead of an AttributeError from deep inside);
+    - plain values (ints, floats, booleans, strings): their type (TypeError) and their bounds (`parameter_limits`:
+      by name, else by type, so a new parameter is bounded by default; ValueError naming the parameter);
+    - a model whose weights hold NaN or infinity is refused with one message (`check_finite_model`); a `vocab`
+      that disagrees with the tokens or laws given is refused (`check_vocabulary`);
+    - the call's memory plan (`probe_needs` against the device's memory): sizes beyond it raise
+      `PlanTooLarge` naming the parameter and the estimate, before anything is allocated
+      (`classify_mechanism(model, source, n_sequences=10**9)` used to be killed for memory).
 
     Args:
         fn: a probe function with annotated parameters.
@@ -472,6 +713,8 @@ def checked(fn: Any) -> Any:
         hints = {k: v for k, v in fn.__annotations__.items() if not isinstance(v, str)}
     checks = {name: spec for name in signature.parameters if name in hints
               for spec in [_expected(hints[name])] if spec is not None}
+    limits = {name: lim for name in signature.parameters if name in hints
+              for lim in [parameter_limits(name, hints[name])] if lim is not None}
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -483,6 +726,7 @@ def checked(fn: Any) -> Any:
             spec = checks.get(name)
             if spec is not None and not isinstance(value, spec[0]):
                 raise TypeError(f"{fn.__name__}: {name} must be {spec[1]}, got {_describe_value(value)}")
+        _check_call(fn, signature, limits, hints, bound)
         return fn(*args, **kwargs)
 
     wrapper.__markov_checked__ = True

@@ -111,6 +111,8 @@ def position_variables(tokens: Tokens, *, vocab: int, max_lag: int) -> dict[str,
     """
     x = tokens.long()
     batch, seq = x.shape
+    # a lag beyond the sequence reads nothing (and a copy of the states per lag: 2**20 lags took 4 GiB)
+    check_int("max_lag", max_lag, minimum=1, maximum=seq)
     lag = [torch.full_like(x, -1) for _ in range(max_lag + 1)]
     for l in range(max_lag + 1):
         lag[l][:, l:] = x[:, :seq - l]

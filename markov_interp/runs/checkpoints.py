@@ -21,8 +21,9 @@ from typing import Optional
 
 import torch
 
-from markov_interp._io import atomic_write
+from markov_interp._io import atomic_write, read_regular
 from markov_interp.models import ModelConfig, check_state, read_weights_file, save_state, weights_step
+from markov_interp.models.memory import memory_limit
 from markov_interp.runs.folder import CHECKPOINT_DIR, RESUME_DIR, CheckpointDamaged, RunFolderError
 
 __all__ = [
@@ -197,7 +198,9 @@ def read_checkpoint(run_dir: "str | os.PathLike", step: int, cfg: Optional[Model
     if problem is not None:
         raise CheckpointDamaged(f"{what} {weights_path} is unusable: {problem}")
     try:
-        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        # a regular file no larger than this machine's memory, read once (as the weights: `read_weights_file`)
+        data = read_regular(state_path, "training state file", limit=memory_limit("cpu")[0])
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types on corrupt / truncated files
         raise CheckpointDamaged(f"{what} {state_path} is unreadable ({type(err).__name__}: {err})") from None
     if not isinstance(state, dict) or "optimizer" not in state:

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Optional
 import torch
 
 from markov_interp import clamps
-from markov_interp.config import Config, check_bool, check_choice, check_int, check_number
+from markov_interp.config import Config, check_bool, check_choice, check_int, check_number, check_seed, shown
 from markov_interp.sources import DEFAULT_KIND, SourceConfig, source_config_class, source_options
 from markov_interp.devices import resolve_device  # the one device check (re-exported here: training.resolve_device)
 from markov_interp.models import ModelConfig, preset
@@ -92,9 +92,9 @@ class TrainConfig(Config):
 
     def __post_init__(self) -> None:
         for name, minimum in (("steps", 1), ("batch_size", 1), ("seq_len", 1), ("log_every", 1),
-                              ("eval_every", 0), ("eval_batches", 1), ("eval_log_points", 0), ("n_checkpoints", 0),
-                              ("seed", 0)):
+                              ("eval_every", 0), ("eval_batches", 1), ("eval_log_points", 0), ("n_checkpoints", 0)):
             check_int(name, getattr(self, name), minimum=minimum)
+        check_seed("seed", self.seed)
         for name in ("lr", "weight_decay", "momentum", "warmup_frac"):
             check_number(name, getattr(self, name), minimum=0)
         check_number("lr", self.lr, positive=True)
@@ -103,7 +103,7 @@ class TrainConfig(Config):
         betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else self.betas
         ok = isinstance(betas, tuple) and len(betas) == 2
         if not (ok and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+            raise ValueError(f"betas must be two numbers in [0, 1), got {shown(self.betas)}")
         object.__setattr__(self, "betas", tuple(float(b) for b in betas))
         check_choice("optimizer", self.optimizer, ("adamw", "sgd"))
         check_choice("schedule", self.schedule, ("one-cycle", "constant"))
@@ -111,16 +111,16 @@ class TrainConfig(Config):
         check_choice("compile", self.compile, COMPILE_MODES)
         check_bool("loss_scaling", self.loss_scaling)
         if self.loss_scaling and self.precision != "fp16":
-            raise ValueError(f"loss_scaling=True only applies to precision='fp16', got precision={self.precision!r}")
+            raise ValueError(f"loss_scaling=True only applies to precision='fp16', got precision={shown(self.precision)}")
         if self.grad_clip is not None:
             check_number("grad_clip", self.grad_clip, positive=True)
         check_int("resume_every", self.resume_every, minimum=0, none_ok=True)
         if not isinstance(self.device, str) or not self.device:
-            raise ValueError(f"device must be a string such as 'auto', 'cpu' or 'cuda', got {self.device!r}")
+            raise ValueError(f"device must be a string such as 'auto', 'cpu' or 'cuda', got {shown(self.device)}")
         object.__setattr__(self, "interventions", clamps.parse_interventions(self.interventions))
         if isinstance(self.release, str) or not isinstance(self.release, (list, tuple)) or not all(
                 isinstance(r, str) for r in self.release):
-            raise ValueError(f"release must be a list of part names, got {self.release!r}")
+            raise ValueError(f"release must be a list of part names, got {shown(self.release)}")
         object.__setattr__(self, "release", tuple(self.release))
 
 
@@ -185,15 +185,15 @@ def split_key(key: Any, *, where: str = "options") -> tuple[str, str]:
     sections = list(_SECTIONS)
     if not isinstance(key, str) or key.count(".") != 1:
         raise ValueError(
-            f"{where}: key {key!r} must be 'section.field' with section one of {sections} "
+            f"{where}: key {shown(key)} must be 'section.field' with section one of {sections} "
             "(e.g. 'source.p', 'model.n_layers', 'train.lr')"
         )
     section, field = key.split(".")
     if section not in _SECTIONS:
-        raise ValueError(f"{where}: key {key!r} has unknown section {section!r}; expected one of {sections}")
+        raise ValueError(f"{where}: key {shown(key)} has unknown section {shown(section)}; expected one of {sections}")
     valid = run_options()[section]
     if field not in valid:
-        raise ValueError(f"{where}: key {key!r} names no {section} option; valid {section} options are {valid}")
+        raise ValueError(f"{where}: key {shown(key)} names no {section} option; valid {section} options are {valid}")
     return section, field
 
 
@@ -208,7 +208,7 @@ def build_run(sections: Mapping[str, Any], overrides: Optional[Mapping[str, Any]
     both build their runs here.
     """
     if not isinstance(sections, Mapping):
-        raise ValueError(f"{where}: expected a table of sections {list(_SECTIONS)}, got {sections!r}")
+        raise ValueError(f"{where}: expected a table of sections {list(_SECTIONS)}, got {shown(sections)}")
     unknown = sorted(set(sections) - set(_SECTIONS))
     if unknown:
         raise ValueError(f"{where}: unknown sections {unknown}; expected some of {list(_SECTIONS)}")
@@ -216,7 +216,7 @@ def build_run(sections: Mapping[str, Any], overrides: Optional[Mapping[str, Any]
     for name in _SECTIONS:
         table = sections.get(name) or {}
         if not isinstance(table, Mapping):
-            raise ValueError(f"{where}: {name} must be a table of options, got {table!r}")
+            raise ValueError(f"{where}: {name} must be a table of options, got {shown(table)}")
         merged[name] = dict(table)
     for key, value in (overrides or {}).items():
         section, field = split_key(key, where=where)
@@ -236,7 +236,7 @@ def _dotted(overrides: Mapping[str, Any], where: str) -> dict[str, Any]:
     for key, value in overrides.items():
         if isinstance(key, str) and "." not in key:
             if key not in owner:
-                raise ValueError(f"{where}: {key!r} names no option; valid options are {sorted(owner)}")
+                raise ValueError(f"{where}: {shown(key)} names no option; valid options are {sorted(owner)}")
             key = f"{owner[key]}.{key}"
         out[key] = value
     return out

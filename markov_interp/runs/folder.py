@@ -59,7 +59,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from markov_interp._io import UnsafePath, atomic_write, check_target, describe_kind, naming_error, write_all
+from markov_interp import clamps
+from markov_interp._io import (UnsafePath, atomic_write, check_target, describe_kind, loads_json, naming_error,
+                               read_json, read_text, write_all)
+from markov_interp.config import check_int, check_type, shown
 from markov_interp.models import WEIGHTS_FILE, HookedModel, ModelConfig, NonFiniteWeights, load
 from markov_interp.runs.config import EXECUTION_FIELDS, RunConfig
 
@@ -77,12 +80,16 @@ __all__ = [
     "read_config",
     "prepare",
     "check_writable_dir",
+    "folder_path",
+    "is_temporary",
     "check_contents",
     "check_single_link",
     "training_seq_len",
     "run_folder_of",
     "load_model",
     "load_metrics",
+    "check_metrics_row",
+    "read_run_config",
     "write_metrics",
     "MetricsLog",
     "LOCK_FILE",
@@ -152,7 +159,7 @@ def holder(run_dir: "str | os.PathLike") -> str:
     try:
         fd = _open_lock(Path(run_dir) / LOCK_FILE, create=False)
         try:
-            info = json.loads(os.pread(fd, 4096, 0))
+            info = loads_json(os.pread(fd, 4096, 0), "the lock file")  # 4096 brackets: no RecursionError
         finally:
             os.close(fd)
         return f"pid {info['pid']} on {info['host']} since {info['started']}"
@@ -169,15 +176,24 @@ def lock(run_dir: "str | os.PathLike") -> Iterator[Path]:
     when another process, or another open of the lock in this one, holds it. Where `fcntl` is missing
     (Windows) the block runs unlocked. Raises `_io.UnsafePath` when `.lock` is a link or not a regular file, or
     the folder holds a link or special file (`check_contents`), before anything in it is written.
+
+    A block that raises (a refused command: `prepare` refusing a folder of someone else's files, a refused
+    sweep) takes back what the lock made: the `.lock` file, when this call created it, and the folders it
+    created, when they are empty; so a refused command leaves the user's folder as it was. (A `.lock` removed
+    while another process waits to open it is detected: the lock is taken only on the file the name still
+    holds.)
     """
     run_dir = Path(run_dir)
+    made = _missing_folders(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
     except ModuleNotFoundError:  # pragma: no cover - Windows: no flock; run unlocked
         yield run_dir
         return
-    fd = _open_lock(run_dir / LOCK_FILE, create=True)
+    path = run_dir / LOCK_FILE
+    created = not os.path.lexists(path)
+    fd = _open_lock(path, create=True)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -186,12 +202,49 @@ def lock(run_dir: "str | os.PathLike") -> Iterator[Path]:
                 f"{run_dir} is being written by {holder(run_dir)}; wait for it to finish or stop it "
                 "(the lock is released when that process exits)"
             ) from None
-        check_contents(run_dir, writing=True)
-        os.ftruncate(fd, 0)  # fd is the regular file .lock itself (_open_lock), never a link's target
-        os.pwrite(fd, _holder_text().encode(), 0)
-        yield run_dir
+        if not _names(path, fd):  # its refused holder removed it while we opened it: the name has a new file
+            raise RunFolderBusy(f"{run_dir}'s lock changed while it was taken (another command started there at "
+                                "the same moment); try again")
+        try:
+            check_contents(run_dir, writing=True)
+            os.ftruncate(fd, 0)  # fd is the regular file .lock itself (_open_lock), never a link's target
+            os.pwrite(fd, _holder_text().encode(), 0)
+            yield run_dir
+        except BaseException:
+            if created:  # still holding the flock: no other process holds this file
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                _remove_empty(made)
+            raise
     finally:
         os.close(fd)  # closing the only descriptor releases the flock
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd`."""
+    try:
+        named, held = os.lstat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """The folders of `folder`'s path that do not exist yet, deepest first (what `mkdir(parents=True)` makes)."""
+    missing = []
+    while not os.path.lexists(folder) and folder.parent != folder:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove `folders` (deepest first) while they are empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (something was written), or already gone
+            return
 
 
 def remove_stale_tmp(run_dir: "str | os.PathLike", subfolders: tuple = _STEP_DIRS) -> list[Path]:
@@ -307,11 +360,15 @@ def divergence(run_dir: "str | os.PathLike") -> Optional[dict]:
     run_dir = Path(run_dir)
     path = run_dir / STATUS_FILE
     if path.exists():
+        status = read_json(path, "status file")
+        if not isinstance(status, dict) or status.get("status") != "diverged":
+            return None
         try:
-            status = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise ValueError(f"{path} is not valid JSON: {err}") from None
-        return status if isinstance(status, dict) and status.get("status") == "diverged" else None
+            check_int("step", status.get("step"), minimum=0, none_ok=True)
+            check_type("reason", status.get("reason", ""), str)
+        except ValueError as err:
+            raise ValueError(f"{path} is not a divergence record: {err}") from None
+        return status
     for row in load_metrics(run_dir):
         bad = [k for k in ("train_loss", "eval_loss") if _not_finite(row.get(k))]
         if bad or row.get("diverged"):
@@ -323,8 +380,10 @@ def divergence(run_dir: "str | os.PathLike") -> Optional[dict]:
 
 def diverged_message(run_dir: "str | os.PathLike", status: dict) -> str:
     """One line saying that the run in `run_dir` diverged, where and what to do."""
-    return (f"{run_dir}: training diverged at step {status.get('step')} ({status.get('reason')}); the run "
-            "has no trained model; lower the learning rate (or clip gradients) and train into a new folder")
+    reason = status.get("reason")
+    reason = shown(reason)[1:-1] if isinstance(reason, str) else shown(reason)  # a long one edited in: cut short
+    return (f"{run_dir}: training diverged at step {status.get('step')} ({reason}); the run has no trained model; "
+            "lower the learning rate (or clip gradients) and train into a new folder")
 
 
 # --------------------------------------------------------------------------------------------- reading
@@ -338,8 +397,17 @@ def read_config(run_dir: "str | os.PathLike") -> RunConfig:
     check_contents(run_dir)  # every reader starts here: no link or FIFO inside is followed or opened
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a run folder written by `train`?")
+    return read_run_config(path)
+
+
+def read_run_config(path: Path) -> RunConfig:
+    """The `RunConfig` a run folder's config.json holds, read as a stored file: a regular file of at most
+    `_io.READ_LIMITS["run config"]`, JSON nested at most `_io.MAX_JSON_DEPTH` deep, and no file it names is opened
+    (a clamp file entry must carry the sha256 recorded when it was made: `clamps.stored_config`). ValueError naming
+    the file otherwise."""
     try:
-        return RunConfig.from_json(path.read_text())
+        with clamps.stored_config(str(path)):
+            return RunConfig.from_dict(read_json(path, "run config"))
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
 
@@ -355,7 +423,7 @@ def training_seq_len(run_dir: "str | os.PathLike") -> Optional[int]:
         The training length, or None.
     """
     try:
-        value = json.loads((Path(run_dir) / CONFIG_FILE).read_text())["train"]["seq_len"]
+        value = read_json(Path(run_dir) / CONFIG_FILE, "run config")["train"]["seq_len"]
     except (OSError, ValueError, KeyError, TypeError):  # no run folder: the probes fall back to their default
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
@@ -399,14 +467,30 @@ def load_model(path: "str | os.PathLike", *, device: Any = None, expect: Optiona
             f"{folder / CONFIG_FILE} --out {folder}` restores it from the run's checkpoints") from None
 
 
+def folder_path(value: "str | os.PathLike", what: str) -> Path:
+    """`value` as a folder's `Path`, refusing the empty name: `Path("")` is the current folder, so `train --out ""`
+    used to train into wherever the command ran.
+
+    >>> folder_path("", "--out")
+    Traceback (most recent call last):
+    ...
+    ValueError: --out is empty; give a folder name (use . for the current folder)
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{what} must be a folder path, got {type(value).__name__} {shown(value)}")
+    if not os.fspath(value).strip():
+        raise ValueError(f"{what} is empty; give a folder name (use . for the current folder)")
+    return Path(value)
+
+
 def check_writable_dir(path: "str | os.PathLike", what: str) -> Path:
     """Check before any work that `path` is (or can be created as) a folder this process can write into.
 
-    Raises ValueError naming `what` and the path: a file in the way, a missing parent that cannot be created,
-    or a folder without write permission (tested by creating and removing a file, which also catches
-    read-only file systems).
+    Raises ValueError naming `what` and the path: an empty name (`folder_path`), a file in the way, a missing
+    parent that cannot be created, or a folder without write permission (tested by creating and removing a file,
+    which also catches read-only file systems).
     """
-    path = Path(path)
+    path = folder_path(path, what)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{what} {path} is a file, not a folder")
     existing = path
@@ -444,8 +528,9 @@ def _comparable(run: RunConfig) -> dict:
     return data
 
 
-def _is_tmp(name: str) -> bool:
-    """A temporary file of an atomic write (`_io.atomic_path`) or of `check_writable_dir`."""
+def is_temporary(name: str) -> bool:
+    """A temporary file of an atomic write (`_io.atomic_path`) or of `check_writable_dir` (`.<name>.<random>.tmp`):
+    the package's in any folder it writes."""
     return name.startswith(".") and name.endswith(".tmp")
 
 
@@ -456,12 +541,12 @@ def foreign_entries(out_dir: "str | os.PathLike") -> list[str]:
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
-    foreign = [e.name for e in os.scandir(out_dir) if e.name not in OWN_FILES and not _is_tmp(e.name)]
+    foreign = [e.name for e in os.scandir(out_dir) if e.name not in OWN_FILES and not is_temporary(e.name)]
     for name in _STEP_DIRS:
         folder = out_dir / name
         if folder.is_dir() and not folder.is_symlink():
             foreign += [f"{name}/{e.name}" for e in os.scandir(folder)
-                        if not (_CHECKPOINT_NAME.match(e.name) or _is_tmp(e.name))]
+                        if not (_CHECKPOINT_NAME.match(e.name) or is_temporary(e.name))]
     return sorted(foreign)
 
 
@@ -508,9 +593,10 @@ def prepare(out_dir: Path, run: RunConfig) -> None:
         atomic_write(config_path, run.to_json().encode())
         return
     try:
-        saved = RunConfig.from_json(config_path.read_text())
+        saved = read_run_config(config_path)
     except ValueError as err:
-        raise ValueError(f"{config_path} is not a valid run config: {err}") from None
+        raise ValueError(f"{config_path} is not a valid run config: {str(err).removeprefix(f'{config_path}: ')}"
+                         ) from None
     diffs = _config_diff(_comparable(saved), _comparable(run))
     if not diffs:
         return  # the same run: `loop` resumes it from its newest checkpoint, or from step 0
@@ -535,24 +621,49 @@ def load_metrics(run_dir: "str | os.PathLike") -> list[dict]:
     """The rows of a run folder's metrics.jsonl.
 
     A last line without its newline that is not JSON is a row torn by a crash while it was appended
-    (`MetricsLog`): it is left out (a resume rewrites the file without it). Any other line that is not JSON
-    raises ValueError naming the file and line.
+    (`MetricsLog`): it is left out (a resume rewrites the file without it). Any other line that is not JSON, or
+    not a metrics row (`check_metrics_row`), raises ValueError naming the file and line. The file is read as a
+    stored file (`_io.read_text`: a regular file of at most `_io.READ_LIMITS["metrics file"]`).
     """
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
-    text = path.read_text()
-    lines = text.split("\n")
+    lines = read_text(path, "metrics file").split("\n")
     rows = []
     for i, line in enumerate(lines):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append(check_metrics_row(loads_json(line, "the row")))
             except json.JSONDecodeError as err:
                 if i == len(lines) - 1:  # no newline after it: torn by a crash mid-append
                     break
                 raise ValueError(f"{path} line {i + 1} is not JSON: {err}") from None
+            except ValueError as err:
+                raise ValueError(f"{path} line {i + 1} is not a metrics row: {err}") from None
     return rows
+
+
+_ROW_KINDS = {"reason": str, "diverged": bool}  # the row's fields that are not numbers (a divergence row's)
+
+
+def check_metrics_row(row: Any) -> dict:
+    """`row` if it is a metrics row as training writes it: a JSON object whose "step" is an integer >= 0, whose
+    "diverged" is true or false and "reason" a string, and whose every other value is a number (NaN and infinity
+    included: a diverging run logs them) or null. ValueError naming the field otherwise (a row `[1, 2]`, a loss
+    written as text: readers used to fail on them with a raw AttributeError or TypeError naming no file).
+
+    >>> check_metrics_row({"step": 3, "train_loss": "0.5"})
+    Traceback (most recent call last):
+    ...
+    ValueError: train_loss must be a number, got '0.5'
+    """
+    if not isinstance(row, dict):
+        raise ValueError(f"a metrics row is a JSON object, got {shown(row)}")
+    check_int("step", row.get("step"), minimum=0)
+    for key, value in row.items():
+        if key != "step":
+            check_type(shown(key)[1:-1], value, _ROW_KINDS.get(key, Optional[float]))
+    return row
 
 
 class MetricsLog:

@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from markov_interp.config import Config, check_choice
+from markov_interp.config import Config, check_choice, shown
 from markov_interp.sources.contexts import stationary_context_law
 
 Tokens = Int[Tensor, "batch pos"]
@@ -113,7 +113,7 @@ def initial_context_law(initial: InitialLaw, kernel: Tensor | None, vocab: int, 
     n_ctx = vocab**order
     if isinstance(initial, str):
         if initial not in ("stationary", "uniform"):
-            raise ValueError(f"initial must be 'stationary', 'uniform' or a probability vector, got {initial!r}")
+            raise ValueError(f"initial must be 'stationary', 'uniform' or a probability vector, got {shown(initial)}")
         if initial == "uniform":
             return torch.full((n_ctx,), 1.0 / n_ctx, dtype=torch.float64)
         return stationary_context_law(kernel) if kernel is not None else "stationary"

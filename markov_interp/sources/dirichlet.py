@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from markov_interp.config import check_bool, check_int, check_number
+from markov_interp.config import check_bool, check_int, check_number, check_seed
 from markov_interp.sources.base import (
     InitialLaw,
     Kernels,
@@ -74,7 +74,7 @@ class RandomMarkov:
         if pool_size is not None:
             check_int("pool_size", pool_size, minimum=1)
         if pool_seed is not None:
-            check_int("pool_seed", pool_seed, minimum=0)
+            check_seed("pool_seed", pool_seed)
             if pool_size is None:
                 raise ValueError(f"pool_seed={pool_seed!r} is set without pool_size: the pool seed only applies to a "
                                  "finite pool (pool_size=N); leave pool_seed out for a fresh kernel per sequence")
@@ -168,8 +168,8 @@ class RandomMarkov:
     ) -> Tokens | tuple[Tokens, Kernels]:
         """Draw sequences, each from its own random kernel (a fresh Dirichlet draw, or a uniform draw from the
         pool); with `return_kernels` also those kernels."""
-        _check_sizes(batch, seq_len)
         dev = _resolve_device(generator, device)
+        _check_sizes(batch, seq_len, self, dev)
         if self.pool is None:
             kernels = self.sample_kernels(batch, generator, device=dev)
             laws = self.initial_context_laws(kernels)

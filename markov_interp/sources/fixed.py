@@ -186,8 +186,8 @@ class MarkovChain:
     ) -> Tokens | tuple[Tokens, Kernels]:
         """Draw `batch` independent sequences of `seq_len` states (int64) on the generator's device; with
         `return_kernels` also the kernel of each ([batch, V**order, V], the same for every row)."""
-        _check_sizes(batch, seq_len)
         dev = _resolve_device(generator, device)
+        _check_sizes(batch, seq_len, self, dev)
         first = _draw(self._initial, batch, generator, dev)
         cdf = self._cdf.to(dev).expand(batch, -1, -1)
         tokens = _sample_chain(

@@ -7,7 +7,8 @@ state, computed with a two-level Hillis-Steele scan in a few batched gathers ins
 for two states, where a map is a reset, the identity or a flip, with a cumulative max and sum instead.
 
 Also here: Gamma draws from an explicit generator (`_gamma`, `_gamma_many`: Dirichlet kernels are normalised
-Gamma draws), shared by one source and by a stack of sources (`sources.stacked`).
+Gamma draws), shared by one source and by a stack of sources (`sources.stacked`); and the samplers' memory bound
+(`sampler_bytes`, `check_sample_plan`), checked before any draw and planned with by `training.plan` and the probes.
 """
 
 import math
@@ -18,15 +19,57 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from markov_interp._plan import Need, check_needs, memory_limit
 from markov_interp.config import check_int
+from markov_interp.sources import contexts
 from markov_interp.sources.base import Tokens
 from markov_interp.sources.contexts import block_sizes
 
 
 # ---------------------------------------------------------------------------------------------- arguments
-def _check_sizes(batch: int, seq_len: int) -> None:
+def _check_sizes(batch: int, seq_len: int, source: Any, device: Any = None, members: int = 1) -> None:
+    """A sampler's sizes: integers >= 1 within the memory plan (`check_sample_plan`; a source without an order
+    or a prior is planned as a fixed first-order chain over its states)."""
+    check_sample_plan(batch, seq_len, vocab=source.vocab, order=getattr(source, "order", 1),
+                      random=getattr(source, "alpha", None) is not None,
+                      device=device if device is not None else "cpu", members=members)
+
+
+def sampler_bytes(*, vocab: int, order: int, batch: int, length: int, random: bool, members: int = 1) -> int:
+    """Memory a sampler holds at once for `members` x `batch` sequences of `length` states (a lower bound): the
+    tokens; with random kernels a kernel per sequence (Gamma draws and their sums) and the chain's blocks; with a
+    fixed kernel the batched comparisons [member, batch, seq, context, vocab]. What `training.plan` plans for a
+    run's batches and `check_sample_plan` for any draw."""
+    n_ctx = vocab**order
+    tokens = members * batch * length * 8
+    if random:  # the chain runs in blocks (`block_sizes`): one block, at least one sequence, at most them all
+        per_sequence = 8 * length * n_ctx * vocab
+        chain = min(members * batch * per_sequence, max(contexts.BLOCK_BYTES, per_sequence))
+        return tokens + members * batch * n_ctx * vocab * 8 * 4 + chain
+    return tokens + members * batch * length * n_ctx * (vocab + 8)
+
+
+def check_sample_plan(batch: int, seq_len: int, *, vocab: int, order: int, random: bool, device: Any,
+                      members: int = 1) -> None:
+    """The samplers' bound (every kernel source's `sample` and `stacked_sampler` check it; one small function):
+    `batch` and `seq_len` integers >= 1, and a draw whose arrays (`sampler_bytes`) exceed the device's memory
+    refused before any is allocated (`_plan.PlanTooLarge` naming the size behind it and the estimate;
+    `RandomMarkov(2).sample(10**9, 10)` used to be killed by the out-of-memory killer or give a raw torch
+    allocation error).
+
+    Args:
+        batch, seq_len: the draw's size.
+        vocab, order: the source's.
+        random: a kernel per sequence (a source with a prior).
+        device: where the sequences are drawn.
+        members: sources drawn at once (a stack).
+    """
     check_int("batch", batch, minimum=1)
     check_int("seq_len", seq_len, minimum=1)
+    fields = [("batch", batch), ("seq_len", seq_len)] + ([("members", members)] if members > 1 else [])
+    need = Need.of("the sampled sequences", sampler_bytes(vocab=vocab, order=order, batch=batch, length=seq_len,
+                                                          random=random, members=members), fields)
+    check_needs([need], memory_limit(device), where="sample", before="anything was allocated")
 
 
 def _resolve_device(generator: torch.Generator | None, device: Any) -> torch.device:

@@ -41,10 +41,10 @@ def stacked_sampler(sources: Sequence[Source], batch: int, seq_len: int,
     >>> sample().shape
     torch.Size([2, 4, 10])
     """
-    _check_sizes(batch, seq_len)
     if not sources or len(sources) != len(generators):
         raise ValueError(f"need one generator per source and at least one source, got {len(sources)} sources and "
                          f"{len(generators)} generators")
+    _check_sizes(batch, seq_len, sources[0], generators[0].device, members=len(sources))
     chains = all(isinstance(s, (MarkovChain, RandomMarkov)) for s in sources)
     if not chains or len({(isinstance(s, RandomMarkov), s.vocab, s.order) for s in sources}) != 1:
         return lambda: torch.stack([s.sample(batch, seq_len, generator=g) for s, g in zip(sources, generators)])

@@ -58,6 +58,7 @@ where a cell is probed.
 """
 
 from markov_interp.sweep.cells import DEFAULT_GROUP, default_group, group_cells, run_cell, run_stack
+from markov_interp.sweep.executors import ClusterLost
 from markov_interp.sweep.records import RESULTS_DIR, RUNS_DIR, CellRecord
 from markov_interp.sweep.results import MIN_GAP, STUCK_FRACTION, CellResult, ProbeColumns, outcome
 from markov_interp.sweep.runner import SpecLike, SweepResult, run
@@ -89,4 +90,5 @@ __all__ = [
     "RUNS_DIR",
     "RESULTS_DIR",
     "TABLE",
+    "ClusterLost",
 ]

@@ -7,6 +7,8 @@ retried as solo cells, a dead solo cell once more), and a progress bar counts ce
 import dataclasses
 import functools
 import os
+import socket
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -16,7 +18,7 @@ from markov_interp.sweep.cells import CellFn, execute_group
 from markov_interp.sweep.records import CellRecord, failure
 from markov_interp.sweep.spec import Cell
 
-__all__ = ["run_local", "run_ray", "BACKENDS", "Save"]
+__all__ = ["run_local", "run_ray", "BACKENDS", "Save", "ClusterLost"]
 
 BACKENDS = ("local", "ray")
 Save = Callable[[Cell, CellRecord], None]  # writes a cell's record (the sweep folder's one writer)
@@ -99,13 +101,33 @@ def _record_group(cells: list[Cell], get: Callable[[], list[CellRecord]], lost: 
     return bad
 
 
+class ClusterLost(RuntimeError):
+    """The Ray cluster of a sweep was lost while cells were left: its head stopped answering, or no worker node
+    with a CPU is left. The message says what was lost and how to resume (the records of finished cells are saved:
+    the same command on a working cluster skips them); the CLI prints it as one line, exit code 2."""
+
+
+HEALTH_SECONDS = 2.0  # how often `run_ray` checks the cluster while it waits for a cell
+LOST_SECONDS = 10.0  # a head unreachable (or a cluster without a CPU) this long is lost (Ray itself ends the
+#                      driver with its own traceback and exit code 1 after 60 s without its head)
+
+
 def run_ray(groups: list[list[Cell]], runs_dir: str, probe_for: dict[str, bool], save: Save, progress: bool,
             cell_fn: Optional[CellFn]) -> None:
     """Run `groups` as Ray tasks (num_cpus=1, one retry of a dead worker) on the cluster `ray.init()` connects
     to, saving each cell's record as its task finishes.
 
+    While it waits it checks the cluster every `HEALTH_SECONDS`: a head that does not answer, or a cluster with no
+    CPU left (every worker node lost) for `LOST_SECONDS` ends the sweep with `ClusterLost`, one line saying what
+    was lost and how to resume, instead of Ray's traceback a minute later. A task that comes back lost (its worker
+    or node died) fails its cells only once the cluster is seen healthy: a killed head fails every running task at
+    once, and those cells are then left unrecorded, to run again with the same command.
+
     Args:
         groups, runs_dir, probe_for, save, progress, cell_fn: as `run_local`'s.
+
+    Raises:
+        ClusterLost: the cluster was lost before every cell finished.
     """
     try:
         import ray
@@ -116,17 +138,80 @@ def run_ray(groups: list[list[Cell]], runs_dir: str, probe_for: dict[str, bool],
     # Ray re-runs a task whose worker died max_retries times; after that ray.get raises and only its cells fail
     task = ray.remote(num_cpus=1, max_retries=1)(execute_group_in_worker)
     refs = {task.remote(g, runs_dir, [probe_for[c.cell_id] for c in g], cell_fn): g for g in groups}
-    bar = _bar(sum(len(g) for g in groups), progress, "sweep (ray)")
-    failed = 0
+    total = sum(len(g) for g in groups)
+    bar = _bar(total, progress, "sweep (ray)")
+    failed, health = 0, _ClusterHealth(ray)
     try:
         remaining = list(refs)
         while remaining:
-            done, remaining = ray.wait(remaining, num_returns=1)
-            # a raise here means the task's worker died or Ray lost it
+            done, remaining = ray.wait(remaining, num_returns=1, timeout=HEALTH_SECONDS)
+            if not done:
+                health.check(sum(len(refs[r]) for r in remaining), total)
+                continue
+            group = refs[done[0]]
+            try:
+                records = ray.get(done[0])
+            except Exception as err:  # the task's worker died or Ray lost it: its cells fail, unless the whole
+                # cluster is gone (a killed head fails every running task at once): then nothing is recorded
+                health.confirm(sum(len(refs[r]) for r in remaining) + len(group), total)
+                records = err
             lost = "worker died (Ray retried it once)"
-            failed += _record_group(refs[done[0]], lambda: ray.get(done[0]), lost, save, bar, failed)
+            failed += _record_group(group, functools.partial(_given, records), lost, save, bar, failed)
     finally:
         bar.close()
+
+
+def _given(records: "list[CellRecord] | Exception") -> list[CellRecord]:
+    """`records`, or raise the error that came back instead."""
+    if isinstance(records, Exception):
+        raise records
+    return records
+
+
+class _ClusterHealth:
+    """`run_ray`'s check of its cluster: the head answers (a TCP connection to its GCS address) and some node has
+    a CPU; either failing for `LOST_SECONDS` raises `ClusterLost`."""
+
+    def __init__(self, ray: Any) -> None:
+        self.ray = ray
+        self.address = ray.get_runtime_context().gcs_address
+        self.since: Optional[float] = None
+
+    def check(self, left: int, total: int) -> bool:
+        """True when the cluster is healthy now, False while it has been lost for less than `LOST_SECONDS`;
+        `ClusterLost` (saying `left` of `total` cells are not finished) after that."""
+        problem = self._problem()
+        if problem is None:
+            self.since = None
+            return True
+        now = time.monotonic()
+        self.since = self.since if self.since is not None else now
+        if now - self.since < LOST_SECONDS:
+            return False
+        head = problem.startswith("its head")
+        how = ("start the cluster again (ray start --head ...)" if head else
+               "add a worker node (ray start --address ...) or start the cluster again")
+        raise ClusterLost(f"the Ray cluster at {self.address} was lost ({problem} for {LOST_SECONDS:.0f} s) with "
+                          f"{left} of {total} cells not finished (the others' records are saved); {how} and run "
+                          "the same command: finished cells are skipped")
+
+    def confirm(self, left: int, total: int) -> None:
+        """After a task came back lost: return once the cluster is healthy (the task's own worker died), or raise
+        `ClusterLost` when it stays lost for `LOST_SECONDS`."""
+        while not self.check(left, total):
+            time.sleep(HEALTH_SECONDS / 4)
+
+    def _problem(self) -> Optional[str]:
+        host, _, port = self.address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+        except (OSError, ValueError):
+            return "its head does not answer"
+        try:
+            cpus = self.ray.cluster_resources().get("CPU", 0)
+        except Exception:  # Ray's own errors while the cluster changes: the next check decides
+            return None
+        return None if cpus > 0 else "no worker node with a CPU is left"
 
 
 def _worker_init() -> None:

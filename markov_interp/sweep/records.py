@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from markov_interp._io import atomic_write
+from markov_interp._io import atomic_write, read_json
 from markov_interp.config import Checked, bounds
 from markov_interp.sweep.results import CellResult
 
@@ -106,7 +106,9 @@ def record_path(out: Path, cell_id: str) -> Path:
 
 def read_record(path: Path, *, warn: bool = False) -> Optional[CellRecord]:
     """The record of a finished cell, or None (the cell runs again; its training is reused) when there is none
-    or it cannot be used: not JSON, an older format, or a record that fails its schema (`CellRecord`: a status it
+    or it cannot be used: not a regular file, larger than `_io.READ_LIMITS["sweep record"]`, not JSON or nested
+    deeper than `_io.MAX_JSON_DEPTH` (it used to abort the whole sweep with a RecursionError), an older format, or a
+    record that fails its schema (`CellRecord`: a status it
     does not know, an "ok" without a result, a value of the wrong type or out of its range, another cell's id).
 
     Args:
@@ -120,7 +122,7 @@ def read_record(path: Path, *, warn: bool = False) -> Optional[CellRecord]:
     if not path.exists():
         return None
     try:
-        record = CellRecord.from_json(json.loads(path.read_text()))
+        record = CellRecord.from_json(read_json(path, "sweep record"))  # a regular file, bounded, depth-limited
         if record.cell_id is not None and record.cell_id != path.stem:
             raise ValueError(f"it is the record of cell {record.cell_id}")
         return record

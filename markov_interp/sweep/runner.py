@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from markov_interp._io import atomic_write
-from markov_interp.config import check_int
+from markov_interp.config import MAX_PARALLEL, check_int
 from markov_interp.devices import check_device_name, resolve_device
 from markov_interp._display import displayed
 from markov_interp.sweep import executors
@@ -20,7 +20,7 @@ from markov_interp.sweep.spec import Cell, SweepSpec, load_spec
 from markov_interp.sweep.table import Row, write_table
 from markov_interp import runs
 
-__all__ = ["run", "SweepResult", "SpecLike"]
+__all__ = ["run", "SweepResult", "SpecLike", "check_sweep_folder", "SPEC_FILE"]
 
 
 @displayed(line=lambda r: f"{len(r.rows)} cells ({r.n_run} run now, {r.n_skipped} done before), {r.n_failed} failed, "
@@ -63,7 +63,7 @@ def _as_specs(spec: SpecLike) -> list[SweepSpec]:
 def _check_options(backend: str, workers: Optional[int], group: Optional[int]) -> None:
     if backend not in executors.BACKENDS:
         raise ValueError(f"backend must be one of {list(executors.BACKENDS)}, got {backend!r}")
-    check_int("workers", workers, minimum=1, none_ok=True)
+    check_int("workers", workers, minimum=1, maximum=MAX_PARALLEL, none_ok=True)
     check_int("group", group, minimum=1, none_ok=True)
 
 
@@ -111,14 +111,14 @@ def run(
         The `SweepResult`: one `Row` per cell in spec order, the table's path and the counts.
     """
     specs, cells, probe_for = _plan(spec, backend, workers, group)
-    out = Path(out_dir)
+    out = runs.folder_path(out_dir, "out_dir")
     settings = probe_settings()
-    # one sweep at a time per folder: a second is refused at once, naming the first, before it writes anything
-    with runs.lock(out):
+    with runs.lock(out):  # one sweep at a time per folder: a second is refused at once, naming the first
+        check_sweep_folder(out)  # before anything is written; a refusal takes back the lock's .lock
         runs.remove_stale_tmp(out, subfolders=(RESULTS_DIR,))
         (out / RUNS_DIR).mkdir(exist_ok=True)
         (out / RESULTS_DIR).mkdir(exist_ok=True)
-        atomic_write(out / "spec.json", json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True,
+        atomic_write(out / SPEC_FILE, json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True,
                                                    default=str))
         pending, n_skipped = _pending(cells, out, probe_for, settings, retry_failed)
         _run_cells(pending, out, probe_for, settings, backend, workers, progress, group, _cell_fn)
@@ -127,6 +127,40 @@ def run(
     n_diverged = sum(1 for r in rows if r.status == "diverged")
     return SweepResult(rows=rows, table=table, n_run=len(pending), n_skipped=n_skipped, n_diverged=n_diverged,
                        n_failed=sum(1 for r in rows if r.status != "ok") - n_diverged)
+
+
+SPEC_FILE = "spec.json"  # what makes a folder a sweep's: every sweep writes it first
+
+
+def check_sweep_folder(out: Path) -> None:
+    """Refuse to run a sweep into `out` unless it is a sweep's folder (it holds the `SPEC_FILE` a sweep writes
+    first) or holds nothing yet: only the lock, temporary files and runs/ and results/ folders holding nothing else
+    (a sweep stopped before it wrote its spec). A sweep rewrites spec.json, results.csv and results.parquet, so a folder
+    of the user's files (a results.csv of their own) is refused naming what is there, as `train` refuses one.
+
+    Args:
+        out: the sweep folder (locked by the caller).
+
+    Raises:
+        ValueError: naming the folder and the first entries that are not a sweep's.
+    """
+    if (out / SPEC_FILE).is_file() or not out.is_dir():
+        return
+    foreign = sorted(entry.name for entry in os.scandir(out) if not _empty_start(entry))
+    if foreign:
+        raise ValueError(f"{out} is not a sweep folder (no {SPEC_FILE}) and holds {', '.join(foreign[:5])}"
+                         f"{' ...' if len(foreign) > 5 else ''}; a sweep writes spec.json, results.csv and "
+                         "results.parquet there, so it refuses a folder of other files: give an empty or new folder")
+
+
+def _empty_start(entry: os.DirEntry) -> bool:
+    """What a sweep may leave before its spec.json: its lock, temporary files of atomic writes, and runs/ and
+    results/ holding nothing else."""
+    if entry.name == runs.LOCK_FILE or runs.is_temporary(entry.name):
+        return True
+    return entry.name in (RUNS_DIR, RESULTS_DIR) and entry.is_dir(follow_symlinks=False) and all(
+        runs.is_temporary(inner.name) for inner in os.scandir(entry.path))
+
 
 
 def _plan(spec: SpecLike, backend: str, workers: Optional[int],

@@ -5,23 +5,26 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
-from markov_interp.config import Config, check_bool, check_int, check_keys
+from markov_interp._io import MAX_JSON_DEPTH, check_depth, loads_json, read_text
+from markov_interp.config import Config, check_bool, check_keys, check_seed, shown
 from markov_interp.runs import EXECUTION_FIELDS, RunConfig, build_run, split_key
 
-__all__ = ["SweepSpec", "Cell", "load_spec", "cell_id", "SECTIONS"]
+__all__ = ["SweepSpec", "Cell", "load_spec", "cell_id", "SECTIONS", "MAX_CELLS"]
 
 SECTIONS = ("source", "model", "train")  # the sections of a run config a spec's keys name
+MAX_CELLS = 100_000  # cells one spec may expand to (grid points times seeds, before exclusions)
 
 
 def _check_key(key: str, where: str) -> tuple[str, str]:
     """`training.split_key` (the one dotted-key parser) plus the sweep's rule: seeds come from `seeds`."""
     section, field = split_key(key, where=where)
     if key == "train.seed":
-        raise ValueError(f"{where}: give seeds with the top-level `seeds = [...]` list, not {key!r}")
+        raise ValueError(f"{where}: give seeds with the top-level `seeds = [...]` list, not {shown(key)}")
     return section, field
 
 
@@ -53,7 +56,7 @@ class SweepSpec(Config):
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+            raise ValueError(f"name must be a non-empty string, got {shown(self.name)}")
         if not isinstance(self.base, dict):
             raise ValueError(f"base must be a table of sections {list(SECTIONS)}, got {type(self.base).__name__}")
         unknown = sorted(set(self.base) - set(SECTIONS))
@@ -61,7 +64,7 @@ class SweepSpec(Config):
             raise ValueError(f"base: unknown sections {unknown}; expected some of {list(SECTIONS)}")
         for section, values in self.base.items():
             if not isinstance(values, dict):
-                raise ValueError(f"base.{section} must be a table of options, got {values!r}")
+                raise ValueError(f"base.{section} must be a table of options, got {shown(values)}")
             for field in values:
                 _check_key(f"{section}.{field}", "base")
             if section == "train" and "seed" in values:
@@ -71,22 +74,22 @@ class SweepSpec(Config):
         for key, values in self.grid.items():
             _check_key(key, "grid")
             if not isinstance(values, (list, tuple)) or len(values) == 0:
-                raise ValueError(f"grid: {key!r} must be a non-empty list of values, got {values!r}")
+                raise ValueError(f"grid: {shown(key)} must be a non-empty list of values, got {shown(values)}")
         seeds = tuple(self.seeds) if isinstance(self.seeds, (list, tuple)) else self.seeds
         if not isinstance(seeds, tuple) or not seeds:
-            raise ValueError(f"seeds must be a non-empty list of integers >= 0, got {self.seeds!r}")
+            raise ValueError(f"seeds must be a non-empty list of integers >= 0, got {shown(self.seeds)}")
         for seed in seeds:
-            check_int("each of seeds", seed, minimum=0)
+            check_seed("each of seeds", seed)
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"seeds has duplicates: {list(seeds)}")
         object.__setattr__(self, "seeds", seeds)
         exclude = tuple(self.exclude) if isinstance(self.exclude, (list, tuple)) else self.exclude
         if not isinstance(exclude, tuple):
-            raise ValueError(f"exclude must be a list of tables, got {self.exclude!r}")
+            raise ValueError(f"exclude must be a list of tables, got {shown(self.exclude)}")
         for entry in exclude:
             if not isinstance(entry, dict) or not entry:
                 raise ValueError(
-                    f"exclude: each entry must be a non-empty table of 'section.field' = value, got {entry!r}")
+                    f"exclude: each entry must be a non-empty table of 'section.field' = value, got {shown(entry)}")
             for key in entry:
                 _check_key(key, "exclude")
         object.__setattr__(self, "exclude", exclude)
@@ -102,8 +105,14 @@ class SweepSpec(Config):
 
     # -- expansion
     def cells(self) -> list["Cell"]:
-        """Every cell of the grid (grid order, then seeds), each with its validated `RunConfig`."""
+        """Every cell of the grid (grid order, then seeds), each with its validated `RunConfig`. A grid of more than
+        `MAX_CELLS` points times seeds is refused before one is built."""
         keys = list(self.grid)
+        count = math.prod(len(self.grid[k]) for k in keys) * len(self.seeds)
+        if count > MAX_CELLS:
+            sizes = " x ".join(f"{len(self.grid[k])} {k}" for k in keys)
+            raise ValueError(f"sweep {shown(self.name)}: the grid has {count} cells ({sizes}{' x ' if keys else ''}"
+                             f"{len(self.seeds)} seeds), more than the {MAX_CELLS} a sweep may have; split it")
         cells = []
         for values in itertools.product(*(self.grid[k] for k in keys)):
             point = dict(zip(keys, values))
@@ -114,7 +123,7 @@ class SweepSpec(Config):
                 try:
                     config = _build_run(self.base, point, seed)
                 except (ValueError, TypeError) as err:
-                    raise ValueError(f"sweep {self.name!r}: cell {params} is not a valid run: {err}") from None
+                    raise ValueError(f"sweep {shown(self.name)}: cell {params} is not a valid run: {err}") from None
                 cells.append(Cell(cell_id=cell_id(config), sweep=self.name, params=params, config=config))
         return cells
 
@@ -170,10 +179,10 @@ def load_spec(path: "str | os.PathLike") -> SweepSpec:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no sweep spec at {path}")
-    text = path.read_text()
+    text = read_text(path, "sweep spec")  # a regular file of at most READ_LIMITS["sweep spec"]: not /dev/zero
     if path.suffix == ".json":
         try:
-            data = json.loads(text)
+            data = loads_json(text, f"sweep spec {path}")
         except json.JSONDecodeError as err:
             raise ValueError(f"{path} is not valid JSON: {err}") from None
     else:
@@ -185,8 +194,12 @@ def load_spec(path: "str | os.PathLike") -> SweepSpec:
             except ModuleNotFoundError:
                 raise ValueError(f"reading {path} needs Python >= 3.11 or the 'tomli' package") from None
         try:
-            data = tomllib.loads(text)
+            data = check_depth(tomllib.loads(text), f"sweep spec {path}")  # the same depth limit as JSON
         except tomllib.TOMLDecodeError as err:
             raise ValueError(f"{path} is not valid TOML: {err}") from None
+        except RecursionError:
+            raise ValueError(f"sweep spec {path} is nested more than {MAX_JSON_DEPTH} deep") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a sweep spec is a table of options, got {type(data).__name__}")
     data.setdefault("name", path.stem)
     return SweepSpec.from_dict(data, where=str(path))

@@ -4,6 +4,7 @@ results.parquet when pyarrow is installed) and read back through one typed reade
 column decoded by the type of the field it holds; tables written by older versions read too)."""
 
 import dataclasses
+import io
 import json
 import os
 import types
@@ -12,8 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from markov_interp._io import atomic_path, atomic_write, csv_cell, csv_uncell
+from markov_interp._io import atomic_path, atomic_write, csv_cell, csv_uncell, loads_json, read_text
 from markov_interp._display import displayed, headline
+from markov_interp.config import shown
 from markov_interp.sources import source_config_class, source_kinds, source_options
 from markov_interp.models import ModelConfig
 from markov_interp.sweep.records import RUNS_DIR, CellRecord
@@ -164,13 +166,13 @@ def _decode(value: Any, annotation: Any, column: str, cell: Optional[str]) -> An
     if value == "null" and str not in kinds:  # tables written before typed rows stored absent heads as JSON null
         return None
     if dict in kinds and value.startswith("{"):  # the crossings column
-        return json.loads(value)
+        return loads_json(value, f"results row {cell}: column {column!r}")
     if kinds & {list, tuple} and value.startswith("["):
-        decoded = json.loads(value)
+        decoded = loads_json(value, f"results row {cell}: column {column!r}")
         return tuple(decoded) if tuple in kinds and list not in kinds else decoded
     if str in kinds:
         return value
-    raise ValueError(f"results row {cell}: column {column!r} holds {value!r}, which is not a {annotation}")
+    raise ValueError(f"results row {cell}: column {column!r} holds {shown(value)}, which is not a {annotation}")
 
 
 def _parquet_rows(flat: list[dict], columns: list[str]) -> list[dict]:
@@ -248,5 +250,5 @@ def read_table(path: "str | os.PathLike") -> list[Row]:
         path = path / TABLE
     if not path.exists():
         raise FileNotFoundError(f"no results table at {path}")
-    with path.open(newline="") as handle:
-        return [Row.from_columns(row) for row in csv.DictReader(handle)]
+    text = read_text(path, "results table")  # a regular file, bounded
+    return [Row.from_columns(row) for row in csv.DictReader(io.StringIO(text, newline=""))]

@@ -64,6 +64,7 @@ from markov_interp.theory.references import (
     paired_losses,
     plateau_predictions,
     reference_losses,
+    reference_needs,
 )
 
 __all__ = [
@@ -79,5 +80,5 @@ __all__ = [
     "in_context_loss_curve",
     # a source's references
     "plateau_predictions", "paired_losses", "ReferenceLosses",
-    "format_loss", "reference_losses",
+    "format_loss", "reference_losses", "reference_needs",
 ]

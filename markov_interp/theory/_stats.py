@@ -5,6 +5,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+# The largest draws of the Monte Carlo estimates (each stops earlier once its standard errors are below its tol);
+# the reference cache bounds a stored standard error by them (`cache._InContextEntry`)
+MAX_KERNELS = 1 << 24  # kernels of E[entropy rate] and E[H(pi)] (`expectations._mc_kernel_expectations`)
+MAX_SEQUENCES = 1 << 18  # sequences of the in-context and pool-Bayes losses (`in_context`, `pools`)
+
 
 def _control_variate_mean(moments: np.ndarray, n: int, known: np.ndarray, n_targets: int) -> tuple:
     """Regression control-variate estimates of E[y_j] from accumulated moments of z = (1, c, y).

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from markov_interp._io import atomic_write, describe_kind
+from markov_interp._io import atomic_write, describe_kind, read_json
 from markov_interp.config import Checked, bounds
+from markov_interp.theory._stats import MAX_KERNELS, MAX_SEQUENCES
 
 
 # ------------------------------------------------------------------------------------------ disk cache
@@ -81,11 +82,11 @@ def _disk_cache_read(key: dict, schema: "type[_KernelEntry] | type[_InContextEnt
     if not stat.S_ISREG(mode):  # a FIFO would hang the read; a link may lead anywhere
         return _bad_entry(path, f"it is {describe_kind(mode)}, not a regular file")
     try:
-        entry = json.loads(path.read_bytes())
+        entry = read_json(path, "reference-cache entry")  # bounded, depth-limited
     except OSError as err:
         return _bad_entry(path, f"unreadable: {err.strerror}")
-    except ValueError as err:  # truncated, not JSON, not UTF-8
-        return _bad_entry(path, f"not valid JSON: {err}")
+    except ValueError as err:  # truncated, not JSON, not UTF-8, too large or too deep
+        return _bad_entry(path, str(err).replace(f"reference-cache entry {path} is ", ""))
     full = _full_key(key)
     if not isinstance(entry, dict) or entry.get("key") != full:
         return _bad_entry(path, "it holds another key")
@@ -119,6 +120,19 @@ def _within(name: str, x: float, low: float, high: float) -> None:
         raise ValueError(f"{name} = {x!r} is outside [{low:.6g}, {high:.6g}]")
 
 
+def _se_at_most(name: str, se: float, allowed: float, why: str) -> None:
+    """An entry's standard error within what its own key allows (so it cannot widen the checks that use it)."""
+    if not se <= allowed:
+        raise ValueError(f"{name} = {se!r} is larger than its key allows ({allowed:.3g}: {why})")
+
+
+def _popoviciu(spread: float, n: int) -> float:
+    """Twice the largest standard error of a mean of `n` draws of a value confined to an interval of width
+    `spread` (Popoviciu: a standard deviation of at most spread / 2): the bound the regressions with control
+    variates stay under (they lower the spread; twice covers their estimated coefficients)."""
+    return spread / math.sqrt(max(n - 1, 1))
+
+
 def _at_most(small: str, x: float, large: str, y: float, se: float) -> None:
     """`small` <= `large` up to 6 standard errors (the order theory's quantities obey)."""
     if x > y + 6 * se + 1e-9:
@@ -143,8 +157,10 @@ class _KernelEntry(Checked):
 
     def check_key(self, key: Mapping[str, Any]) -> None:
         top, se = math.log(key["vocab"]), self.entropy_rate_se + self.unigram_loss_se
+        # the Monte Carlo stops once both standard errors are below the key's tol, or at MAX_KERNELS kernels
+        allowed = max(key["tol"], _popoviciu(top, MAX_KERNELS))
         for name in ("entropy_rate_se", "unigram_loss_se"):
-            _within(name, getattr(self, name), 0.0, top)
+            _se_at_most(name, getattr(self, name), allowed, f"below tol={key['tol']:g}, or {MAX_KERNELS} kernels drawn")
         _within("entropy_rate", self.entropy_rate, -6 * se - 1e-9, math.inf)
         _at_most("entropy_rate", self.entropy_rate, "E[H(pi)] (unigram_loss)", self.unigram_loss, se)
         _at_most("E[H(pi)] (unigram_loss)", self.unigram_loss, "log V", top, self.unigram_loss_se)
@@ -157,7 +173,9 @@ class _InContextEntry(Checked):
 
     `check_key`, against the key's vocabulary V, alpha, length T, sequence count and kernel expectations:
     - ranges: every add-beta loss and curve point in [0, log((T + V alpha) / alpha)] (such an estimator gives each
-      state at least alpha / (T + V alpha)); standard errors in [0, that]; curves of T - 1 points;
+      state at least alpha / (T + V alpha)); curves of T - 1 points; standard errors no larger than the key and the
+      sample size allow (`_se_allowed`: below the key's tol where the Monte Carlo stopped there), so an entry's own
+      standard error cannot widen the checks below;
     - the order of the references, where it is a theorem: for fresh kernels the Bayes loss is optimal under the
       sampler's law, so Bayes <= add-alpha, Bayes <= in-context unigram and Bayes <= log V (uniform guessing); for
       a finite pool the pool-Bayes loss is, so pool Bayes <= each of those (and the in-context Bayes loss); with a
@@ -196,10 +214,12 @@ class _InContextEntry(Checked):
         names = ("add_alpha_loss", "unigram_loss", "bayes_loss") + (("pool_bayes_loss",) if pool[0] is not None else ())
         for name in names:
             se = getattr(self, f"{name}_se")
-            _within(f"{name}_se", se, 0.0, cap)
+            _se_at_most(f"{name}_se", se, *self._se_allowed(key, cap, name))
             _within(name, getattr(self, name), -6 * se - 1e-9, cap + 6 * se + 1e-9)
+        curve_se = _popoviciu(cap, self.n_sequences) + key["kernel"]["entropy_rate_se"] \
+            + key["kernel"]["unigram_loss_se"]  # the draws' spread, and what the controls' means add
         for curve in [n.replace("_loss", "_curve") for n in names if n != "bayes_loss"]:
-            self._check_curve(curve, seq_len, top if curve == "pool_bayes_curve" else cap)
+            self._check_curve(curve, seq_len, top if curve == "pool_bayes_curve" else cap, curve_se)
         optimum = "pool_bayes_loss" if pool[0] is not None else "bayes_loss"
         for other in [n for n in names if n != optimum] + ["log V"]:
             y, se = (top, 0.0) if other == "log V" else (getattr(self, other), getattr(self, f"{other}_se"))
@@ -209,10 +229,24 @@ class _InContextEntry(Checked):
             _at_most("E[entropy rate]", kernel["entropy_rate"], optimum, getattr(self, optimum),
                      kernel["entropy_rate_se"] + getattr(self, f"{optimum}_se"))
 
-    def _check_curve(self, curve: str, seq_len: int, high: float) -> None:
+    def _se_allowed(self, key: Mapping[str, Any], cap: float, name: str) -> tuple[float, str]:
+        """The largest standard error of the loss `name` that the entry's key and sample size allow, and why. With
+        the key's tol the Monte Carlo stops once every standard error is below it, unless it drew `MAX_SEQUENCES`
+        (pool Bayes runs its own draws, whose count is not recorded); with the key's n_sequences it draws exactly
+        those. A mean of n losses in [0, cap] has a standard error of at most `_popoviciu(cap, n)`. (A cached
+        bayes_loss of 0.5 with an SE of 0.1 used to pass the order checks by 6 x 0.1; the computation's own SE
+        is below 5e-4.)"""
+        if key["n_sequences"] is not None:
+            return _popoviciu(cap, self.n_sequences), f"{self.n_sequences} sequences of losses in [0, {cap:.3g}]"
+        if name != "pool_bayes_loss" and self.n_sequences < MAX_SEQUENCES:
+            return key["tol"], f"the Monte Carlo stopped below tol={key['tol']:g} after {self.n_sequences} sequences"
+        return (max(key["tol"], _popoviciu(cap, MAX_SEQUENCES)),
+                f"below tol={key['tol']:g} unless {MAX_SEQUENCES} sequences were drawn")
+
+    def _check_curve(self, curve: str, seq_len: int, high: float, se_allowed: float) -> None:
         points, ses = getattr(self, curve), getattr(self, f"{curve}_se")
         if len(points) != seq_len - 1 or len(ses) != seq_len - 1:
             raise ValueError(f"{curve} has {len(points)} points, expected {seq_len - 1}")
         for t, (x, se) in enumerate(zip(points, ses)):
-            _within(f"{curve}_se[{t}]", se, 0.0, high)
+            _within(f"{curve}_se[{t}]", se, 0.0, min(high, se_allowed))
             _within(f"{curve}[{t}]", x, -6 * se - 1e-9, high + 6 * se + 1e-9)

@@ -20,7 +20,7 @@ from markov_interp._display import displayed
 from markov_interp.sources import KernelSource, PoolKernels
 from markov_interp.sources.contexts import block_sizes, kernel_bytes
 from markov_interp.sources.contexts import solve_stationary as _solve_stationary
-from markov_interp.theory._stats import _control_variate_mean
+from markov_interp.theory._stats import MAX_KERNELS, _control_variate_mean
 from markov_interp.theory.cache import _KernelEntry, _disk_cache_read, _disk_cache_write
 from markov_interp.theory.fixed import _check_source, entropy
 
@@ -109,7 +109,7 @@ def _binary_kernel_expectations(alpha: float, n: int = 256) -> KernelExpectation
 
 
 def _mc_kernel_expectations(vocab: int, order: int, alpha: float, seed: int, tol: float,
-                            max_kernels: int = 1 << 24, zero_diagonal: bool = False,
+                            max_kernels: int = MAX_KERNELS, zero_diagonal: bool = False,
                             support: tuple | None = None) -> KernelExpectations:
     """E[entropy rate] and E[H(pi)] over Dirichlet(alpha) kernels by Monte Carlo, in chunks of 2**18 kernels
     until both standard errors are below `tol`. Two controls with exact means cut the variance about 3x:

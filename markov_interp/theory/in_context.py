@@ -21,7 +21,7 @@ from torch import Tensor
 from markov_interp.sources import KernelSource, add_beta_predictions, context_index
 from markov_interp.sources.contexts import block_sizes, kernel_bytes
 from markov_interp.sources.contexts import solve_stationary as _solve_stationary
-from markov_interp.theory._stats import _control_coefficients, _mean_se
+from markov_interp.theory._stats import MAX_SEQUENCES, _control_coefficients, _mean_se
 from markov_interp.theory.expectations import KernelExpectations
 from markov_interp.theory.fixed import cross_entropy, entropy, target_log_loss
 
@@ -189,7 +189,7 @@ def _in_context_references(source: KernelSource, seq_len: int, kernel: KernelExp
         seq_se = (seq_se**2 + seq_shift_se**2).sqrt()
         if n_sequences is not None and moments.n >= n_sequences:
             break
-        if n_sequences is None and (seq_se.max() < tol or moments.n >= 2**18):
+        if n_sequences is None and (seq_se.max() < tol or moments.n >= MAX_SEQUENCES):
             break
     curve, curve_se = moments.mean_se("targets")
     curve, curve_se = curve + shift, (curve_se**2 + shift_se**2).sqrt()

@@ -12,7 +12,7 @@ from torch import Tensor
 from markov_interp.sources import KernelSource, PoolKernels, PoolLaws, kernel_predictions
 from markov_interp.sources.contexts import check_tokens, context_transition_matrix, order_of
 from markov_interp.sources import dirichlet
-from markov_interp.theory._stats import _mean_se
+from markov_interp.theory._stats import MAX_SEQUENCES, _mean_se
 from markov_interp.theory.fixed import entropy, kl_divergence, stationary_state_laws
 
 
@@ -96,7 +96,7 @@ def _pool_bayes_references(source: KernelSource, seq_len: int, *, seed: int, tol
         n += size
         mean, se = _mean_se(sums[2, 0], sums[3, 0], n)
         if (n_sequences is not None and n >= n_sequences) or (
-                n_sequences is None and ((n >= 1024 and se < tol) or n >= 2**18)):
+                n_sequences is None and ((n >= 1024 and se < tol) or n >= MAX_SEQUENCES)):
             break
     curve, curve_se = _mean_se(sums[0], sums[1], n)
     return {"pool_bayes_loss": float(oracle.mean() + mean), "pool_bayes_loss_se": float(se),

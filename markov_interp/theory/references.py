@@ -13,8 +13,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp._display import displayed
-from markov_interp.config import check_int
+from markov_interp._plan import Need, check_needs, memory_limit
+from markov_interp.config import SEED_MAX, check_int, check_number
 from markov_interp.sources import KernelSource, SourceConfig, add_beta_predictions
+from markov_interp.sources.contexts import kernel_bytes
+from markov_interp.theory._stats import MAX_SEQUENCES
 from markov_interp.theory.cache import _InContextEntry, _disk_cache_read, _disk_cache_write
 from markov_interp.theory.expectations import expected_kernel_references
 from markov_interp.theory.fixed import _check_source, entropy_rate, stationary_predictions, target_log_loss, unigram_loss
@@ -183,23 +186,58 @@ def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5
         seq_len: sequence length; the values average the seq_len - 1 targets.
         seed: seed of the Monte Carlo draws (random kernels).
         tol: standard error to reach (random kernels).
-        n_sequences: a fixed number of Monte Carlo sequences instead of `tol`.
+        n_sequences: a fixed number of Monte Carlo sequences instead of `tol` (at most `MAX_SEQUENCES`, what
+            `tol` draws at most).
 
     Returns:
         A `ReferenceLosses` (with `pool_bayes_loss` for a finite pool).
+
+    Raises:
+        PlanTooLarge: the Monte Carlo's arrays would not fit in memory (`reference_needs`), naming the size.
     """
     check_int("seq_len", seq_len, minimum=2)  # one target at least
     _check_source(source)
+    check_int("seed", seed, minimum=0, maximum=SEED_MAX)
+    check_int("n_sequences", n_sequences, minimum=2, maximum=MAX_SEQUENCES, none_ok=True)  # the Monte Carlo's cap
+    check_needs(reference_needs(vocab=source.vocab, order=source.order, random=source.in_context,
+                                seq_len=seq_len, pool_size=getattr(source, "pool_size", None)),
+                memory_limit("cpu"), where="reference_losses", before="anything was allocated")
     if not source.in_context:  # one fixed kernel: exact
         return ReferenceLosses(entropy_rate=entropy_rate(source), unigram_loss=unigram_loss(source))
     config = getattr(source, "config", None)
     if not isinstance(config, SourceConfig):  # the Monte Carlo below is cached under the source's config
         raise ValueError(f"reference losses of random kernels are keyed on the source's config: "
                          f"{type(source).__name__} has no `config` property giving its sources.SourceConfig")
-    if not tol > 0:
-        raise ValueError(f"tol must be > 0, got {tol!r}")
-    check_int("n_sequences", n_sequences, minimum=2, none_ok=True)
+    check_number("tol", tol, positive=True)
     return _random_references(config.to_json(), seq_len, seed, float(tol), n_sequences)
+
+
+REFERENCE_SEQUENCES = 1024  # kernels and sequences the in-context Monte Carlo holds at once (at least one chunk)
+
+
+def reference_needs(*, vocab: int, order: int, random: bool, seq_len: int, pool_size: int | None = None,
+                    fields: list[tuple[str, Any]] | None = None) -> list[Need]:
+    """The memory `reference_losses` holds for a source of `vocab` states and order `order` at `seq_len` (a lower
+    bound, the one estimate `reference_losses` and `training.plan` check): for a fixed kernel its stationary
+    solve; for random kernels `REFERENCE_SEQUENCES` kernels and sequences of per-target losses at once, and a
+    finite pool's kernels.
+
+    Args:
+        vocab, order, random, pool_size: the source's.
+        seq_len: the sequence length the losses average over.
+        fields: how a refusal names the sizes (default: vocab, order, seq_len).
+
+    Returns:
+        One `Need`.
+    """
+    contexts, per_kernel = vocab**order, kernel_bytes(vocab**order, vocab)
+    if random:
+        n_bytes = (REFERENCE_SEQUENCES * (contexts * vocab + 8 * seq_len) * 8 + per_kernel
+                   + (pool_size or 0) * contexts * vocab * 8)
+    else:
+        n_bytes = 2 * per_kernel
+    fields = fields if fields is not None else [("vocab", vocab), ("order", order), ("seq_len", seq_len)]
+    return [Need.of("the reference losses", n_bytes, fields)]
 
 
 @functools.lru_cache(maxsize=64)

@@ -197,7 +197,7 @@ def train_many(runs: Sequence[RunConfig], out_dirs: Optional[Sequence["str | os.
     check_compatible(runs)
     outs: list[Optional[Path]] = [None] * len(runs)
     if out_dirs is not None:
-        outs = [Path(d) for d in out_dirs]
+        outs = [run_folder.folder_path(d, "out_dirs entry") for d in out_dirs]  # "" is not the current folder
         if len(outs) != len(runs):
             raise ValueError(f"got {len(runs)} runs but {len(outs)} out_dirs")
         resolved = [o.resolve() for o in outs]

@@ -26,16 +26,18 @@ from typing import Optional
 
 import torch
 
-from markov_interp.sources.contexts import BLOCK_BYTES, kernel_bytes
+from markov_interp.sources.sampling import sampler_bytes
 from markov_interp.models.memory import (Need, PlanTooLarge, check_needs, forward_needs, human_bytes, memory_limit,
                                          model_needs, parameter_count)
 from markov_interp.runs.config import RunConfig
 from markov_interp.runs import list_checkpoints, list_resume_points
+from markov_interp.theory import reference_needs
 from markov_interp.training.schedule import checkpoint_steps, max_rows
 
-__all__ = ["check_plan", "check_disk", "MAX_CHECKPOINTS", "FILES_PER_RUN", "PlanTooLarge"]
+__all__ = ["check_plan", "check_disk", "MAX_CHECKPOINTS", "MAX_RUNS", "FILES_PER_RUN", "PlanTooLarge"]
 
 MAX_CHECKPOINTS = 10_000  # checkpoints one run may plan (two files each)
+MAX_RUNS = 4096  # runs one `train_many` call trains (`--seeds`): each is a folder, a stack member, two open files
 FILES_PER_RUN = 2  # descriptors a run folder holds open while it trains: its lock and its metrics file
 _SPARE_FILES = 64  # descriptors left for torch, tqdm, checkpoint writes and the caller
 _ROW_BYTES = 1024  # a metrics row in memory (a dict of about a dozen floats)
@@ -43,7 +45,6 @@ _ROW_FILE_BYTES = 400  # a metrics row in metrics.jsonl
 # A checkpoint's bytes beyond weights and optimiser state: measured 21 KB for the one-layer paper model (two CPU
 # generators' states of 5 KB each, pending losses, torch.save's archive)
 _CHECKPOINT_EXTRA = 32 * 1024
-_REFERENCE_KERNELS = 1024  # kernels theory's in-context Monte Carlo holds at once (docs/faults.md)
 
 
 def check_plan(runs: Sequence[RunConfig], outs: Sequence[Optional[Path]], device: torch.device) -> None:
@@ -58,6 +59,9 @@ def check_plan(runs: Sequence[RunConfig], outs: Sequence[Optional[Path]], device
         PlanTooLarge: naming the field, the memory (or disk, or open files) it would need and what there is.
     """
     run, members = runs[0], len(runs)
+    if members > MAX_RUNS:
+        raise PlanTooLarge(f"train: {members} runs at once is too many: at most {MAX_RUNS} a call (each is a run "
+                           "folder and a member of one stacked model); train them in batches")
     tc = run.train
     if all(o is not None and _nothing_to_train(o) for o in outs):
         return  # finished or diverged folders are loaded, not trained: their plan ran where they were trained
@@ -174,21 +178,15 @@ def _data_needs(run: RunConfig, members: int) -> list[Need]:
     """The transition kernels, the sampler's arrays and theory's reference losses of `run`'s source."""
     source, tc = run.source, run.train
     vocab, order = source.vocab_size, source.order
-    contexts = vocab**order
     batch, length = tc.batch_size, tc.seq_len + 1
     size = [(f"source.{source.states_option}", vocab)] if source.states_option is not None else []
     fields = [*size, ("source.order", order), ("train.batch_size", batch), ("train.seq_len", tc.seq_len)]
     fields += [("members", members)] if members > 1 else []
-    per_kernel = kernel_bytes(contexts, vocab)
-    if source.in_context:  # a kernel per sequence (Gamma draws and their sums), the sampler in blocks
-        sampler = members * batch * contexts * vocab * 8 * 4 + max(BLOCK_BYTES, 8 * length * contexts * vocab)
-        pool = (getattr(source, "pool_size", None) or 0) * contexts * vocab * 8  # a finite pool's kernels
-        references = _REFERENCE_KERNELS * contexts * vocab * 8 + per_kernel + pool
-    else:  # fixed kernels: the batched sampler compares [member, batch, seq, context, vocab] uniforms at once
-        sampler = members * batch * length * contexts * (vocab + 8)
-        references = 2 * per_kernel
+    sampler = sampler_bytes(vocab=vocab, order=order, batch=batch, length=length, random=source.in_context,
+                            members=members)
     return [Need.of("the data sampler", sampler, fields),
-            Need.of("the reference losses", references, [*size, ("source.order", order)])]
+            *reference_needs(vocab=vocab, order=order, random=source.in_context, seq_len=tc.seq_len,
+                             pool_size=getattr(source, "pool_size", None), fields=[*size, ("source.order", order)])]
 
 
 def _existing(path: Path) -> Path:

@@ -139,7 +139,7 @@ def test_check_fields_checks_a_dataclass_by_its_annotations_and_bounds():
 def test_configs_use_the_validators():
     with pytest.raises(ValueError, match="n_layers must be an integer >= 1, got 0"):
         ModelConfig(n_layers=0)
-    with pytest.raises(ValueError, match="seed must be an integer >= 0, got -1"):
+    with pytest.raises(ValueError, match="seed must be an integer in 0..9223372036854775807, got -1"):
         TrainConfig(seed=-1)
     with pytest.raises(ValueError, match=r"momentum must be a finite number >= 0, got -0.5"):
         TrainConfig(optimizer="sgd", momentum=-0.5)

@@ -202,3 +202,35 @@ def test_a_killed_driver_leaves_no_writer_and_a_restarted_cluster_resumes(tmp_pa
     counts = _finish(_driver(cluster, out))
     assert counts["failed"] == 0 and counts["skipped"] >= done >= 1 and counts["run"] == 4 - counts["skipped"]
     _same_as_local(out, local)
+
+
+def test_a_killed_head_ends_the_sweep_in_one_line(tmp_path, cluster):
+    """`markov-interp sweep --backend ray` whose cluster's head is killed (SIGKILL, the whole local cluster) while
+    cells train: within `executors.LOST_SECONDS` and a check, exit code 2 and one error line saying what was lost
+    and how to resume, no traceback (Ray itself ended the driver after 60 s with exit code 1 and its own
+    traceback). That the same command then resumes on a restarted cluster is
+    `test_a_killed_driver_leaves_no_writer_and_a_restarted_cluster_resumes`'s. About a minute (the cluster's start)."""
+    from markov_interp.sweep import executors
+
+    long = tiny_spec(base={**tiny_spec().base, "train": {**tiny_spec().base["train"], "steps": 2000}})
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(long.to_dict()))
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "markov_interp.cli", "sweep", str(spec_file), "--out", str(out), "--backend",
+               "ray", "--no-progress"]
+    driver = subprocess.Popen(command, env={**ENV, "RAY_ADDRESS": cluster.address}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _wait_for(lambda: any((out / "runs").glob("*/metrics.jsonl")) or driver.poll() is not None, "a cell training")
+    assert driver.poll() is None, driver.communicate()
+    cluster.stop()  # the head and everything of the cluster, mid-cell
+    killed = time.monotonic()
+    _, err = driver.communicate(timeout=DEADLINE)
+    waited = time.monotonic() - killed
+    print(f"from the head's kill to the driver's exit: {waited:.1f} s")  # docs/faults.md quotes it (pytest -s)
+    assert driver.returncode == 2, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("markov-interp sweep: error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    assert errors[0].startswith("markov-interp sweep: error: the Ray cluster at ") and "its head does not answer" in \
+        errors[0] and "of 4 cells not finished" in errors[0] and "run the same command" in errors[0], errors[0]
+    assert waited < executors.LOST_SECONDS + 30, waited  # Ray's own end came after 60 s
+    assert len(list((out / "results").glob("*.json"))) < 4 and not (out / "results.csv").exists()

@@ -332,10 +332,8 @@ def test_unreadable_weights_are_a_permission_error_naming_the_file(tmp_path, mon
     weights = out / models.WEIGHTS_FILE
     if os.geteuid() != 0:
         weights.chmod(0)
-    else:
-        import builtins
-
-        _deny(monkeypatch, builtins, "open", weights)
+    else:  # the weights are read by `_io.read_regular`, which opens with os.open
+        _deny(monkeypatch, os, "open", weights)
     with pytest.raises(PermissionError, match="Permission denied") as info:
         models.load(out)
     assert info.value.filename == str(weights) and "No such file" not in str(info.value)

@@ -283,8 +283,8 @@ def test_a_hard_link_in_a_run_folder_is_refused_and_the_other_file_kept(tmp_path
     assert "other hard link" in err and str(out / name) in err
     assert victim.read_text() == "precious\n" and os.stat(victim).st_nlink == 2
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
-    assert after == before  # nothing written into the folder (at most the lock file created, left empty)
-    assert name == ".lock" or (out / ".lock").read_bytes() == b""
+    assert after == before  # nothing written into the folder
+    assert name == ".lock" or not (out / ".lock").exists()  # the lock file it created is taken back (N11)
 
 
 def test_the_in_place_writers_refuse_a_hard_link_themselves(tmp_path):

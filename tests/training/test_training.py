@@ -152,8 +152,8 @@ def test_foreign_folder_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"holds files that are not a run's \(notes.txt\) and no config.json"):
         train(tiny_run(), tmp_path, progress=False)
-    # no run file written beside it (the lock, taken before the folder is read, stays: a lock file is never removed)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "notes.txt"]
+    # no run file written beside it, and the lock it took is taken back (`runs.lock` removes the .lock it created)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 class _Interrupt(Exception):

@@ -4,13 +4,13 @@ results.json, its statistics recomputed from the per-seed rows), `experiments.pa
 results.csv) and `dynamics` (the first session's files, which hold one escape step per seed)."""
 
 import hashlib
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from markov_interp import dynamics
+from markov_interp._io import read_json, read_regular
 
 __all__ = ["experiment", "reproduction", "recorded", "recorded_escapes", "provenance_text", "mean_text",
            "bounds_text", "percent_text", "p_text"]
@@ -21,7 +21,7 @@ _CACHE: dict[tuple[str, str], tuple[str, Any]] = {}  # (reader, file) -> (digest
 
 def _cached(kind: str, path: Path, read: Callable[[Path], Any]) -> Any:
     """`read(path)`, once per version of the file's bytes (a block reads a source its neighbours read too)."""
-    digest = hashlib.sha1(path.read_bytes()).hexdigest()
+    digest = hashlib.sha1(read_regular(path, "results file")).hexdigest()
     key = (kind, str(path.resolve()))
     if key not in _CACHE or _CACHE[key][0] != digest:
         _CACHE[key] = (digest, read(path))
@@ -45,7 +45,7 @@ def reproduction(path: Path) -> list:
 
 def recorded(path: Path) -> dict:
     """A JSON file as it is (the first session's escape_times.json and interventions/long/results.json)."""
-    return _cached("json", path, lambda p: json.loads(p.read_text()))
+    return _cached("json", path, lambda p: read_json(p, "results file"))
 
 
 def recorded_escapes(data: dict, *, budget: int, every: int) -> list[dynamics.StepInterval]:
