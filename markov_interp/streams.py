@@ -68,7 +68,7 @@ COUNTER_STREAM = "counter-1"
 STREAMS = (LEGACY_STREAM, COUNTER_STREAM)
 
 # counter word 2 of each purpose (part of "counter-1": never renumber; add new purposes with new numbers)
-PURPOSES: dict[str, int] = {"first": 1, "steps": 2, "pool": 3, "gamma": 4}
+PURPOSES: dict[str, int] = {"first": 1, "steps": 2, "pool": 3, "gamma": 4, "generator": 5}
 # Gamma draws: rejection rounds computed for every draw (Marsaglia-Tsang accepts >= 95% of proposals; all 16
 # rejected has probability <= 1e-21 per draw, see `gamma`)
 GAMMA_ROUNDS = 16
@@ -102,17 +102,15 @@ def philox(counter: Sequence[Tensor], key: Sequence[Tensor], *, rounds: int = 10
     >>> [hex(w) for w in philox([zero] * 4, [zero] * 2)[0].tolist()]  # Random123's known answer
     ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
     """
-    check_int("rounds", rounds, minimum=1)
+    check_int("rounds", rounds, minimum=1, maximum=64)
     shape = torch.broadcast_shapes(*(t.shape for t in (*counter, *key)))
     c0, c1, c2, c3 = (t.expand(shape) for t in counter)
     keys = torch.stack(torch.broadcast_tensors(*key))  # [2, *key shape]: the round keys stay that small
     keys = keys.view(2, *[1] * (len(shape) - keys.dim() + 1), *keys.shape[1:])
-    device, lead = c0.device, [1] * len(shape)
-    multipliers = torch.tensor(_MULTIPLIERS, dtype=torch.long, device=device).view(2, *lead)
-    weyl = torch.tensor(_WEYL, dtype=torch.long, device=device).view(1, 2, *lead)
-    steps = torch.arange(rounds, dtype=torch.long, device=device).view(rounds, 1, *lead)
-    round_keys = (keys[None] + steps * weyl).bitwise_and_(_MASK).unbind(0)  # per round [2, *key shape]
-    cross = torch.tensor([1, 0], device=device)
+    lead = [1] * len(shape)
+    multipliers, weyl, cross = _constants(c0.device)
+    multipliers, weyl = multipliers.view(2, *lead), weyl[:rounds].view(rounds, 2, *lead)
+    round_keys = (keys[None] + weyl).bitwise_and_(_MASK).unbind(0)  # per round [2, *key shape]
     # The round's state: the multiplied words (c0, c2) and the previous round's low halves (c3, c1), reversed, so
     # that (c0, c2) <- (hi1 ^ c1 ^ k0, hi0 ^ c3 ^ k1) is hi ^ (c3, c1), crossed, then the key. Four buffers
     # reused by every round (out= and in place): on a CPU, fresh ones cost more than the arithmetic.
@@ -124,6 +122,19 @@ def philox(counter: Sequence[Tensor], key: Sequence[Tensor], *, rounds: int = 10
         torch.index_select(high, 0, cross, out=even).bitwise_xor_(round_key)
         low, product = product.bitwise_and_(_MASK), low  # (lo0, lo1): the next (c3, c1)
     return torch.stack((even[0], low[1], even[1], low[0]), dim=-1)
+
+
+_CONSTANTS: dict[tuple[torch.device, int], tuple[Tensor, Tensor, Tensor]] = {}
+
+
+def _constants(device: torch.device, rounds: int = 64) -> tuple[Tensor, Tensor, Tensor]:
+    """Philox's multipliers [2], the key schedule's increments of rounds 0..rounds-1 [rounds, 2] and the lane swap,
+    made once per device: a step on a GPU copies nothing from the host (a CUDA graph could not capture a copy)."""
+    if (device, rounds) not in _CONSTANTS:
+        weyl = torch.arange(rounds, dtype=torch.long)[:, None] * torch.tensor(_WEYL, dtype=torch.long)
+        _CONSTANTS[device, rounds] = (torch.tensor(_MULTIPLIERS, dtype=torch.long, device=device),
+                                      weyl.to(device), torch.tensor([1, 0], device=device))
+    return _CONSTANTS[device, rounds]
 
 
 def member_keys(seeds: Sequence[int], *, device: "torch.device | str | None" = None) -> Int[Tensor, "member 2"]:
@@ -142,6 +153,19 @@ def member_keys(seeds: Sequence[int], *, device: "torch.device | str | None" = N
     for seed in seeds:
         check_int("stream seed", seed, minimum=0, maximum=2**64 - 1)
     return torch.tensor([[s & _MASK, s >> 32] for s in seeds], dtype=torch.long, device=device).view(-1, 2)
+
+
+_LAYOUTS: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+
+def _layout(blocks: tuple[tuple[int, int], ...], device: torch.device) -> tuple[Tensor, Tensor]:
+    """The block index within its purpose and the purpose of every block of a `words` call drawing `blocks`
+    ((purpose id, blocks), ...), made once per layout and device (a step copies nothing from the host)."""
+    if (blocks, device) not in _LAYOUTS:
+        index = torch.cat([torch.arange(b, dtype=torch.long) for _, b in blocks])
+        purpose_of = torch.cat([torch.full((b,), p, dtype=torch.long) for p, b in blocks])
+        _LAYOUTS[blocks, device] = (index.to(device), purpose_of.to(device))
+    return _LAYOUTS[blocks, device]
 
 
 def _counter_step(step: Step, device: torch.device) -> Tensor:
@@ -177,15 +201,12 @@ def words(keys: Int[Tensor, "member 2"], step: Step, sizes: Mapping[str, int]) -
     True
     """
     device = keys.device
-    blocks, purposes = [], []
+    blocks = []
     for purpose, n in sizes.items():
         check_choice("purpose", purpose, tuple(PURPOSES))
         check_int(f"words of {purpose!r}", n, minimum=0)
         blocks.append(-(-n // 4))
-        purposes.append(PURPOSES[purpose])
-    index = torch.cat([torch.arange(b, dtype=torch.long, device=device) for b in blocks])
-    purpose_of = torch.repeat_interleave(torch.tensor(purposes, dtype=torch.long, device=device),
-                                         torch.tensor(blocks, device=device), output_size=sum(blocks))
+    index, purpose_of = _layout(tuple((PURPOSES[p], b) for p, b in zip(sizes, blocks)), device)
     zero = torch.zeros((), dtype=torch.long, device=device)
     steps = _counter_step(step, device)[..., None]  # [1] or [steps, 1]: against the blocks
     pad = [1] * (steps.dim() - 1)
@@ -304,7 +325,7 @@ def gamma(keys: Int[Tensor, "member 2"], step: Step, alpha: float | int, shape: 
     steps = _counter_step(step, device)[..., None, None]  # [(steps,) 1, 1]: against [round, draw]
     pad = [1] * (steps.dim() - 2)
     counter = (torch.arange(math.prod(shape), dtype=torch.long, device=device), steps,
-               torch.tensor(PURPOSES["gamma"], dtype=torch.long, device=device),
+               torch.full((), PURPOSES["gamma"], dtype=torch.long, device=device),
                torch.arange(used, dtype=torch.long, device=device)[:, None])
     key = keys.view(-1, *pad, 1, 1, 2)
     block = philox(counter, (key[..., 0], key[..., 1]))  # [member, (steps,) round, draw, 4]

@@ -68,7 +68,7 @@ from markov_interp.models.stack import Stack, build_stack, compiled_losses, stac
 from markov_interp.theory import ReferenceLosses
 from markov_interp import runs as run_folder  # (`runs` is a list of run configs here)
 from markov_interp.training import plan, resume
-from markov_interp.training.batches import derive_seed, member_sampler
+from markov_interp.training.batches import DataStreams, data_streams
 from markov_interp.runs.config import PRECISIONS, RunConfig, TrainConfig, resolve_device
 from markov_interp.training.results import FinalLosses, TrainResult
 from markov_interp.runs import TrainingDiverged
@@ -377,10 +377,7 @@ class _Group:
     references: list[dict[str, float]]  # per member: theory's reference losses as a (rounded) metrics row
     stack: Stack
     optimizer: StackedOptimizer
-    train_gens: list[torch.Generator]
-    eval_gens: list[torch.Generator]
-    sample_train: Callable[[], torch.Tensor]  # () -> [member, batch, seq_len + 1] tokens of the training streams
-    sample_eval: Callable[[], torch.Tensor]  # the same from the evaluation streams
+    data: DataStreams  # the training and evaluation batches, [member, batch, seq_len + 1] (`batches`)
     rows: list[list[dict]] = dataclasses.field(default_factory=list)  # per member: metrics rows
     pending: list[torch.Tensor] = dataclasses.field(default_factory=list)  # per step: [member] losses since a row
     failed: list[Optional[int]] = dataclasses.field(default_factory=list)  # per member: step it diverged, or None
@@ -409,15 +406,10 @@ class _Group:
         stack = build_stack([r.model for r in runs], [r.train.seed for r in runs], device=device)
         optimizer = StackedOptimizer(stack, kind=tc.optimizer, betas=tc.betas, momentum=tc.momentum,
                                      compile=tc.compile)
-        gens = [[torch.Generator(device=device).manual_seed(derive_seed(r.train.seed, stream)) for r in runs]
-                for stream in ("train-data", "eval-data")]
-        length = tc.seq_len + 1
+        data = data_streams(tc.stream, sources, [r.train.seed for r in runs], tc.batch_size, tc.seq_len + 1, device)
         group = cls(runs=runs, outs=outs, device=device, sources=sources,
                     references=[cache[r.source.to_json()] for r in runs], stack=stack, optimizer=optimizer,
-                    train_gens=gens[0], eval_gens=gens[1],
-                    sample_train=member_sampler(sources, gens[0], tc.batch_size, length),
-                    sample_eval=member_sampler(sources, gens[1], tc.batch_size, length),
-                    rows=[[] for _ in runs], failed=[None] * len(runs))
+                    data=data, rows=[[] for _ in runs], failed=[None] * len(runs))
         if tc.compile != "off":
             group.compiled = compiled_losses(stack, dtype=PRECISIONS[tc.precision], mode=tc.compile)
         if tc.reduction is not None:
@@ -494,7 +486,7 @@ class _Group:
         and which members stayed finite. A frozen parameter gets no gradient (so no update, no share in
         clipping); a parameter a clamp cuts off from the loss gets a zero gradient (it still decays)."""
         tc = self.tc
-        losses = self._losses(self.sample_train(), self._hooks(t, update=True))
+        losses = self._losses(self.data.train(t), self._hooks(t, update=True))
         self.optimizer.zero_grad()
         frozen = frozenset(frozen_names(tc.interventions, self.runs[0].model, t)) if tc.interventions \
             else frozenset()
@@ -593,7 +585,7 @@ class _Group:
         """Each member's evaluation columns on its own fresh batches, with the clamps active at `step` (running
         means not updated)."""
         hooks = self._hooks(step, update=False)
-        return _paired_eval(lambda tokens: self._losses(tokens, hooks), self.sources, self.sample_eval,
+        return _paired_eval(lambda tokens: self._losses(tokens, hooks), self.sources, self.data.evaluation,
                             self.tc.eval_batches)
 
     def _losses(self, tokens: torch.Tensor, hooks: Mapping[str, Callable]) -> torch.Tensor:
@@ -638,8 +630,7 @@ class _Group:
             "optimizer": self.optimizer.member_state_dict(k, lr=lr_at(tc, step - 1), weight_decay=tc.weight_decay),
             "scaler": {} if self.scale is None else {  # a torch GradScaler's state_dict()
                 **_SCALER, "scale": float(self.scale[k]), "_growth_tracker": int(self.growth_tracker[k])},
-            "train_generator": self.train_gens[k].get_state(),
-            "eval_generator": self.eval_gens[k].get_state(),
+            **self.data.member_state(k),  # "torch-1": the generators' states; "counter-1": the evaluation count
             "pending_losses": torch.stack([p[k] for p in self.pending]).cpu() if self.pending else torch.zeros(0),
             **({"clamp_state": self.clamps.member_state_dict(k)} if tc.interventions else {}),
         }
@@ -681,8 +672,7 @@ class _Group:
         if self.scale is not None:
             self.scale[k] = state["scaler"]["scale"]
             self.growth_tracker[k] = state["scaler"]["_growth_tracker"]
-        self.train_gens[k].set_state(state["train_generator"])
-        self.eval_gens[k].set_state(state["eval_generator"])
+        self.data.load_member(k, state)
         clamp_states.append(state.get("clamp_state", {}))
         failed_at = int(state.get("stack_failed_at", -1))  # written by the stacked engine before it was the only one
         self.failed[k] = None if failed_at < 0 else failed_at
