@@ -3,8 +3,8 @@
 What a training step of a stack draws, two ways, timed interleaved call by call (medians):
 
 - generator loop ("torch-1"): one `torch.Generator` per member, a Python loop filling each member's row with
-  `uniform_` (what `data.stacked_sampler` does each step: the first states' and steps' uniforms), and each
-  member's Dirichlet(alpha) Gamma draws by `data._gamma_many` (rejection rounds with a host read each);
+  `uniform_` (what `sources.stacked_sampler` does each step: the first states' and steps' uniforms), and each
+  member's Dirichlet(alpha) Gamma draws by `sources.sampling._gamma_many` (rejection rounds with a host read each);
 - counter stream ("counter-1"): `streams.words` for the whole stack in one call (first states and steps),
   converted by `streams.uniform`, and `streams.gamma` (all rejection rounds at once, no host read); and the
   same with --chunk steps drawn in one call (a 1-D step tensor), which spreads a call's fixed cost (about 100
@@ -16,6 +16,12 @@ one call launches (torch.profiler), which the loop grows with K and the counter 
 
     python benchmarks/bench_streams.py --clock cpu           # CPU, one thread, K = 1, 16, 256
     python benchmarks/bench_streams.py --device cuda --seq-len 1024
+    python benchmarks/bench_streams.py --step --members 1 16  # operations of a whole training step
+
+With --step: the operations a steady-state training step dispatches (sampling, forward, backward, update; counted
+with a TorchDispatchMode as tests/models/test_compile.py counts them: on a GPU each is a kernel launch) for each K
+in --members, on both streams, for paper-1layer on a binary chain and attn-only-2layer on fresh Dirichlet kernels
+over --vocab states (seq 16, batch --batch).
 """
 
 import argparse
@@ -25,7 +31,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from markov_interp import data, streams
+from markov_interp import streams
+from markov_interp.sources import sampling
 
 
 def loop_uniforms(generators: list, batch: int, seq_len: int, device: torch.device) -> torch.Tensor:
@@ -83,6 +90,45 @@ def compare(name: str, sides: dict, repeats: int, device: torch.device, chunk: i
               f"/ loop {per_step[side] / loop:6.2f}")
 
 
+def step_launches(args: argparse.Namespace) -> None:
+    """Operations dispatched by one steady-state training step (after a first), per stream, source and K."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from markov_interp.models import preset
+    from markov_interp.sources import SourceConfig
+    from markov_interp.training import RunConfig, TrainConfig, loop
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    random = SourceConfig(kind="random", vocab=args.vocab)
+    cases = {"binary chain, paper-1layer": (SourceConfig(kind="binary", p=0.5, q=0.8),
+                                            preset("paper-1layer", n_ctx=16)),
+             f"Dirichlet kernels on {args.vocab} states, attn-only-2layer": (
+                 random, preset("attn-only-2layer", n_ctx=16, d_vocab=args.vocab))}
+    for name, (source, model) in cases.items():
+        for stream in streams.STREAMS[::-1]:
+            counts = []
+            for k in args.members:
+                runs = [RunConfig(source=source, model=model, train=TrainConfig(
+                    steps=4, batch_size=args.batch, seq_len=16, device=args.device, seed=s, stream=stream,
+                    n_checkpoints=0)) for s in range(k)]
+                group = loop._Group.create(runs, [None] * k, torch.device(args.device))
+                lr = torch.full((k,), 1e-3, dtype=torch.float64, device=args.device)
+                alive = torch.ones(k, dtype=torch.bool, device=args.device)
+                group._step(lr, lr, alive, 0)
+                with Count() as count:
+                    group._step(lr, lr, alive, 1)
+                counts.append(f"K = {k}: {count.n}")
+            print(f"  {name}, stream {stream}: {', '.join(counts)} operations a step")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -93,6 +139,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--chunk", type=int, default=16, help="steps drawn in one call on the chunked side")
+    parser.add_argument("--step", action="store_true", help="count a whole training step's operations instead")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall time (default; the GPU's) or this process's CPU time (steadier on a shared CPU)")
     args = parser.parse_args()
@@ -103,6 +150,8 @@ def main() -> None:
     print(f"device {args.device} ({name}), threads {torch.get_num_threads()}, batch {args.batch}, "
           f"{args.seq_len} states, kernels {args.vocab} x {args.vocab}, torch {torch.__version__}, medians of "
           f"{args.repeats} interleaved calls, {args.clock} clock")
+    if args.step:
+        return step_launches(args)
     shape = (args.batch, args.vocab, args.vocab)
     for k in args.members:
         seeds = [1000 + s for s in range(k)]
@@ -123,7 +172,7 @@ def main() -> None:
                 args.repeats, device, args.chunk)
         for alpha in (1.0, 2.5):
             compare(f"Gamma({alpha}) kernels",
-                    {"loop": lambda: data._gamma_many(alpha, shape, gens, device),
+                    {"loop": lambda: sampling._gamma_many(alpha, shape, gens, device),
                      "counter": lambda: streams.gamma(keys, next_step(), alpha, shape),
                      many: lambda: streams.gamma(keys, next_step(args.chunk), alpha, shape)},
                     args.repeats, device, args.chunk)

@@ -214,7 +214,9 @@ def kernel_stream_sampler(sources: Sequence[KernelSource], batch: int, seq_len: 
 
     Returns:
         `sample(step)`: [member, batch, seq_len] int64 tokens; `step` an int or a 0-dim int64 tensor on the keys'
-        device (< 2**32).
+        device (< 2**32). Its `signature` names what its code depends on besides its tensors (the members, shapes
+        and the parts' kinds and alphas): two samplers of one signature differ only in tensor values, so a
+        compiled step that samples (`models.stack.compiled_losses`) serves both.
 
     >>> from markov_interp.sources import BinaryChain, RandomMarkov
     >>> keys = streams.member_keys([5, 6])
@@ -246,6 +248,9 @@ def kernel_stream_sampler(sources: Sequence[KernelSource], batch: int, seq_len: 
                                device=device, u=u)
         return tokens.view(len(sources), batch, seq_len)
 
+    # what the sampler's code depends on besides its tensors (a compiled step that samples is keyed on it)
+    sample.signature = ("kernel_stream", len(sources), batch, seq_len, vocab, order, inverse is not None,
+                        tuple(part.signature for part in parts))
     return sample
 
 
@@ -270,13 +275,15 @@ class _PoolPart:
         self.offsets = torch.tensor(offsets, device=device)[:, None]  # [member, 1]
         self.sizes = torch.tensor(sizes, device=device)[:, None]
         self.draws_pool = max(sizes) > 1
-        self.batch = batch
+        self.signature = ("pool", len(members), len(kernels), self.draws_pool)
+        if not self.draws_pool:  # fixed chains: the same tables every step, made once
+            rows = self.offsets.expand(-1, batch)
+            self.fixed = (self.cdf[rows], self.first_cdf[rows])
 
     def __call__(self, step: streams.Step, drawn: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        if self.draws_pool:  # streams.below with each member's pool size
-            rows = self.offsets + ((drawn["pool"][self.index] * self.sizes) >> 32)
-        else:
-            rows = self.offsets.expand(-1, self.batch)
+        if not self.draws_pool:
+            return self.fixed
+        rows = self.offsets + ((drawn["pool"][self.index] * self.sizes) >> 32)  # `streams.below`, per member's size
         return self.cdf[rows], self.first_cdf[rows]
 
 
@@ -294,6 +301,7 @@ class _FreshPart:
         allowed = [torch.ones(n_ctx, vocab) if sources[k].support is None else sources[k].support for k in members]
         self.allowed = torch.stack(allowed).to(device, torch.float64)[:, None]  # [member, 1, context, vocab]
         self.stationary = first.initial == "stationary"
+        self.signature = ("fresh", len(members), self.alpha, self.stationary)
         self.laws = None if self.stationary else torch.tensor(
             [sources[k].initial for k in members], dtype=torch.float64, device=device)[:, None].cumsum(-1)
 

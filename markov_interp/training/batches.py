@@ -18,6 +18,7 @@ with (`DataStreams`).
 
 import hashlib
 from collections.abc import Callable, Sequence
+from typing import Optional
 
 import torch
 from jaxtyping import Int
@@ -61,10 +62,18 @@ class DataStreams:
     - `train(t)`: every member's batch of update t -> t + 1, [member, batch, length];
     - `evaluation()`: the next evaluation batch;
     - `member_state(k)` / `load_member(k, state)`: member k's place in both streams, in a checkpoint's training
-      state ("torch-1": its generators' states; "counter-1": the stream's name and the evaluation batches drawn).
+      state ("torch-1": its generators' states; "counter-1": the stream's name and the evaluation batches drawn);
+    - `capturable`: the training sampler as a function of a step tensor that reads no device value and has a
+      `signature` (kernel sources on "counter-1"), which a compiled step draws inside its graph
+      (`models.stack.compiled_losses`) with `step(t)` as input; None otherwise.
     """
 
     stream: str
+    capturable: Optional[Callable[[Tensor], Tensor]] = None
+
+    def step(self, t: int) -> Int[Tensor, ""]:
+        """The step tensor `capturable` reads, set to t (in place: a captured graph reads the same tensor)."""
+        raise NotImplementedError
 
     def train(self, t: int) -> Int[Tensor, "member batch pos"]:
         raise NotImplementedError
@@ -93,9 +102,13 @@ class _CounterStreams(DataStreams):
         self._step = torch.zeros((), dtype=torch.long, device=device)
         self._eval_step = torch.zeros((), dtype=torch.long, device=device)
         self.eval_batches = 0  # evaluation batches drawn so far
+        self.capturable = self._train if hasattr(self._train, "signature") else None
+
+    def step(self, t: int) -> Int[Tensor, ""]:
+        return self._step.fill_(t)
 
     def train(self, t: int) -> Int[Tensor, "member batch pos"]:
-        return self._train(self._step.fill_(t))
+        return self._train(self.step(t))
 
     def evaluation(self) -> Int[Tensor, "member batch pos"]:
         tokens = self._eval(self._eval_step.fill_(self.eval_batches))

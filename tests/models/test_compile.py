@@ -73,7 +73,8 @@ def test_fallback_runs_eagerly_with_one_warning(monkeypatch):
 
 def test_a_function_that_fails_to_compile_runs_eagerly_with_one_warning(monkeypatch):
     """A compile error at the first call (here simulated for every function) makes that function eager for the
-    process, with one warning naming it; the results are eager's, bit for bit."""
+    process, with one warning naming it (the first compiled: the training step, which on the counter stream draws
+    its batch inside the graph); the results are eager's, bit for bit."""
     def failing_compile(fn, **options):
         def run(*args, **kwargs):
             raise torch._dynamo.exc.TorchDynamoException("simulated inductor failure")
@@ -81,7 +82,7 @@ def test_a_function_that_fails_to_compile_runs_eagerly_with_one_warning(monkeypa
 
     monkeypatch.setattr(torch, "compile", failing_compile)
     eager, fallen, messages = _fallback_rows(monkeypatch)
-    assert len(messages) == 1 and "failed on stacked_step_losses" in messages[0] and "simulated" in messages[0]
+    assert len(messages) == 1 and "failed on sampled_step_losses" in messages[0] and "simulated" in messages[0]
     assert fallen == eager
 
 

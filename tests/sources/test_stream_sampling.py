@@ -202,3 +202,15 @@ def test_a_sampling_pass_launches_the_same_operations_for_1_and_16_members_and_r
                   for k in (1, 16)}
     torch1 = {k: _ops_and_reads(generators[k], monkeypatch)[0] for k in (1, 16)}
     assert sum(torch1[16].values()) > sum(torch1[1].values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_draws_the_cpus_tokens():
+    """The words are integer arithmetic (the same on every device); a token can differ only where a uniform falls
+    within a law's rounding (fresh kernels: libm's last bits), so fixed chains and pools draw the CPU's tokens and
+    fresh kernels all but a vanishing fraction."""
+    for source in SOURCES:
+        host = stream_sampler([source] * 4, 16, 65, keys_of(SEEDS[:4]))(3)
+        cuda = stream_sampler([source] * 4, 16, 65, keys_of(SEEDS[:4]).cuda())(torch.tensor(3, device="cuda"))
+        differ = (cuda.cpu() != host).double().mean().item()
+        assert differ == 0 if source.pool is not None else differ < 1e-3, (source, differ)

@@ -177,3 +177,23 @@ def test_a_sweep_folder_of_old_cells_stays_on_their_stream(tmp_path):
     chosen = sweep.run(_spec(stream="counter-1"), old, workers=1, progress=False)
     assert chosen.n_run == 2 and all(r.config.train.stream == "counter-1" for r in chosen.rows)
     assert [r.cell_id for r in sweep.read_table(tmp_path / "new")] == [r.cell_id for r in new.rows]
+
+
+def test_the_plan_counts_the_gamma_rounds_of_the_counter_stream(monkeypatch):
+    """Fresh Dirichlet(2.5) kernels over 8 states, 16 members of batch 64: the rejection rounds computed at once
+    (16 x 130 bytes per draw, 130 MiB) exceed a 100 MiB limit, which the generator stream and alpha = 1 (one
+    round) fit; the refusal names them."""
+    from markov_interp.training import plan
+
+    monkeypatch.setattr(plan, "memory_limit", lambda device: (100 * 2**20, "100 MiB (the test's limit)"))
+
+    def stack(alpha, **train_kwargs):
+        source = SourceConfig(kind="random", vocab=8, alpha=alpha)
+        return [tiny_run(seed=s, source=source, batch_size=64, **train_kwargs) for s in range(16)]
+
+    cpu = torch.device("cpu")
+    plan.check_plan(stack(2.5, stream="torch-1"), [None] * 16, cpu)
+    plan.check_plan(stack(1.0), [None] * 16, cpu)
+    with pytest.raises(plan.PlanTooLarge, match=r"train.batch_size=64 is too large: the counter stream's Gamma draws "
+                                                r"\(16 rejection rounds each\) and words would need 130.\d MiB"):
+        plan.check_plan(stack(2.5), [None] * 16, cpu)
