@@ -135,6 +135,22 @@ def test_compiled_sgd_with_clipping_bf16_matches_eager(tmp_path):
         assert abs(a[-1] - b[-1]) < 5e-3
 
 
+@pytest.mark.slow
+def test_random_kernels_drawn_inside_the_compiled_step_match_eager(tmp_path):
+    """On the counter stream the compiled step draws its batch inside the graph: fresh Dirichlet(0.5) kernels (the
+    Gamma rounds computed at once) and a pool of kernels compile without a fallback, train within LOSS_TOLERANCE of
+    eager, a stack of other seeds reuses the code (no new graph: keys and tables are the graph's inputs), and the
+    compiled sampler draws the eager sampler's tokens bit for bit on the CPU."""
+    result = _compiled_case("random-kernels", tmp_path)
+    for name in ("fresh", "pool"):
+        case = result[name]
+        for eager, compiled in zip(case["eager"], case["compiled"]):
+            a, b = _column(eager, "train_loss"), _column(compiled, "train_loss")
+            assert len(a) == len(b) == 20 and max(abs(x - y) for x, y in zip(a, b)) < LOSS_TOLERANCE, name
+        assert case["new_graphs_for_other_seeds"] == 0, name
+        assert case["same_tokens"] == [True] * 3, name
+
+
 # ----------------------------------------------------------------------------------- host work per step
 class _OpCounter(TorchDispatchMode):
     """Counts every aten operation dispatched inside it (what would be a kernel launch on a GPU)."""
