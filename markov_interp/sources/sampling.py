@@ -248,7 +248,6 @@ def kernel_stream_sampler(sources: Sequence[KernelSource], batch: int, seq_len: 
                                device=device, u=u)
         return tokens.view(len(sources), batch, seq_len)
 
-    # what the sampler's code depends on besides its tensors (a compiled step that samples is keyed on it)
     sample.signature = ("kernel_stream", len(sources), batch, seq_len, vocab, order, inverse is not None,
                         tuple(part.signature for part in parts))
     return sample
