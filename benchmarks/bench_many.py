@@ -31,9 +31,12 @@ Two modes:
 
   engine (`--engine`, issue 29's CPU check): per step (marginal), a stack of K of the package eager and with
       `TrainConfig.compile="default"` against the anchor eager and `time_stacked(..., compile=True)`, interleaved
-      (compile time is paid in a warm-up and cancels in the marginal); with `--baseline CHECKOUT` also the eager
-      step of another checkout's package (imported under another name in this process), so what this code's
-      eager path gains over it is a ratio in one process. Issue 29's CPU target: compiled >= 0.95x eager.
+      (compile time is paid in a warm-up and cancels in the marginal; `--eager-only` leaves the compiled sides
+      out); with `--baseline CHECKOUT` also the eager step of another checkout's package (imported under another
+      name in this process), so what this code's eager path gains over it is a ratio in one process. Issue 29's
+      CPU target: compiled >= 0.95x eager. This code's runs draw from `--stream` (default "counter-1"); a
+      baseline from before counter streams draws from its generators ("torch-1"), so the ratio is the counter
+      stream's step against the old one.
 
   layernorm (`--layernorm`): LayerNorm over rows of d_model values, forward and backward, on the stack's
       activation shape [K, batch, seq, d_model]: `F.layer_norm` against the two-reduction formulation
@@ -50,7 +53,7 @@ Two modes:
       stacked initial weights, generators, samplers) of --members paper-1layer members at --seq-len, all of one
       source (a stack of seeds) and of as many distinct (p, q); issue 29 asks < 5 s for 256 members.
 
-    python benchmarks/bench_many.py --engine --clock cpu --repeats 5 [--baseline /work/main]
+    python benchmarks/bench_many.py --engine --clock cpu --repeats 5 [--baseline /work/main] [--eager-only]
     python benchmarks/bench_many.py --setup --members 256 --seq-len 1024 --clock cpu
     python benchmarks/bench_many.py --host --baseline /tmp/main-checkout --clock cpu
     python benchmarks/bench_many.py --layernorm [--device cuda --members 256 --seq-len 1024]
@@ -74,7 +77,7 @@ _PQ = [(0.2, 0.3), (0.5, 0.8), (0.3, 0.6), (0.7, 0.4)]
 
 
 def make_runs(members: int, steps: int, seq_len: int, batch: int, device: str, eval_every: int) -> list:
-    """K runs of the paper's one-layer model, differing in seed and (p, q)."""
+    """K runs of the paper's one-layer model, differing in seed and (p, q), on the random stream --stream."""
     model = preset("paper-1layer", n_ctx=max(seq_len, 8))
     runs = []
     for k in range(members):
@@ -82,7 +85,7 @@ def make_runs(members: int, steps: int, seq_len: int, batch: int, device: str, e
         runs.append(RunConfig(source=SourceConfig(kind="binary", p=p, q=q), model=model,
                               train=TrainConfig(steps=steps, batch_size=batch, seq_len=seq_len, seed=k,
                                                 device=device, eval_every=eval_every, eval_batches=4,
-                                                n_checkpoints=0)))
+                                                n_checkpoints=0, stream=_STREAM[0])))
     return runs
 
 
@@ -101,6 +104,16 @@ def timed(fn, device: str) -> float:
 
 
 _CLOCK = [time.perf_counter]
+_STREAM = ["counter-1"]  # TrainConfig.stream of the runs made here (--stream)
+
+
+def for_baseline(baseline, run):
+    """`run` as a --baseline checkout's RunConfig: without `train.stream` when that code predates streams (it
+    then draws from generators, "torch-1", whatever this run's stream)."""
+    data = run.to_dict()
+    if "stream" not in {f.name for f in dataclasses.fields(baseline.TrainConfig)}:
+        data["train"].pop("stream", None)
+    return baseline.RunConfig.from_dict(data)
 
 
 def with_steps(runs: list, steps: int) -> list:
@@ -225,9 +238,11 @@ def engine_mode(args: argparse.Namespace) -> None:
         "anchor eager": lambda n: time_stacked(k, steps=n, **shape),
         "anchor compiled": lambda n: time_stacked(k, steps=n, compile=True, **shape),
     }
+    if args.eager_only:
+        del sides["package compiled"], sides["anchor compiled"]
     if args.baseline:
         baseline = _renamed_training(Path(args.baseline))
-        base_runs = [baseline.RunConfig.from_json(r.to_json()) for r in runs]
+        base_runs = [for_baseline(baseline, r) for r in runs]
         sides["baseline eager"] = lambda n: baseline.train_many(
             [r.replace(train=r.train.replace(steps=n)) for r in base_runs], progress=False, models_out=False)
     for fn in sides.values():  # warm-up: compiling, lazy imports, the allocator
@@ -241,14 +256,19 @@ def engine_mode(args: argparse.Namespace) -> None:
     for name, seconds in t.items():
         spread = ", ".join(f"{v * 1e3:.2f}" for v in per_step[name])
         print(f"  {name:17s}: {seconds * 1e3:8.2f} ms/step  {k / seconds:8.1f} model-steps/s  ({spread})")
-    ratios = sorted(a / b for a, b in zip(per_step["package eager"], per_step["package compiled"]))
-    print(f"  package compiled / eager speed: {t['package eager'] / t['package compiled']:.2f}x (pairs "
-          f"{ratios[0]:.2f}-{ratios[-1]:.2f}x; issue 29 CPU target >= 0.95x)")
-    print(f"  anchor compiled / eager speed: {t['anchor eager'] / t['anchor compiled']:.2f}x")
-    print(f"  package / anchor, eager: {t['anchor eager'] / t['package eager']:.2f}; compiled: "
-          f"{t['anchor compiled'] / t['package compiled']:.2f}")
+    if "package compiled" in t:
+        ratios = sorted(a / b for a, b in zip(per_step["package eager"], per_step["package compiled"]))
+        print(f"  package compiled / eager speed: {t['package eager'] / t['package compiled']:.2f}x (pairs "
+              f"{ratios[0]:.2f}-{ratios[-1]:.2f}x; issue 29 CPU target >= 0.95x)")
+        print(f"  anchor compiled / eager speed: {t['anchor eager'] / t['anchor compiled']:.2f}x")
+        print(f"  package / anchor, eager: {t['anchor eager'] / t['package eager']:.2f}; compiled: "
+              f"{t['anchor compiled'] / t['package compiled']:.2f}")
+    else:
+        print(f"  package / anchor, eager: {t['anchor eager'] / t['package eager']:.2f}")
     if "baseline eager" in t:
-        print(f"  package eager / baseline eager speed: {t['baseline eager'] / t['package eager']:.3f}x")
+        pairs = sorted(b / a for a, b in zip(per_step["package eager"], per_step["baseline eager"]))
+        print(f"  package eager ({args.stream}) / baseline eager speed: {t['baseline eager'] / t['package eager']:.3f}x"
+              f" (pairs {pairs[0]:.3f}-{pairs[-1]:.3f}x; target >= 0.95x)")
 
 
 def with_compile(runs: list, mode: str = "default") -> list:
@@ -284,7 +304,7 @@ def host_mode(args: argparse.Namespace) -> None:
 
     def groups(runs: list) -> tuple:
         ours = loop._Group.create(runs, [None] * len(runs), device)
-        theirs = base_loop._Group.create([baseline.RunConfig.from_json(r.to_json()) for r in runs],
+        theirs = base_loop._Group.create([for_baseline(baseline, r) for r in runs],
                                          [None] * len(runs), device)
         return ours, theirs
 
@@ -302,10 +322,11 @@ def host_mode(args: argparse.Namespace) -> None:
                    SourceConfig(kind="random", vocab=3, pool_size=64), SourceConfig(kind="binary", p=0.5, q=0.8)):
         model = preset("attn-only-2layer", d_vocab=source.vocab_size, n_ctx=64)
         runs = [RunConfig(source=source, model=model, train=TrainConfig(steps=10, batch_size=64, seq_len=64,
-                                                                        device=args.device, seed=s))
+                                                                        device=args.device, seed=s,
+                                                                        stream=args.stream))
                 for s in range(k)]
         ours, theirs = groups(runs)
-        compare(f"sampling a step, {_describe(source)}", ours.sample_train, theirs.sample_train)
+        compare(f"sampling a step, {_describe(source)}", lambda: ours.data.train(0), theirs.sample_train)
     seeds = [r.replace(source=SourceConfig(kind="binary", p=0.5, q=0.8))
              for r in make_runs(k, 10, args.seq_len, args.batch_size, args.device, eval_every=0)]
     ours, theirs = groups(seeds)
@@ -314,7 +335,7 @@ def host_mode(args: argparse.Namespace) -> None:
     alive = torch.ones(k, dtype=torch.bool, device=device)
     compare("a training step", lambda: ours._step(lr, lr, alive, 0), lambda: theirs._step(lr, lr, alive, 0))
     for name, runs in _setup_runs(args, 256).items():
-        base_runs = [baseline.RunConfig.from_json(r.to_json()) for r in runs]
+        base_runs = [for_baseline(baseline, r) for r in runs]
         compare(f"set-up of a stack of {len(runs)}, {name}",
                 lambda: loop._Group.create(runs, [None] * len(runs), device) and None,
                 lambda: base_loop._Group.create(base_runs, [None] * len(runs), device) and None)
@@ -426,12 +447,16 @@ def main() -> None:
     parser.add_argument("--setup", action="store_true", help="host time to set up a stack of --members")
     parser.add_argument("--host", action="store_true", help="host work against --baseline's (sampling, evaluation, "
                         "a step, set-up), interleaved")
+    parser.add_argument("--stream", default="counter-1", choices=["counter-1", "torch-1"],
+                        help="TrainConfig.stream of this code's runs (a --baseline before streams draws 'torch-1')")
+    parser.add_argument("--eager-only", action="store_true", help="engine mode: leave out the compiled sides")
     parser.add_argument("--d-model", type=int, default=8, help="layernorm mode: row length")
     parser.add_argument("--bf16", action="store_true", help="layernorm mode: bf16 activations")
     parser.add_argument("--anchor-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "anchors"),
                         help="folder of stacked_loop.py (default ../shared/anchors beside the checkout)")
     args = parser.parse_args()
     _CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
+    _STREAM[0] = args.stream
     torch.set_num_threads(args.threads)
     if args.sweep:  # before anything initialises CUDA here (the solo sweep's workers fork)
         print(f"device {args.device}, sweep mode, paper-1layer, seq {args.seq_len}, batch {args.batch_size}, "

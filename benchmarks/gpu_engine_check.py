@@ -1,6 +1,12 @@
 """The compiled engine on a GPU (issue 29): one prepared script for a lent GPU.
 
     python benchmarks/gpu_engine_check.py | tee docs/reproduction/gpu/engine-$(date +%F).txt
+    python benchmarks/gpu_engine_check.py --profile --stream torch-1    # the bf16 gap before counter streams
+    python benchmarks/gpu_engine_check.py --profile --stream counter-1  # after (the default stream)
+
+Every run draws from `--stream` (default "counter-1", new runs' stream; "torch-1" is one generator per member, the
+code before counter streams, so the two `--profile` calls are the before / after of the whole stack's batch
+drawn in one pass, inside the compiled graph).
 
 Run once on an NVIDIA H200 (2026-11-27, through `scripts/gpu_check.sh`; output in
 docs/reproduction/gpu/check-2026-11-27.txt): 190 s with --invariance, compiling included (about 15 s per three
@@ -52,6 +58,7 @@ HERE = Path(__file__).resolve().parent
 
 
 DEVICE = ["cuda"]  # --device cpu: a smoke run of the script's wiring on a CPU (its numbers mean nothing)
+STREAM = ["counter-1"]  # --stream: TrainConfig.stream of every run ("torch-1": the generator per member, before)
 START = time.perf_counter()
 
 
@@ -63,7 +70,8 @@ def _say(line: str) -> None:
 def _run(seed: int, steps: int, seq_len: int, precision: str = "fp32", compile: str = "off") -> RunConfig:
     return RunConfig(source=SourceConfig(kind="binary", p=0.5, q=0.8), model=preset("paper-1layer", n_ctx=seq_len),
                      train=TrainConfig(steps=steps, seq_len=seq_len, batch_size=16, eval_every=0, n_checkpoints=0,
-                                       device=DEVICE[0], seed=seed, precision=precision, compile=compile))
+                                       device=DEVICE[0], seed=seed, precision=precision, compile=compile,
+                                       stream=STREAM[0]))
 
 
 def _with(runs: list, **changes) -> list:
@@ -158,13 +166,16 @@ def invariance(seq_len: int, steps: int) -> None:
         _say(f"compile={compile}: alone vs member 3 of 8: {'bit-identical' if same else f'max |dw| {diff:.3g}'}")
 
 
-def profile(k: int, seq_len: int, steps: int) -> None:
-    """Where a compiled bf16 step of a stack of k goes (the open gap: 0.53x the compiled anchor on an H200): the
-    torch profiler over `steps` steps after a warm-up, the top host and device operations. On 2026-11-26's eager
-    profile the host took 2.3 s of CPU for 0.69 s of CUDA (gpu-findings.md), so the host table is the first read."""
+def profile(k: int, seq_len: int, steps: int, compile: str, anchor_dir: Path, long: int) -> None:
+    """Where a compiled bf16 step of a stack of k goes (the open gap: 0.53x the compiled anchor on an H200, on the
+    generator stream): the torch profiler over `steps` steps after a warm-up, the top host and device operations,
+    then the step's time (marginal over `steps` and `long` steps) against the compiled anchor's. Run it once per
+    stream (`--stream torch-1`, the code before counter streams, and `--stream counter-1`): the before / after of
+    drawing the whole stack's batch in one pass inside the compiled graph. On 2026-11-26's eager profile the host
+    took 2.3 s of CPU for 0.69 s of CUDA (gpu-findings.md), so the host table is the first read."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    runs = [_run(s, steps, seq_len, "bf16", "default") for s in range(k)]
+    runs = [_run(s, steps, seq_len, "bf16", compile) for s in range(k)]
     training.train_many(_with(runs, steps=3), progress=False, models_out=False)  # compiles
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE[0].startswith("cuda") else [])
     with torch_profile(activities=activities) as prof:
@@ -175,6 +186,15 @@ def profile(k: int, seq_len: int, steps: int) -> None:
          + table.table(sort_by="self_cpu_time_total", row_limit=20))
     if DEVICE[0].startswith("cuda"):
         _say("by device time:\n" + table.table(sort_by="self_cuda_time_total", row_limit=12))
+    package = package_per_step(k, "bf16", compile, steps, long, seq_len)
+    line = (f"K = {k} bf16 compile={compile} stream={STREAM[0]}: package {package * 1e3:7.2f} ms/step "
+            f"{k / package:9.0f} model-steps/s")
+    time_stacked = _anchor(anchor_dir)
+    if time_stacked is not None:
+        anchor = time_stacked(k, steps=long - steps, seq_len=seq_len, batch=16, device=DEVICE[0], compile=True,
+                              bf16=True)
+        line += f"; anchor {anchor * 1e3:7.2f} ms/step {k / anchor:9.0f}; package / anchor {anchor / package:.2f}"
+    _say(line + " (target >= 0.9)")
 
 
 def main() -> None:
@@ -189,14 +209,21 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=1024, help="of the timed stacks (the checks use a quarter)")
     parser.add_argument("--check-steps", type=int, default=60, help="steps of the compiled-against-eager checks")
     parser.add_argument("--profile", action="store_true",
-                        help="only: profile a compiled bf16 stack of the first --members (host and device tables)")
+                        help="only: profile a compiled bf16 stack of the first --members (host and device tables), "
+                        "then time it against the anchor")
+    parser.add_argument("--stream", default="counter-1", choices=["counter-1", "torch-1"],
+                        help="TrainConfig.stream of every run (torch-1: the generator per member, before counter "
+                        "streams)")
+    parser.add_argument("--compile", default="default", choices=["default", "max"],
+                        help="--profile's compile mode (max: autotuned, CUDA graphs on CUDA)")
     args = parser.parse_args()
     DEVICE[0] = args.device
+    STREAM[0] = args.stream
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU (a smoke run)"
-    _say(f"{name}, torch {torch.__version__}, {datetime.date.today()}")
+    _say(f"{name}, torch {torch.__version__}, {datetime.date.today()}, stream {args.stream}")
     members = [int(k) for k in args.members.split(",")]
     if args.profile:
-        return profile(members[0], args.seq_len, args.short)
+        return profile(members[0], args.seq_len, args.short, args.compile, Path(args.anchor_dir), args.long)
     for precision in ("fp32", "bf16"):
         compiled_against_eager(precision, args.seq_len // 4, args.check_steps)
     speed(members, Path(args.anchor_dir), args.short, args.long, args.seq_len)

@@ -10,7 +10,8 @@
 # --invariance part, and the anchor copied into .anchors (see gpu_engine_check.py's docstring).
 #
 # Ran once on an H200 (2026-11-27): 354 s, docs/reproduction/gpu/check-2026-11-27.txt. A part's limit of 0 skips it
-# (e.g. ENGINE_S=0 PROFILE_S=120 for the profile of the compiled bf16 step alone, the open gap).
+# (e.g. ENGINE_S=0 PROFILE_S=150 for the profiles of the compiled bf16 step alone, the open gap: each profile part
+# runs twice, on the generator stream "torch-1" (the code before counter streams) and on "counter-1").
 set -uo pipefail
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
@@ -29,12 +30,17 @@ part() {  # part SECONDS COMMAND...: run it under a limit, say how it ended
   python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
       'transformer-lens', m.version('transformer-lens'))"
   part "${TESTS_S:-0}" python3 -m pytest -q -p no:cacheprovider -k cuda tests/probes/test_devices.py \
-    tests/experiments/test_devices.py tests/report/test_report_devices.py
+    tests/experiments/test_devices.py tests/report/test_report_devices.py tests/streams/test_streams.py \
+    tests/sources/test_stream_sampling.py
   part "${DISCOVERY_S:-110}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only discovery \
     --cases 12x12/128 --repeats 1 --compare-cpu
   part "${SMALL_S:-70}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only discovery \
     --cases 2x2/128 6x4/64 --repeats 3 --compare-cpu
   part "${CLASSIFY_S:-40}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only classify --repeats 3
   part "${ENGINE_S:-330}" python3 benchmarks/gpu_engine_check.py --anchor-dir .anchors --invariance
-  part "${PROFILE_S:-0}" python3 benchmarks/gpu_engine_check.py --profile --short 12
+  # the open gap before / after counter streams: the compiled bf16 stack of 256 against the compiled anchor
+  part "${PROFILE_S:-0}" python3 benchmarks/gpu_engine_check.py --profile --short 12 --anchor-dir .anchors \
+    --stream torch-1
+  part "${PROFILE_S:-0}" python3 benchmarks/gpu_engine_check.py --profile --short 12 --anchor-dir .anchors \
+    --stream counter-1
 } 2>&1 | tee "$log"

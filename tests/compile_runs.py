@@ -6,6 +6,7 @@ one case compiled and eager, and prints what the test compares as one JSON objec
 
     python tests/compile_runs.py adamw-resume OUT_FOLDER
     python tests/compile_runs.py sgd-bf16 OUT_FOLDER
+    python tests/compile_runs.py random-kernels OUT_FOLDER
 """
 
 import hashlib
@@ -78,7 +79,37 @@ def sgd_bf16(out: Path) -> dict:
                                                       for r in runs])}
 
 
-CASES = {"adamw-resume": adamw_resume, "sgd-bf16": sgd_bf16}
+def random_kernels(out: Path) -> dict:
+    """Fresh Dirichlet(0.5) kernels over 3 states and a pool of 8 kernels, stacks of two on the counter stream,
+    eager and compiled (the batch drawn inside the compiled graph: Gamma rejection rounds, pool indices, chain
+    steps), 20 steps; then stacks of two other seeds, compiled (the graphs compiled before and after); and the
+    in-graph sampler alone against the eager one, the tokens of 3 steps."""
+    import torch
+    import torch._dynamo.utils as dynamo_utils
+
+    from markov_interp import streams
+    from markov_interp.models import preset
+    from markov_interp.sources import SourceConfig, stream_sampler
+
+    model = preset("attn-only-2layer", d_vocab=3, n_ctx=16)
+    sources = {"fresh": SourceConfig(kind="random", vocab=3, alpha=0.5),
+               "pool": SourceConfig(kind="random", vocab=3, pool_size=8)}
+    result = {}
+    for name, source in sources.items():
+        runs = [_run(s, steps=20).replace(source=source, model=model) for s in (0, 1)]
+        compiled = [r.replace(train=r.train.replace(compile="default")) for r in runs]
+        result[name] = {"eager": _train(runs), "compiled": _train(compiled)}
+        before = dynamo_utils.counters["stats"]["unique_graphs"]
+        _train([r.replace(train=r.train.replace(seed=r.train.seed + 5)) for r in compiled])
+        result[name]["new_graphs_for_other_seeds"] = dynamo_utils.counters["stats"]["unique_graphs"] - before
+        sample = stream_sampler([source.build() for _ in range(2)], 4, 17, streams.member_keys([3, 4]))
+        program = torch.compile(lambda step: sample(step), fullgraph=True, dynamic=False)
+        result[name]["same_tokens"] = [bool(torch.equal(program(torch.tensor(t)), sample(torch.tensor(t))))
+                                       for t in range(3)]
+    return result
+
+
+CASES = {"adamw-resume": adamw_resume, "sgd-bf16": sgd_bf16, "random-kernels": random_kernels}
 
 
 def main() -> None:

@@ -350,28 +350,41 @@ def stacked_losses(stack: Stack, tokens: Int[Tensor, "member batch pos"], *, dty
     return stacked_loss(logits, tokens[..., 1:])
 
 
-def compiled_losses(stack: Stack, *, dtype: Optional[torch.dtype], mode: str) -> Callable[[Tensor], Tensor]:
+def compiled_losses(stack: Stack, *, dtype: Optional[torch.dtype], mode: str,
+                    sample: Optional[Callable[[Tensor], Tensor]] = None) -> Callable[[Tensor], Tensor]:
     """`tokens -> stacked_losses(stack, tokens, dtype=dtype)` compiled with torch.compile (`mode`: "default" or
     "max", `TrainConfig.compile`), forward, loss and (through AOTAutograd) backward, without interventions.
 
-    Compiled once per (architecture, members, tokens' shape, device, precision, mode) in a process
-    (`models._compile`): a second stack of the same shapes reuses the code. Where torch.compile is unavailable
-    it is `stacked_losses` itself, after one warning. Results equal the eager ones up to float rounding
-    (tests/models/test_compile.py states the tolerance); the compiled arithmetic is deterministic on the CPU.
+    With `sample` (a function of a 0-dim int64 step tensor returning the [member, batch, pos] tokens, reading no
+    device value, with a hashable `signature` naming what its code depends on besides its tensors:
+    `sources.stream_sampler` of kernel sources) the callable takes the step tensor instead of the tokens, and the
+    batch is drawn inside the compiled graph: sampling, forward and loss are one graph (with mode "max" on CUDA,
+    one CUDA graph with the forward; the step tensor, updated in place, is its input).
+
+    Compiled once per (architecture, members, tokens' shape, device, precision, mode, the sampler's signature) in
+    a process (`models._compile`): a second stack of the same shapes reuses the code (its weights, keys and tables
+    are the graph's inputs). Where torch.compile is unavailable it is eager itself, after one warning. Results
+    equal the eager ones up to float rounding (tests/models/test_compile.py states the tolerance); the compiled
+    arithmetic is deterministic on the CPU, and a compiled sampler draws the eager sampler's tokens there.
 
     Args:
         stack: the models (the callable reads `stack.params` at every call: updates in place are seen).
         dtype: the autocast dtype, or None (fp32).
         mode: "default" or "max".
+        sample: the sampler to compile with the step, or None (the callable takes tokens).
 
     Returns:
-        A function of the tokens `[member, batch, seq_len + 1]` returning the [member] losses.
+        A function of the tokens `[member, batch, seq_len + 1]` (or, with `sample`, of the step tensor) returning
+        the [member] losses.
     """
     configs = [stack.cfg] * stack.n_members
     arch = shape_config(stack.cfg).to_json()
 
     def stacked_step_losses(params: dict[str, Tensor], tokens: Tensor) -> Tensor:
         return stacked_losses(Stack(configs, params), tokens, dtype=dtype)
+
+    def sampled_step_losses(params: dict[str, Tensor], draw: Callable[[Tensor], Tensor], step: Tensor) -> Tensor:
+        return stacked_losses(Stack(configs, params), draw(step), dtype=dtype)
 
     def call(tokens: Int[Tensor, "member batch pos"]) -> Float[Tensor, " member"]:
         key = ("stacked_losses", arch, stack.n_members, tuple(tokens.shape), str(dtype))
@@ -380,7 +393,13 @@ def compiled_losses(stack: Stack, *, dtype: Optional[torch.dtype], mode: str) ->
         # "max" captures CUDA graphs, whose outputs the next replay overwrites: keep a copy (K numbers)
         return out.clone() if mode == "max" else out
 
-    return call
+    def call_sampled(step: Int[Tensor, ""]) -> Float[Tensor, " member"]:
+        key = ("sampled_losses", arch, stack.n_members, sample.signature, str(dtype))
+        out = _compile.compiled(key, sampled_step_losses, mode=mode, device_type=stack.device.type)(
+            stack.params, sample, step)
+        return out.clone() if mode == "max" else out
+
+    return call if sample is None else call_sampled
 
 
 def pattern_input(fn: Any, q: Float[Tensor, "*batch head query_pos d_head"],

@@ -23,6 +23,7 @@ import torch
 
 from markov_interp import clamps
 from markov_interp.config import Config, check_bool, check_choice, check_int, check_number, check_seed, shown
+from markov_interp.streams import COUNTER_STREAM, LEGACY_STREAM, STREAMS
 from markov_interp.sources import DEFAULT_KIND, SourceConfig, source_config_class, source_options
 from markov_interp.devices import resolve_device  # the one device check (re-exported here: training.resolve_device)
 from markov_interp.models import ModelConfig, preset
@@ -84,11 +85,16 @@ class TrainConfig(Config):
     # a resume point (the training state, `training.resume`) at the first metrics row this many steps after the
     # last save; None: at the first row 5 minutes of training after it; 0: none (only checkpoints resume)
     resume_every: Optional[int] = None
+    # the random stream the data is drawn from (`markov_interp.streams`): "counter-1" counter-based, a function of
+    # the run's seed and the step (one pass for the whole stack); "torch-1" a torch.Generator per run, what runs
+    # were trained on before counter streams (a config.json that names no stream reads as "torch-1")
+    stream: str = COUNTER_STREAM
 
     # Fields added after run folders and sweep ids were first written: left out of config.json (and so of cell
-    # ids) at these values, so earlier files round-trip byte for byte and earlier sweeps keep their cells.
+    # ids) at these values, so earlier files round-trip byte for byte and earlier sweeps keep their cells. `stream`
+    # is left out at "torch-1", the stream of every earlier file (`RunConfig.from_dict` reads its absence so).
     _LATER_FIELDS: ClassVar[dict] = {"eval_log_points": 0, "interventions": (), "reduction": None, "release": (),
-                                     "compile": "off", "resume_every": None}
+                                     "compile": "off", "resume_every": None, "stream": LEGACY_STREAM}
 
     def __post_init__(self) -> None:
         for name, minimum in (("steps", 1), ("batch_size", 1), ("seq_len", 1), ("log_every", 1),
@@ -109,6 +115,7 @@ class TrainConfig(Config):
         check_choice("schedule", self.schedule, ("one-cycle", "constant"))
         check_choice("precision", self.precision, tuple(PRECISIONS))
         check_choice("compile", self.compile, COMPILE_MODES)
+        check_choice("stream", self.stream, STREAMS)
         check_bool("loss_scaling", self.loss_scaling)
         if self.loss_scaling and self.precision != "fp16":
             raise ValueError(f"loss_scaling=True only applies to precision='fp16', got precision={shown(self.precision)}")
@@ -155,6 +162,17 @@ class RunConfig(Config):
     def to_json(self, *, indent: Optional[int] = 2) -> str:
         """Sorted JSON, indented (the form of a run folder's config.json)."""
         return super().to_json(indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: Optional[str] = None) -> "RunConfig":
+        """Inverse of `to_dict` (`config.Config.from_dict`). A run config is a whole record of a run (config.json,
+        a table's row): one whose train table names no stream was written before counter streams, or by a run on
+        "torch-1", so it reads as "torch-1" (the default "counter-1" is for runs built from defaults,
+        `build_run`)."""
+        train = data.get("train") if isinstance(data, Mapping) else None
+        if isinstance(train, Mapping) and "stream" not in train:
+            data = {**data, "train": {**train, "stream": LEGACY_STREAM}}
+        return super().from_dict(data, where=where)
 
 
 # ------------------------------------------------------------------------------------ dotted options
@@ -282,7 +300,8 @@ def override_run(run: RunConfig, overrides: Mapping[str, Any], *, where: str = "
     Sizes that `run` derives keep following what they derive from, as in `ModelConfig.replace`: d_head and
     d_mlp when they hold their defaults (so `model.n_heads=2` halves d_head), d_vocab the source. With no
     overrides the run comes back unchanged (`markov-interp train --config RUN/config.json` retrains RUN bit for
-    bit). `model.preset` is refused: `run` states every model field, so set those instead.
+    bit, on its own random stream: "torch-1" for a folder trained before counter streams, unless `train.stream` is
+    set). `model.preset` is refused: `run` states every model field, so set those instead.
     """
     if not isinstance(run, RunConfig):
         raise ValueError(f"run must be a RunConfig, got {type(run).__name__}")
@@ -296,4 +315,5 @@ def override_run(run: RunConfig, overrides: Mapping[str, Any], *, where: str = "
     if derived.d_mlp == 4 * derived.d_model:
         del model["d_mlp"]
     del model["d_vocab"]  # a valid run's d_vocab is its source's vocabulary
+    sections["train"]["stream"] = run.train.stream  # a run keeps its stream (to_dict leaves "torch-1" out)
     return build_run(sections, overrides, where=where)

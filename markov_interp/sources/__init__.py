@@ -9,8 +9,10 @@
   `zero_diagonal=True` no state follows itself.
 - `cyclic`: `CyclicMarkov(vocab, alpha)` (kind "cyclic"), a fresh cyclic chain per sequence, each state staying
   with probability s_x ~ Beta(alpha, alpha) or moving on to the next state mod V.
-- `sampling` (the vectorised chain sampler every kernel source draws with) and `stacked` (one batch per member of
-  a stack of runs, `stacked_sampler`); `contexts` (the chain on contexts, its stationary law, memory blocks).
+- `sampling` (the vectorised chain sampler every kernel source draws with, from a generator or from the counter
+  stream) and `stacked` (one batch per member of a stack of runs: `stacked_sampler` from a generator per member,
+  stream "torch-1"; `stream_sampler` from the counter stream, stream "counter-1", `markov_interp.streams`);
+  `contexts` (the chain on contexts, its stationary law, memory blocks).
 - `base`: the `Source` protocol (vocab, in_context, sample, predictive; `KernelSource` adds the kernel members),
   `SourceConfig` and the registry of kinds (`register_source`, `source_kinds`).
 
@@ -29,6 +31,7 @@ from markov_interp.sources.base import (
     Probs,
     Source,
     SourceConfig,
+    StreamSource,
     Tokens,
     register_source,
     source_config_class,
@@ -64,15 +67,15 @@ from markov_interp.sources.dirichlet import (
     transition_counts,
 )
 from markov_interp.sources.cyclic import CyclicMarkov, CyclicMarkovConfig
-from markov_interp.sources.stacked import stacked_sampler
+from markov_interp.sources.stacked import stacked_sampler, stream_sampler
 
 __all__ = [
     # the protocol and the registry of kinds
-    "Source", "KernelSource", "SourceConfig", "register_source", "source_kinds", "source_config_class",
+    "Source", "KernelSource", "StreamSource", "SourceConfig", "register_source", "source_kinds", "source_config_class",
     "source_options", "DEFAULT_KIND", "FLAT_LAYOUT", "Tokens", "Probs", "Kernels", "InitialLaw",
     # the sources and their configs
     "BinaryChain", "BinaryChainConfig", "MarkovChain", "MarkovChainConfig", "RandomMarkov", "RandomMarkovConfig",
-    "CyclicMarkov", "CyclicMarkovConfig", "validate_kernel", "stacked_sampler",
+    "CyclicMarkov", "CyclicMarkovConfig", "validate_kernel", "stacked_sampler", "stream_sampler",
     # laws given a prefix
     "kernel_predictions", "add_beta_predictions", "state_counts", "transition_counts", "pool_log_likelihoods",
     "pool_posterior", "pool_bayes_predictions",

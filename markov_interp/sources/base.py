@@ -44,9 +44,10 @@ class Source(Protocol):
       with (a fixed chain: its kernel's row, exact before an order-k context is full; fresh Dirichlet kernels: the
       in-context add-alpha posterior predictive; a finite pool: the pool's exact Bayes mixture).
 
-    Optional: `config`, the `SourceConfig` that builds an equal source (theory keys its cached Monte Carlo on it).
-    A source with a finite-order kernel per sequence also satisfies `KernelSource`, which the kernel probes and
-    the kernels' reference losses need.
+    Optional: `config`, the `SourceConfig` that builds an equal source (theory keys its cached Monte Carlo on it);
+    `sample_stream`, its draws from the counter stream (`StreamSource`: what training uses for runs on stream
+    "counter-1"). A source with a finite-order kernel per sequence also satisfies `KernelSource`, which the kernel
+    probes and the kernels' reference losses need.
     """
 
     vocab: int
@@ -96,6 +97,29 @@ class KernelSource(Source, Protocol):
                device: Any = None, return_kernels: bool = False) -> Any: ...
 
     def initial_context_laws(self, kernels: Kernels) -> Float[Tensor, "batch context"]: ...
+
+
+@runtime_checkable
+class StreamSource(Protocol):
+    """A source that draws from the counter stream (`markov_interp.streams`, the data of runs on stream
+    "counter-1"), for several members at once.
+
+    - `sample_stream(batch, seq_len, keys, step)`: [member, batch, seq_len] int64 tokens, member m's from its key
+      `keys[m]` (`streams.member_keys`, [member, 2] on the device to draw on) at `step` (an int or a 0-dim int64
+      tensor on that device, < 2**32): every random number a pure function of (key, step, purpose, index), drawn
+      with `streams.words` / `streams.gamma` (a new kind of draw takes a new entry of `streams.PURPOSES`), so a
+      member's tokens are the same alone and beside any others, and a run resumes from its step alone. Ideally one
+      pass for all members, reading no device value (a capturable step).
+
+    The kernel sources implement it (`sampling.kernel_stream_sampler`). A source without it still trains on
+    "counter-1": each member draws `sample(batch, seq_len, generator=g)` from a generator seeded, at every step,
+    by its "generator" words (`sources.stream_sampler`): the same numbers alone and in any stack and a resume from
+    the step alone, but one draw per member, and one host read a step. Its numbers change when it adopts
+    `sample_stream`: adopt it before runs that must resume are trained.
+    """
+
+    def sample_stream(self, batch: int, seq_len: int, keys: Int[Tensor, "member 2"],
+                      step: Any) -> Int[Tensor, "member batch pos"]: ...
 
 
 def initial_context_law(initial: InitialLaw, kernel: Tensor | None, vocab: int, order: int) -> Tensor | str:

@@ -107,7 +107,9 @@ def _solve_stationary_block(flat: Float[Tensor, "*batch context vocab"]) -> Floa
     system[..., -1, :] = 1.0
     rhs = torch.zeros(*flat.shape[:-1], 1, dtype=flat.dtype, device=flat.device)
     rhs[..., -1, :] = 1.0
-    pi = torch.linalg.solve(system, rhs)[..., 0].clamp_min(0)
+    # solve_ex: the same solve without its error check, which reads a device value (a sampling step on a GPU never
+    # waits for the device; a singular system, which a kernel with a unique stationary law never gives, is NaN)
+    pi = torch.linalg.solve_ex(system, rhs).result[..., 0].clamp_min(0)
     return pi / pi.sum(-1, keepdim=True)
 
 

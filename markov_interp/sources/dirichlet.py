@@ -26,7 +26,8 @@ from markov_interp.sources.base import (
 )
 from markov_interp.sources.contexts import check_tokens, context_index, order_of, solve_stationary
 from markov_interp.sources.fixed import _fill_prefix_predictions, _initial_arg, kernel_predictions
-from markov_interp.sources.sampling import _check_sizes, _draw, _gamma, _resolve_device, _sample_chain
+from markov_interp.sources.sampling import (_check_sizes, _draw, _gamma, _resolve_device, _sample_chain,
+                                            kernel_stream_sampler)
 
 _CHUNK_ELEMENTS = 1 << 22  # float64 entries of the largest temporary an exact pool computation holds (32 MiB)
 PoolKernels = Float[Tensor, "kernel context vocab"]  # a pool's kernels, each flattened to [V**order, V]
@@ -182,6 +183,12 @@ class RandomMarkov:
             generator=generator, device=dev,
         )
         return (tokens, kernels) if return_kernels else tokens
+
+    def sample_stream(self, batch: int, seq_len: int, keys: Int[Tensor, "member 2"],
+                      step: Any) -> Int[Tensor, "member batch pos"]:
+        """`batch` sequences per member from the counter stream at `step`, each from its own kernel (fresh, or
+        drawn from the pool) (the `StreamSource` protocol; `sampling.kernel_stream_sampler`)."""
+        return kernel_stream_sampler([self] * len(keys), batch, seq_len, keys)(step)
 
     def predictive(self, tokens: Tokens) -> Probs:
         """The Bayes-optimal law of x_{t+1} given x_0..x_t at every position (the `Source` protocol).

@@ -22,7 +22,8 @@ from markov_interp.sources.base import (
     register_source,
 )
 from markov_interp.sources.contexts import check_tokens, context_index, context_kernel, order_of
-from markov_interp.sources.sampling import _check_sizes, _draw, _resolve_device, _sample_chain
+from markov_interp.sources.sampling import (_check_sizes, _draw, _resolve_device, _sample_chain,
+                                            kernel_stream_sampler)
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -194,6 +195,13 @@ class MarkovChain:
             cdf, first, vocab=self.vocab, order=self.order, seq_len=seq_len, generator=generator, device=dev
         )
         return (tokens, self.pool.to(dev).expand(batch, -1, -1)) if return_kernels else tokens
+
+
+    def sample_stream(self, batch: int, seq_len: int, keys: Int[Tensor, "member 2"],
+                      step: Any) -> Int[Tensor, "member batch pos"]:
+        """`batch` sequences per member from the counter stream at `step` (the `StreamSource` protocol;
+        `sampling.kernel_stream_sampler`)."""
+        return kernel_stream_sampler([self] * len(keys), batch, seq_len, keys)(step)
 
 
 class BinaryChain(MarkovChain):

@@ -7,23 +7,27 @@ state, computed with a two-level Hillis-Steele scan in a few batched gathers ins
 for two states, where a map is a reset, the identity or a flip, with a cumulative max and sum instead.
 
 Also here: Gamma draws from an explicit generator (`_gamma`, `_gamma_many`: Dirichlet kernels are normalised
-Gamma draws), shared by one source and by a stack of sources (`sources.stacked`); and the samplers' memory bound
-(`sampler_bytes`, `check_sample_plan`), checked before any draw and planned with by `training.plan` and the probes.
+Gamma draws), shared by one source and by a stack of sources (`sources.stacked`); the same chains drawn from
+the counter stream (`kernel_stream_sampler`, stream "counter-1": `markov_interp.streams`), every member's kernels,
+pool indices, first states and steps at a step in one pass whatever the number of members; and the samplers' memory
+bound (`sampler_bytes`, `check_sample_plan`), checked before any draw and planned with by `training.plan` and the
+probes.
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from markov_interp import streams
 from markov_interp._plan import Need, check_needs, memory_limit
 from markov_interp.config import check_int
 from markov_interp.sources import contexts
-from markov_interp.sources.base import Tokens
-from markov_interp.sources.contexts import block_sizes
+from markov_interp.sources.base import KernelSource, Tokens
+from markov_interp.sources.contexts import block_sizes, solve_stationary
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -225,3 +229,142 @@ def _gamma_many(alpha: float, shape: tuple, generators: Sequence[Optional[torch.
         u = torch.stack([torch.rand(shape, generator=g, device=device, dtype=torch.float64) for g in generators])
         out = out * u.clamp_min(1e-300) ** (1.0 / alpha)
     return out.clamp_min(1e-300)
+
+
+# ------------------------------------------------------------------------------- the counter stream ("counter-1")
+StackTokens = Int[Tensor, "member batch pos"]
+
+
+def kernel_stream_sampler(sources: Sequence[KernelSource], batch: int, seq_len: int,
+                          keys: Int[Tensor, "member 2"]) -> Callable[[streams.Step], StackTokens]:
+    """A function of the step drawing `batch` sequences of `seq_len` states per member from the counter stream
+    ("counter-1"): member k's with the key `keys[k]` (`streams.member_keys`), from `sources[k]`, all kernel sources
+    of one vocab and order (`KernelSource`: fixed chains, random kernels, pools).
+
+    At step s member k's numbers are `streams.words(keys[k], s, ...)` and `streams.gamma(keys[k], s, ...)`:
+    purpose "pool" the index of each sequence's kernel in its pool (a fixed chain is a pool of one and draws
+    none), "gamma" a fresh kernel's Dirichlet(alpha) rows (normalised Gamma draws over the `support`), "first"
+    the first context by inverting its law (the kernel's stationary law or the given one), "steps" one uniform per
+    later position, which `_sample_chain` turns into the chain. Every operation after the draws is elementwise or
+    per sequence, so member k's tokens are the same alone and in any stack, bit for bit on one device; the
+    operations a call launches do not depend on the number of members (one pass for all; a group per distinct
+    (alpha, first-state law kind) of fresh kernels), and nothing reads a device value, so a step can be captured
+    (a CUDA graph) with the step held in a device tensor updated in place.
+
+    Args:
+        sources: one kernel source per member, all of one vocab and order.
+        batch, seq_len: sequences per member and their length.
+        keys: [member, 2] stream keys, on the device the tokens are drawn on.
+
+    Returns:
+        `sample(step)`: [member, batch, seq_len] int64 tokens; `step` an int or a 0-dim int64 tensor on the keys'
+        device (< 2**32). Its `signature` names what its code depends on besides its tensors (the members, shapes
+        and the parts' kinds and alphas): two samplers of one signature differ only in tensor values, so a
+        compiled step that samples (`models.stack.compiled_losses`) serves both.
+
+    >>> from markov_interp.sources import BinaryChain, RandomMarkov
+    >>> keys = streams.member_keys([5, 6])
+    >>> sample = kernel_stream_sampler([RandomMarkov(3), RandomMarkov(3)], 4, 10, keys)
+    >>> sample(0).shape, torch.equal(sample(0)[1], kernel_stream_sampler([RandomMarkov(3)], 4, 10, keys[1:])(0)[0])
+    (torch.Size([2, 4, 10]), True)
+    """
+    _check_sizes(batch, seq_len)
+    assert keys.shape == (len(sources), 2) and sources, "one [2] key per source"
+    vocab, order = sources[0].vocab, sources[0].order
+    assert all(s.vocab == vocab and s.order == order for s in sources), "kernel sources of one vocab and order"
+    steps, device = max(seq_len - order, 0), keys.device
+    parts, members = _stream_parts(sources, batch, keys)
+    inverse = None if members == list(range(len(sources))) else torch.argsort(torch.tensor(members, device=device))
+    sizes = {"first": batch, **({"steps": batch * steps} if steps else {})}
+    if any(part.draws_pool for part in parts):
+        sizes["pool"] = batch
+
+    def sample(step: streams.Step) -> StackTokens:
+        drawn = streams.words(keys, step, sizes)
+        tables = [part(step, drawn) for part in parts]
+        cdf = tables[0][0] if len(tables) == 1 else torch.cat([t[0] for t in tables])
+        first_cdf = tables[0][1] if len(tables) == 1 else torch.cat([t[1] for t in tables])
+        if inverse is not None:  # the parts' members back in stack order
+            cdf, first_cdf = cdf[inverse], first_cdf[inverse]
+        first = streams.categorical(first_cdf, drawn["first"]).flatten()
+        u = streams.uniform(drawn["steps"]).view(-1, steps, 1, 1) if steps else None
+        tokens = _sample_chain(cdf.flatten(0, 1), first, vocab=vocab, order=order, seq_len=seq_len, generator=None,
+                               device=device, u=u)
+        return tokens.view(len(sources), batch, seq_len)
+
+    sample.signature = ("kernel_stream", len(sources), batch, seq_len, vocab, order, inverse is not None,
+                        tuple(part.signature for part in parts))
+    return sample
+
+
+class _PoolPart:
+    """Members whose kernels come from a finite set (a pool; a fixed chain is a pool of one): every pool's
+    cumulative kernels and first-context laws in one table, a member's sequences indexing its own rows."""
+
+    def __init__(self, sources: Sequence[KernelSource], members: list[int], keys: Tensor, batch: int):
+        device = keys.device
+        pools, offsets, sizes = {}, [], []
+        for k in members:
+            source = sources[k]
+            if id(source) not in pools:
+                pools[id(source)] = (sum(len(p[1]) for p in pools.values()), source.pool.to(device, torch.float64),
+                                     source)
+            offsets.append(pools[id(source)][0])
+            sizes.append(len(pools[id(source)][1]))
+        kernels = torch.cat([p[1] for p in pools.values()])
+        laws = torch.cat([s.initial_context_laws(p).to(device, torch.float64) for _, p, s in pools.values()])
+        self.cdf, self.first_cdf = kernels.cumsum(-1), laws.cumsum(-1)
+        self.index = torch.tensor(members, device=device)
+        self.offsets = torch.tensor(offsets, device=device)[:, None]  # [member, 1]
+        self.sizes = torch.tensor(sizes, device=device)[:, None]
+        self.draws_pool = max(sizes) > 1
+        self.signature = ("pool", len(members), len(kernels), self.draws_pool)
+        if not self.draws_pool:  # fixed chains: the same tables every step, made once
+            rows = self.offsets.expand(-1, batch)
+            self.fixed = (self.cdf[rows], self.first_cdf[rows])
+
+    def __call__(self, step: streams.Step, drawn: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        if not self.draws_pool:
+            return self.fixed
+        rows = self.offsets + ((drawn["pool"][self.index] * self.sizes) >> 32)  # `streams.below`, per member's size
+        return self.cdf[rows], self.first_cdf[rows]
+
+
+class _FreshPart:
+    """Members drawing a fresh Dirichlet(alpha) kernel per sequence, all of one alpha and one kind of first-state
+    law: their Gamma draws in one `streams.gamma` call, normalised over each member's `support`."""
+
+    draws_pool = False
+
+    def __init__(self, sources: Sequence[KernelSource], members: list[int], keys: Tensor, batch: int):
+        device, first = keys.device, sources[members[0]]
+        self.alpha, self.keys = first.alpha, keys[members]
+        vocab, n_ctx = first.vocab, first.vocab**first.order
+        self.shape = (batch, n_ctx, vocab)
+        allowed = [torch.ones(n_ctx, vocab) if sources[k].support is None else sources[k].support for k in members]
+        self.allowed = torch.stack(allowed).to(device, torch.float64)[:, None]  # [member, 1, context, vocab]
+        self.stationary = first.initial == "stationary"
+        self.signature = ("fresh", len(members), self.alpha, self.stationary)
+        self.laws = None if self.stationary else torch.tensor(
+            [sources[k].initial for k in members], dtype=torch.float64, device=device)[:, None].cumsum(-1)
+
+    def __call__(self, step: streams.Step, drawn: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        gamma = streams.gamma(self.keys, step, self.alpha, self.shape) * self.allowed
+        kernels = gamma / gamma.sum(-1, keepdim=True)
+        first_cdf = solve_stationary(kernels).cumsum(-1) if self.stationary else self.laws.expand(
+            -1, self.shape[0], -1)
+        return kernels.cumsum(-1), first_cdf
+
+
+def _stream_parts(sources: Sequence[KernelSource], batch: int,
+                  keys: Tensor) -> tuple[list[Any], list[int]]:
+    """The parts of a stack's stream sampler (finite kernel sets; fresh kernels by (alpha, stationary first
+    state)) and the members they cover, in their order."""
+    finite = [k for k, s in enumerate(sources) if s.pool is not None]
+    fresh: dict[tuple, list[int]] = {}
+    for k, source in enumerate(sources):
+        if source.pool is None:
+            fresh.setdefault((source.alpha, source.initial == "stationary"), []).append(k)
+    parts = [_PoolPart(sources, finite, keys, batch)] if finite else []
+    parts += [_FreshPart(sources, members, keys, batch) for members in fresh.values()]
+    return parts, finite + [k for members in fresh.values() for k in members]

@@ -1,5 +1,7 @@
-"""The stacked sampler: one batch per member of a stack of runs, each member drawing from its own generator
-exactly what it would draw alone (`training.batches.member_sampler`)."""
+"""The stacked samplers: one batch per member of a stack of runs, each member drawing exactly what it would draw
+alone (`training.batches`). `stacked_sampler` draws from one `torch.Generator` per member (stream "torch-1", what
+runs were first trained on), `stream_sampler` from the counter stream (stream "counter-1", `markov_interp.streams`:
+a function of each member's key and the step, for the whole stack in one pass)."""
 
 from collections.abc import Callable, Sequence
 
@@ -7,10 +9,11 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from markov_interp.sources.base import Source
+from markov_interp import streams
+from markov_interp.sources.base import KernelSource, Source, StreamSource
 from markov_interp.sources.dirichlet import RandomMarkov
 from markov_interp.sources.fixed import MarkovChain
-from markov_interp.sources.sampling import _check_sizes, _gamma_many, _sample_chain
+from markov_interp.sources.sampling import StackTokens, _check_sizes, _gamma_many, _sample_chain, kernel_stream_sampler
 
 
 def stacked_sampler(sources: Sequence[Source], batch: int, seq_len: int,
@@ -107,3 +110,59 @@ def _stacked_tables(sources: Sequence[Source], batch: int, generators: Sequence[
             kernels = source._normalised(gamma[[row[k] for k in group]].flatten(0, 1))
             place(group, kernels.cumsum(-1), source.initial_context_laws(kernels))
     return cdf.flatten(0, 1), laws.flatten(0, 1).cumsum(-1)
+
+
+def stream_sampler(sources: Sequence[Source], batch: int, seq_len: int,
+                   keys: Int[Tensor, "member 2"]) -> Callable[[streams.Step], StackTokens]:
+    """A function of the step drawing one batch per source from the counter stream (stream "counter-1"),
+    `[member, batch, seq_len]`, member k's from its key `keys[k]`: what a stack trains on
+    (`training.batches.DataStreams`).
+
+    Kernel sources of one vocab and order (fixed chains, random kernels, pools) are drawn in one pass for all members
+    (`sampling.kernel_stream_sampler`: the same operations whatever the number of members, no host read). Other
+    sources are drawn per distinct source object with their `sample_stream` (`StreamSource`), and a source without
+    one per member from a `torch.Generator` seeded at each step by the member's "generator" words (see
+    `StreamSource`). Either way member k's rows depend on its source, key and the step only: the same alone and in
+    any stack (bit for bit on one device), and a resumed run needs only its step.
+
+    Args:
+        sources: one source per member.
+        batch, seq_len: sequences per member and their length.
+        keys: one key per member (`streams.member_keys`), on the device the tokens are drawn on.
+
+    Returns:
+        `sample(step)`: each call draws the batch of `step` (an int, or a 0-dim int64 tensor on the keys' device).
+
+    >>> from markov_interp.sources import BinaryChain
+    >>> sample = stream_sampler([BinaryChain(0.2, 0.3), BinaryChain(0.5, 0.8)], 4, 10, streams.member_keys([0, 1]))
+    >>> sample(0).shape, torch.equal(sample(3), sample(3)), torch.equal(sample(3), sample(4))
+    (torch.Size([2, 4, 10]), True, False)
+    """
+    _check_sizes(batch, seq_len)
+    if not sources or tuple(keys.shape) != (len(sources), 2):
+        raise ValueError(f"need one [2] key per source and at least one source, got {len(sources)} sources and "
+                         f"keys of shape {tuple(keys.shape)}")
+    if all(isinstance(s, KernelSource) for s in sources) and len({(s.vocab, s.order) for s in sources}) == 1:
+        return kernel_stream_sampler(sources, batch, seq_len, keys)
+    groups: dict[int, list[int]] = {}
+    for k, source in enumerate(sources):
+        groups.setdefault(id(source), []).append(k)
+    at = [(sources[members[0]], torch.tensor(members, device=keys.device)) for members in groups.values()]
+
+    def sample(step: streams.Step) -> StackTokens:
+        out = torch.empty(len(sources), batch, seq_len, dtype=torch.long, device=keys.device)
+        for source, members in at:
+            out[members] = _source_stream(source, batch, seq_len, keys[members], step)
+        return out
+
+    return sample
+
+
+def _source_stream(source: Source, batch: int, seq_len: int, keys: Tensor, step: streams.Step) -> StackTokens:
+    """One source's draws for its members at `step`: its `sample_stream`, or `sample` from a generator per member
+    seeded by the member's "generator" words at that step."""
+    if isinstance(source, StreamSource):
+        return source.sample_stream(batch, seq_len, keys, step)
+    words = streams.words(keys, step, {"generator": 2})["generator"].tolist()
+    generators = [torch.Generator(device=keys.device).manual_seed(low | high << 32) for low, high in words]
+    return torch.stack([source.sample(batch, seq_len, generator=g) for g in generators])

@@ -24,6 +24,8 @@ flattens them to columns (`Row.columns`); `read_table` reads them back through o
 
 Restart: a cell whose results file says "ok" (with the same probe settings) or "diverged" is not run again;
 a cell that failed is retried; a cell interrupted mid-training resumes from its newest checkpoint (`training.train`).
+A folder whose cells were trained before counter streams keeps their stream ("torch-1", `folder_stream`) for every
+cell whose spec names none, so it restarts, is re-probed and is extended without retraining.
 
 A spec file (TOML):
 
@@ -61,7 +63,7 @@ from markov_interp.sweep.cells import DEFAULT_GROUP, default_group, group_cells,
 from markov_interp.sweep.executors import ClusterLost
 from markov_interp.sweep.records import RESULTS_DIR, RUNS_DIR, CellRecord
 from markov_interp.sweep.results import MIN_GAP, STUCK_FRACTION, CellResult, ProbeColumns, outcome
-from markov_interp.sweep.runner import SpecLike, SweepResult, run
+from markov_interp.sweep.runner import SpecLike, SweepResult, folder_stream, run
 from markov_interp.sweep.spec import Cell, SweepSpec, cell_id, load_spec
 from markov_interp.sweep.table import TABLE, Row, read_table, write_table
 
@@ -71,6 +73,7 @@ __all__ = [
     "load_spec",
     "cell_id",
     "run",
+    "folder_stream",
     "run_cell",
     "run_stack",
     "group_cells",

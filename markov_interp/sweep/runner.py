@@ -19,8 +19,9 @@ from markov_interp.sweep.records import (RESULTS_DIR, RUNS_DIR, CellRecord, is_d
 from markov_interp.sweep.spec import Cell, SweepSpec, load_spec
 from markov_interp.sweep.table import Row, write_table
 from markov_interp import runs
+from markov_interp.streams import LEGACY_STREAM
 
-__all__ = ["run", "SweepResult", "SpecLike", "check_sweep_folder", "SPEC_FILE"]
+__all__ = ["run", "SweepResult", "SpecLike", "check_sweep_folder", "SPEC_FILE", "folder_stream"]
 
 
 @displayed(line=lambda r: f"{len(r.rows)} cells ({r.n_run} run now, {r.n_skipped} done before), {r.n_failed} failed, "
@@ -110,8 +111,8 @@ def run(
     Returns:
         The `SweepResult`: one `Row` per cell in spec order, the table's path and the counts.
     """
-    specs, cells, probe_for = _plan(spec, backend, workers, group)
     out = runs.folder_path(out_dir, "out_dir")
+    specs, cells, probe_for = _plan(spec, backend, workers, group, out)
     settings = probe_settings()
     with runs.lock(out):  # one sweep at a time per folder: a second is refused at once, naming the first
         check_sweep_folder(out)  # before anything is written; a refusal takes back the lock's .lock
@@ -162,13 +163,13 @@ def _empty_start(entry: os.DirEntry) -> bool:
         runs.is_temporary(inner.name) for inner in os.scandir(entry.path))
 
 
-
-def _plan(spec: SpecLike, backend: str, workers: Optional[int],
-          group: Optional[int]) -> tuple[list[SweepSpec], list[Cell], dict[str, bool]]:
-    """`run`'s checks before it touches the folder: the options, the specs, their distinct cells and the cells'
-    devices; and which cells are probed (by cell id)."""
+def _plan(spec: SpecLike, backend: str, workers: Optional[int], group: Optional[int],
+          out: Path) -> tuple[list[SweepSpec], list[Cell], dict[str, bool]]:
+    """`run`'s checks before it touches the folder: the options, the specs (on the folder's stream,
+    `folder_stream`), their distinct cells and the cells' devices; and which cells are probed (by cell id)."""
     _check_options(backend, workers, group)
-    specs = _as_specs(spec)
+    stream = folder_stream(out)
+    specs = [_on_stream(s, stream) for s in _as_specs(spec)]
     cells = _distinct_cells(specs)
     _check_devices(cells, backend)
     return specs, cells, _probe_for(specs, cells)
@@ -192,6 +193,41 @@ def _run_cells(pending: list[Cell], out: Path, probe_for: dict[str, bool], setti
         executors.run_ray(groups, runs_dir, probe_for, save, progress, cell_fn)
     else:
         executors.run_local(groups, runs_dir, probe_for, save, progress, workers, cell_fn)
+
+
+def folder_stream(out: Path) -> Optional[str]:
+    """The random stream of the cells of a sweep folder whose spec names none (`TrainConfig.stream`): "torch-1" for
+    a folder that holds cells (records or run folders) none of whose run configs names a stream other than
+    "torch-1" (a sweep trained before counter streams, or continued since under this rule), so that it restarts,
+    is re-probed and is extended on the stream its runs were trained on, with the same cell ids (nothing is
+    retrained); None (the default, "counter-1") for a new or empty folder and one trained on "counter-1". A spec
+    that sets `train.stream` (in its base or grid) is followed either way.
+
+    Args:
+        out: the sweep folder (it need not exist).
+
+    Returns:
+        "torch-1" or None.
+    """
+    records = list((out / RESULTS_DIR).glob("*.json")) if (out / RESULTS_DIR).is_dir() else []
+    configs = list((out / RUNS_DIR).glob(f"*/{runs.CONFIG_FILE}")) if (out / RUNS_DIR).is_dir() else []
+    if not records and not configs:
+        return None
+    for path in configs:
+        try:
+            train = json.loads(path.read_text()).get("train", {})
+        except (OSError, ValueError, AttributeError):
+            continue  # unreadable: the cell's own run says so when it runs
+        if isinstance(train, dict) and train.get("stream", LEGACY_STREAM) != LEGACY_STREAM:
+            return None
+    return LEGACY_STREAM
+
+
+def _on_stream(spec: SweepSpec, stream: Optional[str]) -> SweepSpec:
+    """`spec` with `train.stream = stream` in its base, unless `stream` is None or the spec sets the stream."""
+    if stream is None or "stream" in spec.base.get("train", {}) or "train.stream" in spec.grid:
+        return spec
+    return dataclasses.replace(spec, base={**spec.base, "train": {**spec.base.get("train", {}), "stream": stream}})
 
 
 def _check_devices(cells: list[Cell], backend: str) -> None:

@@ -1,6 +1,7 @@
 """Training: the one loop. `train_many(runs)` trains compatible runs as one stack; `train(run)` is a stack of one.
 
-Each step draws a fresh batch per run (`batches.member_sampler`: what the run draws alone), runs the stacked
+Each step draws a fresh batch per run (`batches.DataStreams`: what the run draws alone, on its random stream:
+"counter-1" for new runs, "torch-1" for folders trained before counter streams), runs the stacked
 forward (`models.stack.stacked_forward`) with the clamps active at that step, one backward of the summed member
 losses (members share no parameter, so each member's gradient is its own) and one elementwise optimiser step
 (`models.optim.StackedOptimizer`: AdamW or SGD, per-member learning rate and weight decay). A member's numbers
@@ -10,8 +11,8 @@ never depend on the other members, so **the same run gives the same weights what
 
 Runs share a stack when they share their shapes (architecture, vocab, n_ctx, seq_len, batch size, steps,
 optimiser kind and hyper-parameters other than lr / weight decay, schedule, precision, evaluation and
-checkpoint plan, interventions, device: `stack_key`); they may differ in seed, source parameters of one kind and
-vocab, initialisation options, learning rate and weight decay.
+checkpoint plan, interventions, device, random stream: `stack_key`); they may differ in seed, source parameters
+of one kind and vocab, initialisation options, learning rate and weight decay.
 
 **Run folders** (`markov_interp.runs`): each run writes config.json, metrics.jsonl, checkpoints/ and, when it
 finishes, model.safetensors. While it trains it also keeps a resume point (resume/: a checkpoint's files, at most
@@ -19,8 +20,8 @@ one at rest, removed when the run ends) every `train.resume_every` steps (defaul
 whatever `n_checkpoints` is. Re-running resumes from the newest checkpoint or resume point every member folder holds
 and ends bit-identical to an uninterrupted run; a finished run is loaded, not retrained; a folder holding another
 config is refused. Checkpoints hold the member's weights and, in the format of a torch optimiser's `state_dict()`,
-its optimiser state (plus loss scaler, generators, pending losses and clamp means), which is also the format of
-folders written before the one engine, so those resume too.
+its optimiser state (plus loss scaler, the data streams' place, pending losses and clamp means), which is also the
+format of folders written before the one engine, so those resume too.
 
 **Divergence.** A run whose training loss, gradient, evaluation loss or weights are not finite stops there: its
 weights and optimiser state are frozen at their last finite values while the others go on, a metrics row
@@ -37,12 +38,14 @@ steps and so its own AdamW step count), checkpointed as a torch GradScaler's sta
 
 **Compiled steps** (`TrainConfig.compile`): the step's loss, its backward, the evaluation's forward and the
 optimiser update run compiled (`models.stack.compiled_losses`, `models.optim`), compiled once per shapes in a
-process; equal to eager up to float rounding; steps with an active clamp run eagerly (docs/training.md).
+process; on "counter-1" with kernel sources the training batch is drawn inside the compiled graph (its input is
+the step tensor); equal to eager up to float rounding; steps with an active clamp run eagerly (docs/training.md).
 
 **Host work**: nothing in a step reads a device value (on the CPU the update checks that every member is alive,
-to skip restoring them); every member's batch comes from one sampling pass (one draw per member from its own
-generator); losses accumulate on the device and are read per log row; an evaluation computes theory's
-references once per distinct source for all its members.
+to skip restoring them); every member's batch comes from one sampling pass ("counter-1": the same operations
+whatever the number of members; "torch-1": one draw per member from its own generator); losses accumulate on the
+device and are read per log row; an evaluation computes theory's references once per distinct source for all its
+members.
 """
 
 import contextlib
@@ -68,7 +71,7 @@ from markov_interp.models.stack import Stack, build_stack, compiled_losses, stac
 from markov_interp.theory import ReferenceLosses
 from markov_interp import runs as run_folder  # (`runs` is a list of run configs here)
 from markov_interp.training import plan, resume
-from markov_interp.training.batches import derive_seed, member_sampler
+from markov_interp.training.batches import DataStreams, data_streams
 from markov_interp.runs.config import PRECISIONS, RunConfig, TrainConfig, resolve_device
 from markov_interp.training.results import FinalLosses, TrainResult
 from markov_interp.runs import TrainingDiverged
@@ -377,10 +380,7 @@ class _Group:
     references: list[dict[str, float]]  # per member: theory's reference losses as a (rounded) metrics row
     stack: Stack
     optimizer: StackedOptimizer
-    train_gens: list[torch.Generator]
-    eval_gens: list[torch.Generator]
-    sample_train: Callable[[], torch.Tensor]  # () -> [member, batch, seq_len + 1] tokens of the training streams
-    sample_eval: Callable[[], torch.Tensor]  # the same from the evaluation streams
+    data: DataStreams  # the training and evaluation batches, [member, batch, seq_len + 1] (`batches`)
     rows: list[list[dict]] = dataclasses.field(default_factory=list)  # per member: metrics rows
     pending: list[torch.Tensor] = dataclasses.field(default_factory=list)  # per step: [member] losses since a row
     failed: list[Optional[int]] = dataclasses.field(default_factory=list)  # per member: step it diverged, or None
@@ -392,6 +392,7 @@ class _Group:
     clamps: ClampState = dataclasses.field(default_factory=ClampState)  # [member, ...] means
     constraint: Optional[CanonicalConstraint] = None  # train.reduction: gradients projected onto (e, w, b)
     compiled: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # train.compile: the compiled losses
+    compiled_step: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # ... drawing the batch in the graph
     logs: list[Optional[run_folder.MetricsLog]] = dataclasses.field(default_factory=list)  # per member: metrics.jsonl
 
     @classmethod
@@ -409,17 +410,15 @@ class _Group:
         stack = build_stack([r.model for r in runs], [r.train.seed for r in runs], device=device)
         optimizer = StackedOptimizer(stack, kind=tc.optimizer, betas=tc.betas, momentum=tc.momentum,
                                      compile=tc.compile)
-        gens = [[torch.Generator(device=device).manual_seed(derive_seed(r.train.seed, stream)) for r in runs]
-                for stream in ("train-data", "eval-data")]
-        length = tc.seq_len + 1
+        data = data_streams(tc.stream, sources, [r.train.seed for r in runs], tc.batch_size, tc.seq_len + 1, device)
         group = cls(runs=runs, outs=outs, device=device, sources=sources,
                     references=[cache[r.source.to_json()] for r in runs], stack=stack, optimizer=optimizer,
-                    train_gens=gens[0], eval_gens=gens[1],
-                    sample_train=member_sampler(sources, gens[0], tc.batch_size, length),
-                    sample_eval=member_sampler(sources, gens[1], tc.batch_size, length),
-                    rows=[[] for _ in runs], failed=[None] * len(runs))
+                    data=data, rows=[[] for _ in runs], failed=[None] * len(runs))
         if tc.compile != "off":
             group.compiled = compiled_losses(stack, dtype=PRECISIONS[tc.precision], mode=tc.compile)
+            if data.capturable is not None:  # counter-1 kernel sources: sampling, forward and loss in one graph
+                group.compiled_step = compiled_losses(stack, dtype=PRECISIONS[tc.precision], mode=tc.compile,
+                                                      sample=data.capturable)
         if tc.reduction is not None:
             group.constraint = CanonicalConstraint([r.model for r in runs], [r.train.seed for r in runs],
                                                    tc.release, device=device)
@@ -494,7 +493,11 @@ class _Group:
         and which members stayed finite. A frozen parameter gets no gradient (so no update, no share in
         clipping); a parameter a clamp cuts off from the loss gets a zero gradient (it still decays)."""
         tc = self.tc
-        losses = self._losses(self.sample_train(), self._hooks(t, update=True))
+        hooks = self._hooks(t, update=True)
+        if self.compiled_step is not None and not hooks:
+            losses = self.compiled_step(self.data.step(t))
+        else:
+            losses = self._losses(self.data.train(t), hooks)
         self.optimizer.zero_grad()
         frozen = frozenset(frozen_names(tc.interventions, self.runs[0].model, t)) if tc.interventions \
             else frozenset()
@@ -593,7 +596,7 @@ class _Group:
         """Each member's evaluation columns on its own fresh batches, with the clamps active at `step` (running
         means not updated)."""
         hooks = self._hooks(step, update=False)
-        return _paired_eval(lambda tokens: self._losses(tokens, hooks), self.sources, self.sample_eval,
+        return _paired_eval(lambda tokens: self._losses(tokens, hooks), self.sources, self.data.evaluation,
                             self.tc.eval_batches)
 
     def _losses(self, tokens: torch.Tensor, hooks: Mapping[str, Callable]) -> torch.Tensor:
@@ -638,8 +641,7 @@ class _Group:
             "optimizer": self.optimizer.member_state_dict(k, lr=lr_at(tc, step - 1), weight_decay=tc.weight_decay),
             "scaler": {} if self.scale is None else {  # a torch GradScaler's state_dict()
                 **_SCALER, "scale": float(self.scale[k]), "_growth_tracker": int(self.growth_tracker[k])},
-            "train_generator": self.train_gens[k].get_state(),
-            "eval_generator": self.eval_gens[k].get_state(),
+            **self.data.member_state(k),  # "torch-1": the generators' states; "counter-1": the evaluation count
             "pending_losses": torch.stack([p[k] for p in self.pending]).cpu() if self.pending else torch.zeros(0),
             **({"clamp_state": self.clamps.member_state_dict(k)} if tc.interventions else {}),
         }
@@ -681,8 +683,7 @@ class _Group:
         if self.scale is not None:
             self.scale[k] = state["scaler"]["scale"]
             self.growth_tracker[k] = state["scaler"]["_growth_tracker"]
-        self.train_gens[k].set_state(state["train_generator"])
-        self.eval_gens[k].set_state(state["eval_generator"])
+        self.data.load_member(k, state)
         clamp_states.append(state.get("clamp_state", {}))
         failed_at = int(state.get("stack_failed_at", -1))  # written by the stacked engine before it was the only one
         self.failed[k] = None if failed_at < 0 else failed_at

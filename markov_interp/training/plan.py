@@ -6,8 +6,9 @@ nothing behind that would then refuse the corrected one. It estimates (`models.m
 
 - the parameters with their gradients and optimiser state, and the activations of a step, for the whole stack;
 - the data: the transition kernels and the sampler's arrays (fixed chains: [member, batch, seq, context, vocab]
-  comparisons; random chains: one kernel per sequence, the sampler's blocks), and theory's reference losses
-  (a stationary solve per kernel; 1024 kernels at once for random sources);
+  comparisons; random chains: one kernel per sequence, the sampler's blocks; on the counter stream also its words
+  and the Gamma draws' rejection rounds, all at once), and theory's reference losses (a stationary solve per
+  kernel; 1024 kernels at once for random sources);
 - the metrics rows held in memory (`schedule.max_rows`, by arithmetic);
 
 and refuses (`models.memory.PlanTooLarge`, a ValueError) when they exceed the device's memory, naming the field
@@ -30,6 +31,8 @@ from markov_interp.sources.sampling import sampler_bytes
 from markov_interp.models.memory import (Need, PlanTooLarge, check_needs, forward_needs, human_bytes, memory_limit,
                                          model_needs, parameter_count)
 from markov_interp.runs.config import RunConfig
+from markov_interp.sources import SourceConfig
+from markov_interp.streams import COUNTER_STREAM, GAMMA_ROUNDS
 from markov_interp.runs import list_checkpoints, list_resume_points
 from markov_interp.theory import reference_needs
 from markov_interp.training.schedule import checkpoint_steps, max_rows
@@ -45,6 +48,10 @@ _ROW_FILE_BYTES = 400  # a metrics row in metrics.jsonl
 # A checkpoint's bytes beyond weights and optimiser state: measured 21 KB for the one-layer paper model (two CPU
 # generators' states of 5 KB each, pending losses, torch.save's archive)
 _CHECKPOINT_EXTRA = 32 * 1024
+# The counter stream's peak bytes ("counter-1"), measured on the CPU (live tensor storages during the call): 25 per
+# word of `streams.words` with its uniforms, 96 per draw and rejection round of `streams.gamma`; with a margin
+_WORD_BYTES = 32
+_GAMMA_ROUND_BYTES = 130
 
 
 def check_plan(runs: Sequence[RunConfig], outs: Sequence[Optional[Path]], device: torch.device) -> None:
@@ -184,9 +191,27 @@ def _data_needs(run: RunConfig, members: int) -> list[Need]:
     fields += [("members", members)] if members > 1 else []
     sampler = sampler_bytes(vocab=vocab, order=order, batch=batch, length=length, random=source.in_context,
                             members=members)
-    return [Need.of("the data sampler", sampler, fields),
-            *reference_needs(vocab=vocab, order=order, random=source.in_context, seq_len=tc.seq_len,
-                             pool_size=getattr(source, "pool_size", None), fields=[*size, ("source.order", order)])]
+    needs = [Need.of("the data sampler", sampler, fields),
+             *reference_needs(vocab=vocab, order=order, random=source.in_context, seq_len=tc.seq_len,
+                              pool_size=getattr(source, "pool_size", None), fields=[*size, ("source.order", order)])]
+    if tc.stream == COUNTER_STREAM:
+        needs.append(_stream_needs(source, members, batch, length, vocab ** order, vocab, fields))
+    return needs
+
+
+def _stream_needs(source: SourceConfig, members: int, batch: int, length: int, contexts: int, vocab: int,
+                  fields: list) -> Need:
+    """The counter stream's arrays at a step ("counter-1"): Philox's words for the first states and steps, and for
+    fresh Dirichlet kernels the Gamma draws' rejection rounds, all computed at once (`streams.gamma`:
+    `streams.GAMMA_ROUNDS` rounds per draw when alpha != 1, one when alpha = 1)."""
+    words = members * batch * length * _WORD_BYTES
+    alpha, pool = getattr(source, "alpha", None), getattr(source, "pool_size", None)
+    if not source.in_context or alpha is None or pool is not None:
+        return Need.of("the counter stream's words", words, fields)
+    rounds = 1 if alpha == 1 else GAMMA_ROUNDS
+    gamma = members * batch * contexts * vocab * rounds * _GAMMA_ROUND_BYTES
+    return Need.of(f"the counter stream's Gamma draws ({rounds} rejection round{'s' * (rounds > 1)} each) and words",
+                   words + gamma, fields)
 
 
 def _existing(path: Path) -> Path:

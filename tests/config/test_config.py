@@ -32,7 +32,8 @@ def test_existing_run_configs_load_and_serialise_unchanged(name):
 def test_fixture_configs_are_what_the_api_builds():
     binary = RunConfig.from_json((FIXTURES / "binary.json").read_text())
     assert binary == RunConfig(source=SourceConfig(kind="binary", p=0.2, q=0.3), model=preset("paper-1layer", n_ctx=32),
-                               train=TrainConfig(steps=12, batch_size=4, seq_len=32, device="cpu"))
+                               train=TrainConfig(steps=12, batch_size=4, seq_len=32, device="cpu",
+                                                 stream="torch-1"))  # a file naming no stream: the old one
     markov = RunConfig.from_json((FIXTURES / "markov.json").read_text())
     assert markov.source.kernel == ((0.9, 0.1), (0.4, 0.6)) and markov.source.initial == (0.5, 0.5)
     assert markov.train.betas == (0.9, 0.99) and markov.model.d_mlp == 64

@@ -1,6 +1,6 @@
-"""The compiled engine (issue 29): `TrainConfig.compile` against eager (the reference) within a stated tolerance,
-compiled once per shapes, a compiled resume bit for bit, the fallback to eager with one warning, and a step
-whose host reads and operations do not grow with the number of members."""
+"""The compiled engine: `TrainConfig.compile` against eager (the reference) within a stated tolerance, compiled
+once per shapes, a compiled resume bit for bit, the fallback to eager with one warning, and a step whose host reads
+and operations do not grow with the number of members (the same for 1 and 16 on the counter stream)."""
 
 import collections
 import json
@@ -73,7 +73,8 @@ def test_fallback_runs_eagerly_with_one_warning(monkeypatch):
 
 def test_a_function_that_fails_to_compile_runs_eagerly_with_one_warning(monkeypatch):
     """A compile error at the first call (here simulated for every function) makes that function eager for the
-    process, with one warning naming it; the results are eager's, bit for bit."""
+    process, with one warning naming it (the first compiled: the training step, which on the counter stream draws
+    its batch inside the graph); the results are eager's, bit for bit."""
     def failing_compile(fn, **options):
         def run(*args, **kwargs):
             raise torch._dynamo.exc.TorchDynamoException("simulated inductor failure")
@@ -81,7 +82,7 @@ def test_a_function_that_fails_to_compile_runs_eagerly_with_one_warning(monkeypa
 
     monkeypatch.setattr(torch, "compile", failing_compile)
     eager, fallen, messages = _fallback_rows(monkeypatch)
-    assert len(messages) == 1 and "failed on stacked_step_losses" in messages[0] and "simulated" in messages[0]
+    assert len(messages) == 1 and "failed on sampled_step_losses" in messages[0] and "simulated" in messages[0]
     assert fallen == eager
 
 
@@ -134,6 +135,22 @@ def test_compiled_sgd_with_clipping_bf16_matches_eager(tmp_path):
         assert abs(a[-1] - b[-1]) < 5e-3
 
 
+@pytest.mark.slow
+def test_random_kernels_drawn_inside_the_compiled_step_match_eager(tmp_path):
+    """On the counter stream the compiled step draws its batch inside the graph: fresh Dirichlet(0.5) kernels (the
+    Gamma rounds computed at once) and a pool of kernels compile without a fallback, train within LOSS_TOLERANCE of
+    eager, a stack of other seeds reuses the code (no new graph: keys and tables are the graph's inputs), and the
+    compiled sampler draws the eager sampler's tokens bit for bit on the CPU."""
+    result = _compiled_case("random-kernels", tmp_path)
+    for name in ("fresh", "pool"):
+        case = result[name]
+        for eager, compiled in zip(case["eager"], case["compiled"]):
+            a, b = _column(eager, "train_loss"), _column(compiled, "train_loss")
+            assert len(a) == len(b) == 20 and max(abs(x - y) for x, y in zip(a, b)) < LOSS_TOLERANCE, name
+        assert case["new_graphs_for_other_seeds"] == 0, name
+        assert case["same_tokens"] == [True] * 3, name
+
+
 # ----------------------------------------------------------------------------------- host work per step
 class _OpCounter(TorchDispatchMode):
     """Counts every aten operation dispatched inside it (what would be a kernel launch on a GPU)."""
@@ -163,15 +180,17 @@ def _counts(fn, monkeypatch) -> tuple[collections.Counter, int]:
     return counter.ops, len(reads)
 
 
-def _group(n_members: int, **train_kwargs) -> "loop._Group":
+def _group(n_members: int, source=BINARY, model=None, **train_kwargs) -> "loop._Group":
     runs = [tiny_run(seed=s, steps=4, **train_kwargs) for s in range(n_members)]
+    if source is not BINARY or model is not None:
+        runs = [r.replace(source=source, model=model or r.model) for r in runs]
     return loop._Group.create(runs, [None] * n_members, torch.device("cpu"))
 
 
-def _step_counts(n_members: int, monkeypatch, **train_kwargs) -> tuple[collections.Counter, int]:
-    """(operations, host reads) of one training step of a stack of `n_members`, after a first step (state
-    created)."""
-    group = _group(n_members, **train_kwargs)
+def _step_counts(n_members: int, monkeypatch, **kwargs) -> tuple[collections.Counter, int]:
+    """(operations, host reads) of one training step of a stack of `n_members` (sampling, forward, backward,
+    update), after a first step (state created)."""
+    group = _group(n_members, **kwargs)
     lr = torch.full((n_members,), 1e-3, dtype=torch.float64)
     wd = torch.full((n_members,), 1e-3, dtype=torch.float64)
     alive = torch.ones(n_members, dtype=torch.bool)
@@ -179,15 +198,33 @@ def _step_counts(n_members: int, monkeypatch, **train_kwargs) -> tuple[collectio
     return _counts(lambda: group._step(lr, wd, alive, 1), monkeypatch)
 
 
+RANDOM3 = SourceConfig(kind="random", vocab=3)
+ATTN3 = preset("attn-only-2layer", n_ctx=16, d_vocab=3)
+
+
 @pytest.mark.parametrize("recipe", [dict(), dict(optimizer="sgd", momentum=0.9, grad_clip=0.1),
-                                    dict(precision="fp16", loss_scaling=True)])
-def test_a_step_does_the_same_host_work_for_any_number_of_members(recipe, monkeypatch):
-    """Operations dispatched in a step and reads of tensor values on the host (each a device sync on a GPU) are the
-    same for 2 and 6 members, except one draw per member from its own generator (`aten.uniform_`: what makes a
-    member's batches those it draws alone). The one host read is the CPU's check that every member is alive
-    (it lets the update skip restoring members; on accelerators the update masks without reading)."""
-    ops2, reads2 = _step_counts(2, monkeypatch, **recipe)
-    ops6, reads6 = _step_counts(6, monkeypatch, **recipe)
+                                    dict(precision="fp16", loss_scaling=True),
+                                    dict(source=RANDOM3, model=ATTN3),
+                                    dict(source=SourceConfig(kind="random", vocab=2, order=2, alpha=0.5)),
+                                    dict(source=SourceConfig(kind="random", vocab=3, pool_size=8), model=ATTN3)],
+                         ids=["binary", "sgd-clip", "fp16-scaling", "random", "random-order2-alpha0.5", "pool"])
+def test_a_step_launches_the_same_operations_for_1_and_16_members(recipe, monkeypatch):
+    """The steady-state step of a stack on the counter stream (the default, "counter-1"): sampling (every member's
+    kernels, pool indices, first states and steps in one pass), forward, backward and update dispatch the same
+    operations (what would be kernel launches on a GPU) for 1 and 16 members, on fixed chains and random kernels.
+    The one host read is the CPU's check that every member is alive (it lets the update skip restoring members;
+    on accelerators the update masks without reading)."""
+    ops1, reads1 = _step_counts(1, monkeypatch, **recipe)
+    ops16, reads16 = _step_counts(16, monkeypatch, **recipe)
+    assert ops1 == ops16, {op: (ops1[op], ops16[op]) for op in ops1.keys() | ops16.keys() if ops1[op] != ops16[op]}
+    assert reads1 == reads16 <= 1
+
+
+def test_a_step_on_the_generator_stream_draws_once_per_member(monkeypatch):
+    """The control, stream "torch-1" (folders trained before counter streams): the same operations for 2 and 6
+    members but one draw per member from its own generator (`aten.uniform_`)."""
+    ops2, reads2 = _step_counts(2, monkeypatch, stream="torch-1")
+    ops6, reads6 = _step_counts(6, monkeypatch, stream="torch-1")
     assert ops2.pop("aten.uniform_") == 2 and ops6.pop("aten.uniform_") == 6
     assert ops2 == ops6
     assert reads2 == reads6 <= 1
@@ -214,14 +251,18 @@ def test_sampling_random_kernels_does_the_same_host_work_for_any_number_of_membe
     assert ops2 == ops6 and reads2 == reads6
 
 
-def test_an_evaluation_does_the_same_host_work_for_any_number_of_members(monkeypatch):
+@pytest.mark.parametrize("stream", ["counter-1", "torch-1"])
+def test_an_evaluation_does_the_same_host_work_for_any_number_of_members(stream, monkeypatch):
     """An evaluation of a stack of seeds (one source) dispatches the same operations and reads as many values on
-    the host for 2 and 6 members, but for each member's draws: the loop reads its [member, 3] sums once; `theory`'s
-    references are computed once per distinct source (its own checks read a few values there)."""
-    groups = {k: _group(k, eval_batches=2) for k in (2, 6)}
+    the host for 2 and 6 members ("torch-1": but for each member's draws): the loop reads its [member, 3] sums
+    once; `theory`'s references are computed once per distinct source (its own checks read a few values there)."""
+    groups = {k: _group(k, eval_batches=2, stream=stream) for k in (2, 6)}
+    for group in groups.values():
+        group._evaluate(4)  # the first call makes the stream's constants
     counts = {k: _counts(lambda k=k: groups[k]._evaluate(4), monkeypatch) for k in (2, 6)}
     (ops2, reads2), (ops6, reads6) = counts[2], counts[6]
-    assert ops2.pop("aten.uniform_") == 2 * 2 and ops6.pop("aten.uniform_") == 6 * 2
+    if stream == "torch-1":
+        assert ops2.pop("aten.uniform_") == 2 * 2 and ops6.pop("aten.uniform_") == 6 * 2
     assert ops2 == ops6 and reads2 == reads6
 
 

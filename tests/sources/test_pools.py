@@ -332,14 +332,16 @@ def test_pool_config_round_trip_and_build():
 
 def test_configs_without_pools_serialise_as_before():
     """config.json and sweep cell ids of sources without the new keys are unchanged (values recorded at main
-    0433c0e, before pools existed)."""
-    run = training.default_run(kind="random", vocab=3)
+    0433c0e, before pools existed; on the random stream those runs had, "torch-1", which config.json leaves out:
+    a run built from defaults now names "counter-1", another cell)."""
+    old_stream = {"train.stream": "torch-1"}
+    run = training.default_run(kind="random", vocab=3, **old_stream)
     assert run.source.to_json() == ('{"alpha": 1.0, "initial": "stationary", "kernel": null, "kind": "random", '
                                     '"order": 1, "p": null, "q": null, "vocab": 3}')
     assert sweep.cell_id(run) == "108aa4423c2f4573"
-    other = training.default_run(kind="random", vocab=3, order=2, alpha=0.5, steps=7)
+    other = training.default_run(kind="random", vocab=3, order=2, alpha=0.5, steps=7, **old_stream)
     assert sweep.cell_id(other) == "442dc70a5795921c"
-    pooled = training.default_run(kind="random", vocab=3, **{"source.pool_size": 4})
+    pooled = training.default_run(kind="random", vocab=3, **{"source.pool_size": 4}, **old_stream)
     assert sweep.cell_id(pooled) != sweep.cell_id(run) and json.loads(pooled.to_json())["source"]["pool_size"] == 4
 
 
