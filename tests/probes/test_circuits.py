@@ -642,9 +642,12 @@ def test_attribution_then_verify_keeps_exactly_the_exact_set(name):
 
 def test_methods_and_the_edge_cap():
     model, source = induction_circuit(3, n_ctx=SEQ), RandomMarkov(3)
-    graph = _discover(model, source, method="attribution")  # estimates decide; the kept edges are then measured
-    assert graph.method == "attribution" and not all(e.verified for e in graph.edges)
-    assert all(e.verified for e in graph.kept) and graph.faithfulness == graph.faithfulness
+    graph = _discover(model, source, method="attribution")  # estimates decide, and nothing is measured alone
+    assert graph.method == "attribution" and not any(e.verified for e in graph.kept)
+    assert graph.faithfulness == graph.faithfulness and graph.joint == () and graph.minimality == {}
+    assert graph.n_verified == 0 and "estimate only" in graph.summary() and "estimate only" in repr(graph)
+    exact = _discover(model, source, method="exact")
+    assert graph.n_runs < exact.n_runs / 4 and graph.to_dict()["n_runs"] == graph.n_runs
     capped = _discover(model, source, method="attribution+verify", max_edges=3)
     assert capped.n_verified <= 2 * (3 + len(capped.kept))  # three per pass, and the circuit's own edges
     with pytest.raises(ValueError, match="attribution\\+verify"):
