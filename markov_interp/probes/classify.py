@@ -59,6 +59,7 @@ import torch
 from torch import Tensor
 
 from markov_interp import theory
+from markov_interp._threads import one_thread_if_tiny
 from markov_interp.config import bounds, check_fields
 from markov_interp.sources import Source
 from markov_interp.models import HookedModel
@@ -624,25 +625,26 @@ def classify_mechanism(
     >>> classify_mechanism(model, source, n_sequences=16, seed=0).mechanism  # a hand-built induction circuit
     'induction'
     """
-    batch = _probe_batch(model, source, batch, n_sequences=n_sequences, seq_len=seq_len, seed=seed,
-                         thresholds=thresholds)
-    tokens = check_tokens(model, batch.tokens)
-    logits, cache = _logits_and_cache(model, tokens, cache)
-    probs = torch.softmax(logits.double(), dim=-1)
-    lawside = _law_evidence(model, batch, logits, probs, beta=beta, thresholds=thresholds)
-    side = _circuit_evidence(model, source, batch, cache, n_sequences=min(circuit_sequences, batch.tokens.shape[0]),
-                             seed=seed, thresholds=thresholds, method=method, max_edges=max_edges,
-                             progress=progress, content=content)
-    decision = _decide(_Evidence.of(lawside, side, batch), thresholds)
-    return MechanismReport(
-        mechanism=decision.mechanism, order=decision.order, confident=bool(decision.confident),
-        reasons=decision.reasons, law=with_target(lawside.law, decision.target), strategies=lawside.sim,
-        gains=lawside.gains, kernel_swap=side.swap, circuit=side.circuit, induction=side.reading,
-        attention=side.scores, thresholds=thresholds, source=repr(source), seq_len=int(batch.tokens.shape[1]),
-        n_sequences=int(batch.tokens.shape[0]), seed=seed, qualifier=decision.qualifier,
-        fitted_strategies=lawside.fitted, content=side.reading.content,
-        **_side_probes(model, source, batch, tokens, cache, probs, beta=beta),
-    )
+    with one_thread_if_tiny(model):  # tiny models: one CPU thread (markov_interp.set_threads)
+        batch = _probe_batch(model, source, batch, n_sequences=n_sequences, seq_len=seq_len, seed=seed,
+                             thresholds=thresholds)
+        tokens = check_tokens(model, batch.tokens)
+        logits, cache = _logits_and_cache(model, tokens, cache)
+        probs = torch.softmax(logits.double(), dim=-1)
+        lawside = _law_evidence(model, batch, logits, probs, beta=beta, thresholds=thresholds)
+        side = _circuit_evidence(model, source, batch, cache,
+                                 n_sequences=min(circuit_sequences, batch.tokens.shape[0]), seed=seed, thresholds=thresholds, method=method, max_edges=max_edges,
+                                 progress=progress, content=content)
+        decision = _decide(_Evidence.of(lawside, side, batch), thresholds)
+        return MechanismReport(
+            mechanism=decision.mechanism, order=decision.order, confident=bool(decision.confident),
+            reasons=decision.reasons, law=with_target(lawside.law, decision.target), strategies=lawside.sim,
+            gains=lawside.gains, kernel_swap=side.swap, circuit=side.circuit, induction=side.reading,
+            attention=side.scores, thresholds=thresholds, source=repr(source),
+            seq_len=int(batch.tokens.shape[1]), n_sequences=int(batch.tokens.shape[0]), seed=seed, qualifier=decision.qualifier,
+            fitted_strategies=lawside.fitted, content=side.reading.content,
+            **_side_probes(model, source, batch, tokens, cache, probs, beta=beta),
+        )
 
 
 def _logits_and_cache(model: HookedModel, tokens: Tensor, cache: Optional[Any]) -> tuple[Tensor, Any]:

@@ -71,6 +71,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from markov_interp._threads import one_thread_if_tiny
 from markov_interp.config import check_int, check_number
 from markov_interp.sources import Source
 from markov_interp.models import HookedModel
@@ -575,6 +576,17 @@ def discover_circuit(
     >>> discover_circuit(model, source, n_sequences=16).kept_names[3:]  # a hand-built induction circuit
     ('embed->L1H0.q', 'L0H0->L1H0.k', 'embed->L1H0.v', 'L1H0->logits')
     """
+    with one_thread_if_tiny(model):  # tiny models: one CPU thread (markov_interp.set_threads)
+        return _discover(model, source, seq_len=seq_len, n_sequences=n_sequences, corruption=corruption, seed=seed,
+                         batch=batch, rule=(min_effect, min_fraction, target_faithfulness),
+                         flags=(attribution, positions, joint), method=method, max_edges=max_edges, progress=progress)
+
+
+def _discover(model: HookedModel, source: Source, *, seq_len: Optional[int], n_sequences: int, corruption: str,
+              seed: int, batch: Optional[ProbeBatch], rule: tuple, flags: tuple, method: str,
+              max_edges: Optional[int], progress: Optional[bool]) -> CircuitGraph:
+    """`discover_circuit`'s work (its arguments, the kept rule and the flags as tuples)."""
+    (min_effect, min_fraction, target_faithfulness), (attribution, positions, joint) = rule, flags
     check_source_matches(model, source)
     method = _check(corruption=corruption, method=method, max_edges=max_edges, n_sequences=n_sequences,
                     rule=(min_effect, min_fraction, target_faithfulness), flags=(attribution, positions, joint))
