@@ -412,8 +412,11 @@ def _print_edges(graph: Any) -> None:
     """The kept edges, each with its effect (+- se, nats) in the pass that moves it: the token pass (`corruption`)
     and, for the edges out of positions and the heads that compute them, the positional pass."""
     passes = f"{graph.corruption} pass" + ("; positional pass" if graph.position is not None else "")
+    from markov_interp.probes.discovery import faithfulness_text
+
     print(f"circuit: {len(graph.kept)} of {len(graph.edges)} edges kept ({graph.corruption} corruption, "
-          f"faithfulness {graph.faithfulness:.2f}); edge  effect +- se (nats) in the {passes}")
+          f"faithfulness {faithfulness_text(graph.faithfulness, short=True)}); edge  effect +- se (nats) in the "
+          f"{passes}")
 
     def cell(effect: float, se: float) -> str:
         return "not measured".ljust(18) if effect != effect else f"{effect:+.4f} +- {se:.4f}".ljust(18)
@@ -439,6 +442,8 @@ def _print_probe(report: "MechanismReport") -> None:
         alias = f"  (= {sim.aliases[name]})" if name in sim.aliases else ""
         print(f"{name:26s} {value:16.4f}  {sim.gaps[name]:18.4f}{alias}")
     _print_edges(report.circuit)
+    if report.patching_vs_ablation():
+        print(report.patching_vs_ablation())
     for role in report.induction.roles:
         heads = ", ".join(f"{h.name} {x:.2f}" for h, x in zip(role.heads, role.scores)) or "none"
         effect = "n/a" if role.effect is None else f"{role.effect:+.4f}"

@@ -117,10 +117,11 @@ CIRCUIT_SEQUENCES = 16  # path patching runs on this many sequences of the probe
 EXACT_UP_TO = 64  # method "auto": exact path patching up to this many edge measurements (bench_classify)
 _MAX_LOWERINGS = 16  # at most this many lowered thresholds are tried (each costs one circuit-only run)
 _LEVELS_AT_ONCE = 4  # circuit-only runs of this many thresholds are stacked in one call
+_SHOWN_EXCESS = 0.005  # faithfulness this far outside [0, 1] rounds into it on display; further, it is explained
 _NO_TOTAL = 1e-6  # nats: below this the corruption changes nothing, and faithfulness is undefined
 __all__ = ["CANCEL_FRACTION", "CANDIDATE_FRACTION", "CIRCUIT_SEQUENCES", "CORRUPTIONS", "Cancelling", "CircuitGraph",
            "EXACT_UP_TO", "Edge", "IG_STEPS", "JointTest", "MAX_PAIR_EDGES", "METHODS", "MIN_EFFECT", "MIN_FRACTION",
-           "POSITIONS", "PassResult", "TARGET_FAITHFULNESS", "discover_circuit", "kept_edges"]
+           "POSITIONS", "PassResult", "TARGET_FAITHFULNESS", "discover_circuit", "faithfulness_text", "kept_edges"]
 
 
 @displayed(line=lambda e: f"{e.name}: effect {e.effect:+.4f} +- {e.se:.4f} nats, gradient {e.attribution:+.4f}")
@@ -272,7 +273,7 @@ class CircuitGraph(ProbeResult):
         """The kept edges with their effects, faithfulness and completeness, and what the joint tests found."""
         kept = ", ".join(f"{e.name} {e.strongest:+.3f}" for e in self.kept) or "no edge"
         text = (f"circuit ({self.corruption} corruption, total effect {self.total_effect:.4f} nats): {kept}; "
-                f"faithfulness {self.faithfulness:.2f}, completeness {self.completeness:.2f}")
+                f"faithfulness {faithfulness_text(self.faithfulness)}, completeness {self.completeness:.2f}")
         if self.position is not None:
             text += (f"; positional pass: total effect {self.position.total_effect:.4f} nats, faithfulness "
                      f"{self.position.faithfulness:.2f}")
@@ -304,9 +305,10 @@ class CircuitGraph(ProbeResult):
                            "minimality": self.minimality.get(e.name, math.nan)} for e in rows), index="edge")
 
     def _headline(self) -> str:
-        return (f"{len(self.kept)} of {len(self.edges)} edges kept, faithfulness {self.faithfulness:.2f}: "
-                + (", ".join(e.name for e in self.kept) or "none")
-                + (" (estimate only: method='attribution')" if self.method == "attribution" else ""))
+        return (("estimate only (method='attribution'): " if self.method == "attribution" else "")
+                + f"{len(self.kept)} of {len(self.edges)} edges kept, faithfulness "
+                + f"{faithfulness_text(self.faithfulness)}: "
+                + (", ".join(e.name for e in self.kept) or "none"))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: every edge with its effects, SE and gradient estimate, the kept edges, the losses, the
@@ -377,6 +379,26 @@ def _mean_se(values: Tensor) -> tuple[float, float]:
 
 def _threshold(total: float, min_effect: float, min_fraction: float) -> float:
     return max(min_effect, min_fraction * total)
+
+
+def faithfulness_text(value: float, *, short: bool = False) -> str:
+    """Faithfulness as the one-liners show it: in [0, 1] as it is; above 1 shown as 1.00 with the excess explained
+    (the kept edges alone give a lower loss than the clean run: corrupting the edges left out *helps*, they
+    pushed the prediction away from the data), below 0 likewise (`short`: the raw value only).
+
+    >>> faithfulness_text(1.06, short=True)
+    '1.00 (raw 1.06)'
+    """
+    if not -_SHOWN_EXCESS <= value <= 1 + _SHOWN_EXCESS:
+        if short:
+            return f"{min(max(value, 0.0), 1.0):.2f} (raw {value:.2f})"
+    else:
+        return f"{min(max(value, 0.0), 1.0):.2f}"
+    if value > 1:
+        return f"1.00 (raw {value:.2f}: the edges left out raise the loss; without them it is below the clean run's)"
+    if value < 0:
+        return f"0.00 (raw {value:.2f}: the kept edges alone do worse than all of them corrupted)"
+    return f"{value:.2f}"
 
 
 def _faithfulness(total: float, corrupted: float, circuit: float) -> float:

@@ -491,7 +491,10 @@ def test_ov_and_qk_circuits_and_logit_attribution_of_a_handbuilt_circuit():
 
     model = induction_circuit(3, n_ctx=SEQ, decoys=True)
     ov, qk = ov_circuits(model), qk_circuits(model)
-    assert ov.shape == (2, 2, 3, 3)
+    assert ov.shape == (2, 2, 3, 3) and (ov.kind, qk.kind) == ("OV", "QK")
+    # typed, never a bare tensor: the copying head is named with its diagonal score (2 - 0 = +2.00)
+    assert repr(ov).startswith("<WeightCircuits: OV circuits of 4 heads") and "L1H0 +2.00" in repr(ov)
+    assert ov.diagonal()["L1H0"] == pytest.approx(2.0) and ov.to_dict()["rows"] == "attended state"
     assert torch.allclose(ov[1, 0], 2.0 * torch.eye(3))  # the induction head copies, logit scale 2
     assert torch.allclose(ov[0, 0], torch.zeros(3, 3))  # the previous-token head writes nothing the unembedding reads
     assert torch.allclose(qk[0, 0], torch.zeros(3, 3))  # it attends by position, not by state
