@@ -1,6 +1,6 @@
 """Why the package runs tiny models on one torch thread: CPU seconds and wall time of probing and training the
-quickstart model with one thread against torch's default (one per core), idle and with every core kept busy by
-other processes, in the same process.
+quickstart model with one thread against torch's default (one per core), on the machine as found ("found": idle
+only if nothing else runs) and with every core kept busy by other processes, in the same process.
 
 Rows: `classify_mechanism` on the quickstart model (the paper's one-layer model on the binary chain, untrained
 weights: the probes do the same work whatever the weights) with 64 probe sequences, and 100 training steps of
@@ -80,7 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["classify", "train"], default=None)
-    parser.add_argument("--no-busy", action="store_true", help="only the idle rows")
+    parser.add_argument("--no-busy", action="store_true", help="only the rows on the machine as found")
     args = parser.parse_args()
     default = torch.get_num_threads()
     cores = os.cpu_count() or 1
@@ -95,7 +95,7 @@ def main() -> None:
                     one = measure(fn, args.repeats)
                 with markov_interp.threads(default):
                     many = measure(fn, args.repeats)
-            print(f"{name:32s} {'busy' if busy else 'idle':6s} {one[0]:9.2f} / {one[1]:8.2f} "
+            print(f"{name:32s} {'busy' if busy else 'found':6s} {one[0]:9.2f} / {one[1]:8.2f} "
                   f"{many[0]:9.2f} / {many[1]:8.2f} {many[0] / one[0]:10.2f} {many[1] / one[1]:9.2f}", flush=True)
 
 
