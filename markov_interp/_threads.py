@@ -1,13 +1,14 @@
 """Torch's CPU thread count, and the default of one thread for the package's tiny models.
 
-The models here are small (the quickstart's one-layer model has 9,002 parameters, the two-layer one 18,579): their matrix products are
-too small to split, so torch's thread pool (one thread per core) mostly spins. On a shared machine that costs
-the others: `benchmarks/bench_threads.py` measures the CPU seconds and wall time of training and of probing the
-quickstart model with one thread and with torch's default, idle and with every core busy (docs/cli.md has the
-numbers). So training, `classify_mechanism`, `discover_circuit` and the report run a model of fewer than
-`TINY_PARAMS` parameters on one thread, restoring torch's setting afterwards, unless a count was chosen:
+The models here are small (the quickstart's one-layer model has 9,002 parameters, the two-layer one 18,579): their
+matrix products are too small to split, so torch's thread pool (one thread per core) mostly spins, and on a shared
+machine that costs the others: `benchmarks/bench_threads.py` measures the CPU seconds and wall time of training and
+of probing the quickstart model with one thread and with torch's default, on the machine as found and with every
+core busy (docs/cli.md has the numbers). So training, `classify_mechanism`, `discover_circuit` and the report run a
+model of fewer than `TINY_PARAMS` parameters on one thread, restoring torch's setting afterwards, unless a count was
+chosen:
 
-- `markov_interp.set_threads(n)`: n threads for everything from now on (`set_threads(None)`: back to the default rule);
+- `markov_interp.set_threads(n)`: n threads for everything from now on (`set_threads(None)`: the default rule);
 - `with markov_interp.threads(n): ...`: n threads inside the block only;
 - `markov-interp train|probe|report --threads N`: the same as `set_threads(N)`.
 

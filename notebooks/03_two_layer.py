@@ -110,7 +110,8 @@ report.position_loss_figure(mech.behaviour, mech.references)  # an in-context le
 # (`probes.probe_layers`: one probe per residual site, all fitted on the same sequences and scored on held-out
 # ones, with a control probe on shuffled labels beside each). Before layer 0 the stream holds only the current
 # state and the position, so the previous state is readable only as far as they predict it; if layer 0 holds a
-# previous-token head, the score should jump after it. Compare `score` with `control` site by site:
+# previous-token head, the score should jump after it. Compare `score` with `control` site by site (in the build
+# committed here: 0.39 before layer 0, 0.89 after it and after layer 1, against controls of 0.30-0.33):
 
 # %%
 probe_batch = probes.sample_batch(source, n_sequences=16 if QUICK else 64, seq_len=SEQ_LEN, seed=2)

@@ -663,21 +663,29 @@ def classify_mechanism(
         probs = torch.softmax(logits.double(), dim=-1)
         lawside = _law_evidence(model, batch, logits, probs, beta=beta, thresholds=thresholds)
         side = _circuit_evidence(model, source, batch, cache,
-                                 n_sequences=min(circuit_sequences, batch.tokens.shape[0]), seed=seed, thresholds=thresholds, method=method, max_edges=max_edges,
-                                 progress=progress, content=content)
+                                 n_sequences=min(circuit_sequences, batch.tokens.shape[0]), seed=seed,
+                                 thresholds=thresholds, method=method, max_edges=max_edges, progress=progress,
+                                 content=content)
         decision = _decide(_Evidence.of(lawside, side, batch), thresholds)
-        circuit = side.circuit if decision.mechanism != "uniform" else no_circuit(side.circuit, (
-            f"the model predicts the uniform law, which reads nothing of its input (the edges kept from a total "
-            f"effect of {side.circuit.graph.total_effect:.4f} nats carry no prediction)"))
         return MechanismReport(
             mechanism=decision.mechanism, order=decision.order, confident=bool(decision.confident),
             reasons=decision.reasons, law=with_target(lawside.law, decision.target), strategies=lawside.sim,
-            gains=lawside.gains, kernel_swap=side.swap, circuit=circuit, induction=side.reading,
-            attention=side.scores, thresholds=thresholds, source=repr(source),
-            seq_len=int(batch.tokens.shape[1]), n_sequences=int(batch.tokens.shape[0]), seed=seed, qualifier=decision.qualifier,
-            fitted_strategies=lawside.fitted, content=side.reading.content,
+            gains=lawside.gains, kernel_swap=side.swap, circuit=_circuit_axis(side.circuit, decision.mechanism),
+            induction=side.reading, attention=side.scores, thresholds=thresholds, source=repr(source),
+            seq_len=int(batch.tokens.shape[1]), n_sequences=int(batch.tokens.shape[0]), seed=seed,
+            qualifier=decision.qualifier, fitted_strategies=lawside.fitted, content=side.reading.content,
             **_side_probes(model, source, batch, tokens, cache, probs, beta=beta),
         )
+
+
+def _circuit_axis(circuit: CircuitVerdict, mechanism: str) -> CircuitVerdict:
+    """The circuit axis as the label allows it: a model labelled uniform runs no circuit (`circuit.no_circuit`),
+    whatever edges the kept rule found in a tiny total effect."""
+    if mechanism != "uniform":
+        return circuit
+    return no_circuit(circuit, f"the model predicts the uniform law, which reads nothing of its input (the edges "
+                               f"kept from a total effect of {circuit.graph.total_effect:.4f} nats carry no "
+                               "prediction)")
 
 
 def _logits_and_cache(model: HookedModel, tokens: Tensor, cache: Optional[Any]) -> tuple[Tensor, Any]:
