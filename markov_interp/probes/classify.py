@@ -639,13 +639,11 @@ def classify_mechanism(
         batch: a `ProbeBatch` from `sample_batch(source, ...)` to probe on (default: a fresh seeded batch of
             `n_sequences` x `seq_len` states, `seq_len` from `probe_length(model)`).
         cache: a `run_with_cache` of `batch` holding `probe_hook_names(model)` (only read).
-        circuit_sequences: how many of the batch's sequences path patching runs on (its first ones: with the
-            default batch, the sequences `discover_circuit(model, source, seed=seed)` uses).
+        circuit_sequences: path patching runs on the batch's first this many (`discover_circuit`'s, by default).
         seed: seed of the probe batch, the corruptions and the kernel-swap sequences.
         beta: add-beta smoothing of the in-context laws (default: the source's alpha, or 1/2).
         thresholds: the cut-offs (`Thresholds`).
-        method, max_edges, progress: how the circuit is discovered (`discover_circuit`: "auto", "exact",
-            "attribution" or "attribution+verify"; a cap on exact measurements; a tqdm bar for long calls).
+        method, max_edges, progress: `discover_circuit`'s (the method, a cap on exact measurements, a tqdm bar).
         content: read the roles from what the kept edges carry (`edge_content`); False (or a model whose residual
             stream is not additive) reads them from the attention scores (docs/circuits.md has the cost).
 
@@ -662,10 +660,9 @@ def classify_mechanism(
         logits, cache = _logits_and_cache(model, tokens, cache)
         probs = torch.softmax(logits.double(), dim=-1)
         lawside = _law_evidence(model, batch, logits, probs, beta=beta, thresholds=thresholds)
-        side = _circuit_evidence(model, source, batch, cache,
-                                 n_sequences=min(circuit_sequences, batch.tokens.shape[0]), seed=seed,
-                                 thresholds=thresholds, method=method, max_edges=max_edges, progress=progress,
-                                 content=content)
+        side = _circuit_evidence(model, source, batch, cache, n_sequences=min(circuit_sequences, len(batch.tokens)),
+                                 seed=seed, thresholds=thresholds, method=method, max_edges=max_edges,
+                                 progress=progress, content=content)
         decision = _decide(_Evidence.of(lawside, side, batch), thresholds)
         return MechanismReport(
             mechanism=decision.mechanism, order=decision.order, confident=bool(decision.confident),

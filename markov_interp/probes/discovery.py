@@ -94,7 +94,7 @@ from markov_interp.probes.joint import (
     prune,
     receiver_groups,
     receiver_tests,
-    tested_pairs,
+    pairs_to_test,
 )
 from markov_interp.probes.paths import EdgeKey, EdgeRunner, senders
 from markov_interp.probes.verify import (
@@ -641,7 +641,7 @@ def _circuit_plan(passes: list[_Pass], union: Sequence[EdgeKey], *, joint: bool,
     for p in passes:
         mine = [e for e in union if e in p.moves]
         runs += (sum(e not in p.rows for e in mine) if exact else 0) + 2 + (len(mine) if exact else 0)
-        runs += len(tested_pairs(mine, p.effects())) if joint else 0
+        runs += len(pairs_to_test(mine, p.effects())) if joint else 0
     token = passes[0].runner
     return runs + (len(receiver_groups([e for e in union if token.varies(e.sender)])) if joint else 0)
 

@@ -121,7 +121,7 @@ def _one_match(a: EdgeKey, b: EdgeKey) -> bool:
     return a.receiver == b.receiver and {a.input, b.input} == {"q", "k"}
 
 
-def tested_pairs(kept: Sequence[EdgeKey], effects: dict[EdgeKey, float]) -> list[tuple[EdgeKey, EdgeKey]]:
+def pairs_to_test(kept: Sequence[EdgeKey], effects: dict[EdgeKey, float]) -> list[tuple[EdgeKey, EdgeKey]]:
     """The pairs of kept edges the cancelling test corrupts together: edges into one receiver, among the
     `MAX_PAIR_EDGES` strongest (`effects`; a missing one counts as 0), never the two sides of one match."""
     strong = sorted(kept, key=lambda e: -abs(effects.get(e, 0.0)))[:MAX_PAIR_EDGES]
@@ -151,7 +151,7 @@ def cancelling_sets(runner: EdgeRunner, kept: Sequence[EdgeKey], effects: dict[E
     Returns:
         One `Cancelling` per set of cancelling pairs.
     """
-    pairs = tested_pairs(kept, effects)
+    pairs = pairs_to_test(kept, effects)
     if not pairs:
         return []
     joint = (runner.many_losses([list(p) for p in pairs], progress=progress) - runner.clean_losses).mean(1)
