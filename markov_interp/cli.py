@@ -688,17 +688,10 @@ class _Parser(argparse.ArgumentParser):
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:  # an option no parser knows: the command's parser reports it, with its own usage
-            command = _commands(self).get(getattr(parsed, "command", None), self)
-            command.error(f"unrecognized arguments: {' '.join(extra)}")
+            subs = [a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            (subs[0] if subs else {}).get(getattr(parsed, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(extra)}")
         return parsed
-
-
-def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """The sub-command parsers of `parser` by name (none for a sub-command's own parser)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
 
 
 def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
