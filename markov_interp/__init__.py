@@ -12,13 +12,21 @@ training; `runs` is what a run is (`RunConfig`) and its folder, read and written
 sweeps read run folders without importing `training`; `experiments` are the registered studies, the paper's reproduction among them.
 
 Under them all: `config` (the one base of the source, model, training, run, sweep and budget configs), `devices`
-and the private helpers `_io`, `_display` and `_workers`.
+and the private helpers `_io`, `_display`, `_workers` and `_threads`.
+
+Torch's CPU threads: training and the probes run a model of under a million parameters on one thread (the
+package's models are far smaller: more threads only spin, `benchmarks/bench_threads.py`); `set_threads(n)` chooses
+a count for everything, `with threads(n):` for a block.
 
 References: Makkuva et al., "Attention with Markov" (arXiv 2402.04161); "Local to Global" (arXiv 2406.03072);
 Olsson et al. 2022 and Edelman et al. 2024 on (statistical) induction heads.
 """
 
 __version__ = "0.1.0"
+
+from markov_interp._threads import set_threads, threads  # noqa: E402  (imports no torch until called)
+
+__all__ = ["quick_mode", "set_threads", "threads"]
 
 
 def quick_mode() -> bool:

@@ -160,7 +160,8 @@ def _add_process_options(p: argparse.ArgumentParser, *, device: bool = True) -> 
         group.add_argument("--device", default="auto", metavar="DEVICE",
                            help="auto (default: cuda when available, else cpu), cpu, cuda, cuda:1, ...")
     group.add_argument("--threads", type=int, default=None, metavar="N",
-                       help="CPU threads for torch (default: torch's choice; 1 is often fastest for tiny models)")
+                       help="CPU threads for torch (default: 1 for models under a million parameters, as every "
+                       "model `train` builds by default; torch's choice above)")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
     return group
 
@@ -178,13 +179,13 @@ def _add_probe_options(p: argparse.ArgumentParser, run_dir_help: str, *, several
 
 
 def _set_threads(args: argparse.Namespace) -> None:
+    """--threads N: `markov_interp.set_threads(N)`; without it the package's rule (one thread for tiny models)."""
     if args.threads is not None:
-        import torch
-
+        from markov_interp import set_threads
         from markov_interp.config import MAX_PARALLEL, check_int
 
         check_int("--threads", args.threads, minimum=1, maximum=MAX_PARALLEL)  # 100000 threads crashed torch
-        torch.set_num_threads(args.threads)
+        set_threads(args.threads)
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -437,6 +438,26 @@ def _check_probe_size(run: "RunConfig", args: argparse.Namespace, device: Any, c
     check_probe(run.model, n_sequences=args.n_sequences, seq_len=seq_len, device=device, where=command)
 
 
+def _print_edges(graph: Any) -> None:
+    """The kept edges, each with its effect (+- se, nats) in the pass that moves it: the token pass (`corruption`)
+    and, for the edges out of positions and the heads that compute them, the positional pass."""
+    passes = f"{graph.corruption} pass" + ("; positional pass" if graph.position is not None else "")
+    from markov_interp.probes.discovery import faithfulness_text
+
+    print(f"circuit: {len(graph.kept)} of {len(graph.edges)} edges kept ({graph.corruption} corruption, "
+          f"faithfulness {faithfulness_text(graph.faithfulness, short=True)}); edge  effect +- se (nats) in the "
+          f"{passes}")
+
+    def cell(effect: float, se: float) -> str:
+        return "not measured".ljust(18) if effect != effect else f"{effect:+.4f} +- {se:.4f}".ljust(18)
+
+    for edge in graph.kept:
+        row = cell(edge.effect, edge.se)
+        if graph.position is not None:
+            row += "  " + cell(edge.position_effect, edge.position_se)
+        print(f"  {edge.name:24s} {row.rstrip()}")
+
+
 def _print_probe(report: "MechanismReport") -> None:
     """The `probe` summary: the label and why, every candidate law, the circuit's roles, per-head scores."""
     order = f" (order {report.order})" if report.order is not None else ""
@@ -450,11 +471,9 @@ def _print_probe(report: "MechanismReport") -> None:
     for name, value in sim.divergences.items():
         alias = f"  (= {sim.aliases[name]})" if name in sim.aliases else ""
         print(f"{name:26s} {value:16.4f}  {sim.gaps[name]:18.4f}{alias}")
-    graph = report.circuit
-    print(f"circuit: {len(graph.kept)} of {len(graph.edges)} edges kept ({graph.corruption} corruption, "
-          f"faithfulness {graph.faithfulness:.2f}); edge  effect +- se (nats)")
-    for edge in graph.kept:
-        print(f"  {edge.name:24s} {edge.effect:+.4f} +- {edge.se:.4f}")
+    _print_edges(report.circuit)
+    if report.patching_vs_ablation():
+        print(report.patching_vs_ablation())
     for role in report.induction.roles:
         heads = ", ".join(f"{h.name} {x:.2f}" for h, x in zip(role.heads, role.scores)) or "none"
         effect = "n/a" if role.effect is None else f"{role.effect:+.4f}"
@@ -690,12 +709,46 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handler)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with a "did you mean" on a mistyped command or option, and a mistyped option of a
+    command reported with that command's usage line (argparse hands it to the top-level parser)."""
+
+    def error(self, message: str) -> Any:
+        self.exit(EXIT_ERROR, f"{self.format_usage()}{self.prog}: error: {message}{_suggestion(self, message)}\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:  # an option no parser knows: the command's parser reports it, with its own usage
+            subs = [a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            (subs[0] if subs else {}).get(getattr(parsed, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """"; did you mean --steps?" for the closest known command or option to what `message` names as unknown."""
+    import difflib
+    import re
+
+    choice = re.search(r"invalid choice: '([^']*)'", message)
+    if choice and "choose from" in message:
+        known, typed = [c.strip("'") for c in re.findall(r"'[^']*'", message.split("choose from", 1)[1])], \
+            choice.group(1)
+    elif message.startswith("unrecognized arguments: "):
+        typed = next((w for w in message.split()[2:] if w.startswith("-")), "").split("=")[0]
+        known = [flag for a in parser._actions for flag in a.option_strings if flag.startswith("--")]
+    else:
+        return ""
+    close = difflib.get_close_matches(typed, known, n=1, cutoff=0.6) if typed else []
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="markov-interp",
         description="Train transformers on Markov chains and probe how they predict.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for add in (_add_train, _add_probe, _add_report, _add_sweep, _add_reproduce, _add_experiment):
         add(sub)
     debug_help = "show the full traceback of an error instead of one line"

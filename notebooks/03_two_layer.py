@@ -103,6 +103,23 @@ report.ablation_figure(table, bigram_gain=mech.bigram_gain)
 report.position_loss_figure(mech.behaviour, mech.references)  # an in-context learner's loss falls along the sequence
 
 # %% [markdown]
+# ## Where the previous state is written
+#
+# The previous-token head's job is to write the previous state x_{t-1} into position t's residual stream, where
+# the induction head's keys read it. A linear probe asks where along the depth that state becomes readable
+# (`probes.probe_layers`: one probe per residual site, all fitted on the same sequences and scored on held-out
+# ones, with a control probe on shuffled labels beside each). Before layer 0 the stream holds only the current
+# state and the position, so the previous state is readable only as far as they predict it; if layer 0 holds a
+# previous-token head, the score should jump after it. Compare `score` with `control` site by site (in the build
+# committed here: 0.39 before layer 0, 0.89 after it and after layer 1, against controls of 0.30-0.33):
+
+# %%
+probe_batch = probes.sample_batch(source, n_sequences=16 if QUICK else 64, seq_len=SEQ_LEN, seed=2)
+previous_state = probes.probe_target("state", probe_batch, lag=1)
+layers = probes.probe_layers(result.model, probe_batch, previous_state, n_bootstrap=20 if QUICK else 100)
+layers
+
+# %% [markdown]
 # ## Over training
 #
 # The report re-runs the probes on the saved checkpoints: when the previous-token and induction scores rise,

@@ -18,6 +18,7 @@ source still runs at quick settings.
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
@@ -38,14 +39,39 @@ def to_notebook(source: Path):
     return jupytext.read(source)
 
 
-# The kernel's environment (beside MARKOV_INTERP_QUICK): tqdm.auto warns in a kernel without ipywidgets, a
-# line of noise in every committed notebook (progress bars are off in the tutorials anyway).
+# The kernel's environment (beside MARKOV_INTERP_QUICK): tqdm.auto warns in a kernel without ipywidgets (the
+# `notebook` extra), a line of noise in every committed notebook; the bars themselves are stripped (`strip_progress`).
 _KERNEL_ENV = {"MARKOV_INTERP_QUICK": "0", "PYTHONWARNINGS": "ignore:IProgress not found"}
+
+
+_BAR = re.compile(r"\d+%\|.*\|\s*\d+/\d+")  # a tqdm text bar: "path patching:  52%|#####     | 13/25 [...]"
+_WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def is_progress(output: dict) -> bool:
+    """Whether a cell output is a progress bar: a tqdm widget (ipywidgets installed) or a text bar on stderr."""
+    if output.get("output_type") == "stream":
+        text = output.get("text", "")  # a bar, or the blank line a closed bar (leave=False) overwrites it with
+        return output.get("name") == "stderr" and (bool(_BAR.search(text)) or ("\r" in text and not text.strip()))
+    return _WIDGET in output.get("data", {})
+
+
+def strip_progress(nb) -> int:
+    """Remove every progress-bar output from the executed notebook `nb` (and the widgets' saved state, which only
+    the bars use): a bar is live feedback while a cell runs, noise in the saved file. Returns how many went."""
+    gone = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            kept = [o for o in cell.outputs if not is_progress(o)]
+            gone += len(cell.outputs) - len(kept)
+            cell.outputs = kept
+    nb.metadata.pop("widgets", None)
+    return gone
 
 
 def execute(source: Path, *, quick: bool, folder: Path | None = None, timeout: int = 3600):
     """Run `source` top to bottom in a fresh kernel inside `folder` (default a new temporary folder); the
-    executed notebook.
+    executed notebook, without its progress bars (`strip_progress`).
 
     `quick` sets MARKOV_INTERP_QUICK=1 for the kernel (read by `markov_interp.quick_mode()`); the build's
     settings are recorded in the notebook's metadata ("markov_interp": {"quick": ...}).
@@ -66,6 +92,7 @@ def execute(source: Path, *, quick: bool, folder: Path | None = None, timeout: i
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    strip_progress(nb)
     nb.metadata["markov_interp"] = {"quick": quick}
     return nb
 

@@ -26,7 +26,7 @@ OUT=${1:-${OUT:?pass an output folder or set OUT}}
 WORK=${WORK:-/tmp/gpu-factorial}
 STAGE1_S=${STAGE1_S:-240}
 STAGE2_S=${STAGE2_S:-330}
-DEVICE=${DEVICE:-cuda}  # a dry run of the wiring elsewhere: DEVICE=cpu EXTRA="--seeds 2 --steps 4 ..." (the quick
+DEVICE=${DEVICE:-cuda}  # a dry run of the wiring elsewhere: DEVICE=cpu EXTRA="--n-seeds 2 --steps 4 ..." (the quick
 EXTRA=${EXTRA:-}        # budget's fields stay the full one's unless EXTRA overrides them)
 mkdir -p "$OUT" "$WORK"
 source "$(dirname "$0")/device_env.sh"

@@ -59,7 +59,7 @@ name starts with "_" are not experiments) that provides
    `separatrix_figure`, `paths_on_landscape_figure`).
 
 Then `python -m markov_interp.experiments --only foo --quick`, `markov-interp experiment foo --quick`,
-`--seeds N`, `--steps N`, `--device D` and `--set KEY=VALUE` (any budget field; JSON or text, lists as
+`--n-seeds N`, `--steps N`, `--device D` and `--set KEY=VALUE` (any budget field; JSON or text, lists as
 a,b,c) work for it, and `reproduce --extras` runs it at its full budget into OUT/foo.
 """
 
@@ -186,7 +186,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="each experiment goes to DIR/NAME: run folders, summary.md, results.json, figures")
     parser.add_argument("--quick", action="store_true", help="the quick budget (its cuts say what it leaves out)")
     parser.add_argument("--budget", default=None, help="a named budget (default full; --quick: quick)")
-    parser.add_argument("--seeds", type=int, default=None, help="override the budget's seeds per condition")
+    parser.add_argument("--n-seeds", type=int, default=None, metavar="N",
+                        help="override the budget's number of seeds per condition")
+    # `--seeds` lists seeds (`train --seeds 0-7`) wherever it exists; here it is refused with the count's name
+    parser.add_argument("--seeds", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=None, help="override the budget's steps")
     parser.add_argument("--device", default="auto", metavar="DEVICE",
                         help="where the runs train: auto (default: cuda when available, else cpu), cpu, cuda, cuda:1")
@@ -200,14 +203,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def budget_for(experiment: Experiment, args: Optional[argparse.Namespace] = None) -> Budget:
-    """The budget the options of `add_arguments` name (--quick / --budget, then --seeds, --steps, --device,
+    """The budget the options of `add_arguments` name (--quick / --budget, then --n-seeds, --steps, --device,
     --set), validated; the full budget without options."""
     if args is None:
         return experiment.budget("full")
     if args.quick and args.budget not in (None, "quick"):
         raise ValueError(f"--quick contradicts --budget {args.budget}")
     name = "quick" if args.quick else (args.budget or "full")
-    changes = {k: getattr(args, k) for k in ("seeds", "steps", "device") if getattr(args, k) is not None}
+    if args.seeds is not None:
+        raise ValueError(f"--seeds lists seeds (as in `train --seeds 0-7`); an experiment takes how many seeds per "
+                         f"condition: --n-seeds N (got --seeds {args.seeds})")
+    changes = {k: getattr(args, a) for k, a in (("seeds", "n_seeds"), ("steps", "steps"), ("device", "device"))
+               if getattr(args, a) is not None}
     base = experiment.budget(name)
     for item in args.set:
         field, value = parse_setting(item)

@@ -28,7 +28,6 @@ from typing import Any, ClassVar, Optional, Protocol, runtime_checkable
 
 from markov_interp._io import atomic_path, atomic_write
 from markov_interp.config import Config, check_fields, field_limits, scalar_kind, to_jsonable
-from markov_interp.devices import check_device_name
 
 __all__ = ["Budget", "Table", "Section", "Summary", "Provenance", "Experiment", "Finished", "write_summary",
            "render_markdown", "describe_device", "run", "smoke_note", "SMOKE", "SUMMARY_FILE", "RESULTS_FILE"]
@@ -72,6 +71,8 @@ class Budget(Config):
         check_fields(self, prefix=f"budget {self.name!r}: ", limits=self._limits)  # the one checker (config)
         for field in dataclasses.fields(self):
             object.__setattr__(self, field.name, _floats(getattr(self, field.name), _hints(type(self))[field.name]))
+        from markov_interp.devices import check_device_name  # imports torch: not at `--help`
+
         check_device_name(self.device, what=f"budget {self.name!r}: device")  # the one check (devices)
         if self.seeds < 2:
             raise ValueError(f"budget {self.name!r}: seeds must be at least 2 (a distribution over seeds), "

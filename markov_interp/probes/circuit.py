@@ -393,6 +393,7 @@ class CircuitVerdict(ProbeResult):
     reading: Circuit
     graph: CircuitGraph
     in_context_fraction: float
+    note: str = ""  # kind "none": why, when the verdict, not the graph, rules the circuit out (a uniform model)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("graph", "reading"):
@@ -428,7 +429,7 @@ class CircuitVerdict(ProbeResult):
         if self.kind == "state_counting":
             heads = ", ".join(self.graph.kept_heads())
             return f"state counting: heads {heads} carry the context, no previous-token -> induction K-edge"
-        return "no circuit carries the context (no kept edge from a head)"
+        return f"no circuit: {self.note}" if self.note else "no circuit carries the context (no kept edge from a head)"
 
     def summary(self) -> str:
         cancel = [c.describe() for c in self.graph.cancelling]
@@ -445,6 +446,13 @@ class CircuitVerdict(ProbeResult):
                           "head_lags": {h: list(v) for h, v in self.head_lags.items()},
                           "mixed_heads": list(self.mixed_heads), "in_context_fraction": self.in_context_fraction,
                           "faithful": self.faithful, "description": self.describe()})
+
+
+def no_circuit(verdict: CircuitVerdict, why: str) -> CircuitVerdict:
+    """`verdict` read as "no circuit" for the reason `why` (the graph stays, for its numbers): a model whose
+    prediction ignores its input (the uniform law) runs no circuit, whatever edges the rule kept from a tiny total
+    effect."""
+    return dataclasses.replace(verdict, kind="none", order=None, lags=(), head_lags={}, note=why)
 
 
 def circuit_verdict(graph: CircuitGraph, reading: Circuit, *, in_weights: bool, in_context_fraction: float,

@@ -59,6 +59,7 @@ import torch
 from torch import Tensor
 
 from markov_interp import theory
+from markov_interp._threads import one_thread_if_tiny
 from markov_interp.config import bounds, check_fields
 from markov_interp.sources import Source
 from markov_interp.models import HookedModel
@@ -75,13 +76,14 @@ from markov_interp.probes._display import ProbeResult, displayed, evidence_table
 from markov_interp.probes.ablation import AblationTable, ablation_table, model_components
 from markov_interp.probes.attention import AttentionScores, attention_hook_names, attention_scores
 from markov_interp.probes.behaviour import BehaviourReport, behaviour_report
-from markov_interp.probes.circuit import FAITHFUL, Circuit, CircuitVerdict, circuit_verdict, read_circuit
+from markov_interp.probes.circuit import FAITHFUL, Circuit, CircuitVerdict, circuit_verdict, no_circuit, read_circuit
 from markov_interp.probes.discovery import (
     CIRCUIT_SEQUENCES,
     MIN_EFFECT,
     MIN_FRACTION,
     CircuitGraph,
     discover_circuit,
+    faithfulness_text,
     head_of_batch,
 )
 from markov_interp.probes.edge_content import CARRIES, EdgeContent, edge_content, measurable
@@ -294,8 +296,18 @@ class MechanismReport(ProbeResult):
                                                                               else [])
         bits.append("confident" if self.confident else "not confident")
         swap = f"in-context fraction {self.in_context_fraction:.2f} +- {self.kernel_swap.se:.2f}"
-        return (f"{self.mechanism} ({', '.join(bits)}): faithfulness {self.faithfulness:.2f}; {self.gains.describe()}; "
-                f"{swap}")
+        circuit = ("no circuit" if self.circuit.kind == "none" else
+                   f"faithfulness {faithfulness_text(self.faithfulness, short=True)}")
+        gains = self.gains.describe() if self.gains_meaningful else "gains not shown (a fixed chain)"
+        return f"{self.mechanism} ({', '.join(bits)}): {circuit}; {gains}; {swap}"
+
+    @property
+    def gains_meaningful(self) -> bool:
+        """Whether the graded gains measure something about the task: only where it has an in-context component
+        (random kernels, a pool of them). On a fixed chain a model holding the kernel in its weights beats every
+        in-context law from the first position, so g_k grades the kernel, not in-context learning; the kernel swap
+        answers there instead."""
+        return bool(self.references.in_context)
 
     def summary(self) -> str:
         """The headline, then the two axes (circuit, law), the law check's numbers, and why (a few lines)."""
@@ -308,7 +320,26 @@ class MechanismReport(ProbeResult):
             f"{STRATEGY_LABELS.get(law.raw.law, law.raw.law)}, fit {law.raw.fit_ratio:.3f}",
             f"eval loss {self.eval_loss:.4f} nats on {self.n_sequences} x {self.seq_len} states of {self.source}",
         ]
+        disagree = self.patching_vs_ablation()
+        lines += [disagree] if disagree else []
         return "\n".join(lines + [f"why: {self.reasons[0]}"] if self.reasons else lines)
+
+    def patching_vs_ablation(self) -> str:
+        """Where path patching and mean ablation disagree on a head (a kept edge out of it costs at least five times
+        what ablating the head does), one sentence naming the heads and what each intervention removes; "" where
+        they agree. The two answer different questions, so both numbers stand."""
+        changes = dict(zip(self.ablation.names, self.ablation.loss_change))
+        found = []
+        for head in self.graph.kept_heads():
+            out = [e.strongest for e in self.graph.kept if e.sender == head]
+            if out and head in changes and abs(max(out, key=abs)) >= 5 * abs(changes[head]):
+                found.append(f"{head} ({max(out, key=abs):+.4f} vs {changes[head]:+.4f} nats)")
+        if not found:
+            return ""
+        return ("path patching and mean ablation disagree on " + ", ".join(found) + ": path patching gives one edge "
+                "the head's output on another sequence (wrong information, which the receiver follows), mean "
+                "ablation gives every receiver the head's mean output (no information: the model falls back on what "
+                "else it reads); a head whose ablation costs little can still carry what its kept edges feed")
 
     def _headline(self) -> str:
         return self.headline()
@@ -608,13 +639,11 @@ def classify_mechanism(
         batch: a `ProbeBatch` from `sample_batch(source, ...)` to probe on (default: a fresh seeded batch of
             `n_sequences` x `seq_len` states, `seq_len` from `probe_length(model)`).
         cache: a `run_with_cache` of `batch` holding `probe_hook_names(model)` (only read).
-        circuit_sequences: how many of the batch's sequences path patching runs on (its first ones: with the
-            default batch, the sequences `discover_circuit(model, source, seed=seed)` uses).
+        circuit_sequences: path patching runs on the batch's first this many (`discover_circuit`'s, by default).
         seed: seed of the probe batch, the corruptions and the kernel-swap sequences.
         beta: add-beta smoothing of the in-context laws (default: the source's alpha, or 1/2).
         thresholds: the cut-offs (`Thresholds`).
-        method, max_edges, progress: how the circuit is discovered (`discover_circuit`: "auto", "exact",
-            "attribution" or "attribution+verify"; a cap on exact measurements; a tqdm bar for long calls).
+        method, max_edges, progress: `discover_circuit`'s (the method, a cap on exact measurements, a tqdm bar).
         content: read the roles from what the kept edges carry (`edge_content`); False (or a model whose residual
             stream is not additive) reads them from the attention scores (docs/circuits.md has the cost).
 
@@ -624,25 +653,36 @@ def classify_mechanism(
     >>> classify_mechanism(model, source, n_sequences=16, seed=0).mechanism  # a hand-built induction circuit
     'induction'
     """
-    batch = _probe_batch(model, source, batch, n_sequences=n_sequences, seq_len=seq_len, seed=seed,
-                         thresholds=thresholds)
-    tokens = check_tokens(model, batch.tokens)
-    logits, cache = _logits_and_cache(model, tokens, cache)
-    probs = torch.softmax(logits.double(), dim=-1)
-    lawside = _law_evidence(model, batch, logits, probs, beta=beta, thresholds=thresholds)
-    side = _circuit_evidence(model, source, batch, cache, n_sequences=min(circuit_sequences, batch.tokens.shape[0]),
-                             seed=seed, thresholds=thresholds, method=method, max_edges=max_edges,
-                             progress=progress, content=content)
-    decision = _decide(_Evidence.of(lawside, side, batch), thresholds)
-    return MechanismReport(
-        mechanism=decision.mechanism, order=decision.order, confident=bool(decision.confident),
-        reasons=decision.reasons, law=with_target(lawside.law, decision.target), strategies=lawside.sim,
-        gains=lawside.gains, kernel_swap=side.swap, circuit=side.circuit, induction=side.reading,
-        attention=side.scores, thresholds=thresholds, source=repr(source), seq_len=int(batch.tokens.shape[1]),
-        n_sequences=int(batch.tokens.shape[0]), seed=seed, qualifier=decision.qualifier,
-        fitted_strategies=lawside.fitted, content=side.reading.content,
-        **_side_probes(model, source, batch, tokens, cache, probs, beta=beta),
-    )
+    with one_thread_if_tiny(model):  # tiny models: one CPU thread (markov_interp.set_threads)
+        batch = _probe_batch(model, source, batch, n_sequences=n_sequences, seq_len=seq_len, seed=seed,
+                             thresholds=thresholds)
+        tokens = check_tokens(model, batch.tokens)
+        logits, cache = _logits_and_cache(model, tokens, cache)
+        probs = torch.softmax(logits.double(), dim=-1)
+        lawside = _law_evidence(model, batch, logits, probs, beta=beta, thresholds=thresholds)
+        side = _circuit_evidence(model, source, batch, cache, n_sequences=min(circuit_sequences, len(batch.tokens)),
+                                 seed=seed, thresholds=thresholds, method=method, max_edges=max_edges,
+                                 progress=progress, content=content)
+        decision = _decide(_Evidence.of(lawside, side, batch), thresholds)
+        return MechanismReport(
+            mechanism=decision.mechanism, order=decision.order, confident=bool(decision.confident),
+            reasons=decision.reasons, law=with_target(lawside.law, decision.target), strategies=lawside.sim,
+            gains=lawside.gains, kernel_swap=side.swap, circuit=_circuit_axis(side.circuit, decision.mechanism),
+            induction=side.reading, attention=side.scores, thresholds=thresholds, source=repr(source),
+            seq_len=int(batch.tokens.shape[1]), n_sequences=int(batch.tokens.shape[0]), seed=seed,
+            qualifier=decision.qualifier, fitted_strategies=lawside.fitted, content=side.reading.content,
+            **_side_probes(model, source, batch, tokens, cache, probs, beta=beta),
+        )
+
+
+def _circuit_axis(circuit: CircuitVerdict, mechanism: str) -> CircuitVerdict:
+    """The circuit axis as the label allows it: a model labelled uniform runs no circuit (`circuit.no_circuit`),
+    whatever edges the kept rule found in a tiny total effect."""
+    if mechanism != "uniform":
+        return circuit
+    return no_circuit(circuit, f"the model predicts the uniform law, which reads nothing of its input (the edges "
+                               f"kept from a total effect of {circuit.graph.total_effect:.4f} nats carry no "
+                               "prediction)")
 
 
 def _logits_and_cache(model: HookedModel, tokens: Tensor, cache: Optional[Any]) -> tuple[Tensor, Any]:

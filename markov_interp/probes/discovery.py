@@ -11,7 +11,9 @@ positional one) has no effect in it, exactly, and is not run.
 **Methods.** "exact" measures every edge by path patching (about one forward pass of the batch per edge: a single
 edge is measured in one pass, `paths.EdgeRunner`); "attribution" estimates every edge from gradients
 (`paths.edge_estimates`: edge attribution patching along the way from the clean to the corrupted run, a few forward
-and backward passes in all) and keeps edges by the same rule on the estimates; "attribution+verify" measures
+and backward passes in all) and keeps edges by the same rule on the estimates, an **estimate-only** mode for a budget: no edge is measured on
+its own and no joint test runs; its only patched runs are the kept set's circuit-only and kept-corrupted ones
+(faithfulness, completeness), counted in `CircuitGraph.n_runs` and stated in its summary; "attribution+verify" measures
 exactly only what the estimates rank first (`verify`: an unreliable edge, whose gradient at the clean run and
 along the way disagree by half, ranks by the larger): the edges into the queries or keys of heads whose softmax is
 saturated (where gradients vanish) and the 16 highest, then down the ranking 16 at a time while a block still holds
@@ -69,6 +71,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from markov_interp._threads import one_thread_if_tiny
 from markov_interp.config import check_int, check_number
 from markov_interp.sources import Source
 from markov_interp.models import HookedModel
@@ -89,10 +92,20 @@ from markov_interp.probes.joint import (
     JointTest,
     cancelling_sets,
     prune,
+    receiver_groups,
     receiver_tests,
+    pairs_to_test,
 )
 from markov_interp.probes.paths import EdgeKey, EdgeRunner, senders
-from markov_interp.probes.verify import CANDIDATE_FRACTION, IG_STEPS, Estimates, estimate, next_block, verify_plan
+from markov_interp.probes.verify import (
+    CANDIDATE_FRACTION,
+    IG_STEPS,
+    TOP_CANDIDATES,
+    Estimates,
+    estimate,
+    next_block,
+    verify_plan,
+)
 
 CORRUPTIONS = ("resample", "kernel_swap", "shuffle")
 POSITIONS = "positions"  # the positional pass's corruption
@@ -104,10 +117,11 @@ CIRCUIT_SEQUENCES = 16  # path patching runs on this many sequences of the probe
 EXACT_UP_TO = 64  # method "auto": exact path patching up to this many edge measurements (bench_classify)
 _MAX_LOWERINGS = 16  # at most this many lowered thresholds are tried (each costs one circuit-only run)
 _LEVELS_AT_ONCE = 4  # circuit-only runs of this many thresholds are stacked in one call
+_SHOWN_EXCESS = 0.005  # faithfulness this far outside [0, 1] rounds into it on display; further, it is explained
 _NO_TOTAL = 1e-6  # nats: below this the corruption changes nothing, and faithfulness is undefined
 __all__ = ["CANCEL_FRACTION", "CANDIDATE_FRACTION", "CIRCUIT_SEQUENCES", "CORRUPTIONS", "Cancelling", "CircuitGraph",
            "EXACT_UP_TO", "Edge", "IG_STEPS", "JointTest", "MAX_PAIR_EDGES", "METHODS", "MIN_EFFECT", "MIN_FRACTION",
-           "POSITIONS", "PassResult", "TARGET_FAITHFULNESS", "discover_circuit", "kept_edges"]
+           "POSITIONS", "PassResult", "TARGET_FAITHFULNESS", "discover_circuit", "faithfulness_text", "kept_edges"]
 
 
 @displayed(line=lambda e: f"{e.name}: effect {e.effect:+.4f} +- {e.se:.4f} nats, gradient {e.attribution:+.4f}")
@@ -214,6 +228,7 @@ class CircuitGraph(ProbeResult):
     cancelling: tuple[Cancelling, ...] = ()
     method: str = "exact"
     n_verified: int = 0  # edges measured by exact path patching (both passes)
+    n_runs: int = 0  # patched runs of the batch the call made (single edges, circuits, joint tests)
     start_threshold: float = math.nan  # the token pass's threshold before any lowering
 
     @property
@@ -258,14 +273,21 @@ class CircuitGraph(ProbeResult):
         """The kept edges with their effects, faithfulness and completeness, and what the joint tests found."""
         kept = ", ".join(f"{e.name} {e.strongest:+.3f}" for e in self.kept) or "no edge"
         text = (f"circuit ({self.corruption} corruption, total effect {self.total_effect:.4f} nats): {kept}; "
-                f"faithfulness {self.faithfulness:.2f}, completeness {self.completeness:.2f}")
+                f"faithfulness {faithfulness_text(self.faithfulness)}, completeness {self.completeness:.2f}")
         if self.position is not None:
             text += (f"; positional pass: total effect {self.position.total_effect:.4f} nats, faithfulness "
                      f"{self.position.faithfulness:.2f}")
         dropped = [c for c in self.cancelling if c.dropped]
         if self.cancelling:
             text += "; cancelling: " + "; ".join(c.describe() for c in self.cancelling)
-        return text + (f" ({len(dropped)} set(s) dropped)" if dropped else "")
+        return text + (f" ({len(dropped)} set(s) dropped)" if dropped else "") + self._estimate_note()
+
+    def _estimate_note(self) -> str:
+        """What an estimate-only graph measured, stated wherever it is summarised."""
+        if self.method != "attribution":
+            return ""
+        return (f"; estimate only (method='attribution'): every edge effect is a gradient estimate, none measured "
+                f"alone, no joint tests; {self.n_runs} patched runs measured the kept set's faithfulness")
 
     def to_dataframe(self) -> Any:
         """One row per edge (index its name, strongest first): sender, receiver, input, effect and SE in the token
@@ -283,7 +305,9 @@ class CircuitGraph(ProbeResult):
                            "minimality": self.minimality.get(e.name, math.nan)} for e in rows), index="edge")
 
     def _headline(self) -> str:
-        return (f"{len(self.kept)} of {len(self.edges)} edges kept, faithfulness {self.faithfulness:.2f}: "
+        return (("estimate only (method='attribution'): " if self.method == "attribution" else "")
+                + f"{len(self.kept)} of {len(self.edges)} edges kept, faithfulness "
+                + f"{faithfulness_text(self.faithfulness)}: "
                 + (", ".join(e.name for e in self.kept) or "none"))
 
     def to_dict(self) -> dict[str, Any]:
@@ -297,7 +321,8 @@ class CircuitGraph(ProbeResult):
             "rule": self.rule, "n_layers": self.n_layers, "n_sequences": self.n_sequences, "seq_len": self.seq_len,
             "seed": self.seed, "position": None if self.position is None else self.position.to_dict(),
             "joint": [j.to_dict() for j in self.joint], "cancelling": [c.to_dict() for c in self.cancelling],
-            "method": self.method, "n_verified": self.n_verified, "start_threshold": self.start_threshold,
+            "method": self.method, "n_verified": self.n_verified, "n_runs": self.n_runs,
+            "start_threshold": self.start_threshold,
         })
 
 
@@ -356,19 +381,86 @@ def _threshold(total: float, min_effect: float, min_fraction: float) -> float:
     return max(min_effect, min_fraction * total)
 
 
+def faithfulness_text(value: float, *, short: bool = False) -> str:
+    """Faithfulness as the one-liners show it: in [0, 1] as it is; above 1 shown as 1.00 with the excess explained
+    (the kept edges alone give a lower loss than the clean run: corrupting the edges left out *helps*, they
+    pushed the prediction away from the data), below 0 likewise (`short`: the raw value only).
+
+    >>> faithfulness_text(1.06, short=True)
+    '1.00 (raw 1.06)'
+    """
+    if not -_SHOWN_EXCESS <= value <= 1 + _SHOWN_EXCESS:
+        if short:
+            return f"{min(max(value, 0.0), 1.0):.2f} (raw {value:.2f})"
+    else:
+        return f"{min(max(value, 0.0), 1.0):.2f}"
+    if value > 1:
+        return f"1.00 (raw {value:.2f}: the edges left out raise the loss; without them it is below the clean run's)"
+    if value < 0:
+        return f"0.00 (raw {value:.2f}: the kept edges alone do worse than all of them corrupted)"
+    return f"{value:.2f}"
+
+
 def _faithfulness(total: float, corrupted: float, circuit: float) -> float:
     return (corrupted - circuit) / total if abs(total) > _NO_TOTAL else math.nan
 
 
-def _progress(enabled: Optional[bool]) -> Any:
-    """A tqdm bar over the patched runs (its total grows as runs are asked for), shown only for calls that last
-    over a second (`delay`); never when `enabled` is False, and by default (None) only where someone watches: a
-    terminal or a notebook, not a pipe, a log file or a test's captured stderr."""
-    from tqdm.auto import tqdm
+class _Runs:
+    """The patched runs of one call, counted, behind a tqdm bar whose total is planned, not grown run by run: the
+    plan of the single-edge measurements is announced before the first run, and the runs of the circuit and its
+    tests in one announced step once the kept edges are known (`plan`). A stage that asks for more than its plan
+    (a walk down the ranking, a further lowering) grows the total only by what it overruns; the bar closes at the
+    runs done. `n` counts the runs whether or not the bar is shown (`CircuitGraph.n_runs`)."""
 
-    watched = sys.stderr.isatty() or "ipykernel" in sys.modules
-    return tqdm(total=0, desc="path patching", unit="run", delay=1.0, leave=False,
-                disable=enabled is False or (enabled is None and not watched))
+    def __init__(self, enabled: Optional[bool]):
+        from tqdm.auto import tqdm
+
+        watched = sys.stderr.isatty() or "ipykernel" in sys.modules
+        self.bar = tqdm(total=0, desc="path patching", unit="run", delay=1.0, leave=False,
+                        disable=enabled is False or (enabled is None and not watched))
+        self.n = 0
+        self.total = 0
+        self.totals: list[int] = []  # every total the bar showed, in order (what a reader saw announced)
+
+    @property
+    def disable(self) -> bool:
+        return self.bar.disable
+
+    def plan(self, runs: int, what: str) -> None:
+        """Announce `runs` more patched runs for the stage `what`."""
+        self._show(self.n + runs, f"path patching ({what})")
+
+    def _show(self, total: int, desc: Optional[str] = None) -> None:
+        self.total = total
+        self.totals.append(total)
+        self.bar.total = total
+        if desc is not None:
+            self.bar.set_description_str(desc, refresh=False)
+        self.bar.refresh()
+
+    def refresh(self) -> None:
+        """Called by `EdgeRunner.run_many` after it set `total` to what it needs: the plan grows only when overrun."""
+        if self.total != self.bar.total:
+            self._show(max(self.total, self.bar.total or 0))
+
+    def update(self, k: int) -> None:
+        self.n += k
+        self.bar.update(k)
+
+    def __enter__(self) -> "_Runs":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.n != self.total:
+            self._show(self.n)  # the plan was a bound: the bar ends at the runs done
+        self.bar.close()
+
+
+def _progress(enabled: Optional[bool]) -> _Runs:
+    """The bar over the patched runs (`_Runs`), shown only for calls that last over a second (`delay`); never
+    when `enabled` is False, and by default (None) only where someone watches: a terminal or a notebook, not a
+    pipe, a log file or a test's captured stderr."""
+    return _Runs(enabled)
 
 
 # --------------------------------------------------------------------------------------------------- a pass
@@ -506,6 +598,17 @@ def discover_circuit(
     >>> discover_circuit(model, source, n_sequences=16).kept_names[3:]  # a hand-built induction circuit
     ('embed->L1H0.q', 'L0H0->L1H0.k', 'embed->L1H0.v', 'L1H0->logits')
     """
+    with one_thread_if_tiny(model):  # tiny models: one CPU thread (markov_interp.set_threads)
+        return _discover(model, source, seq_len=seq_len, n_sequences=n_sequences, corruption=corruption, seed=seed,
+                         batch=batch, rule=(min_effect, min_fraction, target_faithfulness),
+                         flags=(attribution, positions, joint), method=method, max_edges=max_edges, progress=progress)
+
+
+def _discover(model: HookedModel, source: Source, *, seq_len: Optional[int], n_sequences: int, corruption: str,
+              seed: int, batch: Optional[ProbeBatch], rule: tuple, flags: tuple, method: str,
+              max_edges: Optional[int], progress: Optional[bool]) -> CircuitGraph:
+    """`discover_circuit`'s work (its arguments, the kept rule and the flags as tuples)."""
+    (min_effect, min_fraction, target_faithfulness), (attribution, positions, joint) = rule, flags
     check_source_matches(model, source)
     method = _check(corruption=corruption, method=method, max_edges=max_edges, n_sequences=n_sequences,
                     rule=(min_effect, min_fraction, target_faithfulness), flags=(attribution, positions, joint))
@@ -515,9 +618,32 @@ def discover_circuit(
     method = _resolve_method(method, sum(len(p.active) for p in passes), max_edges)
     rule = (float(min_effect), float(min_fraction), float(target_faithfulness))
     with _progress(progress) as bar:
+        bar.plan(sum(_first_plan(p, method, max_edges) for p in passes), "single edges")
         for p in passes:
             _measure(p, method, rule, max_edges, bar)
-        return _graph(passes, rule=rule, seed=seed, method=method, attribution=attribution, joint=joint, bar=bar)
+        return _graph(passes, rule=rule, seed=seed, method=method, attribution=attribution,
+                      joint=joint and method != "attribution", bar=bar)
+
+
+def _first_plan(p: _Pass, method: str, max_edges: Optional[int]) -> int:
+    """The patched runs a pass plans before its first: its single edges (all of them for "exact"; the first block
+    for "attribution+verify"; none for "attribution") and the circuit-only runs of the first thresholds."""
+    single = {"exact": len(p.active), "attribution": 0,
+              "attribution+verify": min(len(p.active), TOP_CANDIDATES, max_edges or len(p.active))}[method]
+    return single + _LEVELS_AT_ONCE
+
+
+def _circuit_plan(passes: list[_Pass], union: Sequence[EdgeKey], *, joint: bool, exact: bool) -> int:
+    """The patched runs of the circuit and its tests, once the kept edges `union` are known: the kept edges not
+    measured yet, the cancelling pairs, the circuit-only, kept-corrupted and minimality runs of every pass, the
+    receiver tests (a cancelling set found, or a lowering, adds to it)."""
+    runs = 0
+    for p in passes:
+        mine = [e for e in union if e in p.moves]
+        runs += (sum(e not in p.rows for e in mine) if exact else 0) + 2 + (len(mine) if exact else 0)
+        runs += len(pairs_to_test(mine, p.effects())) if joint else 0
+    token = passes[0].runner
+    return runs + (len(receiver_groups([e for e in union if token.varies(e.sender)])) if joint else 0)
 
 
 def _passes(model: HookedModel, source: Source, batch: ProbeBatch, *, corruption: str, seed: int,
@@ -563,8 +689,11 @@ def _graph(passes: list[_Pass], *, rule: tuple, seed: int, method: str, attribut
     token = passes[0]
     runner = token.runner
     union = prune({e for p in passes for e in p.keys}, runner.edges)
-    for p in passes:  # every kept edge is measured exactly, whatever the method
-        p.measure([e for e in union if e in p.moves], bar)
+    exact = method != "attribution"  # "attribution" estimates only: no edge is measured on its own
+    bar.plan(_circuit_plan(passes, union, joint=joint, exact=exact), "circuit and joint tests")
+    for p in passes:  # every kept edge is measured exactly, whatever the method but estimates only
+        if exact:
+            p.measure([e for e in union if e in p.moves], bar)
     cancelling: list[Cancelling] = []
     if joint:
         for p in passes:
@@ -573,7 +702,7 @@ def _graph(passes: list[_Pass], *, rule: tuple, seed: int, method: str, attribut
             cancelling += found
             by_name = {e.name: e for e in runner.edges}
             union = prune(set(union) - {by_name[n] for c in found if c.dropped for n in c.edges}, runner.edges)
-    results = [_evaluate(p, union, bar) for p in passes]
+    results = [_evaluate(p, union, bar, minimality=exact) for p in passes]
     grads = token.estimates.first if token.estimates is not None else None
     if attribution and grads is None:
         grads = estimate(runner, token.active, steps=1).first
@@ -594,16 +723,16 @@ def _graph(passes: list[_Pass], *, rule: tuple, seed: int, method: str, attribut
         n_sequences=int(runner.tokens.shape[0]), seq_len=int(runner.tokens.shape[1]), seed=seed,
         completeness=main.completeness, position=results[1] if len(results) > 1 else None, joint=tuple(tests),
         cancelling=tuple(cancelling), method=method, n_verified=sum(len(p.rows) for p in passes),
-        start_threshold=token.start,
+        start_threshold=token.start, n_runs=bar.n,
     )
 
 
-def _evaluate(p: _Pass, union: Sequence[EdgeKey], bar: Any) -> PassResult:
-    """The circuit `union` under pass `p`: circuit-only and kept-corrupted losses, minimality."""
+def _evaluate(p: _Pass, union: Sequence[EdgeKey], bar: Any, *, minimality: bool = True) -> PassResult:
+    """The circuit `union` under pass `p`: circuit-only and kept-corrupted losses, minimality (when asked)."""
     runner = p.runner
     mine = [e for e in union if runner.varies(e.sender)]
     base = _complement(runner, union)
-    sets = [base, mine] + [base + [e] for e in mine]
+    sets = [base, mine] + ([base + [e] for e in mine] if minimality else [])
     losses = runner.many_losses(sets, progress=bar)
     circuit, kept = losses[0], losses[1]
     clean, corrupted = float(p.clean.mean()), float(runner.corrupted_losses.mean())

@@ -121,6 +121,21 @@ def _one_match(a: EdgeKey, b: EdgeKey) -> bool:
     return a.receiver == b.receiver and {a.input, b.input} == {"q", "k"}
 
 
+def pairs_to_test(kept: Sequence[EdgeKey], effects: dict[EdgeKey, float]) -> list[tuple[EdgeKey, EdgeKey]]:
+    """The pairs of kept edges the cancelling test corrupts together: edges into one receiver, among the
+    `MAX_PAIR_EDGES` strongest (`effects`; a missing one counts as 0), never the two sides of one match."""
+    strong = sorted(kept, key=lambda e: -abs(effects.get(e, 0.0)))[:MAX_PAIR_EDGES]
+    return [(a, b) for a, b in itertools.combinations(strong, 2) if a.receiver == b.receiver and not _one_match(a, b)]
+
+
+def receiver_groups(kept: Sequence[EdgeKey]) -> list[tuple[str, list[EdgeKey]]]:
+    """(receiver, its kept edges) for every receiver with at least two kept edges: the receiver tests' sets."""
+    by_receiver: dict[str, list[EdgeKey]] = {}
+    for e in kept:
+        by_receiver.setdefault(e.receiver, []).append(e)
+    return [(r, es) for r, es in by_receiver.items() if len(es) > 1]
+
+
 def cancelling_sets(runner: EdgeRunner, kept: Sequence[EdgeKey], effects: dict[EdgeKey, float], threshold: float, *,
                     corruption: str, progress: Any = None) -> list[Cancelling]:
     """The cancelling sets among the kept edges `kept` (module docstring).
@@ -136,8 +151,7 @@ def cancelling_sets(runner: EdgeRunner, kept: Sequence[EdgeKey], effects: dict[E
     Returns:
         One `Cancelling` per set of cancelling pairs.
     """
-    strong = sorted(kept, key=lambda e: -abs(effects[e]))[:MAX_PAIR_EDGES]
-    pairs = [(a, b) for a, b in itertools.combinations(strong, 2) if a.receiver == b.receiver and not _one_match(a, b)]
+    pairs = pairs_to_test(kept, effects)
     if not pairs:
         return []
     joint = (runner.many_losses([list(p) for p in pairs], progress=progress) - runner.clean_losses).mean(1)
@@ -169,10 +183,7 @@ def receiver_tests(runner: EdgeRunner, kept: Sequence[EdgeKey], effects: dict[Ed
     Returns:
         One `JointTest` per receiver with at least two kept edges.
     """
-    by_receiver: dict[str, list[EdgeKey]] = {}
-    for e in kept:
-        by_receiver.setdefault(e.receiver, []).append(e)
-    groups = [(r, es) for r, es in by_receiver.items() if len(es) > 1]
+    groups = receiver_groups(kept)
     if not groups:
         return []
     rows = runner.many_losses([es for _, es in groups], progress=progress) - runner.clean_losses

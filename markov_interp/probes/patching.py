@@ -37,8 +37,8 @@ from markov_interp.probes.interventions import (
     model_components,
 )
 
-__all__ = ["PatchingResult", "PositionPatching", "patching_by_position", "activation_patching", "composition_scores",
-           "head_composition", "patched_probs", "patching_pair"]
+__all__ = ["CompositionScores", "PatchingResult", "PositionPatching", "patching_by_position", "activation_patching",
+           "composition_scores",           "head_composition", "patched_probs", "patching_pair"]
 
 
 _MIN_BASELINE_KL = 1e-9
@@ -276,18 +276,63 @@ def patching_by_position(
     return PositionPatching(recovery=grid, baseline_kl=baseline, position=position)
 
 
-def composition_scores(model: HookedModel, mode: str) -> Float[Tensor, "src_layer src_head dst_layer dst_head"]:
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class CompositionScores(ProbeResult):
+    """Q-, K- or V-composition scores (`mode`) from every head to every later head: `scores[src_layer, src_head,
+    dst_layer, dst_head]` (0 for pairs that are not src-before-dst); indexing the result indexes `scores`.
+    `chance` = 1/sqrt(d_model), about what random matrices score."""
+
+    mode: str
+    scores: Float[Tensor, "src_layer src_head dst_layer dst_head"]
+    chance: float
+
+    def __getitem__(self, index: Any) -> Tensor:
+        return self.scores[index]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.scores.shape
+
+    def pairs(self) -> dict[str, float]:
+        """{"L0H0->L1H0": score} for every head before a later head, strongest first."""
+        n_layers, n_heads = self.scores.shape[:2]
+        found = {f"L{a}H{h}->L{b}H{g}": float(self.scores[a, h, b, g]) for a in range(n_layers)
+                 for h in range(n_heads) for b in range(a + 1, n_layers) for g in range(n_heads)}
+        return dict(sorted(found.items(), key=lambda kv: -kv[1]))
+
+    def summary(self) -> str:
+        top = list(self.pairs().items())[:3]
+        pairs = ", ".join(f"{k} {v:.2f}" for k, v in top) or "no head before a later head"
+        return f"{self.mode}-composition (chance ~{self.chance:.2f}): strongest {pairs}"
+
+    def to_dataframe(self) -> Any:
+        """One row per (earlier head, later head) pair (index "L0H0->L1H0"): the score, strongest first.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        return dataframe(({"pair": k, "score": v} for k, v in self.pairs().items()), index="pair")
+
+    def to_dict(self) -> dict[str, Any]:
+        return json_safe({"mode": self.mode, "chance": self.chance, "scores": self.scores, "pairs": self.pairs()})
+
+
+def composition_scores(model: HookedModel, mode: str) -> CompositionScores:
     """Q-, K- or V-composition score from every head (src) to every later head (dst) (Elhage et al. 2021).
 
     ||W_OV^src W_QK^dst|| / (||W_OV^src|| ||W_QK^dst||) with Frobenius norms (for "K" the key side of the
     destination, for "V" its OV circuit); 0 for pairs that are not src-before-dst. Random matrices score
     about 1/sqrt(d_model); a previous-token head feeding an induction head scores high on "K". Pairs involving
     a head with all-zero weights (0/0) score 0.
+
+    Returns:
+        `CompositionScores` (index it as the [src_layer, src_head, dst_layer, dst_head] tensor).
     """
     if mode not in ("Q", "K", "V"):
         raise ValueError(f"composition mode must be 'Q', 'K' or 'V', got {mode!r}")
     scores = model.all_composition_scores(mode)
-    return torch.nan_to_num(torch.as_tensor(getattr(scores, "scores", scores)).detach().float().cpu(), nan=0.0)
+    values = torch.nan_to_num(torch.as_tensor(getattr(scores, "scores", scores)).detach().float().cpu(), nan=0.0)
+    return CompositionScores(mode=mode, scores=values, chance=1 / math.sqrt(int(model.cfg.d_model)))
 
 
 def head_composition(model: HookedModel, src: tuple[int, int], dst: tuple[int, int]) -> dict[str, float]:

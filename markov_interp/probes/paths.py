@@ -286,8 +286,8 @@ class EdgeRunner:
         unknown = set().union(*bads) - set(self.edges) if bads else set()
         if unknown:
             raise ValueError(f"no such edges in this model's graph: {sorted(e.name for e in unknown)}")
-        if progress is not None:  # a bar over every run asked for so far
-            progress.total = (progress.total or 0) + len(bads)
+        if progress is not None and progress.n + len(bads) > (progress.total or 0):  # more runs than planned
+            progress.total = progress.n + len(bads)
             progress.refresh()
         # single edges whose sender varies take the one-pass way (`_single_edges`); the rest the stage algorithm
         single = [i for i, bad in enumerate(bads) if self.single_pass and len(bad) == 1

@@ -39,9 +39,74 @@ from markov_interp.probes._common import (
     z_hook,
 )
 
-__all__ = ["LogitAttribution", "direct_logit_attribution", "ov_circuits", "qk_circuits"]
+__all__ = ["LogitAttribution", "WeightCircuits", "direct_logit_attribution", "ov_circuits", "qk_circuits"]
 
 Circuits = Float[Tensor, "layer head vocab vocab"]
+_AXES = {"OV": ("attended state", "next state"), "QK": ("query state", "key state")}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
+class WeightCircuits(ProbeResult):
+    """Every head's OV or QK circuit (module docstring) as a V x V matrix: `values[layer, head]` (NaN for heads a
+    layer does not have); indexing the result indexes `values` (`ov[1, 0]` is head L1H0's matrix).
+
+    `kind` "OV": rows the attended state, columns the next state (the logits the head adds: a large diagonal
+    copies); "QK": rows the query state, columns the key state (the attention bias from the states alone). The
+    `diagonal` of a head is the mean of its diagonal minus the mean of its off-diagonal entries: how much it
+    favours the same state (copying for OV, attending to keys holding the query's state for QK).
+    """
+
+    kind: str
+    values: Circuits
+
+    def __getitem__(self, index: Any) -> Tensor:
+        return self.values[index]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        return self.values.numpy() if dtype is None else self.values.numpy().astype(dtype)
+
+    def heads(self) -> dict[str, Tensor]:
+        """{head name ("L1H0"): its V x V matrix} for the heads the model has."""
+        return {f"L{layer}H{head}": self.values[layer, head] for layer in range(self.values.shape[0])
+                for head in range(self.values.shape[1]) if not torch.isnan(self.values[layer, head]).any()}
+
+    def diagonal(self) -> dict[str, float]:
+        """{head: mean diagonal minus mean off-diagonal entry} (class docstring)."""
+        out = {}
+        for name, m in self.heads().items():
+            v = m.shape[0]
+            off = (m.sum() - m.diagonal().sum()) / (v * v - v) if v > 1 else torch.tensor(0.0)
+            out[name] = float(m.diagonal().mean() - off)
+        return out
+
+    def summary(self) -> str:
+        rows, cols = _AXES[self.kind]
+        diag = self.diagonal()
+        top = sorted(diag.items(), key=lambda kv: -abs(kv[1]))[:3]
+        biggest = max(((n, float(m.abs().max())) for n, m in self.heads().items()), key=lambda kv: kv[1],
+                      default=("none", 0.0))
+        return (f"{self.kind} circuits of {len(diag)} heads over {self.values.shape[-1]} states ({rows} x {cols}): "
+                f"largest |entry| {biggest[1]:.2f} ({biggest[0]}); diagonal minus off-diagonal "
+                + ", ".join(f"{n} {d:+.2f}" for n, d in top))
+
+    def to_dataframe(self) -> Any:
+        """One row per head (index its name): the diagonal score, the largest |entry|, the matrix's entries.
+
+        Returns:
+            A pandas DataFrame.
+        """
+        diag = self.diagonal()
+        return dataframe(({"head": n, "diagonal": diag[n], "max_abs": float(m.abs().max()),
+                           "matrix": m.tolist()} for n, m in self.heads().items()), index="head")
+
+    def to_dict(self) -> dict[str, Any]:
+        rows, cols = _AXES[self.kind]
+        return json_safe({"kind": self.kind, "rows": rows, "columns": cols, "values": self.values,
+                          "diagonal": self.diagonal()})
 
 
 def _absent(model: HookedModel, grid: Tensor) -> Tensor:
@@ -52,20 +117,22 @@ def _absent(model: HookedModel, grid: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def ov_circuits(model: HookedModel) -> Circuits:
-    """W_E W_V W_O W_U per head, [layer, head, attended state, next state] (NaN for absent heads).
+def ov_circuits(model: HookedModel) -> WeightCircuits:
+    """W_E W_V W_O W_U per head, [layer, head, attended state, next state] (NaN for absent heads): a
+    `WeightCircuits` of kind "OV" (index it as the tensor).
 
     >>> ov_circuits(model)[1, 0].diagonal()  # large for an induction head that copies the attended state
     tensor([2., 2., 2.])
     """
     w_e, w_u = model.W_E.detach().float(), model.W_U.detach().float()
     ov = torch.einsum("vd,lhde,lhef,fw->lhvw", w_e, model.W_V.detach().float(), model.W_O.detach().float(), w_u)
-    return _absent(model, ov.cpu())
+    return WeightCircuits(kind="OV", values=_absent(model, ov.cpu()))
 
 
 @torch.no_grad()
-def qk_circuits(model: HookedModel) -> Circuits:
-    """W_E W_Q W_K^T W_E^T / sqrt(d_head) per head, [layer, head, query state, key state] (NaN for absent heads).
+def qk_circuits(model: HookedModel) -> WeightCircuits:
+    """W_E W_Q W_K^T W_E^T / sqrt(d_head) per head, [layer, head, query state, key state] (NaN for absent heads):
+    a `WeightCircuits` of kind "QK" (index it as the tensor).
 
     >>> qk_circuits(model)[1, 0].abs().max().item()  # this induction head finds its keys through layer 0, not states
     0.0
@@ -74,7 +141,7 @@ def qk_circuits(model: HookedModel) -> Circuits:
     q = torch.einsum("vd,lhde->lhve", w_e, model.W_Q.detach().float())
     k = torch.einsum("vd,lhde->lhve", w_e, model.W_K.detach().float())
     qk = torch.einsum("lhve,lhwe->lhvw", q, k) / math.sqrt(int(model.cfg.d_head))
-    return _absent(model, qk.cpu())
+    return WeightCircuits(kind="QK", values=_absent(model, qk.cpu()))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)

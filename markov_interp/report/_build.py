@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import torch
 
+from markov_interp._threads import one_thread_if_tiny
 from markov_interp import dynamics, models, probes, runs, theory
 from markov_interp.probes import behaviour
 from markov_interp._display import displayed, headline
@@ -645,7 +646,8 @@ def _sections(makers: tuple[SectionMaker, ...], probed: _Probed, bar: Any) -> tu
     section reads it (the checkpoints' sections load models of their own)."""
     out = []
     for i, maker in enumerate(makers):
-        out.append(maker.section(probed))
+        with one_thread_if_tiny(probed.model):  # tiny models: one CPU thread (markov_interp.set_threads)
+            out.append(maker.section(probed))
         bar.update()
         if probed.cache is not None and not any(m.cache for m in makers[i + 1:]):
             probed = dataclasses.replace(probed, cache=None)

@@ -7,7 +7,7 @@ from markov_interp import probes
 def _in_context_task(mech: probes.MechanismReport) -> bool:
     """Whether the task has an in-context component (random kernels, or a pool of them): only there do the
     graded gains measure something about the task."""
-    return bool(mech.references.in_context)
+    return mech.gains_meaningful  # the probes' rule (one home)
 
 
 def gains_text(mech: probes.MechanismReport, *, short: bool = False) -> str:

@@ -73,6 +73,8 @@ __all__ = [
     "TrainingDiverged",
     "lock",
     "holder",
+    "training_now",
+    "unfinished",
     "remove_stale_tmp",
     "mark_diverged",
     "divergence",
@@ -457,6 +459,8 @@ def load_model(path: "str | os.PathLike", *, device: Any = None, expect: Optiona
             and report refuse them rather than name a mechanism).
     """
     folder = run_folder_of(path)
+    if Path(path).is_dir() and not (Path(path) / WEIGHTS_FILE).exists() and (Path(path) / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"no model weights at {Path(path) / WEIGHTS_FILE}: {unfinished(folder)}")
     try:
         return load(path, device=device, expect=expect, finite=True, train_seq_len=training_seq_len(folder))
     except NonFiniteWeights as err:  # a diverged run records it (status.json) and writes no final weights: damage
@@ -481,6 +485,46 @@ def folder_path(value: "str | os.PathLike", what: str) -> Path:
     if not os.fspath(value).strip():
         raise ValueError(f"{what} is empty; give a folder name (use . for the current folder)")
     return Path(value)
+
+
+def training_now(run_dir: "str | os.PathLike") -> bool:
+    """Whether a process holds the write lock of `run_dir` now (a run being trained), without taking it."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        import fcntl
+
+        fd = _open_lock(path, create=False)
+    except (ModuleNotFoundError, OSError):  # no lock file: nobody has written here (or no flock: Windows)
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a writer's exclusive lock refuses it
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def unfinished(run_dir: "str | os.PathLike") -> str:
+    """Why a run folder with a config holds no final weights, for an error message: still training (who holds
+    its lock) or stopped before the end (interrupted or crashed), with the last step its metrics record and the
+    command that resumes it."""
+    run_dir = Path(run_dir)
+    steps = [row.get("step") for row in _metric_rows(run_dir)]
+    last = f"metrics.jsonl records step {steps[-1]}" if steps and steps[-1] is not None else "no step recorded yet"
+    if training_now(run_dir):
+        return f"the run is still training ({holder(run_dir)}; {last}); wait for it to finish"
+    return (f"the run has not finished and no process is training it: it was stopped or crashed ({last}); "
+            f"`markov-interp train --config {run_dir / CONFIG_FILE} --out {run_dir}` resumes it (from its newest "
+            "checkpoint, if any)")
+
+
+def _metric_rows(run_dir: Path) -> list[dict]:
+    """The readable rows of a run's metrics.jsonl (none when it is missing or torn)."""
+    try:
+        return load_metrics(run_dir)
+    except (OSError, ValueError):
+        return []
 
 
 def check_writable_dir(path: "str | os.PathLike", what: str) -> Path:

@@ -61,6 +61,7 @@ from typing import Any, Optional
 import torch
 from tqdm.auto import tqdm
 
+from markov_interp._threads import one_thread_if_tiny
 from markov_interp.clamps import ClampState, check_interventions, clamp_hooks, frozen_names
 from markov_interp import theory
 from markov_interp.sources import Source
@@ -235,7 +236,9 @@ def _train_locked(runs: list[RunConfig], outs: list[Optional[Path]], device: tor
         todo.append(i)
     if todo:
         group = _Group.create([runs[i] for i in todo], [outs[i] for i in todo], device)
-        for i, result in zip(todo, group.train(progress, models_out)):
+        with one_thread_if_tiny(group.stack):  # a tiny stack trains on one CPU thread (markov_interp.set_threads)
+            trained = group.train(progress, models_out)
+        for i, result in zip(todo, trained):
             results[i] = result
     return results  # type: ignore[return-value]
 

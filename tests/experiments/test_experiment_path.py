@@ -112,7 +112,7 @@ def toy_registered(monkeypatch):
 
 
 def test_toy_experiment_runs_from_the_command_line_and_writes_its_summary(toy_registered, tmp_path):
-    code = experiments.main(["--only", "toy", "--quick", "--out", str(tmp_path), "--seeds", "3",
+    code = experiments.main(["--only", "toy", "--quick", "--out", str(tmp_path), "--n-seeds", "3",
                              "--set", "widths=4,8", "--set", "lr=0.5", "--set", "label=x"])
     assert code == 0
     out = tmp_path / "toy"

@@ -31,7 +31,7 @@ def test_unknown_experiment_lists_the_valid_ones():
 
 @pytest.mark.slow
 def test_experiments_run_share_the_free_arm_and_write_their_summary(tmp_path):
-    code = registry.main(["--only", "interventions", "--out", str(tmp_path), "--quick", "--seeds", "2",
+    code = registry.main(["--only", "interventions", "--out", str(tmp_path), "--quick", "--n-seeds", "2",
                           "--set", "parts=previous-token-clamp,reader-frozen"])
     assert code == 0
     out = tmp_path / "interventions"

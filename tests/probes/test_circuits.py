@@ -491,7 +491,10 @@ def test_ov_and_qk_circuits_and_logit_attribution_of_a_handbuilt_circuit():
 
     model = induction_circuit(3, n_ctx=SEQ, decoys=True)
     ov, qk = ov_circuits(model), qk_circuits(model)
-    assert ov.shape == (2, 2, 3, 3)
+    assert ov.shape == (2, 2, 3, 3) and (ov.kind, qk.kind) == ("OV", "QK")
+    # typed, never a bare tensor: the copying head is named with its diagonal score (2 - 0 = +2.00)
+    assert repr(ov).startswith("<WeightCircuits: OV circuits of 4 heads") and "L1H0 +2.00" in repr(ov)
+    assert ov.diagonal()["L1H0"] == pytest.approx(2.0) and ov.to_dict()["rows"] == "attended state"
     assert torch.allclose(ov[1, 0], 2.0 * torch.eye(3))  # the induction head copies, logit scale 2
     assert torch.allclose(ov[0, 0], torch.zeros(3, 3))  # the previous-token head writes nothing the unembedding reads
     assert torch.allclose(qk[0, 0], torch.zeros(3, 3))  # it attends by position, not by state
@@ -642,9 +645,12 @@ def test_attribution_then_verify_keeps_exactly_the_exact_set(name):
 
 def test_methods_and_the_edge_cap():
     model, source = induction_circuit(3, n_ctx=SEQ), RandomMarkov(3)
-    graph = _discover(model, source, method="attribution")  # estimates decide; the kept edges are then measured
-    assert graph.method == "attribution" and not all(e.verified for e in graph.edges)
-    assert all(e.verified for e in graph.kept) and graph.faithfulness == graph.faithfulness
+    graph = _discover(model, source, method="attribution")  # estimates decide, and nothing is measured alone
+    assert graph.method == "attribution" and not any(e.verified for e in graph.kept)
+    assert graph.faithfulness == graph.faithfulness and graph.joint == () and graph.minimality == {}
+    assert graph.n_verified == 0 and "estimate only" in graph.summary() and "estimate only" in repr(graph)
+    exact = _discover(model, source, method="exact")
+    assert graph.n_runs < exact.n_runs / 4 and graph.to_dict()["n_runs"] == graph.n_runs
     capped = _discover(model, source, method="attribution+verify", max_edges=3)
     assert capped.n_verified <= 2 * (3 + len(capped.kept))  # three per pass, and the circuit's own edges
     with pytest.raises(ValueError, match="attribution\\+verify"):

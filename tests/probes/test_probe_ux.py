@@ -304,6 +304,8 @@ def _probe_examples(circuit, mech, batch) -> dict:
         "AttentionScores": mech.attention, "AblationTable": mech.ablation, "KernelReadout": mech.readout,
         "StrategySimilarity": mech.strategies, "ProbeBatch": batch,
         "LogitAttribution": probes.direct_logit_attribution(circuit, batch),
+        "WeightCircuits": probes.ov_circuits(circuit),
+        "CompositionScores": probes.patching.composition_scores(circuit, "K"),
         "PositionPatching": probes.patching_by_position(circuit, clean, corrupted),
         "PatchingResult": probes.activation_patching(circuit, clean, corrupted),
         "SwapPlan": probes.kernel_swap.swap_plan(TERNARY, n_sequences=4, seq_len=16, seed=0),

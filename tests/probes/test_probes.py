@@ -339,9 +339,12 @@ def test_patching_a_kernel_model_has_nothing_to_restore():
 
 def test_k_composition_links_previous_token_head_to_induction_head(induction3):
     k = composition_scores(induction3, "K")
-    assert k.shape == (2, 2, 2, 2)
-    assert not torch.isnan(k).any()  # the decoys have zero weights: 0/0 is reported as 0
-    assert k[PREV[0], PREV[1], IND[0], IND[1]] == k.max() and k.max() > 0.3
+    assert k.shape == (2, 2, 2, 2) and k.mode == "K"
+    assert not torch.isnan(k.scores).any()  # the decoys have zero weights: 0/0 is reported as 0
+    assert k[PREV[0], PREV[1], IND[0], IND[1]] == k.scores.max() and k.scores.max() > 0.3
+    strongest = next(iter(k.pairs()))  # the typed result names the pair
+    assert strongest == f"L{PREV[0]}H{PREV[1]}->L{IND[0]}H{IND[1]}" and strongest in repr(k)
+    assert k.chance == pytest.approx(induction3.cfg.d_model ** -0.5)
     scores = head_composition(induction3, PREV, IND)
     assert scores["K"] > 0.3 and scores["K"] > 3 * scores["Q"] and scores["K"] > 3 * scores["V"]
     with pytest.raises(ValueError, match="earlier layer"):

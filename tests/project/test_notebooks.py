@@ -57,6 +57,30 @@ def test_committed_notebook_is_executed_with_figures(source):
     assert any("image/png" in o.get("data", {}) for o in outputs), "no figure"
 
 
+@pytest.mark.parametrize("source", SOURCES, ids=IDS)
+def test_committed_notebook_holds_no_progress_bar(source):
+    nb = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
+    bars = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs if _build_module().is_progress(o)]
+    assert not bars, f"{len(bars)} progress-bar outputs: rebuild with `python notebooks/build.py {source.stem}`"
+    assert "widgets" not in nb.metadata
+
+
+def test_progress_bars_are_stripped_and_nothing_else():
+    build = _build_module()
+    v4 = nbformat.v4
+    text_bar = v4.new_output("stream", name="stderr", text="\rpath patching:  52%|#####     | 13/25 [00:06<00:06]")
+    widget = v4.new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "x"},
+                                                 "text/plain": "path patching:   0%|          | 0/12"})
+    cleared = v4.new_output("stream", name="stderr", text="\r                    \r")
+    warning = v4.new_output("stream", name="stderr", text="UserWarning: 50% of the runs | are censored\n")
+    printed = v4.new_output("stream", name="stdout", text="loss 100%|done| 3/3 (a printed line, not a bar)\n")
+    figure = v4.new_output("display_data", data={"image/png": "iVBOR", "text/plain": "<Figure>"})
+    nb = v4.new_notebook(cells=[v4.new_code_cell("x", outputs=[text_bar, figure, widget, cleared, warning, printed]),
+                                v4.new_markdown_cell("text")], metadata={"widgets": {"state": {}}})
+    assert build.strip_progress(nb) == 3
+    assert nb.cells[0].outputs == [figure, warning, printed] and "widgets" not in nb.metadata
+
+
 def _private_uses(tree: ast.AST) -> list[str]:
     """Imports of private names or modules of markov_interp, and attribute access to private names."""
     found = []
