@@ -21,8 +21,8 @@ with its `__all__`, as `probes.<module>.<Name>` (`probes.attention.AttentionScor
   minimality, as a `CircuitGraph`.
 - `joint`: joint tests of a circuit's kept edges (cancelling pairs, receivers together); `verify`: which edges
   `discover_circuit(method="attribution+verify")` measures exactly.
-- `edge_content`: what each kept edge carries (the current state, a lagged state, counts, switch statistics), by
-  interchange interventions along that edge alone (`EdgeContent`).
+- `interchange`: `edge_content`, what each kept edge carries (the current state, a lagged state, counts, switch
+  statistics), by interchange interventions along that edge alone (`EdgeContent`).
 - `circuit`: the roles read off a graph by what its edges carry (previous-token -> induction K-edges, relayed or
   not; switch-counting heads), and the circuit axis (`CircuitVerdict`: induction of the order its lags carry,
   switch counting, kernel, state counting, none).
@@ -56,9 +56,9 @@ from markov_interp.probes import (  # noqa: F401  (every module, as probes.<modu
     circuit,
     classify,
     discovery,
-    edge_content,
     formation,
     gains,
+    interchange,
     interventions,
     joint,
     kernel_swap,
@@ -79,7 +79,7 @@ from markov_interp.probes.attention import attention_scores
 from markov_interp.probes.behaviour import behaviour_report
 from markov_interp.probes.classify import MECHANISMS, MechanismReport, Thresholds, classify_mechanism
 from markov_interp.probes.discovery import CircuitGraph, discover_circuit
-from markov_interp.probes.edge_content import edge_content
+from markov_interp.probes.interchange import edge_content
 from markov_interp.probes.formation import circuit_formation
 from markov_interp.probes.gains import graded_gains
 from markov_interp.probes.interventions import Component

@@ -42,11 +42,11 @@ from markov_interp.probes._common import json_safe
 from markov_interp.probes._display import ProbeResult, dataframe, displayed
 from markov_interp.probes.attention import AttentionScores
 from markov_interp.probes.discovery import CircuitGraph, Edge
-from markov_interp.probes.edge_content import BY_CONSTRUCTION, EdgeContent, is_lagged
+from markov_interp.probes.interchange import BY_CONSTRUCTION, EdgeContent, is_lagged
 from markov_interp.probes.interventions import Component
 from markov_interp.probes.paths import EdgeKey
 
-SWITCH_VARIABLES = ("switch", "switches", "transitions")  # switch statistics (`edge_content.variable_names`)
+SWITCH_VARIABLES = ("switch", "switches", "transitions")  # switch statistics (`interchange.variable_names`)
 
 __all__ = ["CIRCUIT_KINDS", "Circuit", "CircuitVerdict", "Role", "circuit_verdict", "lag_channels", "read_circuit",
            "spread_previous_token_excess", "edge_carried", "switch_counting", "FAITHFUL"]

@@ -86,7 +86,7 @@ from markov_interp.probes.discovery import (
     faithfulness_text,
     head_of_batch,
 )
-from markov_interp.probes.edge_content import CARRIES, EdgeContent, edge_content, measurable
+from markov_interp.probes.interchange import CARRIES, EdgeContent, edge_content, measurable
 from markov_interp.probes.gains import Gains, graded_gains
 from markov_interp.probes.kernel_swap import KernelSwap, swap_kernels
 from markov_interp.probes.paths import additive

@@ -22,7 +22,7 @@ def _interval(bounds: tuple[float, float]) -> str:
     return f"[{bounds[0]:.2f}, {bounds[1]:.2f}]"
 
 
-def edge_rows(content: "probes.edge_content.EdgeContent") -> list[tuple]:
+def edge_rows(content: "probes.interchange.EdgeContent") -> list[tuple]:
     """One row per edge: its name, what it carries (or '—'), the variable's kind, the explained fraction of the
     carried (else the closest) variable on the logits [bootstrap 95%] and on the receiver's attention, the share of
     positions patched, and the random interchange's effect (nats: what the edge carries at all)."""

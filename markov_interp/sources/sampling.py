@@ -268,8 +268,8 @@ def kernel_stream_sampler(sources: Sequence[KernelSource], batch: int, seq_len: 
     >>> sample(0).shape, torch.equal(sample(0)[1], kernel_stream_sampler([RandomMarkov(3)], 4, 10, keys[1:])(0)[0])
     (torch.Size([2, 4, 10]), True)
     """
-    _check_sizes(batch, seq_len)
     assert keys.shape == (len(sources), 2) and sources, "one [2] key per source"
+    _check_sizes(batch, seq_len, sources[0], keys.device, members=len(sources))
     vocab, order = sources[0].vocab, sources[0].order
     assert all(s.vocab == vocab and s.order == order for s in sources), "kernel sources of one vocab and order"
     steps, device = max(seq_len - order, 0), keys.device

@@ -138,10 +138,10 @@ def stream_sampler(sources: Sequence[Source], batch: int, seq_len: int,
     >>> sample(0).shape, torch.equal(sample(3), sample(3)), torch.equal(sample(3), sample(4))
     (torch.Size([2, 4, 10]), True, False)
     """
-    _check_sizes(batch, seq_len)
     if not sources or tuple(keys.shape) != (len(sources), 2):
         raise ValueError(f"need one [2] key per source and at least one source, got {len(sources)} sources and "
                          f"keys of shape {tuple(keys.shape)}")
+    _check_sizes(batch, seq_len, sources[0], keys.device, members=len(sources))
     if all(isinstance(s, KernelSource) for s in sources) and len({(s.vocab, s.order) for s in sources}) == 1:
         return kernel_stream_sampler(sources, batch, seq_len, keys)
     groups: dict[int, list[int]] = {}

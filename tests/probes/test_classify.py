@@ -201,7 +201,7 @@ def test_first_order_circuit_on_order_two_data_is_induction_order_one(vocab):
 def test_in_context_law_without_a_circuit_is_other_and_says_what_is_missing():
     """No sender may count as a previous-token head (roles from attention, `content=False`, with head_excess above
     1): the model follows the in-context bigram law, but the label is never "induction" without the K-edge, and the
-    reasons say why (the roles by content: tests/probes/test_edge_content.py)."""
+    reasons say why (the roles by content: tests/probes/test_interchange.py)."""
     strict = Thresholds(head_excess=1.01)
     report = classify(induction_circuit(3), RandomMarkov(3), seq_len=SEQ, thresholds=strict, content=False)
     assert report.law.law == "in_context_bigram" and report.law.passed

@@ -24,9 +24,9 @@ from markov_interp.sources import BinaryChain, RandomMarkov
 from markov_interp.probes import Thresholds, classify_mechanism, edge_content, sample_batch
 from markov_interp.probes.classify import _decide, _Evidence
 from markov_interp.probes.circuit import circuit_verdict, read_circuit
-from markov_interp.probes.edge_content import EdgeContent
+from markov_interp.probes.interchange import EdgeContent
 from markov_interp.probes.paths import EdgeKey, EdgeRunner
-from markov_interp.probes.edge_content import choose_donors, position_variables, variable_names
+from markov_interp.probes.interchange import choose_donors, position_variables, variable_names
 
 SEQ = 64
 
