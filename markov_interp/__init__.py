@@ -11,8 +11,9 @@ losses (`landscape`: the one-layer model's canonical reduction); `clamps` freeze
 training; `runs` is what a run is (`RunConfig`) and its folder, read and written, so that probes, report and
 sweeps read run folders without importing `training`; `experiments` are the registered studies, the paper's reproduction among them.
 
-Under them all: `config` (the one base of the source, model, training, run, sweep and budget configs), `devices`
-and the private helpers `_io`, `_display`, `_workers` and `_threads`.
+Under them all: `config` (the one base of the source, model, training, run, sweep and budget configs), `devices`,
+`streams` (the counter-based random streams every sampler draws from) and the private helpers `_io`, `_display`,
+`_workers`, `_threads` and `_plan` (the memory plan).
 
 Torch's CPU threads: training and the probes run a model of under a million parameters on one thread (the
 package's models are far smaller: more threads only spin, `benchmarks/bench_threads.py`); `set_threads(n)` chooses

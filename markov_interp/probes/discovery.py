@@ -596,7 +596,7 @@ def discover_circuit(
         joint tests and cancelling sets.
 
     >>> discover_circuit(model, source, n_sequences=16).kept_names[3:]  # a hand-built induction circuit
-    ('embed->L1H0.q', 'L0H0->L1H0.k', 'embed->L1H0.v', 'L1H0->logits')
+    ('embed->L1H0.q', 'pos->L1H0.k', 'L0H0->L1H0.k', 'embed->L1H0.v', 'L1H0->logits')
     """
     with one_thread_if_tiny(model):  # tiny models: one CPU thread (markov_interp.set_threads)
         return _discover(model, source, seq_len=seq_len, n_sequences=n_sequences, corruption=corruption, seed=seed,
