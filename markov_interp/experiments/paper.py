@@ -42,6 +42,7 @@ from markov_interp._io import atomic_write
 from markov_interp.experiments import Budget, Experiment, Section, Summary, Table, describe_device, register
 from markov_interp.models.reduction import exact_model_options
 from markov_interp.runs import RunConfig
+from markov_interp.sources import BinaryChainConfig
 from markov_interp.sweep import Row, SweepResult, SweepSpec
 
 __all__ = ["ReproductionBudget", "QUICK", "FULL", "ConditionSummary", "Reproduction", "experiment_specs", "run",
@@ -198,7 +199,7 @@ def _theory(row: Row) -> Optional[str]:
     from markov_interp import landscape
 
     source, model = row.config.source, row.config.model
-    if source.kind != "binary" or model.n_layers != 1:
+    if not isinstance(source, BinaryChainConfig) or model.n_layers != 1:
         return None
     p, q, tied = source.p, source.q, model.tie_weights
     if model.init == "canonical":
