@@ -1,0 +1,356 @@
+"""Hidden Markov sources: tokens emitted by a chain whose state the model never sees.
+
+A hidden Markov process is given by its labelled transition matrices T[x, i, j] = P(emit x, move to j | in i)
+(Shai et al. 2024, "Transformers represent belief state geometry in their residual stream"): from hidden state i
+the process emits token x and moves to hidden state j together. The hidden chain is sum_x T[x]; the first hidden
+state is drawn from its stationary law, so the emitted process is stationary.
+
+- `HiddenMarkov(matrices)`: any proper HMM (checked: shape [vocab, hidden, hidden], non-negative, each row of
+  sum_x T[x] sums to 1, a unique stationary law). `hmm_preset(name, **params)` builds the named processes of
+  `PRESETS`, one table: `mess3`, `rrxor`, `z1r` and `random` (Dirichlet-drawn, seeded).
+- `belief_states(tokens)`: the forward filter, the posterior over the hidden state after each token: what a
+  transformer trained on the process was found to hold linearly in its residual stream.
+- `bayes_predictions(tokens)`: the Bayes-optimal law of the next token after each prefix; as for every source of
+  the package, position t's prediction is for token t + 1 given tokens 0..t.
+- `sample(batch, seq_len, generator=...)`: every sequence and position at once (hidden steps as state maps
+  composed by a prefix scan, as the chain sampler does), from an explicit generator.
+
+The exact losses these define (per-position Bayes loss, entropy rate, the losses of predicting from the last k
+tokens) are in `theory.hidden`.
+"""
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from markov_interp.chains import stationary_context_law
+from markov_interp.config import check_int, check_number
+from markov_interp.data import _check_sizes, _compose_prefix, _gamma, _resolve_device
+
+Tokens = Int[Tensor, "batch pos"]
+Matrices = Float[Tensor, "vocab hidden hidden"]
+
+_ROW_SUM_TOL = 1e-6  # how far a row of sum_x T[x] may sum from 1 (as `data.validate_kernel`)
+
+
+def validate_hmm(matrices: Any) -> Matrices:
+    """`matrices` as a float64 tensor [vocab, hidden, hidden] after checking it is a hidden Markov process.
+
+    Args:
+        matrices: T[x, i, j] = P(emit x, move to j | in i), array-like.
+
+    Returns:
+        A float64 copy on the CPU, each row of sum_x T[x] rescaled to sum to 1 exactly.
+
+    Raises:
+        ValueError naming the problem: not numeric, not 3-D, not square in the hidden axes, fewer than 2 tokens,
+        NaN or infinite or negative entries, a row of sum_x T[x] that does not sum to 1 (tolerance 1e-6).
+
+    >>> validate_hmm([[[0.5, 0.5]], [[0.0, 0.0]]])
+    Traceback (most recent call last):
+    ...
+    ValueError: HMM transition matrices must have shape [vocab, hidden, hidden], got (2, 1, 2)
+    """
+    try:
+        t = torch.as_tensor(matrices, dtype=torch.float64).detach().cpu().clone()
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"HMM transition matrices must be a numeric array, got {type(matrices).__name__}: "
+                         f"{err}") from None
+    if t.ndim != 3 or t.shape[1] != t.shape[2] or t.shape[1] < 1:
+        raise ValueError(f"HMM transition matrices must have shape [vocab, hidden, hidden], got {tuple(t.shape)}")
+    if t.shape[0] < 2:
+        raise ValueError(f"an HMM needs at least 2 tokens (the first axis of T[x, i, j]), got {t.shape[0]}")
+    if not torch.isfinite(t).all():
+        raise ValueError("HMM transition matrices have NaN or infinite entries")
+    if (t < 0).any():
+        x, i, j = (int(v) for v in (t < 0).nonzero()[0])
+        raise ValueError(f"HMM transition matrices have negative entries: T[{x}, {i}, {j}] = {t[x, i, j].item():.3g}")
+    sums = t.sum((0, 2))
+    bad = ((sums - 1).abs() > _ROW_SUM_TOL).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"each row of the hidden chain sum_x T[x] must sum to 1 (P(emit x, move to j | in i) "
+                         f"over x and j); row {i} sums to {sums[i].item():.6g}")
+    return t / sums[None, :, None]  # rows within the tolerance made exact: every law built on T sums to 1
+
+
+def _stationary_law(matrices: Matrices) -> Float[Tensor, " hidden"]:
+    try:
+        return stationary_context_law(matrices.sum(0))
+    except ValueError as err:
+        raise ValueError(f"the hidden chain sum_x T[x] has no unique stationary law, so the HMM has no single "
+                         f"stationary start: {err}") from None
+
+
+class HiddenMarkov:
+    """A hidden Markov source: labelled transition matrices T[x, i, j] = P(emit x, move to j | in i).
+
+    The first hidden state is drawn from the stationary law of the hidden chain sum_x T[x], so every position of
+    the emitted process has the same law. `vocab` tokens, `hidden` hidden states; `process` names the preset it
+    came from ("custom" for user-given matrices) and `params` its parameters.
+
+    Args:
+        matrices: T, array-like [vocab, hidden, hidden] (`validate_hmm` checks it).
+        process: a name for it (`hmm_preset` sets the preset's).
+        params: the preset's parameters, as given to `hmm_preset`.
+
+    >>> hmm = HiddenMarkov([[[0.9, 0.0], [0.2, 0.0]], [[0.0, 0.1], [0.0, 0.8]]])  # a chain on 2 states as an HMM
+    >>> hmm.vocab, hmm.hidden, hmm.stationary, hmm.unifilar
+    (2, 2, tensor([0.6667, 0.3333], dtype=torch.float64), True)
+    """
+
+    in_context = False  # one fixed law, which a model can learn in its weights (the hidden state is inferred)
+
+    def __init__(self, matrices: Any, *, process: str = "custom", params: Optional[Mapping[str, Any]] = None):
+        self._matrices = validate_hmm(matrices)
+        self.vocab = int(self._matrices.shape[0])
+        self.hidden = int(self._matrices.shape[1])
+        self.process = process
+        self.params = dict(params or {})
+        self._stationary = _stationary_law(self._matrices)
+        # one row per hidden state i over the outcomes (x, j), x major: the sampler's inverse CDF
+        joint = self._matrices.permute(1, 0, 2).reshape(self.hidden, -1)
+        cdf = joint.cumsum(-1)
+        self._cdf = cdf / cdf[:, -1:]  # last entry exactly 1, so a uniform < 1 never picks a zero-probability tail
+        stationary_cdf = self._stationary.cumsum(-1)
+        self._stationary_cdf = stationary_cdf / stationary_cdf[-1:]
+
+    def __repr__(self) -> str:
+        return f"HiddenMarkov(process={self.process!r}, vocab={self.vocab}, hidden={self.hidden})"
+
+    @property
+    def transition_matrices(self) -> Matrices:
+        """T[x, i, j] = P(emit x, move to j | in i), float64 [vocab, hidden, hidden] (a copy)."""
+        return self._matrices.clone()
+
+    @property
+    def stationary(self) -> Float[Tensor, " hidden"]:
+        """The stationary law of the hidden chain sum_x T[x]: the law of the first hidden state (a copy)."""
+        return self._stationary.clone()
+
+    @property
+    def emission_law(self) -> Float[Tensor, "hidden vocab"]:
+        """P(next token = x | in hidden state i) = sum_j T[x, i, j], [hidden, vocab]."""
+        return self._matrices.sum(2).T.contiguous()
+
+    @property
+    def unifilar(self) -> bool:
+        """Whether the presentation is unifilar: the current hidden state and the emitted token fix the next
+        state (each T[x, i, :] has at most one non-zero entry). Then the belief synchronises to a state and the
+        entropy rate is exact (`theory.hidden_entropy_rate`)."""
+        return bool(((self._matrices > 0).sum(2) <= 1).all())
+
+    def belief_states(self, tokens: Tokens, *,
+                      initial: Optional[Float[Tensor, "*lead hidden"]] = None) -> Float[Tensor, "batch pos hidden"]:
+        """The belief after each token: P(hidden state | x_0..x_t), the forward filter.
+
+        Entry [b, t] is the law of the hidden state the process is in after emitting x_t (the one that emits
+        x_{t+1}), given x_0..x_t of sequence b, starting from the stationary law. This is the mixed state of Shai
+        et al., whose geometry (for Mess3 a fractal in the simplex) they found linearly in the residual stream.
+        Normalised at every step, in float64, so any length is stable.
+
+        Args:
+            tokens: int tokens 0..vocab-1, [batch, pos].
+            initial: the law of the first hidden state instead of the stationary one: one law [hidden] or one per
+                sequence [batch, hidden] (e.g. one-hot: the filter that knows where the process started).
+
+        Returns:
+            float64 [batch, pos, hidden] on the tokens' device; each row sums to 1.
+
+        Raises:
+            ValueError for tokens out of range or a sequence the process cannot emit (probability 0).
+
+        >>> z1r = hmm_preset("z1r")  # 0, 1, then a random bit, repeated
+        >>> z1r.belief_states(torch.tensor([[0, 0, 1]]))[0]  # a second 0 is only possible as "random, 0"
+        tensor([[0.3333, 0.6667, 0.0000],
+                [0.0000, 1.0000, 0.0000],
+                [0.0000, 0.0000, 1.0000]], dtype=torch.float64)
+        """
+        _check_tokens(tokens, self.vocab)
+        batch, seq = tokens.shape
+        start = self._stationary if initial is None else torch.as_tensor(initial, dtype=torch.float64)
+        belief = start.to(tokens.device, torch.float64).expand(batch, self.hidden)
+        # one matmul per position: the belief times every token's matrix, then the observed token's row
+        step = self._matrices.to(tokens.device).permute(1, 0, 2).reshape(self.hidden, -1)  # [i, (x, j)]
+        out = torch.empty(batch, seq, self.hidden, dtype=torch.float64, device=tokens.device)
+        for t in range(seq):
+            joint = (belief @ step).view(batch, self.vocab, self.hidden)
+            unnormalised = joint[torch.arange(batch, device=tokens.device), tokens[:, t]]
+            belief = unnormalised / unnormalised.sum(-1, keepdim=True)  # 0/0 = NaN marks an impossible sequence
+            out[:, t] = belief
+        _check_possible(out)
+        return out
+
+    def bayes_predictions(self, tokens: Tokens) -> Float[Tensor, "batch pos vocab"]:
+        """The Bayes-optimal law of x_{t+1} given x_0..x_t at every position t: the belief after x_t
+        (`belief_states`) times the emission law. The best any predictor can do on this source; its expected
+        log-loss per position is `theory.bayes_loss_curve`, which falls to the entropy rate as the belief
+        synchronises.
+
+        Args:
+            tokens: int tokens 0..vocab-1, [batch, pos].
+
+        Returns:
+            float64 [batch, pos, vocab] on the tokens' device.
+
+        >>> hmm_preset("z1r").bayes_predictions(torch.tensor([[0, 0, 1]]))[0]
+        tensor([[0.3333, 0.6667],
+                [0.0000, 1.0000],
+                [0.5000, 0.5000]], dtype=torch.float64)
+        """
+        return self.belief_states(tokens) @ self.emission_law.to(tokens.device)
+
+    predictive = bayes_predictions  # the name the source protocol gives the Bayes-optimal next-token law
+
+    def sample(self, batch: int, seq_len: int, generator: Optional[torch.Generator] = None, *, device: Any = None,
+               return_states: bool = False) -> Tokens | tuple[Tokens, Int[Tensor, "batch pos"]]:
+        """`batch` independent sequences of `seq_len` tokens, the first hidden state from the stationary law.
+
+        All positions at once: one uniform per sequence for the first state, one per step; a step's uniform picks
+        (token, next state) for every possible current state (inverse CDF), which makes the step a map on hidden
+        states, and the hidden path is the prefix composition of those maps applied to the first state.
+
+        Args:
+            batch, seq_len: how many sequences, how long.
+            generator: the only source of randomness (same state, same samples); its device is the tokens'.
+            device: where to draw without a generator.
+            return_states: also return the hidden state each token was emitted from.
+
+        Returns:
+            int64 tokens [batch, pos], with `return_states` also the hidden states [batch, pos].
+
+        >>> hmm_preset("mess3").sample(2, 4, generator=torch.Generator().manual_seed(0)).shape
+        torch.Size([2, 4])
+        """
+        _check_sizes(batch, seq_len)
+        dev = _resolve_device(generator, device)
+        u = torch.rand(batch, seq_len + 1, generator=generator, device=dev, dtype=torch.float64)
+        first = torch.searchsorted(self._stationary_cdf.to(dev), u[:, 0].contiguous(), right=True)
+        first = first.clamp_(max=self.hidden - 1)
+        flat = u[:, 1:].reshape(1, -1).expand(self.hidden, -1).contiguous()
+        outcome = torch.searchsorted(self._cdf.to(dev), flat, right=True).clamp_(max=self._cdf.shape[1] - 1)
+        outcome = outcome.T.reshape(batch, seq_len, self.hidden)  # [batch, step, current state] -> (x, j) index
+        moves, emits = outcome % self.hidden, outcome // self.hidden
+        states = first[:, None]
+        if seq_len > 1:
+            paths = _compose_prefix(moves[:, :-1])  # [b, t] = F_t o ... o F_0: where each first state is after t+1
+            later = torch.gather(paths, -1, first[:, None, None].expand(batch, seq_len - 1, 1))[..., 0]
+            states = torch.cat([states, later], dim=1)
+        tokens = torch.gather(emits, -1, states[..., None])[..., 0]
+        return (tokens, states) if return_states else tokens
+
+
+def _check_tokens(tokens: Any, vocab: int) -> None:
+    integer = isinstance(tokens, Tensor) and not (tokens.is_floating_point() or tokens.is_complex())
+    if not integer or tokens.ndim != 2 or tokens.dtype == torch.bool:
+        shape = tuple(getattr(tokens, "shape", ()))
+        raise ValueError(f"tokens must be an integer tensor [batch, pos], got "
+                         f"{getattr(tokens, 'dtype', type(tokens).__name__)} of shape {shape}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values {int(tokens.min())}..{int(tokens.max())}")
+
+
+def _check_possible(beliefs: Float[Tensor, "batch pos hidden"]) -> None:
+    """One host read after the filter: a NaN belief is a prefix of probability 0 under the process."""
+    bad = beliefs.isnan().any(-1)
+    if bool(bad.any()):
+        b, t = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(f"sequence {b} has probability 0 under the HMM (impossible at token {t}, "
+                         "or under the given initial law)")
+
+
+# ------------------------------------------------------------------------------------------------- presets
+def _mess3(x: float, alpha: float) -> Matrices:
+    """Mess3 (Shai et al. 2024): 3 hidden states, 3 tokens; with y = 1 - 2x and beta = (1 - alpha) / 2,
+    T[s, i, j] = (y if i = j else x) * (alpha if j = s else beta): stay with probability y, then emit the new
+    state's own token with probability alpha."""
+    check_number("x", x, minimum=0)
+    check_number("alpha", alpha, minimum=0)
+    if not (x <= 0.5 and alpha <= 1):
+        raise ValueError(f"mess3 needs 0 <= x <= 0.5 and 0 <= alpha <= 1, got x={x}, alpha={alpha}")
+    same = torch.eye(3, dtype=torch.bool)
+    move = torch.full((3, 3), float(x), dtype=torch.float64).masked_fill(same, 1 - 2 * x)  # [i, j]
+    emit = torch.full((3, 3), (1 - alpha) / 2, dtype=torch.float64).masked_fill(same, alpha)  # [s, j]
+    return move[None, :, :] * emit[:, None, :]
+
+
+def _rrxor() -> Matrices:
+    """RRXOR: two random bits, then their XOR, repeated (Crutchfield's 5-state unifilar presentation: start S,
+    after a 0 or a 1, then T / F which emit the XOR 1 / 0). Entropy rate 2/3 bit."""
+    t = torch.zeros(2, 5, 5, dtype=torch.float64)
+    s, zero, one, true, false = range(5)
+    for x, i, j, p in [(0, s, zero, 0.5), (1, s, one, 0.5), (0, zero, false, 0.5), (1, zero, true, 0.5),
+                       (0, one, true, 0.5), (1, one, false, 0.5), (1, true, s, 1.0), (0, false, s, 1.0)]:
+        t[x, i, j] = p
+    return t
+
+
+def _z1r() -> Matrices:
+    """Z1R: 0, 1, then a random bit, repeated (3 states, unifilar). Entropy rate 1/3 bit."""
+    t = torch.zeros(2, 3, 3, dtype=torch.float64)
+    t[0, 0, 1] = t[1, 1, 2] = 1.0
+    t[0, 2, 0] = t[1, 2, 0] = 0.5
+    return t
+
+
+def _random(hidden: int, vocab: int, concentration: float, seed: int) -> Matrices:
+    """A random HMM emitting from its current state: transition rows and emission rows ~ Dirichlet(concentration),
+    drawn from a generator seeded by `seed`; T[x, i, j] = P(x | i) P(j | i)."""
+    check_int("hidden", hidden, minimum=1)
+    check_int("vocab", vocab, minimum=2)
+    check_number("concentration", concentration, positive=True)
+    check_int("seed", seed, minimum=0)
+    gen = torch.Generator().manual_seed(seed)
+    gamma = _gamma(float(concentration), (hidden, hidden + vocab), gen, torch.device("cpu"))
+    move = gamma[:, :hidden] / gamma[:, :hidden].sum(-1, keepdim=True)
+    emit = gamma[:, hidden:] / gamma[:, hidden:].sum(-1, keepdim=True)
+    return emit.T[:, :, None] * move[None, :, :]
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A named process: `build(**params)` returns its matrices; `defaults` are its parameters when not given."""
+
+    build: Callable[..., Matrices]
+    defaults: Mapping[str, Any]
+    help: str
+
+
+# a new preset is one entry here
+PRESETS: dict[str, Preset] = {
+    "mess3": Preset(_mess3, {"x": 0.05, "alpha": 0.85}, "Mess3 of Shai et al. 2024 (3 states, 3 tokens)"),
+    "rrxor": Preset(_rrxor, {}, "random, random, XOR (5 states, 2 tokens, unifilar)"),
+    "z1r": Preset(_z1r, {}, "zero, one, random (3 states, 2 tokens, unifilar)"),
+    "random": Preset(_random, {"hidden": 3, "vocab": 3, "concentration": 1.0, "seed": 0},
+                     "Dirichlet-drawn transition and emission rows, seeded"),
+}
+
+
+def hmm_preset(process: str, **params: Any) -> HiddenMarkov:
+    """The named process of `PRESETS` with `params` over its defaults.
+
+    Args:
+        process: "mess3" (x = 0.05, alpha = 0.85 as in Shai et al.), "rrxor", "z1r" or "random" (hidden = 3,
+            vocab = 3, concentration = 1.0, seed = 0).
+        params: parameters of that preset.
+
+    Returns:
+        The `HiddenMarkov`.
+
+    >>> mess3 = hmm_preset("mess3")
+    >>> mess3.params, mess3.stationary
+    ({'x': 0.05, 'alpha': 0.85}, tensor([0.3333, 0.3333, 0.3333], dtype=torch.float64))
+    """
+    if process not in PRESETS:
+        raise ValueError(f"unknown HMM process {process!r}; the presets are {sorted(PRESETS)}")
+    preset = PRESETS[process]
+    unknown = sorted(set(params) - set(preset.defaults))
+    if unknown:
+        raise ValueError(f"the {process!r} process takes {sorted(preset.defaults) or 'no parameters'}, "
+                         f"got {unknown}")
+    values = {**preset.defaults, **params}
+    return HiddenMarkov(preset.build(**values), process=process, params=values)
