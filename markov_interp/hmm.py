@@ -112,9 +112,10 @@ class HiddenMarkov:
         self.process = process
         self.params = dict(params or {})
         self._stationary = _stationary_law(self._matrices)
-        # one row per hidden state i over the outcomes (x, j), x major: the sampler's inverse CDF
-        joint = self._matrices.permute(1, 0, 2).reshape(self.hidden, -1)
-        cdf = joint.cumsum(-1)
+        # one row per hidden state i over the outcomes (x, j), x major: the filter's step and the sampler's CDF
+        self._step = self._matrices.permute(1, 0, 2).reshape(self.hidden, -1)
+        self._steps = {self._step.device: self._step}  # the step on each device the filter has run on
+        cdf = self._step.cumsum(-1)
         self._cdf = cdf / cdf[:, -1:]  # last entry exactly 1, so a uniform < 1 never picks a zero-probability tail
         stationary_cdf = self._stationary.cumsum(-1)
         self._stationary_cdf = stationary_cdf / stationary_cdf[-1:]
@@ -143,6 +144,25 @@ class HiddenMarkov:
         state (each T[x, i, :] has at most one non-zero entry). Then the belief synchronises to a state and the
         entropy rate is exact (`theory.hidden_entropy_rate`)."""
         return bool(((self._matrices > 0).sum(2) <= 1).all())
+
+    def next_joint(self, beliefs: Float[Tensor, "*lead hidden"]) -> Float[Tensor, "*lead vocab hidden"]:
+        """P(next token = x, hidden state after it = j | belief) for each belief: the one step of the forward
+        filter (`belief_states` keeps the observed token's row, `theory.mixed_states` branches on every token).
+
+        Args:
+            beliefs: laws over the hidden states, float64, on any device.
+
+        Returns:
+            float64 [..., vocab, hidden]; summed over both axes each is 1.
+
+        >>> hmm_preset("z1r").next_joint(torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64))  # from C: 0 or 1, to A
+        tensor([[0.5000, 0.0000, 0.0000],
+                [0.5000, 0.0000, 0.0000]], dtype=torch.float64)
+        """
+        step = self._steps.get(beliefs.device)
+        if step is None:
+            step = self._steps[beliefs.device] = self._step.to(beliefs.device)
+        return (beliefs @ step).unflatten(-1, (self.vocab, self.hidden))
 
     def belief_states(self, tokens: Tokens, *,
                       initial: Optional[Float[Tensor, "*lead hidden"]] = None) -> Float[Tensor, "batch pos hidden"]:
@@ -174,12 +194,10 @@ class HiddenMarkov:
         batch, seq = tokens.shape
         start = self._stationary if initial is None else torch.as_tensor(initial, dtype=torch.float64)
         belief = start.to(tokens.device, torch.float64).expand(batch, self.hidden)
-        # one matmul per position: the belief times every token's matrix, then the observed token's row
-        step = self._matrices.to(tokens.device).permute(1, 0, 2).reshape(self.hidden, -1)  # [i, (x, j)]
+        rows = torch.arange(batch, device=tokens.device)
         out = torch.empty(batch, seq, self.hidden, dtype=torch.float64, device=tokens.device)
         for t in range(seq):
-            joint = (belief @ step).view(batch, self.vocab, self.hidden)
-            unnormalised = joint[torch.arange(batch, device=tokens.device), tokens[:, t]]
+            unnormalised = self.next_joint(belief)[rows, tokens[:, t]]
             belief = unnormalised / unnormalised.sum(-1, keepdim=True)  # 0/0 = NaN marks an impossible sequence
             out[:, t] = belief
         _check_possible(out)

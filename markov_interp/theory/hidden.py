@@ -64,10 +64,9 @@ def word_law(hmm: HiddenMarkov, length: int) -> Float[Tensor, " word"]:
     check_int("length", length, minimum=0)
     if hmm.vocab**length * hmm.hidden > WORD_LIMIT:
         raise ValueError(f"{hmm.vocab}**{length} words of {hmm.hidden} hidden states exceed {WORD_LIMIT} entries")
-    matrices = hmm.transition_matrices
     forward = hmm.stationary[None]  # [word, hidden]: P(word, state after it)
     for _ in range(length):
-        forward = torch.einsum("wi,xij->wxj", forward, matrices).reshape(-1, hmm.hidden)
+        forward = hmm.next_joint(forward).reshape(-1, hmm.hidden)  # the filter's step, unnormalised
     return forward.sum(-1)
 
 
@@ -96,10 +95,10 @@ def context_loss(hmm: HiddenMarkov, k: int) -> float:
 
 
 # ------------------------------------------------------------------------------------ mixed-state enumeration
-def _branch(matrices: Float[Tensor, "vocab hidden hidden"], beliefs: Float[Tensor, "state hidden"],
+def _branch(hmm: HiddenMarkov, beliefs: Float[Tensor, "state hidden"],
             weights: Float[Tensor, " state"]) -> tuple[Tensor, Tensor]:
     """The beliefs after one more token, with their probabilities, equal beliefs merged (their weighted mean)."""
-    joint = torch.einsum("ni,xij->nxj", beliefs, matrices)  # P(x, next state | belief)
+    joint = hmm.next_joint(beliefs)  # P(x, next state | belief)
     p_token = joint.sum(-1)
     child_weights = weights[:, None] * p_token
     keep = child_weights > 0
@@ -153,13 +152,12 @@ def mixed_states(hmm: HiddenMarkov, n_tokens: int, *,
     _check_hmm(hmm)
     check_int("n_tokens", n_tokens, minimum=0)
     check_int("max_states", max_states, minimum=1)
-    matrices = hmm.transition_matrices
     beliefs, weights = hmm.stationary[None], torch.ones(1, dtype=torch.float64)
     for depth in range(n_tokens):
         if len(beliefs) * hmm.vocab > max_states:
             raise ValueError(f"the mixed states after {depth + 1} tokens may number {len(beliefs) * hmm.vocab}, "
                              f"more than max_states={max_states}")
-        beliefs, weights = _branch(matrices, beliefs, weights)
+        beliefs, weights = _branch(hmm, beliefs, weights)
     return beliefs, weights
 
 
@@ -201,7 +199,7 @@ def _enumerate(key: tuple, max_states: int) -> _Enumeration:
     """Both enumerations side by side, a token at a time, until the bounds meet (within 1e-12), both outgrow
     `max_states` beliefs (each stops there; the lower one never goes deeper than the upper one) or MAX_DEPTH."""
     hmm = _from_key(key)
-    matrices, emission = hmm.transition_matrices, hmm.emission_law
+    emission = hmm.emission_law
     known = hmm.stationary > 0
     upper_state = (hmm.stationary[None], torch.ones(1, dtype=torch.float64))
     lower_state = (torch.eye(hmm.hidden, dtype=torch.float64)[known], hmm.stationary[known])
@@ -212,11 +210,11 @@ def _enumerate(key: tuple, max_states: int) -> _Enumeration:
             break
         grew = False
         if len(upper_state[0]) * hmm.vocab <= max_states:
-            upper_state = _branch(matrices, *upper_state)
+            upper_state = _branch(hmm, *upper_state)
             upper.append(_expected_entropy(*upper_state, emission))
             grew = True
         if len(lower) < len(upper) and len(lower_state[0]) * hmm.vocab <= max_states:
-            lower_state = _branch(matrices, *lower_state)
+            lower_state = _branch(hmm, *lower_state)
             lower.append(_expected_entropy(*lower_state, emission))
             grew = True
         if not grew:
@@ -303,14 +301,12 @@ def _mc_entropy_rate(hmm: HiddenMarkov, *, seed: int, tol: float) -> tuple[float
     while float(gap.mean()) / 2 > tol / 2 and burn_in < MAX_DEPTH:
         burn_in *= 2
         mid, gap = _window_entropies(hmm, _MC_ROUND, burn_in, generator)
-    mids, gaps = [mid], [gap]
-    while len(mids) * _MC_ROUND < _MC_MAX and float(torch.cat(mids).std()) / math.sqrt(len(mids) * _MC_ROUND) > tol / 2:
+    total, square, gaps, done = mid.sum(), (mid**2).sum(), gap.sum(), len(mid)
+    while done < _MC_MAX and float(_mean_se(total, square, done)[1]) > tol / 2:
         mid, gap = _window_entropies(hmm, _MC_ROUND, burn_in, generator)
-        mids.append(mid)
-        gaps.append(gap)
-    mid, gap = torch.cat(mids), torch.cat(gaps)
-    se = float(mid.std()) / math.sqrt(len(mid))
-    return float(mid.mean()), math.hypot(se, float(gap.mean()) / 2)
+        total, square, gaps, done = total + mid.sum(), square + (mid**2).sum(), gaps + gap.sum(), done + len(mid)
+    mean, se = _mean_se(total, square, done)
+    return float(mean), math.hypot(float(se), float(gaps) / done / 2)
 
 
 # -------------------------------------------------------------------------------------------- the references

@@ -16,21 +16,13 @@ import torch
 from markov_interp import theory
 from markov_interp.hmm import PRESETS, HiddenMarkov, hmm_preset
 from markov_interp.theory import hidden
+from tests.sources.test_hmm import as_hmm  # a first-order chain as an HMM (hidden state = last token)
 
 LN2 = math.log(2)
 
 
 def gen(seed):
     return torch.Generator().manual_seed(seed)
-
-
-def as_hmm(kernel):
-    """A first-order chain as an HMM whose hidden state is the last token (unifilar)."""
-    k = torch.as_tensor(kernel, dtype=torch.float64)
-    t = torch.zeros(len(k), len(k), len(k), dtype=torch.float64)
-    for x in range(len(k)):
-        t[x, :, x] = k[:, x]
-    return HiddenMarkov(t)
 
 
 def split_state_hmm(kernel, share=0.3):
