@@ -94,6 +94,9 @@ _TRAIN_SHORTCUTS = (
         "columns: next state; for order k, nested k+1 deep or flat [V**k, V])")),
     ("data", "--order", "source.order", dict(type=int, help="markov / random: chain order k (default 1)")),
     ("data", "--pool-size", "source.pool_size", dict(type=int, help="random: N kernels, one drawn per sequence")),
+    ("data", "--process", "source.process", dict(
+        help="hmm: mess3 (default), rrxor, z1r, random (parameters: --set source.params='{\"x\": 0.1}'), or custom "
+        "with --set source.matrices=T[x][i][j]")),
     ("model", "--preset", "model.preset", dict(
         help="paper-1layer (default for fixed kernels), paper-2layer, attn-only-2layer (default for random)")),
     ("model", "--layers", "model.n_layers", dict(type=int, help="number of blocks")),
@@ -356,22 +359,12 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 def _train_summary(result, out) -> str:
-    """One line: the final eval loss beside theory's references (with their standard errors where they show)."""
-    from markov_interp.theory import format_loss
-
+    """One line: the final eval loss beside theory's references (`ReferenceLosses.describe`: each named for what it
+    is, with its standard error where it shows)."""
     f = result.final
-
-    def ref(value: float, key: str) -> str:
-        return format_loss(value, getattr(f.references, f"{key}_se"))
-
-    in_context = f.bayes_loss is not None
-    parts = [f"final eval loss {f.eval_loss:.4f} nats", f"entropy rate {ref(f.entropy_rate, 'entropy_rate')}",
-             f"{'in-context ' if in_context else ''}unigram loss {ref(f.unigram_loss, 'unigram_loss')}"]
-    if in_context:
-        parts.append(f"in-context Bayes loss {ref(f.bayes_loss, 'bayes_loss')}")
     status = "already trained" if result.already_done else (
         f"resumed from step {result.resumed_from}" if result.resumed_from else "trained")
-    return f"{status} ({f.step} steps): " + ", ".join(parts) + f" -> {out}"
+    return f"{status} ({f.step} steps): final eval loss {f.eval_loss:.4f} nats, {f.references.describe()} -> {out}"
 
 
 def _add_probe(sub: argparse._SubParsersAction) -> None:

@@ -260,7 +260,9 @@ def total_variation(p: Float[Tensor, "*#batch vocab"], q: Float[Tensor, "*#batch
 class ProbeBatch:
     """Sequences a probe runs on, with the source they were drawn from and the kernel of each sequence.
 
-    `source` is the source (its `predictive` is the Bayes-optimal law a model is compared with). `kernels[b]` is
+    `source` is the source (its `predictive` is the Bayes-optimal law a model is compared with). A source without
+    a kernel (a hidden Markov source, `sources.HiddenSource`) gives `kernels`, `order` and `initial` None: the
+    probes that compare the model with each sequence's kernel refuse it (`check_batch`). `kernels[b]` is
     sequence b's kernel as [V**order, V] (rows indexed by the base-V number of the last `order` states, oldest
     first): the same fixed kernel for every row of a `MarkovChain`, a fresh Dirichlet draw per row of a
     `RandomMarkov`. `initial[b]` is the law sequence b's first `order` states were drawn from, over contexts
@@ -268,16 +270,18 @@ class ProbeBatch:
     """
 
     tokens: Int[Tensor, "batch pos"]
-    kernels: Float[Tensor, "batch context vocab"]
+    kernels: Optional[Float[Tensor, "batch context vocab"]]  # None: a source without a kernel
     vocab: int
-    order: int
+    order: Optional[int]
     random_kernel: bool  # the source's `in_context`: a kernel per sequence (none to learn in weights)
     beta: float  # add-beta smoothing of the in-context references: the prior's alpha, 1/2 for a fixed chain
-    source: KernelSource
+    source: Source
     initial: Optional[Float[Tensor, "batch context"]] = None
 
     def _headline(self) -> str:  # one line, not the tensors
         batch, seq = self.tokens.shape
+        if self.kernels is None:
+            return f"{batch} sequences x {seq} states over {self.vocab} states from {self.source!r} (no kernel)"
         kind = "a random kernel per sequence" if self.random_kernel else "one fixed kernel"
         return (f"{batch} sequences x {seq} states over {self.vocab} states, order {self.order}, {kind}, "
                 f"beta {self.beta:g}")
@@ -300,17 +304,25 @@ def check_batch(batch: Any, where: str) -> ProbeBatch:
     if not isinstance(batch, ProbeBatch):
         raise ValueError(f"{where} compares the model with each sequence's kernel, so it takes a ProbeBatch "
                          f"(probes.sample_batch(source, n_sequences=..., seq_len=..., seed=...)), got {_describe(batch)}")
+    if batch.kernels is None:
+        raise ValueError(f"{where} compares the model with each sequence's kernel, and {batch.source!r} has none "
+                         f"(it needs a sources.KernelSource; a hidden Markov source's batch goes to the belief "
+                         f"probes, probes.belief_probes)")
     return batch
 
 
-def sample_batch(source: KernelSource, *, n_sequences: int, seq_len: int, seed: int) -> ProbeBatch:
-    """Draw `n_sequences` sequences of `seq_len` states from `source` with a CPU generator seeded by `seed`."""
+def sample_batch(source: Source, *, n_sequences: int, seq_len: int, seed: int) -> ProbeBatch:
+    """Draw `n_sequences` sequences of `seq_len` states from `source` with a CPU generator seeded by `seed`: with
+    each sequence's kernel for a `sources.KernelSource`, the tokens alone for any other source (`kernels` None)."""
     check_int("n_sequences", n_sequences, minimum=2)
     check_int("seq_len", seq_len, minimum=2)
     check_int("seed", seed)
-    if not isinstance(source, KernelSource):
+    if not isinstance(source, Source):
         raise ValueError(f"source must be {_SOURCE_TAKES}, got {type(source).__name__}")
     gen = torch.Generator().manual_seed(seed)
+    if not isinstance(source, KernelSource):
+        return ProbeBatch(tokens=source.sample(n_sequences, seq_len, gen), kernels=None, vocab=source.vocab,
+                          order=None, random_kernel=source.in_context, beta=0.5, source=source)
     tokens, kernels = source.sample(n_sequences, seq_len, gen, return_kernels=True)
     kernels = kernels.contiguous()  # a fixed chain gives one kernel expanded over the rows
     return ProbeBatch(
@@ -348,6 +360,7 @@ def kernel_probs(batch: ProbeBatch) -> Probs:
 
 def _distinct_kernels(batch: ProbeBatch) -> Float[Tensor, "kernels context vocab"]:
     """The kernels as [1, V**k, V] for a fixed chain (one kernel serves every row), else one per sequence."""
+    check_batch(batch, "a kernel law (kernel_probs, stationary_probs)")
     return batch.kernels if batch.random_kernel else batch.kernels[:1]
 
 
@@ -417,7 +430,7 @@ _TAKES = {  # what a parameter of each annotated type takes, in words
     ProbeBatch: "a ProbeBatch (probes.sample_batch(source, n_sequences=..., seq_len=..., seed=...))",
     Tensor: "a torch tensor",
 }
-_SOURCE_TAKES = ("a Markov source (a sources.KernelSource: BinaryChain, MarkovChain, RandomMarkov, CyclicMarkov, "
+_SOURCE_TAKES = ("a Markov source (a sources.Source: BinaryChain, MarkovChain, RandomMarkov, CyclicMarkov, HiddenMarkov, "
                  "...; e.g. SourceConfig(...).build())")
 _SKIP = (int, float, str, bool, type(None))  # plain values: the probes' own ValueErrors name bad ones
 

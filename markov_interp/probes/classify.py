@@ -61,7 +61,7 @@ from torch import Tensor
 from markov_interp import theory
 from markov_interp._threads import one_thread_if_tiny
 from markov_interp.config import bounds, check_fields
-from markov_interp.sources import Source
+from markov_interp.sources import KernelSource, Source
 from markov_interp.models import HookedModel
 from markov_interp.probes._common import (
     PROBE_SEQUENCES,
@@ -601,6 +601,10 @@ def _probe_batch(model: HookedModel, source: Source, batch: Optional[ProbeBatch]
                  seq_len: Optional[int], seed: int, thresholds: Thresholds) -> ProbeBatch:
     """The caller's probe batch, checked against `source`, or a fresh seeded one (and the source and thresholds
     checked)."""
+    if not isinstance(source, KernelSource):
+        raise ValueError(f"classify_mechanism names the law a model predicts a Markov chain's next state with, which "
+                         f"needs a source with a kernel (a sources.KernelSource), got {type(source).__name__}; for a "
+                         f"hidden Markov source probe the beliefs (probes.belief_probes)")
     check_source_matches(model, source)
     if not isinstance(thresholds, Thresholds):
         raise TypeError(f"thresholds must be a Thresholds, got {type(thresholds).__name__}")

@@ -687,13 +687,15 @@ def load_metrics(run_dir: "str | os.PathLike") -> list[dict]:
     return rows
 
 
-_ROW_KINDS = {"reason": str, "diverged": bool}  # the row's fields that are not numbers (a divergence row's)
+# the row's fields that are not numbers: a divergence row's, and how a hidden source's entropy rate was found
+# (`theory.ReferenceLosses.as_row`)
+_ROW_KINDS = {"reason": str, "diverged": bool, "entropy_rate_method": str}
 
 
 def check_metrics_row(row: Any) -> dict:
     """`row` if it is a metrics row as training writes it: a JSON object whose "step" is an integer >= 0, whose
-    "diverged" is true or false and "reason" a string, and whose every other value is a number (NaN and infinity
-    included: a diverging run logs them) or null. ValueError naming the field otherwise (a row `[1, 2]`, a loss
+    "diverged" is true or false, "reason" and "entropy_rate_method" strings, and whose every other value is a
+    number (NaN and infinity included: a diverging run logs them) or null. ValueError naming the field otherwise (a row `[1, 2]`, a loss
     written as text: readers used to fail on them with a raw AttributeError or TypeError naming no file).
 
     >>> check_metrics_row({"step": 3, "train_loss": "0.5"})

@@ -9,11 +9,16 @@
   `zero_diagonal=True` no state follows itself.
 - `cyclic`: `CyclicMarkov(vocab, alpha)` (kind "cyclic"), a fresh cyclic chain per sequence, each state staying
   with probability s_x ~ Beta(alpha, alpha) or moving on to the next state mod V.
+- `hmm`: `HiddenMarkov(matrices)` (kind "hmm"), tokens emitted by a hidden Markov chain given by labelled
+  transition matrices T[x, i, j] = P(emit x, move to j | in i); presets `hmm_preset("mess3" | "rrxor" | "z1r" |
+  "random")` (Shai et al. 2024); its `predictive` is the forward filter's Bayes prediction, `belief_states` the
+  belief over hidden states.
 - `sampling` (the vectorised chain sampler every kernel source draws with, from a generator or from the counter
   stream) and `stacked` (one batch per member of a stack of runs: `stacked_sampler` from a generator per member,
   stream "torch-1"; `stream_sampler` from the counter stream, stream "counter-1", `markov_interp.streams`);
   `contexts` (the chain on contexts, its stationary law, memory blocks).
-- `base`: the `Source` protocol (vocab, in_context, sample, predictive; `KernelSource` adds the kernel members),
+- `base`: the `Source` protocol (vocab, in_context, sample, predictive; `KernelSource` adds the kernel members,
+  `HiddenSource` the hidden chain's),
   `SourceConfig` and the registry of kinds (`register_source`, `source_kinds`).
 
 Every source's `predictive(tokens)` is its Bayes-optimal next-state law given the prefix (a fixed kernel's rows,
@@ -27,6 +32,7 @@ from markov_interp.sources.base import (
     FLAT_LAYOUT,
     InitialLaw,
     Kernels,
+    HiddenSource,
     KernelSource,
     Probs,
     Source,
@@ -67,15 +73,18 @@ from markov_interp.sources.dirichlet import (
     transition_counts,
 )
 from markov_interp.sources.cyclic import CyclicMarkov, CyclicMarkovConfig
+from markov_interp.sources.hmm import HiddenMarkov, HiddenMarkovConfig, hmm_preset, validate_hmm
 from markov_interp.sources.stacked import stacked_sampler, stream_sampler
 
 __all__ = [
     # the protocol and the registry of kinds
-    "Source", "KernelSource", "StreamSource", "SourceConfig", "register_source", "source_kinds", "source_config_class",
-    "source_options", "DEFAULT_KIND", "FLAT_LAYOUT", "Tokens", "Probs", "Kernels", "InitialLaw",
+    "Source", "KernelSource", "HiddenSource", "StreamSource", "SourceConfig", "register_source", "source_kinds",
+    "source_config_class", "source_options", "DEFAULT_KIND", "FLAT_LAYOUT", "Tokens", "Probs", "Kernels",
+    "InitialLaw",
     # the sources and their configs
     "BinaryChain", "BinaryChainConfig", "MarkovChain", "MarkovChainConfig", "RandomMarkov", "RandomMarkovConfig",
-    "CyclicMarkov", "CyclicMarkovConfig", "validate_kernel", "stacked_sampler", "stream_sampler",
+    "CyclicMarkov", "CyclicMarkovConfig", "HiddenMarkov", "HiddenMarkovConfig", "hmm_preset", "validate_kernel",
+    "validate_hmm", "stacked_sampler", "stream_sampler",
     # laws given a prefix
     "kernel_predictions", "add_beta_predictions", "state_counts", "transition_counts", "pool_log_likelihoods",
     "pool_posterior", "pool_bayes_predictions",

@@ -1,6 +1,6 @@
-"""What a source is: the `Source` protocol (and `KernelSource`, a source with a finite-order kernel per sequence),
-the first-context laws the kernel sources share, and `SourceConfig`, the base of one config class per kind,
-registered by name.
+"""What a source is: the `Source` protocol and its two families (`KernelSource`, a source with a finite-order kernel
+per sequence; `HiddenSource`, a source emitting from a hidden chain), the first-context laws the kernel sources
+share, and `SourceConfig`, the base of one config class per kind, registered by name.
 
 A kind is a config class (a frozen, keyword-only dataclass deriving from `SourceConfig`) registered with
 `@register_source("name")`; its first docstring line is the kind's one-line help (the CLI's `--source` help) and
@@ -122,6 +122,26 @@ class StreamSource(Protocol):
                       step: Any) -> Int[Tensor, "member batch pos"]: ...
 
 
+@runtime_checkable
+class HiddenSource(Source, Protocol):
+    """A `Source` that emits from a hidden Markov chain given by labelled transition matrices (`sources.hmm`): what
+    theory's hidden references (`theory.hidden`) and the belief probes (`probes.beliefs`) read. It has no kernel
+    of finite order: the law of the next token depends on the whole prefix through the belief.
+
+    - `hidden`: the number of hidden states.
+    - `transition_matrices`: T[x, i, j] = P(emit x, move to j | in i), float64 [vocab, hidden, hidden].
+    - `belief_states(tokens)`: P(hidden state after x_t | x_0..x_t) from the stationary start, float64
+      [batch, pos, hidden] (the forward filter; its `predictive` is the belief times the emission law).
+    """
+
+    hidden: int
+
+    @property
+    def transition_matrices(self) -> Float[Tensor, "vocab hidden hidden"]: ...
+
+    def belief_states(self, tokens: Tokens) -> Float[Tensor, "batch pos hidden"]: ...
+
+
 def initial_context_law(initial: InitialLaw, kernel: Tensor | None, vocab: int, order: int) -> Tensor | str:
     """The law of the first `order` states as a law over the V**order contexts, or "stationary" when it is each
     kernel's own and no single kernel is given.
@@ -228,6 +248,12 @@ class SourceConfig(Config, metaclass=_KindDispatch):
     def summary(cls) -> str:
         """The kind's one-line help: the first line of its class docstring."""
         return (cls.__doc__ or cls.__name__).strip().splitlines()[0]
+
+    def data_bytes(self, *, batch: int, length: int, members: int) -> Optional[tuple[int, int]]:
+        """(sampler, references): the bytes the training plan (`training.plan`) counts for drawing `members` x
+        `batch` sequences of `length` states and for theory's references; None (the default) for a chain with a
+        kernel of order `order` per sequence, which the plan estimates itself from `order` and `pool_size`."""
+        return None
 
     def reference_key(self) -> dict[str, Any]:
         """The options that identify this source's laws in theory's reference cache: the kind and every option set

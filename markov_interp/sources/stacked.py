@@ -13,6 +13,7 @@ from markov_interp import streams
 from markov_interp.sources.base import KernelSource, Source, StreamSource
 from markov_interp.sources.dirichlet import RandomMarkov
 from markov_interp.sources.fixed import MarkovChain
+from markov_interp.sources.hmm import HiddenMarkov
 from markov_interp.sources.sampling import StackTokens, _check_sizes, _gamma_many, _sample_chain, kernel_stream_sampler
 
 
@@ -28,7 +29,8 @@ def stacked_sampler(sources: Sequence[Source], batch: int, seq_len: int,
     sampled one by one. On the CPU member k's rows are `sources[k].sample(batch, seq_len,
     generator=generators[k])` bit for bit (the CPU generator fills in order, so one draw is `sample`'s two); a
     CUDA generator's stream depends on how a draw is split, so there they are this function's own (still the
-    same for a member alone and in any stack).
+    same for a member alone and in any stack). Hidden Markov sources draw their uniforms member by member
+    (`HiddenMarkov.uniforms`, what `sample` draws) and the members of one source object become tokens at once.
 
     Args:
         sources: one source per member.
@@ -48,6 +50,8 @@ def stacked_sampler(sources: Sequence[Source], batch: int, seq_len: int,
         raise ValueError(f"need one generator per source and at least one source, got {len(sources)} sources and "
                          f"{len(generators)} generators")
     _check_sizes(batch, seq_len, sources[0], generators[0].device, members=len(sources))
+    if all(isinstance(s, HiddenMarkov) for s in sources):
+        return _stacked_hidden(sources, batch, seq_len, generators)
     chains = all(isinstance(s, (MarkovChain, RandomMarkov)) for s in sources)
     if not chains or len({(isinstance(s, RandomMarkov), s.vocab, s.order) for s in sources}) != 1:
         return lambda: torch.stack([s.sample(batch, seq_len, generator=g) for s, g in zip(sources, generators)])
@@ -67,6 +71,26 @@ def stacked_sampler(sources: Sequence[Source], batch: int, seq_len: int,
         tokens = _sample_chain(cdf, first, vocab=vocab, order=order, seq_len=seq_len, generator=None,
                                device=device, u=u)
         return tokens.view(len(sources), batch, seq_len)
+
+    return sample
+
+
+def _stacked_hidden(sources: Sequence[HiddenMarkov], batch: int, seq_len: int,
+                    generators: Sequence[torch.Generator]) -> Callable[[], Int[Tensor, "member batch pos"]]:
+    """The stacked sampler of hidden Markov members: each member's uniforms from its own generator, then one
+    mapping to tokens per source object (a stack of seeds is one), row by row what `sample` computes."""
+    groups: dict[int, list[int]] = {}
+    for k, source in enumerate(sources):
+        groups.setdefault(id(source), []).append(k)
+    device = generators[0].device
+
+    def sample() -> Int[Tensor, "member batch pos"]:
+        draws = [s.uniforms(batch, seq_len, g, device) for s, g in zip(sources, generators)]
+        out = torch.empty(len(sources), batch, seq_len, dtype=torch.int64, device=device)
+        for members in groups.values():
+            tokens = sources[members[0]]._from_uniforms(torch.cat([draws[k] for k in members]))[0]
+            out[members] = tokens.view(len(members), batch, seq_len)
+        return out
 
     return sample
 

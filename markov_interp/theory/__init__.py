@@ -9,10 +9,11 @@
   `plateau_predictions` for fixed chains and the probes' `stationary_probs`.
 - `pool_unigram_predictions`: unigram retrieval from a finite pool of kernels (`RandomMarkov(pool_size=N)`).
 - `in_context_loss_curve`: the expected loss per position of the in-context add-beta estimator.
-- `hidden_references` (module `hidden`): the references of a hidden Markov source (`hmm.HiddenMarkov`): the exact
-  per-position Bayes loss (mixed-state enumeration), the entropy rate (exact for unifilar presentations,
+- `hidden_references` (module `hidden`): the references of a hidden Markov source (`sources.HiddenMarkov`): the
+  exact per-position Bayes loss (mixed-state enumeration), the entropy rate (exact for unifilar presentations,
   bracketed or Monte Carlo otherwise) and the losses of predicting from the last k tokens.
-- `reference_losses`: the references of a source as a `ReferenceLosses`, each with its standard error. Fixed
+- `reference_losses`: the references of a source as a `ReferenceLosses`, each with its standard error, found
+  through the source's family (`ReferenceFamily`: kernel sources here, hidden sources in `hidden`). Fixed
   chains: exact. Random kernels: E[entropy rate] and E[H(pi)] by quadrature (two states) or Monte Carlo to 1e-4
   (exact averages over a finite pool); the in-context Bayes, add-alpha and in-context unigram losses by
   Rao-Blackwellised Monte Carlo with control variates to below 1e-3 (checked against exact enumeration of short
@@ -29,8 +30,8 @@ Order-k kernels ([V]*k + [V]) are handled through the chain on contexts (the las
 The package has one module per idea, each importing only those listed before it (and `_stats`, the Monte Carlo
 summaries): `fixed` (laws of one fixed chain), `pools` (finite pools of kernels), `cache` (the on-disk cache of
 reference values and its entry schemas), `expectations` (E[entropy rate], E[H(pi)] over random kernels),
-`in_context` (the in-context Monte Carlo), `hidden` (hidden Markov sources) and `references` (the plateau
-predictor of a source, `reference_losses`).
+`in_context` (the in-context Monte Carlo), `references` (the families of sources, the plateau predictor of a
+source, `reference_losses`) and `hidden` (hidden Markov sources, registered as a family).
 Everything public is re-exported here (`theory.X`). A test that replaces a private name patches the module that
 uses it (`theory.cache._code_version`, ...): a name here is only a re-export.
 """
@@ -58,27 +59,30 @@ from markov_interp.theory.fixed import (
     target_log_loss,
     unigram_loss,
 )
-from markov_interp.theory.hidden import (
+from markov_interp.theory.in_context import _in_context_references, in_context_loss_curve
+from markov_interp.theory.pools import pool_unigram_predictions
+from markov_interp.theory.references import (
+    ReferenceFamily,
+    ReferenceLosses,
+    _random_references,
+    format_loss,
+    paired_losses,
+    plateau_predictions,
+    reference_family,
+    reference_losses,
+    reference_needs,
+    register_references,
+)
+from markov_interp.theory.hidden import (  # after references: it registers the hidden family there
     BayesLossCurve,
-    HiddenReferences,
     bayes_loss_curve,
     context_loss,
     entropy_rate_bounds,
     hidden_entropy_rate,
     hidden_references,
     mixed_states,
+    stationary_token_predictions,
     word_law,
-)
-from markov_interp.theory.in_context import _in_context_references, in_context_loss_curve
-from markov_interp.theory.pools import pool_unigram_predictions
-from markov_interp.theory.references import (
-    ReferenceLosses,
-    _random_references,
-    format_loss,
-    paired_losses,
-    plateau_predictions,
-    reference_losses,
-    reference_needs,
 )
 
 __all__ = [
@@ -94,8 +98,9 @@ __all__ = [
     "in_context_loss_curve",
     # hidden Markov sources
     "word_law", "context_loss", "mixed_states", "entropy_rate_bounds", "hidden_entropy_rate", "BayesLossCurve",
-    "bayes_loss_curve", "HiddenReferences", "hidden_references",
+    "bayes_loss_curve", "hidden_references", "stationary_token_predictions",
     # a source's references
     "plateau_predictions", "paired_losses", "ReferenceLosses",
-    "format_loss", "reference_losses", "reference_needs",
+    "format_loss", "reference_losses", "reference_needs", "ReferenceFamily", "register_references",
+    "reference_family",
 ]

@@ -1,4 +1,5 @@
-"""Exact references of a hidden Markov source (`hmm.HiddenMarkov`): what loss a model trained on it should reach.
+"""Exact references of a hidden Markov source (`sources.HiddenMarkov`, any `sources.HiddenSource`): what loss a
+model trained on it should reach.
 
 - `word_law` / `context_loss`: the stationary law of k + 1 consecutive tokens, and from it the loss of the best
   predictor that sees only the last k tokens, H(X_k | X_0..X_{k-1}) (k = 0: the unigram loss H(X_0)). Exact.
@@ -11,7 +12,8 @@
   i)); RRXOR, Z1R); otherwise bracketed: the Bayes loss at position d is an upper bound, the loss of the filter
   that also knows the first hidden state a lower bound (Cover & Thomas, Theorem 4.5.1), both exact by enumeration
   and tight within 3e-7 for Mess3; a long-run Monte Carlo estimate with its standard error where they are not.
-- `hidden_references`: all of these for a sequence length, as a `HiddenReferences` (cached in memory).
+- `hidden_references`: all of these for a sequence length, as a `theory.ReferenceLosses` (cached in memory), and
+  `stationary_token_predictions`, the plateau: the hidden family of `theory.reference_losses` (registered here).
 
 Each value says how it was found: "exact" (enumeration; no error), "bracket" (its error is the half-width of a
 rigorous interval, which bounds the error) or "monte carlo" (its error is a standard error).
@@ -22,14 +24,15 @@ import functools
 import math
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp._display import displayed
 from markov_interp.config import check_int, check_number
-from markov_interp.hmm import HiddenMarkov
+from markov_interp.sources import HiddenMarkov, HiddenSource
 from markov_interp.theory._stats import _mean_se
 from markov_interp.theory.fixed import entropy
+from markov_interp.theory.references import ReferenceFamily, ReferenceLosses, register_references
 
 MAX_STATES = 1 << 18  # beliefs an enumeration may hold (about a second for Mess3, exact to position 10)
 MAX_DEPTH = 4096  # tokens an enumeration follows at most (a process whose beliefs stay few but never settle)
@@ -40,12 +43,17 @@ _MC_MAX = 1 << 17  # sequences at most (the standard error then stays above tol,
 WORD_LIMIT = 1 << 22  # words x hidden states `word_law` builds at most
 
 
-def _check_hmm(hmm: object) -> None:
-    if not isinstance(hmm, HiddenMarkov):
-        raise ValueError(f"expected a hmm.HiddenMarkov, got {type(hmm).__name__}")
+def _as_hmm(source: object) -> HiddenMarkov:
+    """`source` as a `HiddenMarkov` (any `sources.HiddenSource` through its transition matrices)."""
+    if isinstance(source, HiddenMarkov):
+        return source
+    if isinstance(source, HiddenSource):
+        return HiddenMarkov(source.transition_matrices)
+    raise ValueError(f"expected a hidden Markov source (a sources.HiddenSource such as sources.HiddenMarkov), got "
+                     f"{type(source).__name__}")
 
 
-def word_law(hmm: HiddenMarkov, length: int) -> Float[Tensor, " word"]:
+def word_law(hmm: HiddenSource, length: int) -> Float[Tensor, " word"]:
     """P(x_0..x_{length-1}) of every word of `length` tokens under the stationary process, words in base-vocab
     order (x_0 most significant): pi T[x_0] T[x_1] ... 1.
 
@@ -56,11 +64,11 @@ def word_law(hmm: HiddenMarkov, length: int) -> Float[Tensor, " word"]:
     Returns:
         float64 [vocab ** length], summing to 1.
 
-    >>> from markov_interp.hmm import hmm_preset
+    >>> from markov_interp.sources import hmm_preset
     >>> word_law(hmm_preset("z1r"), 2)  # 00, 01, 10, 11
     tensor([0.1667, 0.3333, 0.3333, 0.1667], dtype=torch.float64)
     """
-    _check_hmm(hmm)
+    hmm = _as_hmm(hmm)
     check_int("length", length, minimum=0)
     if hmm.vocab**length * hmm.hidden > WORD_LIMIT:
         raise ValueError(f"{hmm.vocab}**{length} words of {hmm.hidden} hidden states exceed {WORD_LIMIT} entries")
@@ -70,7 +78,7 @@ def word_law(hmm: HiddenMarkov, length: int) -> Float[Tensor, " word"]:
     return forward.sum(-1)
 
 
-def context_loss(hmm: HiddenMarkov, k: int) -> float:
+def context_loss(hmm: HiddenSource, k: int) -> float:
     """The loss in nats of the best predictor that sees only the last k tokens: H(X_k | X_0..X_{k-1}) =
     H(X_0..X_k) - H(X_0..X_{k-1}) under the stationary process (the (k+1)-gram law, `word_law`). Exact.
 
@@ -85,7 +93,7 @@ def context_loss(hmm: HiddenMarkov, k: int) -> float:
     Returns:
         The loss in nats per token.
 
-    >>> from markov_interp.hmm import hmm_preset
+    >>> from markov_interp.sources import hmm_preset
     >>> [round(context_loss(hmm_preset("z1r"), k) / math.log(2), 4) for k in (0, 1, 2)]  # in bits
     [1.0, 0.9183, 0.6667]
     """
@@ -128,7 +136,7 @@ def _equal_rows(rows: Tensor) -> tuple[Tensor, int]:
     return index, int(groups[-1]) + 1
 
 
-def mixed_states(hmm: HiddenMarkov, n_tokens: int, *,
+def mixed_states(hmm: HiddenSource, n_tokens: int, *,
                  max_states: int = MAX_STATES) -> tuple[Float[Tensor, "state hidden"], Float[Tensor, " state"]]:
     """Every belief the forward filter reaches after `n_tokens` tokens from the stationary start, with its
     probability: the mixed-state presentation of the process at that depth (the points of Shai et al.'s belief
@@ -142,14 +150,14 @@ def mixed_states(hmm: HiddenMarkov, n_tokens: int, *,
     Returns:
         (beliefs [state, hidden], probabilities [state]), float64; the probabilities sum to 1.
 
-    >>> from markov_interp.hmm import hmm_preset
+    >>> from markov_interp.sources import hmm_preset
     >>> beliefs, probs = mixed_states(hmm_preset("z1r"), 3)  # synchronised after three tokens
     >>> beliefs, probs
     (tensor([[0., 0., 1.],
             [0., 1., 0.],
             [1., 0., 0.]], dtype=torch.float64), tensor([0.3333, 0.3333, 0.3333], dtype=torch.float64))
     """
-    _check_hmm(hmm)
+    hmm = _as_hmm(hmm)
     check_int("n_tokens", n_tokens, minimum=0)
     check_int("max_states", max_states, minimum=1)
     beliefs, weights = hmm.stationary[None], torch.ones(1, dtype=torch.float64)
@@ -225,7 +233,7 @@ def _enumerate(key: tuple, max_states: int) -> _Enumeration:
     return _Enumeration(tuple(upper), tuple(lower))
 
 
-def entropy_rate_bounds(hmm: HiddenMarkov, *, max_states: int = MAX_STATES) -> tuple[float, float]:
+def entropy_rate_bounds(hmm: HiddenSource, *, max_states: int = MAX_STATES) -> tuple[float, float]:
     """A rigorous bracket (lower, upper) of the entropy rate, both ends exact by enumeration.
 
     The Bayes loss at position d, H(X_{d+1} | X_0..X_d), falls to the entropy rate; the loss of the filter that
@@ -240,12 +248,12 @@ def entropy_rate_bounds(hmm: HiddenMarkov, *, max_states: int = MAX_STATES) -> t
     Returns:
         (lower, upper) in nats.
 
-    >>> from markov_interp.hmm import hmm_preset
+    >>> from markov_interp.sources import hmm_preset
     >>> lower, upper = entropy_rate_bounds(hmm_preset("mess3"))
     >>> round(lower, 6), upper - lower < 1e-6
     (0.793457, True)
     """
-    _check_hmm(hmm)
+    hmm = _as_hmm(hmm)
     check_int("max_states", max_states, minimum=1)
     return _enumerate(_hmm_key(hmm), max_states).bracket
 
@@ -310,7 +318,7 @@ def _mc_entropy_rate(hmm: HiddenMarkov, *, seed: int, tol: float) -> tuple[float
 
 
 # -------------------------------------------------------------------------------------------- the references
-def hidden_entropy_rate(hmm: HiddenMarkov, *, tol: float = 5e-4, seed: int = 0,
+def hidden_entropy_rate(hmm: HiddenSource, *, tol: float = 5e-4, seed: int = 0,
                         max_states: int = MAX_STATES) -> tuple[float, float, str]:
     """The entropy rate in nats: the loss of the Bayes-optimal predictor once its belief has synchronised, the
     global optimum of a model trained on the process (late in the sequence).
@@ -329,12 +337,12 @@ def hidden_entropy_rate(hmm: HiddenMarkov, *, tol: float = 5e-4, seed: int = 0,
     Returns:
         (value, error, method).
 
-    >>> from markov_interp.hmm import hmm_preset
+    >>> from markov_interp.sources import hmm_preset
     >>> value, error, method = hidden_entropy_rate(hmm_preset("rrxor"))
     >>> round(value / math.log(2), 6), error, method  # 2/3 bit
     (0.666667, 0.0, 'exact')
     """
-    _check_hmm(hmm)
+    hmm = _as_hmm(hmm)
     check_number("tol", tol, positive=True)
     check_int("seed", seed, minimum=0)
     check_int("max_states", max_states, minimum=1)
@@ -369,7 +377,7 @@ class BayesLossCurve:
     mean_error: float
 
 
-def bayes_loss_curve(hmm: HiddenMarkov, n_positions: int, *, tol: float = 5e-4, seed: int = 0,
+def bayes_loss_curve(hmm: HiddenSource, n_positions: int, *, tol: float = 5e-4, seed: int = 0,
                      n_sequences: int | None = None, max_states: int = MAX_STATES) -> BayesLossCurve:
     """The Bayes-optimal loss per position, E[-log P(x_{t+1} | x_0..x_t)] for t = 0..n_positions-1, from the
     stationary start: the loss a model reaches when its prediction is the forward filter's. It falls from the
@@ -389,11 +397,11 @@ def bayes_loss_curve(hmm: HiddenMarkov, n_positions: int, *, tol: float = 5e-4, 
     Returns:
         A `BayesLossCurve`.
 
-    >>> from markov_interp.hmm import hmm_preset
+    >>> from markov_interp.sources import hmm_preset
     >>> [round(v, 4) for v in bayes_loss_curve(hmm_preset("z1r"), 4).values]
     [0.6365, 0.4621, 0.231, 0.231]
     """
-    _check_hmm(hmm)
+    hmm = _as_hmm(hmm)
     check_int("n_positions", n_positions, minimum=1)
     check_number("tol", tol, positive=True)
     check_int("seed", seed, minimum=0)
@@ -422,72 +430,63 @@ def bayes_loss_curve(hmm: HiddenMarkov, n_positions: int, *, tol: float = 5e-4, 
                           mean=sum(values) / n_positions, mean_error=mean_error)
 
 
-@displayed
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class HiddenReferences:
-    """The losses (nats per token) a model trained on a hidden Markov source is compared with.
+def hidden_references(hmm: HiddenSource, seq_len: int, *, seed: int = 0, tol: float = 5e-4,
+                      n_sequences: int | None = None, max_states: int = MAX_STATES) -> ReferenceLosses:
+    """All the references of a hidden Markov source for sequences of `seq_len` tokens (seq_len - 1 targets), as
+    the `ReferenceLosses` every source's references are (cached in memory; `theory.reference_losses` gives them
+    for any `sources.HiddenSource`).
 
-    - `entropy_rate`, `entropy_rate_error`, `entropy_rate_method`: see `hidden_entropy_rate`.
-    - `context_losses`: the loss of the best predictor from the last k tokens, k = 0, 1, 2 (`context_loss`;
-      exact): k = 0 the unigram plateau, k = 1 bigram, k = 2 trigram.
-    - `curve`: the Bayes-optimal loss per position (`bayes_loss_curve`); its mean is the best mean loss over a
-      sequence, what the model's loss is measured against.
-    """
-
-    entropy_rate: float
-    entropy_rate_error: float
-    entropy_rate_method: str
-    context_losses: tuple[float, ...]
-    curve: BayesLossCurve
-
-    @property
-    def unigram_loss(self) -> float:
-        """H(X_0): the loss of the best predictor that ignores the context."""
-        return self.context_losses[0]
-
-    @property
-    def bayes_loss(self) -> float:
-        """The Bayes-optimal loss averaged over the positions."""
-        return self.curve.mean
-
-    def describe(self) -> str:
-        """One line for people."""
-        ks = ", ".join(f"k={k} {v:.4f}" for k, v in enumerate(self.context_losses))
-        return (f"Bayes loss {self.bayes_loss:.4f} ({self.curve.method} beyond position "
-                f"{self.curve.exact_positions - 1}), entropy rate {self.entropy_rate:.6f} "
-                f"({self.entropy_rate_method}, ± {self.entropy_rate_error:.1g}), last-k-token losses {ks}")
-
-
-def hidden_references(hmm: HiddenMarkov, seq_len: int, *, seed: int = 0, tol: float = 5e-4,
-                      max_states: int = MAX_STATES) -> HiddenReferences:
-    """All the references of a hidden Markov source for sequences of `seq_len` tokens (seq_len - 1 targets),
-    cached in memory.
+    - `bayes_loss` (`bayes_loss_se`) and `bayes_curve` (`bayes_curve_se`): `bayes_loss_curve`'s mean and values,
+      the optimum a model's loss is measured against;
+    - `entropy_rate`, `entropy_rate_se`, `entropy_rate_method`: `hidden_entropy_rate` (value, error, method);
+    - `unigram_loss`, `bigram_loss`, `trigram_loss`: `context_loss` for k = 0, 1, 2 (exact).
 
     Args:
         hmm: the source.
         seq_len: the sequence length.
-        seed, tol, max_states: as `hidden_entropy_rate` and `bayes_loss_curve` take them.
+        seed, tol, n_sequences, max_states: as `hidden_entropy_rate` and `bayes_loss_curve` take them.
 
     Returns:
-        A `HiddenReferences`.
+        A `ReferenceLosses` (`hidden` True).
 
-    >>> from markov_interp.hmm import hmm_preset
+    >>> from markov_interp.sources import hmm_preset
     >>> refs = hidden_references(hmm_preset("mess3"), 64)
-    >>> round(refs.bayes_loss, 4), refs.curve.method, refs.entropy_rate_method
-    (0.7949, 'bracket', 'bracket')
+    >>> round(refs.bayes_loss, 4), refs.entropy_rate_method, refs.hidden
+    (0.7949, 'bracket', True)
     """
-    _check_hmm(hmm)
+    hmm = _as_hmm(hmm)
     check_int("seq_len", seq_len, minimum=2)
     check_number("tol", tol, positive=True)
     check_int("seed", seed, minimum=0)
+    check_int("n_sequences", n_sequences, minimum=2, none_ok=True)
     check_int("max_states", max_states, minimum=1)
-    return _hidden_references(_hmm_key(hmm), seq_len, seed, float(tol), max_states)
+    return _hidden_references(_hmm_key(hmm), seq_len, seed, float(tol), n_sequences, max_states)
 
 
 @functools.lru_cache(maxsize=32)
-def _hidden_references(key: tuple, seq_len: int, seed: int, tol: float, max_states: int) -> HiddenReferences:
+def _hidden_references(key: tuple, seq_len: int, seed: int, tol: float, n_sequences: int | None,
+                       max_states: int) -> ReferenceLosses:
     hmm = _from_key(key)
     rate, error, method = hidden_entropy_rate(hmm, tol=tol, seed=seed, max_states=max_states)
-    curve = bayes_loss_curve(hmm, seq_len - 1, tol=tol, seed=seed, max_states=max_states)
-    return HiddenReferences(entropy_rate=rate, entropy_rate_error=error, entropy_rate_method=method,
-                            context_losses=tuple(context_loss(hmm, k) for k in range(3)), curve=curve)
+    curve = bayes_loss_curve(hmm, seq_len - 1, tol=tol, seed=seed, n_sequences=n_sequences, max_states=max_states)
+    unigram, bigram, trigram = (context_loss(hmm, k) for k in range(3))
+    return ReferenceLosses(entropy_rate=rate, entropy_rate_se=error, entropy_rate_method=method,
+                           unigram_loss=unigram, bigram_loss=bigram, trigram_loss=trigram, bayes_loss=curve.mean,
+                           bayes_loss_se=curve.mean_error, bayes_curve=curve.values, bayes_curve_se=curve.errors)
+
+
+def stationary_token_predictions(hmm: HiddenSource,
+                                 tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
+    """The stationary law of one token (pi times the emission law) at every position: the best predictor that
+    ignores the context, whose loss is `context_loss(hmm, 0)`; the plateau of the hidden family.
+
+    >>> from markov_interp.sources import hmm_preset
+    >>> stationary_token_predictions(hmm_preset("z1r"), torch.tensor([[0, 1]]))[0, 0]
+    tensor([0.5000, 0.5000], dtype=torch.float64)
+    """
+    hmm = _as_hmm(hmm)
+    law = (hmm.stationary @ hmm.emission_law).to(tokens.device)
+    return law.expand(*tokens.shape, hmm.vocab)
+
+
+register_references(ReferenceFamily("hidden", HiddenSource, hidden_references, stationary_token_predictions))

@@ -1,12 +1,18 @@
 """The references a model trained on a source is compared with: the best predictor the data allow (the source's
 own `predictive`), the plateau before it learns the context (`plateau_predictions`), and their losses with
 standard errors (`reference_losses`, a `ReferenceLosses`; cached in memory and on disk).
+
+Each family of sources has its references here through one `ReferenceFamily` (registered with
+`register_references`): the protocol its sources satisfy, the function giving their `ReferenceLosses` and their
+plateau predictor. `reference_losses` and `plateau_predictions` find a source's family by its protocol, so
+training, results and the CLI never ask what kind a source is. The kernel family (`sources.KernelSource`: fixed
+chains, random kernels, pools) is defined here; the hidden family (`sources.HiddenSource`) in `theory.hidden`.
 """
 
 import dataclasses
 import functools
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
 
 import torch
 from jaxtyping import Float, Int
@@ -20,30 +26,34 @@ from markov_interp.sources.contexts import kernel_bytes
 from markov_interp.theory._stats import MAX_SEQUENCES
 from markov_interp.theory.cache import _InContextEntry, _disk_cache_read, _disk_cache_write
 from markov_interp.theory.expectations import expected_kernel_references
-from markov_interp.theory.fixed import _check_source, entropy_rate, stationary_predictions, target_log_loss, unigram_loss
+from markov_interp.theory.fixed import entropy_rate, stationary_predictions, target_log_loss, unigram_loss
 from markov_interp.theory.in_context import _in_context_references
 from markov_interp.theory.pools import _pool_bayes_references
 
 
-def plateau_predictions(source: KernelSource, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
-    """The plateau a model sits on before it learns the context: the stationary law pi (the unigram solution of
-    Makkuva et al.; `stationary_predictions`) for fixed chains; the in-context unigram (add-alpha state count)
-    estimator for random kernels (fresh or from a finite pool), the best a model can do without using the current
-    state's transitions. Where the prior rules transitions out (`support`, e.g. `zero_diagonal`: no state follows
-    itself), the counts are restricted to the states the current state can move to: knowing that costs no
-    in-context learning, so the plateau includes it.
+def plateau_predictions(source: Any, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
+    """The plateau a model sits on before it learns the context, at every position: its family's
+    (`ReferenceFamily.plateau`). Kernel sources: the stationary law pi (the unigram solution of Makkuva et al.;
+    `stationary_predictions`) for fixed chains; the in-context unigram (add-alpha state count) estimator for random
+    kernels (fresh or from a finite pool), the best a model can do without using the current state's transitions
+    (where the prior rules transitions out, `support`, e.g. `zero_diagonal`, the counts are restricted to the
+    states the current state can move to: knowing that costs no in-context learning). Hidden sources: the
+    stationary token law (`theory.hidden`).
 
     >>> from markov_interp.sources import BinaryChain
     >>> plateau_predictions(BinaryChain(0.2, 0.3), torch.tensor([[0, 1]]))[0, 0]
     tensor([0.6000, 0.4000], dtype=torch.float64)
     """
-    _check_source(source)
+    return reference_family(source).plateau(source, tokens)
+
+
+def _kernel_plateau(source: KernelSource, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
     if source.in_context:  # kernels from a prior
         return add_beta_predictions(tokens, source.vocab, order=0, beta=source.alpha, support=source.support)
     return stationary_predictions(source.pool, tokens)
 
 
-def paired_losses(source: KernelSource, tokens: Int[Tensor, "batch pos"]) -> tuple[float, float]:
+def paired_losses(source: Any, tokens: Int[Tensor, "batch pos"]) -> tuple[float, float]:
     """(true, plateau): mean log-loss of the source's `predictive` and of `plateau_predictions` over every target
     of `tokens` (x_1..x_T). Subtracted from a model's loss on the *same* tokens they give its paired excess
     and the plateau's, free of most sampling noise (`dynamics.curve_from_metrics`)."""
@@ -53,7 +63,8 @@ def paired_losses(source: KernelSource, tokens: Int[Tensor, "batch pos"]) -> tup
 
 
 # the scalar values of a ReferenceLosses, in the order rows list them
-_ROW_VALUES = ("entropy_rate", "unigram_loss", "bayes_loss", "add_alpha_loss", "oracle_unigram_loss", "pool_bayes_loss")
+_ROW_VALUES = ("entropy_rate", "unigram_loss", "bayes_loss", "add_alpha_loss", "oracle_unigram_loss", "pool_bayes_loss",
+               "bigram_loss", "trigram_loss")
 
 
 @displayed
@@ -78,7 +89,13 @@ class ReferenceLosses:
       Bayes predictor (`pool_bayes_predictions`), what a model that memorised the pool reaches; the in-context
       values above are then measured on the pool's sequences, and `entropy_rate`, `oracle_unigram_loss` are
       exact averages over the pool.
-    - curves: per target position t (predicting x_{t+1}), for random kernels.
+    - a hidden Markov source (`sources.HiddenSource`; `hidden`): `bayes_loss` is the Bayes-optimal loss (the
+      forward filter's) averaged over the targets, the optimum, exact by mixed-state enumeration where the beliefs
+      stay few (`bayes_curve` per position; beyond, the entropy rate's bracket or Monte Carlo, `bayes_loss_se`);
+      `entropy_rate` its limit once the belief has synchronised, found by `entropy_rate_method` ("exact",
+      "bracket": its `_se` is the half-width of a rigorous interval, "monte carlo"); `unigram_loss`,
+      `bigram_loss`, `trigram_loss` the losses of the best predictors from the last k = 0, 1, 2 tokens (exact).
+    - curves: per target position t (predicting x_{t+1}), for random kernels and hidden sources.
     """
 
     entropy_rate: float
@@ -99,11 +116,16 @@ class ReferenceLosses:
     unigram_curve_se: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
     pool_bayes_curve: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
     pool_bayes_curve_se: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    bigram_loss: float | None = None
+    trigram_loss: float | None = None
+    entropy_rate_method: str | None = None
+    bayes_curve: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
+    bayes_curve_se: tuple[float, ...] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def optimum(self) -> float:
         """The best loss any predictor reaches: the pool-Bayes loss for a finite pool, the in-context Bayes loss
-        for fresh random kernels, else the entropy rate."""
+        for fresh random kernels, the Bayes loss over the positions for a hidden source, else the entropy rate."""
         return self.pool_bayes_loss if self.pool_bayes_loss is not None else (
             self.bayes_loss if self.bayes_loss is not None else self.entropy_rate)
 
@@ -115,28 +137,36 @@ class ReferenceLosses:
     @property
     def in_context(self) -> bool:
         """True for random kernels, where the references are in-context losses."""
-        return self.bayes_loss is not None
+        return self.bayes_loss is not None and not self.hidden
+
+    @property
+    def hidden(self) -> bool:
+        """True for a hidden Markov source (its references hold the losses from the last k tokens)."""
+        return self.bigram_loss is not None
 
     @property
     def in_context_unigram_loss(self) -> float | None:
         """The in-context unigram estimator's loss (random kernels; None for a fixed chain)."""
         return self.unigram_loss if self.in_context else None
 
-    def as_row(self, digits: int | None = None) -> dict[str, float]:
+    def as_row(self, digits: int | None = None) -> dict[str, float | str]:
         """Flat columns for a metrics row or table: the values that exist, and `<name>_se` where not 0.
 
         Keys: entropy_rate, unigram_loss (the plateau), for random kernels bayes_loss, add_alpha_loss,
-        oracle_unigram_loss, and for a finite pool pool_bayes_loss. `digits` rounds every value (rows that must
-        compare exactly across calls)."""
-        row: dict[str, float] = {}
+        oracle_unigram_loss, and for a finite pool pool_bayes_loss; for a hidden source bayes_loss, bigram_loss,
+        trigram_loss and entropy_rate_method (text). `digits` rounds every value (rows that must compare exactly
+        across calls)."""
+        row: dict[str, float | str] = {}
         for name in _ROW_VALUES:
             value = getattr(self, name)
             if value is None:
                 continue
             row[name] = float(value) if digits is None else round(float(value), digits)
-            se = getattr(self, f"{name}_se")
+            se = getattr(self, f"{name}_se", None)  # the last-k-token losses are exact
             if se:
                 row[f"{name}_se"] = float(se) if digits is None else round(float(se), digits)
+        if self.entropy_rate_method is not None:
+            row["entropy_rate_method"] = self.entropy_rate_method
         return row
 
     @classmethod
@@ -148,15 +178,21 @@ class ReferenceLosses:
         if missing:
             raise ValueError(f"a reference row needs {missing}; it has {sorted(row)}")
         # a missing `<name>_se` stays None (not recorded, e.g. rows of older runs) for the in-context values
-        return cls(**{k: float(row[k]) for k in names if row.get(k) is not None})
+        method = row.get("entropy_rate_method")
+        return cls(**{k: float(row[k]) for k in names if row.get(k) is not None and k != "entropy_rate_method"},
+                   entropy_rate_method=None if method is None else str(method))
 
     def describe(self) -> str:
         """One line for people: every value, with its standard error where that is not negligible (>= 5e-5)."""
         labels = {"entropy_rate": "entropy rate", "unigram_loss": "in-context unigram loss" if self.in_context
-                  else "unigram loss", "bayes_loss": "in-context Bayes loss", "add_alpha_loss": "add-alpha loss",
-                  "oracle_unigram_loss": "oracle E[H(pi)]", "pool_bayes_loss": "pool Bayes loss"}
+                  else "unigram loss", "bayes_loss": "Bayes loss" if self.hidden else "in-context Bayes loss",
+                  "add_alpha_loss": "add-alpha loss", "oracle_unigram_loss": "oracle E[H(pi)]",
+                  "pool_bayes_loss": "pool Bayes loss", "bigram_loss": "last-token loss",
+                  "trigram_loss": "last-2-token loss"}
         row = self.as_row()
-        return ", ".join(f"{label} {format_loss(row[k], row.get(k + '_se'))}" for k, label in labels.items() if k in row)
+        method = f" ({self.entropy_rate_method})" if self.entropy_rate_method is not None else ""
+        return ", ".join(f"{label} {format_loss(row[k], row.get(k + '_se'))}" + (method if k == "entropy_rate" else "")
+                         for k, label in labels.items() if k in row)
 
 
 def format_loss(value: float, se: float | None = None, digits: int = 4) -> str:
@@ -167,25 +203,82 @@ def format_loss(value: float, se: float | None = None, digits: int = 4) -> str:
     return text
 
 
-# source: Any, not Source: a non-source gets `_check_source`'s ValueError (the test run's type checker would
-# answer first with a TypeError)
+# ------------------------------------------------------------------------------------------- the families
+@dataclasses.dataclass(frozen=True)
+class ReferenceFamily:
+    """A family of sources whose references theory computes, found by the protocol its sources satisfy.
+
+    - `name`: what errors call it ("kernel", "hidden").
+    - `protocol`: a runtime-checkable protocol (or a class) its sources satisfy (`sources.KernelSource`, ...).
+    - `references(source, seq_len, *, seed, tol, n_sequences)`: its `ReferenceLosses` at a training length.
+    - `plateau(source, tokens)`: the plateau predictor's law at every position, [batch, pos, vocab] float64 (what
+      training's paired evaluation logs as "eval_plateau_loss").
+    """
+
+    name: str
+    protocol: type
+    references: Callable[..., ReferenceLosses]
+    plateau: Callable[[Any, Tensor], Tensor]
+
+
+_FAMILIES: dict[str, ReferenceFamily] = {}
+
+
+def register_references(family: ReferenceFamily) -> ReferenceFamily:
+    """Make theory know the references of a family of sources (the kernel family is registered here, the hidden
+    one by `theory.hidden`; a source of a new family registers its own once). Families are tried in
+    registration order.
+
+    Args:
+        family: the family.
+
+    Returns:
+        `family`; a name registered already raises ValueError.
+    """
+    if family.name in _FAMILIES:
+        raise ValueError(f"a reference family {family.name!r} is registered already")
+    _FAMILIES[family.name] = family
+    return family
+
+
+def reference_family(source: Any) -> ReferenceFamily:
+    """The family of `source`: the first registered family whose protocol it satisfies; ValueError naming the
+    families and what each needs otherwise.
+
+    >>> from markov_interp.sources import BinaryChain
+    >>> reference_family(BinaryChain(0.2, 0.3)).name
+    'kernel'
+    """
+    for family in _FAMILIES.values():
+        if isinstance(source, family.protocol):
+            return family
+    known = "; ".join(f"{f.name}: a sources.{f.protocol.__name__}" for f in _FAMILIES.values())
+    raise ValueError(f"unknown source type {type(source).__name__}: theory knows the references of ({known}); "
+                     "a new family registers its own (theory.register_references)")
+
+
+# source: Any, not Source: a non-source gets the families' ValueError (the test run's type checker would answer
+# first with a TypeError)
 def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5e-4,
                      n_sequences: int | None = None) -> ReferenceLosses:
-    """The losses a model trained on `source` is compared with, averaged over the targets t = 0..seq_len-2.
+    """The losses a model trained on `source` is compared with, averaged over the targets t = 0..seq_len-2: its
+    family's (`ReferenceFamily.references`).
 
     Fixed kernels (`MarkovChain`, `BinaryChain`): the exact entropy rate (global optimum) and H(pi) (the
     unigram plateau), standard errors 0. `RandomMarkov` (see `ReferenceLosses` for each value's meaning):
     E[entropy rate] and E[H(pi)] by quadrature (two states) or Monte Carlo to a standard error below 1e-4 (exact
     averages over a finite pool); the in-context losses, and for a finite pool the pool-Bayes loss, by Monte
     Carlo over `seed`'s sequences until each standard error is below `tol` (or over exactly `n_sequences`).
-    Results are cached in memory and on disk (`$MARKOV_INTERP_CACHE`, default ~/.cache/markov-interp; "off"
-    disables), so sweeps and reports pay once.
+    Hidden Markov sources (`sources.HiddenSource`): the per-position Bayes loss, the entropy rate with its method
+    and the last-k-token losses (`theory.hidden.hidden_reference_losses`). Results are cached in memory and, where
+    Monte Carlo is involved, on disk (`$MARKOV_INTERP_CACHE`, default ~/.cache/markov-interp; "off" disables), so
+    sweeps and reports pay once.
 
     Args:
-        source: a `sources.KernelSource` (fixed chain or `RandomMarkov`, with or without a pool).
+        source: a source of a registered family (`reference_family`).
         seq_len: sequence length; the values average the seq_len - 1 targets.
-        seed: seed of the Monte Carlo draws (random kernels).
-        tol: standard error to reach (random kernels).
+        seed: seed of the Monte Carlo draws.
+        tol: standard error to reach by Monte Carlo.
         n_sequences: a fixed number of Monte Carlo sequences instead of `tol` (at most `MAX_SEQUENCES`, what
             `tol` draws at most).
 
@@ -196,9 +289,13 @@ def reference_losses(source: Any, seq_len: int, *, seed: int = 0, tol: float = 5
         PlanTooLarge: the Monte Carlo's arrays would not fit in memory (`reference_needs`), naming the size.
     """
     check_int("seq_len", seq_len, minimum=2)  # one target at least
-    _check_source(source)
     check_int("seed", seed, minimum=0, maximum=SEED_MAX)
     check_int("n_sequences", n_sequences, minimum=2, maximum=MAX_SEQUENCES, none_ok=True)  # the Monte Carlo's cap
+    return reference_family(source).references(source, seq_len, seed=seed, tol=tol, n_sequences=n_sequences)
+
+
+def _kernel_references(source: KernelSource, seq_len: int, *, seed: int, tol: float,
+                       n_sequences: Optional[int]) -> ReferenceLosses:
     check_needs(reference_needs(vocab=source.vocab, order=source.order, random=source.in_context,
                                 seq_len=seq_len, pool_size=getattr(source, "pool_size", None)),
                 memory_limit("cpu"), where="reference_losses", before="anything was allocated")
@@ -261,3 +358,6 @@ def _random_references(config_json: str, seq_len: int, seed: int, tol: float,
                            oracle_unigram_loss=kernel.oracle_unigram_loss,
                            oracle_unigram_loss_se=kernel.oracle_unigram_loss_se,
                            **values, **curves)
+
+
+register_references(ReferenceFamily("kernel", KernelSource, _kernel_references, _kernel_plateau))

@@ -182,13 +182,20 @@ def _row_fields(run: RunConfig, members: int) -> list[tuple[str, int]]:
 
 
 def _data_needs(run: RunConfig, members: int) -> list[Need]:
-    """The transition kernels, the sampler's arrays and theory's reference losses of `run`'s source."""
+    """The sampler's arrays and theory's reference losses of `run`'s source: the source config's own estimate
+    (`SourceConfig.data_bytes`), else a kernel source's (`sources.sampling.sampler_bytes`,
+    `theory.reference_needs`, and on "counter-1" the stream's words)."""
     source, tc = run.source, run.train
-    vocab, order = source.vocab_size, source.order
     batch, length = tc.batch_size, tc.seq_len + 1
+    vocab = source.vocab_size
     size = [(f"source.{source.states_option}", vocab)] if source.states_option is not None else []
-    fields = [*size, ("source.order", order), ("train.batch_size", batch), ("train.seq_len", tc.seq_len)]
-    fields += [("members", members)] if members > 1 else []
+    shape = [("train.batch_size", batch), ("train.seq_len", tc.seq_len)] + ([("members", members)] if members > 1
+                                                                            else [])
+    own = source.data_bytes(batch=batch, length=length, members=members)
+    if own is not None:  # on "counter-1" such a source draws with `sample` (the stream's per-member fallback)
+        return [Need.of("the data sampler", own[0], [*size, *shape]), Need.of("the reference losses", own[1], size)]
+    order = source.order
+    fields = [*size, ("source.order", order), *shape]
     sampler = sampler_bytes(vocab=vocab, order=order, batch=batch, length=length, random=source.in_context,
                             members=members)
     needs = [Need.of("the data sampler", sampler, fields),

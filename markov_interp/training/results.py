@@ -38,12 +38,14 @@ class FinalLosses:
 
     @property
     def bayes_loss(self) -> Optional[float]:
-        """The in-context Bayes loss (random kernels only; None for fixed kernels)."""
+        """The Bayes loss: in context for random kernels, the forward filter's for a hidden Markov source (None for
+        fixed kernels)."""
         return self.references.bayes_loss
 
     @property
     def optimum(self) -> float:
-        """The best loss a model can reach: the in-context Bayes loss for random kernels, else the entropy rate."""
+        """The best loss a model can reach: the in-context Bayes loss for random kernels, the Bayes loss over the
+        positions for a hidden Markov source, else the entropy rate."""
         return self.references.optimum
 
     @property

@@ -145,7 +145,7 @@ def test_configs_use_the_validators():
     with pytest.raises(ValueError, match=r"momentum must be a finite number >= 0, got -0.5"):
         TrainConfig(optimizer="sgd", momentum=-0.5)
     with pytest.raises(ValueError, match="source kind must be one of"):
-        SourceConfig(kind="hmm")
+        SourceConfig(kind="ising")
 
 
 def test_a_source_refuses_options_of_another_kind():

@@ -1,8 +1,8 @@
-"""Hidden Markov sources (`hmm.HiddenMarkov`): validation, the presets, beliefs and Bayes predictions, the sampler.
+"""Hidden Markov sources (`sources.HiddenMarkov`): validation, the presets, beliefs and Bayes predictions, the sampler.
 
 Independent computations: a forward algorithm written here with explicit loops over Python floats (unnormalised
 for short sequences, rescaled by hand for long ones), Mess3 from the formula of Shai et al. by loops, a Markov
-chain written as an HMM against the chain's own predictor (`theory.true_predictions`), and chi-square tests of
+chain written as an HMM against the chain's own predictor (its `predictive`), and chi-square tests of
 the sampler's counts against the matrices.
 """
 
@@ -13,8 +13,8 @@ import torch
 from scipy import stats
 
 from markov_interp import theory
-from markov_interp.data import MarkovChain
-from markov_interp.hmm import PRESETS, HiddenMarkov, _check_tokens, hmm_preset, validate_hmm
+from markov_interp.sources import MarkovChain, SourceConfig, stacked_sampler
+from markov_interp.sources.hmm import PRESETS, HiddenMarkov, HiddenMarkovConfig, hmm_preset, validate_hmm
 
 P_THRESHOLD = 1e-3  # a chi-square test fails below this p-value (fixed seeds: the outcome is deterministic)
 
@@ -170,7 +170,7 @@ def test_a_markov_chain_as_an_hmm_predicts_with_its_kernel():
     hmm = as_hmm(kernel)
     tokens = MarkovChain(kernel).sample(8, 40, generator=gen(4))
     assert torch.allclose(hmm.belief_states(tokens), torch.nn.functional.one_hot(tokens, 3).double())
-    assert torch.allclose(hmm.bayes_predictions(tokens), theory.true_predictions(MarkovChain(kernel), tokens))
+    assert torch.allclose(hmm.bayes_predictions(tokens), MarkovChain(kernel).predictive(tokens))
 
 
 def test_the_filter_from_a_given_first_state():
@@ -184,15 +184,12 @@ def test_the_filter_from_a_given_first_state():
         z1r.belief_states(tokens, initial=per_sequence)
 
 
-def test_impossible_and_malformed_tokens_are_refused():
+def test_impossible_and_out_of_range_tokens_are_refused():
     z1r = hmm_preset("z1r")
     with pytest.raises(ValueError, match="sequence 1 has probability 0 under the HMM .*token 2"):
         z1r.belief_states(torch.tensor([[0, 1, 0], [0, 0, 0]]))  # 0, 0 puts it in B, which must emit 1
     with pytest.raises(ValueError, match=r"tokens must lie in 0..1, got values 0..2"):
         z1r.bayes_predictions(torch.tensor([[0, 2]]))
-    for malformed in (torch.tensor([[0.0, 1.0]]), torch.tensor([0, 1]), [[0, 1]]):  # what the type hints refuse
-        with pytest.raises(ValueError, match="integer tensor"):  # without the test run's type checker too
-            _check_tokens(malformed, 2)
 
 
 # -------------------------------------------------------------------------------------------------- sampler
@@ -256,3 +253,82 @@ def test_sampled_tokens_have_the_stationary_token_law():
         statistic, cells_used = _chi_square(observed, 20000 * law)
         assert stats.chi2.sf(statistic, cells_used - 1) > P_THRESHOLD
     assert math.isclose(float(law[0]), 0.5)
+
+
+def test_stacked_sampling_gives_each_member_what_it_draws_alone():
+    mess3, rrxor = hmm_preset("mess3"), hmm_preset("rrxor")
+    for members in ([mess3, mess3, mess3], [mess3, rrxor]):  # a stack of seeds (one object), and two processes
+        sample = stacked_sampler(members, 4, 33, [gen(k) for k in range(len(members))])
+        first, second = sample(), sample()
+        for k, source in enumerate(members):
+            alone = gen(k)
+            assert torch.equal(first[k], source.sample(4, 33, generator=alone))
+            assert torch.equal(second[k], source.sample(4, 33, generator=alone))
+
+
+# --------------------------------------------------------------------------------------------------- kind
+def test_the_hmm_kind_builds_presets_and_given_matrices():
+    cfg = SourceConfig(kind="hmm", process="mess3", params={"x": 0.1})
+    assert type(cfg) is HiddenMarkovConfig and not cfg.in_context and cfg.vocab_size == 3
+    assert cfg.to_dict() == {"kind": "hmm", "process": "mess3", "params": {"alpha": 0.85, "x": 0.1}}
+    assert SourceConfig.from_json(cfg.to_json()) == cfg and hash(cfg) == hash(SourceConfig.from_json(cfg.to_json()))
+    assert torch.equal(cfg.build().transition_matrices, hmm_preset("mess3", x=0.1).transition_matrices)
+    assert SourceConfig(kind="hmm", process="mess3") == SourceConfig(kind="hmm", process="mess3",
+                                                                     params={"x": 0.05, "alpha": 0.85})
+    assert cfg.replace(params={"alpha": 0.5}).build().params == {"x": 0.05, "alpha": 0.5}
+    matrices = hmm_preset("z1r").transition_matrices
+    custom = SourceConfig(kind="hmm", process="custom", matrices=matrices.tolist())
+    assert custom.to_dict() == {"kind": "hmm", "process": "custom", "matrices": matrices.tolist()}
+    assert torch.equal(custom.build().transition_matrices, matrices) and custom.vocab_size == 2
+    for preset in ("rrxor", "random"):  # a source gives back the config that builds it
+        source = SourceConfig(kind="hmm", process=preset).build()
+        assert source.config.build().process == preset and torch.equal(
+            source.config.build().transition_matrices, source.transition_matrices)
+    assert custom.build().config == custom
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(process="mess4"), r"unknown HMM process 'mess4'; the presets are \['mess3', 'random', 'rrxor', 'z1r'\]"),
+    (dict(process="rrxor", params={"x": 0.1}), r"the 'rrxor' process takes no parameters, got \['x'\]"),
+    (dict(process="mess3", params={"x": 0.7}), "mess3 needs 0 <= x <= 0.5"),
+    (dict(process="mess3", params=[1, 2]), "params must be a table"),
+    (dict(process="custom"), "matrices go with process='custom'"),
+    (dict(process="z1r", matrices=[[[1.0]]]), "matrices go with process='custom'"),
+    (dict(process="custom", matrices=[[[0.5, 0.6]], [[0.0, 0.0]]]), "must have shape"),
+    (dict(process="custom", matrices=[[[0.5, -0.1], [0.5, 0.0]], [[0.6, 0.0], [0.0, 0.5]]]), "negative entries"),
+    (dict(process="custom", matrices=[[[0.5, 0.1], [0.5, 0.0]], [[0.0, 0.0], [0.0, 0.5]]]), "row 0 sums to 0.6"),
+    (dict(process="mess3", vocab=3), r"a hmm source does not use \['vocab'\]"),
+])
+def test_bad_hmm_configs_raise_a_clear_error(options, message):
+    with pytest.raises(ValueError, match=message):
+        SourceConfig(kind="hmm", **options)
+
+
+def test_an_hmm_run_trains_from_the_cli_and_python_beside_its_references(tmp_path, capsys):
+    """`markov-interp train --source hmm --process rrxor` and `training.train` train the same run, and the hidden
+    references (Bayes loss, entropy rate with its method, last-k-token losses) stand beside its loss in the
+    output, the metrics rows and the result."""
+    from markov_interp import probes, theory, training
+    from markov_interp.cli import _train_run, build_parser, main
+
+    argv = ["train", "--source", "hmm", "--process", "rrxor", "--steps", "3", "--seq-len", "8", "--layers", "1",
+            "--d-model", "8"]
+    run = _train_run(build_parser().parse_args([*argv, "--out", "x"]))
+    assert run.source == SourceConfig(kind="hmm", process="rrxor") and run.model.d_vocab == 2
+    assert run == training.default_run(kind="hmm", process="rrxor", steps=3, seq_len=8, n_layers=1, d_model=8)
+    assert main([*argv, "--out", str(tmp_path / "cli")]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    refs = theory.reference_losses(run.source.build(), 9)
+    assert "entropy rate 0.4621 (exact)" in line and f"Bayes loss {refs.bayes_loss:.4f}" in line
+    assert "last-token loss 0.6931" in line and f"last-2-token loss {refs.trigram_loss:.4f}" in line
+    result = training.train(run, tmp_path / "api", progress=False)
+    assert result.final.references.hidden and result.final.optimum == pytest.approx(refs.bayes_loss)
+    assert result.final.references.entropy_rate_method == "exact"
+    rows = [r for r in result.metrics if "eval_loss" in r]
+    assert rows[-1]["eval_true_loss"] < rows[-1]["eval_plateau_loss"] == pytest.approx(math.log(2))
+    cli_rows = [r for r in training.load_metrics(tmp_path / "cli") if "eval_loss" in r]
+    assert cli_rows[-1]["eval_loss"] == rows[-1]["eval_loss"]  # the same run, the same numbers
+    batch = probes.sample_batch(run.source.build(), n_sequences=4, seq_len=6, seed=0)
+    assert batch.kernels is None and torch.equal(batch.tokens, run.source.build().sample(4, 6, gen(0)))
+    with pytest.raises(ValueError, match="compares the model with each sequence's kernel"):
+        probes._common.kernel_probs(batch)

@@ -78,7 +78,7 @@ def test_options_of_other_kinds_are_absent_only_at_their_defaults():
     with pytest.raises(TypeError, match="keyword arguments only"):
         SourceConfig("binary")
     with pytest.raises(ValueError, match="source kind must be one of"):
-        SourceConfig.from_dict({"kind": "hmm"})
+        SourceConfig.from_dict({"kind": "ising"})
 
 
 def test_register_refuses_a_taken_name_and_a_non_config(monkeypatch, without_annotation_checks):

@@ -210,7 +210,7 @@ def test_source_config_round_trip_and_errors():
     with pytest.raises(ValueError, match=r"\bp\b"):
         SourceConfig(kind="binary", p=2.0, q=0.1)
     with pytest.raises(ValueError, match="kind"):
-        SourceConfig(kind="hmm")
+        SourceConfig(kind="ising")
 
 
 @pytest.mark.parametrize("steps,states", [(1, 2), (31, 3), (32, 2), (33, 4), (100, 3), (1000, 2)])

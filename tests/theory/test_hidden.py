@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from markov_interp import theory
-from markov_interp.hmm import PRESETS, HiddenMarkov, hmm_preset
+from markov_interp.sources import MarkovChain
+from markov_interp.sources.hmm import PRESETS, HiddenMarkov, hmm_preset
 from markov_interp.theory import hidden
 from tests.sources.test_hmm import as_hmm  # a first-order chain as an HMM (hidden state = last token)
 
@@ -183,18 +184,47 @@ def test_hidden_references_collect_the_values_and_are_cached():
     mess3 = hmm_preset("mess3")
     refs = hidden.hidden_references(mess3, 64)
     assert refs is hidden.hidden_references(hmm_preset("mess3"), 64)
-    assert refs.context_losses == tuple(hidden.context_loss(mess3, k) for k in range(3))
-    assert refs.unigram_loss == pytest.approx(math.log(3)) and len(refs.curve.values) == 63
-    assert refs.bayes_loss == pytest.approx(sum(refs.curve.values) / 63)
-    assert refs.entropy_rate < refs.bayes_loss < refs.context_losses[2] < refs.context_losses[1] < refs.unigram_loss
-    assert "entropy rate 0.7934" in refs.describe()
+    assert refs is theory.reference_losses(mess3, 64)  # the hidden family of every source's references
+    ks = tuple(hidden.context_loss(mess3, k) for k in range(3))
+    assert (refs.unigram_loss, refs.bigram_loss, refs.trigram_loss) == ks and refs.unigram_loss == pytest.approx(
+        math.log(3))
+    curve = hidden.bayes_loss_curve(mess3, 63)
+    assert refs.bayes_curve == curve.values and len(refs.bayes_curve) == 63 and refs.bayes_loss == curve.mean
+    assert refs.bayes_loss == pytest.approx(sum(refs.bayes_curve) / 63) and refs.optimum == refs.bayes_loss
+    assert (refs.entropy_rate, refs.entropy_rate_se, refs.entropy_rate_method) == hidden.hidden_entropy_rate(mess3)
+    assert refs.entropy_rate < refs.bayes_loss < refs.trigram_loss < refs.bigram_loss < refs.unigram_loss
+    assert refs.hidden and not refs.in_context and refs.in_context_unigram_loss is None
+    assert "entropy rate 0.7935 (bracket)" in refs.describe() and "Bayes loss 0.7949" in refs.describe()
+
+
+def test_hidden_references_survive_a_metrics_row():
+    """What training logs (`as_row`, rounded) reads back (`from_row`) with the method and the k-token losses."""
+    refs = theory.reference_losses(hmm_preset("rrxor"), 16)
+    row = refs.as_row(digits=12)
+    assert row["entropy_rate_method"] == "exact" and row["bigram_loss"] == pytest.approx(LN2)
+    back = theory.ReferenceLosses.from_row(row)
+    assert back.hidden and back.entropy_rate_method == "exact" and back.trigram_loss == pytest.approx(refs.trigram_loss)
+    assert back.optimum == pytest.approx(refs.bayes_loss) and back.describe() == refs.describe()
+
+
+def test_the_plateau_of_a_hidden_source_is_the_stationary_token_law():
+    z1r, tokens = hmm_preset("z1r"), hmm_preset("z1r").sample(4, 6, generator=gen(0))
+    law = theory.plateau_predictions(z1r, tokens)
+    assert law.shape == (4, 6, 2) and torch.allclose(law, torch.tensor([0.5, 0.5], dtype=torch.float64))
+    rrxor = hmm_preset("rrxor")  # T emits 1, F emits 0, the random bits are fair: P(1) = (2 * 1/2 + 1/2) / 3
+    assert torch.allclose(theory.plateau_predictions(rrxor, tokens)[0, 0],
+                          torch.tensor([0.5, 0.5], dtype=torch.float64))
+    assert theory.reference_family(rrxor).name == "hidden" and theory.reference_family(MarkovChain([[0.5, 0.5], [0.5, 0.5]])).name \
+        == "kernel"
+    with pytest.raises(ValueError, match="unknown source type str: theory knows the references of"):
+        theory.reference_losses("mess3", 8)
 
 
 @pytest.mark.parametrize("call, message", [
     (lambda: hidden.context_loss(hmm_preset("z1r"), -1), "k must be"),
     (lambda: hidden.word_law(hmm_preset("mess3"), 30), "exceed"),
     (lambda: hidden.bayes_loss_curve(hmm_preset("z1r"), 0), "n_positions must be"),
-    (lambda: hidden._check_hmm(theory.entropy), "expected a hmm.HiddenMarkov"),  # what the type hints refuse
+    (lambda: hidden._as_hmm(theory.entropy), "expected a hidden Markov source"),  # what the type hints refuse
     (lambda: hidden.mixed_states(hmm_preset("mess3"), 5, max_states=100), "more than max_states=100"),
     (lambda: hidden.hidden_references(hmm_preset("z1r"), 1), "seq_len must be"),
     (lambda: hidden.hidden_entropy_rate(hmm_preset("mess3"), tol=0.0), "tol must be"),

@@ -21,20 +21,22 @@ tokens) are in `theory.hidden`.
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from markov_interp.chains import stationary_context_law
 from markov_interp.config import check_int, check_number
-from markov_interp.data import _check_sizes, _compose_prefix, _gamma, _resolve_device
+from markov_interp.sources.base import SourceConfig, register_source
+from markov_interp.sources.contexts import check_tokens, stationary_context_law
+from markov_interp.sources.sampling import _check_sizes, _compose_prefix, _gamma, _resolve_device
 
 Tokens = Int[Tensor, "batch pos"]
 Matrices = Float[Tensor, "vocab hidden hidden"]
 
-_ROW_SUM_TOL = 1e-6  # how far a row of sum_x T[x] may sum from 1 (as `data.validate_kernel`)
+CUSTOM = "custom"  # the process name of matrices given by the user
+_ROW_SUM_TOL = 1e-6  # how far a row of sum_x T[x] may sum from 1 (as `sources.validate_kernel`)
 
 
 def validate_hmm(matrices: Any) -> Matrices:
@@ -105,7 +107,7 @@ class HiddenMarkov:
 
     in_context = False  # one fixed law, which a model can learn in its weights (the hidden state is inferred)
 
-    def __init__(self, matrices: Any, *, process: str = "custom", params: Optional[Mapping[str, Any]] = None):
+    def __init__(self, matrices: Any, *, process: str = CUSTOM, params: Optional[Mapping[str, Any]] = None):
         self._matrices = validate_hmm(matrices)
         self.vocab = int(self._matrices.shape[0])
         self.hidden = int(self._matrices.shape[1])
@@ -122,6 +124,13 @@ class HiddenMarkov:
 
     def __repr__(self) -> str:
         return f"HiddenMarkov(process={self.process!r}, vocab={self.vocab}, hidden={self.hidden})"
+
+    @property
+    def config(self) -> "HiddenMarkovConfig":
+        """The config that builds this source (kind "hmm"): the preset and its parameters, or the matrices."""
+        if self.process in PRESETS:
+            return HiddenMarkovConfig(process=self.process, params=self.params)
+        return HiddenMarkovConfig(process=CUSTOM, matrices=self._matrices.tolist())
 
     @property
     def transition_matrices(self) -> Matrices:
@@ -190,7 +199,7 @@ class HiddenMarkov:
                 [0.0000, 1.0000, 0.0000],
                 [0.0000, 0.0000, 1.0000]], dtype=torch.float64)
         """
-        _check_tokens(tokens, self.vocab)
+        check_tokens(tokens, self.vocab)
         batch, seq = tokens.shape
         start = self._stationary if initial is None else torch.as_tensor(initial, dtype=torch.float64)
         belief = start.to(tokens.device, torch.float64).expand(batch, self.hidden)
@@ -244,13 +253,24 @@ class HiddenMarkov:
         >>> hmm_preset("mess3").sample(2, 4, generator=torch.Generator().manual_seed(0)).shape
         torch.Size([2, 4])
         """
-        _check_sizes(batch, seq_len)
         dev = _resolve_device(generator, device)
-        u = torch.rand(batch, seq_len + 1, generator=generator, device=dev, dtype=torch.float64)
-        first = torch.searchsorted(self._stationary_cdf.to(dev), u[:, 0].contiguous(), right=True)
+        _check_sizes(batch, seq_len, self, dev)
+        tokens, states = self._from_uniforms(self.uniforms(batch, seq_len, generator, dev))
+        return (tokens, states) if return_states else tokens
+
+    def uniforms(self, batch: int, seq_len: int, generator: Optional[torch.Generator],
+                 device: Any) -> Float[Tensor, "batch draw"]:
+        """The only random draw of `sample`: [batch, seq_len + 1] float64 uniforms, the first for the first hidden
+        state, one per token after it (`sources.stacked_sampler` draws them per member, then maps all at once)."""
+        return torch.rand(batch, seq_len + 1, generator=generator, device=device, dtype=torch.float64)
+
+    def _from_uniforms(self, u: Float[Tensor, "batch draw"]) -> tuple[Tokens, Int[Tensor, "batch pos"]]:
+        """(tokens, hidden states) given `uniforms`' draw: arithmetic only, row by row independent."""
+        batch, seq_len = u.shape[0], u.shape[1] - 1
+        first = torch.searchsorted(self._stationary_cdf.to(u.device), u[:, 0].contiguous(), right=True)
         first = first.clamp_(max=self.hidden - 1)
         flat = u[:, 1:].reshape(1, -1).expand(self.hidden, -1).contiguous()
-        outcome = torch.searchsorted(self._cdf.to(dev), flat, right=True).clamp_(max=self._cdf.shape[1] - 1)
+        outcome = torch.searchsorted(self._cdf.to(u.device), flat, right=True).clamp_(max=self._cdf.shape[1] - 1)
         outcome = outcome.T.reshape(batch, seq_len, self.hidden)  # [batch, step, current state] -> (x, j) index
         moves, emits = outcome % self.hidden, outcome // self.hidden
         states = first[:, None]
@@ -258,18 +278,7 @@ class HiddenMarkov:
             paths = _compose_prefix(moves[:, :-1])  # [b, t] = F_t o ... o F_0: where each first state is after t+1
             later = torch.gather(paths, -1, first[:, None, None].expand(batch, seq_len - 1, 1))[..., 0]
             states = torch.cat([states, later], dim=1)
-        tokens = torch.gather(emits, -1, states[..., None])[..., 0]
-        return (tokens, states) if return_states else tokens
-
-
-def _check_tokens(tokens: Any, vocab: int) -> None:
-    integer = isinstance(tokens, Tensor) and not (tokens.is_floating_point() or tokens.is_complex())
-    if not integer or tokens.ndim != 2 or tokens.dtype == torch.bool:
-        shape = tuple(getattr(tokens, "shape", ()))
-        raise ValueError(f"tokens must be an integer tensor [batch, pos], got "
-                         f"{getattr(tokens, 'dtype', type(tokens).__name__)} of shape {shape}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-        raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values {int(tokens.min())}..{int(tokens.max())}")
+        return torch.gather(emits, -1, states[..., None])[..., 0], states
 
 
 def _check_possible(beliefs: Float[Tensor, "batch pos hidden"]) -> None:
@@ -372,3 +381,73 @@ def hmm_preset(process: str, **params: Any) -> HiddenMarkov:
                          f"got {unknown}")
     values = {**preset.defaults, **params}
     return HiddenMarkov(preset.build(**values), process=process, params=values)
+
+
+# -------------------------------------------------------------------------------------------------- config
+@register_source("hmm")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HiddenMarkovConfig(SourceConfig):
+    """hidden Markov process, the state never seen: --process mess3 | rrxor | z1r | random (parameters: --set source.params='{"x": 0.1}'), or custom with --set source.matrices=T[x][i][j]
+
+    `process` names a preset of `PRESETS` and `params` its parameters over the preset's defaults (stored with every
+    default filled in, so the file says what was trained on); `process="custom"` takes the labelled transition
+    matrices T[x][i][j] = P(emit x, move to j | in i) as `matrices` instead. A new preset is one entry of
+    `PRESETS`; this config needs nothing new.
+
+    >>> cfg = SourceConfig(kind="hmm", process="mess3", params={"x": 0.1})
+    >>> cfg.to_dict(), cfg.vocab_size, cfg.in_context
+    ({'kind': 'hmm', 'process': 'mess3', 'params': {'alpha': 0.85, 'x': 0.1}}, 3, False)
+    """
+
+    run_defaults: ClassVar[dict[str, Any]] = {"process": "mess3"}
+    states_option: ClassVar[Optional[str]] = None  # the process fixes the number of tokens
+    _LATER_FIELDS: ClassVar[dict] = {"params": (), "matrices": None}  # left out of the JSON when not set
+
+    process: str  # a preset of PRESETS, or "custom" with `matrices`
+    params: Mapping[str, Any] | tuple | list = ()  # the preset's parameters, {name: value}; stored as sorted pairs
+    matrices: tuple | list | None = None  # process "custom": T[x][i][j] = P(emit x, move to j | in i)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.process, str) or self.process not in (*PRESETS, CUSTOM):
+            raise ValueError(f"unknown HMM process {self.process!r}; the presets are {sorted(PRESETS)}, or "
+                             f"{CUSTOM!r} with matrices")
+        if (self.process == CUSTOM) != (self.matrices is not None):
+            raise ValueError(f"matrices go with process={CUSTOM!r} and only with it (got process={self.process!r}, "
+                             f"matrices {'given' if self.matrices is not None else 'not given'})")
+        given = _params_dict(self.params)
+        if self.process == CUSTOM and given:
+            raise ValueError(f"a custom HMM takes its matrices and no params, got params {given}")
+        full = {} if self.process == CUSTOM else {**PRESETS[self.process].defaults, **given}
+        object.__setattr__(self, "params", tuple(sorted(full.items())))
+        super().__post_init__()
+
+    def build(self) -> HiddenMarkov:
+        """The `HiddenMarkov`."""
+        if self.process == CUSTOM:
+            return HiddenMarkov(self.matrices)
+        return hmm_preset(self.process, **dict(self.params))
+
+    def to_dict(self) -> dict[str, Any]:
+        """{"kind": "hmm", "process", "params" as a table (presets), "matrices" (custom)}."""
+        out = super().to_dict()
+        if "params" in out:
+            out["params"] = dict(self.params)
+        return out
+
+    def data_bytes(self, *, batch: int, length: int, members: int) -> tuple[int, int]:
+        """(sampler, references) bytes: the sampler's uniforms, per-state outcomes and state maps (float64 and
+        int64 [member, batch, length, hidden], a few copies in the prefix scan); the references' mixed-state
+        enumeration (`theory.hidden.MAX_STATES` beliefs x (token, next state), float64 and a few copies)."""
+        hmm = self.build()
+        sampler = members * batch * length * (8 + 6 * 8 * hmm.hidden)
+        references = 6 * (1 << 18) * hmm.vocab * hmm.hidden * 8
+        return sampler, references
+
+
+def _params_dict(params: Any) -> dict[str, Any]:
+    """`params` (a table, or the sorted (name, value) pairs a config stores) as a dict; ValueError otherwise."""
+    if isinstance(params, Mapping):
+        return dict(params)
+    if isinstance(params, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in params):
+        return {str(k): v for k, v in params}
+    raise ValueError(f"params must be a table of the preset's parameters, e.g. {{\"x\": 0.1}}, got {params!r}")
