@@ -35,6 +35,9 @@ with its `__all__`, as `probes.<module>.<Name>` (`probes.attention.AttentionScor
   hook (residual stream, a head's output or its q/k/v input) of the lagged state, counts, the add-beta row, the
   posterior or a target of one's own, fitted and scored on disjoint sequences, with a control, the selectivity and
   bootstrap intervals (`linear_probe`, `probe_layers`, `fit_probe`, `probe_target`).
+- `beliefs`: belief-state probes of a model trained on a hidden Markov source (Shai et al. 2024): the forward
+  filter's belief regressed on the residual stream at every layer and across the layers together, the simplex
+  projection, and the causal test that patches the probe's subspace from a counterfactual sequence.
 - `readout`: the transition matrix implied by the model's predictions.
 - `strategies`: KL from the model to the uniform, stationary, true-kernel, state-and-counts and in-context
   k-gram laws.
@@ -53,6 +56,7 @@ from markov_interp.probes import (  # noqa: F401  (every module, as probes.<modu
     ablation,
     attention,
     behaviour,
+    beliefs,
     circuit,
     classify,
     discovery,
@@ -77,6 +81,7 @@ from markov_interp.probes._common import ProbeBatch, checked, next_state_probs, 
 from markov_interp.probes.ablation import ablation_table
 from markov_interp.probes.attention import attention_scores
 from markov_interp.probes.behaviour import behaviour_report
+from markov_interp.probes.beliefs import belief_patch, belief_probes
 from markov_interp.probes.classify import MECHANISMS, MechanismReport, Thresholds, classify_mechanism
 from markov_interp.probes.discovery import CircuitGraph, discover_circuit
 from markov_interp.probes.interchange import edge_content
@@ -106,6 +111,8 @@ __all__ = [
     "edge_content",
     # what an activation carries: representation probes
     "probe_target", "Target", "linear_probe", "probe_layers", "fit_probe",
+    # belief states of a hidden Markov source
+    "belief_probes", "belief_patch",
 ]
 
 # Every probe of the face is exported with its argument types checked (`_common.checked`: a TypeError naming the

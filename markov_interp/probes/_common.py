@@ -24,7 +24,14 @@ from markov_interp import theory
 from markov_interp._display import displayed
 from markov_interp._plan import Need, check_needs, memory_limit
 from markov_interp.config import SEED_MAX, check_int, check_type, check_value, shown
-from markov_interp.sources import KernelSource, Source, add_beta_predictions, context_index, kernel_predictions
+from markov_interp.sources import (
+    HiddenSource,
+    KernelSource,
+    Source,
+    add_beta_predictions,
+    context_index,
+    kernel_predictions,
+)
 from markov_interp.models import HookedModel, weights_metadata
 # the hook-name functions of the probes; their one home is `models.hooks` (TransformerLens's names)
 from markov_interp.models.hooks import attn_out_hook, mlp_out_hook, pattern_hook, z_hook  # noqa: F401
@@ -429,6 +436,7 @@ _TAKES = {  # what a parameter of each annotated type takes, in words
     HookedModel: "a TransformerLens hooked model (HookedTransformer or TransformerBridge, e.g. models.load(run))",
     ProbeBatch: "a ProbeBatch (probes.sample_batch(source, n_sequences=..., seq_len=..., seed=...))",
     Tensor: "a torch tensor",
+    HiddenSource: "a hidden Markov source (a sources.HiddenSource: HiddenMarkov, e.g. sources.hmm_preset('mess3'))",
 }
 _SOURCE_TAKES = ("a Markov source (a sources.Source: BinaryChain, MarkovChain, RandomMarkov, CyclicMarkov, HiddenMarkov, "
                  "...; e.g. SourceConfig(...).build())")
