@@ -438,20 +438,24 @@ def switch_counting_circuit(*, n_ctx: int = 64, attend: str = "same", logit_scal
     heads = {(0, 0): ("prev", 1, 1.0), (1, 0): ("switch", logit_scale, attend)}
     return circuit_model(2, heads, n_layers=2, n_heads=1, n_ctx=n_ctx)
 @torch.no_grad()
-def belief_model(kernel, *, d_model: int = 12, n_ctx: int = 32, seed: int = 0):
+def belief_model(kernel, *, d_model: int = 12, n_ctx: int = 32, seed: int = 0, echo: float = 0.0):
     """One layer whose residual stream holds the belief of a chain written as an HMM (hidden state = the last
     token: the belief after x_t is onehot(x_t)) in its first V dimensions, nuisance position values (N(0, 1),
     seeded) in the others, and attention that writes nothing: logits = log P[x_t, .] = the belief times log P, a
-    known linear function of the embedded belief (the Bayes prediction itself)."""
+    known linear function of the embedded belief (the Bayes prediction itself). With `echo` > 0 a second copy of
+    the belief, `echo` times as large, sits in dimensions V..2V-1, which the unembedding does not read."""
     kernel = torch.as_tensor(kernel, dtype=torch.float64)
     V = kernel.shape[-1]
-    assert d_model > V
+    copies = 2 if echo else 1
+    assert d_model > copies * V
     cfg = ModelConfig(n_layers=1, n_heads=1, d_model=d_model, d_head=2, attn_only=True, normalization=None,
                       tie_weights=False, unembed_bias=True, d_vocab=V, n_ctx=n_ctx)
     emb = torch.zeros(V, d_model)
     emb[torch.arange(V), torch.arange(V)] = 1
+    if echo:
+        emb[torch.arange(V), V + torch.arange(V)] = echo
     pos = torch.zeros(n_ctx, d_model)
-    pos[:, V:] = torch.randn(n_ctx, d_model - V, generator=torch.Generator().manual_seed(seed))
+    pos[:, copies * V:] = torch.randn(n_ctx, d_model - copies * V, generator=torch.Generator().manual_seed(seed))
     unembed = torch.zeros(V, d_model)
     unembed[:, :V] = kernel.clamp_min(1e-12).log().T.float()
     return hand_set(cfg, {"embed.weight": emb, "pos_embed.weight": pos, "unembed.weight": unembed})
