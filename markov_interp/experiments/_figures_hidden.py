@@ -53,15 +53,14 @@ def belief_simplex_figure(points: Mapping[str, Mapping[str, Mapping[str, Sequenc
             for site in sites]
         for ax, (label, beliefs) in zip(row, panels):
             xy = plane(beliefs).numpy()
-            ax.scatter(xy[:, 0], xy[:, 1], c=colours, s=3, alpha=0.6, linewidths=0)
+            ax.scatter(xy[:, 0], xy[:, 1], c=colours, s=3, alpha=0.6, linewidths=0, rasterized=True)
             ax.set_title(label, fontsize=8)
             ax.set_aspect("equal", adjustable="datalim")
             ax.set_xticks([])
             ax.set_yticks([])
         for ax in row[len(panels):]:
             ax.axis("off")
-    fig.suptitle((title + "\n" if title else "") + "held-out positions of seed 0, each coloured by its true belief",
-                 fontsize=9)
+    fig.suptitle((title + "\n" if title else "") + "held-out positions, each coloured by its true belief", fontsize=9)
     return fig
 
 

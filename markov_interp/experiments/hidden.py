@@ -139,23 +139,6 @@ def _patch_json(patch: Any, weights: Any) -> dict:
             "bayes_move": patch.bayes_move, "weights_effect": weights.effect}
 
 
-def _simplex_points(model: "HookedModel", source: "HiddenMarkov", inputs: torch.Tensor, table: Any) -> dict:
-    """Held-out (true, predicted) beliefs at the final layer and across all layers, at most `_SIMPLEX_POINTS`."""
-    from markov_interp import probes
-    from markov_interp.probes.representation import site_activations
-
-    sites = probes.layer_sites(model)
-    acts = site_activations(model, inputs, sites)
-    target = probes.belief_target(source, inputs)
-    joined = torch.cat([acts[s].to(torch.float64) for s in sites], dim=-1)
-    out = {}
-    for name, features in ((sites[-1].name, acts[sites[-1]]), (probes.ALL_LAYERS, joined)):
-        true, predicted = probes.held_out_beliefs(table[name], features, target)
-        out[name] = {"true": true[:_SIMPLEX_POINTS].round(decimals=4).tolist(),
-                     "predicted": predicted[:_SIMPLEX_POINTS].round(decimals=4).tolist()}
-    return out
-
-
 @torch.no_grad()
 def measure_model(model: "HookedModel", source: "HiddenMarkov", budget: HiddenBudget, *,
                   points: bool = False) -> dict:
@@ -173,6 +156,7 @@ def measure_model(model: "HookedModel", source: "HiddenMarkov", budget: HiddenBu
         layer], "points": ... or None}.
     """
     from markov_interp import probes
+    from markov_interp.probes import beliefs
 
     tokens = _batch(source, budget.probe_sequences, budget.seq_len + 1, _PROBE_SEED)
     inputs = tokens[:, :-1]
@@ -187,7 +171,8 @@ def measure_model(model: "HookedModel", source: "HiddenMarkov", budget: HiddenBu
     together = table[probes.ALL_LAYERS].score
     return {"loss": _losses(model, source, tokens), "probes": [_fit_json(f) for f in table.fits],
             "gaps": {"all_minus_final": together - layers[-1], "all_minus_best": together - max(layers)},
-            "patches": patches, "points": _simplex_points(model, source, inputs, table) if points else None}
+            "patches": patches,
+            "points": beliefs.simplex_points(model, inputs, source, table, limit=_SIMPLEX_POINTS) if points else None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,7 +404,7 @@ class HiddenResult(_shared.GridResult):
         points = {r.process: r.measure["points"] for r in self.records
                   if r.measure is not None and r.measure.get("points")}
         if points:
-            drawn["belief_simplex.png"] = belief_simplex_figure(points)
+            drawn["belief_simplex.png"] = belief_simplex_figure(points, title="seed 0 of each process")
         return drawn
 
     def tables(self) -> dict[str, Table]:

@@ -149,6 +149,38 @@ def held_out_beliefs(fit: ProbeFit, activations: Float[Tensor, "batch pos featur
     return target.values[test].cpu()[valid], predicted[valid]
 
 
+def simplex_points(model: HookedModel, tokens: TokensOrBatch, source: HiddenSource, table: ProbeTable, *,
+                   sites: Sequence[str] = (), limit: int = 1500) -> dict[str, dict[str, list]]:
+    """The belief-simplex picture's points: per probe of `table` (default its final layer and "all layers"), the
+    held-out (true, predicted) beliefs, as lists rounded to 4 decimals (JSON-ready: what
+    `experiments.belief_simplex_figure` draws).
+
+    Args:
+        model: the model `table` was fitted on.
+        tokens: the tokens it was fitted on.
+        source: the hidden Markov source.
+        table: `belief_probes(model, tokens, source)` (with "all layers" unless `sites` names others).
+        sites: the probes to keep, by site name.
+        limit: at most this many points per probe (the first held-out positions).
+
+    Returns:
+        {site: {"true": [[...]], "predicted": [[...]]}}.
+    """
+    check_int("limit", limit, minimum=1)
+    layers = layer_sites(model)
+    chosen = tuple(sites) or (layers[-1].name, ALL_LAYERS)
+    tokens = check_tokens(model, tokens)
+    acts = site_activations(model, tokens, layers)
+    by_name = {site.name: acts[site].to(torch.float64) for site in layers}
+    by_name[ALL_LAYERS] = torch.cat(list(by_name.values()), dim=-1)
+    target, out = belief_target(source, tokens), {}
+    for name in chosen:
+        true, predicted = held_out_beliefs(table[name], by_name[name], target)
+        out[name] = {"true": true[:limit].round(decimals=4).tolist(),
+                     "predicted": predicted[:limit].round(decimals=4).tolist()}
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ the simplex
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)
 class SimplexProjection(ProbeResult):

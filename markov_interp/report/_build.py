@@ -27,7 +27,7 @@ from markov_interp import dynamics, models, probes, runs, theory
 from markov_interp.probes import behaviour
 from markov_interp._display import displayed, headline
 from markov_interp.config import check_int
-from markov_interp.sources import Source, add_beta_predictions
+from markov_interp.sources import HiddenSource, Source, add_beta_predictions
 from markov_interp.theory import ReferenceLosses
 from markov_interp.devices import resolve_device
 from markov_interp.runs import RunConfig
@@ -51,7 +51,8 @@ _LEAD = 1  # sections before the contents: the first screen
 CONDITION_SECTION = "condition"  # added after SECTION_IDS for a run that belongs to a sweep
 
 
-@displayed(line=lambda r: f"{r.title}: {len(r.sections)} sections; {headline(r.mechanism)}")
+@displayed(line=lambda r: f"{r.title}: {len(r.sections)} sections; "
+                         f"{headline(r.mechanism) if r.mechanism is not None else 'belief states (hidden source)'}")
 @dataclasses.dataclass(frozen=True, eq=False)
 class Report:
     """A run's report: titled `sections` (HTML, figures) plus the probe results they were drawn from.
@@ -62,7 +63,7 @@ class Report:
 
     title: str
     sections: tuple[Section, ...]
-    mechanism: probes.MechanismReport
+    mechanism: Optional[probes.MechanismReport]  # None for a hidden Markov source (no kernel: `report.beliefs`)
     run_dir: Optional[Path] = None
     intro: str = ""
 
@@ -93,7 +94,7 @@ class Report:
         (`MechanismReport.to_dict`); the figures are in `html`."""
         return {"title": self.title, "run_dir": None if self.run_dir is None else str(self.run_dir),
                 "sections": [{"id": s.id, "title": s.title} for s in self.sections],
-                "mechanism": self.mechanism.to_dict()}
+                "mechanism": None if self.mechanism is None else self.mechanism.to_dict()}
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -703,6 +704,9 @@ def build(
     run_dir = Path(run_dir)
     run = _load_run(run_dir)
     device = resolve_device(device)  # the one device check: a name or a torch.device of a kind we run on
+    if isinstance(run.source.build(), HiddenSource):  # no kernel: the belief states (`report.beliefs`)
+        return _hidden_report(run, run_dir, runs.load_model(run_dir, device=device, expect=run.model),
+                              n_sequences=n_sequences, seq_len=seq_len, seed=seed)
     with _progress(len(SECTIONS) + 1, progress, "report") as bar:
         model = runs.load_model(run_dir, device=device, expect=run.model)
         batch, mech, cache = _probe(model, run.source.build(), n_sequences=n_sequences, seq_len=seq_len, seed=seed)
@@ -720,6 +724,22 @@ def build(
     sections += (condition,) if condition is not None else ()
     return Report(title=f"markov-interp report: {run_dir.resolve().name}", sections=sections, mechanism=mech,
                   run_dir=run_dir)
+
+
+def _hidden_report(run: RunConfig, run_dir: Path, model: models.HookedModel, *, n_sequences: int,
+                   seq_len: Optional[int], seed: int) -> Report:
+    """The report of a run on a hidden Markov source: `beliefs.HIDDEN_SECTION_IDS` (the belief probes take at
+    least `beliefs.MIN_SEQUENCES` sequences: a simplex needs points)."""
+    from markov_interp.report import beliefs
+
+    metrics = runs.load_metrics(run_dir)
+    source, refs = run.source.build(), _logged_references(metrics)
+    curve = figures.loss_curves_figure(metrics, refs or theory.reference_losses(source, run.train.seq_len + 1))
+    sections = (beliefs.hidden_summary_section(metrics, refs, curve), Section("config", "Run configuration", _config_section(run, run_dir)),
+                beliefs.belief_section(model, source, n_sequences=max(n_sequences, beliefs.MIN_SEQUENCES),
+                                       seq_len=probes.probe_length(model, seq_len), seed=seed))
+    return Report(title=f"markov-interp report: {run_dir.resolve().name}", sections=sections, mechanism=None,
+                  run_dir=run_dir, intro="A run on a hidden Markov source: its belief states.")
 
 
 @probes._common.checked  # a wrong argument type: a TypeError naming the parameter, as for the probes
