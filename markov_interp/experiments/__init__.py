@@ -58,8 +58,7 @@ name starts with "_" are not experiments) that provides
    figure others call too is named in `_FIGURES` here and is then `markov_interp.experiments.<name>`, loaded on
    first use (today: `escape_survival_figure`, `crossing_survival_figure`, `excess_curves_figure`,
    `excess_curves_panels_figure`, `scores_over_training_figure`, `phase_diagram_figure`, `diversity_figure`,
-   `separatrix_figure`, `paths_on_landscape_figure`, `belief_simplex_figure`, `r2_by_layer_figure`,
-   `loss_by_position_figure`).
+   `separatrix_figure`, `paths_on_landscape_figure`, `r2_by_layer_figure`, `loss_by_position_figure`).
 
 Then `python -m markov_interp.experiments --only foo --quick`, `markov-interp experiment foo --quick`,
 `--n-seeds N`, `--steps N`, `--device D` and `--set KEY=VALUE` (any budget field; JSON or text, lists as
@@ -90,7 +89,7 @@ _FIGURES = {
     **dict.fromkeys(("phase_diagram_figure", "ORDER_COLOURS"), "_figures_phases"),
     "diversity_figure": "_figures_diversity",
     **dict.fromkeys(("separatrix_figure", "paths_on_landscape_figure"), "_figures_reduction"),
-    **dict.fromkeys(("belief_simplex_figure", "r2_by_layer_figure", "loss_by_position_figure"), "_figures_hidden"),
+    **dict.fromkeys(("r2_by_layer_figure", "loss_by_position_figure"), "_figures_hidden"),
 }
 
 __all__ = ["Budget", "Table", "Section", "Summary", "Provenance", "Experiment", "Finished", "register", "get",

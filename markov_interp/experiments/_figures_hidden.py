@@ -1,67 +1,14 @@
-"""Figures of the experiment `hidden` (`markov_interp.experiments.hidden`): the belief simplex beside the probe's
-predictions, belief R^2 per layer, loss per position against the Bayes-optimal predictor.
+"""Figures of the experiment `hidden` (`markov_interp.experiments.hidden`): belief R^2 per layer and loss per
+position against the Bayes-optimal predictor (the belief simplex beside the probe's predictions is
+`report.beliefs.belief_simplex_figure`, which a run's report draws too).
 
-Reach them as `markov_interp.experiments.belief_simplex_figure` (and the others), loaded on first use.
+Reach them as `markov_interp.experiments.r2_by_layer_figure` and `loss_by_position_figure`, loaded on first use.
 """
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from matplotlib.figure import Figure
-
-# the colours of the hidden states' corners: a belief is drawn in the mixture of its states' colours
-_CORNERS = ((0.85, 0.1, 0.1), (0.1, 0.65, 0.1), (0.1, 0.2, 0.9), (0.9, 0.6, 0.0), (0.6, 0.1, 0.75),
-            (0.0, 0.7, 0.75), (0.5, 0.5, 0.5))
-
-
-def belief_colours(beliefs: torch.Tensor) -> torch.Tensor:
-    """RGB per belief [row, 3]: the mixture of its hidden states' corner colours (red, green, blue for 3 states),
-    so a point's colour says where its true belief is, whatever plane it is drawn in."""
-    hidden = beliefs.shape[-1]
-    corners = torch.tensor([_CORNERS[i % len(_CORNERS)] for i in range(hidden)], dtype=torch.float64)
-    return (beliefs.to(torch.float64).clamp(0, 1) @ corners).clamp(0, 1)
-
-
-def belief_simplex_figure(points: Mapping[str, Mapping[str, Mapping[str, Sequence]]], *, title: str = "") -> Figure:
-    """The true belief simplex beside the probe's predictions on held-out tokens, coloured alike (each point by its
-    true belief), one row per process: the true beliefs, then the probe's predictions at each site given.
-
-    Args:
-        points: {process: {site: {"true": [[...]], "predicted": [[...]]}}} (`experiments.hidden`'s seed-0 points;
-            every site of a process holds the same true beliefs).
-        title: above the panels.
-
-    Returns:
-        The figure (3 hidden states: barycentric coordinates; more: the true beliefs' first two principal axes,
-        said in the panel title).
-    """
-    from markov_interp.probes import simplex_projection
-
-    processes = list(points)
-    n_cols = 1 + max(len(points[p]) for p in processes)
-    fig = Figure(figsize=(3.2 * n_cols, 3.1 * len(processes)), layout="constrained")
-    axes = fig.subplots(len(processes), n_cols, squeeze=False)
-    for row, process in zip(axes, processes):
-        sites = list(points[process])
-        true = torch.tensor(points[process][sites[0]]["true"], dtype=torch.float64)
-        plane = simplex_projection(true)
-        colours = belief_colours(true).numpy()
-        how = "barycentric" if plane.method == "barycentric" else f"PCA of the true beliefs ({plane.explained:.0%})"
-        panels = [(f"{process}: true beliefs\n{how}", true)] + [
-            (f"{process}: probe at {site}", torch.tensor(points[process][site]["predicted"], dtype=torch.float64))
-            for site in sites]
-        for ax, (label, beliefs) in zip(row, panels):
-            xy = plane(beliefs).numpy()
-            ax.scatter(xy[:, 0], xy[:, 1], c=colours, s=3, alpha=0.6, linewidths=0, rasterized=True)
-            ax.set_title(label, fontsize=8)
-            ax.set_aspect("equal", adjustable="datalim")
-            ax.set_xticks([])
-            ax.set_yticks([])
-        for ax in row[len(panels):]:
-            ax.axis("off")
-    fig.suptitle((title + "\n" if title else "") + "held-out positions, each coloured by its true belief", fontsize=9)
-    return fig
 
 
 def r2_by_layer_figure(summaries: Sequence[Mapping[str, Any]], *, title: str = "") -> Figure:

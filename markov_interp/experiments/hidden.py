@@ -396,8 +396,8 @@ class HiddenResult(_shared.GridResult):
                         "sequence (1: as far as Bayes).", patch_table(self.cells))]
 
     def figures(self) -> dict[str, Any]:
-        from markov_interp.experiments._figures_hidden import (belief_simplex_figure, loss_by_position_figure,
-                                                               r2_by_layer_figure)
+        from markov_interp.experiments._figures_hidden import loss_by_position_figure, r2_by_layer_figure
+        from markov_interp.report.beliefs import belief_simplex_figure
 
         drawn = {"loss_by_position.png": loss_by_position_figure(self.cells),
                  "belief_r2.png": r2_by_layer_figure(self.cells)}

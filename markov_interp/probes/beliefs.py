@@ -153,7 +153,7 @@ def simplex_points(model: HookedModel, tokens: TokensOrBatch, source: HiddenSour
                    sites: Sequence[str] = (), limit: int = 1500) -> dict[str, dict[str, list]]:
     """The belief-simplex picture's points: per probe of `table` (default its final layer and "all layers"), the
     held-out (true, predicted) beliefs, as lists rounded to 4 decimals (JSON-ready: what
-    `experiments.belief_simplex_figure` draws).
+    `report.beliefs.belief_simplex_figure` draws).
 
     Args:
         model: the model `table` was fitted on.

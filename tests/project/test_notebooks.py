@@ -31,9 +31,9 @@ def _cells(nb) -> list[tuple[str, str]]:
     return [(cell.cell_type, cell.source) for cell in nb.cells]
 
 
-def test_the_six_tutorials_exist_with_their_notebooks():
+def test_the_seven_tutorials_exist_with_their_notebooks():
     assert IDS == ["01_quickstart", "02_single_layer", "03_two_layer", "04_landscape", "05_interventions",
-                   "06_in_context"], IDS
+                   "06_in_context", "07_hidden"], IDS
     assert sorted(p.stem for p in FOLDER.glob("*.ipynb")) == IDS
 
 
