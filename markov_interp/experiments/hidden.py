@@ -28,7 +28,9 @@ Statistics over seeds: means with bootstrap 95% intervals (`_shared.mean_interva
 (`claims`): "linear in the final layer" holds when the final layer's R^2 interval lies above `HIGH` and the gain
 of "all layers" over it below `GAP`; "needs the layers together" holds when the gain of "all layers" over the best
 single layer lies above `GAP` and "all layers" above `HIGH` ("partly" when the gain holds and "all layers" does
-not reach `HIGH`); each rule is applied to both processes, the other process as the contrast. The final weights of
+not reach `HIGH`); each rule is applied to both processes, the other process as the contrast. A process whose
+models' excess loss (upper bound over seeds) exceeds `LEARNT` of the step from the unigram loss to the exact Bayes
+loss is "not tested": its models have not learnt it, so their residual stream says nothing about the claims. The final weights of
 every model are copied to out/models/<process>-seed<k>/ (model.safetensors, config.json) for probing again.
 """
 
@@ -47,11 +49,12 @@ if TYPE_CHECKING:  # annotations only: probes and models load TransformerLens
     from markov_interp.models import HookedModel
     from markov_interp.sources import HiddenMarkov
 
-__all__ = ["HiddenBudget", "QUICK", "STANDARD", "FULL", "TINY", "HIGH", "GAP", "EXPERIMENT", "hidden_specs",
+__all__ = ["HiddenBudget", "QUICK", "STANDARD", "FULL", "TINY", "HIGH", "GAP", "LEARNT", "EXPERIMENT", "hidden_specs",
            "measure_model", "process_summary", "claims", "HiddenResult", "run", "read"]
 
 HIGH = 0.9  # R^2 at or above which the belief counts as linearly there
 GAP = 0.05  # R^2 points of gain that count as "needs more than one layer"
+LEARNT = 0.25  # a process is tested when its models' excess loss is at most this share of the unigram-to-Bayes step
 _PROBE_SEED = 9_000  # the probe batch of every model of a process: hmm.sample(generator seeded _PROBE_SEED)
 _PATCH_SEED = 9_001  # the fresh batch of the causal test
 _SIMPLEX_POINTS = 1500  # held-out points of seed 0 kept for the simplex figure
@@ -298,21 +301,47 @@ _CLAIMS = (("Mess3", "mess3", "the belief is linear in the final layer", _final_
            ("RRXOR", "rrxor", "the belief is linear only across the layers together", _together_verdict))
 
 
-def claims(summaries: list[dict]) -> list[dict]:
-    """One row per claim and process: the claim's own process, then the other as the contrast (the same rule)."""
+def _unlearnt(summary: dict, references: Optional[dict]) -> Optional[str]:
+    """Why a process's claims cannot be tested (its models are still far from the Bayes loss), or None.
+
+    The excess loss's upper bound over seeds is compared with the step from the unigram loss to the exact Bayes
+    loss: a model more than `LEARNT` of that step above Bayes has not learnt the process, and what its residual
+    stream holds says nothing about Shai et al.'s trained models."""
+    refs = (references or {}).get(summary["process"])
+    if refs is None:
+        return None
+    step, excess = refs["unigram_loss"] - refs["bayes_loss"], _hi(summary["excess"])
+    if not math.isfinite(excess) or excess <= LEARNT * step:
+        return None
+    return (f"not tested: the models have not learnt the process (excess loss up to {excess:.3f} nats, "
+            f"{excess / step:.0%} of the {step:.3f} nats from the unigram to the Bayes loss)")
+
+
+def claims(summaries: list[dict], references: Optional[dict] = None) -> list[dict]:
+    """One row per claim and process: the claim's own process, then the other as the contrast (the same rule).
+
+    Args:
+        summaries: `process_summary` per process.
+        references: theory's references per process (`HiddenResult.references`): a process whose models are more
+            than `LEARNT` of the unigram-to-Bayes step above the Bayes loss is not tested (`_unlearnt`).
+
+    Returns:
+        Rows {"claim", "process", "role", "final_site", "final_r2", "all_r2", "gap_final", "gap_best", "verdict"}.
+    """
     found = {s["process"]: s for s in summaries if s["n"]}
     rows = []
     for name, own, claim, verdict in _CLAIMS:
         for process in [own] + [p for p in found if p != own]:
             summary = found.get(process)
             final = list(summary["r2"])[-2] if summary else None
+            said = (_unlearnt(summary, references) or verdict(summary)) if summary else "not tested at this budget"
             rows.append({"claim": f"{name}: {claim}", "process": process, "role": "claim" if process == own
                          else "contrast", "final_site": final,
                          "final_r2": summary["r2"][final] if summary else None,
                          "all_r2": summary["r2"]["all layers"] if summary else None,
                          "gap_final": summary["gaps"]["all_minus_final"] if summary else None,
                          "gap_best": summary["gaps"]["all_minus_best"] if summary else None,
-                         "verdict": verdict(summary) if summary else "not tested at this budget"})
+                         "verdict": said})
     return rows
 
 
@@ -371,7 +400,8 @@ def setup_text(budget: HiddenBudget) -> str:
             f"to lr {budget.lr:g}, fp32, seeds 0..{budget.seeds - 1}. Probes: {budget.probe_sequences} sequences per "
             f"process (the same for every seed), ridge on half of them, R^2 on the other half; the causal test on "
             f"{budget.patch_sequences} fresh sequences. Verdict thresholds: R^2 >= {HIGH} counts as linearly there, "
-            f"a gain above {GAP} as needing more than one layer.")
+            f"a gain above {GAP} as needing more than one layer; a process is tested when its models' excess loss is "
+            f"at most {LEARNT:.0%} of the step from the unigram to the Bayes loss.")
 
 
 # ------------------------------------------------------------------------------------------------ result
@@ -424,8 +454,9 @@ def _references(budget: HiddenBudget) -> dict:
 
 def _result(budget: HiddenBudget, records: list[RunRecord], n_failed: int) -> HiddenResult:
     summaries = [process_summary(p, records) for p in budget.processes]
-    return HiddenResult(budget=budget, records=tuple(records), cells=summaries, claims=claims(summaries),
-                        references=_references(budget), n_failed=n_failed)
+    references = _references(budget)
+    return HiddenResult(budget=budget, records=tuple(records), cells=summaries, claims=claims(summaries, references),
+                        references=references, n_failed=n_failed)
 
 
 def read(budget: HiddenBudget, result: dict) -> HiddenResult:

@@ -60,12 +60,13 @@ def test_measures_of_a_model_that_holds_and_uses_the_belief():
     assert torch.allclose(torch.tensor(points["true"]), torch.tensor(points["predicted"]), atol=1e-3)
 
 
-def fake_measure(layers, together, seed):
-    """A measure with belief R^2 `layers` per site, `together` across them (a seed's jitter of +-0.002)."""
+def fake_measure(layers, together, seed, excess=0.01):
+    """A measure with belief R^2 `layers` per site, `together` across them (a seed's jitter of +-0.002) and the
+    excess loss `excess` over the forward filter."""
     jitter = 0.002 * (seed % 3 - 1)
     r2 = [v + jitter for v in layers] + [together + jitter]
     sites = [f"L{i}.resid_post" for i in range(len(layers))] + ["all layers"]
-    return {"loss": {"excess": 0.01, "model_loss": 0.8, "bayes_loss": 0.79, "model_curve": [1.0, 0.8],
+    return {"loss": {"excess": excess + jitter, "model_loss": 0.8, "bayes_loss": 0.79, "model_curve": [1.0, 0.8],
                      "bayes_curve": [0.99, 0.79]},
             "probes": [{"site": s, "r2": v, "control": 0.0} for s, v in zip(sites, r2)],
             "gaps": {"all_minus_final": r2[-1] - r2[-2], "all_minus_best": r2[-1] - max(r2[:-1])},
@@ -99,6 +100,23 @@ def test_too_few_seeds_leave_the_claims_unresolved():
     rows = hidden.claims(summaries)
     assert rows[0]["verdict"].startswith("not resolved") and summaries[1]["n"] == 0
     assert rows[1]["verdict"] == "not tested at this budget"
+
+
+def test_a_process_its_models_have_not_learnt_is_not_tested():
+    """RRXOR's models 0.08 nats above Bayes (70% of its 0.115-nat unigram-to-Bayes step) test no claim, whatever
+    their R^2; Mess3's, 0.01 above (3% of 0.296), are read as usual."""
+    refs = {"mess3": {"unigram_loss": 1.0986, "bayes_loss": 0.8025}, "rrxor": {"unigram_loss": 0.6931,
+                                                                              "bayes_loss": 0.5782}}
+    records = [hidden.RunRecord(process="mess3", seed=k, status="ok", measure=fake_measure([0.5, 0.97], 0.975, k))
+               for k in range(6)]
+    records += [hidden.RunRecord(process="rrxor", seed=k, status="ok",
+                                 measure=fake_measure([0.3, 0.6], 0.95, k, excess=0.08)) for k in range(6)]
+    summaries = [hidden.process_summary(p, records) for p in ("mess3", "rrxor")]
+    rows = {(r["claim"].split(":")[0], r["process"]): r["verdict"] for r in hidden.claims(summaries, refs)}
+    assert rows[("Mess3", "mess3")] == "holds"
+    assert rows[("RRXOR", "rrxor")].startswith("not tested: the models have not learnt the process")
+    assert "71% of the 0.115 nats" in rows[("RRXOR", "rrxor")] and rows[("Mess3", "rrxor")].startswith("not tested")
+    assert hidden.claims(summaries)[2]["verdict"] == "holds"  # without references: the R^2 rule alone
 
 
 @pytest.mark.slow
