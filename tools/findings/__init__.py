@@ -19,7 +19,7 @@ with 1 when a committed file differs (the test suite runs it); a block whose wor
 refuses to render (`holds`). Text outside the markers is not touched.
 
 A block for a new results folder is a few lines in one of this package's block modules (`_engine.BLOCK_MODULES`:
-`reproduction`, `interventions`, `icl`, `readme`), e.g. in `icl` for `python -m markov_interp.experiments --only
+`reproduction`, `interventions`, `icl`, `hidden`, `readme`), e.g. in `icl` for `python -m markov_interp.experiments --only
 phases --budget standard --out docs/reproduction` (which writes docs/reproduction/phases/; move it to
 phases-standard/):
 
@@ -43,8 +43,8 @@ from tools.findings._engine import (BLOCKS, Block, FindingNoLongerHolds, Outcome
 __all__ = ["DOCS", "BLOCKS", "Block", "block", "blocks", "holds", "FindingNoLongerHolds", "regions", "render_text",
            "render_files", "render", "wrap", "Outcome", "default_root", "add_arguments", "run_command", "main"]
 
-DOCS = ("README.md", "docs/findings.md", "docs/findings-dynamics.md", "docs/findings-icl.md", "docs/landscape.md",
-        "docs/reproduction/summary.md", "docs/circuits.md")
+DOCS = ("README.md", "docs/findings.md", "docs/findings-dynamics.md", "docs/findings-icl.md", "docs/findings-hidden.md",
+        "docs/landscape.md", "docs/reproduction/summary.md", "docs/circuits.md")
 
 
 def default_root() -> Path:

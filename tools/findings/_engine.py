@@ -53,7 +53,7 @@ class Block:
 
 BLOCKS: dict[str, Block] = {}
 # the modules of this tool that register blocks
-BLOCK_MODULES = ("reproduction", "interventions", "recipes", "icl", "readme")
+BLOCK_MODULES = ("reproduction", "interventions", "recipes", "icl", "hidden", "readme")
 
 
 def blocks() -> dict[str, Block]:
