@@ -437,6 +437,8 @@ def switch_counting_circuit(*, n_ctx: int = 64, attend: str = "same", logit_scal
     switch rate of the other state, which needs the counts (and a division) to give the law."""
     heads = {(0, 0): ("prev", 1, 1.0), (1, 0): ("switch", logit_scale, attend)}
     return circuit_model(2, heads, n_layers=2, n_heads=1, n_ctx=n_ctx)
+
+
 @torch.no_grad()
 def belief_model(kernel, *, d_model: int = 12, n_ctx: int = 32, seed: int = 0, echo: float = 0.0):
     """One layer whose residual stream holds the belief of a chain written as an HMM (hidden state = the last

@@ -171,7 +171,7 @@ def measure_model(model: "HookedModel", source: "HiddenMarkov", budget: HiddenBu
         weights = probes.belief_patch(model, fresh, source, fit, subspace="weights", n_bootstrap=0)
         patches.append(_patch_json(patch, weights))
     layers = [fit.score for fit in table.fits[:-1]]
-    together = table[probes.ALL_LAYERS].score
+    together = table[probes.beliefs.ALL_LAYERS].score
     return {"loss": _losses(model, source, tokens), "probes": [_fit_json(f) for f in table.fits],
             "gaps": {"all_minus_final": together - layers[-1], "all_minus_best": together - max(layers)},
             "patches": patches,

@@ -735,7 +735,8 @@ def _hidden_report(run: RunConfig, run_dir: Path, model: models.HookedModel, *, 
     metrics = runs.load_metrics(run_dir)
     source, refs = run.source.build(), _logged_references(metrics)
     curve = figures.loss_curves_figure(metrics, refs or theory.reference_losses(source, run.train.seq_len + 1))
-    sections = (beliefs.hidden_summary_section(metrics, refs, curve), Section("config", "Run configuration", _config_section(run, run_dir)),
+    sections = (beliefs.hidden_summary_section(metrics, refs, curve),
+                Section("config", "Run configuration", _config_section(run, run_dir)),
                 beliefs.belief_section(model, source, n_sequences=max(n_sequences, beliefs.MIN_SEQUENCES),
                                        seq_len=probes.probe_length(model, seq_len), seed=seed))
     return Report(title=f"markov-interp report: {run_dir.resolve().name}", sections=sections, mechanism=None,

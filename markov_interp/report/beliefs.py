@@ -66,7 +66,7 @@ def belief_simplex_figure(points: Mapping[str, Mapping[str, Mapping[str, Sequenc
     for row, process in zip(axes, processes):
         sites = list(points[process])
         true = torch.tensor(points[process][sites[0]]["true"], dtype=torch.float64)
-        plane = probes.simplex_projection(true)
+        plane = probes.beliefs.simplex_projection(true)
         colours = belief_colours(true).numpy()
         how = "barycentric" if plane.method == "barycentric" else f"PCA of the true beliefs ({plane.explained:.0%})"
         panels = [(f"{process}: true beliefs\n{how}", true)] + [

@@ -33,24 +33,24 @@ def chain_hmm(kernel):
 def test_a_planted_linear_embedding_of_the_beliefs_is_read_back_exactly():
     mess3 = hmm_preset("mess3")
     tokens = mess3.sample(64, 12, generator=gen(0))
-    target = probes.belief_target(mess3, tokens)
+    target = probes.beliefs.belief_target(mess3, tokens)
     assert target.outputs == ("s0", "s1", "s2") and torch.equal(target.values, mess3.belief_states(tokens))
     embed = torch.randn(3, 6, generator=gen(1), dtype=torch.float64)
     planted = torch.cat([target.values @ embed + 0.3, torch.randn(64, 12, 2, generator=gen(2))], dim=-1)
     noise = torch.randn(64, 12, 5, generator=gen(3))  # unrelated to the beliefs
-    table = probes.probe_beliefs({"planted": planted, "noise": noise}, target, n_bootstrap=200)
-    assert table.sites == ("planted", "noise", probes.ALL_LAYERS) and table.metric == "r2"
+    table = probes.beliefs.probe_beliefs({"planted": planted, "noise": noise}, target, n_bootstrap=200)
+    assert table.sites == ("planted", "noise", probes.beliefs.ALL_LAYERS) and table.metric == "r2"
     fit = table["planted"]
     assert fit.score > 1 - 1e-6 and min(fit.per_output) > 1 - 1e-6 and fit.score_ci[0] > 1 - 1e-5
     assert fit.control_kind == "shuffle" and abs(fit.control) < 0.05 and fit.selectivity > 0.95
-    assert table[probes.ALL_LAYERS].score > 1 - 1e-5 and table[probes.ALL_LAYERS].n_features == 13
+    assert table[probes.beliefs.ALL_LAYERS].score > 1 - 1e-5 and table[probes.beliefs.ALL_LAYERS].n_features == 13
 
 
 def test_activations_unrelated_to_the_beliefs_stay_at_the_control():
     rrxor = hmm_preset("rrxor")
     tokens = rrxor.sample(80, 12, generator=gen(4))
-    target = probes.belief_target(rrxor, tokens)
-    fit = probes.probe_beliefs({"random": torch.randn(80, 12, 16, generator=gen(5))}, target, n_bootstrap=200)
+    target = probes.beliefs.belief_target(rrxor, tokens)
+    fit = probes.beliefs.probe_beliefs({"random": torch.randn(80, 12, 16, generator=gen(5))}, target, n_bootstrap=200)
     fit = fit["random"]
     assert abs(fit.score - fit.control) < 0.05 and fit.score < 0.05
     assert fit.selectivity_ci[0] < 0 < fit.selectivity_ci[1]
@@ -61,12 +61,12 @@ def test_a_belief_split_over_two_sites_needs_them_together():
     site alone reads part of the belief, the concatenation all of it (the reading of Shai et al.'s RRXOR claim)."""
     rrxor = hmm_preset("rrxor")
     tokens = rrxor.sample(96, 12, generator=gen(6))
-    target = probes.belief_target(rrxor, tokens)
+    target = probes.beliefs.belief_target(rrxor, tokens)
     first = target.values[..., :2] @ torch.randn(2, 4, generator=gen(7), dtype=torch.float64)
     second = target.values[..., 2:] @ torch.randn(3, 4, generator=gen(8), dtype=torch.float64)
-    table = probes.probe_beliefs({"L0": first, "L1": second}, target, n_bootstrap=0)
+    table = probes.beliefs.probe_beliefs({"L0": first, "L1": second}, target, n_bootstrap=0)
     assert table["L0"].score < 0.9 and table["L1"].score < 0.9
-    assert table[probes.ALL_LAYERS].score > 1 - 1e-5
+    assert table[probes.beliefs.ALL_LAYERS].score > 1 - 1e-5
 
 
 def test_belief_probes_read_every_layer_of_a_model():
@@ -74,7 +74,7 @@ def test_belief_probes_read_every_layer_of_a_model():
     model = belief_model(kernel)
     tokens = source.sample(48, 16, generator=gen(9))
     table = probes.belief_probes(model, tokens, source, n_bootstrap=100)
-    assert table.sites == ("L0.resid_pre", "L0.resid_post", probes.ALL_LAYERS)
+    assert table.sites == ("L0.resid_pre", "L0.resid_post", probes.beliefs.ALL_LAYERS)
     assert all(fit.score > 1 - 1e-4 for fit in table.fits)  # the token one-hot is the belief, at every layer
     batch = probes.sample_batch(source, n_sequences=48, seq_len=16, seed=1)
     assert probes.belief_probes(model, batch, source, n_bootstrap=0, concatenate=False).sites == (
@@ -83,7 +83,7 @@ def test_belief_probes_read_every_layer_of_a_model():
 
 # -------------------------------------------------------------------------------------------------- simplex
 def test_the_simplex_projection_is_barycentric_for_three_states_and_pca_beyond():
-    corners = probes.simplex_projection(torch.eye(3, dtype=torch.float64))
+    corners = probes.beliefs.simplex_projection(torch.eye(3, dtype=torch.float64))
     assert corners.method == "barycentric" and corners.explained == 1.0
     expected = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.5, math.sqrt(3) / 2]], dtype=torch.float64)
     assert torch.allclose(corners(torch.eye(3)), expected)
@@ -91,7 +91,7 @@ def test_the_simplex_projection_is_barycentric_for_three_states_and_pca_beyond()
     assert torch.allclose(corners(mix), mix @ expected)  # barycentric: the mixture of the corners
     rrxor = hmm_preset("rrxor")
     points = rrxor.belief_states(rrxor.sample(50, 10, generator=gen(10))).reshape(-1, 5)
-    plane = probes.simplex_projection(points)
+    plane = probes.beliefs.simplex_projection(points)
     assert plane.method == "pca" and plane.axes.shape == (5, 2)
     assert torch.allclose(plane.axes.T @ plane.axes, torch.eye(2, dtype=torch.float64), atol=1e-10)
     centred = points - points.mean(0)
@@ -99,16 +99,16 @@ def test_the_simplex_projection_is_barycentric_for_three_states_and_pca_beyond()
     assert plane.explained == pytest.approx(float(values[:2].sum() / values.sum()))
     assert float((plane(points) ** 2).sum()) == pytest.approx(float(values[:2].sum()))
     with pytest.raises(ValueError, match="at least 2 rows"):
-        probes.simplex_projection(torch.ones(1, 3))
+        probes.beliefs.simplex_projection(torch.ones(1, 3))
 
 
 def test_held_out_beliefs_are_the_probes_test_points():
     mess3 = hmm_preset("mess3")
     tokens = mess3.sample(20, 8, generator=gen(11))
-    target = probes.belief_target(mess3, tokens)
+    target = probes.beliefs.belief_target(mess3, tokens)
     acts = target.values @ torch.randn(3, 5, generator=gen(12), dtype=torch.float64)
-    fit = probes.probe_beliefs({"x": acts}, target, n_bootstrap=0)["x"]
-    true, predicted = probes.held_out_beliefs(fit, acts, target)
+    fit = probes.beliefs.probe_beliefs({"x": acts}, target, n_bootstrap=0)["x"]
+    true, predicted = probes.beliefs.held_out_beliefs(fit, acts, target)
     assert true.shape == (len(fit.test_sequences) * 8, 3) == predicted.shape
     assert torch.equal(true, target.values[list(fit.test_sequences)].reshape(-1, 3))
     assert torch.allclose(predicted, true, atol=1e-4)
@@ -128,7 +128,7 @@ def test_patching_the_belief_subspace_moves_the_law_exactly_as_the_hand_built_mo
     patch = probes.belief_patch(model, tokens, source, fit, n_bootstrap=300, seed=3)
     _, cache = model.run_with_cache(tokens)
     x = cache["blocks.0.hook_resid_post"].double()
-    basis = probes.probe_subspace(fit, x)
+    basis = probes.beliefs.probe_subspace(fit, x)
     assert patch.subspace == "pattern" and patch.dimension == basis.shape[1] == 2  # the one-hot's sum is fixed
     partner = probes.ablation.derangement(800, seed=3)
     patched = x + ((x[partner] - x) @ basis) @ basis.T
@@ -155,9 +155,9 @@ def test_the_pattern_finds_the_belief_the_model_reads_where_the_decoder_does_not
     weights = probes.belief_patch(model, tokens, source, fit, subspace="weights", n_bootstrap=0)
     assert pattern.effect > 0.98 and abs(weights.effect) < 0.05
     x = model.run_with_cache(tokens)[1]["blocks.0.hook_resid_post"].double()
-    decoder = probes.probe_subspace(fit, kind="weights")
+    decoder = probes.beliefs.probe_subspace(fit, kind="weights")
     assert float(decoder[3:6].norm()) > 0.99 * math.sqrt(2)  # the decoder's span: the small copy's dimensions
-    assert float(probes.probe_subspace(fit, x)[:3].norm()) > 0.99 * math.sqrt(2)  # the pattern's: the large copy
+    assert float(probes.beliefs.probe_subspace(fit, x)[:3].norm()) > 0.99 * math.sqrt(2)  # the pattern's: the large copy
 
 
 def test_a_model_that_does_not_read_the_subspace_is_not_moved():
@@ -179,11 +179,11 @@ def test_the_causal_test_refuses_what_it_cannot_patch():
     tokens = source.sample(32, 16, generator=gen(18))
     table = probes.belief_probes(model, tokens, source, n_bootstrap=0)
     with pytest.raises(ValueError, match="patches one site"):
-        probes.belief_patch(model, tokens, source, table[probes.ALL_LAYERS])
+        probes.belief_patch(model, tokens, source, table[probes.beliefs.ALL_LAYERS])
     with pytest.raises(TypeError, match="source must be a hidden Markov source"):
         probes.belief_patch(model, tokens, hmm_preset, table["L0.resid_post"])
     with pytest.raises(ValueError, match="kind must be one of"):
         probes.belief_patch(model, tokens, source, table["L0.resid_post"], subspace="decoder")
     with pytest.raises(ValueError, match="needs the site's activations"):
-        probes.probe_subspace(table["L0.resid_post"])
+        probes.beliefs.probe_subspace(table["L0.resid_post"])
     assert beliefs.layer_sites(model)[-1].name == "L0.resid_post"
