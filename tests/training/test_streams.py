@@ -197,3 +197,36 @@ def test_the_plan_counts_the_gamma_rounds_of_the_counter_stream(monkeypatch):
     with pytest.raises(plan.PlanTooLarge, match=r"train.batch_size=64 is too large: the counter stream's Gamma draws "
                                                 r"\(16 rejection rounds each\) and words would need 130.\d MiB"):
         plan.check_plan(stack(2.5), [None] * 16, cpu)
+
+
+# ------------------------------------------------------------------------------------------ a source without one
+def test_an_hmm_on_the_counter_stream_draws_per_member_trains_and_resumes_bit_for_bit(tmp_path, monkeypatch):
+    """A hidden Markov source has no `sample_stream`: on "counter-1" each member draws with `sample` from a
+    generator seeded by its own key at the step (`sources.stream_sampler`'s fallback). A member's batch is the
+    same alone and in a stack (beside another process), the same step gives the same numbers, and a run killed
+    mid-way resumes to the uninterrupted run's folder byte for byte."""
+    from markov_interp import streams
+    from markov_interp.sources import hmm_preset, stream_sampler
+    from tests.training.test_resume import _killed, _points, _same_folder
+
+    mess3, other = hmm_preset("mess3"), hmm_preset("mess3", x=0.1, alpha=0.6)
+    keys = streams.member_keys([5, 6, 7])
+    stack = stream_sampler([mess3, other, mess3], 4, 10, keys)
+    for step in (0, 3):
+        batch = stack(step)
+        for k, source in enumerate([mess3, other, mess3]):
+            assert torch.equal(batch[k], stream_sampler([source], 4, 10, keys[k:k + 1])(step)[0])
+        assert torch.equal(batch, stack(step))
+    assert not torch.equal(stack(0), stack(3)) and not torch.equal(batch[0], batch[2])  # step and key both count
+    assert int(batch.min()) >= 0 and int(batch.max()) < 3
+
+    run = tiny_run(source=SourceConfig(kind="hmm", process="mess3"), steps=8, log_every=2, eval_every=4,
+                   n_checkpoints=0, resume_every=3)
+    assert run.train.stream == "counter-1"
+    reference = train(run, tmp_path / "reference", progress=False)
+    assert reference.final.references.hidden
+    out = tmp_path / "killed"
+    _killed(monkeypatch, [run], [out], at=7)
+    resumed = train(run, out, progress=False)
+    assert resumed.resumed_from == _points(7, 3, 2, set(), 8)[-1] == 4  # the resume point it left
+    _same_folder(out, tmp_path / "reference")
