@@ -695,8 +695,9 @@ _ROW_KINDS = {"reason": str, "diverged": bool, "entropy_rate_method": str}
 def check_metrics_row(row: Any) -> dict:
     """`row` if it is a metrics row as training writes it: a JSON object whose "step" is an integer >= 0, whose
     "diverged" is true or false, "reason" and "entropy_rate_method" strings, and whose every other value is a
-    number (NaN and infinity included: a diverging run logs them) or null. ValueError naming the field otherwise (a row `[1, 2]`, a loss
-    written as text: readers used to fail on them with a raw AttributeError or TypeError naming no file).
+    number (NaN and infinity included: a diverging run logs them) or null. ValueError naming the field otherwise
+    (a row `[1, 2]`, a loss written as text: readers used to fail on them with a raw AttributeError or TypeError
+    naming no file).
 
     >>> check_metrics_row({"step": 3, "train_loss": "0.5"})
     Traceback (most recent call last):
