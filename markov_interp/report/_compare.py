@@ -29,7 +29,7 @@ from typing import Any, Optional
 import numpy as np
 from matplotlib.figure import Figure
 
-from markov_interp import dynamics, probes, runs, sweep
+from markov_interp import dynamics, probes, runs
 from markov_interp._display import displayed
 from markov_interp.config import check_int
 from markov_interp.devices import resolve_device
@@ -121,6 +121,14 @@ class Comparison:
 
 
 # ------------------------------------------------------------------------------------------------ folders
+def _sweep_runs(path: Path) -> Path:
+    """The runs folder a sweep folder `path` would hold (imported here: reading run folders imports nothing of
+    training, which `sweep` does)."""
+    from markov_interp.sweep import RUNS_DIR
+
+    return path / RUNS_DIR
+
+
 def run_folders(paths: "Sequence[str | os.PathLike]") -> list[Path]:
     """The run folders `paths` name: a run folder (it has `config.json`) stands for itself, a sweep folder
     (`results.csv` beside `runs/`) for its runs that hold final weights, in name order.
@@ -138,11 +146,11 @@ def run_folders(paths: "Sequence[str | os.PathLike]") -> list[Path]:
         path = Path(given)
         if (path / runs.CONFIG_FILE).is_file():
             found.append(path)
-        elif (path / sweep.RUNS_DIR).is_dir():
-            found += sorted(p for p in (path / sweep.RUNS_DIR).iterdir() if (p / runs.WEIGHTS_FILE).is_file())
+        elif _sweep_runs(path).is_dir():
+            found += sorted(p for p in _sweep_runs(path).iterdir() if (p / runs.WEIGHTS_FILE).is_file())
         else:
             raise ValueError(f"{path} is neither a run folder (no {runs.CONFIG_FILE}) nor a sweep folder (no "
-                             f"{sweep.RUNS_DIR}/)")
+                             f"{_sweep_runs(path).name}/)")
     unique: dict[Path, Path] = {}
     for p in found:  # each folder once, as first named
         unique.setdefault(p.resolve(), p.absolute())
@@ -443,7 +451,7 @@ def compare(
             bar.update()
     sections = tuple(Section(sid, name, tuple(make(probed))) for sid, name, make in SECTIONS)
     given = [Path(p) for p in paths]
-    default = (given[0] / COMPARE_FILE if len(given) == 1 and (given[0] / sweep.RUNS_DIR).is_dir() else None)
+    default = given[0] / COMPARE_FILE if len(given) == 1 and _sweep_runs(given[0]).is_dir() else None
     name = given[0].resolve().name if len(given) == 1 else f"{len(probed)} runs"
     return Comparison(title=title or f"markov-interp comparison: {name}", runs=tuple(probed), sections=sections,
                       default_path=default)

@@ -291,7 +291,7 @@ def test_a_read_back_phase_grid_draws_no_empty_curve_figure():
 def test_load_refuses_what_is_not_a_readable_results_json(tmp_path):
     bad = tmp_path / "results.json"
     bad.write_text("{not json")
-    with pytest.raises(ValueError, match="not JSON"):
+    with pytest.raises(ValueError, match="not valid JSON"):
         experiments.load(tmp_path)
     bad.write_text(json.dumps({"title": "x"}))
     with pytest.raises(ValueError, match="not an experiment's results.json"):
