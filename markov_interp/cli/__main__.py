@@ -4,4 +4,5 @@ import sys
 
 from markov_interp.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing this module (the import checks walk every module) runs nothing
+    sys.exit(main())
