@@ -44,7 +44,8 @@ from markov_interp.report.circuits import (
 from markov_interp.report._edges import edges_section
 from markov_interp.report._formation import formation_section
 from markov_interp.report.interactive import interactive_circuit
-from markov_interp.report._html import Section, atomic_write_text, document, figure_svg, iframe, paragraph, table
+from markov_interp.report._html import (Section, atomic_write_text, document, figure_svg, iframe,
+                                          paragraph, section_by_id, table)
 
 REPORT_FILE = runs.REPORT_FILE  # the run folder's own file (runs.OWN_FILES)
 _LEAD = 1  # sections before the contents: the first screen
@@ -73,10 +74,7 @@ class Report:
 
     def section(self, section_id: str) -> Section:
         """The section called `section_id` (one of `SECTION_IDS`)."""
-        for s in self.sections:
-            if s.id == section_id:
-                return s
-        raise ValueError(f"no section {section_id!r}; have {[s.id for s in self.sections]}")
+        return section_by_id(self.sections, section_id)
 
     def save(self, path: "str | os.PathLike | None" = None) -> Path:
         """Write the HTML file atomically to `path` (default `<run_dir>/report.html`); returns the path."""

@@ -33,7 +33,8 @@ from markov_interp import dynamics, probes, runs
 from markov_interp._display import displayed
 from markov_interp.config import check_int
 from markov_interp.devices import resolve_device
-from markov_interp.report._html import Section, atomic_write_text, document, iframe, paragraph, table
+from markov_interp.report._html import (Section, atomic_write_text, document, iframe,
+                                          paragraph, section_by_id, table)
 from markov_interp.report.figures import REFERENCE_STYLE, annotation_format, effect_text
 from markov_interp.runs import RunConfig
 from markov_interp.theory import ReferenceLosses
@@ -96,10 +97,7 @@ class Comparison:
 
     def section(self, section_id: str) -> Section:
         """The section called `section_id` (one of `COMPARE_SECTION_IDS`)."""
-        for s in self.sections:
-            if s.id == section_id:
-                return s
-        raise ValueError(f"no section {section_id!r}; have {[s.id for s in self.sections]}")
+        return section_by_id(self.sections, section_id)
 
     def save(self, path: "str | os.PathLike | None" = None) -> Path:
         """Write the HTML file atomically to `path` (default: `<sweep>/compare.html` for one sweep folder)."""

@@ -247,3 +247,11 @@ def atomic_write_text(path: "str | os.PathLike", text: str) -> Path:
     if path.is_dir():
         raise ValueError(f"report path {path} is a folder; expected a file name such as report.html")
     return atomic_write(path, text)
+
+
+def section_by_id(sections: "tuple[Section, ...]", section_id: str) -> "Section":
+    """The section of `sections` called `section_id`; a ValueError naming the ids there otherwise."""
+    for s in sections:
+        if s.id == section_id:
+            return s
+    raise ValueError(f"no section {section_id!r}; have {[s.id for s in sections]}")
