@@ -64,7 +64,7 @@ class WeightCircuits(ProbeResult):
 
     @property
     def shape(self) -> torch.Size:
-        return self.values.shape
+        return torch.Size(self.values.shape)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         return self.values.numpy() if dtype is None else self.values.numpy().astype(dtype)

@@ -135,9 +135,9 @@ SPEC_FILE = "spec.json"  # what makes a folder a sweep's: every sweep writes it 
 
 def check_sweep_folder(out: Path) -> None:
     """Refuse to run a sweep into `out` unless it is a sweep's folder (it holds the `SPEC_FILE` a sweep writes
-    first) or holds nothing yet: only the lock, temporary files and runs/ and results/ folders holding nothing else
-    (a sweep stopped before it wrote its spec). A sweep rewrites spec.json, results.csv and results.parquet, so a folder
-    of the user's files (a results.csv of their own) is refused naming what is there, as `train` refuses one.
+    first) or holds nothing but what `_empty_start` allows (a sweep stopped before it wrote its spec, run folders of
+    `train --seeds`). A sweep rewrites spec.json, results.csv and results.parquet, so a folder of the user's files (a
+    results.csv of their own) is refused naming what is there, as `train` refuses one.
 
     Args:
         out: the sweep folder (locked by the caller).
@@ -155,12 +155,17 @@ def check_sweep_folder(out: Path) -> None:
 
 
 def _empty_start(entry: os.DirEntry) -> bool:
-    """What a sweep may leave before its spec.json: its lock, temporary files of atomic writes, and runs/ and
-    results/ holding nothing else."""
+    """What may be in a sweep's folder before its spec.json: its lock, temporary files of atomic writes, run folders
+    (the package's: `train --seeds` may write OUT/seed-N beside a sweep starting there), empty folders (one being
+    made), and runs/ and results/ holding only these."""
     if entry.name == runs.LOCK_FILE or runs.is_temporary(entry.name):
         return True
-    return entry.name in (RUNS_DIR, RESULTS_DIR) and entry.is_dir(follow_symlinks=False) and all(
-        runs.is_temporary(inner.name) for inner in os.scandir(entry.path))
+    if not entry.is_dir(follow_symlinks=False):
+        return False
+    inner = list(os.scandir(entry.path))
+    if not inner or any(e.name in (runs.CONFIG_FILE, runs.LOCK_FILE) for e in inner):
+        return True
+    return entry.name in (RUNS_DIR, RESULTS_DIR) and all(_empty_start(e) for e in inner)
 
 
 def _plan(spec: SpecLike, backend: str, workers: Optional[int], group: Optional[int],

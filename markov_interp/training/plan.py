@@ -32,7 +32,7 @@ from markov_interp.models.memory import (Need, PlanTooLarge, check_needs, forwar
                                          model_needs, parameter_count)
 from markov_interp.runs.config import RunConfig
 from markov_interp.sources import SourceConfig
-from markov_interp.streams import COUNTER_STREAM, GAMMA_ROUNDS
+from markov_interp.streams import COUNTER_STREAM, GAMMA_ROUNDS, LEGACY_STREAM
 from markov_interp.runs import list_checkpoints, list_resume_points
 from markov_interp.theory import reference_needs
 from markov_interp.training.schedule import checkpoint_steps, max_rows
@@ -45,9 +45,10 @@ FILES_PER_RUN = 2  # descriptors a run folder holds open while it trains: its lo
 _SPARE_FILES = 64  # descriptors left for torch, tqdm, checkpoint writes and the caller
 _ROW_BYTES = 1024  # a metrics row in memory (a dict of about a dozen floats)
 _ROW_FILE_BYTES = 400  # a metrics row in metrics.jsonl
-# A checkpoint's bytes beyond weights and optimiser state: measured 21 KB for the one-layer paper model (two CPU
-# generators' states of 5 KB each, pending losses, torch.save's archive)
-_CHECKPOINT_EXTRA = 32 * 1024
+# A checkpoint's bytes beyond weights and optimiser state, by stream: measured 21 KB for the one-layer paper model
+# on "torch-1" (two CPU generators' states of 5 KB each, pending losses, torch.save's archive), 10.3 KB on
+# "counter-1" (no generator states: a d_model 8 run's 82,356-byte .pt holds 72,016 bytes of state); with a margin
+_CHECKPOINT_EXTRA = {LEGACY_STREAM: 32 * 1024, COUNTER_STREAM: 14 * 1024}
 # The counter stream's peak bytes ("counter-1"), measured on the CPU (live tensor storages during the call): 25 per
 # word of `streams.words` with its uniforms, 96 per draw and rejection round of `streams.gamma`; with a margin
 _WORD_BYTES = 32
@@ -117,7 +118,7 @@ def check_disk(run: RunConfig, outs: Sequence[Path], n_checkpoints: int, optimis
     left = sum(sum(1 for step in planned if step > newest) for newest in done)
     # a checkpoint: the weights and the optimiser state (as many floats as gradients and state less one), and the
     # rest of its training state (generators, pending losses, the format's own bytes); a resume point is one too
-    checkpoint = params * optimiser_floats + _CHECKPOINT_EXTRA
+    checkpoint = params * optimiser_floats + _CHECKPOINT_EXTRA[tc.stream]
     on_disk = [min(1, _resume_points(out)) for out in outs]
     points = 0 if tc.resume_every == 0 else sum(2 - held for held in on_disk)
     parts = [("metrics.jsonl", max_rows(tc) * len(outs) * _ROW_FILE_BYTES),

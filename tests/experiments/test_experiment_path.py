@@ -139,7 +139,7 @@ def test_toy_experiment_runs_from_the_command_line_and_writes_its_summary(toy_re
 
 def test_set_gives_a_list_field_one_value_as_a_list_of_one(toy_registered):
     for text, expected in (("8", (8,)), ("4,8", (4, 8)), ("[4, 8]", (4, 8)), ("[8]", (8,))):
-        args = argparse.Namespace(quick=False, budget=None, seeds=None, steps=None, device=None,
+        args = argparse.Namespace(quick=False, budget=None, seeds=None, n_seeds=None, steps=None, device=None,
                                   set=[f"widths={text}"])
         assert experiments.budget_for(TOY, args).widths == expected, text
 

@@ -350,7 +350,7 @@ def _whole_plan(out: Path) -> tuple[int, int]:
     points (the one kept and the one written over it; tiny_run() writes none, but its cadence is on)."""
     params = models.memory.parameter_count(tiny_run().model) * 4
     rows = plan.max_rows(tiny_run().train) * plan._ROW_FILE_BYTES
-    checkpoint = 3 * params + plan._CHECKPOINT_EXTRA
+    checkpoint = 3 * params + plan._CHECKPOINT_EXTRA[tiny_run().train.stream]
     return rows + (4 + 2) * checkpoint + params, rows + (1 + 2) * checkpoint + params
 
 

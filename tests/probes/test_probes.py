@@ -3,6 +3,7 @@
 Reference numbers are computed independently here (explicit loops, closed forms), never by the probe code.
 """
 
+import dataclasses
 import json
 import math
 
@@ -488,9 +489,12 @@ def test_trained_two_layer_attention_only_model_is_named_induction():
     from markov_interp.training import train
 
     source = SourceConfig(kind="random", vocab=3, alpha=1.0)
-    # 400 steps: seeds 0 and 1 both gave induction, fit 0.15-0.21 (600 steps: 0.12-0.13)
+    # 400 steps: seeds 0 and 1 both gave induction, fit 0.15-0.21 (600 steps: 0.12-0.13), measured on the
+    # "torch-1" stream, which this recipe keeps (on "counter-1" seed 0 is also confident induction, L0H0->L1H0.k
+    # kept, but one attention excess is 0.475 against the 0.5 asserted here: other data, other weights)
     run = _run(source, preset("attn-only-2layer", d_vocab=3, n_ctx=32), steps=400, lr=1e-2, seq_len=32,
                batch_size=64)
+    run = dataclasses.replace(run, train=dataclasses.replace(run.train, stream="torch-1"))
     model = train(run, progress=False).model
     report = classify_mechanism(model, source.build(), seq_len=32, n_sequences=64, seed=1)
     assert report.mechanism == "induction" and report.order == 1 and report.confident, report.reasons

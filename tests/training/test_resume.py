@@ -258,7 +258,7 @@ def test_the_disk_check_counts_two_resume_points_a_run(tmp_path, monkeypatch):
     run = tiny_run(n_checkpoints=0)
     params = models.memory.parameter_count(run.model) * 4
     base = plan.max_rows(run.train) * plan._ROW_FILE_BYTES + params
-    points = 2 * (3 * params + plan._CHECKPOINT_EXTRA)
+    points = 2 * (3 * params + plan._CHECKPOINT_EXTRA[run.train.stream])
     monkeypatch.setattr(plan.shutil, "disk_usage",
                         lambda path: shutil._ntuple_diskusage(10**12, 0, base + points // 2))
     train(tiny_run(n_checkpoints=0, resume_every=0), tmp_path / "off", progress=False)
