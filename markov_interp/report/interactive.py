@@ -10,7 +10,8 @@ own in Jupyter (`_repr_html_`): its data and script travel inside it, so it work
 
 import dataclasses
 import html
-import itertools
+import hashlib
+import json
 from typing import Any, Optional
 
 import torch
@@ -20,7 +21,6 @@ from markov_interp.report.circuits import circuit_diagram
 
 __all__ = ["InteractiveCircuit", "interactive_circuit"]
 
-_COUNTER = itertools.count()
 
 _STYLE = """
 .icircuit{display:flex;gap:1em;align-items:flex-start;position:relative;flex-wrap:wrap}
@@ -78,7 +78,12 @@ class InteractiveCircuit:
 
     svg: str
     data: dict
-    element_id: str = dataclasses.field(default_factory=lambda: f"icircuit-{next(_COUNTER)}")
+    element_id: str = ""  # default: from the content, so the same circuit gives the same file on every build
+
+    def __post_init__(self) -> None:
+        if not self.element_id:
+            digest = hashlib.sha1((self.svg + json.dumps(self.data, sort_keys=True, default=str)).encode()).hexdigest()
+            object.__setattr__(self, "element_id", f"icircuit-{digest[:12]}")
 
     def html(self) -> str:
         """The self-contained fragment: style, the diagram, the panel, the hover box and the script."""
