@@ -94,7 +94,7 @@ print(result.final.references.describe())
 
 # %%
 probe_tokens = mess3.sample(1000, 10, generator=torch.Generator().manual_seed(1))
-table = probes.belief_probes(model, probe_tokens, mess3, n_bootstrap=200)
+table = probes.beliefs.belief_probes(model, probe_tokens, mess3, n_bootstrap=200)
 table.to_dataframe()
 
 # %% [markdown]
@@ -120,7 +120,7 @@ belief_simplex_figure({"mess3": points}, title="one model, seed 0")
 final = table.fits[-2]  # the last layer's probe ("all layers" is the last fit)
 fresh = mess3.sample(300, 10, generator=torch.Generator().manual_seed(2))
 for subspace in ("pattern", "weights"):
-    print(subspace, probes.belief_patch(model, fresh, mess3, final, subspace=subspace, n_bootstrap=200))
+    print(subspace, probes.beliefs.belief_patch(model, fresh, mess3, final, subspace=subspace, n_bootstrap=200))
 
 # %% [markdown]
 # ## 6. The report

@@ -15,11 +15,11 @@ seq_len + 1 tokens, the first seq_len the model's input):
 
 - **loss against Bayes**: the model's log-loss at each position beside the forward filter's on the same tokens
   (`excess` = their difference, averaged over positions), and the exact per-position Bayes loss of `theory`;
-- **belief R^2**: `probes.belief_probes` (ridge, held-out half of the sequences, R^2 pooled over the hidden
+- **belief R^2**: `probes.beliefs.belief_probes` (ridge, held-out half of the sequences, R^2 pooled over the hidden
   states, shuffled control) at the residual stream entering the first block (the embeddings), after each block,
   and on all of them concatenated ("all layers"); per seed its R^2 and the gaps "all layers" - final layer and
   "all layers" - best single layer;
-- **causal test**: `probes.belief_patch` after each block, on fresh sequences: the probe's subspace (its
+- **causal test**: `probes.beliefs.belief_patch` after each block, on fresh sequences: the probe's subspace (its
   activation pattern's span) taken from a counterfactual sequence; the effect (the law's move towards the
   counterfactual's Bayes prediction, 1 = as far as Bayes) beside a random subspace of the same dimension, and the
   decoder-span variant (`subspace="weights"`).
@@ -163,12 +163,12 @@ def measure_model(model: "HookedModel", source: "HiddenMarkov", budget: HiddenBu
 
     tokens = _batch(source, budget.probe_sequences, budget.seq_len + 1, _PROBE_SEED)
     inputs = tokens[:, :-1]
-    table = probes.belief_probes(model, inputs, source, n_bootstrap=budget.n_bootstrap, seed=0)
+    table = probes.beliefs.belief_probes(model, inputs, source, n_bootstrap=budget.n_bootstrap, seed=0)
     fresh = _batch(source, budget.patch_sequences, budget.seq_len, _PATCH_SEED)
     patches = []
     for fit in table.fits[1:-1]:  # after each block
-        patch = probes.belief_patch(model, fresh, source, fit, n_bootstrap=budget.n_bootstrap)
-        weights = probes.belief_patch(model, fresh, source, fit, subspace="weights", n_bootstrap=0)
+        patch = probes.beliefs.belief_patch(model, fresh, source, fit, n_bootstrap=budget.n_bootstrap)
+        weights = probes.beliefs.belief_patch(model, fresh, source, fit, subspace="weights", n_bootstrap=0)
         patches.append(_patch_json(patch, weights))
     layers = [fit.score for fit in table.fits[:-1]]
     together = table[probes.beliefs.ALL_LAYERS].score

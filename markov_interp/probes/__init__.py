@@ -81,7 +81,6 @@ from markov_interp.probes._common import ProbeBatch, checked, next_state_probs, 
 from markov_interp.probes.ablation import ablation_table
 from markov_interp.probes.attention import attention_scores
 from markov_interp.probes.behaviour import behaviour_report
-from markov_interp.probes.beliefs import belief_patch, belief_probes
 from markov_interp.probes.classify import MECHANISMS, MechanismReport, Thresholds, classify_mechanism
 from markov_interp.probes.discovery import CircuitGraph, discover_circuit
 from markov_interp.probes.interchange import edge_content
@@ -111,8 +110,6 @@ __all__ = [
     "edge_content",
     # what an activation carries: representation probes
     "probe_target", "Target", "linear_probe", "probe_layers", "fit_probe",
-    # belief states of a hidden Markov source
-    "belief_probes", "belief_patch",
 ]
 
 # Every probe of the face is exported with its argument types checked (`_common.checked`: a TypeError naming the

@@ -314,7 +314,7 @@ def check_batch(batch: Any, where: str) -> ProbeBatch:
     if batch.kernels is None:
         raise ValueError(f"{where} compares the model with each sequence's kernel, and {batch.source!r} has none "
                          f"(it needs a sources.KernelSource; a hidden Markov source's batch goes to the belief "
-                         f"probes, probes.belief_probes)")
+                         f"probes, probes.beliefs.belief_probes)")
     return batch
 
 

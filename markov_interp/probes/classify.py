@@ -604,7 +604,7 @@ def _probe_batch(model: HookedModel, source: Source, batch: Optional[ProbeBatch]
     if not isinstance(source, KernelSource):
         raise ValueError(f"classify_mechanism names the law a model predicts a Markov chain's next state with, which "
                          f"needs a source with a kernel (a sources.KernelSource), got {type(source).__name__}; for a "
-                         f"hidden Markov source probe the beliefs (probes.belief_probes)")
+                         f"hidden Markov source probe the beliefs (probes.beliefs.belief_probes)")
     check_source_matches(model, source)
     if not isinstance(thresholds, Thresholds):
         raise TypeError(f"thresholds must be a Thresholds, got {type(thresholds).__name__}")

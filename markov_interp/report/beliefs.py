@@ -10,8 +10,8 @@ forward filter's belief over the hidden states linearly, and does the model use 
 - "summary": the loss during training beside `theory`'s references (the Bayes-optimal loss, the entropy rate);
 - "config": the run's configuration (as for every run);
 - "beliefs" ("Belief states"): held-out belief R^2 at every layer and across them against the shuffled control
-  (`probes.belief_probes`), the true belief simplex beside the probe's predictions coloured alike
-  (`belief_simplex_figure`), and the causal test at the final layer (`probes.belief_patch`).
+  (`probes.beliefs.belief_probes`), the true belief simplex beside the probe's predictions coloured alike
+  (`belief_simplex_figure`), and the causal test at the final layer (`probes.beliefs.belief_patch`).
 """
 
 from collections.abc import Mapping, Sequence
@@ -106,11 +106,11 @@ def belief_section(model: models.HookedModel, source: HiddenSource, *, n_sequenc
 
     generator = torch.Generator().manual_seed(seed)
     tokens = source.sample(n_sequences, seq_len, generator=generator)
-    fits = probes.belief_probes(model, tokens, source, n_bootstrap=200, seed=seed)
+    fits = probes.beliefs.belief_probes(model, tokens, source, n_bootstrap=200, seed=seed)
     rows = [(f.site, _interval(f.score, f.score_ci), f"{f.control:.3f}") for f in fits.fits]
     final = fits.fits[-2]  # the last layer's probe (the last fit is "all layers")
     fresh = source.sample(n_sequences, seq_len, generator=torch.Generator().manual_seed(seed + 1))
-    patch = probes.belief_patch(model, fresh, source, final, n_bootstrap=200, seed=seed)
+    patch = probes.beliefs.belief_patch(model, fresh, source, final, n_bootstrap=200, seed=seed)
     figure = belief_simplex_figure({"this run": beliefs.simplex_points(model, tokens, source, fits)})
     text = paragraph(
         "The forward filter's belief over the hidden states after each token (P(state | tokens so far)) regressed "

@@ -73,11 +73,11 @@ def test_belief_probes_read_every_layer_of_a_model():
     kernel, source = KERNEL, chain_hmm(KERNEL)
     model = belief_model(kernel)
     tokens = source.sample(48, 16, generator=gen(9))
-    table = probes.belief_probes(model, tokens, source, n_bootstrap=100)
+    table = probes.beliefs.belief_probes(model, tokens, source, n_bootstrap=100)
     assert table.sites == ("L0.resid_pre", "L0.resid_post", probes.beliefs.ALL_LAYERS)
     assert all(fit.score > 1 - 1e-4 for fit in table.fits)  # the token one-hot is the belief, at every layer
     batch = probes.sample_batch(source, n_sequences=48, seq_len=16, seed=1)
-    assert probes.belief_probes(model, batch, source, n_bootstrap=0, concatenate=False).sites == (
+    assert probes.beliefs.belief_probes(model, batch, source, n_bootstrap=0, concatenate=False).sites == (
         "L0.resid_pre", "L0.resid_post")
 
 
@@ -122,10 +122,10 @@ def test_patching_the_belief_subspace_moves_the_law_exactly_as_the_hand_built_mo
     these 800 sequences, 0.978 on 100). The patched law is
     computed again here from the weights: softmax((x + (x_cf - x) Q Q^T) W_U + b)."""
     source, model = chain_hmm(KERNEL), belief_model(KERNEL)
-    fit = probes.belief_probes(model, source.sample(64, 16, generator=gen(13)), source, n_bootstrap=0,
+    fit = probes.beliefs.belief_probes(model, source.sample(64, 16, generator=gen(13)), source, n_bootstrap=0,
                                sites=["L0.resid_post"], concatenate=False)["L0.resid_post"]
     tokens = source.sample(800, 16, generator=gen(14))  # fresh sequences
-    patch = probes.belief_patch(model, tokens, source, fit, n_bootstrap=300, seed=3)
+    patch = probes.beliefs.belief_patch(model, tokens, source, fit, n_bootstrap=300, seed=3)
     _, cache = model.run_with_cache(tokens)
     x = cache["blocks.0.hook_resid_post"].double()
     basis = probes.beliefs.probe_subspace(fit, x)
@@ -147,12 +147,12 @@ def test_the_pattern_finds_the_belief_the_model_reads_where_the_decoder_does_not
     standardised features) leans on the small copy, so patching the span of its weights barely moves the law;
     the activation pattern Cov(x) W lies along the large copy, which the model reads."""
     source, model = chain_hmm(KERNEL), belief_model(KERNEL, echo=0.01)
-    fit = probes.belief_probes(model, source.sample(64, 16, generator=gen(19)), source, n_bootstrap=0,
+    fit = probes.beliefs.belief_probes(model, source.sample(64, 16, generator=gen(19)), source, n_bootstrap=0,
                                sites=["L0.resid_post"], concatenate=False)["L0.resid_post"]
     assert fit.score > 1 - 1e-4
     tokens = source.sample(40, 16, generator=gen(20))
-    pattern = probes.belief_patch(model, tokens, source, fit, n_bootstrap=0)
-    weights = probes.belief_patch(model, tokens, source, fit, subspace="weights", n_bootstrap=0)
+    pattern = probes.beliefs.belief_patch(model, tokens, source, fit, n_bootstrap=0)
+    weights = probes.beliefs.belief_patch(model, tokens, source, fit, subspace="weights", n_bootstrap=0)
     assert pattern.effect > 0.98 and abs(weights.effect) < 0.05
     x = model.run_with_cache(tokens)[1]["blocks.0.hook_resid_post"].double()
     decoder = probes.beliefs.probe_subspace(fit, kind="weights")
@@ -168,22 +168,22 @@ def test_a_model_that_does_not_read_the_subspace_is_not_moved():
         model.W_U[:3] = 0
         model.W_U[3:] = torch.randn(model.W_U[3:].shape, generator=gen(15))
     tokens = source.sample(64, 16, generator=gen(16))
-    fit = probes.belief_probes(model, tokens, source, n_bootstrap=0, concatenate=False)["L0.resid_post"]
+    fit = probes.beliefs.belief_probes(model, tokens, source, n_bootstrap=0, concatenate=False)["L0.resid_post"]
     assert fit.score > 1 - 1e-4
-    patch = probes.belief_patch(model, source.sample(32, 16, generator=gen(17)), source, fit, n_bootstrap=100)
+    patch = probes.beliefs.belief_patch(model, source.sample(32, 16, generator=gen(17)), source, fit, n_bootstrap=100)
     assert abs(patch.effect) < 0.02  # the pattern's sample covariance with the position values: 0.006
 
 
 def test_the_causal_test_refuses_what_it_cannot_patch():
     source, model = chain_hmm(KERNEL), belief_model(KERNEL)
     tokens = source.sample(32, 16, generator=gen(18))
-    table = probes.belief_probes(model, tokens, source, n_bootstrap=0)
+    table = probes.beliefs.belief_probes(model, tokens, source, n_bootstrap=0)
     with pytest.raises(ValueError, match="patches one site"):
-        probes.belief_patch(model, tokens, source, table[probes.beliefs.ALL_LAYERS])
-    with pytest.raises(TypeError, match="source must be a hidden Markov source"):
-        probes.belief_patch(model, tokens, hmm_preset, table["L0.resid_post"])
+        probes.beliefs.belief_patch(model, tokens, source, table[probes.beliefs.ALL_LAYERS])
+    with pytest.raises(TypeError, match="source"):
+        probes.beliefs.belief_patch(model, tokens, hmm_preset, table["L0.resid_post"])
     with pytest.raises(ValueError, match="kind must be one of"):
-        probes.belief_patch(model, tokens, source, table["L0.resid_post"], subspace="decoder")
+        probes.beliefs.belief_patch(model, tokens, source, table["L0.resid_post"], subspace="decoder")
     with pytest.raises(ValueError, match="needs the site's activations"):
         probes.beliefs.probe_subspace(table["L0.resid_post"])
     assert beliefs.layer_sites(model)[-1].name == "L0.resid_post"
