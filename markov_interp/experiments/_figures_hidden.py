@@ -11,6 +11,13 @@ from typing import Any
 from matplotlib.figure import Figure
 
 
+def _process_panels(summaries: Sequence[Mapping[str, Any]], *, height: float) -> tuple[Figure, Any, list]:
+    """One panel per process that has seeds (`n`): the figure, its axes and those processes' summaries."""
+    shown = [s for s in summaries if s.get("n")]
+    fig = Figure(figsize=(4.2 * max(len(shown), 1), height), layout="constrained")
+    return fig, fig.subplots(1, max(len(shown), 1), squeeze=False)[0], shown
+
+
 def r2_by_layer_figure(summaries: Sequence[Mapping[str, Any]], *, title: str = "") -> Figure:
     """Belief R^2 at each site (mean over seeds, 95% interval) and its shuffled control, one panel per process.
 
@@ -21,9 +28,7 @@ def r2_by_layer_figure(summaries: Sequence[Mapping[str, Any]], *, title: str = "
     Returns:
         The figure.
     """
-    shown = [s for s in summaries if s.get("n")]
-    fig = Figure(figsize=(4.2 * max(len(shown), 1), 3.2), layout="constrained")
-    axes = fig.subplots(1, max(len(shown), 1), squeeze=False)[0]
+    fig, axes, shown = _process_panels(summaries, height=3.2)
     for ax, s in zip(axes, shown):
         sites = list(s["r2"])
         x = range(len(sites))
@@ -54,9 +59,7 @@ def loss_by_position_figure(summaries: Sequence[Mapping[str, Any]], *, title: st
     Returns:
         The figure.
     """
-    shown = [s for s in summaries if s.get("n")]
-    fig = Figure(figsize=(4.2 * max(len(shown), 1), 3.0), layout="constrained")
-    axes = fig.subplots(1, max(len(shown), 1), squeeze=False)[0]
+    fig, axes, shown = _process_panels(summaries, height=3.0)
     for ax, s in zip(axes, shown):
         model, bayes = s["curves"]["model_curve"], s["curves"]["bayes_curve"]
         ax.plot(range(len(model)), model, "o-", color="#c33", label="model")
