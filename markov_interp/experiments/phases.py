@@ -388,17 +388,19 @@ def _circuit_json(measures: list[dict], order: int) -> dict:
             "lag_heads": {str(lag): _shared.proportion(sum(bool(c["lags"][str(lag)]) for c in circuits), n)
                           for lag in range(1, order + 1)},
             "induction_order": dict(sorted(Counter(c["induction_order"] for c in circuits).items())),
-            "signatures": dict(signature.most_common()), "classified": _classified_json(measures)}
+            "signatures": dict(signature.most_common()), "classified": _classified_json(measures, order)}
 
 
-def _classified_json(measures: list[dict]) -> dict:
-    """The classifier's labels over the classified seeds of a cell: counts of "mechanism (order k)", the
-    fraction labelled induction (Wilson 95%) and the most common previous-token -> induction head pair."""
+def _classified_json(measures: list[dict], order: int) -> dict:
+    """The classifier's labels over the classified seeds of a cell of source order `order`: counts of "mechanism
+    (order k)", the fraction labelled induction of that order (Wilson 95%: an order-1 circuit on an order-2 source
+    is not the circuit a claim about the order-2 law names) and the most common previous-token -> induction pair."""
     done = [m["classified"] for m in measures if m.get("classified")]
     labels = Counter(c["mechanism"] + (f" {c['order']}" if c["order"] is not None else "") for c in done)
     pairs = Counter(f"{c['previous_token_head']} -> {c['induction_head']}" for c in done if c["circuit_confirmed"])
     return {"n": len(done), "labels": dict(labels.most_common()),
-            "induction": _shared.proportion(sum(c["mechanism"] == "induction" for c in done), len(done)),
+            "induction": _shared.proportion(sum(c["mechanism"] == "induction" and c["order"] == order for c in done),
+                                            len(done)),
             "pairs": dict(pairs.most_common())}
 
 

@@ -10,14 +10,16 @@ from markov_interp import dynamics, experiments
 from markov_interp.experiments import _weights, phases
 
 
-def _record(heads, seed, *, reached, mechanism, vocab=2, classified=True):
-    label = {"mechanism": mechanism, "order": 1 if mechanism == "induction" else None, "confident": True,
+def _record(heads, seed, *, reached, mechanism, vocab=2, classified=True, order=1, label_order=1):
+    label = {"mechanism": mechanism, "order": label_order if mechanism == "induction" else None, "confident": True,
              "circuit_confirmed": mechanism == "induction", "previous_token_head": None, "induction_head": None,
              "in_context_fraction": 0.9, "reason": ""}
-    measure = {"gains": {"0": 1.0, "1": 1.0 if reached else 0.0}, "reached": 1 if reached else 0,
-               "model_loss": 0.5, "circuit": {"lags": {"1": []}, "induction": {}, "induction_order": 0, "full": False},
+    measure = {"gains": {"0": 1.0, **{str(k): 1.0 if reached else 0.0 for k in range(1, order + 1)}},
+               "reached": order if reached else 0,
+               "model_loss": 0.5, "circuit": {"lags": {str(lag): [] for lag in range(1, order + 1)}, "induction": {},
+                                              "induction_order": 0, "full": False},
                "classified": label if classified else None}
-    return phases.RunRecord(family="layernorm", heads=heads, order=1, seed=seed, status="ok", measure=measure,
+    return phases.RunRecord(family="layernorm", heads=heads, order=order, seed=seed, status="ok", measure=measure,
                             dynamics=None, vocab=vocab)
 
 
@@ -41,6 +43,16 @@ def test_with_an_induction_head_holds_only_when_the_circuit_interval_lies_above_
     assert row["verdict"] == verdict
 
 
+def test_an_induction_circuit_counts_for_its_own_order_only():
+    """On an order-2 source, seeds named `induction (order 1)` (the in-context bigram circuit) are not the order-2
+    circuit a claim about the trigram law names; seeds named `induction (order 2)` are."""
+    records = [_record((2, 1), s, reached=True, mechanism="induction", order=2, label_order=1 if s < 5 else 2)
+               for s in range(8)]
+    (cell,) = phases.cell_summaries(records)
+    assert cell["circuit"]["classified"]["labels"] == {"induction 1": 5, "induction 2": 3}
+    assert cell["circuit"]["classified"]["induction"]["k"] == 3
+
+
 def test_without_the_law_the_circuit_claim_fails_whatever_the_labels():
     records = [_record((1, 1), s, reached=False, mechanism="induction") for s in range(8)]
     assert _edelman(phases.claims(phases.cell_summaries(records)))["verdict"] == "fails at this budget"
@@ -56,7 +68,7 @@ def test_unclassified_cells_fall_back_on_the_attention_circuit():
 def test_each_alphabet_is_its_own_cell_and_its_own_claim_rows():
     two = [_record((1, 1), s, reached=True, mechanism="other") for s in range(8)]
     three = [dataclasses.replace(r, vocab=3, measure={**r.measure, "classified": {
-        **r.measure["classified"], "mechanism": "induction"}}) for r in two]
+        **r.measure["classified"], "mechanism": "induction", "order": 1}}) for r in two]
     cells = phases.cell_summaries(two + three)
     assert [(c["vocab"], c["label"]) for c in cells] == [(2, "L2 x1"), (3, "L2 x1")]
     rows = phases.claims(cells)

@@ -30,17 +30,23 @@ def diversity_quick_cells(path: Path) -> str:
             + diversity.transitions_table(result.transitions).markdown())
 
 
-@block("phases-standard-provenance", PHASES_STANDARD)
-def phases_standard_provenance(path: Path) -> str:
-    """Who made the standard phase diagram, on what, from which runs."""
+def _phases_provenance(path: Path) -> str:
+    """Who made a phase diagram, on what, from which runs."""
     done = experiment(path)
     b = done.budget
-    return (f"- {b.seeds} seeds per cell, {b.steps} steps, orders {list(b.orders)}, probes of {b.probe_sequences} "
-            f"sequences, the classifier on {b.classified} seeds per cell; {provenance_text(done.provenance)} "
+    return (f"- {b.seeds} seeds per cell, {b.steps} steps, {b.vocab} states, orders {list(b.orders)}, probes of "
+            f"{b.probe_sequences} sequences, the classifier on {b.classified} seeds per cell; "
+            f"{provenance_text(done.provenance)} "
             + ("(no training: this call measured and classified again the final weights kept beside results.json; "
                "the runs trained before, in the background, by the same budget)." if "--remeasure" in
                done.provenance.command else "(the runs trained before, in the background, by the same budget; this "
                "call measured and summarised)."))
+
+
+@block("phases-standard-provenance", PHASES_STANDARD)
+def phases_standard_provenance(path: Path) -> str:
+    """Who made the standard phase diagram, on what, from which runs."""
+    return _phases_provenance(path)
 
 
 @block("phases-standard-claims", PHASES_STANDARD)
@@ -134,3 +140,40 @@ def phases_standard_label_changes(before: Path, after: Path) -> str:
             "exactly.\n\n"
             + changes.markdown() + f"\n\nOf the {len(deep)} seeds with two or more layers whose g_k reaches 0.75, "
             f"{n_other} are still labelled `other`" + (":\n\n" + unnamed.markdown() if unnamed.rows else "."))
+
+
+PHASES_STANDARD3 = "docs/reproduction/icl/phases-standard3/results.json"
+
+
+@block("phases-standard3-provenance", PHASES_STANDARD3)
+def phases_standard3_provenance(path: Path) -> str:
+    """Who made the three-state phase diagram, on what, from which runs."""
+    return _phases_provenance(path)
+
+
+@block("phases-standard3-cells", PHASES_STANDARD3)
+def phases_standard3_cells(path: Path) -> str:
+    """Every cell of the three-state phase diagram, and its deep seeds at their law that are still `other`."""
+    from markov_interp.experiments import phases
+
+    result = experiment(path).result
+    runs = result.to_json()["runs"]
+    deep = [r for r in runs if len(r["heads"]) >= 2 and r.get("classified")
+            and (r.get("gains") or {}).get(str(r["order"]), -1) >= 0.75]
+    unnamed = phases.unnamed_at_law(runs)
+    n_other = sum(int(row[1]) for row in unnamed.rows)
+    return (phases.cells_table(result.cells).markdown() + f"\n\nOf the {len(deep)} seeds with two or more layers "
+            f"whose g_k reaches 0.75, {n_other} are labelled `other`"
+            + (":\n\n" + unnamed.markdown() if unnamed.rows else "."))
+
+
+@block("phases-alphabets-claims", PHASES_STANDARD, PHASES_STANDARD3)
+def phases_alphabets_claims(two: Path, three: Path) -> str:
+    """The claims about induction heads read on two and three states side by side (`phases.alphabets`): the rows
+    each diagram can test, the binary row above the three-state row of the same claim and cell."""
+    from markov_interp.experiments import phases
+
+    _, rows = phases.alphabets([experiment(two).result, experiment(three).result])
+    induction = [r for r in rows if r["verdict"] != phases.NOT_TESTED and "induction" in r["claim"]]
+    induction.sort(key=lambda r: (r["paper"], r["claim"], r["family"], r["shape"], r["order"], r.get("vocab", 2)))
+    return phases.claims_table(induction).markdown()
