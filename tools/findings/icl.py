@@ -177,3 +177,37 @@ def phases_alphabets_claims(two: Path, three: Path) -> str:
     induction = [r for r in rows if r["verdict"] != phases.NOT_TESTED and "induction" in r["claim"]]
     induction.sort(key=lambda r: (r["paper"], r["claim"], r["family"], r["shape"], r["order"], r.get("vocab", 2)))
     return phases.claims_table(induction).markdown()
+
+
+PHASES_CONVERGED = "docs/reproduction/icl/phases-converged/results.json"
+
+
+@block("phases-converged-provenance", PHASES_CONVERGED)
+def phases_converged_provenance(path: Path) -> str:
+    """Who made the converged chunk, on what, from which runs."""
+    return _phases_provenance(path)
+
+
+@block("phases-converged-changes", PHASES_STANDARD, PHASES_CONVERGED)
+def phases_converged_changes(standard: Path, converged: Path) -> str:
+    """The same seeds at 3000 steps (the standard diagram) and at 10,000 (the converged chunk): their cells, how
+    far g_k moved, and how their labels moved (`phases.label_changes`)."""
+    from statistics import mean
+
+    from markov_interp.experiments import phases
+
+    longer = experiment(converged).result
+    runs = longer.to_json()["runs"]
+    first = {phases.run_key(r): r for r in experiment(standard).result.to_json()["runs"]}
+    moved = []
+    for order in sorted({r["order"] for r in runs}):
+        pairs = [(first[phases.run_key(r)]["gains"][str(order)], r["gains"][str(order)]) for r in runs
+                 if r["order"] == order and phases.run_key(r) in first]
+        up = sum(b - a > 0.05 for a, b in pairs)
+        moved.append(f"order {order}: g_{order} mean {mean(a for a, _ in pairs):.2f} at 3000 steps, "
+                     f"{mean(b for _, b in pairs):.2f} at 10,000 ({up} of {len(pairs)} seeds up by more than 0.05)")
+    unnamed = phases.unnamed_at_law(runs)
+    return (phases.cells_table(longer.cells).markdown() + "\n\nThe same seeds, 3000 -> 10,000 steps: "
+            + "; ".join(moved) + ".\n\n" + phases.label_changes(list(first.values()), runs).markdown()
+            + f"\n\nSeeds at their law (g_k >= 0.75) still `other` at 10,000 steps: {sum(int(r[1]) for r in unnamed.rows)}"
+            + (":\n\n" + unnamed.markdown() if unnamed.rows else "."))
