@@ -17,7 +17,7 @@ from markov_interp import theory
 from markov_interp.sources import MarkovChain
 from markov_interp.sources.hmm import PRESETS, HiddenMarkov, hmm_preset
 from markov_interp.theory import hidden
-from tests.sources.test_hmm import as_hmm  # a first-order chain as an HMM (hidden state = last token)
+from tests.handbuilt import chain_hmm  # a first-order chain as an HMM (hidden state = last token)
 
 LN2 = math.log(2)
 
@@ -76,7 +76,7 @@ def test_context_losses_and_early_bayes_losses_are_block_entropy_differences(hmm
 
 def test_a_markov_chain_as_an_hmm_gives_the_chains_references():
     kernel = [[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]]
-    for hmm in (as_hmm(kernel), split_state_hmm(kernel)):
+    for hmm in (chain_hmm(kernel), split_state_hmm(kernel)):
         rate = theory.entropy_rate(kernel)
         value, error, method = hidden.hidden_entropy_rate(hmm)
         assert value == pytest.approx(rate, abs=1e-12) and error == 0.0 and method == "exact"
@@ -85,7 +85,7 @@ def test_a_markov_chain_as_an_hmm_gives_the_chains_references():
         assert hidden.context_loss(hmm, 2) == pytest.approx(rate, abs=1e-12)
         curve = hidden.bayes_loss_curve(hmm, 40)  # the first state is stationary: the entropy rate everywhere
         assert max(abs(v - rate) for v in curve.values) < 1e-12 and curve.method == "exact"
-    assert as_hmm(kernel).unifilar and not split_state_hmm(kernel).unifilar
+    assert chain_hmm(kernel).unifilar and not split_state_hmm(kernel).unifilar
 
 
 def test_entropy_rates_of_rrxor_and_z1r_are_the_literatures():
