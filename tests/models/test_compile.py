@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from markov_interp.cli import _train_run, build_parser
 from markov_interp.sources import RandomMarkov, SourceConfig, stacked_sampler
 from markov_interp.models import _compile, preset
 from markov_interp.training import RunConfig, TrainConfig, loop, train_many
+from tests.devicesim import OpCounter
 
 BINARY = SourceConfig(kind="binary", p=0.5, q=0.8)
 # Compiled and eager kernels round differently (inductor fuses and reorders float operations). Measured on the
@@ -152,18 +152,6 @@ def test_random_kernels_drawn_inside_the_compiled_step_match_eager(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- host work per step
-class _OpCounter(TorchDispatchMode):
-    """Counts every aten operation dispatched inside it (what would be a kernel launch on a GPU)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 _READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 
 
@@ -175,7 +163,7 @@ def _counts(fn, monkeypatch) -> tuple[collections.Counter, int]:
             original = getattr(torch.Tensor, name)
             patch.setattr(torch.Tensor, name, (lambda original, name: lambda self, *a, **k: (
                 reads.append(name), original(self, *a, **k))[1])(original, name))
-        with _OpCounter() as counter:
+        with OpCounter() as counter:
             fn()
     return counter.ops, len(reads)
 

@@ -10,11 +10,11 @@ import math
 import pytest
 import torch
 from scipy import stats
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from markov_interp import streams
 from markov_interp.sources import (BinaryChain, CyclicMarkov, MarkovChain, RandomMarkov, StreamSource, stacked_sampler,
                                    stream_sampler)
+from tests.devicesim import OpCounter
 
 SEEDS = [1000 + 7919 * k for k in range(16)]
 KERNEL3 = [[0.7, 0.2, 0.1], [0.05, 0.9, 0.05], [0.3, 0.3, 0.4]]
@@ -166,16 +166,6 @@ def test_refusals():
 
 
 # ------------------------------------------------------------------------------------------ host work
-class _OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _ops_and_reads(fn, monkeypatch) -> tuple[collections.Counter, int]:
     reads = []
     with monkeypatch.context() as patch:
@@ -183,7 +173,7 @@ def _ops_and_reads(fn, monkeypatch) -> tuple[collections.Counter, int]:
             original = getattr(torch.Tensor, name)
             patch.setattr(torch.Tensor, name, (lambda original, name: lambda self, *a, **k: (
                 reads.append(name), original(self, *a, **k))[1])(original, name))
-        with _OpCounter() as counter:
+        with OpCounter() as counter:
             fn()
     return counter.ops, len(reads)
 
