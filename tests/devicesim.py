@@ -23,7 +23,8 @@ bit for bit: a probe under the simulation must return exactly what it returns on
         model.to(DEVICE)
         probes.attention_scores(model, probes.sample_batch(...))  # DeviceMismatch if a CPU tensor meets the model
 
-`OpCounter` (a `TorchDispatchMode`) counts the aten operations run inside it: the kernel launches a GPU would see.
+`host_work(fn, monkeypatch)`: the aten operations `fn()` dispatches (`OpCounter`: the kernel launches a GPU would
+see) and how often it reads a tensor's value on the host (a GPU sync).
 """
 
 import collections
@@ -199,3 +200,19 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops[str(func.overloadpacket)] += 1
         return func(*args, **(kwargs or {}))
+
+
+_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")  # a tensor's value
+
+
+def host_work(fn, monkeypatch) -> tuple[collections.Counter, int]:
+    """(operations dispatched, host reads of tensor values) while `fn()` runs."""
+    reads = []
+    with monkeypatch.context() as patch:
+        for name in _READS:
+            original = getattr(torch.Tensor, name)
+            patch.setattr(torch.Tensor, name, (lambda original, name: lambda self, *a, **k: (
+                reads.append(name), original(self, *a, **k))[1])(original, name))
+        with OpCounter() as counter:
+            fn()
+    return counter.ops, len(reads)
