@@ -22,13 +22,18 @@ bit for bit: a probe under the simulation must return exactly what it returns on
     with SimulatedDevice():
         model.to(DEVICE)
         probes.attention_scores(model, probes.sample_batch(...))  # DeviceMismatch if a CPU tensor meets the model
+
+`host_work(fn, monkeypatch)`: the aten operations `fn()` dispatches (`OpCounter`: the kernel launches a GPU would
+see) and how often it reads a tensor's value on the host (a GPU sync).
 """
 
+import collections
 from typing import Any, Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
 DEVICE = torch.device("cpu", 1)  # the simulated device, as `Tensor.device` reports it
@@ -182,3 +187,32 @@ class SimulatedDevice(TorchFunctionMode):
         if isinstance(out, torch.Tensor) and any(out is t for t in tensors):
             return out  # in place: it stays where it is
         return self._place(out, made_on if made_on is not None else any(self.on_device(t) for t in tensors))
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every aten operation dispatched inside it (what would be a kernel launch on a GPU): `ops`, a Counter
+    by operation name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")  # a tensor's value
+
+
+def host_work(fn, monkeypatch) -> tuple[collections.Counter, int]:
+    """(operations dispatched, host reads of tensor values) while `fn()` runs."""
+    reads = []
+    with monkeypatch.context() as patch:
+        for name in _READS:
+            original = getattr(torch.Tensor, name)
+            patch.setattr(torch.Tensor, name, (lambda original, name: lambda self, *a, **k: (
+                reads.append(name), original(self, *a, **k))[1])(original, name))
+        with OpCounter() as counter:
+            fn()
+    return counter.ops, len(reads)

@@ -11,6 +11,8 @@
 - `kernel_model`: one layer, attention that writes nothing, logits = log P[x_t, .] read from the token
   embedding (optionally with an all-zero MLP).
 - `unigram_model`: logits = log pi whatever the input (output bias; everything else zero).
+- `belief_model` with `chain_hmm`: a model whose residual stream holds the belief of a chain written as an HMM,
+  and that HMM (the belief after x_t is onehot(x_t)); `BELIEF_KERNEL` is the chain the belief tests use.
 """
 
 import math
@@ -19,6 +21,9 @@ from typing import Optional
 import torch
 
 from markov_interp.models import ModelConfig, hooked_model, state_shapes
+from markov_interp.sources import HiddenMarkov
+
+BELIEF_KERNEL = [[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.3, 0.3, 0.4]]  # the chain of the belief tests
 
 
 def hand_set(cfg: ModelConfig, values: dict):
@@ -437,6 +442,17 @@ def switch_counting_circuit(*, n_ctx: int = 64, attend: str = "same", logit_scal
     switch rate of the other state, which needs the counts (and a division) to give the law."""
     heads = {(0, 0): ("prev", 1, 1.0), (1, 0): ("switch", logit_scale, attend)}
     return circuit_model(2, heads, n_layers=2, n_heads=1, n_ctx=n_ctx)
+
+
+def chain_hmm(kernel):
+    """A first-order chain as an HMM that emits the state it moves to (hidden state = the last token):
+    T[x, i, j] = K[i, x] [j = x], so the belief after x_t is onehot(x_t) and the Bayes prediction K[x_t]."""
+    k = torch.as_tensor(kernel, dtype=torch.float64)
+    v = k.shape[0]
+    t = torch.zeros(v, v, v, dtype=torch.float64)
+    for x in range(v):
+        t[x, :, x] = k[:, x]
+    return HiddenMarkov(t)
 
 
 @torch.no_grad()

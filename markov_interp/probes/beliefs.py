@@ -41,7 +41,7 @@ from markov_interp.probes._common import TokensOrBatch, check_tokens
 from markov_interp.probes._display import ProbeResult
 from markov_interp.probes.ablation import derangement
 from markov_interp.probes.interventions import intervened_run
-from markov_interp.probes.linear import ProbeFit, _ci, _interval, _resamples, fit_probe
+from markov_interp.probes.linear import ProbeFit, _ci, _paired, _resamples, fit_probe
 from markov_interp.probes.representation import ProbeSite, ProbeTable, probe_site, site_activations
 from markov_interp.probes.targets import Target
 from markov_interp.sources import HiddenSource
@@ -379,8 +379,8 @@ def belief_patch(model: HookedModel, tokens: TokensOrBatch, source: HiddenSource
         moved = _patched_probs(model, tokens, site, clean, clean[partner], span) - p
         ratios.append(_move_ratio((moved * bayes_move).sum((1, 2)), den, draws))
     (effect, boot), (control, boot_control) = ratios
-    return BeliefPatch(site=site.name, subspace=subspace, dimension=int(basis.shape[1]), effect=effect, effect_ci=_interval(boot),
-                       control=control, control_ci=_interval(boot_control), difference=effect - control,
-                       difference_ci=_interval(boot - boot_control),
+    names = ("effect", "effect_ci", "control", "control_ci", "difference", "difference_ci")
+    return BeliefPatch(site=site.name, subspace=subspace, dimension=int(basis.shape[1]),
+                       **dict(zip(names, _paired(effect, boot, control, boot_control))),
                        bayes_move=float(bayes_move.norm(dim=-1).mean()), n_sequences=int(tokens.shape[0]),
                        seed=seed)

@@ -297,9 +297,14 @@ def _scores(tally: _Tally, control: _Tally, n_bootstrap: int, seed: int) -> dict
     ones = torch.ones(1, tally.count.shape[0], dtype=torch.float64, device=tally.count.device)
     real, fake = float(tally.score(ones)[0]), float(control.score(ones)[0])
     draws = _resamples(tally.count.shape[0], n_bootstrap, seed, tally.count.device)
-    boot, boot_control = tally.score(draws), control.score(draws)
-    return dict(score=real, score_ci=_interval(boot), control=fake, control_ci=_interval(boot_control),
-                selectivity=real - fake, selectivity_ci=_interval(boot - boot_control))
+    names = ("score", "score_ci", "control", "control_ci", "selectivity", "selectivity_ci")
+    return dict(zip(names, _paired(real, tally.score(draws), fake, control.score(draws))))
+
+
+def _paired(real: float, boot: Tensor, fake: float, boot_control: Tensor) -> tuple[Any, ...]:
+    """(value, interval, control, interval, value - control, interval): a measure beside its control, each with its
+    95% bootstrap interval, the difference's paired (`boot` and `boot_control` drawn on the same resamples)."""
+    return real, _interval(boot), fake, _interval(boot_control), real - fake, _interval(boot - boot_control)
 
 
 def _interval(values: Tensor) -> tuple[float, float]:

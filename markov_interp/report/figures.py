@@ -101,24 +101,32 @@ def loss_curves_figure(
     references = _as_row(references)
     fig = Figure(figsize=(8, 4.2))
     ax = fig.add_subplot()
-    train = [(r["step"], r["train_loss"]) for r in metrics if "train_loss" in r]
-    evals = [(r["step"], r["eval_loss"]) for r in metrics if "eval_loss" in r]
-    if train:
-        ax.plot(*zip(*train), color="#888", linewidth=1, label="train loss")
-    if evals:
-        ax.plot(*zip(*evals), "o-", color="#222", markersize=3.5, linewidth=1.4, label="eval loss (fresh batches)")
+    losses = _plot_losses(ax, metrics, "eval loss (fresh batches)", markersize=3.5, linewidth=1.4)
     _reference_lines(ax, references, " (logged by training)")
     for i, step in enumerate(checkpoint_steps):
         ax.axvline(step, color="#bbb", linewidth=0.6, zorder=0, label="checkpoints" if i == 0 else None)
     ax.set_xlabel("optimiser step")
     ax.set_ylabel("loss (nats)")
     ax.set_title("Loss during training")
-    if not train and not evals:
+    if not losses:
         ax.text(0.5, 0.5, "no metrics logged", transform=ax.transAxes, ha="center")
-    _zoom_losses(ax, [v for _, v in train + evals], references)
+    _zoom_losses(ax, losses, references)
     legend_below(ax, ncol=1)  # one column: the long reference labels keep the figure as wide as its axes
     ax.grid(alpha=0.25)
     return fig
+
+
+def _plot_losses(ax: Axes, metrics: Sequence[Mapping[str, Any]], eval_label: str, *, markersize: float,
+                 linewidth: float) -> list[float]:
+    """A run's logged losses over steps on `ax`: the train loss (grey line), then the eval loss (dots,
+    `eval_label`); returns every value drawn (train first), for `_zoom_losses`."""
+    train = [(r["step"], r["train_loss"]) for r in metrics if "train_loss" in r]
+    evals = [(r["step"], r["eval_loss"]) for r in metrics if "eval_loss" in r]
+    if train:
+        ax.plot(*zip(*train), color="#888", linewidth=1, label="train loss")
+    if evals:
+        ax.plot(*zip(*evals), "o-", color="#222", markersize=markersize, linewidth=linewidth, label=eval_label)
+    return [v for _, v in train + evals]
 
 
 def _zoom_losses(ax: Axes, values: Sequence[float], references: Mapping[str, float]) -> None:
@@ -426,12 +434,7 @@ def training_probes_figure(
     top.set_title("Probe scores over training (checkpoints)")
     top.legend(fontsize=8)
     top.grid(alpha=0.25)
-    evals = [(r["step"], r["eval_loss"]) for r in metrics if "eval_loss" in r]
-    train = [(r["step"], r["train_loss"]) for r in metrics if "train_loss" in r]
-    if train:
-        bottom.plot(*zip(*train), color="#888", linewidth=1, label="train loss")
-    if evals:
-        bottom.plot(*zip(*evals), "o-", color="#222", markersize=3, linewidth=1.3, label="eval loss")
+    losses = _plot_losses(bottom, metrics, "eval loss", markersize=3.0, linewidth=1.3)
     for i, (label, step) in enumerate((events or {}).items()):
         colour = ("#a5c", "#c73", "#555")[i % 3]
         for ax in (top, bottom):
@@ -439,7 +442,7 @@ def training_probes_figure(
                        if ax is bottom else None)
     references = references or {}
     _reference_lines(bottom, references, " (logged by training)")
-    _zoom_losses(bottom, [v for _, v in train + evals], references)
+    _zoom_losses(bottom, losses, references)
     for step in steps:
         bottom.axvline(step, color="#ccc", linewidth=0.6, zorder=0)
     if len(steps) and min(steps) > 0:

@@ -1,12 +1,8 @@
 """Exact reference quantities: what loss a model *should* reach, in nats.
 
-- `stationary_distribution`: the law pi the chain settles into.
-- `unigram_loss`: H(pi), the loss of the best predictor that ignores the context. A single-layer transformer
-  stuck at a bad local minimum sits here (Makkuva et al.).
-- `entropy_rate`: sum_s pi(s) H(P(. | s)), the loss of the true kernel, which is the best any predictor can do on
-  a fixed chain (exact at every position when the first states are drawn from pi).
-- `stationary_predictions`: pi at every position, given each sequence's kernel: the one computation behind
-  `plateau_predictions` for fixed chains and the probes' `stationary_probs`.
+- `stationary_distribution` (pi), `unigram_loss` (H(pi), the plateau of a model that ignores the context),
+  `entropy_rate` (the loss of the true kernel, the best any predictor can do on a fixed chain) and
+  `stationary_predictions` (pi at every position): the laws of one fixed chain (module `fixed` says more).
 - `pool_unigram_predictions`: unigram retrieval from a finite pool of kernels (`RandomMarkov(pool_size=N)`).
 - `in_context_loss_curve`: the expected loss per position of the in-context add-beta estimator.
 - `hidden_references` (module `hidden`): the references of a hidden Markov source (`sources.HiddenMarkov`): the

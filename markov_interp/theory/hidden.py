@@ -22,6 +22,7 @@ rigorous interval, which bounds the error) or "monte carlo" (its error is a stan
 import dataclasses
 import functools
 import math
+from collections.abc import Iterator
 
 import torch
 from jaxtyping import Float, Int
@@ -119,6 +120,15 @@ def _branch(hmm: HiddenMarkov, beliefs: Float[Tensor, "state hidden"],
     return means / merged[:, None], merged
 
 
+def _deeper(hmm: HiddenMarkov, beliefs: Float[Tensor, "state hidden"], weights: Float[Tensor, " state"],
+            max_states: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """The mixed-state recursion: from (beliefs, weights), the beliefs a token deeper with their probabilities
+    (`_branch`), then a token deeper again, for as long as a step cannot branch into more than `max_states`."""
+    while len(beliefs) * hmm.vocab <= max_states:
+        beliefs, weights = _branch(hmm, beliefs, weights)
+        yield beliefs, weights
+
+
 def _equal_rows(rows: Tensor) -> tuple[Tensor, int]:
     """A group index per row, equal rows in one group, and the number of groups: rows sorted by a hash (one sort
     of int64, several times faster than `torch.unique(dim=0)`), then equal neighbours grouped. Only equal rows
@@ -160,13 +170,15 @@ def mixed_states(hmm: HiddenSource, n_tokens: int, *,
     hmm = _as_hmm(hmm)
     check_int("n_tokens", n_tokens, minimum=0)
     check_int("max_states", max_states, minimum=1)
-    beliefs, weights = hmm.stationary[None], torch.ones(1, dtype=torch.float64)
+    state = hmm.stationary[None], torch.ones(1, dtype=torch.float64)
+    deeper = _deeper(hmm, *state, max_states)
     for depth in range(n_tokens):
-        if len(beliefs) * hmm.vocab > max_states:
+        beliefs = state[0]
+        state = next(deeper, None)
+        if state is None:
             raise ValueError(f"the mixed states after {depth + 1} tokens may number {len(beliefs) * hmm.vocab}, "
                              f"more than max_states={max_states}")
-        beliefs, weights = _branch(hmm, beliefs, weights)
-    return beliefs, weights
+    return state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,22 +221,22 @@ def _enumerate(key: tuple, max_states: int) -> _Enumeration:
     hmm = _from_key(key)
     emission = hmm.emission_law
     known = hmm.stationary > 0
-    upper_state = (hmm.stationary[None], torch.ones(1, dtype=torch.float64))
-    lower_state = (torch.eye(hmm.hidden, dtype=torch.float64)[known], hmm.stationary[known])
     upper: list[float] = []
     lower: list[float] = []
+    walks = ((upper, _deeper(hmm, hmm.stationary[None], torch.ones(1, dtype=torch.float64), max_states)),
+             (lower, _deeper(hmm, torch.eye(hmm.hidden, dtype=torch.float64)[known], hmm.stationary[known],
+                             max_states)))
     for _ in range(MAX_DEPTH):
         if upper and lower and upper[-1] - lower[-1] <= _SETTLED:
             break
         grew = False
-        if len(upper_state[0]) * hmm.vocab <= max_states:
-            upper_state = _branch(hmm, *upper_state)
-            upper.append(_expected_entropy(*upper_state, emission))
-            grew = True
-        if len(lower) < len(upper) and len(lower_state[0]) * hmm.vocab <= max_states:
-            lower_state = _branch(hmm, *lower_state)
-            lower.append(_expected_entropy(*lower_state, emission))
-            grew = True
+        for losses, walk in walks:
+            if losses is lower and len(lower) >= len(upper):
+                continue  # the lower enumeration never goes deeper than the upper one
+            state = next(walk, None)
+            if state is not None:
+                losses.append(_expected_entropy(*state, emission))
+                grew = True
         if not grew:
             break
     if not upper or not lower:

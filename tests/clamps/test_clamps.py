@@ -16,6 +16,7 @@ from markov_interp.clamps import Clamp, ClampState, Freeze
 from markov_interp.models.hooks import write
 from markov_interp.models import preset
 from markov_interp.training import RunConfig, TrainConfig, train
+from tests.training.test_resume import _killed  # train, stopped after a step
 
 BINARY = SourceConfig(kind="binary", p=0.5, q=0.8)
 # large init: every clamp below moves the logits visibly (the test of equality must be able to fail)
@@ -318,25 +319,13 @@ def test_clamped_run_differs_records_loads_probes_and_reports(tmp_path):
     assert clamps.spec_text(clamps.parse_clamp(clamp)) in rep.section("config").body()
 
 
-class _Kill(Exception):
-    pass
-
-
 RESUME = ["blocks.0.hook_attn_out=mean", "blocks.1.attn.*@3:9"]  # checkpoints at 1, 2, 5, 12 (of 12)
 
 
 @pytest.mark.slow
 def test_solo_resume_with_interventions_is_bit_identical(tmp_path, monkeypatch):
     reference = train(tiny_run(RESUME), tmp_path / "a", progress=False)
-
-    def crash(step):
-        if step == 9:  # after the 9th update
-            raise _Kill
-
-    monkeypatch.setattr(training.loop, "_on_step", crash)
-    with pytest.raises(_Kill):
-        train(tiny_run(RESUME), tmp_path / "b", progress=False)
-    monkeypatch.undo()
+    _killed(monkeypatch, [tiny_run(RESUME)], [tmp_path / "b"], at=9)  # after the 9th update
     assert "clamp_state" in torch.load(tmp_path / "b" / "checkpoints" / "step_0000005.pt", weights_only=True)
     resumed = train(tiny_run(RESUME), tmp_path / "b", progress=False)
     assert resumed.resumed_from == 5  # inside the freeze range, with a running mean to restore
@@ -349,10 +338,7 @@ def test_solo_resume_with_interventions_is_bit_identical(tmp_path, monkeypatch):
 def test_stacked_resume_with_interventions_is_bit_identical(tmp_path, monkeypatch):
     runs = [tiny_run(RESUME, seed=s) for s in (0, 2)]
     reference = training.train_many(runs, [tmp_path / "a0", tmp_path / "a2"], progress=False)
-    monkeypatch.setattr(training.loop, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 8 else None)
-    with pytest.raises(_Kill):
-        training.train_many(runs, [tmp_path / "b0", tmp_path / "b2"], progress=False)
-    monkeypatch.undo()
+    _killed(monkeypatch, runs, [tmp_path / "b0", tmp_path / "b2"], at=8)
     resumed = training.train_many(runs, [tmp_path / "b0", tmp_path / "b2"], progress=False)
     for ref, res in zip(reference, resumed):
         assert res.resumed_from == 5 and res.metrics == ref.metrics
@@ -365,10 +351,7 @@ def test_resume_point_with_interventions_is_bit_identical(tmp_path, monkeypatch)
     resume point of step 8, inside the freeze range and with the running mean it holds."""
     run = tiny_run(RESUME, n_checkpoints=0, resume_every=3)
     reference = train(run, tmp_path / "a", progress=False)
-    monkeypatch.setattr(training.loop, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 9 else None)
-    with pytest.raises(_Kill):
-        train(run, tmp_path / "b", progress=False)
-    monkeypatch.undo()
+    _killed(monkeypatch, [run], [tmp_path / "b"], at=9)
     assert "clamp_state" in torch.load(tmp_path / "b" / "resume" / "step_0000008.pt", weights_only=True)
     resumed = train(run, tmp_path / "b", progress=False)
     assert resumed.resumed_from == 8 and resumed.metrics == reference.metrics
@@ -522,10 +505,7 @@ def test_a_run_with_heads_per_layer_trains_with_layer_one_clamps_and_resumes(tmp
     run = tiny_run(["blocks.1.attn.hook_pattern[1]=previous_token@:6", "blocks.1.attn.hook_z[0]=mean"],
                    model=preset("paper-2layer", n_heads=(1, 2), n_ctx=16))
     reference = train(run, tmp_path / "a", progress=False)
-    monkeypatch.setattr(training.loop, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 7 else None)
-    with pytest.raises(_Kill):
-        train(run, tmp_path / "b", progress=False)
-    monkeypatch.undo()
+    _killed(monkeypatch, [run], [tmp_path / "b"], at=7)
     resumed = train(run, tmp_path / "b", progress=False)
     assert resumed.resumed_from == 5 and resumed.metrics == reference.metrics
     for name, value in weights(reference.model).items():

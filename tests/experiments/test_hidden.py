@@ -8,19 +8,7 @@ import torch
 
 from markov_interp import experiments
 from markov_interp.experiments import hidden
-from markov_interp.sources import HiddenMarkov
-from tests.handbuilt import belief_model
-
-KERNEL = [[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.3, 0.3, 0.4]]
-
-
-def chain_hmm(kernel):
-    """A chain as an HMM that emits the state it moves to (the belief after x_t is onehot(x_t))."""
-    k = torch.as_tensor(kernel, dtype=torch.float64)
-    t = torch.zeros(3, 3, 3, dtype=torch.float64)
-    for x in range(3):
-        t[x, :, x] = k[:, x]
-    return HiddenMarkov(t)
+from tests.handbuilt import BELIEF_KERNEL, belief_model, chain_hmm
 
 
 def test_registered_with_its_budgets_and_refuses_bad_fields():
@@ -47,7 +35,7 @@ def test_measures_of_a_model_that_holds_and_uses_the_belief():
     prediction: no excess loss, R^2 1 at every site, no gain across layers, and patching the probe's subspace
     moves the law all the way to the counterfactual's Bayes prediction while a random plane does not."""
     budget = hidden.TINY.replace(probe_sequences=200, patch_sequences=200, n_bootstrap=50)
-    m = hidden.measure_model(belief_model(KERNEL), chain_hmm(KERNEL), budget, points=True)
+    m = hidden.measure_model(belief_model(BELIEF_KERNEL), chain_hmm(BELIEF_KERNEL), budget, points=True)
     assert abs(m["loss"]["excess"]) < 1e-5 and m["loss"]["bayes_loss"] > 0.5  # the law is K's own, not trivial
     assert len(m["loss"]["model_curve"]) == budget.seq_len  # seq_len targets of seq_len + 1 tokens
     assert [p["site"] for p in m["probes"]] == ["L0.resid_pre", "L0.resid_post", "all layers"]

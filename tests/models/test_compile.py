@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from markov_interp.cli import _train_run, build_parser
 from markov_interp.sources import RandomMarkov, SourceConfig, stacked_sampler
 from markov_interp.models import _compile, preset
 from markov_interp.training import RunConfig, TrainConfig, loop, train_many
+from tests.devicesim import host_work
 
 BINARY = SourceConfig(kind="binary", p=0.5, q=0.8)
 # Compiled and eager kernels round differently (inductor fuses and reorders float operations). Measured on the
@@ -152,34 +152,6 @@ def test_random_kernels_drawn_inside_the_compiled_step_match_eager(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- host work per step
-class _OpCounter(TorchDispatchMode):
-    """Counts every aten operation dispatched inside it (what would be a kernel launch on a GPU)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
-
-
-_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
-
-
-def _counts(fn, monkeypatch) -> tuple[collections.Counter, int]:
-    """(operations dispatched, host reads of tensor values) while `fn()` runs."""
-    reads = []
-    with monkeypatch.context() as patch:
-        for name in _READS:
-            original = getattr(torch.Tensor, name)
-            patch.setattr(torch.Tensor, name, (lambda original, name: lambda self, *a, **k: (
-                reads.append(name), original(self, *a, **k))[1])(original, name))
-        with _OpCounter() as counter:
-            fn()
-    return counter.ops, len(reads)
-
-
 def _group(n_members: int, source=BINARY, model=None, **train_kwargs) -> "loop._Group":
     runs = [tiny_run(seed=s, steps=4, **train_kwargs) for s in range(n_members)]
     if source is not BINARY or model is not None:
@@ -195,7 +167,7 @@ def _step_counts(n_members: int, monkeypatch, **kwargs) -> tuple[collections.Cou
     wd = torch.full((n_members,), 1e-3, dtype=torch.float64)
     alive = torch.ones(n_members, dtype=torch.bool)
     group._step(lr, wd, alive, 0)
-    return _counts(lambda: group._step(lr, wd, alive, 1), monkeypatch)
+    return host_work(lambda: group._step(lr, wd, alive, 1), monkeypatch)
 
 
 RANDOM3 = SourceConfig(kind="random", vocab=3)
@@ -244,7 +216,7 @@ def test_sampling_random_kernels_does_the_same_host_work_for_any_number_of_membe
     for k in (2, 6):
         sample = stacked_sampler([source] * k, 8, 17, [torch.Generator().manual_seed(s) for s in range(k)])
         sample()
-        ops, reads = _counts(sample, monkeypatch)
+        ops, reads = host_work(sample, monkeypatch)
         counts[k] = ({op: n for op, n in ops.items() if op not in _DRAWS}, reads)
     (ops2, reads2), (ops6, reads6) = counts[2], counts[6]
     assert ops2.get("aten.nonzero") == ops6.get("aten.nonzero")  # the same rejection rounds
@@ -259,7 +231,7 @@ def test_an_evaluation_does_the_same_host_work_for_any_number_of_members(stream,
     groups = {k: _group(k, eval_batches=2, stream=stream) for k in (2, 6)}
     for group in groups.values():
         group._evaluate(4)  # the first call makes the stream's constants
-    counts = {k: _counts(lambda k=k: groups[k]._evaluate(4), monkeypatch) for k in (2, 6)}
+    counts = {k: host_work(lambda k=k: groups[k]._evaluate(4), monkeypatch) for k in (2, 6)}
     (ops2, reads2), (ops6, reads6) = counts[2], counts[6]
     if stream == "torch-1":
         assert ops2.pop("aten.uniform_") == 2 * 2 and ops6.pop("aten.uniform_") == 6 * 2

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from markov_interp import landscape, training
+from markov_interp import landscape
 from markov_interp.sources import SourceConfig
 from markov_interp.experiments import reduction as exp
 from markov_interp.models import initial_state, preset
 from markov_interp.models.reduction import CanonicalConstraint
 from markov_interp.models.stack import Stack, stacked_forward
 from markov_interp.training import RunConfig, TrainConfig, train, train_many
+from tests.training.test_resume import _killed  # train, stopped after a step
 
 P, Q = 0.5, 0.8
 BINARY = SourceConfig(kind="binary", p=P, q=Q)
@@ -185,15 +186,8 @@ def test_reduced_runs_are_the_same_alone_in_a_stack_and_after_a_resume(tmp_path,
     assert alone.metrics == stacked.metrics
     for name, value in weights(alone.model).items():
         assert torch.equal(weights(stacked.model)[name], value), name
-
-    class _Kill(Exception):
-        pass
-
     reference = train(run, tmp_path / "a", progress=False)
-    monkeypatch.setattr(training.loop, "_on_step", lambda step: (_ for _ in ()).throw(_Kill) if step == 9 else None)
-    with pytest.raises(_Kill):
-        train(run, tmp_path / "b", progress=False)
-    monkeypatch.undo()
+    _killed(monkeypatch, [run], [tmp_path / "b"], at=9)
     resumed = train(run, tmp_path / "b", progress=False)
     assert resumed.resumed_from is not None and resumed.metrics == reference.metrics
     for name, value in weights(reference.model).items():

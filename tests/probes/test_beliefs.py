@@ -9,24 +9,12 @@ import torch
 
 from markov_interp import probes
 from markov_interp.probes import beliefs
-from markov_interp.sources import HiddenMarkov, hmm_preset
-from tests.handbuilt import belief_model
-
-KERNEL = [[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.3, 0.3, 0.4]]
+from markov_interp.sources import hmm_preset
+from tests.handbuilt import BELIEF_KERNEL, belief_model, chain_hmm
 
 
 def gen(seed):
     return torch.Generator().manual_seed(seed)
-
-
-def chain_hmm(kernel):
-    """A chain as an HMM that emits the state it moves to: T[x, i, j] = K[i, x] [j = x], so the belief after x_t is
-    onehot(x_t) and the Bayes prediction K[x_t]."""
-    k = torch.as_tensor(kernel, dtype=torch.float64)
-    t = torch.zeros(k.shape[0], k.shape[0], k.shape[0], dtype=torch.float64)
-    for x in range(k.shape[0]):
-        t[x, :, x] = k[:, x]
-    return HiddenMarkov(t)
 
 
 # --------------------------------------------------------------------------------------------------- probes
@@ -70,7 +58,7 @@ def test_a_belief_split_over_two_sites_needs_them_together():
 
 
 def test_belief_probes_read_every_layer_of_a_model():
-    kernel, source = KERNEL, chain_hmm(KERNEL)
+    kernel, source = BELIEF_KERNEL, chain_hmm(BELIEF_KERNEL)
     model = belief_model(kernel)
     tokens = source.sample(48, 16, generator=gen(9))
     table = probes.beliefs.belief_probes(model, tokens, source, n_bootstrap=100)
@@ -121,7 +109,7 @@ def test_patching_the_belief_subspace_moves_the_law_exactly_as_the_hand_built_mo
     (effect 1 up to the sample covariance of token and position values the pattern is computed from: 0.999 on
     these 800 sequences, 0.978 on 100). The patched law is
     computed again here from the weights: softmax((x + (x_cf - x) Q Q^T) W_U + b)."""
-    source, model = chain_hmm(KERNEL), belief_model(KERNEL)
+    source, model = chain_hmm(BELIEF_KERNEL), belief_model(BELIEF_KERNEL)
     fit = probes.beliefs.belief_probes(model, source.sample(64, 16, generator=gen(13)), source, n_bootstrap=0,
                                sites=["L0.resid_post"], concatenate=False)["L0.resid_post"]
     tokens = source.sample(800, 16, generator=gen(14))  # fresh sequences
@@ -146,7 +134,7 @@ def test_the_pattern_finds_the_belief_the_model_reads_where_the_decoder_does_not
     """A second copy of the belief, 100 times smaller and not read by the unembedding: the ridge decoder (on
     standardised features) leans on the small copy, so patching the span of its weights barely moves the law;
     the activation pattern Cov(x) W lies along the large copy, which the model reads."""
-    source, model = chain_hmm(KERNEL), belief_model(KERNEL, echo=0.01)
+    source, model = chain_hmm(BELIEF_KERNEL), belief_model(BELIEF_KERNEL, echo=0.01)
     fit = probes.beliefs.belief_probes(model, source.sample(64, 16, generator=gen(19)), source, n_bootstrap=0,
                                sites=["L0.resid_post"], concatenate=False)["L0.resid_post"]
     assert fit.score > 1 - 1e-4
@@ -163,7 +151,7 @@ def test_the_pattern_finds_the_belief_the_model_reads_where_the_decoder_does_not
 def test_a_model_that_does_not_read_the_subspace_is_not_moved():
     """The unembedding reads only the nuisance dimensions: the belief is there (the probe finds it) but patching
     it moves nothing (up to the pattern's finite-sample covariance with the nuisance values the model reads)."""
-    source, model = chain_hmm(KERNEL), belief_model(KERNEL)
+    source, model = chain_hmm(BELIEF_KERNEL), belief_model(BELIEF_KERNEL)
     with torch.no_grad():
         model.W_U[:3] = 0
         model.W_U[3:] = torch.randn(model.W_U[3:].shape, generator=gen(15))
@@ -175,7 +163,7 @@ def test_a_model_that_does_not_read_the_subspace_is_not_moved():
 
 
 def test_the_causal_test_refuses_what_it_cannot_patch():
-    source, model = chain_hmm(KERNEL), belief_model(KERNEL)
+    source, model = chain_hmm(BELIEF_KERNEL), belief_model(BELIEF_KERNEL)
     tokens = source.sample(32, 16, generator=gen(18))
     table = probes.beliefs.belief_probes(model, tokens, source, n_bootstrap=0)
     with pytest.raises(ValueError, match="patches one site"):

@@ -4,6 +4,7 @@ feature read back exactly, held-out sequences that never leak into the fit, cont
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,6 +29,33 @@ def test_a_planted_linear_real_feature_is_recovered_exactly():
     assert fit.score_ci[0] == pytest.approx(1.0, abs=1e-9)
     # the control target belongs to other sequences: nothing of it is linear in these activations
     assert abs(fit.control) < 0.1 and fit.selectivity > 0.9 and fit.chance <= 0
+
+
+def test_ridge_and_its_interval_against_a_closed_form_and_a_bootstrap_by_hand():
+    """A noisy linear target: the weights are the closed-form ridge on the training rows' standardised features,
+    (Z^T Z + penalty n I) w = Z^T (y - mean y) (numpy), and the score's interval the 2.5 / 97.5% quantiles of the
+    pooled R^2 recomputed on each resample of the held-out sequences (the fit's draws: `seed` + 1)."""
+    x = torch.randn(30, 8, 5, generator=_gen(6), dtype=torch.float64)
+    y = x @ torch.randn(5, 2, generator=_gen(7), dtype=torch.float64) + torch.randn(30, 8, 2, generator=_gen(8),
+                                                                                      dtype=torch.float64)
+    fit = fit_probe(x, Target.from_tensor(y), penalty=0.05, n_bootstrap=200, seed=3)
+    train, test = list(fit.train_sequences), list(fit.test_sequences)
+    rows, targets = x[train].reshape(-1, 5).numpy(), y[train].reshape(-1, 2).numpy()
+    mean, scale = rows.mean(0), rows.std(0)
+    z = (rows - mean) / scale
+    w = np.linalg.solve(z.T @ z + 0.05 * len(z) * np.eye(5), z.T @ (targets - targets.mean(0))) / scale[:, None]
+    assert np.allclose(fit.weights.numpy(), w, atol=1e-10)
+    assert np.allclose(fit.bias.numpy(), targets.mean(0) - mean @ w, atol=1e-10)
+    draws = torch.randint(len(test), (200, len(test)), generator=_gen(3 + 1)).numpy()
+    predicted, truth = fit.predict(x[test]).numpy(), y[test].numpy()
+
+    def pooled_r2(chosen):
+        yy, pp = truth[chosen].reshape(-1, 2), predicted[chosen].reshape(-1, 2)
+        return 1 - ((pp - yy) ** 2).sum() / ((yy - yy.mean(0)) ** 2).sum()
+
+    assert fit.score == pytest.approx(pooled_r2(np.arange(len(test))), abs=1e-12)
+    boot = np.quantile([pooled_r2(row) for row in draws], [0.025, 0.975])
+    assert fit.score_ci == pytest.approx(tuple(boot), abs=1e-12)
 
 
 @pytest.mark.parametrize("method", ["logistic", "ridge"])

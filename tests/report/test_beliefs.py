@@ -3,29 +3,16 @@ belief is known by construction, and `report.build` on a trained run."""
 
 import re
 
-import torch
-
 from markov_interp import report, training
 from markov_interp.report import beliefs
-from markov_interp.sources import HiddenMarkov
-from tests.handbuilt import belief_model
-
-KERNEL = [[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.3, 0.3, 0.4]]
-
-
-def chain_hmm(kernel):
-    """A chain as an HMM that emits the state it moves to (the belief after x_t is onehot(x_t))."""
-    k = torch.as_tensor(kernel, dtype=torch.float64)
-    t = torch.zeros(3, 3, 3, dtype=torch.float64)
-    for x in range(3):
-        t[x, :, x] = k[:, x]
-    return HiddenMarkov(t)
+from tests.handbuilt import BELIEF_KERNEL, belief_model, chain_hmm
 
 
 def test_belief_section_reads_the_planted_belief_and_its_causal_use():
     """The hand-built model's stream holds the belief and its logits read it: R^2 1 at every site, the causal
     effect near 1 and the random plane's well below."""
-    section = beliefs.belief_section(belief_model(KERNEL), chain_hmm(KERNEL), n_sequences=200, seq_len=16, seed=0)
+    section = beliefs.belief_section(belief_model(BELIEF_KERNEL), chain_hmm(BELIEF_KERNEL), n_sequences=200,
+                                     seq_len=16, seed=0)
     assert (section.id, section.title) == ("beliefs", "Belief states")
     body = section.body()
     for site in ("L0.resid_pre", "L0.resid_post", "all layers"):

@@ -15,6 +15,7 @@ from scipy import stats
 from markov_interp import theory
 from markov_interp.sources import MarkovChain, SourceConfig, stacked_sampler
 from markov_interp.sources.hmm import PRESETS, HiddenMarkov, HiddenMarkovConfig, hmm_preset, validate_hmm
+from tests.handbuilt import chain_hmm
 
 P_THRESHOLD = 1e-3  # a chi-square test fails below this p-value (fixed seeds: the outcome is deterministic)
 
@@ -29,16 +30,6 @@ def every_hmm():
     shapes = [(1, 3, 1.0, 3), (2, 2, 0.5, 4), (4, 3, 1.0, 5), (6, 2, 2.0, 6)]
     hmms += [hmm_preset("random", hidden=h, vocab=v, concentration=c, seed=s) for h, v, c, s in shapes]
     return hmms
-
-
-def as_hmm(kernel):
-    """A first-order chain as an HMM whose hidden state is the last token: T[x, i, j] = K[i, x] [j = x]."""
-    k = torch.as_tensor(kernel, dtype=torch.float64)
-    v = k.shape[0]
-    t = torch.zeros(v, v, v, dtype=torch.float64)
-    for x in range(v):
-        t[x, :, x] = k[:, x]
-    return HiddenMarkov(t)
 
 
 def loop_forward(hmm, tokens, *, rescale=False):
@@ -167,7 +158,7 @@ def test_beliefs_stay_exact_on_long_sequences(name):
 
 def test_a_markov_chain_as_an_hmm_predicts_with_its_kernel():
     kernel = [[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]]
-    hmm = as_hmm(kernel)
+    hmm = chain_hmm(kernel)
     tokens = MarkovChain(kernel).sample(8, 40, generator=gen(4))
     assert torch.allclose(hmm.belief_states(tokens), torch.nn.functional.one_hot(tokens, 3).double())
     assert torch.allclose(hmm.bayes_predictions(tokens), MarkovChain(kernel).predictive(tokens))

@@ -4,17 +4,16 @@ the chains' statistics against their kernels, first-state laws and pools; a sour
 from generators seeded by the stream; and a sampling pass that launches the same operations and reads nothing
 on the host whatever the number of members."""
 
-import collections
 import math
 
 import pytest
 import torch
 from scipy import stats
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from markov_interp import streams
 from markov_interp.sources import (BinaryChain, CyclicMarkov, MarkovChain, RandomMarkov, StreamSource, stacked_sampler,
                                    stream_sampler)
+from tests.devicesim import host_work
 
 SEEDS = [1000 + 7919 * k for k in range(16)]
 KERNEL3 = [[0.7, 0.2, 0.1], [0.05, 0.9, 0.05], [0.3, 0.3, 0.4]]
@@ -166,28 +165,6 @@ def test_refusals():
 
 
 # ------------------------------------------------------------------------------------------ host work
-class _OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _ops_and_reads(fn, monkeypatch) -> tuple[collections.Counter, int]:
-    reads = []
-    with monkeypatch.context() as patch:
-        for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__"):
-            original = getattr(torch.Tensor, name)
-            patch.setattr(torch.Tensor, name, (lambda original, name: lambda self, *a, **k: (
-                reads.append(name), original(self, *a, **k))[1])(original, name))
-        with _OpCounter() as counter:
-            fn()
-    return counter.ops, len(reads)
-
-
 @pytest.mark.parametrize("source", [BinaryChain(0.5, 0.8), RandomMarkov(3), RandomMarkov(2, order=2, alpha=0.5),
                                     RandomMarkov(3, pool_size=8), CyclicMarkov(4)], ids=repr)
 def test_a_sampling_pass_launches_the_same_operations_for_1_and_16_members_and_reads_nothing(source, monkeypatch):
@@ -195,12 +172,12 @@ def test_a_sampling_pass_launches_the_same_operations_for_1_and_16_members_and_r
     step = torch.tensor(3)
     samplers = {k: stream_sampler([source] * k, 8, 33, keys_of(SEEDS[:k])) for k in (1, 16)}
     samplers[1](step)  # the first call makes the counters' constants (once per layout and device)
-    counts = {k: _ops_and_reads(lambda k=k: samplers[k](step), monkeypatch) for k in (1, 16)}
+    counts = {k: host_work(lambda k=k: samplers[k](step), monkeypatch) for k in (1, 16)}
     (ops1, reads1), (ops16, reads16) = counts[1], counts[16]
     assert ops1 == ops16 and reads1 == reads16 == 0
     generators = {k: stacked_sampler([source] * k, 8, 33, [torch.Generator().manual_seed(s) for s in range(k)])
                   for k in (1, 16)}
-    torch1 = {k: _ops_and_reads(generators[k], monkeypatch)[0] for k in (1, 16)}
+    torch1 = {k: host_work(generators[k], monkeypatch)[0] for k in (1, 16)}
     assert sum(torch1[16].values()) > sum(torch1[1].values())
 
 

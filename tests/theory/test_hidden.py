@@ -17,7 +17,7 @@ from markov_interp import theory
 from markov_interp.sources import MarkovChain
 from markov_interp.sources.hmm import PRESETS, HiddenMarkov, hmm_preset
 from markov_interp.theory import hidden
-from tests.sources.test_hmm import as_hmm  # a first-order chain as an HMM (hidden state = last token)
+from tests.handbuilt import chain_hmm  # a first-order chain as an HMM (hidden state = last token)
 
 LN2 = math.log(2)
 
@@ -41,16 +41,17 @@ def split_state_hmm(kernel, share=0.3):
     return HiddenMarkov(t)
 
 
-def loop_word_probability(hmm, word):
+def loop_word_probability(hmm, word, start=None):
+    """P(word) from the stationary start, or given the first hidden state `start`."""
     t, pi = hmm.transition_matrices.tolist(), hmm.stationary.tolist()
-    forward = list(pi)
+    forward = list(pi) if start is None else [float(i == start) for i in range(hmm.hidden)]
     for x in word:
         forward = [sum(forward[i] * t[x][i][j] for i in range(hmm.hidden)) for j in range(hmm.hidden)]
     return sum(forward)
 
 
-def loop_block_entropy(hmm, length):
-    probs = [loop_word_probability(hmm, w) for w in itertools.product(range(hmm.vocab), repeat=length)]
+def loop_block_entropy(hmm, length, start=None):
+    probs = [loop_word_probability(hmm, w, start) for w in itertools.product(range(hmm.vocab), repeat=length)]
     return -sum(p * math.log(p) for p in probs if p > 0)
 
 
@@ -74,9 +75,29 @@ def test_context_losses_and_early_bayes_losses_are_block_entropy_differences(hmm
         assert curve.values[t] == pytest.approx(blocks[t + 2] - blocks[t + 1], abs=1e-11)
 
 
+@pytest.mark.parametrize("hmm", [hmm_preset("mess3"), hmm_preset("random", hidden=4, vocab=2, seed=9)], ids=repr)
+def test_both_enumerations_are_block_entropy_differences(hmm):
+    """`entropy_rate_bounds`' two enumerations position by position, as deep as max_states = 30 lets them go: from
+    the stationary start H(X_{d+1} | X_0..X_d), and from a known first hidden state H(X_{d+1} | X_0..X_d, S_0) =
+    sum_s pi_s (H(X_0..X_{d+1} | S_0 = s) - H(X_0..X_d | S_0 = s)), both from word probabilities by loops."""
+    enumeration = hidden._enumerate(hidden._hmm_key(hmm), 30)
+    assert 2 <= len(enumeration.lower) <= len(enumeration.upper) < 6  # max_states stops both early
+    pi = hmm.stationary.tolist()
+
+    def known_start(length):
+        return sum(pi[s] * loop_block_entropy(hmm, length, s) for s in range(hmm.hidden) if pi[s] > 0)
+
+    blocks = [0.0] + [loop_block_entropy(hmm, n) for n in range(1, len(enumeration.upper) + 2)]
+    known = [0.0] + [known_start(n) for n in range(1, len(enumeration.lower) + 2)]
+    for d, value in enumerate(enumeration.upper):
+        assert value == pytest.approx(blocks[d + 2] - blocks[d + 1], abs=1e-12)
+    for d, value in enumerate(enumeration.lower):
+        assert value == pytest.approx(known[d + 2] - known[d + 1], abs=1e-12)
+
+
 def test_a_markov_chain_as_an_hmm_gives_the_chains_references():
     kernel = [[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]]
-    for hmm in (as_hmm(kernel), split_state_hmm(kernel)):
+    for hmm in (chain_hmm(kernel), split_state_hmm(kernel)):
         rate = theory.entropy_rate(kernel)
         value, error, method = hidden.hidden_entropy_rate(hmm)
         assert value == pytest.approx(rate, abs=1e-12) and error == 0.0 and method == "exact"
@@ -85,7 +106,7 @@ def test_a_markov_chain_as_an_hmm_gives_the_chains_references():
         assert hidden.context_loss(hmm, 2) == pytest.approx(rate, abs=1e-12)
         curve = hidden.bayes_loss_curve(hmm, 40)  # the first state is stationary: the entropy rate everywhere
         assert max(abs(v - rate) for v in curve.values) < 1e-12 and curve.method == "exact"
-    assert as_hmm(kernel).unifilar and not split_state_hmm(kernel).unifilar
+    assert chain_hmm(kernel).unifilar and not split_state_hmm(kernel).unifilar
 
 
 def test_entropy_rates_of_rrxor_and_z1r_are_the_literatures():

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from markov_interp import models, sweep, training
+from markov_interp import sweep, training
 from markov_interp import runs as runfolder
 from markov_interp.cli import _train_run, build_parser
 from markov_interp.models import preset
 from markov_interp.sources import SourceConfig
 from markov_interp.training import RunConfig, TrainConfig, default_run, loop, override_run, train, train_many
+from tests.training.test_engine import _same, _weights  # weights of a model or a run folder, compared exactly
 
 DATA = Path(__file__).parents[1] / "data"
 OLD_RUNS = DATA / "old_runs"
@@ -29,16 +30,6 @@ def tiny_run(seed=0, source=RANDOM, **train_kwargs) -> RunConfig:
     kwargs.update(train_kwargs)
     model = preset("attn-only-2layer", n_ctx=12, d_vocab=source.vocab_size)
     return RunConfig(source=source, model=model, train=TrainConfig(**kwargs))
-
-
-def _weights(model_or_folder) -> dict:
-    if isinstance(model_or_folder, Path):
-        return models.read_weights(model_or_folder)[1]
-    return models.state_dict_for_save(model_or_folder)
-
-
-def _same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # -------------------------------------------------------------------------------------------------- config
