@@ -3,6 +3,7 @@
     python benchmarks/gpu_engine_check.py | tee docs/reproduction/gpu/engine-$(date +%F).txt
     python benchmarks/gpu_engine_check.py --profile --stream torch-1    # the bf16 gap before counter streams
     python benchmarks/gpu_engine_check.py --profile --stream counter-1  # after (the default stream)
+    python benchmarks/gpu_engine_check.py --capture --anchor-dir .anchors  # one CUDA graph per step, before / after
 
 Every run draws from `--stream` (default "counter-1", new runs' stream; "torch-1" is one generator per member, the
 code before counter streams, so the two `--profile` calls are the before / after of the whole stack's batch
@@ -36,6 +37,12 @@ What it prints, in this order (the K = 256 bf16 line, issue 29's target, is the 
 4. LayerNorm over rows of 8 values on the K = 256 activation shape, forward + backward: `F.layer_norm` against
    the two-reduction formulation (`benchmarks/bench_many.py --layernorm`), fp32 and bf16. On the CPU the fused
    kernel is the faster (docs/speed.md), so the package keeps it; this line decides whether eager CUDA should.
+With --capture, only: the compiled bf16 stack of the first --members (256) timed uncaptured and with
+`TrainConfig.capture="graph"` (the whole step, sampling to update, as one CUDA graph), interleaved in one process,
+against the compiled anchor: `K = 256 bf16 compile=default: uncaptured ... ms/step; captured ... ms/step
+(captured / uncaptured X); anchor ...; uncaptured / anchor Y, captured / anchor Z (target >= 0.9)`, after the
+engine line of a short captured run (which says "one CUDA graph per step" or why not).
+
 5. With --invariance: the same run alone and as member 3 of a stack of 8, eager and compiled (is a run's result
    independent of its companions on CUDA?).
 """
@@ -103,11 +110,12 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def package_per_step(k: int, precision: str, compile: str, short: int, long: int, seq_len: int) -> float:
+def package_per_step(k: int, precision: str, compile: str, short: int, long: int, seq_len: int,
+                     capture: str = "off") -> float:
     runs = [_run(s, long, seq_len, precision, compile) for s in range(k)]
 
     def train(steps: int) -> None:
-        training.train_many(_with(runs, steps=steps), progress=False, models_out=False)
+        training.train_many(_with(runs, steps=steps, capture=capture), progress=False, models_out=False)
 
     train(3)  # compiles (once per shapes: the timed calls reuse it)
     return (_timed(lambda: train(long)) - _timed(lambda: train(short))) / (long - short)
@@ -197,6 +205,28 @@ def profile(k: int, seq_len: int, steps: int, compile: str, anchor_dir: Path, lo
     _say(line + " (target >= 0.9)")
 
 
+def captured(k: int, seq_len: int, short: int, long: int, anchor_dir: Path, repeats: int = 2) -> None:
+    """The compiled bf16 stack of k, uncaptured and captured (`TrainConfig.capture="graph"`), against the compiled
+    anchor, each the median of `repeats` marginal timings taken in turn (ABAB: load and clocks hit both)."""
+    engine = training.train_many(_with([_run(s, 6, seq_len, "bf16", "default") for s in range(k)], capture="graph"),
+                                 progress=False, models_out=False)[0].engine
+    _say(f"K = {k} bf16 compile=default capture=graph: {engine}")
+    times: dict[str, list[float]] = {"off": [], "graph": []}
+    for _ in range(repeats):
+        for capture in times:
+            times[capture].append(package_per_step(k, "bf16", "default", short, long, seq_len, capture=capture))
+    plain, graph = (sorted(v)[len(v) // 2] for v in times.values())
+    line = (f"K = {k} bf16 compile=default: uncaptured {plain * 1e3:7.2f} ms/step; captured {graph * 1e3:7.2f} "
+            f"ms/step {k / graph:9.0f} model-steps/s (captured / uncaptured speed {plain / graph:.2f})")
+    time_stacked = _anchor(anchor_dir)
+    if time_stacked is not None:
+        anchor = time_stacked(k, steps=long - short, seq_len=seq_len, batch=16, device=DEVICE[0], compile=True,
+                              bf16=True)
+        line += (f"; anchor {anchor * 1e3:7.2f} ms/step; uncaptured / anchor {anchor / plain:.2f}, captured / "
+                 f"anchor {anchor / graph:.2f}")
+    _say(line + " (target >= 0.9)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--anchor-dir", default=str(HERE.parents[1] / "shared" / "anchors"))
@@ -214,6 +244,9 @@ def main() -> None:
     parser.add_argument("--stream", default="counter-1", choices=["counter-1", "torch-1"],
                         help="TrainConfig.stream of every run (torch-1: the generator per member, before counter "
                         "streams)")
+    parser.add_argument("--capture", action="store_true",
+                        help="only: the compiled bf16 stack of the first --members uncaptured and as one CUDA graph "
+                        "per step, against the compiled anchor")
     parser.add_argument("--compile", default="default", choices=["default", "max"],
                         help="--profile's compile mode (max: autotuned, CUDA graphs on CUDA)")
     args = parser.parse_args()
@@ -222,6 +255,8 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU (a smoke run)"
     _say(f"{name}, torch {torch.__version__}, {datetime.date.today()}, stream {args.stream}")
     members = [int(k) for k in args.members.split(",")]
+    if args.capture:
+        return captured(members[0], args.seq_len, args.short, args.long, Path(args.anchor_dir))
     if args.profile:
         return profile(members[0], args.seq_len, args.short, args.compile, Path(args.anchor_dir), args.long)
     for precision in ("fp32", "bf16"):

@@ -11,7 +11,8 @@
 #
 # Ran once on an H200 (2026-11-27): 354 s, docs/reproduction/gpu/check-2026-11-27.txt. A part's limit of 0 skips it
 # (e.g. ENGINE_S=0 PROFILE_S=150 for the profiles of the compiled bf16 step alone, the open gap: each profile part
-# runs twice, on the generator stream "torch-1" (the code before counter streams) and on "counter-1").
+# runs twice, on the generator stream "torch-1" (the code before counter streams) and on "counter-1"; CAPTURE_S=240
+# for the captured step against the uncaptured one).
 set -uo pipefail
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
@@ -31,7 +32,7 @@ part() {  # part SECONDS COMMAND...: run it under a limit, say how it ended
       'transformer-lens', m.version('transformer-lens'))"
   part "${TESTS_S:-0}" python3 -m pytest -q -p no:cacheprovider -k cuda tests/probes/test_devices.py \
     tests/experiments/test_devices.py tests/report/test_report_devices.py tests/streams/test_streams.py \
-    tests/sources/test_stream_sampling.py
+    tests/sources/test_stream_sampling.py tests/training/test_step.py
   part "${DISCOVERY_S:-110}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only discovery \
     --cases 12x12/128 --repeats 1 --compare-cpu
   part "${SMALL_S:-70}" python3 benchmarks/bench_classify.py --device cuda --threads 16 --only discovery \
@@ -43,4 +44,6 @@ part() {  # part SECONDS COMMAND...: run it under a limit, say how it ended
     --stream torch-1
   part "${PROFILE_S:-0}" python3 benchmarks/gpu_engine_check.py --profile --short 12 --anchor-dir .anchors \
     --stream counter-1
+  # the captured step (one CUDA graph per step) against the uncaptured one and the compiled anchor, bf16, K = 256
+  part "${CAPTURE_S:-0}" python3 benchmarks/gpu_engine_check.py --capture --short 12 --long 40 --anchor-dir .anchors
 } 2>&1 | tee "$log"

@@ -99,6 +99,10 @@ _TRAIN_SHORTCUTS = (
         choices=["off", "default", "max"],
         help="torch.compile the training step: off (default, eager), default or max (autotuned); equal to eager up "
         "to float rounding (docs/training.md#compiled-steps)")),
+    ("training", "--capture", "train.capture", dict(
+        choices=["off", "graph"],
+        help="graph: run the whole training step as one CUDA graph (CUDA only; elsewhere the run says why not; "
+        "docs/training.md#captured-steps)")),
     ("training", "--device", "train.device", dict(help="auto (default: cuda if available), cpu, cuda, cuda:1, ...")),
     ("training", "--eval-every", "train.eval_every", dict(
         type=int, help="evaluate every N steps (default 100; 0: only at the end)")),

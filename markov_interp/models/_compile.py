@@ -75,7 +75,7 @@ def _own_code(fn: Callable, name: str) -> Callable:
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
-def compiled(key: Hashable, fn: Callable, *, mode: str, device_type: str) -> Callable:
+def compiled(key: Hashable, fn: Callable, *, mode: str, device_type: str, graphs: bool = True) -> Callable:
     """`fn` compiled with torch.compile (`TORCH_MODES[mode]`, whole graph, static shapes), once per `key` in this
     process; `fn` itself where compiling is unavailable or its first call fails to compile (one warning).
 
@@ -84,11 +84,13 @@ def compiled(key: Hashable, fn: Callable, *, mode: str, device_type: str) -> Cal
         fn: the function; its closure holds the constants the key names.
         mode: "default" or "max" (`TrainConfig.compile`).
         device_type: "cpu" or "cuda": where it runs (what backend it needs).
+        graphs: False for code the caller captures in a CUDA graph of its own (`training.step`): "max" then
+            autotunes without capturing graphs itself (a capture cannot nest another).
 
     Returns:
         A callable with `fn`'s signature.
     """
-    full_key = (key, mode, device_type)
+    full_key = (key, mode, device_type, graphs)
     if full_key in _CACHE:
         return _CACHE[full_key]
     reason = unavailable(device_type)
@@ -96,7 +98,8 @@ def compiled(key: Hashable, fn: Callable, *, mode: str, device_type: str) -> Cal
         _warn_once(f"torch.compile is not available here ({reason}); training runs eagerly")
         _CACHE[full_key] = fn
         return fn
-    program = torch.compile(_own_code(fn, f"compiled_{len(_CACHE)}_{fn.__name__}"), mode=TORCH_MODES[mode],
+    torch_mode = TORCH_MODES[mode] if graphs or mode != "max" else "max-autotune-no-cudagraphs"
+    program = torch.compile(_own_code(fn, f"compiled_{len(_CACHE)}_{fn.__name__}"), mode=torch_mode,
                             fullgraph=True, dynamic=False)
     state = {"compiled": False}
 

@@ -11,6 +11,13 @@ marked not alive (its loss or gradient went non-finite) keeps its parameters and
 others go on. Its state is checkpointed per member in the format of a torch optimiser's `state_dict()` (two
 parameter groups: decayed weights, then the rest), which is also what run folders written before the one engine
 hold.
+
+**No host state on the step's path** (what torch calls `capturable`): each parameter's update count is a device
+tensor, and AdamW's bias corrections (1 - beta1^t, sqrt(1 - beta2^t)) are read from a device table indexed by it.
+The table is computed with Python floats, as torch's foreach AdamW computes them, so the numbers are those of a host
+computation bit for bit (`torch.pow` on a tensor rounds differently in the last bit at some t), and an update reads
+no host value: it can run inside one compiled graph or CUDA graph with the rest of the step
+(`training.step`). Only a checkpoint reads the counts back.
 """
 
 import functools
@@ -87,11 +94,9 @@ class _MemberScalars:
     def negative_lr(self, like: Tensor) -> Tensor:
         return self._shaped("-lr", lambda: -self.lr64, like)
 
-    def step_size(self, like: Tensor, bias_correction1: "float | Tensor") -> Tensor:
-        """-lr / (1 - beta1^t) (a tensor correction: per member, not cached)."""
-        if isinstance(bias_correction1, Tensor):
-            return _per_member(-(self.lr64 / bias_correction1), like)
-        return self._shaped(f"step{bias_correction1!r}", lambda: -(self.lr64 / bias_correction1), like)
+    def step_size(self, like: Tensor, bias_correction1: Tensor) -> Tensor:
+        """-lr / (1 - beta1^t) for one parameter's correction (0-dim: the parameter's; [member]: per member)."""
+        return _per_member(-(self.lr64 / bias_correction1), like)
 
 
 def _adamw_update(params: list[Tensor], state: list[Tensor], grads: list[Tensor], decay: list[Tensor],
@@ -153,10 +158,12 @@ class StackedOptimizer:
     `compile` ("off", "default" or "max", `TrainConfig.compile`): the update runs compiled (`models._compile`),
     the same function as eager with the masking of members not alive fused in.
 
-    State: `step_count` (steps taken), `param_steps` (updates per parameter name: a frozen parameter skips steps
-    as torch's per-parameter `step` does), with `count_members()` also `member_steps` (per parameter, the updates
-    of each member: fp16 loss scaling skips a member's step when its gradient overflows), and per parameter name
-    `exp_avg`, `exp_avg_sq` (AdamW) or `momentum_buffer` (SGD with momentum), each `[member, *shape]`.
+    State: `step_count` (steps taken, on the host: it only sizes the table of bias corrections), `counts` (a
+    device tensor: the updates of each parameter, in `stack.params` order; a frozen parameter skips steps as
+    torch's per-parameter `step` does; `param_steps` reads them back as a dict), with `count_members()` also
+    `member_steps` (per parameter, the updates of each member: fp16 loss scaling skips a member's step when its
+    gradient overflows), and per parameter name `exp_avg`, `exp_avg_sq` (AdamW) or `momentum_buffer` (SGD with
+    momentum), each `[member, *shape]`.
     """
 
     def __init__(self, stack: Stack, *, kind: str, betas: tuple = (0.9, 0.95), momentum: float = 0.0,
@@ -170,9 +177,17 @@ class StackedOptimizer:
         self.compile = compile
         self.decay = {name for name in stack.params if decayed(name)}
         self.step_count = 0
-        self.param_steps: dict[str, int] = {name: 0 for name in stack.params}
+        self.counts = torch.zeros(len(stack.params), dtype=torch.long, device=stack.device)
+        self._index = {name: i for i, name in enumerate(stack.params)}
+        self._selections: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self.corrections = torch.zeros(0, 2, dtype=torch.float64, device=stack.device)
         self.member_steps: Optional[dict[str, Tensor]] = None
         self.state: dict[str, dict[str, Tensor]] = {name: {} for name in stack.params}
+
+    @property
+    def param_steps(self) -> dict[str, int]:
+        """The updates of each parameter so far (read from the device: for checkpoints, not for steps)."""
+        return dict(zip(self.stack.params, self.counts.tolist()))
 
     def count_members(self) -> None:
         """Keep step counts per member from now on (needed when members may skip steps)."""
@@ -180,9 +195,33 @@ class StackedOptimizer:
                                               device=self.stack.device)
                              for name, count in self.param_steps.items()}
 
+    def reserve(self, steps: int) -> None:
+        """Make the device table of AdamW's bias corrections cover update counts up to `steps` (host work, at most
+        a doubling each time it grows; a captured step calls it once for the whole run first, since the table is
+        one of its inputs). Row t is (1 - beta1^t, sqrt(1 - beta2^t)) in Python floats, as torch's foreach AdamW
+        computes them."""
+        if steps < len(self.corrections):
+            return
+        beta1, beta2 = self.betas
+        size = max(steps + 1, 2 * len(self.corrections), 64)
+        rows = [(1 - beta1**t, (1 - beta2**t) ** 0.5) for t in range(size)]
+        self.corrections = torch.tensor(rows, dtype=torch.float64).to(self.stack.device)
+
+    def _selection(self, names: list[str]) -> tuple[Tensor, Tensor]:
+        """(index of `names` in `counts`, 0/1 increments of `counts` for a step of `names`), on the device, kept
+        per set of names (one pair in a steady state)."""
+        key = tuple(names)
+        if key not in self._selections:
+            index = [self._index[name] for name in names]
+            ones = torch.zeros(len(self.counts), dtype=torch.long)
+            ones[index] = 1
+            self._selections[key] = (torch.tensor(index).to(self.counts.device), ones.to(self.counts.device))
+        return self._selections[key]
+
     @torch.no_grad()
     def step(self, lr: Float[Tensor, " member"], weight_decay: Float[Tensor, " member"],
-             alive: Bool[Tensor, " member"], frozen: frozenset = frozenset()) -> None:
+             alive: Bool[Tensor, " member"], frozen: frozenset = frozenset(),
+             grads: Optional[dict[str, Tensor]] = None) -> None:
         """One update of every member with its own lr / weight decay; members with alive=False keep their
         parameters and state unchanged. Parameters named in `frozen` get no update at all (no step, moment,
         step count or decay: what torch's optimisers do for a parameter without a gradient).
@@ -191,28 +230,35 @@ class StackedOptimizer:
         function compiled into a few fused kernels). Where some member is not alive (and always on an
         accelerator or compiled, where reading the mask would wait for the device) the tensors are restored for
         those members afterwards; either way an alive member's numbers are the same.
+
+        With `grads` ({name: gradient} instead of the parameters' `.grad`: the whole step of `training.step`,
+        traced into one graph) the update is always masked, never compiled on its own, and reads nothing on the
+        host; `step_count` is then the caller's to keep.
         """
-        self.step_count += 1
+        traced = grads is not None
+        if not traced:
+            self.step_count += 1
+            self.reserve(self.step_count)
         names = [name for name in self.stack.params if name not in frozen]
-        for name in names:
-            self.param_steps[name] += 1
-            if self.member_steps is not None:
+        index, ones = self._selection(names)
+        self.counts.add_(ones)
+        if self.member_steps is not None:
+            for name in names:
                 self.member_steps[name] += alive.double()
         params = [self.stack.params[name] for name in names]
-        assert all(p.grad is not None for p in params), "every updated parameter needs a gradient"
+        grads = [p.grad for p in params] if grads is None else [grads[name] for name in names]
+        assert all(g is not None for g in grads), "every updated parameter needs a gradient"
         fresh = {name for name in names if "momentum_buffer" not in self.state[name]}  # SGD: buffer = first grad
         state = self._state_tensors(names)
         scalars = _MemberScalars(lr.double(), weight_decay.double())
         decay_at = tuple(i for i, name in enumerate(names) if name in self.decay)
-        grads = [p.grad for p in params]
-        update, inputs = self.rule.update(self, names, params, scalars, decay_at, fresh)
-        if self.compile != "off":
+        update, inputs = self.rule.update(self, names, params, scalars, decay_at, fresh, index)
+        if self.compile != "off" and not traced:
             key = ("optimizer", self.kind, tuple(names), tuple((tuple(p.shape), p.dtype) for p in params),
                    tuple(sorted(update.keywords.items())), self.member_steps is not None)
             _compile.compiled(key, _masked_update(update), mode=self.compile, device_type=self.stack.device.type)(
                 params, state, grads, alive, inputs)
-            return
-        if self.stack.device.type != "cpu" or not bool(alive.all()):
+        elif traced or self.stack.device.type != "cpu" or not bool(alive.all()):  # traced: no host read
             _masked_update(update)(params, state, grads, alive, inputs)
         else:
             update(params, state, grads, *inputs)
@@ -229,25 +275,22 @@ class StackedOptimizer:
                 out.append(state[key])
         return out
 
-    def _bias_corrections(self, name: str, param: Tensor) -> tuple:
-        """AdamW's (1 - beta1^t, sqrt(1 - beta2^t)) for this parameter's update count t."""
-        beta1, beta2 = self.betas
-        if self.member_steps is None:  # python floats, as torch's foreach AdamW computes them (per parameter)
-            t = self.param_steps[name]
-            return 1 - beta1**t, (1 - beta2**t) ** 0.5
-        t = self.member_steps[name]  # the same per member (a member that skipped steps has its own count)
-        return 1 - torch.pow(beta1, t), _per_member(torch.pow(1 - torch.pow(beta2, t), 0.5), param)
-
-    def _adamw_inputs(self, names: list[str], params: list[Tensor], scalars: "_MemberScalars",
-                      decay_at: tuple) -> tuple[list, list, list]:
-        """The per-step numbers of `_adamw_update`: decay factors, step sizes and sqrt(1 - beta2^t) per parameter.
-        Compiled, the python-float corrections become one tensor (a changing float would be a new program)."""
-        corrections = [self._bias_corrections(name, p) for name, p in zip(names, params)]
-        bias2 = [c[1] for c in corrections]
-        if self.compile != "off" and self.member_steps is None:  # one host-to-device copy for all of them
-            bias2 = list(torch.tensor(bias2, dtype=params[0].dtype).to(params[0].device).unbind())
-        return ([scalars.decay(params[i]) for i in decay_at],
-                [scalars.step_size(p, c[0]) for p, c in zip(params, corrections)], bias2)
+    def _adamw_inputs(self, names: list[str], params: list[Tensor], scalars: "_MemberScalars", decay_at: tuple,
+                      index: Tensor) -> tuple[list, list, list]:
+        """The per-step numbers of `_adamw_update`: decay factors, step sizes -lr / (1 - beta1^t) and
+        sqrt(1 - beta2^t) per parameter, from the device: the rows of `corrections` at the parameters' counts
+        (`index`: their places in `counts`), or with `member_steps` each member's count through `torch.pow`."""
+        decay = [scalars.decay(params[i]) for i in decay_at]
+        if self.member_steps is not None:  # per member (a member that skipped steps has its own count)
+            beta1, beta2 = self.betas
+            steps = [self.member_steps[name] for name in names]
+            return (decay, [scalars.step_size(p, 1 - torch.pow(beta1, t)) for p, t in zip(params, steps)],
+                    [_per_member(torch.pow(1 - torch.pow(beta2, t), 0.5), p) for p, t in zip(params, steps)])
+        rows = self.corrections[self.counts[index]]  # [name, 2]: float64, bit for bit the host's floats
+        sizes = -(scalars.lr64[None, :] / rows[:, :1])  # [name, member], each entry as -(lr / c1) alone
+        cast = {dtype: (sizes.to(dtype).unbind(), rows[:, 1].to(dtype).unbind()) for dtype in {p.dtype for p in params}}
+        return (decay, [cast[p.dtype][0][i].view(-1, *([1] * (p.ndim - 1))) for i, p in enumerate(params)],
+                [cast[p.dtype][1][i] for i, p in enumerate(params)])
 
     # -- checkpoints: a torch optimiser's state_dict() per member
     def checkpoint_order(self) -> list[str]:
@@ -260,12 +303,13 @@ class StackedOptimizer:
         """Member k's state as a torch optimiser's `state_dict()` (AdamW / SGD, foreach, two parameter groups)."""
         order = self.checkpoint_order()
         state = {}
+        param_steps = self.param_steps
         for index, name in enumerate(order):
-            if self.member_steps is None and self.param_steps[name] == 0:
+            if self.member_steps is None and param_steps[name] == 0:
                 continue  # never updated (frozen from the start): torch keeps no state for it
             entry = {key: value[k].detach().to("cpu").clone() for key, value in self.state[name].items()}
             if self.rule.counts_steps:
-                count = self.param_steps[name] if self.member_steps is None else float(self.member_steps[name][k])
+                count = param_steps[name] if self.member_steps is None else float(self.member_steps[name][k])
                 entry["step"] = torch.tensor(float(count), dtype=torch.float32)
             if entry:
                 state[index] = entry
@@ -285,32 +329,39 @@ class StackedOptimizer:
                 if key == "step":
                     if self.member_steps is not None:
                         self.member_steps[name][k] = float(value)
-                    self.param_steps[name] = int(value)
+                    self.counts[self._index[name]] = int(value)
                     continue
                 if value is None:  # SGD without momentum (older torch): no buffer
                     continue
                 target = self.state[name].setdefault(key, torch.zeros_like(self.stack.params[name]))
                 target[k].copy_(value.to(target.device))
 
+    def _grads(self, grads: Optional[dict[str, Tensor]]) -> list[Tensor]:
+        """The gradients: `grads`' values, else the parameters' `.grad` (frozen ones have none)."""
+        if grads is not None:
+            return list(grads.values())
+        return [p.grad for p in self.stack.params.values() if p.grad is not None]
+
     @torch.no_grad()
-    def member_finite(self) -> Bool[Tensor, " member"]:
-        """Per member: are all its gradients finite? (The largest |gradient| of each member and parameter, one
-        reduction each: NaN and infinities survive a max, nothing else makes it non-finite.)"""
-        grads = [p.grad for p in self.stack.params.values() if p.grad is not None]  # frozen ones have none
+    def member_finite(self, grads: Optional[dict[str, Tensor]] = None) -> Bool[Tensor, " member"]:
+        """Per member: are all its gradients (`grads`, else `.grad`) finite? (The largest |gradient| of each member
+        and parameter, one reduction each: NaN and infinities survive a max, nothing else makes it non-finite.)"""
+        grads = self._grads(grads)
         largest = torch.stack([torch.linalg.vector_norm(g.flatten(1), float("inf"), dim=1) for g in grads], dim=1)
         return torch.isfinite(largest).all(dim=1)
 
     @torch.no_grad()
-    def clip_grad_norm(self, max_norm: float) -> None:
-        """Per-member `torch.nn.utils.clip_grad_norm_`: each member's gradients scaled to total norm <= max_norm."""
-        params = [p for p in self.stack.parameters() if p.grad is not None]  # frozen ones have none
+    def clip_grad_norm(self, max_norm: float, grads: Optional[dict[str, Tensor]] = None) -> None:
+        """Per-member `torch.nn.utils.clip_grad_norm_`: each member's gradients (`grads`, else `.grad`) scaled in
+        place to total norm <= max_norm."""
+        grads = self._grads(grads)
         # [member, parameter]: every reduction runs along a contiguous row of one member (the same arithmetic
         # whatever the number of members; a reduction across the member axis would not be)
-        norms = torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), 2, dim=1) for p in params], dim=1)
+        norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), 2, dim=1) for g in grads], dim=1)
         total = torch.linalg.vector_norm(norms, 2, dim=1)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for p in params:
-            p.grad.mul_(_per_member(coef, p.grad))
+        for g in grads:
+            g.mul_(_per_member(coef, g))
 
     def zero_grad(self) -> None:
         for p in self.stack.parameters():
@@ -327,9 +378,9 @@ class _AdamW:
         return ("exp_avg", "exp_avg_sq")
 
     def update(self, opt: StackedOptimizer, names: list[str], params: list[Tensor], scalars: _MemberScalars,
-               decay_at: tuple, fresh: set) -> tuple[Callable, tuple]:
+               decay_at: tuple, fresh: set, index: Tensor) -> tuple[Callable, tuple]:
         update = functools.partial(_adamw_update, decay_at=decay_at, betas=opt.betas, eps=opt.eps)
-        return update, opt._adamw_inputs(names, params, scalars, decay_at)
+        return update, opt._adamw_inputs(names, params, scalars, decay_at, index)
 
     def hyper(self, opt: StackedOptimizer, lr: float) -> dict:
         return dict(lr=lr, betas=opt.betas, eps=opt.eps, amsgrad=False, maximize=False, foreach=True,
@@ -346,7 +397,7 @@ class _SGD:
         return ("momentum_buffer",) if opt.momentum else ()
 
     def update(self, opt: StackedOptimizer, names: list[str], params: list[Tensor], scalars: _MemberScalars,
-               decay_at: tuple, fresh: set) -> tuple[Callable, tuple]:
+               decay_at: tuple, fresh: set, index: Tensor) -> tuple[Callable, tuple]:
         first = tuple(i for i, name in enumerate(names) if name in fresh)
         update = functools.partial(_sgd_update, decay_at=decay_at, first=first, momentum=opt.momentum)
         return update, ([scalars.weight_decay(params[i]) for i in decay_at], [scalars.negative_lr(p) for p in params])

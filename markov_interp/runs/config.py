@@ -40,6 +40,7 @@ __all__ = [
     "resolve_device",
     "PRECISIONS",
     "COMPILE_MODES",
+    "CAPTURE_MODES",
     "EXECUTION_FIELDS",
 ]
 
@@ -48,9 +49,14 @@ PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}  # au
 # backward and the optimiser update with torch.compile; "max" is torch.compile's "max-autotune" (kernel search;
 # on CUDA also CUDA graphs). See models._compile and docs/training.md#compiled-steps.
 COMPILE_MODES = ("off", "default", "max")
+# TrainConfig.capture: "off" launches the step's kernels one by one; "graph" runs the whole steady-state step
+# (sampling, forward, backward, update) as one CUDA graph on CUDA, and states why not elsewhere
+# (`training.step`, docs/training.md#captured-steps).
+CAPTURE_MODES = ("off", "graph")
 # TrainConfig fields that say how a run executes, not what it is: left out of a sweep cell's id and of the comparison
-# of a run folder's config.json with the run asked for (a run may resume on another device, at another cadence).
-EXECUTION_FIELDS = ("device", "resume_every")
+# of a run folder's config.json with the run asked for (a run may resume on another device, at another cadence,
+# captured or not).
+EXECUTION_FIELDS = ("device", "resume_every", "capture")
 
 
 # ------------------------------------------------------------------------------------------------ configs
@@ -89,12 +95,14 @@ class TrainConfig(Config):
     # the run's seed and the step (one pass for the whole stack); "torch-1" a torch.Generator per run, what runs
     # were trained on before counter streams (a config.json that names no stream reads as "torch-1")
     stream: str = COUNTER_STREAM
+    capture: str = "off"  # "off" or "graph": the whole steady-state step as one CUDA graph (CAPTURE_MODES)
 
     # Fields added after run folders and sweep ids were first written: left out of config.json (and so of cell
     # ids) at these values, so earlier files round-trip byte for byte and earlier sweeps keep their cells. `stream`
     # is left out at "torch-1", the stream of every earlier file (`RunConfig.from_dict` reads its absence so).
     _LATER_FIELDS: ClassVar[dict] = {"eval_log_points": 0, "interventions": (), "reduction": None, "release": (),
-                                     "compile": "off", "resume_every": None, "stream": LEGACY_STREAM}
+                                     "compile": "off", "resume_every": None, "stream": LEGACY_STREAM,
+                                     "capture": "off"}
 
     def __post_init__(self) -> None:
         for name, minimum in (("steps", 1), ("batch_size", 1), ("seq_len", 1), ("log_every", 1),
@@ -116,6 +124,7 @@ class TrainConfig(Config):
         check_choice("precision", self.precision, tuple(PRECISIONS))
         check_choice("compile", self.compile, COMPILE_MODES)
         check_choice("stream", self.stream, STREAMS)
+        check_choice("capture", self.capture, CAPTURE_MODES)
         check_bool("loss_scaling", self.loss_scaling)
         if self.loss_scaling and self.precision != "fp16":
             raise ValueError(f"loss_scaling=True only applies to precision='fp16', got precision={shown(self.precision)}")

@@ -41,6 +41,10 @@ optimiser update run compiled (`models.stack.compiled_losses`, `models.optim`), 
 process; on "counter-1" with kernel sources the training batch is drawn inside the compiled graph (its input is
 the step tensor); equal to eager up to float rounding; steps with an active clamp run eagerly (docs/training.md).
 
+**Captured steps** (`TrainConfig.capture="graph"`): after the first step of a process, each step is
+`training.step.WholeStep` (sampling to update in one function of device tensors), one CUDA graph on CUDA; where it
+cannot be, `TrainResult.engine` says why (docs/training.md#captured-steps).
+
 **Host work**: nothing in a step reads a device value (on the CPU the update checks that every member is alive,
 to skip restoring them); every member's batch comes from one sampling pass ("counter-1": the same operations
 whatever the number of members; "torch-1": one draw per member from its own generator); losses accumulate on the
@@ -72,6 +76,7 @@ from markov_interp.models.stack import Stack, build_stack, compiled_losses, stac
 from markov_interp.theory import ReferenceLosses
 from markov_interp import runs as run_folder  # (`runs` is a list of run configs here)
 from markov_interp.training import plan, resume
+from markov_interp.training.step import WholeStep, capture_problem
 from markov_interp.training.batches import DataStreams, data_streams
 from markov_interp.runs.config import PRECISIONS, RunConfig, TrainConfig, resolve_device
 from markov_interp.training.results import FinalLosses, TrainResult
@@ -396,6 +401,8 @@ class _Group:
     constraint: Optional[CanonicalConstraint] = None  # train.reduction: gradients projected onto (e, w, b)
     compiled: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # train.compile: the compiled losses
     compiled_step: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # ... drawing the batch in the graph
+    whole: Optional[WholeStep] = None  # train.capture: the whole step in one function (one CUDA graph on CUDA)
+    engine: str = "uncaptured"  # how the steps ran, one line (TrainResult.engine)
     logs: list[Optional[run_folder.MetricsLog]] = dataclasses.field(default_factory=list)  # per member: metrics.jsonl
 
     @classmethod
@@ -422,6 +429,12 @@ class _Group:
             if data.capturable is not None:  # counter-1 kernel sources: sampling, forward and loss in one graph
                 group.compiled_step = compiled_losses(stack, dtype=PRECISIONS[tc.precision], mode=tc.compile,
                                                       sample=data.capturable)
+        if tc.capture != "off":
+            problem = capture_problem(tc, device, data)
+            group.engine = f"not captured: {problem}"
+            if problem is None or problem.startswith("CUDA graphs need"):  # the whole step runs, uncaptured
+                group.whole = WholeStep(stack, optimizer, data, tc, problem)
+                group.engine = group.whole.engine
         if tc.reduction is not None:
             group.constraint = CanonicalConstraint([r.model for r in runs], [r.train.seed for r in runs],
                                                    tc.release, device=device)
@@ -496,6 +509,8 @@ class _Group:
         and which members stayed finite. A frozen parameter gets no gradient (so no update, no share in
         clipping); a parameter a clamp cuts off from the loss gets a zero gradient (it still decays)."""
         tc = self.tc
+        if self.whole is not None and t > self.start:  # the process's first step creates the optimiser's state
+            return self.whole(t, lr, wd, alive)
         hooks = self._hooks(t, update=True)
         if self.compiled_step is not None and not hooks:
             losses = self.compiled_step(self.data.step(t))
@@ -712,7 +727,7 @@ class _Group:
                 final = _failed_final(self.failed[k], self.references[k])
                 failed = f"diverged at step {self.failed[k]}: {self.rows[k][-1]['reason']}"
             results.append(TrainResult(model=model, metrics=self.rows[k], final=final, config=run, out_dir=out,
-                                       resumed_from=self.resumed_from, failed=failed))
+                                       resumed_from=self.resumed_from, failed=failed, engine=self.engine))
         return results
 
 

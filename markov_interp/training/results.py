@@ -70,6 +70,8 @@ class TrainResult:
     resumed_from: Optional[int] = None  # checkpoint step the run resumed from, None if fresh
     already_done: bool = False  # True when a finished run folder was loaded instead of trained
     failed: Optional[str] = None  # why the run stopped (it diverged: "diverged at step N: reason"), None if finished
+    # how its steps ran (train.capture): "uncaptured", "one CUDA graph per step" or "not captured: <why>"
+    engine: str = "uncaptured"
 
     def _headline(self) -> str:
         status = (f"failed ({self.failed})" if self.failed else "already trained" if self.already_done else
@@ -81,4 +83,5 @@ class TrainResult:
         which the run folder holds)."""
         return jsonable({"final": self.final, "config": self.config, "out_dir": self.out_dir,
                          "resumed_from": self.resumed_from, "already_done": self.already_done,
-                         "failed": self.failed, "n_metrics_rows": len(self.metrics)})
+                         "failed": self.failed, "n_metrics_rows": len(self.metrics),
+                         "engine": self.engine})
