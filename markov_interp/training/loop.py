@@ -434,7 +434,6 @@ class _Group:
             group.engine = f"not captured: {problem}"
             if problem is None or problem.startswith("CUDA graphs need"):  # the whole step runs, uncaptured
                 group.whole = WholeStep(stack, optimizer, data, tc, problem)
-                group.engine = group.whole.engine
         if tc.reduction is not None:
             group.constraint = CanonicalConstraint([r.model for r in runs], [r.train.seed for r in runs],
                                                    tc.release, device=device)
@@ -727,7 +726,8 @@ class _Group:
                 final = _failed_final(self.failed[k], self.references[k])
                 failed = f"diverged at step {self.failed[k]}: {self.rows[k][-1]['reason']}"
             results.append(TrainResult(model=model, metrics=self.rows[k], final=final, config=run, out_dir=out,
-                                       resumed_from=self.resumed_from, failed=failed, engine=self.engine))
+                                       resumed_from=self.resumed_from, failed=failed,
+                                       engine=self.engine if self.whole is None else self.whole.engine))
         return results
 
 

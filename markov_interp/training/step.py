@@ -19,6 +19,7 @@ cadence, never inside the step.
 """
 
 import functools
+import warnings
 from typing import Optional
 
 import torch
@@ -155,21 +156,31 @@ class WholeStep:
                 out = self.fn(self.stack.params, self.data.capturable, self.optimizer, step, lr, wd, alive)
             torch.cuda.current_stream(self.stack.device).wait_stream(side)
             return out
-        if self.graph is None:
-            self._record(step, lr, wd, alive)
+        if self.graph is None and not self._record(step, lr, wd, alive):
+            return self.fn(self.stack.params, self.data.capturable, self.optimizer, step, lr, wd, alive)
         self.inputs[0].copy_(lr)
         self.inputs[1].copy_(wd)
         self.inputs[2].copy_(alive)
         self.graph.replay()
         return self.outputs[0].clone(), self.outputs[1].clone()
 
-    def _record(self, step: Tensor, lr: Tensor, wd: Tensor, alive: Tensor) -> None:
+    def _record(self, step: Tensor, lr: Tensor, wd: Tensor, alive: Tensor) -> bool:
         """Capture the step (nothing runs: the first replay is this step's update) on static copies of the
-        inputs that change between steps; the step tensor is already one (`DataStreams.step`, filled in place)."""
+        inputs that change between steps; the step tensor is already one (`DataStreams.step`, filled in place).
+        Where CUDA refuses the capture, the run goes on uncaptured (nothing was updated) after one warning that
+        says why, and `engine` records it; returns whether it captured."""
         self.inputs = (lr.clone(), wd.clone(), alive.clone())
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outputs = self.fn(self.stack.params, self.data.capturable, self.optimizer, step, *self.inputs)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self.outputs = self.fn(self.stack.params, self.data.capturable, self.optimizer, step, *self.inputs)
+        except RuntimeError as err:
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            self.capture, self.engine = False, f"not captured: the CUDA graph capture failed ({first_line})"
+            warnings.warn(f"capture='graph': {self.engine}; the steps run uncaptured", RuntimeWarning, stacklevel=3)
+            return False
+        self.graph = graph
+        return True
 
 
 def _own(fn: functools.partial):
