@@ -107,8 +107,8 @@ def whole_step(params: dict[str, Tensor], draw, optimizer: StackedOptimizer, ste
 
 def _laid_out(grad: Tensor, param: Tensor) -> Tensor:
     """`grad` in `param`'s strides, as backward's `.grad` is (autograd's layout contract): the update's kernels
-    then see the layout the loop's step gives them (a transposed gradient takes other, unvectorised loops on the
-    CPU, which round differently). Strides are known when the step is traced: no host read."""
+    then see the layout the loop's step gives them, whatever layout `torch.func.grad` returns (a copy only where
+    the strides differ; they are known when the step is traced: no host read)."""
     if grad.stride() == param.stride():
         return grad
     return param.new_empty_strided(param.shape, param.stride()).copy_(grad)
