@@ -76,7 +76,7 @@ from markov_interp.models.stack import Stack, build_stack, compiled_losses, stac
 from markov_interp.theory import ReferenceLosses
 from markov_interp import runs as run_folder  # (`runs` is a list of run configs here)
 from markov_interp.training import plan, resume
-from markov_interp.training.step import WholeStep, capture_problem
+from markov_interp.training.step import WholeStep, capture_problem, whole_step_problem
 from markov_interp.training.batches import DataStreams, data_streams
 from markov_interp.runs.config import PRECISIONS, RunConfig, TrainConfig, resolve_device
 from markov_interp.training.results import FinalLosses, TrainResult
@@ -429,11 +429,11 @@ class _Group:
             if data.capturable is not None:  # counter-1 kernel sources: sampling, forward and loss in one graph
                 group.compiled_step = compiled_losses(stack, dtype=PRECISIONS[tc.precision], mode=tc.compile,
                                                       sample=data.capturable)
-        if tc.capture != "off":
-            problem = capture_problem(tc, device, data)
+        if tc.capture != "off":  # the whole step where it can run (captured where it can be), else why not
+            problem = whole_step_problem(tc, data)
             group.engine = f"not captured: {problem}"
-            if problem is None or problem.startswith("CUDA graphs need"):  # the whole step runs, uncaptured
-                group.whole = WholeStep(stack, optimizer, data, tc, problem)
+            if problem is None:
+                group.whole = WholeStep(stack, optimizer, data, tc, capture_problem(tc, device, data))
         if tc.reduction is not None:
             group.constraint = CanonicalConstraint([r.model for r in runs], [r.train.seed for r in runs],
                                                    tc.release, device=device)

@@ -32,7 +32,7 @@ from markov_interp.models.stack import Stack, stacked_losses
 from markov_interp.runs.config import PRECISIONS, TrainConfig
 from markov_interp.training.batches import DataStreams
 
-__all__ = ["capture_problem", "whole_step", "WholeStep"]
+__all__ = ["capture_problem", "whole_step_problem", "whole_step", "WholeStep"]
 
 _WARM_UP = 2  # uncaptured steps on a side stream before the capture (allocator and compiled code settle)
 
@@ -54,6 +54,22 @@ def capture_problem(tc: TrainConfig, device: torch.device, data: DataStreams) ->
     >>> capture_problem(TrainConfig(), cpu, data_streams("counter-1", [BinaryChain(0.2, 0.3)], [0], 4, 9, cpu))
     'CUDA graphs need a CUDA device (this run trains on cpu)'
     """
+    problem = whole_step_problem(tc, data)
+    if problem is None and device.type != "cuda":
+        return f"CUDA graphs need a CUDA device (this run trains on {device.type})"
+    return problem
+
+
+def whole_step_problem(tc: TrainConfig, data: DataStreams) -> Optional[str]:
+    """Why a run's steps cannot run as `whole_step` on any device (`capture_problem` without the device), or None.
+
+    Args:
+        tc: the run's training config.
+        data: its data streams.
+
+    Returns:
+        The reason, or None.
+    """
     if tc.interventions:
         return "interventions run Python hooks with running state at every step"
     if tc.reduction is not None:
@@ -62,8 +78,6 @@ def capture_problem(tc: TrainConfig, device: torch.device, data: DataStreams) ->
         return "fp16 loss scaling is not part of the traced step"
     if data.capturable is None:
         return f"the batch is not drawn from the step tensor (stream {data.stream!r} or a source without a stream sampler)"
-    if device.type != "cuda":
-        return f"CUDA graphs need a CUDA device (this run trains on {device.type})"
     return None
 
 
