@@ -92,6 +92,10 @@ def main() -> None:
         print(f"the report's own work: {r_cpu - f_cpu:.2f} s CPU = {(r_cpu - f_cpu) / f_cpu:.2f}x the floor "
               f"(whole process {r_cpu / f_cpu:.2f}x), +{r_mb - f_mb:.0f} MB over the floor's peak; load average "
               f"{os.getloadavg()[0]:.1f}")
+        pairs = [((r[0] - f[0]) / f[0], r[1] - f[1]) for f, r in zip(floor, report)]  # each repeat's interleaved pair
+        print(f"spread over the {len(pairs)} repeats (each report against the floor run just before it): own work "
+              f"{min(p[0] for p in pairs):.2f}x-{max(p[0] for p in pairs):.2f}x the floor, "
+              f"+{min(p[1] for p in pairs):.0f} to +{max(p[1] for p in pairs):.0f} MB over its peak")
         in_process(run, Path(tmp) / "report-in-process.html", args.threads)
 
 

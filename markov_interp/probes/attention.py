@@ -41,7 +41,7 @@ import math
 from typing import Any, Optional
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Shaped
 from torch import Tensor
 
 from markov_interp.config import check_int
@@ -77,15 +77,21 @@ def uniform_causal_pattern(tokens: Tokens) -> Float[Tensor, "batch 1 query_pos k
     return pattern.expand(batch, 1, seq, seq)
 
 
+_CHUNK = 8  # sequences per step of the [batch, head, query, key]-sized work: its temporaries stay 1/8 of a batch
+
+
 def _masked_mass(pattern: Pattern, keys: KeyMask, queries: Bool[Tensor, "batch query_pos"]) -> Float[Tensor, " head"]:
     """Mean over the selected queries (and the batch) of the attention mass each head puts on `keys`."""
-    return _weighted_mass(pattern, keys.to(pattern.dtype), queries)
+    return _weighted_mass(pattern, keys, queries)
 
 
 def _weighted_mass(
-    pattern: Pattern, weights: Float[Tensor, "batch query_pos key_pos"], queries: Bool[Tensor, "batch query_pos"]
+    pattern: Pattern, weights: Shaped[Tensor, "batch query_pos key_pos"], queries: Bool[Tensor, "batch query_pos"]
 ) -> Float[Tensor, " head"]:
-    mass = torch.einsum("bhqk,bqk->bhq", pattern, weights.to(pattern.dtype))
+    # per query, a few sequences at a time (each query's mass is its own sum: the same numbers as in one step)
+    mass = torch.cat([torch.einsum("bhqk,bqk->bhq", pattern[i:i + _CHUNK], weights[i:i + _CHUNK].to(pattern.dtype))
+                      for i in range(0, pattern.shape[0], _CHUNK)]) if pattern.shape[0] else \
+        pattern.new_zeros(pattern.shape[:3])
     weight = queries.to(pattern.dtype)
     total = weight.sum()
     if float(total) == 0:
@@ -190,48 +196,58 @@ class _InductionTerms:
     scored: Bool[Tensor, "batch pos"]
 
 
+def _pairs(seq: int, order: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """(query i, key j, lag bucket) of every candidate pair, j = i - lag for lag = 1, 2, ... in turn (queries
+    i = order + lag .. seq - 1): `_InductionTerms`' pair order."""
+    lags = torch.arange(1, max(seq - order, 1), device=device)
+    counts = seq - order - lags
+    lag = torch.repeat_interleave(lags, counts)
+    starts = torch.cumsum(counts, 0) - counts  # each lag's first pair
+    query = torch.arange(len(lag), device=device) - torch.repeat_interleave(starts, counts) + order + lag
+    buckets = torch.tensor([_lag_bucket(int(k)) for k in lags], dtype=torch.long, device=device)
+    return query, query - lag, torch.repeat_interleave(buckets, counts)
+
+
 def _induction_terms(tokens: Tokens, order: int, vocab: int) -> _InductionTerms:
     _check_positive("order", order)
     batch, seq = tokens.shape
-    lags = range(1, seq - order)
-    matches, lowers, strata = [], [], []
-    scored = torch.zeros(batch, seq, dtype=torch.bool, device=tokens.device)
-    for lag in lags:
-        n = seq - order - lag
-        same = tokens[:, lag + 1:] == tokens[:, : seq - lag - 1]  # x_t == x_{t-lag-1}, t = lag+1 .. seq-1
-        parts = [same[:, order - 1 - m: order - 1 - m + n] for m in range(order)]  # x_{i-m} == x_{j-1-m}
-        lower = torch.ones_like(parts[0])
-        for part in parts[:-1]:
-            lower = lower & part
-        match = lower & parts[-1]
-        x_i, x_j = tokens[:, order + lag:], tokens[:, order: seq - lag]
-        strata.append(((_lag_bucket(lag) * vocab + x_i) * vocab + x_j) * 2 + lower.long())
-        matches.append(match)
-        lowers.append(lower)
-        scored[:, order + lag:] |= match
-    query = torch.cat([torch.arange(order + lag, seq) for lag in lags]) if lags else torch.zeros(0, dtype=torch.long)
-    query = query.to(tokens.device)
-    key = query - torch.cat([torch.full((seq - order - lag,), lag) for lag in lags]).to(tokens.device) if lags \
-        else query
-    match = torch.cat(matches, 1) if lags else torch.zeros(batch, 0, dtype=torch.bool, device=tokens.device)
-    stratum = torch.cat(strata, 1) if lags else torch.zeros(batch, 0, dtype=torch.long, device=tokens.device)
+    query, key, bucket = _pairs(seq, order, tokens.device)
+    lower = torch.ones(batch, len(query), dtype=torch.bool, device=tokens.device)
+    for m in range(order - 1):  # x_{i-m} == x_{j-1-m} for m < order - 1
+        lower &= tokens[:, query - m] == tokens[:, key - 1 - m]
+    match = lower & (tokens[:, query - order + 1] == tokens[:, key - order])
+    hits_at = torch.zeros(batch, seq, dtype=torch.int32, device=tokens.device)
+    scored = hits_at.index_add_(1, query, match.to(torch.int32)) > 0  # queries with at least one match
+    small = tokens.to(torch.int32)  # the strata in int32, built in place: [batch, pair] tensors are the memory here
+    stratum = small[:, query].add_((bucket * vocab).to(torch.int32)).mul_(vocab).add_(small[:, key]).mul_(2).add_(lower)
+    del lower, small
     keep = scored[:, query]  # rates over the scored queries only (see induction_match_rate)
     n_strata = (_lag_bucket(max(seq, 1)) + 1) * vocab * vocab * 2
-    hits = torch.zeros(n_strata, dtype=torch.float64, device=tokens.device)
-    counts = torch.zeros(n_strata, dtype=torch.float64, device=tokens.device)
-    hits.index_add_(0, stratum[keep], match[keep].double())
-    counts.index_add_(0, stratum[keep], torch.ones_like(match[keep], dtype=torch.float64))
+    # match / candidate counts per stratum: whole numbers, exact in float64 in any order of summation
+    counts = torch.bincount(stratum[keep], minlength=n_strata).double()
+    hits = torch.bincount(stratum[keep & match], minlength=n_strata).double()
     rate = (hits / counts.clamp_min(1))[stratum]
     return _InductionTerms(order=order, index=query * seq + key, query=query, match=match, rate=rate, scored=scored)
 
 
 def _lag_mass(pattern: Pattern, terms: _InductionTerms, use_rate: bool) -> Float[Tensor, " head"]:
     """Mean over scored queries of sum over candidate keys of a_ij x (match or baseline rate), per head."""
-    at_pairs = pattern.flatten(2).index_select(2, terms.index.to(pattern.device))  # [batch, head, pair]
-    weight = (terms.rate if use_rate else terms.match.double()) * terms.scored[:, terms.query]
-    total = torch.einsum("bhp,bp->h", at_pairs.double(), weight.to(pattern.device))
+    return _lag_masses(pattern, terms, (use_rate,))[0]
+
+
+def _lag_masses(pattern: Pattern, terms: _InductionTerms, rates: tuple[bool, ...]) -> list[Float[Tensor, " head"]]:
+    """`_lag_mass` for each `use_rate` in `rates`, the pattern read at the pairs once."""
+    index = terms.index.to(pattern.device)
+    at_pairs = torch.cat([pattern[i:i + _CHUNK].flatten(2).index_select(2, index)  # a broadcast pattern: no copy
+                          for i in range(0, pattern.shape[0], _CHUNK)]).double() if pattern.shape[0] else \
+        pattern.new_zeros(0, pattern.shape[1], len(index), dtype=torch.float64)  # [batch, head, pair]
     n_scored = int(terms.scored.sum())
-    return (total / n_scored if n_scored else total).to(pattern.dtype)
+    out = []
+    for use_rate in rates:
+        weight = (terms.rate if use_rate else terms.match.double()) * terms.scored[:, terms.query]
+        total = torch.einsum("bhp,bp->h", at_pairs, weight.to(pattern.device))
+        out.append((total / n_scored if n_scored else total).to(pattern.dtype))
+    return out
 
 
 def induction_match_rate(
@@ -566,8 +582,9 @@ def attention_scores(
         sink, past = beyond_sink_scores(pattern, max_lag=statistics.max_lag)
         sinks.append(sink)
         beyond.append(past)
-        orders.append(torch.stack([_lag_mass(pattern, t, use_rate=False) for t in terms]))
-        bases.append(torch.stack([_lag_mass(pattern, t, use_rate=True) for t in terms]))
+        masses = [_lag_masses(pattern, t, (False, True)) for t in terms]  # (score, baseline) per order
+        orders.append(torch.stack([score for score, _ in masses]))
+        bases.append(torch.stack([base for _, base in masses]))
         same.append(same_token_score(pattern, tok))
     by_layer = lambda grids: torch.stack(grids, dim=1).cpu()  # noqa: E731  [lag/order, layer, head]
     absent = _absent_heads(model)  # surplus heads of layers with fewer heads: NaN, never a role

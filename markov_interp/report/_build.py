@@ -487,6 +487,7 @@ def _training_section(run: RunConfig, model: models.HookedModel, checkpoints: li
         values.append(behaviour.in_context_learning_score(behaviour.loss_curve(probs, batch.tokens.cpu())))
         for key, value in zip(series, values):
             series[key].append(value)
+        del patterns, probs, scores  # before the next checkpoint's forward: one checkpoint's patterns at a time
     steps = [s for s, _ in chosen]
     references = logged or mech.references
     induction = series[induction_label] if ind is not None else None

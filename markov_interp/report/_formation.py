@@ -79,8 +79,10 @@ def formation_section(run: RunConfig, checkpoints: list[tuple[int, Path]], batch
             loaded.append((step, final[1]))
             continue
         loaded.append((step, runs.load_model(path, device=batch.tokens.device, expect=run.model)))
+    # no gradient estimate per checkpoint: the section shows each edge's measured effect and whether it is kept,
+    # which the estimate does not change (it only ranks edges where path patching verifies a subset)
     formation = probes.circuit_formation(loaded, run.source.build(), batch=batch, n_sequences=n, seed=seed,
-                                         known={step: final[2] for step in reuse})
+                                         known={step: final[2] for step in reuse}, attribution=False)
     crossings = dynamics.from_metrics(metrics)
     fig = figures.circuit_formation_figure(formation, crossings)
     text = paragraph(

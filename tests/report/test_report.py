@@ -265,6 +265,22 @@ def test_report_file_has_every_section_and_no_network_reference(runs):
 
 
 @pytest.mark.slow
+def test_report_numbers_do_not_depend_on_its_memory_and_time_savings(runs, monkeypatch):
+    """The report as built (attention masses a few sequences at a time, no gradient estimate per checkpoint in
+    the circuit over training) is the same file as the one built in one step over the batch with the estimate."""
+    from markov_interp import probes
+    from markov_interp.probes import attention
+
+    run, built, _ = runs["two"]
+    formation = probes.circuit_formation
+    monkeypatch.setattr(attention, "_CHUNK", 10**6)
+    monkeypatch.setattr(probes, "circuit_formation", lambda *a, **k: formation(*a, **{**k, "attribution": True}))
+    again = report.build(run, n_sequences=16, sample_len=24, max_checkpoints=3)
+    assert again.to_dict() == built.to_dict()
+    assert again.html == built.html
+
+
+@pytest.mark.slow
 def test_report_sections_fit_the_run(runs):
     _, two, path_two = runs["two"]
     _, one, _ = runs["one"]
