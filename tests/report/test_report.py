@@ -277,7 +277,8 @@ def test_report_numbers_do_not_depend_on_its_memory_and_time_savings(runs, monke
     monkeypatch.setattr(probes, "circuit_formation", lambda *a, **k: formation(*a, **{**k, "attribution": True}))
     again = report.build(run, n_sequences=16, sample_len=24, max_checkpoints=3)
     assert again.to_dict() == built.to_dict()
-    assert again.html == built.html
+    numbered = lambda text: re.sub(r"circuits-vis-\d+", "circuits-vis-N", text)  # noqa: E731  (a per-process count)
+    assert numbered(again.html) == numbered(built.html)
 
 
 @pytest.mark.slow
