@@ -49,8 +49,11 @@ def test_masses_a_few_sequences_at_a_time_equal_one_step_over_the_batch(monkeypa
     pattern = torch.softmax(torch.randn(11, 2, 33, 33, generator=gen).masked_fill(
         ~torch.ones(33, 33, dtype=torch.bool).tril(), float("-inf")), dim=-1)
     terms = attention._induction_terms(tokens, 1, 3)
-    scores = lambda: (attention.same_token_score(pattern, tokens), attention.previous_token_score(pattern, tokens),  # noqa: E731
-                      *attention._lag_masses(pattern, terms, (False, True)))
+
+    def scores() -> tuple:
+        return (attention.same_token_score(pattern, tokens), attention.previous_token_score(pattern, tokens),
+                *attention._lag_masses(pattern, terms, (False, True)))
+
     chunked = scores()
     monkeypatch.setattr(attention, "_CHUNK", 10**6)  # one step over the whole batch
     whole = scores()
