@@ -582,9 +582,8 @@ def attention_scores(
         sink, past = beyond_sink_scores(pattern, max_lag=statistics.max_lag)
         sinks.append(sink)
         beyond.append(past)
-        masses = [_lag_masses(pattern, t, (False, True)) for t in terms]  # (score, baseline) per order
-        orders.append(torch.stack([score for score, _ in masses]))
-        bases.append(torch.stack([base for _, base in masses]))
+        for grid, masses in zip((orders, bases), zip(*(_lag_masses(pattern, t, (False, True)) for t in terms))):
+            grid.append(torch.stack(masses))  # the scores, then the baselines, of orders 1..max_order
         same.append(same_token_score(pattern, tok))
     by_layer = lambda grids: torch.stack(grids, dim=1).cpu()  # noqa: E731  [lag/order, layer, head]
     absent = _absent_heads(model)  # surplus heads of layers with fewer heads: NaN, never a role
