@@ -189,6 +189,9 @@ def _write_head(values: dict, layer: int, base: int, role: tuple, s: dict) -> No
     _attend(q, k, base, role, s)
     src, dst, weight = _value_path(role, s)
     v[base + ar(V), src + ar(V)] = 1
+    if role[0] == "switch-step":  # the value 2 P_1 - e(x_j) = e(x_{j-1}): the state before the key
+        v[base + ar(V), src + ar(V)] = 2
+        v[base + ar(V), s["T"] + ar(V)] = -1
     o[dst + ar(V), base + ar(V)] = weight
 
 
@@ -214,11 +217,13 @@ def _attend(q: torch.Tensor, k: torch.Tensor, base: int, role: tuple, s: dict) -
     elif kind == "same":  # query and key = current state
         q[base + ar(V), T + ar(V)] = big
         k[base + ar(V), T + ar(V)] = 1
-    elif kind == "switch":  # query = current state, key = the key's own state (same) or the others (other)
+    elif kind in ("switch", "switch-step"):  # query = current state, key = the key's own state (same) or the others
         q[base + ar(V), T + ar(V)] = big
         k[base: base + V, T: T + V] = torch.eye(V) if role[2] == "same" else 1 - torch.eye(V)
         q[base + V, T + ar(V)] = big  # a constant query pushing key 0 away (no state before it)
         k[base + V, POS] = -2.0
+        if kind == "switch-step":  # ... and the step into the key, read from a mixed slot P_1 (x_j and x_{j-1})
+            k[base: base + V, s["P"]: s["P"] + V] = role[3] * torch.eye(V)
     elif kind == "induction":
         order = role[1]
         for m in range(order):  # query slot m holds x_{i-m} (T for m = 0, else P_m); key slot m holds x_{j-1-m}
@@ -247,7 +252,7 @@ def _value_path(role: tuple, s: dict) -> tuple[int, int, float]:
         return s["T"], s["O"], role[2]
     if kind == "count":
         return s["T"], slot(role[2]) if len(role) > 2 else s["O"], role[1]
-    if kind == "switch":
+    if kind in ("switch", "switch-step"):
         return slot(1), s["O"], role[1]
     return s["T"], s["U"], 1.0  # decoys: copy the attended state into the unread slot
 
@@ -453,6 +458,33 @@ def chain_hmm(kernel):
     for x in range(v):
         t[x, :, x] = k[:, x]
     return HiddenMarkov(t)
+
+
+def step_keyed_circuit(*, n_ctx: int = 64, logit_scale: float = 2.0, step_weight: float = -0.04):
+    """Switch counting keyed by the step into each key, as the trained two-layer binary models do it: L0H0 attends
+    equally to itself and the position before (a mixed head) and writes (e(x_j) + e(x_{j-1})) / 2 into P_1, which
+    carries the step (x_{j-1}, x_j) and no state alone; L1H0 queries the current state a, keys each position by its
+    own state (the embedding) and by P_1 at `step_weight` (a position of a entered by a switch, b -> a, scores
+    -step_weight x sharpness / 2 units above one entered from a, a -> a), and reads 2 P_1 - e(x_j) = e(x_{j-1}):
+    its output is the (weighted) share of a's positions entered from each state, (n_aa, n_ba) / n_a, and since
+    n_ba = n_ab +- 1 on two states this is the bigram row of a, the switches slightly over-weighted. Its keys as a
+    whole carry the step (the state with the switch into it), not the lagged state alone: no induction head."""
+    heads = {(0, 0): ("prev-mix", (0, 1), 1.0), (1, 0): ("switch-step", logit_scale, "same", step_weight)}
+    return circuit_model(2, heads, n_layers=2, n_heads=1, n_ctx=n_ctx)
+
+
+@torch.no_grad()
+def mixed_induction_circuit(*, n_ctx: int = 64, logit_scale: float = 2.0):
+    """An order-1 induction circuit on two states whose previous-token head is mixed, as `step_keyed_circuit`'s:
+    L0H0 attends equally to itself and the position before and writes (e(x_j) + e(x_{j-1})) / 2 into P_1 (the step
+    into j, no lagged state alone); the induction head L1H0 keys by twice P_1 less the key's own state (the
+    embedding), 2 P_1 - e(x_j) = e(x_{j-1}): its keys as a whole match on the lagged state, though its K-edge
+    carries the step."""
+    heads = {(0, 0): ("prev-mix", (0, 1), 1.0), (1, 0): ("induction", 1, logit_scale)}
+    model = circuit_model(2, heads, n_layers=2, n_heads=1, n_ctx=n_ctx)
+    model.blocks[1].attn.W_K[0, torch.arange(2), torch.arange(2)] -= 1.0  # key slot a: 2 P_1 - e(x_j) (T = 0)
+    model.blocks[1].attn.W_K[0, 2 + torch.arange(2), torch.arange(2)] *= 2.0
+    return model
 
 
 @torch.no_grad()

@@ -11,7 +11,8 @@ whose preceding states match (K-composition). `read_circuit` finds it in the cau
   sender has the **previous-token** role when the K-edge carries a lagged state x_{j-l} (directly, or *relayed*: the
   sender copies a lagged state it receives from another head through its values), and its receiver is an
   **induction head** when its query carries the current state (a kept query edge carrying it: the token embedding,
-  or a head whose edge carries "state"). Attention scores are supporting evidence only (`Role.scores`: the spread
+  or a head whose edge carries "state") and its keys as a whole carry a lagged state (`keys_match_lag`: a head
+  whose keys read a K-edge's lagged state only beside the key's own state keys positions by their own state). Attention scores are supporting evidence only (`Role.scores`: the spread
   previous-token excess of the senders; a head that parks attention on position 0 can be a previous-token head
   with little excess, and a pattern that looks previous-token can carry something else). An edge kept only by the
   positional pass carries the position.
@@ -23,12 +24,14 @@ The circuit is found when at least one previous-token -> induction K-edge is kep
 path-patching effects. Roles are sets (every previous-token head with a kept K-edge, every induction head that
 receives one); redundant heads each carry part of a role and each edge shows it.
 
-**Switch counting** (read by content, `switch_counting`): a head whose query carries the current state, whose keys
-carry each key's *own* state (not a lagged one: it attends to the positions holding the current state, or to the
-other states'), and into which a kept edge carries switch statistics (the switch into a key, the number of
-switches, the transition counts) or, through its values, the state before each key. On two states the transitions
-into a state equal those out of it up to one (n_ab = n_ba +- 1), so such a head computes the in-context bigram law
-with no induction head (tests/handbuilt.py `switch_counting_circuit`).
+**Switch counting** (read by content, `switch_counting`; two states only): a head whose query carries the current
+state, whose keys carry each key's *own* state (not a lagged one alone: it attends to the positions holding the
+current state, or to the other states'), and into which a kept edge carries switch statistics (the switch into a
+key, the step into it (x_{j-1}, x_j), the number of switches, the transition counts; into the keys also the window
+of recent states, which holds the switches into the key) or, through its values, the state before each key. On two
+states the transitions into a state equal those out of it up to one (n_ab = n_ba +- 1), so such a head computes the
+in-context bigram law with no induction head (tests/handbuilt.py `switch_counting_circuit`; keyed by the step, the
+state and the switch into each key from one mixed head, `step_keyed_circuit`).
 """
 
 import dataclasses
@@ -46,10 +49,13 @@ from markov_interp.probes.interchange import BY_CONSTRUCTION, EdgeContent, is_la
 from markov_interp.probes.interventions import Component
 from markov_interp.probes.paths import EdgeKey
 
-SWITCH_VARIABLES = ("switch", "switches", "transitions")  # switch statistics (`interchange.variable_names`)
+SWITCH_VARIABLES = ("switch", "step", "switches", "transitions")  # switch statistics (`interchange.variable_names`)
+# what a key edge carries that holds the key's own state: the state itself, or with the states before it (the step
+# into the key, the window), which also holds the switches into the key
+OWN_STATE = ("state", "step", "window")
 
 __all__ = ["CIRCUIT_KINDS", "Circuit", "CircuitVerdict", "Role", "circuit_verdict", "lag_channels", "read_circuit",
-           "spread_previous_token_excess", "edge_carried", "switch_counting", "FAITHFUL"]
+           "spread_previous_token_excess", "edge_carried", "switch_counting", "keys_match_lag", "FAITHFUL"]
 
 
 @displayed
@@ -130,13 +136,16 @@ class Circuit(ProbeResult):
         keys = [name for name in self.carried if name.endswith(".k")]
         if self.content is not None and keys:
             said = "; ".join(self.describe_edge(name) for name in keys)
-            keyed = sorted({EdgeKey.parse(n).receiver for n in keys if self.carried[n] == "state"})
+            keyed = sorted({EdgeKey.parse(n).receiver for n in keys if self.carried[n] in OWN_STATE})
             values = [n for n in self.carried if n.endswith(".v") and EdgeKey.parse(n).receiver in keyed]
             switch = (f"; no switch-counting head: {', '.join(keyed)} key positions by their own state, but no kept "
                       f"edge into them carries switch statistics ({'; '.join(self.describe_edge(n) for n in values)})"
                       if keyed else "")
-            return (f"no kept K-edge carries a lagged state into a head whose query carries the current state "
-                    f"(kept K-edges: {said}){switch}; tried: {', '.join(self.content.variables)}")
+            whole = "; ".join(f"{r.describe()}, its best lag {max(_lag_fractions(r), default=math.nan):.2f}"
+                              for r in self.content.keys)
+            return (f"no kept K-edge carries a lagged state into a head whose query carries the current state and "
+                    f"whose keys match on it (kept K-edges: {said}{'; keys ' + whole if whole else ''}){switch}; "
+                    f"tried: {', '.join(self.content.variables)}")
         if self.other_k_edges:
             return ("no kept K-edge comes from a previous-token head (kept K-edges: "
                     + ", ".join(f"{e.name} {e.effect:+.3f}" for e in self.other_k_edges) + ")")
@@ -194,6 +203,10 @@ class Circuit(ProbeResult):
         })
 
 
+def _lag_fractions(row: Any) -> list[float]:
+    return [x for v, x in row.explained.items() if is_lagged(v) and math.isfinite(x)]
+
+
 def spread_previous_token_excess(scores: AttentionScores, max_lag: int) -> torch.Tensor:
     """Per head, (mass on lags 1..max_lag - its uniform-attention chance) / (1 - chance): a previous-token role
     spread over several lags counts once. [layer, head]."""
@@ -215,6 +228,26 @@ def _query_carries_state(graph: CircuitGraph, carried: dict[str, Optional[str]],
     return any(carried.get(e.name) == "state" for e in graph.kept_into(receiver, "q"))
 
 
+def keys_match_lag(content: Optional[EdgeContent], receiver: str, *, unmeasured: bool = True) -> bool:
+    """Whether head `receiver`'s keys as a whole carry a lagged state (`EdgeContent.keys`: some lagged variable
+    explains at least the cut of what patching its whole key vector does), as an induction head's must;
+    `unmeasured` where its keys were not measured (then the K-edges' content decides alone)."""
+    row = None if content is None else content.keys_of(receiver)
+    return unmeasured if row is None else any(is_lagged(v) and x >= content.cut for v, x in row.explained.items())
+
+
+def _into_induction(graph: CircuitGraph, content: EdgeContent, carried: dict[str, Optional[str]], e: Edge) -> bool:
+    """Whether kept K-edge `e` is a previous-token -> induction edge: it carries a lagged state (or the step or
+    window, which hold one, into keys that match on the lag as a whole: a head that attends to itself and the
+    position before), into a head whose query carries the current state and whose keys match on the lag."""
+    what = carried[e.name]
+    if not _query_carries_state(graph, carried, e.receiver):
+        return False
+    if is_lagged(what):
+        return keys_match_lag(content, e.receiver)
+    return what in ("step", "window") and keys_match_lag(content, e.receiver, unmeasured=False)
+
+
 def _by_content(graph: CircuitGraph, content: EdgeContent, scores: AttentionScores, order: int
                 ) -> tuple[list, list, dict, dict, dict]:
     """(K-edges carrying a lagged state into heads whose query carries the current state, the other kept K-edges
@@ -227,8 +260,7 @@ def _by_content(graph: CircuitGraph, content: EdgeContent, scores: AttentionScor
     k_edges, others = [], []
     for e in graph.kept:
         if e.input == "k" and e.sender not in BY_CONSTRUCTION:
-            lagged = is_lagged(carried[e.name]) and _query_carries_state(graph, carried, e.receiver)
-            (k_edges if lagged else others).append(e)
+            (k_edges if _into_induction(graph, content, carried, e) else others).append(e)
     profile, relays = {}, {}
     for sender in dict.fromkeys(e.sender for e in k_edges):
         inputs = graph.kept_into(sender, "mlp" if sender.endswith(".mlp") else "v")
@@ -263,21 +295,28 @@ def _by_attention(graph: CircuitGraph, scores: AttentionScores, order: int, head
     return k_edges, others, profile
 
 
-def switch_counting(graph: CircuitGraph, carried: dict[str, Optional[str]]) -> tuple[tuple[Component, ...],
-                                                                                    tuple[Edge, ...]]:
-    """(the switch-counting heads, the kept edges carrying switch statistics into them) (module docstring): heads
-    whose query carries the current state, whose keys carry the keys' own state and no lagged state, and into whose
-    keys or values a kept edge carries switch statistics (or, into the values, a lagged state)."""
+def switch_counting(graph: CircuitGraph, carried: dict[str, Optional[str]], content: Optional[EdgeContent] = None
+                    ) -> tuple[tuple[Component, ...], tuple[Edge, ...]]:
+    """(the switch-counting heads, the kept edges carrying switch statistics into them) (module docstring): on two
+    states (`vocab`; None: not known, read as two), heads whose query carries the current state, whose keys carry
+    the keys' own state (`OWN_STATE`: alone, or with the states before it) and no lagged state alone, and into whose
+    keys or values a kept edge from a head or MLP carries switch statistics (or the window: a key's state with the
+    states before it holds the switches into it), or, into the values, a lagged state; not a head whose keys as a
+    whole match on a lagged state (`keys_match_lag`, where `content` measured them: an induction head)."""
     heads, edges = [], []
+    if content is not None and content.vocab not in (None, 2):
+        return (), ()
     for receiver in dict.fromkeys(e.receiver for e in graph.kept if e.input in ("q", "k", "v")):
         into = graph.kept_into(receiver)
         keys = [carried.get(e.name) for e in into if e.input == "k"]
         lagged_keys = any(e.input == "k" and e.sender not in BY_CONSTRUCTION and is_lagged(carried.get(e.name))
                           for e in into)
-        if lagged_keys or "state" not in keys or not _query_carries_state(graph, carried, receiver):
+        if lagged_keys or not set(keys) & set(OWN_STATE) or not _query_carries_state(graph, carried, receiver) \
+                or keys_match_lag(content, receiver, unmeasured=False):
             continue
-        stats = [e for e in into if e.input in ("k", "v") and (carried.get(e.name) in SWITCH_VARIABLES or (
-            e.input == "v" and e.sender not in BY_CONSTRUCTION and is_lagged(carried.get(e.name))))]
+        stats = [e for e in into if e.input in ("k", "v") and e.sender not in BY_CONSTRUCTION and (
+            carried.get(e.name) in SWITCH_VARIABLES + ("window",) or (e.input == "v" and is_lagged(
+                carried.get(e.name))))]
         if stats:
             heads.append(Component.parse(receiver))
             edges += stats
@@ -305,7 +344,7 @@ def read_circuit(graph: CircuitGraph, scores: AttentionScores, *, order: int, he
         k_edges, others, profile = _by_attention(graph, scores, order, head_excess)
     else:
         k_edges, others, profile, relays, carried = _by_content(graph, content, scores, order)
-        switch = switch_counting(graph, carried)
+        switch = switch_counting(graph, carried, content)
         unresolved = _unresolved(content, k_edges or switch[1], carried)
     spread = spread_previous_token_excess(scores, order + 1)
     prev = tuple(dict.fromkeys(Component.parse(e.sender) for e in k_edges))

@@ -441,6 +441,9 @@ def _no_circuit(ev: _Evidence) -> str:
     if ev.circuit.kind in NAMED_CIRCUITS and not ev.circuit.faithful:
         return (f"the kept circuit ({ev.circuit.describe()}) has faithfulness {ev.circuit.graph.faithfulness:.2f}, "
                 f"below {FAITHFUL}: the kept edges do not carry the model's behaviour, so no circuit is named")
+    if ev.circuit.kind == "switch_counting":
+        return (f"without an induction circuit ({ev.induction.missing()}); the {ev.circuit.describe()} gives the "
+                f"in-context bigram law, not the law of higher order the model follows")
     return f"without an induction or switch-counting circuit: {ev.induction.missing()}"
 
 
@@ -566,9 +569,11 @@ def _between(ev: _Evidence, th: Thresholds, reasons: list[str]) -> _Decision:
 
 def _decide(ev: _Evidence, th: Thresholds) -> _Decision:
     """The headline from the evidence (module docstring). A kept circuit whose faithfulness is below `FAITHFUL`
-    is not named, and no label that reads the context is confident over it."""
+    is not named, and no label that reads the context is confident over it; nor is a switch-counting circuit in a
+    model that follows an in-context law of higher order than the bigram law it computes."""
     reasons = _evidence_reasons(ev, th)
-    if ev.circuit.kind in NAMED_CIRCUITS and ev.circuit.faithful and not _in_weights(ev, th)[0]:
+    beyond_bigram = ev.circuit.kind == "switch_counting" and ev.law.passed and (in_context_order(ev.law.law) or 0) > 1
+    if ev.circuit.kind in NAMED_CIRCUITS and ev.circuit.faithful and not _in_weights(ev, th)[0] and not beyond_bigram:
         return _resolved(_named_circuit(ev, reasons), ev)
     decision = _at_law(ev, th, reasons) if ev.law.passed else _between(ev, th, reasons)
     if ev.circuit.faithful or decision.mechanism in CONTEXT_FREE:

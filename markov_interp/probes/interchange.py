@@ -30,6 +30,13 @@ interval is a percentile bootstrap over the clean sequences. Where a hold-X dono
 state combination), that position is left clean in both the hold and the random run, and the coverage says how
 many were patched.
 
+**What a head's keys carry** (`EdgeContent.keys`): the same pairs, patching the receiver's whole key vector (its
+`hook_k` slice, every K-edge at once) from the donor. An induction head matches its query against the *lagged*
+state in its keys, so a lagged state explains its keys; a head that keys positions by their own state with the
+switches into them needs the state (a K-edge can carry a lagged state that the keys use only beside the key's own
+state, from the embedding: the keys as a whole then carry no lagged state). Read for every head that receives a kept
+K-edge from a head or an MLP; the entry is named "L1H0.k".
+
 **What it carries** (`EdgeCarry.carries`): the first variable of `variable_names` (simplest first) whose explained
 fraction reaches `CARRIES` and lies within `NEAR_BEST` of the best variable's; None when none does (then `best`
 names the closest and the summary lists what was tried). Edges out of the token embedding carry the state by
@@ -63,7 +70,8 @@ N_BOOT = 200  # bootstrap resamples of the clean sequences
 Donors = Int[Tensor, "donor pos"]  # more sequences of the source, to draw donors from
 _POSITIONS_AT_ONCE = 16  # positions whose donors are chosen at once (`choose_donors`)
 LAGGED = "lagged state"  # the kinds of variable (`KINDS`), in words
-KINDS = {"state": "current state", "switch": "switch statistics", "lags": LAGGED, "window": "recent states",
+KINDS = {"state": "current state", "switch": "switch statistics", "step": "switch statistics", "lags": LAGGED,
+         "window": "recent states",
          "counts": "state counts", "switches": "switch statistics", "transitions": "switch statistics",
          "position": "position"}
 # held fixed in every pair by construction (not measured): the position, and the first state x_0
@@ -76,15 +84,16 @@ __all__ = ["EdgeCarry", "EdgeContent", "edge_content", "variable_names", "kind_o
 
 def variable_names(max_lag: int) -> tuple[str, ...]:
     """The variables tested, simplest first: the current state x_j, the lagged states x_{j-1}..x_{j-max_lag}, the
-    switch into j ([x_j != x_{j-1}]), the lagged states together, the window (x_j and the lagged states), the state
-    counts up to j, the number of switches up to j, and the transition counts up to j (the in-context bigram
-    statistics).
+    switch into j ([x_j != x_{j-1}]), the step into j (x_{j-1}, x_j: the state with the switch into it, what a key
+    needs to be told apart as a switch into its own state), the lagged states together, the window (x_j and the
+    lagged states), the state counts up to j, the number of switches up to j, and the transition counts up to j
+    (the in-context bigram statistics).
 
     >>> variable_names(2)
-    ('state', 'lag1', 'lag2', 'switch', 'lags', 'window', 'counts', 'switches', 'transitions')
+    ('state', 'lag1', 'lag2', 'switch', 'step', 'lags', 'window', 'counts', 'switches', 'transitions')
     """
     check_int("max_lag", max_lag, minimum=1)
-    return ("state", *(f"lag{lag}" for lag in range(1, max_lag + 1)), "switch", "lags", "window", "counts",
+    return ("state", *(f"lag{lag}" for lag in range(1, max_lag + 1)), "switch", "step", "lags", "window", "counts",
             "switches", "transitions")
 
 
@@ -122,6 +131,7 @@ def position_variables(tokens: Tokens, *, vocab: int, max_lag: int) -> dict[str,
     out = {"state": (x[..., None], True)}
     out.update({f"lag{l}": (lag[l][..., None], True) for l in range(1, max_lag + 1)})
     out["switch"] = (switch[..., None], True)
+    out["step"] = (torch.stack([lag[1], x], -1), True)
     out["lags"] = (torch.stack(lag[1:], -1), True)
     out["window"] = (torch.stack(lag, -1), True)
     out["counts"] = (counts, False)
@@ -225,6 +235,8 @@ class EdgeContent(ProbeResult):
     pool: int
     seq_len: int
     seed: int
+    vocab: Optional[int] = None  # the model's states (the switch-counting reading is defined on two)
+    keys: tuple[EdgeCarry, ...] = ()  # what each receiver's whole key vector carries ("L1H0.k"; module docstring)
 
     def __getitem__(self, name: str) -> EdgeCarry:
         for e in self.edges:
@@ -234,6 +246,10 @@ class EdgeContent(ProbeResult):
 
     def __contains__(self, name: object) -> bool:
         return any(e.edge == name for e in self.edges)
+
+    def keys_of(self, receiver: str) -> Optional[EdgeCarry]:
+        """What head `receiver`'s keys carry as a whole ("L1H0"), None when they were not measured."""
+        return next((e for e in self.keys if e.edge == f"{receiver}.k"), None)
 
     def carries(self, name: str) -> Optional[str]:
         """The variable edge `name` carries (None when it was not measured or nothing reaches the cut)."""
@@ -246,7 +262,7 @@ class EdgeContent(ProbeResult):
 
     def summary(self) -> str:
         """One line per edge, then what was tried."""
-        lines = [self._headline()] + [e.describe() for e in self.edges]
+        lines = [self._headline()] + [e.describe() for e in self.edges + self.keys]
         return "\n".join(lines + [f"tried (simplest first, cut {self.cut}): {', '.join(self.variables)}; position "
                                   f"and first state held in every pair; {self.n_sequences} sequences patched, donors "
                                   f"from {self.pool}"])
@@ -263,9 +279,10 @@ class EdgeContent(ProbeResult):
                          index="edge")
 
     def to_dict(self) -> dict[str, Any]:
-        return json_safe({"edges": [e.to_dict() for e in self.edges], "variables": list(self.variables),
+        return json_safe({"edges": [e.to_dict() for e in self.edges], "keys": [e.to_dict() for e in self.keys],
+                          "variables": list(self.variables),
                           "cut": self.cut, "n_sequences": self.n_sequences, "pool": self.pool,
-                          "seq_len": self.seq_len, "seed": self.seed})
+                          "seq_len": self.seq_len, "seed": self.seed, "vocab": self.vocab})
 
 
 def measurable(edge: Any) -> bool:
@@ -355,15 +372,22 @@ def _measure(runner: EdgeRunner, key: EdgeKey, out: Tensor, pairs: _Pairs, gen: 
     at = torch.arange(seq, device=out.device)
     donors = [torch.arange(n_base)[:, None].expand(n_base, seq)] + [h[0] for h in pairs.holds.values()]
     kl, tv = _effects(runner, key, [out[d.to(out.device), at] for d in donors + list(pairs.randoms)])
-    first_random = len(donors)
+    return _carry(key.name, kl, tv, pairs, gen, n_boot=n_boot, cut=cut)
+
+
+def _carry(name: str, kl: Tensor, tv: Optional[Tensor], pairs: "_Pairs", gen: torch.Generator, *, n_boot: int,
+           cut: float) -> EdgeCarry:
+    """An `EdgeCarry` from the per-copy, per-sequence KL (and attention TV) of the clean copy, one copy per hold-X
+    donor and one per random donor, in `pairs`' order."""
+    first_random = 1 + len(pairs.holds)
     explained, interval, attention, coverage, mismatch = {}, {}, {}, {}, {}
-    for i, (name, (_, covered, dist, r)) in enumerate(pairs.holds.items(), start=1):
-        explained[name], *bounds = _ratio_interval(kl[i], kl[first_random + r], gen, n_boot)
-        interval[name] = tuple(bounds)
-        attention[name] = math.nan if tv is None else _ratio_interval(tv[i], tv[first_random + r], gen, 1)[0]
-        coverage[name] = float(covered.double().mean())
-        mismatch[name] = float(dist[covered].mean()) if bool(covered.any()) else math.nan
-    return EdgeCarry(edge=key.name, carries=_carried(explained, cut), best=_best(explained),
+    for i, (var, (_, covered, dist, r)) in enumerate(pairs.holds.items(), start=1):
+        explained[var], *bounds = _ratio_interval(kl[i], kl[first_random + r], gen, n_boot)
+        interval[var] = tuple(bounds)
+        attention[var] = math.nan if tv is None else _ratio_interval(tv[i], tv[first_random + r], gen, 1)[0]
+        coverage[var] = float(covered.double().mean())
+        mismatch[var] = float(dist[covered].mean()) if bool(covered.any()) else math.nan
+    return EdgeCarry(edge=name, carries=_carried(explained, cut), best=_best(explained),
                      explained=explained, interval=interval, attention=attention, coverage=coverage,
                      mismatch=mismatch, effect=float(kl[first_random:].mean()))
 
@@ -440,5 +464,40 @@ def edge_content(model: HookedModel, batch: ProbeBatch, edges: Iterable[Any], *,
             rows.append(_by_construction(key))
         elif key in measured:
             rows.append(_measure(runner, key, outputs[key.sender], pairs, gen, n_boot=n_boot, cut=cut))
+    receivers = list(dict.fromkeys(Component.parse(k.receiver) for k in measured if k.input == "k"))
+    key_rows = _key_content(model, every, n_base, receivers, pairs, gen, n_boot=n_boot, cut=cut) if receivers else ()
     return EdgeContent(edges=tuple(rows), variables=tuple(variables), cut=cut, n_sequences=n_base, pool=pool,
-                       seq_len=int(tokens.shape[1]), seed=seed)
+                       seq_len=int(tokens.shape[1]), seed=seed, vocab=int(model.cfg.d_vocab), keys=key_rows)
+
+
+def _key_content(model: HookedModel, every: Tensor, n_base: int, receivers: Sequence[Component], pairs: "_Pairs",
+                 gen: torch.Generator, *, n_boot: int, cut: float) -> tuple[EdgeCarry, ...]:
+    """What each receiver head's whole key vector carries (module docstring): its hook_k slice on the pool, patched
+    from every hold-X and random donor into the first `n_base` sequences, one copy of them per donor, in one run
+    per receiver."""
+    names = sorted({f"blocks.{r.layer}.attn.hook_k" for r in receivers})
+    _, cache = model.run_with_cache(every, names_filter=names)
+    base, seq = every[:n_base], int(every.shape[1])
+    at = torch.arange(seq, device=every.device)
+    donors = [torch.arange(n_base)[:, None].expand(n_base, seq)] + [h[0] for h in pairs.holds.values()]
+    donors += list(pairs.randoms)
+    rows = []
+    for r in receivers:
+        hook, pattern = f"blocks.{r.layer}.attn.hook_k", f"blocks.{r.layer}.attn.hook_pattern"
+        keys = torch.cat([cache[hook][d.to(every.device), at][:, :, r.head] for d in donors])
+        seen = {}
+
+        def patch(k: Tensor, hook: Any) -> Tensor:
+            k = k.clone()
+            k[:, :, r.head] = keys
+            return k
+
+        def record(p: Tensor, hook: Any) -> None:
+            seen["p"] = p[:, r.head].double().unflatten(0, (len(donors), n_base))
+
+        logits = model.run_with_hooks(base.repeat(len(donors), 1), fwd_hooks=[(hook, patch), (pattern, record)])
+        probs = torch.softmax(logits.double(), -1).unflatten(0, (len(donors), n_base))
+        kl = theory.kl_divergence(probs[:1].expand_as(probs), probs).mean(-1).cpu()
+        tv = total_variation(seen["p"], seen["p"][:1]).mean(-1).cpu()
+        rows.append(_carry(f"{r.name}.k", kl, tv, pairs, gen, n_boot=n_boot, cut=cut))
+    return tuple(rows)

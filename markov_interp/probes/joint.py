@@ -60,7 +60,8 @@ class JointTest:
 class Cancelling:
     """A set of kept edges whose pairs cancel: each costs `alone` nats corrupted on its own, all together `effect`
     (SE `se`) under the pass `corruption`; `dropped` when that is below the pass's threshold (then the edges are
-    not in the circuit)."""
+    not in the circuit), unless the circuit without them is less faithful (`discovery`: then `kept_note` says
+    by how much, and the set stays)."""
 
     edges: tuple[str, ...]
     effect: float
@@ -68,11 +69,13 @@ class Cancelling:
     alone: tuple[float, ...]
     corruption: str
     dropped: bool
+    kept_note: str = ""  # why a set below the threshold stays in the circuit (`discovery`: dropping it cost faithfulness)
 
     def describe(self) -> str:
         """"L0H0->logits +0.612, L0H1->logits +0.598 alone; +0.000 together (dropped)"."""
         alone = ", ".join(f"{n} {v:+.3f}" for n, v in zip(self.edges, self.alone))
-        return f"{alone} alone; {self.effect:+.3f} together" + (" (dropped)" if self.dropped else "")
+        return f"{alone} alone; {self.effect:+.3f} together" + (" (dropped)" if self.dropped else "") + (
+            f" (kept: {self.kept_note})" if self.kept_note else "")
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe({**dataclasses.asdict(self), "description": self.describe()})

@@ -14,9 +14,11 @@ from handbuilt import (
     unigram_model,
     copy_decoy_circuit,
     induction_circuit,
+    mixed_induction_circuit,
     relay_circuit,
     sink_decoy_circuit,
     sink_induction_circuit,
+    step_keyed_circuit,
     switch_counting_circuit,
 )
 from markov_interp import models, theory
@@ -116,8 +118,8 @@ def test_position_variables_match_a_loop():
             switches = sum(x[t] != x[t - 1] for t in range(1, j + 1))
             moves = [sum(1 for t in range(1, j + 1) if (x[t - 1], x[t]) == (a, c)) for a in range(3) for c in range(3)]
             want = {"state": [x[j]], "lag1": [lag[1]], "lag2": [lag[2]], "switch": [-1 if j == 0 else int(
-                x[j] != x[j - 1])], "lags": lag[1:], "window": lag, "counts": counts, "switches": [switches],
-                "transitions": moves}
+                x[j] != x[j - 1])], "step": [lag[1], x[j]], "lags": lag[1:], "window": lag, "counts": counts,
+                "switches": [switches], "transitions": moves}
             for name, values in want.items():
                 assert got[name][0][b, j].tolist() == values, (name, b, j)
     assert got["state"][1] and not got["counts"][1]  # states are matched exactly, counts by the nearest donor
@@ -218,6 +220,30 @@ def test_switch_counting_reaches_the_bigram_law_without_an_induction_head():
     other = classify(switch_counting_circuit(attend="other"), RandomMarkov(2))
     assert other.circuit.kind == "switch_counting" and other.mechanism == "switch_counting"
     assert other.qualifier == "partial" and not other.confident
+
+
+def test_keys_by_the_step_into_them_are_switch_counting_not_induction():
+    """A mixed head (itself and the position before) writes the step (x_{j-1}, x_j) into the keys of a head keyed by
+    its own state: its K-edge carries the step, its keys as a whole the step, not the lagged state alone (trained
+    two-layer binary models do this, docs/circuits.md); before the step was a variable, the edge carried the window
+    and the model was `other`."""
+    report = classify(step_keyed_circuit(step_weight=-0.08), RandomMarkov(2))
+    assert report.content.carries("L0H0->L1H0.k") == "step"
+    keys = report.content.keys_of("L1H0")
+    assert keys.carries == "step" and keys.explained["lag1"] < 0.75 and keys.explained["state"] < 0.75
+    assert report.circuit.kind == "switch_counting" and report.mechanism == "switch_counting"
+    assert not report.circuit_confirmed and "switch counting" in report.reasons[0]
+
+
+def test_a_mixed_previous_token_head_into_keys_that_match_the_lag_is_induction():
+    """The same mixed head feeding an induction head that takes the key's own state back out of its keys: the
+    K-edge still carries the step, but the keys as a whole carry the lagged state, so it is induction (and the
+    receiver keys test, not the edge alone, tells the two apart)."""
+    report = classify(mixed_induction_circuit(), RandomMarkov(2))
+    assert report.content.carries("L0H0->L1H0.k") == "step"
+    assert report.content.keys_of("L1H0").carries == "lag1"
+    assert (report.mechanism, report.order, report.circuit.kind) == ("induction", 1, "induction"), report.reasons
+    assert report.confident and report.law.law == "in_context_bigram"
 
 
 def test_without_the_content_the_roles_come_from_attention():
