@@ -166,7 +166,8 @@ def test_the_context_covers_every_probe():
         for name in getattr(module, "__all__", ()):
             value = getattr(module, name)
             assert not inspect.isfunction(value) or getattr(value, "__markov_checked__", False), (module, name)
-    assert {"strategies.state_and_counts_probs", "beliefs.belief_probes", "beliefs.belief_patch"} <= set(_public())
+    assert {"strategies.state_and_counts_probs", "belief_probes", "belief_patch",
+            "beliefs.simplex_points"} <= set(_public())
     for name in set(n for n, _ in NUMERIC) | set(MODEL_PROBES):
         _required(_public()[name])
     assert {"n_boot", "cut", "max_lag", "n_sequences"} <= set(_numeric(probes.edge_content))
@@ -232,29 +233,15 @@ SMALL_OR_WILD = st.one_of(st.integers(min_value=-3, max_value=4), st.integers(mi
                           st.sampled_from([math.nan, math.inf, -math.inf, 1e300, -1e300]))
 
 
-@pytest.fixture
-def _limited_memory(monkeypatch):
-    """Every plan check sees a machine of 1 GiB (wherever `_plan.memory_limit` was imported)."""
-    import sys
-
-    from markov_interp import _plan
-
-    limit = lambda device: (1 << 30, "a test's 1 GiB")  # noqa: E731
-    for module in list(sys.modules.values()):
-        if getattr(module, "__name__", "").startswith("markov_interp") and \
-                getattr(module, "memory_limit", None) is _plan.memory_limit:
-            monkeypatch.setattr(module, "memory_limit", limit)
-
-
 @pytest.mark.slow
-@pytest.mark.usefixtures("_limited_memory")
+@pytest.mark.usefixtures("limited_memory")
 @pytest.mark.parametrize("name", REAL)
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_the_real_probes_run_or_refuse_any_value(name, data):
     """The real probe (not a stand-in) given a small valid value or a wild one for one numeric parameter: it returns,
     or raises ValueError / TypeError (PlanTooLarge is a ValueError); never an allocation error, RecursionError,
-    OverflowError, IndexError or a hang. The plan runs against a 1 GiB memory (`_limited_memory`), so what it lets
+    OverflowError, IndexError or a hang. The plan runs against a 1 GiB memory (`limited_memory`), so what it lets
     through is small on any machine, and a plan that undercounts a probe's arrays by much shows here as an
     allocation of several GiB."""
     fn = _public()[name]
