@@ -440,6 +440,7 @@ def pattern_value(value: str, seq: int, *, lag: int = 1, device: Any = None,
     >>> pattern_value("mixed", 2, lag=1).tolist()
     [[1.0, 0.0], [0.75, 0.25]]
     """
+    check_int("seq", seq, minimum=1)
     if value == "mixed":  # half a previous-token head, half uniform causal attention
         return 0.5 * (pattern_value("previous_token", seq, lag=lag, device=device, dtype=dtype)
                       + pattern_value("uniform", seq, device=device, dtype=dtype))

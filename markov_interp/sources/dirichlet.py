@@ -307,6 +307,7 @@ def transition_counts(tokens: Int[Tensor, "batch pos"], vocab: int, *,
     [[0.0, 1.0], [0.0, 1.0]]
     """
     check_int("order", order, minimum=1)
+    check_int("vocab", vocab, minimum=1)
     batch, seq = tokens.shape
     n_ctx = vocab**order
     ctx = context_index(tokens, vocab, order)

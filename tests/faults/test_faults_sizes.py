@@ -47,6 +47,7 @@ WORK = {  # loop counts: each pass holds the same memory
     ("evaluate", "n_batches"): "batches evaluated one after another",
     ("evaluate_paired", "n_batches"): "batches evaluated one after another",
     ("paired_row", "n_batches"): "a divisor",
+    ("mixed_states", "n_tokens"): "the enumeration's depth: each level holds at most max_states beliefs (planned)",
 }
 NOT_CALLED = {  # functions whose sizes are planned by what they call, tested there
     "report.compare": "report.compare / build read run folders; their probe batch is probes.sample_batch's plan "
