@@ -15,13 +15,16 @@ allocated (an out-of-memory kill, or a raw allocation error naming no parameter)
 """
 
 import dataclasses
+import functools
+import inspect
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from markov_interp._io import size_text as human_bytes
 
-__all__ = ["Need", "PlanTooLarge", "memory_limit", "check_needs", "human_bytes"]
+__all__ = ["Need", "PlanTooLarge", "memory_limit", "check_needs", "human_bytes", "planned", "size", "power"]
 
 
 class PlanTooLarge(ValueError):
@@ -92,3 +95,82 @@ def check_needs(needs: Sequence[Need], limit: tuple[int, str], *, where: str, hi
         f"{f' (with {others})' if others else ''}, {human_bytes(total)} in all, more than {limit[1]}; "
         f"{hint or f'lower {field}'} (refused before {before})"
     )
+
+
+def size(arguments: Mapping[str, Any], name: str) -> int:
+    """A call's argument `name` as a size for a plan: its value when it is a plain integer (not a boolean), else 0
+    (None, absent, a wrong type: the function's own checks name those after the plan).
+
+    >>> size({"n": 10**20, "flag": True}, "n"), size({"flag": True}, "flag"), size({}, "n")
+    (100000000000000000000, 0, 0)
+    """
+    value = arguments.get(name)
+    return value if type(value) is int else 0
+
+
+def power(base: int, exponent: int) -> int:
+    """base**exponent for a plan, capped at 2**63 without computing the power of a huge exponent (V**k contexts
+    with k = 10**9 would take the interpreter hours to write out).
+
+    >>> power(3, 2), power(2, 10**12) == 2**63, power(0, 5)
+    (9, True, 0)
+    """
+    if base <= 1 or exponent <= 0:
+        return base**max(exponent, 0)
+    return base**exponent if exponent * math.log2(base) < 63 else 2**63
+
+
+_FITS_ANYWHERE = 1 << 24  # a plan under 16 MiB is not checked against the device (no read of its memory)
+
+
+def planned(needs: Callable[[Mapping[str, Any]], Sequence[Need]]) -> Callable:
+    """Decorate a public function that allocates by the sizes it is given: each call's `needs(arguments)`
+    (its arguments by name, defaults filled in; read sizes with `size` and `power`) is checked against the memory of
+    the device (`check_needs`; a `device` argument, else a `model` argument's, else the CPU) before the function
+    runs, so a size beyond the plan raises `PlanTooLarge` naming the parameter and the estimate instead of an
+    out-of-memory kill or a raw allocation error. The probes' entry check (`probes._common.checked`) is the same
+    plan for the probes; this is its form for every other public module (`sources`, `theory`, `training`,
+    `landscape`, `dynamics`, `experiments`, `clamps`, `report`).
+
+    Args:
+        needs: the call's lower-bound needs from its arguments (an empty list: nothing to plan).
+
+    Returns:
+        The decorator (the wrapped function keeps its signature and docstring; `__markov_planned__` is True).
+    """
+    def decorate(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError:  # a missing or surplus argument: Python's own error, from the function itself
+                return fn(*args, **kwargs)
+            bound.apply_defaults()
+            found = [need for need in needs(bound.arguments) if need.bytes > 0]
+            if sum(need.bytes for need in found) > _FITS_ANYWHERE:
+                check_needs(found, memory_limit(_device(bound.arguments)), where=fn.__name__,
+                            before="anything was allocated")
+            return fn(*args, **kwargs)
+
+        wrapper.__markov_planned__ = True
+        return wrapper
+
+    return decorate
+
+
+def _device(arguments: Mapping[str, Any]) -> Any:
+    """The device a call allocates on: its `device` argument, else its `model`'s weights', else the CPU."""
+    import torch
+
+    device = arguments.get("device")
+    if isinstance(device, (torch.device, str)) and device != "auto":
+        try:
+            return torch.device(device)
+        except (RuntimeError, ValueError):
+            return torch.device("cpu")  # the function's own check names a bad device
+    model = arguments.get("model")
+    if isinstance(model, torch.nn.Module):
+        return next((p.device for p in model.parameters()), torch.device("cpu"))
+    return torch.device("cpu")

@@ -64,6 +64,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from markov_interp._io import read_regular
+from markov_interp._plan import Need, planned, size
 from markov_interp.config import Config, check_int, shown
 from markov_interp.models import HookedModel, ModelConfig, hooked_kind, is_bridge, state_shapes
 from markov_interp.models.hooks import PER_HEAD, feature_shape, intervention_points, parse_name, write
@@ -424,6 +425,12 @@ def frozen_names(interventions: Iterable[Intervention], cfg: ModelConfig, t: int
 
 
 # --------------------------------------------------------------------------------------------- values
+def _pattern_needs(a: Any) -> list[Need]:
+    """A pattern over seq x seq positions (float64 at most, and a causal mask)."""
+    return [Need.of("the attention pattern", size(a, "seq") ** 2 * 16, [("seq", size(a, "seq"))])]
+
+
+@planned(_pattern_needs)
 def pattern_value(value: str, seq: int, *, lag: int = 1, device: Any = None,
                   dtype: torch.dtype = torch.float32) -> Float[Tensor, "query_pos key_pos"]:
     """A built-in clamped attention pattern `[query_pos, key_pos]` (rows causal, summing to 1).
@@ -433,6 +440,7 @@ def pattern_value(value: str, seq: int, *, lag: int = 1, device: Any = None,
     >>> pattern_value("mixed", 2, lag=1).tolist()
     [[1.0, 0.0], [0.75, 0.25]]
     """
+    check_int("seq", seq, minimum=1)
     if value == "mixed":  # half a previous-token head, half uniform causal attention
         return 0.5 * (pattern_value("previous_token", seq, lag=lag, device=device, dtype=dtype)
                       + pattern_value("uniform", seq, device=device, dtype=dtype))

@@ -32,6 +32,20 @@ TLCOMPAT_FILES = ("models/test_tl.py", "models/test_models.py", "probes/test_pro
                   "report/test_report.py", "probes/test_circuits.py", "project/test_readme.py")
 
 
+@pytest.fixture
+def limited_memory(monkeypatch):
+    """Every memory plan check sees a machine of 1 GiB (wherever `_plan.memory_limit` was imported), so what a plan
+    lets through is small on any machine (the fuzz tests of tests/probes/test_probe_bounds.py and
+    tests/faults/test_faults_sizes.py)."""
+    from markov_interp import _plan
+
+    limit = lambda device: (1 << 30, "a test's 1 GiB")  # noqa: E731
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("markov_interp") and \
+                getattr(module, "memory_limit", None) is _plan.memory_limit:
+            monkeypatch.setattr(module, "memory_limit", limit)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "/".join(item.path.parts[-2:]) in TLCOMPAT_FILES:

@@ -10,6 +10,7 @@ import numpy as np
 from jaxtyping import Float
 
 from markov_interp._display import displayed
+from markov_interp._plan import Need, planned, size
 from markov_interp.config import check_int
 from markov_interp.dynamics._runs import ESCAPE_FRACTION, MIN_RUNS, ExcessCurve, RunDynamics, StepInterval
 from markov_interp.dynamics._survival import Quantile, _aligned, _estimate, _grid, _same_lines, survival
@@ -233,6 +234,12 @@ def _compare_at(a: Sequence[StepInterval], b: Sequence[StepInterval], fraction: 
                               ratio_interval, chi2, p)
 
 
+def _boot_needs(a: Any) -> list[Need]:
+    """The resampled seed indices: n_boot x (len(a) + len(b)) (int64, and the statistics over them)."""
+    runs = sum(len(a[name]) if hasattr(a.get(name), "__len__") else 0 for name in ("a", "b"))
+    return [Need.of("the bootstrap draws", size(a, "n_boot") * max(runs, 1) * 16, [("n_boot", size(a, "n_boot"))])]
+
+
 def _draws(na: int, nb: int, n_boot: int, seed: int) -> tuple:
     """The bootstrap resamples of both conditions' runs (indices), shared by every statistic of a comparison."""
     check_int("n_boot", n_boot, minimum=1)
@@ -240,6 +247,7 @@ def _draws(na: int, nb: int, n_boot: int, seed: int) -> tuple:
     return rng.integers(0, na, size=(n_boot, na)), rng.integers(0, nb, size=(n_boot, nb))
 
 
+@planned(_boot_needs)
 def compare_crossings(a: Sequence[StepInterval], b: Sequence[StepInterval], *, fraction: float = ESCAPE_FRACTION,
                       confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> FractionComparison:
     """Two conditions' crossings of one line compared (`FractionComparison`); `fraction` only labels it.
@@ -283,6 +291,7 @@ def _compare_area(a: Sequence[ExcessCurve], b: Sequence[ExcessCurve], draws: tup
     return AreaComparison((grid[0], grid[-1]), value, interval)
 
 
+@planned(_boot_needs)
 def compare(a: Sequence[RunDynamics], b: Sequence[RunDynamics], *, confidence: float = 0.95, n_boot: int = 2000,
             seed: int = 0) -> Comparison:
     """Compare two conditions (e.g. an intervention `b` against the free run `a`) at every line both were

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from markov_interp._plan import Need, planned, size
 from markov_interp.config import check_int
 from markov_interp.dynamics._runs import StepInterval
 
@@ -90,6 +91,20 @@ class Modes:
         return f"one mode (p {self.p_value:.2g}; best cut: {groups})"
 
 
+def _null_needs(a: Any) -> list[Need]:
+    """The null's normal samples: n_null x the crossings (float64, and their sorted copy)."""
+    return [Need.of("the null samples", size(a, "n_null") * max(_length(a.get("crossings")), 1) * 16,
+                    [("n_null", size(a, "n_null"))])]
+
+
+def _length(value: Any) -> int:
+    try:
+        return len(value)
+    except TypeError:
+        return 0
+
+
+@planned(_null_needs)
 def modes(crossings: Sequence[StepInterval], *, n_null: int = N_NULL, seed: int = 0) -> Modes:
     """The crossings of one line by a condition's seeds, read as one mode or two (module docstring).
 

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from markov_interp import theory
+from markov_interp._plan import Need, planned, size
 from markov_interp.config import check_probability
 from markov_interp.sources import add_beta_predictions
 from markov_interp.experiments import Budget, Experiment, Section, Table, _shared, register
@@ -266,6 +267,14 @@ def transition_point(sizes: list[int], values: list[list[float]], *, level: floa
     return float(2 ** crossing), "<=" if crossing == x[0] else "="
 
 
+def _boot_needs(a: Any) -> list[Need]:
+    """The resampled means: n_boot x the sizes x the longest list of values (float64, and their indices)."""
+    sizes = a.get("sizes")
+    rows = len(sizes) if hasattr(sizes, "__len__") else 1
+    return [Need.of("the bootstrap resamples", size(a, "n_boot") * max(rows, 1) * 16, [("n_boot", size(a, "n_boot"))])]
+
+
+@planned(_boot_needs)
 def transition_interval(sizes: list[int], values: list[list[float]], *, level: float = 0.5, n_boot: int = 2000,
                         seed: int = 0, confidence: float = 0.95) -> Transition:
     """`transition_point` with a percentile bootstrap interval: the seeds of every pool size resampled with
@@ -335,6 +344,7 @@ def swap_floor(control_excess: Optional[float], *, level: float = 0.5) -> float:
     return 0.0 if control_excess is None else max(control_excess, 0.0) / (1.0 - level)
 
 
+@planned(_boot_needs)
 def swap_transition(sizes: list[int], measures: list[list[dict]], control: list[dict], *, level: float = 0.5,
                     n_boot: int = 2000, seed: int = 0) -> tuple[Transition, str]:
     """N* of the kernel-swap fraction over the pool sizes where it is defined, and the text naming those where not.

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from markov_interp._display import displayed
+from markov_interp._plan import Need, planned, size
 from markov_interp.config import check_int
 from markov_interp.landscape.canonical import (
     _IID_TOL,
@@ -284,6 +285,27 @@ def predict_outcome(e0: Real, w0: Real, b0: Real | None = 0.0, *, p: Real, q: Re
     return "bigram" if bool(bigram) else "unigram"
 
 
+def _count(value: Any) -> int:
+    """How many numbers an init argument holds (1 for a scalar or anything np.size cannot read)."""
+    try:
+        return max(int(np.size(value)), 1)
+    except (TypeError, ValueError):
+        return 1
+
+
+def _trajectory_needs(a: Any) -> list[Need]:
+    """A descent's trajectory: steps + 1 points of every init's state (float64; the plan of `planned`)."""
+    inits = max(_count(a.get(name)) for name in ("e0", "w0", "b0"))
+    return [Need.of("the trajectory", (size(a, "steps") + 1) * inits * 4 * 8, [("steps", size(a, "steps"))])]
+
+
+def _grid_needs(a: Any) -> list[Need]:
+    """A regime map's grid: its cells and each cell's state while the flows integrate (about 16 float64 each)."""
+    fields = [(name, size(a, name)) for name in ("n", "n_w", "n_e") if name in a]
+    cells = size(a, "n") ** 2 if "n" in a else size(a, "n_w") * size(a, "n_e")
+    return [Need.of("the grid's flows", cells * 16 * 8, fields)]
+
+
 def _check_descent(steps: Any, lr: Any) -> None:
     """Refuse a descent's budget unless steps is an integer >= 0 and lr > 0 (ValueError naming the value)."""
     check_int("steps", steps, minimum=0)
@@ -291,6 +313,7 @@ def _check_descent(steps: Any, lr: Any) -> None:
         raise ValueError(f"lr must be > 0, got {lr!r}")
 
 
+@planned(_trajectory_needs)
 def gradient_flow(e0: Real, w0: Real, b0: Real = 0.0, *, p: Real, q: Real, steps: int, lr: Real,
                   tied: bool = True, a0: Real = 0.0) -> Trajectory:
     """Plain gradient descent (the Euler discretisation of gradient flow) on the canonical loss from (e0, w0, b0).
@@ -340,6 +363,7 @@ def gradient_descent_outcomes(e0: ArrayLike, w0: ArrayLike, b0: ArrayLike = 0.0,
     return loss_fn(x, p, q) < h_pi - 1e-3 * (h_pi - rate)
 
 
+@planned(_trajectory_needs)
 def adam_descent(e0: ArrayLike, w0: ArrayLike, b0: ArrayLike = 0.0, *, p: Real, q: Real, steps: int, lr: Real,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8) -> Trajectory:
     """Adam on the canonical loss itself, from many (e0, w0, b0) at once (broadcast): the 3-parameter model
@@ -412,6 +436,7 @@ def _check_grid(n: Any, name: str) -> int:
     return n
 
 
+@planned(_grid_needs)
 def regime_map_pq(*, e0: Real = 0.1, w0: Real = 0.1, b0: Real | None = 0.0, tied: bool = True, a0: Real = 0.0,
                   n: int = 41, method: str = "auto") -> RegimeMap:
     """Predicted outcome over the (p, q) square (cell centres (i + 1/2) / n) from one init (e0, w0, b0).
@@ -432,6 +457,7 @@ def regime_map_pq(*, e0: Real = 0.1, w0: Real = 0.1, b0: Real | None = 0.0, tied
                      tied=tied, settings=settings)
 
 
+@planned(_grid_needs)
 def regime_map_init(*, p: Real, q: Real, w_range: tuple[Real, Real] = (-2.5, 1.5),
                     e_range: tuple[Real, Real] = (0.02, 2.5), n_w: int = 81, n_e: int = 50,
                     b0: Real | None = 0.0, tied: bool = True, a0: Real | None = 0.0,

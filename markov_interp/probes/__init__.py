@@ -51,6 +51,9 @@ with its `__all__`, as `probes.<module>.<Name>` (`probes.attention.AttentionScor
 """
 
 import inspect
+import sys
+import types
+from typing import Any
 
 from markov_interp.probes import (  # noqa: F401  (every module, as probes.<module>)
     ablation,
@@ -81,6 +84,7 @@ from markov_interp.probes._common import ProbeBatch, checked, next_state_probs, 
 from markov_interp.probes.ablation import ablation_table
 from markov_interp.probes.attention import attention_scores
 from markov_interp.probes.behaviour import behaviour_report
+from markov_interp.probes.beliefs import belief_patch, belief_probes
 from markov_interp.probes.classify import MECHANISMS, MechanismReport, Thresholds, classify_mechanism
 from markov_interp.probes.discovery import CircuitGraph, discover_circuit
 from markov_interp.probes.interchange import edge_content
@@ -110,11 +114,44 @@ __all__ = [
     "edge_content",
     # what an activation carries: representation probes
     "probe_target", "Target", "linear_probe", "probe_layers", "fit_probe",
+    # belief states of a hidden Markov source
+    "belief_probes", "belief_patch",
 ]
 
-# Every probe of the face is exported with its argument types checked (`_common.checked`: a TypeError naming the
-# parameter and what it takes); the modules keep the unwrapped functions for the package's own calls.
+
+class _CheckedModule(types.ModuleType):
+    """A probes module whose public functions (its `__all__`), read from outside (`probes.strategies.
+    state_and_counts_probs`, or `from markov_interp.probes.beliefs import belief_probes`), are the checked ones
+    (`_common.checked`: argument types, the bounds of plain values, finite weights, the memory plan), while its own
+    code and the probes' calls among themselves (bound when the modules were imported) run the functions unchecked,
+    as the face's own calls always have: a NaN faithfulness is a value the package passes on, not a user's input.
+    A function of a module's `__all__` is checked by default: a new one needs nothing more
+    (tests/probes/test_probe_bounds.py walks them all)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        value = types.ModuleType.__getattribute__(self, name)
+        if name.startswith("_") or not inspect.isfunction(value):
+            return value
+        table = types.ModuleType.__getattribute__(self, "__dict__").get("_checked_functions", {})
+        wrapped = table.get(name)
+        return wrapped if wrapped is not None and wrapped.__wrapped__ is value else value
+
+    def __setattr__(self, name: str, value: Any) -> None:  # a checked function put back (monkeypatch's undo)
+        table = types.ModuleType.__getattribute__(self, "__dict__").get("_checked_functions", {})
+        if table.get(name) is value:
+            value = value.__wrapped__
+        types.ModuleType.__setattr__(self, name, value)
+
+
+for _module in [value for value in list(globals().values()) if inspect.ismodule(value) and value.__name__.startswith(
+        __name__ + ".") and not value.__name__.rsplit(".", 1)[-1].startswith("_")]:
+    _module._checked_functions = {name: checked(value) for name in getattr(_module, "__all__", ())
+                                  for value in [vars(_module)[name]] if inspect.isfunction(value)}
+    _module.__class__ = _CheckedModule
+# the face: the modules' checked functions (the face's own, `sample_batch` and the rest from `_common`, checked here)
 for _name in __all__:
-    if inspect.isfunction(globals()[_name]):
-        globals()[_name] = checked(globals()[_name])
-del _name, checked
+    _value = globals()[_name]
+    if inspect.isfunction(_value):
+        _home = sys.modules[_value.__module__]
+        globals()[_name] = getattr(_home, "_checked_functions", {}).get(_name) or checked(_value)
+del _name, _value, _module, _home, checked

@@ -46,6 +46,10 @@ from markov_interp.probes.representation import ProbeSite, ProbeTable, probe_sit
 from markov_interp.probes.targets import Target
 from markov_interp.sources import HiddenSource
 
+__all__ = ["ALL_LAYERS", "SUBSPACES", "BeliefPatch", "SimplexProjection", "belief_patch", "belief_probes",
+           "belief_target", "held_out_beliefs", "layer_sites", "probe_beliefs", "probe_subspace", "simplex_points",
+           "simplex_projection"]
+
 ALL_LAYERS = "all layers"  # the site name of the probe on every site concatenated
 SUBSPACES = ("pattern", "weights")  # what `probe_subspace` spans: the probe's activation pattern or its weights
 # singular values below this fraction of the largest do not span the probe's subspace: the beliefs sum to 1, so the

@@ -34,6 +34,8 @@ import torch
 
 from markov_interp.probes.paths import EdgeKey, EdgeRunner, edge_estimates
 
+__all__ = ["Estimates", "estimate", "next_block", "saturated_heads", "verify_plan"]
+
 IG_STEPS = 5  # runs along the way from the clean to the corrupted embeddings (trapezoid rule) ...
 LARGE_GRAPH = 4000  # ... and 2 (the clean and the corrupted ends) for graphs with more edges than this
 CANDIDATE_FRACTION = 0.25  # an estimate at this share of min_effect can make an edge unreliable

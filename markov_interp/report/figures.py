@@ -18,7 +18,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from markov_interp._plan import planned
 from markov_interp.config import check_int
+from markov_interp.landscape.flow import _grid_needs
 from markov_interp.dynamics import RunDynamics, StepInterval, Survival
 from markov_interp.probes._common import context_labels, state_labels
 from markov_interp.theory import ReferenceLosses
@@ -547,6 +549,7 @@ def regime_map_init_figure(rmap: landscape.RegimeMap, *, ax: Optional[Axes] = No
     return fig
 
 
+@planned(_grid_needs)
 def landscape_figure(*, p: float, q: float, w_range: tuple[float, float] = (-2.5, 1.5),
                      e_range: tuple[float, float] = (0.0, 2.5), n: int = 161,
                      trajectory: Optional[landscape.Trajectory] = None, ax: Optional[Axes] = None) -> Figure:

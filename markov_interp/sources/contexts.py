@@ -11,6 +11,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from markov_interp._plan import power
+from markov_interp.config import check_int
+
 
 def context_index(tokens: Int[Tensor, "batch pos"], vocab: int, order: int) -> Int[Tensor, "batch pos"]:
     """Base-V index of the last `order` states ending at each position (oldest first); -1 where too short.
@@ -18,6 +21,10 @@ def context_index(tokens: Int[Tensor, "batch pos"], vocab: int, order: int) -> I
     >>> context_index(torch.tensor([[0, 1, 1, 0]]), 2, 2)
     tensor([[-1,  1,  3,  2]])
     """
+    check_int("vocab", vocab, minimum=1)
+    check_int("order", order, minimum=0)
+    if power(vocab, order) >= 2**63:  # the index is an int64 (and the loop below runs `order` times)
+        raise ValueError(f"{vocab}**{order} contexts do not fit a 64-bit index; lower order")
     index = torch.zeros_like(tokens)
     for lag in range(order):  # order is tiny (1..4): a loop over lags, not positions
         shifted = torch.roll(tokens, lag, dims=1)

@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from markov_interp._plan import Need, planned, power, size
 from markov_interp.config import check_bool, check_int, check_number, check_seed
 from markov_interp.sources.base import (
     InitialLaw,
@@ -209,6 +210,16 @@ class RandomMarkov:
 
 
 # ------------------------------------------------------------------------ the in-context (add-alpha) law
+def _count_needs(a: Any) -> list[Need]:
+    """The in-context counts of tokens [batch, pos]: V**order x V per position (float64, the one-hots and their
+    running sums; order 0: the state counts)."""
+    tokens, vocab, order = a.get("tokens"), size(a, "vocab"), size(a, "order")
+    cells = tokens.numel() if isinstance(tokens, Tensor) else 0
+    return [Need.of("the in-context counts", 16 * cells * power(vocab, order) * vocab, [("vocab", vocab),
+                                                                                       ("order", order)])]
+
+
+@planned(_count_needs)
 def add_beta_predictions(
     tokens: Int[Tensor, "batch pos"], vocab: int, *, order: int = 1, beta: float | int = 1.0,
     support: Bool[Tensor, "context vocab"] | None = None,
@@ -257,6 +268,7 @@ def add_beta_predictions(
     return probs
 
 
+@planned(_count_needs)
 def state_counts(tokens: Int[Tensor, "batch pos"], vocab: int) -> Float[Tensor, "batch pos vocab"]:
     """n_x at every position t: how many of x_0..x_t equal x (float64), the counts of the in-context unigram law.
 
@@ -273,6 +285,7 @@ def state_counts(tokens: Int[Tensor, "batch pos"], vocab: int) -> Float[Tensor, 
     return torch.nn.functional.one_hot(tokens, vocab).to(torch.float64).cumsum(1)
 
 
+@planned(_count_needs)
 def transition_counts(tokens: Int[Tensor, "batch pos"], vocab: int, *,
                       order: int = 1) -> Float[Tensor, "batch pos context vocab"]:
     """n(c, x) at every position t: how many transitions from the context c (the `order` states before, base-V
@@ -294,6 +307,7 @@ def transition_counts(tokens: Int[Tensor, "batch pos"], vocab: int, *,
     [[0.0, 1.0], [0.0, 1.0]]
     """
     check_int("order", order, minimum=1)
+    check_int("vocab", vocab, minimum=1)
     batch, seq = tokens.shape
     n_ctx = vocab**order
     ctx = context_index(tokens, vocab, order)

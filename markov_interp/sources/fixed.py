@@ -10,6 +10,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from markov_interp._plan import power
 from markov_interp.config import check_int, check_probability
 from markov_interp.sources.base import (
     ROW_SUM_TOL,
@@ -40,7 +41,7 @@ def validate_kernel(kernel: Any, *, order: int = 1, name: str = "kernel") -> Ten
         raise ValueError(f"{name} must be a numeric array, got {type(kernel).__name__}: {err}") from None
     if k.ndim == 2 and order > 1:
         vocab = k.shape[-1]
-        if vocab < 2 or k.shape[0] != vocab**order:
+        if vocab < 2 or k.shape[0] != power(vocab, order):  # vocab**order itself: hours for order 2**40
             raise ValueError(
                 f"{name} of order {order} given flat must have shape [V**{order}, V], got {tuple(k.shape)}"
             )

@@ -23,12 +23,14 @@ import dataclasses
 import functools
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp._display import displayed
+from markov_interp._plan import Need, planned, power, size
 from markov_interp.config import check_int, check_number
 from markov_interp.sources import HiddenMarkov, HiddenSource
 from markov_interp.theory._stats import _mean_se
@@ -54,6 +56,23 @@ def _as_hmm(source: object) -> HiddenMarkov:
                      f"{type(source).__name__}")
 
 
+def _hidden_needs(a: Any) -> list[Need]:
+    """What a reference of a hidden Markov source holds: the mixed states of an enumeration (at most max_states,
+    and at most V**n_tokens, beliefs over the hidden states, with their weights and a branch of each), the Monte
+    Carlo's rounds of `_MC_ROUND` sequences over the positions (tokens, beliefs, laws), the curve itself."""
+    hmm = a.get("hmm")
+    if not isinstance(hmm, HiddenSource):
+        return []
+    hidden, vocab = int(hmm.hidden), int(hmm.vocab)
+    states = size(a, "max_states") if "max_states" in a else 0
+    if "n_tokens" in a:
+        states = min(states, power(vocab, size(a, "n_tokens")))
+    positions = size(a, "n_positions") or size(a, "seq_len")
+    fields = [(name, size(a, name)) for name in ("max_states", "n_tokens", "n_positions", "seq_len") if name in a]
+    return [Need.of("the mixed states", states * (hidden + 1) * vocab * 16, fields),
+            Need.of("the Monte Carlo rounds", positions * _MC_ROUND * (hidden + vocab + 2) * 8, fields)]
+
+
 def word_law(hmm: HiddenSource, length: int) -> Float[Tensor, " word"]:
     """P(x_0..x_{length-1}) of every word of `length` tokens under the stationary process, words in base-vocab
     order (x_0 most significant): pi T[x_0] T[x_1] ... 1.
@@ -71,7 +90,7 @@ def word_law(hmm: HiddenSource, length: int) -> Float[Tensor, " word"]:
     """
     hmm = _as_hmm(hmm)
     check_int("length", length, minimum=0)
-    if hmm.vocab**length * hmm.hidden > WORD_LIMIT:
+    if power(hmm.vocab, length) * hmm.hidden > WORD_LIMIT:  # V**length itself would take hours for length 2**40
         raise ValueError(f"{hmm.vocab}**{length} words of {hmm.hidden} hidden states exceed {WORD_LIMIT} entries")
     forward = hmm.stationary[None]  # [word, hidden]: P(word, state after it)
     for _ in range(length):
@@ -146,6 +165,7 @@ def _equal_rows(rows: Tensor) -> tuple[Tensor, int]:
     return index, int(groups[-1]) + 1
 
 
+@planned(_hidden_needs)
 def mixed_states(hmm: HiddenSource, n_tokens: int, *,
                  max_states: int = MAX_STATES) -> tuple[Float[Tensor, "state hidden"], Float[Tensor, " state"]]:
     """Every belief the forward filter reaches after `n_tokens` tokens from the stationary start, with its
@@ -245,6 +265,7 @@ def _enumerate(key: tuple, max_states: int) -> _Enumeration:
     return _Enumeration(tuple(upper), tuple(lower))
 
 
+@planned(_hidden_needs)
 def entropy_rate_bounds(hmm: HiddenSource, *, max_states: int = MAX_STATES) -> tuple[float, float]:
     """A rigorous bracket (lower, upper) of the entropy rate, both ends exact by enumeration.
 
@@ -330,6 +351,7 @@ def _mc_entropy_rate(hmm: HiddenMarkov, *, seed: int, tol: float) -> tuple[float
 
 
 # -------------------------------------------------------------------------------------------- the references
+@planned(_hidden_needs)
 def hidden_entropy_rate(hmm: HiddenSource, *, tol: float = 5e-4, seed: int = 0,
                         max_states: int = MAX_STATES) -> tuple[float, float, str]:
     """The entropy rate in nats: the loss of the Bayes-optimal predictor once its belief has synchronised, the
@@ -389,6 +411,7 @@ class BayesLossCurve:
     mean_error: float
 
 
+@planned(_hidden_needs)
 def bayes_loss_curve(hmm: HiddenSource, n_positions: int, *, tol: float = 5e-4, seed: int = 0,
                      n_sequences: int | None = None, max_states: int = MAX_STATES) -> BayesLossCurve:
     """The Bayes-optimal loss per position, E[-log P(x_{t+1} | x_0..x_t)] for t = 0..n_positions-1, from the
@@ -442,6 +465,7 @@ def bayes_loss_curve(hmm: HiddenSource, n_positions: int, *, tol: float = 5e-4, 
                           mean=sum(values) / n_positions, mean_error=mean_error)
 
 
+@planned(_hidden_needs)
 def hidden_references(hmm: HiddenSource, seq_len: int, *, seed: int = 0, tol: float = 5e-4,
                       n_sequences: int | None = None, max_states: int = MAX_STATES) -> ReferenceLosses:
     """All the references of a hidden Markov source for sequences of `seq_len` tokens (seq_len - 1 targets), as

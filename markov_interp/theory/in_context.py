@@ -18,6 +18,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from markov_interp._plan import Need, planned, power, size
+from markov_interp.config import check_int
 from markov_interp.sources import KernelSource, add_beta_predictions, context_index
 from markov_interp.sources.contexts import block_sizes, kernel_bytes
 from markov_interp.sources.contexts import solve_stationary as _solve_stationary
@@ -26,6 +28,17 @@ from markov_interp.theory.expectations import KernelExpectations
 from markov_interp.theory.fixed import cross_entropy, entropy, target_log_loss
 
 
+def _curve_needs(a: Any) -> list[Need]:
+    """A chunk of 512 sequences over seq_len positions and its in-context counts (V**order x V per position)."""
+    source = a.get("source")
+    if not isinstance(source, KernelSource):
+        return []
+    seq_len = size(a, "seq_len")
+    return [Need.of("the in-context counts of a chunk", 512 * seq_len * power(source.vocab, source.order) *
+                    source.vocab * 16, [("seq_len", seq_len)])]
+
+
+@planned(_curve_needs)
 def in_context_loss_curve(
     source: KernelSource,
     seq_len: int,
@@ -41,6 +54,8 @@ def in_context_loss_curve(
     the estimate; its standard error shrinks as 1/sqrt(n_sequences). Entry t is the loss of the prediction made
     after seeing x_0..x_t, so the curve has seq_len - 1 entries.
     """
+    check_int("seq_len", seq_len, minimum=2)
+    check_int("n_sequences", n_sequences, minimum=1, maximum=MAX_SEQUENCES)
     if beta is None:
         beta = source.alpha if source.alpha is not None else 0.5
     generator = generator if generator is not None else torch.Generator().manual_seed(0)

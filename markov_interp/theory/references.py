@@ -19,7 +19,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from markov_interp._display import displayed
-from markov_interp._plan import Need, check_needs, memory_limit
+from markov_interp._plan import Need, check_needs, memory_limit, power
 from markov_interp.config import SEED_MAX, check_int, check_number
 from markov_interp.sources import KernelSource, SourceConfig, add_beta_predictions
 from markov_interp.sources.contexts import kernel_bytes
@@ -327,7 +327,8 @@ def reference_needs(*, vocab: int, order: int, random: bool, seq_len: int, pool_
     Returns:
         One `Need`.
     """
-    contexts, per_kernel = vocab**order, kernel_bytes(vocab**order, vocab)
+    contexts = power(vocab, order)  # capped at 2**63: vocab**order itself would take hours for order 2**40
+    per_kernel = kernel_bytes(contexts, vocab)
     if random:
         n_bytes = (REFERENCE_SEQUENCES * (contexts * vocab + 8 * seq_len) * 8 + per_kernel
                    + (pool_size or 0) * contexts * vocab * 8)

@@ -65,6 +65,7 @@ from typing import Any, Optional
 import torch
 from tqdm.auto import tqdm
 
+from markov_interp._plan import Need, planned, size
 from markov_interp._threads import one_thread_if_tiny
 from markov_interp.clamps import ClampState, check_interventions, clamp_hooks, frozen_names
 from markov_interp import theory
@@ -328,6 +329,18 @@ def _paired_references(sources: Sequence[Source], tokens: torch.Tensor) -> torch
     return out
 
 
+def _evaluation_needs(a: Any) -> list[Need]:
+    """One evaluation batch: the model's forward over batch_size x (seq_len + 1) and the sampled sequences."""
+    from markov_interp.models.memory import hooked_needs
+
+    batch, length = size(a, "batch_size"), size(a, "seq_len") + 1
+    fields = [("batch_size", batch), ("seq_len", size(a, "seq_len"))]
+    model = a.get("model")
+    return (hooked_needs(model, batch=batch, seq_len=length, fields=fields) if isinstance(model, HookedModel)
+            else []) + [Need.of("the evaluation sequences", batch * length * 8, fields)]
+
+
+@planned(_evaluation_needs)
 def evaluate_paired(model: HookedModel, source: Source, *, seq_len: int, batch_size: int, n_batches: int,
                     generator: torch.Generator, precision: str = "fp32",
                     interventions: Optional[Mapping[str, Callable]] = None) -> dict[str, float]:
@@ -358,6 +371,7 @@ def evaluate_paired(model: HookedModel, source: Source, *, seq_len: int, batch_s
     return row
 
 
+@planned(_evaluation_needs)
 def evaluate(model: HookedModel, source: Source, *, seq_len: int, batch_size: int, n_batches: int,
              generator: torch.Generator, precision: str = "fp32",
              interventions: Optional[Mapping[str, Callable]] = None) -> float:

@@ -26,7 +26,7 @@ from devicesim import DEVICE, DeviceMismatch, SimulatedDevice
 from handbuilt import induction_model
 
 from markov_interp import clamps, probes
-from markov_interp.sources import BinaryChain, RandomMarkov
+from markov_interp.sources import BinaryChain, RandomMarkov, hmm_preset
 from markov_interp.models import build, preset
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -68,6 +68,20 @@ def _intervened(model, source, batch, pair):
     comps, values = _cpu_replacements(model, batch)
     return (probes.interventions.intervened_probs(model, batch.tokens, [comps[:1], comps], values),
             probes.interventions.intervened_run(model, batch.tokens, comps[-1:], values, record=[comps[0].hook_name]))
+
+
+def _beliefs(model):
+    """The belief probes' table on the hidden Markov source with the model's vocabulary (Mess3 on 3 states, Z1R on
+    2), its tokens drawn on the CPU, and those tokens and the source."""
+    hmm = hmm_preset("mess3" if model.cfg.d_vocab == 3 else "z1r")
+    tokens = hmm.sample(12, SEQ, generator=torch.Generator().manual_seed(1))
+    return probes.beliefs.belief_probes(model, tokens, hmm, n_bootstrap=50), tokens, hmm
+
+
+def _belief_patch(model, source, batch, pair):
+    table, tokens, hmm = _beliefs(model)
+    return [probes.beliefs.belief_patch(model, tokens, hmm, table.fits[1], n_bootstrap=50, subspace=kind)
+            for kind in probes.beliefs.SUBSPACES]
 
 
 def _components(model):
@@ -115,16 +129,21 @@ PROBES = {  # name -> fn(model, source, batch, (clean, corrupted)): every public
     "clamps.applied": _under_clamps,
     "linear_probe": lambda m, s, b, p: [probes.linear_probe(m, b, ("z", 0, 0), "state", n_bootstrap=50),
                                         probes.linear_probe(m, b, ("result", 0, 0), "state_counts", n_bootstrap=50)],
+    "belief_probes": lambda m, s, b, p: _beliefs(m)[0],
+    "belief_patch": _belief_patch,
+    "simplex_points": lambda m, s, b, p: probes.beliefs.simplex_points(m, *_beliefs(m)[1:], _beliefs(m)[0]),
     "probe_layers": lambda m, s, b, p: probes.probe_layers(m, b, probes.probe_target("state", b, lag=1),
                                                            n_bootstrap=50),
 }
 # compared by their fields only on CUDA: a choice (the edges kept, a label), or a ratio over a KL of 1e-8..1e-6 nats
-# (the patching baseline of the random models here), which float32 rounding on another device moves
+# (the patching baseline of the random models here), which float32 rounding on another device moves; a belief
+# patch is a ratio of moves as small on these untrained models, and the simplex points are rounded to 4 decimals
 FIELDS_ONLY = {"discover_circuit", "classify_mechanism", "circuit_formation", "clamps.applied", "activation_patching",
-               "patching_by_position", "edge_content"}
+               "patching_by_position", "edge_content", "belief_patch", "simplex_points"}
 EXEMPT = {  # public probes taking a model that read only its config, never a tensor
     "probe_length", "training_length", "graph_edges", "model_components", "probe_hook_names",
-    "fitted_similarity"}  # given the model's logits: runs no forward (the classifier's law axis, run above)
+    "fitted_similarity",  # given the model's logits: runs no forward (the classifier's law axis, run above)
+    "layer_sites"}  # the belief probes' sites, from the config
 SLOW = {"discover_circuit", "classify_mechanism", "circuit_formation", "clamps.applied", "EdgeRunner", "edge_content"}
 
 

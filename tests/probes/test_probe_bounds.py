@@ -8,8 +8,10 @@ parameter, no probe code run), and the real probes show that what passes the che
 ValueError / TypeError, never a crash, a raw allocation error or a hang."""
 
 import functools
+import importlib
 import inspect
 import math
+import pkgutil
 import typing
 
 import pytest
@@ -18,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from markov_interp import probes
-from markov_interp.sources import RandomMarkov
+from markov_interp.sources import HiddenSource, RandomMarkov, hmm_preset
 from markov_interp.models.memory import PlanTooLarge
 from markov_interp.probes import _common
 from markov_interp.probes._common import checked, parameter_limits
@@ -29,8 +31,22 @@ VOCAB, SEQ = 2, 12
 
 
 def _public() -> dict:
-    return {name: getattr(probes, name) for name in probes.__all__
-            if getattr(getattr(probes, name), "__markov_checked__", False)}
+    """Every checked public function: the face's by name, and every other function of a probes module's `__all__`
+    as "module.name" (`probes.strategies.state_and_counts_probs` is as bounded as `probes.classify_mechanism`)."""
+    found = {name: getattr(probes, name) for name in probes.__all__
+             if getattr(getattr(probes, name), "__markov_checked__", False)}
+    for module in _modules():
+        for name in getattr(module, "__all__", ()):
+            fn = getattr(module, name)
+            if inspect.isfunction(fn) and all(fn is not other for other in found.values()):
+                found[f"{module.__name__.rsplit('.', 1)[-1]}.{name}"] = fn
+    return found
+
+
+def _modules() -> list:
+    """The public modules of `markov_interp.probes` (walked, so a new module is included)."""
+    return [importlib.import_module(info.name) for info in pkgutil.iter_modules(probes.__path__, "markov_interp.probes.")
+            if not info.name.rsplit(".", 1)[-1].startswith("_")]
 
 
 def _hints(fn) -> dict:
@@ -49,27 +65,53 @@ def _numeric(fn) -> dict:
 
 @functools.lru_cache(maxsize=1)
 def context() -> dict:
-    """One small example of every required argument of the probes of the face (a hand-built induction model on 2
-    states); `test_the_context_covers_the_face` keeps it complete."""
+    """One small example of every required argument of the checked probes (a hand-built induction model on 2
+    states; Z1R, a hidden Markov source on 2 states, for the belief probes); `test_the_context_covers_every_probe`
+    keeps it complete."""
     model = induction_model(VOCAB, n_ctx=16)
     source = RandomMarkov(VOCAB)
     batch = probes.sample_batch(source, n_sequences=4, seq_len=SEQ, seed=0)
     tokens = batch.tokens
     _, cache = model.run_with_cache(tokens)
     graph = probes.discover_circuit(model, source, n_sequences=4, seq_len=SEQ, method="exact")
+    scores = probes.attention_scores(model, batch)
+    components = probes.interventions.model_components(model)
+    activations = cache["blocks.0.hook_resid_post"]
+    target = probes.probe_target("state", batch)
+    sim = probes.strategy_similarity(model, batch)
+    hmm = hmm_preset("z1r")
+    probs = probes.next_state_probs(model, tokens)
+    hmm_tokens = hmm.sample(8, SEQ, generator=torch.Generator().manual_seed(0))
     return dict(
         model=model, source=source, batch=batch, tokens=tokens, clean_tokens=tokens, corrupted_tokens=tokens.flip(0),
-        probs=probes.next_state_probs(model, tokens), th=probes.Thresholds(),
-        sim=probes.strategy_similarity(model, batch), checkpoints=[(1, model)], edges=graph.kept or graph.edges[:2],
-        name="state", where="blocks.0.hook_resid_post", target=probes.probe_target("state", batch),
-        activations=cache["blocks.0.hook_resid_post"], n_sequences=4, seq_len=SEQ, seed=0,
+        probs=probs, th=probes.Thresholds(), sim=sim, checkpoints=[(1, model)], edges=graph.kept or graph.edges[:2],
+        name="state", where="blocks.0.hook_resid_post", target=target,
+        activations=activations, n_sequences=4, seq_len=SEQ, seed=0,
+        # the probes modules' other public functions
+        hmm=hmm, hmm_tokens=hmm_tokens, table=probes.beliefs.belief_probes(model, hmm_tokens, hmm, n_bootstrap=0),
+        reading=probes.circuit.read_circuit(graph, scores, order=1, head_excess=0.1),
+        gains=probes.graded_gains(probs, batch), graph=graph, scores=scores, runner=probes.paths.EdgeRunner(model, tokens, tokens.flip(0)),
+        active=list(graph.edges[:2]), components=components[:2], groups=[components[:1], components[:2]],
+        component=components[0], activation=activations, replacement=activations, replacements={}, reference={},
+        pattern=cache["blocks.0.attn.hook_pattern"], kernel=batch.kernels[0], predict=probes.behaviour.model_predictor(
+            model), positions=[1, 2], vocab=VOCAB, order=1, alpha=1.0, beta=1.0, max_lag=2, n_base=2,
+        values=tokens[..., None].double(), exact=True, first=tokens[:, 0], gen=torch.Generator().manual_seed(0),
+        fit=probes.fit_probe(activations, target), temperature=1.0, threshold=0.1, head_excess=0.1,
+        in_context_fraction=0.5, in_weights=False, source_order=1, value=0.5, steps=[1, 2], kept=[False, True],
+        effects=dict.fromkeys(graph.edges[:2], 0.5), mode="K", src=(0, 0), dst=(1, 0), logits=model(tokens),
+        true=probes.next_state_probs(model, tokens), curve=torch.linspace(1.0, 0.5, SEQ - 1), variable="state",
+        edge=graph.edges[0], raw_sim=sim, fitted_sim=sim, laws={}, carried={}, profiles={},
+        beliefs=torch.full((4, 3), 1 / 3, dtype=torch.float64),
     )
 
 
 def _required(fn) -> dict:
-    """The probe's required arguments, from `context`."""
+    """The probe's required arguments, from `context` (a hidden Markov source where the probe takes one)."""
     ctx = context()
-    return {p.name: ctx[p.name] for p in inspect.signature(fn).parameters.values()
+    hints = _hints(fn)
+    hidden = hints.get("source") is HiddenSource
+    return {p.name: ctx[{"source": "hmm", "tokens": "hmm_tokens"}.get(p.name, p.name) if hidden else p.name]
+            for p in inspect.signature(fn).parameters.values()
             if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
 
@@ -114,13 +156,20 @@ def _expected(kind, limits: dict, value, param: str = "", given: dict = {}) -> s
     return "ok"
 
 
-def test_the_context_covers_the_face():
-    """Every function of the face (`probes.__all__`) is a checked probe the fuzz calls, `edge_content` among them,
-    and `context` holds every required argument of each (a new probe with a new argument fails here first)."""
+def test_the_context_covers_every_probe():
+    """Every function of the face (`probes.__all__`) and of every probes module's `__all__` is checked (the module
+    attribute itself: `probes.strategies.state_and_counts_probs` is bounded as the face is), and `context` holds
+    every required argument of each one the fuzz calls (a new probe with a new argument fails here first)."""
     functions = {n for n in probes.__all__ if inspect.isfunction(getattr(probes, n))}
-    assert set(_public()) == functions and "edge_content" in functions
-    for fn in _public().values():
-        _required(fn)
+    assert functions <= set(_public()) and "edge_content" in functions
+    for module in _modules():
+        for name in getattr(module, "__all__", ()):
+            value = getattr(module, name)
+            assert not inspect.isfunction(value) or getattr(value, "__markov_checked__", False), (module, name)
+    assert {"strategies.state_and_counts_probs", "belief_probes", "belief_patch",
+            "beliefs.simplex_points"} <= set(_public())
+    for name in set(n for n, _ in NUMERIC) | set(MODEL_PROBES):
+        _required(_public()[name])
     assert {"n_boot", "cut", "max_lag", "n_sequences"} <= set(_numeric(probes.edge_content))
 
 
@@ -157,6 +206,7 @@ def test_the_entry_check_bounds_every_numeric_parameter(name, param, value):
     kind, limits = _numeric(fn)[param]
     wrapped, calls = _stand_in(fn)
     expect = _expected(kind, limits, value, param, _required(fn))
+    name = fn.__name__  # what its messages say (a module's function is named without its module)
     try:
         wrapped(**{**_required(fn), param: value})
     except TypeError as err:
@@ -183,29 +233,15 @@ SMALL_OR_WILD = st.one_of(st.integers(min_value=-3, max_value=4), st.integers(mi
                           st.sampled_from([math.nan, math.inf, -math.inf, 1e300, -1e300]))
 
 
-@pytest.fixture
-def _limited_memory(monkeypatch):
-    """Every plan check sees a machine of 1 GiB (wherever `_plan.memory_limit` was imported)."""
-    import sys
-
-    from markov_interp import _plan
-
-    limit = lambda device: (1 << 30, "a test's 1 GiB")  # noqa: E731
-    for module in list(sys.modules.values()):
-        if getattr(module, "__name__", "").startswith("markov_interp") and \
-                getattr(module, "memory_limit", None) is _plan.memory_limit:
-            monkeypatch.setattr(module, "memory_limit", limit)
-
-
 @pytest.mark.slow
-@pytest.mark.usefixtures("_limited_memory")
+@pytest.mark.usefixtures("limited_memory")
 @pytest.mark.parametrize("name", REAL)
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_the_real_probes_run_or_refuse_any_value(name, data):
     """The real probe (not a stand-in) given a small valid value or a wild one for one numeric parameter: it returns,
     or raises ValueError / TypeError (PlanTooLarge is a ValueError); never an allocation error, RecursionError,
-    OverflowError, IndexError or a hang. The plan runs against a 1 GiB memory (`_limited_memory`), so what it lets
+    OverflowError, IndexError or a hang. The plan runs against a 1 GiB memory (`limited_memory`), so what it lets
     through is small on any machine, and a plan that undercounts a probe's arrays by much shows here as an
     allocation of several GiB."""
     fn = _public()[name]
@@ -239,7 +275,7 @@ def test_every_probe_refuses_a_model_with_non_finite_weights_in_one_message(name
                  **({"checkpoints": [(1, model)]} if "checkpoints" in inspect.signature(fn).parameters else {})}
     with pytest.raises(ValueError) as refused:
         fn(**arguments)
-    assert str(refused.value) == (f"{name}: the model's weights hold NaN or infinity ({names[0]}, {names[-1]}); "
+    assert str(refused.value) == (f"{fn.__name__}: the model's weights hold NaN or infinity ({names[0]}, {names[-1]}); "
                                   "probes refuse a model whose weights are not finite (a diverged run has no "
                                   "trained model)")
 
