@@ -327,7 +327,7 @@ def _measure_key(budget: PhaseBudget) -> str:
     # the version names the measure's code: 4 = the classifier's roles by edge content, 5 = with what the receivers'
     # keys carry as a whole and cancelling sets kept where dropping them cost faithfulness, so labels cached by an
     # older classifier are measured again rather than reused
-    return (f"phases-5:{budget.probe_sequences}x{budget.seq_len}:seed{_PROBE_SEED}:reach{REACH}:"
+    return (f"phases-6:{budget.probe_sequences}x{budget.seq_len}:seed{_PROBE_SEED}:reach{REACH}:"
             f"head{HEAD_EXCESS}")
 
 

@@ -231,9 +231,19 @@ def _query_carries_state(graph: CircuitGraph, carried: dict[str, Optional[str]],
 def keys_match_lag(content: Optional[EdgeContent], receiver: str, *, unmeasured: bool = True) -> bool:
     """Whether head `receiver`'s keys as a whole carry a lagged state (`EdgeContent.keys`: some lagged variable
     explains at least the cut of what patching its whole key vector does), as an induction head's must;
-    `unmeasured` where its keys were not measured (then the K-edges' content decides alone)."""
+    `unmeasured` where its keys were not measured (then the K-edges' content decides alone).
+
+    On more than two states the step into a key (x_{j-1}, x_j) and the window count too: they hold the lagged
+    state, and the only other reading of step-keyed keys, switch counting, does not exist there (a binary chain's
+    shortcut). An induction head whose keys also hold the key's own state (its embedding reaches them beside the
+    previous-token head's write) carries the step, not the lag alone; on two states that is ambiguous, on three it
+    is not."""
     row = None if content is None else content.keys_of(receiver)
-    return unmeasured if row is None else any(is_lagged(v) and x >= content.cut for v, x in row.explained.items())
+    if row is None:
+        return unmeasured
+    beyond_binary = content.vocab is not None and content.vocab > 2
+    return any((is_lagged(v) or (beyond_binary and v in ("step", "window"))) and x >= content.cut
+               for v, x in row.explained.items())
 
 
 def _into_induction(graph: CircuitGraph, content: EdgeContent, carried: dict[str, Optional[str]], e: Edge) -> bool:

@@ -147,6 +147,23 @@ def test_a_cancelling_set_stays_when_dropping_it_costs_faithfulness():
     assert graph.faithfulness >= 0.9 and graph.faithfulness == pytest.approx(plain.faithfulness, abs=1e-9)
 
 
+def test_a_three_state_induction_head_keyed_by_the_step_is_named_induction():
+    """A trained L2 x2 model of the committed three-state diagram: the previous-token head's K-edges carry the
+    lagged state, the embedding's carry the key's own state, so the induction heads' keys as a whole carry the step
+    (x_{j-1}, x_j), not the lag alone. On three states no switch-counting reading exists, so that is an induction
+    circuit (it was `other` while only a lag alone counted)."""
+    from pathlib import Path
+
+    from markov_interp import runs
+    from markov_interp.probes import classify_mechanism
+
+    folder = Path(__file__).parents[2] / "docs/reproduction/icl/phases-standard3/weights/layernorm-v3-h2-2-k1-s0"
+    model, source = runs.load_model(folder, device="cpu"), runs.read_config(folder).source.build()
+    batch = sample_batch(source, n_sequences=32, seq_len=64, seed=7_101)  # `phases.measure_model`'s batch
+    verdict = classify_mechanism(model, source, batch=batch, circuit_sequences=8, seed=0, progress=False)
+    assert (verdict.mechanism, verdict.order) == ("induction", 1), verdict.reason
+
+
 def test_receivers_kept_edges_together_and_completeness_are_the_runners_losses():
     model, source = induction_circuit(3, n_ctx=48), RandomMarkov(3)
     graph = discover_circuit(model, source, seq_len=48, n_sequences=16, progress=False)
