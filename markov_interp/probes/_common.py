@@ -481,12 +481,13 @@ _PLANNED = dict(minimum=1, maximum=2**62)  # sizes the memory plan bounds (`prob
 _SIZE = dict(minimum=1, maximum=MAX_PROBE_SIZE)
 _ORDER = dict(minimum=0, maximum=MAX_PROBE_ORDER)
 _FRACTION = dict(minimum=0, maximum=1)
+_LAG = dict(minimum=0, maximum=MAX_PROBE_SIZE)  # a lag of 0 is the current position
 # The bounds of the probes' plain arguments, by name (`checked` applies them to every public probe, and to the
 # keywords a probe passes on: `circuit_formation(**discover)`); a probe's own checks (a minimum of 2, a choice of
 # names) still follow. A new parameter gets `DEFAULT_LIMITS` by its type until it is named here.
 PARAMETER_LIMITS: dict[str, dict[str, Any]] = {
     "n_sequences": _PLANNED, "circuit_sequences": _PLANNED, "seq_len": _PLANNED, "n_ctx": _PLANNED,
-    "trained": _PLANNED, "n_kernels": _PLANNED, "vocab": _SIZE, "lag": _SIZE, "max_lag": _SIZE,
+    "trained": _PLANNED, "n_kernels": _PLANNED, "vocab": _SIZE, "lag": _LAG, "max_lag": _SIZE,
     "n_flip_positions": _SIZE, "max_edges": dict(minimum=0, maximum=MAX_PROBE_SIZE),
     "skip": dict(minimum=0, maximum=MAX_PROBE_SIZE), "position": dict(minimum=-MAX_PROBE_SIZE, maximum=MAX_PROBE_SIZE),
     "seed": dict(minimum=0, maximum=SEED_MAX),

@@ -622,7 +622,7 @@ def beyond_sink_scores(pattern: Pattern, *, max_lag: int) -> tuple[Float[Tensor,
     rest = (1 - pattern[:, :, :, 0]).clamp_min(0)
     out = []
     for lag in range(1, max_lag + 1):
-        i = torch.arange(lag + 1, seq, device=pattern.device)
+        i = torch.arange(min(lag + 1, seq), seq, device=pattern.device)  # empty when the lag reaches past
         if len(i) == 0:
             out.append(pattern.new_full(pattern.shape[1:2], nan))
             continue

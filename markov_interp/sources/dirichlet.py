@@ -282,6 +282,9 @@ def state_counts(tokens: Int[Tensor, "batch pos"], vocab: int) -> Float[Tensor, 
     >>> state_counts(torch.tensor([[0, 1, 1]]), 2)[0].tolist()
     [[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]]
     """
+    check_int("vocab", vocab, minimum=1)
+    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise ValueError(f"tokens must lie in 0..{vocab - 1}, got values in {tokens.min()}..{tokens.max()}")
     return torch.nn.functional.one_hot(tokens, vocab).to(torch.float64).cumsum(1)
 
 

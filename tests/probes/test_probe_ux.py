@@ -270,7 +270,8 @@ def _result_types() -> dict[str, type]:
     from markov_interp.report._condition import ConditionEscapes
     from markov_interp.training import FinalLosses, TrainResult
 
-    not_results = {"Component", "EdgeKey", "EdgeRunner", "ProbeLengthWarning", "ProbeResult"}  # names, engines
+    # names, engines and an engine's working state (verify's gradient estimates), not results a user reads
+    not_results = {"Component", "EdgeKey", "EdgeRunner", "ProbeLengthWarning", "ProbeResult", "Estimates"}
     found = {name: obj for name, obj in public_probe_names().items() if isinstance(obj, type)
              and dc.is_dataclass(obj) and name not in not_results}
     found.update({c.__name__: c for c in (
@@ -369,9 +370,21 @@ def _other_examples(mech) -> dict:
     }
 
 
+def _belief_examples() -> dict:
+    """The belief probes' results on the hand-built belief model (tests/handbuilt.py)."""
+    from tests.handbuilt import BELIEF_KERNEL, belief_model, chain_hmm
+
+    source, model = chain_hmm(BELIEF_KERNEL), belief_model(BELIEF_KERNEL)
+    tokens = source.sample(64, 16, generator=torch.Generator().manual_seed(13))
+    fit = probes.beliefs.belief_probes(model, tokens, source, n_bootstrap=0, sites=["L0.resid_post"],
+                                       concatenate=False)["L0.resid_post"]
+    return {"BeliefPatch": probes.beliefs.belief_patch(model, tokens[:32], source, fit, n_bootstrap=0),
+            "SimplexProjection": probes.beliefs.simplex_projection(source.belief_states(tokens)[0].double())}
+
+
 @pytest.fixture(scope="module")
 def examples(circuit, mech, batch):
-    return {**_probe_examples(circuit, mech, batch), **_other_examples(mech)}
+    return {**_probe_examples(circuit, mech, batch), **_other_examples(mech), **_belief_examples()}
 
 
 @pytest.mark.parametrize("name", sorted(_result_types()))
