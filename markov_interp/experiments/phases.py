@@ -68,7 +68,7 @@ __all__ = ["PhaseBudget", "QUICK", "STANDARD", "STANDARD3", "CONVERGED", "FULL",
            "EXPERIMENT", "shape_label", "phase_specs", "formation_specs", "formation_rows", "order_reached",
            "circuit_summary", "measure_model", "cell_summaries", "claims", "NOT_TESTED", "cells_table",
            "claims_table", "cells_csv", "PhaseResult", "run", "read", "remeasure", "weights_name", "alphabets",
-           "run_label", "run_key", "label_changes", "unnamed_at_law"]
+           "run_label", "run_key", "label_changes", "deep_at_law", "unnamed_at_law"]
 
 REACH = 0.5  # a seed reaches the order-j law when g_j >= REACH (closer to it in loss than to the order-(j-1) law)
 HEAD_EXCESS = Thresholds().head_excess  # a lag / induction head: its score this far above chance (the classifier's cut)
@@ -547,13 +547,19 @@ def label_changes(before: list[dict], after: list[dict]) -> Table:
                  [(was, now, str(n), why) for (was, now, why), n in counts.most_common()])
 
 
+def deep_at_law(runs: list[dict]) -> list[dict]:
+    """The classified results.json runs with two or more layers that reach their order's law (g_k >= 0.75, as the
+    phase diagram's issue counts them)."""
+    return [r for r in runs if r.get("classified") and len(r["heads"]) >= 2
+            and (r.get("gains") or {}).get(str(r["order"]), -1) >= 0.75]
+
+
 def unnamed_at_law(after: list[dict]) -> Table:
-    """The seeds with two or more layers that reach their order's law (g_k >= 0.75, as the phase diagram's issue
-    counts them) and are still labelled `other`, by cell and reason."""
+    """The seeds of `deep_at_law` still labelled `other`, by cell and reason."""
     counts: Counter = Counter()
-    for run in after:
-        c, gain = run.get("classified"), (run.get("gains") or {}).get(str(run["order"]))
-        if c and c["mechanism"] == "other" and len(run["heads"]) >= 2 and gain is not None and gain >= 0.75:
+    for run in deep_at_law(after):
+        c = run["classified"]
+        if c["mechanism"] == "other":
             counts[(f"{shape_label(tuple(run['heads']))} order {run['order']}", _why(c["reason"]))] += 1
     return Table(("cell", "seeds", "why"), [(cell, str(n), why) for (cell, why), n in sorted(counts.items())])
 

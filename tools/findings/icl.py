@@ -117,6 +117,17 @@ def diversity_standard_cells(path: Path) -> str:
 PHASES_STANDARD_BEFORE = "docs/reproduction/icl/phases-standard/labels-before.json"
 
 
+def _deep_other(runs: list[dict], *, still: str = "", lead: str = "Of") -> str:
+    """How many of the deep seeds at their law (`phases.deep_at_law`) are labelled `other`, with their table
+    (`phases.unnamed_at_law`)."""
+    from markov_interp.experiments import phases
+
+    unnamed = phases.unnamed_at_law(runs)
+    return (f"{lead} the {len(phases.deep_at_law(runs))} seeds with two or more layers whose g_k reaches 0.75, "
+            f"{sum(int(row[1]) for row in unnamed.rows)} are {still}labelled `other`"
+            + (":\n\n" + unnamed.markdown() if unnamed.rows else "."))
+
+
 @block("phases-standard-label-changes", PHASES_STANDARD_BEFORE, PHASES_STANDARD)
 def phases_standard_label_changes(before: Path, after: Path) -> str:
     """How the standard diagram's labels moved when its kept weights were measured again by the classifier with
@@ -128,18 +139,13 @@ def phases_standard_label_changes(before: Path, after: Path) -> str:
     old, new = json.loads(before.read_text())["runs"], json.loads(after.read_text())["result"]["runs"]
     changes = phases.label_changes(old, new)
     changed = sum(int(row[2]) for row in changes.rows if row[3] != "unchanged")
-    deep = [r for r in new if len(r["heads"]) >= 2 and r.get("classified")
-            and (r.get("gains") or {}).get(str(r["order"]), -1) >= 0.75]
-    unnamed = phases.unnamed_at_law(new)
-    n_other = sum(int(row[1]) for row in unnamed.rows)
     first = {phases.run_key(r): r for r in old}
     same = sum((first.get(phases.run_key(r)) or {}).get("gains") == r.get("gains")
                and first[phases.run_key(r)].get("model_loss") == r.get("model_loss") for r in new)
     return (f"Of {sum(int(row[2]) for row in changes.rows)} classified seeds, {changed} changed label. The numbers "
             f"held: {same} of {len(new)} seeds' gain fractions and model loss equal the first measurement's "
             "exactly.\n\n"
-            + changes.markdown() + f"\n\nOf the {len(deep)} seeds with two or more layers whose g_k reaches 0.75, "
-            f"{n_other} are still labelled `other`" + (":\n\n" + unnamed.markdown() if unnamed.rows else "."))
+            + changes.markdown() + "\n\n" + _deep_other(new, still="still "))
 
 
 PHASES_STANDARD3 = "docs/reproduction/icl/phases-standard3/results.json"
@@ -157,14 +163,7 @@ def phases_standard3_cells(path: Path) -> str:
     from markov_interp.experiments import phases
 
     result = experiment(path).result
-    runs = result.to_json()["runs"]
-    deep = [r for r in runs if len(r["heads"]) >= 2 and r.get("classified")
-            and (r.get("gains") or {}).get(str(r["order"]), -1) >= 0.75]
-    unnamed = phases.unnamed_at_law(runs)
-    n_other = sum(int(row[1]) for row in unnamed.rows)
-    return (phases.cells_table(result.cells).markdown() + f"\n\nOf the {len(deep)} seeds with two or more layers "
-            f"whose g_k reaches 0.75, {n_other} are labelled `other`"
-            + (":\n\n" + unnamed.markdown() if unnamed.rows else "."))
+    return phases.cells_table(result.cells).markdown() + "\n\n" + _deep_other(result.to_json()["runs"])
 
 
 @block("phases-alphabets-claims", PHASES_STANDARD, PHASES_STANDARD3)
@@ -206,8 +205,6 @@ def phases_converged_changes(standard: Path, converged: Path) -> str:
         up = sum(b - a > 0.05 for a, b in pairs)
         moved.append(f"order {order}: g_{order} mean {mean(a for a, _ in pairs):.2f} at 3000 steps, "
                      f"{mean(b for _, b in pairs):.2f} at 10,000 ({up} of {len(pairs)} seeds up by more than 0.05)")
-    unnamed = phases.unnamed_at_law(runs)
     return (phases.cells_table(longer.cells).markdown() + "\n\nThe same seeds, 3000 -> 10,000 steps: "
             + "; ".join(moved) + ".\n\n" + phases.label_changes(list(first.values()), runs).markdown()
-            + f"\n\nSeeds at their law (g_k >= 0.75) still `other` at 10,000 steps: {sum(int(r[1]) for r in unnamed.rows)}"
-            + (":\n\n" + unnamed.markdown() if unnamed.rows else "."))
+            + "\n\n" + _deep_other(runs, still="still ", lead="At 10,000 steps, of"))
