@@ -53,6 +53,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -132,6 +133,14 @@ def _anchor(anchor_dir: Path):
     return time_stacked
 
 
+def _anchor_step(anchor_dir: Path, k: int, steps: int, seq_len: int) -> Optional[float]:
+    """The compiled bf16 anchor's marginal seconds per step for a stack of k (`_anchor`), or None without it."""
+    time_stacked = _anchor(anchor_dir)
+    if time_stacked is None:
+        return None
+    return time_stacked(k, steps=steps, seq_len=seq_len, batch=16, device=DEVICE[0], compile=True, bf16=True)
+
+
 def speed(members: list[int], anchor_dir: Path, short: int, long: int, seq_len: int) -> None:
     time_stacked = _anchor(anchor_dir)
     for k in members:
@@ -197,10 +206,8 @@ def profile(k: int, seq_len: int, steps: int, compile: str, anchor_dir: Path, lo
     package = package_per_step(k, "bf16", compile, steps, long, seq_len)
     line = (f"K = {k} bf16 compile={compile} stream={STREAM[0]}: package {package * 1e3:7.2f} ms/step "
             f"{k / package:9.0f} model-steps/s")
-    time_stacked = _anchor(anchor_dir)
-    if time_stacked is not None:
-        anchor = time_stacked(k, steps=long - steps, seq_len=seq_len, batch=16, device=DEVICE[0], compile=True,
-                              bf16=True)
+    anchor = _anchor_step(anchor_dir, k, long - steps, seq_len)
+    if anchor is not None:
         line += f"; anchor {anchor * 1e3:7.2f} ms/step {k / anchor:9.0f}; package / anchor {anchor / package:.2f}"
     _say(line + " (target >= 0.9)")
 
@@ -218,10 +225,8 @@ def captured(k: int, seq_len: int, short: int, long: int, anchor_dir: Path, repe
     plain, graph = (sorted(v)[len(v) // 2] for v in times.values())
     line = (f"K = {k} bf16 compile=default: uncaptured {plain * 1e3:7.2f} ms/step; captured {graph * 1e3:7.2f} "
             f"ms/step {k / graph:9.0f} model-steps/s (captured / uncaptured speed {plain / graph:.2f})")
-    time_stacked = _anchor(anchor_dir)
-    if time_stacked is not None:
-        anchor = time_stacked(k, steps=long - short, seq_len=seq_len, batch=16, device=DEVICE[0], compile=True,
-                              bf16=True)
+    anchor = _anchor_step(anchor_dir, k, long - short, seq_len)
+    if anchor is not None:
         line += (f"; anchor {anchor * 1e3:7.2f} ms/step; uncaptured / anchor {anchor / plain:.2f}, captured / "
                  f"anchor {anchor / graph:.2f}")
     _say(line + " (target >= 0.9)")
